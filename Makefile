@@ -1,0 +1,64 @@
+# runfleet: every command a developer or CI runs. `make dev` and `make test`
+# need nothing but this repository and a machine of the documented kind:
+# whatever else they need, they install (infra/scripts/test-deps.sh) or start
+# (moto_server, the runtime interface emulator) themselves.
+
+SHELL     := /bin/bash
+GO        ?= go
+FUNCTIONS := api stream sweep probe
+BUILD     := $(CURDIR)/build
+VERSION   ?= $(shell git describe --always --dirty 2>/dev/null || echo dev)
+LDFLAGS   := -s -w -X github.com/runfleet/runfleet/shared/version.Version=$(VERSION)
+# Lambda: linux/arm64, static, and without the RPC shim the provided.al2023 runtime never uses.
+LAMBDA_ENV   := GOOS=linux GOARCH=arm64 CGO_ENABLED=0
+LAMBDA_FLAGS := -tags lambda.norpc -trimpath -ldflags '$(LDFLAGS)'
+TEST_TIMEOUT ?= 60m
+FUZZTIME  ?= 5s
+
+.PHONY: dev test test-go deps build build-functions build-edge bench lint fuzz fuzz-short clean
+
+## dev: the local stack (Fleet on bbolt, with its handlers on RUNFLEET_ADDR)
+dev:
+	$(GO) run ./infra/localstack
+
+## test: lint, every Go test under -race (unit, store contract on moto_server, integration), brief fuzzing
+test: deps lint test-go fuzz-short
+
+test-go:
+	$(GO) test -race -count=1 -timeout $(TEST_TIMEOUT) ./...
+
+## deps: check and install what the tests use beyond Go (Debian packages; moto_server must be present)
+deps:
+	@./infra/scripts/test-deps.sh
+
+## build: every Lambda as bootstrap for linux/arm64, and edge for this machine
+build: build-functions build-edge
+
+build-functions:
+	@for fn in $(FUNCTIONS); do \
+		echo "build functions/$$fn -> build/functions/$$fn/bootstrap (linux/arm64)"; \
+		$(LAMBDA_ENV) $(GO) build $(LAMBDA_FLAGS) -o $(BUILD)/functions/$$fn/bootstrap ./functions/$$fn || exit 1; \
+	done
+
+build-edge:
+	CGO_ENABLED=0 $(GO) build -trimpath -ldflags '$(LDFLAGS)' -o $(BUILD)/edge ./edge
+
+## bench: every Go benchmark, figures printed
+bench: deps
+	$(GO) test -run '^$$' -bench . -benchmem -count=1 -timeout 60m ./...
+
+## lint: gofmt and go vet
+lint:
+	@out=$$(gofmt -l $$(git ls-files '*.go' 2>/dev/null || find . -name '*.go')); \
+	if [ -n "$$out" ]; then echo "gofmt would change:"; echo "$$out"; exit 1; fi
+	$(GO) vet ./...
+
+## fuzz: every fuzz target for FUZZTIME each (make fuzz FUZZTIME=2m)
+fuzz:
+	@./infra/scripts/fuzz.sh $(FUZZTIME)
+
+fuzz-short:
+	@./infra/scripts/fuzz.sh 3s
+
+clean:
+	rm -rf $(BUILD)

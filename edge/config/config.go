@@ -1,0 +1,406 @@
+// Package config owns edge's configuration file: its JSON shape (the names in
+// DESIGN.md, which operators and tests rely on), its defaults and its
+// validation. It holds wire types only; the policy section is compiled and
+// checked by package policy, and each component reads its own section.
+package config
+
+import (
+	"bytes"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"net"
+	"os"
+	"path/filepath"
+	"strings"
+	"time"
+)
+
+// Duration is a time.Duration written as a Go duration string ("24h", "90s").
+type Duration time.Duration
+
+// D returns the value as a time.Duration.
+func (d Duration) D() time.Duration { return time.Duration(d) }
+
+// MarshalJSON writes the Go duration string.
+func (d Duration) MarshalJSON() ([]byte, error) { return json.Marshal(time.Duration(d).String()) }
+
+// UnmarshalJSON reads a Go duration string.
+func (d *Duration) UnmarshalJSON(b []byte) error {
+	var s string
+	if err := json.Unmarshal(b, &s); err != nil {
+		return fmt.Errorf("a duration must be a string such as \"90s\" or \"24h\"")
+	}
+	v, err := time.ParseDuration(s)
+	if err != nil {
+		return fmt.Errorf("invalid duration %q", s)
+	}
+	*d = Duration(v)
+	return nil
+}
+
+// Config is edge.json. A zero field takes the default that Defaults documents.
+type Config struct {
+	// DataDir holds everything edge keeps (created 0700). Required.
+	DataDir string  `json:"dataDir"`
+	API     API     `json:"api"`
+	Proxy   Proxy   `json:"proxy"`
+	CA      CA      `json:"ca"`
+	Policy  Policy  `json:"policy"`
+	Secrets Secrets `json:"secrets"`
+	// Agents is the agent table: name -> how to start it.
+	Agents map[string]Agent `json:"agents"`
+	Runner Runner           `json:"runner"`
+
+	// path is the file this was loaded from; relative paths resolve against its directory.
+	path string
+}
+
+// API is the host API Fleet calls.
+type API struct {
+	// Listen is the host API address; default 127.0.0.1:7070.
+	Listen string `json:"listen"`
+	// TokenFile holds the bearer token Fleet presents. Required.
+	TokenFile string `json:"tokenFile"`
+	// TLS serves the host API over TLS when both files are set.
+	TLS TLS `json:"tls"`
+}
+
+// TLS names a certificate and key in PEM files.
+type TLS struct {
+	CertFile string `json:"certFile"`
+	KeyFile  string `json:"keyFile"`
+}
+
+// Enabled reports whether both files are set.
+func (t TLS) Enabled() bool { return t.CertFile != "" && t.KeyFile != "" }
+
+// Egress modes for CONNECTs the policy does not intercept.
+const (
+	EgressOpen   = "open"
+	EgressStrict = "strict"
+)
+
+// Resolver kinds for upstream names.
+const (
+	ResolverUplink = "uplink"
+	ResolverSystem = "system"
+)
+
+// Proxy is the secrets proxy.
+type Proxy struct {
+	// Listen is the proxy's address; default 127.0.0.1:7071.
+	Listen string `json:"listen"`
+	// Egress is "open" (tunnel what is not intercepted; the default) or "strict" (refuse it).
+	Egress   string   `json:"egress"`
+	Upstream Upstream `json:"upstream"`
+	Audit    Audit    `json:"audit"`
+}
+
+// Upstream governs how the proxy reaches the real servers.
+type Upstream struct {
+	// Resolver is "uplink" (the default: resolv.conf's servers that are not on
+	// this host, never the hosts file) or "system".
+	Resolver string `json:"resolver"`
+	// Resolve pins names to addresses, ahead of the resolver (tests, demos).
+	Resolve map[string]string `json:"resolve"`
+	// AllowPrivate lists CIDRs the upstream guard lets through although they
+	// are loopback, private, link-local or otherwise internal. Empty by default.
+	AllowPrivate []string `json:"allowPrivate"`
+	// ExtraRootsFile adds PEM roots to the system roots for upstream TLS.
+	ExtraRootsFile string `json:"extraRootsFile"`
+}
+
+// Audit is the proxy's decision log under <dataDir>/logs.
+type Audit struct {
+	// MaxBytes rotates the audit file past this size; default 64 MiB.
+	MaxBytes int64 `json:"maxBytes"`
+	// Keep is how many rotated files are kept; default 5.
+	Keep int `json:"keep"`
+}
+
+// CA is the proxy's certificate authority.
+type CA struct {
+	// Lifetime of each CA certificate; default 8760h (a year).
+	Lifetime Duration `json:"lifetime"`
+	// SuccessorWindow: a successor is minted this long before the signer ends; default 2160h (90 days).
+	SuccessorWindow Duration `json:"successorWindow"`
+	// SwitchBefore: the signer switches to the successor this long before its end; default 24h.
+	SwitchBefore Duration `json:"switchBefore"`
+	// LeafLifetime of a leaf, never past the signer's end; default 168h.
+	LeafLifetime Duration `json:"leafLifetime"`
+	// SealKeyFile holds the AES-256 key sealing the CA keys; default <dataDir>/seal.key, made 0600.
+	SealKeyFile string `json:"sealKeyFile"`
+	// KMSKeyID, when set, seals with AWS KMS (envelope encryption) instead of SealKeyFile.
+	KMSKeyID string `json:"kmsKeyId"`
+}
+
+// Policy is the host's secrets policy as written; package policy compiles it.
+type Policy struct {
+	Projects map[string]ProjectPolicy `json:"projects"`
+}
+
+// ProjectPolicy lists the keys a project may proxy.
+type ProjectPolicy struct {
+	Keys map[string]KeyPolicy `json:"keys"`
+}
+
+// KeyPolicy is what one key may reach and where it may be substituted.
+type KeyPolicy struct {
+	// Domains the key may reach: "name" (port 443) or "name:port".
+	Domains []string `json:"domains"`
+	// In lists where substitution happens: "header" (the default), "url", "body".
+	In          []string         `json:"in"`
+	Placeholder PlaceholderShape `json:"placeholder"`
+}
+
+// PlaceholderShape shapes a key's placeholders.
+type PlaceholderShape struct {
+	// Prefix starts every placeholder (e.g. "sk-").
+	Prefix string `json:"prefix"`
+	// Length is the whole placeholder's length, prefix included; default 48.
+	Length int `json:"length"`
+}
+
+// Secrets is where real values come from: a file, or AWS Secrets Manager.
+type Secrets struct {
+	// File is a JSON map {"<project>/<KEY>": "<value>"}, re-read when it changes.
+	File              string             `json:"file"`
+	AWSSecretsManager *AWSSecretsManager `json:"awsSecretsManager,omitempty"`
+}
+
+// AWSSecretsManager reads a value from the secret "<prefix><project>/<KEY>".
+type AWSSecretsManager struct {
+	Prefix string `json:"prefix"`
+	// CacheTTL bounds how long a value is reused; default 30s.
+	CacheTTL Duration `json:"cacheTtl"`
+}
+
+// Agent is one entry of the agent table.
+type Agent struct {
+	// Argv starts the agent; an element "{prompt}" becomes the prompt, as one argument.
+	Argv []string `json:"argv"`
+	// Env adds fixed variables to the task's env.
+	Env map[string]string `json:"env,omitempty"`
+}
+
+// Runner governs task processes.
+type Runner struct {
+	// User runs tasks; default "nobody". Never edge's own uid.
+	User string `json:"user"`
+	// InsecureSameUser lets tasks run as edge's own user where edge cannot
+	// switch users. Off by default; /healthz reports it.
+	InsecureSameUser bool `json:"insecureSameUser"`
+	// Roots are the directories a localPath must lie under.
+	Roots []string `json:"roots"`
+	// WorkDir holds fresh and cloned working dirs; default <dataDir>/work.
+	WorkDir string `json:"workDir"`
+	// MaxConcurrent runs at once; default 8.
+	MaxConcurrent int `json:"maxConcurrent"`
+	// MaxDuration of one attempt; default 2h.
+	MaxDuration Duration `json:"maxDuration"`
+	// MaxOutputBytes of one run's output; default 64 MiB.
+	MaxOutputBytes int64 `json:"maxOutputBytes"`
+	// DrainTimeout bounds the wait for idle on SIGTERM; default 5m.
+	DrainTimeout Duration `json:"drainTimeout"`
+	// Retention: a run is purged this long after it ends; default 168h.
+	Retention Duration `json:"retention"`
+	// CancelGrace between SIGTERM and SIGKILL on cancel; default 10s.
+	CancelGrace Duration `json:"cancelGrace"`
+}
+
+// Load reads, defaults and validates the config at path.
+func Load(path string) (*Config, error) {
+	b, err := os.ReadFile(path)
+	if err != nil {
+		return nil, fmt.Errorf("config: %w", err)
+	}
+	c, err := Parse(b)
+	if err != nil {
+		return nil, fmt.Errorf("config %s: %w", path, err)
+	}
+	abs, err := filepath.Abs(path)
+	if err != nil {
+		return nil, fmt.Errorf("config: %w", err)
+	}
+	c.path = abs
+	c.resolvePaths(filepath.Dir(abs))
+	c.Defaults()
+	if err := c.Validate(); err != nil {
+		return nil, fmt.Errorf("config %s: %w", path, err)
+	}
+	return c, nil
+}
+
+// Parse decodes a config strictly: an unknown field is an error naming it,
+// since a misspelt security setting must not silently take its default.
+func Parse(b []byte) (*Config, error) {
+	dec := json.NewDecoder(bytes.NewReader(b))
+	dec.DisallowUnknownFields()
+	var c Config
+	if err := dec.Decode(&c); err != nil {
+		return nil, describeJSONError(err)
+	}
+	return &c, nil
+}
+
+// Path is the absolute path the config was loaded from, or "".
+func (c *Config) Path() string { return c.path }
+
+func describeJSONError(err error) error {
+	var typeErr *json.UnmarshalTypeError
+	var syntaxErr *json.SyntaxError
+	switch {
+	case errors.As(err, &typeErr):
+		return fmt.Errorf("field %q: expected %s", typeErr.Field, typeErr.Type)
+	case errors.As(err, &syntaxErr):
+		return fmt.Errorf("invalid JSON at byte %d: %w", syntaxErr.Offset, err)
+	case strings.HasPrefix(err.Error(), "json: unknown field"):
+		return fmt.Errorf("unknown field %s", strings.TrimPrefix(err.Error(), "json: unknown field "))
+	}
+	return err
+}
+
+func (c *Config) resolvePaths(dir string) {
+	abs := func(p *string) {
+		if *p != "" && !filepath.IsAbs(*p) {
+			*p = filepath.Join(dir, *p)
+		}
+	}
+	abs(&c.DataDir)
+	abs(&c.API.TokenFile)
+	abs(&c.API.TLS.CertFile)
+	abs(&c.API.TLS.KeyFile)
+	abs(&c.Proxy.Upstream.ExtraRootsFile)
+	abs(&c.CA.SealKeyFile)
+	abs(&c.Secrets.File)
+	abs(&c.Runner.WorkDir)
+	for i := range c.Runner.Roots {
+		abs(&c.Runner.Roots[i])
+	}
+}
+
+// Defaults fills every zero field with its documented default.
+func (c *Config) Defaults() {
+	setS := func(p *string, v string) {
+		if *p == "" {
+			*p = v
+		}
+	}
+	setD := func(p *Duration, v time.Duration) {
+		if *p == 0 {
+			*p = Duration(v)
+		}
+	}
+	setS(&c.API.Listen, "127.0.0.1:7070")
+	setS(&c.Proxy.Listen, "127.0.0.1:7071")
+	setS(&c.Proxy.Egress, EgressOpen)
+	setS(&c.Proxy.Upstream.Resolver, ResolverUplink)
+	if c.Proxy.Audit.MaxBytes == 0 {
+		c.Proxy.Audit.MaxBytes = 64 << 20
+	}
+	if c.Proxy.Audit.Keep == 0 {
+		c.Proxy.Audit.Keep = 5
+	}
+	setD(&c.CA.Lifetime, 8760*time.Hour)
+	setD(&c.CA.SuccessorWindow, 2160*time.Hour)
+	setD(&c.CA.SwitchBefore, 24*time.Hour)
+	setD(&c.CA.LeafLifetime, 168*time.Hour)
+	if c.DataDir != "" {
+		setS(&c.CA.SealKeyFile, filepath.Join(c.DataDir, "seal.key"))
+		setS(&c.Runner.WorkDir, filepath.Join(c.DataDir, "work"))
+	}
+	if c.Secrets.AWSSecretsManager != nil && c.Secrets.AWSSecretsManager.CacheTTL == 0 {
+		c.Secrets.AWSSecretsManager.CacheTTL = Duration(30 * time.Second)
+	}
+	setS(&c.Runner.User, "nobody")
+	if c.Runner.MaxConcurrent == 0 {
+		c.Runner.MaxConcurrent = 8
+	}
+	setD(&c.Runner.MaxDuration, 2*time.Hour)
+	if c.Runner.MaxOutputBytes == 0 {
+		c.Runner.MaxOutputBytes = 64 << 20
+	}
+	setD(&c.Runner.DrainTimeout, 5*time.Minute)
+	setD(&c.Runner.Retention, 168*time.Hour)
+	setD(&c.Runner.CancelGrace, 10*time.Second)
+}
+
+// Validate checks everything but the policy section (package policy owns
+// that), naming the field at fault.
+func (c *Config) Validate() error {
+	var errs []error
+	bad := func(field, format string, args ...any) {
+		errs = append(errs, fmt.Errorf("%s: %s", field, fmt.Sprintf(format, args...)))
+	}
+	if c.DataDir == "" {
+		bad("dataDir", "is required")
+	}
+	if c.API.TokenFile == "" {
+		bad("api.tokenFile", "is required")
+	}
+	if (c.API.TLS.CertFile == "") != (c.API.TLS.KeyFile == "") {
+		bad("api.tls", "certFile and keyFile must be set together")
+	}
+	for field, addr := range map[string]string{"api.listen": c.API.Listen, "proxy.listen": c.Proxy.Listen} {
+		if _, _, err := net.SplitHostPort(addr); err != nil {
+			bad(field, "%q is not host:port", addr)
+		}
+	}
+	if c.Proxy.Egress != EgressOpen && c.Proxy.Egress != EgressStrict {
+		bad("proxy.egress", "must be %q or %q, not %q", EgressOpen, EgressStrict, c.Proxy.Egress)
+	}
+	if r := c.Proxy.Upstream.Resolver; r != ResolverUplink && r != ResolverSystem {
+		bad("proxy.upstream.resolver", "must be %q or %q, not %q", ResolverUplink, ResolverSystem, r)
+	}
+	for name, addr := range c.Proxy.Upstream.Resolve {
+		if net.ParseIP(addr) == nil {
+			bad("proxy.upstream.resolve", "%q maps to %q, which is not an IP address", name, addr)
+		}
+	}
+	for _, cidr := range c.Proxy.Upstream.AllowPrivate {
+		if _, _, err := net.ParseCIDR(cidr); err != nil {
+			bad("proxy.upstream.allowPrivate", "%q is not a CIDR", cidr)
+		}
+	}
+	if c.Proxy.Audit.MaxBytes < 0 || c.Proxy.Audit.Keep < 0 {
+		bad("proxy.audit", "maxBytes and keep must not be negative")
+	}
+	if c.CA.Lifetime.D() <= 0 || c.CA.SuccessorWindow.D() <= 0 || c.CA.SwitchBefore.D() <= 0 || c.CA.LeafLifetime.D() <= 0 {
+		bad("ca", "lifetime, successorWindow, switchBefore and leafLifetime must be positive")
+	}
+	if c.CA.SuccessorWindow.D() >= c.CA.Lifetime.D() {
+		bad("ca.successorWindow", "must be shorter than ca.lifetime")
+	}
+	if c.CA.SwitchBefore.D() >= c.CA.SuccessorWindow.D() {
+		bad("ca.switchBefore", "must be shorter than ca.successorWindow")
+	}
+	if c.Secrets.File != "" && c.Secrets.AWSSecretsManager != nil {
+		bad("secrets", "set file or awsSecretsManager, not both")
+	}
+	for name, a := range c.Agents {
+		if len(a.Argv) == 0 {
+			bad("agents."+name+".argv", "is required")
+		}
+	}
+	if c.Runner.User == "" && !c.Runner.InsecureSameUser {
+		bad("runner.user", "is required")
+	}
+	for _, r := range c.Runner.Roots {
+		if !filepath.IsAbs(r) {
+			bad("runner.roots", "%q must be absolute", r)
+		}
+	}
+	if c.Runner.MaxConcurrent < 0 || c.Runner.MaxOutputBytes < 0 {
+		bad("runner", "maxConcurrent and maxOutputBytes must not be negative")
+	}
+	for field, d := range map[string]Duration{
+		"runner.maxDuration": c.Runner.MaxDuration, "runner.drainTimeout": c.Runner.DrainTimeout,
+		"runner.retention": c.Runner.Retention, "runner.cancelGrace": c.Runner.CancelGrace,
+	} {
+		if d.D() <= 0 {
+			bad(field, "must be positive")
+		}
+	}
+	return errors.Join(errs...)
+}

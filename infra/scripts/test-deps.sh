@@ -1,0 +1,29 @@
+#!/usr/bin/env bash
+# What the tests need beyond the Go toolchain, checked (and installed where a
+# package manager can) so `make test` works on a fresh machine of this kind.
+set -euo pipefail
+
+need_apt=()
+# Tasks run as an unprivileged user, so the clients a test task runs must be
+# Debian's, usable by that user (not a tool under root's home).
+[ -x /usr/bin/curl ] || need_apt+=(curl)
+[ -x /usr/bin/git ] || need_apt+=(git)
+/usr/bin/python3 -c 'import requests' 2>/dev/null || need_apt+=(python3-requests)
+
+if [ ${#need_apt[@]} -gt 0 ]; then
+	if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null; then
+		echo "installing Debian packages: ${need_apt[*]}"
+		export DEBIAN_FRONTEND=noninteractive
+		apt-get update -qq >/dev/null
+		apt-get install -y -qq "${need_apt[@]}" >/dev/null
+	else
+		echo "missing Debian packages: ${need_apt[*]}; install them with: sudo apt-get install -y ${need_apt[*]}" >&2
+		exit 1
+	fi
+fi
+
+# moto_server is installed on these machines; the tests start and stop it.
+if ! command -v moto_server >/dev/null && [ ! -x /root/.pyenv/shims/moto_server ]; then
+	echo "moto_server not found: install it with: pip install 'moto[server]'" >&2
+	exit 1
+fi

@@ -1,0 +1,171 @@
+// Package hostproto owns the host protocol: the HTTP API that Fleet calls on
+// each edge host. Its types are the wire shapes of DESIGN.md's host protocol,
+// shared by Fleet's client and edge's server so the two cannot drift apart.
+//
+// Every route takes the host credential as a bearer token, /healthz included.
+// JSON field names here are a contract with deployed hosts: never rename one.
+package hostproto
+
+import (
+	"encoding/json"
+	"time"
+)
+
+// Run statuses as a host reports them.
+const (
+	StatusPending   = "pending"
+	StatusAdmitted  = "admitted"
+	StatusRunning   = "running"
+	StatusSucceeded = "succeeded"
+	StatusFailed    = "failed"
+	StatusCanceled  = "canceled"
+)
+
+// TerminalStatus reports whether a host status is final for the current attempt.
+func TerminalStatus(s string) bool {
+	return s == StatusSucceeded || s == StatusFailed || s == StatusCanceled
+}
+
+// Reasons: the typed refusals and failure causes a run's state carries.
+const (
+	ReasonBrokerNotReady  = "broker_not_ready"
+	ReasonKeyNotGranted   = "key_not_granted"
+	ReasonHostUnavailable = "host_unavailable"
+	ReasonHostBusy        = "host_busy"
+	ReasonCloneFailed     = "clone_failed"
+	ReasonDeadlinePassed  = "deadline_passed"
+	ReasonCanceled        = "canceled"
+	ReasonTimedOut        = "timed_out"
+	ReasonHostShutdown    = "host_shutdown"
+	ReasonHostRestarted   = "host_restarted"
+	ReasonOutputLimit     = "output_limit"
+)
+
+// Error codes a host answers in ErrorBody.Code.
+const (
+	CodeRunNotFound    = "run_not_found"
+	CodeUnauthorized   = "unauthorized"
+	CodeBadRequest     = "bad_request"
+	CodeNotRunning     = "not_running"
+	CodeNotRetryable   = "not_retryable"
+	CodeDraining       = "draining"
+	CodeDeadlinePassed = ReasonDeadlinePassed
+)
+
+// Event types.
+const (
+	EventOutput    = "output"
+	EventState     = "state"
+	EventInput     = "input"
+	EventAdmission = "admission"
+)
+
+// MaxEventData is the most data one event carries (32 KiB); longer output is
+// split on UTF-8 boundaries into several events.
+const MaxEventData = 32 << 10
+
+// Health is GET /healthz. Features are as they are at the moment of asking:
+// a host whose proxy is down reports SecretsProxy false.
+type Health struct {
+	OK       bool     `json:"ok"`
+	Draining bool     `json:"draining"`
+	Version  string   `json:"version"`
+	Agents   []string `json:"agents"`
+	Features Features `json:"features"`
+	CA       *CAInfo  `json:"ca,omitempty"`
+	// InsecureSameUser is true when tasks run as edge's own user
+	// (runner.insecureSameUser); reported so an operator can see it.
+	InsecureSameUser bool `json:"insecureSameUser,omitempty"`
+}
+
+// Features are what a host can do for a run that declares secrets. Both must
+// be true for Fleet to route such a run there.
+type Features struct {
+	SecretsProxy bool `json:"secretsProxy"`
+	ExecRequire  bool `json:"execRequire"`
+}
+
+// CAInfo dates the host's proxy CA.
+type CAInfo struct {
+	NotAfter          time.Time  `json:"notAfter"`
+	SuccessorNotAfter *time.Time `json:"successorNotAfter,omitempty"`
+}
+
+// Secret declares one key a run needs: the host grants it when its policy
+// allows projectId/key, and the task gets a placeholder for it.
+type Secret struct {
+	ProjectID string   `json:"projectId"`
+	Key       string   `json:"key"`
+	Domains   []string `json:"domains"`
+}
+
+// StartRequest is POST /runs. ClientToken makes the start idempotent; a start
+// arriving after Deadline is refused with CodeDeadlinePassed.
+type StartRequest struct {
+	ClientToken string            `json:"clientToken"`
+	Deadline    *time.Time        `json:"deadline,omitempty"`
+	Agent       string            `json:"agent"`
+	Prompt      string            `json:"prompt,omitempty"`
+	Argv        []string          `json:"argv,omitempty"`
+	Repository  string            `json:"repository,omitempty"`
+	CloneURL    string            `json:"cloneUrl,omitempty"`
+	LocalPath   string            `json:"localPath,omitempty"`
+	Env         map[string]string `json:"env,omitempty"`
+	Secrets     []Secret          `json:"secrets,omitempty"`
+}
+
+// Run is a host's view of one run. POST /runs answers 201 with it, or 200
+// with Reused set for a clientToken it already knows.
+type Run struct {
+	RunID       string `json:"runId"`
+	ClientToken string `json:"clientToken"`
+	Status      string `json:"status"`
+	Attempt     int    `json:"attempt"`
+	ExitCode    *int   `json:"exitCode,omitempty"`
+	Reason      string `json:"reason,omitempty"`
+	Reused      bool   `json:"reused,omitempty"`
+}
+
+// RunList is GET /runs?clientToken=: empty, never 404, when unknown.
+type RunList struct {
+	Runs []Run `json:"runs"`
+}
+
+// Event is one entry of a run's event sequence. Sequences start at 1 and are
+// contiguous across attempts. Data is a JSON string for output and input, and
+// a StateChange (or Admission) object for state and admission events.
+type Event struct {
+	Sequence int64           `json:"sequence"`
+	Type     string          `json:"type"`
+	Data     json.RawMessage `json:"data"`
+	TS       time.Time       `json:"ts"`
+}
+
+// StateChange is the data of a state event.
+type StateChange struct {
+	Status   string `json:"status"`
+	Attempt  int    `json:"attempt"`
+	ExitCode *int   `json:"exitCode,omitempty"`
+	Reason   string `json:"reason,omitempty"`
+	Detail   string `json:"detail,omitempty"`
+}
+
+// EventPage is GET /runs/{id}/events?after=&limit=. NextCursor is the
+// sequence of the last event returned (or after, when none was).
+type EventPage struct {
+	Events     []Event `json:"events"`
+	NextCursor int64   `json:"nextCursor"`
+	HasMore    bool    `json:"hasMore"`
+}
+
+// InputRequest is POST /runs/{id}/input. Input is any JSON value, null included.
+type InputRequest struct {
+	Input json.RawMessage `json:"input"`
+}
+
+// ErrorBody is every error answer, on the host protocol and the Fleet API alike.
+type ErrorBody struct {
+	Error   string `json:"error"`
+	Code    string `json:"code,omitempty"`
+	Details any    `json:"details,omitempty"`
+}

@@ -1,0 +1,257 @@
+// Package store owns Fleet's persistent state: hosts with their last probe,
+// callers, runs and their mirrored events, and idempotency items. It defines
+// the records and the Store interface; dynamostore (production) and boltstore
+// (the local stack) implement it, and storetest is the contract both pass.
+//
+// Every invariant is enforced by a conditional write inside the store, never
+// by a read followed by a write in the caller.
+package store
+
+import (
+	"context"
+	"errors"
+	"time"
+
+	"github.com/runfleet/runfleet/shared/hostproto"
+)
+
+// Sentinel errors. Implementations wrap them; callers test with errors.Is.
+var (
+	// ErrNotFound: the item does not exist (or has expired).
+	ErrNotFound = errors.New("not found")
+	// ErrExists: a create found the key taken.
+	ErrExists = errors.New("already exists")
+	// ErrConflict: a conditional update lost a race (the version moved on).
+	ErrConflict = errors.New("conflict")
+	// ErrInUse: a host is still referenced by runs.
+	ErrInUse = errors.New("in use")
+	// ErrBadCursor: a list cursor that this store did not issue.
+	ErrBadCursor = errors.New("invalid cursor")
+)
+
+// Fleet run statuses beyond the host's (hostproto.Status*).
+const (
+	// StatusDispatching: the run is written, the host has not answered yet.
+	StatusDispatching = "dispatching"
+	// StatusLost: the host denies the run.
+	StatusLost = "lost"
+)
+
+// ReasonDispatchLost marks a dispatching run the host never received.
+const ReasonDispatchLost = "dispatch_lost"
+
+// Probe statuses.
+const (
+	ProbeOK          = "ok"
+	ProbeAuthFail    = "auth_fail"
+	ProbeUnreachable = "unreachable"
+	ProbeBadResponse = "bad_response"
+)
+
+// Terminal reports whether a Fleet run status is final.
+func Terminal(status string) bool {
+	return hostproto.TerminalStatus(status) || status == StatusLost
+}
+
+// Host is a registered runner host.
+type Host struct {
+	ID            string            `json:"id"`
+	BaseURL       string            `json:"baseUrl"`
+	CredentialRef string            `json:"credentialRef"`
+	Labels        map[string]string `json:"labels,omitempty"`
+	LocalPaths    []string          `json:"localPaths,omitempty"`
+	// CAPEM, when set, is trusted (in addition to nothing else) for the host's TLS.
+	CAPEM     string    `json:"caPem,omitempty"`
+	Enabled   bool      `json:"enabled"`
+	CreatedAt time.Time `json:"createdAt"`
+	// Probe is the last probe, nil before the first.
+	Probe *Probe `json:"probe,omitempty"`
+}
+
+// Probe is one probe of a host, as recorded.
+type Probe struct {
+	Status    string             `json:"status"`
+	At        time.Time          `json:"at"`
+	LatencyMs int64              `json:"latencyMs"`
+	Version   string             `json:"version,omitempty"`
+	Agents    []string           `json:"agents,omitempty"`
+	Features  hostproto.Features `json:"features"`
+	CA        *hostproto.CAInfo  `json:"ca,omitempty"`
+	Draining  bool               `json:"draining"`
+	// Detail explains a status other than ok; never carries a credential.
+	Detail string `json:"detail,omitempty"`
+}
+
+// Scope is an allow list: every id, or the listed ones.
+type Scope struct {
+	All bool
+	IDs []string
+}
+
+// Allows reports whether id is in the scope.
+func (s Scope) Allows(id string) bool {
+	if s.All {
+		return true
+	}
+	for _, x := range s.IDs {
+		if x == id {
+			return true
+		}
+	}
+	return false
+}
+
+// Caller is an API caller, found by the SHA-256 of its token. The token itself
+// is never stored.
+type Caller struct {
+	OwnerID string
+	// TokenHash is the lowercase hex SHA-256 of the token.
+	TokenHash       string
+	Admin           bool
+	AllowedHosts    Scope
+	AllowedProjects Scope
+	CreatedAt       time.Time
+}
+
+// Run is Fleet's binding of a run to a host, with its last known state.
+type Run struct {
+	FleetRunID string
+	OwnerID    string
+	HostID     string
+	// ChildRunID is the host's runId, once the host answered.
+	ChildRunID string
+	Status     string
+	Attempt    int
+	ExitCode   *int
+	Reason     string
+	Agent      string
+	// IdempotencyKey is the caller's key, if any.
+	IdempotencyKey string
+	// RewroteLocalPath records that the localPath was replaced by a clone URL.
+	RewroteLocalPath bool
+	CreatedAt time.Time
+	UpdatedAt time.Time
+	// Deadline is when the host must have received the start (dispatch).
+	Deadline time.Time
+	EndedAt  *time.Time
+	// EventCursor is the sequence of the last mirrored event.
+	EventCursor int64
+	// Drained: terminal and the final event is mirrored; the run leaves the live index.
+	Drained bool
+	// ExpiresAt is the TTL (retention after the end); zero while live.
+	ExpiresAt time.Time
+	// Version increments on every write; UpdateRun is conditional on it.
+	Version int64
+}
+
+// Live reports whether the run belongs in the live index: not terminal, or
+// terminal with events still to mirror.
+func (r Run) Live() bool { return !Terminal(r.Status) || !r.Drained }
+
+// Event is one mirrored host event.
+type Event struct {
+	FleetRunID string
+	hostproto.Event
+	// ExpiresAt is the TTL.
+	ExpiresAt time.Time
+}
+
+// Idempotency binds (ownerId, key) to the run it created.
+type Idempotency struct {
+	// Key is "ownerId#key".
+	Key         string
+	FleetRunID  string
+	RequestHash string
+	CreatedAt   time.Time
+	ExpiresAt   time.Time
+}
+
+// RunQuery selects runs for listing, newest first.
+type RunQuery struct {
+	// OwnerID limits to one owner; empty lists every run.
+	OwnerID string
+	// HostID limits to one host; may combine with OwnerID only if the
+	// implementation documents it. Empty: any host.
+	HostID string
+	// Cursor continues a previous page; empty starts at the newest.
+	Cursor string
+	// Limit is the page size, 1..1000.
+	Limit int
+}
+
+// RunPage is one page of runs.
+type RunPage struct {
+	Runs []Run
+	// NextCursor continues after the last run; empty when there is no more.
+	NextCursor string
+}
+
+// LivePage is one page of the live index.
+type LivePage struct {
+	FleetRunIDs []string
+	NextCursor  string
+}
+
+// EventPage is one page of a run's mirror.
+type EventPage struct {
+	Events  []Event
+	HasMore bool
+}
+
+// Store is Fleet's state. Implementations are safe for concurrent use and
+// honour ctx. They read the time from an injected clock.Clock: an item whose
+// ExpiresAt has passed reads as absent, whatever the backend's TTL sweeper
+// has done (moto and DynamoDB alike may keep it for a while).
+type Store interface {
+	// CreateHost adds h; ErrExists if the id is taken.
+	CreateHost(ctx context.Context, h Host) error
+	// GetHost returns the host with its last probe; ErrNotFound.
+	GetHost(ctx context.Context, id string) (Host, error)
+	// ListHosts returns every host, ordered by id.
+	ListHosts(ctx context.Context) ([]Host, error)
+	// SetHostEnabled flips enabled; ErrNotFound.
+	SetHostEnabled(ctx context.Context, id string, enabled bool) (Host, error)
+	// RecordProbe stores p as the host's last probe; ErrNotFound if the host is gone.
+	RecordProbe(ctx context.Context, id string, p Probe) error
+	// DeleteHost removes a host. Without force it fails with ErrInUse while any
+	// run references the host; with force it deletes those runs and their
+	// events first. ErrNotFound if absent.
+	DeleteHost(ctx context.Context, id string, force bool) error
+
+	// CreateCaller writes the caller's owner and token items together;
+	// ErrExists if the ownerId (or the token hash) is taken.
+	CreateCaller(ctx context.Context, c Caller) error
+	// CallerByTokenHash looks a caller up by token hash; ErrNotFound.
+	CallerByTokenHash(ctx context.Context, tokenHash string) (Caller, error)
+	// ListCallers returns every caller, ordered by ownerId.
+	ListCallers(ctx context.Context) ([]Caller, error)
+	// DeleteCaller removes both items together; ErrNotFound.
+	DeleteCaller(ctx context.Context, ownerID string) error
+
+	// GetIdempotency returns the item for key; ErrNotFound when absent or expired.
+	GetIdempotency(ctx context.Context, key string) (Idempotency, error)
+	// PutIdempotency creates the item unless an unexpired one exists; then it
+	// returns that one with ErrExists, in the same conditional write. An
+	// expired item counts as absent and is replaced.
+	PutIdempotency(ctx context.Context, it Idempotency) (Idempotency, error)
+
+	// CreateRun writes a new run (Version 1); ErrExists.
+	CreateRun(ctx context.Context, r Run) error
+	// GetRun reads a run; ErrNotFound.
+	GetRun(ctx context.Context, id string) (Run, error)
+	// UpdateRun replaces the run if its stored Version still equals r.Version,
+	// storing Version+1 and returning what it stored; ErrConflict when the
+	// version moved on, ErrNotFound when the run is gone. The store keeps the
+	// live index in step with r.Live().
+	UpdateRun(ctx context.Context, r Run) (Run, error)
+	// ListRuns pages runs newest first (CreatedAt, then FleetRunID, descending).
+	ListRuns(ctx context.Context, q RunQuery) (RunPage, error)
+	// ListLive pages the ids of live runs only, never scanning the rest.
+	ListLive(ctx context.Context, cursor string, limit int) (LivePage, error)
+
+	// PutEvents mirrors events; an event whose sequence is already stored is
+	// left as it is (a re-run never duplicates or rewrites).
+	PutEvents(ctx context.Context, events []Event) error
+	// ListEvents returns events with sequence > after, ascending, at most limit.
+	ListEvents(ctx context.Context, fleetRunID string, after int64, limit int) (EventPage, error)
+}
