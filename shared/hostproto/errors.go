@@ -94,7 +94,7 @@ type TransportError struct {
 	Delivered bool
 	// Timeout: the call's time ran out.
 	Timeout bool
-	Err       error
+	Err     error
 }
 
 func (e *TransportError) Error() string {
