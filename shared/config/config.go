@@ -1,0 +1,241 @@
+// Package config owns Fleet's environment: every RUNFLEET_* variable the
+// Fleet functions and the local stack read, parsed into one Fleet struct
+// with clear errors. main packages read the environment; libraries take the
+// parsed values.
+package config
+
+import (
+	"errors"
+	"fmt"
+	"log/slog"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/runfleet/runfleet/shared/credentials"
+)
+
+// Environment variable names.
+const (
+	EnvAdminToken       = "RUNFLEET_ADMIN_TOKEN"
+	EnvAdminTokenSecret = "RUNFLEET_ADMIN_TOKEN_SECRET"
+	EnvStore            = "RUNFLEET_STORE"
+	EnvDynamoDBEndpoint = "RUNFLEET_DYNAMODB_ENDPOINT"
+	EnvTableHosts       = "RUNFLEET_TABLE_HOSTS"
+	EnvTableRuns        = "RUNFLEET_TABLE_RUNS"
+	EnvTableEvents      = "RUNFLEET_TABLE_EVENTS"
+	EnvTableCallers     = "RUNFLEET_TABLE_CALLERS"
+	EnvTableIdempotency = "RUNFLEET_TABLE_IDEMPOTENCY"
+	EnvCredentials      = "RUNFLEET_CREDENTIALS"
+	EnvRepoURLs         = "RUNFLEET_REPO_URLS"
+	EnvRetentionDays    = "RUNFLEET_RETENTION_DAYS"
+	EnvAddr             = "RUNFLEET_ADDR"
+	EnvHostTimeout      = "RUNFLEET_HOST_TIMEOUT"
+	EnvProbeTimeout     = "RUNFLEET_PROBE_TIMEOUT"
+	EnvProbeMaxAge      = "RUNFLEET_PROBE_MAX_AGE"
+	EnvProbeConcurrency = "RUNFLEET_PROBE_CONCURRENCY"
+	EnvLogLevel         = "RUNFLEET_LOG_LEVEL"
+)
+
+// Defaults.
+const (
+	DefaultRetentionDays    = 30
+	DefaultAddr             = "127.0.0.1:8080"
+	DefaultHostTimeout      = 10 * time.Second
+	DefaultProbeTimeout     = 5 * time.Second
+	DefaultProbeMaxAge      = 5 * time.Minute
+	DefaultProbeConcurrency = 8
+	// MinAdminTokenLength refuses a guessable bootstrap token.
+	MinAdminTokenLength = 16
+)
+
+// Tables names Fleet's DynamoDB tables.
+type Tables struct {
+	Hosts, Runs, Events, Callers, Idempotency string
+}
+
+// DefaultTables are the names used when RUNFLEET_TABLE_* are unset (the
+// local stack on DynamoDB Local or moto; template.yaml always sets them).
+var DefaultTables = Tables{
+	Hosts:       "runfleet-hosts",
+	Runs:        "runfleet-runs",
+	Events:      "runfleet-events",
+	Callers:     "runfleet-callers",
+	Idempotency: "runfleet-idempotency",
+}
+
+// Fleet is Fleet's configuration.
+type Fleet struct {
+	// AdminToken bootstraps the admin caller (ownerId "admin"). Empty: use
+	// AdminTokenSecret; both empty: no admin token (only minted callers).
+	AdminToken string
+	// AdminTokenSecret is a Secrets Manager id holding the admin token (in
+	// AWS); ignored when AdminToken is set.
+	AdminTokenSecret string
+	// Store is "dynamodb" or "bolt:<path>"; empty means the runtime's
+	// default (dynamodb in Lambda, bolt in the local stack).
+	Store string
+	// DynamoDBEndpoint overrides the DynamoDB endpoint; empty is AWS's.
+	DynamoDBEndpoint string
+	// Tables are the DynamoDB table names; each empty one is defaulted.
+	Tables Tables
+	// Credentials is RUNFLEET_CREDENTIALS, parsed.
+	Credentials credentials.Spec
+	// RepoURLs is RUNFLEET_REPO_URLS: "file:<path>" or empty (no map).
+	RepoURLs string
+	// RetentionDays keeps ended runs and their events; zero means 30.
+	RetentionDays int
+	// Addr is the local stack's listen address; empty means 127.0.0.1:8080.
+	Addr string
+	// HostTimeout bounds a call to a host, and so sets a dispatch's
+	// deadline; zero means 10s.
+	HostTimeout time.Duration
+	// ProbeTimeout bounds one probe; zero means 5s.
+	ProbeTimeout time.Duration
+	// ProbeMaxAge is how old a probe may be before routing calls it
+	// stale_probe; zero means 5m.
+	ProbeMaxAge time.Duration
+	// ProbeConcurrency bounds how many hosts are probed at once; zero means 8.
+	ProbeConcurrency int
+	// LogLevel is the slog level; zero is info.
+	LogLevel slog.Level
+}
+
+// FromEnv reads every variable through getenv (os.Getenv in main), fills
+// defaults and validates. Errors name the variable.
+func FromEnv(getenv func(string) string) (Fleet, error) {
+	var c Fleet
+	var errs []error
+	c.AdminToken = getenv(EnvAdminToken)
+	c.AdminTokenSecret = getenv(EnvAdminTokenSecret)
+	c.Store = getenv(EnvStore)
+	c.DynamoDBEndpoint = getenv(EnvDynamoDBEndpoint)
+	c.Tables = Tables{
+		Hosts:       getenv(EnvTableHosts),
+		Runs:        getenv(EnvTableRuns),
+		Events:      getenv(EnvTableEvents),
+		Callers:     getenv(EnvTableCallers),
+		Idempotency: getenv(EnvTableIdempotency),
+	}
+	spec, err := credentials.ParseSpec(getenv(EnvCredentials))
+	errs = append(errs, err)
+	c.Credentials = spec
+	c.RepoURLs = getenv(EnvRepoURLs)
+	c.Addr = getenv(EnvAddr)
+	c.RetentionDays, err = positiveInt(getenv, EnvRetentionDays)
+	errs = append(errs, err)
+	c.ProbeConcurrency, err = positiveInt(getenv, EnvProbeConcurrency)
+	errs = append(errs, err)
+	c.HostTimeout, err = positiveDuration(getenv, EnvHostTimeout)
+	errs = append(errs, err)
+	c.ProbeTimeout, err = positiveDuration(getenv, EnvProbeTimeout)
+	errs = append(errs, err)
+	c.ProbeMaxAge, err = positiveDuration(getenv, EnvProbeMaxAge)
+	errs = append(errs, err)
+	if v := getenv(EnvLogLevel); v != "" {
+		if err := c.LogLevel.UnmarshalText([]byte(v)); err != nil {
+			errs = append(errs, fmt.Errorf("%s=%q: want debug, info, warn or error", EnvLogLevel, v))
+		}
+	}
+	if err := errors.Join(errs...); err != nil {
+		return Fleet{}, err
+	}
+	c.fillDefaults()
+	if err := c.Validate(); err != nil {
+		return Fleet{}, err
+	}
+	return c, nil
+}
+
+func (c *Fleet) fillDefaults() {
+	def := func(s *string, d string) {
+		if *s == "" {
+			*s = d
+		}
+	}
+	def(&c.Tables.Hosts, DefaultTables.Hosts)
+	def(&c.Tables.Runs, DefaultTables.Runs)
+	def(&c.Tables.Events, DefaultTables.Events)
+	def(&c.Tables.Callers, DefaultTables.Callers)
+	def(&c.Tables.Idempotency, DefaultTables.Idempotency)
+	def(&c.Addr, DefaultAddr)
+	if c.RetentionDays == 0 {
+		c.RetentionDays = DefaultRetentionDays
+	}
+	if c.HostTimeout == 0 {
+		c.HostTimeout = DefaultHostTimeout
+	}
+	if c.ProbeTimeout == 0 {
+		c.ProbeTimeout = DefaultProbeTimeout
+	}
+	if c.ProbeMaxAge == 0 {
+		c.ProbeMaxAge = DefaultProbeMaxAge
+	}
+	if c.ProbeConcurrency == 0 {
+		c.ProbeConcurrency = DefaultProbeConcurrency
+	}
+}
+
+// Validate checks values that parse but make no sense.
+func (c Fleet) Validate() error {
+	var errs []error
+	if c.AdminToken != "" && len(c.AdminToken) < MinAdminTokenLength {
+		errs = append(errs, fmt.Errorf("%s is shorter than %d characters", EnvAdminToken, MinAdminTokenLength))
+	}
+	if c.Store != "" {
+		if _, _, err := ParseStore(c.Store); err != nil {
+			errs = append(errs, err)
+		}
+	}
+	if c.RepoURLs != "" && !strings.HasPrefix(c.RepoURLs, "file:") || c.RepoURLs == "file:" {
+		errs = append(errs, fmt.Errorf("%s=%q: want file:<path>", EnvRepoURLs, c.RepoURLs))
+	}
+	return errors.Join(errs...)
+}
+
+// Store kinds.
+const (
+	StoreDynamoDB = "dynamodb"
+	StoreBolt     = "bolt"
+)
+
+// ParseStore splits RUNFLEET_STORE into its kind and, for bolt, the path.
+func ParseStore(s string) (kind, path string, err error) {
+	if s == StoreDynamoDB {
+		return StoreDynamoDB, "", nil
+	}
+	if p, ok := strings.CutPrefix(s, StoreBolt+":"); ok && p != "" {
+		return StoreBolt, p, nil
+	}
+	return "", "", fmt.Errorf("%s=%q: want dynamodb or bolt:<path>", EnvStore, s)
+}
+
+// RepoURLsPath is the path of the repository map file, or "" for none.
+func (c Fleet) RepoURLsPath() string { return strings.TrimPrefix(c.RepoURLs, "file:") }
+
+// Retention is RetentionDays as a duration.
+func (c Fleet) Retention() time.Duration { return time.Duration(c.RetentionDays) * 24 * time.Hour }
+
+func positiveInt(getenv func(string) string, name string) (int, error) {
+	v := getenv(name)
+	if v == "" {
+		return 0, nil
+	}
+	n, err := strconv.Atoi(v)
+	if err != nil || n <= 0 {
+		return 0, fmt.Errorf("%s=%q: want a positive integer", name, v)
+	}
+	return n, nil
+}
+
+func positiveDuration(getenv func(string) string, name string) (time.Duration, error) {
+	v := getenv(name)
+	if v == "" {
+		return 0, nil
+	}
+	d, err := time.ParseDuration(v)
+	if err != nil || d <= 0 {
+		return 0, fmt.Errorf("%s=%q: want a positive Go duration such as 10s", name, v)
+	}
+	return d, nil
+}

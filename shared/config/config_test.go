@@ -1,0 +1,79 @@
+package config
+
+import (
+	"log/slog"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/runfleet/runfleet/shared/credentials"
+)
+
+func env(m map[string]string) func(string) string { return func(k string) string { return m[k] } }
+
+func TestFromEnvDefaults(t *testing.T) {
+	c, err := FromEnv(env(nil))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if c.Tables != DefaultTables || c.Addr != DefaultAddr || c.RetentionDays != 30 ||
+		c.HostTimeout != 10*time.Second || c.ProbeTimeout != 5*time.Second || c.ProbeMaxAge != 5*time.Minute ||
+		c.ProbeConcurrency != 8 || c.Store != "" || c.Credentials != (credentials.Spec{}) || c.LogLevel != slog.LevelInfo {
+		t.Fatalf("defaults = %+v", c)
+	}
+	if c.Retention() != 30*24*time.Hour {
+		t.Fatalf("retention = %v", c.Retention())
+	}
+}
+
+func TestFromEnvReadsEveryName(t *testing.T) {
+	c, err := FromEnv(env(map[string]string{
+		EnvAdminToken: "0123456789abcdef0123", EnvStore: "bolt:/tmp/f.db", EnvDynamoDBEndpoint: "http://127.0.0.1:5000",
+		EnvTableHosts: "h", EnvTableRuns: "r", EnvTableEvents: "e", EnvTableCallers: "c", EnvTableIdempotency: "i",
+		EnvCredentials: "file:/etc/c.json", EnvRepoURLs: "file:/etc/repos.json", EnvRetentionDays: "7",
+		EnvAddr: "127.0.0.1:9999", EnvHostTimeout: "3s", EnvProbeTimeout: "2s", EnvProbeMaxAge: "1m",
+		EnvProbeConcurrency: "2", EnvLogLevel: "debug",
+	}))
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := Fleet{
+		AdminToken: "0123456789abcdef0123", Store: "bolt:/tmp/f.db", DynamoDBEndpoint: "http://127.0.0.1:5000",
+		Tables:      Tables{Hosts: "h", Runs: "r", Events: "e", Callers: "c", Idempotency: "i"},
+		Credentials: credentials.Spec{Kind: "file", Arg: "/etc/c.json"}, RepoURLs: "file:/etc/repos.json",
+		RetentionDays: 7, Addr: "127.0.0.1:9999", HostTimeout: 3 * time.Second, ProbeTimeout: 2 * time.Second,
+		ProbeMaxAge: time.Minute, ProbeConcurrency: 2, LogLevel: slog.LevelDebug,
+	}
+	if c != want {
+		t.Fatalf("got %+v\nwant %+v", c, want)
+	}
+	if kind, path, _ := ParseStore(c.Store); kind != StoreBolt || path != "/tmp/f.db" {
+		t.Fatalf("store = %s %s", kind, path)
+	}
+	if c.RepoURLsPath() != "/etc/repos.json" {
+		t.Fatalf("repo path %q", c.RepoURLsPath())
+	}
+}
+
+func TestFromEnvErrorsNameTheVariable(t *testing.T) {
+	for name, value := range map[string]string{
+		EnvAdminToken:       "x7Qk2",
+		EnvStore:            "sqlite:/x",
+		EnvCredentials:      "vault:x",
+		EnvRepoURLs:         "/etc/repos.json",
+		EnvRetentionDays:    "-1",
+		EnvHostTimeout:      "10",
+		EnvProbeTimeout:     "0s",
+		EnvProbeMaxAge:      "soon",
+		EnvProbeConcurrency: "2.5",
+		EnvLogLevel:         "loud",
+	} {
+		_, err := FromEnv(env(map[string]string{name: value}))
+		if err == nil || !strings.Contains(err.Error(), name) {
+			t.Errorf("%s=%q: %v, want an error naming it", name, value, err)
+		}
+		if name == EnvAdminToken && strings.Contains(err.Error(), value) {
+			t.Errorf("the admin token error shows the token: %v", err)
+		}
+	}
+}
