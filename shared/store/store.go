@@ -48,6 +48,44 @@ const (
 	ProbeBadResponse = "bad_response"
 )
 
+// Page sizes for ListRuns, ListLive and ListEvents: a limit of zero or less
+// means DefaultLimit, one above MaxLimit is clamped to it (PageLimit).
+const (
+	DefaultLimit = 100
+	MaxLimit     = 1000
+)
+
+// PageLimit returns the page size a store uses for a requested limit.
+func PageLimit(n int) int {
+	switch {
+	case n <= 0:
+		return DefaultLimit
+	case n > MaxLimit:
+		return MaxLimit
+	}
+	return n
+}
+
+// RoundExpiry is how every store keeps an ExpiresAt: in UTC, rounded up to
+// the whole second, because DynamoDB's TTL attribute holds epoch seconds and
+// both stores must read back the same value. The zero time stays zero.
+func RoundExpiry(t time.Time) time.Time {
+	if t.IsZero() {
+		return t
+	}
+	r := t.UTC().Truncate(time.Second)
+	if r.Before(t) {
+		r = r.Add(time.Second)
+	}
+	return r
+}
+
+// Expired reports whether an item with this ExpiresAt reads as absent at
+// now: from the ExpiresAt instant on. A zero ExpiresAt never expires.
+func Expired(expiresAt, now time.Time) bool {
+	return !expiresAt.IsZero() && !now.Before(expiresAt)
+}
+
 // Terminal reports whether a Fleet run status is final.
 func Terminal(status string) bool {
 	return hostproto.TerminalStatus(status) || status == StatusLost
@@ -129,8 +167,8 @@ type Run struct {
 	IdempotencyKey string
 	// RewroteLocalPath records that the localPath was replaced by a clone URL.
 	RewroteLocalPath bool
-	CreatedAt time.Time
-	UpdatedAt time.Time
+	CreatedAt        time.Time
+	UpdatedAt        time.Time
 	// Deadline is when the host must have received the start (dispatch).
 	Deadline time.Time
 	EndedAt  *time.Time
@@ -170,12 +208,14 @@ type Idempotency struct {
 type RunQuery struct {
 	// OwnerID limits to one owner; empty lists every run.
 	OwnerID string
-	// HostID limits to one host; may combine with OwnerID only if the
-	// implementation documents it. Empty: any host.
+	// HostID limits to one host. Setting both OwnerID and HostID is not
+	// supported (neither store has an index for it); ListRuns refuses it.
+	// Empty: any host.
 	HostID string
-	// Cursor continues a previous page; empty starts at the newest.
+	// Cursor continues a previous page of the same query (same OwnerID and
+	// HostID); empty starts at the newest. Any other cursor is ErrBadCursor.
 	Cursor string
-	// Limit is the page size, 1..1000.
+	// Limit is the page size (PageLimit applies).
 	Limit int
 }
 
@@ -200,8 +240,10 @@ type EventPage struct {
 
 // Store is Fleet's state. Implementations are safe for concurrent use and
 // honour ctx. They read the time from an injected clock.Clock: an item whose
-// ExpiresAt has passed reads as absent, whatever the backend's TTL sweeper
-// has done (moto and DynamoDB alike may keep it for a while).
+// ExpiresAt has passed (Expired) reads as absent, whatever the backend's TTL
+// sweeper has done (moto and DynamoDB alike may keep it for a while), and a
+// write treats it as absent too. Times come back in UTC; every ExpiresAt is
+// stored as RoundExpiry(ExpiresAt).
 type Store interface {
 	// CreateHost adds h; ErrExists if the id is taken.
 	CreateHost(ctx context.Context, h Host) error
@@ -235,14 +277,16 @@ type Store interface {
 	// expired item counts as absent and is replaced.
 	PutIdempotency(ctx context.Context, it Idempotency) (Idempotency, error)
 
-	// CreateRun writes a new run (Version 1); ErrExists.
+	// CreateRun writes a new run (Version 1, whatever r.Version says);
+	// ErrExists. FleetRunID, OwnerID, HostID and CreatedAt are required.
 	CreateRun(ctx context.Context, r Run) error
 	// GetRun reads a run; ErrNotFound.
 	GetRun(ctx context.Context, id string) (Run, error)
 	// UpdateRun replaces the run if its stored Version still equals r.Version,
 	// storing Version+1 and returning what it stored; ErrConflict when the
 	// version moved on, ErrNotFound when the run is gone. The store keeps the
-	// live index in step with r.Live().
+	// live index in step with r.Live(). OwnerID, HostID, CreatedAt and
+	// IdempotencyKey are fixed at creation: the stored ones are kept.
 	UpdateRun(ctx context.Context, r Run) (Run, error)
 	// ListRuns pages runs newest first (CreatedAt, then FleetRunID, descending).
 	ListRuns(ctx context.Context, q RunQuery) (RunPage, error)

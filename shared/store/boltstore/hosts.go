@@ -1,0 +1,135 @@
+package boltstore
+
+import (
+	"context"
+	"errors"
+	"fmt"
+
+	bolt "go.etcd.io/bbolt"
+
+	"github.com/runfleet/runfleet/shared/store"
+)
+
+// CreateHost adds h; ErrExists if the id is taken.
+func (s *Store) CreateHost(ctx context.Context, h store.Host) error {
+	if h.ID == "" {
+		return errors.New("boltstore: create host: empty id")
+	}
+	err := s.update(ctx, func(tx *bolt.Tx) error {
+		b := tx.Bucket(bucketHosts)
+		if b.Get([]byte(h.ID)) != nil {
+			return exists("host", h.ID)
+		}
+		return putItem(b, []byte(h.ID), toHostItem(h))
+	})
+	return wrap("create host", err)
+}
+
+// GetHost returns the host with its last probe; ErrNotFound.
+func (s *Store) GetHost(ctx context.Context, id string) (store.Host, error) {
+	var h store.Host
+	err := s.view(ctx, func(tx *bolt.Tx) error {
+		it, err := getHost(tx, id)
+		h = it.record()
+		return err
+	})
+	return h, wrap("get host", err)
+}
+
+// ListHosts returns every host, ordered by id.
+func (s *Store) ListHosts(ctx context.Context) ([]store.Host, error) {
+	var hosts []store.Host
+	err := s.view(ctx, func(tx *bolt.Tx) error {
+		return tx.Bucket(bucketHosts).ForEach(func(_, v []byte) error {
+			it, err := decode[hostItem](v)
+			if err != nil {
+				return err
+			}
+			hosts = append(hosts, it.record())
+			return nil
+		})
+	})
+	return hosts, wrap("list hosts", err)
+}
+
+// SetHostEnabled flips enabled; ErrNotFound.
+func (s *Store) SetHostEnabled(ctx context.Context, id string, enabled bool) (store.Host, error) {
+	var h store.Host
+	err := s.update(ctx, func(tx *bolt.Tx) error {
+		it, err := getHost(tx, id)
+		if err != nil {
+			return err
+		}
+		it.Enabled = enabled
+		h = it.record()
+		return putItem(tx.Bucket(bucketHosts), []byte(id), it)
+	})
+	return h, wrap("set host enabled", err)
+}
+
+// RecordProbe stores p as the host's last probe; ErrNotFound.
+func (s *Store) RecordProbe(ctx context.Context, id string, p store.Probe) error {
+	err := s.update(ctx, func(tx *bolt.Tx) error {
+		it, err := getHost(tx, id)
+		if err != nil {
+			return err
+		}
+		pi := toProbeItem(p)
+		it.Probe = &pi
+		return putItem(tx.Bucket(bucketHosts), []byte(id), it)
+	})
+	return wrap("record probe", err)
+}
+
+// DeleteHost removes a host; without force, ErrInUse while an unexpired run
+// references it. Expired runs never block it and are removed with it.
+func (s *Store) DeleteHost(ctx context.Context, id string, force bool) error {
+	now := s.now()
+	err := s.update(ctx, func(tx *bolt.Tx) error {
+		if _, err := getHost(tx, id); err != nil {
+			return err
+		}
+		var runIDs []string
+		if byHost := tx.Bucket(bucketRunsByHost).Bucket([]byte(id)); byHost != nil {
+			err := byHost.ForEach(func(_, v []byte) error {
+				runIDs = append(runIDs, string(v))
+				return nil
+			})
+			if err != nil {
+				return err
+			}
+		}
+		for _, rid := range runIDs {
+			r, err := getRun(tx, rid)
+			if err != nil {
+				return fmt.Errorf("reading run %q of host %q: %w", rid, id, err)
+			}
+			if !force && !store.Expired(expiryTime(r.ExpiresAt), now) {
+				return fmt.Errorf("boltstore: host %q is referenced by run %q: %w", id, rid, store.ErrInUse)
+			}
+		}
+		for _, rid := range runIDs {
+			if err := deleteRun(tx, rid); err != nil {
+				return err
+			}
+		}
+		return tx.Bucket(bucketHosts).Delete([]byte(id))
+	})
+	return wrap("delete host", err)
+}
+
+func getHost(tx *bolt.Tx, id string) (hostItem, error) {
+	v := tx.Bucket(bucketHosts).Get([]byte(id))
+	if v == nil {
+		return hostItem{}, notFound("host", id)
+	}
+	return decode[hostItem](v)
+}
+
+func putItem(b *bolt.Bucket, key []byte, item any) error {
+	v, err := encode(item)
+	if err != nil {
+		return err
+	}
+	return b.Put(key, v)
+}

@@ -1,0 +1,313 @@
+package boltstore
+
+import (
+	"encoding/binary"
+	"encoding/json"
+	"fmt"
+	"time"
+
+	"github.com/runfleet/runfleet/shared/hostproto"
+	"github.com/runfleet/runfleet/shared/store"
+)
+
+// formatVersion is written into every item; an item of another version is
+// refused rather than misread.
+const formatVersion = 1
+
+// The item types are the stored JSON: field names are a contract with files
+// already on disk, so never rename one; add fields, and bump formatVersion
+// only with a migration.
+
+type hostItem struct {
+	V             int               `json:"v"`
+	ID            string            `json:"id"`
+	BaseURL       string            `json:"baseUrl"`
+	CredentialRef string            `json:"credentialRef"`
+	Labels        map[string]string `json:"labels,omitempty"`
+	LocalPaths    []string          `json:"localPaths,omitempty"`
+	CAPEM         string            `json:"caPem,omitempty"`
+	Enabled       bool              `json:"enabled"`
+	CreatedAt     time.Time         `json:"createdAt"`
+	Probe         *probeItem        `json:"probe,omitempty"`
+}
+
+type probeItem struct {
+	Status    string             `json:"status"`
+	At        time.Time          `json:"at"`
+	LatencyMs int64              `json:"latencyMs"`
+	Version   string             `json:"version,omitempty"`
+	Agents    []string           `json:"agents,omitempty"`
+	Features  hostproto.Features `json:"features"`
+	CA        *hostproto.CAInfo  `json:"ca,omitempty"`
+	Draining  bool               `json:"draining"`
+	Detail    string             `json:"detail,omitempty"`
+}
+
+type scopeItem struct {
+	All bool     `json:"all,omitempty"`
+	IDs []string `json:"ids,omitempty"`
+}
+
+type callerItem struct {
+	V               int       `json:"v"`
+	OwnerID         string    `json:"ownerId"`
+	TokenHash       string    `json:"tokenHash"`
+	Admin           bool      `json:"admin,omitempty"`
+	AllowedHosts    scopeItem `json:"allowedHosts"`
+	AllowedProjects scopeItem `json:"allowedProjects"`
+	CreatedAt       time.Time `json:"createdAt"`
+}
+
+type idempotencyItem struct {
+	V           int       `json:"v"`
+	Key         string    `json:"key"`
+	FleetRunID  string    `json:"fleetRunId"`
+	RequestHash string    `json:"requestHash"`
+	CreatedAt   time.Time `json:"createdAt"`
+	// ExpiresAt is epoch seconds, as in DynamoDB.
+	ExpiresAt int64 `json:"expiresAt,omitempty"`
+}
+
+type runItem struct {
+	V                int        `json:"v"`
+	FleetRunID       string     `json:"fleetRunId"`
+	OwnerID          string     `json:"ownerId"`
+	HostID           string     `json:"hostId"`
+	ChildRunID       string     `json:"childRunId,omitempty"`
+	Status           string     `json:"status"`
+	Attempt          int        `json:"attempt,omitempty"`
+	ExitCode         *int       `json:"exitCode,omitempty"`
+	Reason           string     `json:"reason,omitempty"`
+	Agent            string     `json:"agent,omitempty"`
+	IdempotencyKey   string     `json:"idempotencyKey,omitempty"`
+	RewroteLocalPath bool       `json:"rewroteLocalPath,omitempty"`
+	CreatedAt        time.Time  `json:"createdAt"`
+	UpdatedAt        time.Time  `json:"updatedAt"`
+	Deadline         time.Time  `json:"deadline"`
+	EndedAt          *time.Time `json:"endedAt,omitempty"`
+	EventCursor      int64      `json:"eventCursor,omitempty"`
+	Drained          bool       `json:"drained,omitempty"`
+	ExpiresAt        int64      `json:"expiresAt,omitempty"`
+	Version          int64      `json:"version"`
+}
+
+type eventItem struct {
+	V          int             `json:"v"`
+	FleetRunID string          `json:"fleetRunId"`
+	Sequence   int64           `json:"sequence"`
+	Type       string          `json:"type"`
+	Data       json.RawMessage `json:"data,omitempty"`
+	TS         time.Time       `json:"ts"`
+	ExpiresAt  int64           `json:"expiresAt,omitempty"`
+}
+
+func utc(t time.Time) time.Time { return t.UTC() }
+
+func utcPtr(t *time.Time) *time.Time {
+	if t == nil {
+		return nil
+	}
+	u := t.UTC()
+	return &u
+}
+
+func cloneStrings(s []string) []string {
+	if len(s) == 0 {
+		return nil
+	}
+	return append([]string(nil), s...)
+}
+
+func cloneLabels(m map[string]string) map[string]string {
+	if len(m) == 0 {
+		return nil
+	}
+	c := make(map[string]string, len(m))
+	for k, v := range m {
+		c[k] = v
+	}
+	return c
+}
+
+// expirySeconds stores an ExpiresAt as DynamoDB would: epoch seconds, rounded up.
+func expirySeconds(t time.Time) int64 {
+	if t.IsZero() {
+		return 0
+	}
+	return store.RoundExpiry(t).Unix()
+}
+
+func expiryTime(sec int64) time.Time {
+	if sec == 0 {
+		return time.Time{}
+	}
+	return time.Unix(sec, 0).UTC()
+}
+
+func caInfo(c *hostproto.CAInfo) *hostproto.CAInfo {
+	if c == nil {
+		return nil
+	}
+	return &hostproto.CAInfo{NotAfter: c.NotAfter.UTC(), SuccessorNotAfter: utcPtr(c.SuccessorNotAfter)}
+}
+
+func toHostItem(h store.Host) hostItem {
+	it := hostItem{
+		V: formatVersion, ID: h.ID, BaseURL: h.BaseURL, CredentialRef: h.CredentialRef,
+		Labels: cloneLabels(h.Labels), LocalPaths: cloneStrings(h.LocalPaths), CAPEM: h.CAPEM,
+		Enabled: h.Enabled, CreatedAt: utc(h.CreatedAt),
+	}
+	if h.Probe != nil {
+		p := toProbeItem(*h.Probe)
+		it.Probe = &p
+	}
+	return it
+}
+
+func toProbeItem(p store.Probe) probeItem {
+	return probeItem{
+		Status: p.Status, At: utc(p.At), LatencyMs: p.LatencyMs, Version: p.Version,
+		Agents: cloneStrings(p.Agents), Features: p.Features, CA: caInfo(p.CA),
+		Draining: p.Draining, Detail: p.Detail,
+	}
+}
+
+func (it hostItem) record() store.Host {
+	h := store.Host{
+		ID: it.ID, BaseURL: it.BaseURL, CredentialRef: it.CredentialRef, Labels: it.Labels,
+		LocalPaths: it.LocalPaths, CAPEM: it.CAPEM, Enabled: it.Enabled, CreatedAt: utc(it.CreatedAt),
+	}
+	if it.Probe != nil {
+		p := it.Probe
+		h.Probe = &store.Probe{
+			Status: p.Status, At: utc(p.At), LatencyMs: p.LatencyMs, Version: p.Version,
+			Agents: p.Agents, Features: p.Features, CA: caInfo(p.CA), Draining: p.Draining, Detail: p.Detail,
+		}
+	}
+	return h
+}
+
+func toScopeItem(s store.Scope) scopeItem {
+	if s.All {
+		return scopeItem{All: true}
+	}
+	return scopeItem{IDs: cloneStrings(s.IDs)}
+}
+
+func (s scopeItem) record() store.Scope { return store.Scope{All: s.All, IDs: s.IDs} }
+
+func toCallerItem(c store.Caller) callerItem {
+	return callerItem{
+		V: formatVersion, OwnerID: c.OwnerID, TokenHash: c.TokenHash, Admin: c.Admin,
+		AllowedHosts: toScopeItem(c.AllowedHosts), AllowedProjects: toScopeItem(c.AllowedProjects),
+		CreatedAt: utc(c.CreatedAt),
+	}
+}
+
+func (it callerItem) record() store.Caller {
+	return store.Caller{
+		OwnerID: it.OwnerID, TokenHash: it.TokenHash, Admin: it.Admin,
+		AllowedHosts: it.AllowedHosts.record(), AllowedProjects: it.AllowedProjects.record(),
+		CreatedAt: utc(it.CreatedAt),
+	}
+}
+
+func toIdempotencyItem(i store.Idempotency) idempotencyItem {
+	return idempotencyItem{
+		V: formatVersion, Key: i.Key, FleetRunID: i.FleetRunID, RequestHash: i.RequestHash,
+		CreatedAt: utc(i.CreatedAt), ExpiresAt: expirySeconds(i.ExpiresAt),
+	}
+}
+
+func (it idempotencyItem) record() store.Idempotency {
+	return store.Idempotency{
+		Key: it.Key, FleetRunID: it.FleetRunID, RequestHash: it.RequestHash,
+		CreatedAt: utc(it.CreatedAt), ExpiresAt: expiryTime(it.ExpiresAt),
+	}
+}
+
+func toRunItem(r store.Run) runItem {
+	var exit *int
+	if r.ExitCode != nil {
+		v := *r.ExitCode
+		exit = &v
+	}
+	return runItem{
+		V: formatVersion, FleetRunID: r.FleetRunID, OwnerID: r.OwnerID, HostID: r.HostID,
+		ChildRunID: r.ChildRunID, Status: r.Status, Attempt: r.Attempt, ExitCode: exit,
+		Reason: r.Reason, Agent: r.Agent, IdempotencyKey: r.IdempotencyKey,
+		RewroteLocalPath: r.RewroteLocalPath, CreatedAt: utc(r.CreatedAt), UpdatedAt: utc(r.UpdatedAt),
+		Deadline: utc(r.Deadline), EndedAt: utcPtr(r.EndedAt), EventCursor: r.EventCursor,
+		Drained: r.Drained, ExpiresAt: expirySeconds(r.ExpiresAt), Version: r.Version,
+	}
+}
+
+func (it runItem) record() store.Run {
+	return store.Run{
+		FleetRunID: it.FleetRunID, OwnerID: it.OwnerID, HostID: it.HostID, ChildRunID: it.ChildRunID,
+		Status: it.Status, Attempt: it.Attempt, ExitCode: it.ExitCode, Reason: it.Reason,
+		Agent: it.Agent, IdempotencyKey: it.IdempotencyKey, RewroteLocalPath: it.RewroteLocalPath,
+		CreatedAt: utc(it.CreatedAt), UpdatedAt: utc(it.UpdatedAt), Deadline: utc(it.Deadline),
+		EndedAt: utcPtr(it.EndedAt), EventCursor: it.EventCursor, Drained: it.Drained,
+		ExpiresAt: expiryTime(it.ExpiresAt), Version: it.Version,
+	}
+}
+
+func toEventItem(e store.Event) eventItem {
+	return eventItem{
+		V: formatVersion, FleetRunID: e.FleetRunID, Sequence: e.Sequence, Type: e.Type,
+		Data: append(json.RawMessage(nil), e.Data...), TS: utc(e.TS), ExpiresAt: expirySeconds(e.ExpiresAt),
+	}
+}
+
+func (it eventItem) record() store.Event {
+	return store.Event{
+		FleetRunID: it.FleetRunID,
+		Event:      hostproto.Event{Sequence: it.Sequence, Type: it.Type, Data: it.Data, TS: utc(it.TS)},
+		ExpiresAt:  expiryTime(it.ExpiresAt),
+	}
+}
+
+// versioned is every item: its format version is checked on decode.
+type versioned interface {
+	version() int
+}
+
+func (it hostItem) version() int        { return it.V }
+func (it callerItem) version() int      { return it.V }
+func (it idempotencyItem) version() int { return it.V }
+func (it runItem) version() int         { return it.V }
+func (it eventItem) version() int       { return it.V }
+
+func encode(v any) ([]byte, error) {
+	b, err := json.Marshal(v)
+	if err != nil {
+		return nil, fmt.Errorf("encoding item: %w", err)
+	}
+	return b, nil
+}
+
+func decode[T versioned](b []byte) (T, error) {
+	var it T
+	if err := json.Unmarshal(b, &it); err != nil {
+		return it, fmt.Errorf("decoding item: %w", err)
+	}
+	if it.version() != formatVersion {
+		return it, fmt.Errorf("decoding item: format version %d, want %d", it.version(), formatVersion)
+	}
+	return it, nil
+}
+
+// orderKey sorts by CreatedAt then run id in byte order. Flipping the sign
+// bit makes the two's-complement nanoseconds sort as unsigned bytes.
+func orderKey(createdAt time.Time, fleetRunID string) []byte {
+	k := make([]byte, 8, 8+len(fleetRunID))
+	binary.BigEndian.PutUint64(k, uint64(createdAt.UnixNano())^(1<<63))
+	return append(k, fleetRunID...)
+}
+
+func sequenceKey(seq int64) []byte {
+	k := make([]byte, 8)
+	binary.BigEndian.PutUint64(k, uint64(seq))
+	return k
+}
