@@ -1,0 +1,37 @@
+package main
+
+import (
+	"bytes"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+)
+
+func TestPolicyCheck(t *testing.T) {
+	dir := t.TempDir()
+	good := filepath.Join(dir, "good.json")
+	bad := filepath.Join(dir, "bad.json")
+	os.WriteFile(good, []byte(`{"dataDir": "/d", "api": {"tokenFile": "/t"}, "policy": {"projects": {"acme": {"keys": {
+		"OPENAI_API_KEY": {"domains": ["API.openai.com."], "placeholder": {"prefix": "sk-"}}}}}}}`), 0o600)
+	os.WriteFile(bad, []byte(`{"dataDir": "/d", "api": {"tokenFile": "/t"}, "policy": {"projects": {"acme": {"keys": {
+		"OPENAI_API_KEY": {"domains": ["*.openai.com", "10.0.0.1"]}}}}}}`), 0o600)
+
+	var out, errOut bytes.Buffer
+	if code := run([]string{"policy", "check", good}, &out, &errOut); code != 0 {
+		t.Fatalf("exit %d: %s", code, errOut.String())
+	}
+	if want := "acme/OPENAI_API_KEY: domains api.openai.com; substituted in header; placeholder \"sk-\" + 45 letters and digits"; !strings.Contains(out.String(), want) {
+		t.Errorf("output %q lacks %q", out.String(), want)
+	}
+	out.Reset()
+	errOut.Reset()
+	if code := run([]string{"policy", "check", bad}, &out, &errOut); code != 1 {
+		t.Fatalf("exit %d for a bad policy", code)
+	}
+	for _, want := range []string{`domain "*.openai.com": a wildcard is not allowed`, `domain "10.0.0.1": an IP address is not allowed`} {
+		if !strings.Contains(errOut.String(), want) {
+			t.Errorf("stderr %q lacks %q", errOut.String(), want)
+		}
+	}
+}

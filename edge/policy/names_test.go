@@ -1,0 +1,138 @@
+package policy
+
+import (
+	"net/netip"
+	"strings"
+	"testing"
+)
+
+func TestCanonicalName(t *testing.T) {
+	for _, tc := range []struct{ in, want, err string }{
+		{"api.example.com", "api.example.com", ""},
+		{"API.Example.COM", "api.example.com", ""},
+		{"api.example.com.", "api.example.com", ""},
+		{"bücher.example", "xn--bcher-kva.example", ""},
+		{"XN--BCHER-KVA.example", "xn--bcher-kva.example", ""},
+		{"ＡＰＩ.example.com", "api.example.com", ""}, // full-width letters fold
+		{"*.example.com", "", "wildcard"},
+		{"example", "", "single-label"},
+		{"localhost", "", "single-label"},
+		{"127.0.0.1", "", "IP address"},
+		{"[::1]", "", "IP address"},
+		{"::1", "", "IP address"},
+		{"１２７.０.０.１", "", "IP address"}, // full-width digits map to an IPv4 address
+		{"127.1", "", "numeric"},
+		{"0x7f.1", "", "numeric"},
+		{"a..b", "", "not a valid"},
+		{"a.example..", "", "not a valid"},
+		{"", "", "empty"},
+		{"under_score.example", "", "not a valid"},
+		{"sp ace.example", "", "not a valid"},
+	} {
+		got, err := CanonicalName(tc.in)
+		if tc.err != "" {
+			if err == nil || !strings.Contains(err.Error(), tc.err) {
+				t.Errorf("CanonicalName(%q) = %q, %v; want error containing %q", tc.in, got, err, tc.err)
+			}
+			continue
+		}
+		if err != nil || got != tc.want {
+			t.Errorf("CanonicalName(%q) = %q, %v; want %q", tc.in, got, err, tc.want)
+		}
+	}
+}
+
+func TestParseAuthority(t *testing.T) {
+	for _, tc := range []struct {
+		in          string
+		requirePort bool
+		want        Authority
+		err         bool
+	}{
+		{"api.example.com:443", true, Authority{Name: "api.example.com", Port: 443}, false},
+		{"API.example.com.:443", true, Authority{Name: "api.example.com", Port: 443}, false},
+		{"api.example.com", true, Authority{}, true},
+		{"api.example.com", false, Authority{Name: "api.example.com", Port: 443}, false},
+		{"api.example.com:8443", false, Authority{Name: "api.example.com", Port: 8443}, false},
+		{"api.example.com:0443", false, Authority{}, true},
+		{"api.example.com:+443", false, Authority{}, true},
+		{"api.example.com:", false, Authority{}, true},
+		{"api.example.com:65536", false, Authority{}, true},
+		{"[api.example.com]:443", true, Authority{}, true},
+		{"[127.0.0.1]:443", true, Authority{}, true},
+		{"[::1]:443", true, Authority{IP: netip.MustParseAddr("::1"), Port: 443}, false},
+		{"[::1]", false, Authority{IP: netip.MustParseAddr("::1"), Port: 443}, false},
+		{"::1:443", true, Authority{}, true},
+		{"[::1]x:443", true, Authority{}, true},
+		{"[fe80::1%eth0]:443", true, Authority{}, true},
+		{"10.0.0.1:443", true, Authority{IP: netip.MustParseAddr("10.0.0.1"), Port: 443}, false},
+		{"user@api.example.com:443", true, Authority{}, true},
+		{"api.example.com:443:443", true, Authority{}, true},
+	} {
+		got, err := ParseAuthority(tc.in, tc.requirePort)
+		if (err != nil) != tc.err || (!tc.err && got != tc.want) {
+			t.Errorf("ParseAuthority(%q, %v) = %+v, %v; want %+v, error %v", tc.in, tc.requirePort, got, err, tc.want, tc.err)
+		}
+	}
+}
+
+// The host matcher: a CONNECT or Host names a key's domain only when its
+// canonical form is exactly that domain.
+func TestHostMatcher(t *testing.T) {
+	allowed := []Granted{{Ref: KeyRef{"acme", "K"}, Domains: []Domain{{"allowed.example", 443}, {"xn--bcher-kva.example", 443}, {"alt.example", 8443}}, In: InHeader}}
+	for _, tc := range []struct {
+		target string
+		want   ConnectAction
+	}{
+		{"allowed.example:443", Intercept},
+		{"ALLOWED.Example:443", Intercept},
+		{"allowed.example.:443", Intercept},
+		{"bücher.example:443", Intercept},
+		{"xn--bcher-kva.example:443", Intercept},
+		{"alt.example:8443", Intercept},
+		{"allowed.example.evil:443", Tunnel},
+		{"evil-allowed.example:443", Tunnel},
+		{"sub.allowed.example:443", Tunnel},
+		{"аllowed.example:443", Tunnel}, // Cyrillic а: another name
+		{"allowed.example:8443", Refuse},
+		{"alt.example:443", Refuse},
+	} {
+		target, err := ParseAuthority(tc.target, true)
+		if err != nil {
+			t.Fatalf("%q: %v", tc.target, err)
+		}
+		got := DecideConnect(ConnectInput{Target: target, Granted: allowed, Egress: EgressOpen})
+		if got.Action != tc.want {
+			t.Errorf("CONNECT %q: %v (%s), want %v", tc.target, got.Action, got.Reason, tc.want)
+		}
+	}
+}
+
+func FuzzHostMatcher(f *testing.F) {
+	for _, s := range []string{"allowed.example:443", "ALLOWED.example.:443", "[::1]:443", "allowed.example.evil:443", "xn--bcher-kva.example:443", "bücher.example:443", "a:1"} {
+		f.Add(s)
+	}
+	allowed := Domain{"allowed.example", 443}
+	granted := []Granted{{Ref: KeyRef{"p", "K"}, Domains: []Domain{allowed}, In: InHeader}}
+	f.Fuzz(func(t *testing.T, s string) {
+		a, err := ParseAuthority(s, true)
+		if err != nil {
+			return
+		}
+		// A parsed name is canonical: parsing its own form gives it back.
+		again, err := ParseAuthority(a.String(), true)
+		if err != nil || again != a {
+			t.Fatalf("%q parsed to %+v, whose form %q parses to %+v, %v", s, a, a.String(), again, err)
+		}
+		d := DecideConnect(ConnectInput{Target: a, Granted: granted, Egress: EgressStrict})
+		// Invariant: only the exact canonical domain is intercepted.
+		if (d.Action == Intercept) != (a.Name == allowed.Name && a.Port == allowed.Port) {
+			t.Fatalf("%q (%+v) decided %v", s, a, d.Action)
+		}
+		dec := DecideSubstitution(SubstituteInput{Task: "t", Authority: a, Granted: granted,
+			Occurrence: Occurrence{Owner: "t", Ref: KeyRef{"p", "K"}, Location: InHeader}})
+		if dec.Allow != (a.Name == allowed.Name && a.Port == allowed.Port) {
+			t.Fatalf("%q (%+v): substitution allowed=%v", s, a, dec.Allow)
+		}
+	})
+}

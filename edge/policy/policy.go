@@ -1,0 +1,208 @@
+// Package policy owns the host's secrets policy: which project keys may be
+// proxied, the canonical domains each may reach, where in a request each may
+// be substituted, and the shape of its placeholders. It compiles the wire
+// form of edge.json (config.Policy) into that, refusing at load what could
+// never be enforced; intersects a task's declared secrets with it; keeps the
+// policy in force current as the config file changes; and holds the pure
+// host matcher and allow/block decision the proxy applies per request.
+package policy
+
+import (
+	"errors"
+	"fmt"
+	"regexp"
+	"slices"
+	"sort"
+	"strings"
+
+	"github.com/runfleet/runfleet/edge/config"
+)
+
+// Location is where in a request a placeholder may be substituted.
+type Location uint8
+
+// Locations a key's `in` may list.
+const (
+	InHeader Location = 1 << iota
+	InURL
+	InBody
+)
+
+// String is the name the policy uses for the location(s).
+func (l Location) String() string {
+	var names []string
+	for _, x := range []Location{InHeader, InURL, InBody} {
+		if l&x != 0 {
+			names = append(names, locationNames[x])
+		}
+	}
+	if len(names) == 0 {
+		return "nowhere"
+	}
+	return strings.Join(names, "+")
+}
+
+var locationNames = map[Location]string{InHeader: "header", InURL: "url", InBody: "body"}
+
+// Placeholder shape bounds. The random part is at least MinRandom letters and
+// digits (about 95 bits), so a placeholder cannot be guessed, and the proxy's
+// scanner can anchor on it.
+const (
+	DefaultPlaceholderLength = 48
+	MinRandom                = 16
+	MaxPlaceholderLength     = 256
+	MaxPrefix                = 32
+)
+
+// Shape is how a key's placeholders look: Prefix followed by letters and
+// digits up to Length characters in all.
+type Shape struct {
+	Prefix string
+	Length int
+}
+
+// KeyRef names a key: a project and the key within it.
+type KeyRef struct {
+	Project string
+	Key     string
+}
+
+// String is "project/KEY", the form the secrets file and audit log use.
+func (k KeyRef) String() string { return k.Project + "/" + k.Key }
+
+// Key is one proxiable key of the host policy.
+type Key struct {
+	Ref         KeyRef
+	Domains     []Domain
+	In          Location
+	Placeholder Shape
+}
+
+// Reaches reports whether the key may be sent to d.
+func (k *Key) Reaches(d Domain) bool { return slices.Contains(k.Domains, d) }
+
+// Policy is a compiled host policy. It is immutable: a reload makes a new one.
+type Policy struct {
+	keys  map[KeyRef]*Key
+	names map[string]bool
+}
+
+// Key returns the host policy for ref.
+func (p *Policy) Key(ref KeyRef) (*Key, bool) {
+	k, ok := p.keys[ref]
+	return k, ok
+}
+
+// Keys returns every key, sorted by project then key.
+func (p *Policy) Keys() []*Key {
+	out := make([]*Key, 0, len(p.keys))
+	for _, k := range p.keys {
+		out = append(out, k)
+	}
+	sort.Slice(out, func(i, j int) bool { return out[i].Ref.String() < out[j].Ref.String() })
+	return out
+}
+
+// AllowsName reports whether some key's domains name this canonical name:
+// the CA issues a leaf only for such a name.
+func (p *Policy) AllowsName(name string) bool { return p != nil && p.names[name] }
+
+var (
+	projectPattern = regexp.MustCompile(`^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$`)
+	// A key becomes an environment variable of the task.
+	keyPattern    = regexp.MustCompile(`^[A-Za-z_][A-Za-z0-9_]{0,127}$`)
+	prefixPattern = regexp.MustCompile(`^[A-Za-z0-9_.-]*$`)
+)
+
+// Compile checks the written policy and returns it compiled. Every problem
+// is reported, each naming its project, key and the offending value.
+func Compile(written config.Policy) (*Policy, error) {
+	p := &Policy{keys: map[KeyRef]*Key{}, names: map[string]bool{}}
+	var errs []error
+	for project, pp := range written.Projects {
+		if !projectPattern.MatchString(project) {
+			errs = append(errs, fmt.Errorf("policy: project %q: a project id is letters, digits, '.', '_' and '-'", project))
+			continue
+		}
+		for key, kp := range pp.Keys {
+			where := fmt.Sprintf("policy: project %q key %q", project, key)
+			if !keyPattern.MatchString(key) {
+				errs = append(errs, fmt.Errorf("%s: a key must be a valid environment variable name", where))
+				continue
+			}
+			k, kerrs := compileKey(where, KeyRef{project, key}, kp)
+			errs = append(errs, kerrs...)
+			if len(kerrs) == 0 {
+				p.keys[k.Ref] = k
+				for _, d := range k.Domains {
+					p.names[d.Name] = true
+				}
+			}
+		}
+	}
+	if err := errors.Join(errs...); err != nil {
+		return nil, err
+	}
+	return p, nil
+}
+
+func compileKey(where string, ref KeyRef, kp config.KeyPolicy) (*Key, []error) {
+	var errs []error
+	k := &Key{Ref: ref}
+	if len(kp.Domains) == 0 {
+		errs = append(errs, fmt.Errorf("%s: domains: at least one is required", where))
+	}
+	for _, raw := range kp.Domains {
+		d, err := ParseDomain(raw)
+		if err != nil {
+			errs = append(errs, fmt.Errorf("%s domain %q: %v", where, raw, err))
+			continue
+		}
+		if !slices.Contains(k.Domains, d) {
+			k.Domains = append(k.Domains, d)
+		}
+	}
+	if len(kp.In) == 0 {
+		k.In = InHeader
+	}
+	for _, in := range kp.In {
+		loc, ok := parseLocation(in)
+		if !ok {
+			errs = append(errs, fmt.Errorf("%s: in: %q is not one of header, url, body", where, in))
+		}
+		k.In |= loc
+	}
+	shape, err := compileShape(kp.Placeholder)
+	if err != nil {
+		errs = append(errs, fmt.Errorf("%s: placeholder: %v", where, err))
+	}
+	k.Placeholder = shape
+	return k, errs
+}
+
+func parseLocation(s string) (Location, bool) {
+	for loc, name := range locationNames {
+		if name == s {
+			return loc, true
+		}
+	}
+	return 0, false
+}
+
+func compileShape(w config.PlaceholderShape) (Shape, error) {
+	s := Shape{Prefix: w.Prefix, Length: w.Length}
+	if s.Length == 0 {
+		s.Length = DefaultPlaceholderLength
+	}
+	switch {
+	case len(s.Prefix) > MaxPrefix:
+		return s, fmt.Errorf("prefix %q is longer than %d characters", s.Prefix, MaxPrefix)
+	case !prefixPattern.MatchString(s.Prefix):
+		return s, fmt.Errorf("prefix %q may hold only letters, digits, '_', '.' and '-'", s.Prefix)
+	case s.Length > MaxPlaceholderLength:
+		return s, fmt.Errorf("length %d is above %d", s.Length, MaxPlaceholderLength)
+	case s.Length-len(s.Prefix) < MinRandom:
+		return s, fmt.Errorf("length %d leaves fewer than %d random characters after prefix %q (the length includes the prefix)", s.Length, MinRandom, s.Prefix)
+	}
+	return s, nil
+}

@@ -1,0 +1,258 @@
+package policy
+
+import (
+	"context"
+	"io"
+	"log/slog"
+	"os"
+	"path/filepath"
+	"strings"
+	"sync"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/runfleet/runfleet/edge/config"
+	"github.com/runfleet/runfleet/shared/clock"
+	"github.com/runfleet/runfleet/shared/hostproto"
+)
+
+func key(domains []string, in []string, prefix string, length int) config.KeyPolicy {
+	return config.KeyPolicy{Domains: domains, In: in, Placeholder: config.PlaceholderShape{Prefix: prefix, Length: length}}
+}
+
+func one(project, name string, k config.KeyPolicy) config.Policy {
+	return config.Policy{Projects: map[string]config.ProjectPolicy{project: {Keys: map[string]config.KeyPolicy{name: k}}}}
+}
+
+func TestCompile(t *testing.T) {
+	p, err := Compile(one("acme", "OPENAI_API_KEY", key([]string{"API.openai.com.", "api.openai.com", "alt.example:8443"}, nil, "sk-", 0)))
+	if err != nil {
+		t.Fatal(err)
+	}
+	k, ok := p.Key(KeyRef{"acme", "OPENAI_API_KEY"})
+	if !ok {
+		t.Fatal("key missing")
+	}
+	if len(k.Domains) != 2 || k.Domains[0] != (Domain{"api.openai.com", 443}) || k.Domains[1] != (Domain{"alt.example", 8443}) {
+		t.Errorf("domains = %v", k.Domains)
+	}
+	if k.In != InHeader {
+		t.Errorf("in defaults to header, got %v", k.In)
+	}
+	if k.Placeholder != (Shape{"sk-", 48}) {
+		t.Errorf("shape = %+v", k.Placeholder)
+	}
+	if !p.AllowsName("api.openai.com") || !p.AllowsName("alt.example") || p.AllowsName("openai.com") {
+		t.Error("AllowsName wrong")
+	}
+}
+
+func TestCompileRefusesWithAClearMessage(t *testing.T) {
+	for name, tc := range map[string]struct {
+		pol  config.Policy
+		want string
+	}{
+		"wildcard":     {one("acme", "K", key([]string{"*.openai.com"}, nil, "", 0)), `project "acme" key "K" domain "*.openai.com": a wildcard`},
+		"ip":           {one("acme", "K", key([]string{"10.0.0.1"}, nil, "", 0)), `domain "10.0.0.1": an IP address`},
+		"ipv6":         {one("acme", "K", key([]string{"[::1]:443"}, nil, "", 0)), `domain "[::1]:443": an IP address`},
+		"single label": {one("acme", "K", key([]string{"intranet"}, nil, "", 0)), `domain "intranet": a single-label`},
+		"bad port":     {one("acme", "K", key([]string{"a.example:0"}, nil, "", 0)), `invalid port "0"`},
+		"no domains":   {one("acme", "K", key(nil, nil, "", 0)), `key "K": domains: at least one`},
+		"bad in":       {one("acme", "K", key([]string{"a.example"}, []string{"cookie"}, "", 0)), `in: "cookie" is not one of`},
+		"short":        {one("acme", "K", key([]string{"a.example"}, nil, "sk-", 10)), "fewer than 16 random"},
+		"long":         {one("acme", "K", key([]string{"a.example"}, nil, "", 300)), "above 256"},
+		"prefix chars": {one("acme", "K", key([]string{"a.example"}, nil, "sk/", 0)), `prefix "sk/"`},
+		"key name":     {one("acme", "K-1", key([]string{"a.example"}, nil, "", 0)), "environment variable"},
+		"project name": {one("ac/me", "K", key([]string{"a.example"}, nil, "", 0)), `project "ac/me"`},
+	} {
+		_, err := Compile(tc.pol)
+		if err == nil || !strings.Contains(err.Error(), tc.want) {
+			t.Errorf("%s: error %v, want it to contain %q", name, err, tc.want)
+		}
+	}
+}
+
+func TestGrant(t *testing.T) {
+	p, err := Compile(config.Policy{Projects: map[string]config.ProjectPolicy{"acme": {Keys: map[string]config.KeyPolicy{
+		"A": key([]string{"a.example", "b.example"}, []string{"header", "body"}, "", 0),
+	}}}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for name, tc := range map[string]struct {
+		declared    []hostproto.Secret
+		wantDomains []Domain
+		wantRefused string
+	}{
+		"all domains":     {[]hostproto.Secret{{ProjectID: "acme", Key: "A"}}, []Domain{{"a.example", 443}, {"b.example", 443}}, ""},
+		"narrowed":        {[]hostproto.Secret{{ProjectID: "acme", Key: "A", Domains: []string{"B.example."}}}, []Domain{{"b.example", 443}}, ""},
+		"unknown key":     {[]hostproto.Secret{{ProjectID: "acme", Key: "Z"}}, nil, "does not proxy this key"},
+		"other project":   {[]hostproto.Secret{{ProjectID: "other", Key: "A"}}, nil, "does not proxy this key"},
+		"domain too wide": {[]hostproto.Secret{{ProjectID: "acme", Key: "A", Domains: []string{"a.example", "c.example"}}}, nil, "reach c.example"},
+		"other port":      {[]hostproto.Secret{{ProjectID: "acme", Key: "A", Domains: []string{"a.example:8443"}}}, nil, "reach a.example:8443"},
+	} {
+		declared, err := ParseDeclared(tc.declared)
+		if err != nil {
+			t.Fatalf("%s: %v", name, err)
+		}
+		granted, refused := p.Grant(declared)
+		if tc.wantRefused != "" {
+			if len(refused) != 1 || !strings.Contains(refused[0].Reason, tc.wantRefused) || len(granted) != 0 {
+				t.Errorf("%s: granted %v refused %v, want refusal %q", name, granted, refused, tc.wantRefused)
+			}
+			continue
+		}
+		if len(refused) != 0 || len(granted) != 1 || len(granted[0].Domains) != len(tc.wantDomains) {
+			t.Errorf("%s: granted %v refused %v", name, granted, refused)
+			continue
+		}
+		for i, d := range tc.wantDomains {
+			if granted[0].Domains[i] != d {
+				t.Errorf("%s: domains %v want %v", name, granted[0].Domains, tc.wantDomains)
+			}
+		}
+		if granted[0].In != InHeader|InBody {
+			t.Errorf("%s: in = %v", name, granted[0].In)
+		}
+	}
+	if _, err := ParseDeclared([]hostproto.Secret{{ProjectID: "acme", Key: "A", Domains: []string{"*.x.example"}}}); err == nil {
+		t.Error("a wildcard declared domain must be refused")
+	}
+}
+
+func TestDecideSubstitution(t *testing.T) {
+	ref := KeyRef{"acme", "A"}
+	granted := []Granted{{Ref: ref, Domains: []Domain{{"a.example", 443}}, In: InHeader | InURL}}
+	at := func(s string) Authority {
+		a, err := ParseAuthority(s, true)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return a
+	}
+	for name, tc := range map[string]struct {
+		in    SubstituteInput
+		allow bool
+		why   string
+	}{
+		"allowed header":    {SubstituteInput{"t1", at("a.example:443"), granted, Occurrence{"t1", ref, InHeader}}, true, ""},
+		"allowed url":       {SubstituteInput{"t1", at("a.example:443"), granted, Occurrence{"t1", ref, InURL}}, true, ""},
+		"body not allowed":  {SubstituteInput{"t1", at("a.example:443"), granted, Occurrence{"t1", ref, InBody}}, false, "found in the body"},
+		"other host":        {SubstituteInput{"t1", at("b.example:443"), granted, Occurrence{"t1", ref, InHeader}}, false, "may not reach b.example"},
+		"other port":        {SubstituteInput{"t1", at("a.example:8443"), granted, Occurrence{"t1", ref, InHeader}}, false, "may not reach"},
+		"ip":                {SubstituteInput{"t1", at("10.1.1.1:443"), granted, Occurrence{"t1", ref, InHeader}}, false, "may not reach"},
+		"other task":        {SubstituteInput{"t1", at("a.example:443"), granted, Occurrence{"t2", ref, InHeader}}, false, "another task"},
+		"key withdrawn":     {SubstituteInput{"t1", at("a.example:443"), nil, Occurrence{"t1", ref, InHeader}}, false, "not granted"},
+		"another key's ref": {SubstituteInput{"t1", at("a.example:443"), granted, Occurrence{"t1", KeyRef{"acme", "B"}, InHeader}}, false, "not granted"},
+	} {
+		got := DecideSubstitution(tc.in)
+		if got.Allow != tc.allow || !strings.Contains(got.Reason, tc.why) {
+			t.Errorf("%s: %+v", name, got)
+		}
+	}
+}
+
+func TestDecideConnectEgress(t *testing.T) {
+	target, _ := ParseAuthority("elsewhere.example:443", true)
+	if d := DecideConnect(ConnectInput{Target: target, Egress: EgressOpen}); d.Action != Tunnel {
+		t.Errorf("open egress: %+v", d)
+	}
+	if d := DecideConnect(ConnectInput{Target: target, Egress: EgressStrict}); d.Action != Refuse {
+		t.Errorf("strict egress: %+v", d)
+	}
+	if d := DecideConnect(ConnectInput{Target: target}); d.Action != Refuse {
+		t.Errorf("unset egress must refuse: %+v", d)
+	}
+}
+
+const edgeJSON = `{"dataDir": "/tmp/d", "api": {"tokenFile": "/tmp/t"},
+ "policy": {"projects": {"acme": {"keys": {"K": {"domains": [%s]}}}}}}`
+
+func writeConfig(t *testing.T, path, domains string) {
+	t.Helper()
+	if err := os.WriteFile(path, []byte(strings.Replace(edgeJSON, "%s", domains, 1)), 0o600); err != nil {
+		t.Fatal(err)
+	}
+}
+
+func waitFor(t *testing.T, what string, cond func() bool) {
+	t.Helper()
+	deadline := time.Now().Add(5 * time.Second)
+	for !cond() {
+		if time.Now().After(deadline) {
+			t.Fatalf("timed out waiting for %s", what)
+		}
+		time.Sleep(time.Millisecond)
+	}
+}
+
+func TestWatcherReloadsOnChangeAndKeepsOldOnError(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "edge.json")
+	writeConfig(t, path, `"a.example"`)
+	var logs syncBuffer
+	fake := clock.NewFake(time.Unix(1_800_000_000, 0))
+	w, err := NewWatcher(WatcherConfig{Path: path, Clock: fake, Logger: slog.New(slog.NewJSONHandler(&logs, nil))})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	hup := make(chan os.Signal, 1)
+	done := make(chan struct{})
+	go func() { w.Run(ctx, hup); close(done) }()
+	defer func() { cancel(); <-done }()
+
+	// A change is picked up at the next poll.
+	<-fake.WaitForTimers(1)
+	writeConfig(t, path, `"b.example", "c.example"`)
+	fake.Advance(2 * time.Second)
+	waitFor(t, "the poll to load b.example", func() bool { return w.Current().AllowsName("b.example") })
+	if w.AllowName("a.example") {
+		t.Error("a.example should be gone after the reload")
+	}
+
+	// An invalid policy keeps the one in force and says why.
+	<-fake.WaitForTimers(1)
+	writeConfig(t, path, `"*.example"`)
+	fake.Advance(2 * time.Second)
+	waitFor(t, "the refusal to be logged", func() bool { return strings.Contains(logs.String(), "policy reload refused") })
+	if !w.AllowName("b.example") {
+		t.Error("the old policy must stay after a refused reload")
+	}
+	if !strings.Contains(logs.String(), "a wildcard is not allowed") {
+		t.Errorf("the log does not say why: %s", logs.String())
+	}
+
+	// SIGHUP reloads now, without waiting for a poll.
+	writeConfig(t, path, `"d.example"`)
+	hup <- syscall.SIGHUP
+	waitFor(t, "SIGHUP to load d.example", func() bool { return w.AllowName("d.example") })
+}
+
+func TestNewWatcherRefusesABadPolicy(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "edge.json")
+	writeConfig(t, path, `"intranet"`)
+	_, err := NewWatcher(WatcherConfig{Path: path, Logger: slog.New(slog.NewTextHandler(io.Discard, nil))})
+	if err == nil || !strings.Contains(err.Error(), `project "acme" key "K" domain "intranet"`) {
+		t.Fatalf("err = %v", err)
+	}
+}
+
+// syncBuffer is a log sink the test reads while the watcher writes.
+type syncBuffer struct {
+	mu sync.Mutex
+	b  strings.Builder
+}
+
+func (s *syncBuffer) Write(p []byte) (int, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.Write(p)
+}
+
+func (s *syncBuffer) String() string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.String()
+}
