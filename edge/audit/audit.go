@@ -1,0 +1,207 @@
+// Package audit owns the secrets proxy's decision record: one JSON line per
+// decision under <dataDir>/logs/, rotated by size, and the Prometheus
+// counters and latency histograms of the same decisions. An Entry names keys
+// by "project/KEY" and never holds a value or a placeholder: the proxy
+// redacts paths before they get here.
+package audit
+
+import (
+	"encoding/json"
+	"errors"
+	"fmt"
+	"log/slog"
+	"os"
+	"path/filepath"
+	"strconv"
+	"sync"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/runfleet/runfleet/shared/clock"
+)
+
+// Action is what the proxy did.
+type Action string
+
+// Actions. Forwarded is a request on an intercepted connection that carried
+// no placeholder: not in the issue's list, but every decision gets a line.
+const (
+	Substituted Action = "substituted"
+	Forwarded   Action = "forwarded"
+	Blocked     Action = "blocked"
+	Withheld    Action = "withheld"
+	Tunnelled   Action = "tunnelled"
+	Denied      Action = "denied"
+)
+
+// Entry is one audit line.
+type Entry struct {
+	TS     time.Time `json:"ts"`
+	Task   string    `json:"task,omitempty"`
+	Action Action    `json:"action"`
+	// Reason says why a request was blocked, withheld or denied.
+	Reason string   `json:"reason,omitempty"`
+	Keys   []string `json:"keys,omitempty"`
+	// Host is the CONNECT authority (host:port).
+	Host   string `json:"host"`
+	Method string `json:"method,omitempty"`
+	// Path is the request path without its query, placeholders redacted.
+	Path   string `json:"path,omitempty"`
+	Status int    `json:"status,omitempty"`
+	// BytesIn counts bytes from the task (request body, or tunnel upload);
+	// BytesOut bytes to the task.
+	BytesIn  int64 `json:"bytesIn"`
+	BytesOut int64 `json:"bytesOut"`
+	// Duration is the whole decision; Upstream the part spent waiting for
+	// the upstream's response head.
+	Duration time.Duration `json:"-"`
+	Upstream time.Duration `json:"-"`
+}
+
+type entryJSON struct {
+	Entry
+	DurationMs float64 `json:"durationMs"`
+	UpstreamMs float64 `json:"upstreamMs,omitempty"`
+}
+
+// FileName is the live audit file under Dir; rotated files add ".1", ".2"...
+const FileName = "proxy-audit.jsonl"
+
+// Config configures a Log.
+type Config struct {
+	// Dir is <dataDir>/logs, created 0700. Required.
+	Dir string
+	// MaxBytes rotates the file before it passes this size; zero means 64 MiB.
+	MaxBytes int64
+	// Keep is how many rotated files stay; zero means 5.
+	Keep int
+	// Registerer receives the metrics; nil means none are registered.
+	Registerer prometheus.Registerer
+	// Clock stamps entries that have no TS; nil means the real clock.
+	Clock clock.Clock
+	// Logger reports write failures (an audit line that cannot be written is
+	// an operator's problem, not the request's). Required.
+	Logger *slog.Logger
+}
+
+// Log writes audit lines and keeps the metrics. Safe for concurrent use.
+type Log struct {
+	cfg     Config
+	metrics *metrics
+
+	mu   sync.Mutex
+	file *os.File
+	size int64
+}
+
+// Open creates Dir and opens the live file for appending.
+func Open(cfg Config) (*Log, error) {
+	if cfg.Dir == "" {
+		return nil, errors.New("audit: Dir is required")
+	}
+	if cfg.Logger == nil {
+		return nil, errors.New("audit: Logger is required")
+	}
+	if cfg.MaxBytes == 0 {
+		cfg.MaxBytes = 64 << 20
+	}
+	if cfg.Keep == 0 {
+		cfg.Keep = 5
+	}
+	if cfg.Clock == nil {
+		cfg.Clock = clock.Real{}
+	}
+	if err := os.MkdirAll(cfg.Dir, 0o700); err != nil {
+		return nil, fmt.Errorf("audit: %w", err)
+	}
+	m, err := newMetrics(cfg.Registerer)
+	if err != nil {
+		return nil, err
+	}
+	l := &Log{cfg: cfg, metrics: m}
+	if err := l.openLocked(); err != nil {
+		return nil, err
+	}
+	return l, nil
+}
+
+func (l *Log) path() string { return filepath.Join(l.cfg.Dir, FileName) }
+
+func (l *Log) openLocked() error {
+	f, err := os.OpenFile(l.path(), os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o600)
+	if err != nil {
+		return fmt.Errorf("audit: %w", err)
+	}
+	fi, err := f.Stat()
+	if err != nil {
+		f.Close()
+		return fmt.Errorf("audit: %w", err)
+	}
+	l.file, l.size = f, fi.Size()
+	return nil
+}
+
+// Record writes e and counts it.
+func (l *Log) Record(e Entry) {
+	if e.TS.IsZero() {
+		e.TS = l.cfg.Clock.Now()
+	}
+	e.TS = e.TS.UTC()
+	l.metrics.observe(e)
+	line, err := json.Marshal(entryJSON{Entry: e, DurationMs: ms(e.Duration), UpstreamMs: ms(e.Upstream)})
+	if err != nil {
+		l.cfg.Logger.Error("audit: encoding an entry", slog.String("error", err.Error()))
+		return
+	}
+	line = append(line, '\n')
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if l.file == nil {
+		return
+	}
+	if l.size > 0 && l.size+int64(len(line)) > l.cfg.MaxBytes {
+		if err := l.rotateLocked(); err != nil {
+			l.cfg.Logger.Error("audit: rotating", slog.String("error", err.Error()))
+		}
+	}
+	n, err := l.file.Write(line)
+	l.size += int64(n)
+	if err != nil {
+		l.cfg.Logger.Error("audit: writing", slog.String("error", err.Error()))
+	}
+}
+
+func ms(d time.Duration) float64 { return float64(d.Microseconds()) / 1000 }
+
+// rotateLocked shifts name.N-1 to name.N down to the live file, dropping
+// what passes Keep, and opens a fresh live file.
+func (l *Log) rotateLocked() error {
+	l.file.Close()
+	l.file = nil
+	base := l.path()
+	os.Remove(base + "." + strconv.Itoa(l.cfg.Keep))
+	for i := l.cfg.Keep - 1; i >= 1; i-- {
+		os.Rename(base+"."+strconv.Itoa(i), base+"."+strconv.Itoa(i+1))
+	}
+	if l.cfg.Keep > 0 {
+		if err := os.Rename(base, base+".1"); err != nil {
+			return err
+		}
+	} else {
+		os.Remove(base)
+	}
+	return l.openLocked()
+}
+
+// Close closes the file; later Records only count.
+func (l *Log) Close() error {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if l.file == nil {
+		return nil
+	}
+	err := l.file.Close()
+	l.file = nil
+	return err
+}

@@ -1,0 +1,70 @@
+package audit
+
+import (
+	"bufio"
+	"encoding/json"
+	"log/slog"
+	"os"
+	"path/filepath"
+	"testing"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+)
+
+func TestAuditLinesRotateAndCount(t *testing.T) {
+	dir := filepath.Join(t.TempDir(), "logs")
+	reg := prometheus.NewRegistry()
+	l, err := Open(Config{Dir: dir, MaxBytes: 600, Keep: 2, Registerer: reg, Logger: slog.New(slog.DiscardHandler)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer l.Close()
+	for i := 0; i < 20; i++ {
+		l.Record(Entry{TS: time.Unix(1_800_000_000, 0), Task: "run-1", Action: Substituted, Keys: []string{"acme/K"},
+			Host: "api.example.test:443", Method: "GET", Path: "/v1/x", Status: 200, BytesOut: 12, Duration: 1500 * time.Microsecond})
+	}
+	l.Record(Entry{Task: "run-1", Action: Blocked, Reason: "key acme/K may not reach b.example:443", Host: "b.example:443", Status: 403})
+
+	fi, err := os.Stat(filepath.Join(dir, FileName))
+	if err != nil || fi.Size() > 600 || fi.Mode().Perm() != 0o600 {
+		t.Fatalf("live file: %v %v", fi, err)
+	}
+	for _, name := range []string{FileName + ".1", FileName + ".2"} {
+		if _, err := os.Stat(filepath.Join(dir, name)); err != nil {
+			t.Errorf("rotated file %s: %v", name, err)
+		}
+	}
+	if _, err := os.Stat(filepath.Join(dir, FileName+".3")); err == nil {
+		t.Error("more than Keep rotated files")
+	}
+	// The last line is the blocked one, well formed.
+	f, _ := os.Open(filepath.Join(dir, FileName))
+	defer f.Close()
+	var last map[string]any
+	for sc := bufio.NewScanner(f); sc.Scan(); {
+		last = nil
+		if err := json.Unmarshal(sc.Bytes(), &last); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if last["action"] != "blocked" || last["task"] != "run-1" || last["status"] != float64(403) || last["ts"] == nil || last["durationMs"] == nil {
+		t.Errorf("last line = %v", last)
+	}
+	families, err := reg.Gather()
+	if err != nil {
+		t.Fatal(err)
+	}
+	counts := map[string]float64{}
+	for _, fam := range families {
+		if fam.GetName() != "edge_proxy_decisions_total" {
+			continue
+		}
+		for _, m := range fam.GetMetric() {
+			counts[m.GetLabel()[0].GetValue()] = m.GetCounter().GetValue()
+		}
+	}
+	if counts["substituted"] != 20 || counts["blocked"] != 1 {
+		t.Errorf("counters = %v", counts)
+	}
+}
