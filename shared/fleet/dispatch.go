@@ -1,0 +1,495 @@
+package fleet
+
+import (
+	"context"
+	"crypto/sha256"
+	"encoding/base32"
+	"encoding/hex"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"path"
+	"regexp"
+	"strings"
+	"time"
+
+	"github.com/runfleet/runfleet/shared/auth"
+	"github.com/runfleet/runfleet/shared/hostproto"
+	"github.com/runfleet/runfleet/shared/store"
+)
+
+// DispatchRequest is a run to route and start: POST /fleet/runs without the
+// idempotency key. Empty fields are absent.
+type DispatchRequest struct {
+	// Host names the host; empty lets routing choose.
+	Host       string
+	Agent      string
+	Prompt     string
+	Argv       []string
+	Labels     map[string]string
+	Repository string
+	LocalPath  string
+	Env        map[string]string
+	Secrets    []hostproto.Secret
+}
+
+// canonicalRequest is the hashed form of a DispatchRequest. Its field set
+// and names are a contract with stored idempotency items: changing them
+// makes a retried request look like another payload (409) for up to 24 h.
+type canonicalRequest struct {
+	Host       string             `json:"host,omitempty"`
+	Agent      string             `json:"agent"`
+	Prompt     string             `json:"prompt,omitempty"`
+	Argv       []string           `json:"argv,omitempty"`
+	Labels     map[string]string  `json:"labels,omitempty"`
+	Repository string             `json:"repository,omitempty"`
+	LocalPath  string             `json:"localPath,omitempty"`
+	Env        map[string]string  `json:"env,omitempty"`
+	Secrets    []hostproto.Secret `json:"secrets,omitempty"`
+}
+
+// Hash is the request's identity for idempotency: "v1:" and the hex SHA-256
+// of its canonical JSON (fields in a fixed order, map keys sorted, absent and
+// empty alike). It is taken before routing, so the same request hashes the
+// same whichever host it lands on.
+func (r DispatchRequest) Hash() string {
+	b, err := json.Marshal(canonicalRequest(r))
+	if err != nil {
+		// Strings, slices and maps of strings always marshal.
+		panic(fmt.Sprintf("fleet: marshaling a canonical request: %v", err))
+	}
+	sum := sha256.Sum256(b)
+	return "v1:" + hex.EncodeToString(sum[:])
+}
+
+var (
+	envNamePattern = regexp.MustCompile(`^[A-Za-z_][A-Za-z0-9_]{0,255}$`)
+	keyPattern     = regexp.MustCompile(`^[A-Za-z0-9._~!$&'()*+,;=:@/-]{1,255}$`)
+)
+
+// reservedEnv are variables a run's env may not set: the proxy and trust
+// variables edge sets for the task (overriding them would route around the
+// secrets proxy or change what the task trusts), compared without case.
+var reservedEnv = map[string]bool{
+	"HTTPS_PROXY": true, "HTTP_PROXY": true, "ALL_PROXY": true, "NO_PROXY": true,
+	"SSL_CERT_FILE": true, "SSL_CERT_DIR": true, "REQUESTS_CA_BUNDLE": true, "CURL_CA_BUNDLE": true,
+	"GIT_SSL_CAINFO": true, "GIT_SSL_CAPATH": true, "GIT_SSL_NO_VERIFY": true,
+	"NODE_EXTRA_CA_CERTS": true, "NODE_TLS_REJECT_UNAUTHORIZED": true,
+}
+
+// CheckDispatch validates r for caller c: 400 (*Error KindInvalid) for a
+// malformed field, 403 (KindForbidden) for a project outside c's
+// allowedProjects.
+func CheckDispatch(c store.Caller, r DispatchRequest) error {
+	if r.Host != "" {
+		if err := checkID("host", r.Host); err != nil {
+			return err
+		}
+	}
+	if r.Agent == "" {
+		return invalid("agent is required")
+	}
+	if err := checkID("agent", r.Agent); err != nil {
+		return err
+	}
+	for i, a := range r.Argv {
+		if strings.ContainsRune(a, 0) {
+			return invalid("argv[%d] contains a NUL byte", i)
+		}
+	}
+	if strings.ContainsRune(r.Prompt, 0) {
+		return invalid("prompt contains a NUL byte")
+	}
+	for k, v := range r.Labels {
+		if err := checkID("labels key", k); err != nil {
+			return err
+		}
+		if v == "" {
+			return invalid("labels[%q] is empty", k)
+		}
+	}
+	if len(r.Repository) > 1024 || strings.ContainsAny(r.Repository, "\x00\n\r") {
+		return invalid("repository is not a repository name or URL")
+	}
+	if r.LocalPath != "" && (!path.IsAbs(r.LocalPath) || len(r.LocalPath) > 1024 || strings.ContainsRune(r.LocalPath, 0)) {
+		return invalid("localPath %q: want an absolute path", r.LocalPath)
+	}
+	granted := map[string]bool{}
+	for i, s := range r.Secrets {
+		switch {
+		case s.ProjectID == "":
+			return invalid("secrets[%d].projectId is required", i)
+		case s.Key == "":
+			return invalid("secrets[%d].key is required", i)
+		case len(s.Domains) == 0:
+			return invalid("secrets[%d].domains must list at least one domain", i)
+		}
+		if err := checkID(fmt.Sprintf("secrets[%d].projectId", i), s.ProjectID); err != nil {
+			return err
+		}
+		if !envNamePattern.MatchString(s.Key) {
+			return invalid("secrets[%d].key %q: want an environment variable name", i, s.Key)
+		}
+		for j, d := range s.Domains {
+			if d == "" || len(d) > 253 || strings.ContainsAny(d, " /\x00") {
+				return invalid("secrets[%d].domains[%d] %q is not a domain", i, j, d)
+			}
+		}
+		if granted[strings.ToUpper(s.Key)] {
+			return invalid("secrets[%d].key %q is declared twice", i, s.Key)
+		}
+		granted[strings.ToUpper(s.Key)] = true
+	}
+	for name, v := range r.Env {
+		upper := strings.ToUpper(name)
+		switch {
+		case !envNamePattern.MatchString(name):
+			return invalid("env name %q: want letters, digits and _ not starting with a digit", name)
+		case strings.HasPrefix(upper, "RUNFLEET_"):
+			return invalid("env %s: RUNFLEET_* variables are set by runfleet only", name)
+		case reservedEnv[upper]:
+			return invalid("env %s: proxy and trust variables are set by the host for the secrets proxy", name)
+		case granted[upper]:
+			return invalid("env %s: names a key declared in secrets; the task gets its placeholder there", name)
+		case strings.ContainsRune(v, 0):
+			return invalid("env %s: the value contains a NUL byte", name)
+		}
+	}
+	for i, s := range r.Secrets {
+		if !auth.CanUseProject(c, s.ProjectID) {
+			return forbidden("secrets[%d]: project %q is not in this caller's allowedProjects", i, s.ProjectID)
+		}
+	}
+	return nil
+}
+
+// CheckIdempotencyKey validates a caller's key: 1-255 printable ASCII
+// characters without spaces.
+func CheckIdempotencyKey(key string) error {
+	if key == "" || len(key) > 255 {
+		return invalid("idempotency key: want 1-255 characters")
+	}
+	for _, r := range key {
+		if r < 0x21 || r > 0x7e {
+			return invalid("idempotency key: want printable ASCII without spaces")
+		}
+	}
+	return nil
+}
+
+// DispatchResult is a dispatch's outcome.
+type DispatchResult struct {
+	// Run is the run as stored after the dispatch (or the first one, reused).
+	Run store.Run
+	// Reused: the idempotency key had already created Run.
+	Reused bool
+	// Note explains a run that is not plainly started (still dispatching,
+	// refused by the host).
+	Note string
+}
+
+// Dispatch routes r and starts it on the chosen host, idempotently per
+// (caller, key) when key is not empty. In order, with no transaction: the
+// request hash; the idempotency item if the key has one (same hash: the
+// first run, reused; another hash: 409); routing; a conditional put of the
+// idempotency item; a conditional put of the run in dispatching with its
+// deadline; the host call with the run id as clientToken and the deadline;
+// one update recording the answer. Of concurrent duplicates exactly one
+// passes the conditional puts and calls the host; the others answer the
+// first run, or 409 while it is dispatching before its deadline.
+func (f *Fleet) Dispatch(ctx context.Context, c store.Caller, r DispatchRequest, key string) (DispatchResult, error) {
+	if err := CheckDispatch(c, r); err != nil {
+		return DispatchResult{}, err
+	}
+	hash := r.Hash()
+	idemKey := ""
+	fleetRunID := ""
+	takeover := false
+	if key != "" {
+		if err := CheckIdempotencyKey(key); err != nil {
+			return DispatchResult{}, err
+		}
+		idemKey = c.OwnerID + "#" + key
+		it, err := f.store.GetIdempotency(ctx, idemKey)
+		switch {
+		case err == nil:
+			res, id, err := f.reuse(ctx, it, hash)
+			if id == "" {
+				return res, err
+			}
+			fleetRunID, takeover = id, true
+		case !errors.Is(err, store.ErrNotFound):
+			return DispatchResult{}, fmt.Errorf("fleet: reading idempotency key: %w", err)
+		}
+	}
+
+	decision, err := f.route(ctx, c, r)
+	if err != nil {
+		return DispatchResult{}, err
+	}
+	host := *decision.Host
+	client, err := f.HostClient(ctx, host, 0)
+	if err != nil {
+		return DispatchResult{}, err
+	}
+
+	now := f.clock.Now().UTC()
+	if fleetRunID == "" {
+		if fleetRunID, err = newRunID(f.cfg.Random); err != nil {
+			return DispatchResult{}, err
+		}
+	}
+	if idemKey != "" && !takeover {
+		it := store.Idempotency{Key: idemKey, FleetRunID: fleetRunID, RequestHash: hash, CreatedAt: now, ExpiresAt: now.Add(IdempotencyTTL)}
+		existing, err := f.store.PutIdempotency(ctx, it)
+		if errors.Is(err, store.ErrExists) {
+			// A duplicate won the race between our read and this write.
+			res, id, err := f.reuse(ctx, existing, hash)
+			if id == "" {
+				return res, err
+			}
+			fleetRunID = id
+		} else if err != nil {
+			return DispatchResult{}, fmt.Errorf("fleet: writing idempotency key: %w", err)
+		}
+	}
+
+	deadline := now.Add(f.cfg.HostTimeout)
+	run := store.Run{
+		FleetRunID:       fleetRunID,
+		OwnerID:          c.OwnerID,
+		HostID:           host.ID,
+		Status:           store.StatusDispatching,
+		Agent:            r.Agent,
+		IdempotencyKey:   key,
+		RewroteLocalPath: decision.RewroteLocalPath,
+		CreatedAt:        now,
+		UpdatedAt:        now,
+		Deadline:         deadline,
+	}
+	if err := f.store.CreateRun(ctx, run); err != nil {
+		if errors.Is(err, store.ErrExists) && idemKey != "" {
+			// Another dispatcher took over the same idempotency item first.
+			it, gerr := f.store.GetIdempotency(ctx, idemKey)
+			if gerr != nil {
+				return DispatchResult{}, fmt.Errorf("fleet: re-reading idempotency key: %w", gerr)
+			}
+			res, _, err := f.reuse(ctx, it, hash)
+			return res, err
+		}
+		return DispatchResult{}, fmt.Errorf("fleet: creating run: %w", err)
+	}
+	run.Version = 1
+
+	start := hostproto.StartRequest{
+		ClientToken: fleetRunID,
+		Deadline:    &deadline,
+		Agent:       r.Agent,
+		Prompt:      r.Prompt,
+		Argv:        r.Argv,
+		Repository:  r.Repository,
+		CloneURL:    decision.CloneURL,
+		LocalPath:   decision.LocalPath,
+		Env:         r.Env,
+		Secrets:     r.Secrets,
+	}
+	// The host call and the record of its answer outlive a caller that hangs
+	// up: abandoning them would only leave more for recovery. The call is
+	// bounded by HostTimeout (the client's timeout too); the deadline the
+	// host checks is on the injected clock.
+	callCtx, cancel := context.WithTimeout(context.WithoutCancel(ctx), f.cfg.HostTimeout)
+	answer, callErr := client.Start(callCtx, start)
+	cancel()
+
+	note := ""
+	stored, err := f.settle(context.WithoutCancel(ctx), run, func(cur *store.Run) bool {
+		if cur.Status != store.StatusDispatching {
+			return false // recovery recorded the host's answer first
+		}
+		var settled bool
+		note, settled = f.applyStartAnswer(cur, answer, callErr)
+		return settled
+	})
+	if err != nil {
+		return DispatchResult{}, fmt.Errorf("fleet: recording the host's answer for %s: %w", fleetRunID, err)
+	}
+	if callErr != nil {
+		f.log.Warn("dispatch: host call failed", "fleetRunId", fleetRunID, "host", host.ID, "err", callErr)
+	}
+	return DispatchResult{Run: stored, Note: note}, nil
+}
+
+// applyStartAnswer records the host's answer to a start on r. It returns a
+// note for the caller ("" for a plain start) and whether r changed: an
+// unknown outcome (no answer, a host fault) leaves r dispatching for
+// recovery to resolve by clientToken.
+func (f *Fleet) applyStartAnswer(r *store.Run, answer hostproto.Run, err error) (string, bool) {
+	now := f.clock.Now().UTC()
+	if err == nil {
+		f.applyHostRun(r, answer, now)
+		return "", true
+	}
+	var he *hostproto.Error
+	switch {
+	case errors.As(err, &he) && he.Refused():
+		reason := he.Code
+		if reason == "" {
+			reason = "host_refused"
+		}
+		f.end(r, hostproto.StatusFailed, reason, now)
+		return fmt.Sprintf("the host refused the start (HTTP %d %s)", he.Status, he.Code), true
+	case errors.Is(err, hostproto.ErrUnreachable):
+		// Never delivered: the host cannot have started it.
+		f.end(r, hostproto.StatusFailed, hostproto.ReasonHostUnavailable, now)
+		return "the host was unreachable; nothing was started", true
+	}
+	return "whether the host started the run is unknown (" + hostproto.OutcomeOf(err).Detail +
+		"); the run stays dispatching until recovery asks the host by clientToken", false
+}
+
+// applyHostRun copies the host's view of a run onto r.
+func (f *Fleet) applyHostRun(r *store.Run, hr hostproto.Run, now time.Time) {
+	r.ChildRunID = hr.RunID
+	r.Status = hr.Status
+	r.Attempt = hr.Attempt
+	r.ExitCode = hr.ExitCode
+	r.Reason = hr.Reason
+	r.UpdatedAt = now
+	switch {
+	case store.Terminal(r.Status) && r.EndedAt == nil:
+		end := now
+		r.EndedAt = &end
+		r.ExpiresAt = now.Add(f.cfg.Retention)
+	case !store.Terminal(r.Status):
+		// Live again (a retry) or still live: no end, no expiry, events to mirror.
+		r.EndedAt = nil
+		r.ExpiresAt = time.Time{}
+		r.Drained = false
+	}
+}
+
+// end makes r terminal with no events left to mirror (the host never had it,
+// or denies it).
+func (f *Fleet) end(r *store.Run, status, reason string, now time.Time) {
+	r.Status = status
+	r.Reason = reason
+	r.UpdatedAt = now
+	end := now
+	r.EndedAt = &end
+	r.ExpiresAt = now.Add(f.cfg.Retention)
+	r.Drained = true
+}
+
+// reuse answers a request whose idempotency item exists. It returns the
+// answer, or (when the item's run was never written and its creator is long
+// gone) the item's run id for the caller to dispatch under.
+func (f *Fleet) reuse(ctx context.Context, it store.Idempotency, hash string) (DispatchResult, string, error) {
+	if it.RequestHash != hash {
+		return DispatchResult{}, "", conflict(CodeIdempotencyMismatch, map[string]string{"fleetRunId": it.FleetRunID},
+			"the idempotency key was already used with a different request (run %s)", it.FleetRunID)
+	}
+	run, err := f.store.GetRun(ctx, it.FleetRunID)
+	if errors.Is(err, store.ErrNotFound) {
+		// The first request wrote the key but not yet the run. After a host
+		// timeout and the grace it has certainly died there: take over.
+		if f.clock.Now().Before(it.CreatedAt.Add(f.cfg.HostTimeout + LostGrace)) {
+			return DispatchResult{}, "", inFlight(it.FleetRunID)
+		}
+		return DispatchResult{}, it.FleetRunID, nil
+	}
+	if err != nil {
+		return DispatchResult{}, "", fmt.Errorf("fleet: reading run %s: %w", it.FleetRunID, err)
+	}
+	if run.Status == store.StatusDispatching {
+		if f.clock.Now().Before(run.Deadline) {
+			return DispatchResult{}, "", inFlight(run.FleetRunID)
+		}
+		if recovered, rerr := f.recover(ctx, run); rerr == nil {
+			run = recovered
+		} else {
+			f.log.Warn("dispatch: recovery on reuse failed", "fleetRunId", run.FleetRunID, "err", rerr)
+		}
+	}
+	res := DispatchResult{Run: run, Reused: true}
+	if run.Status == store.StatusDispatching {
+		res.Note = "the host has not confirmed the start yet; recovery will ask it by clientToken"
+	}
+	return res, "", nil
+}
+
+func inFlight(fleetRunID string) *Error {
+	return conflict(CodeInFlight, map[string]string{"fleetRunId": fleetRunID},
+		"a dispatch with this idempotency key is still in flight (run %s); retry shortly", fleetRunID)
+}
+
+// route gathers the candidates c may use and runs Route over them: a named
+// host is 404 when unknown and 403 when out of c's scope; a refusal is 409
+// with every excluded host and its reasons.
+func (f *Fleet) route(ctx context.Context, c store.Caller, r DispatchRequest) (Decision, error) {
+	var candidates []store.Host
+	if r.Host != "" {
+		h, err := f.Host(ctx, r.Host)
+		if err != nil {
+			return Decision{}, err
+		}
+		if !auth.CanUseHost(c, h.ID) {
+			return Decision{}, forbidden("host %q is not in this caller's allowedHosts", h.ID)
+		}
+		candidates = []store.Host{h}
+	} else {
+		var err error
+		if candidates, err = f.Hosts(ctx, c); err != nil {
+			return Decision{}, err
+		}
+	}
+	d := Route(RouteInput{
+		Hosts:        candidates,
+		Agent:        r.Agent,
+		Labels:       r.Labels,
+		Repository:   r.Repository,
+		LocalPath:    r.LocalPath,
+		NeedsSecrets: len(r.Secrets) > 0,
+		RepoURLs:     f.cfg.RepoURLs,
+		Now:          f.clock.Now(),
+		MaxProbeAge:  f.cfg.ProbeMaxAge,
+	})
+	if d.Host == nil {
+		return Decision{}, conflict(CodeNoEligibleHost, map[string]any{"excluded": d.Excluded}, "%s", d.Reason)
+	}
+	return d, nil
+}
+
+// settle writes a change to a run with the store's version check: apply
+// edits a copy of the latest run and reports whether there is anything to
+// write; on a lost race the run is re-read and apply runs again.
+func (f *Fleet) settle(ctx context.Context, run store.Run, apply func(*store.Run) bool) (store.Run, error) {
+	const attempts = 5
+	for i := 0; ; i++ {
+		next := run
+		if !apply(&next) {
+			return run, nil
+		}
+		stored, err := f.store.UpdateRun(ctx, next)
+		if err == nil {
+			return stored, nil
+		}
+		if !errors.Is(err, store.ErrConflict) || i == attempts-1 {
+			return run, err
+		}
+		if run, err = f.store.GetRun(ctx, run.FleetRunID); err != nil {
+			return run, err
+		}
+	}
+}
+
+var runIDEncoding = base32.NewEncoding("abcdefghijklmnopqrstuvwxyz234567").WithPadding(base32.NoPadding)
+
+// newRunID makes a Fleet run id: "fr-" and 128 random bits.
+func newRunID(random io.Reader) (string, error) {
+	var b [16]byte
+	if _, err := io.ReadFull(random, b[:]); err != nil {
+		return "", fmt.Errorf("fleet: making a run id: %w", err)
+	}
+	return "fr-" + runIDEncoding.EncodeToString(b[:]), nil
+}

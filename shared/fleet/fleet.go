@@ -1,0 +1,159 @@
+// Package fleet owns Fleet's domain: the host registry, probes, routing,
+// idempotent dispatch and the recovery of dispatches whose answer was lost,
+// over a store.Store and the host protocol client. The API handler (package
+// api) and the scheduled functions call it; it knows nothing of HTTP.
+//
+// Errors a caller can act on are *Error with a Kind; anything else is a fault.
+package fleet
+
+import (
+	"crypto/rand"
+	"crypto/sha256"
+	"encoding/hex"
+	"errors"
+	"io"
+	"log/slog"
+	"net/http"
+	"sync"
+	"time"
+
+	"github.com/runfleet/runfleet/shared/clock"
+	"github.com/runfleet/runfleet/shared/credentials"
+	"github.com/runfleet/runfleet/shared/hostproto"
+	"github.com/runfleet/runfleet/shared/store"
+)
+
+// Defaults for Config's zero values.
+const (
+	DefaultHostTimeout      = 10 * time.Second
+	DefaultProbeTimeout     = 5 * time.Second
+	DefaultProbeMaxAge      = 5 * time.Minute
+	DefaultProbeConcurrency = 8
+	DefaultRetention        = 30 * 24 * time.Hour
+	// IdempotencyTTL is how long an idempotency key binds its first run.
+	IdempotencyTTL = 24 * time.Hour
+	// LostGrace is how long past its deadline a dispatching run the host
+	// does not know waits before it is declared dispatch_lost: the host
+	// refuses a start after the deadline, and the minute covers clock skew.
+	LostGrace = time.Minute
+)
+
+// Config configures a Fleet.
+type Config struct {
+	// Store holds Fleet's state. Required.
+	Store store.Store
+	// Credentials resolves hosts' credentialRefs. Required.
+	Credentials credentials.Source
+	// Logger receives faults and decisions. Required (use a discard
+	// handler in tests).
+	Logger *slog.Logger
+	// Clock reads the time; nil is the wall clock.
+	Clock clock.Clock
+	// Random makes run ids and tokens; nil is crypto/rand.
+	Random io.Reader
+	// DialContext dials hosts; nil is a net.Dialer.
+	DialContext hostproto.DialContextFunc
+	// HostTimeout bounds a host call and sets a dispatch's deadline; zero
+	// is DefaultHostTimeout.
+	HostTimeout time.Duration
+	// ProbeTimeout bounds one probe; zero is DefaultProbeTimeout.
+	ProbeTimeout time.Duration
+	// ProbeMaxAge is the age past which a probe is stale for routing; zero
+	// is DefaultProbeMaxAge.
+	ProbeMaxAge time.Duration
+	// ProbeConcurrency bounds concurrent probes; zero is
+	// DefaultProbeConcurrency.
+	ProbeConcurrency int
+	// Retention keeps ended runs; zero is DefaultRetention.
+	Retention time.Duration
+	// RepoURLs is the repository map (repository -> clone URL); nil is empty.
+	RepoURLs map[string]string
+}
+
+// Validate reports a missing required field.
+func (c Config) Validate() error {
+	var errs []error
+	if c.Store == nil {
+		errs = append(errs, errors.New("fleet: Config.Store is required"))
+	}
+	if c.Credentials == nil {
+		errs = append(errs, errors.New("fleet: Config.Credentials is required"))
+	}
+	if c.Logger == nil {
+		errs = append(errs, errors.New("fleet: Config.Logger is required"))
+	}
+	return errors.Join(errs...)
+}
+
+// Fleet is the domain. It is safe for concurrent use.
+type Fleet struct {
+	cfg   Config
+	store store.Store
+	log   *slog.Logger
+	clock clock.Clock
+
+	mu         sync.Mutex
+	transports map[string]*http.Transport // by sha256(caPem); "" is the system roots
+}
+
+// New checks cfg, fills its defaults and returns a Fleet.
+func New(cfg Config) (*Fleet, error) {
+	if err := cfg.Validate(); err != nil {
+		return nil, err
+	}
+	if cfg.Clock == nil {
+		cfg.Clock = clock.Real{}
+	}
+	if cfg.Random == nil {
+		cfg.Random = rand.Reader
+	}
+	if cfg.HostTimeout <= 0 {
+		cfg.HostTimeout = DefaultHostTimeout
+	}
+	if cfg.ProbeTimeout <= 0 {
+		cfg.ProbeTimeout = DefaultProbeTimeout
+	}
+	if cfg.ProbeMaxAge <= 0 {
+		cfg.ProbeMaxAge = DefaultProbeMaxAge
+	}
+	if cfg.ProbeConcurrency <= 0 {
+		cfg.ProbeConcurrency = DefaultProbeConcurrency
+	}
+	if cfg.Retention <= 0 {
+		cfg.Retention = DefaultRetention
+	}
+	return &Fleet{
+		cfg:        cfg,
+		store:      cfg.Store,
+		log:        cfg.Logger,
+		clock:      cfg.Clock,
+		transports: map[string]*http.Transport{},
+	}, nil
+}
+
+// Store is the store the Fleet was built on.
+func (f *Fleet) Store() store.Store { return f.store }
+
+// HostTimeout is the configured bound of a host call.
+func (f *Fleet) HostTimeout() time.Duration { return f.cfg.HostTimeout }
+
+// transport returns the shared transport for hosts trusting caPEM, so
+// connections are reused across calls (and warm Lambda invocations).
+func (f *Fleet) transport(caPEM string) (*http.Transport, error) {
+	key := ""
+	if caPEM != "" {
+		sum := sha256.Sum256([]byte(caPEM))
+		key = hex.EncodeToString(sum[:])
+	}
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if t, ok := f.transports[key]; ok {
+		return t, nil
+	}
+	t, err := hostproto.NewTransport(caPEM, f.cfg.DialContext)
+	if err != nil {
+		return nil, err
+	}
+	f.transports[key] = t
+	return t, nil
+}

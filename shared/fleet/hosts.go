@@ -1,0 +1,213 @@
+package fleet
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net"
+	"net/url"
+	"path"
+	"regexp"
+	"sort"
+	"strings"
+	"time"
+
+	"github.com/runfleet/runfleet/shared/auth"
+	"github.com/runfleet/runfleet/shared/credentials"
+	"github.com/runfleet/runfleet/shared/hostproto"
+	"github.com/runfleet/runfleet/shared/store"
+)
+
+// idPattern is the shape of host ids, project ids and label keys: short,
+// printable and safe in a URL path segment and a DynamoDB key.
+var idPattern = regexp.MustCompile(`^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$`)
+
+func checkID(field, id string) *Error {
+	if !idPattern.MatchString(id) {
+		return invalid("%s %q: want 1-64 letters, digits and ._- starting with a letter or digit", field, id)
+	}
+	return nil
+}
+
+// HostSpec is a registration: POST /fleet/hosts.
+type HostSpec struct {
+	ID            string
+	BaseURL       string
+	CredentialRef string
+	Labels        map[string]string
+	LocalPaths    []string
+	CAPEM         string
+	// Enabled nil means true.
+	Enabled *bool
+}
+
+// RegisterHost validates spec and adds the host. The baseUrl must be https,
+// or http on a loopback address only; the credentialRef must resolve now (an
+// unknown one is a 400 here rather than an auth_fail probe later); caPem,
+// when given, must parse.
+func (f *Fleet) RegisterHost(ctx context.Context, spec HostSpec) (store.Host, error) {
+	if err := checkID("id", spec.ID); err != nil {
+		return store.Host{}, err
+	}
+	base, err := checkBaseURL(spec.BaseURL)
+	if err != nil {
+		return store.Host{}, err
+	}
+	if err := credentials.CheckRef(spec.CredentialRef); err != nil {
+		return store.Host{}, invalid("%v", err)
+	}
+	if _, err := f.cfg.Credentials.Secret(ctx, spec.CredentialRef); err != nil {
+		if errors.Is(err, credentials.ErrUnknownRef) {
+			return store.Host{}, &Error{Kind: KindInvalid, Code: CodeUnknownCredential,
+				Message: fmt.Sprintf("credentialRef %q is unknown to the credential source", spec.CredentialRef)}
+		}
+		return store.Host{}, fmt.Errorf("fleet: resolving credentialRef %q: %w", spec.CredentialRef, err)
+	}
+	if spec.CAPEM != "" {
+		if base.Scheme != "https" {
+			return store.Host{}, invalid("caPem: only an https baseUrl uses a CA")
+		}
+		if _, err := hostproto.CAPool(spec.CAPEM); err != nil {
+			return store.Host{}, invalid("caPem: %v", strings.TrimPrefix(err.Error(), "hostproto: caPem "))
+		}
+	}
+	for k, v := range spec.Labels {
+		if err := checkID("labels key", k); err != nil {
+			return store.Host{}, err
+		}
+		if v == "" || len(v) > 256 {
+			return store.Host{}, invalid("labels[%q]: want a value of 1-256 characters", k)
+		}
+	}
+	paths := make([]string, 0, len(spec.LocalPaths))
+	for i, p := range spec.LocalPaths {
+		if !path.IsAbs(p) || len(p) > 1024 {
+			return store.Host{}, invalid("localPaths[%d] %q: want an absolute path", i, p)
+		}
+		paths = append(paths, path.Clean(p))
+	}
+	h := store.Host{
+		ID:            spec.ID,
+		BaseURL:       strings.TrimSuffix(base.String(), "/"),
+		CredentialRef: spec.CredentialRef,
+		Labels:        spec.Labels,
+		LocalPaths:    paths,
+		CAPEM:         spec.CAPEM,
+		Enabled:       spec.Enabled == nil || *spec.Enabled,
+		CreatedAt:     f.clock.Now().UTC(),
+	}
+	if err := f.store.CreateHost(ctx, h); err != nil {
+		if errors.Is(err, store.ErrExists) {
+			return store.Host{}, conflict(CodeHostExists, nil, "host %q is already registered", spec.ID)
+		}
+		return store.Host{}, fmt.Errorf("fleet: registering host %q: %w", spec.ID, err)
+	}
+	return h, nil
+}
+
+// checkBaseURL accepts https://host[:port][/path], or http:// only when the
+// host is a loopback address (or "localhost"): a bearer credential never
+// crosses a network in clear text.
+func checkBaseURL(raw string) (*url.URL, *Error) {
+	u, err := url.Parse(raw)
+	if err != nil || u.Host == "" || u.Opaque != "" {
+		return nil, invalid("baseUrl %q: want an absolute URL such as https://host:7070", raw)
+	}
+	if u.User != nil || u.RawQuery != "" || u.Fragment != "" {
+		return nil, invalid("baseUrl %q: must not carry credentials, a query or a fragment", raw)
+	}
+	switch u.Scheme {
+	case "https":
+	case "http":
+		if !loopbackHost(u.Hostname()) {
+			return nil, invalid("baseUrl %q: http:// is allowed only on loopback; use https://", raw)
+		}
+	default:
+		return nil, invalid("baseUrl %q: want https:// (or http:// on loopback)", raw)
+	}
+	return u, nil
+}
+
+func loopbackHost(h string) bool {
+	if strings.EqualFold(h, "localhost") {
+		return true
+	}
+	ip := net.ParseIP(h)
+	return ip != nil && ip.IsLoopback()
+}
+
+// SetHostEnabled enables or disables a host.
+func (f *Fleet) SetHostEnabled(ctx context.Context, id string, enabled bool) (store.Host, error) {
+	h, err := f.store.SetHostEnabled(ctx, id, enabled)
+	if errors.Is(err, store.ErrNotFound) {
+		return store.Host{}, notFound("host %q is not registered", id)
+	}
+	if err != nil {
+		return store.Host{}, fmt.Errorf("fleet: setting host %q enabled: %w", id, err)
+	}
+	return h, nil
+}
+
+// DeleteHost removes a host: refused (409) while runs reference it, unless
+// force, which discards those runs and their events.
+func (f *Fleet) DeleteHost(ctx context.Context, id string, force bool) error {
+	err := f.store.DeleteHost(ctx, id, force)
+	switch {
+	case err == nil:
+		return nil
+	case errors.Is(err, store.ErrNotFound):
+		return notFound("host %q is not registered", id)
+	case errors.Is(err, store.ErrInUse):
+		return conflict(CodeHostInUse, nil, "host %q is still referenced by runs; delete with ?force=1 to discard them", id)
+	}
+	return fmt.Errorf("fleet: deleting host %q: %w", id, err)
+}
+
+// Hosts lists the hosts c may see, each with its last probe, ordered by id.
+func (f *Fleet) Hosts(ctx context.Context, c store.Caller) ([]store.Host, error) {
+	all, err := f.store.ListHosts(ctx)
+	if err != nil {
+		return nil, fmt.Errorf("fleet: listing hosts: %w", err)
+	}
+	visible := all[:0]
+	for _, h := range all {
+		if auth.CanUseHost(c, h.ID) {
+			visible = append(visible, h)
+		}
+	}
+	sort.Slice(visible, func(i, j int) bool { return visible[i].ID < visible[j].ID })
+	return visible, nil
+}
+
+// Host returns one host (admin use: no scope check).
+func (f *Fleet) Host(ctx context.Context, id string) (store.Host, error) {
+	h, err := f.store.GetHost(ctx, id)
+	if errors.Is(err, store.ErrNotFound) {
+		return store.Host{}, notFound("host %q is not registered", id)
+	}
+	if err != nil {
+		return store.Host{}, fmt.Errorf("fleet: reading host %q: %w", id, err)
+	}
+	return h, nil
+}
+
+// HostClient returns a client for h's API, with its credential and CA, whose
+// calls are bounded by timeout (zero: the configured HostTimeout).
+func (f *Fleet) HostClient(ctx context.Context, h store.Host, timeout time.Duration) (*hostproto.Client, error) {
+	token, err := f.cfg.Credentials.Secret(ctx, h.CredentialRef)
+	if err != nil {
+		return nil, fmt.Errorf("fleet: host %q credential: %w", h.ID, err)
+	}
+	t, err := f.transport(h.CAPEM)
+	if err != nil {
+		return nil, fmt.Errorf("fleet: host %q CA: %w", h.ID, err)
+	}
+	if timeout <= 0 {
+		timeout = f.cfg.HostTimeout
+	}
+	c, err := hostproto.NewClient(hostproto.ClientConfig{BaseURL: h.BaseURL, Token: token, Timeout: timeout, Transport: t})
+	if err != nil {
+		return nil, fmt.Errorf("fleet: host %q client: %w", h.ID, err)
+	}
+	return c, nil
+}

@@ -1,0 +1,225 @@
+package fleet
+
+import (
+	"encoding/json"
+	"fmt"
+	"net/url"
+	"os"
+	"path"
+	"sort"
+	"strings"
+	"time"
+
+	"github.com/runfleet/runfleet/shared/store"
+)
+
+// Exclusion reasons, in the order a refusal lists them.
+const (
+	ExcludedDisabled              = "disabled"
+	ExcludedNeverProbed           = "never_probed"
+	ExcludedStaleProbe            = "stale_probe"
+	ExcludedUnhealthy             = "unhealthy"
+	ExcludedDraining              = "draining"
+	ExcludedAgentUnsupported      = "agent_unsupported"
+	ExcludedLabelMissing          = "label_missing"
+	ExcludedRepositoryUnavailable = "repository_unavailable"
+	ExcludedSecretsUnsupported    = "secrets_unsupported"
+)
+
+// RouteInput is everything routing decides from. Routing is a pure function
+// of it: no I/O, no clock.
+type RouteInput struct {
+	// Hosts are the candidates: every host the caller may see, or only the
+	// one it named.
+	Hosts []store.Host
+	Agent string
+	// Labels must all be present, with equal values, on the host.
+	Labels map[string]string
+	// Repository and LocalPath are the request's; a LocalPath the host
+	// lacks is served by cloning Repository when RepoURLs maps it.
+	Repository string
+	LocalPath  string
+	// NeedsSecrets: the run declares secrets, so the host must report
+	// secretsProxy and execRequire.
+	NeedsSecrets bool
+	// RepoURLs is the repository map (repository -> clone URL).
+	RepoURLs map[string]string
+	// Now and MaxProbeAge judge staleness.
+	Now         time.Time
+	MaxProbeAge time.Duration
+}
+
+// Exclusion is one host routing left out, with every reason that applied.
+type Exclusion struct {
+	HostID  string   `json:"hostId"`
+	Reasons []string `json:"reasons"`
+}
+
+// Decision is routing's answer. Host is nil when every candidate was
+// excluded; Excluded lists each excluded host either way.
+type Decision struct {
+	Host *store.Host
+	// LocalPath is what to send the host: the request's, or "" when it was
+	// replaced by CloneURL.
+	LocalPath string
+	// CloneURL is the repository map's URL for the request's repository, if any.
+	CloneURL string
+	// RewroteLocalPath: the host lacks LocalPath and clones instead.
+	RewroteLocalPath bool
+	Excluded         []Exclusion
+	// Reason explains the choice or the refusal, for logs and the 409.
+	Reason string
+}
+
+// Route picks a host for a run. A host is eligible when no exclusion reason
+// applies; among eligible hosts it prefers one that has the local path (no
+// rewrite), then the lowest probe latency, then the smallest id, so the
+// choice is deterministic. Deny by default: no candidates, no host.
+func Route(in RouteInput) Decision {
+	type candidate struct {
+		host    store.Host
+		rewrite bool
+	}
+	var eligible []candidate
+	d := Decision{Excluded: []Exclusion{}}
+	cloneURL := in.RepoURLs[in.Repository]
+	if in.Repository == "" {
+		cloneURL = ""
+	}
+	for _, h := range in.Hosts {
+		reasons, rewrite := exclusions(in, h, cloneURL)
+		if len(reasons) > 0 {
+			d.Excluded = append(d.Excluded, Exclusion{HostID: h.ID, Reasons: reasons})
+			continue
+		}
+		eligible = append(eligible, candidate{host: h, rewrite: rewrite})
+	}
+	sort.Slice(d.Excluded, func(i, j int) bool { return d.Excluded[i].HostID < d.Excluded[j].HostID })
+	if len(eligible) == 0 {
+		d.Reason = refusalReason(d.Excluded)
+		return d
+	}
+	sort.Slice(eligible, func(i, j int) bool {
+		a, b := eligible[i], eligible[j]
+		if a.rewrite != b.rewrite {
+			return !a.rewrite
+		}
+		if a.host.Probe.LatencyMs != b.host.Probe.LatencyMs {
+			return a.host.Probe.LatencyMs < b.host.Probe.LatencyMs
+		}
+		return a.host.ID < b.host.ID
+	})
+	best := eligible[0]
+	d.Host = &best.host
+	d.CloneURL = cloneURL
+	d.LocalPath = in.LocalPath
+	if best.rewrite {
+		d.LocalPath = ""
+		d.RewroteLocalPath = true
+	}
+	d.Reason = fmt.Sprintf("host %s chosen from %d eligible", best.host.ID, len(eligible))
+	return d
+}
+
+// exclusions lists every reason h cannot take the run, and whether it can
+// only take it by cloning instead of using the local path.
+func exclusions(in RouteInput, h store.Host, cloneURL string) (reasons []string, rewrite bool) {
+	if !h.Enabled {
+		reasons = append(reasons, ExcludedDisabled)
+	}
+	p := h.Probe
+	if p == nil {
+		reasons = append(reasons, ExcludedNeverProbed)
+	} else {
+		if in.Now.Sub(p.At) > in.MaxProbeAge {
+			reasons = append(reasons, ExcludedStaleProbe)
+		}
+		if p.Status != store.ProbeOK {
+			reasons = append(reasons, ExcludedUnhealthy)
+		}
+		if p.Draining {
+			reasons = append(reasons, ExcludedDraining)
+		}
+		if in.Agent != "" && !contains(p.Agents, in.Agent) {
+			reasons = append(reasons, ExcludedAgentUnsupported)
+		}
+	}
+	for k, v := range in.Labels {
+		if hv, ok := h.Labels[k]; !ok || hv != v {
+			reasons = append(reasons, ExcludedLabelMissing)
+			break
+		}
+	}
+	if in.LocalPath != "" && !hasLocalPath(h.LocalPaths, in.LocalPath) {
+		if cloneURL == "" {
+			reasons = append(reasons, ExcludedRepositoryUnavailable)
+		} else {
+			rewrite = true
+		}
+	}
+	if in.NeedsSecrets && (p == nil || !p.Features.SecretsProxy || !p.Features.ExecRequire) {
+		reasons = append(reasons, ExcludedSecretsUnsupported)
+	}
+	return reasons, rewrite
+}
+
+// hasLocalPath reports whether want is one of roots or lies under one.
+func hasLocalPath(roots []string, want string) bool {
+	want = path.Clean(want)
+	for _, r := range roots {
+		r = path.Clean(r)
+		if want == r || strings.HasPrefix(want, strings.TrimSuffix(r, "/")+"/") {
+			return true
+		}
+	}
+	return false
+}
+
+func contains(list []string, s string) bool {
+	for _, x := range list {
+		if x == s {
+			return true
+		}
+	}
+	return false
+}
+
+func refusalReason(excluded []Exclusion) string {
+	if len(excluded) == 0 {
+		return "no eligible host: no host is registered that this caller may use"
+	}
+	parts := make([]string, len(excluded))
+	for i, e := range excluded {
+		parts[i] = fmt.Sprintf("%s (%s)", e.HostID, strings.Join(e.Reasons, ", "))
+	}
+	return "no eligible host: " + strings.Join(parts, "; ")
+}
+
+// LoadRepoURLs reads the repository map file (RUNFLEET_REPO_URLS=file:<path>):
+// a JSON object mapping repository -> clone URL. "" is an empty map. A
+// malformed map fails loudly: quietly having no map would look like routing
+// refusing work it should accept.
+func LoadRepoURLs(path string) (map[string]string, error) {
+	if path == "" {
+		return map[string]string{}, nil
+	}
+	raw, err := os.ReadFile(path)
+	if err != nil {
+		return nil, fmt.Errorf("fleet: reading the repository map: %w", err)
+	}
+	var m map[string]string
+	if err := json.Unmarshal(raw, &m); err != nil {
+		return nil, fmt.Errorf("fleet: repository map %s is not a JSON object of strings: %w", path, err)
+	}
+	for repo, u := range m {
+		parsed, err := url.Parse(u)
+		if repo == "" || err != nil || parsed.Scheme == "" || (parsed.Host == "" && parsed.Scheme != "file") {
+			// The URL is not quoted: it may carry a credential.
+			return nil, fmt.Errorf("fleet: repository map %s: the entry for %q is not an absolute clone URL", path, repo)
+		}
+	}
+	if m == nil {
+		m = map[string]string{}
+	}
+	return m, nil
+}

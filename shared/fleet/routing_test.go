@@ -1,0 +1,171 @@
+package fleet
+
+import (
+	"os"
+	"path/filepath"
+	"reflect"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/runfleet/runfleet/shared/hostproto"
+	"github.com/runfleet/runfleet/shared/store"
+)
+
+var routeNow = time.Date(2026, 3, 1, 12, 0, 0, 0, time.UTC)
+
+// healthyHost is a host every plain request may use: enabled, freshly probed
+// ok, offering "shell", with both secrets features.
+func healthyHost(id string) store.Host {
+	return store.Host{
+		ID: id, Enabled: true,
+		Labels:     map[string]string{"region": "eu"},
+		LocalPaths: []string{"/srv/work"},
+		Probe: &store.Probe{
+			Status: store.ProbeOK, At: routeNow.Add(-time.Minute), LatencyMs: 5,
+			Agents:   []string{"shell"},
+			Features: hostproto.Features{SecretsProxy: true, ExecRequire: true},
+		},
+	}
+}
+
+func TestRouteExcludesWithEveryReason(t *testing.T) {
+	repos := map[string]string{"acme/web": "https://git.example/acme/web.git"}
+	base := RouteInput{Agent: "shell", RepoURLs: repos, Now: routeNow, MaxProbeAge: 5 * time.Minute}
+	for _, tc := range []struct {
+		reason string
+		host   func(h *store.Host)
+		req    func(in *RouteInput)
+	}{
+		{ExcludedDisabled, func(h *store.Host) { h.Enabled = false }, nil},
+		{ExcludedNeverProbed, func(h *store.Host) { h.Probe = nil }, nil},
+		{ExcludedStaleProbe, func(h *store.Host) { h.Probe.At = routeNow.Add(-6 * time.Minute) }, nil},
+		{ExcludedUnhealthy, func(h *store.Host) { h.Probe.Status = store.ProbeUnreachable }, nil},
+		{ExcludedDraining, func(h *store.Host) { h.Probe.Draining = true }, nil},
+		{ExcludedAgentUnsupported, nil, func(in *RouteInput) { in.Agent = "claude" }},
+		{ExcludedLabelMissing, nil, func(in *RouteInput) { in.Labels = map[string]string{"region": "us"} }},
+		{ExcludedRepositoryUnavailable, nil, func(in *RouteInput) { in.LocalPath = "/elsewhere/repo" }},
+		{ExcludedSecretsUnsupported, func(h *store.Host) { h.Probe.Features.ExecRequire = false }, func(in *RouteInput) { in.NeedsSecrets = true }},
+	} {
+		t.Run(tc.reason, func(t *testing.T) {
+			h := healthyHost("h1")
+			if tc.host != nil {
+				tc.host(&h)
+			}
+			in := base
+			in.Hosts = []store.Host{h}
+			if tc.req != nil {
+				tc.req(&in)
+			}
+			d := Route(in)
+			if d.Host != nil {
+				t.Fatalf("routed to %s, want a refusal", d.Host.ID)
+			}
+			want := []Exclusion{{HostID: "h1", Reasons: []string{tc.reason}}}
+			if !reflect.DeepEqual(d.Excluded, want) {
+				t.Fatalf("excluded = %+v, want %+v", d.Excluded, want)
+			}
+			if !strings.Contains(d.Reason, "h1 ("+tc.reason+")") {
+				t.Fatalf("reason %q does not name the host and reason", d.Reason)
+			}
+		})
+	}
+}
+
+func TestRouteListsEveryReasonOfEveryHost(t *testing.T) {
+	a := healthyHost("a")
+	a.Enabled = false
+	a.Probe.Draining = true
+	b := healthyHost("b")
+	b.Probe = nil
+	d := Route(RouteInput{
+		Hosts: []store.Host{b, a}, Agent: "shell", NeedsSecrets: true,
+		Labels: map[string]string{"gpu": "yes"}, Now: routeNow, MaxProbeAge: time.Minute * 5,
+	})
+	want := []Exclusion{
+		{HostID: "a", Reasons: []string{ExcludedDisabled, ExcludedDraining, ExcludedLabelMissing}},
+		{HostID: "b", Reasons: []string{ExcludedNeverProbed, ExcludedLabelMissing, ExcludedSecretsUnsupported}},
+	}
+	if d.Host != nil || !reflect.DeepEqual(d.Excluded, want) {
+		t.Fatalf("decision = %+v, want refusal %+v", d, want)
+	}
+}
+
+func TestRouteRefusesWithNoCandidates(t *testing.T) {
+	d := Route(RouteInput{Agent: "shell", Now: routeNow, MaxProbeAge: time.Minute})
+	if d.Host != nil || d.Excluded == nil || len(d.Excluded) != 0 || !strings.Contains(d.Reason, "no host") {
+		t.Fatalf("decision = %+v", d)
+	}
+}
+
+func TestRouteRewritesTheLocalPathToACloneURL(t *testing.T) {
+	repos := map[string]string{"acme/web": "https://git.example/acme/web.git"}
+	has := healthyHost("has-path")
+	has.Probe.LatencyMs = 50
+	lacks := healthyHost("lacks-path")
+	lacks.LocalPaths = nil
+	lacks.Probe.LatencyMs = 1
+	in := RouteInput{Agent: "shell", Repository: "acme/web", LocalPath: "/srv/work/web", RepoURLs: repos, Now: routeNow, MaxProbeAge: 5 * time.Minute}
+
+	// Both eligible: the host with the path wins despite its latency.
+	in.Hosts = []store.Host{lacks, has}
+	d := Route(in)
+	if d.Host == nil || d.Host.ID != "has-path" || d.RewroteLocalPath || d.LocalPath != "/srv/work/web" {
+		t.Fatalf("decision = %+v, want has-path without rewrite", d)
+	}
+	// Only the host without the path: eligible through the clone URL.
+	in.Hosts = []store.Host{lacks}
+	d = Route(in)
+	if d.Host == nil || !d.RewroteLocalPath || d.LocalPath != "" || d.CloneURL != repos["acme/web"] {
+		t.Fatalf("decision = %+v, want a rewrite to the clone URL", d)
+	}
+	// Without a mapping the path is unavailable.
+	in.Repository = "acme/other"
+	if d := Route(in); d.Host != nil || d.Excluded[0].Reasons[0] != ExcludedRepositoryUnavailable {
+		t.Fatalf("decision = %+v, want repository_unavailable", d)
+	}
+	// A repository alone (no local path) is passed on, with its clone URL when mapped.
+	in = RouteInput{Agent: "shell", Repository: "acme/web", RepoURLs: repos, Hosts: []store.Host{lacks}, Now: routeNow, MaxProbeAge: time.Minute}
+	if d := Route(in); d.Host == nil || d.RewroteLocalPath || d.CloneURL != repos["acme/web"] {
+		t.Fatalf("repository only: %+v", d)
+	}
+}
+
+func TestRoutePrefersLowLatencyThenId(t *testing.T) {
+	a, b, c := healthyHost("a"), healthyHost("b"), healthyHost("c")
+	a.Probe.LatencyMs, b.Probe.LatencyMs, c.Probe.LatencyMs = 9, 3, 3
+	d := Route(RouteInput{Hosts: []store.Host{a, c, b}, Agent: "shell", Now: routeNow, MaxProbeAge: 5 * time.Minute})
+	if d.Host == nil || d.Host.ID != "b" || len(d.Excluded) != 0 {
+		t.Fatalf("decision = %+v, want b", d)
+	}
+}
+
+func TestHasLocalPath(t *testing.T) {
+	roots := []string{"/srv/work", "/data/"}
+	for p, want := range map[string]bool{
+		"/srv/work": true, "/srv/work/x/y": true, "/srv/workshop": false, "/srv": false,
+		"/data/x": true, "/srv/work/../etc": false,
+	} {
+		if got := hasLocalPath(roots, p); got != want {
+			t.Errorf("hasLocalPath(%q) = %v, want %v", p, got, want)
+		}
+	}
+}
+
+func TestLoadRepoURLs(t *testing.T) {
+	dir := t.TempDir()
+	good := filepath.Join(dir, "good.json")
+	os.WriteFile(good, []byte(`{"acme/web": "https://git.example/acme/web.git"}`), 0o600)
+	m, err := LoadRepoURLs(good)
+	if err != nil || m["acme/web"] != "https://git.example/acme/web.git" {
+		t.Fatalf("%v %v", m, err)
+	}
+	bad := filepath.Join(dir, "bad.json")
+	os.WriteFile(bad, []byte(`{"acme/web": "https://user:hunter2@/x"}`), 0o600)
+	if _, err := LoadRepoURLs(bad); err == nil || strings.Contains(err.Error(), "hunter2") {
+		t.Fatalf("bad map: %v", err)
+	}
+	if m, err := LoadRepoURLs(""); err != nil || len(m) != 0 {
+		t.Fatalf("no map: %v %v", m, err)
+	}
+}

@@ -1,0 +1,161 @@
+package fleet
+
+import (
+	"context"
+	"errors"
+	"fmt"
+
+	"github.com/runfleet/runfleet/shared/auth"
+	"github.com/runfleet/runfleet/shared/hostproto"
+	"github.com/runfleet/runfleet/shared/store"
+)
+
+// RunState is a run as GET /fleet/runs/{id} reports it.
+type RunState struct {
+	Run store.Run
+	// Refreshed: the state was just read from the host.
+	Refreshed bool
+	// Note says why it was not refreshed, when it could not be.
+	Note string
+}
+
+// Run returns the run c may see, refreshed from its host when it is live: a
+// dispatching run past its deadline is recovered, a live one is read from
+// the host (a host denying it makes it lost). A host that cannot be asked
+// leaves the stored state, with a note. Another owner's run is 404, as an
+// unknown one: its existence is not the caller's business.
+func (f *Fleet) Run(ctx context.Context, c store.Caller, id string) (RunState, error) {
+	run, err := f.store.GetRun(ctx, id)
+	if errors.Is(err, store.ErrNotFound) || (err == nil && !auth.CanSeeRun(c, run)) {
+		return RunState{}, notFound("run %q does not exist", id)
+	}
+	if err != nil {
+		return RunState{}, fmt.Errorf("fleet: reading run %s: %w", id, err)
+	}
+	switch {
+	case run.Status == store.StatusDispatching:
+		if f.clock.Now().Before(run.Deadline) {
+			return RunState{Run: run, Note: "the dispatch is in flight"}, nil
+		}
+		recovered, err := f.recover(ctx, run)
+		if err != nil {
+			f.log.Warn("run: recovery failed", "fleetRunId", id, "err", err)
+			return RunState{Run: run, Note: "the host could not be asked about this dispatch"}, nil
+		}
+		return RunState{Run: recovered, Refreshed: recovered.Status != store.StatusDispatching}, nil
+	case store.Terminal(run.Status) || run.ChildRunID == "":
+		return RunState{Run: run}, nil
+	}
+	refreshed, err := f.refresh(ctx, run)
+	if err != nil {
+		f.log.Warn("run: refresh failed", "fleetRunId", id, "host", run.HostID, "err", err)
+		return RunState{Run: run, Note: "the host could not be asked; this is the last known state"}, nil
+	}
+	return RunState{Run: refreshed, Refreshed: true}, nil
+}
+
+// refresh reads a live run's state from its host and records it; a host
+// denying the run makes it lost.
+func (f *Fleet) refresh(ctx context.Context, run store.Run) (store.Run, error) {
+	h, err := f.store.GetHost(ctx, run.HostID)
+	if err != nil {
+		return run, fmt.Errorf("fleet: reading host %q: %w", run.HostID, err)
+	}
+	client, err := f.HostClient(ctx, h, 0)
+	if err != nil {
+		return run, err
+	}
+	hr, err := client.Get(ctx, run.ChildRunID)
+	lost := errors.Is(err, hostproto.ErrRunNotFound)
+	if err != nil && !lost {
+		return run, err
+	}
+	return f.settle(ctx, run, func(cur *store.Run) bool {
+		now := f.clock.Now().UTC()
+		if lost {
+			if cur.Status == store.StatusLost {
+				return false
+			}
+			f.end(cur, store.StatusLost, hostproto.CodeRunNotFound, now)
+			return true
+		}
+		if cur.Status == hr.Status && cur.Attempt == hr.Attempt && cur.Reason == hr.Reason && sameExit(cur.ExitCode, hr.ExitCode) {
+			return false
+		}
+		f.applyHostRun(cur, hr, now)
+		return true
+	})
+}
+
+func sameExit(a, b *int) bool {
+	if a == nil || b == nil {
+		return a == b
+	}
+	return *a == *b
+}
+
+// RecoverDispatching resolves a run left dispatching (Fleet crashed, or the
+// host did not answer, between the host call and its record): the host is
+// asked by clientToken; a run it knows is recorded as the host reports it;
+// one it does not know is failed with reason dispatch_lost once its deadline
+// passed more than LostGrace ago (the host refuses a start after the
+// deadline, so it can no longer arrive). It returns the run as stored after;
+// a run no longer dispatching is returned as is. The scheduled sweep calls it
+// for dispatching runs in the live index.
+func (f *Fleet) RecoverDispatching(ctx context.Context, fleetRunID string) (store.Run, error) {
+	run, err := f.store.GetRun(ctx, fleetRunID)
+	if err != nil {
+		return store.Run{}, fmt.Errorf("fleet: reading run %s: %w", fleetRunID, err)
+	}
+	return f.recover(ctx, run)
+}
+
+func (f *Fleet) recover(ctx context.Context, run store.Run) (store.Run, error) {
+	if run.Status != store.StatusDispatching {
+		return run, nil
+	}
+	h, err := f.store.GetHost(ctx, run.HostID)
+	if err != nil {
+		return run, fmt.Errorf("fleet: reading host %q: %w", run.HostID, err)
+	}
+	client, err := f.HostClient(ctx, h, 0)
+	if err != nil {
+		return run, err
+	}
+	hr, known, err := client.FindByClientToken(ctx, run.FleetRunID)
+	if err != nil {
+		return run, err
+	}
+	return f.settle(ctx, run, func(cur *store.Run) bool {
+		if cur.Status != store.StatusDispatching {
+			return false
+		}
+		now := f.clock.Now().UTC()
+		if known {
+			f.applyHostRun(cur, hr, now)
+			return true
+		}
+		if !now.After(cur.Deadline.Add(LostGrace)) {
+			return false // not yet more than LostGrace past the deadline
+		}
+		f.end(cur, hostproto.StatusFailed, store.ReasonDispatchLost, now)
+		return true
+	})
+}
+
+// Runs pages the runs c may see, newest first: its own, or every run for an
+// admin. limit follows store.PageLimit.
+func (f *Fleet) Runs(ctx context.Context, c store.Caller, cursor string, limit int) (store.RunPage, error) {
+	q := store.RunQuery{Cursor: cursor, Limit: limit}
+	if !c.Admin {
+		q.OwnerID = c.OwnerID
+	}
+	page, err := f.store.ListRuns(ctx, q)
+	if errors.Is(err, store.ErrBadCursor) {
+		return store.RunPage{}, invalid("cursor is not a cursor from this listing")
+	}
+	if err != nil {
+		return store.RunPage{}, fmt.Errorf("fleet: listing runs: %w", err)
+	}
+	return page, nil
+}
