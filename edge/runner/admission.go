@@ -1,0 +1,117 @@
+package runner
+
+import (
+	"github.com/runfleet/runfleet/shared/hostproto"
+)
+
+// Verdict is admission's answer.
+type Verdict int
+
+const (
+	// Refuse: the attempt does not start; the Decision says why. The zero value.
+	Refuse Verdict = iota
+	// Prepare: every check so far passes and the attempt needs the broker:
+	// register the task and write its trust file, then decide again with
+	// Prepared set.
+	Prepare
+	// Admit: the attempt may start; it gets a ticket.
+	Admit
+)
+
+func (v Verdict) String() string {
+	switch v {
+	case Prepare:
+		return "prepare"
+	case Admit:
+		return "admit"
+	}
+	return "refuse"
+}
+
+// Facts are everything admission looks at, gathered by the runner at one
+// moment. Error-valued facts are nil when the condition holds.
+type Facts struct {
+	// Draining: the host admits nothing new.
+	Draining bool
+	// Canceled: the run was canceled before its process started.
+	Canceled bool
+	// Identity is nil when tasks can run as runner.user (or, where edge
+	// cannot switch users, runner.insecureSameUser allows edge's own).
+	Identity error
+	// HoldsSlot: the attempt already holds a concurrency slot (a ticket's
+	// check); otherwise Active and MaxConcurrent decide host_busy.
+	HoldsSlot     bool
+	Active        int
+	MaxConcurrent int
+
+	// NeedsBroker: the run declares secrets. The facts below count only then.
+	NeedsBroker bool
+	// Proxy: the secrets proxy is up and not killed.
+	Proxy error
+	// CA: the proxy's CA is valid now.
+	CA error
+	// Ungranted is the first declared key ("project/KEY") the host policy
+	// does not grant, with why; empty when all are granted.
+	Ungranted       string
+	UngrantedReason string
+	// Prepared: registration and the trust file were attempted; Preparation
+	// is what came of it.
+	Prepared    bool
+	Preparation error
+}
+
+// Decision is admission's verdict with its typed reason and a human detail.
+type Decision struct {
+	Verdict Verdict
+	Reason  string
+	Detail  string
+}
+
+// Refusal returns the decision as a *Refusal, nil unless it refuses.
+func (d Decision) Refusal() *Refusal {
+	if d.Verdict != Refuse {
+		return nil
+	}
+	return &Refusal{Reason: d.Reason, Detail: d.Detail}
+}
+
+// Decide is admission: deny by default, each check in turn, the first that
+// fails naming the refusal. It is pure, so it runs the same way when an
+// attempt is admitted and when its ticket is checked just before exec.
+func Decide(f Facts) Decision {
+	refuse := func(reason, detail string) Decision {
+		return Decision{Verdict: Refuse, Reason: reason, Detail: detail}
+	}
+	switch {
+	case f.Canceled:
+		return refuse(hostproto.ReasonCanceled, "the run was canceled before its process started")
+	case f.Draining:
+		return refuse(hostproto.ReasonHostUnavailable, "the host is draining and admits nothing new")
+	case f.Identity != nil:
+		return refuse(hostproto.ReasonHostUnavailable, f.Identity.Error())
+	case !f.HoldsSlot && f.MaxConcurrent <= 0:
+		return refuse(hostproto.ReasonHostBusy, "the host runs no tasks (runner.maxConcurrent is 0)")
+	case !f.HoldsSlot && f.Active >= f.MaxConcurrent:
+		return refuse(hostproto.ReasonHostBusy, "the host already runs runner.maxConcurrent tasks")
+	}
+	if !f.NeedsBroker {
+		return Decision{Verdict: Admit}
+	}
+	switch {
+	case f.Proxy != nil:
+		return refuse(hostproto.ReasonBrokerNotReady, "secrets proxy: "+f.Proxy.Error())
+	case f.CA != nil:
+		return refuse(hostproto.ReasonBrokerNotReady, "proxy CA: "+f.CA.Error())
+	case f.Ungranted != "":
+		detail := "the host policy does not grant " + f.Ungranted
+		if f.UngrantedReason != "" {
+			detail += " (" + f.UngrantedReason + ")"
+		}
+		return refuse(hostproto.ReasonKeyNotGranted, detail)
+	case !f.Prepared:
+		return Decision{Verdict: Prepare}
+	case f.Preparation != nil:
+		return refuse(hostproto.ReasonBrokerNotReady, f.Preparation.Error())
+	}
+	return Decision{Verdict: Admit}
+}

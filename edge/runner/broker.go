@@ -1,0 +1,57 @@
+package runner
+
+import (
+	"context"
+	"encoding/json"
+
+	"github.com/runfleet/runfleet/shared/hostproto"
+)
+
+// Broker is the secrets proxy as the runner needs it: its readiness, the
+// host policy's grants, and its registry of tasks. A task's proxy user is its
+// run id. Implementations are safe for concurrent use.
+type Broker interface {
+	// Ready returns nil when the proxy is up and not killed
+	// (EDGE_SECRETS_PROXY=off keeps it down), else why not.
+	Ready() error
+	// Ungranted returns the first declared secret the host policy does not
+	// grant right now, as "project/KEY", with the policy's reason; "" when it
+	// grants them all. A reload of the policy applies to the next call.
+	Ungranted(secrets []hostproto.Secret) (key, reason string)
+	// Register declares the run's secrets to the proxy (again, for a retry)
+	// and returns the task's view of them. Registering a known run keeps its
+	// placeholders.
+	Register(runID string, secrets []hostproto.Secret) (TaskSecrets, error)
+	// Registered reports whether the run is registered and none of its keys
+	// has been revoked since.
+	Registered(runID string) bool
+	// StartAttempt mints a fresh proxy password for the run's new attempt,
+	// revoking any earlier one, and returns the proxy URL with credentials
+	// (http://runID:password@host:port).
+	StartAttempt(runID string) (proxyURL string, err error)
+	// EndAttempt revokes the attempt's password and closes the task's proxy
+	// connections at once. Ending an ended attempt does nothing.
+	EndAttempt(runID string)
+	// Drop forgets the run and its placeholders (purge).
+	Drop(runID string)
+}
+
+// TaskSecrets is what a registered task gets in its env.
+type TaskSecrets struct {
+	// Placeholders maps each granted key name to its placeholder.
+	Placeholders map[string]string
+	// ProxiedKeys is RUNFLEET_PROXIED_KEYS: JSON, each key with the domains
+	// it may reach.
+	ProxiedKeys json.RawMessage
+}
+
+// TrustSource is the proxy's CA as tasks need it.
+type TrustSource interface {
+	// Bundle is the current CA bundle (PEM).
+	Bundle() ([]byte, error)
+	// Valid returns nil when the CA can sign leaves now, else why not.
+	Valid() error
+	// WatchTrust calls listener with each new bundle until unsubscribe is
+	// called. A listener's error is the delivery's failure.
+	WatchTrust(listener func(ctx context.Context, bundle []byte) error) (unsubscribe func(), err error)
+}

@@ -1,0 +1,67 @@
+package runner
+
+import (
+	"sort"
+)
+
+// taskPath is the PATH a task starts with: the system's directories only.
+const taskPath = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
+
+// envInput is everything a task's env is built from. Nothing of edge's own
+// environment reaches a task.
+type envInput struct {
+	User     string
+	Home     string
+	AgentEnv map[string]string
+	RunEnv   map[string]string
+	// Broker is set for a run that declares secrets.
+	Broker *brokerEnv
+}
+
+type brokerEnv struct {
+	Placeholders map[string]string
+	ProxyURL     string
+	ProxiedKeys  string
+	// TrustFile is the system roots followed by the CA bundle; CABundle is
+	// the CA bundle alone (Node adds it to its own roots).
+	TrustFile string
+	CABundle  string
+}
+
+// buildEnv returns the task's env, sorted: a minimal base, the agent's fixed
+// variables, the run's env, then what the runner owns (placeholders, proxy,
+// trust), which nothing before it can override.
+func buildEnv(in envInput) []string {
+	env := map[string]string{
+		"PATH":    taskPath,
+		"HOME":    in.Home,
+		"LANG":    "C.UTF-8",
+		"TERM":    "xterm-256color",
+		"USER":    in.User,
+		"LOGNAME": in.User,
+	}
+	for k, v := range in.AgentEnv {
+		env[k] = v
+	}
+	for k, v := range in.RunEnv {
+		env[k] = v
+	}
+	if b := in.Broker; b != nil {
+		for k, v := range b.Placeholders {
+			env[k] = v
+		}
+		env["HTTPS_PROXY"] = b.ProxyURL
+		env["https_proxy"] = b.ProxyURL
+		env["RUNFLEET_PROXIED_KEYS"] = b.ProxiedKeys
+		for _, k := range []string{"SSL_CERT_FILE", "REQUESTS_CA_BUNDLE", "CURL_CA_BUNDLE", "GIT_SSL_CAINFO"} {
+			env[k] = b.TrustFile
+		}
+		env["NODE_EXTRA_CA_CERTS"] = b.CABundle
+	}
+	out := make([]string, 0, len(env))
+	for k, v := range env {
+		out = append(out, k+"="+v)
+	}
+	sort.Strings(out)
+	return out
+}

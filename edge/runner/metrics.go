@@ -1,0 +1,79 @@
+package runner
+
+import (
+	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/runfleet/runfleet/edge/runlog"
+)
+
+// metrics are the runner's Prometheus collectors.
+type metrics struct {
+	admissions *prometheus.CounterVec
+	started    prometheus.Counter
+	tickets    prometheus.Gauge
+	live       prometheus.GaugeFunc
+	runs       *runsCollector
+}
+
+func newMetrics(r *Runner) *metrics {
+	return &metrics{
+		admissions: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "edge_admissions_total",
+			Help: "Admission decisions on attempts, by verdict (admit, refuse) and refusal reason.",
+		}, []string{"verdict", "reason"}),
+		started: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "edge_task_processes_started_total",
+			Help: "Task processes the runner started.",
+		}),
+		tickets: prometheus.NewGauge(prometheus.GaugeOpts{
+			Name: "edge_admission_tickets",
+			Help: "Admitted attempts whose start has not ended yet.",
+		}),
+		live: prometheus.NewGaugeFunc(prometheus.GaugeOpts{
+			Name: "edge_tasks_live",
+			Help: "Attempts holding a concurrency slot (admitted, starting or running).",
+		}, func() float64 {
+			r.mu.Lock()
+			defer r.mu.Unlock()
+			return float64(len(r.live))
+		}),
+		runs: &runsCollector{log: r.log, desc: prometheus.NewDesc("edge_runs", "Runs edge keeps, by status.", []string{"status"}, nil)},
+	}
+}
+
+func (m *metrics) admission(d Decision) {
+	switch d.Verdict {
+	case Admit:
+		m.admissions.WithLabelValues("admit", "").Inc()
+	case Refuse:
+		m.admissions.WithLabelValues("refuse", d.Reason).Inc()
+	}
+}
+
+// Collectors are the runner's metrics, for the host's registry.
+func (r *Runner) Collectors() []prometheus.Collector {
+	return []prometheus.Collector{r.metrics.admissions, r.metrics.started, r.metrics.tickets, r.metrics.live, r.metrics.runs}
+}
+
+// runsCollector counts the stored runs by status at each scrape, so the
+// figure is right across restarts and purges.
+type runsCollector struct {
+	log  *runlog.Log
+	desc *prometheus.Desc
+}
+
+func (c *runsCollector) Describe(ch chan<- *prometheus.Desc) { ch <- c.desc }
+
+func (c *runsCollector) Collect(ch chan<- prometheus.Metric) {
+	counts := map[string]int{}
+	if err := c.log.Records(func(rec runlog.Record) bool {
+		counts[rec.Status]++
+		return true
+	}); err != nil {
+		ch <- prometheus.NewInvalidMetric(c.desc, err)
+		return
+	}
+	for status, n := range counts {
+		ch <- prometheus.MustNewConstMetric(c.desc, prometheus.GaugeValue, float64(n), status)
+	}
+}

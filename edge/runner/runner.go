@@ -1,0 +1,595 @@
+// Package runner owns the harness runner: it admits each attempt of a run
+// (admission, behind the secrets broker for a run that declares secrets),
+// starts the agent's process in a pseudo-terminal as an unprivileged user in
+// its own working dir and process group with an env built from scratch,
+// turns its output into events, and cancels, retries, limits, drains and
+// purges runs. What it keeps lives in a runlog.Log.
+package runner
+
+import (
+	"bytes"
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"os"
+	"path/filepath"
+	"sort"
+	"sync"
+	"time"
+
+	"github.com/runfleet/runfleet/edge/config"
+	"github.com/runfleet/runfleet/edge/runlog"
+	"github.com/runfleet/runfleet/shared/clock"
+	"github.com/runfleet/runfleet/shared/hostproto"
+)
+
+// GroupRange is where the runner takes each run's own group id from. The ids
+// need no /etc/group entry; they must not belong to any real group.
+type GroupRange struct {
+	First uint32
+	Count uint32
+}
+
+// Defaults of Config.
+const (
+	DefaultUser           = "nobody"
+	DefaultMaxConcurrent  = 8
+	DefaultMaxDuration    = 2 * time.Hour
+	DefaultMaxOutputBytes = 64 << 20
+	DefaultCancelGrace    = 10 * time.Second
+	DefaultRetention      = 168 * time.Hour
+	// DefaultTaskGroupFirst starts a range far above the ids distributions
+	// and container tools hand out (subordinate ids end well below 2^30).
+	DefaultTaskGroupFirst = 0x70000000
+	DefaultTaskGroupCount = 1 << 24
+	// DefaultEventPage and MaxEventPage bound an events page.
+	DefaultEventPage = 100
+	MaxEventPage     = 1000
+)
+
+// systemRootsFiles are where Linux distributions keep the system roots, in
+// the order Go's crypto/x509 looks.
+var systemRootsFiles = []string{
+	"/etc/ssl/certs/ca-certificates.crt",
+	"/etc/pki/tls/certs/ca-bundle.crt",
+	"/etc/ssl/ca-bundle.pem",
+	"/etc/pki/tls/cacert.pem",
+	"/etc/pki/ca-trust/extracted/pem/tls-ca-bundle.pem",
+	"/etc/ssl/cert.pem",
+}
+
+// Config configures a Runner. New fills zero values with the defaults named.
+type Config struct {
+	// Agents is the agent table; a run names one. Empty: no run can start.
+	Agents map[string]config.Agent
+	// User runs tasks; default "nobody". Never edge's own uid.
+	User string
+	// InsecureSameUser lets tasks run as edge itself where edge cannot switch
+	// users (it is not root). Ignored where edge can switch. Off by default.
+	InsecureSameUser bool
+	// Roots are the directories a localPath must lie under; empty: no localPath.
+	Roots []string
+	// WorkDir holds each run's directories. Required. It is made 0711 (enter,
+	// not list), so it may lie in a data dir that tasks otherwise cannot read.
+	WorkDir string
+	// MaxConcurrent attempts starting or running at once; default 8.
+	MaxConcurrent int
+	// MaxDuration of an attempt's process; default 2h (timed_out).
+	MaxDuration time.Duration
+	// MaxOutputBytes of an attempt's output; default 64 MiB (output_limit).
+	MaxOutputBytes int64
+	// CancelGrace between SIGTERM and SIGKILL; default 10s.
+	CancelGrace time.Duration
+	// Retention: a run is purged this long after it ends; default 168h.
+	Retention time.Duration
+	// SystemRootsFile is the PEM file of system roots that starts each trust
+	// file; default the first of the distributions' usual paths that exists.
+	SystemRootsFile string
+	// TaskGroups is the range of per-run group ids; default
+	// DefaultTaskGroupFirst and DefaultTaskGroupCount.
+	TaskGroups GroupRange
+
+	// Clock; default the real clock.
+	Clock clock.Clock
+	// Rand makes run ids; default crypto/rand.
+	Rand io.Reader
+	// Logger; default discards.
+	Logger *slog.Logger
+
+	// BeforeExec, when set, is called with the run id on the attempt's start
+	// goroutine after admission has issued the ticket and the process is
+	// fully prepared (work dir, env, trust file), just before the ticket's
+	// final check and the exec. It may cancel the run or drain the host (the
+	// check then refuses and no process starts); it must not block on the
+	// attempt's own start. Tests use it to land a race in that window.
+	BeforeExec func(runID string)
+}
+
+// FromConfig takes the runner's settings from edge.json.
+func FromConfig(c *config.Config) Config {
+	return Config{
+		Agents:           c.Agents,
+		User:             c.Runner.User,
+		InsecureSameUser: c.Runner.InsecureSameUser,
+		Roots:            c.Runner.Roots,
+		WorkDir:          c.Runner.WorkDir,
+		MaxConcurrent:    c.Runner.MaxConcurrent,
+		MaxDuration:      c.Runner.MaxDuration.D(),
+		MaxOutputBytes:   c.Runner.MaxOutputBytes,
+		CancelGrace:      c.Runner.CancelGrace.D(),
+		Retention:        c.Runner.Retention.D(),
+	}
+}
+
+func (c *Config) defaults() {
+	if c.User == "" {
+		c.User = DefaultUser
+	}
+	if c.MaxConcurrent == 0 {
+		c.MaxConcurrent = DefaultMaxConcurrent
+	}
+	if c.MaxDuration == 0 {
+		c.MaxDuration = DefaultMaxDuration
+	}
+	if c.MaxOutputBytes == 0 {
+		c.MaxOutputBytes = DefaultMaxOutputBytes
+	}
+	if c.CancelGrace == 0 {
+		c.CancelGrace = DefaultCancelGrace
+	}
+	if c.Retention == 0 {
+		c.Retention = DefaultRetention
+	}
+	if c.TaskGroups == (GroupRange{}) {
+		c.TaskGroups = GroupRange{First: DefaultTaskGroupFirst, Count: DefaultTaskGroupCount}
+	}
+	if c.SystemRootsFile == "" {
+		for _, p := range systemRootsFiles {
+			if _, err := os.Stat(p); err == nil {
+				c.SystemRootsFile = p
+				break
+			}
+		}
+	}
+	if c.Clock == nil {
+		c.Clock = clock.Real{}
+	}
+	if c.Rand == nil {
+		c.Rand = rand.Reader
+	}
+	if c.Logger == nil {
+		c.Logger = slog.New(slog.DiscardHandler)
+	}
+}
+
+// Validate checks a defaulted Config, naming the field at fault.
+func (c Config) Validate() error {
+	var errs []error
+	bad := func(field, format string, args ...any) {
+		errs = append(errs, fmt.Errorf("runner: %s: %s", field, fmt.Sprintf(format, args...)))
+	}
+	if c.WorkDir == "" || !filepath.IsAbs(c.WorkDir) {
+		bad("WorkDir", "must be an absolute path, not %q", c.WorkDir)
+	}
+	for name, a := range c.Agents {
+		if len(a.Argv) == 0 {
+			bad("Agents", "agent %q has no argv", name)
+		}
+	}
+	if c.MaxConcurrent < 0 || c.MaxOutputBytes < 0 || c.MaxDuration < 0 || c.CancelGrace < 0 || c.Retention < 0 {
+		bad("limits", "must not be negative")
+	}
+	if c.SystemRootsFile == "" {
+		bad("SystemRootsFile", "no system roots file found; set one")
+	}
+	if c.TaskGroups.Count == 0 || uint64(c.TaskGroups.First)+uint64(c.TaskGroups.Count) > 1<<32-1 {
+		bad("TaskGroups", "range %d+%d is empty or past the largest group id", c.TaskGroups.First, c.TaskGroups.Count)
+	}
+	return errors.Join(errs...)
+}
+
+// Runner runs tasks. It is safe for concurrent use.
+type Runner struct {
+	cfg    Config
+	log    *runlog.Log
+	broker Broker
+	trust  TrustSource
+	logger *slog.Logger
+	clock  clock.Clock
+
+	ident       taskIdentity
+	sameUser    bool
+	identityErr error
+	systemRoots []byte
+	metrics     *metrics
+
+	mu       sync.Mutex
+	live     map[string]*task // attempts holding a slot: admitted, starting or running
+	draining bool
+	closed   bool
+
+	purgeTimer clock.Timer
+	wg         sync.WaitGroup
+}
+
+// New returns a runner over the run log. broker and trust serve runs that
+// declare secrets; with either nil such runs are refused broker_not_ready.
+// New marks runs a crash left live as failed (host_restarted) and purges
+// runs past retention.
+func New(cfg Config, runs *runlog.Log, broker Broker, trust TrustSource) (*Runner, error) {
+	cfg.defaults()
+	if err := cfg.Validate(); err != nil {
+		return nil, err
+	}
+	roots, err := os.ReadFile(cfg.SystemRootsFile)
+	if err != nil {
+		return nil, fmt.Errorf("runner: reading the system roots: %w", err)
+	}
+	if err := os.MkdirAll(cfg.WorkDir, 0o711); err != nil {
+		return nil, fmt.Errorf("runner: creating the work dir: %w", err)
+	}
+	if err := os.Chmod(cfg.WorkDir, 0o711); err != nil {
+		return nil, fmt.Errorf("runner: setting the work dir's mode: %w", err)
+	}
+	r := &Runner{
+		cfg:         cfg,
+		log:         runs,
+		broker:      broker,
+		trust:       trust,
+		logger:      cfg.Logger,
+		clock:       cfg.Clock,
+		systemRoots: roots,
+		live:        map[string]*task{},
+	}
+	r.ident, r.sameUser, r.identityErr = resolveIdentity(cfg)
+	if r.identityErr != nil {
+		r.logger.Warn("runner refuses every run", "error", r.identityErr.Error())
+	}
+	r.metrics = newMetrics(r)
+	if err := r.recover(); err != nil {
+		return nil, err
+	}
+	r.purge()
+	r.schedulePurge()
+	return r, nil
+}
+
+// Agents lists the agent table's names, sorted.
+func (r *Runner) Agents() []string {
+	names := make([]string, 0, len(r.cfg.Agents))
+	for n := range r.cfg.Agents {
+		names = append(names, n)
+	}
+	sort.Strings(names)
+	return names
+}
+
+// InsecureSameUser reports whether tasks run as edge's own user.
+func (r *Runner) InsecureSameUser() bool { return r.sameUser }
+
+// ExecRequire reports whether admission enforces the broker: true whenever
+// the runner can run tasks at all, since every run that declares secrets
+// passes admission.
+func (r *Runner) ExecRequire() bool { return r.identityErr == nil }
+
+// Draining reports whether the host admits nothing new.
+func (r *Runner) Draining() bool {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return r.draining
+}
+
+// Drain stops admitting: new starts and retries are refused, and an attempt
+// admitted but not yet started is refused at its ticket's check.
+func (r *Runner) Drain() {
+	r.mu.Lock()
+	r.draining = true
+	r.mu.Unlock()
+}
+
+// Resume admits again after Drain.
+func (r *Runner) Resume() {
+	r.mu.Lock()
+	r.draining = false
+	r.mu.Unlock()
+}
+
+// Idle reports whether no attempt is starting or running.
+func (r *Runner) Idle() bool {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return len(r.live) == 0
+}
+
+// Start starts a run, idempotently on req.ClientToken: a known token returns
+// its run with Reused set, whatever else the request says. A start arriving
+// after req.Deadline is refused (*Refusal deadline_passed) and stored
+// nowhere; a draining host refuses with ErrDraining. Otherwise the run is
+// stored and admitted at once: the answer carries admission's refusal as the
+// run's state, or status admitted while its process starts in the background.
+func (r *Runner) Start(req hostproto.StartRequest) (hostproto.Run, error) {
+	if err := r.validateStart(req); err != nil {
+		return hostproto.Run{}, err
+	}
+	if rec, found, err := r.log.ByClientToken(req.ClientToken); err != nil {
+		return hostproto.Run{}, err
+	} else if found {
+		run := rec.Run()
+		run.Reused = true
+		return run, nil
+	}
+	now := r.clock.Now()
+	if req.Deadline != nil && now.After(*req.Deadline) {
+		return hostproto.Run{}, refuse(hostproto.ReasonDeadlinePassed, "the start arrived %s after its deadline", now.Sub(*req.Deadline).Round(time.Millisecond))
+	}
+	if r.Draining() {
+		return hostproto.Run{}, ErrDraining
+	}
+	id, err := r.newRunID()
+	if err != nil {
+		return hostproto.Run{}, err
+	}
+	rec := runlog.Record{
+		RunID: id, ClientToken: req.ClientToken, Status: hostproto.StatusPending, Attempt: 1,
+		Request: req, CreatedAt: now, UpdatedAt: now,
+	}
+	// The attempt holds its slot before the record exists, so a stored run
+	// is never pending without a live attempt behind it.
+	t, facts, err := r.reserve(rec)
+	if err != nil {
+		return hostproto.Run{}, err
+	}
+	rec, created, err := r.log.Create(rec)
+	if err != nil || !created {
+		r.unreserve(t)
+		if err != nil {
+			return hostproto.Run{}, err
+		}
+		run := rec.Run()
+		run.Reused = true
+		return run, nil
+	}
+	t.rec = rec
+	r.logger.Info("run created", fieldRun, id, fieldAgent, req.Agent, fieldSecrets, len(req.Secrets))
+	return r.begin(t, facts), nil
+}
+
+// Retry starts a new attempt of a run whose last attempt ended, on the same
+// event sequence. A live attempt is ErrNotRetryable; a draining host
+// ErrDraining.
+func (r *Runner) Retry(runID string) (hostproto.Run, error) {
+	rec, err := r.get(runID)
+	if err != nil {
+		return hostproto.Run{}, err
+	}
+	if r.Draining() {
+		return hostproto.Run{}, ErrDraining
+	}
+	t, facts, err := r.reserve(rec)
+	if err != nil {
+		return hostproto.Run{}, err
+	}
+	now := r.clock.Now()
+	rec, err = r.log.Update(runID, func(rec *runlog.Record) error {
+		if !hostproto.TerminalStatus(rec.Status) {
+			return ErrNotRetryable
+		}
+		rec.Attempt++
+		rec.Status, rec.ExitCode, rec.Reason, rec.Detail, rec.EndedAt = hostproto.StatusPending, nil, "", "", nil
+		rec.UpdatedAt = now
+		return nil
+	})
+	if err != nil {
+		r.unreserve(t)
+		return hostproto.Run{}, err
+	}
+	t.attempt, t.rec = rec.Attempt, rec
+	r.logger.Info("run retried", fieldRun, runID, fieldAttempt, rec.Attempt)
+	return r.begin(t, facts), nil
+}
+
+// Get returns the run, or ErrNotFound.
+func (r *Runner) Get(runID string) (hostproto.Run, error) {
+	rec, err := r.get(runID)
+	if err != nil {
+		return hostproto.Run{}, err
+	}
+	return rec.Run(), nil
+}
+
+// FindByClientToken returns the runs started with token: none or one.
+func (r *Runner) FindByClientToken(token string) ([]hostproto.Run, error) {
+	rec, found, err := r.log.ByClientToken(token)
+	if err != nil || !found {
+		return []hostproto.Run{}, err
+	}
+	return []hostproto.Run{rec.Run()}, nil
+}
+
+// Events returns up to limit events after the cursor (limit 0: the default
+// page; above MaxEventPage: MaxEventPage).
+func (r *Runner) Events(runID string, after int64, limit int) (hostproto.EventPage, error) {
+	if limit <= 0 {
+		limit = DefaultEventPage
+	}
+	limit = min(limit, MaxEventPage)
+	page, err := r.log.Page(runID, after, limit)
+	if errors.Is(err, runlog.ErrNotFound) {
+		return page, ErrNotFound
+	}
+	return page, err
+}
+
+// Input writes input to the running process's terminal: a JSON string as its
+// text, any other JSON value as its JSON, then a newline; it is recorded as
+// an input event. A run without a running process is ErrNotRunning.
+func (r *Runner) Input(runID string, input json.RawMessage) (hostproto.Run, error) {
+	rec, err := r.get(runID)
+	if err != nil {
+		return hostproto.Run{}, err
+	}
+	text, err := inputText(input)
+	if err != nil {
+		return hostproto.Run{}, err
+	}
+	t := r.liveTask(runID)
+	if t == nil {
+		return hostproto.Run{}, ErrNotRunning
+	}
+	if err := t.writeInput(r, text); err != nil {
+		return hostproto.Run{}, err
+	}
+	return rec.Run(), nil
+}
+
+// Cancel cancels the run's live attempt: no process starts if none has yet;
+// a running one gets SIGTERM to its process group and SIGKILL after the
+// grace. Its proxy access is revoked at once. A run without a live attempt is
+// ErrNotRunning.
+func (r *Runner) Cancel(runID string) (hostproto.Run, error) {
+	if _, err := r.get(runID); err != nil {
+		return hostproto.Run{}, err
+	}
+	t := r.liveTask(runID)
+	if t == nil {
+		return hostproto.Run{}, ErrNotRunning
+	}
+	r.cancel(t, hostproto.ReasonCanceled)
+	return r.Get(runID)
+}
+
+// WaitForStart resolves once the run's current attempt has started its
+// process, and returns the refusal (*Refusal) or failure when it ends
+// without one; ctx bounds the wait.
+func (r *Runner) WaitForStart(ctx context.Context, runID string) error {
+	if t := r.liveTask(runID); t != nil {
+		select {
+		case <-t.startDone:
+			return t.startErr
+		case <-ctx.Done():
+			return ctx.Err()
+		}
+	}
+	rec, err := r.get(runID)
+	if err != nil {
+		return err
+	}
+	switch {
+	case rec.Status == hostproto.StatusRunning || rec.ExitCode != nil:
+		return nil
+	case isRefusalReason(rec.Reason) || rec.Reason == hostproto.ReasonHostShutdown:
+		return &Refusal{Reason: rec.Reason, Detail: rec.Detail}
+	}
+	return fmt.Errorf("runner: run %s ended without starting (%s)", runID, rec.Status)
+}
+
+// Shutdown drains the runner: it admits nothing, waits until idle or until
+// drainTimeout passes, then cancels what still runs (host_shutdown) and
+// waits for those attempts to end (each within the cancel grace). It stops
+// the purge. ctx bounds the whole wait.
+func (r *Runner) Shutdown(ctx context.Context, drainTimeout time.Duration) error {
+	r.Drain()
+	r.mu.Lock()
+	r.closed = true
+	if r.purgeTimer != nil {
+		r.purgeTimer.Stop()
+	}
+	r.mu.Unlock()
+	if !r.waitIdle(ctx, drainTimeout) {
+		for _, t := range r.liveTasks() {
+			r.logger.Info("run canceled by shutdown", fieldRun, t.runID)
+			r.cancel(t, hostproto.ReasonHostShutdown)
+		}
+	}
+	done := make(chan struct{})
+	go func() { r.wg.Wait(); close(done) }()
+	select {
+	case <-done:
+		return nil
+	case <-ctx.Done():
+		return fmt.Errorf("runner: shutdown: %w", ctx.Err())
+	}
+}
+
+// waitIdle waits until no attempt is live, up to d on the runner's clock.
+func (r *Runner) waitIdle(ctx context.Context, d time.Duration) bool {
+	timer := r.clock.NewTimer(d)
+	defer timer.Stop()
+	for {
+		tasks := r.liveTasks()
+		if len(tasks) == 0 {
+			return true
+		}
+		select {
+		case <-tasks[0].done:
+		case <-timer.C():
+			return len(r.liveTasks()) == 0
+		case <-ctx.Done():
+			return false
+		}
+	}
+}
+
+func (r *Runner) get(runID string) (runlog.Record, error) {
+	rec, err := r.log.Get(runID)
+	if errors.Is(err, runlog.ErrNotFound) {
+		return rec, ErrNotFound
+	}
+	return rec, err
+}
+
+func (r *Runner) liveTask(runID string) *task {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return r.live[runID]
+}
+
+func (r *Runner) liveTasks() []*task {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	tasks := make([]*task, 0, len(r.live))
+	for _, t := range r.live {
+		tasks = append(tasks, t)
+	}
+	return tasks
+}
+
+func (r *Runner) newRunID() (string, error) {
+	b := make([]byte, 12)
+	if _, err := io.ReadFull(r.cfg.Rand, b); err != nil {
+		return "", fmt.Errorf("runner: making a run id: %w", err)
+	}
+	return "run-" + hex.EncodeToString(b), nil
+}
+
+// inputText is what input writes to the terminal, before its newline.
+func inputText(input json.RawMessage) (string, error) {
+	if len(input) == 0 {
+		return "null", nil
+	}
+	var s string
+	if bytes.HasPrefix(bytes.TrimSpace(input), []byte(`"`)) && json.Unmarshal(input, &s) == nil {
+		return s, nil
+	}
+	var compact bytes.Buffer
+	if err := json.Compact(&compact, input); err != nil {
+		return "", badRequest("input", "is not a JSON value")
+	}
+	return compact.String(), nil
+}
+
+// Log field names.
+const (
+	fieldRun     = "run"
+	fieldAttempt = "attempt"
+	fieldAgent   = "agent"
+	fieldSecrets = "secrets"
+	fieldReason  = "reason"
+	fieldError   = "error"
+	fieldStatus  = "status"
+)

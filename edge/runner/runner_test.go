@@ -1,0 +1,648 @@
+package runner
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
+	"strings"
+	"sync/atomic"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/runfleet/runfleet/edge/config"
+	"github.com/runfleet/runfleet/edge/runlog"
+	"github.com/runfleet/runfleet/shared/clock"
+	"github.com/runfleet/runfleet/shared/hostproto"
+)
+
+// The tests run as root (here and in CI), so tasks really run as nobody.
+func requireRoot(t *testing.T) {
+	t.Helper()
+	if os.Geteuid() != 0 {
+		t.Fatal("these tests start tasks as runner.user and must run as root (as in CI)")
+	}
+}
+
+// traversableDir is a temp dir that nobody can enter, as a task's files must be.
+func traversableDir(t *testing.T) string {
+	t.Helper()
+	dir := t.TempDir()
+	for p := dir; p != "/" && p != os.TempDir(); p = filepath.Dir(p) {
+		if err := os.Chmod(p, 0o755); err != nil {
+			t.Fatal(err)
+		}
+	}
+	return dir
+}
+
+type harness struct {
+	t      *testing.T
+	r      *Runner
+	log    *runlog.Log
+	dbPath string
+	cfg    Config
+}
+
+func newHarness(t *testing.T, change func(*Config)) *harness {
+	t.Helper()
+	requireRoot(t)
+	cfg := Config{
+		Agents: map[string]config.Agent{
+			"shell": {Argv: []string{"sh", "-c", "{prompt}"}},
+		},
+		WorkDir: filepath.Join(traversableDir(t), "work"),
+	}
+	if change != nil {
+		change(&cfg)
+	}
+	h := &harness{t: t, cfg: cfg, dbPath: filepath.Join(t.TempDir(), "runs.db")}
+	h.open(nil, nil)
+	return h
+}
+
+func (h *harness) open(b Broker, ts TrustSource) {
+	h.t.Helper()
+	l, err := runlog.Open(h.dbPath)
+	if err != nil {
+		h.t.Fatal(err)
+	}
+	r, err := New(h.cfg, l, b, ts)
+	if err != nil {
+		l.Close()
+		h.t.Fatal(err)
+	}
+	h.r, h.log = r, l
+	h.t.Cleanup(h.close)
+}
+
+func (h *harness) close() {
+	if h.r == nil {
+		return
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	h.r.Shutdown(ctx, 0)
+	h.log.Close()
+	h.r = nil
+}
+
+var tokens atomic.Int64
+
+func (h *harness) start(prompt string, change func(*hostproto.StartRequest)) hostproto.Run {
+	h.t.Helper()
+	req := hostproto.StartRequest{ClientToken: fmt.Sprintf("tok-%d", tokens.Add(1)), Agent: "shell", Prompt: prompt}
+	if change != nil {
+		change(&req)
+	}
+	run, err := h.r.Start(req)
+	if err != nil {
+		h.t.Fatalf("start: %v", err)
+	}
+	return run
+}
+
+// waitEnd polls (on real time: it waits for a real process) until the run's
+// attempt has ended.
+func (h *harness) waitEnd(runID string) hostproto.Run {
+	h.t.Helper()
+	deadline := time.Now().Add(20 * time.Second)
+	for {
+		run, err := h.r.Get(runID)
+		if err != nil {
+			h.t.Fatal(err)
+		}
+		if hostproto.TerminalStatus(run.Status) && h.r.liveTask(runID) == nil {
+			return run
+		}
+		if time.Now().After(deadline) {
+			h.t.Fatalf("run %s still %s", runID, run.Status)
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+}
+
+// waitOutput polls until the run's output contains want.
+func (h *harness) waitOutput(runID, want string) string {
+	h.t.Helper()
+	deadline := time.Now().Add(20 * time.Second)
+	for {
+		out := h.output(runID)
+		if strings.Contains(out, want) {
+			return out
+		}
+		if time.Now().After(deadline) {
+			h.t.Fatalf("run %s output never contained %q; it is %q", runID, want, out)
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+}
+
+func (h *harness) events(runID string) []hostproto.Event {
+	h.t.Helper()
+	var all []hostproto.Event
+	after := int64(0)
+	for {
+		page, err := h.r.Events(runID, after, MaxEventPage)
+		if err != nil {
+			h.t.Fatal(err)
+		}
+		all = append(all, page.Events...)
+		after = page.NextCursor
+		if !page.HasMore {
+			return all
+		}
+	}
+}
+
+func (h *harness) output(runID string) string {
+	var b strings.Builder
+	for _, e := range h.events(runID) {
+		if e.Type == hostproto.EventOutput {
+			var s string
+			json.Unmarshal(e.Data, &s)
+			b.WriteString(s)
+		}
+	}
+	return b.String()
+}
+
+func (h *harness) states(runID string) []hostproto.StateChange {
+	var out []hostproto.StateChange
+	for _, e := range h.events(runID) {
+		if e.Type == hostproto.EventState {
+			var s hostproto.StateChange
+			json.Unmarshal(e.Data, &s)
+			out = append(out, s)
+		}
+	}
+	return out
+}
+
+func (h *harness) processesStarted() float64 {
+	return counterValue(h.t, h.r.metrics.started)
+}
+
+func TestRunSucceedsAsTheTaskUserWithItsOutputAsEvents(t *testing.T) {
+	h := newHarness(t, nil)
+	run := h.start(`echo "uid=$(id -u) gid=$(id -g) groups=$(id -G) pwd=$PWD"; printf 'é€𝄞 done\n'`, nil)
+	if run.Status != hostproto.StatusAdmitted || run.Attempt != 1 || run.RunID == "" {
+		t.Fatalf("start answered %+v", run)
+	}
+	if err := h.r.WaitForStart(context.Background(), run.RunID); err != nil {
+		t.Fatalf("WaitForStart: %v", err)
+	}
+	end := h.waitEnd(run.RunID)
+	if end.Status != hostproto.StatusSucceeded || end.ExitCode == nil || *end.ExitCode != 0 {
+		t.Fatalf("run ended %+v", end)
+	}
+	out := h.output(run.RunID)
+	rec, _ := h.log.Get(run.RunID)
+	gid := h.cfg.TaskGroups.First + uint32(rec.Serial-1)
+	if h.cfg.TaskGroups.First == 0 {
+		gid = DefaultTaskGroupFirst + uint32(rec.Serial-1)
+	}
+	want := fmt.Sprintf("uid=65534 gid=%d groups=%d pwd=%s", gid, gid, filepath.Join(h.cfg.WorkDir, run.RunID, "work"))
+	if !strings.Contains(out, want) {
+		t.Fatalf("output %q lacks %q", out, want)
+	}
+	if !strings.Contains(out, "é€𝄞 done") {
+		t.Fatalf("output %q lost its UTF-8", out)
+	}
+	var statuses []string
+	for _, s := range h.states(run.RunID) {
+		statuses = append(statuses, s.Status)
+	}
+	if strings.Join(statuses, ",") != "admitted,running,succeeded" {
+		t.Fatalf("state events %v", statuses)
+	}
+	for i, e := range h.events(run.RunID) {
+		if e.Sequence != int64(i+1) {
+			t.Fatalf("event %d has sequence %d", i, e.Sequence)
+		}
+	}
+}
+
+func TestExitCodeAndEnvFromScratch(t *testing.T) {
+	t.Setenv("EDGE_ONLY", "x")
+	h := newHarness(t, nil)
+	run := h.start(`env; exit 3`, func(r *hostproto.StartRequest) { r.Env = map[string]string{"GREETING": "hi there"} })
+	end := h.waitEnd(run.RunID)
+	if end.Status != hostproto.StatusFailed || end.ExitCode == nil || *end.ExitCode != 3 || end.Reason != "" {
+		t.Fatalf("run ended %+v", end)
+	}
+	out := h.output(run.RunID)
+	if !strings.Contains(out, "GREETING=hi there") || !strings.Contains(out, "USER=nobody") {
+		t.Fatalf("env lacks the run's variables: %q", out)
+	}
+	if strings.Contains(out, "EDGE_ONLY") || strings.Contains(out, "HTTPS_PROXY") {
+		t.Fatalf("env carries what it should not: %q", out)
+	}
+}
+
+func TestInputReachesTheTerminal(t *testing.T) {
+	h := newHarness(t, nil)
+	run := h.start(`read a; read b; echo "got:$a:$b"`, nil)
+	if err := h.r.WaitForStart(context.Background(), run.RunID); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := h.r.Input(run.RunID, json.RawMessage(`"hello world"`)); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := h.r.Input(run.RunID, json.RawMessage(`{"k": [1, 2]}`)); err != nil {
+		t.Fatal(err)
+	}
+	h.waitEnd(run.RunID)
+	if out := h.output(run.RunID); !strings.Contains(out, `got:hello world:{"k":[1,2]}`) {
+		t.Fatalf("output %q", out)
+	}
+	var inputs []string
+	for _, e := range h.events(run.RunID) {
+		if e.Type == hostproto.EventInput {
+			var s string
+			json.Unmarshal(e.Data, &s)
+			inputs = append(inputs, s)
+		}
+	}
+	if len(inputs) != 2 || inputs[0] != "hello world" {
+		t.Fatalf("input events %q", inputs)
+	}
+	if _, err := h.r.Input(run.RunID, json.RawMessage(`"late"`)); !errors.Is(err, ErrNotRunning) {
+		t.Fatalf("input to an ended run = %v, want ErrNotRunning", err)
+	}
+}
+
+func TestCancelEndsTheProcessGroup(t *testing.T) {
+	h := newHarness(t, nil)
+	run := h.start(`sleep 1000 & echo "pgid=$$"; wait`, nil)
+	out := h.waitOutput(run.RunID, "pgid=")
+	var pgid int
+	fmt.Sscanf(out[strings.Index(out, "pgid="):], "pgid=%d", &pgid)
+	if pgid <= 1 {
+		t.Fatalf("no pgid in %q", out)
+	}
+	if _, err := h.r.Cancel(run.RunID); err != nil {
+		t.Fatal(err)
+	}
+	end := h.waitEnd(run.RunID)
+	if end.Status != hostproto.StatusCanceled || end.Reason != hostproto.ReasonCanceled {
+		t.Fatalf("canceled run ended %+v", end)
+	}
+	// SIGKILL is sent before the run reports its end; the kernel finishes
+	// the members' exit on its own time.
+	for deadline := time.Now().Add(5 * time.Second); ; time.Sleep(time.Millisecond) {
+		alive := liveGroupMembers(t, pgid)
+		if len(alive) == 0 {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("processes %v of the task's group %d still run after cancel", alive, pgid)
+		}
+	}
+	if _, err := h.r.Cancel(run.RunID); !errors.Is(err, ErrNotRunning) {
+		t.Fatalf("cancel of an ended run = %v, want ErrNotRunning", err)
+	}
+}
+
+func TestCancelEscalatesToSIGKILLAfterTheGrace(t *testing.T) {
+	fake := clock.NewFake(time.Date(2026, 11, 30, 12, 0, 0, 0, time.UTC))
+	h := newHarness(t, func(c *Config) { c.Clock = fake; c.CancelGrace = 10 * time.Second })
+	run := h.start(`trap '' TERM; echo ready; while :; do sleep 1; done`, nil)
+	h.waitOutput(run.RunID, "ready")
+	timers := fake.Timers()
+	if _, err := h.r.Cancel(run.RunID); err != nil {
+		t.Fatal(err)
+	}
+	<-fake.WaitForTimers(timers + 1)
+	fake.Advance(10 * time.Second)
+	end := h.waitEnd(run.RunID)
+	if end.Status != hostproto.StatusCanceled || end.ExitCode == nil || *end.ExitCode != 128+int(syscall.SIGKILL) {
+		t.Fatalf("run ended %+v, want canceled by SIGKILL", end)
+	}
+}
+
+func TestRetryIsANewAttemptOnTheSameSequence(t *testing.T) {
+	h := newHarness(t, nil)
+	run := h.start(`echo attempt; exit 1`, nil)
+	h.waitEnd(run.RunID)
+	again, err := h.r.Retry(run.RunID)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if again.Attempt != 2 || again.RunID != run.RunID {
+		t.Fatalf("retry answered %+v", again)
+	}
+	end := h.waitEnd(run.RunID)
+	if end.Attempt != 2 || end.Status != hostproto.StatusFailed {
+		t.Fatalf("retried run ended %+v", end)
+	}
+	events := h.events(run.RunID)
+	for i, e := range events {
+		if e.Sequence != int64(i+1) {
+			t.Fatalf("event %d has sequence %d: the sequence is not contiguous across attempts", i, e.Sequence)
+		}
+	}
+	var attempts []int
+	for _, s := range h.states(run.RunID) {
+		if s.Status == hostproto.StatusRunning {
+			attempts = append(attempts, s.Attempt)
+		}
+	}
+	if fmt.Sprint(attempts) != "[1 2]" {
+		t.Fatalf("running states by attempt %v", attempts)
+	}
+	if strings.Count(h.output(run.RunID), "attempt") != 2 {
+		t.Fatalf("output %q", h.output(run.RunID))
+	}
+}
+
+func TestRetryOfALiveRunIsRefused(t *testing.T) {
+	h := newHarness(t, nil)
+	run := h.start(`echo up; sleep 1000`, nil)
+	h.waitOutput(run.RunID, "up")
+	if _, err := h.r.Retry(run.RunID); !errors.Is(err, ErrNotRetryable) {
+		t.Fatalf("retry of a running run = %v, want ErrNotRetryable", err)
+	}
+	if _, err := h.r.Retry("run-unknown"); !errors.Is(err, ErrNotFound) {
+		t.Fatalf("retry of an unknown run = %v", err)
+	}
+}
+
+func TestMaxDurationTimesOut(t *testing.T) {
+	fake := clock.NewFake(time.Date(2026, 11, 30, 12, 0, 0, 0, time.UTC))
+	h := newHarness(t, func(c *Config) { c.Clock = fake; c.MaxDuration = time.Minute })
+	run := h.start(`echo started; sleep 1000`, nil)
+	h.waitOutput(run.RunID, "started")
+	fake.Advance(time.Minute)
+	end := h.waitEnd(run.RunID)
+	if end.Status != hostproto.StatusFailed || end.Reason != hostproto.ReasonTimedOut {
+		t.Fatalf("run ended %+v, want failed timed_out", end)
+	}
+}
+
+func TestMaxOutputBytesStopsTheTask(t *testing.T) {
+	h := newHarness(t, func(c *Config) { c.MaxOutputBytes = 100 << 10 })
+	run := h.start(`yes 0123456789`, nil)
+	end := h.waitEnd(run.RunID)
+	if end.Status != hostproto.StatusFailed || end.Reason != hostproto.ReasonOutputLimit {
+		t.Fatalf("run ended %+v, want failed output_limit", end)
+	}
+	var total int
+	for _, e := range h.events(run.RunID) {
+		if e.Type == hostproto.EventOutput {
+			var s string
+			json.Unmarshal(e.Data, &s)
+			if len(s) > hostproto.MaxEventData {
+				t.Fatalf("an output event carries %d bytes", len(s))
+			}
+			total += len(s)
+		}
+	}
+	if total != 100<<10 {
+		t.Fatalf("recorded %d bytes of output, want exactly the limit %d", total, 100<<10)
+	}
+}
+
+func TestMaxConcurrentRefusesHostBusyWithoutSpawning(t *testing.T) {
+	h := newHarness(t, func(c *Config) { c.MaxConcurrent = 1 })
+	first := h.start(`echo up; sleep 1000`, nil)
+	h.waitOutput(first.RunID, "up")
+	marker := filepath.Join(traversableDir(t), "spawned")
+	os.Chmod(filepath.Dir(marker), 0o777)
+	second := h.start(`touch `+marker, nil)
+	if second.Status != hostproto.StatusFailed || second.Reason != hostproto.ReasonHostBusy {
+		t.Fatalf("second start answered %+v, want failed host_busy", second)
+	}
+	if got := h.processesStarted(); got != 1 {
+		t.Fatalf("%v processes started, want 1", got)
+	}
+	if _, err := os.Stat(marker); !os.IsNotExist(err) {
+		t.Fatal("the refused run's process ran")
+	}
+	states := h.states(second.RunID)
+	if len(states) != 1 || states[0].Reason != hostproto.ReasonHostBusy {
+		t.Fatalf("the refusal did not land in the run's events: %+v", states)
+	}
+	if err := h.r.WaitForStart(context.Background(), second.RunID); !isRefusal(err, hostproto.ReasonHostBusy) {
+		t.Fatalf("WaitForStart = %v, want the host_busy refusal", err)
+	}
+}
+
+func TestStartIsIdempotentOnClientToken(t *testing.T) {
+	h := newHarness(t, nil)
+	a := h.start(`echo once`, func(r *hostproto.StartRequest) { r.ClientToken = "same" })
+	b := h.start(`echo twice`, func(r *hostproto.StartRequest) { r.ClientToken = "same" })
+	if a.RunID != b.RunID || !b.Reused || a.Reused {
+		t.Fatalf("starts answered %+v and %+v", a, b)
+	}
+	runs, _ := h.r.FindByClientToken("same")
+	if len(runs) != 1 || runs[0].RunID != a.RunID {
+		t.Fatalf("FindByClientToken = %+v", runs)
+	}
+	if runs, _ := h.r.FindByClientToken("nope"); len(runs) != 0 {
+		t.Fatalf("unknown token found %+v", runs)
+	}
+}
+
+func TestDeadlinePassedIsRefusedAndStoredNowhere(t *testing.T) {
+	fake := clock.NewFake(time.Date(2026, 11, 30, 12, 0, 0, 0, time.UTC))
+	h := newHarness(t, func(c *Config) { c.Clock = fake })
+	past := fake.Now().Add(-time.Second)
+	_, err := h.r.Start(hostproto.StartRequest{ClientToken: "late", Agent: "shell", Prompt: "true", Deadline: &past})
+	if !isRefusal(err, hostproto.ReasonDeadlinePassed) {
+		t.Fatalf("late start = %v, want deadline_passed", err)
+	}
+	if runs, _ := h.r.FindByClientToken("late"); len(runs) != 0 {
+		t.Fatalf("a refused late start was stored: %+v", runs)
+	}
+}
+
+func TestDrainRefusesNewStartsAndResumeAdmitsAgain(t *testing.T) {
+	h := newHarness(t, nil)
+	h.r.Drain()
+	if _, err := h.r.Start(hostproto.StartRequest{ClientToken: "d1", Agent: "shell", Prompt: "true"}); !errors.Is(err, ErrDraining) {
+		t.Fatalf("start while draining = %v", err)
+	}
+	h.r.Resume()
+	run := h.start("true", nil)
+	if end := h.waitEnd(run.RunID); end.Status != hostproto.StatusSucceeded {
+		t.Fatalf("run after resume ended %+v", end)
+	}
+}
+
+func TestCancelOrDrainBetweenAdmissionAndExecStartsNothing(t *testing.T) {
+	for _, race := range []string{"cancel", "drain"} {
+		t.Run(race, func(t *testing.T) {
+			var h *harness
+			h = newHarness(t, func(c *Config) {
+				c.BeforeExec = func(runID string) {
+					if race == "cancel" {
+						if _, err := h.r.Cancel(runID); err != nil {
+							t.Errorf("cancel in the hook: %v", err)
+						}
+					} else {
+						h.r.Drain()
+					}
+				}
+			})
+			marker := filepath.Join(traversableDir(t), "spawned")
+			os.Chmod(filepath.Dir(marker), 0o777)
+			run := h.start(`touch `+marker, nil)
+			err := h.r.WaitForStart(context.Background(), run.RunID)
+			end := h.waitEnd(run.RunID)
+			want := map[string]string{"cancel": hostproto.ReasonCanceled, "drain": hostproto.ReasonHostUnavailable}[race]
+			if !isRefusal(err, want) || end.Reason != want {
+				t.Fatalf("WaitForStart = %v, run ended %+v; want refusal %s", err, end, want)
+			}
+			if h.processesStarted() != 0 {
+				t.Fatal("a process started")
+			}
+			if _, err := os.Stat(marker); !os.IsNotExist(err) {
+				t.Fatal("the task's command ran")
+			}
+			if got := gaugeValue(t, h.r.metrics.tickets); got != 0 {
+				t.Fatalf("%v tickets still held", got)
+			}
+		})
+	}
+}
+
+func TestRestartFailsLiveRunsAndKeepsEvents(t *testing.T) {
+	h := newHarness(t, nil)
+	done := h.start(`echo finished`, nil)
+	h.waitEnd(done.RunID)
+	before := h.events(done.RunID)
+	// A crash: the record says running, and nothing supervises it.
+	now := time.Now()
+	h.log.Create(runlog.Record{RunID: "run-crashed", ClientToken: "crashed", Status: hostproto.StatusRunning, Attempt: 1, CreatedAt: now},
+		stateEntry(now, hostproto.StateChange{Status: hostproto.StatusRunning, Attempt: 1}))
+	h.close()
+	h.open(nil, nil)
+	crashed, err := h.r.Get("run-crashed")
+	if err != nil || crashed.Status != hostproto.StatusFailed || crashed.Reason != hostproto.ReasonHostRestarted {
+		t.Fatalf("after restart the crashed run is %+v, %v", crashed, err)
+	}
+	states := h.states("run-crashed")
+	if len(states) != 2 || states[1].Reason != hostproto.ReasonHostRestarted {
+		t.Fatalf("states %+v", states)
+	}
+	if after := h.events(done.RunID); len(after) != len(before) {
+		t.Fatalf("a finished run's events changed across the restart: %d -> %d", len(before), len(after))
+	}
+}
+
+func TestPurgeAfterRetention(t *testing.T) {
+	fake := clock.NewFake(time.Date(2026, 11, 30, 12, 0, 0, 0, time.UTC))
+	h := newHarness(t, func(c *Config) { c.Clock = fake; c.Retention = 2 * time.Hour })
+	run := h.start(`echo x > file`, nil)
+	h.waitEnd(run.RunID)
+	dir := filepath.Join(h.cfg.WorkDir, run.RunID)
+	if _, err := os.Stat(filepath.Join(dir, "work", "file")); err != nil {
+		t.Fatalf("the task's file is missing: %v", err)
+	}
+	// The purge runs hourly; each step waits for it to re-arm.
+	for step := 1; step <= 2; step++ {
+		<-fake.WaitForTimers(1)
+		fake.Advance(time.Hour)
+		<-fake.WaitForTimers(1)
+		if _, err := h.r.Get(run.RunID); err != nil {
+			t.Fatalf("purged %dh after it ended, within its retention: %v", step, err)
+		}
+	}
+	fake.Advance(time.Hour)
+	<-fake.WaitForTimers(1)
+	if _, err := h.r.Get(run.RunID); !errors.Is(err, ErrNotFound) {
+		t.Fatalf("3h after it ended the run is still there: %v", err)
+	}
+	if _, err := os.Stat(dir); !os.IsNotExist(err) {
+		t.Fatalf("the run's directories remain: %v", err)
+	}
+}
+
+func TestBadRequests(t *testing.T) {
+	h := newHarness(t, func(c *Config) { c.Roots = []string{traversableDir(t)} })
+	outside := t.TempDir()
+	tests := []struct {
+		field string
+		req   hostproto.StartRequest
+	}{
+		{"clientToken", hostproto.StartRequest{Agent: "shell"}},
+		{"agent", hostproto.StartRequest{ClientToken: "a", Agent: "nope"}},
+		{"env", hostproto.StartRequest{ClientToken: "a", Agent: "shell", Env: map[string]string{"HTTPS_PROXY": "x"}}},
+		{"env", hostproto.StartRequest{ClientToken: "a", Agent: "shell", Env: map[string]string{"RUNFLEET_X": "x"}}},
+		{"env", hostproto.StartRequest{ClientToken: "a", Agent: "shell", Env: map[string]string{"K": "v"}, Secrets: []hostproto.Secret{{ProjectID: "p", Key: "K"}}}},
+		{"secrets", hostproto.StartRequest{ClientToken: "a", Agent: "shell", Secrets: []hostproto.Secret{{Key: "K"}}}},
+		{"localPath", hostproto.StartRequest{ClientToken: "a", Agent: "shell", LocalPath: outside}},
+		{"localPath", hostproto.StartRequest{ClientToken: "a", Agent: "shell", LocalPath: "relative"}},
+	}
+	for _, tt := range tests {
+		_, err := h.r.Start(tt.req)
+		var re *RequestError
+		if !errors.As(err, &re) || re.Field != tt.field {
+			t.Errorf("start %+v = %v, want a request error on %s", tt.req, err, tt.field)
+		}
+	}
+}
+
+func TestLocalPathUnderRootsIsTheWorkingDir(t *testing.T) {
+	root := traversableDir(t)
+	project := filepath.Join(root, "project")
+	os.Mkdir(project, 0o777)
+	os.Chmod(project, 0o777)
+	link := filepath.Join(t.TempDir(), "link")
+	os.Symlink(project, link)
+	h := newHarness(t, func(c *Config) { c.Roots = []string{root} })
+	run := h.start(`pwd; touch made-here`, func(r *hostproto.StartRequest) { r.LocalPath = link })
+	if end := h.waitEnd(run.RunID); end.Status != hostproto.StatusSucceeded {
+		t.Fatalf("run ended %+v: %q", end, h.output(run.RunID))
+	}
+	if !strings.Contains(h.output(run.RunID), project) {
+		t.Fatalf("pwd was %q, want %s", h.output(run.RunID), project)
+	}
+	if _, err := os.Stat(filepath.Join(project, "made-here")); err != nil {
+		t.Fatal(err)
+	}
+}
+
+func TestCloneMakesAShallowWorkingCopyOrFailsCloneFailed(t *testing.T) {
+	src := filepath.Join(traversableDir(t), "src")
+	git := func(dir string, args ...string) {
+		t.Helper()
+		cmd := execCommand("git", append([]string{"-C", dir}, args...)...)
+		if out, err := cmd.CombinedOutput(); err != nil {
+			t.Fatalf("git %v: %v\n%s", args, err, out)
+		}
+	}
+	os.MkdirAll(src, 0o755)
+	git(src, "init", "-q", "-b", "main")
+	os.WriteFile(filepath.Join(src, "README"), []byte("first\n"), 0o644)
+	git(src, "add", "README")
+	git(src, "-c", "user.name=t", "-c", "user.email=t@t", "commit", "-qm", "one")
+	os.WriteFile(filepath.Join(src, "README"), []byte("second\n"), 0o644)
+	git(src, "-c", "user.name=t", "-c", "user.email=t@t", "commit", "-qam", "two")
+	chmodTree(t, src)
+	// git refuses a repository another user owns; the task clones as nobody.
+	chownTree(t, src, 65534, 65534)
+
+	h := newHarness(t, nil)
+	run := h.start(`cat README; git rev-list --count HEAD; git status --short | wc -l`, func(r *hostproto.StartRequest) { r.CloneURL = "file://" + src })
+	end := h.waitEnd(run.RunID)
+	out := h.output(run.RunID)
+	if end.Status != hostproto.StatusSucceeded || !strings.Contains(out, "second") || !strings.Contains(out, "1\r\n0") {
+		t.Fatalf("clone run ended %+v (%v) with output %q (want the README, 1 commit, a clean tree)", end, h.states(run.RunID), out)
+	}
+
+	bad := h.start(`true`, func(r *hostproto.StartRequest) { r.CloneURL = "file:///nonexistent/repo" })
+	end = h.waitEnd(bad.RunID)
+	if end.Status != hostproto.StatusFailed || end.Reason != hostproto.ReasonCloneFailed {
+		t.Fatalf("bad clone ended %+v", end)
+	}
+}
+
+func isRefusal(err error, reason string) bool {
+	var ref *Refusal
+	return errors.As(err, &ref) && ref.Reason == reason
+}

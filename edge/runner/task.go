@@ -1,0 +1,617 @@
+package runner
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"os"
+	"os/exec"
+	"strings"
+	"sync"
+	"syscall"
+	"time"
+
+	"github.com/creack/pty"
+
+	"github.com/runfleet/runfleet/edge/runlog"
+	"github.com/runfleet/runfleet/shared/clock"
+	"github.com/runfleet/runfleet/shared/hostproto"
+)
+
+// terminalSize is the pseudo-terminal every task gets.
+var terminalSize = &pty.Winsize{Rows: 40, Cols: 120}
+
+// inputWriteTimeout bounds a write to a task's terminal, so a task that does
+// not read cannot hold an input request forever.
+const inputWriteTimeout = 5 * time.Second
+
+// task is one attempt of a run, from its reservation of a slot until it ends.
+type task struct {
+	runID       string
+	attempt     int
+	rec         runlog.Record
+	ident       taskIdentity
+	dirs        taskDirs
+	needsBroker bool
+
+	// ctx ends when the attempt is canceled; it stops a clone in progress.
+	ctx  context.Context
+	stop context.CancelFunc
+
+	mu        sync.Mutex
+	canceled  bool
+	endReason string // the first of canceled, host_shutdown, timed_out, output_limit
+	endDetail string
+	proc      *os.Process
+	pty       *os.File
+	started   bool
+	finished  bool
+	brokerOn  bool // the broker minted this attempt's password
+	secrets   TaskSecrets
+	proxyURL  string
+	unwatch   func()
+	timers    []clock.Timer
+
+	startOnce sync.Once
+	startDone chan struct{}
+	startErr  error
+	done      chan struct{}
+}
+
+func newTask(rec runlog.Record) *task {
+	ctx, stop := context.WithCancel(context.Background())
+	return &task{
+		runID: rec.RunID, attempt: rec.Attempt, rec: rec, ctx: ctx, stop: stop,
+		startDone: make(chan struct{}), done: make(chan struct{}),
+	}
+}
+
+func (t *task) resolveStart(err error) {
+	t.startOnce.Do(func() {
+		t.startErr = err
+		close(t.startDone)
+	})
+}
+
+func (t *task) addTimer(tm clock.Timer) {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	if t.finished {
+		tm.Stop()
+		return
+	}
+	t.timers = append(t.timers, tm)
+}
+
+// outcome is how an attempt ended.
+type outcome struct {
+	status   string
+	exitCode *int
+	reason   string
+	detail   string
+}
+
+func refusedOutcome(ref *Refusal) outcome {
+	status := hostproto.StatusFailed
+	if ref.Reason == hostproto.ReasonCanceled || ref.Reason == hostproto.ReasonHostShutdown {
+		status = hostproto.StatusCanceled
+	}
+	return outcome{status: status, reason: ref.Reason, detail: ref.Detail}
+}
+
+// reserve takes a concurrency slot for the run's next attempt and the facts
+// admission needs from the runner's own state, at one moment.
+func (r *Runner) reserve(rec runlog.Record) (*task, Facts, error) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if r.closed {
+		return nil, Facts{}, ErrDraining
+	}
+	if r.live[rec.RunID] != nil {
+		return nil, Facts{}, ErrNotRetryable
+	}
+	facts := Facts{
+		Draining:      r.draining,
+		Identity:      r.identityErr,
+		Active:        len(r.live),
+		MaxConcurrent: r.cfg.MaxConcurrent,
+	}
+	t := newTask(rec)
+	r.live[rec.RunID] = t
+	r.wg.Add(1)
+	return t, facts, nil
+}
+
+// unreserve gives back a slot taken for an attempt that never began.
+func (r *Runner) unreserve(t *task) {
+	r.mu.Lock()
+	if r.live[t.runID] == t {
+		delete(r.live, t.runID)
+	}
+	r.mu.Unlock()
+	t.stop()
+	close(t.done)
+	r.wg.Done()
+}
+
+// begin admits the reserved attempt and, once admitted, starts it in the
+// background. It returns the run as it stands after admission.
+func (r *Runner) begin(t *task, facts Facts) hostproto.Run {
+	req := t.rec.Request
+	t.attempt = t.rec.Attempt
+	t.needsBroker = len(req.Secrets) > 0
+	facts.NeedsBroker = t.needsBroker
+	localPath := ""
+	if req.LocalPath != "" {
+		p, err := r.resolveLocalPath(req.LocalPath)
+		if err != nil && facts.Identity == nil {
+			facts.Identity = fmt.Errorf("localPath: %w", err)
+		}
+		localPath = p
+	}
+	ident, err := r.identityFor(t.rec.Serial)
+	if err != nil && facts.Identity == nil {
+		facts.Identity = err
+	}
+	t.ident = ident
+	t.dirs = r.dirsFor(t.runID, localPath)
+
+	d := r.decide(t, facts)
+	r.metrics.admission(d)
+	admission := admissionEntry(r.clock.Now(), t.attempt, d, req.Secrets)
+	if d.Verdict != Admit {
+		r.logger.Info("run refused", fieldRun, t.runID, fieldAttempt, t.attempt, fieldReason, d.Reason)
+		r.finish(t, refusedOutcome(d.Refusal()), admission)
+		return r.currentRun(t.runID)
+	}
+	now := r.clock.Now()
+	rec, err := r.log.Update(t.runID, func(rec *runlog.Record) error {
+		rec.Status, rec.UpdatedAt = hostproto.StatusAdmitted, now
+		return nil
+	}, admission, stateEntry(now, hostproto.StateChange{Status: hostproto.StatusAdmitted, Attempt: t.attempt}))
+	if err != nil {
+		r.logger.Error("recording an admission", fieldRun, t.runID, fieldError, err.Error())
+		r.finish(t, outcome{status: hostproto.StatusFailed, reason: hostproto.ReasonHostUnavailable, detail: "the host could not record the admission"})
+		return r.currentRun(t.runID)
+	}
+	tk := r.issueTicket(t)
+	go r.launch(t, tk)
+	return rec.Run()
+}
+
+// decide gathers the broker's facts and runs admission, preparing the task
+// (registration, proxy password, trust file) when admission asks for it.
+func (r *Runner) decide(t *task, facts Facts) Decision {
+	if facts.NeedsBroker {
+		r.brokerFacts(t, &facts)
+	}
+	d := Decide(facts)
+	if d.Verdict == Prepare {
+		facts.Prepared = true
+		facts.Preparation = r.prepare(t)
+		d = Decide(facts)
+	}
+	return d
+}
+
+func (r *Runner) brokerFacts(t *task, f *Facts) {
+	if r.broker == nil {
+		f.Proxy = errors.New("this edge has no secrets proxy")
+	} else {
+		f.Proxy = r.broker.Ready()
+		if f.Proxy == nil {
+			f.Ungranted, f.UngrantedReason = r.broker.Ungranted(t.rec.Request.Secrets)
+		}
+	}
+	if r.trust == nil {
+		f.CA = errors.New("this edge has no CA")
+	} else {
+		f.CA = r.trust.Valid()
+	}
+}
+
+// prepare readies a task that needs the broker: its directories, its
+// registration and fresh proxy password, and its trust file, kept current
+// from then on.
+func (r *Runner) prepare(t *task) error {
+	if err := prepareDirs(t.dirs, t.ident, t.rec.Request.LocalPath == ""); err != nil {
+		r.logger.Error("preparing a task's directories", fieldRun, t.runID, fieldError, err.Error())
+		return errors.New("the host could not prepare the task's directories")
+	}
+	secrets, err := r.broker.Register(t.runID, t.rec.Request.Secrets)
+	if err != nil {
+		return fmt.Errorf("registering the task with the proxy: %w", err)
+	}
+	proxyURL, err := r.broker.StartAttempt(t.runID)
+	t.mu.Lock()
+	t.secrets, t.proxyURL, t.brokerOn = secrets, proxyURL, err == nil
+	t.mu.Unlock()
+	if err != nil {
+		return fmt.Errorf("minting the task's proxy credential: %w", err)
+	}
+	unwatch, err := r.watchTrust(t)
+	if err != nil {
+		return err
+	}
+	t.mu.Lock()
+	t.unwatch = unwatch
+	t.mu.Unlock()
+	return nil
+}
+
+// watchTrust writes the task's trust files now and again on every new CA
+// bundle until the returned function is called.
+func (r *Runner) watchTrust(t *task) (func(), error) {
+	var mu sync.Mutex
+	write := func(bundle []byte) error {
+		mu.Lock()
+		defer mu.Unlock()
+		return writeTrustFiles(t.dirs, r.systemRoots, bundle)
+	}
+	unsubscribe, err := r.trust.WatchTrust(func(_ context.Context, bundle []byte) error { return write(bundle) })
+	if err != nil {
+		return nil, fmt.Errorf("following the CA's bundle: %w", err)
+	}
+	// Read the bundle under the writer's lock: a delivery racing this first
+	// write then lands after it, so the newest bundle is the one that stays.
+	mu.Lock()
+	bundle, err := r.trust.Bundle()
+	if err == nil {
+		err = writeTrustFiles(t.dirs, r.systemRoots, bundle)
+	}
+	mu.Unlock()
+	if err != nil {
+		unsubscribe()
+		r.logger.Error("writing a task's trust file", fieldRun, t.runID, fieldError, err.Error())
+		return nil, errors.New("the host could not write the task's trust file")
+	}
+	return unsubscribe, nil
+}
+
+// launch runs an admitted attempt: work dir, the final check of its ticket,
+// the exec, and the supervision of the process until it ends.
+func (r *Runner) launch(t *task, tk *ticket) {
+	defer tk.release()
+	req := t.rec.Request
+	if !t.needsBroker {
+		if err := prepareDirs(t.dirs, t.ident, req.LocalPath == ""); err != nil {
+			r.logger.Error("preparing a task's directories", fieldRun, t.runID, fieldError, err.Error())
+			r.finish(t, outcome{status: hostproto.StatusFailed, reason: hostproto.ReasonHostUnavailable, detail: "the host could not prepare the task's directories"})
+			return
+		}
+	}
+	env := r.taskEnv(t)
+	if u := cloneURL(req); u != "" {
+		if err := r.clone(t.ctx, t, u, env); err != nil {
+			if t.ctx.Err() != nil {
+				r.finish(t, refusedOutcome(r.cancelRefusal(t)))
+				return
+			}
+			r.finish(t, refusedOutcome(&Refusal{Reason: hostproto.ReasonCloneFailed, Detail: err.Error()}))
+			return
+		}
+	}
+	argv := buildArgv(r.cfg.Agents[req.Agent].Argv, req.Prompt, req.Argv)
+	path, err := lookPath(argv[0], envValue(env, "PATH"))
+	if err != nil {
+		r.finish(t, outcome{status: hostproto.StatusFailed, reason: hostproto.ReasonHostUnavailable, detail: "agent " + req.Agent + ": " + err.Error()})
+		return
+	}
+	cmd := &exec.Cmd{Path: path, Args: argv, Env: env, Dir: t.dirs.Work}
+	attrs := &syscall.SysProcAttr{Setsid: true, Setctty: true, Pdeathsig: syscall.SIGKILL}
+	if t.ident.Switch {
+		attrs.Credential = &syscall.Credential{Uid: t.ident.UID, Gid: t.ident.GID, Groups: []uint32{}}
+	}
+
+	if hook := r.cfg.BeforeExec; hook != nil {
+		hook(t.runID)
+	}
+
+	// The check and the exec happen under the task's lock, which a cancel
+	// also takes: a cancel lands either before the check (nothing starts) or
+	// after the exec (the process is signalled).
+	t.mu.Lock()
+	if ref := tk.check(r, t); ref != nil {
+		t.mu.Unlock()
+		r.metrics.admission(Decision{Verdict: Refuse, Reason: ref.Reason})
+		r.logger.Info("run refused at its ticket's check", fieldRun, t.runID, fieldReason, ref.Reason)
+		r.finish(t, refusedOutcome(ref), admissionEntry(r.clock.Now(), t.attempt, Decision{Verdict: Refuse, Reason: ref.Reason, Detail: ref.Detail}, req.Secrets))
+		return
+	}
+	ptmx, err := pty.StartWithAttrs(cmd, terminalSize, attrs)
+	if err != nil {
+		t.mu.Unlock()
+		r.logger.Error("starting a task", fieldRun, t.runID, fieldError, err.Error())
+		r.finish(t, outcome{status: hostproto.StatusFailed, reason: hostproto.ReasonHostUnavailable, detail: "the host could not start the agent's process"})
+		return
+	}
+	t.proc, t.pty, t.started = cmd.Process, ptmx, true
+	t.mu.Unlock()
+	r.metrics.started.Inc()
+
+	now := r.clock.Now()
+	if _, err := r.log.Update(t.runID, func(rec *runlog.Record) error {
+		rec.Status, rec.UpdatedAt = hostproto.StatusRunning, now
+		return nil
+	}, stateEntry(now, hostproto.StateChange{Status: hostproto.StatusRunning, Attempt: t.attempt})); err != nil {
+		r.logger.Error("recording a start", fieldRun, t.runID, fieldError, err.Error())
+	}
+	r.logger.Info("run started", fieldRun, t.runID, fieldAttempt, t.attempt, "pid", cmd.Process.Pid)
+	t.resolveStart(nil)
+	t.addTimer(r.clock.AfterFunc(r.cfg.MaxDuration, func() {
+		r.terminate(t, hostproto.ReasonTimedOut, "the attempt ran longer than runner.maxDuration", false)
+	}))
+	r.supervise(t, cmd, ptmx)
+}
+
+// cancelRefusal is the refusal of an attempt canceled before its process.
+func (r *Runner) cancelRefusal(t *task) *Refusal {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	reason := t.endReason
+	if reason == "" {
+		reason = hostproto.ReasonCanceled
+	}
+	return &Refusal{Reason: reason, Detail: "the run was canceled before its process started"}
+}
+
+// supervise follows a started process until it and its output end.
+func (r *Runner) supervise(t *task, cmd *exec.Cmd, ptmx *os.File) {
+	pumped := make(chan struct{})
+	go func() {
+		defer close(pumped)
+		r.pump(t, ptmx)
+	}()
+	cmd.Wait()
+	// Nothing of the task outlives its leader: the rest of its group goes
+	// too, which also lets the terminal's output end.
+	syscall.Kill(-cmd.Process.Pid, syscall.SIGKILL)
+	// A process that left the group may hold the terminal open; after the
+	// grace its output is cut off.
+	cut := r.clock.AfterFunc(r.cfg.CancelGrace, func() { ptmx.Close() })
+	<-pumped
+	cut.Stop()
+	ptmx.Close()
+	t.mu.Lock()
+	endReason, endDetail := t.endReason, t.endDetail
+	t.mu.Unlock()
+	r.finish(t, exitOutcome(cmd.ProcessState, endReason, endDetail))
+}
+
+// pump turns the terminal's output into events until it ends, up to
+// runner.maxOutputBytes; past it the task is killed (output_limit).
+func (r *Runner) pump(t *task, ptmx *os.File) {
+	buf := make([]byte, hostproto.MaxEventData)
+	chunks := runlog.NewChunker(hostproto.MaxEventData)
+	var total int64
+	limited := false
+	for {
+		n, err := ptmx.Read(buf)
+		if n > 0 && !limited {
+			data := buf[:n]
+			if room := r.cfg.MaxOutputBytes - total; int64(n) > room {
+				data, limited = data[:room], true
+			}
+			total += int64(len(data))
+			r.appendOutput(t, chunks.Write(data))
+			if limited {
+				r.terminate(t, hostproto.ReasonOutputLimit, fmt.Sprintf("the attempt wrote more than runner.maxOutputBytes (%d bytes)", r.cfg.MaxOutputBytes), true)
+			}
+		}
+		if err != nil {
+			break
+		}
+	}
+	r.appendOutput(t, chunks.Flush())
+}
+
+func (r *Runner) appendOutput(t *task, texts []string) {
+	if len(texts) == 0 {
+		return
+	}
+	now := r.clock.Now()
+	entries := make([]runlog.Entry, len(texts))
+	for i, s := range texts {
+		data, _ := json.Marshal(s)
+		entries[i] = runlog.Entry{Type: hostproto.EventOutput, Data: data, TS: now}
+	}
+	if _, err := r.log.Append(t.runID, entries...); err != nil {
+		r.logger.Error("recording output", fieldRun, t.runID, fieldError, err.Error())
+	}
+}
+
+// terminate ends a running attempt for reason: SIGKILL to its group at once
+// when hard, else SIGTERM and SIGKILL after the grace. The first reason wins.
+func (r *Runner) terminate(t *task, reason, detail string, hard bool) {
+	t.mu.Lock()
+	if t.endReason == "" {
+		t.endReason, t.endDetail = reason, detail
+	}
+	proc := t.proc
+	t.mu.Unlock()
+	if proc == nil {
+		t.stop()
+		return
+	}
+	if hard {
+		syscall.Kill(-proc.Pid, syscall.SIGKILL)
+		return
+	}
+	syscall.Kill(-proc.Pid, syscall.SIGTERM)
+	t.addTimer(r.clock.AfterFunc(r.cfg.CancelGrace, func() { syscall.Kill(-proc.Pid, syscall.SIGKILL) }))
+}
+
+// cancel cancels the attempt for reason (canceled or host_shutdown): its
+// proxy access is revoked at once, and its process, if it has one, is
+// terminated; an attempt not started yet is refused at its ticket's check.
+func (r *Runner) cancel(t *task, reason string) {
+	t.mu.Lock()
+	if t.canceled || t.finished {
+		t.mu.Unlock()
+		return
+	}
+	t.canceled = true
+	t.mu.Unlock()
+	if t.needsBroker && r.broker != nil {
+		r.broker.EndAttempt(t.runID)
+	}
+	r.terminate(t, reason, "", false)
+	t.stop()
+}
+
+// finish ends the attempt: it gives back the proxy credential, the trust
+// subscription and the slot, and records the outcome with its state event
+// (after any extra events). It runs once; later calls do nothing.
+func (r *Runner) finish(t *task, o outcome, extra ...runlog.Entry) {
+	t.mu.Lock()
+	if t.finished {
+		t.mu.Unlock()
+		return
+	}
+	t.finished = true
+	timers, unwatch, brokerOn, started := t.timers, t.unwatch, t.brokerOn, t.started
+	t.timers, t.unwatch = nil, nil
+	t.mu.Unlock()
+	for _, tm := range timers {
+		tm.Stop()
+	}
+	if unwatch != nil {
+		unwatch()
+	}
+	if brokerOn {
+		r.broker.EndAttempt(t.runID)
+	}
+	t.stop()
+
+	now := r.clock.Now()
+	state := hostproto.StateChange{Status: o.status, Attempt: t.attempt, ExitCode: o.exitCode, Reason: o.reason, Detail: o.detail}
+	events := append(extra, stateEntry(now, state))
+	if _, err := r.log.Update(t.runID, func(rec *runlog.Record) error {
+		rec.Status, rec.ExitCode, rec.Reason, rec.Detail = o.status, o.exitCode, o.reason, o.detail
+		rec.UpdatedAt, rec.EndedAt = now, &now
+		return nil
+	}, events...); err != nil {
+		r.logger.Error("recording the end of an attempt", fieldRun, t.runID, fieldError, err.Error())
+	}
+	if !started {
+		if o.reason != "" {
+			t.resolveStart(&Refusal{Reason: o.reason, Detail: o.detail})
+		} else {
+			t.resolveStart(fmt.Errorf("runner: run %s ended before its process started", t.runID))
+		}
+	}
+	r.logger.Info("run ended", fieldRun, t.runID, fieldAttempt, t.attempt, fieldStatus, o.status, fieldReason, o.reason)
+
+	r.mu.Lock()
+	if r.live[t.runID] == t {
+		delete(r.live, t.runID)
+	}
+	r.mu.Unlock()
+	close(t.done)
+	r.wg.Done()
+}
+
+// exitOutcome reads how a process ended, with the reason the runner ended
+// it for, if it did.
+func exitOutcome(ps *os.ProcessState, endReason, endDetail string) outcome {
+	code := ps.ExitCode()
+	detail := endDetail
+	if ws, ok := ps.Sys().(syscall.WaitStatus); ok && ws.Signaled() {
+		code = 128 + int(ws.Signal())
+		if detail == "" {
+			detail = "killed by " + strings.ToUpper(unixSignalName(ws.Signal()))
+		}
+	}
+	o := outcome{exitCode: &code, detail: detail}
+	switch endReason {
+	case hostproto.ReasonCanceled, hostproto.ReasonHostShutdown:
+		o.status, o.reason = hostproto.StatusCanceled, endReason
+	case hostproto.ReasonTimedOut, hostproto.ReasonOutputLimit:
+		o.status, o.reason = hostproto.StatusFailed, endReason
+	default:
+		o.status = hostproto.StatusSucceeded
+		if code != 0 {
+			o.status = hostproto.StatusFailed
+		}
+	}
+	return o
+}
+
+func unixSignalName(s syscall.Signal) string {
+	switch s {
+	case syscall.SIGTERM:
+		return "sigterm"
+	case syscall.SIGKILL:
+		return "sigkill"
+	case syscall.SIGINT:
+		return "sigint"
+	case syscall.SIGHUP:
+		return "sighup"
+	}
+	return s.String()
+}
+
+// writeInput records the input and writes it, with a newline, to the task's
+// terminal.
+func (t *task) writeInput(r *Runner, text string) error {
+	t.mu.Lock()
+	ptmx, finished := t.pty, t.finished
+	t.mu.Unlock()
+	if ptmx == nil || finished {
+		return ErrNotRunning
+	}
+	data, _ := json.Marshal(text)
+	if _, err := r.log.Append(t.runID, runlog.Entry{Type: hostproto.EventInput, Data: data, TS: r.clock.Now()}); err != nil {
+		return err
+	}
+	// The deadline is the OS's, on real time: it only bounds a stuck write.
+	ptmx.SetWriteDeadline(time.Now().Add(inputWriteTimeout))
+	if _, err := ptmx.Write([]byte(text + "\n")); err != nil {
+		if errors.Is(err, os.ErrClosed) || errors.Is(err, syscall.EIO) {
+			return ErrNotRunning
+		}
+		return fmt.Errorf("runner: writing input to run %s: %w", t.runID, err)
+	}
+	return nil
+}
+
+func (r *Runner) taskEnv(t *task) []string {
+	req := t.rec.Request
+	in := envInput{User: t.ident.User, Home: t.dirs.Home, AgentEnv: r.cfg.Agents[req.Agent].Env, RunEnv: req.Env}
+	if t.needsBroker {
+		t.mu.Lock()
+		in.Broker = &brokerEnv{
+			Placeholders: t.secrets.Placeholders,
+			ProxyURL:     t.proxyURL,
+			ProxiedKeys:  string(t.secrets.ProxiedKeys),
+			TrustFile:    t.dirs.trustFile(),
+			CABundle:     t.dirs.caBundle(),
+		}
+		t.mu.Unlock()
+	}
+	return buildEnv(in)
+}
+
+func envValue(env []string, name string) string {
+	for _, kv := range env {
+		if v, ok := strings.CutPrefix(kv, name+"="); ok {
+			return v
+		}
+	}
+	return ""
+}
+
+func (r *Runner) currentRun(runID string) hostproto.Run {
+	rec, err := r.log.Get(runID)
+	if err != nil {
+		r.logger.Error("reading a run", fieldRun, runID, fieldError, err.Error())
+		return hostproto.Run{RunID: runID}
+	}
+	return rec.Run()
+}
+
+func stateEntry(ts time.Time, s hostproto.StateChange) runlog.Entry {
+	data, _ := json.Marshal(s)
+	return runlog.Entry{Type: hostproto.EventState, Data: data, TS: ts}
+}
