@@ -211,10 +211,12 @@ func (f *Fleet) Dispatch(ctx context.Context, c store.Caller, r DispatchRequest,
 			return DispatchResult{}, err
 		}
 		idemKey = c.OwnerID + "#" + key
-		it, err := f.store.GetIdempotency(ctx, idemKey)
+		// Eventually consistent: a miss is caught by PutIdempotency's
+		// condition below, and a reused dispatch then costs no write.
+		it, err := f.store.GetIdempotency(store.EventualRead(ctx), idemKey)
 		switch {
 		case err == nil:
-			res, id, err := f.reuse(ctx, it, hash)
+			res, id, err := f.reuse(ctx, it, hash, true)
 			if id == "" {
 				return res, err
 			}
@@ -244,8 +246,9 @@ func (f *Fleet) Dispatch(ctx context.Context, c store.Caller, r DispatchRequest,
 		it := store.Idempotency{Key: idemKey, FleetRunID: fleetRunID, RequestHash: hash, CreatedAt: now, ExpiresAt: now.Add(IdempotencyTTL)}
 		existing, err := f.store.PutIdempotency(ctx, it)
 		if errors.Is(err, store.ErrExists) {
-			// A duplicate won the race between our read and this write.
-			res, id, err := f.reuse(ctx, existing, hash)
+			// A duplicate won the race between our read and this write (or
+			// the eventually consistent read missed it).
+			res, id, err := f.reuse(ctx, existing, hash, false)
 			if id == "" {
 				return res, err
 			}
@@ -270,12 +273,16 @@ func (f *Fleet) Dispatch(ctx context.Context, c store.Caller, r DispatchRequest,
 	}
 	if err := f.store.CreateRun(ctx, run); err != nil {
 		if errors.Is(err, store.ErrExists) && idemKey != "" {
-			// Another dispatcher took over the same idempotency item first.
+			// Another dispatcher took over the same idempotency item first;
+			// strongly consistent reads now, the run exists.
 			it, gerr := f.store.GetIdempotency(ctx, idemKey)
 			if gerr != nil {
 				return DispatchResult{}, fmt.Errorf("fleet: re-reading idempotency key: %w", gerr)
 			}
-			res, _, err := f.reuse(ctx, it, hash)
+			res, id, err := f.reuse(ctx, it, hash, false)
+			if id != "" {
+				return DispatchResult{}, inFlight(id)
+			}
 			return res, err
 		}
 		return DispatchResult{}, fmt.Errorf("fleet: creating run: %w", err)
@@ -383,13 +390,19 @@ func (f *Fleet) end(r *store.Run, status, reason string, now time.Time) {
 
 // reuse answers a request whose idempotency item exists. It returns the
 // answer, or (when the item's run was never written and its creator is long
-// gone) the item's run id for the caller to dispatch under.
-func (f *Fleet) reuse(ctx context.Context, it store.Idempotency, hash string) (DispatchResult, string, error) {
+// gone) the item's run id for the caller to dispatch under. eventual allows
+// an eventually consistent run read: a stale one is at worst a 409 "in
+// flight" or the run's previous state.
+func (f *Fleet) reuse(ctx context.Context, it store.Idempotency, hash string, eventual bool) (DispatchResult, string, error) {
 	if it.RequestHash != hash {
 		return DispatchResult{}, "", conflict(CodeIdempotencyMismatch, map[string]string{"fleetRunId": it.FleetRunID},
 			"the idempotency key was already used with a different request (run %s)", it.FleetRunID)
 	}
-	run, err := f.store.GetRun(ctx, it.FleetRunID)
+	readCtx := ctx
+	if eventual {
+		readCtx = store.EventualRead(ctx)
+	}
+	run, err := f.store.GetRun(readCtx, it.FleetRunID)
 	if errors.Is(err, store.ErrNotFound) {
 		// The first request wrote the key but not yet the run. After a host
 		// timeout and the grace it has certainly died there: take over.

@@ -1,0 +1,279 @@
+package api
+
+import (
+	"bytes"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"math"
+	"net/url"
+	"reflect"
+	"strconv"
+	"strings"
+)
+
+// decodeObject decodes body, which must be one JSON object, into dst (a
+// pointer to a struct) strictly: an unknown field, a field whose case does
+// not match, a value of the wrong type and trailing data are 400s that name
+// the field.
+func decodeObject(body []byte, dst any) error {
+	trimmed := bytes.TrimSpace(body)
+	if len(trimmed) == 0 {
+		return badRequest("a JSON object body is required")
+	}
+	if trimmed[0] != '{' {
+		return badRequest("the request body must be a JSON object, not %s", jsonKind(trimmed[0]))
+	}
+	if !json.Valid(trimmed) {
+		return syntaxError(trimmed)
+	}
+	if err := checkFields(trimmed, reflect.TypeOf(dst).Elem(), ""); err != nil {
+		return err
+	}
+	dec := json.NewDecoder(bytes.NewReader(trimmed))
+	dec.DisallowUnknownFields()
+	if err := dec.Decode(dst); err != nil {
+		var te *json.UnmarshalTypeError
+		if errors.As(err, &te) {
+			return badRequest("%s: want %s, got %s", fieldName(te.Field), typeName(te.Type), te.Value)
+		}
+		return badRequest("the request body is not valid: %s", strings.TrimPrefix(err.Error(), "json: "))
+	}
+	return nil
+}
+
+// syntaxError locates a JSON syntax error for the message.
+func syntaxError(body []byte) error {
+	var v any
+	err := json.Unmarshal(body, &v)
+	var se *json.SyntaxError
+	if errors.As(err, &se) {
+		return badRequest("malformed JSON at byte %d: %s", se.Offset, se.Error())
+	}
+	return badRequest("malformed JSON: the body ends too early")
+}
+
+// checkFields walks a JSON value against the Go type it decodes into and
+// refuses object keys the type does not have by their exact name:
+// encoding/json alone would accept "Agent" for "agent". Types with their
+// own UnmarshalJSON, and json.RawMessage, are left to themselves.
+func checkFields(raw []byte, t reflect.Type, path string) error {
+	for t.Kind() == reflect.Pointer {
+		t = t.Elem()
+	}
+	if t == reflect.TypeOf(json.RawMessage(nil)) || reflect.PointerTo(t).Implements(reflect.TypeOf((*json.Unmarshaler)(nil)).Elem()) {
+		return nil
+	}
+	trimmed := bytes.TrimSpace(raw)
+	if len(trimmed) == 0 || bytes.Equal(trimmed, []byte("null")) {
+		return nil
+	}
+	switch t.Kind() {
+	case reflect.Struct:
+		if trimmed[0] != '{' {
+			return badRequest("%s: want an object, got %s", fieldName(path), jsonKind(trimmed[0]))
+		}
+		var obj map[string]json.RawMessage
+		if err := json.Unmarshal(trimmed, &obj); err != nil {
+			return badRequest("%s: malformed object", fieldName(path))
+		}
+		fields := jsonFields(t)
+		for key, val := range obj {
+			ft, ok := fields[key]
+			if !ok {
+				for name := range fields {
+					if strings.EqualFold(name, key) {
+						return badRequest("unknown field %q (did you mean %q?)", join(path, key), join(path, name))
+					}
+				}
+				return badRequest("unknown field %q", join(path, key))
+			}
+			if err := checkFields(val, ft, join(path, key)); err != nil {
+				return err
+			}
+		}
+	case reflect.Slice, reflect.Array:
+		if trimmed[0] != '[' {
+			return nil // the decoder reports the type mismatch with the field
+		}
+		var elems []json.RawMessage
+		if err := json.Unmarshal(trimmed, &elems); err != nil {
+			return badRequest("%s: malformed array", fieldName(path))
+		}
+		for i, e := range elems {
+			if err := checkFields(e, t.Elem(), fmt.Sprintf("%s[%d]", path, i)); err != nil {
+				return err
+			}
+		}
+	case reflect.Map:
+		if trimmed[0] != '{' {
+			return nil
+		}
+		var obj map[string]json.RawMessage
+		if err := json.Unmarshal(trimmed, &obj); err != nil {
+			return badRequest("%s: malformed object", fieldName(path))
+		}
+		for k, v := range obj {
+			if err := checkFields(v, t.Elem(), fmt.Sprintf("%s[%q]", path, k)); err != nil {
+				return err
+			}
+		}
+	}
+	return nil
+}
+
+func jsonFields(t reflect.Type) map[string]reflect.Type {
+	out := map[string]reflect.Type{}
+	for i := 0; i < t.NumField(); i++ {
+		f := t.Field(i)
+		if !f.IsExported() {
+			continue
+		}
+		name, _, _ := strings.Cut(f.Tag.Get("json"), ",")
+		if name == "-" {
+			continue
+		}
+		if name == "" {
+			name = f.Name
+		}
+		out[name] = f.Type
+	}
+	return out
+}
+
+func join(path, key string) string {
+	if path == "" {
+		return key
+	}
+	return path + "." + key
+}
+
+func fieldName(path string) string {
+	if path == "" {
+		return "the request body"
+	}
+	return path
+}
+
+func jsonKind(first byte) string {
+	switch first {
+	case '[':
+		return "an array"
+	case '"':
+		return "a string"
+	case 't', 'f':
+		return "a boolean"
+	case 'n':
+		return "null"
+	case '{':
+		return "an object"
+	}
+	return "a number"
+}
+
+func typeName(t reflect.Type) string {
+	for t.Kind() == reflect.Pointer {
+		t = t.Elem()
+	}
+	switch t.Kind() {
+	case reflect.String:
+		return "a string"
+	case reflect.Bool:
+		return "true or false"
+	case reflect.Int, reflect.Int8, reflect.Int16, reflect.Int32, reflect.Int64,
+		reflect.Uint, reflect.Uint8, reflect.Uint16, reflect.Uint32, reflect.Uint64:
+		return "an integer"
+	case reflect.Float32, reflect.Float64:
+		return "a number"
+	case reflect.Slice, reflect.Array:
+		return "an array of " + bare(typeName(t.Elem()))
+	case reflect.Map:
+		return "an object of " + bare(typeName(t.Elem())) + " values"
+	case reflect.Struct:
+		return "an object"
+	}
+	return t.String()
+}
+
+// bare drops the article: "a string" -> "string".
+func bare(s string) string {
+	if rest, ok := strings.CutPrefix(s, "an "); ok {
+		return rest
+	}
+	return strings.TrimPrefix(s, "a ")
+}
+
+// query is a request's query string, checked against what the route takes.
+type query struct{ values url.Values }
+
+// parseQuery refuses a malformed query string, a parameter the route does
+// not take, and a parameter given twice.
+func parseQuery(raw string, allowed []string) (query, error) {
+	v, err := url.ParseQuery(raw)
+	if err != nil {
+		return query{}, badRequest("malformed query string")
+	}
+	for name, vals := range v {
+		if !contains(allowed, name) {
+			if len(allowed) == 0 {
+				return query{}, badRequest("unknown query parameter %q: this route takes none", name)
+			}
+			return query{}, badRequest("unknown query parameter %q: this route takes %s", name, strings.Join(allowed, ", "))
+		}
+		if len(vals) > 1 {
+			return query{}, badRequest("query parameter %q is given more than once", name)
+		}
+	}
+	return query{values: v}, nil
+}
+
+func (q query) has(name string) bool { return q.values.Has(name) }
+func (q query) get(name string) string { return q.values.Get(name) }
+
+// nonNegativeInt reads an optional integer parameter: digits only, so
+// "Infinity", "2.5", "-1", "1e3", "+1" and "" are 400s naming it. A value
+// beyond int64 reads as math.MaxInt64 (callers clamp).
+func (q query) nonNegativeInt(name string) (int64, bool, error) {
+	if !q.has(name) {
+		return 0, false, nil
+	}
+	s := q.get(name)
+	if s == "" || strings.TrimLeft(s, "0123456789") != "" {
+		return 0, false, badRequest("%s=%q: want a non-negative integer", name, truncate(s, 40))
+	}
+	n, err := strconv.ParseInt(s, 10, 64)
+	if err != nil {
+		n = math.MaxInt64
+	}
+	return n, true, nil
+}
+
+func truncate(s string, n int) string {
+	if len(s) <= n {
+		return s
+	}
+	return s[:n] + "..."
+}
+
+// boolFlag reads an optional flag: 1/true or 0/false.
+func (q query) boolFlag(name string) (bool, error) {
+	if !q.has(name) {
+		return false, nil
+	}
+	switch q.get(name) {
+	case "1", "true":
+		return true, nil
+	case "0", "false":
+		return false, nil
+	}
+	return false, badRequest("%s=%q: want 1 or 0", name, q.get(name))
+}
+
+func contains(list []string, s string) bool {
+	for _, x := range list {
+		if x == s {
+			return true
+		}
+	}
+	return false
+}

@@ -1,0 +1,78 @@
+package api
+
+import (
+	"errors"
+	"strings"
+	"testing"
+)
+
+func TestDecodeObjectIsStrictAndNamesTheField(t *testing.T) {
+	for body, want := range map[string]string{
+		``:                                  "a JSON object body is required",
+		`   `:                               "a JSON object body is required",
+		`[]`:                                "must be a JSON object, not an array",
+		`"x"`:                               "must be a JSON object, not a string",
+		`{"agent": "shell"`:                 "malformed JSON",
+		`{"agent": "shell"} {}`:             "malformed JSON",
+		`{"agent": 5}`:                      "agent: want a string, got number",
+		`{"Agent": "shell"}`:                `unknown field "Agent" (did you mean "agent"?)`,
+		`{"agnet": "shell"}`:                `unknown field "agnet"`,
+		`{"argv": "ls"}`:                    "argv: want an array of string, got string",
+		`{"env": ["A=1"]}`:                  "env: want an object of string values, got array",
+		`{"env": {"A": 1}}`:                 "env",
+		`{"secrets": {"projectId": "x"}}`:   "secrets: want an array of object, got object",
+		`{"secrets": [{"project": "x"}]}`:   `unknown field "secrets[0].project"`,
+		`{"secrets": [{"domains": "a.b"}]}`: "secrets.domains: want an array of string, got string",
+		`{"secrets": ["x"]}`:                "secrets[0]: want an object, got a string",
+	} {
+		var b dispatchBody
+		err := decodeObject([]byte(body), &b)
+		var re *requestError
+		if !errors.As(err, &re) || re.status != 400 || !strings.Contains(re.message, want) {
+			t.Errorf("%s: %v, want a 400 containing %q", body, err, want)
+		}
+	}
+	var b dispatchBody
+	if err := decodeObject([]byte(`{"agent":"shell","env":{"A":"1"},"secrets":[{"projectId":"p","key":"K","domains":["a.b"]}]}`), &b); err != nil {
+		t.Fatalf("a good body: %v", err)
+	}
+	if *b.Agent != "shell" || b.Env["A"] != "1" || b.Secrets[0].Domains[0] != "a.b" {
+		t.Fatalf("decoded %+v", b)
+	}
+}
+
+func TestQueryParsing(t *testing.T) {
+	for raw, want := range map[string]string{
+		"limit=Infinity":  `limit="Infinity": want a non-negative integer`,
+		"limit=2.5":       `limit="2.5": want a non-negative integer`,
+		"limit=-1":        `limit="-1"`,
+		"limit=1e3":       `limit="1e3"`,
+		"limit=":          `limit=""`,
+		"limit=%2B5":      `limit="+5"`,
+		"limit=1&limit=2": `"limit" is given more than once`,
+		"after=-1":        `unknown query parameter "after"`,
+		"%zz":             "malformed query string",
+	} {
+		q, err := parseQuery(raw, []string{"cursor", "limit"})
+		if err == nil {
+			_, _, err = q.nonNegativeInt("limit")
+		}
+		if err == nil || !strings.Contains(err.Error(), want) {
+			t.Errorf("%q: %v, want %q", raw, err, want)
+		}
+	}
+	q, err := parseQuery("limit=99999999999999999999999", []string{"limit"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if n, ok, err := q.nonNegativeInt("limit"); err != nil || !ok || n <= 1000 {
+		t.Fatalf("huge limit = %d %v %v, want a large value to clamp", n, ok, err)
+	}
+	if _, err := parseQuery("force=yes", []string{"force"}); err != nil {
+		t.Fatal(err)
+	}
+	q, _ = parseQuery("force=yes", []string{"force"})
+	if _, err := q.boolFlag("force"); err == nil {
+		t.Fatal("force=yes accepted")
+	}
+}

@@ -1,0 +1,70 @@
+package api
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net/http"
+
+	"github.com/runfleet/runfleet/shared/auth"
+	"github.com/runfleet/runfleet/shared/fleet"
+	"github.com/runfleet/runfleet/shared/hostproto"
+)
+
+// requestError is a failure the API itself finds in a request (decoding,
+// routing, access) with the status it deserves.
+type requestError struct {
+	status  int
+	code    string
+	message string
+}
+
+func (e *requestError) Error() string { return e.message }
+
+func badRequest(format string, args ...any) *requestError {
+	return &requestError{status: http.StatusBadRequest, code: fleet.CodeInvalid, message: fmt.Sprintf(format, args...)}
+}
+
+// Machine codes the API adds to fleet's.
+const (
+	codeUnauthenticated  = "unauthenticated"
+	codeAdminRequired    = "admin_required"
+	codeRouteNotFound    = "route_not_found"
+	codeMethodNotAllowed = "method_not_allowed"
+	codeBodyTooLarge     = "body_too_large"
+	codeInternal         = "internal"
+)
+
+// errorStatus maps every error kind to its HTTP status and the body shown to
+// the caller. It is the one place that does so: a kind it does not know is
+// a fault, answered 500 with a generic message (the caller of errorStatus
+// logs it), never with its text.
+func errorStatus(err error) (int, hostproto.ErrorBody, bool) {
+	var re *requestError
+	var fe *fleet.Error
+	switch {
+	case errors.As(err, &re):
+		return re.status, hostproto.ErrorBody{Error: re.message, Code: re.code}, false
+	case errors.As(err, &fe) && fleetStatus(fe.Kind) != 0:
+		return fleetStatus(fe.Kind), hostproto.ErrorBody{Error: fe.Message, Code: fe.Code, Details: fe.Details}, false
+	case errors.Is(err, auth.ErrUnauthenticated):
+		return http.StatusUnauthorized, hostproto.ErrorBody{Error: err.Error(), Code: codeUnauthenticated}, false
+	case errors.Is(err, context.DeadlineExceeded):
+		return http.StatusServiceUnavailable, hostproto.ErrorBody{Error: "the request ran out of time; retry it", Code: "timeout"}, true
+	}
+	return http.StatusInternalServerError, hostproto.ErrorBody{Error: "internal error", Code: codeInternal}, true
+}
+
+func fleetStatus(k fleet.Kind) int {
+	switch k {
+	case fleet.KindInvalid:
+		return http.StatusBadRequest
+	case fleet.KindForbidden:
+		return http.StatusForbidden
+	case fleet.KindNotFound:
+		return http.StatusNotFound
+	case fleet.KindConflict:
+		return http.StatusConflict
+	}
+	return 0
+}
