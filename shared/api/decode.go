@@ -227,7 +227,7 @@ func parseQuery(raw string, allowed []string) (query, error) {
 	return query{values: v}, nil
 }
 
-func (q query) has(name string) bool { return q.values.Has(name) }
+func (q query) has(name string) bool   { return q.values.Has(name) }
 func (q query) get(name string) string { return q.values.Get(name) }
 
 // nonNegativeInt reads an optional integer parameter: digits only, so
