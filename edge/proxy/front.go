@@ -1,0 +1,240 @@
+package proxy
+
+import (
+	"bufio"
+	"context"
+	"crypto/tls"
+	"encoding/base64"
+	"fmt"
+	"io"
+	"log/slog"
+	"net"
+	"net/http"
+	"strings"
+	"sync"
+	"time"
+
+	"golang.org/x/net/http2"
+
+	"github.com/runfleet/runfleet/edge/audit"
+	"github.com/runfleet/runfleet/edge/policy"
+)
+
+// connInfo is what the pipeline knows about an intercepted connection.
+type connInfo struct {
+	attempt *attempt
+	target  policy.Authority
+	// sniOK: the client's SNI named the CONNECT's name. Otherwise every
+	// request on the connection is misdirected (421).
+	sniOK bool
+}
+
+type connInfoKey struct{}
+
+func connInfoFrom(ctx context.Context) *connInfo {
+	ci, _ := ctx.Value(connInfoKey{}).(*connInfo)
+	return ci
+}
+
+// bufferedConn replays what the CONNECT's reader buffered past the request
+// (a client may send its ClientHello right behind the CONNECT).
+type bufferedConn struct {
+	net.Conn
+	pending []byte
+}
+
+func (c *bufferedConn) Read(p []byte) (int, error) {
+	if len(c.pending) > 0 {
+		n := copy(p, c.pending)
+		c.pending = c.pending[n:]
+		return n, nil
+	}
+	return c.Conn.Read(p)
+}
+
+// serveFront reads one CONNECT, authenticates it and intercepts, tunnels or
+// refuses it.
+func (p *Proxy) serveFront(c net.Conn) {
+	defer c.Close()
+	start := p.cfg.Clock.Now()
+	_ = c.SetDeadline(time.Now().Add(p.cfg.HandshakeTimeout))
+	br := bufio.NewReaderSize(c, 2048)
+	req, err := http.ReadRequest(br)
+	if err != nil {
+		if err != io.EOF {
+			writeStatus(c, http.StatusBadRequest, "malformed proxy request", nil)
+		}
+		return
+	}
+	entry := audit.Entry{TS: start, Method: req.Method, Host: req.RequestURI}
+	deny := func(status int, reason string, hdr http.Header) {
+		writeStatus(c, status, reason, hdr)
+		entry.Action, entry.Status, entry.Reason = audit.Denied, status, reason
+		entry.Duration = p.cfg.Clock.Now().Sub(start)
+		p.cfg.Audit.Record(entry)
+	}
+	runID, password, ok := proxyCredentials(req.Header.Get("Proxy-Authorization"))
+	var a *attempt
+	if ok {
+		a = p.reg.authenticate(runID, password)
+	}
+	if a == nil {
+		deny(http.StatusProxyAuthRequired, "proxy credentials missing, unknown or revoked",
+			http.Header{"Proxy-Authenticate": {`Basic realm="runfleet edge"`}})
+		return
+	}
+	entry.Task = a.task.runID
+	if req.Method != http.MethodConnect {
+		deny(http.StatusMethodNotAllowed, "only CONNECT is proxied", http.Header{"Allow": {"CONNECT"}})
+		return
+	}
+	target, err := policy.ParseAuthority(req.RequestURI, true)
+	if err != nil {
+		deny(http.StatusBadRequest, "CONNECT target: "+err.Error(), nil)
+		return
+	}
+	entry.Host = target.String()
+	granted, _ := p.cfg.Policy.Current().Grant(a.task.declared)
+	decision := policy.DecideConnect(policy.ConnectInput{Target: target, Granted: granted, Egress: p.cfg.Egress})
+	if decision.Action == policy.Refuse {
+		deny(http.StatusForbidden, decision.Reason, nil)
+		return
+	}
+	if !a.track(c) {
+		deny(http.StatusProxyAuthRequired, "the attempt ended", nil)
+		return
+	}
+	defer a.untrack(c)
+	var pending []byte
+	if n := br.Buffered(); n > 0 {
+		pending, _ = br.Peek(n)
+		pending = append([]byte(nil), pending...)
+	}
+	conn := &bufferedConn{Conn: c, pending: pending}
+	if decision.Action == policy.Tunnel {
+		p.tunnel(a, conn, target, entry)
+		return
+	}
+	p.intercept(a, conn, target)
+}
+
+// proxyCredentials reads "Basic base64(runID:password)".
+func proxyCredentials(h string) (user, password string, ok bool) {
+	scheme, b64, found := strings.Cut(h, " ")
+	if !found || !strings.EqualFold(scheme, "Basic") {
+		return "", "", false
+	}
+	raw, err := base64.StdEncoding.DecodeString(strings.TrimSpace(b64))
+	if err != nil {
+		return "", "", false
+	}
+	return strings.Cut(string(raw), ":")
+}
+
+func writeStatus(w io.Writer, status int, reason string, hdr http.Header) {
+	body := "runfleet edge: " + reason + "\n"
+	var b strings.Builder
+	fmt.Fprintf(&b, "HTTP/1.1 %d %s\r\n", status, http.StatusText(status))
+	for k, vs := range hdr {
+		for _, v := range vs {
+			fmt.Fprintf(&b, "%s: %s\r\n", k, v)
+		}
+	}
+	fmt.Fprintf(&b, "Content-Type: text/plain; charset=utf-8\r\nContent-Length: %d\r\nConnection: close\r\n\r\n%s", len(body), body)
+	io.WriteString(w, b.String())
+}
+
+// tunnel relays bytes untouched to a target no key of the task reaches
+// (egress open). The dial still goes through the upstream guard.
+func (p *Proxy) tunnel(a *attempt, c *bufferedConn, target policy.Authority, entry audit.Entry) {
+	start := entry.TS
+	ctx, cancel := context.WithTimeout(a.ctx, p.cfg.HandshakeTimeout)
+	up, err := p.cfg.Upstream.DialContext(ctx, "tcp", target.String())
+	cancel()
+	if err != nil {
+		status, action, reason := p.classify(err)
+		writeStatus(c, status, reason, nil)
+		entry.Action, entry.Status, entry.Reason = action, status, reason
+		if action == audit.Blocked {
+			entry.Action = audit.Denied
+		}
+		entry.Duration = p.cfg.Clock.Now().Sub(start)
+		p.cfg.Audit.Record(entry)
+		return
+	}
+	defer up.Close()
+	_ = c.SetDeadline(time.Time{})
+	if _, err := io.WriteString(c, "HTTP/1.1 200 Connection established\r\n\r\n"); err != nil {
+		return
+	}
+	var wg sync.WaitGroup
+	var in, out int64
+	wg.Add(1)
+	go func() {
+		defer wg.Done()
+		in, _ = io.Copy(up, c)
+		closeWrite(up)
+	}()
+	out, _ = io.Copy(c, up)
+	closeWrite(c.Conn)
+	wg.Wait()
+	entry.Action, entry.Status = audit.Tunnelled, http.StatusOK
+	entry.BytesIn, entry.BytesOut = in, out
+	entry.Duration = p.cfg.Clock.Now().Sub(start)
+	p.cfg.Audit.Record(entry)
+}
+
+func closeWrite(c net.Conn) {
+	if cw, ok := c.(interface{ CloseWrite() error }); ok {
+		_ = cw.CloseWrite()
+		return
+	}
+	_ = c.Close()
+}
+
+// intercept terminates TLS with a leaf for the CONNECT's name and serves the
+// connection's requests through the pipeline (HTTP/2 when ALPN picks it).
+func (p *Proxy) intercept(a *attempt, c *bufferedConn, target policy.Authority) {
+	if _, err := io.WriteString(c, "HTTP/1.1 200 Connection established\r\n\r\n"); err != nil {
+		return
+	}
+	ci := &connInfo{attempt: a, target: target}
+	tc := tls.Server(c, &tls.Config{
+		MinVersion: tls.VersionTLS12,
+		NextProtos: []string{"h2", "http/1.1"},
+		GetCertificate: func(hello *tls.ClientHelloInfo) (*tls.Certificate, error) {
+			// The leaf is always for the CONNECT's name, whatever the SNI
+			// says; a mismatched SNI makes every request a 421.
+			ci.sniOK = sameName(hello.ServerName, target.Name)
+			h := *hello
+			h.ServerName = target.Name
+			return p.cfg.Leaves.GetCertificate(&h)
+		},
+	})
+	ctx, cancel := context.WithTimeout(a.ctx, p.cfg.HandshakeTimeout)
+	err := tc.HandshakeContext(ctx)
+	cancel()
+	if err != nil {
+		p.cfg.Logger.Debug("intercepted handshake failed", slog.String("task", a.task.runID), slog.String("host", target.String()), slog.String("error", err.Error()))
+		return
+	}
+	_ = c.SetDeadline(time.Time{})
+	connCtx := context.WithValue(a.ctx, connInfoKey{}, ci)
+	if tc.ConnectionState().NegotiatedProtocol == "h2" {
+		p.h2.ServeConn(tc, &http2.ServeConnOpts{
+			Context:    connCtx,
+			Handler:    pipeline{p},
+			BaseConfig: &http.Server{ErrorLog: slog.NewLogLogger(p.cfg.Logger.Handler(), slog.LevelDebug)},
+		})
+		return
+	}
+	p.serveHTTP1(connCtx, tc)
+}
+
+func sameName(sni, name string) bool {
+	if sni == "" {
+		return false
+	}
+	canon, err := policy.CanonicalName(sni)
+	return err == nil && canon == name
+}

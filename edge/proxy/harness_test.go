@@ -1,0 +1,402 @@
+package proxy
+
+import (
+	"bytes"
+	"context"
+	"crypto/ecdsa"
+	"crypto/elliptic"
+	"crypto/rand"
+	"crypto/tls"
+	"crypto/x509"
+	"crypto/x509/pkix"
+	"encoding/json"
+	"encoding/pem"
+	"fmt"
+	"io"
+	"log/slog"
+	"math/big"
+	"net"
+	"net/http"
+	"net/http/httptest"
+	"net/netip"
+	"net/url"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/runfleet/runfleet/edge/audit"
+	"github.com/runfleet/runfleet/edge/ca"
+	"github.com/runfleet/runfleet/edge/policy"
+	"github.com/runfleet/runfleet/edge/secrets"
+	"github.com/runfleet/runfleet/edge/upstream"
+	"github.com/runfleet/runfleet/shared/hostproto"
+)
+
+// upstreamCA is the test upstreams' own CA: edge trusts it through
+// upstream.extraRootsFile, the task never does.
+type upstreamCA struct {
+	cert *x509.Certificate
+	key  *ecdsa.PrivateKey
+	pem  []byte
+}
+
+func newUpstreamCA(t testing.TB) *upstreamCA {
+	t.Helper()
+	key, _ := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
+	tmpl := &x509.Certificate{
+		SerialNumber: big.NewInt(1), Subject: pkix.Name{CommonName: "test upstream CA"},
+		NotBefore: time.Now().Add(-time.Hour), NotAfter: time.Now().Add(24 * time.Hour),
+		IsCA: true, BasicConstraintsValid: true, KeyUsage: x509.KeyUsageCertSign,
+	}
+	der, err := x509.CreateCertificate(rand.Reader, tmpl, tmpl, &key.PublicKey, key)
+	if err != nil {
+		t.Fatal(err)
+	}
+	cert, _ := x509.ParseCertificate(der)
+	return &upstreamCA{cert: cert, key: key, pem: pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: der})}
+}
+
+func (u *upstreamCA) leaf(t testing.TB, names ...string) tls.Certificate {
+	t.Helper()
+	key, _ := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
+	tmpl := &x509.Certificate{
+		SerialNumber: big.NewInt(time.Now().UnixNano()), Subject: pkix.Name{CommonName: names[0]},
+		NotBefore: time.Now().Add(-time.Hour), NotAfter: time.Now().Add(24 * time.Hour),
+		DNSNames: names, ExtKeyUsage: []x509.ExtKeyUsage{x509.ExtKeyUsageServerAuth},
+	}
+	der, err := x509.CreateCertificate(rand.Reader, tmpl, u.cert, &key.PublicKey, u.key)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return tls.Certificate{Certificate: [][]byte{der}, PrivateKey: key}
+}
+
+// seen is one request as an upstream received it.
+type seen struct {
+	Method, Host, Path, RawQuery string
+	Header                       http.Header
+	Body                         []byte
+	Proto                        string
+	TransferEncoding             []string
+	ContentLength                int64
+}
+
+// testUpstream is a real HTTPS server on loopback that records what it got.
+type testUpstream struct {
+	srv     *httptest.Server
+	port    int
+	mu      sync.Mutex
+	got     []seen
+	handler http.HandlerFunc // optional override after recording
+}
+
+func startUpstream(t testing.TB, uca *upstreamCA, h2 bool, names ...string) *testUpstream {
+	t.Helper()
+	u := &testUpstream{}
+	u.srv = httptest.NewUnstartedServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if u.handler != nil && r.Header.Get("Upgrade") != "" {
+			u.handler(w, r)
+			return
+		}
+		body, _ := io.ReadAll(r.Body)
+		u.mu.Lock()
+		u.got = append(u.got, seen{r.Method, r.Host, r.URL.Path, r.URL.RawQuery, r.Header.Clone(), body, r.Proto, r.TransferEncoding, r.ContentLength})
+		h := u.handler
+		u.mu.Unlock()
+		if h != nil {
+			h(w, r)
+			return
+		}
+		w.Header().Set("Content-Type", "text/plain")
+		fmt.Fprintf(w, "hello from upstream; got %d body bytes\n", len(body))
+	}))
+	u.srv.EnableHTTP2 = h2
+	u.srv.TLS = &tls.Config{Certificates: []tls.Certificate{uca.leaf(t, names...)}}
+	u.srv.StartTLS()
+	t.Cleanup(u.srv.Close)
+	u.port = u.srv.Listener.Addr().(*net.TCPAddr).Port
+	return u
+}
+
+func (u *testUpstream) requests() []seen {
+	u.mu.Lock()
+	defer u.mu.Unlock()
+	return append([]seen(nil), u.got...)
+}
+
+// syncBuffer collects log output the test greps while the proxy writes.
+type syncBuffer struct {
+	mu sync.Mutex
+	b  bytes.Buffer
+}
+
+func (s *syncBuffer) Write(p []byte) (int, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.Write(p)
+}
+
+func (s *syncBuffer) String() string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.String()
+}
+
+// env is one edge secrets proxy wired as edge serve wires it: a policy file
+// watched, the real CA, the secrets file, the upstream guard with pins.
+type env struct {
+	t          testing.TB
+	dir        string
+	configPath string
+	watcher    *policy.Watcher
+	authority  *ca.Authority
+	proxy      *Proxy
+	resolver   *countingResolver
+	logs       *syncBuffer
+	auditDir   string
+	bundlePath string
+	secrets    map[string]string
+	uca        *upstreamCA
+	listener   net.Listener
+}
+
+type envOptions struct {
+	egress  string
+	pins    map[string]string
+	keys    string // the JSON of policy.projects
+	secrets map[string]string
+	table   map[string][]netip.Addr
+	dataDir string // reuse (restart)
+	uca     *upstreamCA
+}
+
+func newEnv(t testing.TB, o envOptions) *env {
+	t.Helper()
+	dir := o.dataDir
+	if dir == "" {
+		dir = t.TempDir()
+	}
+	e := &env{t: t, dir: dir, logs: &syncBuffer{}, secrets: o.secrets, uca: o.uca}
+	if e.uca == nil {
+		e.uca = newUpstreamCA(t)
+	}
+	if o.egress == "" {
+		o.egress = policy.EgressOpen
+	}
+	rootsPath := filepath.Join(dir, "upstream-ca.pem")
+	must(t, os.WriteFile(rootsPath, e.uca.pem, 0o600))
+	e.writeSecrets()
+	pins, _ := json.Marshal(o.pins)
+	e.configPath = filepath.Join(dir, "edge.json")
+	e.writePolicy(string(pins), o.keys)
+	logger := slog.New(slog.NewJSONHandler(e.logs, &slog.HandlerOptions{Level: slog.LevelDebug}))
+	var err error
+	e.watcher, err = policy.NewWatcher(policy.WatcherConfig{Path: e.configPath, Logger: logger})
+	must(t, err)
+	sealer, err := ca.NewFileSealer(filepath.Join(dir, "seal.key"), nil)
+	must(t, err)
+	e.authority, err = ca.Open(context.Background(), ca.Config{Dir: filepath.Join(dir, "ca"), Sealer: sealer, Logger: logger, AllowName: e.watcher.AllowName})
+	must(t, err)
+	e.bundlePath = filepath.Join(dir, "trust.pem")
+	must(t, os.WriteFile(e.bundlePath, e.authority.Bundle(), 0o644))
+
+	e.listener, err = net.Listen("tcp", "127.0.0.1:0")
+	must(t, err)
+	own := []netip.AddrPort{netip.MustParseAddrPort(e.listener.Addr().String())}
+	pinned := map[string]netip.Addr{}
+	for k, v := range o.pins {
+		pinned[k] = netip.MustParseAddr(v)
+	}
+	e.resolver = &countingResolver{pins: pinned, table: o.table}
+	guard, err := upstream.NewGuard(upstream.GuardConfig{
+		Resolver:     e.resolver,
+		AllowPrivate: []netip.Prefix{netip.MustParsePrefix("127.0.0.0/8")},
+		Own:          own,
+	})
+	must(t, err)
+	tlsCfg, err := upstream.ClientTLSConfig(rootsPath)
+	must(t, err)
+	src, err := secrets.NewFileSource(filepath.Join(dir, "secrets.json"))
+	must(t, err)
+	e.auditDir = filepath.Join(dir, "logs")
+	al, err := audit.Open(audit.Config{Dir: e.auditDir, Logger: logger})
+	must(t, err)
+	e.proxy, err = New(Config{
+		Listener: e.listener, Egress: o.egress, DataDir: dir, Policy: e.watcher, Leaves: e.authority,
+		Secrets: src, Upstream: guard, UpstreamTLS: tlsCfg, Audit: al, Logger: logger,
+	})
+	must(t, err)
+	go e.proxy.Serve()
+	deadline := time.Now().Add(5 * time.Second)
+	for e.proxy.Ready() != nil && time.Now().Before(deadline) {
+		time.Sleep(time.Millisecond)
+	}
+	t.Cleanup(func() {
+		e.proxy.Close()
+		e.authority.Close()
+		al.Close()
+	})
+	return e
+}
+
+// countingResolver answers pinned names, then its table, and records every
+// name the proxy asked for, so a test sees each resolution attempt.
+type countingResolver struct {
+	pins  map[string]netip.Addr
+	mu    sync.Mutex
+	names []string
+	table map[string][]netip.Addr
+}
+
+func (c *countingResolver) LookupNetIP(_ context.Context, _, host string) ([]netip.Addr, error) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	c.names = append(c.names, host)
+	if ip, ok := c.pins[host]; ok {
+		return []netip.Addr{ip}, nil
+	}
+	if a, ok := c.table[host]; ok {
+		return a, nil
+	}
+	return nil, fmt.Errorf("no such host %s", host)
+}
+
+func (c *countingResolver) lookups() []string {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return append([]string(nil), c.names...)
+}
+
+func (e *env) writeSecrets() {
+	b, _ := json.Marshal(e.secrets)
+	tmp := filepath.Join(e.dir, "secrets.json.tmp")
+	must(e.t, os.WriteFile(tmp, b, 0o600))
+	must(e.t, os.Rename(tmp, filepath.Join(e.dir, "secrets.json")))
+}
+
+func (e *env) writePolicy(pins, keys string) {
+	cfg := fmt.Sprintf(`{"dataDir": %q, "api": {"tokenFile": %q},
+	  "proxy": {"upstream": {"resolve": %s, "allowPrivate": ["127.0.0.0/8"]}},
+	  "policy": {"projects": %s}}`, e.dir, filepath.Join(e.dir, "token"), pins, keys)
+	must(e.t, os.WriteFile(e.configPath, []byte(cfg), 0o600))
+}
+
+// task registers a run with declared secrets and starts its attempt; it
+// returns the proxy URL with credentials and the placeholders by key.
+func (e *env) task(runID string, declared ...hostproto.Secret) (*url.URL, map[string]string) {
+	e.t.Helper()
+	must(e.t, e.proxy.Register(runID, declared))
+	u, err := e.proxy.StartAttempt(runID)
+	must(e.t, err)
+	keys, err := e.proxy.TaskKeys(runID)
+	must(e.t, err)
+	phs := map[string]string{}
+	for _, k := range keys {
+		phs[k.Key] = k.Placeholder
+	}
+	return u, phs
+}
+
+// goClient is a net/http client configured the way a task's Go program is:
+// the proxy URL and a trust pool of the CA bundle.
+func (e *env) goClient(proxyURL *url.URL, h2 bool) *http.Client {
+	pool := x509.NewCertPool()
+	pool.AppendCertsFromPEM(e.authority.Bundle())
+	return &http.Client{Transport: &http.Transport{
+		Proxy:             http.ProxyURL(proxyURL),
+		TLSClientConfig:   &tls.Config{RootCAs: pool},
+		ForceAttemptHTTP2: h2,
+	}, Timeout: 20 * time.Second}
+}
+
+// auditLines reads every audit line written so far.
+func (e *env) auditLines() []map[string]any {
+	b, _ := os.ReadFile(filepath.Join(e.auditDir, audit.FileName))
+	var out []map[string]any
+	for _, line := range strings.Split(strings.TrimSpace(string(b)), "\n") {
+		if line == "" {
+			continue
+		}
+		var m map[string]any
+		must(e.t, json.Unmarshal([]byte(line), &m))
+		out = append(out, m)
+	}
+	return out
+}
+
+// lastAudit waits for an audit line matching pred (a line is written when
+// a request or tunnel ends, which may be just after the client returns).
+func (e *env) waitAudit(pred func(map[string]any) bool) map[string]any {
+	e.t.Helper()
+	deadline := time.Now().Add(5 * time.Second)
+	for {
+		lines := e.auditLines()
+		for i := len(lines) - 1; i >= 0; i-- {
+			if pred(lines[i]) {
+				return lines[i]
+			}
+		}
+		if time.Now().After(deadline) {
+			e.t.Fatalf("no matching audit line in %v", lines)
+		}
+		time.Sleep(2 * time.Millisecond)
+	}
+}
+
+// assertNoLeak checks that neither the proxy's log nor its audit file holds
+// any of the given values or placeholders.
+func (e *env) assertNoLeak(secretsOrPlaceholders ...string) {
+	e.t.Helper()
+	auditText, _ := os.ReadFile(filepath.Join(e.auditDir, audit.FileName))
+	for _, s := range secretsOrPlaceholders {
+		if s == "" {
+			continue
+		}
+		if strings.Contains(e.logs.String(), s) {
+			e.t.Errorf("the log holds a value or placeholder (%d chars)", len(s))
+		}
+		if bytes.Contains(auditText, []byte(s)) {
+			e.t.Errorf("the audit log holds a value or placeholder (%d chars)", len(s))
+		}
+	}
+}
+
+func must(t testing.TB, err error) {
+	t.Helper()
+	if err != nil {
+		t.Fatal(err)
+	}
+}
+
+// clientEnv is the whole environment a task's client runs with: only the
+// standard proxy and trust variables.
+func (e *env) clientEnv(proxyURL *url.URL, extra ...string) []string {
+	return append([]string{
+		"PATH=/usr/bin:/bin",
+		"HOME=" + e.dir,
+		"HTTPS_PROXY=" + proxyURL.String(),
+		"https_proxy=" + proxyURL.String(),
+		"SSL_CERT_FILE=" + e.bundlePath,
+		"REQUESTS_CA_BUNDLE=" + e.bundlePath,
+		"CURL_CA_BUNDLE=" + e.bundlePath,
+	}, extra...)
+}
+
+func runClient(t testing.TB, env []string, name string, args ...string) string {
+	t.Helper()
+	cmd := exec.Command(name, args...)
+	cmd.Env = env
+	var out, errOut bytes.Buffer
+	cmd.Stdout, cmd.Stderr = &out, &errOut
+	if err := cmd.Run(); err != nil {
+		t.Fatalf("%s: %v\nstdout: %s\nstderr: %s", name, err, out.String(), errOut.String())
+	}
+	return out.String() + errOut.String()
+}
+
+func itoa(i int) string { return strconv.Itoa(i) }

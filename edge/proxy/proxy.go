@@ -1,0 +1,298 @@
+// Package proxy owns the secrets proxy: the task registry (tasks, attempts
+// and their proxy credentials, placeholders), the explicit CONNECT listener
+// that intercepts what a task's keys may reach, and the one request pipeline
+// that HTTP/1.1 and HTTP/2 share, which swaps a placeholder for its real
+// value only where the policy allows and blocks it everywhere else.
+//
+// The runner (admission, env) calls Register, StartAttempt, EndAttempt, Stop,
+// Drop, TaskKeys, ProxiedKeys and Ready. The CA (package ca) supplies leaves
+// through LeafSource; policy decisions are the pure functions of package
+// policy; upstream connections go through package upstream's guard.
+package proxy
+
+import (
+	"context"
+	"crypto/rand"
+	"crypto/tls"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"net"
+	"net/http"
+	"net/http/httputil"
+	"path/filepath"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"golang.org/x/net/http2"
+
+	"github.com/runfleet/runfleet/edge/audit"
+	"github.com/runfleet/runfleet/edge/policy"
+	"github.com/runfleet/runfleet/edge/secrets"
+	"github.com/runfleet/runfleet/shared/clock"
+)
+
+// KillSwitchEnv is the variable that keeps the proxy down: "off" (any case).
+const KillSwitchEnv = "EDGE_SECRETS_PROXY"
+
+// KillSwitchOn reports whether the kill switch is engaged; main passes
+// os.Getenv, since main owns the environment.
+func KillSwitchOn(getenv func(string) string) bool {
+	return strings.EqualFold(strings.TrimSpace(getenv(KillSwitchEnv)), "off")
+}
+
+// PolicySource gives the host policy in force, read per request so a reload
+// applies to the next one. *policy.Watcher satisfies it.
+type PolicySource interface {
+	Current() *policy.Policy
+}
+
+var _ PolicySource = (*policy.Watcher)(nil)
+
+// LeafSource issues the certificate for an intercepted name. It is called
+// from the handshake's goroutine with ServerName set to the CONNECT's
+// canonical name (never the client's SNI). *ca.Authority satisfies it.
+type LeafSource interface {
+	GetCertificate(hello *tls.ClientHelloInfo) (*tls.Certificate, error)
+}
+
+// Dialer reaches upstreams; *upstream.Guard satisfies it. It must resolve
+// and classify the address itself: the proxy hands it names.
+type Dialer interface {
+	DialContext(ctx context.Context, network, address string) (net.Conn, error)
+}
+
+// Config configures a Proxy.
+type Config struct {
+	// Disabled is the kill switch (EDGE_SECRETS_PROXY=off): nothing listens,
+	// Ready reports ErrDisabled and no task is registered.
+	Disabled bool
+	// Listener is the bound proxy.listen socket. Required unless Disabled.
+	Listener net.Listener
+	// Egress is policy.EgressOpen or policy.EgressStrict; empty means strict.
+	Egress string
+	// DataDir is edge's data dir; placeholders live under
+	// <DataDir>/secrets-proxy/placeholders. Required.
+	DataDir string
+	// Policy is the host policy in force. Required.
+	Policy PolicySource
+	// Leaves issues intercepted names' certificates. Required.
+	Leaves LeafSource
+	// CAReady, if set, reports whether the CA can issue (nil = ready); Ready
+	// consults it.
+	CAReady func() error
+	// Secrets gives real values. Required.
+	Secrets secrets.Source
+	// Upstream dials upstreams (tunnels and intercepted requests). Required.
+	Upstream Dialer
+	// UpstreamTLS verifies upstreams (upstream.ClientTLSConfig). Required.
+	UpstreamTLS *tls.Config
+	// Audit records every decision. Required.
+	Audit *audit.Log
+	// Logger is for faults; it never receives a value or a placeholder.
+	// Required.
+	Logger *slog.Logger
+	// Clock times audit lines; nil means the real clock.
+	Clock clock.Clock
+	// Rand mints placeholders and passwords; nil means crypto/rand.
+	Rand io.Reader
+	// HandshakeTimeout bounds reading a CONNECT and the intercepted TLS
+	// handshake; zero means 10s.
+	HandshakeTimeout time.Duration
+	// IdleTimeout closes an intercepted HTTP/1.1 connection idle this long;
+	// zero means 5m.
+	IdleTimeout time.Duration
+	// BodyBufferLimit: a request body with a Content-Length up to this is
+	// read whole, scanned and forwarded with an exact length (a block then
+	// sends nothing upstream); a longer or unsized body is streamed through
+	// the bounded scanner. Zero means 64 KiB.
+	BodyBufferLimit int64
+}
+
+// Validate reports what is missing, naming the field.
+func (c *Config) Validate() error {
+	if c.Disabled {
+		return nil
+	}
+	var errs []error
+	req := func(ok bool, field string) {
+		if !ok {
+			errs = append(errs, fmt.Errorf("proxy: %s is required", field))
+		}
+	}
+	req(c.Listener != nil, "Listener")
+	req(c.DataDir != "", "DataDir")
+	req(c.Policy != nil, "Policy")
+	req(c.Leaves != nil, "Leaves")
+	req(c.Secrets != nil, "Secrets")
+	req(c.Upstream != nil, "Upstream")
+	req(c.UpstreamTLS != nil, "UpstreamTLS")
+	req(c.Audit != nil, "Audit")
+	req(c.Logger != nil, "Logger")
+	if c.Egress != "" && c.Egress != policy.EgressOpen && c.Egress != policy.EgressStrict {
+		errs = append(errs, fmt.Errorf("proxy: Egress %q is not %q or %q", c.Egress, policy.EgressOpen, policy.EgressStrict))
+	}
+	return errors.Join(errs...)
+}
+
+// Readiness errors.
+var (
+	ErrDisabled   = errors.New("proxy: disabled by " + KillSwitchEnv + "=off")
+	ErrNotServing = errors.New("proxy: not serving")
+	ErrClosed     = errors.New("proxy: closed")
+)
+
+// Proxy is the secrets proxy. Its methods are safe for concurrent use.
+type Proxy struct {
+	cfg Config
+	reg *registry
+
+	reverse   *httputil.ReverseProxy
+	transport *http.Transport
+	h2        *http2.Server
+
+	serving atomic.Bool
+	closed  atomic.Bool
+	done    chan struct{}
+	conns   sync.WaitGroup
+}
+
+// New builds the proxy and loads every persisted placeholder (so any task's
+// placeholder is recognised from the first request after a restart).
+func New(cfg Config) (*Proxy, error) {
+	if err := cfg.Validate(); err != nil {
+		return nil, err
+	}
+	if cfg.Clock == nil {
+		cfg.Clock = clock.Real{}
+	}
+	if cfg.Rand == nil {
+		cfg.Rand = rand.Reader
+	}
+	if cfg.Egress == "" {
+		cfg.Egress = policy.EgressStrict
+	}
+	if cfg.HandshakeTimeout == 0 {
+		cfg.HandshakeTimeout = 10 * time.Second
+	}
+	if cfg.IdleTimeout == 0 {
+		cfg.IdleTimeout = 5 * time.Minute
+	}
+	if cfg.BodyBufferLimit == 0 {
+		cfg.BodyBufferLimit = 64 << 10
+	}
+	p := &Proxy{cfg: cfg, done: make(chan struct{})}
+	if cfg.Disabled {
+		return p, nil
+	}
+	reg, err := newRegistry(placeholderStore{dir: filepath.Join(cfg.DataDir, "secrets-proxy", "placeholders")}, cfg.Rand)
+	if err != nil {
+		return nil, err
+	}
+	p.reg = reg
+	p.transport = &http.Transport{
+		Proxy:               nil, // never edge's own environment's proxy
+		DialContext:         cfg.Upstream.DialContext,
+		TLSClientConfig:     cfg.UpstreamTLS.Clone(),
+		ForceAttemptHTTP2:   true,
+		MaxIdleConns:        256,
+		MaxIdleConnsPerHost: 64,
+		IdleConnTimeout:     90 * time.Second,
+		TLSHandshakeTimeout: 10 * time.Second,
+		// The task asked for what encoding it wants; pass it through.
+		DisableCompression: true,
+	}
+	p.reverse = &httputil.ReverseProxy{
+		Rewrite:        p.rewrite,
+		Transport:      p.transport,
+		ModifyResponse: p.modifyResponse,
+		ErrorHandler:   p.upstreamError,
+		ErrorLog:       slog.NewLogLogger(cfg.Logger.Handler(), slog.LevelWarn),
+		BufferPool:     copyBuffers{},
+	}
+	p.h2 = &http2.Server{IdleTimeout: cfg.IdleTimeout}
+	return p, nil
+}
+
+// Serve accepts CONNECTs until Close. With the kill switch on it returns
+// ErrDisabled at once.
+func (p *Proxy) Serve() error {
+	if p.cfg.Disabled {
+		return ErrDisabled
+	}
+	if p.closed.Load() {
+		return ErrClosed
+	}
+	p.serving.Store(true)
+	defer p.serving.Store(false)
+	for {
+		c, err := p.cfg.Listener.Accept()
+		if err != nil {
+			if p.closed.Load() {
+				return nil
+			}
+			var ne net.Error
+			if errors.As(err, &ne) && ne.Timeout() {
+				continue
+			}
+			return fmt.Errorf("proxy: accepting: %w", err)
+		}
+		p.conns.Add(1)
+		go func() {
+			defer p.conns.Done()
+			p.serveFront(c)
+		}()
+	}
+}
+
+// Close stops accepting, closes every connection and waits for them.
+func (p *Proxy) Close() error {
+	if p.cfg.Disabled || !p.closed.CompareAndSwap(false, true) {
+		return nil
+	}
+	close(p.done)
+	err := p.cfg.Listener.Close()
+	p.reg.closeAll()
+	p.conns.Wait()
+	p.transport.CloseIdleConnections()
+	return err
+}
+
+// Ready is nil when the proxy can serve a task now: not disabled, serving,
+// and the CA ready. Admission refuses with broker_not_ready otherwise.
+func (p *Proxy) Ready() error {
+	switch {
+	case p.cfg.Disabled:
+		return ErrDisabled
+	case p.closed.Load():
+		return ErrClosed
+	case !p.serving.Load():
+		return ErrNotServing
+	}
+	if p.cfg.CAReady != nil {
+		if err := p.cfg.CAReady(); err != nil {
+			return fmt.Errorf("proxy: CA not ready: %w", err)
+		}
+	}
+	return nil
+}
+
+// Addr is where the proxy listens (nil when disabled).
+func (p *Proxy) Addr() net.Addr {
+	if p.cfg.Listener == nil {
+		return nil
+	}
+	return p.cfg.Listener.Addr()
+}
+
+// copyBuffers lends ReverseProxy its 32 KiB copy buffers from a pool instead
+// of allocating one per response.
+type copyBuffers struct{}
+
+var copyBufferPool = sync.Pool{New: func() any { b := make([]byte, 32<<10); return &b }}
+
+func (copyBuffers) Get() []byte  { return *copyBufferPool.Get().(*[]byte) }
+func (copyBuffers) Put(b []byte) { copyBufferPool.Put(&b) }

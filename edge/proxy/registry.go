@@ -1,0 +1,347 @@
+package proxy
+
+import (
+	"context"
+	"crypto/sha256"
+	"crypto/subtle"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"net/url"
+	"sort"
+	"sync"
+	"sync/atomic"
+
+	"github.com/runfleet/runfleet/edge/policy"
+	"github.com/runfleet/runfleet/shared/hostproto"
+)
+
+// ErrUnknownTask is a run id the registry does not hold.
+var ErrUnknownTask = errors.New("proxy: unknown task")
+
+// task is one registered run across its attempts.
+type task struct {
+	runID    string
+	declared []policy.Declared
+
+	// Guarded by registry.mu.
+	attempt *attempt
+}
+
+// attempt is one attempt's proxy credential and the connections made with it.
+type attempt struct {
+	task    *task
+	pwHash  [sha256.Size]byte
+	ctx     context.Context
+	cancel  context.CancelFunc
+	revoked atomic.Bool
+
+	mu    sync.Mutex
+	conns map[net.Conn]struct{}
+}
+
+// live reports whether the attempt's credential still serves.
+func (a *attempt) live() bool { return !a.revoked.Load() }
+
+// track adds a connection; false if the attempt already ended (the caller
+// closes the connection).
+func (a *attempt) track(c net.Conn) bool {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	if a.conns == nil {
+		return false
+	}
+	a.conns[c] = struct{}{}
+	return true
+}
+
+func (a *attempt) untrack(c net.Conn) {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	delete(a.conns, c)
+}
+
+// revoke ends the attempt: its credential stops working, its in-flight
+// requests are cancelled and its connections closed at once.
+func (a *attempt) revoke() {
+	a.revoked.Store(true)
+	a.cancel()
+	a.mu.Lock()
+	conns := a.conns
+	a.conns = nil
+	a.mu.Unlock()
+	for c := range conns {
+		c.Close()
+	}
+}
+
+// registry holds tasks and every task's placeholders, persisted or live.
+type registry struct {
+	store placeholderStore
+	rand  io.Reader
+
+	mu           sync.Mutex
+	tasks        map[string]*task
+	placeholders map[string]map[policy.KeyRef]string // by run id, registered or not
+	index        atomic.Pointer[index]
+}
+
+func newRegistry(store placeholderStore, rand io.Reader) (*registry, error) {
+	all, err := store.loadAll()
+	if err != nil {
+		return nil, err
+	}
+	r := &registry{store: store, rand: rand, tasks: map[string]*task{}, placeholders: all}
+	r.reindexLocked()
+	return r, nil
+}
+
+func (r *registry) reindexLocked() {
+	all := map[string]owner{}
+	for runID, m := range r.placeholders {
+		for ref, ph := range m {
+			all[ph] = owner{task: runID, ref: ref}
+		}
+	}
+	r.index.Store(newIndex(all))
+}
+
+// Register records a task and its declared secrets, and mints (or, after a
+// restart, reloads) a placeholder for each. Every declared key must be
+// granted by the policy in force, else a *policy.NotGrantedError (the run's
+// reason is key_not_granted) and nothing is registered. Registering a known
+// run id again with the same secrets is a no-op.
+func (p *Proxy) Register(runID string, declared []hostproto.Secret) error {
+	if p.cfg.Disabled {
+		return ErrDisabled
+	}
+	if err := checkRunID(runID); err != nil {
+		return err
+	}
+	decl, err := policy.ParseDeclared(declared)
+	if err != nil {
+		return fmt.Errorf("proxy: task %s: %w", runID, err)
+	}
+	pol := p.cfg.Policy.Current()
+	granted, refused := pol.Grant(decl)
+	if len(refused) > 0 {
+		return &policy.NotGrantedError{Refused: refused}
+	}
+	r := p.reg
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	existing := r.placeholders[runID]
+	m := make(map[policy.KeyRef]string, len(granted))
+	changed := false
+	for _, g := range granted {
+		if ph, ok := existing[g.Ref]; ok {
+			m[g.Ref] = ph
+			continue
+		}
+		ph, err := mintPlaceholder(r.rand, g.Placeholder)
+		if err != nil {
+			return err
+		}
+		m[g.Ref] = ph
+		changed = true
+	}
+	for ref, ph := range existing {
+		if _, ok := m[ref]; !ok {
+			m[ref] = ph // a placeholder is the task's for its whole life
+		}
+	}
+	if changed || existing == nil {
+		if err := r.store.save(runID, m); err != nil {
+			return err
+		}
+		r.placeholders[runID] = m
+		r.reindexLocked()
+	}
+	if t, ok := r.tasks[runID]; ok {
+		t.declared = decl
+		return nil
+	}
+	r.tasks[runID] = &task{runID: runID, declared: decl}
+	return nil
+}
+
+// TaskKey is what the runner puts in a task's env for one key.
+type TaskKey struct {
+	ProjectID   string
+	Key         string
+	Placeholder string
+}
+
+// TaskKeys returns the task's placeholder for each key it declared.
+func (p *Proxy) TaskKeys(runID string) ([]TaskKey, error) {
+	if p.cfg.Disabled {
+		return nil, ErrDisabled
+	}
+	r := p.reg
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	t, ok := r.tasks[runID]
+	if !ok {
+		return nil, fmt.Errorf("%w: %s", ErrUnknownTask, runID)
+	}
+	var out []TaskKey
+	for _, d := range t.declared {
+		if ph, ok := r.placeholders[runID][d.Ref]; ok {
+			out = append(out, TaskKey{ProjectID: d.Ref.Project, Key: d.Ref.Key, Placeholder: ph})
+		}
+	}
+	return out, nil
+}
+
+// ProxiedKey is one entry of RUNFLEET_PROXIED_KEYS: a key and the domains
+// it may reach now.
+type ProxiedKey struct {
+	ProjectID string   `json:"projectId"`
+	Key       string   `json:"key"`
+	Domains   []string `json:"domains"`
+}
+
+// ProxiedKeys returns the task's keys granted by the policy in force, each
+// with its domains ("name" or "name:port"), sorted.
+func (p *Proxy) ProxiedKeys(runID string) ([]ProxiedKey, error) {
+	t, err := p.task(runID)
+	if err != nil {
+		return nil, err
+	}
+	granted, _ := p.cfg.Policy.Current().Grant(t.declared)
+	out := make([]ProxiedKey, 0, len(granted))
+	for _, g := range granted {
+		k := ProxiedKey{ProjectID: g.Ref.Project, Key: g.Ref.Key}
+		for _, d := range g.Domains {
+			k.Domains = append(k.Domains, d.String())
+		}
+		sort.Strings(k.Domains)
+		out = append(out, k)
+	}
+	sort.Slice(out, func(i, j int) bool {
+		return out[i].ProjectID+"/"+out[i].Key < out[j].ProjectID+"/"+out[j].Key
+	})
+	return out, nil
+}
+
+func (p *Proxy) task(runID string) (*task, error) {
+	if p.cfg.Disabled {
+		return nil, ErrDisabled
+	}
+	p.reg.mu.Lock()
+	defer p.reg.mu.Unlock()
+	t, ok := p.reg.tasks[runID]
+	if !ok {
+		return nil, fmt.Errorf("%w: %s", ErrUnknownTask, runID)
+	}
+	return t, nil
+}
+
+// StartAttempt mints the attempt's proxy password (revoking a previous
+// attempt's) and returns the proxy URL with the credential, the value of
+// the task's HTTPS_PROXY. A stopped task is served again from here on.
+func (p *Proxy) StartAttempt(runID string) (*url.URL, error) {
+	if p.cfg.Disabled {
+		return nil, ErrDisabled
+	}
+	var raw [32]byte
+	if _, err := io.ReadFull(p.cfg.Rand, raw[:]); err != nil {
+		return nil, fmt.Errorf("proxy: minting a password: %w", err)
+	}
+	password := hex.EncodeToString(raw[:])
+	r := p.reg
+	r.mu.Lock()
+	t, ok := r.tasks[runID]
+	if !ok {
+		r.mu.Unlock()
+		return nil, fmt.Errorf("%w: %s", ErrUnknownTask, runID)
+	}
+	old := t.attempt
+	ctx, cancel := context.WithCancel(context.Background())
+	t.attempt = &attempt{task: t, pwHash: sha256.Sum256([]byte(password)), ctx: ctx, cancel: cancel, conns: map[net.Conn]struct{}{}}
+	r.mu.Unlock()
+	if old != nil {
+		old.revoke()
+	}
+	return &url.URL{Scheme: "http", User: url.UserPassword(runID, password), Host: p.cfg.Listener.Addr().String()}, nil
+}
+
+// EndAttempt revokes the current attempt's password and closes the
+// connections made with it.
+func (p *Proxy) EndAttempt(runID string) { p.revoke(runID) }
+
+// Stop closes the task's connections at once; nothing is served for it until
+// a new attempt starts. Its placeholders stay.
+func (p *Proxy) Stop(runID string) { p.revoke(runID) }
+
+func (p *Proxy) revoke(runID string) {
+	if p.cfg.Disabled {
+		return
+	}
+	r := p.reg
+	r.mu.Lock()
+	var a *attempt
+	if t, ok := r.tasks[runID]; ok {
+		a, t.attempt = t.attempt, nil
+	}
+	r.mu.Unlock()
+	if a != nil {
+		a.revoke()
+	}
+}
+
+// Drop stops the task and forgets it and its placeholders, on disk too.
+func (p *Proxy) Drop(runID string) error {
+	if p.cfg.Disabled {
+		return nil
+	}
+	p.revoke(runID)
+	r := p.reg
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	delete(r.tasks, runID)
+	if _, ok := r.placeholders[runID]; ok {
+		delete(r.placeholders, runID)
+		r.reindexLocked()
+	}
+	return r.store.remove(runID)
+}
+
+// authenticate returns the attempt a runID:password credential belongs to.
+// The password is compared in constant time (as hashes, so lengths match).
+func (r *registry) authenticate(runID, password string) *attempt {
+	given := sha256.Sum256([]byte(password))
+	r.mu.Lock()
+	t := r.tasks[runID]
+	var a *attempt
+	if t != nil {
+		a = t.attempt
+	}
+	r.mu.Unlock()
+	if a == nil || !a.live() {
+		subtle.ConstantTimeCompare(given[:], given[:]) // same work either way
+		return nil
+	}
+	if subtle.ConstantTimeCompare(given[:], a.pwHash[:]) != 1 {
+		return nil
+	}
+	return a
+}
+
+// closeAll revokes every attempt (proxy shutdown).
+func (r *registry) closeAll() {
+	r.mu.Lock()
+	var all []*attempt
+	for _, t := range r.tasks {
+		if t.attempt != nil {
+			all = append(all, t.attempt)
+			t.attempt = nil
+		}
+	}
+	r.mu.Unlock()
+	for _, a := range all {
+		a.revoke()
+	}
+}

@@ -1,0 +1,252 @@
+package proxy
+
+import (
+	"encoding/binary"
+	"io"
+	"sort"
+
+	"github.com/runfleet/runfleet/edge/policy"
+)
+
+// owner is whose a placeholder is: a task and the key it stands for.
+type owner struct {
+	task string
+	ref  policy.KeyRef
+}
+
+// anchorLen is the width of the window the scanner looks up at every byte:
+// eight bytes of a placeholder's random part, read as one uint64. Every
+// placeholder has at least policy.MinRandom random characters, so it has
+// such a window.
+const anchorLen = 8
+
+// filterBits sizes the bitset that rejects almost every window before the
+// map is consulted (2^20 bits = 128 KiB, shared by all scans).
+const filterBits = 20
+
+type indexEntry struct {
+	placeholder string
+	anchorOff   int // where the anchor starts inside the placeholder
+	owner       owner
+}
+
+// index finds the known placeholders of every task in bytes. It is
+// immutable; the registry swaps in a new one when placeholders change, and a
+// request keeps the one it started with.
+type index struct {
+	byAnchor map[uint64][]indexEntry
+	filter   []uint64
+	maxLen   int
+}
+
+func newIndex(all map[string]owner) *index {
+	ix := &index{byAnchor: make(map[uint64][]indexEntry, len(all)), filter: make([]uint64, 1<<filterBits/64)}
+	for ph, o := range all {
+		off := randomStart(ph)
+		if len(ph)-off < anchorLen {
+			continue // cannot happen for a policy-shaped placeholder
+		}
+		w := binary.LittleEndian.Uint64([]byte(ph[off : off+anchorLen]))
+		ix.byAnchor[w] = append(ix.byAnchor[w], indexEntry{ph, off, o})
+		h := filterSlot(w)
+		ix.filter[h>>6] |= 1 << (h & 63)
+		ix.maxLen = max(ix.maxLen, len(ph))
+	}
+	return ix
+}
+
+// randomStart is where a placeholder's random letters and digits begin: past
+// its prefix, whose last character is not alphanumeric (or which is empty).
+// For a prefix ending in a letter or digit the anchor sits on the prefix's
+// tail; that is still a fixed window of this placeholder, which is all the
+// scanner needs.
+func randomStart(ph string) int {
+	for i := len(ph) - 1; i >= 0; i-- {
+		if !isAlnum(ph[i]) {
+			return i + 1
+		}
+	}
+	return 0
+}
+
+func filterSlot(w uint64) uint64 { return (w * 0x9E3779B97F4A7C15) >> (64 - filterBits) }
+
+func isAlnum(c byte) bool {
+	return c >= '0' && c <= '9' || c >= 'a' && c <= 'z' || c >= 'A' && c <= 'Z'
+}
+
+// placeholderByte is a byte that may occur in a placeholder: letters, digits
+// and the prefix punctuation the policy allows.
+func placeholderByte(c byte) bool { return isAlnum(c) || c == '-' || c == '_' || c == '.' }
+
+type match struct {
+	start, end int
+	owner      owner
+}
+
+// find reports every occurrence of a known placeholder in b, by start.
+func (ix *index) find(b []byte) []match {
+	var out []match
+	if ix == nil || len(ix.byAnchor) == 0 {
+		return nil
+	}
+	filter := ix.filter
+	for i := 0; i+anchorLen <= len(b); i++ {
+		w := binary.LittleEndian.Uint64(b[i:])
+		h := filterSlot(w)
+		if filter[h>>6]&(1<<(h&63)) == 0 {
+			continue
+		}
+		for _, e := range ix.byAnchor[w] {
+			start := i - e.anchorOff
+			end := start + len(e.placeholder)
+			if start >= 0 && end <= len(b) && string(b[start:end]) == e.placeholder {
+				out = append(out, match{start, end, e.owner})
+			}
+		}
+	}
+	if len(out) > 1 {
+		sort.SliceStable(out, func(i, j int) bool { return out[i].start < out[j].start })
+	}
+	return out
+}
+
+// substituter decides one occurrence found at loc and returns the bytes to
+// put in its place, or an error that stops the request (blocked, withheld,
+// or a fault). It is the request pipeline's, bound to one request.
+type substituter func(o owner, loc policy.Location) (string, error)
+
+// rewrite replaces every placeholder in b: every occurrence is decided,
+// overlapping ones included, before anything is replaced, so one blocked
+// occurrence blocks the whole request. It returns b itself when nothing was
+// found, and how many occurrences were replaced.
+func (ix *index) rewrite(b []byte, loc policy.Location, sub substituter) ([]byte, int, error) {
+	ms := ix.find(b)
+	if len(ms) == 0 {
+		return b, 0, nil
+	}
+	values := make([]string, len(ms))
+	for i, m := range ms {
+		v, err := sub(m.owner, loc)
+		if err != nil {
+			return nil, 0, err
+		}
+		values[i] = v
+	}
+	out := make([]byte, 0, len(b)+64)
+	pos, n := 0, 0
+	for i, m := range ms {
+		if m.start < pos {
+			continue // overlaps one already replaced
+		}
+		out = append(out, b[pos:m.start]...)
+		out = append(out, values[i]...)
+		pos = m.end
+		n++
+	}
+	return append(out, b[pos:]...), n, nil
+}
+
+// bodyChunk is how much of a body is read at a time.
+const bodyChunk = 32 << 10
+
+// bodyScanner streams a request body through the index with a bounded
+// window: it holds back only the trailing bytes that could begin a
+// placeholder (at most the longest placeholder less one), so a placeholder
+// split across reads is still found, memory stays bounded and a streamed
+// upload is not delayed more than that.
+type bodyScanner struct {
+	src  io.Reader
+	ix   *index
+	sub  substituter
+	loc  policy.Location
+	buf  []byte // unscanned bytes, the held-back tail first
+	out  []byte // scanned bytes ready for Read
+	err  error  // from src, reported once buf and out are drained
+	fail error  // a decision that stops the request
+	n    int    // occurrences replaced
+	read int64  // bytes read from src
+}
+
+func newBodyScanner(src io.Reader, ix *index, sub substituter) *bodyScanner {
+	return &bodyScanner{src: src, ix: ix, sub: sub, loc: policy.InBody}
+}
+
+func (s *bodyScanner) Read(p []byte) (int, error) {
+	for len(s.out) == 0 {
+		if s.fail != nil {
+			return 0, s.fail
+		}
+		if s.err != nil && len(s.buf) == 0 {
+			return 0, s.err
+		}
+		if s.err == nil {
+			s.fill()
+		}
+		s.scan()
+	}
+	n := copy(p, s.out)
+	s.out = s.out[n:]
+	return n, nil
+}
+
+func (s *bodyScanner) fill() {
+	if cap(s.buf)-len(s.buf) < bodyChunk/2 {
+		grown := make([]byte, len(s.buf), len(s.buf)+bodyChunk)
+		copy(grown, s.buf)
+		s.buf = grown
+	}
+	n, err := s.src.Read(s.buf[len(s.buf):cap(s.buf)])
+	s.buf = s.buf[:len(s.buf)+n]
+	s.read += int64(n)
+	if err != nil {
+		s.err = err
+	}
+}
+
+// scan moves every byte of buf that cannot be part of an unfinished
+// placeholder to out, replaced as decided.
+func (s *bodyScanner) scan() {
+	limit := len(s.buf)
+	if s.err == nil {
+		hold := 0
+		for hold < len(s.buf) && hold < s.ix.maxLen-1 && placeholderByte(s.buf[len(s.buf)-1-hold]) {
+			hold++
+		}
+		limit -= hold
+	}
+	ms := s.ix.find(s.buf)
+	// Decide every complete occurrence, even one in the held-back tail: a
+	// block must stop the body before any of it goes on.
+	values := make([]string, len(ms))
+	for i, m := range ms {
+		v, err := s.sub(m.owner, s.loc)
+		if err != nil {
+			s.fail = err
+			s.out = nil
+			return
+		}
+		values[i] = v
+	}
+	out := s.out[:0]
+	pos := 0
+	for i, m := range ms {
+		if m.start >= limit {
+			break // decided; replaced when its turn comes
+		}
+		if m.start < pos {
+			continue
+		}
+		out = append(out, s.buf[pos:m.start]...)
+		out = append(out, values[i]...)
+		pos = m.end
+		s.n++
+	}
+	if pos < limit {
+		out = append(out, s.buf[pos:limit]...)
+		pos = limit
+	}
+	s.out = out
+	rest := copy(s.buf, s.buf[pos:])
+	s.buf = s.buf[:rest]
+}
