@@ -272,10 +272,10 @@ func (r *Runner) Agents() []string {
 // InsecureSameUser reports whether tasks run as edge's own user.
 func (r *Runner) InsecureSameUser() bool { return r.sameUser }
 
-// ExecRequire reports whether admission enforces the broker: true whenever
-// the runner can run tasks at all, since every run that declares secrets
-// passes admission.
-func (r *Runner) ExecRequire() bool { return r.identityErr == nil }
+// Usable returns nil when the runner can run tasks: as runner.user, or as
+// edge itself where runner.insecureSameUser allows it; else why not (every
+// run is then refused host_unavailable).
+func (r *Runner) Usable() error { return r.identityErr }
 
 // Draining reports whether the host admits nothing new.
 func (r *Runner) Draining() bool {

@@ -1,0 +1,362 @@
+// Package hostapi owns edge's host API: the routes of DESIGN.md's host
+// protocol that Fleet calls, over the runner. Every route, /healthz
+// included, takes the host credential as a bearer token, compared in
+// constant time. Errors are hostproto.ErrorBody, mapped from the runner's
+// error kinds in one place (errorAnswer); a fault is logged and answered
+// 500 with a generic message.
+package hostapi
+
+import (
+	"crypto/sha256"
+	"crypto/subtle"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"net/http"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/promhttp"
+
+	"github.com/runfleet/runfleet/edge/runner"
+	"github.com/runfleet/runfleet/shared/clock"
+	"github.com/runfleet/runfleet/shared/hostproto"
+	"github.com/runfleet/runfleet/shared/version"
+)
+
+// maxBodyBytes bounds a request body: a start with its prompt and env, or
+// one input.
+const maxBodyBytes = 1 << 20
+
+// Log field names.
+const (
+	fieldMethod   = "method"
+	fieldRoute    = "route"
+	fieldStatus   = "status"
+	fieldCode     = "code"
+	fieldDuration = "durationMs"
+	fieldError    = "error"
+)
+
+// Config configures the API.
+type Config struct {
+	// Runner serves the run routes. Required.
+	Runner *runner.Runner
+	// Token is the host credential Fleet presents. Required.
+	Token string
+	// SecretsProxy reports nil when the secrets proxy is up and not killed
+	// (features.secretsProxy); nil means this edge has no proxy.
+	SecretsProxy func() error
+	// CA dates the proxy's CA for /healthz; nil omits it.
+	CA func() *hostproto.CAInfo
+	// Gatherer is served at /metrics; nil serves an empty registry.
+	Gatherer prometheus.Gatherer
+	// Logger gets one line per request; default discards. Never the token.
+	Logger *slog.Logger
+	// Clock times requests; default the real clock.
+	Clock clock.Clock
+}
+
+// API is the host API's handler.
+type API struct {
+	cfg       Config
+	tokenHash [sha256.Size]byte
+	mux       *http.ServeMux
+	log       *slog.Logger
+	clock     clock.Clock
+}
+
+var _ http.Handler = (*API)(nil)
+
+// New builds the API.
+func New(cfg Config) (*API, error) {
+	if cfg.Runner == nil {
+		return nil, errors.New("hostapi: Runner is required")
+	}
+	if cfg.Token == "" {
+		return nil, errors.New("hostapi: Token is required")
+	}
+	if cfg.Logger == nil {
+		cfg.Logger = slog.New(slog.DiscardHandler)
+	}
+	if cfg.Clock == nil {
+		cfg.Clock = clock.Real{}
+	}
+	if cfg.Gatherer == nil {
+		cfg.Gatherer = prometheus.NewRegistry()
+	}
+	a := &API{cfg: cfg, tokenHash: sha256.Sum256([]byte(cfg.Token)), mux: http.NewServeMux(), log: cfg.Logger, clock: cfg.Clock}
+	a.mux.HandleFunc("GET /healthz", a.health)
+	a.mux.HandleFunc("POST /runs", a.start)
+	a.mux.HandleFunc("GET /runs", a.find)
+	a.mux.HandleFunc("GET /runs/{id}", a.get)
+	a.mux.HandleFunc("GET /runs/{id}/events", a.events)
+	a.mux.HandleFunc("POST /runs/{id}/input", a.input)
+	a.mux.HandleFunc("POST /runs/{id}/cancel", a.cancel)
+	a.mux.HandleFunc("POST /runs/{id}/retry", a.retry)
+	a.mux.HandleFunc("POST /host/drain", a.drain)
+	a.mux.HandleFunc("POST /host/resume", a.resume)
+	a.mux.Handle("GET /metrics", promhttp.HandlerFor(cfg.Gatherer, promhttp.HandlerOpts{ErrorLog: slog.NewLogLogger(cfg.Logger.Handler(), slog.LevelError)}))
+	a.mux.HandleFunc("/", func(w http.ResponseWriter, r *http.Request) {
+		writeJSON(w, http.StatusNotFound, hostproto.ErrorBody{Error: "no route " + r.Method + " " + r.URL.Path})
+	})
+	return a, nil
+}
+
+// ServeHTTP checks the bearer token, then routes; it logs one line per
+// request.
+func (a *API) ServeHTTP(w http.ResponseWriter, r *http.Request) {
+	begun := a.clock.Now()
+	rec := &statusRecorder{ResponseWriter: w, status: http.StatusOK}
+	if a.authorized(r) {
+		a.mux.ServeHTTP(rec, r)
+	} else {
+		writeJSON(rec, http.StatusUnauthorized, hostproto.ErrorBody{Error: "missing or wrong host credential", Code: hostproto.CodeUnauthorized})
+	}
+	_, route := a.mux.Handler(r)
+	a.log.Info("host api", fieldMethod, r.Method, fieldRoute, route, fieldStatus, rec.status, fieldCode, rec.code,
+		fieldDuration, a.clock.Now().Sub(begun).Milliseconds())
+}
+
+// authorized compares the bearer token with the host credential in
+// constant time (as SHA-256 digests, so lengths leak nothing either).
+func (a *API) authorized(r *http.Request) bool {
+	token, ok := strings.CutPrefix(r.Header.Get("Authorization"), "Bearer ")
+	given := sha256.Sum256([]byte(token))
+	match := subtle.ConstantTimeCompare(given[:], a.tokenHash[:]) == 1
+	return ok && match
+}
+
+func (a *API) health(w http.ResponseWriter, _ *http.Request) {
+	h := hostproto.Health{
+		OK:               a.cfg.Runner.Usable() == nil,
+		Draining:         a.cfg.Runner.Draining(),
+		Version:          version.Version,
+		Agents:           a.cfg.Runner.Agents(),
+		InsecureSameUser: a.cfg.Runner.InsecureSameUser(),
+		Features: hostproto.Features{
+			SecretsProxy: a.cfg.SecretsProxy != nil && a.cfg.SecretsProxy() == nil,
+			// Admission always enforces the broker for a run that declares
+			// secrets (package runner), whatever the proxy's state.
+			ExecRequire: true,
+		},
+	}
+	if a.cfg.CA != nil {
+		h.CA = a.cfg.CA()
+	}
+	writeJSON(w, http.StatusOK, h)
+}
+
+func (a *API) start(w http.ResponseWriter, r *http.Request) {
+	var req hostproto.StartRequest
+	if err := decodeBody(w, r, &req); err != nil {
+		a.fail(w, err)
+		return
+	}
+	run, err := a.cfg.Runner.Start(req)
+	if err != nil {
+		a.fail(w, err)
+		return
+	}
+	status := http.StatusCreated
+	if run.Reused {
+		status = http.StatusOK
+	}
+	writeJSON(w, status, run)
+}
+
+func (a *API) find(w http.ResponseWriter, r *http.Request) {
+	token := r.URL.Query().Get("clientToken")
+	if token == "" {
+		a.fail(w, &runner.RequestError{Field: "clientToken", Message: "the query parameter is required"})
+		return
+	}
+	runs, err := a.cfg.Runner.FindByClientToken(token)
+	if err != nil {
+		a.fail(w, err)
+		return
+	}
+	writeJSON(w, http.StatusOK, hostproto.RunList{Runs: runs})
+}
+
+func (a *API) get(w http.ResponseWriter, r *http.Request) {
+	a.answerRun(w, http.StatusOK)(a.cfg.Runner.Get(r.PathValue("id")))
+}
+
+func (a *API) events(w http.ResponseWriter, r *http.Request) {
+	q := r.URL.Query()
+	after, err := nonNegative(q, "after")
+	if err != nil {
+		a.fail(w, err)
+		return
+	}
+	limit, err := nonNegative(q, "limit")
+	if err != nil {
+		a.fail(w, err)
+		return
+	}
+	page, err := a.cfg.Runner.Events(r.PathValue("id"), after, int(min(limit, runner.MaxEventPage)))
+	if err != nil {
+		a.fail(w, err)
+		return
+	}
+	writeJSON(w, http.StatusOK, page)
+}
+
+func (a *API) input(w http.ResponseWriter, r *http.Request) {
+	var in hostproto.InputRequest
+	if err := decodeBody(w, r, &in); err != nil {
+		a.fail(w, err)
+		return
+	}
+	if in.Input == nil {
+		a.fail(w, &runner.RequestError{Field: "input", Message: "is required (any JSON value, null included)"})
+		return
+	}
+	a.answerRun(w, http.StatusOK)(a.cfg.Runner.Input(r.PathValue("id"), in.Input))
+}
+
+func (a *API) cancel(w http.ResponseWriter, r *http.Request) {
+	a.answerRun(w, http.StatusOK)(a.cfg.Runner.Cancel(r.PathValue("id")))
+}
+
+func (a *API) retry(w http.ResponseWriter, r *http.Request) {
+	a.answerRun(w, http.StatusOK)(a.cfg.Runner.Retry(r.PathValue("id")))
+}
+
+// drainState is the answer of /host/drain and /host/resume.
+type drainState struct {
+	Draining bool `json:"draining"`
+}
+
+func (a *API) drain(w http.ResponseWriter, _ *http.Request) {
+	a.cfg.Runner.Drain()
+	writeJSON(w, http.StatusOK, drainState{Draining: true})
+}
+
+func (a *API) resume(w http.ResponseWriter, _ *http.Request) {
+	a.cfg.Runner.Resume()
+	writeJSON(w, http.StatusOK, drainState{Draining: false})
+}
+
+func (a *API) answerRun(w http.ResponseWriter, status int) func(hostproto.Run, error) {
+	return func(run hostproto.Run, err error) {
+		if err != nil {
+			a.fail(w, err)
+			return
+		}
+		writeJSON(w, status, run)
+	}
+}
+
+// fail answers err as errorAnswer maps it, logging a fault.
+func (a *API) fail(w http.ResponseWriter, err error) {
+	status, body := errorAnswer(err)
+	if status == http.StatusInternalServerError {
+		a.log.Error("host api fault", fieldError, err.Error())
+	}
+	if rec, ok := w.(*statusRecorder); ok {
+		rec.code = body.Code
+	}
+	writeJSON(w, status, body)
+}
+
+// errorAnswer is the one place the runner's error kinds become statuses and
+// codes.
+func errorAnswer(err error) (int, hostproto.ErrorBody) {
+	var reqErr *runner.RequestError
+	var refusal *runner.Refusal
+	var tooBig *http.MaxBytesError
+	switch {
+	case errors.As(err, &tooBig):
+		return http.StatusRequestEntityTooLarge, hostproto.ErrorBody{Error: fmt.Sprintf("the request body is larger than %d bytes", tooBig.Limit), Code: hostproto.CodeBadRequest}
+	case errors.As(err, &reqErr):
+		return http.StatusBadRequest, hostproto.ErrorBody{Error: reqErr.Error(), Code: hostproto.CodeBadRequest}
+	case errors.Is(err, runner.ErrNotFound):
+		return http.StatusNotFound, hostproto.ErrorBody{Error: "no such run on this host", Code: hostproto.CodeRunNotFound}
+	case errors.Is(err, runner.ErrNotRunning):
+		return http.StatusConflict, hostproto.ErrorBody{Error: "the run has no live attempt", Code: hostproto.CodeNotRunning}
+	case errors.Is(err, runner.ErrNotRetryable):
+		return http.StatusConflict, hostproto.ErrorBody{Error: "the run's attempt is still live", Code: hostproto.CodeNotRetryable}
+	case errors.Is(err, runner.ErrDraining):
+		return http.StatusConflict, hostproto.ErrorBody{Error: "the host is draining and admits nothing new", Code: hostproto.CodeDraining}
+	case errors.As(err, &refusal):
+		return http.StatusConflict, hostproto.ErrorBody{Error: refusal.Error(), Code: refusal.Reason}
+	}
+	return http.StatusInternalServerError, hostproto.ErrorBody{Error: "internal error"}
+}
+
+// decodeBody reads a JSON body of at most maxBodyBytes into v. Unknown
+// fields are allowed, so a newer Fleet can talk to this edge.
+func decodeBody(w http.ResponseWriter, r *http.Request, v any) error {
+	body := http.MaxBytesReader(w, r.Body, maxBodyBytes)
+	dec := json.NewDecoder(body)
+	if err := dec.Decode(v); err != nil {
+		var tooBig *http.MaxBytesError
+		if errors.As(err, &tooBig) {
+			return err
+		}
+		if errors.Is(err, io.EOF) {
+			return &runner.RequestError{Field: "body", Message: "is empty; a JSON object is required"}
+		}
+		return &runner.RequestError{Field: "body", Message: "is not the expected JSON: " + err.Error()}
+	}
+	return nil
+}
+
+// nonNegative reads an optional non-negative integer query parameter.
+func nonNegative(q map[string][]string, name string) (int64, error) {
+	vals := q[name]
+	if len(vals) == 0 || vals[0] == "" {
+		return 0, nil
+	}
+	n, err := strconv.ParseInt(vals[0], 10, 64)
+	if err != nil || n < 0 {
+		return 0, &runner.RequestError{Field: name, Message: fmt.Sprintf("%q is not a non-negative integer", vals[0])}
+	}
+	return n, nil
+}
+
+func writeJSON(w http.ResponseWriter, status int, v any) {
+	w.Header().Set("Content-Type", "application/json")
+	w.Header().Set("Cache-Control", "no-store")
+	w.WriteHeader(status)
+	_ = json.NewEncoder(w).Encode(v)
+}
+
+// statusRecorder keeps the status and error code for the request's log line.
+type statusRecorder struct {
+	http.ResponseWriter
+	status int
+	code   string
+}
+
+func (s *statusRecorder) WriteHeader(code int) {
+	s.status = code
+	s.ResponseWriter.WriteHeader(code)
+}
+
+// Unwrap lets http.ResponseController reach the connection.
+func (s *statusRecorder) Unwrap() http.ResponseWriter { return s.ResponseWriter }
+
+// ServerTimeouts are the host API server's: a slow or idle client cannot
+// hold a connection forever.
+var ServerTimeouts = struct {
+	ReadHeader, Read, Write, Idle time.Duration
+}{ReadHeader: 10 * time.Second, Read: 30 * time.Second, Write: 60 * time.Second, Idle: 2 * time.Minute}
+
+// NewServer returns the http.Server for the API with those timeouts.
+func NewServer(h http.Handler, log *slog.Logger) *http.Server {
+	return &http.Server{
+		Handler:           h,
+		ReadHeaderTimeout: ServerTimeouts.ReadHeader,
+		ReadTimeout:       ServerTimeouts.Read,
+		WriteTimeout:      ServerTimeouts.Write,
+		IdleTimeout:       ServerTimeouts.Idle,
+		ErrorLog:          slog.NewLogLogger(log.Handler(), slog.LevelWarn),
+	}
+}

@@ -1,0 +1,445 @@
+package hostapi
+
+import (
+	"context"
+	"encoding/json"
+	"encoding/pem"
+	"errors"
+	"fmt"
+	"io"
+	"net/http"
+	"net/http/httptest"
+	"os"
+	"path/filepath"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/runfleet/runfleet/edge/config"
+	"github.com/runfleet/runfleet/edge/runlog"
+	"github.com/runfleet/runfleet/edge/runner"
+	"github.com/runfleet/runfleet/shared/hostproto"
+)
+
+const token = "host-credential-for-tests"
+
+type edge struct {
+	t      *testing.T
+	dbPath string
+	work   string
+	proxy  error
+	runs   *runlog.Log
+	runner *runner.Runner
+	srv    *httptest.Server
+	client *hostproto.Client
+}
+
+// traversableDir is a temp dir that nobody (the task user) can enter.
+func traversableDir(t *testing.T) string {
+	t.Helper()
+	dir := t.TempDir()
+	for p := dir; p != "/" && p != os.TempDir(); p = filepath.Dir(p) {
+		if err := os.Chmod(p, 0o755); err != nil {
+			t.Fatal(err)
+		}
+	}
+	return dir
+}
+
+func newEdge(t *testing.T) *edge {
+	t.Helper()
+	if os.Geteuid() != 0 {
+		t.Fatal("these tests start tasks as nobody and must run as root (as in CI)")
+	}
+	e := &edge{t: t, dbPath: filepath.Join(t.TempDir(), "runs.db"), work: filepath.Join(traversableDir(t), "work")}
+	e.up()
+	return e
+}
+
+// up starts edge (again): the run log, the runner, and the API over real TLS.
+func (e *edge) up() {
+	e.t.Helper()
+	runs, err := runlog.Open(e.dbPath)
+	if err != nil {
+		e.t.Fatal(err)
+	}
+	r, err := runner.New(runner.Config{
+		Agents:  map[string]config.Agent{"shell": {Argv: []string{"sh", "-c", "{prompt}"}}},
+		WorkDir: e.work,
+	}, runs, nil, nil)
+	if err != nil {
+		e.t.Fatal(err)
+	}
+	reg := prometheus.NewRegistry()
+	reg.MustRegister(r.Collectors()...)
+	api, err := New(Config{
+		Runner:       r,
+		Token:        token,
+		SecretsProxy: func() error { return e.proxy },
+		CA:           func() *hostproto.CAInfo { return &hostproto.CAInfo{NotAfter: time.Date(2027, 1, 1, 0, 0, 0, 0, time.UTC)} },
+		Gatherer:     reg,
+	})
+	if err != nil {
+		e.t.Fatal(err)
+	}
+	srv := httptest.NewUnstartedServer(api)
+	srv.StartTLS()
+	caPEM := pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: srv.Certificate().Raw})
+	client, err := hostproto.NewClient(hostproto.ClientConfig{BaseURL: srv.URL, Token: token, CAPEM: string(caPEM)})
+	if err != nil {
+		e.t.Fatal(err)
+	}
+	e.runs, e.runner, e.srv, e.client = runs, r, srv, client
+	e.t.Cleanup(e.down)
+}
+
+func (e *edge) down() {
+	if e.srv == nil {
+		return
+	}
+	e.srv.Close()
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	e.runner.Shutdown(ctx, 0)
+	e.runs.Close()
+	e.srv = nil
+}
+
+var ctx = context.Background()
+
+func (e *edge) start(prompt string) hostproto.Run {
+	e.t.Helper()
+	run, err := e.client.Start(ctx, hostproto.StartRequest{ClientToken: fmt.Sprintf("t-%d", time.Now().UnixNano()), Agent: "shell", Prompt: prompt})
+	if err != nil {
+		e.t.Fatal(err)
+	}
+	return run
+}
+
+// waitStatus polls the API (a real process is being waited for) until the
+// run's status satisfies done.
+func (e *edge) waitStatus(runID string, done func(hostproto.Run) bool) hostproto.Run {
+	e.t.Helper()
+	deadline := time.Now().Add(20 * time.Second)
+	for {
+		run, err := e.client.Get(ctx, runID)
+		if err != nil {
+			e.t.Fatal(err)
+		}
+		if done(run) {
+			return run
+		}
+		if time.Now().After(deadline) {
+			e.t.Fatalf("run %s stuck at %+v", runID, run)
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+}
+
+func ended(run hostproto.Run) bool { return hostproto.TerminalStatus(run.Status) }
+
+func (e *edge) allEvents(runID string, pageSize int) []hostproto.Event {
+	e.t.Helper()
+	var all []hostproto.Event
+	after := int64(0)
+	for {
+		page, err := e.client.Events(ctx, runID, after, pageSize)
+		if err != nil {
+			e.t.Fatal(err)
+		}
+		all = append(all, page.Events...)
+		after = page.NextCursor
+		if !page.HasMore {
+			return all
+		}
+	}
+}
+
+func outputOf(events []hostproto.Event) string {
+	var b strings.Builder
+	for _, ev := range events {
+		if ev.Type == hostproto.EventOutput {
+			var s string
+			json.Unmarshal(ev.Data, &s)
+			b.WriteString(s)
+		}
+	}
+	return b.String()
+}
+
+func TestEveryRouteRequiresTheBearerToken(t *testing.T) {
+	e := newEdge(t)
+	routes := []struct{ method, path string }{
+		{"GET", "/healthz"}, {"POST", "/runs"}, {"GET", "/runs?clientToken=x"}, {"GET", "/runs/x"},
+		{"GET", "/runs/x/events"}, {"POST", "/runs/x/input"}, {"POST", "/runs/x/cancel"}, {"POST", "/runs/x/retry"},
+		{"POST", "/host/drain"}, {"POST", "/host/resume"}, {"GET", "/metrics"}, {"GET", "/nowhere"},
+	}
+	for _, rt := range routes {
+		for _, auth := range []string{"", "Bearer wrong", "Bearer " + token + "x", token} {
+			req, _ := http.NewRequest(rt.method, e.srv.URL+rt.path, strings.NewReader("{}"))
+			if auth != "" {
+				req.Header.Set("Authorization", auth)
+			}
+			resp, err := e.srv.Client().Do(req)
+			if err != nil {
+				t.Fatal(err)
+			}
+			var body hostproto.ErrorBody
+			json.NewDecoder(resp.Body).Decode(&body)
+			resp.Body.Close()
+			if resp.StatusCode != http.StatusUnauthorized || body.Code != hostproto.CodeUnauthorized {
+				t.Errorf("%s %s with %q answered %d %+v, want 401 unauthorized", rt.method, rt.path, auth, resp.StatusCode, body)
+			}
+		}
+	}
+	if !e.runner.Idle() || e.runner.Draining() {
+		t.Fatal("an unauthenticated request had an effect")
+	}
+}
+
+func TestHealthReportsFeaturesAsTheyAre(t *testing.T) {
+	e := newEdge(t)
+	h, err := e.client.Health(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !h.OK || h.Draining || !h.Features.SecretsProxy || !h.Features.ExecRequire || fmt.Sprint(h.Agents) != "[shell]" || h.CA == nil || h.InsecureSameUser {
+		t.Fatalf("health %+v", h)
+	}
+	e.proxy = errors.New("killed")
+	if h, _ = e.client.Health(ctx); h.Features.SecretsProxy {
+		t.Fatalf("health with the proxy down still reports secretsProxy: %+v", h)
+	}
+	if err := e.client.Drain(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if h, _ = e.client.Health(ctx); !h.Draining {
+		t.Fatal("health does not report draining")
+	}
+}
+
+func TestRunLifecycleThroughTheClient(t *testing.T) {
+	e := newEdge(t)
+	run := e.start(`read line; echo "said:$line"`)
+	if run.Status != hostproto.StatusAdmitted || run.Attempt != 1 {
+		t.Fatalf("start answered %+v", run)
+	}
+	e.waitStatus(run.RunID, func(r hostproto.Run) bool { return r.Status == hostproto.StatusRunning })
+	answer, err := e.client.Input(ctx, run.RunID, json.RawMessage(`"hello"`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	var echoed hostproto.Run
+	if json.Unmarshal(answer, &echoed); echoed.RunID != run.RunID {
+		t.Fatalf("input answered %s", answer)
+	}
+	end := e.waitStatus(run.RunID, ended)
+	if end.Status != hostproto.StatusSucceeded || *end.ExitCode != 0 {
+		t.Fatalf("run ended %+v", end)
+	}
+	if out := outputOf(e.allEvents(run.RunID, 0)); !strings.Contains(out, "said:hello") {
+		t.Fatalf("output %q", out)
+	}
+	if _, err := e.client.Cancel(ctx, run.RunID); !hasCode(err, http.StatusConflict, hostproto.CodeNotRunning) {
+		t.Fatalf("cancel of an ended run = %v", err)
+	}
+	if _, err := e.client.Input(ctx, run.RunID, json.RawMessage(`1`)); !hasCode(err, http.StatusConflict, hostproto.CodeNotRunning) {
+		t.Fatalf("input to an ended run = %v", err)
+	}
+	again, err := e.client.Retry(ctx, run.RunID)
+	if err != nil || again.Attempt != 2 {
+		t.Fatalf("retry = %+v, %v", again, err)
+	}
+	if _, err := e.client.Retry(ctx, run.RunID); !hasCode(err, http.StatusConflict, hostproto.CodeNotRetryable) {
+		t.Fatalf("retry of a live attempt = %v", err)
+	}
+	e.client.Cancel(ctx, run.RunID)
+	end = e.waitStatus(run.RunID, ended)
+	if end.Attempt != 2 || end.Status != hostproto.StatusCanceled {
+		t.Fatalf("canceled retry ended %+v", end)
+	}
+	if _, err := e.client.Get(ctx, "run-nope"); !errors.Is(err, hostproto.ErrRunNotFound) {
+		t.Fatalf("get of an unknown run = %v", err)
+	}
+	found, ok, err := e.client.FindByClientToken(ctx, run.ClientToken)
+	if err != nil || !ok || found.RunID != run.RunID {
+		t.Fatalf("find by client token = %+v %v %v", found, ok, err)
+	}
+	if _, ok, err := e.client.FindByClientToken(ctx, "unknown"); err != nil || ok {
+		t.Fatalf("find of an unknown token = %v %v", ok, err)
+	}
+}
+
+func TestConcurrentStartsWithOneClientTokenStartOneProcess(t *testing.T) {
+	e := newEdge(t)
+	marker := filepath.Join(traversableDir(t), "starts")
+	os.Chmod(filepath.Dir(marker), 0o777)
+	req := hostproto.StartRequest{ClientToken: "one-token", Agent: "shell", Prompt: "echo started >> " + marker}
+	var wg sync.WaitGroup
+	answers := make([]hostproto.Run, 20)
+	errs := make([]error, 20)
+	for i := range 20 {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			answers[i], errs[i] = e.client.Start(ctx, req)
+		}()
+	}
+	wg.Wait()
+	fresh := 0
+	for i, a := range answers {
+		if errs[i] != nil {
+			t.Fatal(errs[i])
+		}
+		if a.RunID != answers[0].RunID {
+			t.Fatalf("starts with one client token answered runs %s and %s", answers[0].RunID, a.RunID)
+		}
+		if !a.Reused {
+			fresh++
+		}
+	}
+	if fresh != 1 {
+		t.Fatalf("%d answers were 201 (new), want exactly 1", fresh)
+	}
+	e.waitStatus(answers[0].RunID, ended)
+	b, _ := os.ReadFile(marker)
+	if got := strings.Count(string(b), "started"); got != 1 {
+		t.Fatalf("the task's process ran %d times", got)
+	}
+	metrics, _ := e.client.Metrics(ctx)
+	if !strings.Contains(string(metrics), "edge_task_processes_started_total 1\n") {
+		t.Fatalf("metrics do not show one process started:\n%s", metrics)
+	}
+}
+
+func TestStartAfterItsDeadlineIsRefused(t *testing.T) {
+	e := newEdge(t)
+	past := time.Now().Add(-time.Minute)
+	_, err := e.client.Start(ctx, hostproto.StartRequest{ClientToken: "late", Agent: "shell", Prompt: "true", Deadline: &past})
+	if !hasCode(err, http.StatusConflict, hostproto.CodeDeadlinePassed) {
+		t.Fatalf("late start = %v, want 409 deadline_passed", err)
+	}
+	if _, ok, _ := e.client.FindByClientToken(ctx, "late"); ok {
+		t.Fatal("the refused start left a run")
+	}
+	if !e.runner.Idle() {
+		t.Fatal("the refused start holds a slot")
+	}
+}
+
+func TestDrainAndResume(t *testing.T) {
+	e := newEdge(t)
+	if err := e.client.Drain(ctx); err != nil {
+		t.Fatal(err)
+	}
+	_, err := e.client.Start(ctx, hostproto.StartRequest{ClientToken: "d", Agent: "shell", Prompt: "true"})
+	if !hasCode(err, http.StatusConflict, hostproto.CodeDraining) {
+		t.Fatalf("start while draining = %v", err)
+	}
+	if err := e.client.Resume(ctx); err != nil {
+		t.Fatal(err)
+	}
+	run := e.start("true")
+	if end := e.waitStatus(run.RunID, ended); end.Status != hostproto.StatusSucceeded {
+		t.Fatalf("run after resume %+v", end)
+	}
+}
+
+func TestEventsPageByCursorAcrossARestart(t *testing.T) {
+	e := newEdge(t)
+	run := e.start(`for i in $(seq 1 30); do echo line-$i; sleep 0.001; done`)
+	e.waitStatus(run.RunID, ended)
+	before := e.allEvents(run.RunID, 7)
+	// Read part of the log, restart edge, and carry on from the cursor.
+	first, err := e.client.Events(ctx, run.RunID, 0, 5)
+	if err != nil || len(first.Events) != 5 || !first.HasMore || first.NextCursor != 5 {
+		t.Fatalf("first page %+v %v", first, err)
+	}
+	e.down()
+	e.up()
+	rest := []hostproto.Event{}
+	after := first.NextCursor
+	for {
+		page, err := e.client.Events(ctx, run.RunID, after, 4)
+		if err != nil {
+			t.Fatal(err)
+		}
+		rest = append(rest, page.Events...)
+		after = page.NextCursor
+		if !page.HasMore {
+			break
+		}
+	}
+	got := append(first.Events, rest...)
+	if len(got) != len(before) {
+		t.Fatalf("paged %d events across the restart, %d before it", len(got), len(before))
+	}
+	for i := range got {
+		if got[i].Sequence != int64(i+1) || string(got[i].Data) != string(before[i].Data) {
+			t.Fatalf("event %d differs across the restart: %+v vs %+v", i, got[i], before[i])
+		}
+	}
+	if out := outputOf(got); !strings.Contains(out, "line-1\r\n") || !strings.Contains(out, "line-30\r\n") {
+		t.Fatalf("output %q", out)
+	}
+}
+
+func TestBadRequestsNameTheField(t *testing.T) {
+	e := newEdge(t)
+	run := e.start("true")
+	tests := []struct {
+		method, path, body string
+		status             int
+		mention            string
+	}{
+		{"GET", "/runs/" + run.RunID + "/events?after=-1", "", 400, "after"},
+		{"GET", "/runs/" + run.RunID + "/events?limit=x", "", 400, "limit"},
+		{"GET", "/runs", "", 400, "clientToken"},
+		{"POST", "/runs", `{"clientToken": "a", "agent": "nope"}`, 400, "agent"},
+		{"POST", "/runs", `{"clientToken": 5}`, 400, "body"},
+		{"POST", "/runs", ``, 400, "body"},
+		{"POST", "/runs/" + run.RunID + "/input", `{}`, 400, "input"},
+		{"GET", "/runs/nope/events", "", 404, "no such run"},
+		{"POST", "/runs", `{"clientToken": "big", "agent": "shell", "prompt": "` + strings.Repeat("x", maxBodyBytes) + `"}`, 413, "larger"},
+	}
+	for _, tt := range tests {
+		req, _ := http.NewRequest(tt.method, e.srv.URL+tt.path, strings.NewReader(tt.body))
+		req.Header.Set("Authorization", "Bearer "+token)
+		resp, err := e.srv.Client().Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		b, _ := io.ReadAll(resp.Body)
+		resp.Body.Close()
+		if resp.StatusCode != tt.status || !strings.Contains(string(b), tt.mention) {
+			t.Errorf("%s %s answered %d %s; want %d mentioning %q", tt.method, tt.path[:min(len(tt.path), 60)], resp.StatusCode, b[:min(len(b), 200)], tt.status, tt.mention)
+		}
+	}
+	page, err := e.client.Events(ctx, run.RunID, 0, 5000)
+	if err != nil || len(page.Events) > runner.MaxEventPage {
+		t.Fatalf("a limit above 1000 was not clamped: %d events, %v", len(page.Events), err)
+	}
+}
+
+func TestMetrics(t *testing.T) {
+	e := newEdge(t)
+	run := e.start("true")
+	e.waitStatus(run.RunID, ended)
+	m, err := e.client.Metrics(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, want := range []string{`edge_runs{status="succeeded"} 1`, `edge_admissions_total{reason="",verdict="admit"} 1`, "edge_tasks_live 0"} {
+		if !strings.Contains(string(m), want) {
+			t.Errorf("metrics lack %q:\n%s", want, m)
+		}
+	}
+}
+
+func hasCode(err error, status int, code string) bool {
+	var he *hostproto.Error
+	return errors.As(err, &he) && he.Status == status && he.Code == code
+}
