@@ -79,8 +79,10 @@ func (e *edge) up() {
 		Runner:       r,
 		Token:        token,
 		SecretsProxy: func() error { return e.proxy },
-		CA:           func() *hostproto.CAInfo { return &hostproto.CAInfo{NotAfter: time.Date(2027, 1, 1, 0, 0, 0, 0, time.UTC)} },
-		Gatherer:     reg,
+		CA: func() *hostproto.CAInfo {
+			return &hostproto.CAInfo{NotAfter: time.Date(2027, 1, 1, 0, 0, 0, 0, time.UTC)}
+		},
+		Gatherer: reg,
 	})
 	if err != nil {
 		e.t.Fatal(err)
