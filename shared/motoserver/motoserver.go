@@ -11,6 +11,15 @@
 // moto takes about half a second to start, so a test binary should start one
 // server in TestMain (see Run) and share it; tests isolate themselves with
 // their own table or resource names, or with Reset.
+//
+// Clients reach moto through a loopback front that passes one request at a
+// time. moto_server answers on parallel threads, and its DynamoDB handlers
+// read an item, evaluate the condition and write without a lock (moto 5.2:
+// dynamodb/models update_item, Table.put_item), so two concurrent
+// conditional updates of one item can both succeed there; on DynamoDB one
+// fails. Serialising requests gives tests DynamoDB's atomicity while the
+// code under test still sends them concurrently. moto is bound to one core
+// by Python's GIL anyway, so little throughput is lost.
 package motoserver
 
 import (
@@ -20,6 +29,8 @@ import (
 	"fmt"
 	"net"
 	"net/http"
+	"net/http/httputil"
+	neturl "net/url"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -79,9 +90,14 @@ func lookup(fallback string) (string, error) {
 
 // Server is a running moto_server. Its methods are safe for concurrent use.
 type Server struct {
-	// URL is the endpoint, e.g. http://127.0.0.1:40123 (no trailing slash).
+	// URL is the endpoint clients use, e.g. http://127.0.0.1:40123 (no
+	// trailing slash): the serialising front.
 	URL string
+	// MotoURL is moto_server itself, for a test that needs requests to
+	// overlap (none should need it for correctness).
+	MotoURL string
 
+	front    *http.Server
 	cmd      *exec.Cmd
 	exited   chan struct{} // closed when the process has been waited for
 	output   *tailBuffer
@@ -177,7 +193,7 @@ func start(ctx context.Context, bin string) (*Server, error) {
 	if err := cmd.Start(); err != nil {
 		return nil, fmt.Errorf("motoserver: starting %s: %w", bin, err)
 	}
-	s := &Server{URL: url, cmd: cmd, exited: make(chan struct{}), output: out}
+	s := &Server{MotoURL: url, cmd: cmd, exited: make(chan struct{}), output: out}
 	go func() {
 		_ = cmd.Wait()
 		close(s.exited)
@@ -186,7 +202,37 @@ func start(ctx context.Context, bin string) (*Server, error) {
 		_ = s.Stop()
 		return nil, err
 	}
+	if err := s.startFront(); err != nil {
+		_ = s.Stop()
+		return nil, err
+	}
 	return s, nil
+}
+
+// startFront serves URL: a reverse proxy to moto that holds a lock for the
+// whole of each request (see the package comment for why).
+func (s *Server) startFront() error {
+	target, err := neturl.Parse(s.MotoURL)
+	if err != nil {
+		return fmt.Errorf("motoserver: parsing %s: %w", s.MotoURL, err)
+	}
+	proxy := httputil.NewSingleHostReverseProxy(target)
+	var one sync.Mutex
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		return fmt.Errorf("motoserver: listening for the front: %w", err)
+	}
+	s.front = &http.Server{
+		Handler: http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+			one.Lock()
+			defer one.Unlock()
+			proxy.ServeHTTP(w, r)
+		}),
+		ReadHeaderTimeout: 10 * time.Second,
+	}
+	s.URL = "http://" + ln.Addr().String()
+	go func() { _ = s.front.Serve(ln) }()
+	return nil
 }
 
 // waitReady polls GET /moto-api/ until it answers 200, the process exits, or
@@ -198,7 +244,7 @@ func (s *Server) waitReady(ctx context.Context) error {
 	tick := time.NewTicker(pollEvery)
 	defer tick.Stop()
 	for {
-		req, err := http.NewRequestWithContext(ctx, http.MethodGet, s.URL+"/moto-api/", nil)
+		req, err := http.NewRequestWithContext(ctx, http.MethodGet, s.MotoURL+"/moto-api/", nil)
 		if err != nil {
 			return fmt.Errorf("motoserver: building readiness request: %w", err)
 		}
@@ -210,9 +256,9 @@ func (s *Server) waitReady(ctx context.Context) error {
 		}
 		select {
 		case <-s.exited:
-			return fmt.Errorf("motoserver: moto_server exited before answering on %s; its output:\n%s", s.URL, s.output.String())
+			return fmt.Errorf("motoserver: moto_server exited before answering on %s; its output:\n%s", s.MotoURL, s.output.String())
 		case <-ctx.Done():
-			return fmt.Errorf("motoserver: moto_server did not answer on %s: %w; its output:\n%s", s.URL, ctx.Err(), s.output.String())
+			return fmt.Errorf("motoserver: moto_server did not answer on %s: %w; its output:\n%s", s.MotoURL, ctx.Err(), s.output.String())
 		case <-tick.C:
 		}
 	}
@@ -222,6 +268,9 @@ func (s *Server) waitReady(ctx context.Context) error {
 // grace period) and waits for it. It is idempotent.
 func (s *Server) Stop() error {
 	s.stopOnce.Do(func() {
+		if s.front != nil {
+			_ = s.front.Close()
+		}
 		pgid := s.cmd.Process.Pid
 		select {
 		case <-s.exited:

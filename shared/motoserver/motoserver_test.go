@@ -3,9 +3,13 @@ package motoserver
 import (
 	"context"
 	"errors"
+	"fmt"
 	"net/http"
 	"os"
+	"strconv"
 	"strings"
+	"sync"
+	"sync/atomic"
 	"syscall"
 	"testing"
 	"time"
@@ -18,6 +22,12 @@ import (
 
 var shared *Server
 
+var seq atomic.Int64
+
+// unique names a resource so repeated runs (-count) on the shared server
+// do not collide.
+func unique(prefix string) string { return fmt.Sprintf("%s-%d", prefix, seq.Add(1)) }
+
 func TestMain(m *testing.M) {
 	os.Exit(Run(m, func(s *Server) { shared = s }))
 }
@@ -25,7 +35,7 @@ func TestMain(m *testing.M) {
 func TestDynamoDBClientReachesTheServer(t *testing.T) {
 	ctx := context.Background()
 	db := shared.DynamoDB()
-	name := "motoserver-test-table"
+	name := unique("motoserver-table")
 	_, err := db.CreateTable(ctx, &dynamodb.CreateTableInput{
 		TableName:            aws.String(name),
 		AttributeDefinitions: []types.AttributeDefinition{{AttributeName: aws.String("id"), AttributeType: types.ScalarAttributeTypeS}},
@@ -48,15 +58,74 @@ func TestDynamoDBClientReachesTheServer(t *testing.T) {
 	}
 }
 
+// TestConditionalUpdatesAreAtomic shows what the serialising front is for:
+// concurrent conditional updates of one item, one winner each round, as on
+// DynamoDB.
+func TestConditionalUpdatesAreAtomic(t *testing.T) {
+	ctx := context.Background()
+	db := shared.DynamoDB()
+	table := aws.String(unique("motoserver-atomic"))
+	_, err := db.CreateTable(ctx, &dynamodb.CreateTableInput{
+		TableName:            table,
+		AttributeDefinitions: []types.AttributeDefinition{{AttributeName: aws.String("id"), AttributeType: types.ScalarAttributeTypeS}},
+		KeySchema:            []types.KeySchemaElement{{AttributeName: aws.String("id"), KeyType: types.KeyTypeHash}},
+		BillingMode:          types.BillingModePayPerRequest,
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	key := map[string]types.AttributeValue{"id": &types.AttributeValueMemberS{Value: "x"}}
+	_, err = db.PutItem(ctx, &dynamodb.PutItemInput{TableName: table, Item: map[string]types.AttributeValue{
+		"id": &types.AttributeValueMemberS{Value: "x"}, "n": &types.AttributeValueMemberN{Value: "0"},
+	}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for round := 0; round < 20; round++ {
+		cur := strconv.Itoa(round)
+		var wins atomic.Int32
+		var wg sync.WaitGroup
+		for w := 0; w < 6; w++ {
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				_, err := db.UpdateItem(ctx, &dynamodb.UpdateItemInput{
+					TableName:           table,
+					Key:                 key,
+					UpdateExpression:    aws.String("SET n = :next, w = :w"),
+					ConditionExpression: aws.String("n = :cur"),
+					ExpressionAttributeValues: map[string]types.AttributeValue{
+						":cur":  &types.AttributeValueMemberN{Value: cur},
+						":next": &types.AttributeValueMemberN{Value: strconv.Itoa(round + 1)},
+						":w":    &types.AttributeValueMemberN{Value: strconv.Itoa(w)},
+					},
+				})
+				var ccf *types.ConditionalCheckFailedException
+				switch {
+				case err == nil:
+					wins.Add(1)
+				case !errors.As(err, &ccf):
+					t.Errorf("UpdateItem: %v", err)
+				}
+			}()
+		}
+		wg.Wait()
+		if got := wins.Load(); got != 1 {
+			t.Fatalf("round %d: %d conditional updates from one state succeeded", round, got)
+		}
+	}
+}
+
 func TestAWSConfigServesOtherServices(t *testing.T) {
 	ctx := context.Background()
 	sm := secretsmanager.NewFromConfig(shared.AWSConfig())
+	name := unique("motoserver/secret")
 	if _, err := sm.CreateSecret(ctx, &secretsmanager.CreateSecretInput{
-		Name: aws.String("motoserver/test"), SecretString: aws.String("v1"),
+		Name: aws.String(name), SecretString: aws.String("v1"),
 	}); err != nil {
 		t.Fatalf("CreateSecret: %v", err)
 	}
-	got, err := sm.GetSecretValue(ctx, &secretsmanager.GetSecretValueInput{SecretId: aws.String("motoserver/test")})
+	got, err := sm.GetSecretValue(ctx, &secretsmanager.GetSecretValueInput{SecretId: aws.String(name)})
 	if err != nil {
 		t.Fatalf("GetSecretValue: %v", err)
 	}
@@ -68,7 +137,7 @@ func TestAWSConfigServesOtherServices(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if _, err := secretsmanager.NewFromConfig(cfg).GetSecretValue(ctx, &secretsmanager.GetSecretValueInput{SecretId: aws.String("motoserver/test")}); err != nil {
+	if _, err := secretsmanager.NewFromConfig(cfg).GetSecretValue(ctx, &secretsmanager.GetSecretValueInput{SecretId: aws.String(name)}); err != nil {
 		t.Fatalf("GetSecretValue through LoadAWSConfig: %v", err)
 	}
 }
@@ -106,9 +175,11 @@ func TestResetEmptiesTheServer(t *testing.T) {
 		t.Fatalf("process group %d still exists after Stop (kill -0: %v)", pgid, err)
 	}
 	client := &http.Client{Timeout: time.Second}
-	if resp, err := client.Get(s.URL + "/moto-api/"); err == nil {
-		resp.Body.Close()
-		t.Fatalf("%s still answers after Stop", s.URL)
+	for _, u := range []string{s.URL, s.MotoURL} {
+		if resp, err := client.Get(u + "/moto-api/"); err == nil {
+			resp.Body.Close()
+			t.Fatalf("%s still answers after Stop", u)
+		}
 	}
 	if err := s.Stop(); err != nil {
 		t.Fatalf("second Stop: %v", err)
