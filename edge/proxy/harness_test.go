@@ -1,6 +1,7 @@
 package proxy
 
 import (
+	"bufio"
 	"bytes"
 	"context"
 	"crypto/ecdsa"
@@ -9,6 +10,7 @@ import (
 	"crypto/tls"
 	"crypto/x509"
 	"crypto/x509/pkix"
+	"encoding/base64"
 	"encoding/json"
 	"encoding/pem"
 	"fmt"
@@ -173,6 +175,8 @@ type envOptions struct {
 	table   map[string][]netip.Addr
 	dataDir string // reuse (restart)
 	uca     *upstreamCA
+	// noAllowPrivate leaves upstream.allowPrivate empty (default 127.0.0.0/8).
+	noAllowPrivate bool
 }
 
 func newEnv(t testing.TB, o envOptions) *env {
@@ -213,11 +217,11 @@ func newEnv(t testing.TB, o envOptions) *env {
 		pinned[k] = netip.MustParseAddr(v)
 	}
 	e.resolver = &countingResolver{pins: pinned, table: o.table}
-	guard, err := upstream.NewGuard(upstream.GuardConfig{
-		Resolver:     e.resolver,
-		AllowPrivate: []netip.Prefix{netip.MustParsePrefix("127.0.0.0/8")},
-		Own:          own,
-	})
+	allow := []netip.Prefix{netip.MustParsePrefix("127.0.0.0/8")}
+	if o.noAllowPrivate {
+		allow = nil
+	}
+	guard, err := upstream.NewGuard(upstream.GuardConfig{Resolver: e.resolver, AllowPrivate: allow, Own: own})
 	must(t, err)
 	tlsCfg, err := upstream.ClientTLSConfig(rootsPath)
 	must(t, err)
@@ -400,3 +404,68 @@ func runClient(t testing.TB, env []string, name string, args ...string) string {
 }
 
 func itoa(i int) string { return strconv.Itoa(i) }
+
+// dialIntercepted opens a CONNECT to target with the task's credential and
+// completes TLS with the given SNI and ALPN, verifying the leaf against the
+// CA bundle unless the SNI deliberately mismatches.
+func (e *env) dialIntercepted(proxyURL *url.URL, target, sni string, alpn ...string) (*tls.Conn, *bufio.Reader) {
+	e.t.Helper()
+	c, br, status := e.connect(proxyURL, target)
+	if status != http.StatusOK {
+		c.Close()
+		e.t.Fatalf("CONNECT %s: %d", target, status)
+	}
+	pool := x509.NewCertPool()
+	pool.AppendCertsFromPEM(e.authority.Bundle())
+	host, _, _ := net.SplitHostPort(target)
+	cfg := &tls.Config{RootCAs: pool, ServerName: sni, NextProtos: alpn}
+	if sni != host {
+		cfg.InsecureSkipVerify = true
+	}
+	tc := tls.Client(&replayConn{Conn: c, r: br}, cfg)
+	must(e.t, tc.Handshake())
+	return tc, bufio.NewReader(tc)
+}
+
+// connect sends a CONNECT and reads the proxy's answer.
+func (e *env) connect(proxyURL *url.URL, target string) (net.Conn, *bufio.Reader, int) {
+	e.t.Helper()
+	c, err := net.Dial("tcp", proxyURL.Host)
+	must(e.t, err)
+	auth := ""
+	if proxyURL.User != nil {
+		pw, _ := proxyURL.User.Password()
+		auth = "Proxy-Authorization: Basic " + base64.StdEncoding.EncodeToString([]byte(proxyURL.User.Username()+":"+pw)) + "\r\n"
+	}
+	fmt.Fprintf(c, "CONNECT %s HTTP/1.1\r\nHost: %s\r\n%s\r\n", target, target, auth)
+	br := bufio.NewReader(c)
+	res, err := http.ReadResponse(br, &http.Request{Method: http.MethodConnect})
+	must(e.t, err)
+	if res.StatusCode != http.StatusOK {
+		io.Copy(io.Discard, res.Body)
+	}
+	return c, br, res.StatusCode
+}
+
+// replayConn reads what a bufio.Reader already buffered first.
+type replayConn struct {
+	net.Conn
+	r *bufio.Reader
+}
+
+func (c *replayConn) Read(p []byte) (int, error) { return c.r.Read(p) }
+
+// roundTrip writes a raw HTTP/1.1 request and reads the response.
+func roundTrip(t testing.TB, w io.Writer, br *bufio.Reader, raw string) (*http.Response, string) {
+	t.Helper()
+	if _, err := io.WriteString(w, raw); err != nil {
+		t.Fatal(err)
+	}
+	res, err := http.ReadResponse(br, nil)
+	if err != nil {
+		t.Fatalf("reading the response: %v", err)
+	}
+	body, _ := io.ReadAll(res.Body)
+	res.Body.Close()
+	return res, string(body)
+}
