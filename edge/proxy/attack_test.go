@@ -113,7 +113,9 @@ func TestAttackPlaceholderToNonAllowedHostIsNeverSubstituted(t *testing.T) {
 		t.Fatalf("status %d, upstream got %v", res.StatusCode, got)
 	}
 	f.upstreamNeverSaw(t, realA, realB)
-	f.waitAudit(func(m map[string]any) bool { return m["action"] == "tunnelled" && m["host"] == "third.example.test:"+itoa(f.up.port) })
+	f.waitAudit(func(m map[string]any) bool {
+		return m["action"] == "tunnelled" && m["host"] == "third.example.test:"+itoa(f.up.port)
+	})
 }
 
 func TestAttackSNIMismatch(t *testing.T) {
