@@ -92,8 +92,8 @@ func New(cfg Config) (*Handler, error) {
 		h.maxBody = DefaultMaxBodyBytes
 	}
 	h.routes = h.routeTable()
-	for _, r := range h.routes {
-		if err := r.compile(); err != nil {
+	for i := range h.routes {
+		if err := h.routes[i].compile(); err != nil {
 			return nil, err
 		}
 	}

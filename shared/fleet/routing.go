@@ -157,7 +157,8 @@ func exclusions(in RouteInput, h store.Host, cloneURL string) (reasons []string,
 			rewrite = true
 		}
 	}
-	if in.NeedsSecrets && (p == nil || !p.Features.SecretsProxy || !p.Features.ExecRequire) {
+	// Without a probe the features are unknown: never_probed says so already.
+	if in.NeedsSecrets && p != nil && (!p.Features.SecretsProxy || !p.Features.ExecRequire) {
 		reasons = append(reasons, ExcludedSecretsUnsupported)
 	}
 	return reasons, rewrite

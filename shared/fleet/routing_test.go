@@ -76,6 +76,7 @@ func TestRouteListsEveryReasonOfEveryHost(t *testing.T) {
 	a := healthyHost("a")
 	a.Enabled = false
 	a.Probe.Draining = true
+	a.Probe.Features.SecretsProxy = false
 	b := healthyHost("b")
 	b.Probe = nil
 	d := Route(RouteInput{
@@ -83,8 +84,8 @@ func TestRouteListsEveryReasonOfEveryHost(t *testing.T) {
 		Labels: map[string]string{"gpu": "yes"}, Now: routeNow, MaxProbeAge: time.Minute * 5,
 	})
 	want := []Exclusion{
-		{HostID: "a", Reasons: []string{ExcludedDisabled, ExcludedDraining, ExcludedLabelMissing}},
-		{HostID: "b", Reasons: []string{ExcludedNeverProbed, ExcludedLabelMissing, ExcludedSecretsUnsupported}},
+		{HostID: "a", Reasons: []string{ExcludedDisabled, ExcludedDraining, ExcludedLabelMissing, ExcludedSecretsUnsupported}},
+		{HostID: "b", Reasons: []string{ExcludedNeverProbed, ExcludedLabelMissing}},
 	}
 	if d.Host != nil || !reflect.DeepEqual(d.Excluded, want) {
 		t.Fatalf("decision = %+v, want refusal %+v", d, want)

@@ -16,6 +16,7 @@ import (
 	"net/http"
 	"strings"
 	"sync/atomic"
+	"time"
 	"unicode/utf8"
 
 	"github.com/aws/aws-lambda-go/events"
@@ -205,3 +206,7 @@ func WriteResponse(w http.ResponseWriter, resp events.APIGatewayV2HTTPResponse, 
 	w.WriteHeader(status)
 	w.Write(body)
 }
+
+// DefaultReadHeaderTimeout bounds reading a request's headers on servers
+// built around the adapter.
+const DefaultReadHeaderTimeout = 10 * time.Second
