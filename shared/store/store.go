@@ -206,7 +206,11 @@ type Idempotency struct {
 
 // RunQuery selects runs for listing, newest first.
 type RunQuery struct {
-	// OwnerID limits to one owner; empty lists every run.
+	// OwnerID limits to one owner. With HostID empty too, the listing is
+	// every run of a registered host, which is every run: a run names a
+	// registered host when created, and DeleteHost refuses while runs
+	// reference the host or deletes them (dynamostore merges the byHost
+	// partitions of the registered hosts).
 	OwnerID string
 	// HostID limits to one host. Setting both OwnerID and HostID is not
 	// supported (neither store has an index for it); ListRuns refuses it.

@@ -886,6 +886,9 @@ func listFixture(t *testing.T, s store.Store, clk *clock.Fake) (all, alice, h1 [
 		{"r-j", "bob", "h2", -time.Hour},
 		{"r-k", "alice", "h1", time.Nanosecond},
 	}
+	// Listing everyone covers the runs of registered hosts (store.RunQuery).
+	noErr(t, "CreateHost h1", s.CreateHost(bg, host("h1", base)))
+	noErr(t, "CreateHost h2", s.CreateHost(bg, host("h2", base)))
 	for _, sp := range specs {
 		createRun(t, s, run(sp.id, sp.owner, sp.host, base.Add(sp.at)))
 	}
@@ -942,7 +945,6 @@ func testRunsListRunsStable(t *testing.T, s store.Store, clk *clock.Fake) {
 	createRun(t, s, run("r-new", "alice", "h1", clk.Now().Add(time.Hour)))
 	createRun(t, s, run(last.FleetRunID+"z", "bob", "h1", last.CreatedAt))
 	createRun(t, s, run(last.FleetRunID[:len(last.FleetRunID)-1], "bob", "h1", last.CreatedAt))
-	noErr(t, "CreateHost", s.CreateHost(bg, host("h2", clk.Now())))
 	noErr(t, "DeleteHost h2", s.DeleteHost(bg, "h2", true))
 
 	// What the second page must hold: every surviving run strictly older
@@ -1015,6 +1017,7 @@ func testRunsOwnerAndHost(t *testing.T, s store.Store, clk *clock.Fake) {
 
 func testRunsExpiry(t *testing.T, s store.Store, clk *clock.Fake) {
 	now := clk.Now()
+	noErr(t, "CreateHost", s.CreateHost(bg, host("h1", now)))
 	keep := createRun(t, s, run("keep", "alice", "h1", now))
 	old := createRun(t, s, run("old", "alice", "h1", now.Add(time.Second)))
 	old, err := s.UpdateRun(bg, ended(old, hostproto.StatusSucceeded, now, true, time.Hour))

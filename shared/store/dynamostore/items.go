@@ -1,0 +1,395 @@
+package dynamostore
+
+import (
+	"encoding/json"
+	"fmt"
+	"strings"
+	"time"
+
+	"github.com/aws/aws-sdk-go-v2/service/dynamodb/types"
+
+	"github.com/runfleet/runfleet/shared/hostproto"
+	"github.com/runfleet/runfleet/shared/store"
+)
+
+// formatVersion is written into every item as "v". An item of another
+// version is refused rather than misread; bump it only with a migration.
+const formatVersion = 1
+
+// Attribute names beyond the keys (tables.go). They are a contract with
+// items already stored: never rename one.
+const (
+	attrVersionFormat = "v"
+
+	attrBaseURL       = "baseUrl"
+	attrCredentialRef = "credentialRef"
+	attrLabels        = "labels"
+	attrLocalPaths    = "localPaths"
+	attrCAPEM         = "caPem"
+	attrEnabled       = "enabled"
+	attrProbe         = "probe"
+
+	attrStatus            = "status"
+	attrAt                = "at"
+	attrLatencyMs         = "latencyMs"
+	attrHostVersion       = "version"
+	attrAgents            = "agents"
+	attrFeatures          = "features"
+	attrSecretsProxy      = "secretsProxy"
+	attrExecRequire       = "execRequire"
+	attrCA                = "ca"
+	attrNotAfter          = "notAfter"
+	attrSuccessorNotAfter = "successorNotAfter"
+	attrDraining          = "draining"
+	attrDetail            = "detail"
+
+	attrTokenHash       = "tokenHash"
+	attrAdmin           = "admin"
+	attrAllowedHosts    = "allowedHosts"
+	attrAllowedProjects = "allowedProjects"
+
+	attrRequestHash = "requestHash"
+
+	attrChildRunID       = "childRunId"
+	attrAttempt          = "attempt"
+	attrExitCode         = "exitCode"
+	attrReason           = "reason"
+	attrAgent            = "agent"
+	attrIdempotencyKey   = "idempotencyKey"
+	attrRewroteLocalPath = "rewroteLocalPath"
+	attrUpdatedAt        = "updatedAt"
+	attrDeadline         = "deadline"
+	attrEndedAt          = "endedAt"
+	attrEventCursor      = "eventCursor"
+	attrDrained          = "drained"
+	attrRunVersion       = "version"
+
+	attrType = "type"
+	attrData = "data"
+	attrTS   = "ts"
+)
+
+// Caller item key prefixes, and the scope value that means "every id".
+const (
+	ownerPrefix = "owner#"
+	tokenPrefix = "token#"
+	scopeAll    = "*"
+)
+
+// Times are epoch nanoseconds (N), except expiresAt (epoch seconds, the TTL
+// attribute) and the runs' createdAt index key (createdKey).
+func (it item) putTime(name string, t time.Time) {
+	if !t.IsZero() {
+		it.putNAlways(name, t.UnixNano())
+	}
+}
+
+func (r *reader) time(name string) time.Time {
+	if !r.has(name) {
+		return time.Time{}
+	}
+	return time.Unix(0, r.n(name)).UTC()
+}
+
+func (r *reader) timePtr(name string) *time.Time {
+	if !r.has(name) {
+		return nil
+	}
+	t := r.time(name)
+	return &t
+}
+
+func (it item) putExpiry(t time.Time) {
+	if !t.IsZero() {
+		it.putNAlways(attrExpiresAt, store.RoundExpiry(t).Unix())
+	}
+}
+
+func (r *reader) expiry() time.Time {
+	if !r.has(attrExpiresAt) {
+		return time.Time{}
+	}
+	return time.Unix(r.n(attrExpiresAt), 0).UTC()
+}
+
+// createdLayout is fixed-width, so the strings sort as the times do.
+const createdLayout = "2006-01-02T15:04:05.000000000Z"
+
+// createdKey is the runs' index sort key: creation time, then run id.
+func createdKey(t time.Time, fleetRunID string) string {
+	return t.UTC().Format(createdLayout) + "#" + fleetRunID
+}
+
+func parseCreatedKey(k string) (time.Time, string, error) {
+	ts, id, ok := strings.Cut(k, "#")
+	if !ok {
+		return time.Time{}, "", fmt.Errorf("createdAt %q: no run id", k)
+	}
+	t, err := time.Parse(createdLayout, ts)
+	if err != nil {
+		return time.Time{}, "", fmt.Errorf("createdAt %q: %w", k, err)
+	}
+	return t.UTC(), id, nil
+}
+
+// --- hosts -----------------------------------------------------------------
+
+func hostItem(h store.Host) item {
+	it := item{}
+	it.putS(attrID, h.ID)
+	it.putNAlways(attrVersionFormat, formatVersion)
+	it.putS(attrBaseURL, h.BaseURL)
+	it.putS(attrCredentialRef, h.CredentialRef)
+	it.putStringMap(attrLabels, h.Labels)
+	it.putStrings(attrLocalPaths, h.LocalPaths)
+	it.putS(attrCAPEM, h.CAPEM)
+	it.putBoolAlways(attrEnabled, h.Enabled)
+	it.putTime(attrCreatedAt, h.CreatedAt)
+	if h.Probe != nil {
+		it.putMap(attrProbe, probeItem(*h.Probe))
+	}
+	return it
+}
+
+func probeItem(p store.Probe) item {
+	it := item{}
+	it.putS(attrStatus, p.Status)
+	it.putTime(attrAt, p.At)
+	it.putNAlways(attrLatencyMs, p.LatencyMs)
+	it.putS(attrHostVersion, p.Version)
+	it.putStrings(attrAgents, p.Agents)
+	f := item{}
+	f.putBoolAlways(attrSecretsProxy, p.Features.SecretsProxy)
+	f.putBoolAlways(attrExecRequire, p.Features.ExecRequire)
+	it.putMap(attrFeatures, f)
+	if p.CA != nil {
+		ca := item{}
+		ca.putTime(attrNotAfter, p.CA.NotAfter)
+		if p.CA.SuccessorNotAfter != nil {
+			ca.putTime(attrSuccessorNotAfter, *p.CA.SuccessorNotAfter)
+		}
+		it[attrCA] = &types.AttributeValueMemberM{Value: ca}
+	}
+	it.putBoolAlways(attrDraining, p.Draining)
+	it.putS(attrDetail, p.Detail)
+	return it
+}
+
+func hostFromItem(it item) (store.Host, error) {
+	r := &reader{it: it}
+	r.checkVersion()
+	h := store.Host{
+		ID: r.s(attrID), BaseURL: r.s(attrBaseURL), CredentialRef: r.s(attrCredentialRef),
+		Labels: r.stringMap(attrLabels), LocalPaths: r.strings(attrLocalPaths), CAPEM: r.s(attrCAPEM),
+		Enabled: r.bool(attrEnabled), CreatedAt: r.time(attrCreatedAt),
+	}
+	p := r.sub(attrProbe)
+	var f, ca *reader
+	if p != nil {
+		probe := store.Probe{
+			Status: p.s(attrStatus), At: p.time(attrAt), LatencyMs: p.n(attrLatencyMs),
+			Version: p.s(attrHostVersion), Agents: p.strings(attrAgents),
+			Draining: p.bool(attrDraining), Detail: p.s(attrDetail),
+		}
+		if f = p.sub(attrFeatures); f != nil {
+			probe.Features = hostproto.Features{SecretsProxy: f.bool(attrSecretsProxy), ExecRequire: f.bool(attrExecRequire)}
+		}
+		if ca = p.sub(attrCA); ca != nil {
+			probe.CA = &hostproto.CAInfo{NotAfter: ca.time(attrNotAfter), SuccessorNotAfter: ca.timePtr(attrSuccessorNotAfter)}
+		}
+		h.Probe = &probe
+	}
+	if err := r.done(p, f, ca); err != nil {
+		return store.Host{}, fmt.Errorf("host item: %w", err)
+	}
+	return h, nil
+}
+
+// --- callers ---------------------------------------------------------------
+
+func putScope(it item, name string, s store.Scope) {
+	if s.All {
+		it.putS(name, scopeAll)
+		return
+	}
+	it.putStrings(name, s.IDs)
+}
+
+// scope reads "*" (every id) or a list of ids; absent is no id at all.
+func (r *reader) scope(name string) store.Scope {
+	if s, ok := r.it[name].(*types.AttributeValueMemberS); ok {
+		if s.Value != scopeAll {
+			r.fail(name, `"*" or L`, s)
+		}
+		return store.Scope{All: true}
+	}
+	return store.Scope{IDs: r.strings(name)}
+}
+
+// callerItem is the body of both caller items; id says which one it is.
+func callerItem(id string, c store.Caller) item {
+	it := item{}
+	it.putS(attrID, id)
+	it.putNAlways(attrVersionFormat, formatVersion)
+	it.putS(attrOwnerID, c.OwnerID)
+	it.putS(attrTokenHash, c.TokenHash)
+	it.putBool(attrAdmin, c.Admin)
+	putScope(it, attrAllowedHosts, c.AllowedHosts)
+	putScope(it, attrAllowedProjects, c.AllowedProjects)
+	it.putTime(attrCreatedAt, c.CreatedAt)
+	return it
+}
+
+func callerFromItem(it item) (store.Caller, error) {
+	r := &reader{it: it}
+	r.checkVersion()
+	c := store.Caller{
+		OwnerID: r.s(attrOwnerID), TokenHash: r.s(attrTokenHash), Admin: r.bool(attrAdmin),
+		AllowedHosts: r.scope(attrAllowedHosts), AllowedProjects: r.scope(attrAllowedProjects),
+		CreatedAt: r.time(attrCreatedAt),
+	}
+	if err := r.done(); err != nil {
+		return store.Caller{}, fmt.Errorf("caller item: %w", err)
+	}
+	return c, nil
+}
+
+// --- idempotency -----------------------------------------------------------
+
+func idempotencyItem(i store.Idempotency) item {
+	it := item{}
+	it.putS(attrID, i.Key)
+	it.putNAlways(attrVersionFormat, formatVersion)
+	it.putS(attrFleetRunID, i.FleetRunID)
+	it.putS(attrRequestHash, i.RequestHash)
+	it.putTime(attrCreatedAt, i.CreatedAt)
+	it.putExpiry(i.ExpiresAt)
+	return it
+}
+
+func idempotencyFromItem(it item) (store.Idempotency, error) {
+	r := &reader{it: it}
+	r.checkVersion()
+	i := store.Idempotency{
+		Key: r.s(attrID), FleetRunID: r.s(attrFleetRunID), RequestHash: r.s(attrRequestHash),
+		CreatedAt: r.time(attrCreatedAt), ExpiresAt: r.expiry(),
+	}
+	if err := r.done(); err != nil {
+		return store.Idempotency{}, fmt.Errorf("idempotency item: %w", err)
+	}
+	return i, nil
+}
+
+// --- runs ------------------------------------------------------------------
+
+// runItem is the whole stored run, live index key included.
+func runItem(r store.Run) item {
+	it := item{}
+	it.putS(attrFleetRunID, r.FleetRunID)
+	it.putNAlways(attrVersionFormat, formatVersion)
+	it.putS(attrOwnerID, r.OwnerID)
+	it.putS(attrHostID, r.HostID)
+	it.putS(attrCreatedAt, createdKey(r.CreatedAt, r.FleetRunID))
+	it.putS(attrIdempotencyKey, r.IdempotencyKey)
+	for k, v := range runMutable(r) {
+		it[k] = v
+	}
+	return it
+}
+
+// runMutable holds the attributes UpdateRun may change (everything but the
+// keys and the fields fixed at creation). An attribute missing here is
+// removed by an update.
+func runMutable(r store.Run) item {
+	it := item{}
+	it.putS(attrChildRunID, r.ChildRunID)
+	it.putS(attrStatus, r.Status)
+	it.putN(attrAttempt, int64(r.Attempt))
+	if r.ExitCode != nil {
+		it.putNAlways(attrExitCode, int64(*r.ExitCode))
+	}
+	it.putS(attrReason, r.Reason)
+	it.putS(attrAgent, r.Agent)
+	it.putBool(attrRewroteLocalPath, r.RewroteLocalPath)
+	it.putTime(attrUpdatedAt, r.UpdatedAt)
+	it.putTime(attrDeadline, r.Deadline)
+	if r.EndedAt != nil {
+		it.putTime(attrEndedAt, *r.EndedAt)
+	}
+	it.putN(attrEventCursor, r.EventCursor)
+	it.putBool(attrDrained, r.Drained)
+	if r.Live() {
+		it.putS(attrLive, liveValue)
+	}
+	it.putExpiry(r.ExpiresAt)
+	it.putNAlways(attrRunVersion, r.Version)
+	return it
+}
+
+// runMutableNames lists every attribute runMutable may write, so an update
+// removes those it leaves out.
+var runMutableNames = []string{
+	attrChildRunID, attrStatus, attrAttempt, attrExitCode, attrReason, attrAgent,
+	attrRewroteLocalPath, attrUpdatedAt, attrDeadline, attrEndedAt, attrEventCursor,
+	attrDrained, attrLive, attrExpiresAt, attrRunVersion,
+}
+
+func runFromItem(it item) (store.Run, error) {
+	r := &reader{it: it}
+	r.checkVersion()
+	run := store.Run{
+		FleetRunID: r.s(attrFleetRunID), OwnerID: r.s(attrOwnerID), HostID: r.s(attrHostID),
+		ChildRunID: r.s(attrChildRunID), Status: r.s(attrStatus), Attempt: int(r.n(attrAttempt)),
+		Reason: r.s(attrReason), Agent: r.s(attrAgent), IdempotencyKey: r.s(attrIdempotencyKey),
+		RewroteLocalPath: r.bool(attrRewroteLocalPath), UpdatedAt: r.time(attrUpdatedAt),
+		Deadline: r.time(attrDeadline), EndedAt: r.timePtr(attrEndedAt),
+		EventCursor: r.n(attrEventCursor), Drained: r.bool(attrDrained),
+		ExpiresAt: r.expiry(), Version: r.n(attrRunVersion),
+	}
+	if r.has(attrExitCode) {
+		code := int(r.n(attrExitCode))
+		run.ExitCode = &code
+	}
+	if err := r.done(); err != nil {
+		return store.Run{}, fmt.Errorf("run item: %w", err)
+	}
+	created, _, err := parseCreatedKey(r.s(attrCreatedAt))
+	if err != nil {
+		return store.Run{}, fmt.Errorf("run item %q: %w", run.FleetRunID, err)
+	}
+	run.CreatedAt = created
+	return run, nil
+}
+
+// --- events ----------------------------------------------------------------
+
+func eventItem(e store.Event) item {
+	it := item{}
+	it.putS(attrFleetRunID, e.FleetRunID)
+	it.putNAlways(attrSequence, e.Sequence)
+	it.putNAlways(attrVersionFormat, formatVersion)
+	it.putS(attrType, e.Type)
+	it.putS(attrData, string(e.Data))
+	it.putTime(attrTS, e.TS)
+	it.putExpiry(e.ExpiresAt)
+	return it
+}
+
+func eventFromItem(it item) (store.Event, error) {
+	r := &reader{it: it}
+	r.checkVersion()
+	e := store.Event{
+		FleetRunID: r.s(attrFleetRunID),
+		Event: hostproto.Event{
+			Sequence: r.n(attrSequence), Type: r.s(attrType), TS: r.time(attrTS),
+		},
+		ExpiresAt: r.expiry(),
+	}
+	if data := r.s(attrData); data != "" {
+		e.Data = json.RawMessage(data)
+	}
+	if err := r.done(); err != nil {
+		return store.Event{}, fmt.Errorf("event item: %w", err)
+	}
+	return e, nil
+}

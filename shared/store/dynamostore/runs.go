@@ -1,0 +1,374 @@
+package dynamostore
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"strconv"
+	"time"
+
+	"github.com/aws/aws-sdk-go-v2/aws"
+	"github.com/aws/aws-sdk-go-v2/service/dynamodb"
+	"github.com/aws/aws-sdk-go-v2/service/dynamodb/types"
+
+	"github.com/runfleet/runfleet/shared/clock"
+	"github.com/runfleet/runfleet/shared/store"
+	"github.com/runfleet/runfleet/shared/store/internal/cursor"
+)
+
+// Conditions shared by the writes. An expired item counts as absent: ":now"
+// is the current epoch second, and an item whose expiresAt (whole seconds)
+// is at or before it has expired (store.Expired).
+const (
+	condAbsentOrExpired  = "attribute_not_exists(#pk) OR #exp <= :now"
+	condPresentUnexpired = "attribute_exists(#pk) AND (attribute_not_exists(#exp) OR #exp > :now)"
+)
+
+// batchGetMax is BatchGetItem's limit on keys per call.
+const batchGetMax = 100
+
+// unprocessedBackoff is the first pause before re-asking for keys DynamoDB
+// left unprocessed (throttling); it doubles per retry.
+const (
+	unprocessedBackoff  = 50 * time.Millisecond
+	unprocessedAttempts = 8
+)
+
+func nowValue(now time.Time) types.AttributeValue {
+	return &types.AttributeValueMemberN{Value: strconv.FormatInt(now.Unix(), 10)}
+}
+
+func expiryNames(pk string) map[string]string {
+	return map[string]string{"#pk": pk, "#exp": attrExpiresAt}
+}
+
+// GetIdempotency reads the item, strongly consistent unless ctx carries
+// store.EventualRead; ErrNotFound when absent or expired.
+func (s *Store) GetIdempotency(ctx context.Context, key string) (store.Idempotency, error) {
+	out, err := s.api.GetItem(ctx, &dynamodb.GetItemInput{
+		TableName: aws.String(s.tables.Idempotency), Key: strKey(attrID, key),
+		ConsistentRead: aws.Bool(!store.AllowsEventualRead(ctx)),
+	})
+	if err != nil {
+		return store.Idempotency{}, fault("get idempotency", err)
+	}
+	if out.Item == nil {
+		return store.Idempotency{}, fmt.Errorf("dynamostore: idempotency key %q: %w", key, store.ErrNotFound)
+	}
+	it, err := idempotencyFromItem(out.Item)
+	if err != nil {
+		return store.Idempotency{}, fault("get idempotency", err)
+	}
+	if store.Expired(it.ExpiresAt, s.now()) {
+		return store.Idempotency{}, fmt.Errorf("dynamostore: idempotency key %q: %w", key, store.ErrNotFound)
+	}
+	return it, nil
+}
+
+// PutIdempotency is one conditional put: it succeeds when the key is free or
+// its item expired; otherwise DynamoDB hands back the holder (ALL_OLD on the
+// failed condition), returned with ErrExists without a second read.
+func (s *Store) PutIdempotency(ctx context.Context, i store.Idempotency) (store.Idempotency, error) {
+	if i.Key == "" {
+		return store.Idempotency{}, errors.New("dynamostore: put idempotency: empty key")
+	}
+	it := idempotencyItem(i)
+	_, err := s.api.PutItem(ctx, &dynamodb.PutItemInput{
+		TableName:                           aws.String(s.tables.Idempotency),
+		Item:                                it,
+		ConditionExpression:                 aws.String(condAbsentOrExpired),
+		ExpressionAttributeNames:            expiryNames(attrID),
+		ExpressionAttributeValues:           map[string]types.AttributeValue{":now": nowValue(s.now())},
+		ReturnValuesOnConditionCheckFailure: types.ReturnValuesOnConditionCheckFailureAllOld,
+	})
+	if failed, old := conditionFailed(err); failed {
+		existing, derr := idempotencyFromItem(old)
+		if old == nil || derr != nil {
+			// No holder came back (an emulator that ignores ALL_OLD): read it.
+			got, gerr := s.GetIdempotency(ctx, i.Key)
+			if gerr != nil {
+				return store.Idempotency{}, fault("put idempotency: reading the holder", gerr)
+			}
+			existing = got
+		}
+		return existing, fmt.Errorf("dynamostore: idempotency key %q: %w", i.Key, store.ErrExists)
+	}
+	if err != nil {
+		return store.Idempotency{}, fault("put idempotency", err)
+	}
+	stored, err := idempotencyFromItem(it)
+	if err != nil {
+		return store.Idempotency{}, fault("put idempotency", err)
+	}
+	return stored, nil
+}
+
+// CreateRun is one conditional put of the whole run at Version 1; the item
+// carries the live index key when the run is live.
+func (s *Store) CreateRun(ctx context.Context, r store.Run) error {
+	if r.FleetRunID == "" || r.OwnerID == "" || r.HostID == "" || r.CreatedAt.IsZero() {
+		return errors.New("dynamostore: create run: fleetRunId, ownerId, hostId and createdAt are required")
+	}
+	r.Version = 1
+	_, err := s.api.PutItem(ctx, &dynamodb.PutItemInput{
+		TableName:                 aws.String(s.tables.Runs),
+		Item:                      runItem(r),
+		ConditionExpression:       aws.String(condAbsentOrExpired),
+		ExpressionAttributeNames:  expiryNames(attrFleetRunID),
+		ExpressionAttributeValues: map[string]types.AttributeValue{":now": nowValue(s.now())},
+	})
+	if failed, _ := conditionFailed(err); failed {
+		return fmt.Errorf("dynamostore: run %q: %w", r.FleetRunID, store.ErrExists)
+	}
+	if err != nil {
+		return fault("create run", err)
+	}
+	return nil
+}
+
+// GetRun reads a run, strongly consistent unless ctx carries
+// store.EventualRead; ErrNotFound when absent or expired.
+func (s *Store) GetRun(ctx context.Context, id string) (store.Run, error) {
+	out, err := s.api.GetItem(ctx, &dynamodb.GetItemInput{
+		TableName: aws.String(s.tables.Runs), Key: strKey(attrFleetRunID, id),
+		ConsistentRead: aws.Bool(!store.AllowsEventualRead(ctx)),
+	})
+	if err != nil {
+		return store.Run{}, fault("get run", err)
+	}
+	if out.Item == nil {
+		return store.Run{}, fmt.Errorf("dynamostore: run %q: %w", id, store.ErrNotFound)
+	}
+	r, err := runFromItem(out.Item)
+	if err != nil {
+		return store.Run{}, fault("get run", err)
+	}
+	if store.Expired(r.ExpiresAt, s.now()) {
+		return store.Run{}, fmt.Errorf("dynamostore: run %q: %w", id, store.ErrNotFound)
+	}
+	return r, nil
+}
+
+// UpdateRun sets every mutable attribute (and removes those r leaves empty,
+// the live key included when the run is no longer live) in one update
+// conditional on the stored version; the fields fixed at creation are not
+// in the expression, so they cannot move. A failed condition brings the
+// stored item back (ALL_OLD) to tell ErrConflict from ErrNotFound.
+func (s *Store) UpdateRun(ctx context.Context, r store.Run) (store.Run, error) {
+	expect := r.Version
+	r.Version = expect + 1
+	set := runMutable(r)
+	names := expiryNames(attrFleetRunID)
+	values := map[string]types.AttributeValue{
+		":now":    nowValue(s.now()),
+		":expect": &types.AttributeValueMemberN{Value: strconv.FormatInt(expect, 10)},
+	}
+	names["#version"] = attrRunVersion
+	var sets, removes []string
+	for i, name := range runMutableNames {
+		ph := "#a" + strconv.Itoa(i)
+		names[ph] = name
+		if v, ok := set[name]; ok {
+			vp := ":a" + strconv.Itoa(i)
+			values[vp] = v
+			sets = append(sets, ph+" = "+vp)
+		} else {
+			removes = append(removes, ph)
+		}
+	}
+	expr := "SET " + join(sets)
+	if len(removes) > 0 {
+		expr += " REMOVE " + join(removes)
+	}
+	out, err := s.api.UpdateItem(ctx, &dynamodb.UpdateItemInput{
+		TableName:                           aws.String(s.tables.Runs),
+		Key:                                 strKey(attrFleetRunID, r.FleetRunID),
+		UpdateExpression:                    aws.String(expr),
+		ConditionExpression:                 aws.String(condPresentUnexpired + " AND #version = :expect"),
+		ExpressionAttributeNames:            names,
+		ExpressionAttributeValues:           values,
+		ReturnValues:                        types.ReturnValueAllNew,
+		ReturnValuesOnConditionCheckFailure: types.ReturnValuesOnConditionCheckFailureAllOld,
+	})
+	if failed, old := conditionFailed(err); failed {
+		if old == nil {
+			return store.Run{}, fmt.Errorf("dynamostore: run %q: %w", r.FleetRunID, store.ErrNotFound)
+		}
+		stored, derr := runFromItem(old)
+		if derr != nil {
+			return store.Run{}, fault("update run", derr)
+		}
+		if store.Expired(stored.ExpiresAt, s.now()) {
+			return store.Run{}, fmt.Errorf("dynamostore: run %q: %w", r.FleetRunID, store.ErrNotFound)
+		}
+		return store.Run{}, fmt.Errorf("dynamostore: run %q is at version %d, not %d: %w", r.FleetRunID, stored.Version, expect, store.ErrConflict)
+	}
+	if err != nil {
+		return store.Run{}, fault("update run", err)
+	}
+	stored, err := runFromItem(out.Attributes)
+	if err != nil {
+		return store.Run{}, fault("update run", err)
+	}
+	return stored, nil
+}
+
+func join(parts []string) string {
+	out := ""
+	for i, p := range parts {
+		if i > 0 {
+			out += ", "
+		}
+		out += p
+	}
+	return out
+}
+
+// ListLive pages the sparse live index in run-id order.
+func (s *Store) ListLive(ctx context.Context, cur string, limit int) (store.LivePage, error) {
+	in := &dynamodb.QueryInput{
+		TableName:                aws.String(s.tables.Runs),
+		IndexName:                aws.String(indexLive),
+		KeyConditionExpression:   aws.String("#live = :live"),
+		ExpressionAttributeNames: map[string]string{"#live": attrLive},
+		ExpressionAttributeValues: map[string]types.AttributeValue{
+			":live": &types.AttributeValueMemberS{Value: liveValue},
+		},
+	}
+	if cur != "" {
+		after, err := cursor.DecodeLive(cur)
+		if err != nil {
+			return store.LivePage{}, err
+		}
+		in.ExclusiveStartKey = map[string]types.AttributeValue{
+			attrLive:       &types.AttributeValueMemberS{Value: liveValue},
+			attrFleetRunID: &types.AttributeValueMemberS{Value: after},
+		}
+	}
+	limit = store.PageLimit(limit)
+	var ids []string
+	for len(ids) <= limit {
+		in.Limit = aws.Int32(int32(limit + 1 - len(ids)))
+		out, err := s.api.Query(ctx, in)
+		if err != nil {
+			return store.LivePage{}, fault("list live runs", err)
+		}
+		for _, it := range out.Items {
+			r := &reader{it: it}
+			ids = append(ids, r.s(attrFleetRunID))
+			if r.err != nil {
+				return store.LivePage{}, fault("list live runs", r.err)
+			}
+		}
+		if len(out.LastEvaluatedKey) == 0 {
+			break
+		}
+		in.ExclusiveStartKey = out.LastEvaluatedKey
+	}
+	page := store.LivePage{FleetRunIDs: ids}
+	if len(ids) > limit {
+		page.FleetRunIDs = ids[:limit]
+		page.NextCursor = cursor.EncodeLive(ids[limit-1])
+	}
+	return page, nil
+}
+
+// runKey is a run's entry in the byOwner or byHost index.
+type runKey struct {
+	fleetRunID string
+	created    string // the createdAt index key
+}
+
+func runKeyFromItem(it item) (runKey, error) {
+	r := &reader{it: it}
+	k := runKey{fleetRunID: r.s(attrFleetRunID), created: r.s(attrCreatedAt)}
+	if r.err != nil {
+		return runKey{}, r.err
+	}
+	if k.fleetRunID == "" || k.created == "" {
+		return runKey{}, fmt.Errorf("index entry without fleetRunId or createdAt: %v", sortedKeys(it))
+	}
+	return k, nil
+}
+
+// queryAllKeys reads a whole partition of a runs index.
+func (s *Store) queryAllKeys(ctx context.Context, index, attr, value string) ([]runKey, error) {
+	in := &dynamodb.QueryInput{
+		TableName:                 aws.String(s.tables.Runs),
+		IndexName:                 aws.String(index),
+		KeyConditionExpression:    aws.String("#k = :v"),
+		ExpressionAttributeNames:  map[string]string{"#k": attr},
+		ExpressionAttributeValues: map[string]types.AttributeValue{":v": &types.AttributeValueMemberS{Value: value}},
+	}
+	var keys []runKey
+	for {
+		out, err := s.api.Query(ctx, in)
+		if err != nil {
+			return nil, err
+		}
+		for _, it := range out.Items {
+			k, err := runKeyFromItem(it)
+			if err != nil {
+				return nil, err
+			}
+			keys = append(keys, k)
+		}
+		if len(out.LastEvaluatedKey) == 0 {
+			return keys, nil
+		}
+		in.ExclusiveStartKey = out.LastEvaluatedKey
+	}
+}
+
+// batchGetRuns reads runs by id (eventually consistent), in the order of
+// keys, nil where a run is gone. Expired runs are returned: callers decide.
+func (s *Store) batchGetRuns(ctx context.Context, keys []runKey) ([]*store.Run, error) {
+	byID := make(map[string]*store.Run, len(keys))
+	for start := 0; start < len(keys); start += batchGetMax {
+		chunk := keys[start:min(start+batchGetMax, len(keys))]
+		req := make([]map[string]types.AttributeValue, len(chunk))
+		for i, k := range chunk {
+			req[i] = strKey(attrFleetRunID, k.fleetRunID)
+		}
+		pending := map[string]types.KeysAndAttributes{s.tables.Runs: {Keys: req}}
+		backoff := unprocessedBackoff
+		for attempt := 0; len(pending) > 0; attempt++ {
+			if attempt == unprocessedAttempts {
+				return nil, errors.New("batch get: keys still unprocessed after retries")
+			}
+			if attempt > 0 && !clock.Sleep(s.clock, backoff, ctx.Done()) {
+				return nil, ctx.Err()
+			}
+			backoff *= 2
+			out, err := s.api.BatchGetItem(ctx, &dynamodb.BatchGetItemInput{RequestItems: pending})
+			if err != nil {
+				return nil, err
+			}
+			for _, it := range out.Responses[s.tables.Runs] {
+				r, err := runFromItem(it)
+				if err != nil {
+					return nil, err
+				}
+				byID[r.FleetRunID] = &r
+			}
+			pending = out.UnprocessedKeys
+		}
+	}
+	runs := make([]*store.Run, len(keys))
+	for i, k := range keys {
+		runs[i] = byID[k.fleetRunID]
+	}
+	return runs, nil
+}
+
+// deleteRun removes a run's events, then the run (so an interrupted delete
+// leaves the run to be found and deleted again).
+func (s *Store) deleteRun(ctx context.Context, id string) error {
+	if err := s.deleteEvents(ctx, id); err != nil {
+		return err
+	}
+	_, err := s.api.DeleteItem(ctx, &dynamodb.DeleteItemInput{
+		TableName: aws.String(s.tables.Runs), Key: strKey(attrFleetRunID, id),
+	})
+	return err
+}

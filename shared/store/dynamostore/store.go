@@ -1,0 +1,237 @@
+// Package dynamostore owns the DynamoDB implementation of store.Store, the
+// production store, and the capacity Meter that prices its calls by
+// DynamoDB's documented rules.
+//
+// # Tables
+//
+// Five tables (names in TableNames, from RUNFLEET_TABLE_* in Fleet's config),
+// all on-demand, every item carrying its format version in "v":
+//
+//	hosts        id (S)                    the host and its last probe ("probe", a map)
+//	runs         fleetRunId (S)            TTL expiresAt
+//	  GSI live     live (S) + fleetRunId   KEYS_ONLY, sparse: only runs with Live() carry "live"="1"
+//	  GSI byOwner  ownerId (S) + createdAt KEYS_ONLY
+//	  GSI byHost   hostId (S) + createdAt  KEYS_ONLY
+//	events       fleetRunId (S) + sequence (N)   TTL expiresAt
+//	callers      id (S): "owner#<ownerId>" and "token#<sha256>", the full caller in both
+//	idempotency  id (S): "<ownerId>#<key>"        TTL expiresAt
+//
+// The runs' index sort key "createdAt" is the creation time, fixed-width
+// RFC 3339 in UTC with nanoseconds, followed by "#" and the run id: ties on
+// the time sort by id, so every index has the one total order ListRuns
+// promises, and a cursor is a position in it ("strictly older than").
+//
+// # Projections
+//
+// Every index is KEYS_ONLY. An index entry is rewritten whenever a projected
+// attribute changes, and every UpdateRun changes version and status: with
+// any projection beyond the keys, each update would cost one more write per
+// index. KEYS_ONLY keeps an update at the base write (plus one when the run
+// enters or leaves the live index); the price is paid by listings, which
+// fetch the page's runs with BatchGetItem (eventually consistent, half a
+// unit per run up to 4 KB).
+//
+// # Consistency
+//
+// Single-item reads (GetHost, GetRun, GetIdempotency, CallerByTokenHash)
+// are strongly consistent: a revoked token stops working at once. GetRun
+// and GetIdempotency read eventually consistent (half the units) when ctx
+// carries store.EventualRead, which dispatch uses where a conditional write,
+// not the read, guards the invariant. Index queries
+// are eventually consistent (DynamoDB offers nothing else on a GSI), so a
+// listing or DeleteHost's in-use check may miss a run written in the last
+// second. ListHosts scans eventually consistent: routing may miss a host
+// registered a moment ago. Events are read strongly consistent, so a
+// stream never declares a drained run done before seeing its last event.
+//
+// # Costs (per call, by the documented rules; see Meter)
+//
+// Item sizes: a run ~0.4 KB, an idempotency item ~0.15 KB, a caller item
+// ~0.2 KB, index entries ~0.1 KB; each under 1 KB, so:
+//
+//	CreateRun          PutItem: 1 WCU + 1 per index the run enters (live, byOwner, byHost) = 4 WCU
+//	UpdateRun          UpdateItem: 1 WCU, +1 live index write when the run leaves (or re-enters) it
+//	GetRun             GetItem: 1 RCU strong, 0.5 with store.EventualRead
+//	PutIdempotency     PutItem: 1 WCU, won or lost (a lost one returns the holder: no read)
+//	GetIdempotency     GetItem: 1 RCU strong, 0.5 with store.EventualRead
+//	CallerByTokenHash  GetItem, strong: 1 RCU (the token item holds the whole caller)
+//	CreateCaller       TransactWriteItems of 2 puts: 2 x 2 WCU = 4 WCU
+//	DeleteCaller       GetItem 1 RCU + TransactWriteItems of 2 deletes: 4 WCU
+//	ListHosts          Scan, eventual: ceil(total host bytes / 4 KB) x 0.5 RCU
+//	ListLive           Query of the live index, eventual: ceil(page bytes / 4 KB) x 0.5 RCU
+//	ListRuns (owner or host)  Query of the index + BatchGetItem of the page: ~0.5 + 0.5 per run
+//	ListRuns (everyone)       ListHosts + one Query per host partition + BatchGetItem of the page
+//	PutEvents          one conditional PutItem per event: ceil(event bytes / 1 KB) WCU each
+//	ListEvents         Query, strong: ceil(page bytes / 4 KB) RCU
+//
+// Listing everyone is a k-way merge of the byHost partitions of the
+// registered hosts (a run always names a registered host: DeleteHost refuses
+// while runs reference it, or deletes them). Each page scans the hosts table
+// once and queries every host partition for at most limit+1 keys (keys are
+// ~0.1 KB, so ~0.5 RCU per host for a page of 100), then fetches only the
+// page's runs: about H x 0.5 + (limit+1) x 0.5 RCU for H hosts. No extra
+// index, no write cost; the read cost grows with the number of hosts, which
+// is small for a fleet.
+package dynamostore
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/aws/aws-sdk-go-v2/aws"
+	"github.com/aws/aws-sdk-go-v2/service/dynamodb"
+	"github.com/aws/aws-sdk-go-v2/service/dynamodb/types"
+
+	"github.com/runfleet/runfleet/shared/clock"
+	"github.com/runfleet/runfleet/shared/store"
+)
+
+// API is the part of the DynamoDB client the store uses. *dynamodb.Client
+// implements it; so does the metering wrapper a Meter installs.
+type API interface {
+	GetItem(ctx context.Context, in *dynamodb.GetItemInput, opts ...func(*dynamodb.Options)) (*dynamodb.GetItemOutput, error)
+	PutItem(ctx context.Context, in *dynamodb.PutItemInput, opts ...func(*dynamodb.Options)) (*dynamodb.PutItemOutput, error)
+	UpdateItem(ctx context.Context, in *dynamodb.UpdateItemInput, opts ...func(*dynamodb.Options)) (*dynamodb.UpdateItemOutput, error)
+	DeleteItem(ctx context.Context, in *dynamodb.DeleteItemInput, opts ...func(*dynamodb.Options)) (*dynamodb.DeleteItemOutput, error)
+	Query(ctx context.Context, in *dynamodb.QueryInput, opts ...func(*dynamodb.Options)) (*dynamodb.QueryOutput, error)
+	Scan(ctx context.Context, in *dynamodb.ScanInput, opts ...func(*dynamodb.Options)) (*dynamodb.ScanOutput, error)
+	BatchGetItem(ctx context.Context, in *dynamodb.BatchGetItemInput, opts ...func(*dynamodb.Options)) (*dynamodb.BatchGetItemOutput, error)
+	BatchWriteItem(ctx context.Context, in *dynamodb.BatchWriteItemInput, opts ...func(*dynamodb.Options)) (*dynamodb.BatchWriteItemOutput, error)
+	TransactWriteItems(ctx context.Context, in *dynamodb.TransactWriteItemsInput, opts ...func(*dynamodb.Options)) (*dynamodb.TransactWriteItemsOutput, error)
+
+	CreateTable(ctx context.Context, in *dynamodb.CreateTableInput, opts ...func(*dynamodb.Options)) (*dynamodb.CreateTableOutput, error)
+	DescribeTable(ctx context.Context, in *dynamodb.DescribeTableInput, opts ...func(*dynamodb.Options)) (*dynamodb.DescribeTableOutput, error)
+	DescribeTimeToLive(ctx context.Context, in *dynamodb.DescribeTimeToLiveInput, opts ...func(*dynamodb.Options)) (*dynamodb.DescribeTimeToLiveOutput, error)
+	UpdateTimeToLive(ctx context.Context, in *dynamodb.UpdateTimeToLiveInput, opts ...func(*dynamodb.Options)) (*dynamodb.UpdateTimeToLiveOutput, error)
+}
+
+var _ API = (*dynamodb.Client)(nil)
+
+// TableNames names the five tables.
+type TableNames struct {
+	Hosts, Runs, Events, Callers, Idempotency string
+}
+
+// DefaultTableNames are the names used when Config.Tables is zero.
+func DefaultTableNames() TableNames {
+	return TableNames{
+		Hosts:       "runfleet-hosts",
+		Runs:        "runfleet-runs",
+		Events:      "runfleet-events",
+		Callers:     "runfleet-callers",
+		Idempotency: "runfleet-idempotency",
+	}
+}
+
+// Prefixed returns names with prefix before each default name, for tests
+// and stacks that share an account.
+func Prefixed(prefix string) TableNames {
+	d := DefaultTableNames()
+	return TableNames{
+		Hosts: prefix + d.Hosts, Runs: prefix + d.Runs, Events: prefix + d.Events,
+		Callers: prefix + d.Callers, Idempotency: prefix + d.Idempotency,
+	}
+}
+
+func (n TableNames) list() []string {
+	return []string{n.Hosts, n.Runs, n.Events, n.Callers, n.Idempotency}
+}
+
+// Config configures the store.
+type Config struct {
+	// Tables names the tables; the zero value means DefaultTableNames().
+	Tables TableNames
+	// Clock decides expiry; nil means the wall clock.
+	Clock clock.Clock
+	// Meter, when set, counts every call and prices it by DynamoDB's
+	// documented capacity rules (for benchmarks; it adds unmetered reads of
+	// the items being written, see Meter). Nil: no metering.
+	Meter *Meter
+}
+
+// Validate reports a table name that is empty (in a partly set Tables) or
+// used twice.
+func (c Config) Validate() error {
+	if c.Tables == (TableNames{}) {
+		return nil
+	}
+	seen := map[string]bool{}
+	for _, n := range c.Tables.list() {
+		if n == "" {
+			return fmt.Errorf("dynamostore: config: every table needs a name (got %+v)", c.Tables)
+		}
+		if seen[n] {
+			return fmt.Errorf("dynamostore: config: table name %q used twice", n)
+		}
+		seen[n] = true
+	}
+	return nil
+}
+
+// Store is the DynamoDB store. It is safe for concurrent use.
+type Store struct {
+	api    API
+	tables TableNames
+	clock  clock.Clock
+}
+
+var _ store.Store = (*Store)(nil)
+
+// New returns a store on client. It does not touch the tables: call
+// CreateTables where the stack owns them (tests, the local stack).
+func New(client API, cfg Config) (*Store, error) {
+	if client == nil {
+		return nil, errors.New("dynamostore: nil client")
+	}
+	if err := cfg.Validate(); err != nil {
+		return nil, err
+	}
+	if cfg.Tables == (TableNames{}) {
+		cfg.Tables = DefaultTableNames()
+	}
+	if cfg.Clock == nil {
+		cfg.Clock = clock.Real{}
+	}
+	s := &Store{api: client, tables: cfg.Tables, clock: cfg.Clock}
+	if cfg.Meter != nil {
+		s.api = &metered{next: client, meter: cfg.Meter, schemas: schemasFor(cfg.Tables)}
+	}
+	return s, nil
+}
+
+func (s *Store) now() time.Time { return s.clock.Now() }
+
+// conditionFailed reports whether err is a failed condition, and returns the
+// item DynamoDB sent back with it (ALL_OLD), nil when there was none.
+func conditionFailed(err error) (bool, map[string]types.AttributeValue) {
+	var ccf *types.ConditionalCheckFailedException
+	if errors.As(err, &ccf) {
+		return true, ccf.Item
+	}
+	return false, nil
+}
+
+// canceledBy reports, for a canceled transaction, whether any action's
+// condition failed and whether any conflicted with another transaction.
+func canceledBy(err error) (canceled, conditionFailed, conflict bool) {
+	var tce *types.TransactionCanceledException
+	if !errors.As(err, &tce) {
+		return false, false, false
+	}
+	for _, r := range tce.CancellationReasons {
+		switch aws.ToString(r.Code) {
+		case "ConditionalCheckFailed":
+			conditionFailed = true
+		case "TransactionConflict":
+			conflict = true
+		}
+	}
+	return true, conditionFailed, conflict
+}
+
+// fault wraps an unexpected error with the operation, keeping the cause.
+func fault(op string, err error) error {
+	return fmt.Errorf("dynamostore: %s: %w", op, err)
+}
