@@ -262,9 +262,14 @@ func (a *Authority) replaceStored(set []*authority) error {
 }
 
 // current returns the state, reviewing first when the dates call for it.
-func (a *Authority) current() *caState {
+func (a *Authority) current() *caState { return a.currentAt(a.cfg.Clock.Now()) }
+
+// currentAt is current for a caller that read the clock already: the state
+// it returns can sign at now (a review it makes reads the clock again, no
+// earlier than now).
+func (a *Authority) currentAt(now time.Time) *caState {
 	st := a.state.Load()
-	if a.cfg.Clock.Now().Before(st.nextReview) {
+	if now.Before(st.nextReview) {
 		return st
 	}
 	return a.review()
@@ -330,7 +335,8 @@ func (a *Authority) GetCertificate(hello *tls.ClientHelloInfo) (*tls.Certificate
 	if a.closed.Load() {
 		return nil, ErrClosed
 	}
-	st := a.current()
+	now := a.cfg.Clock.Now()
+	st := a.currentAt(now)
 	name := normalizeServerName(hello.ServerName)
 	if name == "" {
 		return nil, errors.New("ca: the client sent no server name (SNI); no leaf without one")
@@ -342,7 +348,7 @@ func (a *Authority) GetCertificate(hello *tls.ClientHelloInfo) (*tls.Certificate
 	if ctx == nil {
 		ctx = context.Background()
 	}
-	return st.leaves.get(ctx, name, a.cfg.Clock.Now())
+	return st.leaves.get(ctx, name, now)
 }
 
 // ServerTLSConfig is a server tls.Config on GetCertificate: TLS 1.2 at

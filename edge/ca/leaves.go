@@ -84,7 +84,7 @@ func (li *leafIssuer) get(ctx context.Context, name string, now time.Time) (*tls
 			return cert, nil
 		}
 		li.evict(ctx, name, now)
-		if err := li.magic.ObtainCertSync(ctx, name); err != nil {
+		if err := li.magic.ObtainCertSync(withIssueTime(ctx, now), name); err != nil {
 			return nil, fmt.Errorf("ca: issuing a leaf for %q: %w", name, err)
 		}
 		cached, err := li.magic.CacheManagedCertificate(ctx, name)
@@ -162,15 +162,28 @@ func (s *signerIssuer) IssuerKey() string { return "runfleet-edge-ca-" + s.signe
 // Issue signs the CSR's one name. Every failure is permanent
 // (certmagic.ErrNoRetry): retrying cannot make a refused name allowed or an
 // ended signer valid.
-func (s *signerIssuer) Issue(_ context.Context, csr *x509.CertificateRequest) (*certmagic.IssuedCertificate, error) {
-	der, err := s.sign(csr)
+func (s *signerIssuer) Issue(ctx context.Context, csr *x509.CertificateRequest) (*certmagic.IssuedCertificate, error) {
+	now, ok := ctx.Value(issueTimeKey{}).(time.Time)
+	if !ok {
+		now = s.policy.now()
+	}
+	der, err := s.sign(csr, now)
 	if err != nil {
 		return nil, certmagic.ErrNoRetry{Err: err}
 	}
 	return &certmagic.IssuedCertificate{Certificate: pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: der})}, nil
 }
 
-func (s *signerIssuer) sign(csr *x509.CertificateRequest) ([]byte, error) {
+// issueTimeKey carries the handshake's reading of the clock to the Issuer
+// through certmagic, so the leaf is dated at the instant the handshake
+// checked the signer and the cache against.
+type issueTimeKey struct{}
+
+func withIssueTime(ctx context.Context, now time.Time) context.Context {
+	return context.WithValue(ctx, issueTimeKey{}, now)
+}
+
+func (s *signerIssuer) sign(csr *x509.CertificateRequest, now time.Time) ([]byte, error) {
 	if err := csr.CheckSignature(); err != nil {
 		return nil, fmt.Errorf("ca: the leaf request's signature: %w", err)
 	}
@@ -185,7 +198,6 @@ func (s *signerIssuer) sign(csr *x509.CertificateRequest) ([]byte, error) {
 	if err := allowed(s.policy.allow, name); err != nil {
 		return nil, err
 	}
-	now := s.policy.now()
 	signer := s.signer.cert
 	if !now.Before(signer.NotAfter) {
 		return nil, fmt.Errorf("ca: the signer ended at %s", signer.NotAfter.UTC().Format(time.RFC3339))

@@ -37,9 +37,13 @@ type watcher struct {
 	stopped  bool
 	// delivered is the last bundle the listener acknowledged.
 	delivered []byte
-	// redeliver: a delivery was requested after the one under way began,
-	// so another follows even if the bundle is acknowledged.
+	// redeliver: RequestTrustDelivery asked for the bundle again, even if
+	// acknowledged.
 	redeliver bool
+	// again: a delivery was asked for (a review, a changed bundle, a
+	// request) while one was under way, which may already be past the task
+	// that needs it; another follows when it ends, even if it failed.
+	again bool
 	// inFlight is closed when the delivery under way ends; nil when none.
 	inFlight chan struct{}
 	cancel   context.CancelCauseFunc
@@ -47,7 +51,8 @@ type watcher struct {
 
 // WatchTrust subscribes l: it is given the current bundle now and every
 // changed bundle after. A delivery that fails is logged and retried at the
-// next review until one succeeds. The returned unsubscribe stops l, aborts
+// next review until one succeeds (or at once, if a review came while it
+// was under way). The returned unsubscribe stops l, aborts
 // its delivery under way and returns once that has ended; it may be called
 // more than once. After Close, WatchTrust returns ErrClosed.
 func (a *Authority) WatchTrust(l TrustListener) (unsubscribe func() error, err error) {
@@ -118,9 +123,14 @@ func (a *Authority) deliverAllLocked() {
 // deliverLocked starts a delivery to w unless one is under way or w has
 // the current bundle already (and no redelivery was asked for).
 func (a *Authority) deliverLocked(w *watcher) {
-	if a.trustClosed || w.stopped || w.inFlight != nil {
+	if a.trustClosed || w.stopped {
 		return
 	}
+	if w.inFlight != nil {
+		w.again = true
+		return
+	}
+	w.again = false
 	bundle := a.state.Load().bundle
 	if bytes.Equal(w.delivered, bundle) && !w.redeliver {
 		return
@@ -148,6 +158,9 @@ func (a *Authority) runDelivery(ctx context.Context, w *watcher, bundle []byte, 
 	}
 	if err != nil {
 		a.log.Warn("ca: the CA bundle did not reach every running task; retrying at the next review", logError, err.Error())
+		if w.again {
+			a.deliverLocked(w)
+		}
 		return
 	}
 	w.delivered = bundle

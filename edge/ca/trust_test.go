@@ -231,7 +231,7 @@ func TestCloseIsQuiescentAndDeliversNothingAfter(t *testing.T) {
 
 func TestFinishedDeliveryContextIsNeverCancelled(t *testing.T) {
 	a := mustOpen(t, shortConfig(t, t.TempDir(), clock.NewFake(epoch)))
-	got := make(chan context.Context, 1)
+	got := make(chan context.Context, 2)
 	unsubscribe, err := a.WatchTrust(func(ctx context.Context, _ []byte) error {
 		got <- ctx
 		return nil
@@ -240,6 +240,10 @@ func TestFinishedDeliveryContextIsNeverCancelled(t *testing.T) {
 		t.Fatal(err)
 	}
 	ctx := recv(t, got, "the delivery")
+	// Deliveries to one listener never overlap: once the next has begun,
+	// the first has ended.
+	a.RequestTrustDelivery()
+	recv(t, got, "the redelivery")
 	if err := unsubscribe(); err != nil {
 		t.Fatal(err)
 	}
