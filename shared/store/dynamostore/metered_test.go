@@ -1,0 +1,164 @@
+package dynamostore_test
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/runfleet/runfleet/shared/clock"
+	"github.com/runfleet/runfleet/shared/hostproto"
+	"github.com/runfleet/runfleet/shared/store"
+	"github.com/runfleet/runfleet/shared/store/dynamostore"
+	"github.com/runfleet/runfleet/shared/store/storetest"
+)
+
+// expect is what one store operation should cost by the documented rules,
+// worked out by hand in the comments of TestMeteredCosts.
+type expect struct {
+	calls map[string]int
+	rcu   map[string]float64
+	wcu   map[string]float64
+}
+
+func checkUsage(t *testing.T, what string, got dynamostore.Usage, want expect) {
+	t.Helper()
+	if fmt.Sprint(got.Calls) != fmt.Sprint(want.calls) ||
+		fmt.Sprint(got.RCU) != fmt.Sprint(orEmpty(want.rcu)) ||
+		fmt.Sprint(got.WCU) != fmt.Sprint(orEmpty(want.wcu)) {
+		t.Errorf("%s:\n got  %s\n want calls %v RCU %v WCU %v", what, got, want.calls, want.rcu, want.wcu)
+	}
+}
+
+func orEmpty(m map[string]float64) map[string]float64 {
+	if m == nil {
+		return map[string]float64{}
+	}
+	return m
+}
+
+func TestMeteredCosts(t *testing.T) {
+	ctx := context.Background()
+	clk := clock.NewFake(storetest.Start)
+	m := &dynamostore.Meter{}
+	s := newStore(t, clk, m)
+	measure := func(what string, want expect, op func() error) {
+		t.Helper()
+		m.Reset()
+		if err := op(); err != nil {
+			t.Fatalf("%s: %v", what, err)
+		}
+		checkUsage(t, what, m.Snapshot(), want)
+	}
+	now := clk.Now()
+
+	// Items here are all well under 1 KB (a run is ~0.3 KB), so each base
+	// write is 1 WCU and each strongly consistent read 1 RCU.
+	r := store.Run{FleetRunID: "r1", OwnerID: "alice", HostID: "h1", Status: store.StatusDispatching,
+		Agent: "shell", CreatedAt: now, UpdatedAt: now, Deadline: now.Add(30 * time.Second)}
+	// A new run enters all three indexes: 1 + 1 + 1 + 1.
+	measure("CreateRun", expect{
+		calls: map[string]int{"PutItem": 1},
+		wcu:   map[string]float64{"runs": 1, "runs/live": 1, "runs/byOwner": 1, "runs/byHost": 1},
+	}, func() error { return s.CreateRun(ctx, r) })
+	r.Version = 1
+
+	// The host answered: status and child change, keys do not, nothing
+	// projected changes (KEYS_ONLY): the base write only.
+	r.Status, r.ChildRunID = hostproto.StatusRunning, "child-1"
+	measure("UpdateRun, stays live", expect{
+		calls: map[string]int{"UpdateItem": 1},
+		wcu:   map[string]float64{"runs": 1},
+	}, func() (err error) { r, err = s.UpdateRun(ctx, r); return err })
+
+	// Ended and drained: it leaves the live index, one more write.
+	end := clk.Now()
+	r.Status, r.EndedAt, r.Drained, r.ExpiresAt = hostproto.StatusSucceeded, &end, true, end.Add(24*time.Hour)
+	measure("UpdateRun, leaves live", expect{
+		calls: map[string]int{"UpdateItem": 1},
+		wcu:   map[string]float64{"runs": 1, "runs/live": 1},
+	}, func() (err error) { r, err = s.UpdateRun(ctx, r); return err })
+
+	// A lost race still costs the write (the stored run, < 1 KB).
+	stale := r
+	stale.Version = 1
+	m.Reset()
+	if _, err := s.UpdateRun(ctx, stale); !errors.Is(err, store.ErrConflict) {
+		t.Fatalf("stale UpdateRun: %v", err)
+	}
+	checkUsage(t, "UpdateRun, conflict", m.Snapshot(), expect{
+		calls: map[string]int{"UpdateItem": 1}, wcu: map[string]float64{"runs": 1},
+	})
+
+	measure("GetRun strong", expect{calls: map[string]int{"GetItem": 1}, rcu: map[string]float64{"runs": 1}},
+		func() error { _, err := s.GetRun(ctx, "r1"); return err })
+	measure("GetRun eventual", expect{calls: map[string]int{"GetItem": 1}, rcu: map[string]float64{"runs": 0.5}},
+		func() error { _, err := s.GetRun(store.EventualRead(ctx), "r1"); return err })
+
+	it := store.Idempotency{Key: "alice#k1", FleetRunID: "r1", RequestHash: strings.Repeat("f", 64), CreatedAt: now, ExpiresAt: now.Add(24 * time.Hour)}
+	measure("PutIdempotency, new", expect{calls: map[string]int{"PutItem": 1}, wcu: map[string]float64{"idempotency": 1}},
+		func() error { _, err := s.PutIdempotency(ctx, it); return err })
+	// Lost: 1 WCU for the failed condition, and the holder comes back on
+	// the error (ALL_OLD): no read.
+	m.Reset()
+	if got, err := s.PutIdempotency(ctx, it); !errors.Is(err, store.ErrExists) || got.FleetRunID != "r1" {
+		t.Fatalf("PutIdempotency again: %v %v", got, err)
+	}
+	checkUsage(t, "PutIdempotency, held", m.Snapshot(), expect{
+		calls: map[string]int{"PutItem": 1}, wcu: map[string]float64{"idempotency": 1},
+	})
+	measure("GetIdempotency eventual", expect{calls: map[string]int{"GetItem": 1}, rcu: map[string]float64{"idempotency": 0.5}},
+		func() error { _, err := s.GetIdempotency(store.EventualRead(ctx), "alice#k1"); return err })
+	m.Reset()
+	if _, err := s.GetIdempotency(ctx, "alice#absent"); !errors.Is(err, store.ErrNotFound) {
+		t.Fatal(err)
+	}
+	checkUsage(t, "GetIdempotency of a missing key costs the minimum", m.Snapshot(), expect{
+		calls: map[string]int{"GetItem": 1}, rcu: map[string]float64{"idempotency": 1},
+	})
+
+	c := store.Caller{OwnerID: "bob", TokenHash: strings.Repeat("ab", 32), AllowedHosts: store.Scope{All: true}, AllowedProjects: store.Scope{All: true}, CreatedAt: now}
+	// Two puts in a transaction: 2 x 1 WCU, doubled.
+	measure("CreateCaller", expect{calls: map[string]int{"TransactWriteItems": 1}, wcu: map[string]float64{"callers": 4}},
+		func() error { return s.CreateCaller(ctx, c) })
+	measure("CallerByTokenHash", expect{calls: map[string]int{"GetItem": 1}, rcu: map[string]float64{"callers": 1}},
+		func() error { _, err := s.CallerByTokenHash(ctx, c.TokenHash); return err })
+	measure("DeleteCaller", expect{
+		calls: map[string]int{"GetItem": 1, "TransactWriteItems": 1},
+		rcu:   map[string]float64{"callers": 1}, wcu: map[string]float64{"callers": 4},
+	}, func() error { return s.DeleteCaller(ctx, "bob") })
+
+	// Listing an owner's three runs: one index query (three ~0.1 KB keys,
+	// eventual: 0.5) and one BatchGetItem (three runs, eventual: 3 x 0.5).
+	for i := 2; i <= 3; i++ {
+		if err := s.CreateRun(ctx, store.Run{FleetRunID: fmt.Sprintf("r%d", i), OwnerID: "alice", HostID: "h1", Status: "running", CreatedAt: now.Add(time.Duration(i) * time.Second)}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	measure("ListRuns of an owner", expect{
+		calls: map[string]int{"Query": 1, "BatchGetItem": 1},
+		rcu:   map[string]float64{"runs/byOwner": 0.5, "runs": 1.5},
+	}, func() error {
+		p, err := s.ListRuns(ctx, store.RunQuery{OwnerID: "alice"})
+		if err == nil && len(p.Runs) != 3 {
+			err = fmt.Errorf("%d runs", len(p.Runs))
+		}
+		return err
+	})
+
+	// An event of 4500 bytes of data plus ~70 bytes of names and keys:
+	// ceil(4.57 KB) = 5 WCU; re-putting it costs 5 again (the existing
+	// item's size, condition failed).
+	data, _ := json.Marshal(strings.Repeat("x", 4498))
+	ev := store.Event{FleetRunID: "r1", Event: hostproto.Event{Sequence: 1, Type: "output", Data: data, TS: now}}
+	for _, what := range []string{"PutEvents, new", "PutEvents, stored already"} {
+		measure(what, expect{calls: map[string]int{"PutItem": 1}, wcu: map[string]float64{"events": 5}},
+			func() error { return s.PutEvents(ctx, []store.Event{ev}) })
+	}
+	// Reading it back strongly consistent: 4.57 KB -> 8 KB -> 2 RCU.
+	measure("ListEvents", expect{calls: map[string]int{"Query": 1}, rcu: map[string]float64{"events": 2}},
+		func() error { _, err := s.ListEvents(ctx, "r1", 0, 10); return err })
+}
