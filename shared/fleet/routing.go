@@ -127,22 +127,28 @@ func exclusions(in RouteInput, h store.Host, cloneURL string) (reasons []string,
 	if !h.Enabled {
 		reasons = append(reasons, ExcludedDisabled)
 	}
+	// What the host offers (draining, agents, features) is known only from
+	// an ok probe; without one, never_probed or unhealthy says why.
 	p := h.Probe
-	if p == nil {
+	var offer *store.Probe
+	switch {
+	case p == nil:
 		reasons = append(reasons, ExcludedNeverProbed)
-	} else {
+	default:
 		if in.Now.Sub(p.At) > in.MaxProbeAge {
 			reasons = append(reasons, ExcludedStaleProbe)
 		}
 		if p.Status != store.ProbeOK {
 			reasons = append(reasons, ExcludedUnhealthy)
+		} else {
+			offer = p
 		}
-		if p.Draining {
-			reasons = append(reasons, ExcludedDraining)
-		}
-		if in.Agent != "" && !contains(p.Agents, in.Agent) {
-			reasons = append(reasons, ExcludedAgentUnsupported)
-		}
+	}
+	if offer != nil && offer.Draining {
+		reasons = append(reasons, ExcludedDraining)
+	}
+	if offer != nil && in.Agent != "" && !contains(offer.Agents, in.Agent) {
+		reasons = append(reasons, ExcludedAgentUnsupported)
 	}
 	for k, v := range in.Labels {
 		if hv, ok := h.Labels[k]; !ok || hv != v {
@@ -157,8 +163,7 @@ func exclusions(in RouteInput, h store.Host, cloneURL string) (reasons []string,
 			rewrite = true
 		}
 	}
-	// Without a probe the features are unknown: never_probed says so already.
-	if in.NeedsSecrets && p != nil && (!p.Features.SecretsProxy || !p.Features.ExecRequire) {
+	if in.NeedsSecrets && offer != nil && (!offer.Features.SecretsProxy || !offer.Features.ExecRequire) {
 		reasons = append(reasons, ExcludedSecretsUnsupported)
 	}
 	return reasons, rewrite

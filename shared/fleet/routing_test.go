@@ -92,6 +92,16 @@ func TestRouteListsEveryReasonOfEveryHost(t *testing.T) {
 	}
 }
 
+func TestRouteJudgesOffersOnlyFromAnOkProbe(t *testing.T) {
+	h := healthyHost("h1")
+	h.Probe = &store.Probe{Status: store.ProbeUnreachable, At: routeNow}
+	d := Route(RouteInput{Hosts: []store.Host{h}, Agent: "shell", NeedsSecrets: true, Now: routeNow, MaxProbeAge: time.Minute})
+	want := []Exclusion{{HostID: "h1", Reasons: []string{ExcludedUnhealthy}}}
+	if d.Host != nil || !reflect.DeepEqual(d.Excluded, want) {
+		t.Fatalf("decision = %+v, want only unhealthy", d)
+	}
+}
+
 func TestRouteRefusesWithNoCandidates(t *testing.T) {
 	d := Route(RouteInput{Agent: "shell", Now: routeNow, MaxProbeAge: time.Minute})
 	if d.Host != nil || d.Excluded == nil || len(d.Excluded) != 0 || !strings.Contains(d.Reason, "no host") {

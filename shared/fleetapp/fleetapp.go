@@ -1,0 +1,232 @@
+// Package fleetapp assembles Fleet from its configuration: the store
+// (DynamoDB or bbolt), the credential source, the admin token, the domain
+// and the API handler. The Lambda functions and the local stack build Fleet
+// only through it, so both run the same thing.
+package fleetapp
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+
+	"github.com/aws/aws-sdk-go-v2/aws"
+	awsconfig "github.com/aws/aws-sdk-go-v2/config"
+	"github.com/aws/aws-sdk-go-v2/service/dynamodb"
+	"github.com/aws/aws-sdk-go-v2/service/secretsmanager"
+
+	"github.com/runfleet/runfleet/shared/api"
+	"github.com/runfleet/runfleet/shared/auth"
+	"github.com/runfleet/runfleet/shared/clock"
+	"github.com/runfleet/runfleet/shared/config"
+	"github.com/runfleet/runfleet/shared/credentials"
+	"github.com/runfleet/runfleet/shared/fleet"
+	"github.com/runfleet/runfleet/shared/hostproto"
+	"github.com/runfleet/runfleet/shared/store"
+	"github.com/runfleet/runfleet/shared/store/boltstore"
+	"github.com/runfleet/runfleet/shared/store/dynamostore"
+)
+
+// Deps are what the environment does not say.
+type Deps struct {
+	// Logger is required.
+	Logger *slog.Logger
+	// Clock: nil is the wall clock.
+	Clock clock.Clock
+	// Random: nil is crypto/rand.
+	Random io.Reader
+	// DialContext dials hosts: nil is a net.Dialer.
+	DialContext hostproto.DialContextFunc
+	// DefaultStore applies when RUNFLEET_STORE is unset: "dynamodb" in
+	// Lambda, "bolt:<path>" in the local stack. Empty means "dynamodb".
+	DefaultStore string
+	// CreateTables creates missing DynamoDB tables at start: for stacks
+	// that own their tables (moto, DynamoDB Local); never in AWS, where
+	// template.yaml owns them.
+	CreateTables bool
+	// LoadAWS loads the AWS configuration when one is needed (DynamoDB,
+	// Secrets Manager); nil uses the SDK's default chain.
+	LoadAWS func(ctx context.Context) (aws.Config, error)
+	// Meter, when set, prices a DynamoDB store's calls (benchmarks only).
+	Meter *dynamostore.Meter
+}
+
+// App is an assembled Fleet.
+type App struct {
+	Config      config.Fleet
+	Store       store.Store
+	Credentials credentials.Source
+	Fleet       *fleet.Fleet
+	API         *api.Handler
+	// AdminConfigured reports whether a bootstrap admin token is in use.
+	AdminConfigured bool
+
+	closers []func() error
+}
+
+// New builds Fleet from cfg (config.FromEnv) and deps.
+func New(ctx context.Context, cfg config.Fleet, deps Deps) (*App, error) {
+	if deps.Logger == nil {
+		return nil, errors.New("fleetapp: Deps.Logger is required")
+	}
+	if cfg.Store == "" {
+		cfg.Store = deps.DefaultStore
+		if cfg.Store == "" {
+			cfg.Store = config.StoreDynamoDB
+		}
+	}
+	kind, boltPath, err := config.ParseStore(cfg.Store)
+	if err != nil {
+		return nil, err
+	}
+	app := &App{Config: cfg}
+	ok := false
+	defer func() {
+		if !ok {
+			app.Close()
+		}
+	}()
+
+	var awsCfg *aws.Config
+	loadAWS := func() (aws.Config, error) {
+		if awsCfg != nil {
+			return *awsCfg, nil
+		}
+		load := deps.LoadAWS
+		if load == nil {
+			load = func(ctx context.Context) (aws.Config, error) { return awsconfig.LoadDefaultConfig(ctx) }
+		}
+		c, err := load(ctx)
+		if err != nil {
+			return aws.Config{}, fmt.Errorf("fleetapp: loading the AWS configuration: %w", err)
+		}
+		awsCfg = &c
+		return c, nil
+	}
+
+	switch kind {
+	case config.StoreBolt:
+		st, err := boltstore.Open(boltPath, boltstore.WithClock(orReal(deps.Clock)))
+		if err != nil {
+			return nil, err
+		}
+		app.Store = st
+		app.closers = append(app.closers, st.Close)
+	case config.StoreDynamoDB:
+		ac, err := loadAWS()
+		if err != nil {
+			return nil, err
+		}
+		client := dynamodb.NewFromConfig(ac, func(o *dynamodb.Options) {
+			if cfg.DynamoDBEndpoint != "" {
+				o.BaseEndpoint = aws.String(cfg.DynamoDBEndpoint)
+			}
+		})
+		st, err := dynamostore.New(client, dynamostore.Config{
+			Tables: dynamostore.TableNames(cfg.Tables), Clock: deps.Clock, Meter: deps.Meter,
+		})
+		if err != nil {
+			return nil, err
+		}
+		if deps.CreateTables {
+			if err := st.CreateTables(ctx); err != nil {
+				return nil, err
+			}
+		}
+		app.Store = st
+	}
+
+	var smClient *secretsmanager.Client
+	secretsManager := func() (*secretsmanager.Client, error) {
+		if smClient == nil {
+			ac, err := loadAWS()
+			if err != nil {
+				return nil, err
+			}
+			smClient = secretsmanager.NewFromConfig(ac)
+		}
+		return smClient, nil
+	}
+	credOpts := credentials.Options{Clock: deps.Clock}
+	if cfg.Credentials.NeedsAWS() {
+		if credOpts.SecretsManager, err = secretsManager(); err != nil {
+			return nil, err
+		}
+	}
+	if app.Credentials, err = cfg.Credentials.Open(credOpts); err != nil {
+		return nil, err
+	}
+
+	adminToken := cfg.AdminToken
+	if adminToken == "" && cfg.AdminTokenSecret != "" {
+		sm, err := secretsManager()
+		if err != nil {
+			return nil, err
+		}
+		if adminToken, err = readAdminToken(ctx, sm, cfg.AdminTokenSecret); err != nil {
+			return nil, err
+		}
+	}
+	app.AdminConfigured = adminToken != ""
+	if !app.AdminConfigured {
+		deps.Logger.Warn("no admin token: set RUNFLEET_ADMIN_TOKEN or RUNFLEET_ADMIN_TOKEN_SECRET to administer Fleet")
+	}
+
+	repos, err := fleet.LoadRepoURLs(cfg.RepoURLsPath())
+	if err != nil {
+		return nil, err
+	}
+	app.Fleet, err = fleet.New(fleet.Config{
+		Store: app.Store, Credentials: app.Credentials, Logger: deps.Logger, Clock: deps.Clock,
+		Random: deps.Random, DialContext: deps.DialContext, HostTimeout: cfg.HostTimeout,
+		ProbeTimeout: cfg.ProbeTimeout, ProbeMaxAge: cfg.ProbeMaxAge, ProbeConcurrency: cfg.ProbeConcurrency,
+		Retention: cfg.Retention(), RepoURLs: repos,
+	})
+	if err != nil {
+		return nil, err
+	}
+	app.API, err = api.New(api.Config{
+		Fleet: app.Fleet, Auth: auth.NewAuthenticator(app.Store, adminToken), Logger: deps.Logger, Clock: deps.Clock,
+	})
+	if err != nil {
+		return nil, err
+	}
+	ok = true
+	return app, nil
+}
+
+// readAdminToken reads the admin token's SecretString.
+func readAdminToken(ctx context.Context, sm credentials.SecretsManagerAPI, id string) (string, error) {
+	out, err := sm.GetSecretValue(ctx, &secretsmanager.GetSecretValueInput{SecretId: aws.String(id)})
+	if err != nil {
+		return "", fmt.Errorf("fleetapp: reading the admin token secret %s: %w", id, err)
+	}
+	tok := aws.ToString(out.SecretString)
+	if len(tok) < config.MinAdminTokenLength {
+		return "", fmt.Errorf("fleetapp: the admin token secret %s holds fewer than %d characters", id, config.MinAdminTokenLength)
+	}
+	return tok, nil
+}
+
+func orReal(c clock.Clock) clock.Clock {
+	if c == nil {
+		return clock.Real{}
+	}
+	return c
+}
+
+// Close releases the store.
+func (a *App) Close() error {
+	var errs []error
+	for i := len(a.closers) - 1; i >= 0; i-- {
+		errs = append(errs, a.closers[i]())
+	}
+	a.closers = nil
+	return errors.Join(errs...)
+}
+
+// NewLogger is Fleet's production logger: JSON lines on w at level.
+func NewLogger(w io.Writer, level slog.Level) *slog.Logger {
+	return slog.New(slog.NewJSONHandler(w, &slog.HandlerOptions{Level: level}))
+}

@@ -1,0 +1,146 @@
+package tests
+
+import (
+	"fmt"
+	"net/http"
+	"strings"
+	"testing"
+
+	"github.com/runfleet/runfleet/shared/fakehost"
+)
+
+// TestAuthorizationMatrix sends every route as each kind of principal and
+// checks the status DESIGN.md's scoping gives it: 401 without or with an
+// unknown token, 403 for admin routes and hosts out of scope, 404 for
+// another owner's run, 2xx otherwise.
+func TestAuthorizationMatrix(t *testing.T) {
+	for _, kind := range storeKinds {
+		t.Run(kind, func(t *testing.T) { authorizationMatrix(t, kind) })
+	}
+}
+
+func authorizationMatrix(t *testing.T, kind string) {
+	s := newStack(t, kind, stackOptions{})
+	s.addHost(t, "h1", fakehost.Config{}, nil)
+	s.probe(t, "h1")
+	s.addHost(t, "h2", fakehost.Config{}, nil)
+	s.probe(t, "h2")
+
+	principals := []struct {
+		name  string
+		token string
+	}{
+		{"no token", ""},
+		{"unknown token", "rft_this-token-was-never-minted-000000000000"},
+		{"caller without the host", s.mint(t, "nohost", []string{"h2"}, "*")},
+		{"caller with the host", s.mint(t, "alice", []string{"h1"}, "*")},
+		{"another owner", s.mint(t, "bob", []string{"h1"}, "*")},
+		{"admin", adminToken},
+	}
+	aliceToken := principals[3].token
+	aliceRun := s.must(t, http.StatusCreated, "POST", "/fleet/runs", aliceToken, `{"host":"h1","agent":"shell"}`).str("fleetRunId")
+
+	const (
+		none, unknown, without, with, other, admin = 0, 1, 2, 3, 4, 5
+	)
+	n := 0
+	uniq := func(prefix string) string { n++; return fmt.Sprintf("%s%d", prefix, n) }
+	type row struct {
+		method, path string
+		body         func() string
+		// want is the status per principal, in the order above.
+		want [6]int
+		// check, if set, looks at a 2xx answer's body.
+		check func(t *testing.T, principal int, a answer)
+	}
+	adminOnly := func(ok int) [6]int { return [6]int{401, 401, 403, 403, 403, ok} }
+	rows := []row{
+		{"GET", "/healthz", nil, [6]int{200, 200, 200, 200, 200, 200}, nil},
+		{"GET", "/fleet/hosts", nil, [6]int{401, 401, 200, 200, 200, 200}, func(t *testing.T, p int, a answer) {
+			ids := hostIDs(a)
+			want := map[int]string{without: "h2", with: "h1", other: "h1", admin: "h1,h2"}[p]
+			if ids != want {
+				t.Errorf("hosts seen = %s, want %s", ids, want)
+			}
+		}},
+		{"POST", "/fleet/hosts", func() string {
+			return fmt.Sprintf(`{"id":%q,"baseUrl":"https://runner.example","credentialRef":%q}`, uniq("new"), hostCredRef)
+		}, adminOnly(201), nil},
+		{"POST", "/fleet/hosts/h1/enable", func() string { return `{"enabled":true}` }, adminOnly(200), nil},
+		{"POST", "/fleet/hosts/h1/probe", nil, adminOnly(200), nil},
+		{"POST", "/fleet/probe", nil, adminOnly(200), nil},
+		{"POST", "/fleet/callers", func() string {
+			return fmt.Sprintf(`{"ownerId":%q,"allowedHosts":"*","allowedProjects":"*"}`, uniq("minted"))
+		}, adminOnly(201), nil},
+		{"GET", "/fleet/callers", nil, adminOnly(200), nil},
+		{"POST", "/fleet/runs", func() string { return `{"host":"h1","agent":"shell"}` }, [6]int{401, 401, 403, 201, 201, 201}, nil},
+		{"GET", "/fleet/runs", nil, [6]int{401, 401, 200, 200, 200, 200}, func(t *testing.T, p int, a answer) {
+			runs, _ := a.body["runs"].([]any)
+			for _, r := range runs {
+				owner := r.(map[string]any)["ownerId"]
+				want := map[int]string{without: "nohost", with: "alice", other: "bob"}[p]
+				if p != admin && owner != want {
+					t.Errorf("%s sees a run of %v", want, owner)
+				}
+			}
+			if p == admin && len(runs) < 2 {
+				t.Errorf("admin sees %d runs, want every owner's", len(runs))
+			}
+		}},
+		{"GET", "/fleet/runs/" + aliceRun, nil, [6]int{401, 401, 404, 200, 404, 200}, nil},
+	}
+	// Deletions go last, each on its own target so every principal's
+	// attempt meets an existing one.
+	for i := range principals {
+		s.addHost(t, fmt.Sprintf("del%d", i), fakehost.Config{}, nil)
+		s.mint(t, fmt.Sprintf("revoke%d", i), "*", "*")
+	}
+	p := 0
+	rows = append(rows,
+		row{"DELETE", "/fleet/hosts/del%d", nil, adminOnly(200), nil},
+		row{"DELETE", "/fleet/callers/revoke%d", nil, adminOnly(200), nil},
+	)
+
+	for _, r := range rows {
+		for i, pr := range principals {
+			p = i
+			path := r.path
+			if strings.Contains(path, "%d") {
+				path = fmt.Sprintf(path, i)
+			}
+			body := ""
+			if r.body != nil {
+				body = r.body()
+			}
+			a := s.do(t, r.method, path, pr.token, body)
+			if a.status != r.want[i] {
+				t.Errorf("%s %s as %s: %d %s, want %d", r.method, path, pr.name, a.status, a.raw, r.want[i])
+				continue
+			}
+			if a.status == 401 && (a.errorText() == "" || a.body["code"] != "unauthenticated") {
+				t.Errorf("%s %s as %s: 401 body %s", r.method, path, pr.name, a.raw)
+			}
+			if a.status < 300 && r.check != nil {
+				r.check(t, p, a)
+			}
+		}
+	}
+
+	// A revoked caller's token stops working.
+	revoked := s.mint(t, "short-lived", "*", "*")
+	s.must(t, 200, "GET", "/fleet/runs", revoked, "")
+	s.must(t, 200, "DELETE", "/fleet/callers/short-lived", adminToken, "")
+	s.must(t, 401, "GET", "/fleet/runs", revoked, "")
+}
+
+func hostIDs(a answer) string {
+	hosts, _ := a.body["hosts"].([]any)
+	var ids []string
+	for _, h := range hosts {
+		id := h.(map[string]any)["id"].(string)
+		if id == "h1" || id == "h2" {
+			ids = append(ids, id)
+		}
+	}
+	return strings.Join(ids, ",")
+}

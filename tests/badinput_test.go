@@ -1,0 +1,150 @@
+package tests
+
+import (
+	"fmt"
+	"net/http"
+	"strings"
+	"testing"
+
+	"github.com/runfleet/runfleet/shared/fakehost"
+)
+
+// TestBadInputCorpus sends malformed input to every route that takes input:
+// each answer is a 4xx whose message names the field or parameter, never a
+// 5xx.
+func TestBadInputCorpus(t *testing.T) {
+	s := newStack(t, "bolt", stackOptions{})
+	s.addHost(t, "h1", fakehost.Config{Features: fakeFeatures}, nil)
+	s.probe(t, "h1")
+	acme := s.mint(t, "acme-ci", "*", []string{"acme"})
+
+	huge := fmt.Sprintf(`{"agent":"shell","prompt":%q}`, strings.Repeat("x", 1<<20+10))
+	hugeHost := fmt.Sprintf(`{"id":"big","baseUrl":"https://h","credentialRef":%q,"caPem":%q}`, hostCredRef, strings.Repeat("x", 1<<20))
+	reg := func(fields string) string {
+		return `{"id":"nh","baseUrl":"https://runner.example","credentialRef":"` + hostCredRef + `"` + fields + `}`
+	}
+	mint := func(fields string) string { return `{"ownerId":"new-owner"` + fields + `}` }
+	scopes := `,"allowedHosts":"*","allowedProjects":"*"`
+	secret := `"secrets":[{"projectId":"acme","key":"OPENAI_API_KEY","domains":["api.openai.com"]}]`
+
+	type tc struct {
+		name, method, path, token, body string
+		headers                         []string
+		status                          int
+		mention                         string
+	}
+	cases := []tc{
+		// POST /fleet/hosts
+		{"hosts malformed", "POST", "/fleet/hosts", adminToken, `{"id": "x",`, nil, 400, "malformed JSON"},
+		{"hosts array", "POST", "/fleet/hosts", adminToken, `[{"id":"x"}]`, nil, 400, "JSON object"},
+		{"hosts wrong type", "POST", "/fleet/hosts", adminToken, `{"id":5,"baseUrl":"https://h","credentialRef":"x"}`, nil, 400, "id: want a string"},
+		{"hosts empty id", "POST", "/fleet/hosts", adminToken, `{"id":"","baseUrl":"https://h","credentialRef":"x"}`, nil, 400, "id is required"},
+		{"hosts empty baseUrl", "POST", "/fleet/hosts", adminToken, `{"id":"x","baseUrl":"","credentialRef":"x"}`, nil, 400, "baseUrl is required"},
+		{"hosts empty credentialRef", "POST", "/fleet/hosts", adminToken, `{"id":"x","baseUrl":"https://h","credentialRef":""}`, nil, 400, "credentialRef is required"},
+		{"hosts unknown field", "POST", "/fleet/hosts", adminToken, reg(`,"extra":1`), nil, 400, `unknown field "extra"`},
+		{"hosts field case", "POST", "/fleet/hosts", adminToken, reg(`,"BaseURL":"x"`), nil, 400, `"BaseURL"`},
+		{"hosts labels array", "POST", "/fleet/hosts", adminToken, reg(`,"labels":["a"]`), nil, 400, "labels"},
+		{"hosts localPaths string", "POST", "/fleet/hosts", adminToken, reg(`,"localPaths":"/srv"`), nil, 400, "localPaths"},
+		{"hosts localPaths relative", "POST", "/fleet/hosts", adminToken, reg(`,"localPaths":["srv"]`), nil, 400, "localPaths[0]"},
+		{"hosts enabled string", "POST", "/fleet/hosts", adminToken, reg(`,"enabled":"yes"`), nil, 400, "enabled: want true or false"},
+		{"hosts http off loopback", "POST", "/fleet/hosts", adminToken, `{"id":"x","baseUrl":"http://10.1.2.3:7070","credentialRef":"` + hostCredRef + `"}`, nil, 400, "baseUrl"},
+		{"hosts unknown credentialRef", "POST", "/fleet/hosts", adminToken, `{"id":"x","baseUrl":"https://h","credentialRef":"nope"}`, nil, 400, "credentialRef"},
+		{"hosts bad caPem", "POST", "/fleet/hosts", adminToken, reg(`,"caPem":"-----BEGIN CERTIFICATE-----\nAAAA\n-----END CERTIFICATE-----\n"`), nil, 400, "caPem"},
+		{"hosts over 1 MiB", "POST", "/fleet/hosts", adminToken, hugeHost, nil, 413, "larger than"},
+		// POST /fleet/hosts/{id}/enable
+		{"enable missing", "POST", "/fleet/hosts/h1/enable", adminToken, `{}`, nil, 400, "enabled is required"},
+		{"enable no body", "POST", "/fleet/hosts/h1/enable", adminToken, ``, nil, 400, "JSON object"},
+		{"enable string", "POST", "/fleet/hosts/h1/enable", adminToken, `{"enabled":"true"}`, nil, 400, "enabled: want true or false"},
+		{"enable array", "POST", "/fleet/hosts/h1/enable", adminToken, `[true]`, nil, 400, "JSON object"},
+		{"enable unknown field", "POST", "/fleet/hosts/h1/enable", adminToken, `{"enabled":true,"why":"x"}`, nil, 400, `unknown field "why"`},
+		{"enable malformed", "POST", "/fleet/hosts/h1/enable", adminToken, `{"enabled":tru}`, nil, 400, "malformed JSON"},
+		// DELETE /fleet/hosts/{id}
+		{"delete force value", "DELETE", "/fleet/hosts/h1?force=yes", adminToken, ``, nil, 400, "force"},
+		{"delete unknown parameter", "DELETE", "/fleet/hosts/h1?forse=1", adminToken, ``, nil, 400, `"forse"`},
+		{"delete with a body", "DELETE", "/fleet/hosts/h1", adminToken, `{"force":true}`, nil, 400, "no request body"},
+		// probes
+		{"probe unknown field", "POST", "/fleet/hosts/h1/probe", adminToken, `{"x":1}`, nil, 400, `unknown field "x"`},
+		{"probe array", "POST", "/fleet/hosts/h1/probe", adminToken, `[]`, nil, 400, "JSON object"},
+		{"probe all unknown field", "POST", "/fleet/probe", adminToken, `{"all":true}`, nil, 400, `unknown field "all"`},
+		// POST /fleet/callers
+		{"mint malformed", "POST", "/fleet/callers", adminToken, `{"ownerId":`, nil, 400, "malformed JSON"},
+		{"mint array", "POST", "/fleet/callers", adminToken, `["x"]`, nil, 400, "JSON object"},
+		{"mint empty owner", "POST", "/fleet/callers", adminToken, `{"ownerId":""` + scopes + `}`, nil, 400, "ownerId"},
+		{"mint owner shape", "POST", "/fleet/callers", adminToken, `{"ownerId":"a b"` + scopes + `}`, nil, 400, "ownerId"},
+		{"mint owner type", "POST", "/fleet/callers", adminToken, `{"ownerId":7` + scopes + `}`, nil, 400, "ownerId"},
+		{"mint hosts string", "POST", "/fleet/callers", adminToken, mint(`,"allowedHosts":"all","allowedProjects":"*"`), nil, 400, "allowedHosts"},
+		{"mint hosts numbers", "POST", "/fleet/callers", adminToken, mint(`,"allowedHosts":[1],"allowedProjects":"*"`), nil, 400, "allowedHosts"},
+		{"mint hosts object", "POST", "/fleet/callers", adminToken, mint(`,"allowedHosts":{"h1":true},"allowedProjects":"*"`), nil, 400, "allowedHosts"},
+		{"mint hosts missing", "POST", "/fleet/callers", adminToken, mint(`,"allowedProjects":"*"`), nil, 400, "allowedHosts"},
+		{"mint projects empty id", "POST", "/fleet/callers", adminToken, mint(`,"allowedHosts":"*","allowedProjects":[""]`), nil, 400, "allowedProjects[0]"},
+		{"mint admin string", "POST", "/fleet/callers", adminToken, mint(scopes + `,"admin":"yes"`), nil, 400, "admin"},
+		{"mint unknown field", "POST", "/fleet/callers", adminToken, mint(scopes + `,"token":"mine"`), nil, 400, `unknown field "token"`},
+		{"mint reserved owner", "POST", "/fleet/callers", adminToken, `{"ownerId":"admin"` + scopes + `}`, nil, 409, "admin"},
+		{"mint over 1 MiB", "POST", "/fleet/callers", adminToken, mint(scopes + `,"x":"` + strings.Repeat("y", 1<<20) + `"`), nil, 413, "larger than"},
+		// POST /fleet/runs
+		{"runs malformed", "POST", "/fleet/runs", acme, `{"agent":"shell"`, nil, 400, "malformed JSON"},
+		{"runs array", "POST", "/fleet/runs", acme, `[{"agent":"shell"}]`, nil, 400, "JSON object"},
+		{"runs null", "POST", "/fleet/runs", acme, `null`, nil, 400, "JSON object"},
+		{"runs agent type", "POST", "/fleet/runs", acme, `{"agent":1}`, nil, 400, "agent"},
+		{"runs argv string", "POST", "/fleet/runs", acme, `{"agent":"shell","argv":"ls -l"}`, nil, 400, "argv"},
+		{"runs argv empty", "POST", "/fleet/runs", acme, `{"agent":"shell","argv":[]}`, nil, 400, "argv"},
+		{"runs env array", "POST", "/fleet/runs", acme, `{"agent":"shell","env":["A=1"]}`, nil, 400, "env"},
+		{"runs env number", "POST", "/fleet/runs", acme, `{"agent":"shell","env":{"A":1}}`, nil, 400, "env"},
+		{"runs labels array", "POST", "/fleet/runs", acme, `{"agent":"shell","labels":["gpu"]}`, nil, 400, "labels"},
+		{"runs secrets object", "POST", "/fleet/runs", acme, `{"agent":"shell","secrets":{"projectId":"acme"}}`, nil, 400, "secrets"},
+		{"runs secret unknown field", "POST", "/fleet/runs", acme, `{"agent":"shell","secrets":[{"projectId":"acme","key":"K","domains":["a.b"],"value":"x"}]}`, nil, 400, `"secrets[0].value"`},
+		{"runs secret empty project", "POST", "/fleet/runs", acme, `{"agent":"shell","secrets":[{"projectId":"","key":"K","domains":["a.b"]}]}`, nil, 400, "secrets[0].projectId"},
+		{"runs secret no domains", "POST", "/fleet/runs", acme, `{"agent":"shell","secrets":[{"projectId":"acme","key":"K","domains":[]}]}`, nil, 400, "secrets[0].domains"},
+		{"runs prompt type", "POST", "/fleet/runs", acme, `{"agent":"shell","prompt":5}`, nil, 400, "prompt"},
+		{"runs empty agent", "POST", "/fleet/runs", acme, `{"agent":""}`, nil, 400, "agent"},
+		{"runs no agent", "POST", "/fleet/runs", acme, `{}`, nil, 400, "agent"},
+		{"runs empty prompt", "POST", "/fleet/runs", acme, `{"agent":"shell","prompt":""}`, nil, 400, "prompt"},
+		{"runs empty host", "POST", "/fleet/runs", acme, `{"agent":"shell","host":""}`, nil, 400, "host"},
+		{"runs empty repository", "POST", "/fleet/runs", acme, `{"agent":"shell","repository":""}`, nil, 400, "repository"},
+		{"runs empty localPath", "POST", "/fleet/runs", acme, `{"agent":"shell","localPath":""}`, nil, 400, "localPath"},
+		{"runs relative localPath", "POST", "/fleet/runs", acme, `{"agent":"shell","localPath":"src"}`, nil, 400, "localPath"},
+		{"runs empty idempotency", "POST", "/fleet/runs", acme, `{"agent":"shell","idempotency":""}`, nil, 400, "idempotency"},
+		{"runs empty key header", "POST", "/fleet/runs", acme, `{"agent":"shell"}`, []string{"Idempotency-Key", ""}, 400, "Idempotency-Key"},
+		{"runs keys differ", "POST", "/fleet/runs", acme, `{"agent":"shell","idempotency":"a"}`, []string{"Idempotency-Key", "b"}, 400, "Idempotency-Key"},
+		{"runs unknown field", "POST", "/fleet/runs", acme, `{"agent":"shell","hots":"h1"}`, nil, 400, `unknown field "hots"`},
+		{"runs field case", "POST", "/fleet/runs", acme, `{"Agent":"shell"}`, nil, 400, `"Agent"`},
+		{"runs env granted key", "POST", "/fleet/runs", acme, `{"agent":"shell",` + secret + `,"env":{"OPENAI_API_KEY":"sk-real"}}`, nil, 400, "env OPENAI_API_KEY"},
+		{"runs env proxy", "POST", "/fleet/runs", acme, `{"agent":"shell","env":{"HTTPS_PROXY":"http://elsewhere:3128"}}`, nil, 400, "env HTTPS_PROXY"},
+		{"runs env trust", "POST", "/fleet/runs", acme, `{"agent":"shell","env":{"SSL_CERT_FILE":"/tmp/mine.pem"}}`, nil, 400, "env SSL_CERT_FILE"},
+		{"runs env runfleet", "POST", "/fleet/runs", acme, `{"agent":"shell","env":{"RUNFLEET_PROXIED_KEYS":"{}"}}`, nil, 400, "env RUNFLEET_PROXIED_KEYS"},
+		{"runs project out of scope", "POST", "/fleet/runs", acme, `{"agent":"shell","secrets":[{"projectId":"globex","key":"K","domains":["a.b"]}]}`, nil, 403, `project "globex"`},
+		{"runs over 1 MiB", "POST", "/fleet/runs", acme, huge, nil, 413, "larger than"},
+		// GET /fleet/runs
+		{"list limit Infinity", "GET", "/fleet/runs?limit=Infinity", acme, ``, nil, 400, "limit"},
+		{"list limit 2.5", "GET", "/fleet/runs?limit=2.5", acme, ``, nil, 400, "limit"},
+		{"list limit -1", "GET", "/fleet/runs?limit=-1", acme, ``, nil, 400, "limit"},
+		{"list limit twice", "GET", "/fleet/runs?limit=1&limit=2", acme, ``, nil, 400, "limit"},
+		{"list after -1", "GET", "/fleet/runs?after=-1", acme, ``, nil, 400, "after"},
+		{"list cursor garbage", "GET", "/fleet/runs?cursor=not-a-cursor", acme, ``, nil, 400, "cursor"},
+		{"list cursor empty", "GET", "/fleet/runs?cursor=", acme, ``, nil, 400, "cursor"},
+		// GET /fleet/runs/{id}, GET /fleet/hosts
+		{"run unknown parameter", "GET", "/fleet/runs/fr-x?after=-1", acme, ``, nil, 400, "after"},
+		{"run unknown id", "GET", "/fleet/runs/fr-unknown", acme, ``, nil, 404, "fr-unknown"},
+		{"hosts with a body", "GET", "/fleet/hosts", acme, `{}`, nil, 400, "no request body"},
+	}
+	for _, c := range cases {
+		a := s.do(t, c.method, c.path, c.token, c.body, c.headers...)
+		if a.status >= 500 {
+			t.Errorf("%s: %d %s: a 5xx", c.name, a.status, a.raw)
+			continue
+		}
+		if a.status != c.status || !strings.Contains(a.errorText(), c.mention) {
+			t.Errorf("%s: %d %s, want %d naming %q", c.name, a.status, truncate(a.raw), c.status, c.mention)
+		}
+	}
+
+	// A limit above 1000 is clamped, not refused.
+	s.must(t, http.StatusOK, "GET", "/fleet/runs?limit=5000", acme, "")
+}
+
+func truncate(s string) string {
+	if len(s) > 300 {
+		return s[:300] + "..."
+	}
+	return s
+}

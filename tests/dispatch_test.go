@@ -1,0 +1,164 @@
+package tests
+
+import (
+	"net/http"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/runfleet/runfleet/shared/fakehost"
+)
+
+// TestConcurrentDispatchesWithOneKeyStartOneRun fires 50 identical
+// dispatches with one Idempotency-Key at once: exactly one run reaches the
+// host, exactly one answer is 201, and every answer names the same
+// fleetRunId (200 reused, or 409 while the first is in flight).
+func TestConcurrentDispatchesWithOneKeyStartOneRun(t *testing.T) {
+	for _, kind := range storeKinds {
+		t.Run(kind, func(t *testing.T) {
+			s := newStack(t, kind, stackOptions{})
+			host := s.addHost(t, "h1", fakehost.Config{}, nil)
+			s.probe(t, "h1")
+			token := s.mint(t, "alice", "*", "*")
+
+			const n = 50
+			answers := make([]answer, n)
+			var wg sync.WaitGroup
+			start := make(chan struct{})
+			for i := range answers {
+				wg.Add(1)
+				go func() {
+					defer wg.Done()
+					<-start
+					answers[i] = s.do(t, "POST", "/fleet/runs", token, `{"agent":"shell","prompt":"make test"}`,
+						"Idempotency-Key", "deploy-42")
+				}()
+			}
+			close(start)
+			wg.Wait()
+
+			created, reused, inFlight := 0, 0, 0
+			ids := map[string]int{}
+			for _, a := range answers {
+				switch a.status {
+				case http.StatusCreated:
+					created++
+					ids[a.str("fleetRunId")]++
+				case http.StatusOK:
+					reused++
+					if a.body["reused"] != true {
+						t.Errorf("200 without reused: %s", a.raw)
+					}
+					ids[a.str("fleetRunId")]++
+				case http.StatusConflict:
+					inFlight++
+					if a.body["code"] != "dispatch_in_flight" {
+						t.Errorf("409 that is not in flight: %s", a.raw)
+					}
+					details, _ := a.body["details"].(map[string]any)
+					id, _ := details["fleetRunId"].(string)
+					ids[id]++
+				default:
+					t.Errorf("answer %d %s", a.status, a.raw)
+				}
+			}
+			if created != 1 || len(ids) != 1 {
+				t.Fatalf("created %d, reused %d, in flight %d, ids %v: want one 201 and one fleetRunId", created, reused, inFlight, ids)
+			}
+			if host.Created() != 1 || host.StartCalls() != 1 {
+				t.Fatalf("the host created %d runs from %d start calls, want 1 from 1", host.Created(), host.StartCalls())
+			}
+			t.Logf("%s: 1 created, %d reused, %d in flight", kind, reused, inFlight)
+		})
+	}
+}
+
+// TestHostDyingAfterAcceptIsRecovered: the host records the run and dies
+// before answering. Fleet leaves the run dispatching; recovery asks the host
+// by clientToken and records the same child run; a retried request reuses
+// it; the host never sees a second start.
+func TestHostDyingAfterAcceptIsRecovered(t *testing.T) {
+	for _, kind := range storeKinds {
+		t.Run(kind, func(t *testing.T) {
+			s := newStack(t, kind, stackOptions{hostTimeout: 5 * time.Second})
+			host := s.addHost(t, "h1", fakehost.Config{}, nil)
+			s.probe(t, "h1")
+			token := s.mint(t, "alice", "*", "*")
+			host.FaultStarts(fakehost.DieAfterAccept, 1)
+
+			first := s.must(t, http.StatusCreated, "POST", "/fleet/runs", token, `{"agent":"shell"}`, "Idempotency-Key", "k1")
+			id := first.str("fleetRunId")
+			if first.str("status") != "dispatching" || first.body["pending"] != true || first.str("note") == "" || first.body["childRunId"] != nil {
+				t.Fatalf("first answer %s", first.raw)
+			}
+			if host.Created() != 1 {
+				t.Fatalf("host created %d", host.Created())
+			}
+			// While the deadline has not passed, a retry is in flight.
+			s.must(t, http.StatusConflict, "POST", "/fleet/runs", token, `{"agent":"shell"}`, "Idempotency-Key", "k1")
+
+			// The sweep's recovery (scheduled by a later issue) finds the run by clientToken.
+			rec, err := s.app.Fleet.RecoverDispatching(t.Context(), id)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if rec.Status != "pending" || rec.ChildRunID != "run-1" {
+				t.Fatalf("recovered %+v", rec)
+			}
+			got := s.must(t, http.StatusOK, "GET", "/fleet/runs/"+id, token, "")
+			run := got.body["run"].(map[string]any)
+			if run["childRunId"] != "run-1" || run["status"] != "pending" {
+				t.Fatalf("GET after recovery: %s", got.raw)
+			}
+
+			s.clk.Advance(6 * time.Second)
+			again := s.must(t, http.StatusOK, "POST", "/fleet/runs", token, `{"agent":"shell"}`, "Idempotency-Key", "k1")
+			if again.str("fleetRunId") != id || again.str("childRunId") != "run-1" || again.body["reused"] != true {
+				t.Fatalf("retry answer %s", again.raw)
+			}
+			if host.Created() != 1 || host.StartCalls() != 1 {
+				t.Fatalf("the host created %d runs from %d start calls, want 1 from 1", host.Created(), host.StartCalls())
+			}
+		})
+	}
+}
+
+// TestDispatchFlow walks the documented answers: 201 new, 200 reused, 409
+// for the key with another payload, the list and the run refreshed from the
+// host.
+func TestDispatchFlow(t *testing.T) {
+	s := newStack(t, "dynamodb", stackOptions{repoURLs: map[string]string{"acme/web": "https://git.example/acme/web.git"}})
+	host := s.addHost(t, "h1", fakehost.Config{}, map[string]any{"labels": map[string]string{"pool": "ci"}})
+	s.probe(t, "h1")
+	token := s.mint(t, "alice", "*", "*")
+
+	body := `{"agent":"shell","prompt":"make","labels":{"pool":"ci"},"repository":"acme/web","localPath":"/srv/acme/web","idempotency":"b-1"}`
+	a := s.must(t, http.StatusCreated, "POST", "/fleet/runs", token, body)
+	if a.str("hostId") != "h1" || a.str("status") != "pending" || a.body["pending"] != false || a.body["reused"] != false ||
+		a.body["rewroteLocalPath"] != true || a.str("childRunId") != "run-1" {
+		t.Fatalf("dispatch answer %s", a.raw)
+	}
+	start := host.Starts()[0]
+	if start.CloneURL != "https://git.example/acme/web.git" || start.LocalPath != "" || start.ClientToken != a.str("fleetRunId") {
+		t.Fatalf("host got %+v", start)
+	}
+	// The same key in the header and the body agree: reused.
+	b := s.must(t, http.StatusOK, "POST", "/fleet/runs", token, body, "Idempotency-Key", "b-1")
+	if b.str("fleetRunId") != a.str("fleetRunId") || b.body["rewroteLocalPath"] != true {
+		t.Fatalf("reuse answer %s", b.raw)
+	}
+	c := s.must(t, http.StatusConflict, "POST", "/fleet/runs", token, `{"agent":"shell","idempotency":"b-1"}`)
+	if c.body["code"] != "idempotency_key_reused" {
+		t.Fatalf("other payload: %s", c.raw)
+	}
+
+	host.SetRun("run-1", "running", nil, "")
+	g := s.must(t, http.StatusOK, "GET", "/fleet/runs/"+a.str("fleetRunId"), token, "")
+	if g.body["refreshed"] != true || g.body["run"].(map[string]any)["status"] != "running" {
+		t.Fatalf("GET %s", g.raw)
+	}
+	l := s.must(t, http.StatusOK, "GET", "/fleet/runs?limit=5", token, "")
+	if runs := l.body["runs"].([]any); len(runs) != 1 || runs[0].(map[string]any)["status"] != "running" {
+		t.Fatalf("list %s", l.raw)
+	}
+}

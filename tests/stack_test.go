@@ -1,0 +1,214 @@
+package tests
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"fmt"
+	"io"
+	"log/slog"
+	"net/http"
+	"net/http/httptest"
+	"os"
+	"path/filepath"
+	"strings"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/aws/aws-sdk-go-v2/aws"
+
+	"github.com/runfleet/runfleet/shared/clock"
+	"github.com/runfleet/runfleet/shared/config"
+	"github.com/runfleet/runfleet/shared/fakehost"
+	"github.com/runfleet/runfleet/shared/fleetapp"
+	"github.com/runfleet/runfleet/shared/lambdahttp"
+	"github.com/runfleet/runfleet/shared/motoserver"
+	"github.com/runfleet/runfleet/shared/store/dynamostore"
+)
+
+var moto *motoserver.Server
+
+func TestMain(m *testing.M) {
+	os.Exit(motoserver.Run(m, func(s *motoserver.Server) { moto = s }))
+}
+
+const (
+	adminToken = "admin-token-for-tests-0123456789"
+	// Every fake host accepts fakehost's default credential; one ref resolves it.
+	hostCredRef = "fleet-hosts"
+	hostToken   = "host-token"
+)
+
+// storeKinds are the two stores every store-sensitive test runs against.
+var storeKinds = []string{"bolt", "dynamodb"}
+
+var tablePrefix atomic.Int64
+
+// stack is Fleet as deployed: fleetapp-assembled, the api handler behind the
+// net/http adapter on a real loopback server, on bbolt or on DynamoDB
+// (moto_server), with a fake clock shared with its fake hosts.
+type stack struct {
+	app   *fleetapp.App
+	srv   *httptest.Server
+	clk   *clock.Fake
+	meter *dynamostore.Meter
+}
+
+type stackOptions struct {
+	hostTimeout time.Duration
+	repoURLs    map[string]string
+	meter       *dynamostore.Meter
+}
+
+func newStack(t testing.TB, kind string, opts stackOptions) *stack {
+	dir := t.TempDir()
+	creds := filepath.Join(dir, "credentials.json")
+	if err := os.WriteFile(creds, []byte(fmt.Sprintf(`{%q: %q}`, hostCredRef, hostToken)), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	env := map[string]string{
+		config.EnvAdminToken:  adminToken,
+		config.EnvCredentials: "file:" + creds,
+	}
+	if opts.hostTimeout > 0 {
+		env[config.EnvHostTimeout] = opts.hostTimeout.String()
+	}
+	if opts.repoURLs != nil {
+		b, _ := json.Marshal(opts.repoURLs)
+		p := filepath.Join(dir, "repos.json")
+		os.WriteFile(p, b, 0o600)
+		env[config.EnvRepoURLs] = "file:" + p
+	}
+	switch kind {
+	case "bolt":
+		env[config.EnvStore] = "bolt:" + filepath.Join(dir, "fleet.db")
+	case "dynamodb":
+		prefix := fmt.Sprintf("t%d-", tablePrefix.Add(1))
+		env[config.EnvStore] = "dynamodb"
+		env[config.EnvDynamoDBEndpoint] = moto.URL
+		n := dynamostore.Prefixed(prefix)
+		env[config.EnvTableHosts], env[config.EnvTableRuns], env[config.EnvTableEvents] = n.Hosts, n.Runs, n.Events
+		env[config.EnvTableCallers], env[config.EnvTableIdempotency] = n.Callers, n.Idempotency
+	default:
+		t.Fatalf("unknown store %q", kind)
+	}
+	cfg, err := config.FromEnv(func(k string) string { return env[k] })
+	if err != nil {
+		t.Fatal(err)
+	}
+	clk := clock.NewFake(time.Now().UTC().Truncate(time.Second))
+	log := slog.New(slog.NewJSONHandler(io.Discard, nil))
+	app, err := fleetapp.New(context.Background(), cfg, fleetapp.Deps{
+		Logger: log, Clock: clk, CreateTables: true, Meter: opts.meter,
+		LoadAWS: func(context.Context) (aws.Config, error) { return moto.AWSConfig(), nil },
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { app.Close() })
+	adapter, err := lambdahttp.New(lambdahttp.Config{Handler: app.API.Handle, Logger: log, Clock: clk})
+	if err != nil {
+		t.Fatal(err)
+	}
+	srv := httptest.NewServer(adapter)
+	t.Cleanup(srv.Close)
+	return &stack{app: app, srv: srv, clk: clk, meter: opts.meter}
+}
+
+// answer is one HTTP answer, its JSON body decoded.
+type answer struct {
+	status int
+	raw    string
+	body   map[string]any
+}
+
+func (a answer) str(key string) string {
+	s, _ := a.body[key].(string)
+	return s
+}
+
+// errorText is the error message of an error answer.
+func (a answer) errorText() string { return a.str("error") }
+
+// do sends a request with an optional bearer token and body.
+func (s *stack) do(t testing.TB, method, path, token, body string, headers ...string) answer {
+	t.Helper()
+	var rd io.Reader
+	if body != "" {
+		rd = strings.NewReader(body)
+	}
+	req, err := http.NewRequest(method, s.srv.URL+path, rd)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if token != "" {
+		req.Header.Set("Authorization", "Bearer "+token)
+	}
+	if body != "" {
+		req.Header.Set("Content-Type", "application/json")
+	}
+	for i := 0; i+1 < len(headers); i += 2 {
+		req.Header.Set(headers[i], headers[i+1])
+	}
+	resp, err := s.srv.Client().Do(req)
+	if err != nil {
+		t.Fatalf("%s %s: %v", method, path, err)
+	}
+	defer resp.Body.Close()
+	raw, _ := io.ReadAll(resp.Body)
+	a := answer{status: resp.StatusCode, raw: string(raw)}
+	json.Unmarshal(raw, &a.body)
+	return a
+}
+
+// must sends a request and fails the test unless the status is want.
+func (s *stack) must(t testing.TB, want int, method, path, token, body string, headers ...string) answer {
+	t.Helper()
+	a := s.do(t, method, path, token, body, headers...)
+	if a.status != want {
+		t.Fatalf("%s %s: %d %s, want %d", method, path, a.status, a.raw, want)
+	}
+	return a
+}
+
+// addHost starts a fake host on the stack's clock and registers it; extra
+// JSON fields are merged into the registration.
+func (s *stack) addHost(t testing.TB, id string, cfg fakehost.Config, extra map[string]any) *fakehost.Host {
+	t.Helper()
+	cfg.Clock = s.clk
+	h := fakehost.New(cfg)
+	t.Cleanup(h.Close)
+	reg := map[string]any{"id": id, "baseUrl": h.URL, "credentialRef": hostCredRef}
+	if cfg.TLS {
+		reg["caPem"] = h.CAPEM()
+	}
+	for k, v := range extra {
+		reg[k] = v
+	}
+	b, _ := json.Marshal(reg)
+	s.must(t, http.StatusCreated, "POST", "/fleet/hosts", adminToken, string(b))
+	return h
+}
+
+func (s *stack) probe(t testing.TB, id string) answer {
+	t.Helper()
+	return s.must(t, http.StatusOK, "POST", "/fleet/hosts/"+id+"/probe", adminToken, "")
+}
+
+// mint creates a caller and returns its token.
+func (s *stack) mint(t testing.TB, owner string, hosts, projects any) string {
+	t.Helper()
+	b, _ := json.Marshal(map[string]any{"ownerId": owner, "allowedHosts": hosts, "allowedProjects": projects})
+	a := s.must(t, http.StatusCreated, "POST", "/fleet/callers", adminToken, string(b))
+	if a.str("ownerId") != owner || !strings.HasPrefix(a.str("token"), "rft_") {
+		t.Fatalf("mint answer %s", a.raw)
+	}
+	return a.str("token")
+}
+
+func jsonBody(v any) string {
+	var buf bytes.Buffer
+	json.NewEncoder(&buf).Encode(v)
+	return buf.String()
+}
