@@ -177,6 +177,10 @@ type envOptions struct {
 	uca     *upstreamCA
 	// noAllowPrivate leaves upstream.allowPrivate empty (default 127.0.0.0/8).
 	noAllowPrivate bool
+	// rand mints placeholders and passwords; nil means crypto/rand.
+	rand io.Reader
+	// quiet logs at Info (the fuzz target's thousands of requests).
+	quiet bool
 }
 
 func newEnv(t testing.TB, o envOptions) *env {
@@ -198,7 +202,11 @@ func newEnv(t testing.TB, o envOptions) *env {
 	pins, _ := json.Marshal(o.pins)
 	e.configPath = filepath.Join(dir, "edge.json")
 	e.writePolicy(string(pins), o.keys)
-	logger := slog.New(slog.NewJSONHandler(e.logs, &slog.HandlerOptions{Level: slog.LevelDebug}))
+	level := slog.LevelDebug
+	if o.quiet {
+		level = slog.LevelInfo
+	}
+	logger := slog.New(slog.NewJSONHandler(e.logs, &slog.HandlerOptions{Level: level}))
 	var err error
 	e.watcher, err = policy.NewWatcher(policy.WatcherConfig{Path: e.configPath, Logger: logger})
 	must(t, err)
@@ -232,7 +240,7 @@ func newEnv(t testing.TB, o envOptions) *env {
 	must(t, err)
 	e.proxy, err = New(Config{
 		Listener: e.listener, Egress: o.egress, DataDir: dir, Policy: e.watcher, Leaves: e.authority,
-		Secrets: src, Upstream: guard, UpstreamTLS: tlsCfg, Audit: al, Logger: logger,
+		Secrets: src, Upstream: guard, UpstreamTLS: tlsCfg, Audit: al, Logger: logger, Rand: o.rand,
 	})
 	must(t, err)
 	go e.proxy.Serve()

@@ -225,7 +225,7 @@ func (st *requestState) rewriteHeaders(ix *index, h http.Header) error {
 				v = values[i]
 			}
 			if name == "Authorization" || name == "Proxy-Authorization" {
-				if nv, err := st.rewriteBasic(ix, v); err != nil {
+				if nv, err := rewriteBasic(ix, v, st.substitute); err != nil {
 					return err
 				} else if nv != "" {
 					values[i] = nv
@@ -238,7 +238,7 @@ func (st *requestState) rewriteHeaders(ix *index, h http.Header) error {
 
 // rewriteBasic substitutes inside "Basic base64(user:password)"; "" when
 // there was nothing to replace.
-func (st *requestState) rewriteBasic(ix *index, v string) (string, error) {
+func rewriteBasic(ix *index, v string, sub substituter) (string, error) {
 	scheme, b64, ok := strings.Cut(v, " ")
 	if !ok || !strings.EqualFold(scheme, "Basic") {
 		return "", nil
@@ -247,7 +247,7 @@ func (st *requestState) rewriteBasic(ix *index, v string) (string, error) {
 	if err != nil {
 		return "", nil
 	}
-	out, n, err := ix.rewrite(raw, policy.InHeader, st.substitute)
+	out, n, err := ix.rewrite(raw, policy.InHeader, sub)
 	if err != nil || n == 0 {
 		return "", err
 	}

@@ -1,0 +1,177 @@
+package proxy
+
+import (
+	"bytes"
+	"encoding/base64"
+	"errors"
+	"io"
+	"strings"
+	"testing"
+
+	"github.com/runfleet/runfleet/edge/policy"
+)
+
+var (
+	refA = policy.KeyRef{Project: "acme", Key: "A"}
+	refB = policy.KeyRef{Project: "acme", Key: "B"}
+)
+
+// scanFixture: task t1 owns placeholders for A and B, task t2 one for A.
+// Only t1's A may be substituted (value "VALUE-A!"); anything else blocks.
+const (
+	phT1A  = "pa-Zq3VhN0xRk8TmW2cYb7LdJ"
+	phT1B  = "pb_Hs9QeK4uGf6PzXa1Co5NvE"
+	phT2A  = "pa-Mw8RtY2uIo4PlK6JhG0FdS"
+	valueA = "VALUE-A!"
+)
+
+func scanIndex() *index {
+	return newIndex(map[string]owner{phT1A: {"t1", refA}, phT1B: {"t1", refB}, phT2A: {"t2", refA}})
+}
+
+func allowOnlyT1A(o owner, loc policy.Location) (string, error) {
+	if o.task == "t1" && o.ref == refA && loc != policy.InURL {
+		return valueA, nil
+	}
+	return "", &blockedError{reason: "not allowed", ref: o.ref}
+}
+
+// chunkReader returns its data in the given chunk sizes.
+type chunkReader struct {
+	data  []byte
+	sizes []int
+}
+
+func (c *chunkReader) Read(p []byte) (int, error) {
+	if len(c.data) == 0 {
+		return 0, io.EOF
+	}
+	n := len(c.data)
+	if len(c.sizes) > 0 {
+		n = max(1, min(n, c.sizes[0]))
+		c.sizes = c.sizes[1:]
+	}
+	n = min(n, len(p))
+	copy(p, c.data[:n])
+	c.data = c.data[n:]
+	return n, nil
+}
+
+func TestScannerFindsEveryPlaceholder(t *testing.T) {
+	ix := scanIndex()
+	in := "x" + phT1A + phT1A + "." + phT2A + "-" + phT1B[:10] + "y"
+	ms := ix.find([]byte(in))
+	if len(ms) != 3 || ms[0].owner.task != "t1" || ms[2].owner.task != "t2" {
+		t.Fatalf("matches %+v", ms)
+	}
+	out, n, err := ix.rewrite([]byte("Bearer "+phT1A), policy.InHeader, allowOnlyT1A)
+	if err != nil || n != 1 || string(out) != "Bearer "+valueA {
+		t.Fatalf("%q %d %v", out, n, err)
+	}
+	if _, _, err := ix.rewrite([]byte(phT1A+" "+phT2A), policy.InHeader, allowOnlyT1A); err == nil {
+		t.Fatal("another task's placeholder beside an allowed one must block")
+	}
+}
+
+// A body streamed one byte at a time, and in odd chunks: the same result as
+// scanning it whole, and memory bounded by the window.
+func TestBodyScannerSplitReads(t *testing.T) {
+	ix := scanIndex()
+	body := strings.Repeat("abc", 20000) + phT1A + strings.Repeat("z", 100) + phT1A
+	want := strings.ReplaceAll(body, phT1A, valueA)
+	for _, sizes := range [][]int{nil, {1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1}, {60001, 3, 7, 11}, {59999, 5}} {
+		s := newBodyScanner(&chunkReader{data: []byte(body), sizes: append([]int(nil), sizes...)}, ix, allowOnlyT1A)
+		got, err := io.ReadAll(s)
+		if err != nil || string(got) != want {
+			t.Fatalf("sizes %v: err %v, equal %v", sizes, err, string(got) == want)
+		}
+		if cap(s.buf) > 2*bodyChunk {
+			t.Fatalf("window grew to %d", cap(s.buf))
+		}
+	}
+	// A blocked placeholder split across reads stops the stream before it.
+	s := newBodyScanner(&chunkReader{data: []byte("head " + phT2A + " tail"), sizes: []int{8, 9}}, ix, allowOnlyT1A)
+	got, err := io.ReadAll(s)
+	var blocked *blockedError
+	if !errors.As(err, &blocked) || bytes.Contains(got, []byte(phT2A[:12])) {
+		t.Fatalf("got %q, %v", got, err)
+	}
+}
+
+// FuzzScanner checks the scanner where placeholders are found: header
+// values, Basic credentials and body windows. Invariants: the streamed body
+// equals the whole-buffer result however it is split; a request with any
+// placeholder it may not use fails; the real value appears exactly where an
+// allowed placeholder was and nowhere else.
+func FuzzScanner(f *testing.F) {
+	f.Add([]byte("Bearer "), uint8(3), []byte{5, 200, 1})
+	f.Add([]byte(`{"k":"`+phT1A[:7]+`"}`), uint8(1), []byte{1, 2, 3})
+	f.Add([]byte("user:"), uint8(0), []byte{64})
+	f.Add([]byte(phT2A+"x"), uint8(2), []byte{7})
+	ix := scanIndex()
+	f.Fuzz(func(t *testing.T, data []byte, insert uint8, sizes []byte) {
+		if bytes.Contains(data, []byte(valueA)) {
+			return
+		}
+		// Insert placeholders at positions the fuzzer picks.
+		var b bytes.Buffer
+		phs := []string{phT1A, phT1B, phT2A}
+		allowed := 0
+		blockedSeen := false
+		for i, c := range data {
+			b.WriteByte(c)
+			if insert != 0 && i%int(insert) == 0 && len(sizes) > 0 {
+				ph := phs[int(sizes[i%len(sizes)])%3]
+				b.WriteString(ph)
+			}
+		}
+		in := b.Bytes()
+		for _, m := range ix.find(in) {
+			if m.owner == (owner{"t1", refA}) {
+				allowed++
+			} else {
+				blockedSeen = true
+			}
+		}
+		whole, _, err := ix.rewrite(in, policy.InBody, allowOnlyT1A)
+		if (err != nil) != blockedSeen {
+			t.Fatalf("blocked=%v but err=%v", blockedSeen, err)
+		}
+		if err == nil && bytes.Count(whole, []byte(valueA)) > allowed {
+			t.Fatalf("value appears %d times for %d allowed placeholders", bytes.Count(whole, []byte(valueA)), allowed)
+		}
+		var chunks []int
+		for _, s := range sizes {
+			chunks = append(chunks, int(s)+1)
+		}
+		streamed, serr := io.ReadAll(newBodyScanner(&chunkReader{data: in, sizes: chunks}, ix, allowOnlyT1A))
+		if (serr != nil) != (err != nil) {
+			t.Fatalf("stream err %v, whole err %v", serr, err)
+		}
+		if err == nil && !bytes.Equal(streamed, whole) {
+			t.Fatalf("streamed result differs from the whole-buffer result")
+		}
+		if serr != nil {
+			for _, ph := range []string{phT1B, phT2A} {
+				if bytes.Contains(streamed, []byte(ph)) {
+					t.Fatal("a blocked placeholder went out before the block")
+				}
+			}
+		}
+		// Basic credentials: decoded, substituted, re-encoded.
+		enc, berr := rewriteBasic(ix, "Basic "+base64.StdEncoding.EncodeToString(in), allowOnlyT1A)
+		if (berr != nil) != blockedSeen {
+			t.Fatalf("basic: blocked=%v err=%v", blockedSeen, berr)
+		}
+		if berr == nil && enc != "" {
+			out, err := base64.StdEncoding.DecodeString(strings.TrimPrefix(enc, "Basic "))
+			if err != nil || !bytes.Equal(out, whole) {
+				t.Fatalf("basic: re-encoded credentials differ from the substituted text (%v)", err)
+			}
+		}
+		// URL: nothing may be substituted there.
+		if _, _, uerr := ix.rewrite(in, policy.InURL, allowOnlyT1A); uerr == nil && len(ix.find(in)) > 0 {
+			t.Fatal("a placeholder was allowed in the URL")
+		}
+	})
+}
