@@ -222,3 +222,20 @@ func TestCallerItemsWrittenAndDeletedTogether(t *testing.T) {
 		}
 	}
 }
+
+func TestConfigValidate(t *testing.T) {
+	for name, tc := range map[string]struct {
+		tables dynamostore.TableNames
+		ok     bool
+	}{
+		"zero means defaults": {dynamostore.TableNames{}, true},
+		"prefixed":            {dynamostore.Prefixed("dev-"), true},
+		"one name missing":    {dynamostore.TableNames{Hosts: "h", Runs: "r", Events: "e", Callers: "c"}, false},
+		"a name used twice":   {dynamostore.TableNames{Hosts: "x", Runs: "r", Events: "e", Callers: "c", Idempotency: "x"}, false},
+	} {
+		_, err := dynamostore.New(moto.DynamoDB(), dynamostore.Config{Tables: tc.tables})
+		if (err == nil) != tc.ok {
+			t.Errorf("%s: New error %v, want ok=%v", name, err, tc.ok)
+		}
+	}
+}
