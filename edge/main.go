@@ -24,6 +24,7 @@ func commands() map[string]command {
 	return map[string]command{
 		"version": runVersion,
 		"policy":  runPolicy,
+		"serve":   runServe,
 	}
 }
 

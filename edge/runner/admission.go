@@ -1,6 +1,8 @@
 package runner
 
 import (
+	"errors"
+
 	"github.com/runfleet/runfleet/shared/hostproto"
 )
 
@@ -111,6 +113,10 @@ func Decide(f Facts) Decision {
 	case !f.Prepared:
 		return Decision{Verdict: Prepare}
 	case f.Preparation != nil:
+		var typed *Refusal
+		if errors.As(f.Preparation, &typed) {
+			return refuse(typed.Reason, typed.Detail)
+		}
 		return refuse(hostproto.ReasonBrokerNotReady, f.Preparation.Error())
 	}
 	return Decision{Verdict: Admit}

@@ -33,7 +33,7 @@ type Broker interface {
 	// connections at once. Ending an ended attempt does nothing.
 	EndAttempt(runID string)
 	// Drop forgets the run and its placeholders (purge).
-	Drop(runID string)
+	Drop(runID string) error
 }
 
 // TaskSecrets is what a registered task gets in its env.
@@ -48,10 +48,12 @@ type TaskSecrets struct {
 // TrustSource is the proxy's CA as tasks need it.
 type TrustSource interface {
 	// Bundle is the current CA bundle (PEM).
-	Bundle() ([]byte, error)
+	Bundle() []byte
 	// Valid returns nil when the CA can sign leaves now, else why not.
 	Valid() error
-	// WatchTrust calls listener with each new bundle until unsubscribe is
-	// called. A listener's error is the delivery's failure.
-	WatchTrust(listener func(ctx context.Context, bundle []byte) error) (unsubscribe func(), err error)
+	// WatchTrust calls listener, on a goroutine of its own, with the current
+	// bundle and then each new one until unsubscribe is called; unsubscribe
+	// waits for a delivery under way. A listener's error is the delivery's
+	// failure.
+	WatchTrust(listener func(ctx context.Context, bundle []byte) error) (unsubscribe func() error, err error)
 }

@@ -62,7 +62,10 @@ func (r *Runner) purge() {
 			continue
 		}
 		if r.broker != nil {
-			r.broker.Drop(id)
+			if err := r.broker.Drop(id); err != nil {
+				r.logger.Error("dropping a purged run's placeholders", fieldRun, id, fieldError, err.Error())
+				continue
+			}
 		}
 		if err := os.RemoveAll(filepath.Join(r.cfg.WorkDir, id)); err != nil {
 			r.logger.Error("removing a purged run's directories", fieldRun, id, fieldError, err.Error())

@@ -50,7 +50,7 @@ type task struct {
 	brokerOn  bool // the broker minted this attempt's password
 	secrets   TaskSecrets
 	proxyURL  string
-	unwatch   func()
+	unwatch   func() error
 	timers    []clock.Timer
 
 	startOnce sync.Once
@@ -242,7 +242,7 @@ func (r *Runner) prepare(t *task) error {
 
 // watchTrust writes the task's trust files now and again on every new CA
 // bundle until the returned function is called.
-func (r *Runner) watchTrust(t *task) (func(), error) {
+func (r *Runner) watchTrust(t *task) (func() error, error) {
 	var mu sync.Mutex
 	write := func(bundle []byte) error {
 		mu.Lock()
@@ -256,10 +256,7 @@ func (r *Runner) watchTrust(t *task) (func(), error) {
 	// Read the bundle under the writer's lock: a delivery racing this first
 	// write then lands after it, so the newest bundle is the one that stays.
 	mu.Lock()
-	bundle, err := r.trust.Bundle()
-	if err == nil {
-		err = writeTrustFiles(t.dirs, r.systemRoots, bundle)
-	}
+	err = writeTrustFiles(t.dirs, r.systemRoots, r.trust.Bundle())
 	mu.Unlock()
 	if err != nil {
 		unsubscribe()
@@ -477,7 +474,9 @@ func (r *Runner) finish(t *task, o outcome, extra ...runlog.Entry) {
 		tm.Stop()
 	}
 	if unwatch != nil {
-		unwatch()
+		if err := unwatch(); err != nil {
+			r.logger.Error("ending a task's trust subscription", fieldRun, t.runID, fieldError, err.Error())
+		}
 	}
 	if brokerOn {
 		r.broker.EndAttempt(t.runID)

@@ -1,0 +1,292 @@
+package host
+
+import (
+	"encoding/json"
+	"errors"
+	"fmt"
+	"net/http"
+	"net/url"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/runfleet/runfleet/shared/clock"
+	"github.com/runfleet/runfleet/shared/hostproto"
+)
+
+var apiToken = []hostproto.Secret{{ProjectID: "acme", Key: "API_TOKEN"}}
+
+func TestTaskGetsThePlaceholderAndTheUpstreamTheRealValue(t *testing.T) {
+	f := newFixture(t)
+	e := f.open(hostOptions{})
+	prompt := fmt.Sprintf(`env
+curl -sS --fail -H "Authorization: Bearer $API_TOKEN" https://%s/echo; echo
+curl -sS --fail https://%s/; echo`, f.upstreamHost, f.tunnelHost)
+	run := e.start(hostproto.StartRequest{Prompt: prompt, Secrets: apiToken})
+	end := e.waitEnd(run.RunID)
+	out := e.output(run.RunID)
+	if end.Status != hostproto.StatusSucceeded {
+		t.Fatalf("run ended %+v: %s", end, out)
+	}
+	placeholder := envLine(out, "API_TOKEN")
+	if !strings.HasPrefix(placeholder, "ph-") || len(placeholder) != 40 {
+		t.Fatalf("the task's API_TOKEN is %q, want a placeholder", placeholder)
+	}
+	if strings.Contains(out, realSecret) {
+		t.Fatal("the task saw the real value")
+	}
+	trust := envLine(out, "SSL_CERT_FILE")
+	for _, v := range []string{"REQUESTS_CA_BUNDLE", "CURL_CA_BUNDLE", "GIT_SSL_CAINFO"} {
+		if envLine(out, v) != trust {
+			t.Errorf("%s = %q, want the trust file %q", v, envLine(out, v), trust)
+		}
+	}
+	bundle, _ := os.ReadFile(envLine(out, "NODE_EXTRA_CA_CERTS"))
+	if string(bundle) != string(e.CABundle()) {
+		t.Error("NODE_EXTRA_CA_CERTS is not the CA bundle alone")
+	}
+	trustPEM, _ := os.ReadFile(trust)
+	sys, _ := os.ReadFile(f.systemRoots)
+	if !strings.HasPrefix(string(trustPEM), string(sys)) || !strings.HasSuffix(string(trustPEM), string(e.CABundle())) {
+		t.Error("the trust file is not the system roots followed by the CA bundle")
+	}
+	var proxied []map[string]any
+	if err := json.Unmarshal([]byte(envLine(out, "RUNFLEET_PROXIED_KEYS")), &proxied); err != nil || len(proxied) != 1 ||
+		proxied[0]["key"] != "API_TOKEN" || fmt.Sprint(proxied[0]["domains"]) != "["+f.upstreamHost+"]" {
+		t.Errorf("RUNFLEET_PROXIED_KEYS = %s", envLine(out, "RUNFLEET_PROXIED_KEYS"))
+	}
+	if u, err := url.Parse(envLine(out, "HTTPS_PROXY")); err != nil || u.User.Username() != run.RunID || envLine(out, "https_proxy") != u.String() {
+		t.Errorf("HTTPS_PROXY = %q, want the task's own credential", envLine(out, "HTTPS_PROXY"))
+	}
+	if !strings.Contains(out, "upstream-ok") || !strings.Contains(out, "tunnel-ok") {
+		t.Fatalf("the intercepted or the tunnelled call failed: %s", out)
+	}
+	if saw := f.upstreamSaw(); len(saw) != 1 || saw[0] != "Bearer "+realSecret {
+		t.Fatalf("the upstream saw %q, want the real value", saw)
+	}
+	raw, _ := json.Marshal(e.events(run.RunID))
+	if strings.Contains(string(raw), realSecret) {
+		t.Fatal("the run's events hold the real value")
+	}
+}
+
+func TestTaskUserCannotReadEdgesFilesOrAnotherTasksDir(t *testing.T) {
+	f := newFixture(t)
+	e := f.open(hostOptions{})
+	// Task A keeps a file in its work dir and runs on, its env holding its
+	// placeholder and proxy credential.
+	a := e.start(hostproto.StartRequest{Prompt: `echo private > mine.txt; echo "pid=$$"; sleep 1000`, Secrets: apiToken})
+	outA := e.waitOutput(a.RunID, "pid=")
+	var pidA int
+	fmt.Sscanf(outA[strings.Index(outA, "pid="):], "pid=%d", &pidA)
+	runDirA := filepath.Join(f.dataDir, "work", a.RunID)
+	if _, err := os.Stat(filepath.Join(runDirA, "work", "mine.txt")); err != nil {
+		t.Fatalf("task A's file: %v", err)
+	}
+	targets := map[string]string{
+		"seal key":          filepath.Join(f.dataDir, "seal.key"),
+		"secrets file":      f.secretsPath,
+		"host token":        f.tokenPath,
+		"run log":           filepath.Join(f.dataDir, "runs.db"),
+		"data dir":          f.dataDir,
+		"other task's dir":  filepath.Join(runDirA, "work"),
+		"other task's file": filepath.Join(runDirA, "work", "mine.txt"),
+		"other task's env":  fmt.Sprintf("/proc/%d/environ", pidA),
+		"other task's cwd":  fmt.Sprintf("/proc/%d/cwd/mine.txt", pidA),
+	}
+	var script strings.Builder
+	script.WriteString("echo own > own.txt\n")
+	for name, path := range targets {
+		fmt.Fprintf(&script, "if [ -d %q ]; then ls %q >/dev/null 2>&1 && echo \"READ:%s\" || echo \"DENIED:%s\"; else cat %q >/dev/null 2>&1 && echo \"READ:%s\" || echo \"DENIED:%s\"; fi\n",
+			path, path, name, name, path, name, name)
+	}
+	// The positive control: the same check reads the task's own file.
+	script.WriteString(`cat own.txt >/dev/null 2>&1 && echo "READ:own file" || echo "DENIED:own file"` + "\n")
+	b := e.start(hostproto.StartRequest{Prompt: script.String(), Secrets: apiToken})
+	e.waitEnd(b.RunID)
+	out := e.output(b.RunID)
+	for name := range targets {
+		if !strings.Contains(out, "DENIED:"+name) || strings.Contains(out, "READ:"+name) {
+			t.Errorf("the task user could read the %s (%s)", name, targets[name])
+		}
+	}
+	if !strings.Contains(out, "READ:own file") {
+		t.Fatalf("the control failed: the task could not read its own file: %s", out)
+	}
+	if _, err := e.client.Cancel(bg, a.RunID); err != nil {
+		t.Fatal(err)
+	}
+	e.waitEnd(a.RunID)
+}
+
+func TestCancelRevokesProxyAccessAtOnce(t *testing.T) {
+	f := newFixture(t)
+	e := f.open(hostOptions{})
+	run := e.start(hostproto.StartRequest{Prompt: `echo "proxy=$HTTPS_PROXY"; sleep 1000`, Secrets: apiToken})
+	out := e.waitOutput(run.RunID, "proxy=")
+	proxyURL := strings.TrimSpace(strings.TrimPrefix(out[strings.Index(out, "proxy="):], "proxy="))
+	call := func() string {
+		cmd := exec.Command("/usr/bin/curl", "-sS", "-o", "/dev/null", "-w", "%{http_connect}", "--cacert", filepath.Join(f.dataDir, "work", run.RunID, "trust", "trust.pem"),
+			"--proxy", proxyURL, "https://"+f.upstreamHost+"/")
+		b, _ := cmd.CombinedOutput()
+		return string(b)
+	}
+	if got := call(); !strings.HasPrefix(got, "200") {
+		t.Fatalf("the live attempt's credential is refused: %s", got)
+	}
+	if _, err := e.client.Cancel(bg, run.RunID); err != nil {
+		t.Fatal(err)
+	}
+	// Revoked at once: before the process has even ended.
+	if got := call(); !strings.Contains(got, "response 407") {
+		t.Fatalf("after cancel the credential still passes the proxy: %s", got)
+	}
+	if end := e.waitEnd(run.RunID); end.Status != hostproto.StatusCanceled {
+		t.Fatalf("run ended %+v", end)
+	}
+}
+
+func TestKillSwitchRefusesSecretsAndStillRunsTheRest(t *testing.T) {
+	f := newFixture(t)
+	e := f.open(hostOptions{killSwitch: true})
+	h, err := e.client.Health(bg)
+	if err != nil || h.Features.SecretsProxy || !h.Features.ExecRequire {
+		t.Fatalf("health with the kill switch on: %+v %v", h, err)
+	}
+	marker := filepath.Join(f.dir, "spawned")
+	must(t, os.Chmod(f.dir, 0o777))
+	refused := e.start(hostproto.StartRequest{Prompt: "touch " + marker, Secrets: apiToken})
+	if refused.Status != hostproto.StatusFailed || refused.Reason != hostproto.ReasonBrokerNotReady {
+		t.Fatalf("a run with secrets under the kill switch answered %+v", refused)
+	}
+	if e.metric("edge_task_processes_started_total") != "0" {
+		t.Fatal("a process was spawned")
+	}
+	plain := e.start(hostproto.StartRequest{Prompt: "echo plain-ok"})
+	if end := e.waitEnd(plain.RunID); end.Status != hostproto.StatusSucceeded || !strings.Contains(e.output(plain.RunID), "plain-ok") {
+		t.Fatalf("a run without secrets ended %+v", end)
+	}
+	if _, err := os.Stat(marker); !errors.Is(err, os.ErrNotExist) {
+		t.Fatal("the refused run's command ran")
+	}
+}
+
+func TestKeyTheHostDoesNotGrantIsRefusedNamingIt(t *testing.T) {
+	f := newFixture(t)
+	e := f.open(hostOptions{})
+	run := e.start(hostproto.StartRequest{Prompt: "echo nope", Secrets: []hostproto.Secret{{ProjectID: "acme", Key: "API_TOKEN"}, {ProjectID: "acme", Key: "OTHER_KEY"}}})
+	if run.Status != hostproto.StatusFailed || run.Reason != hostproto.ReasonKeyNotGranted {
+		t.Fatalf("answered %+v", run)
+	}
+	var detail string
+	for _, ev := range e.events(run.RunID) {
+		if ev.Type == hostproto.EventState {
+			var s hostproto.StateChange
+			json.Unmarshal(ev.Data, &s)
+			detail = s.Detail
+		}
+	}
+	if !strings.Contains(detail, "acme/OTHER_KEY") {
+		t.Fatalf("the refusal does not name the key: %q", detail)
+	}
+	if e.metric("edge_task_processes_started_total") != "0" {
+		t.Fatal("a process was spawned")
+	}
+}
+
+func TestCancelOrDrainBetweenAdmissionAndExecStartsNothing(t *testing.T) {
+	for _, race := range []string{"cancel", "drain"} {
+		t.Run(race, func(t *testing.T) {
+			f := newFixture(t)
+			var e *edgeHost
+			e = f.open(hostOptions{beforeExec: func(runID string) {
+				if race == "cancel" {
+					if _, err := e.client.Cancel(bg, runID); err != nil {
+						t.Errorf("cancel in the hook: %v", err)
+					}
+				} else if err := e.client.Drain(bg); err != nil {
+					t.Errorf("drain in the hook: %v", err)
+				}
+			}})
+			marker := filepath.Join(f.dir, "spawned")
+			must(t, os.Chmod(f.dir, 0o777))
+			run := e.start(hostproto.StartRequest{Prompt: "touch " + marker, Secrets: apiToken})
+			err := e.Runner().WaitForStart(bg, run.RunID)
+			end := e.waitEnd(run.RunID)
+			want := map[string]string{"cancel": hostproto.ReasonCanceled, "drain": hostproto.ReasonHostUnavailable}[race]
+			if err == nil || end.Reason != want {
+				t.Fatalf("WaitForStart = %v, run ended %+v; want refused %s", err, end, want)
+			}
+			if e.metric("edge_task_processes_started_total") != "0" || e.metric("edge_admission_tickets") != "0" {
+				t.Fatal("a process started, or the ticket was not released")
+			}
+			if _, err := os.Stat(marker); !errors.Is(err, os.ErrNotExist) {
+				t.Fatal("the task's command ran")
+			}
+		})
+	}
+}
+
+func TestTrustFileFollowsTheCAsRotation(t *testing.T) {
+	f := newFixture(t)
+	f.caCfg = map[string]any{"lifetime": "10m", "successorWindow": "4m", "switchBefore": "1m", "leafLifetime": "2m"}
+	fake := clock.NewFake(time.Now())
+	e := f.open(hostOptions{clock: fake})
+	run := e.start(hostproto.StartRequest{Prompt: `echo up; sleep 1000`, Secrets: apiToken})
+	e.waitOutput(run.RunID, "up")
+	bundlePath := filepath.Join(f.dataDir, "work", run.RunID, "trust", "ca-bundle.pem")
+	first, _ := os.ReadFile(bundlePath)
+	if string(first) != string(e.CABundle()) || strings.Count(string(first), "BEGIN CERTIFICATE") != 1 {
+		t.Fatalf("the task's CA bundle is not the CA's (%d certificates)", strings.Count(string(first), "BEGIN CERTIFICATE"))
+	}
+	// Into the successor window: the CA mints a successor and delivers the
+	// two-certificate bundle to every running task.
+	fake.Advance(7 * time.Minute)
+	deadline := time.Now().Add(20 * time.Second)
+	for {
+		now, _ := os.ReadFile(bundlePath)
+		trust, _ := os.ReadFile(filepath.Join(f.dataDir, "work", run.RunID, "trust", "trust.pem"))
+		if strings.Count(string(now), "BEGIN CERTIFICATE") == 2 && string(now) == string(e.CABundle()) && strings.HasSuffix(string(trust), string(now)) {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("the task's trust files never received the new bundle")
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+	e.client.Cancel(bg, run.RunID)
+	fake.Advance(10 * time.Second)
+	e.waitEnd(run.RunID)
+}
+
+func TestHostAPIOverTLS(t *testing.T) {
+	f := newFixture(t)
+	certPEM, keyPEM := f.ca.leaf(t, "127.0.0.1")
+	certFile, keyFile := filepath.Join(f.dir, "etc", "api.pem"), filepath.Join(f.dir, "etc", "api-key.pem")
+	must(t, os.WriteFile(certFile, certPEM, 0o600))
+	must(t, os.WriteFile(keyFile, keyPEM, 0o600))
+	f.writeConfig()
+	raw, _ := os.ReadFile(f.cfgPath)
+	var cfg map[string]any
+	json.Unmarshal(raw, &cfg)
+	cfg["api"].(map[string]any)["tls"] = map[string]string{"certFile": certFile, "keyFile": keyFile}
+	raw, _ = json.Marshal(cfg)
+	must(t, os.WriteFile(f.cfgPath, raw, 0o600))
+	e := f.openWritten(hostOptions{})
+	client, err := hostproto.NewClient(hostproto.ClientConfig{BaseURL: "https://" + e.APIAddr().String(), Token: hostToken, CAPEM: string(f.ca.pem)})
+	must(t, err)
+	h, err := client.Health(bg)
+	if err != nil || !h.OK || !h.Features.SecretsProxy || h.CA == nil {
+		t.Fatalf("health over TLS: %+v %v", h, err)
+	}
+	resp, err := http.Get("http://" + e.APIAddr().String() + "/healthz")
+	if err == nil {
+		resp.Body.Close()
+		if resp.StatusCode < 400 {
+			t.Fatal("the TLS host API answered plain HTTP")
+		}
+	}
+}
