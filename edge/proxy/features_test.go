@@ -1,0 +1,225 @@
+package proxy
+
+import (
+	"bufio"
+	"crypto/tls"
+	"crypto/x509"
+	"fmt"
+	"io"
+	"net/http"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"golang.org/x/net/websocket"
+
+	"github.com/runfleet/runfleet/shared/hostproto"
+)
+
+func TestBasicCredentialsAreDecodedSubstitutedAndReencoded(t *testing.T) {
+	f := newFixture(t, "open")
+	req := mustRequest(t, "https://"+f.api+"/basic", "")
+	req.SetBasicAuth("user", f.phA)
+	res, err := f.goClient(f.proxyURL, false).Do(req)
+	must(t, err)
+	res.Body.Close()
+	got := f.up.requests()
+	if res.StatusCode != 200 || len(got) != 1 {
+		t.Fatalf("%d", res.StatusCode)
+	}
+	user, pass, ok := (&http.Request{Header: got[0].Header}).BasicAuth()
+	if !ok || user != "user" || pass != realA {
+		t.Fatalf("upstream Basic credentials: ok=%v user=%q real=%v", ok, user, pass == realA)
+	}
+}
+
+// A streamed upload past the buffering limit with a Content-Length keeps
+// its exact bytes, the placeholder replaced, and goes on without a length
+// (its length changed).
+func TestLargeSizedBodyIsStreamedAndSubstituted(t *testing.T) {
+	f := newFixture(t, "open")
+	body := strings.Repeat("0123456789", 20000) + f.phB + strings.Repeat("z", 5000)
+	res, err := f.goClient(f.proxyURL, true).Post("https://"+f.other+"/big", "text/plain", strings.NewReader(body))
+	must(t, err)
+	res.Body.Close()
+	got := f.up.requests()
+	if res.StatusCode != 200 || len(got) != 1 || string(got[0].Body) != strings.Replace(body, f.phB, realB, 1) {
+		t.Fatalf("%d, %d requests", res.StatusCode, len(got))
+	}
+	line := f.waitAudit(func(m map[string]any) bool { return m["path"] == "/big" })
+	if line["bytesIn"] != float64(len(body)) || line["action"] != "substituted" {
+		t.Errorf("audit %v", line)
+	}
+}
+
+// A streamed response (SSE) reaches the client event by event: the upstream
+// sends its second event only after the client has read the first.
+func TestStreamedResponsesAreNotBuffered(t *testing.T) {
+	for _, h2 := range []bool{false, true} {
+		t.Run(fmt.Sprintf("h2=%v", h2), func(t *testing.T) {
+			f := newFixture(t, "open")
+			ack := make(chan struct{})
+			f.up.handler = func(w http.ResponseWriter, r *http.Request) {
+				w.Header().Set("Content-Type", "text/event-stream")
+				io.WriteString(w, "data: one\n\n")
+				w.(http.Flusher).Flush()
+				select {
+				case <-ack:
+				case <-time.After(10 * time.Second):
+					return
+				}
+				io.WriteString(w, "data: two\n\n")
+			}
+			res, err := f.goClient(f.proxyURL, h2).Do(mustRequest(t, "https://"+f.api+"/events", "Bearer "+f.phA))
+			must(t, err)
+			defer res.Body.Close()
+			br := bufio.NewReader(res.Body)
+			line, err := br.ReadString('\n')
+			if err != nil || line != "data: one\n" {
+				t.Fatalf("first event: %q %v", line, err)
+			}
+			close(ack)
+			rest, _ := io.ReadAll(br)
+			if string(rest) != "\ndata: two\n\n" {
+				t.Fatalf("rest %q", rest)
+			}
+		})
+	}
+}
+
+// A WebSocket handshake is processed like any request (its placeholder
+// substituted), then the connection is relayed both ways.
+func TestWebSocketIsRelayedAfterItsHandshake(t *testing.T) {
+	f := newFixture(t, "open")
+	var auth string
+	ws := websocket.Server{Handler: func(c *websocket.Conn) {
+		auth = c.Request().Header.Get("Authorization")
+		var msg string
+		for websocket.Message.Receive(c, &msg) == nil {
+			websocket.Message.Send(c, "echo: "+msg)
+		}
+	}}
+	f.up.handler = ws.ServeHTTP
+	tc, _ := f.dialIntercepted(f.proxyURL, f.api, "api.example.test", "http/1.1")
+	defer tc.Close()
+	cfg, err := websocket.NewConfig("wss://"+f.api+"/ws", "https://"+f.api)
+	must(t, err)
+	cfg.Header = http.Header{"Authorization": {"Bearer " + f.phA}}
+	conn, err := websocket.NewClient(cfg, tc)
+	must(t, err)
+	for _, m := range []string{"hello", "again"} {
+		must(t, websocket.Message.Send(conn, m))
+		var got string
+		must(t, websocket.Message.Receive(conn, &got))
+		if got != "echo: "+m {
+			t.Fatalf("got %q", got)
+		}
+	}
+	if auth != "Bearer "+realA {
+		t.Fatal("the handshake reached the upstream without the real value")
+	}
+}
+
+func TestPlaceholdersAreStableAcrossRestartsAndDroppedWithTheTask(t *testing.T) {
+	dir := t.TempDir()
+	opts := envOptions{dataDir: dir, keys: `{"acme": {"keys": {"A": {"domains": ["api.example.test"]}}}}`, secrets: map[string]string{}}
+	e := newEnv(t, opts)
+	_, first := e.task("run-r", hostproto.Secret{ProjectID: "acme", Key: "A"})
+	fi, err := os.Stat(filepath.Join(dir, "secrets-proxy", "placeholders", "run-r.json"))
+	if err != nil || fi.Mode().Perm() != 0o600 {
+		t.Fatalf("placeholder file: %v %v", fi, err)
+	}
+	e.proxy.Close()
+	e.authority.Close()
+
+	// A new proxy on the same data dir: the same placeholder for the task,
+	// and it is known (blocked as another task's) before it re-registers.
+	e2 := newEnv(t, opts)
+	if ms := e2.proxy.reg.index.Load().find([]byte(first["A"])); len(ms) != 1 || ms[0].owner.task != "run-r" {
+		t.Fatal("a persisted placeholder is not recognised after a restart")
+	}
+	_, again := e2.task("run-r", hostproto.Secret{ProjectID: "acme", Key: "A"})
+	if again["A"] != first["A"] {
+		t.Fatal("the placeholder changed across a restart")
+	}
+	_, other := e2.task("run-s", hostproto.Secret{ProjectID: "acme", Key: "A"})
+	if other["A"] == first["A"] {
+		t.Fatal("two tasks share a placeholder")
+	}
+	must(t, e2.proxy.Drop("run-r"))
+	if _, err := os.Stat(filepath.Join(dir, "secrets-proxy", "placeholders", "run-r.json")); !os.IsNotExist(err) {
+		t.Fatalf("dropped task's placeholders still on disk: %v", err)
+	}
+	if ms := e2.proxy.reg.index.Load().find([]byte(first["A"])); len(ms) != 0 {
+		t.Fatal("a dropped task's placeholder is still recognised")
+	}
+	if _, err := e2.proxy.TaskKeys("run-r"); err == nil {
+		t.Fatal("a dropped task is still registered")
+	}
+}
+
+func TestRegisterRefusesKeysThePolicyDoesNotGrant(t *testing.T) {
+	e := newEnv(t, envOptions{keys: `{"acme": {"keys": {"A": {"domains": ["api.example.test"]}}}}`, secrets: map[string]string{}})
+	err := e.proxy.Register("run-n", []hostproto.Secret{{ProjectID: "acme", Key: "A"}, {ProjectID: "acme", Key: "NOPE"}})
+	if err == nil || !strings.Contains(err.Error(), "acme/NOPE") {
+		t.Fatalf("err = %v", err)
+	}
+	if _, err := e.proxy.TaskKeys("run-n"); err == nil {
+		t.Fatal("a refused task was registered")
+	}
+	must(t, e.proxy.Register("run-n", []hostproto.Secret{{ProjectID: "acme", Key: "A", Domains: []string{"API.example.test."}}}))
+	keys, err := e.proxy.ProxiedKeys("run-n")
+	if err != nil || len(keys) != 1 || keys[0].Key != "A" || fmt.Sprint(keys[0].Domains) != "[api.example.test]" {
+		t.Fatalf("%+v %v", keys, err)
+	}
+	u, err := e.proxy.StartAttempt("run-n")
+	if err != nil || u.User.Username() != "run-n" || u.Host != e.listener.Addr().String() {
+		t.Fatalf("%v %v", u, err)
+	}
+	if err := e.proxy.Ready(); err != nil {
+		t.Fatalf("Ready = %v", err)
+	}
+}
+
+// Every decision kind, then a grep of the log and the audit file: neither
+// holds a value, a placeholder or a proxy password; a placeholder in a path
+// is redacted in the audit line.
+func TestAuditAndLogsNeverHoldAValueOrPlaceholder(t *testing.T) {
+	f := newFixture(t, "open")
+	pool := x509.NewCertPool()
+	pool.AppendCertsFromPEM(f.uca.pem)
+	tunnelClient := &http.Client{Transport: &http.Transport{Proxy: http.ProxyURL(f.proxyURL), TLSClientConfig: &tls.Config{RootCAs: pool}}}
+	steps := []func(){
+		func() { f.get(t, "https://"+f.api+"/ok", http.Header{"Authorization": {"Bearer " + f.phA}}) },
+		func() { f.get(t, "https://"+f.other+"/p/"+f.phB+"?k="+f.phB, nil) },
+		func() { f.get(t, "https://"+f.other+"/x", http.Header{"Authorization": {"Bearer " + f.phA}}) },
+		func() { f.get(t, "https://"+f.api+"/q?k="+f.phA, nil) },
+		func() {
+			res, err := tunnelClient.Get("https://third.example.test:" + itoa(f.up.port) + "/t?k=" + f.phA)
+			if err == nil {
+				res.Body.Close()
+			}
+		},
+		func() { c, _, _ := f.connect(f.proxyURL, "api.example.test:1"); c.Close() },
+	}
+	for _, s := range steps {
+		s()
+	}
+	delete(f.secrets, "acme/A")
+	f.writeSecrets()
+	f.get(t, "https://"+f.api+"/withheld", http.Header{"Authorization": {"Bearer " + f.phA}})
+	actions := map[string]bool{}
+	for _, l := range f.auditLines() {
+		actions[fmt.Sprint(l["action"])] = true
+	}
+	for _, want := range []string{"substituted", "blocked", "withheld", "tunnelled", "denied"} {
+		if !actions[want] {
+			t.Errorf("no %s line in %v", want, actions)
+		}
+	}
+	f.waitAudit(func(m map[string]any) bool { return m["path"] == "/p/[placeholder]" })
+	pw, _ := f.proxyURL.User.Password()
+	f.assertNoLeak(realA, realB, f.phA, f.phB, pw)
+}
