@@ -23,6 +23,7 @@ type command func(args []string, stdout, stderr io.Writer) int
 func commands() map[string]command {
 	return map[string]command{
 		"version": runVersion,
+		"ca":      runCA,
 		"policy":  runPolicy,
 		"serve":   runServe,
 	}
