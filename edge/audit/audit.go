@@ -6,6 +6,7 @@
 package audit
 
 import (
+	"bufio"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -90,10 +91,16 @@ type Log struct {
 	cfg     Config
 	metrics *metrics
 
-	mu   sync.Mutex
-	file *os.File
-	size int64
+	mu      sync.Mutex
+	file    *os.File
+	buf     *bufio.Writer
+	size    int64
+	flusher clock.Timer // pending flush of buf, nil when buf is empty
 }
+
+// FlushEvery bounds how long an audit line may sit in memory before it is
+// written: lines are batched so the proxy does not pay a write per request.
+const FlushEvery = 100 * time.Millisecond
 
 // Open creates Dir and opens the live file for appending.
 func Open(cfg Config) (*Log, error) {
@@ -139,6 +146,7 @@ func (l *Log) openLocked() error {
 		return fmt.Errorf("audit: %w", err)
 	}
 	l.file, l.size = f, fi.Size()
+	l.buf = bufio.NewWriterSize(f, 64<<10)
 	return nil
 }
 
@@ -165,9 +173,34 @@ func (l *Log) Record(e Entry) {
 			l.cfg.Logger.Error("audit: rotating", slog.String("error", err.Error()))
 		}
 	}
-	n, err := l.file.Write(line)
+	n, err := l.buf.Write(line)
 	l.size += int64(n)
 	if err != nil {
+		l.cfg.Logger.Error("audit: writing", slog.String("error", err.Error()))
+	}
+	if l.flusher == nil {
+		l.flusher = l.cfg.Clock.AfterFunc(FlushEvery, l.flush)
+	}
+}
+
+// Flush writes every buffered line now.
+func (l *Log) Flush() { l.flush() }
+
+func (l *Log) flush() {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	l.flushLocked()
+}
+
+func (l *Log) flushLocked() {
+	if l.flusher != nil {
+		l.flusher.Stop()
+		l.flusher = nil
+	}
+	if l.buf == nil {
+		return
+	}
+	if err := l.buf.Flush(); err != nil {
 		l.cfg.Logger.Error("audit: writing", slog.String("error", err.Error()))
 	}
 }
@@ -177,8 +210,9 @@ func ms(d time.Duration) float64 { return float64(d.Microseconds()) / 1000 }
 // rotateLocked shifts name.N-1 to name.N down to the live file, dropping
 // what passes Keep, and opens a fresh live file.
 func (l *Log) rotateLocked() error {
+	l.flushLocked()
 	l.file.Close()
-	l.file = nil
+	l.file, l.buf = nil, nil
 	base := l.path()
 	os.Remove(base + "." + strconv.Itoa(l.cfg.Keep))
 	for i := l.cfg.Keep - 1; i >= 1; i-- {
@@ -194,14 +228,16 @@ func (l *Log) rotateLocked() error {
 	return l.openLocked()
 }
 
-// Close closes the file; later Records only count.
+// Close writes what is buffered and closes the file; later Records only
+// count.
 func (l *Log) Close() error {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	if l.file == nil {
 		return nil
 	}
+	l.flushLocked()
 	err := l.file.Close()
-	l.file = nil
+	l.file, l.buf = nil, nil
 	return err
 }

@@ -6,16 +6,20 @@ import (
 	"log/slog"
 	"os"
 	"path/filepath"
+	"strings"
 	"testing"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/runfleet/runfleet/shared/clock"
 )
 
 func TestAuditLinesRotateAndCount(t *testing.T) {
 	dir := filepath.Join(t.TempDir(), "logs")
 	reg := prometheus.NewRegistry()
-	l, err := Open(Config{Dir: dir, MaxBytes: 600, Keep: 2, Registerer: reg, Logger: slog.New(slog.DiscardHandler)})
+	fake := clock.NewFake(time.Unix(1_800_000_000, 0))
+	l, err := Open(Config{Dir: dir, MaxBytes: 600, Keep: 2, Registerer: reg, Clock: fake, Logger: slog.New(slog.DiscardHandler)})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -25,6 +29,11 @@ func TestAuditLinesRotateAndCount(t *testing.T) {
 			Host: "api.example.test:443", Method: "GET", Path: "/v1/x", Status: 200, BytesOut: 12, Duration: 1500 * time.Microsecond})
 	}
 	l.Record(Entry{Task: "run-1", Action: Blocked, Reason: "key acme/K may not reach b.example:443", Host: "b.example:443", Status: 403})
+	// Lines are batched: the last one is written within FlushEvery.
+	if b, _ := os.ReadFile(filepath.Join(dir, FileName)); strings.Contains(string(b), "blocked") {
+		t.Fatal("written before the flush")
+	}
+	fake.Advance(FlushEvery)
 
 	fi, err := os.Stat(filepath.Join(dir, FileName))
 	if err != nil || fi.Size() > 600 || fi.Mode().Perm() != 0o600 {

@@ -1,5 +1,458 @@
 package proxy
 
+import (
+	"bufio"
+	"context"
+	"crypto/tls"
+	"crypto/x509"
+	"encoding/json"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"net/url"
+	"os"
+	"os/exec"
+	"runtime"
+	"sort"
+	"strconv"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"golang.org/x/net/http2"
+
+	"github.com/runfleet/runfleet/shared/hostproto"
+)
+
+// The benchmarks compare the same Go client going direct to an HTTPS
+// upstream on loopback and going through the proxy with one substitution per
+// request, in the same run, and report the ratios with b.ReportMetric.
+
+const benchKey = "sk-bench-real-value-0123456789abcdef"
+
+type benchRig struct {
+	e        *env
+	up       *testUpstream
+	uca      *upstreamCA
+	proxyURL *url.URL
+	ph       string
+	target   string
+}
+
+func newBenchRig(b *testing.B) *benchRig {
+	uca := newUpstreamCA(b)
+	up := startUpstream(b, uca, false, "api.example.test")
+	up.handler = func(w http.ResponseWriter, r *http.Request) {
+		if r.Header.Get("Authorization") == "" {
+			w.WriteHeader(http.StatusUnauthorized)
+		}
+		io.WriteString(w, `{"ok":true}`)
+	}
+	e := newEnv(b, envOptions{
+		uca: uca, quiet: true,
+		pins:    map[string]string{"api.example.test": "127.0.0.1"},
+		keys:    fmt.Sprintf(`{"acme": {"keys": {"K": {"domains": ["api.example.test:%d"], "placeholder": {"prefix": "sk-"}}}}}`, up.port),
+		secrets: map[string]string{"acme/K": benchKey},
+	})
+	u, phs := e.task("run-bench", hostproto.Secret{ProjectID: "acme", Key: "K"})
+	// The recording upstream keeps every request; the benchmarks only need
+	// the answer, so stop recording.
+	up.noRecord = true
+	return &benchRig{e: e, up: up, uca: uca, proxyURL: u, ph: phs["K"], target: fmt.Sprintf("https://api.example.test:%d/v1/bench", up.port)}
+}
+
+// clients: the same net/http client, direct (name pinned like the proxy
+// pins it) or through the proxy.
+func (r *benchRig) direct(keepAlive bool) *http.Client {
+	pool := x509.NewCertPool()
+	pool.AppendCertsFromPEM(r.uca.pem)
+	port := strconv.Itoa(r.up.port)
+	return &http.Client{Transport: &http.Transport{
+		TLSClientConfig: &tls.Config{RootCAs: pool}, DisableKeepAlives: !keepAlive, MaxIdleConnsPerHost: 64,
+		DialContext: func(ctx context.Context, network, _ string) (net.Conn, error) {
+			return (&net.Dialer{}).DialContext(ctx, network, "127.0.0.1:"+port)
+		},
+	}}
+}
+
+func (r *benchRig) proxied(keepAlive bool) *http.Client {
+	c := r.e.goClient(r.proxyURL, false)
+	tr := c.Transport.(*http.Transport)
+	tr.DisableKeepAlives, tr.MaxIdleConnsPerHost = !keepAlive, 64
+	return c
+}
+
+func (r *benchRig) do(b *testing.B, c *http.Client, auth string) {
+	req, _ := http.NewRequest(http.MethodGet, r.target, nil)
+	req.Header.Set("Authorization", "Bearer "+auth)
+	res, err := c.Do(req)
+	if err != nil {
+		b.Fatal(err)
+	}
+	io.Copy(io.Discard, res.Body)
+	res.Body.Close()
+	if res.StatusCode != 200 {
+		b.Fatalf("status %d", res.StatusCode)
+	}
+}
+
+// run sends n requests from conc goroutines and returns requests/s.
+func (r *benchRig) run(b *testing.B, c *http.Client, auth string, n, conc int) float64 {
+	var wg sync.WaitGroup
+	per := (n + conc - 1) / conc
+	start := time.Now()
+	for w := 0; w < conc; w++ {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for i := 0; i < per; i++ {
+				r.do(b, c, auth)
+			}
+		}()
+	}
+	wg.Wait()
+	return float64(per*conc) / time.Since(start).Seconds()
+}
+
+// BenchmarkKeepAlive: keep-alive HTTPS requests/s, 8 concurrent, one
+// substitution per proxied request (target: proxied >= 0.6 x direct).
+func BenchmarkKeepAlive(b *testing.B) {
+	r := newBenchRig(b)
+	direct, proxied := r.direct(true), r.proxied(true)
+	r.run(b, direct, "real", 200, 8) // warm both pools
+	r.run(b, proxied, r.ph, 200, 8)
+	n := max(b.N, 400)
+	b.ResetTimer()
+	var d, p float64
+	for round := 0; round < 2; round++ { // interleaved against drift
+		d += r.run(b, direct, "real", n/2, 8)
+		p += r.run(b, proxied, r.ph, n/2, 8)
+	}
+	b.ReportMetric(d/2, "direct_req/s")
+	b.ReportMetric(p/2, "proxied_req/s")
+	b.ReportMetric(p/d, "ratio")
+}
+
+// BenchmarkLatencyP50: one request at a time, direct and proxied
+// alternately; p50 of each (target: proxied <= 1.5 x direct).
+func BenchmarkLatencyP50(b *testing.B) {
+	r := newBenchRig(b)
+	direct, proxied := r.direct(true), r.proxied(true)
+	r.run(b, direct, "real", 50, 1)
+	r.run(b, proxied, r.ph, 50, 1)
+	n := max(b.N, 500)
+	var dl, pl []time.Duration
+	b.ResetTimer()
+	for i := 0; i < n; i++ {
+		t0 := time.Now()
+		r.do(b, direct, "real")
+		t1 := time.Now()
+		r.do(b, proxied, r.ph)
+		dl, pl = append(dl, t1.Sub(t0)), append(pl, time.Since(t1))
+	}
+	d, p := median(dl), median(pl)
+	b.ReportMetric(float64(d.Microseconds()), "direct_p50_µs")
+	b.ReportMetric(float64(p.Microseconds()), "proxied_p50_µs")
+	b.ReportMetric(float64(p)/float64(d), "ratio")
+}
+
+func median(ds []time.Duration) time.Duration {
+	sort.Slice(ds, func(i, j int) bool { return ds[i] < ds[j] })
+	return ds[len(ds)/2]
+}
+
+// BenchmarkNewConnectionPerRequest: requests/s with a new connection each
+// time; proxied that is CONNECT + an intercepted handshake with a cached
+// leaf (target: proxied >= 0.8 x direct).
+func BenchmarkNewConnectionPerRequest(b *testing.B) {
+	r := newBenchRig(b)
+	direct, proxied := r.direct(false), r.proxied(false)
+	r.run(b, direct, "real", 20, 4)
+	r.run(b, proxied, r.ph, 20, 4) // issues and caches the leaf
+	n := max(b.N, 200)
+	b.ResetTimer()
+	var d, p float64
+	for round := 0; round < 2; round++ {
+		d += r.run(b, direct, "real", n/2, 4)
+		p += r.run(b, proxied, r.ph, n/2, 4)
+	}
+	b.ReportMetric(d/2, "direct_req/s")
+	b.ReportMetric(p/2, "proxied_req/s")
+	b.ReportMetric(p/d, "ratio")
+}
+
+// The memory benchmarks run the proxy alone in a child process (this test
+// binary with benchChildEnv set), so the client and upstream in the parent
+// do not count: the child reports its Go heap and stacks after a GC, and
+// its peak RSS (VmHWM from /proc/self/status).
+
 const benchChildEnv = "RUNFLEET_PROXY_BENCH_CHILD"
 
-func benchChildMain() int { return 2 }
+type childSpec struct {
+	UpstreamPort int    `json:"upstreamPort"`
+	UpstreamCA   string `json:"upstreamCa"`
+}
+
+type childHello struct {
+	ProxyURL    string `json:"proxyUrl"`
+	Placeholder string `json:"placeholder"`
+	Bundle      string `json:"bundle"`
+}
+
+type childMem struct {
+	HeapAlloc  uint64 `json:"heapAlloc"`
+	StackInuse uint64 `json:"stackInuse"`
+	VmHWM      uint64 `json:"vmHWM"`
+	VmRSS      uint64 `json:"vmRSS"`
+}
+
+// childT is the harness's tb in the child: failures end the process.
+type childT struct {
+	dir      string
+	cleanups []func()
+}
+
+func (c *childT) Helper()                           {}
+func (c *childT) Fatal(args ...any)                 { fmt.Fprintln(os.Stderr, args...); os.Exit(1) }
+func (c *childT) Fatalf(format string, args ...any) { fmt.Fprintf(os.Stderr, format+"\n", args...); os.Exit(1) }
+func (c *childT) Errorf(format string, args ...any) { fmt.Fprintf(os.Stderr, format+"\n", args...) }
+func (c *childT) TempDir() string {
+	d, err := os.MkdirTemp(c.dir, "t")
+	if err != nil {
+		c.Fatal(err)
+	}
+	return d
+}
+func (c *childT) Cleanup(f func()) { c.cleanups = append(c.cleanups, f) }
+
+func benchChildMain() int {
+	var spec childSpec
+	if err := json.Unmarshal([]byte(os.Getenv(benchChildEnv)), &spec); err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		return 2
+	}
+	dir, _ := os.MkdirTemp("", "proxy-bench-child")
+	defer os.RemoveAll(dir)
+	t := &childT{dir: dir}
+	e := newEnv(t, envOptions{
+		uca: &upstreamCA{pem: []byte(spec.UpstreamCA)}, quiet: true,
+		pins: map[string]string{"api.example.test": "127.0.0.1"},
+		keys: fmt.Sprintf(`{"acme": {"keys": {"K": {"domains": ["api.example.test:%d"], "in": ["header", "body"], "placeholder": {"prefix": "sk-"}}}}}`, spec.UpstreamPort),
+		secrets: map[string]string{"acme/K": benchKey},
+	})
+	u, phs := e.task("run-bench", hostproto.Secret{ProjectID: "acme", Key: "K"})
+	json.NewEncoder(os.Stdout).Encode(childHello{ProxyURL: u.String(), Placeholder: phs["K"], Bundle: string(e.authority.Bundle())})
+	sc := bufio.NewScanner(os.Stdin)
+	for sc.Scan() {
+		if sc.Text() != "mem" {
+			break
+		}
+		runtime.GC()
+		runtime.GC()
+		var ms runtime.MemStats
+		runtime.ReadMemStats(&ms)
+		m := childMem{HeapAlloc: ms.HeapAlloc, StackInuse: ms.StackInuse}
+		status, _ := os.ReadFile("/proc/self/status")
+		for _, line := range strings.Split(string(status), "\n") {
+			f := strings.Fields(line)
+			if len(f) >= 2 && (f[0] == "VmHWM:" || f[0] == "VmRSS:") {
+				kb, _ := strconv.ParseUint(f[1], 10, 64)
+				if f[0] == "VmHWM:" {
+					m.VmHWM = kb << 10
+				} else {
+					m.VmRSS = kb << 10
+				}
+			}
+		}
+		json.NewEncoder(os.Stdout).Encode(m)
+	}
+	for i := len(t.cleanups) - 1; i >= 0; i-- {
+		t.cleanups[i]()
+	}
+	return 0
+}
+
+type child struct {
+	cmd   *exec.Cmd
+	in    io.WriteCloser
+	out   *json.Decoder
+	hello childHello
+	proxy *url.URL
+	pool  *x509.CertPool
+}
+
+func startChild(b *testing.B, up *testUpstream, uca *upstreamCA) *child {
+	spec, _ := json.Marshal(childSpec{UpstreamPort: up.port, UpstreamCA: string(uca.pem)})
+	cmd := exec.Command(os.Args[0], "-test.run=^$")
+	cmd.Env = append(os.Environ(), benchChildEnv+"="+string(spec))
+	cmd.Stderr = os.Stderr
+	in, _ := cmd.StdinPipe()
+	out, _ := cmd.StdoutPipe()
+	must(b, cmd.Start())
+	c := &child{cmd: cmd, in: in, out: json.NewDecoder(out)}
+	b.Cleanup(func() { in.Close(); cmd.Wait() })
+	must(b, c.out.Decode(&c.hello))
+	c.proxy, _ = url.Parse(c.hello.ProxyURL)
+	c.pool = x509.NewCertPool()
+	c.pool.AppendCertsFromPEM([]byte(c.hello.Bundle))
+	return c
+}
+
+func (c *child) mem(b *testing.B) childMem {
+	io.WriteString(c.in, "mem\n")
+	var m childMem
+	must(b, c.out.Decode(&m))
+	return m
+}
+
+// BenchmarkIdleInterceptedConnMemory: the proxy's memory per idle
+// intercepted connection, each of which served one request (target: <= 100
+// KiB). Heap plus goroutine stacks after a GC, per connection.
+func BenchmarkIdleInterceptedConnMemory(b *testing.B) {
+	uca := newUpstreamCA(b)
+	up := startUpstream(b, uca, false, "api.example.test")
+	up.noRecord = true
+	for _, proto := range []string{"http/1.1", "h2"} {
+		b.Run(proto, func(b *testing.B) {
+			c := startChild(b, up, uca)
+			target := fmt.Sprintf("api.example.test:%d", up.port)
+			open := func(n int) []net.Conn {
+				var conns []net.Conn
+				for i := 0; i < n; i++ {
+					tc := dialThroughChild(b, c, target, proto)
+					conns = append(conns, tc)
+				}
+				return conns
+			}
+			warm := open(5)
+			before := c.mem(b)
+			const n = 200
+			conns := open(n)
+			after := c.mem(b)
+			for _, tc := range append(warm, conns...) {
+				tc.Close()
+			}
+			per := (float64(after.HeapAlloc+after.StackInuse) - float64(before.HeapAlloc+before.StackInuse)) / n
+			b.ReportMetric(per/1024, "KiB/idle_conn")
+			b.ReportMetric(float64(after.VmRSS-before.VmRSS)/n/1024, "RSS_KiB/idle_conn")
+		})
+	}
+}
+
+// dialThroughChild opens an intercepted connection and sends one request on
+// it, leaving it idle and open.
+func dialThroughChild(b *testing.B, c *child, target, proto string) net.Conn {
+	conn, err := net.Dial("tcp", c.proxy.Host)
+	must(b, err)
+	pw, _ := c.proxy.User.Password()
+	fmt.Fprintf(conn, "CONNECT %s HTTP/1.1\r\nHost: %s\r\nProxy-Authorization: Basic %s\r\n\r\n", target, target, b64(c.proxy.User.Username()+":"+pw))
+	br := bufio.NewReader(conn)
+	res, err := http.ReadResponse(br, &http.Request{Method: http.MethodConnect})
+	if err != nil || res.StatusCode != 200 {
+		b.Fatalf("CONNECT: %v %v", res, err)
+	}
+	tc := tls.Client(&replayConn{Conn: conn, r: br}, &tls.Config{RootCAs: c.pool, ServerName: "api.example.test", NextProtos: []string{proto}})
+	must(b, tc.Handshake())
+	req, _ := http.NewRequest(http.MethodGet, "https://"+target+"/idle", nil)
+	req.Header.Set("Authorization", "Bearer "+c.hello.Placeholder)
+	if proto == "h2" {
+		cc, err := (&http2.Transport{}).NewClientConn(tc)
+		must(b, err)
+		res, err := cc.RoundTrip(req)
+		must(b, err)
+		io.Copy(io.Discard, res.Body)
+		res.Body.Close()
+		return tc
+	}
+	must(b, req.Write(tc))
+	tbr := bufio.NewReader(tc)
+	res, err = http.ReadResponse(tbr, req)
+	must(b, err)
+	io.Copy(io.Discard, res.Body)
+	res.Body.Close()
+	return tc
+}
+
+// patternReader yields size bytes of text with the placeholder every
+// `every` bytes: what the proxy must scan and substitute in a stream.
+type patternReader struct {
+	left, every, next int64
+	ph                string
+	line              string
+	pending           string
+}
+
+func (p *patternReader) Read(b []byte) (int, error) {
+	if p.left <= 0 {
+		return 0, io.EOF
+	}
+	n := 0
+	for n < len(b) && p.left > 0 {
+		if p.pending == "" {
+			if p.next <= 0 {
+				p.pending, p.next = p.ph, p.every
+			} else {
+				p.pending = p.line
+			}
+		}
+		k := copy(b[n:], p.pending[:min(int64(len(p.pending)), p.left)])
+		p.pending = p.pending[k:]
+		n += k
+		p.left -= int64(k)
+		p.next -= int64(k)
+	}
+	return n, nil
+}
+
+// BenchmarkStream1GiBPeakRSS: peak RSS of the proxy while a 1 GiB body
+// streams through it with body scanning and substitution on (target: < 64
+// MiB). VmHWM of the proxy process, which holds only the proxy.
+func BenchmarkStream1GiBPeakRSS(b *testing.B) {
+	uca := newUpstreamCA(b)
+	up := startUpstream(b, uca, false, "api.example.test")
+	up.noRecord = true
+	var received int64
+	var mu sync.Mutex
+	up.handler = func(w http.ResponseWriter, r *http.Request) {
+		n, _ := io.Copy(io.Discard, r.Body)
+		mu.Lock()
+		received = n
+		mu.Unlock()
+		io.WriteString(w, "ok")
+	}
+	c := startChild(b, up, uca)
+	base := c.mem(b)
+	client := &http.Client{Transport: &http.Transport{Proxy: http.ProxyURL(c.proxy), TLSClientConfig: &tls.Config{RootCAs: c.pool}}}
+	const size = 1 << 30
+	const every = 256 << 20
+	start := time.Now()
+	for i := 0; i < b.N; i++ {
+		body := &patternReader{left: size, every: every, next: 1 << 20, ph: c.hello.Placeholder, line: strings.Repeat("lorem ipsum dolor sit amet ", 37) + "\n"}
+		req, _ := http.NewRequest(http.MethodPost, fmt.Sprintf("https://api.example.test:%d/upload", up.port), body)
+		req.ContentLength = size
+		res, err := client.Do(req)
+		must(b, err)
+		io.Copy(io.Discard, res.Body)
+		res.Body.Close()
+		if res.StatusCode != 200 {
+			b.Fatalf("status %d", res.StatusCode)
+		}
+	}
+	elapsed := time.Since(start)
+	after := c.mem(b)
+	mu.Lock()
+	got := received
+	mu.Unlock()
+	subs := int64(0)
+	for pos := int64(1 << 20); pos < size; pos += every + int64(len(c.hello.Placeholder)) {
+		subs++
+	}
+	if want := int64(size) + subs*int64(len(benchKey)-len(c.hello.Placeholder)); got < want-int64(len(benchKey)) || got > want+int64(len(benchKey)) {
+		b.Fatalf("upstream received %d bytes, want about %d", got, want)
+	}
+	b.ReportMetric(float64(after.VmHWM)/(1<<20), "peak_RSS_MiB")
+	b.ReportMetric(float64(base.VmHWM)/(1<<20), "idle_peak_RSS_MiB")
+	b.ReportMetric(float64(size*b.N)/(1<<20)/elapsed.Seconds(), "MiB/s")
+}

@@ -47,7 +47,7 @@ type upstreamCA struct {
 	pem  []byte
 }
 
-func newUpstreamCA(t testing.TB) *upstreamCA {
+func newUpstreamCA(t tb) *upstreamCA {
 	t.Helper()
 	key, _ := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
 	tmpl := &x509.Certificate{
@@ -63,7 +63,7 @@ func newUpstreamCA(t testing.TB) *upstreamCA {
 	return &upstreamCA{cert: cert, key: key, pem: pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: der})}
 }
 
-func (u *upstreamCA) leaf(t testing.TB, names ...string) tls.Certificate {
+func (u *upstreamCA) leaf(t tb, names ...string) tls.Certificate {
 	t.Helper()
 	key, _ := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
 	tmpl := &x509.Certificate{
@@ -95,6 +95,8 @@ type testUpstream struct {
 	mu      sync.Mutex
 	got     []seen
 	handler http.HandlerFunc // optional override after recording
+	// noRecord stops keeping requests (benchmarks send millions).
+	noRecord bool
 }
 
 func startUpstream(t testing.TB, uca *upstreamCA, h2 bool, names ...string) *testUpstream {
@@ -102,6 +104,10 @@ func startUpstream(t testing.TB, uca *upstreamCA, h2 bool, names ...string) *tes
 	u := &testUpstream{}
 	u.srv = httptest.NewUnstartedServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		if u.handler != nil && r.Header.Get("Upgrade") != "" {
+			u.handler(w, r)
+			return
+		}
+		if u.noRecord {
 			u.handler(w, r)
 			return
 		}
@@ -149,10 +155,21 @@ func (s *syncBuffer) String() string {
 	return s.b.String()
 }
 
+// tb is the part of testing.TB the harness uses, so the benchmarks' child
+// process (which has no *testing.T) can build an env too.
+type tb interface {
+	Helper()
+	Fatal(args ...any)
+	Fatalf(format string, args ...any)
+	Errorf(format string, args ...any)
+	TempDir() string
+	Cleanup(func())
+}
+
 // env is one edge secrets proxy wired as edge serve wires it: a policy file
 // watched, the real CA, the secrets file, the upstream guard with pins.
 type env struct {
-	t          testing.TB
+	t          tb
 	dir        string
 	configPath string
 	watcher    *policy.Watcher
@@ -161,6 +178,7 @@ type env struct {
 	resolver   *countingResolver
 	logs       *syncBuffer
 	auditDir   string
+	audit      *audit.Log
 	bundlePath string
 	secrets    map[string]string
 	uca        *upstreamCA
@@ -183,7 +201,7 @@ type envOptions struct {
 	quiet bool
 }
 
-func newEnv(t testing.TB, o envOptions) *env {
+func newEnv(t tb, o envOptions) *env {
 	t.Helper()
 	dir := o.dataDir
 	if dir == "" {
@@ -238,6 +256,7 @@ func newEnv(t testing.TB, o envOptions) *env {
 	e.auditDir = filepath.Join(dir, "logs")
 	al, err := audit.Open(audit.Config{Dir: e.auditDir, Logger: logger})
 	must(t, err)
+	e.audit = al
 	e.proxy, err = New(Config{
 		Listener: e.listener, Egress: o.egress, DataDir: dir, Policy: e.watcher, Leaves: e.authority,
 		Secrets: src, Upstream: guard, UpstreamTLS: tlsCfg, Audit: al, Logger: logger, Rand: o.rand,
@@ -328,6 +347,7 @@ func (e *env) goClient(proxyURL *url.URL, h2 bool) *http.Client {
 
 // auditLines reads every audit line written so far.
 func (e *env) auditLines() []map[string]any {
+	e.audit.Flush()
 	b, _ := os.ReadFile(filepath.Join(e.auditDir, audit.FileName))
 	var out []map[string]any
 	for _, line := range strings.Split(strings.TrimSpace(string(b)), "\n") {
@@ -364,6 +384,7 @@ func (e *env) waitAudit(pred func(map[string]any) bool) map[string]any {
 // any of the given values or placeholders.
 func (e *env) assertNoLeak(secretsOrPlaceholders ...string) {
 	e.t.Helper()
+	e.audit.Flush()
 	auditText, _ := os.ReadFile(filepath.Join(e.auditDir, audit.FileName))
 	for _, s := range secretsOrPlaceholders {
 		if s == "" {
@@ -378,7 +399,7 @@ func (e *env) assertNoLeak(secretsOrPlaceholders ...string) {
 	}
 }
 
-func must(t testing.TB, err error) {
+func must(t tb, err error) {
 	t.Helper()
 	if err != nil {
 		t.Fatal(err)
