@@ -15,7 +15,7 @@ LAMBDA_FLAGS := -tags lambda.norpc -trimpath -ldflags '$(LDFLAGS)'
 TEST_TIMEOUT ?= 60m
 FUZZTIME  ?= 5s
 
-.PHONY: dev test test-go deps build build-functions build-edge bench lint fuzz fuzz-short clean
+.PHONY: dev test test-go deps build build-functions build-ApiFunction build-edge bench lint fuzz fuzz-short clean
 
 ## dev: the local stack (Fleet on bbolt, with its handlers on RUNFLEET_ADDR)
 dev:
@@ -39,6 +39,10 @@ build-functions:
 		echo "build functions/$$fn -> build/functions/$$fn/bootstrap (linux/arm64)"; \
 		$(LAMBDA_ENV) $(GO) build $(LAMBDA_FLAGS) -o $(BUILD)/functions/$$fn/bootstrap ./functions/$$fn || exit 1; \
 	done
+
+## build-ApiFunction: what `sam build` runs for template.yaml's ApiFunction (BuildMethod: makefile)
+build-ApiFunction:
+	$(LAMBDA_ENV) $(GO) build $(LAMBDA_FLAGS) -o $(ARTIFACTS_DIR)/bootstrap ./functions/api
 
 build-edge:
 	CGO_ENABLED=0 $(GO) build -trimpath -ldflags '$(LDFLAGS)' -o $(BUILD)/edge ./edge
