@@ -116,7 +116,9 @@ func TestTemplateApiFunction(t *testing.T) {
 		config.EnvRetentionDays, config.EnvLogLevel} {
 		known[n] = true
 	}
-	var props struct{ Environment struct{ Variables map[string]any } }
+	var props struct {
+		Environment struct{ Variables map[string]any }
+	}
 	json.Unmarshal(fn.Properties, &props)
 	vars := tpl.Globals.Function.Environment.Variables
 	for k, v := range props.Environment.Variables {
