@@ -14,33 +14,81 @@ import (
 
 // memoryStorage is a certmagic.Storage in memory (certmagic ships none):
 // leaves and their keys live exactly as long as the signer's leaf cache and
-// never touch disk. Keys are slash-separated paths; a key with keys below it
-// acts as a directory. Safe for concurrent use.
+// never touch disk. Keys are slash-separated paths kept as a tree, so a
+// lookup or a delete costs the same with ten names as with ten thousand; a
+// key with keys below it acts as a directory. Safe for concurrent use.
 type memoryStorage struct {
 	now func() time.Time
 
-	mu    sync.Mutex
-	items map[string]memoryItem
+	mu sync.Mutex
+	// nodes holds every value and every directory that has something
+	// below it, by full key; "" is the root.
+	nodes map[string]*memoryNode
 	// locks maps a held lock's name to a channel closed on its release.
 	locks map[string]chan struct{}
 }
 
-type memoryItem struct {
+type memoryNode struct {
+	terminal bool // holds a value
 	value    []byte
 	modified time.Time
+	children map[string]struct{} // full keys directly below
 }
 
 var _ certmagic.Storage = (*memoryStorage)(nil)
 
 func newMemoryStorage(now func() time.Time) *memoryStorage {
-	return &memoryStorage{now: now, items: map[string]memoryItem{}, locks: map[string]chan struct{}{}}
+	return &memoryStorage{
+		now:   now,
+		nodes: map[string]*memoryNode{"": {children: map[string]struct{}{}}},
+		locks: map[string]chan struct{}{},
+	}
 }
 
 func cleanKey(key string) string { return strings.Trim(key, "/") }
 
-// below reports whether key lies under the directory dir ("" is the root).
-func below(key, dir string) bool {
-	return dir == "" || strings.HasPrefix(key, dir+"/")
+// parentKey is the directory holding key ("" for the root).
+func parentKey(key string) string {
+	if i := strings.LastIndexByte(key, '/'); i >= 0 {
+		return key[:i]
+	}
+	return ""
+}
+
+// node returns key's node, making it and its ancestors as needed; the
+// caller holds mu.
+func (s *memoryStorage) node(key string) *memoryNode {
+	if n, ok := s.nodes[key]; ok {
+		return n
+	}
+	n := &memoryNode{children: map[string]struct{}{}}
+	s.nodes[key] = n
+	s.node(parentKey(key)).children[key] = struct{}{}
+	return n
+}
+
+// remove deletes key's node and everything below it, then every ancestor
+// left empty; the caller holds mu.
+func (s *memoryStorage) remove(key string) {
+	if _, ok := s.nodes[key]; !ok || key == "" {
+		return
+	}
+	s.dropSubtree(key)
+	for parent := parentKey(key); ; key, parent = parent, parentKey(parent) {
+		p := s.nodes[parent]
+		delete(p.children, key)
+		if parent == "" || p.terminal || len(p.children) > 0 {
+			return
+		}
+		delete(s.nodes, parent)
+	}
+}
+
+func (s *memoryStorage) dropSubtree(key string) {
+	for child := range s.nodes[key].children {
+		s.dropSubtree(child)
+	}
+	delete(s.nodes, key)
 }
 
 // Lock blocks until name is free or ctx ends.
@@ -77,9 +125,14 @@ func (s *memoryStorage) Unlock(_ context.Context, name string) error {
 
 // Store puts a copy of value at key.
 func (s *memoryStorage) Store(_ context.Context, key string, value []byte) error {
+	key = cleanKey(key)
+	if key == "" {
+		return fmt.Errorf("ca: leaf storage: an empty key")
+	}
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	s.items[cleanKey(key)] = memoryItem{value: append([]byte(nil), value...), modified: s.now()}
+	n := s.node(key)
+	n.terminal, n.value, n.modified = true, append([]byte(nil), value...), s.now()
 	return nil
 }
 
@@ -87,23 +140,18 @@ func (s *memoryStorage) Store(_ context.Context, key string, value []byte) error
 func (s *memoryStorage) Load(_ context.Context, key string) ([]byte, error) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	item, ok := s.items[cleanKey(key)]
-	if !ok {
+	n, ok := s.nodes[cleanKey(key)]
+	if !ok || !n.terminal {
 		return nil, fmt.Errorf("ca: leaf storage: %s: %w", key, fs.ErrNotExist)
 	}
-	return append([]byte(nil), item.value...), nil
+	return append([]byte(nil), n.value...), nil
 }
 
 // Delete removes key and everything below it; a missing key is no error.
 func (s *memoryStorage) Delete(_ context.Context, key string) error {
-	key = cleanKey(key)
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	for k := range s.items {
-		if k == key || below(k, key) {
-			delete(s.items, k)
-		}
-	}
+	s.remove(cleanKey(key))
 	return nil
 }
 
@@ -112,15 +160,8 @@ func (s *memoryStorage) Exists(_ context.Context, key string) bool {
 	key = cleanKey(key)
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	if _, ok := s.items[key]; ok {
-		return true
-	}
-	for k := range s.items {
-		if below(k, key) {
-			return true
-		}
-	}
-	return false
+	_, ok := s.nodes[key]
+	return ok && key != ""
 }
 
 // List returns the keys directly below dir, or, if recursive, every key
@@ -130,39 +171,23 @@ func (s *memoryStorage) List(_ context.Context, dir string, recursive bool) ([]s
 	dir = cleanKey(dir)
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	found := map[string]bool{}
-	for k := range s.items {
-		if !below(k, dir) {
-			continue
-		}
-		rest := strings.TrimPrefix(k, dir+"/")
-		if dir == "" {
-			rest = k
-		}
-		parts := strings.Split(rest, "/")
-		if !recursive {
-			parts = parts[:1]
-		}
-		for i := range parts {
-			found[joinKey(dir, strings.Join(parts[:i+1], "/"))] = true
-		}
-	}
-	if len(found) == 0 {
+	n, ok := s.nodes[dir]
+	if !ok || len(n.children) == 0 {
 		return nil, fmt.Errorf("ca: leaf storage: %s: %w", dir, fs.ErrNotExist)
 	}
-	keys := make([]string, 0, len(found))
-	for k := range found {
-		keys = append(keys, k)
+	var keys []string
+	var walk func(*memoryNode)
+	walk = func(n *memoryNode) {
+		for child := range n.children {
+			keys = append(keys, child)
+			if recursive {
+				walk(s.nodes[child])
+			}
+		}
 	}
+	walk(n)
 	sort.Strings(keys)
 	return keys, nil
-}
-
-func joinKey(dir, rest string) string {
-	if dir == "" {
-		return rest
-	}
-	return dir + "/" + rest
 }
 
 // Stat describes key, or returns fs.ErrNotExist.
@@ -170,15 +195,15 @@ func (s *memoryStorage) Stat(_ context.Context, key string) (certmagic.KeyInfo, 
 	key = cleanKey(key)
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	if item, ok := s.items[key]; ok {
-		return certmagic.KeyInfo{Key: key, Modified: item.modified, Size: int64(len(item.value)), IsTerminal: true}, nil
+	n, ok := s.nodes[key]
+	switch {
+	case !ok || key == "":
+		return certmagic.KeyInfo{}, fmt.Errorf("ca: leaf storage: %s: %w", key, fs.ErrNotExist)
+	case n.terminal:
+		return certmagic.KeyInfo{Key: key, Modified: n.modified, Size: int64(len(n.value)), IsTerminal: true}, nil
+	default:
+		return certmagic.KeyInfo{Key: key, IsTerminal: false}, nil
 	}
-	for k := range s.items {
-		if below(k, key) {
-			return certmagic.KeyInfo{Key: key, IsTerminal: false}, nil
-		}
-	}
-	return certmagic.KeyInfo{}, fmt.Errorf("ca: leaf storage: %s: %w", key, fs.ErrNotExist)
 }
 
 // String names the storage in certmagic's logs.

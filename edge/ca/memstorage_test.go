@@ -71,6 +71,27 @@ func TestMemoryStorageContract(t *testing.T) {
 	if err := s.Delete(ctx, "no/such/key"); err != nil {
 		t.Errorf("Delete of a missing key: %v", err)
 	}
+	if err := s.Delete(ctx, "certificates/x/b/b.crt"); err != nil {
+		t.Fatal(err)
+	}
+	if s.Exists(ctx, "certificates") || !s.Exists(ctx, "other") {
+		t.Error("a directory emptied by Delete still exists, or Delete removed too much")
+	}
+	if keys, err := s.List(ctx, "", true); err != nil || !slices.Equal(keys, []string{"other"}) {
+		t.Errorf("List of the root = %q, %v", keys, err)
+	}
+	// Deleting a directory that is its parent's only child empties the parent too.
+	for _, k := range []string{"certificates/y/site/site.crt", "certificates/y/site/site.key"} {
+		if err := s.Store(ctx, k, value); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := s.Delete(ctx, "certificates/y/site"); err != nil {
+		t.Fatal(err)
+	}
+	if s.Exists(ctx, "certificates/y") || s.Exists(ctx, "certificates") {
+		t.Error("directories emptied by deleting a subdirectory still exist")
+	}
 }
 
 func TestMemoryStorageLock(t *testing.T) {
