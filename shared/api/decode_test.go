@@ -76,3 +76,22 @@ func TestQueryParsing(t *testing.T) {
 		t.Fatal("force=yes accepted")
 	}
 }
+
+// FuzzDecodeObject: any body decodes or is a 400 with a message; nothing
+// panics and no other error kind escapes.
+func FuzzDecodeObject(f *testing.F) {
+	for _, seed := range []string{`{"agent":"shell"}`, `[]`, `{"Agent":1}`, `{"secrets":[{"domains":[1]}]}`, `{"env":{"A":null}}`, `{`, ``} {
+		f.Add([]byte(seed))
+	}
+	f.Fuzz(func(t *testing.T, body []byte) {
+		var b dispatchBody
+		err := decodeObject(body, &b)
+		if err == nil {
+			return
+		}
+		var re *requestError
+		if !errors.As(err, &re) || re.status != 400 || re.message == "" {
+			t.Fatalf("%q: %v", body, err)
+		}
+	})
+}

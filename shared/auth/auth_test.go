@@ -4,27 +4,29 @@ import (
 	"bytes"
 	"context"
 	"errors"
+	"path/filepath"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/runfleet/runfleet/shared/store"
+	"github.com/runfleet/runfleet/shared/store/boltstore"
 )
 
-// callers is a CallerLookup over a map: the store's contract is tested in
-// storetest; here only the authenticator's decisions are.
-type callers map[string]store.Caller
-
-func (m callers) CallerByTokenHash(_ context.Context, h string) (store.Caller, error) {
-	if c, ok := m[h]; ok {
-		return c, nil
+// newStore is a real store (bbolt) holding the given callers.
+func newStore(t *testing.T, cs ...store.Caller) *boltstore.Store {
+	t.Helper()
+	st, err := boltstore.Open(filepath.Join(t.TempDir(), "fleet.db"))
+	if err != nil {
+		t.Fatal(err)
 	}
-	return store.Caller{}, store.ErrNotFound
-}
-
-type failing struct{}
-
-func (failing) CallerByTokenHash(context.Context, string) (store.Caller, error) {
-	return store.Caller{}, errors.New("table unavailable")
+	t.Cleanup(func() { st.Close() })
+	for _, c := range cs {
+		if err := st.CreateCaller(context.Background(), c); err != nil {
+			t.Fatal(err)
+		}
+	}
+	return st
 }
 
 func TestAuthenticate(t *testing.T) {
@@ -35,8 +37,9 @@ func TestAuthenticate(t *testing.T) {
 	if !strings.HasPrefix(token, TokenPrefix) || hash != HashToken(token) || len(hash) != 64 {
 		t.Fatalf("minted %q %q", token, hash)
 	}
-	alice := store.Caller{OwnerID: "alice", TokenHash: hash, AllowedHosts: store.Scope{IDs: []string{"h1"}}}
-	a := NewAuthenticator(callers{hash: alice}, "admin-token-0123456789")
+	alice := store.Caller{OwnerID: "alice", TokenHash: hash, AllowedHosts: store.Scope{IDs: []string{"h1"}}, CreatedAt: time.Now()}
+	st := newStore(t, alice)
+	a := NewAuthenticator(st, "admin-token-0123456789")
 	ctx := context.Background()
 
 	for _, tc := range []struct {
@@ -62,13 +65,23 @@ func TestAuthenticate(t *testing.T) {
 	}
 
 	// Without RUNFLEET_ADMIN_TOKEN there is no bootstrap admin: an empty token does not match it.
-	none := NewAuthenticator(callers{}, "")
+	none := NewAuthenticator(st, "")
 	if _, err := none.Authenticate(ctx, "Bearer "); !errors.Is(err, ErrUnauthenticated) {
 		t.Fatalf("no admin: %v", err)
 	}
 
-	// A store fault is not an authentication failure.
-	_, err = NewAuthenticator(failing{}, "").Authenticate(ctx, "Bearer "+token)
+	// A revoked caller is unknown at once.
+	if err := st.DeleteCaller(ctx, "alice"); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := a.Authenticate(ctx, "Bearer "+token); !errors.Is(err, ErrUnauthenticated) {
+		t.Fatalf("revoked: %v", err)
+	}
+
+	// A store fault (here: a closed store) is not an authentication failure.
+	closed := newStore(t)
+	closed.Close()
+	_, err = NewAuthenticator(closed, "").Authenticate(ctx, "Bearer "+token)
 	if err == nil || errors.Is(err, ErrUnauthenticated) || strings.Contains(err.Error(), token) {
 		t.Fatalf("store fault: %v", err)
 	}
