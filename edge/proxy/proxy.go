@@ -19,7 +19,6 @@ import (
 	"io"
 	"log/slog"
 	"net"
-	"net/http"
 	"net/http/httputil"
 	"path/filepath"
 	"strings"
@@ -151,7 +150,7 @@ type Proxy struct {
 	reg *registry
 
 	reverse   *httputil.ReverseProxy
-	transport *http.Transport
+	transport *roundTripper
 	h2        *http2.Server
 
 	serving atomic.Bool
@@ -193,18 +192,7 @@ func New(cfg Config) (*Proxy, error) {
 		return nil, err
 	}
 	p.reg = reg
-	p.transport = &http.Transport{
-		Proxy:               nil, // never edge's own environment's proxy
-		DialContext:         cfg.Upstream.DialContext,
-		TLSClientConfig:     cfg.UpstreamTLS.Clone(),
-		ForceAttemptHTTP2:   true,
-		MaxIdleConns:        256,
-		MaxIdleConnsPerHost: 64,
-		IdleConnTimeout:     90 * time.Second,
-		TLSHandshakeTimeout: 10 * time.Second,
-		// The task asked for what encoding it wants; pass it through.
-		DisableCompression: true,
-	}
+	p.transport = newRoundTripper(cfg.Upstream.DialContext, cfg.UpstreamTLS, 90*time.Second)
 	p.reverse = &httputil.ReverseProxy{
 		Rewrite:        p.rewrite,
 		Transport:      p.transport,
