@@ -214,9 +214,12 @@ type childT struct {
 	cleanups []func()
 }
 
-func (c *childT) Helper()                           {}
-func (c *childT) Fatal(args ...any)                 { fmt.Fprintln(os.Stderr, args...); os.Exit(1) }
-func (c *childT) Fatalf(format string, args ...any) { fmt.Fprintf(os.Stderr, format+"\n", args...); os.Exit(1) }
+func (c *childT) Helper()           {}
+func (c *childT) Fatal(args ...any) { fmt.Fprintln(os.Stderr, args...); os.Exit(1) }
+func (c *childT) Fatalf(format string, args ...any) {
+	fmt.Fprintf(os.Stderr, format+"\n", args...)
+	os.Exit(1)
+}
 func (c *childT) Errorf(format string, args ...any) { fmt.Fprintf(os.Stderr, format+"\n", args...) }
 func (c *childT) TempDir() string {
 	d, err := os.MkdirTemp(c.dir, "t")
@@ -238,8 +241,8 @@ func benchChildMain() int {
 	t := &childT{dir: dir}
 	e := newEnv(t, envOptions{
 		uca: &upstreamCA{pem: []byte(spec.UpstreamCA)}, quiet: true,
-		pins: map[string]string{"api.example.test": "127.0.0.1"},
-		keys: fmt.Sprintf(`{"acme": {"keys": {"K": {"domains": ["api.example.test:%d"], "in": ["header", "body"], "placeholder": {"prefix": "sk-"}}}}}`, spec.UpstreamPort),
+		pins:    map[string]string{"api.example.test": "127.0.0.1"},
+		keys:    fmt.Sprintf(`{"acme": {"keys": {"K": {"domains": ["api.example.test:%d"], "in": ["header", "body"], "placeholder": {"prefix": "sk-"}}}}}`, spec.UpstreamPort),
 		secrets: map[string]string{"acme/K": benchKey},
 	})
 	u, phs := e.task("run-bench", hostproto.Secret{ProjectID: "acme", Key: "K"})
