@@ -617,3 +617,23 @@ func TestPolicyChangeAppliesToTheNextRequest(t *testing.T) {
 		t.Fatal("A not substituted for its new domain")
 	}
 }
+
+// Trailers after a chunked body are consumed, not forwarded, and the next
+// request on the connection is read from the right place.
+func TestChunkedTrailersAreDroppedAndFramingKept(t *testing.T) {
+	f := newFixture(t, "open")
+	tc, br := f.dialIntercepted(f.proxyURL, f.other, "other.example.test")
+	defer tc.Close()
+	res, _ := roundTrip(t, tc, br, "POST /t HTTP/1.1\r\nHost: "+f.other+"\r\nTransfer-Encoding: chunked\r\n\r\n3\r\nabc\r\n0\r\nX-Key: "+f.phB+"\r\n\r\n")
+	if res.StatusCode != 200 {
+		t.Fatalf("first: %d", res.StatusCode)
+	}
+	res, _ = roundTrip(t, tc, br, "GET /next HTTP/1.1\r\nHost: "+f.other+"\r\n\r\n")
+	if res.StatusCode != 200 {
+		t.Fatalf("second: %d", res.StatusCode)
+	}
+	got := f.up.requests()
+	if len(got) != 2 || string(got[0].Body) != "abc" || got[1].Path != "/next" || got[0].Header.Get("X-Key") != "" {
+		t.Fatalf("upstream got %+v", got)
+	}
+}

@@ -62,6 +62,7 @@ func (p *Proxy) serveHTTP1(ctx context.Context, c net.Conn) {
 		switch {
 		case len(req.TransferEncoding) > 0:
 			body.r = httputil.NewChunkedReader(br)
+			body.trailers = br
 		case req.ContentLength > 0:
 			body.r = io.LimitReader(br, req.ContentLength)
 		}
@@ -183,11 +184,14 @@ func putWriter(bw *bufio.Writer) {
 }
 
 // h1Body is a request body on the connection; it sends "100 Continue" on
-// its first read when the client asked for it.
+// its first read when the client asked for it. After a chunked body it
+// consumes the trailer section, which is not forwarded (request trailers
+// are dropped), so the next request starts where it should.
 type h1Body struct {
 	r         io.Reader
 	w         *h1Writer
 	continueW *bufio.Writer
+	trailers  *bufio.Reader
 	eof       bool
 }
 
@@ -205,8 +209,30 @@ func (b *h1Body) Read(p []byte) (int, error) {
 	n, err := b.r.Read(p)
 	if err == io.EOF {
 		b.eof = true
+		if b.trailers != nil {
+			if terr := skipTrailers(b.trailers); terr != nil {
+				b.w.closeAfter = true
+				return n, terr
+			}
+		}
 	}
 	return n, err
+}
+
+// skipTrailers reads trailer lines up to the empty line that ends a chunked
+// body, at most maxHeadBytes of them.
+func skipTrailers(br *bufio.Reader) error {
+	total := 0
+	for {
+		line, err := br.ReadSlice('\n')
+		total += len(line)
+		if err != nil || total > maxHeadBytes {
+			return errors.New("malformed chunked trailer")
+		}
+		if string(line) == "\r\n" || string(line) == "\n" {
+			return nil
+		}
+	}
 }
 
 func (b *h1Body) Close() error { return nil }
