@@ -6,6 +6,7 @@ import (
 	"net/netip"
 	"strconv"
 	"strings"
+	"unicode/utf8"
 
 	"golang.org/x/net/idna"
 )
@@ -38,12 +39,20 @@ func CanonicalName(name string) (string, error) {
 	if strings.HasPrefix(name, "[") || isIP(name) {
 		return "", errors.New("an IP address is not allowed: use a name")
 	}
+	if !utf8.ValidString(name) {
+		return "", errors.New("not a valid DNS name: not UTF-8")
+	}
 	trimmed := strings.TrimSuffix(name, ".")
 	ascii, err := idnaProfile.ToASCII(trimmed)
 	if err != nil || ascii == "" {
 		return "", errors.New("not a valid DNS name")
 	}
 	ascii = strings.ToLower(ascii)
+	// Canonical means a fixed point: the form given back must map to itself
+	// (its punycode labels decode and validate).
+	if again, err := idnaProfile.ToASCII(ascii); err != nil || again != ascii {
+		return "", errors.New("not a valid DNS name")
+	}
 	if isIP(ascii) {
 		return "", errors.New("an IP address is not allowed: use a name")
 	}
