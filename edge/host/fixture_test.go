@@ -42,7 +42,7 @@ type testCA struct {
 	pem  []byte
 }
 
-func newTestCA(t *testing.T) *testCA {
+func newTestCA(t testing.TB) *testCA {
 	t.Helper()
 	key, _ := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
 	tmpl := &x509.Certificate{
@@ -58,7 +58,7 @@ func newTestCA(t *testing.T) *testCA {
 	return &testCA{cert: cert, key: key, pem: pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: der})}
 }
 
-func (c *testCA) leaf(t *testing.T, names ...string) (certPEM, keyPEM []byte) {
+func (c *testCA) leaf(t testing.TB, names ...string) (certPEM, keyPEM []byte) {
 	t.Helper()
 	key, _ := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
 	tmpl := &x509.Certificate{
@@ -81,7 +81,7 @@ func (c *testCA) leaf(t *testing.T, names ...string) (certPEM, keyPEM []byte) {
 	return pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: der}), pem.EncodeToMemory(&pem.Block{Type: "EC PRIVATE KEY", Bytes: kb})
 }
 
-func (c *testCA) tlsServer(t *testing.T, h http.Handler, names ...string) *httptest.Server {
+func (c *testCA) tlsServer(t testing.TB, h http.Handler, names ...string) *httptest.Server {
 	t.Helper()
 	certPEM, keyPEM := c.leaf(t, names...)
 	cert, err := tls.X509KeyPair(certPEM, keyPEM)
@@ -101,7 +101,7 @@ func (c *testCA) tlsServer(t *testing.T, h http.Handler, names ...string) *httpt
 // reach lies in directories nobody can traverse; the files it must not
 // read are 0600, as deployed.
 type fixture struct {
-	t           *testing.T
+	t           testing.TB
 	dir         string
 	dataDir     string
 	cfgPath     string
@@ -121,7 +121,7 @@ type fixture struct {
 	caCfg  map[string]any
 }
 
-func newFixture(t *testing.T) *fixture {
+func newFixture(t testing.TB) *fixture {
 	t.Helper()
 	if os.Geteuid() != 0 {
 		t.Fatal("these tests start tasks as nobody and must run as root (as in CI)")
