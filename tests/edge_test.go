@@ -31,6 +31,7 @@ type edgeProc struct {
 	policy  string // the JSON of policy.projects
 	runner  string // the JSON of the runner section
 	cmd     *exec.Cmd
+	uid     int // edge runs as root unless set
 	done    chan struct{}
 	logs    *lockedBuffer
 	client  *hostproto.Client
@@ -115,6 +116,9 @@ func (e *edgeProc) start(env ...string) {
 	e.cmd = exec.Command(e.bin, "serve", "--config", e.cfgPath)
 	e.cmd.Env = append([]string{"PATH=/usr/bin:/bin"}, env...)
 	e.cmd.Stdout, e.cmd.Stderr = e.logs, e.logs
+	if e.uid != 0 {
+		e.cmd.SysProcAttr = &syscall.SysProcAttr{Credential: &syscall.Credential{Uid: uint32(e.uid), Gid: uint32(e.uid)}}
+	}
 	must(e.t, e.cmd.Start())
 	e.done = make(chan struct{})
 	go func() { e.cmd.Wait(); close(e.done) }()
@@ -396,4 +400,45 @@ func asHostError(err error, target **hostproto.Error) bool {
 		*target = he
 	}
 	return ok
+}
+
+// TestEdgeThatCannotSwitchUsers: an edge that is not root refuses every run
+// (host_unavailable, reported unhealthy) unless runner.insecureSameUser is
+// set, and then runs tasks as itself and says so on /healthz.
+func TestEdgeThatCannotSwitchUsers(t *testing.T) {
+	const nobody = 65534
+	e := newEdgeProc(t)
+	e.uid = nobody
+	data := filepath.Join(e.dir, "data")
+	must(t, os.Mkdir(data, 0o700))
+	for _, p := range []string{data, e.cfgPath, filepath.Join(e.dir, "host-token"), filepath.Join(e.dir, "secrets.json")} {
+		must(t, os.Chown(p, nobody, nobody))
+	}
+	e.start()
+	h, err := e.client.Health(context.Background())
+	if err != nil || h.OK || h.InsecureSameUser {
+		t.Fatalf("health of an edge that cannot switch users: %+v %v", h, err)
+	}
+	r := e.run(hostproto.StartRequest{Prompt: "echo ran"})
+	if r.Status != hostproto.StatusFailed || r.Reason != hostproto.ReasonHostUnavailable {
+		t.Fatalf("a run on an edge that cannot switch users: %+v", r)
+	}
+	if code := e.stop(syscall.SIGTERM); code != 0 {
+		t.Fatalf("edge exited %d", code)
+	}
+
+	e.runner = `{"user": "nobody", "insecureSameUser": true}`
+	e.writeConfig()
+	must(t, os.Chown(e.cfgPath, nobody, nobody))
+	e.start()
+	if h, err = e.client.Health(context.Background()); err != nil || !h.OK || !h.InsecureSameUser {
+		t.Fatalf("health with insecureSameUser: %+v %v", h, err)
+	}
+	r = e.waitFor(e.run(hostproto.StartRequest{Prompt: "echo uid=$(id -u)"}).RunID, terminal)
+	if out, _ := e.output(r.RunID, 0); r.Status != hostproto.StatusSucceeded || !strings.Contains(out, fmt.Sprintf("uid=%d", nobody)) {
+		t.Fatalf("the run ended %+v with %q", r, out)
+	}
+	if code := e.stop(syscall.SIGTERM); code != 0 {
+		t.Fatalf("edge exited %d", code)
+	}
 }

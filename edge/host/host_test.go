@@ -71,6 +71,65 @@ curl -sS --fail https://%s/; echo`, f.upstreamHost, f.tunnelHost)
 	if strings.Contains(string(raw), realSecret) {
 		t.Fatal("the run's events hold the real value")
 	}
+	metrics, err := e.client.Metrics(bg)
+	must(t, err)
+	for _, want := range []string{`edge_proxy_decisions_total{action="substituted"} 1`, `edge_proxy_decisions_total{action="tunnelled"} 1`, `edge_runs{status="succeeded"} 1`} {
+		if !strings.Contains(string(metrics), want) {
+			t.Errorf("/metrics lacks %s", want)
+		}
+	}
+}
+
+func TestRestartKeepsPlaceholdersAndTheCAAndPurgeDropsThem(t *testing.T) {
+	f := newFixture(t)
+	f.runner = map[string]any{"retention": "2h"}
+	fake := clock.NewFake(time.Now())
+	e := f.open(hostOptions{clock: fake})
+	run := e.start(hostproto.StartRequest{Prompt: `echo "token=$API_TOKEN"`, Secrets: apiToken})
+	e.waitEnd(run.RunID)
+	placeholder := envLine(e.output(run.RunID), "token")
+	bundle := string(e.CABundle())
+	e.shutdown()
+
+	e = f.open(hostOptions{clock: fake})
+	if string(e.CABundle()) != bundle {
+		t.Fatal("the CA changed across a restart")
+	}
+	again, err := e.client.Retry(bg, run.RunID)
+	if err != nil || again.Attempt != 2 {
+		t.Fatalf("retry after the restart: %+v %v", again, err)
+	}
+	e.waitEnd(run.RunID)
+	out := e.output(run.RunID)
+	if strings.Count(out, "token="+placeholder) != 2 {
+		t.Fatalf("the placeholder changed across the restart: %q", out)
+	}
+	stored := filepath.Join(f.dataDir, "secrets-proxy", "placeholders", run.RunID+".json")
+	if _, err := os.Stat(stored); err != nil {
+		t.Fatalf("the run's placeholders are not where the proxy keeps them: %v", err)
+	}
+	// Past runner.retention the run goes: events, placeholders, directories.
+	// The hourly purge runs on its own goroutine and re-arms itself, so the
+	// clock moves on while the test polls for the run's absence.
+	fake.Advance(2 * time.Hour)
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		fake.Advance(10 * time.Minute)
+		_, err := e.client.Get(bg, run.RunID)
+		if errors.Is(err, hostproto.ErrRunNotFound) {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("the run was not purged after its retention: %v", err)
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+	if _, err := os.Stat(stored); !errors.Is(err, os.ErrNotExist) {
+		t.Fatalf("the purged run's placeholders remain: %v", err)
+	}
+	if _, err := os.Stat(filepath.Join(f.dataDir, "work", run.RunID)); !errors.Is(err, os.ErrNotExist) {
+		t.Fatalf("the purged run's directories remain: %v", err)
+	}
 }
 
 func TestTaskUserCannotReadEdgesFilesOrAnotherTasksDir(t *testing.T) {
