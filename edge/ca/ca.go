@@ -122,7 +122,6 @@ func Open(ctx context.Context, cfg Config) (*Authority, error) {
 }
 
 func open(ctx context.Context, cfg Config, lock *os.File) (*Authority, error) {
-	removeStaleTemps(cfg.Dir)
 	stored, err := loadStored(cfg.Dir)
 	if err != nil {
 		return nil, err
@@ -133,6 +132,7 @@ func open(ctx context.Context, cfg Config, lock *os.File) (*Authority, error) {
 				fmt.Sprintf("the key of CA %s (%s): %v", s.info().Fingerprint, s.cert.Subject, err))
 		}
 	}
+	removeStaleTemps(cfg.Dir)
 	a := &Authority{
 		cfg: cfg,
 		policy: leafPolicy{
@@ -160,19 +160,21 @@ func open(ctx context.Context, cfg Config, lock *os.File) (*Authority, error) {
 	return a, nil
 }
 
-func storePath(dir string) string { return dir + string(os.PathSeparator) + storeFileName }
-
 // loadStored reads the store's certificates; their keys stay sealed.
 func loadStored(dir string) ([]*authority, error) {
 	raw, err := readStore(dir)
 	if err != nil {
 		return nil, err
 	}
+	return parseStored(storePath(dir), raw)
+}
+
+func parseStored(path string, raw []storedAuthority) ([]*authority, error) {
 	stored := make([]*authority, 0, len(raw))
 	for i, r := range raw {
 		s, err := parseStoredCert(r)
 		if err != nil {
-			return nil, refusal(storePath(dir), ErrStoreUnreadable, fmt.Sprintf("CA #%d: %v", i+1, err))
+			return nil, refusal(path, ErrStoreUnreadable, fmt.Sprintf("CA #%d: %v", i+1, err))
 		}
 		stored = append(stored, s)
 	}

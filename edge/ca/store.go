@@ -20,6 +20,8 @@ const (
 	lockFileName  = "lock"
 )
 
+func storePath(dir string) string { return filepath.Join(dir, storeFileName) }
+
 // storedSet is the store file's wire form.
 type storedSet struct {
 	Version     int               `json:"version"`
@@ -52,7 +54,7 @@ func refusal(path string, kind error, detail string) error {
 
 // readStore reads the stored set; a missing file is an empty set.
 func readStore(dir string) ([]storedAuthority, error) {
-	path := filepath.Join(dir, storeFileName)
+	path := storePath(dir)
 	b, err := os.ReadFile(path)
 	if errors.Is(err, fs.ErrNotExist) {
 		return nil, nil
@@ -60,6 +62,11 @@ func readStore(dir string) ([]storedAuthority, error) {
 	if err != nil {
 		return nil, refusal(path, ErrStoreUnreadable, err.Error())
 	}
+	return decodeStore(path, b)
+}
+
+// decodeStore reads the store file's content b (from path).
+func decodeStore(path string, b []byte) ([]storedAuthority, error) {
 	dec := json.NewDecoder(bytes.NewReader(b))
 	dec.DisallowUnknownFields()
 	var set storedSet
@@ -84,7 +91,7 @@ func writeStore(dir string, authorities []storedAuthority) error {
 	if err != nil {
 		return fmt.Errorf("ca: encoding the CA store: %w", err)
 	}
-	return writeFileAtomic(filepath.Join(dir, storeFileName), append(b, '\n'), 0o600)
+	return writeFileAtomic(storePath(dir), append(b, '\n'), 0o600)
 }
 
 // writeFileAtomic replaces path with data: a temp file in the same
@@ -161,7 +168,7 @@ func removeStaleTemps(dir string) {
 	if err != nil {
 		return
 	}
-	prefix := tempPrefix(filepath.Join(dir, storeFileName))
+	prefix := tempPrefix(storePath(dir))
 	for _, e := range entries {
 		if strings.HasPrefix(e.Name(), prefix) {
 			os.Remove(filepath.Join(dir, e.Name()))
