@@ -34,6 +34,17 @@ func TestAuditLinesRotateAndCount(t *testing.T) {
 		t.Fatal("written before the flush")
 	}
 	fake.Advance(FlushEvery)
+	// The flush runs on the timer's goroutine: wait for it.
+	deadline := time.Now().Add(5 * time.Second)
+	for {
+		if b, _ := os.ReadFile(filepath.Join(dir, FileName)); strings.Contains(string(b), "blocked") {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatal("the timed flush never wrote the line")
+		}
+		time.Sleep(time.Millisecond)
+	}
 
 	fi, err := os.Stat(filepath.Join(dir, FileName))
 	if err != nil || fi.Size() > 600 || fi.Mode().Perm() != 0o600 {

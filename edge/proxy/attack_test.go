@@ -429,7 +429,7 @@ func TestAttackPlaceholderSplitAcrossBodyChunks(t *testing.T) {
 	must(t, err)
 	io.Copy(io.Discard, res.Body)
 	if res.StatusCode != http.StatusForbidden {
-		t.Fatalf("blocked split: %d", res.StatusCode)
+		t.Fatalf("blocked split: %d; audit %v; upstream %d", res.StatusCode, f.auditLines(), len(f.up.requests()))
 	}
 	for _, r := range f.up.requests() {
 		if r.Path == "/upload2" && strings.Contains(string(r.Body), f.phA[:10]) {

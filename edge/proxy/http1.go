@@ -10,7 +10,6 @@ import (
 	"net"
 	"net/http"
 	"net/http/httputil"
-	"net/textproto"
 	"strconv"
 	"strings"
 	"sync"
@@ -135,26 +134,35 @@ func readHead(br *bufio.Reader) ([]byte, error) {
 // Transfer-Encoding and Content-Length, more than one of either, a transfer
 // coding other than chunked, whitespace before a colon, or a folded line.
 func checkFraming(head []byte) (int, string) {
-	lines := strings.Split(string(head), "\n")
 	var cl, te int
-	for _, line := range lines[1:] {
-		line = strings.TrimSuffix(line, "\r")
-		if line == "" {
+	rest := head
+	if i := bytes.IndexByte(rest, '\n'); i >= 0 {
+		rest = rest[i+1:] // past the request line
+	}
+	for len(rest) > 0 {
+		line := rest
+		if i := bytes.IndexByte(rest, '\n'); i >= 0 {
+			line, rest = rest[:i], rest[i+1:]
+		} else {
+			rest = nil
+		}
+		line = bytes.TrimSuffix(line, []byte("\r"))
+		if len(line) == 0 {
 			break
 		}
 		if line[0] == ' ' || line[0] == '\t' {
 			return http.StatusBadRequest, "folded header line"
 		}
-		name, value, ok := strings.Cut(line, ":")
-		if !ok || name == "" || strings.TrimRight(name, " \t") != name {
+		name, value, ok := bytes.Cut(line, []byte(":"))
+		if !ok || len(name) == 0 || len(bytes.TrimRight(name, " \t")) != len(name) {
 			return http.StatusBadRequest, "malformed header line"
 		}
-		switch textproto.CanonicalMIMEHeaderKey(name) {
-		case "Content-Length":
+		switch {
+		case asciiEqualFold(name, "Content-Length"):
 			cl++
-		case "Transfer-Encoding":
+		case asciiEqualFold(name, "Transfer-Encoding"):
 			te++
-			if !strings.EqualFold(strings.TrimSpace(value), "chunked") {
+			if !asciiEqualFold(bytes.TrimSpace(value), "chunked") {
 				return http.StatusNotImplemented, "only the chunked transfer coding is accepted"
 			}
 		}
@@ -168,6 +176,25 @@ func checkFraming(head []byte) (int, string) {
 		return http.StatusBadRequest, "more than one Transfer-Encoding"
 	}
 	return 0, ""
+}
+
+func asciiEqualFold(b []byte, s string) bool {
+	if len(b) != len(s) {
+		return false
+	}
+	for i := range len(b) {
+		x, y := b[i], s[i]
+		if 'A' <= x && x <= 'Z' {
+			x += 'a' - 'A'
+		}
+		if 'A' <= y && y <= 'Z' {
+			y += 'a' - 'A'
+		}
+		if x != y {
+			return false
+		}
+	}
+	return true
 }
 
 var writers = sync.Pool{New: func() any { return bufio.NewWriterSize(nil, 4096) }}

@@ -338,12 +338,18 @@ func (p *Proxy) rewrite(pr *httputil.ProxyRequest) {
 	pr.Out.Host = ""
 }
 
+// modifyResponse records the upstream's answer, and refuses to pass on an
+// answer to a request the body scanner stopped: whatever the upstream made
+// of a body cut short is not the task's.
 func (p *Proxy) modifyResponse(res *http.Response) error {
 	if st, ok := res.Request.Context().Value(stateKey{}).(*requestState); ok {
 		st.mu.Lock()
+		defer st.mu.Unlock()
 		st.status = res.StatusCode
 		st.upstream = p.cfg.Clock.Now().Sub(st.upStart)
-		st.mu.Unlock()
+		if st.fail != nil {
+			return st.fail
+		}
 	}
 	return nil
 }

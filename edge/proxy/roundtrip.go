@@ -166,8 +166,11 @@ func (rt *roundTripper) exchange(req *http.Request, uc *upConn, hasBody bool) (*
 				err = uc.bw.Flush()
 			}
 			if err != nil {
-				// Unblock the reader: the request is incomplete.
-				uc.conn.Close()
+				// Unblock the reader: the request is incomplete. The socket
+				// itself is closed, without a TLS close_notify, which an
+				// upstream could take for a clean end of a body cut short
+				// (a blocked placeholder) and answer.
+				uc.conn.NetConn().Close()
 			}
 			wrote <- err
 		}()
