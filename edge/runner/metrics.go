@@ -35,7 +35,7 @@ func newMetrics(r *Runner) *metrics {
 		}, func() float64 {
 			r.mu.Lock()
 			defer r.mu.Unlock()
-			return float64(len(r.live))
+			return float64(r.slots)
 		}),
 		runs: &runsCollector{log: r.log, desc: prometheus.NewDesc("edge_runs", "Runs edge keeps, by status.", []string{"status"}, nil)},
 	}

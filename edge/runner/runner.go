@@ -209,7 +209,8 @@ type Runner struct {
 	metrics     *metrics
 
 	mu       sync.Mutex
-	live     map[string]*task // attempts holding a slot: admitted, starting or running
+	live     map[string]*task // live attempts: being admitted, starting or running
+	slots    int              // concurrency slots held (runner.maxConcurrent)
 	draining bool
 	closed   bool
 
@@ -338,9 +339,9 @@ func (r *Runner) Start(req hostproto.StartRequest) (hostproto.Run, error) {
 		RunID: id, ClientToken: req.ClientToken, Status: hostproto.StatusPending, Attempt: 1,
 		Request: req, CreatedAt: now, UpdatedAt: now,
 	}
-	// The attempt holds its slot before the record exists, so a stored run
-	// is never pending without a live attempt behind it.
-	t, facts, err := r.reserve(rec)
+	// The attempt is live before the record exists, so a stored run is never
+	// pending without a live attempt behind it.
+	t, err := r.reserve(rec)
 	if err != nil {
 		return hostproto.Run{}, err
 	}
@@ -356,7 +357,7 @@ func (r *Runner) Start(req hostproto.StartRequest) (hostproto.Run, error) {
 	}
 	t.rec = rec
 	r.logger.Info("run created", fieldRun, id, fieldAgent, req.Agent, fieldSecrets, len(req.Secrets))
-	return r.begin(t, facts), nil
+	return r.begin(t), nil
 }
 
 // Retry starts a new attempt of a run whose last attempt ended, on the same
@@ -370,7 +371,7 @@ func (r *Runner) Retry(runID string) (hostproto.Run, error) {
 	if r.Draining() {
 		return hostproto.Run{}, ErrDraining
 	}
-	t, facts, err := r.reserve(rec)
+	t, err := r.reserve(rec)
 	if err != nil {
 		return hostproto.Run{}, err
 	}
@@ -390,7 +391,7 @@ func (r *Runner) Retry(runID string) (hostproto.Run, error) {
 	}
 	t.attempt, t.rec = rec.Attempt, rec
 	r.logger.Info("run retried", fieldRun, runID, fieldAttempt, rec.Attempt)
-	return r.begin(t, facts), nil
+	return r.begin(t), nil
 }
 
 // Get returns the run, or ErrNotFound.

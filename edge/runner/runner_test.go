@@ -8,6 +8,7 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
+	"sync"
 	"sync/atomic"
 	"syscall"
 	"testing"
@@ -645,4 +646,60 @@ func TestCloneMakesAShallowWorkingCopyOrFailsCloneFailed(t *testing.T) {
 func isRefusal(err error, reason string) bool {
 	var ref *Refusal
 	return errors.As(err, &ref) && ref.Reason == reason
+}
+
+func TestConcurrentStartsOfOneTokenNeverCountAgainstTheLimit(t *testing.T) {
+	h := newHarness(t, func(c *Config) { c.MaxConcurrent = 1 })
+	var wg sync.WaitGroup
+	runs := make([]hostproto.Run, 20)
+	for i := range runs {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			runs[i] = h.start(`echo once`, func(r *hostproto.StartRequest) { r.ClientToken = "shared" })
+		}()
+	}
+	wg.Wait()
+	fresh := 0
+	for _, r := range runs {
+		if !r.Reused {
+			fresh++
+			if r.Status == hostproto.StatusFailed {
+				t.Fatalf("the one new run was refused: %+v", r)
+			}
+		}
+	}
+	if fresh != 1 {
+		t.Fatalf("%d new runs for one client token", fresh)
+	}
+	if end := h.waitEnd(runs[0].RunID); end.Status != hostproto.StatusSucceeded {
+		t.Fatalf("run ended %+v", end)
+	}
+}
+
+func TestMaxConcurrentUnderConcurrentStarts(t *testing.T) {
+	h := newHarness(t, func(c *Config) { c.MaxConcurrent = 2 })
+	var wg sync.WaitGroup
+	runs := make([]hostproto.Run, 10)
+	for i := range runs {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			runs[i] = h.start(`sleep 1000`, nil)
+		}()
+	}
+	wg.Wait()
+	admitted, busy := 0, 0
+	for _, r := range runs {
+		switch {
+		case r.Status == hostproto.StatusFailed && r.Reason == hostproto.ReasonHostBusy:
+			busy++
+		case r.Status == hostproto.StatusAdmitted || r.Status == hostproto.StatusRunning:
+			admitted++
+			defer func(id string) { h.r.Cancel(id) }(r.RunID)
+		}
+	}
+	if admitted != 2 || busy != 8 {
+		t.Fatalf("%d admitted and %d refused host_busy, want 2 and 8", admitted, busy)
+	}
 }

@@ -48,6 +48,7 @@ type task struct {
 	started   bool
 	finished  bool
 	brokerOn  bool // the broker minted this attempt's password
+	holdsSlot bool // a concurrency slot, taken and given back under Runner.mu
 	secrets   TaskSecrets
 	proxyURL  string
 	unwatch   func() error
@@ -100,30 +101,25 @@ func refusedOutcome(ref *Refusal) outcome {
 	return outcome{status: status, reason: ref.Reason, detail: ref.Detail}
 }
 
-// reserve takes a concurrency slot for the run's next attempt and the facts
-// admission needs from the runner's own state, at one moment.
-func (r *Runner) reserve(rec runlog.Record) (*task, Facts, error) {
+// reserve makes the run's next attempt live: no other attempt of the run
+// may begin, and a cancel finds it. It takes no concurrency slot: admission
+// does, in begin, so starts that lose a clientToken race never count.
+func (r *Runner) reserve(rec runlog.Record) (*task, error) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	if r.closed {
-		return nil, Facts{}, ErrDraining
+		return nil, ErrDraining
 	}
 	if r.live[rec.RunID] != nil {
-		return nil, Facts{}, ErrNotRetryable
-	}
-	facts := Facts{
-		Draining:      r.draining,
-		Identity:      r.identityErr,
-		Active:        len(r.live),
-		MaxConcurrent: r.cfg.MaxConcurrent,
+		return nil, ErrNotRetryable
 	}
 	t := newTask(rec)
 	r.live[rec.RunID] = t
 	r.wg.Add(1)
-	return t, facts, nil
+	return t, nil
 }
 
-// unreserve gives back a slot taken for an attempt that never began.
+// unreserve ends an attempt that never began.
 func (r *Runner) unreserve(t *task) {
 	r.mu.Lock()
 	if r.live[t.runID] == t {
@@ -135,12 +131,32 @@ func (r *Runner) unreserve(t *task) {
 	r.wg.Done()
 }
 
+// runnerFacts reads admission's facts from the runner's own state and, when
+// there is room, takes a concurrency slot for t, all at one moment. A slot
+// taken here is given back by finish.
+func (r *Runner) runnerFacts(t *task) Facts {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	f := Facts{
+		Draining:      r.draining,
+		Identity:      r.identityErr,
+		Active:        r.slots,
+		MaxConcurrent: r.cfg.MaxConcurrent,
+	}
+	if r.slots < r.cfg.MaxConcurrent {
+		r.slots++
+		t.holdsSlot = true
+	}
+	return f
+}
+
 // begin admits the reserved attempt and, once admitted, starts it in the
 // background. It returns the run as it stands after admission.
-func (r *Runner) begin(t *task, facts Facts) hostproto.Run {
+func (r *Runner) begin(t *task) hostproto.Run {
 	req := t.rec.Request
 	t.attempt = t.rec.Attempt
 	t.needsBroker = len(req.Secrets) > 0
+	facts := r.runnerFacts(t)
 	facts.NeedsBroker = t.needsBroker
 	localPath := ""
 	if req.LocalPath != "" {
@@ -505,6 +521,9 @@ func (r *Runner) finish(t *task, o outcome, extra ...runlog.Entry) {
 	r.mu.Lock()
 	if r.live[t.runID] == t {
 		delete(r.live, t.runID)
+	}
+	if t.holdsSlot {
+		r.slots--
 	}
 	r.mu.Unlock()
 	close(t.done)
