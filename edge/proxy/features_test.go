@@ -2,6 +2,7 @@ package proxy
 
 import (
 	"bufio"
+	"errors"
 	"crypto/tls"
 	"crypto/x509"
 	"fmt"
@@ -15,6 +16,7 @@ import (
 
 	"golang.org/x/net/websocket"
 
+	"github.com/runfleet/runfleet/edge/policy"
 	"github.com/runfleet/runfleet/shared/hostproto"
 )
 
@@ -222,4 +224,16 @@ func TestAuditAndLogsNeverHoldAValueOrPlaceholder(t *testing.T) {
 	f.waitAudit(func(m map[string]any) bool { return m["path"] == "/p/[placeholder]" })
 	pw, _ := f.proxyURL.User.Password()
 	f.assertNoLeak(realA, realB, f.phA, f.phB, pw)
+}
+
+func TestCheckGrantForAdmission(t *testing.T) {
+	e := newEnv(t, envOptions{keys: `{"acme": {"keys": {"A": {"domains": ["api.example.test"]}}}}`, secrets: map[string]string{}})
+	if err := e.proxy.CheckGrant([]hostproto.Secret{{ProjectID: "acme", Key: "A"}}); err != nil {
+		t.Fatal(err)
+	}
+	err := e.proxy.CheckGrant([]hostproto.Secret{{ProjectID: "acme", Key: "A", Domains: []string{"evil.example.test"}}})
+	var ng *policy.NotGrantedError
+	if !errors.As(err, &ng) || len(ng.Refused) != 1 || !strings.Contains(err.Error(), "evil.example.test") {
+		t.Fatalf("err = %v", err)
+	}
 }

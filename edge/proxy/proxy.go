@@ -4,10 +4,25 @@
 // that HTTP/1.1 and HTTP/2 share, which swaps a placeholder for its real
 // value only where the policy allows and blocks it everywhere else.
 //
-// The runner (admission, env) calls Register, StartAttempt, EndAttempt, Stop,
-// Drop, TaskKeys, ProxiedKeys and Ready. The CA (package ca) supplies leaves
-// through LeafSource; policy decisions are the pure functions of package
-// policy; upstream connections go through package upstream's guard.
+// The runner (admission, env) calls Ready and CheckGrant (admission),
+// Register, StartAttempt (the task's HTTPS_PROXY), TaskKeys (one variable
+// per key holding its placeholder), ProxiedKeys (RUNFLEET_PROXIED_KEYS),
+// EndAttempt, Stop and Drop. The CA (package ca) supplies leaves through
+// LeafSource; policy decisions are the pure functions of package policy;
+// upstream connections go through package upstream's guard.
+//
+// Wiring, as edge serve does it: bind proxy.listen first (the guard must know
+// the proxy's own address), then
+//
+//	watcher, _ := policy.NewWatcher(policy.WatcherConfig{Path: cfgPath, Logger: log})
+//	authority, _ := ca.Open(ctx, ca.Config{..., AllowName: watcher.AllowName})
+//	resolver, _ := upstream.NewResolver(cfg.Proxy.Upstream, nil)
+//	allow, _ := upstream.ParseAllowPrivate(cfg.Proxy.Upstream.AllowPrivate)
+//	guard, _ := upstream.NewGuard(upstream.GuardConfig{Resolver: resolver, AllowPrivate: allow,
+//		Own: []netip.AddrPort{proxyAddr, apiAddr}})
+//	tlsCfg, _ := upstream.ClientTLSConfig(cfg.Proxy.Upstream.ExtraRootsFile)
+//	p, _ := proxy.New(proxy.Config{Disabled: proxy.KillSwitchOn(os.Getenv), Listener: ln, ...})
+//	go p.Serve(); go watcher.Run(ctx, sighup)
 package proxy
 
 import (

@@ -167,6 +167,23 @@ func (p *Proxy) Register(runID string, declared []hostproto.Secret) error {
 	return nil
 }
 
+// CheckGrant is admission's question: would the policy in force grant every
+// declared key? nil, or a *policy.NotGrantedError naming each refused key
+// (reason key_not_granted), or an error naming a malformed declaration.
+func (p *Proxy) CheckGrant(declared []hostproto.Secret) error {
+	if p.cfg.Disabled {
+		return ErrDisabled
+	}
+	decl, err := policy.ParseDeclared(declared)
+	if err != nil {
+		return fmt.Errorf("proxy: %w", err)
+	}
+	if _, refused := p.cfg.Policy.Current().Grant(decl); len(refused) > 0 {
+		return &policy.NotGrantedError{Refused: refused}
+	}
+	return nil
+}
+
 // TaskKey is what the runner puts in a task's env for one key.
 type TaskKey struct {
 	ProjectID   string
