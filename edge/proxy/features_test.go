@@ -2,9 +2,9 @@ package proxy
 
 import (
 	"bufio"
-	"errors"
 	"crypto/tls"
 	"crypto/x509"
+	"errors"
 	"fmt"
 	"io"
 	"net/http"
