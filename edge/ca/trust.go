@@ -158,6 +158,9 @@ func (a *Authority) runDelivery(ctx context.Context, w *watcher, bundle []byte, 
 	}
 	if err != nil {
 		a.log.Warn("ca: the CA bundle did not reach every running task; retrying at the next review", logError, err.Error())
+		// Nothing is known to be installed any more, so the next review
+		// retries even a redelivery of a bundle acknowledged before.
+		w.delivered = nil
 		if w.again {
 			a.deliverLocked(w)
 		}

@@ -333,3 +333,41 @@ func TestDeliveriesUnderRace(t *testing.T) {
 		t.Fatal(err)
 	}
 }
+
+func TestFailedRedeliveryIsRetriedAtTheNextReview(t *testing.T) {
+	clk := clock.NewFake(epoch)
+	a := mustOpen(t, shortConfig(t, t.TempDir(), clk))
+	attempts := make(chan error, 10)
+	var calls atomic.Int32
+	unsubscribe, err := a.WatchTrust(func(context.Context, []byte) error {
+		var err error
+		if calls.Add(1) == 2 {
+			err = errors.New("a task was still starting")
+		}
+		attempts <- err
+		return err
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer unsubscribe()
+	if err := recv(t, attempts, "the delivery at subscription"); err != nil {
+		t.Fatal(err)
+	}
+	a.RequestTrustDelivery()
+	if err := recv(t, attempts, "the requested redelivery"); err == nil {
+		t.Fatal("the redelivery did not fail as set up")
+	}
+	<-clk.WaitForTimers(1)
+	clk.Advance(30 * time.Minute)
+	if err := recv(t, attempts, "the retry of the failed redelivery"); err != nil {
+		t.Fatalf("retry: %v", err)
+	}
+	<-clk.WaitForTimers(1)
+	clk.Advance(30 * time.Minute)
+	<-clk.WaitForTimers(1)
+	if err := unsubscribe(); err != nil {
+		t.Fatal(err)
+	}
+	none(t, attempts, "a delivery after the retry succeeded")
+}
