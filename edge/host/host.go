@@ -183,7 +183,7 @@ func Open(ctx context.Context, o Options) (_ *Host, err error) {
 	rc.SystemRootsFile, rc.BeforeExec = o.SystemRootsFile, o.BeforeExec
 	var broker runner.Broker
 	if !o.KillSwitch {
-		broker = runner.ProxyBroker{Proxy: h.proxy, Policy: h.watcher}
+		broker = runner.ProxyBroker{Proxy: h.proxy}
 	}
 	h.runner, err = runner.New(rc, h.runs, broker, trust)
 	if err != nil {

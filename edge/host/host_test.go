@@ -251,6 +251,11 @@ func TestKeyTheHostDoesNotGrantIsRefusedNamingIt(t *testing.T) {
 	if !strings.Contains(detail, "acme/OTHER_KEY") {
 		t.Fatalf("the refusal does not name the key: %q", detail)
 	}
+	// A granted key asked for a domain the host policy does not give it.
+	wider := e.start(hostproto.StartRequest{Prompt: "echo nope", Secrets: []hostproto.Secret{{ProjectID: "acme", Key: "API_TOKEN", Domains: []string{"evil.example.test"}}}})
+	if wider.Status != hostproto.StatusFailed || wider.Reason != hostproto.ReasonKeyNotGranted {
+		t.Fatalf("a key declared for a domain outside the policy answered %+v", wider)
+	}
 	if e.metric("edge_task_processes_started_total") != "0" {
 		t.Fatal("a process was spawned")
 	}

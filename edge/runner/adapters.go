@@ -13,12 +13,9 @@ import (
 	"github.com/runfleet/runfleet/shared/hostproto"
 )
 
-// ProxyBroker is the secrets proxy (package proxy) as the runner's Broker:
-// grants come from the host policy in force, the task registry from the
-// proxy itself.
+// ProxyBroker is the secrets proxy (package proxy) as the runner's Broker.
 type ProxyBroker struct {
-	Proxy  *proxy.Proxy
-	Policy proxy.PolicySource
+	Proxy *proxy.Proxy
 }
 
 var _ Broker = ProxyBroker{}
@@ -26,17 +23,18 @@ var _ Broker = ProxyBroker{}
 // Ready is the proxy's own readiness (up, not killed, its CA ready).
 func (b ProxyBroker) Ready() error { return b.Proxy.Ready() }
 
-// Ungranted intersects the declared secrets with the policy in force.
+// Ungranted asks the proxy whether the policy in force grants every
+// declared key, and names the first it does not.
 func (b ProxyBroker) Ungranted(secrets []hostproto.Secret) (string, string) {
-	declared, err := policy.ParseDeclared(secrets)
-	if err != nil {
-		return "the declared secrets", err.Error()
-	}
-	_, refused := b.Policy.Current().Grant(declared)
-	if len(refused) == 0 {
+	err := b.Proxy.CheckGrant(secrets)
+	var notGranted *policy.NotGrantedError
+	switch {
+	case err == nil:
 		return "", ""
+	case errors.As(err, &notGranted) && len(notGranted.Refused) > 0:
+		return notGranted.Refused[0].Ref.String(), notGranted.Refused[0].Reason
 	}
-	return refused[0].Ref.String(), refused[0].Reason
+	return "the declared secrets", err.Error()
 }
 
 // Register registers the task and returns its placeholders by key name and
