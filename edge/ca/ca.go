@@ -274,19 +274,24 @@ func (a *Authority) currentAt(now time.Time) *caState {
 	if now.Before(st.nextReview) {
 		return st
 	}
-	return a.review()
+	st, changed := a.review()
+	if changed {
+		a.deliverAll()
+	}
+	return st
 }
 
-// review brings the state up to date. A failure keeps serving (the current
+// review brings the state up to date and reports whether the bundle
+// changed (the caller delivers it). A failure keeps serving (the current
 // signer, or the successor if the switch is due) and is retried one
 // ReviewInterval later; it never fails a handshake.
-func (a *Authority) review() *caState {
+func (a *Authority) review() (st *caState, bundleChanged bool) {
 	a.reviewMu.Lock()
 	defer a.reviewMu.Unlock()
 	prev := a.state.Load()
 	now := a.cfg.Clock.Now()
 	if a.closed.Load() || now.Before(prev.nextReview) {
-		return prev
+		return prev, false
 	}
 	st, err := a.rotate(a.ctx, now, prev)
 	if err != nil {
@@ -304,15 +309,16 @@ func (a *Authority) review() *caState {
 	if st.leaves != prev.leaves {
 		prev.leaves.stop()
 	}
-	if !bytes.Equal(st.bundle, prev.bundle) {
-		a.deliverAll()
-	}
-	return st
+	return st, !bytes.Equal(st.bundle, prev.bundle)
 }
 
-// onTimer is the periodic review: it also retries failed deliveries.
+// onTimer is the periodic review: it delivers a changed bundle and retries
+// failed deliveries in one pass.
 func (a *Authority) onTimer() {
-	st := a.current()
+	st := a.state.Load()
+	if !a.cfg.Clock.Now().Before(st.nextReview) {
+		st, _ = a.review()
+	}
 	a.mu.Lock()
 	defer a.mu.Unlock()
 	if a.trustClosed {
