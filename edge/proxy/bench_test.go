@@ -330,16 +330,25 @@ func BenchmarkIdleInterceptedConnMemory(b *testing.B) {
 				return conns
 			}
 			warm := open(5)
-			before := c.mem(b)
+			defer func() {
+				for _, tc := range warm {
+					tc.Close()
+				}
+			}()
 			const n = 200
-			conns := open(n)
-			after := c.mem(b)
-			for _, tc := range append(warm, conns...) {
-				tc.Close()
+			var heap, rss float64
+			for i := 0; i < b.N; i++ {
+				before := c.mem(b)
+				conns := open(n)
+				after := c.mem(b)
+				for _, tc := range conns {
+					tc.Close()
+				}
+				heap += (float64(after.HeapAlloc+after.StackInuse) - float64(before.HeapAlloc+before.StackInuse)) / n
+				rss += (float64(after.VmRSS) - float64(before.VmRSS)) / n
 			}
-			per := (float64(after.HeapAlloc+after.StackInuse) - float64(before.HeapAlloc+before.StackInuse)) / n
-			b.ReportMetric(per/1024, "KiB/idle_conn")
-			b.ReportMetric(float64(after.VmRSS-before.VmRSS)/n/1024, "RSS_KiB/idle_conn")
+			b.ReportMetric(heap/float64(b.N)/1024, "KiB/idle_conn")
+			b.ReportMetric(rss/float64(b.N)/1024, "RSS_KiB/idle_conn")
 		})
 	}
 }
