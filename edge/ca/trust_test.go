@@ -72,13 +72,15 @@ func TestWatchTrustDeliversAtSubscriptionAndOnEveryChange(t *testing.T) {
 		t.Fatal("the delivery at subscription is not the current bundle")
 	}
 
-	clk.Advance(6 * time.Hour) // the successor window opens; the review timer mints
+	clk.Advance(6 * time.Hour) // the successor window opens
+	a.Bundle()                 // a review when due, whether or not the timer's goroutine ran yet
 	second := recv(t, got, "the bundle with the successor")
 	if bytes.Count(second, []byte("BEGIN CERTIFICATE")) != 2 || !bytes.HasPrefix(second, first) {
 		t.Fatalf("after the successor window opened the delivery is not signer+successor:\n%s", second)
 	}
 	<-clk.WaitForTimers(1)
 	clk.Advance(3 * time.Hour) // the switch: the old signer leaves the bundle
+	a.Bundle()
 	third := recv(t, got, "the bundle after the switch")
 	if !bytes.Equal(third, second[len(first):]) {
 		t.Fatalf("after the switch the delivery is not the successor alone:\n%s", third)
@@ -124,6 +126,7 @@ func TestRequestTrustDeliveryRedeliversAnAcknowledgedBundle(t *testing.T) {
 func TestFailedDeliveryIsRetriedAtTheNextReview(t *testing.T) {
 	clk := clock.NewFake(epoch)
 	a := mustOpen(t, shortConfig(t, t.TempDir(), clk))
+	errPanicked := errors.New("about to panic")
 	attempts := make(chan error, 10)
 	var calls atomic.Int32
 	unsubscribe, err := a.WatchTrust(func(_ context.Context, bundle []byte) error {
@@ -132,6 +135,7 @@ func TestFailedDeliveryIsRetriedAtTheNextReview(t *testing.T) {
 		case 1:
 			err = errors.New("a task's trust file could not be written")
 		case 2:
+			attempts <- errPanicked
 			panic("listener bug")
 		}
 		attempts <- err
@@ -145,12 +149,17 @@ func TestFailedDeliveryIsRetriedAtTheNextReview(t *testing.T) {
 		t.Fatal("the first attempt did not fail as set up")
 	}
 	none(t, attempts, "a retry before the next review")
+	// Each retry waits for a review; the test moves the clock to the next
+	// one only once the retry has begun (deliveries are asynchronous).
 	<-clk.WaitForTimers(1)
-	clk.Advance(30 * time.Minute) // the review: the panicking attempt
+	clk.Advance(30 * time.Minute)
+	if err := recv(t, attempts, "the retry at the first review"); err != errPanicked {
+		t.Fatalf("the first retry: %v, want the panicking attempt", err)
+	}
 	<-clk.WaitForTimers(1)
-	clk.Advance(30 * time.Minute) // the next review: success
+	clk.Advance(30 * time.Minute)
 	if err := recv(t, attempts, "the retry at the next review"); err != nil {
-		t.Fatalf("retry: %v", err)
+		t.Fatalf("retry after the panic: %v", err)
 	}
 	if n := calls.Load(); n != 3 {
 		t.Fatalf("%d listener calls, want 3 (fail, panic, success)", n)
@@ -370,4 +379,32 @@ func TestFailedRedeliveryIsRetriedAtTheNextReview(t *testing.T) {
 		t.Fatal(err)
 	}
 	none(t, attempts, "a delivery after the retry succeeded")
+}
+
+func TestIdleCAMintsAndDeliversItsSuccessorOnTheReviewTimer(t *testing.T) {
+	clk := clock.NewFake(epoch)
+	a := mustOpen(t, shortConfig(t, t.TempDir(), clk)) // successor at 6h, reviewed every 30m
+	got := make(chan []byte, 10)
+	unsubscribe, err := a.WatchTrust(func(_ context.Context, bundle []byte) error {
+		got <- bundle
+		return nil
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer unsubscribe()
+	recv(t, got, "the delivery at subscription")
+	// No handshake, no Bundle call: only the timer reviews. Each step waits
+	// until the timer is armed again, so every review runs at its deadline.
+	for clk.Now().Before(epoch.Add(6 * time.Hour)) {
+		<-clk.WaitForTimers(1)
+		clk.Advance(30 * time.Minute)
+	}
+	b := recv(t, got, "the successor, delivered by the review timer")
+	if bytes.Count(b, []byte("BEGIN CERTIFICATE")) != 2 {
+		t.Fatalf("the timer's delivery is not signer+successor:\n%s", b)
+	}
+	if st := a.Status(); st.Successor == nil || !st.Successor.NotBefore.Before(epoch.Add(6*time.Hour)) {
+		t.Fatalf("the successor was not minted when the window opened: %+v", st.Successor)
+	}
 }
