@@ -264,7 +264,8 @@ func (g *flightGroup) do(name string, fn func() (*tls.Certificate, error)) (*tls
 	if g.flights == nil {
 		g.flights = map[string]*flight{}
 	}
-	f := &flight{done: make(chan struct{})}
+	// The error stands if fn panics, so waiters never get no leaf and no error.
+	f := &flight{done: make(chan struct{}), err: errors.New("ca: leaf issuance failed")}
 	g.flights[name] = f
 	g.mu.Unlock()
 
@@ -274,9 +275,10 @@ func (g *flightGroup) do(name string, fn func() (*tls.Certificate, error)) (*tls
 		g.mu.Unlock()
 		close(f.done)
 	}()
-	f.cert, f.err = fn()
-	if f.err == nil && f.cert == nil {
-		f.err = errors.New("ca: no leaf")
+	cert, err := fn()
+	if err == nil && cert == nil {
+		err = errors.New("ca: no leaf")
 	}
-	return f.cert, f.err
+	f.cert, f.err = cert, err
+	return cert, err
 }

@@ -216,3 +216,36 @@ func TestSignerChangeSwapsTheLeafCache(t *testing.T) {
 		t.Error("the new Issuer's key does not carry the new signer's fingerprint")
 	}
 }
+
+func TestConcurrentHandshakesForANewNameShareOneIssuance(t *testing.T) {
+	sealer, err := NewFileSealer(filepath.Join(t.TempDir(), "seal.key"), nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	a, err := Open(context.Background(), Config{
+		Dir: filepath.Join(t.TempDir(), "ca"), Sealer: sealer, Clock: clock.NewFake(t0),
+		AllowName: func(n string) bool { return n == "api.example.test" },
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer a.Close()
+	serials := make(chan string, 16)
+	for range cap(serials) {
+		go func() {
+			cert, err := a.GetCertificate(&tls.ClientHelloInfo{ServerName: "api.example.test"})
+			if err != nil {
+				t.Error(err)
+				serials <- ""
+				return
+			}
+			serials <- cert.Leaf.SerialNumber.String()
+		}()
+	}
+	first := <-serials
+	for range cap(serials) - 1 {
+		if s := <-serials; s != first {
+			t.Fatalf("concurrent handshakes got different leaves (%s, %s)", first, s)
+		}
+	}
+}
