@@ -126,7 +126,7 @@ func Open(ctx context.Context, o Options) (_ *Host, err error) {
 		return nil, err
 	}
 
-	h.runs, err = runlog.Open(filepath.Join(cfg.DataDir, "runs.db"))
+	h.runs, err = runlog.Open(filepath.Join(cfg.DataDir, "runs.db"), o.Rand)
 	if err != nil {
 		return nil, err
 	}

@@ -62,7 +62,7 @@ func newEdge(t *testing.T) *edge {
 // up starts edge (again): the run log, the runner, and the API over real TLS.
 func (e *edge) up() {
 	e.t.Helper()
-	runs, err := runlog.Open(e.dbPath)
+	runs, err := runlog.Open(e.dbPath, nil)
 	if err != nil {
 		e.t.Fatal(err)
 	}

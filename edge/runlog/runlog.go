@@ -11,10 +11,12 @@
 package runlog
 
 import (
+	"crypto/rand"
 	"encoding/binary"
 	"encoding/json"
 	"errors"
 	"fmt"
+	"io"
 	"os"
 	"path/filepath"
 	"time"
@@ -34,6 +36,7 @@ var (
 	bucketTokens = []byte("tokens")
 	bucketEvents = []byte("events")
 	keyVersion   = []byte("version")
+	keyInstance  = []byte("instance")
 )
 
 // ErrNotFound is returned for a run id the log does not hold.
@@ -41,12 +44,17 @@ var ErrNotFound = errors.New("runlog: run not found")
 
 // Log is the run log. It is safe for concurrent use.
 type Log struct {
-	db *bolt.DB
+	db       *bolt.DB
+	instance uint64
 }
 
 // Open opens (creating when missing) the run log at path, made 0600 in a
-// directory edge alone can read.
-func Open(path string) (*Log, error) {
+// directory edge alone can read. random (nil: crypto/rand) draws the log's
+// Instance when the file is created.
+func Open(path string, random io.Reader) (*Log, error) {
+	if random == nil {
+		random = rand.Reader
+	}
 	if err := os.MkdirAll(filepath.Dir(path), 0o700); err != nil {
 		return nil, fmt.Errorf("runlog: creating %s: %w", filepath.Dir(path), err)
 	}
@@ -54,6 +62,7 @@ func Open(path string) (*Log, error) {
 	if err != nil {
 		return nil, fmt.Errorf("runlog: opening %s: %w", path, err)
 	}
+	var instance uint64
 	err = db.Update(func(tx *bolt.Tx) error {
 		meta, err := tx.CreateBucketIfNotExists(bucketMeta)
 		if err != nil {
@@ -67,6 +76,18 @@ func Open(path string) (*Log, error) {
 		case string(v) != layoutVersion:
 			return fmt.Errorf("layout version %q, this edge reads %q", v, layoutVersion)
 		}
+		if meta.Get(keyInstance) == nil {
+			b := make([]byte, 8)
+			if _, err := io.ReadFull(random, b); err != nil {
+				return fmt.Errorf("drawing the instance number: %w", err)
+			}
+			if err := meta.Put(keyInstance, b); err != nil {
+				return err
+			}
+		}
+		if v := meta.Get(keyInstance); len(v) == 8 {
+			instance = binary.BigEndian.Uint64(v)
+		}
 		for _, name := range [][]byte{bucketRuns, bucketTokens, bucketEvents} {
 			if _, err := tx.CreateBucketIfNotExists(name); err != nil {
 				return err
@@ -78,8 +99,13 @@ func Open(path string) (*Log, error) {
 		db.Close()
 		return nil, fmt.Errorf("runlog: preparing %s: %w", path, err)
 	}
-	return &Log{db: db}, nil
+	return &Log{db: db, instance: instance}, nil
 }
+
+// Instance is a random number drawn when the log's file was created and
+// kept with it: it tells this edge's runs from another's that share a
+// machine (the runner offsets its per-run group ids by it).
+func (l *Log) Instance() uint64 { return l.instance }
 
 // Close closes the file; calls after it fail.
 func (l *Log) Close() error { return l.db.Close() }

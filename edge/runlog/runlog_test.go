@@ -17,7 +17,7 @@ var t0 = time.Date(2026, 11, 30, 12, 0, 0, 0, time.UTC)
 func openTemp(t *testing.T) (*Log, string) {
 	t.Helper()
 	path := filepath.Join(t.TempDir(), "runs.db")
-	l, err := Open(path)
+	l, err := Open(path, nil)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -105,6 +105,7 @@ func TestPagingIsExactAndSurvivesReopen(t *testing.T) {
 		}
 	}
 	first := read(l)
+	instance := l.Instance()
 	if len(first) != 25 || first[0] != 1 || first[24] != 25 {
 		t.Fatalf("paged %v", first)
 	}
@@ -114,13 +115,16 @@ func TestPagingIsExactAndSurvivesReopen(t *testing.T) {
 	}
 	l.Close()
 
-	l2, err := Open(path)
+	l2, err := Open(path, nil)
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer l2.Close()
 	if again := read(l2); fmt.Sprint(again) != fmt.Sprint(first) {
 		t.Fatalf("after reopen paged %v, want %v", again, first)
+	}
+	if l2.Instance() != instance {
+		t.Fatalf("the instance number changed across a reopen: %d -> %d", instance, l2.Instance())
 	}
 	if last, err := l2.Append("r1", output("26")); err != nil || last != 26 {
 		t.Fatalf("append after reopen got %d, %v; want 26", last, err)

@@ -67,7 +67,7 @@ func newHarness(t *testing.T, change func(*Config)) *harness {
 
 func (h *harness) open(b Broker, ts TrustSource) {
 	h.t.Helper()
-	l, err := runlog.Open(h.dbPath)
+	l, err := runlog.Open(h.dbPath, nil)
 	if err != nil {
 		h.t.Fatal(err)
 	}
@@ -202,9 +202,9 @@ func TestRunSucceedsAsTheTaskUserWithItsOutputAsEvents(t *testing.T) {
 	}
 	out := h.output(run.RunID)
 	rec, _ := h.log.Get(run.RunID)
-	gid := h.cfg.TaskGroups.First + uint32(rec.Serial-1)
-	if h.cfg.TaskGroups.First == 0 {
-		gid = DefaultTaskGroupFirst + uint32(rec.Serial-1)
+	gid := h.r.taskGroup(rec.Serial)
+	if gid < DefaultTaskGroupFirst || gid >= DefaultTaskGroupFirst+DefaultTaskGroupCount {
+		t.Fatalf("the run's group %d is outside the default range", gid)
 	}
 	want := fmt.Sprintf("uid=65534 gid=%d groups=%d pwd=%s", gid, gid, filepath.Join(h.cfg.WorkDir, run.RunID, "work"))
 	if !strings.Contains(out, want) {
@@ -701,5 +701,29 @@ func TestMaxConcurrentUnderConcurrentStarts(t *testing.T) {
 	}
 	if admitted != 2 || busy != 8 {
 		t.Fatalf("%d admitted and %d refused host_busy, want 2 and 8", admitted, busy)
+	}
+}
+
+func TestNothingOfATaskOutlivesIt(t *testing.T) {
+	h := newHarness(t, nil)
+	run := h.start(`setsid sh -c 'echo "escaped=$$"; exec sleep 1000' & sleep 0.2; echo leader-done`, nil)
+	out := h.waitOutput(run.RunID, "leader-done")
+	end := h.waitEnd(run.RunID)
+	if end.Status != hostproto.StatusSucceeded {
+		t.Fatalf("run ended %+v", end)
+	}
+	var pid int
+	fmt.Sscanf(out[strings.Index(out, "escaped="):], "escaped=%d", &pid)
+	if pid <= 1 {
+		t.Fatalf("no pid in %q", out)
+	}
+	for deadline := time.Now().Add(5 * time.Second); ; time.Sleep(time.Millisecond) {
+		stat, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
+		if err != nil || strings.Contains(string(stat[strings.LastIndexByte(string(stat), ')'):]), ") Z") {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("the process %d that left the task's session still runs: %s", pid, stat)
+		}
 	}
 }

@@ -380,8 +380,14 @@ func (r *Runner) supervise(t *task, cmd *exec.Cmd, ptmx *os.File) {
 	// Nothing of the task outlives its leader: the rest of its group goes
 	// too, which also lets the terminal's output end.
 	syscall.Kill(-cmd.Process.Pid, syscall.SIGKILL)
-	// A process that left the group may hold the terminal open; after the
-	// grace its output is cut off.
+	if t.ident.Switch {
+		// A process that left the group (setsid) still has the run's own
+		// group id, which a task cannot shed: it goes too.
+		if err := killGroupID(t.ident.GID); err != nil {
+			r.logger.Error("ending the processes of a run's group id", fieldRun, t.runID, fieldError, err.Error())
+		}
+	}
+	// Anything else holding the terminal open is cut off after the grace.
 	cut := r.clock.AfterFunc(r.cfg.CancelGrace, func() { ptmx.Close() })
 	<-pumped
 	cut.Stop()

@@ -90,16 +90,23 @@ func resolveIdentity(cfg Config) (base taskIdentity, sameUser bool, err error) {
 }
 
 // identityFor is the run's identity: runner.user with the run's own group.
+// Serials are unique in one run log, so no two runs an edge keeps share a
+// group until TaskGroups.Count runs later; the log's instance number
+// offsets them, so two edges on one machine (or two tests) do not either.
 func (r *Runner) identityFor(serial uint64) (taskIdentity, error) {
 	id := r.ident
 	if !id.Switch {
 		return id, nil
 	}
-	id.GID = r.cfg.TaskGroups.First + uint32((serial-1)%uint64(r.cfg.TaskGroups.Count))
+	id.GID = r.taskGroup(serial)
 	if g, err := user.LookupGroupId(strconv.FormatUint(uint64(id.GID), 10)); err == nil {
 		return taskIdentity{}, fmt.Errorf("the run's group id %d belongs to group %q; move runner task groups elsewhere", id.GID, g.Name)
 	}
 	return id, nil
+}
+
+func (r *Runner) taskGroup(serial uint64) uint32 {
+	return r.cfg.TaskGroups.First + uint32((r.log.Instance()+serial-1)%uint64(r.cfg.TaskGroups.Count))
 }
 
 // prepareDirs creates the run's directories (again for a retry) with the
