@@ -285,12 +285,18 @@ func (r *Runner) watchTrust(t *task) (func() error, error) {
 // launch runs an admitted attempt: work dir, the final check of its ticket,
 // the exec, and the supervision of the process until it ends.
 func (r *Runner) launch(t *task, tk *ticket) {
+	// The ticket goes back when the start ends, either way, before the end
+	// is recorded (so whoever sees the run ended sees no ticket held).
 	defer tk.release()
+	end := func(o outcome, extra ...runlog.Entry) {
+		tk.release()
+		r.finish(t, o, extra...)
+	}
 	req := t.rec.Request
 	if !t.needsBroker {
 		if err := prepareDirs(t.dirs, t.ident, req.LocalPath == ""); err != nil {
 			r.logger.Error("preparing a task's directories", fieldRun, t.runID, fieldError, err.Error())
-			r.finish(t, outcome{status: hostproto.StatusFailed, reason: hostproto.ReasonHostUnavailable, detail: "the host could not prepare the task's directories"})
+			end(outcome{status: hostproto.StatusFailed, reason: hostproto.ReasonHostUnavailable, detail: "the host could not prepare the task's directories"})
 			return
 		}
 	}
@@ -298,17 +304,17 @@ func (r *Runner) launch(t *task, tk *ticket) {
 	if u := cloneURL(req); u != "" {
 		if err := r.clone(t.ctx, t, u, env); err != nil {
 			if t.ctx.Err() != nil {
-				r.finish(t, refusedOutcome(r.cancelRefusal(t)))
+				end(refusedOutcome(r.cancelRefusal(t)))
 				return
 			}
-			r.finish(t, refusedOutcome(&Refusal{Reason: hostproto.ReasonCloneFailed, Detail: err.Error()}))
+			end(refusedOutcome(&Refusal{Reason: hostproto.ReasonCloneFailed, Detail: err.Error()}))
 			return
 		}
 	}
 	argv := buildArgv(r.cfg.Agents[req.Agent].Argv, req.Prompt, req.Argv)
 	path, err := lookPath(argv[0], envValue(env, "PATH"))
 	if err != nil {
-		r.finish(t, outcome{status: hostproto.StatusFailed, reason: hostproto.ReasonHostUnavailable, detail: "agent " + req.Agent + ": " + err.Error()})
+		end(outcome{status: hostproto.StatusFailed, reason: hostproto.ReasonHostUnavailable, detail: "agent " + req.Agent + ": " + err.Error()})
 		return
 	}
 	cmd := &exec.Cmd{Path: path, Args: argv, Env: env, Dir: t.dirs.Work}
@@ -329,18 +335,19 @@ func (r *Runner) launch(t *task, tk *ticket) {
 		t.mu.Unlock()
 		r.metrics.admission(Decision{Verdict: Refuse, Reason: ref.Reason})
 		r.logger.Info("run refused at its ticket's check", fieldRun, t.runID, fieldReason, ref.Reason)
-		r.finish(t, refusedOutcome(ref), admissionEntry(r.clock.Now(), t.attempt, Decision{Verdict: Refuse, Reason: ref.Reason, Detail: ref.Detail}, req.Secrets))
+		end(refusedOutcome(ref), admissionEntry(r.clock.Now(), t.attempt, Decision{Verdict: Refuse, Reason: ref.Reason, Detail: ref.Detail}, req.Secrets))
 		return
 	}
 	ptmx, err := pty.StartWithAttrs(cmd, terminalSize, attrs)
 	if err != nil {
 		t.mu.Unlock()
 		r.logger.Error("starting a task", fieldRun, t.runID, fieldError, err.Error())
-		r.finish(t, outcome{status: hostproto.StatusFailed, reason: hostproto.ReasonHostUnavailable, detail: "the host could not start the agent's process"})
+		end(outcome{status: hostproto.StatusFailed, reason: hostproto.ReasonHostUnavailable, detail: "the host could not start the agent's process"})
 		return
 	}
 	t.proc, t.pty, t.started = cmd.Process, ptmx, true
 	t.mu.Unlock()
+	tk.release()
 	r.metrics.started.Inc()
 
 	now := r.clock.Now()
@@ -504,6 +511,14 @@ func (r *Runner) finish(t *task, o outcome, extra ...runlog.Entry) {
 		r.broker.EndAttempt(t.runID)
 	}
 	t.stop()
+	// The slot goes back before the end is recorded, so whoever sees the
+	// run ended sees its slot free.
+	r.mu.Lock()
+	if t.holdsSlot {
+		r.slots--
+		t.holdsSlot = false
+	}
+	r.mu.Unlock()
 
 	now := r.clock.Now()
 	state := hostproto.StateChange{Status: o.status, Attempt: t.attempt, ExitCode: o.exitCode, Reason: o.reason, Detail: o.detail}
@@ -527,9 +542,6 @@ func (r *Runner) finish(t *task, o outcome, extra ...runlog.Entry) {
 	r.mu.Lock()
 	if r.live[t.runID] == t {
 		delete(r.live, t.runID)
-	}
-	if t.holdsSlot {
-		r.slots--
 	}
 	r.mu.Unlock()
 	close(t.done)
