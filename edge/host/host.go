@@ -121,6 +121,14 @@ func Open(ctx context.Context, o Options) (_ *Host, err error) {
 	if err := prepareDataDir(cfg); err != nil {
 		return nil, err
 	}
+	if err := checkPrivate("api.tokenFile", cfg.API.TokenFile); err != nil {
+		return nil, err
+	}
+	if cfg.Secrets.File != "" {
+		if err := checkPrivate("secrets.file", cfg.Secrets.File); err != nil {
+			return nil, err
+		}
+	}
 	token, err := readToken(cfg.API.TokenFile)
 	if err != nil {
 		return nil, err
@@ -228,6 +236,21 @@ func prepareDataDir(cfg *config.Config) error {
 	}
 	if err := os.Chmod(cfg.DataDir, mode); err != nil {
 		return fmt.Errorf("host: setting dataDir's mode: %w", err)
+	}
+	return nil
+}
+
+// checkPrivate refuses a file every user may read: tasks run as another
+// user (with no supplementary group), so only its "other" bits would let
+// them, and the host token or the secrets file in a task's hands is the
+// host's API or every real value.
+func checkPrivate(field, path string) error {
+	fi, err := os.Stat(path)
+	if err != nil {
+		return fmt.Errorf("host: %s: %w", field, err)
+	}
+	if fi.Mode().Perm()&0o004 != 0 {
+		return fmt.Errorf("host: %s %s is readable by every user (mode %04o), tasks included; make it private (chmod o-rwx)", field, path, fi.Mode().Perm())
 	}
 	return nil
 }

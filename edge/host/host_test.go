@@ -13,6 +13,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/runfleet/runfleet/edge/config"
 	"github.com/runfleet/runfleet/shared/clock"
 	"github.com/runfleet/runfleet/shared/hostproto"
 )
@@ -352,5 +353,20 @@ func TestHostAPIOverTLS(t *testing.T) {
 		if resp.StatusCode < 400 {
 			t.Fatal("the TLS host API answered plain HTTP")
 		}
+	}
+}
+
+func TestOpenRefusesAHostTokenOrSecretsFileEveryoneCanRead(t *testing.T) {
+	f := newFixture(t)
+	f.writeConfig()
+	for field, path := range map[string]string{"api.tokenFile": f.tokenPath, "secrets.file": f.secretsPath} {
+		must(t, os.Chmod(path, 0o644))
+		cfg, err := config.Load(f.cfgPath)
+		must(t, err)
+		_, err = Open(bg, Options{Config: cfg, SystemRootsFile: f.systemRoots})
+		if err == nil || !strings.Contains(err.Error(), field) || !strings.Contains(err.Error(), "readable by every user") {
+			t.Errorf("Open with a world-readable %s = %v", field, err)
+		}
+		must(t, os.Chmod(path, 0o600))
 	}
 }
