@@ -77,6 +77,12 @@ type Host struct {
 	faultLeft  int
 	refuse     *refusal
 	release    chan struct{}
+
+	events   map[string][]hostproto.Event
+	inputs   map[string][]json.RawMessage
+	metrics  string
+	verbs    VerbFault
+	requests map[string]int
 }
 
 type refusal struct {
@@ -93,6 +99,10 @@ func New(cfg Config) *Host {
 		byToken: map[string]string{},
 		release: make(chan struct{}),
 		mux:     http.NewServeMux(),
+
+		events:   map[string][]hostproto.Event{},
+		inputs:   map[string][]json.RawMessage{},
+		requests: map[string]int{},
 	}
 	if h.token == "" {
 		h.token = "host-token"
@@ -114,11 +124,20 @@ func New(cfg Config) *Host {
 	h.mux.HandleFunc("POST /runs", h.handleStart)
 	h.mux.HandleFunc("GET /runs", h.handleFind)
 	h.mux.HandleFunc("GET /runs/{id}", h.handleGet)
+	h.mux.HandleFunc("GET /runs/{id}/events", h.handleEvents)
+	h.mux.HandleFunc("POST /runs/{id}/input", h.handleInput)
+	h.mux.HandleFunc("POST /runs/{id}/cancel", h.handleCancel)
+	h.mux.HandleFunc("POST /runs/{id}/retry", h.handleRetry)
+	h.mux.HandleFunc("GET /metrics", h.handleMetrics)
 	handler := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		if !h.authorized(r) {
 			writeJSON(w, http.StatusUnauthorized, hostproto.ErrorBody{Error: "bad host credential", Code: hostproto.CodeUnauthorized})
 			return
 		}
+		_, pattern := h.mux.Handler(r)
+		h.mu.Lock()
+		h.requests[pattern]++
+		h.mu.Unlock()
 		h.mux.ServeHTTP(w, r)
 	})
 	if cfg.TLS {
@@ -260,12 +279,15 @@ func (h *Host) Run(runID string) (hostproto.Run, bool) {
 	return *r, true
 }
 
-// SetRun changes a run's status (and exit code, reason) as the runner would.
+// SetRun changes a run's status (and exit code, reason) as the runner would,
+// appending the state event in the same step (as edge does, so a terminal
+// status is never visible before its state event).
 func (h *Host) SetRun(runID, status string, exitCode *int, reason string) {
 	h.mu.Lock()
 	defer h.mu.Unlock()
 	if r, ok := h.runs[runID]; ok {
 		r.Status, r.ExitCode, r.Reason = status, exitCode, reason
+		h.appendStateLocked(r)
 	}
 }
 
@@ -276,6 +298,7 @@ func (h *Host) Forget(runID string) {
 	if r, ok := h.runs[runID]; ok {
 		delete(h.byToken, r.ClientToken)
 		delete(h.runs, runID)
+		delete(h.events, runID)
 	}
 }
 
@@ -358,6 +381,7 @@ func (h *Host) handleStart(w http.ResponseWriter, r *http.Request) {
 	h.runs[run.RunID] = run
 	h.byToken[req.ClientToken] = run.RunID
 	h.starts = append(h.starts, req)
+	h.appendStateLocked(run)
 	answer := *run
 	h.mu.Unlock()
 
