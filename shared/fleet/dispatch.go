@@ -355,8 +355,14 @@ func (f *Fleet) applyStartAnswer(r *store.Run, answer hostproto.Run, err error) 
 		"); the run stays dispatching until recovery asks the host by clientToken", false
 }
 
-// applyHostRun copies the host's view of a run onto r.
+// applyHostRun copies the host's view of a run onto r. A later attempt (a
+// retry) starts over: no end, no expiry, its events still to mirror.
 func (f *Fleet) applyHostRun(r *store.Run, hr hostproto.Run, now time.Time) {
+	if hr.Attempt > r.Attempt {
+		r.EndedAt = nil
+		r.ExpiresAt = time.Time{}
+		r.Drained = false
+	}
 	r.ChildRunID = hr.RunID
 	r.Status = hr.Status
 	r.Attempt = hr.Attempt

@@ -4,7 +4,9 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"sort"
 	"sync"
+	"time"
 
 	"github.com/runfleet/runfleet/shared/hostproto"
 	"github.com/runfleet/runfleet/shared/store"
@@ -34,13 +36,34 @@ func (f *Fleet) ProbeHost(ctx context.Context, id string) (store.Probe, error) {
 
 // ProbeAll probes hosts concurrently (at most ProbeConcurrency at once, each
 // bounded by ProbeTimeout) and records each probe. enabledOnly skips disabled
-// hosts (the scheduled probe); the admin's probe-now covers every host. A
-// host deleted meanwhile is skipped; other recording failures are joined
-// into the error after every host was tried.
+// hosts; the admin's probe-now covers every host. A host deleted meanwhile
+// is skipped; other recording failures are joined into the error after
+// every host was tried.
 func (f *Fleet) ProbeAll(ctx context.Context, enabledOnly bool) ([]ProbeResult, error) {
+	rep, err := f.probeHosts(ctx, enabledOnly, time.Time{})
+	return rep.Probed, err
+}
+
+// ProbeReport is a scheduled probe's outcome.
+type ProbeReport struct {
+	Probed []ProbeResult `json:"probed"`
+	// Skipped lists the hosts the budget left for the next probe.
+	Skipped []string `json:"skipped,omitempty"`
+}
+
+// ProbeEnabled is the scheduled probe: every enabled host, as ProbeAll,
+// within a budget. A probe that could not finish before until (it may take
+// ProbeTimeout) is not started, so none is cut short and recorded as a
+// false unreachable; hosts are taken oldest probe first, so the ones a
+// short budget skipped come first next time.
+func (f *Fleet) ProbeEnabled(ctx context.Context, until time.Time) (ProbeReport, error) {
+	return f.probeHosts(ctx, true, until)
+}
+
+func (f *Fleet) probeHosts(ctx context.Context, enabledOnly bool, until time.Time) (ProbeReport, error) {
 	hosts, err := f.store.ListHosts(ctx)
 	if err != nil {
-		return nil, fmt.Errorf("fleet: listing hosts to probe: %w", err)
+		return ProbeReport{}, fmt.Errorf("fleet: listing hosts to probe: %w", err)
 	}
 	var todo []store.Host
 	for _, h := range hosts {
@@ -48,7 +71,11 @@ func (f *Fleet) ProbeAll(ctx context.Context, enabledOnly bool) ([]ProbeResult, 
 			todo = append(todo, h)
 		}
 	}
+	if !until.IsZero() {
+		sort.SliceStable(todo, func(i, j int) bool { return probedAt(todo[i]).Before(probedAt(todo[j])) })
+	}
 	results := make([]*ProbeResult, len(todo))
+	skipped := make([]bool, len(todo))
 	errs := make([]error, len(todo))
 	sem := make(chan struct{}, f.cfg.ProbeConcurrency)
 	var wg sync.WaitGroup
@@ -58,6 +85,10 @@ func (f *Fleet) ProbeAll(ctx context.Context, enabledOnly bool) ([]ProbeResult, 
 		go func() {
 			defer wg.Done()
 			defer func() { <-sem }()
+			if ctx.Err() != nil || (!until.IsZero() && f.clock.Now().Add(f.cfg.ProbeTimeout).After(until)) {
+				skipped[i] = true
+				return
+			}
 			p := f.probe(ctx, h)
 			switch err := f.store.RecordProbe(ctx, h.ID, p); {
 			case errors.Is(err, store.ErrNotFound):
@@ -69,13 +100,24 @@ func (f *Fleet) ProbeAll(ctx context.Context, enabledOnly bool) ([]ProbeResult, 
 		}()
 	}
 	wg.Wait()
-	out := make([]ProbeResult, 0, len(todo))
-	for _, r := range results {
+	rep := ProbeReport{Probed: make([]ProbeResult, 0, len(todo))}
+	for i, r := range results {
 		if r != nil {
-			out = append(out, *r)
+			rep.Probed = append(rep.Probed, *r)
+		}
+		if skipped[i] {
+			rep.Skipped = append(rep.Skipped, todo[i].ID)
 		}
 	}
-	return out, errors.Join(errs...)
+	return rep, errors.Join(errs...)
+}
+
+// probedAt is when h was last probed; never is the zero time (first).
+func probedAt(h store.Host) time.Time {
+	if h.Probe == nil {
+		return time.Time{}
+	}
+	return h.Probe.At
 }
 
 // probe asks one host's /healthz and classifies the answer: ok, auth_fail

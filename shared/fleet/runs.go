@@ -5,7 +5,6 @@ import (
 	"errors"
 	"fmt"
 
-	"github.com/runfleet/runfleet/shared/auth"
 	"github.com/runfleet/runfleet/shared/hostproto"
 	"github.com/runfleet/runfleet/shared/store"
 )
@@ -25,12 +24,9 @@ type RunState struct {
 // leaves the stored state, with a note. Another owner's run is 404, as an
 // unknown one: its existence is not the caller's business.
 func (f *Fleet) Run(ctx context.Context, c store.Caller, id string) (RunState, error) {
-	run, err := f.store.GetRun(ctx, id)
-	if errors.Is(err, store.ErrNotFound) || (err == nil && !auth.CanSeeRun(c, run)) {
-		return RunState{}, notFound("run %q does not exist", id)
-	}
+	run, err := f.RunFor(ctx, c, id)
 	if err != nil {
-		return RunState{}, fmt.Errorf("fleet: reading run %s: %w", id, err)
+		return RunState{}, err
 	}
 	switch {
 	case run.Status == store.StatusDispatching:
@@ -70,21 +66,36 @@ func (f *Fleet) refresh(ctx context.Context, run store.Run) (store.Run, error) {
 	if err != nil && !lost {
 		return run, err
 	}
+	if lost {
+		return f.markLost(ctx, run)
+	}
 	return f.settle(ctx, run, func(cur *store.Run) bool {
 		now := f.clock.Now().UTC()
-		if lost {
-			if cur.Status == store.StatusLost {
-				return false
-			}
-			f.end(cur, store.StatusLost, hostproto.CodeRunNotFound, now)
-			return true
-		}
 		if cur.Status == hr.Status && cur.Attempt == hr.Attempt && cur.Reason == hr.Reason && sameExit(cur.ExitCode, hr.ExitCode) {
 			return false
 		}
 		f.applyHostRun(cur, hr, now)
 		return true
 	})
+}
+
+// markLost records that the run's host denies it (404 run_not_found): the
+// run is lost, with nothing left to mirror. It is logged at error level:
+// a binding Fleet holds that its host disowns is for an operator to look
+// at (the host lost its state, or was replaced), never routine.
+func (f *Fleet) markLost(ctx context.Context, run store.Run) (store.Run, error) {
+	stored, err := f.settle(ctx, run, func(cur *store.Run) bool {
+		if cur.Status == store.StatusLost {
+			return false
+		}
+		f.end(cur, store.StatusLost, hostproto.CodeRunNotFound, f.clock.Now().UTC())
+		return true
+	})
+	if err == nil && run.Status != store.StatusLost && stored.Status == store.StatusLost {
+		f.log.Error("run lost: its host denies it", logRun, run.FleetRunID, logHost, run.HostID,
+			logChildRun, run.ChildRunID, logOwner, run.OwnerID, "previousStatus", run.Status)
+	}
+	return stored, err
 }
 
 func sameExit(a, b *int) bool {

@@ -1,0 +1,39 @@
+package fleet
+
+import (
+	"context"
+	"errors"
+	"fmt"
+
+	"github.com/runfleet/runfleet/shared/auth"
+	"github.com/runfleet/runfleet/shared/store"
+)
+
+// Log field names of the run operations (reads, verbs, the sweep, the
+// stream's pull-through).
+const (
+	logRun      = "fleetRunId"
+	logHost     = "host"
+	logChildRun = "childRunId"
+	logOwner    = "ownerId"
+	logErr      = "err"
+)
+
+// RunFor returns the run c may read and act on, as stored. It is the one
+// scope check of every per-run route (GET, the verbs, events, the stream):
+// an unknown run and another owner's run are both 404 (another owner's
+// run's existence is not the caller's business); a run on a host outside
+// c's allowedHosts is 403 naming the host. An admin may act on any run.
+func (f *Fleet) RunFor(ctx context.Context, c store.Caller, id string) (store.Run, error) {
+	run, err := f.store.GetRun(ctx, id)
+	if errors.Is(err, store.ErrNotFound) || (err == nil && !auth.CanSeeRun(c, run)) {
+		return store.Run{}, notFound("run %q does not exist", id)
+	}
+	if err != nil {
+		return store.Run{}, fmt.Errorf("fleet: reading run %s: %w", id, err)
+	}
+	if !auth.CanUseHost(c, run.HostID) {
+		return store.Run{}, forbidden("run %q is on host %q, which is not in this caller's allowedHosts", id, run.HostID)
+	}
+	return run, nil
+}

@@ -1,0 +1,124 @@
+package fleet
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+
+	"github.com/runfleet/runfleet/shared/hostproto"
+	"github.com/runfleet/runfleet/shared/store"
+)
+
+// CodeNotOnHost: a verb on a run that has no run on its host to forward
+// to (still dispatching, or ended before the host took it).
+const CodeNotOnHost = "run_not_on_host"
+
+// Interaction is a verb forwarded to a run's host: the outcome as DESIGN.md
+// maps it (2xx accepted, 4xx refused, no answer or 5xx "unknown" with the
+// detail: never a success the host did not confirm), and the run as stored
+// after (changed only by an answer that moved its state: a cancel, a retry).
+type Interaction struct {
+	Outcome hostproto.Outcome
+	Run     store.Run
+}
+
+// Input forwards input (any JSON value; nil is null) to run id's host as
+// {"input": value}. Scope as RunFor.
+func (f *Fleet) Input(ctx context.Context, c store.Caller, id string, input json.RawMessage) (Interaction, error) {
+	return f.interact(ctx, c, id, "input", func(ctx context.Context, client *hostproto.Client, child string) (*hostproto.Run, error) {
+		_, err := client.Input(ctx, child, input)
+		return nil, err
+	})
+}
+
+// Cancel forwards a cancel to run id's host. Scope as RunFor.
+func (f *Fleet) Cancel(ctx context.Context, c store.Caller, id string) (Interaction, error) {
+	return f.interact(ctx, c, id, "cancel", func(ctx context.Context, client *hostproto.Client, child string) (*hostproto.Run, error) {
+		r, err := client.Cancel(ctx, child)
+		return &r, err
+	})
+}
+
+// Retry forwards a retry to run id's host. An accepted retry makes the run
+// live again (a new attempt on the same event sequence); a retry whose
+// outcome is unknown puts the run back in the live index too, so the next
+// sweep learns from the host whether the attempt began. Scope as RunFor.
+func (f *Fleet) Retry(ctx context.Context, c store.Caller, id string) (Interaction, error) {
+	return f.interact(ctx, c, id, "retry", func(ctx context.Context, client *hostproto.Client, child string) (*hostproto.Run, error) {
+		r, err := client.Retry(ctx, child)
+		return &r, err
+	})
+}
+
+// interact checks scope, forwards one verb and records what the answer
+// says about the run.
+func (f *Fleet) interact(ctx context.Context, c store.Caller, id, verb string,
+	call func(ctx context.Context, client *hostproto.Client, childRunID string) (*hostproto.Run, error)) (Interaction, error) {
+	run, err := f.RunFor(ctx, c, id)
+	if err != nil {
+		return Interaction{}, err
+	}
+	if run.ChildRunID == "" {
+		what := "has not reached its host yet"
+		if run.Status != store.StatusDispatching {
+			what = "never reached its host"
+		}
+		return Interaction{}, conflict(CodeNotOnHost, map[string]string{"status": run.Status, "reason": run.Reason},
+			"run %s %s (status %s); there is nothing to %s", id, what, run.Status, verb)
+	}
+	host, err := f.store.GetHost(ctx, run.HostID)
+	if err != nil {
+		return Interaction{}, fmt.Errorf("fleet: %s: reading host %q: %w", verb, run.HostID, err)
+	}
+	client, err := f.HostClient(ctx, host, 0)
+	if err != nil {
+		return Interaction{}, err
+	}
+	// The call and the record of its answer outlive a caller that hangs
+	// up: an accepted retry must make the run live whoever is listening.
+	callCtx, cancel := context.WithTimeout(context.WithoutCancel(ctx), f.cfg.HostTimeout)
+	answer, callErr := call(callCtx, client, run.ChildRunID)
+	cancel()
+	out := Interaction{Outcome: hostproto.OutcomeOf(callErr), Run: run}
+	if callErr != nil {
+		f.log.Warn("verb not accepted", "verb", verb, logRun, id, logHost, run.HostID, "accepted", outcomeWord(out.Outcome.Accepted),
+			logErr, callErr.Error())
+	}
+
+	recordCtx := context.WithoutCancel(ctx)
+	switch {
+	case callErr == nil && answer != nil:
+		hr := *answer
+		stored, err := f.settle(recordCtx, run, func(cur *store.Run) bool {
+			if cur.Status == store.StatusLost || hr.Attempt < cur.Attempt ||
+				(hr.Attempt == cur.Attempt && !hostStateDiffers(*cur, hr)) {
+				return false
+			}
+			f.applyHostRun(cur, hr, f.clock.Now().UTC())
+			return true
+		})
+		if err != nil {
+			return out, fmt.Errorf("fleet: %s: recording the host's answer for %s: %w", verb, id, err)
+		}
+		out.Run = stored
+	case verb == "retry" && out.Outcome.Accepted == hostproto.Unknown && !errors.Is(callErr, hostproto.ErrRunNotFound):
+		stored, err := f.settle(recordCtx, run, func(cur *store.Run) bool {
+			if !cur.Drained {
+				return false
+			}
+			cur.Drained = false
+			return true
+		})
+		if err != nil {
+			return out, fmt.Errorf("fleet: retry: putting %s back in the live index: %w", id, err)
+		}
+		out.Run = stored
+	}
+	return out, nil
+}
+
+func outcomeWord(a hostproto.Acceptance) string {
+	b, _ := a.MarshalJSON()
+	return string(b)
+}

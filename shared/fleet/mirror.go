@@ -1,0 +1,382 @@
+package fleet
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"sort"
+	"sync"
+	"time"
+
+	"github.com/runfleet/runfleet/shared/hostproto"
+	"github.com/runfleet/runfleet/shared/store"
+)
+
+// The event mirror. A live run is brought up to date from its host by
+// syncRun (the sweep for every live run, the stream for the one it serves):
+// its state is read first, then its events after the run's EventCursor are
+// copied with conditional puts (a re-run never duplicates or rewrites one),
+// and only then is the cursor advanced, with a write conditional on the
+// run's version. The cursor is therefore the mirror's horizon: every event
+// up to it is stored, and readers (MirroredEvents) never look past it, so a
+// reader never sees the gap a half-finished, concurrent put would leave.
+//
+// A run is drained, and leaves the live index, when the state read before
+// the events was terminal and the events were then read to the end. That
+// the final state event is among them rests on the host protocol: a host
+// records the terminal status and its state event together (edge does, in
+// one runlog update), so a terminal status is never visible before it.
+
+// Event pages.
+const (
+	// hostEventPage is how many events one host call asks for (a host's
+	// maximum page).
+	hostEventPage = 1000
+	// DefaultEventsLimit and MaxEventsLimit bound GET /fleet/runs/{id}/events.
+	DefaultEventsLimit = 200
+	MaxEventsLimit     = store.MaxLimit
+)
+
+// EventsPage is a page of a run's mirror: events after the asked cursor, in
+// sequence order. NextCursor is the last one's sequence (the asked cursor
+// when there is none); HasMore says more are mirrored beyond it now.
+type EventsPage struct {
+	Events     []hostproto.Event
+	NextCursor int64
+	HasMore    bool
+}
+
+// Events returns the page of run id's mirror that c asked for: after a
+// sequence, at most limit events (0: DefaultEventsLimit; above
+// MaxEventsLimit: clamped). Scope as RunFor.
+func (f *Fleet) Events(ctx context.Context, c store.Caller, id string, after int64, limit int) (EventsPage, error) {
+	run, err := f.RunFor(ctx, c, id)
+	if err != nil {
+		return EventsPage{}, err
+	}
+	return f.MirroredEvents(ctx, run, after, limit)
+}
+
+// MirroredEvents reads run's mirror after a sequence, never past its
+// EventCursor (see the mirror's comment), at most limit events (0:
+// DefaultEventsLimit, clamped at MaxEventsLimit). No access check: callers
+// have done it (RunFor).
+func (f *Fleet) MirroredEvents(ctx context.Context, run store.Run, after int64, limit int) (EventsPage, error) {
+	if limit <= 0 {
+		limit = DefaultEventsLimit
+	}
+	limit = min(limit, MaxEventsLimit)
+	page := EventsPage{Events: []hostproto.Event{}, NextCursor: after}
+	if after >= run.EventCursor {
+		return page, nil // nothing mirrored beyond it: no read
+	}
+	want := int(min(int64(limit), run.EventCursor-after))
+	got, err := f.store.ListEvents(ctx, run.FleetRunID, after, want)
+	if err != nil {
+		return EventsPage{}, fmt.Errorf("fleet: reading the mirror of %s: %w", run.FleetRunID, err)
+	}
+	for _, e := range got.Events {
+		if e.Sequence > run.EventCursor {
+			break
+		}
+		page.Events = append(page.Events, e.Event)
+		page.NextCursor = e.Sequence
+	}
+	page.HasMore = page.NextCursor < run.EventCursor
+	return page, nil
+}
+
+// SyncRun brings one run up to date from its host (state and events, as
+// the sweep does) and returns it as stored after; a run that is no longer
+// live is returned as stored, without asking the host. A host that cannot
+// be asked leaves the run as it was (with the error). The stream calls it
+// before each read of the mirror (pull-through).
+func (f *Fleet) SyncRun(ctx context.Context, id string) (store.Run, error) {
+	run, err := f.store.GetRun(store.EventualRead(ctx), id)
+	if err != nil {
+		return store.Run{}, fmt.Errorf("fleet: reading run %s: %w", id, err)
+	}
+	stored, res := f.syncRun(ctx, run, newHostClients(f), time.Time{})
+	return stored, res.err
+}
+
+// syncOutcome is what syncRun did with a run.
+type syncOutcome int
+
+const (
+	syncCurrent     syncOutcome = iota // up to date (state and events), still live or not
+	syncDrained                        // drained by this pass: it left the live index
+	syncLost                           // its host denies it: lost
+	syncInFlight                       // dispatching, before its deadline (or within the grace)
+	syncUnreachable                    // its host did not answer: left live
+	syncPartial                        // events left to mirror: the budget ran out first
+	syncFailed                         // another error (logged): left as it was
+)
+
+type syncResult struct {
+	outcome   syncOutcome
+	recovered bool // a dispatching run was resolved
+	events    int  // events mirrored
+	err       error
+}
+
+// syncRun brings run up to date from its host. until, when not zero, is the
+// pass's budget: between pages of events it stops once until has passed,
+// keeping the progress (the cursor is recorded per page).
+func (f *Fleet) syncRun(ctx context.Context, run store.Run, hosts *hostClients, until time.Time) (store.Run, syncResult) {
+	if run.Status == store.StatusDispatching {
+		if f.clock.Now().Before(run.Deadline) {
+			return run, syncResult{outcome: syncInFlight}
+		}
+		if hosts.isDown(run.HostID) {
+			return run, syncResult{outcome: syncUnreachable}
+		}
+		recovered, err := f.recover(ctx, run)
+		if err != nil {
+			return run, f.hostTrouble(run, hosts, "recovering a dispatch", err)
+		}
+		if recovered.Status == store.StatusDispatching {
+			return recovered, syncResult{outcome: syncInFlight}
+		}
+		f.log.Info("dispatch recovered", logRun, run.FleetRunID, logHost, run.HostID, "status", recovered.Status, "reason", recovered.Reason)
+		run = recovered
+		if !run.Live() {
+			return run, syncResult{outcome: syncDrained, recovered: true}
+		}
+		res := syncResult{recovered: true}
+		stored, more := f.syncRun(ctx, run, hosts, until)
+		more.recovered = res.recovered
+		return stored, more
+	}
+	if !run.Live() {
+		return run, syncResult{outcome: syncCurrent}
+	}
+	if run.ChildRunID == "" {
+		// Every path that ends a dispatch without a host run drains it
+		// (Fleet.end); a live one without is a bug, not a host's fault.
+		f.log.Error("sync: a live run has no host run id", logRun, run.FleetRunID, "status", run.Status)
+		return run, syncResult{outcome: syncFailed, err: fmt.Errorf("fleet: run %s is live without a host run", run.FleetRunID)}
+	}
+	client, err := hosts.client(ctx, run.HostID)
+	if err != nil {
+		return run, f.hostTrouble(run, hosts, "preparing the host client", err)
+	}
+	if hosts.isDown(run.HostID) {
+		return run, syncResult{outcome: syncUnreachable}
+	}
+
+	// The state first, then the events: a terminal state read here means
+	// its state event is on the host already (see the mirror's comment).
+	hr, err := client.Get(ctx, run.ChildRunID)
+	if errors.Is(err, hostproto.ErrRunNotFound) {
+		stored, err := f.markLost(ctx, run)
+		if err != nil {
+			return run, syncResult{outcome: syncFailed, err: err}
+		}
+		return stored, syncResult{outcome: syncLost}
+	}
+	if err != nil {
+		return run, f.hostTrouble(run, hosts, "reading the run's state", err)
+	}
+
+	res := syncResult{}
+	cursor := run.EventCursor
+	reachedEnd := false
+	for {
+		page, err := client.Events(ctx, run.ChildRunID, cursor, hostEventPage)
+		if err != nil {
+			res = f.hostTrouble(run, hosts, "reading events", err)
+			break
+		}
+		fresh := newEvents(page.Events, cursor)
+		if len(fresh) > 0 && fresh[0].Sequence != cursor+1 {
+			f.log.Warn("sync: the host's events skip sequences", logRun, run.FleetRunID, logHost, run.HostID,
+				"after", cursor, "first", fresh[0].Sequence)
+		}
+		if err := f.putEvents(ctx, run.FleetRunID, fresh); err != nil {
+			res = syncResult{outcome: syncFailed, err: err}
+			break
+		}
+		if len(fresh) > 0 {
+			cursor = fresh[len(fresh)-1].Sequence
+			res.events += len(fresh)
+		}
+		if !page.HasMore || len(fresh) == 0 {
+			reachedEnd = !page.HasMore
+			break
+		}
+		// More pages: record the progress, so a pass cut short here (by
+		// the budget, a timeout, a crash) resumes after these events.
+		if run, err = f.advanceCursor(ctx, run, cursor); err != nil {
+			res = syncResult{outcome: syncFailed, err: err}
+			break
+		}
+		if (!until.IsZero() && !f.clock.Now().Before(until)) || ctx.Err() != nil {
+			res.outcome = syncPartial
+			break
+		}
+	}
+
+	now := f.clock.Now().UTC()
+	wasLive := run.Live()
+	stored, err := f.settle(ctx, run, func(cur *store.Run) bool {
+		changed := false
+		if cursor > cur.EventCursor {
+			cur.EventCursor, changed = cursor, true
+		}
+		if cur.Status == store.StatusLost || cur.Status == store.StatusDispatching {
+			return changed
+		}
+		if hr.Attempt > cur.Attempt || (hr.Attempt == cur.Attempt && hostStateDiffers(*cur, hr)) {
+			f.applyHostRun(cur, hr, now)
+			changed = true
+		}
+		// Drained: the state read before the events was terminal, this
+		// attempt's, and the events were read to their end.
+		if reachedEnd && !cur.Drained && store.Terminal(cur.Status) && store.Terminal(hr.Status) &&
+			cur.Attempt == hr.Attempt && cur.EventCursor >= cursor {
+			cur.Drained, changed = true, true
+		}
+		return changed
+	})
+	if err != nil {
+		if res.err == nil {
+			res = syncResult{outcome: syncFailed, events: res.events, err: fmt.Errorf("fleet: recording the sync of %s: %w", run.FleetRunID, err)}
+		}
+		return run, res
+	}
+	if res.err == nil && res.outcome == syncCurrent && wasLive && !stored.Live() {
+		res.outcome = syncDrained
+	}
+	return stored, res
+}
+
+// hostTrouble classifies a failed host call of a sync: no answer marks the
+// host down for the rest of the pass (its other runs wait for the next
+// one) and leaves the run live; anything else is logged as a failure.
+func (f *Fleet) hostTrouble(run store.Run, hosts *hostClients, doing string, err error) syncResult {
+	if errors.Is(err, hostproto.ErrNoAnswer) {
+		hosts.markDown(run.HostID)
+		f.log.Warn("sync: the host did not answer; the run stays live", logRun, run.FleetRunID, logHost, run.HostID,
+			"doing", doing, logErr, err.Error())
+		return syncResult{outcome: syncUnreachable, err: err}
+	}
+	f.log.Warn("sync failed", logRun, run.FleetRunID, logHost, run.HostID, "doing", doing, logErr, err.Error())
+	return syncResult{outcome: syncFailed, err: err}
+}
+
+func hostStateDiffers(r store.Run, hr hostproto.Run) bool {
+	return r.Status != hr.Status || r.Reason != hr.Reason || !sameExit(r.ExitCode, hr.ExitCode) || r.ChildRunID != hr.RunID
+}
+
+// newEvents returns the events after cursor in sequence order, without
+// repeats (a host answers them so; a misbehaving one must not move the
+// cursor backwards or store one twice).
+func newEvents(events []hostproto.Event, cursor int64) []hostproto.Event {
+	out := make([]hostproto.Event, 0, len(events))
+	for _, e := range events {
+		if e.Sequence > cursor {
+			out = append(out, e)
+		}
+	}
+	sort.SliceStable(out, func(i, j int) bool { return out[i].Sequence < out[j].Sequence })
+	dedup := out[:0]
+	for i, e := range out {
+		if i == 0 || e.Sequence != out[i-1].Sequence {
+			dedup = append(dedup, e)
+		}
+	}
+	return dedup
+}
+
+// putEvents mirrors events of a run. They expire Retention after they are
+// mirrored: a run's events are not rewritten when it ends, so they may
+// leave a run's duration before the run does.
+func (f *Fleet) putEvents(ctx context.Context, fleetRunID string, events []hostproto.Event) error {
+	if len(events) == 0 {
+		return nil
+	}
+	expires := f.clock.Now().UTC().Add(f.cfg.Retention)
+	out := make([]store.Event, len(events))
+	for i, e := range events {
+		out[i] = store.Event{FleetRunID: fleetRunID, Event: e, ExpiresAt: expires}
+	}
+	if err := f.store.PutEvents(ctx, out); err != nil {
+		return fmt.Errorf("fleet: mirroring %d events of %s: %w", len(events), fleetRunID, err)
+	}
+	return nil
+}
+
+// advanceCursor records that the mirror holds every event up to cursor.
+func (f *Fleet) advanceCursor(ctx context.Context, run store.Run, cursor int64) (store.Run, error) {
+	stored, err := f.settle(ctx, run, func(cur *store.Run) bool {
+		if cursor <= cur.EventCursor {
+			return false
+		}
+		cur.EventCursor = cursor
+		return true
+	})
+	if err != nil {
+		return run, fmt.Errorf("fleet: advancing the event cursor of %s: %w", run.FleetRunID, err)
+	}
+	return stored, nil
+}
+
+// hostClients memoises, for one pass (a sweep, a stream poll), each host's
+// record and client, so runs on one host cost one host read, and
+// remembers hosts that did not answer, so a dead host costs one timeout
+// per pass rather than one per run. Safe for concurrent use.
+type hostClients struct {
+	f     *Fleet
+	mu    sync.Mutex
+	hosts map[string]*hostEntry
+}
+
+type hostEntry struct {
+	once   sync.Once
+	client *hostproto.Client
+	err    error
+	down   bool // guarded by hostClients.mu
+}
+
+func newHostClients(f *Fleet) *hostClients {
+	return &hostClients{f: f, hosts: map[string]*hostEntry{}}
+}
+
+func (h *hostClients) entry(id string) *hostEntry {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	e, ok := h.hosts[id]
+	if !ok {
+		e = &hostEntry{}
+		h.hosts[id] = e
+	}
+	return e
+}
+
+func (h *hostClients) client(ctx context.Context, id string) (*hostproto.Client, error) {
+	e := h.entry(id)
+	e.once.Do(func() {
+		host, err := h.f.store.GetHost(ctx, id)
+		if err != nil {
+			e.err = fmt.Errorf("fleet: reading host %q: %w", id, err)
+			return
+		}
+		e.client, e.err = h.f.HostClient(ctx, host, 0)
+	})
+	return e.client, e.err
+}
+
+func (h *hostClients) markDown(id string) {
+	e := h.entry(id)
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	e.down = true
+}
+
+func (h *hostClients) isDown(id string) bool {
+	e := h.entry(id)
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	return e.down
+}
