@@ -1,7 +1,11 @@
-// Command localstack runs Fleet on this machine (`make dev`): the api
+// Command localstack runs Fleet on this machine (`make dev`), all four
+// handlers in one process, on a bbolt store in a local data dir: the api
 // handler served over HTTP through the same API Gateway v2 adapter shape
-// Lambda uses, on a bbolt store in a local data dir. It prints the admin
-// token and a curl example, and stops cleanly on Ctrl-C or SIGTERM.
+// Lambda uses, the stream handler at /fleet/runs/{id}/stream on the same
+// address, and the scheduled probe and sweep handlers on timers
+// (RUNFLEET_PROBE_INTERVAL, RUNFLEET_SWEEP_INTERVAL; once at start, then
+// every interval). It prints the admin token and a curl example, and stops
+// cleanly on Ctrl-C or SIGTERM (open streams get their retry hint).
 //
 // Environment: every RUNFLEET_* variable of Fleet (README), plus
 // RUNFLEET_DATA_DIR (default .dev), where the store, the generated admin
@@ -10,6 +14,7 @@ package main
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
@@ -19,14 +24,19 @@ import (
 	"os/signal"
 	"path/filepath"
 	"strings"
+	"sync"
 	"syscall"
 	"time"
 
+	"github.com/aws/aws-lambda-go/events"
+
 	"github.com/runfleet/runfleet/shared/auth"
+	"github.com/runfleet/runfleet/shared/clock"
 	"github.com/runfleet/runfleet/shared/config"
 	"github.com/runfleet/runfleet/shared/credentials"
 	"github.com/runfleet/runfleet/shared/fleetapp"
 	"github.com/runfleet/runfleet/shared/lambdahttp"
+	"github.com/runfleet/runfleet/shared/stream"
 )
 
 // EnvDataDir names the local stack's data directory.
@@ -34,6 +44,10 @@ const EnvDataDir = "RUNFLEET_DATA_DIR"
 
 // shutdownGrace bounds how long in-flight requests get after a signal.
 const shutdownGrace = 10 * time.Second
+
+// jobTimeout is each timed probe's and sweep's deadline, as a Lambda
+// timeout would be: the jobs take their budget from it.
+const jobTimeout = time.Minute
 
 func main() {
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
@@ -85,48 +99,98 @@ func run(ctx context.Context, getenv func(string) string, stdout, stderr io.Writ
 		return 1
 	}
 	defer app.Close()
-	adapter, err := lambdahttp.New(lambdahttp.Config{Handler: app.API.Handle, Logger: log})
+	handler, err := app.HTTPHandler(log, nil)
 	if err != nil {
 		fmt.Fprintln(stderr, "localstack:", err)
 		return 1
 	}
+	// Open streams end (with their retry hint) when the stack stops, rather
+	// than holding the shutdown until its grace runs out.
+	stopping, stopStreams := context.WithCancel(context.Background())
+	defer stopStreams()
+	served := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if _, ok := stream.Path(r.URL.EscapedPath()); ok {
+			ctx, cancel := context.WithCancel(r.Context())
+			defer context.AfterFunc(stopping, cancel)()
+			r = r.WithContext(ctx)
+		}
+		handler.ServeHTTP(w, r)
+	})
 	ln, err := net.Listen("tcp", cfg.Addr)
 	if err != nil {
 		fmt.Fprintln(stderr, "localstack:", err)
 		return 1
 	}
-	srv := &http.Server{Handler: adapter, ReadHeaderTimeout: lambdahttp.DefaultReadHeaderTimeout}
-	served := make(chan error, 1)
-	go func() { served <- srv.Serve(ln) }()
+	srv := &http.Server{Handler: served, ReadHeaderTimeout: lambdahttp.DefaultReadHeaderTimeout}
+	serving := make(chan error, 1)
+	go func() { serving <- srv.Serve(ln) }()
+
+	var jobs sync.WaitGroup
+	jobsCtx, stopJobs := context.WithCancel(ctx)
+	defer stopJobs()
+	every(jobsCtx, &jobs, cfg.ProbeInterval, func(ctx context.Context) {
+		app.Jobs.Probe(ctx, scheduledEvent("probe"))
+	})
+	every(jobsCtx, &jobs, cfg.SweepInterval, func(ctx context.Context) {
+		app.Jobs.Sweep(ctx, scheduledEvent("sweep"))
+	})
 
 	base := "http://" + ln.Addr().String()
 	fmt.Fprintf(stdout, "runfleet local stack listening on %s\n", base)
 	fmt.Fprintf(stdout, "  store:       %s\n", cfg.Store)
 	fmt.Fprintf(stdout, "  credentials: %s:%s (host credentialRef -> secret)\n", cfg.Credentials.Kind, cfg.Credentials.Arg)
 	fmt.Fprintf(stdout, "  admin token: %s\n", tokenShown)
+	fmt.Fprintf(stdout, "  probe every %s, sweep every %s\n", cfg.ProbeInterval, cfg.SweepInterval)
 	fmt.Fprintf(stdout, "try:\n  curl -s %s/healthz\n  curl -s -H \"Authorization: Bearer %s\" %s/fleet/hosts\n", base, tokenRef, base)
+	fmt.Fprintf(stdout, "  curl -N -H \"Authorization: Bearer %s\" %s/fleet/runs/<fleetRunId>/stream\n", tokenRef, base)
 
 	select {
-	case err := <-served:
+	case err := <-serving:
 		fmt.Fprintln(stderr, "localstack: serving:", err)
 		return 1
 	case <-ctx.Done():
 	}
 	fmt.Fprintln(stdout, "stopping")
+	stopJobs()
+	stopStreams()
 	shutdownCtx, cancel := context.WithTimeout(context.Background(), shutdownGrace)
 	defer cancel()
 	if err := srv.Shutdown(shutdownCtx); err != nil {
 		fmt.Fprintln(stderr, "localstack: shutdown:", err)
 	}
-	if err := <-served; err != nil && !errors.Is(err, http.ErrServerClosed) {
+	if err := <-serving; err != nil && !errors.Is(err, http.ErrServerClosed) {
 		fmt.Fprintln(stderr, "localstack: serving:", err)
 	}
+	jobs.Wait()
 	if err := app.Close(); err != nil {
 		fmt.Fprintln(stderr, "localstack: closing the store:", err)
 		return 1
 	}
 	fmt.Fprintln(stdout, "stopped")
 	return 0
+}
+
+// every runs job now and then every interval until ctx ends, each run with
+// jobTimeout as its deadline (the jobs derive their budget from it), one at
+// a time.
+func every(ctx context.Context, wg *sync.WaitGroup, interval time.Duration, job func(ctx context.Context)) {
+	wg.Add(1)
+	go func() {
+		defer wg.Done()
+		for {
+			jobCtx, cancel := context.WithTimeout(ctx, jobTimeout)
+			job(jobCtx)
+			cancel()
+			if !clock.Sleep(clock.Real{}, interval, ctx.Done()) {
+				return
+			}
+		}
+	}()
+}
+
+// scheduledEvent is the event EventBridge Scheduler would send.
+func scheduledEvent(job string) events.EventBridgeEvent {
+	return events.EventBridgeEvent{Version: "0", DetailType: "Scheduled Event", Source: "runfleet.localstack", Detail: json.RawMessage(`{"job":"` + job + `"}`)}
 }
 
 // localAdminToken reads the data dir's admin token, minting and keeping one

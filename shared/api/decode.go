@@ -277,3 +277,31 @@ func contains(list []string, s string) bool {
 	}
 	return false
 }
+
+// Query is a request's query string parsed as the API parses it, for the
+// stream handler: a malformed string, an unknown parameter and a repeated
+// one are 400s naming it.
+type Query struct{ q query }
+
+// ParseQuery parses raw, allowing only the named parameters.
+func ParseQuery(raw string, allowed ...string) (Query, error) {
+	q, err := parseQuery(raw, allowed)
+	return Query{q}, err
+}
+
+// Has reports whether the parameter is present (empty or not).
+func (q Query) Has(name string) bool { return q.q.has(name) }
+
+// Get returns the parameter's value, "" when absent.
+func (q Query) Get(name string) string { return q.q.get(name) }
+
+// NonNegativeInt reads an optional non-negative integer parameter as the
+// API does (digits only; beyond int64 reads as math.MaxInt64).
+func (q Query) NonNegativeInt(name string) (int64, bool, error) { return q.q.nonNegativeInt(name) }
+
+// NonNegativeInt parses a non-negative integer given outside the query (a
+// header such as Last-Event-ID) with the same rule, the error naming it.
+func NonNegativeInt(name, value string) (int64, error) {
+	v, _, err := query{values: url.Values{name: {value}}}.nonNegativeInt(name)
+	return v, err
+}

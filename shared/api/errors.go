@@ -21,6 +21,18 @@ type requestError struct {
 
 func (e *requestError) Error() string { return e.message }
 
+// NewRequestError is a failure found in a request itself, answered with
+// status and code (for the stream handler's own checks).
+func NewRequestError(status int, code, format string, args ...any) error {
+	return &requestError{status: status, code: code, message: fmt.Sprintf(format, args...)}
+}
+
+// Codes the stream handler answers with.
+const (
+	CodeRouteNotFound    = codeRouteNotFound
+	CodeMethodNotAllowed = codeMethodNotAllowed
+)
+
 func badRequest(format string, args ...any) *requestError {
 	return &requestError{status: http.StatusBadRequest, code: fleet.CodeInvalid, message: fmt.Sprintf(format, args...)}
 }
@@ -35,11 +47,12 @@ const (
 	codeInternal         = "internal"
 )
 
-// errorStatus maps every error kind to its HTTP status and the body shown to
-// the caller. It is the one place that does so: a kind it does not know is
-// a fault, answered 500 with a generic message (the caller of errorStatus
+// ErrorStatus maps every error kind to its HTTP status and the body shown to
+// the caller, and reports whether the error is a fault. It is the one place
+// that does so, for the API and the stream handler alike: a kind it does
+// not know is a fault, answered 500 with a generic message (the caller
 // logs it), never with its text.
-func errorStatus(err error) (int, hostproto.ErrorBody, bool) {
+func ErrorStatus(err error) (int, hostproto.ErrorBody, bool) {
 	var re *requestError
 	var fe *fleet.Error
 	switch {

@@ -188,7 +188,7 @@ func (h *Handler) Handle(ctx context.Context, ev events.APIGatewayV2HTTPRequest)
 		attrs = append(attrs, slog.String(logOwner, rq.caller.OwnerID))
 	}
 	if err != nil {
-		st, body, fault := errorStatus(err)
+		st, body, fault := ErrorStatus(err)
 		if fault {
 			h.log.ErrorContext(ctx, "request failed", append(attrs, slog.String(logErr, err.Error()))...)
 		}
@@ -199,6 +199,8 @@ func (h *Handler) Handle(ctx context.Context, ev events.APIGatewayV2HTTPRequest)
 		if re := (*requestError)(nil); errors.As(err, &re) && re.status == http.StatusMethodNotAllowed {
 			resp.Headers["allow"] = h.allowed(ev.RawPath)
 		}
+	} else if text, ok := answer.(textAnswer); ok {
+		resp = textResponse(status, text)
 	} else {
 		resp = jsonResponse(status, answer)
 	}
@@ -328,6 +330,24 @@ func jsonResponse(status int, v any) events.APIGatewayV2HTTPResponse {
 			"x-content-type-options": "nosniff",
 		},
 		Body: string(b) + "\n",
+	}
+}
+
+// textAnswer is a route's answer that is not JSON (GET /metrics).
+type textAnswer struct {
+	contentType string
+	body        []byte
+}
+
+func textResponse(status int, t textAnswer) events.APIGatewayV2HTTPResponse {
+	return events.APIGatewayV2HTTPResponse{
+		StatusCode: status,
+		Headers: map[string]string{
+			"content-type":           t.contentType,
+			"cache-control":          "no-store",
+			"x-content-type-options": "nosniff",
+		},
+		Body: string(t.body),
 	}
 }
 

@@ -4,6 +4,7 @@ import (
 	"encoding/json"
 	"time"
 
+	"github.com/runfleet/runfleet/shared/fleet"
 	"github.com/runfleet/runfleet/shared/hostproto"
 	"github.com/runfleet/runfleet/shared/store"
 )
@@ -164,4 +165,17 @@ func parseScope(field string, raw json.RawMessage) (*store.Scope, error) {
 		ids = []string{}
 	}
 	return &store.Scope{IDs: ids}, nil
+}
+
+// interactionAnswer is the answer of the verbs (input, cancel, retry):
+// accepted true, false or "unknown", with the host's status, code and the
+// detail when it was not plainly accepted, and the run as recorded after.
+type interactionAnswer struct {
+	FleetRunID string `json:"fleetRunId"`
+	hostproto.Outcome
+	Run runView `json:"run"`
+}
+
+func toInteractionAnswer(i fleet.Interaction) interactionAnswer {
+	return interactionAnswer{FleetRunID: i.Run.FleetRunID, Outcome: i.Outcome, Run: toRunView(i.Run)}
 }

@@ -35,6 +35,14 @@ const (
 	EnvProbeMaxAge      = "RUNFLEET_PROBE_MAX_AGE"
 	EnvProbeConcurrency = "RUNFLEET_PROBE_CONCURRENCY"
 	EnvLogLevel         = "RUNFLEET_LOG_LEVEL"
+	// The stream's timing (the stream function and the local stack).
+	EnvStreamPollInterval = "RUNFLEET_STREAM_POLL_INTERVAL"
+	EnvStreamKeepAlive    = "RUNFLEET_STREAM_KEEPALIVE"
+	EnvStreamMaxDuration  = "RUNFLEET_STREAM_MAX_DURATION"
+	// The local stack's timers for the scheduled jobs (in AWS, EventBridge
+	// Scheduler runs them).
+	EnvProbeInterval = "RUNFLEET_PROBE_INTERVAL"
+	EnvSweepInterval = "RUNFLEET_SWEEP_INTERVAL"
 )
 
 // Defaults.
@@ -45,6 +53,11 @@ const (
 	DefaultProbeTimeout     = 5 * time.Second
 	DefaultProbeMaxAge      = 5 * time.Minute
 	DefaultProbeConcurrency = 8
+	DefaultStreamPoll       = time.Second
+	DefaultStreamKeepAlive  = 15 * time.Second
+	DefaultStreamMaxDur     = 14 * time.Minute
+	DefaultProbeInterval    = 10 * time.Second
+	DefaultSweepInterval    = 10 * time.Second
 	// MinAdminTokenLength refuses a guessable bootstrap token.
 	MinAdminTokenLength = 16
 )
@@ -99,6 +112,17 @@ type Fleet struct {
 	ProbeConcurrency int
 	// LogLevel is the slog level; zero is info.
 	LogLevel slog.Level
+	// StreamPollInterval is the stream's time between polls; zero means 1s.
+	StreamPollInterval time.Duration
+	// StreamKeepAlive is the silence after which the stream sends a
+	// keep-alive comment; zero means 15s.
+	StreamKeepAlive time.Duration
+	// StreamMaxDuration bounds a stream (it ends with a retry hint); zero
+	// means 14m. In Lambda the invocation's deadline bounds it too.
+	StreamMaxDuration time.Duration
+	// ProbeInterval and SweepInterval are the local stack's timers for the
+	// scheduled probe and sweep; zero means 10s each.
+	ProbeInterval, SweepInterval time.Duration
 }
 
 // FromEnv reads every variable through getenv (os.Getenv in main), fills
@@ -132,6 +156,17 @@ func FromEnv(getenv func(string) string) (Fleet, error) {
 	errs = append(errs, err)
 	c.ProbeMaxAge, err = positiveDuration(getenv, EnvProbeMaxAge)
 	errs = append(errs, err)
+	for _, d := range []struct {
+		dst  *time.Duration
+		name string
+	}{
+		{&c.StreamPollInterval, EnvStreamPollInterval}, {&c.StreamKeepAlive, EnvStreamKeepAlive},
+		{&c.StreamMaxDuration, EnvStreamMaxDuration}, {&c.ProbeInterval, EnvProbeInterval},
+		{&c.SweepInterval, EnvSweepInterval},
+	} {
+		*d.dst, err = positiveDuration(getenv, d.name)
+		errs = append(errs, err)
+	}
 	if v := getenv(EnvLogLevel); v != "" {
 		if err := c.LogLevel.UnmarshalText([]byte(v)); err != nil {
 			errs = append(errs, fmt.Errorf("%s=%q: want debug, info, warn or error", EnvLogLevel, v))
@@ -173,6 +208,18 @@ func (c *Fleet) fillDefaults() {
 	}
 	if c.ProbeConcurrency == 0 {
 		c.ProbeConcurrency = DefaultProbeConcurrency
+	}
+	for _, d := range []struct {
+		dst *time.Duration
+		def time.Duration
+	}{
+		{&c.StreamPollInterval, DefaultStreamPoll}, {&c.StreamKeepAlive, DefaultStreamKeepAlive},
+		{&c.StreamMaxDuration, DefaultStreamMaxDur}, {&c.ProbeInterval, DefaultProbeInterval},
+		{&c.SweepInterval, DefaultSweepInterval},
+	} {
+		if *d.dst == 0 {
+			*d.dst = d.def
+		}
 	}
 }
 

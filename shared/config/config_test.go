@@ -21,6 +21,10 @@ func TestFromEnvDefaults(t *testing.T) {
 		c.ProbeConcurrency != 8 || c.Store != "" || c.Credentials != (credentials.Spec{}) || c.LogLevel != slog.LevelInfo {
 		t.Fatalf("defaults = %+v", c)
 	}
+	if c.StreamPollInterval != time.Second || c.StreamKeepAlive != 15*time.Second || c.StreamMaxDuration != 14*time.Minute ||
+		c.ProbeInterval != 10*time.Second || c.SweepInterval != 10*time.Second {
+		t.Fatalf("stream and timer defaults = %+v", c)
+	}
 	if c.Retention() != 30*24*time.Hour {
 		t.Fatalf("retention = %v", c.Retention())
 	}
@@ -33,6 +37,8 @@ func TestFromEnvReadsEveryName(t *testing.T) {
 		EnvCredentials: "file:/etc/c.json", EnvRepoURLs: "file:/etc/repos.json", EnvRetentionDays: "7",
 		EnvAddr: "127.0.0.1:9999", EnvHostTimeout: "3s", EnvProbeTimeout: "2s", EnvProbeMaxAge: "1m",
 		EnvProbeConcurrency: "2", EnvLogLevel: "debug",
+		EnvStreamPollInterval: "250ms", EnvStreamKeepAlive: "5s", EnvStreamMaxDuration: "10m",
+		EnvProbeInterval: "30s", EnvSweepInterval: "1m",
 	}))
 	if err != nil {
 		t.Fatal(err)
@@ -43,6 +49,8 @@ func TestFromEnvReadsEveryName(t *testing.T) {
 		Credentials: credentials.Spec{Kind: "file", Arg: "/etc/c.json"}, RepoURLs: "file:/etc/repos.json",
 		RetentionDays: 7, Addr: "127.0.0.1:9999", HostTimeout: 3 * time.Second, ProbeTimeout: 2 * time.Second,
 		ProbeMaxAge: time.Minute, ProbeConcurrency: 2, LogLevel: slog.LevelDebug,
+		StreamPollInterval: 250 * time.Millisecond, StreamKeepAlive: 5 * time.Second, StreamMaxDuration: 10 * time.Minute,
+		ProbeInterval: 30 * time.Second, SweepInterval: time.Minute,
 	}
 	if c != want {
 		t.Fatalf("got %+v\nwant %+v", c, want)
@@ -57,16 +65,21 @@ func TestFromEnvReadsEveryName(t *testing.T) {
 
 func TestFromEnvErrorsNameTheVariable(t *testing.T) {
 	for name, value := range map[string]string{
-		EnvAdminToken:       "x7Qk2",
-		EnvStore:            "sqlite:/x",
-		EnvCredentials:      "vault:x",
-		EnvRepoURLs:         "/etc/repos.json",
-		EnvRetentionDays:    "-1",
-		EnvHostTimeout:      "10",
-		EnvProbeTimeout:     "0s",
-		EnvProbeMaxAge:      "soon",
-		EnvProbeConcurrency: "2.5",
-		EnvLogLevel:         "loud",
+		EnvAdminToken:         "x7Qk2",
+		EnvStore:              "sqlite:/x",
+		EnvCredentials:        "vault:x",
+		EnvRepoURLs:           "/etc/repos.json",
+		EnvRetentionDays:      "-1",
+		EnvHostTimeout:        "10",
+		EnvProbeTimeout:       "0s",
+		EnvProbeMaxAge:        "soon",
+		EnvProbeConcurrency:   "2.5",
+		EnvLogLevel:           "loud",
+		EnvStreamPollInterval: "-1s",
+		EnvStreamKeepAlive:    "often",
+		EnvStreamMaxDuration:  "0",
+		EnvProbeInterval:      "10",
+		EnvSweepInterval:      "0s",
 	} {
 		_, err := FromEnv(env(map[string]string{name: value}))
 		if err == nil || !strings.Contains(err.Error(), name) {

@@ -1,7 +1,8 @@
 // Package fleetapp assembles Fleet from its configuration: the store
-// (DynamoDB or bbolt), the credential source, the admin token, the domain
-// and the API handler. The Lambda functions and the local stack build Fleet
-// only through it, so both run the same thing.
+// (DynamoDB or bbolt), the credential source, the admin token, the domain,
+// and its four handlers (the API, the stream, the scheduled probe and
+// sweep). The Lambda functions and the local stack build Fleet only through
+// it, so both run the same thing.
 package fleetapp
 
 import (
@@ -10,6 +11,7 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"net/http"
 
 	"github.com/aws/aws-sdk-go-v2/aws"
 	awsconfig "github.com/aws/aws-sdk-go-v2/config"
@@ -23,9 +25,12 @@ import (
 	"github.com/runfleet/runfleet/shared/credentials"
 	"github.com/runfleet/runfleet/shared/fleet"
 	"github.com/runfleet/runfleet/shared/hostproto"
+	"github.com/runfleet/runfleet/shared/lambdahttp"
+	"github.com/runfleet/runfleet/shared/scheduled"
 	"github.com/runfleet/runfleet/shared/store"
 	"github.com/runfleet/runfleet/shared/store/boltstore"
 	"github.com/runfleet/runfleet/shared/store/dynamostore"
+	"github.com/runfleet/runfleet/shared/stream"
 )
 
 // Deps are what the environment does not say.
@@ -59,6 +64,10 @@ type App struct {
 	Credentials credentials.Source
 	Fleet       *fleet.Fleet
 	API         *api.Handler
+	// Stream serves GET /fleet/runs/{id}/stream (the stream function).
+	Stream *stream.Handler
+	// Jobs are the scheduled probe and sweep (the probe and sweep functions).
+	Jobs *scheduled.Jobs
 	// AdminConfigured reports whether a bootstrap admin token is in use.
 	AdminConfigured bool
 
@@ -186,14 +195,41 @@ func New(ctx context.Context, cfg config.Fleet, deps Deps) (*App, error) {
 	if err != nil {
 		return nil, err
 	}
-	app.API, err = api.New(api.Config{
-		Fleet: app.Fleet, Auth: auth.NewAuthenticator(app.Store, adminToken), Logger: deps.Logger, Clock: deps.Clock,
+	authn := auth.NewAuthenticator(app.Store, adminToken)
+	app.API, err = api.New(api.Config{Fleet: app.Fleet, Auth: authn, Logger: deps.Logger, Clock: deps.Clock})
+	if err != nil {
+		return nil, err
+	}
+	app.Stream, err = stream.New(stream.Config{
+		Fleet: app.Fleet, Auth: authn, Logger: deps.Logger, Clock: deps.Clock,
+		PollInterval: cfg.StreamPollInterval, KeepAlive: cfg.StreamKeepAlive, MaxDuration: cfg.StreamMaxDuration,
 	})
+	if err != nil {
+		return nil, err
+	}
+	app.Jobs, err = scheduled.New(scheduled.Config{Fleet: app.Fleet, Logger: deps.Logger, Clock: deps.Clock})
 	if err != nil {
 		return nil, err
 	}
 	ok = true
 	return app, nil
+}
+
+// HTTPHandler is Fleet's HTTP surface on one address, as the local stack
+// (and tests) serve it: the stream's path to the stream handler, every
+// other request to the api handler through the API Gateway v2 adapter.
+func (a *App) HTTPHandler(log *slog.Logger, clk clock.Clock) (http.Handler, error) {
+	adapter, err := lambdahttp.New(lambdahttp.Config{Handler: a.API.Handle, Logger: log, Clock: clk})
+	if err != nil {
+		return nil, err
+	}
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if _, ok := stream.Path(r.URL.EscapedPath()); ok {
+			a.Stream.ServeHTTP(w, r)
+			return
+		}
+		adapter.ServeHTTP(w, r)
+	}), nil
 }
 
 // readAdminToken reads the admin token's SecretString.

@@ -1,0 +1,156 @@
+// Package scheduled owns Fleet's scheduled work as Lambda handlers: the
+// probe of every enabled host and the sweep of live runs, each within a time
+// budget taken from its invocation's deadline. functions/probe and
+// functions/sweep start them (EventBridge Scheduler); the local stack calls
+// the very same handlers on timers.
+package scheduled
+
+import (
+	"context"
+	"errors"
+	"log/slog"
+	"time"
+
+	"github.com/aws/aws-lambda-go/events"
+
+	"github.com/runfleet/runfleet/shared/clock"
+	"github.com/runfleet/runfleet/shared/fleet"
+)
+
+// Defaults for Config's zero values.
+const (
+	// DefaultProbeMargin is kept free before the deadline for the last
+	// probes' records. (A probe itself is not started unless it can end,
+	// ProbeTimeout, before the budget does.)
+	DefaultProbeMargin = 3 * time.Second
+	// DefaultSweepMargin is kept free before the deadline: a run started
+	// just before the budget ends may still need a host call and its
+	// writes (the host timeout plus this margin).
+	DefaultSweepMargin = 5 * time.Second
+	// DefaultBudget applies when the context has no deadline.
+	DefaultBudget = 50 * time.Second
+)
+
+// Config configures the jobs.
+type Config struct {
+	// Fleet does the work. Required.
+	Fleet *fleet.Fleet
+	// Logger gets one line per job. Required.
+	Logger *slog.Logger
+	// Clock reads the time for the budgets; nil is the wall clock.
+	Clock clock.Clock
+	// ProbeMargin: see DefaultProbeMargin; zero is the default.
+	ProbeMargin time.Duration
+	// SweepMargin is added to the host timeout and kept free before the
+	// deadline; zero is DefaultSweepMargin.
+	SweepMargin time.Duration
+	// DefaultBudget bounds a job whose context has no deadline; zero is
+	// DefaultBudget.
+	DefaultBudget time.Duration
+}
+
+// Validate reports a missing required field.
+func (c Config) Validate() error {
+	var errs []error
+	if c.Fleet == nil {
+		errs = append(errs, errors.New("scheduled: Config.Fleet is required"))
+	}
+	if c.Logger == nil {
+		errs = append(errs, errors.New("scheduled: Config.Logger is required"))
+	}
+	return errors.Join(errs...)
+}
+
+// Jobs are the scheduled handlers. Safe for concurrent use.
+type Jobs struct {
+	cfg   Config
+	log   *slog.Logger
+	clock clock.Clock
+}
+
+// New checks cfg, fills its defaults and returns the jobs.
+func New(cfg Config) (*Jobs, error) {
+	if err := cfg.Validate(); err != nil {
+		return nil, err
+	}
+	if cfg.Clock == nil {
+		cfg.Clock = clock.Real{}
+	}
+	if cfg.ProbeMargin <= 0 {
+		cfg.ProbeMargin = DefaultProbeMargin
+	}
+	if cfg.SweepMargin <= 0 {
+		cfg.SweepMargin = DefaultSweepMargin
+	}
+	if cfg.DefaultBudget <= 0 {
+		cfg.DefaultBudget = DefaultBudget
+	}
+	return &Jobs{cfg: cfg, log: cfg.Logger, clock: cfg.Clock}, nil
+}
+
+// ProbeSummary is the probe job's answer (and its log line).
+type ProbeSummary struct {
+	Probed  int            `json:"probed"`
+	Status  map[string]int `json:"status"`
+	Skipped []string       `json:"skipped,omitempty"`
+}
+
+// Probe probes every enabled host within the invocation's budget and
+// records each probe. It fails only when the hosts cannot be listed or a
+// probe cannot be recorded (the scheduler's retry then applies).
+func (j *Jobs) Probe(ctx context.Context, _ events.EventBridgeEvent) (ProbeSummary, error) {
+	begun := j.clock.Now()
+	until := j.budget(ctx, j.cfg.ProbeMargin)
+	rep, err := j.cfg.Fleet.ProbeEnabled(ctx, until)
+	sum := ProbeSummary{Probed: len(rep.Probed), Status: map[string]int{}, Skipped: rep.Skipped}
+	for _, p := range rep.Probed {
+		sum.Status[p.Probe.Status]++
+	}
+	attrs := []any{"probed", sum.Probed, "status", sum.Status, "skipped", len(sum.Skipped),
+		"budgetMs", until.Sub(begun).Milliseconds(), "durationMs", j.clock.Now().Sub(begun).Milliseconds()}
+	if err != nil {
+		j.log.ErrorContext(ctx, "scheduled probe failed", append(attrs, "err", err.Error())...)
+		return sum, err
+	}
+	if len(sum.Skipped) > 0 {
+		j.log.WarnContext(ctx, "scheduled probe ran out of budget", append(attrs, "skippedHosts", sum.Skipped)...)
+	} else {
+		j.log.InfoContext(ctx, "scheduled probe", attrs...)
+	}
+	return sum, nil
+}
+
+// Sweep sweeps the live runs within the invocation's budget: the deadline
+// less the host timeout and SweepMargin, so a run started at the budget's
+// end still has time for its host call and its writes. It fails only when
+// the live index cannot be read.
+func (j *Jobs) Sweep(ctx context.Context, _ events.EventBridgeEvent) (fleet.SweepReport, error) {
+	begun := j.clock.Now()
+	until := j.budget(ctx, j.cfg.Fleet.HostTimeout()+j.cfg.SweepMargin)
+	rep, err := j.cfg.Fleet.Sweep(ctx, fleet.SweepOptions{Until: until})
+	attrs := []any{"report", rep, "budgetMs", until.Sub(begun).Milliseconds(),
+		"durationMs", j.clock.Now().Sub(begun).Milliseconds()}
+	switch {
+	case err != nil:
+		j.log.ErrorContext(ctx, "scheduled sweep failed", append(attrs, "err", err.Error())...)
+		return rep, err
+	case rep.BudgetExhausted:
+		j.log.WarnContext(ctx, "scheduled sweep ran out of budget; the next sweep continues", attrs...)
+	default:
+		j.log.InfoContext(ctx, "scheduled sweep", attrs...)
+	}
+	return rep, nil
+}
+
+// budget is when a job stops starting work: the context's deadline (the
+// invocation's, on the wall clock) less margin, read on the job's clock.
+// A deadline closer than the margin leaves no budget: the job starts
+// nothing.
+func (j *Jobs) budget(ctx context.Context, margin time.Duration) time.Time {
+	now := j.clock.Now()
+	deadline, ok := ctx.Deadline()
+	if !ok {
+		return now.Add(j.cfg.DefaultBudget)
+	}
+	return now.Add(max(time.Until(deadline)-margin, 0))
+}

@@ -1,0 +1,246 @@
+package stream
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"strconv"
+	"sync/atomic"
+	"time"
+
+	"github.com/runfleet/runfleet/shared/hostproto"
+	"github.com/runfleet/runfleet/shared/store"
+)
+
+// sink is where a session writes. Write sends p and flushes it towards the
+// client, blocking while the client does not take it. Abort may be called
+// from another goroutine at any time: a blocked Write, and every later
+// one, fails at once.
+type sink interface {
+	Write(p []byte) error
+	Abort()
+}
+
+// endReason is why a stream ended.
+type endReason int
+
+const (
+	endDone     endReason = iota // the run is over and every event was sent
+	endPlanned                   // the maximum duration or the deadline: retry hint sent
+	endCanceled                  // the context ended (client gone, shutdown)
+	endCutOff                    // a write did not complete in time: the client stopped reading
+	endGone                      // a write failed: the client is gone
+	endFault                     // a store fault (logged): retry hint sent
+)
+
+func (e endReason) String() string {
+	return [...]string{"done", "planned", "canceled", "client_stopped_reading", "client_gone", "fault"}[e]
+}
+
+// session is one client's stream.
+type session struct {
+	h      *Handler
+	req    request
+	caller store.Caller
+	run    store.Run
+	// after is where the client asked to resume; cursor is the sequence of
+	// the last event written.
+	after, cursor int64
+	snapshotSent  bool
+	sink          sink
+	lastWrite     time.Time
+	sent          int
+	fault         error
+}
+
+// serve streams until the run is done or the stream must end, and says why.
+func (s *session) serve(ctx context.Context, out sink) endReason {
+	s.sink = out
+	h := s.h
+	begun := h.clock.Now()
+	s.lastWrite = begun
+	end := begun.Add(h.cfg.MaxDuration)
+	if deadline, ok := ctx.Deadline(); ok {
+		// The context's deadline is the invocation's, on the wall clock.
+		if d := begun.Add(time.Until(deadline) - h.cfg.EndMargin); d.Before(end) {
+			end = d
+		}
+	}
+	reason := s.loop(ctx, end)
+	h.logEnd(ctx, s, begun, reason)
+	return reason
+}
+
+func (s *session) loop(ctx context.Context, end time.Time) endReason {
+	h := s.h
+	for {
+		if ctx.Err() != nil {
+			s.goodbye("the stream is closing")
+			return endCanceled
+		}
+		if reason, over := s.poll(ctx); over {
+			return reason
+		}
+		now := h.clock.Now()
+		if !now.Before(end) {
+			if err := s.goodbye("the stream reached its maximum duration"); err != nil {
+				return s.writeEnd(err)
+			}
+			return endPlanned
+		}
+		if !now.Before(s.lastWrite.Add(h.cfg.KeepAlive)) {
+			if err := s.send([]byte(": keep-alive\n\n")); err != nil {
+				return s.writeEnd(err)
+			}
+		}
+		wait := min(h.cfg.PollInterval, end.Sub(now), s.lastWrite.Add(h.cfg.KeepAlive).Sub(now))
+		s.sleep(ctx, max(wait, time.Millisecond))
+	}
+}
+
+// poll syncs the run from its host, sends what the mirror holds beyond the
+// cursor, the snapshot once, and done at the end. over reports the end.
+func (s *session) poll(ctx context.Context) (endReason, bool) {
+	run, err := s.h.cfg.Fleet.SyncRun(ctx, s.run.FleetRunID)
+	switch {
+	case err == nil:
+	case run.FleetRunID != "":
+		// The host could not be asked: serve what the mirror has.
+		s.h.log.DebugContext(ctx, "stream: pull-through failed", logRun, s.run.FleetRunID, logErr, err.Error())
+	case ctx.Err() != nil:
+		return endCanceled, true
+	default:
+		s.fault = err
+		s.goodbye("the stream hit a fault; reconnect to resume")
+		return endFault, true
+	}
+	s.run = run
+	for {
+		page, err := s.h.cfg.Fleet.MirroredEvents(ctx, run, s.cursor, s.h.cfg.PageSize)
+		if err != nil {
+			if ctx.Err() != nil {
+				return endCanceled, true
+			}
+			s.fault = err
+			s.goodbye("the stream hit a fault; reconnect to resume")
+			return endFault, true
+		}
+		if len(page.Events) > 0 {
+			var buf bytes.Buffer
+			for _, e := range page.Events {
+				writeEvent(&buf, e)
+			}
+			if err := s.send(buf.Bytes()); err != nil {
+				return s.writeEnd(err), true
+			}
+			s.cursor = page.NextCursor
+			s.sent += len(page.Events)
+		}
+		if !page.HasMore {
+			break
+		}
+	}
+	if !s.snapshotSent {
+		s.snapshotSent = true
+		if err := s.send(frame("snapshot", "", snapshotData{Cursor: s.cursor, Status: run.Status, Attempt: run.Attempt, Live: !isDone(run, s.cursor)})); err != nil {
+			return s.writeEnd(err), true
+		}
+	}
+	if isDone(run, s.cursor) {
+		if err := s.send(frame("done", "", doneData{Cursor: s.cursor, Status: run.Status, Attempt: run.Attempt, ExitCode: run.ExitCode, Reason: run.Reason})); err != nil {
+			return s.writeEnd(err), true
+		}
+		return endDone, true
+	}
+	return 0, false
+}
+
+// sleep waits d on the clock, or until ctx ends.
+func (s *session) sleep(ctx context.Context, d time.Duration) {
+	t := s.h.clock.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-t.C():
+	case <-ctx.Done():
+	}
+}
+
+// send writes p, cutting the client off when the write does not complete
+// within WriteTimeout.
+func (s *session) send(p []byte) error {
+	var cut atomic.Bool
+	watchdog := s.h.clock.AfterFunc(s.h.cfg.WriteTimeout, func() {
+		cut.Store(true)
+		s.sink.Abort()
+	})
+	err := s.sink.Write(p)
+	if fired := !watchdog.Stop(); fired || cut.Load() {
+		return errCutOff // the sink is (or is about to be) aborted
+	}
+	if err == nil {
+		s.lastWrite = s.h.clock.Now()
+	}
+	return err
+}
+
+// goodbye sends the retry hint before a planned end, with why as a comment.
+func (s *session) goodbye(why string) error {
+	ms := strconv.FormatInt(s.h.cfg.Retry.Milliseconds(), 10)
+	return s.send([]byte(": " + why + "\nretry: " + ms + "\n\n"))
+}
+
+func (s *session) writeEnd(err error) endReason {
+	if errors.Is(err, errCutOff) {
+		return endCutOff
+	}
+	return endGone
+}
+
+type snapshotData struct {
+	// Cursor is the sequence of the last event sent (the resume point when
+	// none was).
+	Cursor  int64  `json:"cursor"`
+	Status  string `json:"status"`
+	Attempt int    `json:"attempt"`
+	// Live: more may come (done follows otherwise).
+	Live bool `json:"live"`
+}
+
+type doneData struct {
+	Cursor   int64  `json:"cursor"`
+	Status   string `json:"status"`
+	Attempt  int    `json:"attempt"`
+	ExitCode *int   `json:"exitCode,omitempty"`
+	Reason   string `json:"reason,omitempty"`
+}
+
+// writeEvent frames one mirrored event.
+func writeEvent(buf *bytes.Buffer, e hostproto.Event) {
+	buf.Write(frame("event", strconv.FormatInt(e.Sequence, 10), e))
+}
+
+// frame is one SSE message: its event name, its id when not empty, and
+// data as one line of JSON (JSON escapes newlines, so it cannot break the
+// framing).
+func frame(event, id string, data any) []byte {
+	b, err := json.Marshal(data)
+	if err != nil {
+		// Events are JSON already (RawMessage data); the others are ours.
+		b = []byte(`{"error":"unencodable"}`)
+	}
+	var buf bytes.Buffer
+	buf.Grow(len(b) + 32)
+	buf.WriteString("event: ")
+	buf.WriteString(event)
+	buf.WriteByte('\n')
+	if id != "" {
+		buf.WriteString("id: ")
+		buf.WriteString(id)
+		buf.WriteByte('\n')
+	}
+	buf.WriteString("data: ")
+	buf.Write(b)
+	buf.WriteString("\n\n")
+	return buf.Bytes()
+}

@@ -1,0 +1,307 @@
+// Package stream owns the SSE stream of one run's events, GET
+// /fleet/runs/{id}/stream: in AWS on the stream function's URL (a Lambda
+// Function URL with InvokeMode RESPONSE_STREAM, the path read from
+// rawPath), locally on RUNFLEET_ADDR. The core (session) writes SSE to a
+// sink; two adapters give it one: HandleLambda (a pipe read by the Lambda
+// runtime) and ServeHTTP (a flushed http.ResponseWriter).
+//
+// # Framing
+//
+// Each mirrored event is "event: event", "id: <sequence>", "data: <event
+// JSON>" (the events API's shape). Once the backlog (the mirror after the
+// resume point) is sent, one "event: snapshot" says where the stream
+// stands; then live events follow as they are mirrored. A run that is
+// terminal and drained, with every event sent, ends with "event: done". A
+// ": keep-alive" comment goes out when nothing else was written for
+// KeepAlive. A planned end (MaxDuration, the invocation's deadline, a
+// shutdown) sends "retry: <ms>" first, so EventSource reconnects with
+// Last-Event-ID.
+//
+// # Resuming
+//
+// ?after=<sequence> starts after that event; a Last-Event-ID header (what
+// EventSource sends on reconnecting) wins over it. Events are only ever
+// read up to the run's mirror cursor, so a resumed stream neither loses nor
+// repeats one.
+//
+// # Pull-through
+//
+// Each poll first brings the run up to date from its host (fleet.SyncRun:
+// state and events, as the sweep does), then serves from the mirror: a
+// watched run does not wait for the minute's sweep.
+//
+// # Ends
+//
+// A write (with its flush) that does not complete within WriteTimeout means
+// the client stopped reading: the stream is cut off at once (the sink is
+// aborted), rather than buffering for a reader that is gone.
+//
+// The token comes in Authorization or, for EventSource (which cannot set
+// headers), a token query parameter; it is never logged (the logged query
+// has it redacted).
+package stream
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net/url"
+	"strings"
+	"sync/atomic"
+	"time"
+
+	"github.com/runfleet/runfleet/shared/api"
+	"github.com/runfleet/runfleet/shared/auth"
+	"github.com/runfleet/runfleet/shared/clock"
+	"github.com/runfleet/runfleet/shared/fleet"
+	"github.com/runfleet/runfleet/shared/hostproto"
+	"github.com/runfleet/runfleet/shared/store"
+)
+
+// Defaults for Config's zero values.
+const (
+	DefaultPollInterval = time.Second
+	DefaultKeepAlive    = 15 * time.Second
+	// DefaultMaxDuration stays under Lambda's 15-minute limit.
+	DefaultMaxDuration = 14 * time.Minute
+	// DefaultEndMargin is kept free before an invocation's deadline for
+	// the last poll and the retry hint.
+	DefaultEndMargin  = 15 * time.Second
+	DefaultWriteLimit = 10 * time.Second
+	DefaultRetry      = 2 * time.Second
+)
+
+// Log field names.
+const (
+	logRequestID = "requestId"
+	logPath      = "path"
+	logQuery     = "query"
+	logRun       = "fleetRunId"
+	logOwner     = "ownerId"
+	logStatus    = "status"
+	logEnd       = "end"
+	logEvents    = "events"
+	logAfter     = "after"
+	logDuration  = "durationMs"
+	logErr       = "err"
+)
+
+// Config configures a Handler.
+type Config struct {
+	// Fleet reads and syncs runs. Required.
+	Fleet *fleet.Fleet
+	// Auth turns the token into a caller. Required.
+	Auth *auth.Authenticator
+	// Logger gets one line per stream. Required.
+	Logger *slog.Logger
+	// Clock times polls, keep-alives, the planned end and the write limit;
+	// nil is the wall clock.
+	Clock clock.Clock
+	// PollInterval is the time between polls; zero is DefaultPollInterval.
+	PollInterval time.Duration
+	// KeepAlive is the silence after which a keep-alive comment goes out;
+	// zero is DefaultKeepAlive.
+	KeepAlive time.Duration
+	// MaxDuration bounds a stream; zero is DefaultMaxDuration. A stream also
+	// ends EndMargin before its context's deadline (the invocation's).
+	MaxDuration time.Duration
+	// EndMargin: see MaxDuration; zero is DefaultEndMargin.
+	EndMargin time.Duration
+	// WriteTimeout bounds one write with its flush: a client that has not
+	// taken it by then stopped reading, and is cut off. Zero is
+	// DefaultWriteLimit.
+	WriteTimeout time.Duration
+	// Retry is the reconnection delay sent before a planned end; zero is
+	// DefaultRetry.
+	Retry time.Duration
+	// PageSize is how many events one read of the mirror returns; zero is
+	// fleet.MaxEventsLimit.
+	PageSize int
+}
+
+// Validate reports a missing required field.
+func (c Config) Validate() error {
+	var errs []error
+	if c.Fleet == nil {
+		errs = append(errs, errors.New("stream: Config.Fleet is required"))
+	}
+	if c.Auth == nil {
+		errs = append(errs, errors.New("stream: Config.Auth is required"))
+	}
+	if c.Logger == nil {
+		errs = append(errs, errors.New("stream: Config.Logger is required"))
+	}
+	return errors.Join(errs...)
+}
+
+// Handler serves streams. It is safe for concurrent use.
+type Handler struct {
+	cfg   Config
+	log   *slog.Logger
+	clock clock.Clock
+	seq   atomic.Uint64
+}
+
+// New checks cfg, fills its defaults and returns a Handler.
+func New(cfg Config) (*Handler, error) {
+	if err := cfg.Validate(); err != nil {
+		return nil, err
+	}
+	if cfg.Clock == nil {
+		cfg.Clock = clock.Real{}
+	}
+	def := func(d *time.Duration, v time.Duration) {
+		if *d <= 0 {
+			*d = v
+		}
+	}
+	def(&cfg.PollInterval, DefaultPollInterval)
+	def(&cfg.KeepAlive, DefaultKeepAlive)
+	def(&cfg.MaxDuration, DefaultMaxDuration)
+	def(&cfg.EndMargin, DefaultEndMargin)
+	def(&cfg.WriteTimeout, DefaultWriteLimit)
+	def(&cfg.Retry, DefaultRetry)
+	if cfg.PageSize <= 0 {
+		cfg.PageSize = fleet.MaxEventsLimit
+	}
+	return &Handler{cfg: cfg, log: cfg.Logger, clock: cfg.Clock}, nil
+}
+
+// Path reports whether rawPath is a stream's path, /fleet/runs/{id}/stream,
+// and returns the run id.
+func Path(rawPath string) (string, bool) {
+	rest, ok := strings.CutPrefix(rawPath, "/fleet/runs/")
+	if !ok {
+		return "", false
+	}
+	escaped, ok := strings.CutSuffix(rest, "/stream")
+	if !ok || escaped == "" || strings.Contains(escaped, "/") {
+		return "", false
+	}
+	id, err := url.PathUnescape(escaped)
+	if err != nil || id == "" {
+		return "", false
+	}
+	return id, true
+}
+
+// request is what the adapters hand the core.
+type request struct {
+	method    string
+	rawPath   string
+	rawQuery  string
+	requestID string
+	// header reads a header by its lower-case name.
+	header func(name string) (string, bool)
+}
+
+// redactedQuery is the query as logged: the token's value replaced.
+func redactedQuery(raw string) string {
+	v, err := url.ParseQuery(raw)
+	if err != nil {
+		return "(malformed)"
+	}
+	if v.Has("token") {
+		v.Set("token", "REDACTED")
+	}
+	return v.Encode()
+}
+
+// refusal is an answer other than a stream: status and JSON body.
+type refusal struct {
+	status int
+	body   hostproto.ErrorBody
+	allow  string
+}
+
+// open checks the request and prepares its session, or refuses it.
+func (h *Handler) open(ctx context.Context, req request) (*session, *refusal) {
+	sess, err := h.prepare(ctx, req)
+	if err == nil {
+		return sess, nil
+	}
+	status, body, fault := api.ErrorStatus(err)
+	attrs := []any{logRequestID, req.requestID, logPath, req.rawPath, logQuery, redactedQuery(req.rawQuery), logStatus, status}
+	if fault {
+		h.log.ErrorContext(ctx, "stream refused: fault", append(attrs, logErr, err.Error())...)
+	} else {
+		h.log.InfoContext(ctx, "stream refused", attrs...)
+	}
+	r := &refusal{status: status, body: body}
+	if status == 405 {
+		r.allow = "GET"
+	}
+	return nil, r
+}
+
+func (h *Handler) prepare(ctx context.Context, req request) (*session, error) {
+	id, ok := Path(req.rawPath)
+	if !ok {
+		return nil, api.NewRequestError(404, api.CodeRouteNotFound, "no such route: the stream is at /fleet/runs/{id}/stream")
+	}
+	if req.method != "GET" {
+		return nil, api.NewRequestError(405, api.CodeMethodNotAllowed, "method %s is not allowed here", req.method)
+	}
+	q, err := api.ParseQuery(req.rawQuery, "after", "token")
+	if err != nil {
+		return nil, err
+	}
+	authz, inHeader := req.header("authorization")
+	if q.Has("token") {
+		if inHeader {
+			return nil, api.NewRequestError(400, fleet.CodeInvalid, "send the token in the Authorization header or the token parameter, not both")
+		}
+		authz = "Bearer " + q.Get("token")
+	}
+	caller, err := h.cfg.Auth.Authenticate(ctx, authz)
+	if err != nil {
+		return nil, err
+	}
+	after, _, err := q.NonNegativeInt("after")
+	if err != nil {
+		return nil, err
+	}
+	if last, ok := req.header("last-event-id"); ok {
+		// EventSource's reconnection: the last event the client has,
+		// newer than the after it first asked for.
+		if after, err = api.NonNegativeInt("Last-Event-ID", strings.TrimSpace(last)); err != nil {
+			return nil, err
+		}
+	}
+	run, err := h.cfg.Fleet.RunFor(ctx, caller, id)
+	if err != nil {
+		return nil, err
+	}
+	return &session{h: h, req: req, caller: caller, run: run, cursor: after, after: after}, nil
+}
+
+// sseHeaders are the stream's response headers.
+func sseHeaders() map[string]string {
+	return map[string]string{
+		"content-type":           "text/event-stream",
+		"cache-control":          "no-cache",
+		"x-accel-buffering":      "no", // a buffering proxy would turn the stream into one long download
+		"x-content-type-options": "nosniff",
+	}
+}
+
+// logEnd writes the stream's one line when it ends.
+func (h *Handler) logEnd(ctx context.Context, s *session, begun time.Time, end endReason) {
+	attrs := []any{logRequestID, s.req.requestID, logPath, s.req.rawPath, logQuery, redactedQuery(s.req.rawQuery),
+		logRun, s.run.FleetRunID, logOwner, s.caller.OwnerID, logStatus, 200, logAfter, s.after,
+		logEnd, end.String(), logEvents, s.sent, logDuration, h.clock.Now().Sub(begun).Milliseconds()}
+	if end == endFault {
+		h.log.ErrorContext(ctx, "stream ended on a fault", append(attrs, logErr, fmt.Sprint(s.fault))...)
+		return
+	}
+	h.log.InfoContext(ctx, "stream", attrs...)
+}
+
+// errCutOff: the client did not take a write within WriteTimeout.
+var errCutOff = errors.New("stream: the client stopped reading")
+
+// isDone reports whether run is over and every event is sent.
+func isDone(run store.Run, cursor int64) bool {
+	return store.Terminal(run.Status) && run.Drained && cursor >= run.EventCursor
+}
