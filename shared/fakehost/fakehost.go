@@ -34,6 +34,9 @@ type Config struct {
 	Features hostproto.Features
 	// Version reported by /healthz; empty means "fake-1".
 	Version string
+	// MaxEventPage caps an events page below what Fleet asks for (a host
+	// may answer fewer, with hasMore); zero means 1000, edge's maximum.
+	MaxEventPage int
 }
 
 // StartFault is what the host does with the next POST /runs that would
@@ -59,10 +62,11 @@ type Host struct {
 	// URL is the base URL to register.
 	URL string
 
-	srv   *httptest.Server
-	mux   *http.ServeMux
-	token string
-	clock clock.Clock
+	srv     *httptest.Server
+	mux     *http.ServeMux
+	token   string
+	clock   clock.Clock
+	maxPage int
 
 	mu         sync.Mutex
 	health     hostproto.Health
@@ -109,6 +113,10 @@ func New(cfg Config) *Host {
 	}
 	if h.clock == nil {
 		h.clock = clock.Real{}
+	}
+	h.maxPage = cfg.MaxEventPage
+	if h.maxPage <= 0 {
+		h.maxPage = maxEventPage
 	}
 	agents := cfg.Agents
 	if agents == nil {

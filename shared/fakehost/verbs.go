@@ -112,13 +112,14 @@ func (h *Host) handleEvents(w http.ResponseWriter, r *http.Request) {
 			err1 = errors.Join(err1, fmt.Errorf("limit %q", s))
 		}
 		if n > 0 {
-			limit = min(n, maxEventPage)
+			limit = n
 		}
 	}
 	if err1 != nil || after < 0 {
 		writeJSON(w, http.StatusBadRequest, hostproto.ErrorBody{Error: "after and limit must be non-negative integers", Code: hostproto.CodeBadRequest})
 		return
 	}
+	limit = min(limit, h.maxPage)
 	h.mu.Lock()
 	_, known := h.runs[r.PathValue("id")]
 	all := h.events[r.PathValue("id")]
