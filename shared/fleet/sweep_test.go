@@ -1,0 +1,354 @@
+package fleet
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"log/slog"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/runfleet/runfleet/shared/fakehost"
+	"github.com/runfleet/runfleet/shared/hostproto"
+	"github.com/runfleet/runfleet/shared/store"
+)
+
+// dispatched starts a run on host h1 of e and returns it.
+func dispatched(t *testing.T, e *testEnv, owner string) store.Run {
+	t.Helper()
+	res, err := e.f.Dispatch(context.Background(), caller(owner), DispatchRequest{Agent: "shell"}, "")
+	if err != nil || res.Run.ChildRunID == "" {
+		t.Fatalf("dispatch = %+v, %v", res, err)
+	}
+	return res.Run
+}
+
+func liveIDs(t *testing.T, st store.Store) map[string]bool {
+	t.Helper()
+	out := map[string]bool{}
+	cur := ""
+	for {
+		p, err := st.ListLive(context.Background(), cur, 0)
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, id := range p.FleetRunIDs {
+			out[id] = true
+		}
+		if p.NextCursor == "" {
+			return out
+		}
+		cur = p.NextCursor
+	}
+}
+
+// mirrored reads a run's whole mirror (every stored event, past the cursor too).
+func mirrored(t *testing.T, st store.Store, id string) []hostproto.Event {
+	t.Helper()
+	p, err := st.ListEvents(context.Background(), id, 0, store.MaxLimit)
+	if err != nil {
+		t.Fatal(err)
+	}
+	out := make([]hostproto.Event, len(p.Events))
+	for i, e := range p.Events {
+		out[i] = e.Event
+	}
+	return out
+}
+
+func sameEvents(t *testing.T, got, want []hostproto.Event) {
+	t.Helper()
+	if len(got) != len(want) {
+		t.Fatalf("mirror has %d events, the host %d", len(got), len(want))
+	}
+	for i := range want {
+		if got[i].Sequence != want[i].Sequence || got[i].Type != want[i].Type || string(got[i].Data) != string(want[i].Data) ||
+			!got[i].TS.Equal(want[i].TS) {
+			t.Fatalf("event %d: mirror %+v, host %+v", i, got[i], want[i])
+		}
+	}
+}
+
+func TestSweepMirrorsEventsByCursorAndDrainsAtTheEnd(t *testing.T) {
+	e := newTestEnv(t, 10*time.Second)
+	host := e.addHost(t, "h1", fakehost.Config{MaxEventPage: 3})
+	ctx := context.Background()
+	run := dispatched(t, e, "alice")
+	host.SetRun(run.ChildRunID, hostproto.StatusRunning, nil, "")
+	for i := 0; i < 5; i++ {
+		host.AppendOutput(run.ChildRunID, fmt.Sprintf("line %d\n", i))
+	}
+
+	rep, err := e.f.Sweep(ctx, SweepOptions{})
+	if err != nil || rep.Live != 1 || rep.Current != 1 || rep.Events != 7 {
+		t.Fatalf("first sweep = %+v, %v", rep, err)
+	}
+	sameEvents(t, mirrored(t, e.st, run.FleetRunID), host.Events(run.ChildRunID))
+	got, _ := e.st.GetRun(ctx, run.FleetRunID)
+	if got.Status != hostproto.StatusRunning || got.EventCursor != 7 || got.Drained || !liveIDs(t, e.st)[run.FleetRunID] {
+		t.Fatalf("after the first sweep: %+v", got)
+	}
+
+	// Nothing new: a sweep writes nothing.
+	rep, _ = e.f.Sweep(ctx, SweepOptions{})
+	if again, _ := e.st.GetRun(ctx, run.FleetRunID); again.Version != got.Version || rep.Events != 0 {
+		t.Fatalf("an idle sweep wrote: %+v (report %+v)", again, rep)
+	}
+
+	code := 0
+	host.AppendOutput(run.ChildRunID, "bye\n")
+	host.SetRun(run.ChildRunID, hostproto.StatusSucceeded, &code, "")
+	rep, err = e.f.Sweep(ctx, SweepOptions{})
+	if err != nil || rep.Drained != 1 || rep.Events != 2 {
+		t.Fatalf("final sweep = %+v, %v", rep, err)
+	}
+	sameEvents(t, mirrored(t, e.st, run.FleetRunID), host.Events(run.ChildRunID))
+	got, _ = e.st.GetRun(ctx, run.FleetRunID)
+	if got.Status != hostproto.StatusSucceeded || !got.Drained || got.EventCursor != 9 || got.EndedAt == nil || liveIDs(t, e.st)[run.FleetRunID] {
+		t.Fatalf("after the end: %+v", got)
+	}
+	var last hostproto.StateChange
+	all := mirrored(t, e.st, run.FleetRunID)
+	json.Unmarshal(all[len(all)-1].Data, &last)
+	if all[len(all)-1].Type != hostproto.EventState || last.Status != hostproto.StatusSucceeded {
+		t.Fatalf("the final event mirrored is %+v", all[len(all)-1])
+	}
+	if rep, _ := e.f.Sweep(ctx, SweepOptions{}); rep.Live != 0 {
+		t.Fatalf("a drained run is still swept: %+v", rep)
+	}
+}
+
+func TestReadersNeverSeePastTheCursor(t *testing.T) {
+	e := newTestEnv(t, 10*time.Second)
+	e.addHost(t, "h1", fakehost.Config{})
+	ctx := context.Background()
+	run := dispatched(t, e, "alice")
+	if _, err := e.f.Sweep(ctx, SweepOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	run, _ = e.st.GetRun(ctx, run.FleetRunID)
+	// A put that a crash left half done: events 3 and 5 stored, 2 and 4 not, cursor at 1.
+	ts := e.clk.Now()
+	for _, seq := range []int64{3, 5} {
+		if err := e.st.PutEvents(ctx, []store.Event{{FleetRunID: run.FleetRunID, Event: hostproto.Event{Sequence: seq, Type: "output", Data: json.RawMessage(`"x"`), TS: ts}}}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	page, err := e.f.Events(ctx, caller("alice"), run.FleetRunID, 0, 0)
+	if err != nil || len(page.Events) != 1 || page.Events[0].Sequence != 1 || page.NextCursor != 1 || page.HasMore {
+		t.Fatalf("page = %+v, %v", page, err)
+	}
+	if page, _ := e.f.Events(ctx, caller("alice"), run.FleetRunID, 1, 0); len(page.Events) != 0 || page.NextCursor != 1 {
+		t.Fatalf("after the cursor: %+v", page)
+	}
+}
+
+func TestEventsPagesAndScopes(t *testing.T) {
+	e := newTestEnv(t, 10*time.Second)
+	host := e.addHost(t, "h1", fakehost.Config{})
+	ctx := context.Background()
+	run := dispatched(t, e, "alice")
+	for i := 0; i < 9; i++ {
+		host.AppendOutput(run.ChildRunID, "x")
+	}
+	e.f.Sweep(ctx, SweepOptions{})
+	var seqs []int64
+	after := int64(0)
+	for {
+		page, err := e.f.Events(ctx, caller("alice"), run.FleetRunID, after, 4)
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, ev := range page.Events {
+			seqs = append(seqs, ev.Sequence)
+		}
+		after = page.NextCursor
+		if !page.HasMore {
+			break
+		}
+	}
+	if fmt.Sprint(seqs) != "[1 2 3 4 5 6 7 8 9 10]" {
+		t.Fatalf("paged %v", seqs)
+	}
+	if _, err := e.f.Events(ctx, caller("bob"), run.FleetRunID, 0, 0); !isKind(err, KindNotFound) {
+		t.Fatalf("another owner: %v", err)
+	}
+	if _, err := e.f.Events(ctx, caller("alice", "h2"), run.FleetRunID, 0, 0); !isKind(err, KindForbidden) || !strings.Contains(err.Error(), `"h1"`) {
+		t.Fatalf("host out of scope: %v", err)
+	}
+}
+
+func TestSweepMarksARunItsHostDeniesLostAndLogsIt(t *testing.T) {
+	e := newTestEnv(t, 10*time.Second)
+	logs := &lockedBuffer{}
+	e.f.log = newJSONLogger(logs)
+	host := e.addHost(t, "h1", fakehost.Config{})
+	ctx := context.Background()
+	run := dispatched(t, e, "alice")
+	host.Forget(run.ChildRunID)
+	rep, err := e.f.Sweep(ctx, SweepOptions{})
+	if err != nil || rep.Lost != 1 {
+		t.Fatalf("sweep = %+v, %v", rep, err)
+	}
+	got, _ := e.st.GetRun(ctx, run.FleetRunID)
+	if got.Status != store.StatusLost || got.Reason != hostproto.CodeRunNotFound || got.Live() {
+		t.Fatalf("run = %+v", got)
+	}
+	if !strings.Contains(logs.String(), `"level":"ERROR","msg":"run lost: its host denies it"`) || !strings.Contains(logs.String(), run.FleetRunID) {
+		t.Fatalf("no loud log line: %s", logs.String())
+	}
+}
+
+func TestSweepLeavesRunsOfAnUnreachableHostLive(t *testing.T) {
+	e := newTestEnv(t, 10*time.Second)
+	host := e.addHost(t, "h1", fakehost.Config{})
+	ctx := context.Background()
+	a, b := dispatched(t, e, "alice"), dispatched(t, e, "alice")
+	host.Close()
+	rep, err := e.f.Sweep(ctx, SweepOptions{Concurrency: 1})
+	if err != nil || rep.Unreachable != 2 || rep.Lost != 0 {
+		t.Fatalf("sweep = %+v, %v", rep, err)
+	}
+	live := liveIDs(t, e.st)
+	if !live[a.FleetRunID] || !live[b.FleetRunID] {
+		t.Fatalf("live = %v", live)
+	}
+}
+
+func TestSweepResolvesDispatchesPastTheirDeadline(t *testing.T) {
+	e := newTestEnv(t, 200*time.Millisecond)
+	host := e.addHost(t, "h1", fakehost.Config{})
+	ctx := context.Background()
+	host.FaultStarts(fakehost.DieAfterAccept, 1)
+	known, err := e.f.Dispatch(ctx, caller("alice"), DispatchRequest{Agent: "shell"}, "")
+	if err != nil || known.Run.Status != store.StatusDispatching {
+		t.Fatalf("dispatch = %+v, %v", known, err)
+	}
+	host.FaultStarts(fakehost.HangBeforeAccept, 1)
+	unknown, err := e.f.Dispatch(ctx, caller("alice"), DispatchRequest{Agent: "shell"}, "")
+	if err != nil || unknown.Run.Status != store.StatusDispatching {
+		t.Fatalf("dispatch = %+v, %v", unknown, err)
+	}
+
+	// Before the deadline both are in flight.
+	if rep, _ := e.f.Sweep(ctx, SweepOptions{}); rep.InFlight != 2 {
+		t.Fatalf("before the deadline: %+v", rep)
+	}
+	e.clk.Advance(time.Second)
+	rep, _ := e.f.Sweep(ctx, SweepOptions{})
+	if rep.Recovered != 1 || rep.InFlight != 1 {
+		t.Fatalf("past the deadline: %+v", rep)
+	}
+	got, _ := e.st.GetRun(ctx, known.Run.FleetRunID)
+	if got.Status != hostproto.StatusPending || got.ChildRunID == "" || got.EventCursor != 1 {
+		t.Fatalf("the run the host knows: %+v", got)
+	}
+	e.clk.Advance(LostGrace)
+	rep, _ = e.f.Sweep(ctx, SweepOptions{})
+	got, _ = e.st.GetRun(ctx, unknown.Run.FleetRunID)
+	if rep.Recovered != 1 || rep.Drained != 1 || got.Status != hostproto.StatusFailed || got.Reason != store.ReasonDispatchLost || got.Live() {
+		t.Fatalf("a minute past: %+v, run %+v", rep, got)
+	}
+}
+
+func TestSweepStopsAtItsBudgetAndTheNextOneContinues(t *testing.T) {
+	e := newTestEnv(t, 10*time.Second)
+	host := e.addHost(t, "h1", fakehost.Config{})
+	ctx := context.Background()
+	var runs []store.Run
+	for i := 0; i < 5; i++ {
+		r := dispatched(t, e, "alice")
+		host.AppendOutput(r.ChildRunID, "x")
+		runs = append(runs, r)
+	}
+	rep, err := e.f.Sweep(ctx, SweepOptions{Until: e.clk.Now()})
+	if err != nil || !rep.BudgetExhausted || rep.Events != 0 {
+		t.Fatalf("a spent budget: %+v, %v", rep, err)
+	}
+	rep, err = e.f.Sweep(ctx, SweepOptions{Until: e.clk.Now().Add(time.Minute)})
+	if err != nil || rep.BudgetExhausted || rep.Current != 5 || rep.Events != 10 {
+		t.Fatalf("the next sweep: %+v, %v", rep, err)
+	}
+}
+
+func TestRetryAfterTheEndMirrorsTheNextAttemptOnTheSameSequence(t *testing.T) {
+	e := newTestEnv(t, 10*time.Second)
+	host := e.addHost(t, "h1", fakehost.Config{})
+	ctx := context.Background()
+	run := dispatched(t, e, "alice")
+	one := 1
+	host.SetRun(run.ChildRunID, hostproto.StatusFailed, &one, "")
+	e.f.Sweep(ctx, SweepOptions{})
+	if got, _ := e.st.GetRun(ctx, run.FleetRunID); !got.Drained {
+		t.Fatalf("not drained: %+v", got)
+	}
+
+	res, err := e.f.Retry(ctx, caller("alice"), run.FleetRunID)
+	if err != nil || res.Outcome.Accepted != hostproto.Accepted || res.Run.Attempt != 2 || res.Run.Status != hostproto.StatusPending ||
+		res.Run.Drained || res.Run.EndedAt != nil || !liveIDs(t, e.st)[run.FleetRunID] {
+		t.Fatalf("retry = %+v, %v", res, err)
+	}
+	host.AppendOutput(run.ChildRunID, "second try\n")
+	zero := 0
+	host.SetRun(run.ChildRunID, hostproto.StatusSucceeded, &zero, "")
+	e.f.Sweep(ctx, SweepOptions{})
+	sameEvents(t, mirrored(t, e.st, run.FleetRunID), host.Events(run.ChildRunID))
+	got, _ := e.st.GetRun(ctx, run.FleetRunID)
+	if got.Attempt != 2 || got.Status != hostproto.StatusSucceeded || !got.Drained || got.EventCursor != 5 {
+		t.Fatalf("after attempt 2: %+v", got)
+	}
+}
+
+func TestUnknownRetryPutsTheRunBackInTheLiveIndex(t *testing.T) {
+	e := newTestEnv(t, 200*time.Millisecond)
+	host := e.addHost(t, "h1", fakehost.Config{})
+	ctx := context.Background()
+	run := dispatched(t, e, "alice")
+	host.SetRun(run.ChildRunID, hostproto.StatusCanceled, nil, hostproto.ReasonCanceled)
+	e.f.Sweep(ctx, SweepOptions{})
+	host.FaultVerbs(fakehost.VerbsFail)
+	res, err := e.f.Retry(ctx, caller("alice"), run.FleetRunID)
+	if err != nil || res.Outcome.Accepted != hostproto.Unknown || res.Outcome.HostStatus != 500 || !liveIDs(t, e.st)[run.FleetRunID] {
+		t.Fatalf("retry = %+v, %v", res, err)
+	}
+	// The next sweep learns the retry never began and drains the run again.
+	if rep, _ := e.f.Sweep(ctx, SweepOptions{}); rep.Drained != 1 || liveIDs(t, e.st)[run.FleetRunID] {
+		t.Fatalf("sweep = %+v", rep)
+	}
+}
+
+func TestVerbsOnARunNotOnItsHostAre409(t *testing.T) {
+	e := newTestEnv(t, 200*time.Millisecond)
+	host := e.addHost(t, "h1", fakehost.Config{})
+	host.FaultStarts(fakehost.HangBeforeAccept, 1)
+	res, err := e.f.Dispatch(context.Background(), caller("alice"), DispatchRequest{Agent: "shell"}, "")
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, err = e.f.Cancel(context.Background(), caller("alice"), res.Run.FleetRunID)
+	if !isCode(err, CodeNotOnHost) || !strings.Contains(err.Error(), "dispatching") {
+		t.Fatalf("cancel = %v", err)
+	}
+}
+
+// lockedBuffer collects log output from concurrent goroutines.
+type lockedBuffer struct {
+	mu sync.Mutex
+	b  strings.Builder
+}
+
+func (l *lockedBuffer) Write(p []byte) (int, error) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.b.Write(p)
+}
+
+func (l *lockedBuffer) String() string {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.b.String()
+}
+
+func newJSONLogger(w *lockedBuffer) *slog.Logger { return slog.New(slog.NewJSONHandler(w, nil)) }
