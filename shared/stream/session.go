@@ -160,6 +160,12 @@ func (s *session) poll(ctx context.Context) (endReason, bool) {
 func (s *session) sleep(ctx context.Context, d time.Duration) {
 	t := s.h.clock.NewTimer(d)
 	defer t.Stop()
+	if s.h.sleeping != nil {
+		select {
+		case s.h.sleeping <- struct{}{}:
+		case <-ctx.Done():
+		}
+	}
 	select {
 	case <-t.C():
 	case <-ctx.Done():

@@ -141,6 +141,10 @@ type Handler struct {
 	log   *slog.Logger
 	clock clock.Clock
 	seq   atomic.Uint64
+	// sleeping, when set (tests only), receives a value each time a session
+	// has armed its timer and waits on it, so a test moves a fake clock only
+	// then (a write's watchdog is a timer too).
+	sleeping chan struct{}
 }
 
 // New checks cfg, fills its defaults and returns a Handler.

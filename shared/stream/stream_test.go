@@ -1,0 +1,637 @@
+package stream
+
+import (
+	"bufio"
+	"bytes"
+	"context"
+	"encoding/json"
+	"fmt"
+	"io"
+	"log/slog"
+	"net"
+	"net/http"
+	"net/http/httptest"
+	"os"
+	"path/filepath"
+	"strings"
+	"sync"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/aws/aws-lambda-go/events"
+
+	"github.com/runfleet/runfleet/shared/auth"
+	"github.com/runfleet/runfleet/shared/clock"
+	"github.com/runfleet/runfleet/shared/credentials"
+	"github.com/runfleet/runfleet/shared/fakehost"
+	"github.com/runfleet/runfleet/shared/fleet"
+	"github.com/runfleet/runfleet/shared/hostproto"
+	"github.com/runfleet/runfleet/shared/store"
+	"github.com/runfleet/runfleet/shared/store/boltstore"
+)
+
+const adminToken = "stream-admin-token-0123456789"
+
+var t0 = time.Date(2026, 3, 1, 12, 0, 0, 0, time.UTC)
+
+// env is a stream handler on bbolt with a fake clock, one fake host (h1)
+// and an HTTP server serving the handler.
+type env struct {
+	f    *fleet.Fleet
+	st   *boltstore.Store
+	clk  *clock.Fake
+	host *fakehost.Host
+	h    *Handler
+	srv  *httptest.Server
+	logs *logSink
+}
+
+type envOptions struct {
+	cfg Config
+	// listener, when set, wraps the server's listener (small socket buffers).
+	listener func(net.Listener) net.Listener
+	// ticks: the test moves the stream's clock with tick (one stream at a time).
+	ticks bool
+}
+
+func newEnv(t *testing.T, opts envOptions) *env {
+	t.Helper()
+	dir := t.TempDir()
+	clk := clock.NewFake(t0)
+	st, err := boltstore.Open(filepath.Join(dir, "fleet.db"), boltstore.WithClock(clk))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { st.Close() })
+	host := fakehost.New(fakehost.Config{Clock: clk})
+	t.Cleanup(host.Close)
+	credsPath := filepath.Join(dir, "creds.json")
+	os.WriteFile(credsPath, []byte(`{"h1":"`+host.Token()+`"}`), 0o600)
+	creds, err := credentials.NewFile(credsPath)
+	if err != nil {
+		t.Fatal(err)
+	}
+	logs := &logSink{}
+	log := slog.New(slog.NewJSONHandler(logs, &slog.HandlerOptions{Level: slog.LevelDebug}))
+	f, err := fleet.New(fleet.Config{Store: st, Credentials: creds, Logger: log, Clock: clk})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx := context.Background()
+	if _, err := f.RegisterHost(ctx, fleet.HostSpec{ID: "h1", BaseURL: host.URL, CredentialRef: "h1"}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := f.ProbeHost(ctx, "h1"); err != nil {
+		t.Fatal(err)
+	}
+	cfg := opts.cfg
+	cfg.Fleet, cfg.Auth, cfg.Logger, cfg.Clock = f, auth.NewAuthenticator(st, adminToken), log, clk
+	h, err := New(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if opts.ticks {
+		h.sleeping = make(chan struct{})
+	}
+	srv := httptest.NewUnstartedServer(h)
+	if opts.listener != nil {
+		srv.Listener = opts.listener(srv.Listener)
+	}
+	srv.Start()
+	t.Cleanup(srv.Close)
+	return &env{f: f, st: st, clk: clk, host: host, h: h, srv: srv, logs: logs}
+}
+
+// dispatch starts a run owned by owner.
+func (e *env) dispatch(t *testing.T, owner string) store.Run {
+	t.Helper()
+	c := store.Caller{OwnerID: owner, AllowedHosts: store.Scope{All: true}, AllowedProjects: store.Scope{All: true}}
+	res, err := e.f.Dispatch(context.Background(), c, fleet.DispatchRequest{Agent: "shell"}, "")
+	if err != nil || res.Run.ChildRunID == "" {
+		t.Fatalf("dispatch = %+v, %v", res, err)
+	}
+	return res.Run
+}
+
+func (e *env) sweep(t *testing.T) {
+	t.Helper()
+	if _, err := e.f.Sweep(context.Background(), fleet.SweepOptions{}); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// open connects to the stream of run id with the token in the header (or
+// as the token parameter when the query has one) and extra headers.
+func (e *env) open(t *testing.T, id, query string, headers ...string) *http.Response {
+	t.Helper()
+	req, _ := http.NewRequest("GET", e.srv.URL+"/fleet/runs/"+id+"/stream"+query, nil)
+	if !strings.Contains(query, "token=") {
+		req.Header.Set("Authorization", "Bearer "+adminToken)
+	}
+	for i := 0; i+1 < len(headers); i += 2 {
+		req.Header.Set(headers[i], headers[i+1])
+	}
+	resp, err := e.srv.Client().Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { resp.Body.Close() })
+	return resp
+}
+
+// tick lets the stream's next poll happen once it waits for it.
+func (e *env) tick() {
+	<-e.h.sleeping
+	e.clk.Advance(e.h.cfg.PollInterval)
+}
+
+// msg is one SSE message (a block up to a blank line).
+type msg struct {
+	event, id, data, retry string
+	comments               []string
+}
+
+// sse parses an SSE body into messages; the channel closes at its end.
+func sse(r io.Reader) <-chan msg {
+	out := make(chan msg, 4096)
+	go func() {
+		defer close(out)
+		sc := bufio.NewScanner(r)
+		sc.Buffer(make([]byte, 1<<20), 1<<20)
+		var m msg
+		empty := true
+		for sc.Scan() {
+			line := sc.Text()
+			if line == "" {
+				if !empty {
+					out <- m
+				}
+				m, empty = msg{}, true
+				continue
+			}
+			empty = false
+			field, value, _ := strings.Cut(line, ":")
+			value = strings.TrimPrefix(value, " ")
+			switch field {
+			case "":
+				m.comments = append(m.comments, value)
+			case "event":
+				m.event = value
+			case "id":
+				m.id = value
+			case "data":
+				m.data = value
+			case "retry":
+				m.retry = value
+			}
+		}
+	}()
+	return out
+}
+
+// next returns the next message, failing after a while without one (the
+// stream under test is driven by the fake clock, so a missing message is a
+// bug, not a slow machine).
+func next(t *testing.T, ch <-chan msg) msg {
+	t.Helper()
+	select {
+	case m, ok := <-ch:
+		if !ok {
+			t.Fatal("the stream ended")
+		}
+		return m
+	case <-time.After(10 * time.Second):
+		t.Fatal("no message in 10s")
+	}
+	return msg{}
+}
+
+// events reads messages until one with event name stop, returning the
+// sequences of the "event" messages seen (each checked against its data).
+func eventsUntil(t *testing.T, ch <-chan msg, stop string) ([]int64, msg) {
+	t.Helper()
+	var seqs []int64
+	for {
+		m := next(t, ch)
+		switch m.event {
+		case "event":
+			var ev hostproto.Event
+			if err := json.Unmarshal([]byte(m.data), &ev); err != nil {
+				t.Fatalf("event data %q: %v", m.data, err)
+			}
+			if m.id != fmt.Sprint(ev.Sequence) {
+				t.Fatalf("id %q for sequence %d", m.id, ev.Sequence)
+			}
+			seqs = append(seqs, ev.Sequence)
+		case stop:
+			return seqs, m
+		case "", "snapshot":
+		default:
+			t.Fatalf("unexpected message %+v", m)
+		}
+	}
+}
+
+func seqRange(from, to int64) []int64 {
+	var out []int64
+	for i := from; i <= to; i++ {
+		out = append(out, i)
+	}
+	return out
+}
+
+func TestStreamSendsBacklogSnapshotLiveEventsAndDone(t *testing.T) {
+	e := newEnv(t, envOptions{ticks: true})
+	run := e.dispatch(t, "alice")
+	for i := 0; i < 3; i++ {
+		e.host.AppendOutput(run.ChildRunID, fmt.Sprintf("backlog %d\n", i))
+	}
+	e.sweep(t)
+
+	resp := e.open(t, run.FleetRunID, "")
+	if resp.StatusCode != 200 || resp.Header.Get("Content-Type") != "text/event-stream" || resp.Header.Get("Cache-Control") != "no-cache" {
+		t.Fatalf("answer %d %v", resp.StatusCode, resp.Header)
+	}
+	ch := sse(resp.Body)
+	seqs, snap := eventsUntil(t, ch, "snapshot")
+	if fmt.Sprint(seqs) != fmt.Sprint(seqRange(1, 4)) || snap.data != `{"cursor":4,"status":"pending","attempt":1,"live":true}` {
+		t.Fatalf("backlog %v, snapshot %s", seqs, snap.data)
+	}
+
+	// Live: pull-through mirrors the host's new events on the next poll,
+	// without a sweep.
+	e.host.AppendOutput(run.ChildRunID, "live\n")
+	e.tick()
+	if seqs, _ := eventsUntilN(t, ch, 1); seqs[0] != 5 {
+		t.Fatalf("live event %v", seqs)
+	}
+	code := 0
+	e.host.SetRun(run.ChildRunID, hostproto.StatusSucceeded, &code, "")
+	e.tick()
+	seqs, done := eventsUntil(t, ch, "done")
+	if fmt.Sprint(seqs) != "[6]" || done.data != `{"cursor":6,"status":"succeeded","attempt":1,"exitCode":0}` {
+		t.Fatalf("end: %v then done %s", seqs, done.data)
+	}
+	if m, ok := <-ch; ok {
+		t.Fatalf("a message after done: %+v", m)
+	}
+	stored, _ := e.st.GetRun(context.Background(), run.FleetRunID)
+	if !stored.Drained || stored.EventCursor != 6 {
+		t.Fatalf("the stream's pull-through did not record the run: %+v", stored)
+	}
+	if !e.logs.has(`"msg":"stream"`, `"end":"done"`, `"events":6`) {
+		t.Fatalf("no stream log line: %s", e.logs)
+	}
+}
+
+// eventsUntilN reads n event messages.
+func eventsUntilN(t *testing.T, ch <-chan msg, n int) ([]int64, msg) {
+	t.Helper()
+	var seqs []int64
+	for len(seqs) < n {
+		m := next(t, ch)
+		if m.event != "event" {
+			continue
+		}
+		var ev hostproto.Event
+		json.Unmarshal([]byte(m.data), &ev)
+		seqs = append(seqs, ev.Sequence)
+	}
+	return seqs, msg{}
+}
+
+func TestStreamResumesWithAfterAndLastEventIDWithoutLossOrRepeat(t *testing.T) {
+	e := newEnv(t, envOptions{})
+	run := e.dispatch(t, "alice")
+	for i := 0; i < 20; i++ {
+		e.host.AppendOutput(run.ChildRunID, fmt.Sprintf("line %d\n", i))
+	}
+	e.sweep(t) // 21 events mirrored, the run live
+
+	// A client reads up to event 8 and drops; it resumes with Last-Event-ID
+	// (as EventSource does), the URL still carrying its first ?after=.
+	first := sse(e.open(t, run.FleetRunID, "?after=2").Body)
+	seen, _ := eventsUntilN(t, first, 6)
+	if fmt.Sprint(seen) != fmt.Sprint(seqRange(3, 8)) {
+		t.Fatalf("from after=2: %v", seen)
+	}
+	second := sse(e.open(t, run.FleetRunID, "?after=2", "Last-Event-ID", "8").Body)
+	more, snap := eventsUntil(t, second, "snapshot")
+	if fmt.Sprint(more) != fmt.Sprint(seqRange(9, 21)) || !strings.Contains(snap.data, `"cursor":21`) {
+		t.Fatalf("resumed from Last-Event-ID 8: %v, snapshot %s", more, snap.data)
+	}
+	// The run ends while the client is away; it resumes with ?after= alone.
+	code := 1
+	e.host.SetRun(run.ChildRunID, hostproto.StatusFailed, &code, "")
+	third := sse(e.open(t, run.FleetRunID, "?after=21").Body)
+	last, snap := eventsUntil(t, third, "snapshot")
+	if fmt.Sprint(last) != "[22]" || !strings.Contains(snap.data, `"live":false`) {
+		t.Fatalf("after=21: %v, snapshot %s", last, snap.data)
+	}
+	if _, done := eventsUntil(t, third, "done"); !strings.Contains(done.data, `"status":"failed"`) {
+		t.Fatalf("done %s", done.data)
+	}
+	all := append(append(seen, more...), last...)
+	if fmt.Sprint(all) != fmt.Sprint(seqRange(3, 22)) {
+		t.Fatalf("across the resumes: %v", all)
+	}
+}
+
+func TestStreamKeepsAliveAndEndsWithARetryHint(t *testing.T) {
+	e := newEnv(t, envOptions{ticks: true, cfg: Config{PollInterval: time.Second, KeepAlive: 3 * time.Second, MaxDuration: 5 * time.Second}})
+	run := e.dispatch(t, "alice")
+	e.sweep(t)
+	ch := sse(e.open(t, run.FleetRunID, "").Body)
+	eventsUntil(t, ch, "snapshot")
+	for i := 0; i < 3; i++ {
+		e.tick()
+	}
+	if m := next(t, ch); len(m.comments) != 1 || m.comments[0] != "keep-alive" || m.event != "" {
+		t.Fatalf("after 3s of silence: %+v", m)
+	}
+	e.tick()
+	e.tick()
+	m := next(t, ch)
+	if m.retry != "2000" || len(m.comments) != 1 || !strings.Contains(m.comments[0], "maximum duration") {
+		t.Fatalf("at the maximum duration: %+v", m)
+	}
+	if m, ok := <-ch; ok {
+		t.Fatalf("a message after the planned end: %+v", m)
+	}
+	if !e.logs.has(`"end":"planned"`) {
+		t.Fatalf("logs: %s", e.logs)
+	}
+}
+
+func TestStreamTakesTheTokenParameterAndNeverLogsIt(t *testing.T) {
+	e := newEnv(t, envOptions{})
+	run := e.dispatch(t, "alice")
+	code := 0
+	e.host.SetRun(run.ChildRunID, hostproto.StatusSucceeded, &code, "")
+	e.sweep(t)
+	resp := e.open(t, run.FleetRunID, "?token="+adminToken+"&after=1")
+	if resp.StatusCode != 200 {
+		t.Fatalf("status %d", resp.StatusCode)
+	}
+	seqs, _ := eventsUntil(t, sse(resp.Body), "done")
+	if fmt.Sprint(seqs) != "[2]" {
+		t.Fatalf("events %v", seqs)
+	}
+	for _, bad := range []string{"?token=rft_never-minted-token-000000000", "?token=" + adminToken + "x"} {
+		if resp := e.open(t, run.FleetRunID, bad); resp.StatusCode != 401 {
+			t.Fatalf("%s: %d", bad, resp.StatusCode)
+		}
+	}
+	if strings.Contains(e.logs.String(), adminToken) || strings.Contains(e.logs.String(), "never-minted") {
+		t.Fatalf("a token reached the log: %s", e.logs)
+	}
+	if !e.logs.has(`"query":"after=1&token=REDACTED"`) {
+		t.Fatalf("the logged query is not redacted: %s", e.logs)
+	}
+}
+
+func TestStreamRefusals(t *testing.T) {
+	e := newEnv(t, envOptions{})
+	run := e.dispatch(t, "alice")
+	bob, _, _ := mint(t, e, "bob")
+	cases := []struct {
+		name, method, path string
+		headers            []string
+		status             int
+		mention            string
+	}{
+		{"unknown run", "GET", "/fleet/runs/fr-nope/stream", nil, 404, "fr-nope"},
+		{"another owner's run", "GET", "/fleet/runs/" + run.FleetRunID + "/stream", []string{"Authorization", "Bearer " + bob}, 404, run.FleetRunID},
+		{"no token", "GET", "/fleet/runs/" + run.FleetRunID + "/stream", []string{"Authorization", ""}, 401, "token"},
+		{"POST", "POST", "/fleet/runs/" + run.FleetRunID + "/stream", nil, 405, "POST"},
+		{"after negative", "GET", "/fleet/runs/" + run.FleetRunID + "/stream?after=-1", nil, 400, "after"},
+		{"after twice", "GET", "/fleet/runs/" + run.FleetRunID + "/stream?after=1&after=2", nil, 400, "after"},
+		{"unknown parameter", "GET", "/fleet/runs/" + run.FleetRunID + "/stream?from=1", nil, 400, `"from"`},
+		{"bad Last-Event-ID", "GET", "/fleet/runs/" + run.FleetRunID + "/stream", []string{"Last-Event-ID", "x7"}, 400, "Last-Event-ID"},
+		{"token twice", "GET", "/fleet/runs/" + run.FleetRunID + "/stream?token=" + adminToken, []string{"Authorization", "Bearer " + adminToken}, 400, "not both"},
+		{"other path", "GET", "/fleet/runs/" + run.FleetRunID + "/streams", nil, 404, "stream"},
+	}
+	for _, c := range cases {
+		req, _ := http.NewRequest(c.method, e.srv.URL+c.path, nil)
+		req.Header.Set("Authorization", "Bearer "+adminToken)
+		for i := 0; i+1 < len(c.headers); i += 2 {
+			req.Header.Set(c.headers[i], c.headers[i+1])
+		}
+		resp, err := e.srv.Client().Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		var body hostproto.ErrorBody
+		json.NewDecoder(resp.Body).Decode(&body)
+		resp.Body.Close()
+		if resp.StatusCode != c.status || !strings.Contains(body.Error, c.mention) {
+			t.Errorf("%s: %d %+v, want %d naming %q", c.name, resp.StatusCode, body, c.status, c.mention)
+		}
+	}
+}
+
+func mint(t *testing.T, e *env, owner string) (string, store.Caller, error) {
+	t.Helper()
+	c, token, err := e.f.MintCaller(context.Background(), fleet.CallerSpec{OwnerID: owner,
+		AllowedHosts: &store.Scope{All: true}, AllowedProjects: &store.Scope{All: true}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return token, c, nil
+}
+
+// smallBuffers makes every accepted connection's send buffer small, so a
+// client that stops reading blocks the server's writes soon.
+type smallBuffers struct{ net.Listener }
+
+func (l smallBuffers) Accept() (net.Conn, error) {
+	c, err := l.Listener.Accept()
+	if tc, ok := c.(*net.TCPConn); ok {
+		tc.SetWriteBuffer(4096)
+	}
+	return c, err
+}
+
+func TestStreamCutsOffAClientThatStopsReading(t *testing.T) {
+	e := newEnv(t, envOptions{
+		cfg:      Config{WriteTimeout: 5 * time.Second},
+		listener: func(l net.Listener) net.Listener { return smallBuffers{l} },
+	})
+	run := e.dispatch(t, "alice")
+	// About 6 MB of backlog: far more than the sockets hold.
+	big := strings.Repeat("x", hostproto.MaxEventData-64)
+	var evs []store.Event
+	for i := int64(2); i <= 200; i++ {
+		data, _ := json.Marshal(big)
+		evs = append(evs, store.Event{FleetRunID: run.FleetRunID, Event: hostproto.Event{Sequence: i, Type: hostproto.EventOutput, Data: data, TS: t0}})
+	}
+	if err := e.st.PutEvents(context.Background(), evs); err != nil {
+		t.Fatal(err)
+	}
+	stored, _ := e.st.GetRun(context.Background(), run.FleetRunID)
+	stored.EventCursor = 200
+	if _, err := e.st.UpdateRun(context.Background(), stored); err != nil {
+		t.Fatal(err)
+	}
+
+	// A client with a small receive buffer reads the headers and stops.
+	dialer := &net.Dialer{Control: func(_, _ string, c syscall.RawConn) error {
+		return c.Control(func(fd uintptr) { syscall.SetsockoptInt(int(fd), syscall.SOL_SOCKET, syscall.SO_RCVBUF, 4096) })
+	}}
+	client := &http.Client{Transport: &http.Transport{DialContext: dialer.DialContext}}
+	req, _ := http.NewRequest("GET", e.srv.URL+"/fleet/runs/"+run.FleetRunID+"/stream", nil)
+	req.Header.Set("Authorization", "Bearer "+adminToken)
+	resp, err := client.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	// The backlog's write blocks; its watchdog is the one timer pending.
+	<-e.clk.WaitForTimers(1)
+	e.clk.Advance(5 * time.Second)
+	e.logs.wait(t, `"end":"client_stopped_reading"`)
+	// The connection is gone: what the client reads ends without done.
+	body, err := io.ReadAll(resp.Body)
+	if err == nil || bytes.Contains(body, []byte("event: done")) || bytes.Contains(body, []byte("event: snapshot")) {
+		t.Fatalf("read %d bytes, err %v: the stream was not cut off", len(body), err)
+	}
+}
+
+func TestLambdaAnswersTheStreamingWireFormat(t *testing.T) {
+	e := newEnv(t, envOptions{})
+	run := e.dispatch(t, "alice")
+	e.host.AppendOutput(run.ChildRunID, "hello\n")
+	code := 0
+	e.host.SetRun(run.ChildRunID, hostproto.StatusSucceeded, &code, "")
+	e.sweep(t)
+
+	resp, err := e.h.HandleLambda(context.Background(), functionURLEvent(run.FleetRunID, "after=1", map[string]string{"Authorization": "Bearer " + adminToken}))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if resp.ContentType() != "application/vnd.awslambda.http-integration-response" {
+		t.Fatalf("content type %q", resp.ContentType())
+	}
+	// What the runtime sends is the response read as an io.Reader.
+	wire, err := io.ReadAll(resp)
+	if err != nil {
+		t.Fatal(err)
+	}
+	prelude, body, ok := bytes.Cut(wire, make([]byte, 8))
+	if !ok {
+		t.Fatalf("no 8 NUL bytes in %q", wire)
+	}
+	var head struct {
+		StatusCode int               `json:"statusCode"`
+		Headers    map[string]string `json:"headers"`
+	}
+	if err := json.Unmarshal(prelude, &head); err != nil || head.StatusCode != 200 || head.Headers["content-type"] != "text/event-stream" {
+		t.Fatalf("prelude %s: %+v %v", prelude, head, err)
+	}
+	seqs, done := eventsUntil(t, sse(bytes.NewReader(body)), "done")
+	if fmt.Sprint(seqs) != "[2 3]" || !strings.Contains(done.data, `"succeeded"`) {
+		t.Fatalf("body %s", body)
+	}
+
+	// A refusal is an ordinary JSON answer in the same format.
+	resp, _ = e.h.HandleLambda(context.Background(), functionURLEvent(run.FleetRunID, "", nil))
+	wire, _ = io.ReadAll(resp)
+	prelude, body, _ = bytes.Cut(wire, make([]byte, 8))
+	if !strings.Contains(string(prelude), `"statusCode":401`) || !strings.Contains(string(body), "unauthenticated") {
+		t.Fatalf("refusal %q", wire)
+	}
+}
+
+func TestLambdaCutsOffAReaderThatStops(t *testing.T) {
+	e := newEnv(t, envOptions{cfg: Config{WriteTimeout: 5 * time.Second}})
+	run := e.dispatch(t, "alice")
+	e.sweep(t)
+	resp, err := e.h.HandleLambda(context.Background(), functionURLEvent(run.FleetRunID, "", map[string]string{"authorization": "Bearer " + adminToken}))
+	if err != nil {
+		t.Fatal(err)
+	}
+	// Nobody reads the pipe: the first write blocks; its watchdog fires.
+	<-e.clk.WaitForTimers(1)
+	e.clk.Advance(5 * time.Second)
+	e.logs.wait(t, `"end":"client_stopped_reading"`)
+	if _, err := io.ReadAll(resp); err == nil || !strings.Contains(err.Error(), "stopped reading") {
+		t.Fatalf("reading after the cut: %v", err)
+	}
+}
+
+func functionURLEvent(id, query string, headers map[string]string) events.LambdaFunctionURLRequest {
+	return events.LambdaFunctionURLRequest{
+		Version: "2.0", RawPath: "/fleet/runs/" + id + "/stream", RawQueryString: query, Headers: headers,
+		RequestContext: events.LambdaFunctionURLRequestContext{
+			RequestID: "req-1", DomainName: "abc.lambda-url.us-east-1.on.aws",
+			HTTP: events.LambdaFunctionURLRequestContextHTTPDescription{Method: "GET", Path: "/fleet/runs/" + id + "/stream"},
+		},
+	}
+}
+
+func TestPath(t *testing.T) {
+	for path, want := range map[string]string{
+		"/fleet/runs/fr-1/stream":        "fr-1",
+		"/fleet/runs/fr%2D1/stream":      "fr-1",
+		"/fleet/runs//stream":            "",
+		"/fleet/runs/a/b/stream":         "",
+		"/fleet/runs/fr-1/stream/":       "",
+		"/fleet/runs/fr-1/events":        "",
+		"/fleet/runs/fr-1":               "",
+		"/x/fleet/runs/fr-1/stream":      "",
+		"/fleet/runs/fr-1%ZZ/stream":     "",
+		"/fleet/runs/fr-1/stream?x=1":    "",
+		"/fleet/runs/%2Fslash%2F/stream": "/slash/",
+	} {
+		got, ok := Path(path)
+		if got != want || ok != (want != "") {
+			t.Errorf("Path(%q) = %q, %v; want %q", path, got, ok, want)
+		}
+	}
+}
+
+// logSink collects JSON log lines and lets a test wait for one.
+type logSink struct {
+	mu sync.Mutex
+	b  strings.Builder
+}
+
+func (l *logSink) Write(p []byte) (int, error) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.b.Write(p)
+}
+
+func (l *logSink) String() string {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.b.String()
+}
+
+// has reports whether one line holds every part.
+func (l *logSink) has(parts ...string) bool {
+	for _, line := range strings.Split(l.String(), "\n") {
+		all := true
+		for _, p := range parts {
+			all = all && strings.Contains(line, p)
+		}
+		if all {
+			return true
+		}
+	}
+	return false
+}
+
+// wait polls for a line with every part: the stream under test ends on
+// its own goroutine, after the clock moved.
+func (l *logSink) wait(t *testing.T, parts ...string) {
+	t.Helper()
+	deadline := time.Now().Add(10 * time.Second)
+	for !l.has(parts...) {
+		if time.Now().After(deadline) {
+			t.Fatalf("no log line with %q in 10s: %s", parts, l.String())
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+}
