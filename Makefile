@@ -15,7 +15,7 @@ LAMBDA_FLAGS := -tags lambda.norpc -trimpath -ldflags '$(LDFLAGS)'
 TEST_TIMEOUT ?= 60m
 FUZZTIME  ?= 5s
 
-.PHONY: dev test test-go deps build build-functions build-ApiFunction build-edge bench lint fuzz fuzz-short clean
+.PHONY: dev test test-go deps build build-functions build-ApiFunction build-StreamFunction build-SweepFunction build-ProbeFunction build-edge bench lint fuzz fuzz-short clean
 
 ## dev: the local stack (Fleet on bbolt, with its handlers on RUNFLEET_ADDR)
 dev:
@@ -40,9 +40,19 @@ build-functions:
 		$(LAMBDA_ENV) $(GO) build $(LAMBDA_FLAGS) -o $(BUILD)/functions/$$fn/bootstrap ./functions/$$fn || exit 1; \
 	done
 
-## build-ApiFunction: what `sam build` runs for template.yaml's ApiFunction (BuildMethod: makefile)
+## build-<LogicalId>: what `sam build` runs for template.yaml's functions (BuildMethod: makefile),
+## each into $(ARTIFACTS_DIR)/bootstrap
+SAM_BUILD = $(if $(ARTIFACTS_DIR),,$(error ARTIFACTS_DIR is not set: sam build sets it)) \
+	$(LAMBDA_ENV) $(GO) build $(LAMBDA_FLAGS) -o $(ARTIFACTS_DIR)/bootstrap ./functions/$(1)
+
 build-ApiFunction:
-	$(LAMBDA_ENV) $(GO) build $(LAMBDA_FLAGS) -o $(ARTIFACTS_DIR)/bootstrap ./functions/api
+	$(call SAM_BUILD,api)
+build-StreamFunction:
+	$(call SAM_BUILD,stream)
+build-SweepFunction:
+	$(call SAM_BUILD,sweep)
+build-ProbeFunction:
+	$(call SAM_BUILD,probe)
 
 build-edge:
 	CGO_ENABLED=0 $(GO) build -trimpath -ldflags '$(LDFLAGS)' -o $(BUILD)/edge ./edge
