@@ -4,63 +4,337 @@ import (
 	"context"
 	"debug/elf"
 	"encoding/json"
-	"os"
+	"fmt"
 	"os/exec"
 	"path/filepath"
-	"reflect"
 	"sort"
+	"strconv"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/aws/aws-sdk-go-v2/aws"
 	"github.com/aws/aws-sdk-go-v2/service/dynamodb"
 	"github.com/aws/aws-sdk-go-v2/service/dynamodb/types"
 
+	"github.com/runfleet/runfleet/shared/api"
 	"github.com/runfleet/runfleet/shared/config"
+	"github.com/runfleet/runfleet/shared/scheduled"
 	"github.com/runfleet/runfleet/shared/store/dynamostore"
+	"github.com/runfleet/runfleet/shared/stream"
 )
 
-const pyenvBin = "/root/.pyenv/shims/"
-
-// pyenvTool finds a tool installed with the pyenv Python (cfn-lint), on
-// PATH first; a missing one fails the test with how to install it.
-func pyenvTool(t *testing.T, name string) string {
-	t.Helper()
-	if p, err := exec.LookPath(name); err == nil {
-		return p
-	}
-	if _, err := os.Stat(pyenvBin + name); err == nil {
-		return pyenvBin + name
-	}
-	t.Fatalf("%s not found on PATH nor in %s: install it with: pip install cfn-lint", name, pyenvBin)
-	return ""
+// The four functions of template.yaml and the package each one builds.
+var templateFunctions = map[string]string{
+	"ApiFunction":    "functions/api",
+	"StreamFunction": "functions/stream",
+	"SweepFunction":  "functions/sweep",
+	"ProbeFunction":  "functions/probe",
 }
 
+// TestTemplateLints runs cfn-lint on template.yaml: no error and no warning.
 func TestTemplateLints(t *testing.T) {
-	out, err := exec.Command(pyenvTool(t, "cfn-lint"), "../template.yaml").CombinedOutput()
-	if err != nil {
+	out, err := exec.Command(pyTool(t, "cfn-lint", "cfn-lint"), "--", "../template.yaml").CombinedOutput()
+	if err != nil || len(strings.TrimSpace(string(out))) > 0 {
 		t.Fatalf("cfn-lint template.yaml: %v\n%s", err, out)
 	}
 }
 
-// cfnTemplate is the part of template.yaml these tests read.
-type cfnTemplate struct {
-	Globals struct {
-		Function struct {
-			Runtime       string
-			Architectures []string
-			Handler       string
-			Environment   struct{ Variables map[string]any }
+// apiRoutes is the api handler's route table as "METHOD /path" lines.
+func apiRoutes() []string {
+	var out []string
+	for _, r := range api.Routes() {
+		out = append(out, r.Method+" "+r.Pattern)
+	}
+	sort.Strings(out)
+	return out
+}
+
+// diffRoutes names what one side has and the other lacks.
+func diffRoutes(t *testing.T, what string, got, want []string) {
+	t.Helper()
+	for _, r := range got {
+		if !containsValue(want, r) {
+			t.Errorf("%s has %s, which the api handler does not serve", what, r)
 		}
 	}
-	Resources map[string]struct {
-		Type       string
-		Metadata   map[string]any
-		Properties json.RawMessage
+	for _, r := range want {
+		if !containsValue(got, r) {
+			t.Errorf("%s lacks %s, which the api handler serves", what, r)
+		}
+	}
+}
+
+// TestTemplateRoutesAreTheAPIsRoutes: the HTTP API declares exactly the api
+// handler's routes, each its own route to the api function, and nothing
+// that would send any other request to a function.
+func TestTemplateRoutesAreTheAPIsRoutes(t *testing.T) {
+	raw, out := templates(t)
+	want := apiRoutes()
+
+	// As written: one HttpApi event per route, on the api function only.
+	var declared []string
+	for _, fn := range resourcesOfType(raw, "AWS::Serverless::Function") {
+		for name, ev := range jsonObj(raw, "Resources", fn, "Properties", "Events") {
+			if jsonObj(ev)["Type"] != "HttpApi" {
+				continue
+			}
+			p := jsonObj(ev, "Properties")
+			if fn != "ApiFunction" {
+				t.Errorf("%s has an HTTP API event %s: only the api function serves the API", fn, name)
+				continue
+			}
+			if jsonObj(p, "ApiId")["Ref"] != "HttpApi" {
+				t.Errorf("event %s is not on the HttpApi: %v", name, p["ApiId"])
+			}
+			method, path := fmt.Sprint(p["Method"]), fmt.Sprint(p["Path"])
+			if p["Method"] == nil || p["Path"] == nil || strings.Contains(path, "proxy+") || method == "ANY" {
+				t.Errorf("event %s is a catch-all (%s %s): every route must be named", name, method, path)
+			}
+			declared = append(declared, strings.ToUpper(method)+" "+path)
+		}
+	}
+	sort.Strings(declared)
+	diffRoutes(t, "template.yaml", declared, want)
+
+	// As deployed: the HTTP API's definition has those paths and methods,
+	// each a payload 2.0 proxy to the api function, and no $default route.
+	var deployed []string
+	apiRes := jsonObj(out, "Resources", "HttpApi")
+	if apiRes["Type"] != "AWS::ApiGatewayV2::Api" {
+		t.Fatalf("HttpApi transforms to %v", apiRes["Type"])
+	}
+	body := jsonObj(apiRes, "Properties", "Body")
+	for path, ops := range jsonObj(body, "paths") {
+		for method, op := range jsonObj(ops) {
+			integ := jsonObj(op, "x-amazon-apigateway-integration")
+			if method == "x-amazon-apigateway-any-method" || path == "$default" || strings.Contains(path, "proxy+") {
+				t.Errorf("the deployed API has a catch-all %s %s", method, path)
+				continue
+			}
+			uri := fmt.Sprint(jsonObj(integ, "uri")["Fn::Sub"])
+			if integ["type"] != "aws_proxy" || integ["payloadFormatVersion"] != "2.0" || !strings.Contains(uri, "${ApiFunction.Arn}") {
+				t.Errorf("%s %s integrates as %v", method, path, integ)
+			}
+			deployed = append(deployed, strings.ToUpper(method)+" "+path)
+		}
+	}
+	sort.Strings(deployed)
+	diffRoutes(t, "the transformed HTTP API", deployed, want)
+	for _, id := range resourcesOfType(out, "AWS::ApiGatewayV2::Route") {
+		t.Errorf("route resource %s: routes come from the API definition, a separate one is a catch-all: %v", id, jsonObj(out, "Resources", id))
+	}
+	if body["x-amazon-apigateway-any-method"] != nil || jsonObj(body, "paths", "/{proxy+}") != nil {
+		t.Error("the API definition has a catch-all")
+	}
+}
+
+// TestTemplateTransforms checks what SAM makes of template.yaml: the four
+// functions, the stream's response-streaming URL (not an API route), the
+// schedules, and the outputs.
+func TestTemplateTransforms(t *testing.T) {
+	_, out := templates(t)
+	res := jsonObj(out, "Resources")
+	fns := resourcesOfType(out, "AWS::Lambda::Function")
+	if strings.Join(fns, " ") != "ApiFunction ProbeFunction StreamFunction SweepFunction" {
+		t.Fatalf("functions %v", fns)
+	}
+	for _, id := range fns {
+		p := jsonObj(res, id, "Properties")
+		if p["Runtime"] != "provided.al2023" || p["Handler"] != "bootstrap" || fmt.Sprint(p["Architectures"]) != "[arm64]" {
+			t.Errorf("%s: runtime %v, handler %v, architectures %v", id, p["Runtime"], p["Handler"], p["Architectures"])
+		}
+		if role := jsonList(jsonObj(p, "Role")["Fn::GetAtt"]); len(role) != 2 || role[0] != id+"Role" {
+			t.Errorf("%s runs with role %v, want its own %sRole", id, p["Role"], id)
+		}
+		if lg := jsonObj(p, "LoggingConfig", "LogGroup")["Ref"]; lg != id+"LogGroup" {
+			t.Errorf("%s logs to %v, want its own %sLogGroup", id, lg, id)
+		}
+		if jsonObj(res, id, "Metadata")["BuildMethod"] != "makefile" {
+			t.Errorf("%s is not built by the Makefile", id)
+		}
+	}
+
+	urls := resourcesOfType(out, "AWS::Lambda::Url")
+	if len(urls) != 1 {
+		t.Fatalf("function URLs %v, want the stream's only", urls)
+	}
+	u := jsonObj(res, urls[0], "Properties")
+	if jsonObj(u, "TargetFunctionArn")["Ref"] != "StreamFunction" || u["InvokeMode"] != "RESPONSE_STREAM" || u["AuthType"] != "NONE" {
+		t.Errorf("stream URL %v: want StreamFunction, RESPONSE_STREAM, AuthType NONE", u)
+	}
+	if h := jsonStrings(jsonObj(u, "Cors")["AllowHeaders"]); !containsValue(h, "authorization") || !containsValue(h, "last-event-id") {
+		t.Errorf("the stream URL's CORS lets through headers %v, want authorization and last-event-id", h)
+	}
+	public := 0
+	for _, id := range resourcesOfType(out, "AWS::Lambda::Permission") {
+		p := jsonObj(res, id, "Properties")
+		if p["Principal"] == "*" {
+			public++
+			if jsonObj(p, "FunctionName")["Ref"] != "StreamFunction" || (p["FunctionUrlAuthType"] != "NONE" && p["InvokedViaFunctionUrl"] != true) {
+				t.Errorf("permission %s lets anyone invoke %v other than through the stream's URL", id, p)
+			}
+		}
+	}
+	if public == 0 {
+		t.Error("no permission lets the stream's URL be called")
+	}
+
+	schedules := map[string]map[string]any{}
+	for _, id := range resourcesOfType(out, "AWS::Scheduler::Schedule") {
+		p := jsonObj(res, id, "Properties")
+		target := jsonList(jsonObj(p, "Target", "Arn")["Fn::GetAtt"])
+		if len(target) != 2 {
+			t.Fatalf("schedule %s targets %v", id, p["Target"])
+		}
+		schedules[fmt.Sprint(target[0])] = p
+		if p["Name"] != nil {
+			t.Errorf("schedule %s has the fixed name %v: two stacks in one account would clash", id, p["Name"])
+		}
+		if jsonObj(p, "FlexibleTimeWindow")["Mode"] != "OFF" {
+			t.Errorf("schedule %s may run late: %v", id, p["FlexibleTimeWindow"])
+		}
+	}
+	if len(schedules) != 2 || schedules["ProbeFunction"] == nil || schedules["SweepFunction"] == nil {
+		t.Fatalf("schedules target %v, want ProbeFunction and SweepFunction", schedules)
+	}
+	if got := schedules["SweepFunction"]["ScheduleExpression"]; got != "rate(1 minute)" {
+		t.Errorf("sweep schedule %v, want rate(1 minute)", got)
+	}
+	probeRate := jsonObj(schedules["ProbeFunction"]["ScheduleExpression"])["Ref"]
+	if probeRate != "ProbeSchedule" || jsonObj(out, "Parameters", "ProbeSchedule")["Default"] != "rate(1 minute)" {
+		t.Errorf("probe schedule %v, want the ProbeSchedule parameter defaulting to rate(1 minute)", schedules["ProbeFunction"]["ScheduleExpression"])
+	}
+
+	outputs := jsonObj(out, "Outputs")
+	if !strings.Contains(fmt.Sprint(outputs["ApiUrl"]), "execute-api") {
+		t.Errorf("ApiUrl output %v", outputs["ApiUrl"])
+	}
+	if fmt.Sprint(jsonObj(outputs, "StreamUrl", "Value")["Fn::GetAtt"]) != "[StreamFunctionUrl FunctionUrl]" {
+		t.Errorf("StreamUrl output %v", outputs["StreamUrl"])
+	}
+	for _, table := range []string{"Hosts", "Runs", "Events", "Callers", "Idempotency"} {
+		if jsonObj(outputs, table+"TableName", "Value")["Ref"] != table+"Table" {
+			t.Errorf("no output names the %s table", table)
+		}
+	}
+}
+
+// functionEnv resolves a transformed function's environment for the
+// default parameters, with refs for the tables.
+func functionEnv(t *testing.T, r *cfnResolver, tpl map[string]any, fn string) map[string]string {
+	t.Helper()
+	vars := r.mustResolve(t, jsonObj(tpl, "Resources", fn, "Properties", "Environment", "Variables"))
+	env := map[string]string{}
+	for k, v := range jsonObj(vars) {
+		env[k] = fmt.Sprint(v)
+	}
+	return env
+}
+
+// TestTemplateFunctionEnvironments: each function's environment, as
+// deployed with the default parameters, is one Fleet's config accepts,
+// with DynamoDB, its tables and Secrets Manager, and names only variables
+// Fleet reads. Only the functions that authenticate callers read the admin
+// token.
+func TestTemplateFunctionEnvironments(t *testing.T) {
+	_, out := templates(t)
+	allowed := []string{config.EnvStore, config.EnvTableHosts, config.EnvTableRuns, config.EnvTableEvents,
+		config.EnvTableCallers, config.EnvTableIdempotency, config.EnvCredentials, config.EnvRetentionDays,
+		config.EnvHostTimeout, config.EnvProbeMaxAge, config.EnvLogLevel, config.EnvAdminTokenSecret,
+		config.EnvRepoURLs, config.EnvStreamMaxDuration}
+	for fn := range templateFunctions {
+		t.Run(fn, func(t *testing.T) {
+			r := newResolver(out, nil)
+			for _, table := range []string{"Hosts", "Runs", "Events", "Callers", "Idempotency"} {
+				r.refs[table+"Table"] = "runfleet-" + strings.ToLower(table) + "-generated"
+			}
+			env := functionEnv(t, r, out, fn)
+			for name := range env {
+				if !containsValue(allowed, name) {
+					t.Errorf("%s is set, which Fleet does not read (or must not come from the template)", name)
+				}
+			}
+			cfg, err := config.FromEnv(func(k string) string { return env[k] })
+			if err != nil {
+				t.Fatalf("Fleet refuses the environment %v: %v", env, err)
+			}
+			if cfg.Store != config.StoreDynamoDB || cfg.Tables.Runs != "runfleet-runs-generated" || cfg.Tables.Idempotency != "runfleet-idempotency-generated" {
+				t.Errorf("store %q, tables %+v", cfg.Store, cfg.Tables)
+			}
+			if !cfg.Credentials.NeedsAWS() || env[config.EnvCredentials] != "secretsmanager:runfleet/hosts/" {
+				t.Errorf("credentials %q, want secretsmanager:runfleet/hosts/", env[config.EnvCredentials])
+			}
+			if cfg.RetentionDays != 30 || cfg.HostTimeout != config.DefaultHostTimeout {
+				t.Errorf("retention %d days, host timeout %v", cfg.RetentionDays, cfg.HostTimeout)
+			}
+			authenticates := fn == "ApiFunction" || fn == "StreamFunction"
+			if got := env[config.EnvAdminTokenSecret]; authenticates != (got != "") || (authenticates && got != "runfleet/admin-token") {
+				t.Errorf("admin token secret %q (the api and stream read runfleet/admin-token, the others nothing)", got)
+			}
+			if _, set := env[config.EnvRepoURLs]; set {
+				t.Errorf("%s is set with RepoUrlsPath empty", config.EnvRepoURLs)
+			}
+		})
+	}
+
+	// The optional repository map reaches the api, as a file.
+	r := newResolver(out, map[string]any{"RepoUrlsPath": "/opt/repo-urls.json"})
+	for _, table := range []string{"Hosts", "Runs", "Events", "Callers", "Idempotency"} {
+		r.refs[table+"Table"] = table
+	}
+	if got := functionEnv(t, r, out, "ApiFunction")[config.EnvRepoURLs]; got != "file:/opt/repo-urls.json" {
+		t.Errorf("with RepoUrlsPath set, %s = %q", config.EnvRepoURLs, got)
+	}
+}
+
+// TestTemplateTimeoutsFitTheBudgets checks the timeouts against the budgets
+// the handlers take from them: the api outlasts a host call and ends before
+// API Gateway gives up; the scheduled jobs keep a real budget and end
+// before the next minute's run; the stream ends itself before Lambda does.
+func TestTemplateTimeoutsFitTheBudgets(t *testing.T) {
+	_, out := templates(t)
+	r := newResolver(out, nil)
+	for _, table := range []string{"Hosts", "Runs", "Events", "Callers", "Idempotency"} {
+		r.refs[table+"Table"] = table
+	}
+	timeout := func(fn string) time.Duration {
+		s := fmt.Sprint(jsonObj(out, "Resources", fn, "Properties")["Timeout"])
+		n, err := strconv.Atoi(s)
+		if err != nil {
+			t.Fatalf("%s timeout %q", fn, s)
+		}
+		return time.Duration(n) * time.Second
+	}
+	env := func(fn string) config.Fleet {
+		e := functionEnv(t, r, out, fn)
+		cfg, err := config.FromEnv(func(k string) string { return e[k] })
+		if err != nil {
+			t.Fatal(err)
+		}
+		return cfg
+	}
+	const gatewayLimit = 30 * time.Second // API Gateway HTTP API integration timeout
+	if api, host := timeout("ApiFunction"), env("ApiFunction").HostTimeout; api < host+3*time.Second || api >= gatewayLimit {
+		t.Errorf("api timeout %v: want above the host timeout %v with room for the writes, below API Gateway's %v", api, host, gatewayLimit)
+	}
+	sweep := timeout("SweepFunction")
+	if budget := sweep - env("SweepFunction").HostTimeout - scheduled.DefaultSweepMargin; budget < 30*time.Second || sweep >= time.Minute {
+		t.Errorf("sweep timeout %v leaves a budget of %v: want 30 s or more, ending within the minute", sweep, budget)
+	}
+	probe := timeout("ProbeFunction")
+	if budget := probe - scheduled.DefaultProbeMargin; budget < 6*env("ProbeFunction").ProbeTimeout || probe >= time.Minute {
+		t.Errorf("probe timeout %v leaves a budget of %v: want several probe timeouts, ending within the minute", probe, budget)
+	}
+	streamTimeout, maxDur := timeout("StreamFunction"), env("StreamFunction").StreamMaxDuration
+	if streamTimeout != 15*time.Minute || maxDur > streamTimeout-stream.DefaultEndMargin {
+		t.Errorf("stream timeout %v with RUNFLEET_STREAM_MAX_DURATION %v: want Lambda's 15 m and the stream ending %v before it",
+			streamTimeout, maxDur, stream.DefaultEndMargin)
 	}
 }
 
 type cfnTable struct {
+	BillingMode          string
 	AttributeDefinitions []struct{ AttributeName, AttributeType string }
 	KeySchema            []struct{ AttributeName, KeyType string }
 	// Index name -> keys and projection.
@@ -73,75 +347,14 @@ type cfnTable struct {
 		AttributeName string
 		Enabled       bool
 	}
-}
-
-// loadTemplate decodes template.yaml (CloudFormation YAML, short-form tags
-// included) with cfn-lint's own decoder, into JSON.
-func loadTemplate(t *testing.T) cfnTemplate {
-	t.Helper()
-	py := filepath.Join(filepath.Dir(pyenvTool(t, "cfn-lint")), "python3")
-	script := `import json, sys
-from cfnlint.decode import decode
-tpl, matches = decode(sys.argv[1])
-if matches: sys.exit("decode: %s" % matches)
-print(json.dumps(tpl, default=str))`
-	out, err := exec.Command(py, "-c", script, "../template.yaml").Output()
-	if err != nil {
-		t.Fatalf("decoding template.yaml: %v", err)
-	}
-	var tpl cfnTemplate
-	if err := json.Unmarshal(out, &tpl); err != nil {
-		t.Fatal(err)
-	}
-	return tpl
-}
-
-func TestTemplateApiFunction(t *testing.T) {
-	tpl := loadTemplate(t)
-	g := tpl.Globals.Function
-	if g.Runtime != "provided.al2023" || !reflect.DeepEqual(g.Architectures, []string{"arm64"}) || g.Handler != "bootstrap" {
-		t.Fatalf("function globals %+v", g)
-	}
-	fn := tpl.Resources["ApiFunction"]
-	if fn.Type != "AWS::Serverless::Function" || fn.Metadata["BuildMethod"] != "makefile" {
-		t.Fatalf("ApiFunction %+v", fn)
-	}
-	api := tpl.Resources["HttpApi"]
-	if api.Type != "AWS::Serverless::HttpApi" {
-		t.Fatalf("HttpApi %+v", api)
-	}
-	known := map[string]bool{}
-	for _, n := range []string{config.EnvAdminTokenSecret, config.EnvStore, config.EnvTableHosts, config.EnvTableRuns,
-		config.EnvTableEvents, config.EnvTableCallers, config.EnvTableIdempotency, config.EnvCredentials,
-		config.EnvRetentionDays, config.EnvLogLevel} {
-		known[n] = true
-	}
-	var props struct {
-		Environment struct{ Variables map[string]any }
-	}
-	json.Unmarshal(fn.Properties, &props)
-	vars := tpl.Globals.Function.Environment.Variables
-	for k, v := range props.Environment.Variables {
-		vars[k] = v
-	}
-	for name := range vars {
-		if !known[name] {
-			t.Errorf("template sets %s, which Fleet does not read", name)
-		}
-	}
-	for _, need := range []string{config.EnvTableHosts, config.EnvTableRuns, config.EnvTableEvents, config.EnvTableCallers,
-		config.EnvTableIdempotency, config.EnvAdminTokenSecret, config.EnvCredentials} {
-		if vars[need] == nil {
-			t.Errorf("template does not set %s", need)
-		}
-	}
+	PointInTimeRecoverySpecification *struct{ PointInTimeRecoveryEnabled bool }
 }
 
 // TestTemplateTablesMatchTheStore creates the tables with dynamostore on
 // moto_server and checks that template.yaml declares the same keys, indexes,
-// projections and TTLs.
+// projections and TTLs, on demand, with point-in-time recovery on runs.
 func TestTemplateTablesMatchTheStore(t *testing.T) {
-	tpl := loadTemplate(t)
+	raw, _ := templates(t)
 	ctx := context.Background()
 	client := moto.DynamoDB()
 	names := dynamostore.Prefixed("tpl-")
@@ -152,12 +365,17 @@ func TestTemplateTablesMatchTheStore(t *testing.T) {
 	if err := st.CreateTables(ctx); err != nil {
 		t.Fatal(err)
 	}
-	for resource, table := range map[string]string{
+	tables := map[string]string{
 		"HostsTable": names.Hosts, "RunsTable": names.Runs, "EventsTable": names.Events,
 		"CallersTable": names.Callers, "IdempotencyTable": names.Idempotency,
-	} {
+	}
+	if got := resourcesOfType(raw, "AWS::DynamoDB::Table"); len(got) != len(tables) {
+		t.Errorf("template tables %v, want %d", got, len(tables))
+	}
+	for resource, table := range tables {
+		b, _ := json.Marshal(jsonObj(raw, "Resources", resource, "Properties"))
 		var declared cfnTable
-		if err := json.Unmarshal(tpl.Resources[resource].Properties, &declared); err != nil {
+		if err := json.Unmarshal(b, &declared); err != nil {
 			t.Fatalf("%s: %v", resource, err)
 		}
 		desc, err := client.DescribeTable(ctx, &dynamodb.DescribeTableInput{TableName: aws.String(table)})
@@ -173,6 +391,15 @@ func TestTemplateTablesMatchTheStore(t *testing.T) {
 		if got != want {
 			t.Errorf("%s:\ntemplate %s\nstore    %s", resource, got, want)
 		}
+		if declared.BillingMode != "PAY_PER_REQUEST" {
+			t.Errorf("%s billing %q, want PAY_PER_REQUEST", resource, declared.BillingMode)
+		}
+	}
+	b, _ := json.Marshal(jsonObj(raw, "Resources", "RunsTable", "Properties"))
+	var runs cfnTable
+	json.Unmarshal(b, &runs)
+	if runs.PointInTimeRecoverySpecification == nil || !runs.PointInTimeRecoverySpecification.PointInTimeRecoveryEnabled {
+		t.Error("the runs table has no point-in-time recovery")
 	}
 }
 
@@ -229,26 +456,51 @@ func shape(attrs, keys, gsis []string, ttl string) string {
 		"; indexes " + strings.Join(gsis, " ") + "; ttl " + ttl
 }
 
-// TestMakeBuildsTheApiFunctionForSAM runs what `sam build` runs and checks
-// the result is a static linux/arm64 executable named bootstrap.
-func TestMakeBuildsTheApiFunctionForSAM(t *testing.T) {
-	dir := t.TempDir()
-	cmd := exec.Command("make", "-s", "build-ApiFunction", "ARTIFACTS_DIR="+dir)
-	cmd.Dir = ".."
-	if out, err := cmd.CombinedOutput(); err != nil {
-		t.Fatalf("make build-ApiFunction: %v\n%s", err, out)
+// TestMakeBuildsEveryFunctionForSAM runs what `sam build` runs for each
+// function of template.yaml (make build-<LogicalId> into ARTIFACTS_DIR) and
+// checks the result: a static linux/arm64 executable named bootstrap,
+// built from that function's package with -tags lambda.norpc.
+func TestMakeBuildsEveryFunctionForSAM(t *testing.T) {
+	raw, _ := templates(t)
+	fns := resourcesOfType(raw, "AWS::Serverless::Function")
+	if len(fns) != len(templateFunctions) {
+		t.Fatalf("template functions %v", fns)
 	}
-	f, err := elf.Open(filepath.Join(dir, "bootstrap"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer f.Close()
-	if f.Machine != elf.EM_AARCH64 || f.Type != elf.ET_EXEC {
-		t.Fatalf("bootstrap is %v %v, want an aarch64 executable", f.Machine, f.Type)
-	}
-	for _, p := range f.Progs {
-		if p.Type == elf.PT_INTERP {
-			t.Fatal("bootstrap is dynamically linked; CGO_ENABLED=0 should make it static")
-		}
+	for _, fn := range fns {
+		t.Run(fn, func(t *testing.T) {
+			if jsonObj(raw, "Resources", fn, "Metadata")["BuildMethod"] != "makefile" {
+				t.Fatalf("%s has no BuildMethod: makefile", fn)
+			}
+			dir := t.TempDir()
+			cmd := exec.Command("make", "-s", "build-"+fn, "ARTIFACTS_DIR="+dir)
+			cmd.Dir = ".."
+			if out, err := cmd.CombinedOutput(); err != nil {
+				t.Fatalf("make build-%s: %v\n%s", fn, err, out)
+			}
+			bin := filepath.Join(dir, "bootstrap")
+			f, err := elf.Open(bin)
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer f.Close()
+			if f.Machine != elf.EM_AARCH64 || f.Type != elf.ET_EXEC {
+				t.Fatalf("bootstrap is %v %v, want an aarch64 executable", f.Machine, f.Type)
+			}
+			for _, p := range f.Progs {
+				if p.Type == elf.PT_INTERP {
+					t.Fatal("bootstrap is dynamically linked; CGO_ENABLED=0 should make it static")
+				}
+			}
+			info, err := exec.Command("go", "version", "-m", bin).Output()
+			if err != nil {
+				t.Fatal(err)
+			}
+			for _, want := range []string{"path\tgithub.com/runfleet/runfleet/" + templateFunctions[fn] + "\n",
+				"-tags=lambda.norpc", "CGO_ENABLED=0", "GOARCH=arm64", "GOOS=linux"} {
+				if !strings.Contains(string(info), want) {
+					t.Errorf("build info lacks %q:\n%s", want, info)
+				}
+			}
+		})
 	}
 }
