@@ -22,7 +22,6 @@ import (
 	"github.com/runfleet/runfleet/shared/config"
 	"github.com/runfleet/runfleet/shared/fakehost"
 	"github.com/runfleet/runfleet/shared/fleetapp"
-	"github.com/runfleet/runfleet/shared/lambdahttp"
 	"github.com/runfleet/runfleet/shared/motoserver"
 	"github.com/runfleet/runfleet/shared/store/dynamostore"
 )
@@ -46,7 +45,8 @@ var storeKinds = []string{"bolt", "dynamodb"}
 var tablePrefix atomic.Int64
 
 // stack is Fleet as deployed: fleetapp-assembled, the api handler behind the
-// net/http adapter on a real loopback server, on bbolt or on DynamoDB
+// net/http adapter and the stream handler at its path (as the local stack
+// serves them) on a real loopback server, on bbolt or on DynamoDB
 // (moto_server), with a fake clock shared with its fake hosts.
 type stack struct {
 	app   *fleetapp.App
@@ -107,11 +107,11 @@ func newStack(t testing.TB, kind string, opts stackOptions) *stack {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { app.Close() })
-	adapter, err := lambdahttp.New(lambdahttp.Config{Handler: app.API.Handle, Logger: log, Clock: clk})
+	handler, err := app.HTTPHandler(log, clk)
 	if err != nil {
 		t.Fatal(err)
 	}
-	srv := httptest.NewServer(adapter)
+	srv := httptest.NewServer(handler)
 	t.Cleanup(srv.Close)
 	return &stack{app: app, srv: srv, clk: clk, meter: opts.meter}
 }

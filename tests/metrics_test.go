@@ -1,0 +1,126 @@
+package tests
+
+import (
+	"net/http"
+	"strings"
+	"testing"
+
+	dto "github.com/prometheus/client_model/go"
+	"github.com/prometheus/common/expfmt"
+	"github.com/prometheus/common/model"
+
+	"github.com/runfleet/runfleet/shared/fakehost"
+)
+
+const metricsH1 = `# HELP edge_tasks_live Tasks with a live attempt.
+# TYPE edge_tasks_live gauge
+edge_tasks_live 3
+# HELP edge_admissions_total Admission decisions.
+# TYPE edge_admissions_total counter
+edge_admissions_total{outcome="admitted"} 10
+# HELP edge_queue_depth Runs waiting.
+# TYPE edge_queue_depth gauge
+edge_queue_depth 4
+`
+
+// h2 runs an edge whose edge_queue_depth is a counter: the families conflict.
+const metricsH2 = `# HELP edge_tasks_live Tasks with a live attempt.
+# TYPE edge_tasks_live gauge
+edge_tasks_live 1
+# HELP edge_admissions_total Admission decisions.
+# TYPE edge_admissions_total counter
+edge_admissions_total{outcome="admitted"} 2
+edge_admissions_total{outcome="refused"} 1
+# HELP edge_queue_depth Runs ever queued.
+# TYPE edge_queue_depth counter
+edge_queue_depth 90
+`
+
+func TestMetricsRollup(t *testing.T) {
+	s := newStack(t, "dynamodb", stackOptions{})
+	h1 := s.addHost(t, "h1", fakehost.Config{}, nil)
+	h2 := s.addHost(t, "h2", fakehost.Config{}, nil)
+	h1.SetMetrics(metricsH1)
+	h2.SetMetrics(metricsH2)
+	onlyH1 := s.mint(t, "ops-h1", []string{"h1"}, "*")
+
+	scrape := func(token string) map[string]*dto.MetricFamily {
+		t.Helper()
+		req, _ := http.NewRequest("GET", s.srv.URL+"/metrics", nil)
+		req.Header.Set("Authorization", "Bearer "+token)
+		resp, err := s.srv.Client().Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer resp.Body.Close()
+		if resp.StatusCode != 200 || resp.Header.Get("Content-Type") != "text/plain; version=0.0.4; charset=utf-8" {
+			t.Fatalf("GET /metrics: %d %s", resp.StatusCode, resp.Header.Get("Content-Type"))
+		}
+		p := expfmt.NewTextParser(model.LegacyValidation)
+		fams, err := p.TextToMetricFamilies(resp.Body)
+		if err != nil {
+			t.Fatalf("the rollup does not parse: %v", err)
+		}
+		return fams
+	}
+	hostsOf := func(mf *dto.MetricFamily) string {
+		var hs []string
+		for _, m := range mf.Metric {
+			for _, l := range m.Label {
+				if l.GetName() == "host" {
+					hs = append(hs, l.GetValue())
+				}
+			}
+		}
+		return strings.Join(hs, ",")
+	}
+
+	all := scrape(adminToken)
+	if mf := all["edge_tasks_live"]; mf == nil || hostsOf(mf) != "h1,h2" {
+		t.Fatalf("edge_tasks_live = %v", mf)
+	}
+	if mf := all["edge_admissions_total"]; mf == nil || len(mf.Metric) != 3 || hostsOf(mf) != "h1,h2,h2" {
+		t.Fatalf("edge_admissions_total = %v", mf)
+	}
+	if all["edge_queue_depth"] != nil {
+		t.Fatalf("the conflicting family was kept: %v", all["edge_queue_depth"])
+	}
+	if d := all["runfleet_rollup_dropped_families"]; d == nil || d.Metric[0].GetGauge().GetValue() != 1 {
+		t.Fatalf("the drop is not reported: %v", d)
+	}
+	for name, mf := range all {
+		if name == "runfleet_rollup_dropped_families" {
+			continue
+		}
+		for _, m := range mf.Metric {
+			if !strings.Contains(hostsOf(&dto.MetricFamily{Metric: []*dto.Metric{m}}), "h") {
+				t.Fatalf("%s has a series without its host: %v", name, m)
+			}
+		}
+	}
+
+	// A caller limited to h1 sees h1 alone: no conflict to drop, nothing of h2.
+	mine := scrape(onlyH1)
+	if mf := mine["edge_queue_depth"]; mf == nil || hostsOf(mf) != "h1" || mf.GetType() != dto.MetricType_GAUGE {
+		t.Fatalf("edge_queue_depth for the h1 caller = %v", mf)
+	}
+	for name, mf := range mine {
+		if strings.Contains(hostsOf(mf), "h2") {
+			t.Fatalf("the h1 caller sees h2 in %s", name)
+		}
+	}
+	if d := mine["runfleet_rollup_dropped_families"]; d.Metric[0].GetGauge().GetValue() != 0 {
+		t.Fatalf("dropped for the h1 caller: %v", d)
+	}
+
+	// A host that fails its scrape is reported down, the rest still rolled up.
+	h2.Close()
+	after := scrape(adminToken)
+	up := map[string]float64{}
+	for _, m := range after["runfleet_rollup_up"].Metric {
+		up[hostsOf(&dto.MetricFamily{Metric: []*dto.Metric{m}})] = m.GetGauge().GetValue()
+	}
+	if up["h1"] != 1 || up["h2"] != 0 || after["edge_queue_depth"] == nil {
+		t.Fatalf("with h2 down: up %v, families %v", up, after)
+	}
+}

@@ -1,0 +1,440 @@
+package tests
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"net/http"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/aws/aws-lambda-go/events"
+	"github.com/aws/aws-sdk-go-v2/aws"
+	"github.com/aws/aws-sdk-go-v2/service/dynamodb"
+	"github.com/aws/aws-sdk-go-v2/service/dynamodb/types"
+
+	"github.com/runfleet/runfleet/shared/fakehost"
+	"github.com/runfleet/runfleet/shared/fleet"
+	"github.com/runfleet/runfleet/shared/hostproto"
+	"github.com/runfleet/runfleet/shared/store"
+	"github.com/runfleet/runfleet/shared/store/dynamostore"
+)
+
+// sweep runs the scheduled sweep handler, as the sweep function's Lambda
+// invocation does (a minute's deadline).
+func (s *stack) sweep(t testing.TB) fleet.SweepReport {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	rep, err := s.app.Jobs.Sweep(ctx, events.EventBridgeEvent{DetailType: "Scheduled Event", Source: "aws.scheduler"})
+	if err != nil {
+		t.Fatalf("sweep: %v", err)
+	}
+	return rep
+}
+
+// fleetOn is a second Fleet over the stack's credentials and clock, on st
+// (the stack's store wrapped by a test).
+func (s *stack) fleetOn(t testing.TB, st store.Store) *fleet.Fleet {
+	t.Helper()
+	f, err := fleet.New(fleet.Config{Store: st, Credentials: s.app.Credentials, Clock: s.clk,
+		Logger: slog.New(slog.NewJSONHandler(io.Discard, nil))})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return f
+}
+
+// interrupting is the stack's store with a sweep interrupted midway: on
+// the n-th PutEvents it writes the first half of the batch (all of it with
+// whole) and then calls stop.
+type interrupting struct {
+	store.Store
+	n     int
+	whole bool
+	stop  func()
+
+	mu   sync.Mutex
+	puts int
+}
+
+func (s *interrupting) PutEvents(ctx context.Context, evs []store.Event) error {
+	s.mu.Lock()
+	s.puts++
+	hit := s.puts == s.n
+	s.mu.Unlock()
+	if !hit {
+		return s.Store.PutEvents(ctx, evs)
+	}
+	if !s.whole {
+		evs = evs[:len(evs)/2]
+	}
+	if err := s.Store.PutEvents(ctx, evs); err != nil {
+		return err
+	}
+	s.stop()
+	if s.whole {
+		return nil
+	}
+	return errors.New("interrupted after half a batch")
+}
+
+// allEvents pages GET /fleet/runs/{id}/events to the end.
+func (s *stack) allEvents(t testing.TB, token, id string) []hostproto.Event {
+	t.Helper()
+	var out []hostproto.Event
+	after := int64(0)
+	for {
+		a := s.must(t, http.StatusOK, "GET", fmt.Sprintf("/fleet/runs/%s/events?after=%d&limit=7", id, after), token, "")
+		var page struct {
+			Events     []hostproto.Event `json:"events"`
+			NextCursor int64             `json:"nextCursor"`
+			HasMore    bool              `json:"hasMore"`
+		}
+		if err := json.Unmarshal([]byte(a.raw), &page); err != nil {
+			t.Fatal(err)
+		}
+		out = append(out, page.Events...)
+		after = page.NextCursor
+		if !page.HasMore {
+			return out
+		}
+	}
+}
+
+// sameAsHost checks that the mirror holds every host event exactly once,
+// in order, as the host recorded it.
+func sameAsHost(t testing.TB, mirror, host []hostproto.Event) {
+	t.Helper()
+	if len(mirror) != len(host) {
+		t.Fatalf("the mirror has %d events, the host %d", len(mirror), len(host))
+	}
+	for i := range host {
+		m, h := mirror[i], host[i]
+		if m.Sequence != h.Sequence || m.Type != h.Type || string(m.Data) != string(h.Data) || !m.TS.Equal(h.TS) {
+			t.Fatalf("event %d: mirror %+v, host %+v", i, m, h)
+		}
+	}
+}
+
+func (s *stack) live(t testing.TB) map[string]bool {
+	t.Helper()
+	out := map[string]bool{}
+	cur := ""
+	for {
+		p, err := s.app.Store.ListLive(context.Background(), cur, 0)
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, id := range p.FleetRunIDs {
+			out[id] = true
+		}
+		if p.NextCursor == "" {
+			return out
+		}
+		cur = p.NextCursor
+	}
+}
+
+// TestARunFollowedPurelyBySweeps dispatches a run and follows it to its end
+// with sweeps alone, two of them interrupted midway (a crash in the middle
+// of a batch of event writes; the budget spent between pages), then
+// retries it: every host event is in the mirror exactly once, in order,
+// attempt 2 on the same sequence.
+func TestARunFollowedPurelyBySweeps(t *testing.T) {
+	for _, kind := range storeKinds {
+		t.Run(kind, func(t *testing.T) { followedBySweeps(t, kind) })
+	}
+}
+
+func followedBySweeps(t *testing.T, kind string) {
+	s := newStack(t, kind, stackOptions{})
+	host := s.addHost(t, "h1", fakehost.Config{MaxEventPage: 5}, nil)
+	s.probe(t, "h1")
+	alice := s.mint(t, "alice", "*", "*")
+	a := s.must(t, http.StatusCreated, "POST", "/fleet/runs", alice, `{"agent":"shell","prompt":"make test"}`)
+	id, child := a.str("fleetRunId"), a.str("childRunId")
+	host.SetRun(child, hostproto.StatusRunning, nil, "")
+	for i := 0; i < 30; i++ {
+		host.AppendOutput(child, fmt.Sprintf("line %02d\n", i))
+	}
+	// 32 events on the host, in pages of 5.
+
+	// Sweep 1 crashes in the middle of its third batch of writes.
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	crash := &interrupting{Store: s.app.Store, n: 3, stop: cancel}
+	s.fleetOn(t, crash).Sweep(ctx, fleet.SweepOptions{})
+	run, err := s.app.Store.GetRun(context.Background(), id)
+	if err != nil || run.EventCursor != 10 {
+		t.Fatalf("after the crash: cursor %d, %v; want the two whole pages recorded", run.EventCursor, err)
+	}
+	if got := s.allEvents(t, alice, id); len(got) != 10 {
+		t.Fatalf("readers see %d events past a crash, want the 10 up to the cursor", len(got))
+	}
+
+	// Sweep 2 runs out of budget after two more batches.
+	spend := &interrupting{Store: s.app.Store, n: 2, whole: true, stop: func() { s.clk.Advance(time.Hour) }}
+	rep, err := s.fleetOn(t, spend).Sweep(context.Background(), fleet.SweepOptions{Until: s.clk.Now().Add(time.Minute)})
+	if err != nil || rep.Partial != 1 {
+		t.Fatalf("budget sweep = %+v, %v", rep, err)
+	}
+	if run, _ = s.app.Store.GetRun(context.Background(), id); run.EventCursor != 20 {
+		t.Fatalf("after the budget ran out: cursor %d, want 20", run.EventCursor)
+	}
+
+	// The scheduled sweep finishes the job.
+	if rep := s.sweep(t); rep.Current != 1 || rep.Events != 12 {
+		t.Fatalf("third sweep = %+v", rep)
+	}
+	sameAsHost(t, s.allEvents(t, alice, id), host.Events(child))
+
+	// The run ends; the next sweep mirrors the final event and drains it.
+	host.AppendOutput(child, "all tests passed\n")
+	zero := 0
+	host.SetRun(child, hostproto.StatusSucceeded, &zero, "")
+	if rep := s.sweep(t); rep.Drained != 1 {
+		t.Fatalf("final sweep = %+v", rep)
+	}
+	sameAsHost(t, s.allEvents(t, alice, id), host.Events(child))
+	got := s.must(t, http.StatusOK, "GET", "/fleet/runs/"+id, alice, "")
+	if r := got.body["run"].(map[string]any); r["status"] != "succeeded" || r["endedAt"] == nil {
+		t.Fatalf("run %s", got.raw)
+	}
+	if s.live(t)[id] {
+		t.Fatal("a drained run is still in the live index")
+	}
+	if rep := s.sweep(t); rep.Live != 0 {
+		t.Fatalf("a sweep after the end read %d live runs", rep.Live)
+	}
+
+	// A retry after the end: attempt 2 on the same sequence.
+	firstEnd := len(host.Events(child))
+	r := s.must(t, http.StatusOK, "POST", "/fleet/runs/"+id+"/retry", alice, "")
+	if r.body["accepted"] != true || r.body["run"].(map[string]any)["attempt"] != 2.0 || r.body["run"].(map[string]any)["status"] != "pending" {
+		t.Fatalf("retry %s", r.raw)
+	}
+	if !s.live(t)[id] {
+		t.Fatal("an accepted retry did not make the run live again")
+	}
+	host.SetRun(child, hostproto.StatusRunning, nil, "")
+	host.AppendOutput(child, "second attempt\n")
+	one := 1
+	host.SetRun(child, hostproto.StatusFailed, &one, "")
+	if rep := s.sweep(t); rep.Drained != 1 {
+		t.Fatalf("sweep after the retry = %+v", rep)
+	}
+	mirror := s.allEvents(t, alice, id)
+	sameAsHost(t, mirror, host.Events(child))
+	var st hostproto.StateChange
+	json.Unmarshal(mirror[firstEnd].Data, &st)
+	if mirror[firstEnd].Sequence != int64(firstEnd+1) || st.Attempt != 2 || st.Status != hostproto.StatusPending {
+		t.Fatalf("attempt 2 starts with %+v", mirror[firstEnd])
+	}
+	if s.live(t)[id] {
+		t.Fatal("attempt 2 ended but the run is still live")
+	}
+}
+
+// TestSweepResolvesDispatchingRunsAndLostOnes: a dispatching run past its
+// deadline is resolved from the host when the host knows it, failed
+// dispatch_lost when it does not; a run its host denies is lost.
+func TestSweepResolvesDispatchingRunsAndLostOnes(t *testing.T) {
+	for _, kind := range storeKinds {
+		t.Run(kind, func(t *testing.T) {
+			s := newStack(t, kind, stackOptions{hostTimeout: 300 * time.Millisecond})
+			host := s.addHost(t, "h1", fakehost.Config{}, nil)
+			s.probe(t, "h1")
+			alice := s.mint(t, "alice", "*", "*")
+
+			host.FaultStarts(fakehost.DieAfterAccept, 1)
+			known := s.must(t, http.StatusCreated, "POST", "/fleet/runs", alice, `{"agent":"shell"}`)
+			host.FaultStarts(fakehost.HangBeforeAccept, 1)
+			unknown := s.must(t, http.StatusCreated, "POST", "/fleet/runs", alice, `{"agent":"shell"}`)
+			normal := s.must(t, http.StatusCreated, "POST", "/fleet/runs", alice, `{"agent":"shell"}`)
+			if known.body["pending"] != true || unknown.body["pending"] != true || normal.body["pending"] != false {
+				t.Fatalf("dispatches: %s / %s / %s", known.raw, unknown.raw, normal.raw)
+			}
+			host.Forget(normal.str("childRunId"))
+
+			s.clk.Advance(time.Second) // past both deadlines
+			rep := s.sweep(t)
+			if rep.Recovered != 1 || rep.Lost != 1 || rep.InFlight != 1 {
+				t.Fatalf("first sweep = %+v", rep)
+			}
+			run := func(a answer) map[string]any {
+				return s.must(t, http.StatusOK, "GET", "/fleet/runs/"+a.str("fleetRunId"), alice, "").body["run"].(map[string]any)
+			}
+			if r := run(known); r["status"] != "pending" || r["childRunId"] == nil {
+				t.Fatalf("the run the host knows: %v", r)
+			}
+			if r := run(normal); r["status"] != "lost" || r["reason"] != hostproto.CodeRunNotFound {
+				t.Fatalf("the run the host denies: %v", r)
+			}
+			s.clk.Advance(fleet.LostGrace)
+			if rep := s.sweep(t); rep.Recovered != 1 || rep.Drained != 1 {
+				t.Fatalf("a minute later = %+v", rep)
+			}
+			if r := run(unknown); r["status"] != "failed" || r["reason"] != store.ReasonDispatchLost {
+				t.Fatalf("the run the host never received: %v", r)
+			}
+			live := s.live(t)
+			if live[unknown.str("fleetRunId")] || live[normal.str("fleetRunId")] || !live[known.str("fleetRunId")] {
+				t.Fatalf("live index %v", live)
+			}
+		})
+	}
+}
+
+// counting is a store.Store that counts what the sweep reads.
+type counting struct {
+	store.Store
+	mu        sync.Mutex
+	liveIDs   int
+	runReads  map[string]int
+	listRuns  int
+	eventRead int
+}
+
+func (c *counting) ListLive(ctx context.Context, cur string, limit int) (store.LivePage, error) {
+	p, err := c.Store.ListLive(ctx, cur, limit)
+	c.mu.Lock()
+	c.liveIDs += len(p.FleetRunIDs)
+	c.mu.Unlock()
+	return p, err
+}
+
+func (c *counting) GetRun(ctx context.Context, id string) (store.Run, error) {
+	c.mu.Lock()
+	c.runReads[id]++
+	c.mu.Unlock()
+	return c.Store.GetRun(ctx, id)
+}
+
+func (c *counting) ListRuns(ctx context.Context, q store.RunQuery) (store.RunPage, error) {
+	c.mu.Lock()
+	c.listRuns++
+	c.mu.Unlock()
+	return c.Store.ListRuns(ctx, q)
+}
+
+func (c *counting) ListEvents(ctx context.Context, id string, after int64, limit int) (store.EventPage, error) {
+	c.mu.Lock()
+	c.eventRead++
+	c.mu.Unlock()
+	return c.Store.ListEvents(ctx, id, after, limit)
+}
+
+// seedEndedRuns writes n ended, drained runs straight into the stack's
+// DynamoDB runs table, each a copy of a real one's item (written by the
+// store itself) under a new id, 25 to a BatchWriteItem: seeding 10,000
+// runs through CreateRun would take moto half a minute. What the sweep
+// then reads is measured through the store, not through this seeding.
+func seedEndedRuns(t testing.TB, s *stack, template string, n int) []string {
+	t.Helper()
+	db := moto.DynamoDB()
+	ctx := context.Background()
+	table := s.app.Config.Tables.Runs
+	out, err := db.GetItem(ctx, &dynamodb.GetItemInput{TableName: aws.String(table),
+		Key: map[string]types.AttributeValue{"fleetRunId": &types.AttributeValueMemberS{Value: template}}, ConsistentRead: aws.Bool(true)})
+	if err != nil || out.Item == nil {
+		t.Fatalf("reading the template run: %v", err)
+	}
+	if _, live := out.Item["live"]; live {
+		t.Fatal("the template run is live")
+	}
+	created := out.Item["createdAt"].(*types.AttributeValueMemberS).Value
+	prefix := strings.TrimSuffix(created, template)
+	ids := make([]string, n)
+	var batch []types.WriteRequest
+	flush := func() {
+		pending := map[string][]types.WriteRequest{table: batch}
+		for len(pending[table]) > 0 {
+			res, err := db.BatchWriteItem(ctx, &dynamodb.BatchWriteItemInput{RequestItems: pending})
+			if err != nil {
+				t.Fatalf("seeding: %v", err)
+			}
+			pending = res.UnprocessedItems
+		}
+		batch = batch[:0]
+	}
+	for i := range ids {
+		ids[i] = fmt.Sprintf("fr-seeded-%05d", i)
+		item := make(map[string]types.AttributeValue, len(out.Item))
+		for k, v := range out.Item {
+			item[k] = v
+		}
+		item["fleetRunId"] = &types.AttributeValueMemberS{Value: ids[i]}
+		item["createdAt"] = &types.AttributeValueMemberS{Value: prefix + ids[i]}
+		batch = append(batch, types.WriteRequest{PutRequest: &types.PutRequest{Item: item}})
+		if len(batch) == 25 {
+			flush()
+		}
+	}
+	if len(batch) > 0 {
+		flush()
+	}
+	return ids
+}
+
+// TestASweepReadsOnlyTheLiveRuns: of 10,000 runs, 50 live; one sweep reads
+// 50 ids from the live index and those 50 runs, nothing else, at the price
+// of those reads.
+func TestASweepReadsOnlyTheLiveRuns(t *testing.T) {
+	const total, liveRuns = 10000, 50
+	meter := &dynamostore.Meter{}
+	s := newStack(t, "dynamodb", stackOptions{meter: meter})
+	host := s.addHost(t, "h1", fakehost.Config{}, nil)
+	s.probe(t, "h1")
+	alice := s.mint(t, "alice", "*", "*")
+
+	ended := s.must(t, http.StatusCreated, "POST", "/fleet/runs", alice, `{"agent":"shell"}`)
+	zero := 0
+	host.SetRun(ended.str("childRunId"), hostproto.StatusSucceeded, &zero, "")
+	s.sweep(t)
+	begun := time.Now()
+	seedEndedRuns(t, s, ended.str("fleetRunId"), total-liveRuns-1)
+	t.Logf("seeded %d ended runs in %s", total-liveRuns-1, time.Since(begun).Round(time.Millisecond))
+	live := map[string]bool{}
+	for i := 0; i < liveRuns; i++ {
+		live[s.must(t, http.StatusCreated, "POST", "/fleet/runs", alice, `{"agent":"shell"}`).str("fleetRunId")] = true
+	}
+	s.sweep(t) // mirror their first events, so the measured sweep is a steady one
+
+	c := &counting{Store: s.app.Store, runReads: map[string]int{}}
+	meter.Reset()
+	rep, err := s.fleetOn(t, c).Sweep(context.Background(), fleet.SweepOptions{})
+	if err != nil || rep.Live != liveRuns || rep.Current != liveRuns {
+		t.Fatalf("sweep = %+v, %v", rep, err)
+	}
+	u := meter.Snapshot()
+	t.Logf("one sweep of %d live runs among %d: %s", liveRuns, total, u)
+	if c.liveIDs != liveRuns || len(c.runReads) != liveRuns || c.listRuns != 0 || c.eventRead != 0 {
+		t.Fatalf("the sweep read %d live ids, %d runs, %d run listings, %d event pages", c.liveIDs, len(c.runReads), c.listRuns, c.eventRead)
+	}
+	for id, n := range c.runReads {
+		if !live[id] || n != 1 {
+			t.Fatalf("the sweep read run %s %d times (live: %v)", id, n, live[id])
+		}
+	}
+	// 50 eventually consistent reads of ~0.4 KB runs (0.5 each), one page of
+	// the live index, one host read: no scan of the runs table, nothing
+	// that grows with the 9,950 ended runs.
+	if u.Calls["Scan"] != 0 || u.RCU["runs"] > liveRuns*0.5 || u.RCU["runs/live"] > 1 || u.TotalWCU() != 0 {
+		t.Fatalf("sweep capacity: %s", u)
+	}
+	var n int
+	for id := range live {
+		if s.live(t)[id] {
+			n++
+		}
+	}
+	if n != liveRuns || len(s.live(t)) != liveRuns {
+		t.Fatalf("live index holds %d runs, %d of them ours", len(s.live(t)), n)
+	}
+}
