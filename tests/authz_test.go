@@ -1,7 +1,9 @@
 package tests
 
 import (
+	"encoding/json"
 	"fmt"
+	"io"
 	"net/http"
 	"strings"
 	"testing"
@@ -39,6 +41,7 @@ func authorizationMatrix(t *testing.T, kind string) {
 	}
 	aliceToken := principals[3].token
 	aliceRun := s.must(t, http.StatusCreated, "POST", "/fleet/runs", aliceToken, `{"host":"h1","agent":"shell"}`).str("fleetRunId")
+	s.sweep(t) // its first event mirrored
 
 	const (
 		none, unknown, without, with, other, admin = 0, 1, 2, 3, 4, 5
@@ -61,6 +64,13 @@ func authorizationMatrix(t *testing.T, kind string) {
 			want := map[int]string{without: "h2", with: "h1", other: "h1", admin: "h1,h2"}[p]
 			if ids != want {
 				t.Errorf("hosts seen = %s, want %s", ids, want)
+			}
+		}},
+		// Before any host off loopback is registered: the rollup scrapes them all.
+		{"GET", "/metrics", nil, [6]int{401, 401, 200, 200, 200, 200}, func(t *testing.T, p int, a answer) {
+			want := map[int]string{without: "h2", with: "h1", other: "h1", admin: "del0,del1,del2,del3,del4,del5,h1,h2"}[p]
+			if got := rolledUpHosts(a.raw); got != want {
+				t.Errorf("metrics of hosts %s, want %s", got, want)
 			}
 		}},
 		{"POST", "/fleet/hosts", func() string {
@@ -88,6 +98,17 @@ func authorizationMatrix(t *testing.T, kind string) {
 			}
 		}},
 		{"GET", "/fleet/runs/" + aliceRun, nil, [6]int{401, 401, 404, 200, 404, 200}, nil},
+		// The verbs and the mirror: scoped like reads.
+		{"POST", "/fleet/runs/" + aliceRun + "/input", func() string { return `{"input":"y\n"}` }, [6]int{401, 401, 404, 200, 404, 200}, accepted},
+		{"POST", "/fleet/runs/" + aliceRun + "/cancel", nil, [6]int{401, 401, 404, 200, 404, 200}, accepted},
+		{"POST", "/fleet/runs/" + aliceRun + "/retry", nil, [6]int{401, 401, 404, 200, 404, 200}, accepted},
+		{"GET", "/fleet/runs/" + aliceRun + "/events", nil, [6]int{401, 401, 404, 200, 404, 200}, func(t *testing.T, p int, a answer) {
+			if evs, _ := a.body["events"].([]any); len(evs) == 0 {
+				t.Errorf("no events: %s", a.raw)
+			}
+		}},
+		// The stream: the same scope, on the stream handler.
+		{"GET", "/fleet/runs/" + aliceRun + "/stream", nil, [6]int{401, 401, 404, 200, 404, 200}, nil},
 	}
 	// Deletions go last, each on its own target so every principal's
 	// attempt meets an existing one.
@@ -112,7 +133,12 @@ func authorizationMatrix(t *testing.T, kind string) {
 			if r.body != nil {
 				body = r.body()
 			}
-			a := s.do(t, r.method, path, pr.token, body)
+			var a answer
+			if strings.HasSuffix(path, "/stream") {
+				a = s.streamStatus(t, path, pr.token)
+			} else {
+				a = s.do(t, r.method, path, pr.token, body)
+			}
 			if a.status != r.want[i] {
 				t.Errorf("%s %s as %s: %d %s, want %d", r.method, path, pr.name, a.status, a.raw, r.want[i])
 				continue
@@ -143,4 +169,51 @@ func hostIDs(a answer) string {
 		}
 	}
 	return strings.Join(ids, ",")
+}
+
+// accepted checks a verb's answer has the accepted field DESIGN.md gives.
+func accepted(t *testing.T, _ int, a answer) {
+	switch a.body["accepted"] {
+	case true, false, "unknown":
+	default:
+		t.Errorf("no accepted in %s", a.raw)
+	}
+}
+
+// rolledUpHosts lists the hosts of a rollup's runfleet_rollup_up series.
+func rolledUpHosts(text string) string {
+	var hosts []string
+	for _, line := range strings.Split(text, "\n") {
+		if rest, ok := strings.CutPrefix(line, `runfleet_rollup_up{host="`); ok {
+			h, _, _ := strings.Cut(rest, `"`)
+			hosts = append(hosts, h)
+		}
+	}
+	return strings.Join(hosts, ",")
+}
+
+// streamStatus opens a stream and answers its status: a refusal's body, or
+// for a stream, the status once the snapshot came (the stream is closed).
+func (s *stack) streamStatus(t *testing.T, path, token string) answer {
+	t.Helper()
+	req, _ := http.NewRequest("GET", s.srv.URL+path, nil)
+	if token != "" {
+		req.Header.Set("Authorization", "Bearer "+token)
+	}
+	resp, err := s.srv.Client().Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	a := answer{status: resp.StatusCode}
+	if resp.StatusCode != http.StatusOK {
+		raw, _ := io.ReadAll(resp.Body)
+		a.raw = string(raw)
+		json.Unmarshal(raw, &a.body)
+		return a
+	}
+	c := &streamClient{t: t, clk: s.clk, ch: readSSE(resp.Body)}
+	_, snap := c.until("snapshot")
+	a.raw = snap.data
+	return a
 }

@@ -17,6 +17,8 @@ func TestBadInputCorpus(t *testing.T) {
 	s.addHost(t, "h1", fakehost.Config{Features: fakeFeatures}, nil)
 	s.probe(t, "h1")
 	acme := s.mint(t, "acme-ci", "*", []string{"acme"})
+	run := "/fleet/runs/" + s.must(t, http.StatusCreated, "POST", "/fleet/runs", acme, `{"agent":"shell"}`).str("fleetRunId")
+	hugeInput := `{"input":"` + strings.Repeat("z", 1<<20) + `"}`
 
 	huge := fmt.Sprintf(`{"agent":"shell","prompt":%q}`, strings.Repeat("x", 1<<20+10))
 	hugeHost := fmt.Sprintf(`{"id":"big","baseUrl":"https://h","credentialRef":%q,"caPem":%q}`, hostCredRef, strings.Repeat("x", 1<<20))
@@ -126,6 +128,42 @@ func TestBadInputCorpus(t *testing.T) {
 		{"run unknown parameter", "GET", "/fleet/runs/fr-x?after=-1", acme, ``, nil, 400, "after"},
 		{"run unknown id", "GET", "/fleet/runs/fr-unknown", acme, ``, nil, 404, "fr-unknown"},
 		{"hosts with a body", "GET", "/fleet/hosts", acme, `{}`, nil, 400, "no request body"},
+		// POST /fleet/runs/{id}/input, /cancel, /retry
+		{"input no body", "POST", run + "/input", acme, ``, nil, 400, "JSON body is required"},
+		{"input malformed", "POST", run + "/input", acme, `{"input":`, nil, 400, "malformed JSON"},
+		{"input not JSON", "POST", run + "/input", acme, `ls -l`, nil, 400, "malformed JSON"},
+		{"input beside another field", "POST", run + "/input", acme, `{"input":"x","echo":true}`, nil, 400, `unknown field "echo"`},
+		{"input over 1 MiB", "POST", run + "/input", acme, hugeInput, nil, 413, "larger than"},
+		{"input unknown run", "POST", "/fleet/runs/fr-unknown/input", acme, `"x"`, nil, 404, "fr-unknown"},
+		{"input query", "POST", run + "/input?wait=1", acme, `"x"`, nil, 400, `"wait"`},
+		{"cancel unknown field", "POST", run + "/cancel", acme, `{"signal":"KILL"}`, nil, 400, `unknown field "signal"`},
+		{"cancel array", "POST", run + "/cancel", acme, `[]`, nil, 400, "JSON object"},
+		{"retry unknown field", "POST", run + "/retry", acme, `{"attempt":2}`, nil, 400, `unknown field "attempt"`},
+		{"retry malformed", "POST", run + "/retry", acme, `{`, nil, 400, "malformed JSON"},
+		{"verb GET", "GET", run + "/retry", acme, ``, nil, 405, "GET"},
+		// GET /fleet/runs/{id}/events
+		{"events after -1", "GET", run + "/events?after=-1", acme, ``, nil, 400, "after"},
+		{"events after Infinity", "GET", run + "/events?after=Infinity", acme, ``, nil, 400, "after"},
+		{"events after 1e3", "GET", run + "/events?after=1e3", acme, ``, nil, 400, "after"},
+		{"events after empty", "GET", run + "/events?after=", acme, ``, nil, 400, "after"},
+		{"events limit 2.5", "GET", run + "/events?limit=2.5", acme, ``, nil, 400, "limit"},
+		{"events limit -5", "GET", run + "/events?limit=-5", acme, ``, nil, 400, "limit"},
+		{"events limit twice", "GET", run + "/events?limit=1&limit=2", acme, ``, nil, 400, "limit"},
+		{"events cursor", "GET", run + "/events?cursor=abc", acme, ``, nil, 400, `"cursor"`},
+		{"events with a body", "GET", run + "/events", acme, `{"after":1}`, nil, 400, "no request body"},
+		{"events unknown run", "GET", "/fleet/runs/fr-unknown/events", acme, ``, nil, 404, "fr-unknown"},
+		// GET /metrics
+		{"metrics parameter", "GET", "/metrics?host=h1", acme, ``, nil, 400, `"host"`},
+		{"metrics with a body", "GET", "/metrics", acme, `{}`, nil, 400, "no request body"},
+		// GET /fleet/runs/{id}/stream
+		{"stream after abc", "GET", run + "/stream?after=abc", acme, ``, nil, 400, "after"},
+		{"stream after -1", "GET", run + "/stream?after=-1", acme, ``, nil, 400, "after"},
+		{"stream unknown parameter", "GET", run + "/stream?since=4", acme, ``, nil, 400, `"since"`},
+		{"stream Last-Event-ID", "GET", run + "/stream", acme, ``, []string{"Last-Event-ID", "-1"}, 400, "Last-Event-ID"},
+		{"stream Last-Event-ID text", "GET", run + "/stream", acme, ``, []string{"Last-Event-ID", "abc"}, 400, "Last-Event-ID"},
+		{"stream token twice", "GET", run + "/stream?token=" + acme, acme, ``, nil, 400, "not both"},
+		{"stream POST", "POST", run + "/stream", acme, `{}`, nil, 405, "POST"},
+		{"stream unknown run", "GET", "/fleet/runs/fr-unknown/stream", acme, ``, nil, 404, "fr-unknown"},
 	}
 	for _, c := range cases {
 		a := s.do(t, c.method, c.path, c.token, c.body, c.headers...)
@@ -140,6 +178,7 @@ func TestBadInputCorpus(t *testing.T) {
 
 	// A limit above 1000 is clamped, not refused.
 	s.must(t, http.StatusOK, "GET", "/fleet/runs?limit=5000", acme, "")
+	s.must(t, http.StatusOK, "GET", run+"/events?limit=5000&after=0", acme, "")
 }
 
 func truncate(s string) string {
