@@ -1,0 +1,176 @@
+package tests
+
+import (
+	"bufio"
+	"encoding/json"
+	"fmt"
+	"net/http"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/runfleet/runfleet/shared/fakehost"
+)
+
+// TestLocalStackRunsTheJobsAndServesTheStream runs `make dev`'s program with
+// short timers: the probe and the sweep run on their own (a registered host
+// gets probed, a run's events reach the mirror with nobody asking), the
+// stream is served at its path on the same address, and SIGTERM ends an
+// open stream with its retry hint.
+func TestLocalStackRunsTheJobsAndServesTheStream(t *testing.T) {
+	dir := t.TempDir()
+	bin := filepath.Join(dir, "localstack")
+	if out, err := exec.Command("go", "build", "-o", bin, "../infra/localstack").CombinedOutput(); err != nil {
+		t.Fatalf("go build: %v\n%s", err, out)
+	}
+	host := fakehost.New(fakehost.Config{})
+	defer host.Close()
+	creds := filepath.Join(dir, "credentials.json")
+	os.WriteFile(creds, []byte(fmt.Sprintf(`{"edge-1": %q}`, host.Token())), 0o600)
+
+	dataDir := filepath.Join(dir, "data")
+	cmd := exec.Command(bin)
+	cmd.Env = append(cleanEnv(), "RUNFLEET_ADDR=127.0.0.1:0", "RUNFLEET_DATA_DIR="+dataDir, "RUNFLEET_CREDENTIALS=file:"+creds,
+		"RUNFLEET_PROBE_INTERVAL=200ms", "RUNFLEET_SWEEP_INTERVAL=200ms", "RUNFLEET_STREAM_POLL_INTERVAL=100ms")
+	stdout, _ := cmd.StdoutPipe()
+	var stderr lockedBuffer
+	cmd.Stderr = &stderr
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	exited := make(chan error, 1)
+	go func() { exited <- cmd.Wait() }()
+	defer func() {
+		if cmd.ProcessState == nil {
+			cmd.Process.Kill()
+		}
+	}()
+	lines := make(chan string, 64)
+	go func() {
+		sc := bufio.NewScanner(stdout)
+		for sc.Scan() {
+			lines <- sc.Text()
+		}
+		close(lines)
+	}()
+	base := ""
+	for base == "" {
+		select {
+		case line, ok := <-lines:
+			if !ok {
+				t.Fatalf("exited before listening: %s", stderr.String())
+			}
+			base, _ = strings.CutPrefix(line, "runfleet local stack listening on ")
+		case <-time.After(30 * time.Second):
+			t.Fatal("no listening line in 30s")
+		}
+	}
+	tokenBytes, _ := os.ReadFile(filepath.Join(dataDir, "admin-token"))
+	admin := strings.TrimSpace(string(tokenBytes))
+	call := func(method, path, token, body string) (int, map[string]any) {
+		t.Helper()
+		req, _ := http.NewRequest(method, base+path, strings.NewReader(body))
+		req.Header.Set("Authorization", "Bearer "+token)
+		req.Header.Set("Content-Type", "application/json")
+		resp, err := http.DefaultClient.Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer resp.Body.Close()
+		var out map[string]any
+		json.NewDecoder(resp.Body).Decode(&out)
+		return resp.StatusCode, out
+	}
+	// eventually polls cond (the other process works on its own timers).
+	eventually := func(what string, cond func() bool) {
+		t.Helper()
+		deadline := time.Now().Add(20 * time.Second)
+		for !cond() {
+			if time.Now().After(deadline) {
+				t.Fatalf("%s: not within 20s\nlog: %s", what, stderr.String())
+			}
+			time.Sleep(50 * time.Millisecond)
+		}
+	}
+
+	if st, out := call("POST", "/fleet/hosts", admin, `{"id":"edge-1","baseUrl":"`+host.URL+`","credentialRef":"edge-1"}`); st != 201 {
+		t.Fatalf("register: %d %v", st, out)
+	}
+	eventually("the timed probe records the host", func() bool {
+		_, out := call("GET", "/fleet/hosts", admin, "")
+		hosts, _ := out["hosts"].([]any)
+		if len(hosts) != 1 {
+			return false
+		}
+		p, _ := hosts[0].(map[string]any)["probe"].(map[string]any)
+		return p != nil && p["status"] == "ok"
+	})
+
+	_, out := call("POST", "/fleet/runs", admin, `{"agent":"shell"}`)
+	id, child := out["fleetRunId"].(string), out["childRunId"].(string)
+	host.AppendOutput(child, "from the host\n")
+	eventually("the timed sweep mirrors the run's events", func() bool {
+		_, out := call("GET", "/fleet/runs/"+id+"/events", admin, "")
+		evs, _ := out["events"].([]any)
+		return len(evs) == 2
+	})
+
+	// The stream on the same address, as curl -N reads it.
+	req, _ := http.NewRequest("GET", base+"/fleet/runs/"+id+"/stream?token="+admin, nil)
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil || resp.StatusCode != 200 || resp.Header.Get("Content-Type") != "text/event-stream" {
+		t.Fatalf("stream: %v %v", resp, err)
+	}
+	defer resp.Body.Close()
+	ch := readSSE(resp.Body)
+	nextMsg := func() sseMsg {
+		t.Helper()
+		select {
+		case m, ok := <-ch:
+			if !ok {
+				t.Fatal("the stream ended")
+			}
+			return m
+		case <-time.After(20 * time.Second):
+			t.Fatal("no message in 20s")
+		}
+		return sseMsg{}
+	}
+	for m := nextMsg(); m.event != "snapshot"; m = nextMsg() {
+	}
+	host.AppendOutput(child, "live\n")
+	if m := nextMsg(); m.event != "event" || m.id != "3" {
+		t.Fatalf("live event %+v", m)
+	}
+
+	// Stopping the stack ends the open stream with a retry hint.
+	if err := cmd.Process.Signal(syscall.SIGTERM); err != nil {
+		t.Fatal(err)
+	}
+	var last sseMsg
+	for m := range ch {
+		last = m
+	}
+	if last.retry == "" {
+		t.Fatalf("the stream's last message %+v has no retry hint", last)
+	}
+	select {
+	case err := <-exited:
+		if err != nil {
+			t.Fatalf("exit: %v\n%s", err, stderr.String())
+		}
+	case <-time.After(30 * time.Second):
+		t.Fatal("still running 30s after SIGTERM")
+	}
+	log := stderr.String()
+	if !strings.Contains(log, `"msg":"scheduled probe"`) || !strings.Contains(log, `"msg":"scheduled sweep"`) {
+		t.Fatalf("no job log lines:\n%s", log)
+	}
+	if strings.Contains(log, admin) || strings.Contains(log, host.Token()) {
+		t.Fatal("a token reached the log")
+	}
+}
