@@ -9,6 +9,8 @@ need_apt=()
 [ -x /usr/bin/curl ] || need_apt+=(curl)
 [ -x /usr/bin/git ] || need_apt+=(git)
 /usr/bin/python3 -c 'import requests' 2>/dev/null || need_apt+=(python3-requests)
+# systemd-analyze verifies infra/systemd's unit (no running systemd needed).
+command -v systemd-analyze >/dev/null || need_apt+=(systemd)
 
 if [ ${#need_apt[@]} -gt 0 ]; then
 	if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null; then
@@ -21,6 +23,15 @@ if [ ${#need_apt[@]} -gt 0 ]; then
 		exit 1
 	fi
 fi
+
+# The pyenv Python's tools: template.yaml (cfn-lint, the SAM translator) and
+# infra/openapi.yaml (openapi-spec-validator).
+for tool in cfn-lint openapi-spec-validator; do
+	if ! command -v "$tool" >/dev/null && [ ! -x "/root/.pyenv/shims/$tool" ]; then
+		echo "$tool not found: install it with: pip install cfn-lint aws-sam-translator openapi-spec-validator" >&2
+		exit 1
+	fi
+done
 
 # moto_server is installed on these machines; the tests start and stop it.
 if ! command -v moto_server >/dev/null && [ ! -x /root/.pyenv/shims/moto_server ]; then
