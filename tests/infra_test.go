@@ -330,4 +330,3 @@ func exitCode(err error) int {
 	}
 	return -1
 }
-
