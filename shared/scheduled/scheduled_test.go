@@ -1,0 +1,137 @@
+package scheduled
+
+import (
+	"context"
+	"encoding/json"
+	"io"
+	"log/slog"
+	"os"
+	"path/filepath"
+	"testing"
+	"time"
+
+	"github.com/aws/aws-lambda-go/events"
+
+	"github.com/runfleet/runfleet/shared/clock"
+	"github.com/runfleet/runfleet/shared/credentials"
+	"github.com/runfleet/runfleet/shared/fakehost"
+	"github.com/runfleet/runfleet/shared/fleet"
+	"github.com/runfleet/runfleet/shared/store"
+	"github.com/runfleet/runfleet/shared/store/boltstore"
+)
+
+type env struct {
+	f    *fleet.Fleet
+	st   *boltstore.Store
+	jobs *Jobs
+}
+
+// newEnv is a Fleet on bbolt with the fake clock and n fake hosts (h0..),
+// the last one disabled.
+func newEnv(t *testing.T, n int) *env {
+	t.Helper()
+	dir := t.TempDir()
+	clk := clock.NewFake(time.Date(2026, 3, 1, 12, 0, 0, 0, time.UTC))
+	st, err := boltstore.Open(filepath.Join(dir, "fleet.db"), boltstore.WithClock(clk))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { st.Close() })
+	creds := map[string]string{}
+	var hosts []*fakehost.Host
+	for i := 0; i < n; i++ {
+		h := fakehost.New(fakehost.Config{Clock: clk})
+		t.Cleanup(h.Close)
+		hosts = append(hosts, h)
+		creds["ref"] = h.Token()
+	}
+	b, _ := json.Marshal(creds)
+	credsPath := filepath.Join(dir, "creds.json")
+	os.WriteFile(credsPath, b, 0o600)
+	src, err := credentials.NewFile(credsPath)
+	if err != nil {
+		t.Fatal(err)
+	}
+	log := slog.New(slog.NewJSONHandler(io.Discard, nil))
+	f, err := fleet.New(fleet.Config{Store: st, Credentials: src, Logger: log, Clock: clk, HostTimeout: 10 * time.Second, ProbeTimeout: 5 * time.Second})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for i, h := range hosts {
+		enabled := i < n-1
+		if _, err := f.RegisterHost(context.Background(), fleet.HostSpec{ID: "h" + string(rune('0'+i)), BaseURL: h.URL, CredentialRef: "ref", Enabled: &enabled}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	jobs, err := New(Config{Fleet: f, Logger: log, Clock: clk})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return &env{f: f, st: st, jobs: jobs}
+}
+
+func probed(t *testing.T, st store.Store) map[string]string {
+	t.Helper()
+	hosts, err := st.ListHosts(context.Background())
+	if err != nil {
+		t.Fatal(err)
+	}
+	out := map[string]string{}
+	for _, h := range hosts {
+		if h.Probe != nil {
+			out[h.ID] = h.Probe.Status
+		}
+	}
+	return out
+}
+
+func TestProbeStartsNoProbeItCouldNotFinish(t *testing.T) {
+	e := newEnv(t, 3)
+	// 7 s to the deadline, 3 s kept back: 4 s of budget, under the 5 s a probe may take.
+	ctx, cancel := context.WithTimeout(context.Background(), 7*time.Second)
+	defer cancel()
+	sum, err := e.jobs.Probe(ctx, events.EventBridgeEvent{})
+	if err != nil || sum.Probed != 0 || len(sum.Skipped) != 2 || len(probed(t, e.st)) != 0 {
+		t.Fatalf("short budget: %+v, %v, probes %v", sum, err, probed(t, e.st))
+	}
+	ctx, cancel = context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	sum, err = e.jobs.Probe(ctx, events.EventBridgeEvent{})
+	got := probed(t, e.st)
+	if err != nil || sum.Probed != 2 || sum.Status["ok"] != 2 || len(sum.Skipped) != 0 || got["h0"] != "ok" || got["h1"] != "ok" || got["h2"] != "" {
+		t.Fatalf("a minute: %+v, %v, probes %v (the disabled h2 must not be probed)", sum, err, got)
+	}
+}
+
+func TestSweepKeepsRoomForAHostCallBeforeTheDeadline(t *testing.T) {
+	e := newEnv(t, 2)
+	c := store.Caller{OwnerID: "alice", AllowedHosts: store.Scope{All: true}, AllowedProjects: store.Scope{All: true}}
+	if _, err := e.f.ProbeAll(context.Background(), true); err != nil {
+		t.Fatal(err)
+	}
+	res, err := e.f.Dispatch(context.Background(), c, fleet.DispatchRequest{Host: "h0", Agent: "shell"}, "")
+	if err != nil {
+		t.Fatal(err)
+	}
+	// 12 s to the deadline: less than the host timeout (10 s) and the margin (5 s).
+	ctx, cancel := context.WithTimeout(context.Background(), 12*time.Second)
+	defer cancel()
+	rep, err := e.jobs.Sweep(ctx, events.EventBridgeEvent{})
+	if err != nil || !rep.BudgetExhausted || rep.Events != 0 {
+		t.Fatalf("no budget: %+v, %v", rep, err)
+	}
+	ctx, cancel = context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	rep, err = e.jobs.Sweep(ctx, events.EventBridgeEvent{})
+	if err != nil || rep.BudgetExhausted || rep.Live != 1 || rep.Events != 1 {
+		t.Fatalf("a minute: %+v, %v", rep, err)
+	}
+	run, _ := e.st.GetRun(context.Background(), res.Run.FleetRunID)
+	if run.EventCursor != 1 {
+		t.Fatalf("run %+v", run)
+	}
+	// No deadline at all: DefaultBudget.
+	if rep, err := e.jobs.Sweep(context.Background(), events.EventBridgeEvent{}); err != nil || rep.BudgetExhausted {
+		t.Fatalf("no deadline: %+v, %v", rep, err)
+	}
+}
