@@ -47,17 +47,17 @@ const (
 
 // Defaults.
 const (
-	DefaultRetentionDays    = 30
-	DefaultAddr             = "127.0.0.1:8080"
-	DefaultHostTimeout      = 10 * time.Second
-	DefaultProbeTimeout     = 5 * time.Second
-	DefaultProbeMaxAge      = 5 * time.Minute
-	DefaultProbeConcurrency = 8
-	DefaultStreamPoll       = time.Second
-	DefaultStreamKeepAlive  = 15 * time.Second
-	DefaultStreamMaxDur     = 14 * time.Minute
-	DefaultProbeInterval    = 10 * time.Second
-	DefaultSweepInterval    = 10 * time.Second
+	DefaultRetentionDays     = 30
+	DefaultAddr              = "127.0.0.1:8080"
+	DefaultHostTimeout       = 10 * time.Second
+	DefaultProbeTimeout      = 5 * time.Second
+	DefaultProbeMaxAge       = 5 * time.Minute
+	DefaultProbeConcurrency  = 8
+	DefaultStreamPoll        = time.Second
+	DefaultStreamKeepAlive   = 15 * time.Second
+	DefaultStreamMaxDuration = 14 * time.Minute
+	DefaultProbeInterval     = 10 * time.Second
+	DefaultSweepInterval     = 10 * time.Second
 	// MinAdminTokenLength refuses a guessable bootstrap token.
 	MinAdminTokenLength = 16
 )
@@ -214,7 +214,7 @@ func (c *Fleet) fillDefaults() {
 		def time.Duration
 	}{
 		{&c.StreamPollInterval, DefaultStreamPoll}, {&c.StreamKeepAlive, DefaultStreamKeepAlive},
-		{&c.StreamMaxDuration, DefaultStreamMaxDur}, {&c.ProbeInterval, DefaultProbeInterval},
+		{&c.StreamMaxDuration, DefaultStreamMaxDuration}, {&c.ProbeInterval, DefaultProbeInterval},
 		{&c.SweepInterval, DefaultSweepInterval},
 	} {
 		if *d.dst == 0 {

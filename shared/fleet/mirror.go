@@ -143,10 +143,9 @@ func (f *Fleet) syncRun(ctx context.Context, run store.Run, hosts *hostClients, 
 		if !run.Live() {
 			return run, syncResult{outcome: syncDrained, recovered: true}
 		}
-		res := syncResult{recovered: true}
-		stored, more := f.syncRun(ctx, run, hosts, until)
-		more.recovered = res.recovered
-		return stored, more
+		stored, res := f.syncRun(ctx, run, hosts, until)
+		res.recovered = true
+		return stored, res
 	}
 	if !run.Live() {
 		return run, syncResult{outcome: syncCurrent}
@@ -218,7 +217,6 @@ func (f *Fleet) syncRun(ctx context.Context, run store.Run, hosts *hostClients, 
 	}
 
 	now := f.clock.Now().UTC()
-	wasLive := run.Live()
 	stored, err := f.settle(ctx, run, func(cur *store.Run) bool {
 		changed := false
 		if cursor > cur.EventCursor {
@@ -245,7 +243,7 @@ func (f *Fleet) syncRun(ctx context.Context, run store.Run, hosts *hostClients, 
 		}
 		return run, res
 	}
-	if res.err == nil && res.outcome == syncCurrent && wasLive && !stored.Live() {
+	if res.err == nil && res.outcome == syncCurrent && !stored.Live() {
 		res.outcome = syncDrained
 	}
 	return stored, res
