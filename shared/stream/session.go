@@ -102,7 +102,12 @@ func (s *session) loop(ctx context.Context, end time.Time) endReason {
 // poll syncs the run from its host, sends what the mirror holds beyond the
 // cursor, the snapshot once, and done at the end. over reports the end.
 func (s *session) poll(ctx context.Context) (endReason, bool) {
-	run, err := s.h.cfg.Fleet.SyncRun(ctx, s.run.FleetRunID)
+	// A host that hangs must not hold the stream past a keep-alive: the
+	// pull-through gets half of one (its writes are conditional, so
+	// cutting one short is safe), then the mirror is served as it is.
+	syncCtx, cancel := context.WithTimeout(ctx, s.h.cfg.KeepAlive/2)
+	run, err := s.h.cfg.Fleet.SyncRun(syncCtx, s.run.FleetRunID)
+	cancel()
 	switch {
 	case err == nil:
 	case run.FleetRunID != "":
