@@ -204,7 +204,9 @@ type iamStack struct {
 
 func newIAMStack(t *testing.T) *iamStack {
 	_, tpl := templates(t)
-	s := &iamStack{tpl: tpl, tables: dynamostore.Prefixed("iam-"), prefix: "iamtest/runfleet/", hostRef: "edge-1"}
+	// Names of their own, so the tests also pass run again on one moto.
+	n := tablePrefix.Add(1)
+	s := &iamStack{tpl: tpl, tables: dynamostore.Prefixed(fmt.Sprintf("iam%d-", n)), prefix: fmt.Sprintf("iamtest%d/runfleet/", n), hostRef: "edge-1"}
 	st, err := dynamostore.New(moto.DynamoDB(), dynamostore.Config{Tables: s.tables})
 	if err != nil {
 		t.Fatal(err)
