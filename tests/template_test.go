@@ -155,6 +155,13 @@ func TestTemplateTransforms(t *testing.T) {
 		}
 	}
 
+	// The api routes on rawPath: only the $default stage leaves no stage
+	// name in front of it.
+	stages := resourcesOfType(out, "AWS::ApiGatewayV2::Stage")
+	if len(stages) != 1 || jsonObj(res, stages[0], "Properties")["StageName"] != "$default" {
+		t.Errorf("HTTP API stages %v: want the $default stage only", stages)
+	}
+
 	urls := resourcesOfType(out, "AWS::Lambda::Url")
 	if len(urls) != 1 {
 		t.Fatalf("function URLs %v, want the stream's only", urls)
