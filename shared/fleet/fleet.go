@@ -1,7 +1,10 @@
 // Package fleet owns Fleet's domain: the host registry, probes, routing,
 // idempotent dispatch and the recovery of dispatches whose answer was lost,
-// over a store.Store and the host protocol client. The API handler (package
-// api) and the scheduled functions call it; it knows nothing of HTTP.
+// the verbs forwarded to a run's host, the event mirror with the sweep that
+// keeps live runs current, and the scrape behind the metrics rollup, over a
+// store.Store and the host protocol client. The API handler (package api),
+// the stream (package stream) and the scheduled jobs (package scheduled)
+// call it; it knows nothing of HTTP.
 //
 // Errors a caller can act on are *Error with a Kind; anything else is a fault.
 package fleet
