@@ -249,7 +249,7 @@ func (s *iamStack) app(t *testing.T, fn string, rec *callRecorder) *fleetapp.App
 	}
 	cfg.StreamPollInterval = 10 * time.Millisecond
 	app, err := fleetapp.New(context.Background(), cfg, fleetapp.Deps{
-		Logger: slog.New(slog.NewJSONHandler(io.Discard, nil)), DefaultStore: config.StoreDynamoDB,
+		Logger: slog.New(slog.NewJSONHandler(io.Discard, nil)), DefaultStore: config.StoreDynamoDB, DialContext: dialLoopbackOnly,
 		LoadAWS: func(context.Context) (aws.Config, error) {
 			c := moto.AWSConfig()
 			c.HTTPClient = rec

@@ -7,8 +7,10 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"net"
 	"net/http"
 	"net/http/httptest"
+	"net/netip"
 	"os"
 	"path/filepath"
 	"strings"
@@ -100,7 +102,7 @@ func newStack(t testing.TB, kind string, opts stackOptions) *stack {
 	clk := clock.NewFake(time.Now().UTC().Truncate(time.Second))
 	log := slog.New(slog.NewJSONHandler(io.Discard, nil))
 	app, err := fleetapp.New(context.Background(), cfg, fleetapp.Deps{
-		Logger: log, Clock: clk, CreateTables: true, Meter: opts.meter,
+		Logger: log, Clock: clk, CreateTables: true, Meter: opts.meter, DialContext: dialLoopbackOnly,
 		LoadAWS: func(context.Context) (aws.Config, error) { return moto.AWSConfig(), nil },
 	})
 	if err != nil {
@@ -114,6 +116,22 @@ func newStack(t testing.TB, kind string, opts stackOptions) *stack {
 	srv := httptest.NewServer(handler)
 	t.Cleanup(srv.Close)
 	return &stack{app: app, srv: srv, clk: clk, meter: opts.meter}
+}
+
+// dialLoopbackOnly is Fleet's host dialer in tests: no test leaves
+// loopback, so a host registered under a name (https://runner.example) is
+// unreachable at once, without a DNS lookup, and a loopback address is
+// dialled as usual.
+func dialLoopbackOnly(ctx context.Context, network, addr string) (net.Conn, error) {
+	host, _, err := net.SplitHostPort(addr)
+	if err != nil {
+		return nil, fmt.Errorf("tests: dialing %q: %w", addr, err)
+	}
+	if ip, err := netip.ParseAddr(host); err != nil || !ip.IsLoopback() {
+		return nil, fmt.Errorf("tests: dialing %s refused: tests never leave loopback (and never look a name up)", addr)
+	}
+	var d net.Dialer
+	return d.DialContext(ctx, network, addr)
 }
 
 // answer is one HTTP answer, its JSON body decoded.

@@ -42,7 +42,7 @@ func (s *stack) sweep(t testing.TB) fleet.SweepReport {
 // (the stack's store wrapped by a test).
 func (s *stack) fleetOn(t testing.TB, st store.Store) *fleet.Fleet {
 	t.Helper()
-	f, err := fleet.New(fleet.Config{Store: st, Credentials: s.app.Credentials, Clock: s.clk,
+	f, err := fleet.New(fleet.Config{Store: st, Credentials: s.app.Credentials, Clock: s.clk, DialContext: dialLoopbackOnly,
 		Logger: slog.New(slog.NewJSONHandler(io.Discard, nil))})
 	if err != nil {
 		t.Fatal(err)
