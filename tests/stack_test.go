@@ -31,7 +31,9 @@ import (
 var moto *motoserver.Server
 
 func TestMain(m *testing.M) {
-	os.Exit(motoserver.Run(m, func(s *motoserver.Server) { moto = s }))
+	code := motoserver.Run(m, func(s *motoserver.Server) { moto = s })
+	built.remove()
+	os.Exit(code)
 }
 
 const (

@@ -254,7 +254,7 @@ func TestStreamFunctionUnderTheEmulator(t *testing.T) {
 		config.EnvTableCallers: tables.Callers, config.EnvTableIdempotency: tables.Idempotency,
 		"AWS_REGION": "us-east-1", "AWS_ACCESS_KEY_ID": "test", "AWS_SECRET_ACCESS_KEY": "test",
 	}
-	fn := lambdatest.Start(t, lambdatest.Build(t, "./functions/stream"), env, 30*time.Second)
+	fn := lambdatest.Start(t, functionBootstrap(t, "stream"), env, 30*time.Second)
 
 	ev := events.LambdaFunctionURLRequest{
 		Version: "2.0", RawPath: "/fleet/runs/" + id + "/stream", RawQueryString: "after=1&token=" + alice,

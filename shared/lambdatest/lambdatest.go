@@ -48,8 +48,9 @@ const emulatorName = "aws-lambda-rie"
 var BuildFlags = []string{"-tags", "lambda.norpc", "-trimpath", "-ldflags", "-s -w"}
 
 const (
-	readyTimeout = 15 * time.Second
-	stopGrace    = 3 * time.Second
+	readyTimeout  = 15 * time.Second
+	stopGrace     = 3 * time.Second
+	reportTimeout = 5 * time.Second
 )
 
 // RepoRoot is the module's root directory (where go.mod is).
@@ -110,20 +111,31 @@ func Emulator() (string, error) {
 // returns the bootstrap's path in a test-owned directory.
 func Build(tb testing.TB, pkg string) string {
 	tb.Helper()
-	root, err := RepoRoot()
+	out, err := BuildInto(tb.TempDir(), pkg)
 	if err != nil {
 		tb.Fatal(err)
 	}
-	out := filepath.Join(tb.TempDir(), "bootstrap")
+	return out
+}
+
+// BuildInto is Build into dir (as dir/bootstrap; the emulator names the
+// function after dir), for tests that build each function once per test
+// binary and keep it beyond one test.
+func BuildInto(dir, pkg string) (string, error) {
+	root, err := RepoRoot()
+	if err != nil {
+		return "", err
+	}
+	out := filepath.Join(dir, "bootstrap")
 	args := append([]string{"build"}, BuildFlags...)
 	args = append(args, "-o", out, pkg)
 	cmd := exec.Command("go", args...)
 	cmd.Dir = root
 	cmd.Env = append(os.Environ(), "CGO_ENABLED=0")
 	if b, err := cmd.CombinedOutput(); err != nil {
-		tb.Fatalf("lambdatest: go build %s: %v\n%s", pkg, err, b)
+		return "", fmt.Errorf("lambdatest: go build %s: %v\n%s", pkg, err, b)
 	}
-	return out
+	return out, nil
 }
 
 // Function is a bootstrap running under the emulator.
@@ -131,10 +143,11 @@ type Function struct {
 	// URL is the emulator's address, e.g. http://127.0.0.1:40123.
 	URL string
 
-	mu     sync.Mutex // one invoke at a time
-	cmd    *exec.Cmd
-	output *lockedBuffer
-	done   chan struct{}
+	mu      sync.Mutex // one invoke at a time
+	invokes int        // answered so far, under mu
+	cmd     *exec.Cmd
+	output  *lockedBuffer
+	done    chan struct{}
 }
 
 // Start runs bootstrap under the emulator with env (and nothing else of
@@ -150,8 +163,16 @@ func Start(tb testing.TB, bootstrap string, env map[string]string, timeout time.
 	if err != nil {
 		tb.Fatal(err)
 	}
+	// The emulator's own Runtime API (what the bootstrap polls) defaults to
+	// 127.0.0.1:9001: a second emulator on the machine, in this test binary
+	// or another one, would fail to bind it. Each gets a free port.
+	runtimePort, err := freePort()
+	if err != nil {
+		tb.Fatal(err)
+	}
 	addr := "127.0.0.1:" + strconv.Itoa(port)
-	cmd := exec.Command(rie, "--runtime-interface-emulator-address", addr, "./"+filepath.Base(bootstrap))
+	cmd := exec.Command(rie, "--runtime-interface-emulator-address", addr,
+		"--runtime-api-address", "127.0.0.1:"+strconv.Itoa(runtimePort), "./"+filepath.Base(bootstrap))
 	cmd.Dir = filepath.Dir(bootstrap)
 	cmd.Env = []string{
 		"PATH=" + os.Getenv("PATH"),
@@ -249,7 +270,19 @@ func (f *Function) TryInvoke(event any) ([]byte, error) {
 	if resp.StatusCode != http.StatusOK {
 		return b, fmt.Errorf("lambdatest: the emulator answered %d: %s", resp.StatusCode, b)
 	}
+	f.invokes++
+	f.waitReport(f.invokes)
 	return b, nil
+}
+
+// waitReport waits (briefly) until the emulator has written n REPORT
+// lines: it writes an invocation's REPORT line after it answered, so a
+// test reading Reports right after Invoke could miss the last one.
+func (f *Function) waitReport(n int) {
+	deadline := time.Now().Add(reportTimeout)
+	for len(f.Reports()) < n && time.Now().Before(deadline) {
+		time.Sleep(2 * time.Millisecond)
+	}
 }
 
 // Output is what the emulator and the function wrote so far.
@@ -257,10 +290,28 @@ func (f *Function) Output() string { return f.output.String() }
 
 // Report is one invocation's REPORT line.
 type Report struct {
-	RequestID    string
-	Duration     time.Duration
-	InitDuration time.Duration // zero when the line has none
+	RequestID string
+	Duration  time.Duration
+	// InitDuration is the REPORT line's "Init Duration" (zero when the line
+	// has none). The pinned emulator measures it around a call that returns
+	// before the runtime has initialised, so it reads near zero; Init is
+	// the bootstrap's real init.
+	InitDuration time.Duration
 	MaxMemoryMB  int
+}
+
+var initReportLine = regexp.MustCompile(`INIT REPORT\(durationMs: ([0-9.]+)\)`)
+
+// Init is the bootstrap's init as the emulator's "INIT REPORT(durationMs:
+// ...)" line gives it: from the runtime's start until it asks for its
+// first event (main's work before lambda.Start: configuration, clients,
+// secrets). ok is false before the first invoke.
+func (f *Function) Init() (d time.Duration, ok bool) {
+	m := initReportLine.FindStringSubmatch(f.Output())
+	if m == nil {
+		return 0, false
+	}
+	return ms(m[1]), true
 }
 
 var reportLine = regexp.MustCompile(`REPORT RequestId: (\S+)\s+(?:Init Duration: ([0-9.]+) ms\s+)?Duration: ([0-9.]+) ms.*?Max Memory Used: (\d+) MB`)
