@@ -23,10 +23,7 @@ import (
 // open stream with its retry hint.
 func TestLocalStackRunsTheJobsAndServesTheStream(t *testing.T) {
 	dir := t.TempDir()
-	bin := filepath.Join(dir, "localstack")
-	if out, err := exec.Command("go", "build", "-o", bin, "../infra/localstack").CombinedOutput(); err != nil {
-		t.Fatalf("go build: %v\n%s", err, out)
-	}
+	bin := localStackBinary(t)
 	host := fakehost.New(fakehost.Config{})
 	defer host.Close()
 	creds := filepath.Join(dir, "credentials.json")
@@ -34,7 +31,8 @@ func TestLocalStackRunsTheJobsAndServesTheStream(t *testing.T) {
 
 	dataDir := filepath.Join(dir, "data")
 	cmd := exec.Command(bin)
-	cmd.Env = append(cleanEnv(), "RUNFLEET_ADDR=127.0.0.1:0", "RUNFLEET_DATA_DIR="+dataDir, "RUNFLEET_CREDENTIALS=file:"+creds,
+	// Fleet alone, with a fake host of the test's own.
+	cmd.Env = append(cleanEnv(), "RUNFLEET_ADDR=127.0.0.1:0", "RUNFLEET_DATA_DIR="+dataDir, "RUNFLEET_CREDENTIALS=file:"+creds, "RUNFLEET_EDGE=off",
 		"RUNFLEET_PROBE_INTERVAL=200ms", "RUNFLEET_SWEEP_INTERVAL=200ms", "RUNFLEET_STREAM_POLL_INTERVAL=100ms")
 	stdout, _ := cmd.StdoutPipe()
 	var stderr lockedBuffer

@@ -19,14 +19,11 @@ import (
 // route with the token it printed, and stops it with SIGTERM.
 func TestLocalStackStartsServesAndStopsOnSIGTERM(t *testing.T) {
 	dir := t.TempDir()
-	bin := filepath.Join(dir, "localstack")
-	build := exec.Command("go", "build", "-o", bin, "../infra/localstack")
-	if out, err := build.CombinedOutput(); err != nil {
-		t.Fatalf("go build: %v\n%s", err, out)
-	}
+	bin := localStackBinary(t)
 	dataDir := filepath.Join(dir, "data")
 	cmd := exec.Command(bin)
-	cmd.Env = append(cleanEnv(), "RUNFLEET_ADDR=127.0.0.1:0", "RUNFLEET_DATA_DIR="+dataDir)
+	// Fleet alone: TestLocalStackRunsTheWholeSystem covers the local edge.
+	cmd.Env = append(cleanEnv(), "RUNFLEET_ADDR=127.0.0.1:0", "RUNFLEET_DATA_DIR="+dataDir, "RUNFLEET_EDGE=off")
 	stdout, err := cmd.StdoutPipe()
 	if err != nil {
 		t.Fatal(err)

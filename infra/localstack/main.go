@@ -1,15 +1,30 @@
-// Command localstack runs Fleet on this machine (`make dev`), all four
-// handlers in one process, on a bbolt store in a local data dir: the api
-// handler served over HTTP through the same API Gateway v2 adapter shape
-// Lambda uses, the stream handler at /fleet/runs/{id}/stream on the same
-// address, and the scheduled probe and sweep handlers on timers
-// (RUNFLEET_PROBE_INTERVAL, RUNFLEET_SWEEP_INTERVAL; once at start, then
-// every interval). It prints the admin token and a curl example, and stops
-// cleanly on Ctrl-C or SIGTERM (open streams get their retry hint).
+// Command localstack runs the whole system on this machine (`make dev`):
+// Fleet, all four handlers in one process, on a bbolt store in a local data
+// dir (the api handler served over HTTP through the same API Gateway v2
+// adapter shape Lambda uses, the stream handler at /fleet/runs/{id}/stream
+// on the same address, the scheduled probe and sweep handlers on timers:
+// RUNFLEET_PROBE_INTERVAL, RUNFLEET_SWEEP_INTERVAL; once at start, then
+// every interval), and one edge host in the same process (package
+// edge/host, as `edge serve` runs it), registered with Fleet as local-edge
+// and probed, with a demo: a demo upstream on loopback (HTTPS under
+// api.demo.test with its own CA, trusted by the proxy) that answers whether
+// the credential it got was the demo secret's real value, the secret
+// demo/DEMO_API_KEY granted for it alone, the demo agent that calls it with
+// curl and its placeholder, and a caller minted for it. It prints the admin
+// token and the curl commands that dispatch a run using the secret and
+// follow its stream, and stops cleanly on Ctrl-C or SIGTERM (open streams
+// get their retry hint, the edge drains).
+//
+// As root, tasks run as nobody; as an ordinary user, edge cannot switch
+// users and runs tasks as that user (runner.insecureSameUser, for this
+// local stack only; it says so when it starts).
 //
 // Environment: every RUNFLEET_* variable of Fleet (README), plus
 // RUNFLEET_DATA_DIR (default .dev), where the store, the generated admin
-// token and the default credentials file live.
+// token, the default credentials file and the local edge's files live;
+// RUNFLEET_EDGE=off to run Fleet alone; RUNFLEET_EDGE_ADDR, the local
+// edge's host API (default 127.0.0.1:7070); EDGE_SECRETS_PROXY=off keeps
+// the local edge's secrets proxy down, as for edge.
 package main
 
 import (
@@ -18,6 +33,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"log/slog"
 	"net"
 	"net/http"
 	"os"
@@ -29,6 +45,9 @@ import (
 	"time"
 
 	"github.com/aws/aws-lambda-go/events"
+
+	"github.com/runfleet/runfleet/edge/proxy"
+	"github.com/runfleet/runfleet/infra/localstack/demo"
 
 	"github.com/runfleet/runfleet/shared/auth"
 	"github.com/runfleet/runfleet/shared/clock"
@@ -72,11 +91,19 @@ func run(ctx context.Context, getenv func(string) string, stdout, stderr io.Writ
 	if cfg.Store == "" {
 		cfg.Store = config.StoreBolt + ":" + filepath.Join(dataDir, "fleet.db")
 	}
+	edgeOn := !strings.EqualFold(getenv(EnvEdge), "off")
+	edgeFiles := filesIn(dataDir)
 	if cfg.Credentials == (credentials.Spec{}) {
 		path := filepath.Join(dataDir, "credentials.json")
 		if err := writeIfMissing(path, "{}\n"); err != nil {
 			fmt.Fprintln(stderr, "localstack:", err)
 			return 1
+		}
+		if edgeOn {
+			if err := addLocalEdgeCredential(path, edgeFiles); err != nil {
+				fmt.Fprintln(stderr, "localstack: the local edge's credential:", err)
+				return 1
+			}
 		}
 		cfg.Credentials = credentials.Spec{Kind: "file", Arg: path}
 	}
@@ -99,6 +126,25 @@ func run(ctx context.Context, getenv func(string) string, stdout, stderr io.Writ
 		return 1
 	}
 	defer app.Close()
+
+	var edge *localEdge
+	var callerToken string
+	if edgeOn {
+		edgeAddr := getenv(EnvEdgeAddr)
+		if edgeAddr == "" {
+			edgeAddr = defaultEdgeAddr
+		}
+		if edge, callerToken, err = openLocalEdge(ctx, app, edgeFiles, edgeAddr, getenv, log); err != nil {
+			fmt.Fprintln(stderr, "localstack: the local edge:", err)
+			return 1
+		}
+		defer func() {
+			if edge != nil {
+				edge.stop(context.Background())
+			}
+		}()
+	}
+
 	handler, err := app.HTTPHandler(log, nil)
 	if err != nil {
 		fmt.Fprintln(stderr, "localstack:", err)
@@ -141,8 +187,12 @@ func run(ctx context.Context, getenv func(string) string, stdout, stderr io.Writ
 	fmt.Fprintf(stdout, "  credentials: %s:%s (host credentialRef -> secret)\n", cfg.Credentials.Kind, cfg.Credentials.Arg)
 	fmt.Fprintf(stdout, "  admin token: %s\n", tokenShown)
 	fmt.Fprintf(stdout, "  probe every %s, sweep every %s\n", cfg.ProbeInterval, cfg.SweepInterval)
+	if edge != nil {
+		printLocalEdge(stdout, edge, base, callerToken)
+	}
 	fmt.Fprintf(stdout, "try:\n  curl -s %s/healthz\n  curl -s -H \"Authorization: Bearer %s\" %s/fleet/hosts\n", base, tokenRef, base)
 	fmt.Fprintf(stdout, "  curl -N -H \"Authorization: Bearer %s\" %s/fleet/runs/<fleetRunId>/stream\n", tokenRef, base)
+	fmt.Fprintln(stdout, "ready")
 
 	select {
 	case err := <-serving:
@@ -162,12 +212,87 @@ func run(ctx context.Context, getenv func(string) string, stdout, stderr io.Writ
 		fmt.Fprintln(stderr, "localstack: serving:", err)
 	}
 	jobs.Wait()
+	if edge != nil {
+		// The edge drains after Fleet stopped: no dispatch arrives meanwhile.
+		ctx, cancel := context.WithTimeout(context.Background(), edgeStopTimeout)
+		err := edge.stop(ctx)
+		cancel()
+		edge = nil
+		if err != nil {
+			fmt.Fprintln(stderr, "localstack: stopping the local edge:", err)
+		}
+	}
 	if err := app.Close(); err != nil {
 		fmt.Fprintln(stderr, "localstack: closing the store:", err)
 		return 1
 	}
 	fmt.Fprintln(stdout, "stopped")
 	return 0
+}
+
+// edgeStopTimeout bounds the local edge's drain (demo.Edge: 5 s, then 2 s
+// of cancel grace) and its shutdown.
+const edgeStopTimeout = 30 * time.Second
+
+// openLocalEdge starts the local edge, registers and probes it, and
+// returns it with the demo caller's token.
+func openLocalEdge(ctx context.Context, app *fleetapp.App, files edgeFiles, addr string, getenv func(string) string, log *slog.Logger) (*localEdge, string, error) {
+	if err := localEdgeToken(ctx, app, files); err != nil {
+		return nil, "", err
+	}
+	edge, err := startLocalEdge(ctx, files, addr, getenv, log)
+	if err != nil {
+		return nil, "", err
+	}
+	fail := func(err error) (*localEdge, string, error) {
+		edge.stop(context.Background())
+		return nil, "", err
+	}
+	if err := edge.register(ctx, app.Fleet); err != nil {
+		return fail(fmt.Errorf("registering it with Fleet: %w", err))
+	}
+	probe, err := app.Fleet.ProbeHost(ctx, localEdgeID)
+	if err != nil {
+		return fail(fmt.Errorf("probing it: %w", err))
+	}
+	if probe.Status != "ok" {
+		log.Warn("the local edge's first probe is not ok", "status", probe.Status, "detail", probe.Detail)
+	}
+	edge.probe = probe
+	token, err := demoCaller(ctx, app, files.caller)
+	if err != nil {
+		return fail(fmt.Errorf("the demo caller: %w", err))
+	}
+	return edge, token, nil
+}
+
+// printLocalEdge says what the local edge is and prints the commands that
+// dispatch a run using the demo secret and follow its stream.
+func printLocalEdge(w io.Writer, e *localEdge, base, callerToken string) {
+	p := e.probe
+	fmt.Fprintf(w, "edge host %s: API %s, secrets proxy %s, probe %s (secretsProxy %t, agents %s)\n",
+		localEdgeID, e.baseURL, orNone(e.host.ProxyAddr()), p.Status, p.Features.SecretsProxy, strings.Join(p.Agents, ", "))
+	fmt.Fprintf(w, "  data dir:    %s (edge.json: %s)\n", e.files.dataDir, e.files.config)
+	fmt.Fprintf(w, "  tasks' dirs: %s\n", e.workDir)
+	if e.sameUser {
+		fmt.Fprintf(w, "  tasks run as you (uid %d): runner.insecureSameUser is set because this user cannot switch users; for this local stack only, never on a real host\n", os.Getuid())
+	} else {
+		fmt.Fprintln(w, "  tasks run as nobody")
+	}
+	fmt.Fprintf(w, "demo upstream %s (127.0.0.1:%d; its own CA in %s, trusted by the proxy)\n", e.upstream.URL(), e.upstream.Port(), e.files.upstreamCA)
+	fmt.Fprintf(w, "  answers {\"authorized\": true} only to the real value of the secret %s, which is in %s; tasks get a placeholder\n", demo.SecretsRef, e.files.secrets)
+	fmt.Fprintf(w, "  caller %q (hosts: %s; projects: %s), token kept in %s\n", demoOwner, localEdgeID, demo.Project, e.files.caller)
+	fmt.Fprintln(w, "dispatch a run of the demo agent using the secret, then follow its stream (the fleetRunId is in the first answer):")
+	fmt.Fprintf(w, "  curl -sS -H \"Authorization: Bearer %s\" -H \"Content-Type: application/json\" -d '%s' %s/fleet/runs\n",
+		callerToken, demo.DispatchBody(e.upstream, demo.Agent, "hello"), base)
+	fmt.Fprintf(w, "  curl -sS -N -H \"Authorization: Bearer %s\" %s/fleet/runs/<fleetRunId>/stream\n", callerToken, base)
+}
+
+func orNone(s string) string {
+	if s == "" {
+		return "down (" + proxy.KillSwitchEnv + "=off)"
+	}
+	return s
 }
 
 // every runs job now and then every interval until ctx ends, each run with
