@@ -63,12 +63,24 @@ type stackOptions struct {
 	hostTimeout time.Duration
 	repoURLs    map[string]string
 	meter       *dynamostore.Meter
+	// realClock runs Fleet on the wall clock, for a real edge (its run
+	// deadlines are wall-clock ones); the stack's clk is then nil.
+	realClock bool
+	// log receives Fleet's JSON log lines; nil discards them.
+	log io.Writer
+	// hostCredentials are more credentialRefs for the credentials file.
+	hostCredentials map[string]string
 }
 
 func newStack(t testing.TB, kind string, opts stackOptions) *stack {
 	dir := t.TempDir()
 	creds := filepath.Join(dir, "credentials.json")
-	if err := os.WriteFile(creds, []byte(fmt.Sprintf(`{%q: %q}`, hostCredRef, hostToken)), 0o600); err != nil {
+	credMap := map[string]string{hostCredRef: hostToken}
+	for ref, secret := range opts.hostCredentials {
+		credMap[ref] = secret
+	}
+	credJSON, _ := json.Marshal(credMap)
+	if err := os.WriteFile(creds, credJSON, 0o600); err != nil {
 		t.Fatal(err)
 	}
 	env := map[string]string{
@@ -101,17 +113,25 @@ func newStack(t testing.TB, kind string, opts stackOptions) *stack {
 	if err != nil {
 		t.Fatal(err)
 	}
-	clk := clock.NewFake(time.Now().UTC().Truncate(time.Second))
+	var clk *clock.Fake
+	var fleetClock clock.Clock = clock.Real{}
+	if !opts.realClock {
+		clk = clock.NewFake(time.Now().UTC().Truncate(time.Second))
+		fleetClock = clk
+	}
 	log := slog.New(slog.NewJSONHandler(io.Discard, nil))
+	if opts.log != nil {
+		log = slog.New(slog.NewJSONHandler(opts.log, &slog.HandlerOptions{Level: slog.LevelDebug}))
+	}
 	app, err := fleetapp.New(context.Background(), cfg, fleetapp.Deps{
-		Logger: log, Clock: clk, CreateTables: true, Meter: opts.meter, DialContext: dialLoopbackOnly,
+		Logger: log, Clock: fleetClock, CreateTables: true, Meter: opts.meter, DialContext: dialLoopbackOnly,
 		LoadAWS: func(context.Context) (aws.Config, error) { return moto.AWSConfig(), nil },
 	})
 	if err != nil {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { app.Close() })
-	handler, err := app.HTTPHandler(log, clk)
+	handler, err := app.HTTPHandler(log, fleetClock)
 	if err != nil {
 		t.Fatal(err)
 	}
