@@ -18,6 +18,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"syscall"
 	"testing"
 	"time"
 
@@ -63,18 +64,20 @@ func newBenchRig(b *testing.B) *benchRig {
 	return &benchRig{e: e, up: up, uca: uca, proxyURL: u, ph: phs["K"], target: fmt.Sprintf("https://api.example.test:%d/v1/bench", up.port)}
 }
 
-// clients: the same net/http client, direct (name pinned like the proxy
-// pins it) or through the proxy.
+// clients: the same net/http client (env.goClient's, timeout included),
+// direct (name pinned like the proxy pins it) or through the proxy.
 func (r *benchRig) direct(keepAlive bool) *http.Client {
 	pool := x509.NewCertPool()
 	pool.AppendCertsFromPEM(r.uca.pem)
 	port := strconv.Itoa(r.up.port)
-	return &http.Client{Transport: &http.Transport{
-		TLSClientConfig: &tls.Config{RootCAs: pool}, DisableKeepAlives: !keepAlive, MaxIdleConnsPerHost: 64,
-		DialContext: func(ctx context.Context, network, _ string) (net.Conn, error) {
-			return (&net.Dialer{}).DialContext(ctx, network, "127.0.0.1:"+port)
-		},
-	}}
+	c := r.e.goClient(nil, false)
+	tr := c.Transport.(*http.Transport)
+	tr.Proxy, tr.TLSClientConfig = nil, &tls.Config{RootCAs: pool}
+	tr.DisableKeepAlives, tr.MaxIdleConnsPerHost = !keepAlive, 64
+	tr.DialContext = func(ctx context.Context, network, _ string) (net.Conn, error) {
+		return (&net.Dialer{}).DialContext(ctx, network, "127.0.0.1:"+port)
+	}
+	return c
 }
 
 func (r *benchRig) proxied(keepAlive bool) *http.Client {
@@ -98,10 +101,12 @@ func (r *benchRig) do(b *testing.B, c *http.Client, auth string) {
 	}
 }
 
-// run sends n requests from conc goroutines and returns requests/s.
-func (r *benchRig) run(b *testing.B, c *http.Client, auth string, n, conc int) float64 {
+// run sends n requests from conc goroutines and returns requests/s and the
+// process's CPU time per request (client, upstream and proxy together).
+func (r *benchRig) run(b *testing.B, c *http.Client, auth string, n, conc int) (rate float64, cpu time.Duration) {
 	var wg sync.WaitGroup
 	per := (n + conc - 1) / conc
+	cpu0 := processCPU()
 	start := time.Now()
 	for w := 0; w < conc; w++ {
 		wg.Add(1)
@@ -113,7 +118,45 @@ func (r *benchRig) run(b *testing.B, c *http.Client, auth string, n, conc int) f
 		}()
 	}
 	wg.Wait()
-	return float64(per*conc) / time.Since(start).Seconds()
+	elapsed := time.Since(start)
+	return float64(per*conc) / elapsed.Seconds(), (processCPU() - cpu0) / time.Duration(per*conc)
+}
+
+func processCPU() time.Duration {
+	var ru syscall.Rusage
+	_ = syscall.Getrusage(syscall.RUSAGE_SELF, &ru)
+	return time.Duration(ru.Utime.Nano() + ru.Stime.Nano())
+}
+
+// benchRounds is how many interleaved rounds a throughput benchmark runs,
+// each direct then proxied (the order alternating), so that load from
+// elsewhere on the machine lands on both sides; the medians are reported.
+const benchRounds = 10
+
+// compare runs direct and proxied in interleaved rounds of n requests
+// each and reports the medians of their requests/s, of the per-round
+// ratios and of the CPU time per request.
+func (r *benchRig) compare(b *testing.B, direct, proxied *http.Client, n, conc int) {
+	var dr, pr, ratio []float64
+	var dc, pc []time.Duration
+	for round := 0; round < benchRounds; round++ {
+		var d, p float64
+		var dcpu, pcpu time.Duration
+		if round%2 == 0 {
+			d, dcpu = r.run(b, direct, "real", n, conc)
+			p, pcpu = r.run(b, proxied, r.ph, n, conc)
+		} else {
+			p, pcpu = r.run(b, proxied, r.ph, n, conc)
+			d, dcpu = r.run(b, direct, "real", n, conc)
+		}
+		dr, pr, ratio = append(dr, d), append(pr, p), append(ratio, p/d)
+		dc, pc = append(dc, dcpu), append(pc, pcpu)
+	}
+	b.ReportMetric(medianOf(dr), "direct_req/s")
+	b.ReportMetric(medianOf(pr), "proxied_req/s")
+	b.ReportMetric(medianOf(ratio), "ratio")
+	b.ReportMetric(float64(median(dc).Nanoseconds())/1e3, "direct_cpu_µs/req")
+	b.ReportMetric(float64(median(pc).Nanoseconds())/1e3, "proxied_cpu_µs/req")
 }
 
 // BenchmarkKeepAlive: keep-alive HTTPS requests/s, 8 concurrent, one
@@ -123,16 +166,8 @@ func BenchmarkKeepAlive(b *testing.B) {
 	direct, proxied := r.direct(true), r.proxied(true)
 	r.run(b, direct, "real", 200, 8) // warm both pools
 	r.run(b, proxied, r.ph, 200, 8)
-	n := max(b.N, 400)
 	b.ResetTimer()
-	var d, p float64
-	for round := 0; round < 2; round++ { // interleaved against drift
-		d += r.run(b, direct, "real", n/2, 8)
-		p += r.run(b, proxied, r.ph, n/2, 8)
-	}
-	b.ReportMetric(d/2, "direct_req/s")
-	b.ReportMetric(p/2, "proxied_req/s")
-	b.ReportMetric(p/d, "ratio")
+	r.compare(b, direct, proxied, max(b.N/benchRounds, 4000), 8)
 }
 
 // BenchmarkLatencyP50: one request at a time, direct and proxied
@@ -142,7 +177,7 @@ func BenchmarkLatencyP50(b *testing.B) {
 	direct, proxied := r.direct(true), r.proxied(true)
 	r.run(b, direct, "real", 50, 1)
 	r.run(b, proxied, r.ph, 50, 1)
-	n := max(b.N, 500)
+	n := max(b.N, 5000)
 	var dl, pl []time.Duration
 	b.ResetTimer()
 	for i := 0; i < n; i++ {
@@ -163,6 +198,11 @@ func median(ds []time.Duration) time.Duration {
 	return ds[len(ds)/2]
 }
 
+func medianOf(xs []float64) float64 {
+	sort.Float64s(xs)
+	return xs[len(xs)/2]
+}
+
 // BenchmarkNewConnectionPerRequest: requests/s with a new connection each
 // time; proxied that is CONNECT + an intercepted handshake with a cached
 // leaf (target: proxied >= 0.8 x direct).
@@ -171,16 +211,8 @@ func BenchmarkNewConnectionPerRequest(b *testing.B) {
 	direct, proxied := r.direct(false), r.proxied(false)
 	r.run(b, direct, "real", 20, 4)
 	r.run(b, proxied, r.ph, 20, 4) // issues and caches the leaf
-	n := max(b.N, 200)
 	b.ResetTimer()
-	var d, p float64
-	for round := 0; round < 2; round++ {
-		d += r.run(b, direct, "real", n/2, 4)
-		p += r.run(b, proxied, r.ph, n/2, 4)
-	}
-	b.ReportMetric(d/2, "direct_req/s")
-	b.ReportMetric(p/2, "proxied_req/s")
-	b.ReportMetric(p/d, "ratio")
+	r.compare(b, direct, proxied, max(b.N/benchRounds, 100), 4)
 }
 
 // The memory benchmarks run the proxy alone in a child process (this test
