@@ -17,9 +17,12 @@ FUZZTIME  ?= 5s
 
 .PHONY: dev test test-go deps build build-functions build-ApiFunction build-StreamFunction build-SweepFunction build-ProbeFunction build-edge bench lint fuzz fuzz-short clean
 
-## dev: the local stack (Fleet on bbolt, with its handlers on RUNFLEET_ADDR)
+## dev: the whole system on this machine: Fleet (its four handlers, on bbolt, on RUNFLEET_ADDR)
+## and one edge host with a demo upstream and secret (README: The local stack). Built, then
+## exec'd rather than `go run`: Ctrl-C then ends it cleanly, with no "Error 1" from make.
 dev:
-	$(GO) run ./infra/localstack
+	@$(GO) build -o $(BUILD)/localstack ./infra/localstack
+	@exec $(BUILD)/localstack
 
 ## test: lint, every Go test under -race (unit, store contract on moto_server, integration), brief fuzzing
 test: deps lint test-go fuzz-short
