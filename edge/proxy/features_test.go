@@ -237,3 +237,85 @@ func TestCheckGrantForAdmission(t *testing.T) {
 		t.Fatalf("err = %v", err)
 	}
 }
+
+// The answer's framing survives the proxy: a chunked answer with a trailer,
+// HEAD and 204 without a body, an interim 103 passed on, the upstream's
+// hop-by-hop fields dropped, and an answer the upstream cuts short never
+// reaching the task as a complete one.
+func TestAnswersKeepTheirFraming(t *testing.T) {
+	f := newFixture(t, "open")
+	f.up.handler = func(w http.ResponseWriter, r *http.Request) {
+		switch r.URL.Path {
+		case "/chunked":
+			w.Header().Set("Trailer", "X-Sum")
+			w.Header().Set("Connection", "X-Hop")
+			w.Header().Set("X-Hop", "hop-by-hop")
+			w.Header().Set("Keep-Alive", "timeout=5")
+			io.WriteString(w, "part one, ")
+			w.(http.Flusher).Flush()
+			io.WriteString(w, "part two")
+			w.Header().Set("X-Sum", "42")
+		case "/head":
+			w.Header().Set("Content-Length", "1234")
+		case "/empty":
+			w.WriteHeader(http.StatusNoContent)
+		case "/hints":
+			w.Header().Set("Link", "</style.css>; rel=preload")
+			w.WriteHeader(http.StatusEarlyHints)
+			io.WriteString(w, "final")
+		case "/cut":
+			conn, brw, err := w.(http.Hijacker).Hijack()
+			if err != nil {
+				return
+			}
+			brw.WriteString("HTTP/1.1 200 OK\r\nContent-Length: 100\r\n\r\nonly ten b")
+			brw.Flush()
+			conn.Close()
+		}
+	}
+	tc, br := f.dialIntercepted(f.proxyURL, f.api, "api.example.test", "http/1.1")
+	defer tc.Close()
+	get := func(method, path string) (*http.Response, string, error) {
+		fmt.Fprintf(tc, "%s %s HTTP/1.1\r\nHost: %s\r\nAuthorization: Bearer %s\r\n\r\n", method, path, f.api, f.phA)
+		res, err := http.ReadResponse(br, &http.Request{Method: method})
+		if err != nil {
+			return nil, "", err
+		}
+		body, err := io.ReadAll(res.Body)
+		res.Body.Close()
+		return res, string(body), err
+	}
+	res, body, err := get("GET", "/chunked")
+	if err != nil || body != "part one, part two" || res.Trailer.Get("X-Sum") != "42" {
+		t.Fatalf("chunked: %q, trailer %v, %v", body, res.Trailer, err)
+	}
+	if res.Header.Get("X-Hop") != "" || res.Header.Get("Keep-Alive") != "" {
+		t.Errorf("hop-by-hop fields passed on: %v", res.Header)
+	}
+	res, body, err = get("HEAD", "/head")
+	if err != nil || res.StatusCode != 200 || body != "" || res.ContentLength != 1234 {
+		t.Fatalf("HEAD: %v %q %v", res, body, err)
+	}
+	res, body, err = get("GET", "/empty")
+	if err != nil || res.StatusCode != http.StatusNoContent || body != "" {
+		t.Fatalf("204: %v %q %v", res, body, err)
+	}
+	fmt.Fprintf(tc, "GET /hints HTTP/1.1\r\nHost: %s\r\n\r\n", f.api)
+	interim, err := http.ReadResponse(br, nil)
+	if err != nil || interim.StatusCode != http.StatusEarlyHints || interim.Header.Get("Link") == "" {
+		t.Fatalf("103: %v %v", interim, err)
+	}
+	res, err = http.ReadResponse(br, nil)
+	must(t, err)
+	if b, _ := io.ReadAll(res.Body); res.StatusCode != 200 || string(b) != "final" {
+		t.Fatalf("after 103: %d %q", res.StatusCode, b)
+	}
+	// The same connection still serves, then the cut answer ends it.
+	if _, _, err := get("GET", "/cut"); err == nil {
+		t.Fatal("an answer cut short reached the task as a complete one")
+	}
+	line := f.waitAudit(func(m map[string]any) bool { return m["path"] == "/cut" })
+	if line["action"] != "substituted" {
+		t.Errorf("audit %v", line)
+	}
+}

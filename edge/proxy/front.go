@@ -27,6 +27,34 @@ type connInfo struct {
 	// sniOK: the client's SNI named the CONNECT's name. Otherwise every
 	// request on the connection is misdirected (421).
 	sniOK bool
+	// addr and hostHeader are target.String() and target.HostHeader(),
+	// spelled once per connection instead of per request; empty means not
+	// spelled yet.
+	addr, hostHeader string
+}
+
+func newConnInfo(a *attempt, target policy.Authority) *connInfo {
+	return &connInfo{attempt: a, target: target, addr: target.String(), hostHeader: target.HostHeader()}
+}
+
+// address is the CONNECT's authority as host:port.
+func (ci *connInfo) address() string {
+	if ci.addr != "" {
+		return ci.addr
+	}
+	return ci.target.String()
+}
+
+// names reports whether an authority (a Host, :authority or absolute URL's
+// host) names the CONNECT's. The CONNECT's own spellings, what clients send,
+// are recognised without parsing: each is canonical, so it parses to the
+// target itself.
+func (ci *connInfo) names(authority string) bool {
+	if ci.target.Name != "" && ci.addr != "" && (authority == ci.hostHeader || authority == ci.addr) {
+		return true
+	}
+	a, err := policy.ParseAuthority(authority, false)
+	return err == nil && policy.SameAuthority(a, ci.target)
 }
 
 type connInfoKey struct{}
@@ -94,7 +122,7 @@ func (p *Proxy) serveFront(c net.Conn) {
 		return
 	}
 	entry.Host = target.String()
-	granted, _ := p.cfg.Policy.Current().Grant(a.task.declared)
+	granted := a.task.grantsUnder(p.cfg.Policy.Current()).granted
 	decision := policy.DecideConnect(policy.ConnectInput{Target: target, Granted: granted, Egress: p.cfg.Egress})
 	if decision.Action == policy.Refuse {
 		deny(http.StatusForbidden, decision.Reason, nil)
@@ -198,7 +226,7 @@ func (p *Proxy) intercept(a *attempt, c *bufferedConn, target policy.Authority) 
 	if _, err := io.WriteString(c, "HTTP/1.1 200 Connection established\r\n\r\n"); err != nil {
 		return
 	}
-	ci := &connInfo{attempt: a, target: target}
+	ci := newConnInfo(a, target)
 	tc := tls.Server(c, &tls.Config{
 		MinVersion: tls.VersionTLS12,
 		NextProtos: []string{"h2", "http/1.1"},
@@ -228,7 +256,7 @@ func (p *Proxy) intercept(a *attempt, c *bufferedConn, target policy.Authority) 
 		})
 		return
 	}
-	p.serveHTTP1(connCtx, tc)
+	p.serveHTTP1(connCtx, ci, tc)
 }
 
 func sameName(sni, name string) bool {

@@ -2,18 +2,19 @@ package proxy
 
 import (
 	"bufio"
-	"bytes"
 	"context"
 	"errors"
-	"fmt"
 	"io"
 	"net"
 	"net/http"
 	"net/http/httputil"
+	"net/url"
 	"strconv"
 	"strings"
 	"sync"
 	"time"
+
+	"golang.org/x/net/http/httpguts"
 )
 
 // maxHeadBytes bounds an intercepted request's head (431 past it).
@@ -23,76 +24,111 @@ const maxHeadBytes = 64 << 10
 // connection alive; past it the connection is closed.
 const maxDrain = 256 << 10
 
-var headReaders = sync.Pool{New: func() any { return bufio.NewReaderSize(nil, 4096) }}
+// h1Conn is one intercepted HTTP/1.1 connection. Its own loop, not
+// net/http's server, for two reasons: the framing must be checked on the raw
+// head (net/http quietly drops a Content-Length beside a Transfer-Encoding
+// and merges duplicate Content-Lengths, and a proxy must refuse both:
+// request smuggling), and a kept-alive request should cost next to nothing
+// (issue 4's benchmark): the head is read into one string, its fields into a
+// header map and value slices the connection reuses, and the response writer
+// is the connection's too.
+type h1Conn struct {
+	p    *Proxy
+	ci   *connInfo
+	conn net.Conn
+	br   *bufio.Reader
+	// base carries the connection's context; each request is a copy.
+	base *http.Request
 
-// serveHTTP1 serves HTTP/1.1 requests on an intercepted connection. Its own
-// loop, not net/http's server, because the framing must be checked on the
-// raw head: net/http quietly drops a Content-Length beside a
-// Transfer-Encoding and merges duplicate Content-Lengths, and a proxy must
-// refuse both (request smuggling).
-func (p *Proxy) serveHTTP1(ctx context.Context, c net.Conn) {
-	br := bufio.NewReaderSize(c, 4096)
-	handler := pipeline{p}
-	for {
-		_ = c.SetReadDeadline(time.Now().Add(p.cfg.IdleTimeout))
-		head, err := readHead(br)
-		if err != nil {
-			var he headError
-			if errors.As(err, &he) {
-				writeStatus(c, he.status, he.reason, nil)
-			}
-			return
+	head   []byte      // the head being read
+	header http.Header // the request's fields, cleared per request
+	strs   []string    // backing for the request's field values
+	w      h1Writer
+	body   h1Body
+}
+
+// h1ValueSlots is how many field values the connection keeps room for;
+// more spill into their own slices.
+const h1ValueSlots = 24
+
+// serveHTTP1 serves HTTP/1.1 requests on an intercepted connection.
+func (p *Proxy) serveHTTP1(ctx context.Context, ci *connInfo, c net.Conn) {
+	hc := &h1Conn{p: p, ci: ci, conn: c, br: bufio.NewReaderSize(c, 4096),
+		base:   (&http.Request{RemoteAddr: c.RemoteAddr().String()}).WithContext(ctx),
+		header: http.Header{}, strs: make([]string, h1ValueSlots)}
+	for hc.serveOne(ctx) {
+	}
+}
+
+// serveOne serves the next request; false when the connection is done.
+func (hc *h1Conn) serveOne(ctx context.Context) bool {
+	c := hc.conn
+	_ = c.SetReadDeadline(time.Now().Add(hc.p.cfg.IdleTimeout))
+	head, err := hc.readHead()
+	if err != nil {
+		var he headError
+		if errors.As(err, &he) {
+			writeStatus(c, he.status, he.reason, nil)
 		}
-		_ = c.SetReadDeadline(time.Time{})
-		if status, reason := checkFraming(head); status != 0 {
-			writeStatus(c, status, reason, nil)
-			return
+		return false
+	}
+	_ = c.SetReadDeadline(time.Time{})
+	clear(hc.header)
+	req := new(http.Request)
+	*req = *hc.base
+	if err := parseRequest(head, req, hc.header, hc.strs); err != nil {
+		var he headError
+		if !errors.As(err, &he) {
+			he = headError{http.StatusBadRequest, "malformed request"}
 		}
-		hr := headReaders.Get().(*bufio.Reader)
-		hr.Reset(bytes.NewReader(head))
-		req, err := http.ReadRequest(hr)
-		headReaders.Put(hr)
-		if err != nil {
-			writeStatus(c, http.StatusBadRequest, "malformed request", nil)
-			return
+		writeStatus(c, he.status, he.reason, nil)
+		return false
+	}
+	bw := getWriter(c)
+	defer putWriter(bw)
+	body := &hc.body
+	*body = h1Body{}
+	switch {
+	case req.ContentLength < 0:
+		body.r = httputil.NewChunkedReader(hc.br)
+		body.trailers = hc.br
+	case req.ContentLength > 0:
+		body.limited = io.LimitedReader{R: hc.br, N: req.ContentLength}
+		body.r = &body.limited
+	}
+	if body.r != nil {
+		if strings.EqualFold(req.Header.Get("Expect"), "100-continue") {
+			body.continueW = bw
 		}
-		bw := getWriter(c)
-		body := &h1Body{}
-		switch {
-		case len(req.TransferEncoding) > 0:
-			body.r = httputil.NewChunkedReader(br)
-			body.trailers = br
-		case req.ContentLength > 0:
-			body.r = io.LimitReader(br, req.ContentLength)
-		}
-		if body.r != nil {
-			if strings.EqualFold(req.Header.Get("Expect"), "100-continue") {
-				body.continueW = bw
-			}
-			req.Body = body
-		} else {
-			req.Body = http.NoBody
-		}
-		req.Header.Del("Expect")
-		req.RemoteAddr = c.RemoteAddr().String()
-		req = req.WithContext(ctx)
-		w := &h1Writer{conn: c, br: br, bw: bw, req: req, header: http.Header{}}
-		body.w = w
-		handler.ServeHTTP(w, req)
-		if w.hijacked {
-			return
-		}
-		w.finish()
-		putWriter(bw)
-		if w.closeAfter || req.Close || ctx.Err() != nil {
-			return
-		}
-		if body.r != nil && !body.eof {
-			if n, _ := io.CopyN(io.Discard, body, maxDrain+1); n > maxDrain || !body.eof {
-				return
-			}
+		req.Body = body
+	} else {
+		req.Body = http.NoBody
+	}
+	delete(req.Header, "Expect")
+	w := &hc.w
+	clear(w.header)
+	*w = h1Writer{conn: c, br: hc.br, bw: bw, req: req, header: w.header}
+	if w.header == nil {
+		w.header = http.Header{}
+	}
+	body.w = w
+	hc.p.serve(hc.ci, w, req)
+	if w.hijacked {
+		return false
+	}
+	w.finish()
+	if w.closeAfter || req.Close || ctx.Err() != nil {
+		return false
+	}
+	if body.r != nil && !body.eof {
+		if n, _ := io.CopyN(io.Discard, body, maxDrain+1); n > maxDrain || !body.eof {
+			return false
 		}
 	}
+	if cap(hc.head) > 4096 {
+		hc.head = nil // a large head's buffer is not kept while idle
+	}
+	return true
 }
 
 type headError struct {
@@ -103,98 +139,210 @@ type headError struct {
 func (e headError) Error() string { return e.reason }
 
 // readHead reads one request head, request line to the empty line, skipping
-// empty lines before it (RFC 9112 2.2).
-func readHead(br *bufio.Reader) ([]byte, error) {
-	var head []byte
+// empty lines before it (RFC 9112 2.2), into one string.
+func (hc *h1Conn) readHead() (string, error) {
+	head, err := readHeadInto(hc.br, hc.head[:0], maxHeadBytes)
+	hc.head = head
+	if err != nil {
+		return "", err
+	}
+	return string(head), nil
+}
+
+// readHeadInto appends a head (start line to the empty line) to buf.
+// Empty lines before it are skipped; more than limit bytes is an error.
+func readHeadInto(br *bufio.Reader, buf []byte, limit int) ([]byte, error) {
 	for {
 		line, err := br.ReadSlice('\n')
 		if err != nil && !errors.Is(err, bufio.ErrBufferFull) {
-			if len(head) > 0 || len(line) > 0 {
-				return nil, headError{http.StatusBadRequest, "truncated request head"}
+			if len(buf) > 0 || len(line) > 0 {
+				return buf, headError{http.StatusBadRequest, "truncated request head"}
 			}
-			return nil, err
+			return buf, err
 		}
-		if len(head)+len(line) > maxHeadBytes {
-			return nil, headError{http.StatusRequestHeaderFieldsTooLarge, "request head too large"}
+		if len(buf)+len(line) > limit {
+			return buf, headError{http.StatusRequestHeaderFieldsTooLarge, "request head too large"}
 		}
-		if len(head) == 0 && (string(line) == "\r\n" || string(line) == "\n") {
+		if len(buf) == 0 && (string(line) == "\r\n" || string(line) == "\n") {
 			continue
 		}
-		head = append(head, line...)
+		buf = append(buf, line...)
 		if errors.Is(err, bufio.ErrBufferFull) {
 			continue
 		}
 		if string(line) == "\r\n" || string(line) == "\n" {
-			return head, nil
+			return buf, nil
 		}
 	}
 }
 
-// checkFraming refuses a head whose body framing is ambiguous: both
+// chunkedCoding is a request's TransferEncoding when its body is chunked;
+// shared, never modified.
+var chunkedCoding = []string{"chunked"}
+
+// parseRequest reads a request head into req (whose context is already set)
+// with h as its Header. It refuses, with the status to answer, a malformed
+// request line or field (see parseFields) and ambiguous body framing: both
 // Transfer-Encoding and Content-Length, more than one of either, a transfer
-// coding other than chunked, whitespace before a colon, or a folded line.
-func checkFraming(head []byte) (int, string) {
-	var cl, te int
-	rest := head
-	if i := bytes.IndexByte(rest, '\n'); i >= 0 {
-		rest = rest[i+1:] // past the request line
+// coding other than chunked, or one on HTTP/1.0.
+func parseRequest(head string, req *http.Request, h http.Header, strs []string) error {
+	line, fieldLines, _ := strings.Cut(head, "\n")
+	line = strings.TrimSuffix(line, "\r")
+	method, rest, ok1 := strings.Cut(line, " ")
+	target, proto, ok2 := strings.Cut(rest, " ")
+	if !ok1 || !ok2 || method == "" || target == "" || !isToken(method) {
+		return headError{http.StatusBadRequest, "malformed request line"}
 	}
-	for len(rest) > 0 {
-		line := rest
-		if i := bytes.IndexByte(rest, '\n'); i >= 0 {
-			line, rest = rest[:i], rest[i+1:]
-		} else {
-			rest = nil
+	switch proto {
+	case "HTTP/1.1":
+		req.ProtoMinor = 1
+	case "HTTP/1.0":
+		req.ProtoMinor = 0
+	default:
+		return headError{http.StatusBadRequest, "malformed HTTP version"}
+	}
+	req.Method, req.RequestURI, req.Proto, req.ProtoMajor = method, target, proto, 1
+	f, err := parseFields(fieldLines, h, strs)
+	if err != nil {
+		return err
+	}
+	switch {
+	case f.lengths > 0 && f.codings > 0:
+		return headError{http.StatusBadRequest, "both Transfer-Encoding and Content-Length (request smuggling)"}
+	case f.lengths > 1:
+		return headError{http.StatusBadRequest, "more than one Content-Length (request smuggling)"}
+	case f.codings > 1:
+		return headError{http.StatusBadRequest, "more than one Transfer-Encoding"}
+	case f.codings == 1 && !f.chunked:
+		return headError{http.StatusNotImplemented, "only the chunked transfer coding is accepted"}
+	case f.codings == 1 && req.ProtoMinor == 0:
+		return headError{http.StatusBadRequest, "Transfer-Encoding on HTTP/1.0"}
+	case len(h["Host"]) > 1:
+		return headError{http.StatusBadRequest, "more than one Host"}
+	}
+	// A CONNECT names an authority, not a path (net/http's reading of it);
+	// the pipeline refuses it.
+	if method == http.MethodConnect && !strings.HasPrefix(target, "/") {
+		u, err := url.ParseRequestURI("http://" + target)
+		if err != nil {
+			return headError{http.StatusBadRequest, "malformed request target"}
 		}
-		line = bytes.TrimSuffix(line, []byte("\r"))
-		if len(line) == 0 {
+		u.Scheme = ""
+		req.URL = u
+	} else if req.URL, err = url.ParseRequestURI(target); err != nil {
+		return headError{http.StatusBadRequest, "malformed request target"}
+	}
+	req.Header = h
+	req.Host = req.URL.Host
+	if req.Host == "" && len(h["Host"]) > 0 {
+		req.Host = h["Host"][0]
+	}
+	switch {
+	case f.codings == 1:
+		req.ContentLength, req.TransferEncoding = -1, chunkedCoding
+	case f.lengths == 1:
+		req.ContentLength = f.contentLength
+	}
+	conn := h["Connection"]
+	req.Close = httpguts.HeaderValuesContainsToken(conn, "close") ||
+		(req.ProtoMinor == 0 && !httpguts.HeaderValuesContainsToken(conn, "keep-alive"))
+	return nil
+}
+
+// fieldsInfo is what parseFields found about a message's framing.
+type fieldsInfo struct {
+	lengths       int   // Content-Length fields
+	contentLength int64 // the last one's value
+	lengthsDiffer bool  // two Content-Lengths with different values
+	codings       int   // Transfer-Encoding fields
+	chunked       bool  // every one of them is exactly "chunked"
+}
+
+// parseFields reads a head's field lines (after its start line) into h,
+// names canonical and values trimmed of surrounding whitespace, the values
+// substrings of lines: strs lends them slices, so a head of common fields
+// allocates nothing here. It refuses a folded line, a name that is not a
+// token (so no whitespace before the colon), a value with a control
+// character other than tab (so no bare CR: no response splitting either
+// way), and a Content-Length that is not a decimal number.
+func parseFields(lines string, h http.Header, strs []string) (fieldsInfo, error) {
+	f := fieldsInfo{chunked: true}
+	for len(lines) > 0 {
+		line := lines
+		if i := strings.IndexByte(lines, '\n'); i >= 0 {
+			line, lines = lines[:i], lines[i+1:]
+		} else {
+			lines = ""
+		}
+		line = strings.TrimSuffix(line, "\r")
+		if line == "" {
 			break
 		}
 		if line[0] == ' ' || line[0] == '\t' {
-			return http.StatusBadRequest, "folded header line"
+			return f, headError{http.StatusBadRequest, "folded header line"}
 		}
-		name, value, ok := bytes.Cut(line, []byte(":"))
-		if !ok || len(name) == 0 || len(bytes.TrimRight(name, " \t")) != len(name) {
-			return http.StatusBadRequest, "malformed header line"
+		name, value, ok := strings.Cut(line, ":")
+		if !ok || name == "" || !isToken(name) {
+			return f, headError{http.StatusBadRequest, "malformed header line"}
 		}
-		switch {
-		case asciiEqualFold(name, "Content-Length"):
-			cl++
-		case asciiEqualFold(name, "Transfer-Encoding"):
-			te++
-			if !asciiEqualFold(bytes.TrimSpace(value), "chunked") {
-				return http.StatusNotImplemented, "only the chunked transfer coding is accepted"
+		value = strings.Trim(value, " \t")
+		for i := 0; i < len(value); i++ {
+			if c := value[i]; c < ' ' && c != '\t' || c == 0x7f {
+				return f, headError{http.StatusBadRequest, "malformed header line"}
 			}
 		}
+		key := canonicalKey(name)
+		switch key {
+		case "Content-Length":
+			n, err := strconv.ParseUint(value, 10, 63)
+			if err != nil {
+				return f, headError{http.StatusBadRequest, "malformed Content-Length"}
+			}
+			if f.lengths > 0 && int64(n) != f.contentLength {
+				f.lengthsDiffer = true
+			}
+			f.lengths++
+			f.contentLength = int64(n)
+		case "Transfer-Encoding":
+			f.codings++
+			f.chunked = f.chunked && strings.EqualFold(value, "chunked")
+		}
+		vv := h[key]
+		if vv == nil && len(strs) > 0 {
+			vv, strs = strs[:1:1], strs[1:]
+			vv[0] = value
+		} else {
+			vv = append(vv, value)
+		}
+		h[key] = vv
 	}
-	switch {
-	case cl > 0 && te > 0:
-		return http.StatusBadRequest, "both Transfer-Encoding and Content-Length (request smuggling)"
-	case cl > 1:
-		return http.StatusBadRequest, "more than one Content-Length (request smuggling)"
-	case te > 1:
-		return http.StatusBadRequest, "more than one Transfer-Encoding"
+	if f.codings == 0 {
+		f.chunked = false
 	}
-	return 0, ""
+	return f, nil
 }
 
-func asciiEqualFold(b []byte, s string) bool {
-	if len(b) != len(s) {
-		return false
-	}
-	for i := range len(b) {
-		x, y := b[i], s[i]
-		if 'A' <= x && x <= 'Z' {
-			x += 'a' - 'A'
-		}
-		if 'A' <= y && y <= 'Z' {
-			y += 'a' - 'A'
-		}
-		if x != y {
+func isToken(s string) bool {
+	for i := 0; i < len(s); i++ {
+		if !httpguts.IsTokenRune(rune(s[i])) {
 			return false
 		}
 	}
 	return true
+}
+
+// canonicalKey is http.CanonicalHeaderKey without its allocation for a name
+// already in canonical form, which is how clients spell them.
+func canonicalKey(name string) string {
+	upper := true
+	for i := 0; i < len(name); i++ {
+		c := name[i]
+		if upper && 'a' <= c && c <= 'z' || !upper && 'A' <= c && c <= 'Z' {
+			return http.CanonicalHeaderKey(name)
+		}
+		upper = c == '-'
+	}
+	return name
 }
 
 var writers = sync.Pool{New: func() any { return bufio.NewWriterSize(nil, 4096) }}
@@ -216,6 +364,7 @@ func putWriter(bw *bufio.Writer) {
 // are dropped), so the next request starts where it should.
 type h1Body struct {
 	r         io.Reader
+	limited   io.LimitedReader
 	w         *h1Writer
 	continueW *bufio.Writer
 	trailers  *bufio.Reader
@@ -246,26 +395,33 @@ func (b *h1Body) Read(p []byte) (int, error) {
 	return n, err
 }
 
-// skipTrailers reads trailer lines up to the empty line that ends a chunked
-// body, at most maxHeadBytes of them.
+// skipTrailers reads the trailer section that ends a chunked body.
 func skipTrailers(br *bufio.Reader) error {
-	total := 0
+	_, err := readTrailerLines(br)
+	return err
+}
+
+// readTrailerLines reads the lines after a chunked body's last chunk up to
+// the empty line that ends it, at most maxHeadBytes of them.
+func readTrailerLines(br *bufio.Reader) ([]byte, error) {
+	var lines []byte
 	for {
 		line, err := br.ReadSlice('\n')
-		total += len(line)
-		if err != nil || total > maxHeadBytes {
-			return errors.New("malformed chunked trailer")
+		if err != nil || len(lines)+len(line) > maxHeadBytes {
+			return nil, errors.New("malformed chunked trailer")
 		}
 		if string(line) == "\r\n" || string(line) == "\n" {
-			return nil
+			return lines, nil
 		}
+		lines = append(lines, line...)
 	}
 }
 
 func (b *h1Body) Close() error { return nil }
 
 // h1Writer writes one HTTP/1.1 response: Content-Length when the handler
-// set one, chunked otherwise, nothing for HEAD, 204 and 304.
+// set one, chunked otherwise, nothing for HEAD, 204 and 304. The head and a
+// small body leave in one write, at finish.
 type h1Writer struct {
 	conn   net.Conn
 	br     *bufio.Reader
@@ -281,6 +437,7 @@ type h1Writer struct {
 	written     int64
 	closeAfter  bool
 	hijacked    bool
+	aborted     bool
 }
 
 var (
@@ -291,13 +448,18 @@ var (
 
 func (w *h1Writer) Header() http.Header { return w.header }
 
+// WriteHeader writes the status line and the fields. The framing fields
+// (Content-Length, Transfer-Encoding, Connection) are the writer's: it
+// writes them as the response is framed. Field names and values are written
+// as they are: the handler's come from this package, and an upstream's were
+// checked by parseFields.
 func (w *h1Writer) WriteHeader(code int) {
 	if w.wroteHeader || w.hijacked {
 		return
 	}
 	if code >= 100 && code <= 199 && code != http.StatusSwitchingProtocols {
-		fmt.Fprintf(w.bw, "HTTP/1.1 %d %s\r\n", code, http.StatusText(code))
-		w.header.Write(w.bw)
+		writeStatusLine(w.bw, code)
+		writeFields(w.bw, w.header, false)
 		w.bw.WriteString("\r\n")
 		w.bw.Flush()
 		return
@@ -306,31 +468,61 @@ func (w *h1Writer) WriteHeader(code int) {
 	h := w.header
 	w.length = -1
 	w.noBody = w.req.Method == http.MethodHead || code == http.StatusNoContent || code == http.StatusNotModified
-	if cl := h.Get("Content-Length"); cl != "" {
-		if n, err := strconv.ParseInt(cl, 10, 64); err == nil && n >= 0 {
+	cl := h["Content-Length"]
+	if len(cl) == 1 {
+		if n, err := strconv.ParseInt(cl[0], 10, 64); err == nil && n >= 0 {
 			w.length = n
-		} else {
-			h.Del("Content-Length")
 		}
 	}
-	h.Del("Transfer-Encoding")
 	switch {
 	case w.noBody || w.length >= 0:
 	case w.req.ProtoAtLeast(1, 1):
 		w.chunked = true
-		h.Set("Transfer-Encoding", "chunked")
 	default:
 		w.closeAfter = true
 	}
-	if w.req.Close || !w.req.ProtoAtLeast(1, 1) {
+	if w.req.Close || !w.req.ProtoAtLeast(1, 1) || httpguts.HeaderValuesContainsToken(h["Connection"], "close") {
 		w.closeAfter = true
 	}
-	if w.closeAfter {
-		h.Set("Connection", "close")
+	writeStatusLine(w.bw, code)
+	writeFields(w.bw, h, true)
+	if w.length >= 0 {
+		w.bw.WriteString("Content-Length: ")
+		w.bw.Write(strconv.AppendInt(w.bw.AvailableBuffer(), w.length, 10))
+		w.bw.WriteString("\r\n")
 	}
-	fmt.Fprintf(w.bw, "HTTP/1.1 %d %s\r\n", code, http.StatusText(code))
-	h.Write(w.bw)
+	if w.chunked {
+		w.bw.WriteString("Transfer-Encoding: chunked\r\n")
+	}
+	if w.closeAfter {
+		w.bw.WriteString("Connection: close\r\n")
+	}
 	w.bw.WriteString("\r\n")
+}
+
+func writeStatusLine(bw *bufio.Writer, code int) {
+	bw.WriteString("HTTP/1.1 ")
+	bw.Write(strconv.AppendInt(bw.AvailableBuffer(), int64(code), 10))
+	bw.WriteByte(' ')
+	bw.WriteString(http.StatusText(code))
+	bw.WriteString("\r\n")
+}
+
+// writeFields writes h's fields; framing leaves out the ones the writer
+// frames the response with.
+func writeFields(bw *bufio.Writer, h http.Header, framing bool) {
+	for k, vs := range h {
+		if framing && (k == "Content-Length" || k == "Transfer-Encoding" || k == "Connection") ||
+			strings.HasPrefix(k, http.TrailerPrefix) {
+			continue
+		}
+		for _, v := range vs {
+			bw.WriteString(k)
+			bw.WriteString(": ")
+			bw.WriteString(v)
+			bw.WriteString("\r\n")
+		}
+	}
 }
 
 func (w *h1Writer) Write(b []byte) (int, error) {
@@ -352,7 +544,8 @@ func (w *h1Writer) Write(b []byte) (int, error) {
 		if len(b) == 0 {
 			return 0, nil
 		}
-		fmt.Fprintf(w.bw, "%x\r\n", len(b))
+		w.bw.Write(strconv.AppendInt(w.bw.AvailableBuffer(), int64(len(b)), 16))
+		w.bw.WriteString("\r\n")
 		w.bw.Write(b)
 		_, err := w.bw.WriteString("\r\n")
 		return len(b), err
@@ -384,28 +577,35 @@ func (w *h1Writer) Hijack() (net.Conn, *bufio.ReadWriter, error) {
 	return w.conn, bufio.NewReadWriter(w.br, bw), nil
 }
 
+// abort ends a response whose body could not be passed on whole: what was
+// written goes out, but never the end of a chunked body, and the connection
+// closes, so the client cannot take a cut body for a complete one.
+func (w *h1Writer) abort() {
+	w.aborted, w.closeAfter = true, true
+}
+
 // finish ends the response: the last chunk with any trailers, then a flush.
 func (w *h1Writer) finish() {
 	if !w.wroteHeader {
 		w.WriteHeader(http.StatusOK)
 	}
-	if w.chunked {
+	if w.chunked && !w.aborted {
 		w.bw.WriteString("0\r\n")
-		trailers := http.Header{}
-		for _, declared := range w.header.Values("Trailer") {
+		for _, declared := range w.header["Trailer"] {
 			for _, k := range strings.Split(declared, ",") {
 				k = http.CanonicalHeaderKey(strings.TrimSpace(k))
-				if vs := w.header[k]; len(vs) > 0 {
-					trailers[k] = vs
+				for _, v := range w.header[k] {
+					w.bw.WriteString(k + ": " + v + "\r\n")
 				}
 			}
 		}
 		for k, vs := range w.header {
-			if strings.HasPrefix(k, http.TrailerPrefix) {
-				trailers[strings.TrimPrefix(k, http.TrailerPrefix)] = vs
+			if name, ok := strings.CutPrefix(k, http.TrailerPrefix); ok {
+				for _, v := range vs {
+					w.bw.WriteString(name + ": " + v + "\r\n")
+				}
 			}
 		}
-		trailers.Write(w.bw)
 		w.bw.WriteString("\r\n")
 	}
 	if w.length >= 0 && w.written != w.length && !w.noBody {

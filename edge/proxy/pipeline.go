@@ -9,7 +9,6 @@ import (
 	"io"
 	"log/slog"
 	"net/http"
-	"net/http/httputil"
 	"net/url"
 	"sort"
 	"strings"
@@ -24,26 +23,45 @@ import (
 
 // pipeline is the one request handler of intercepted connections, HTTP/1.1
 // and HTTP/2 alike: authority check, scan and decide, substitute, forward.
+// HTTP/2 (x/net/http2) reaches it as an http.Handler; the HTTP/1.1 loop calls
+// serve with the connection's connInfo in hand.
 type pipeline struct{ p *Proxy }
 
-type stateKey struct{}
+func (h pipeline) ServeHTTP(w http.ResponseWriter, r *http.Request) {
+	h.p.serve(connInfoFrom(r.Context()), w, r)
+}
 
 // requestState is one request's decisions. The body scanner may run on the
-// transport's goroutine, hence the mutex.
+// upstream body writer's goroutine, hence the mutex.
 type requestState struct {
-	p       *Proxy
-	ci      *connInfo
-	ctx     context.Context
-	granted []policy.Granted
+	p      *Proxy
+	ci     *connInfo
+	ctx    context.Context
+	grants *grants
+	// out is what the task is sent, counted.
+	out countingWriter
+	// body is the request body when it was read whole (and scanned): the
+	// forwarder writes it with the head, on this goroutine.
+	body []byte
+	// ms is scratch for the scanner's matches.
+	ms []match
 
 	mu       sync.Mutex
-	values   map[policy.KeyRef]string
-	used     map[policy.KeyRef]bool
+	subs     []substitution // keys met in this request, values read once
+	subsBuf  [2]substitution
 	fail     error
 	failKey  policy.KeyRef
 	status   int
 	upStart  time.Time
 	upstream time.Duration
+}
+
+// substitution is one key a request met: its real value, read from the
+// secrets source once per request, and whether it was put in.
+type substitution struct {
+	ref   policy.KeyRef
+	value string
+	used  bool
 }
 
 func (st *requestState) runID() string { return st.ci.attempt.task.runID }
@@ -52,7 +70,7 @@ func (st *requestState) runID() string { return st.ci.attempt.task.runID }
 // the real value, read once per request from the secrets source.
 func (st *requestState) substitute(o owner, loc policy.Location) (string, error) {
 	d := policy.DecideSubstitution(policy.SubstituteInput{
-		Task: st.runID(), Authority: st.ci.target, Granted: st.granted,
+		Task: st.runID(), Authority: st.ci.target, Granted: st.grants.granted,
 		Occurrence: policy.Occurrence{Owner: o.task, Ref: o.ref, Location: loc},
 	})
 	st.mu.Lock()
@@ -62,10 +80,12 @@ func (st *requestState) substitute(o owner, loc policy.Location) (string, error)
 		st.failLocked(err, o.ref)
 		return "", err
 	}
-	v, ok := st.values[o.ref]
-	if !ok {
-		var err error
-		v, err = st.p.cfg.Secrets.Value(st.ctx, o.ref.Project, o.ref.Key)
+	i := 0
+	for i < len(st.subs) && st.subs[i].ref != o.ref {
+		i++
+	}
+	if i == len(st.subs) {
+		v, err := st.p.cfg.Secrets.Value(st.ctx, o.ref.Project, o.ref.Key)
 		switch {
 		case errors.Is(err, secrets.ErrNotFound):
 			werr := &withheldError{ref: o.ref}
@@ -76,14 +96,15 @@ func (st *requestState) substitute(o owner, loc policy.Location) (string, error)
 			st.failLocked(ferr, o.ref)
 			return "", ferr
 		}
-		st.values[o.ref] = v
+		st.subs = append(st.subs, substitution{ref: o.ref, value: v})
 	}
+	v := st.subs[i].value
 	if loc == policy.InHeader && strings.ContainsAny(v, "\r\n\x00") {
 		ferr := &faultError{fmt.Errorf("the value of %s cannot be sent in a header", o.ref)}
 		st.failLocked(ferr, o.ref)
 		return "", ferr
 	}
-	st.used[o.ref] = true
+	st.subs[i].used = true
 	return v, nil
 }
 
@@ -93,14 +114,77 @@ func (st *requestState) failLocked(err error, ref policy.KeyRef) {
 	}
 }
 
-func (h pipeline) ServeHTTP(w http.ResponseWriter, r *http.Request) {
-	p := h.p
+// usedKeys names the keys put into the request, sorted, for the audit line.
+// One key, the common case, is named by the grant's own slice.
+func (st *requestState) usedKeys() []string {
+	var out []string
+	for _, s := range st.subs {
+		if !s.used {
+			continue
+		}
+		if len(out) == 0 {
+			if i := st.grants.index(s.ref); i >= 0 {
+				out = st.grants.names[i : i+1 : i+1]
+				continue
+			}
+		}
+		out = append(out, s.ref.String())
+	}
+	sort.Strings(out)
+	return out
+}
+
+// grants is a task's grant under one policy. Grant is a pure function of the
+// policy and the task's declaration, so its result holds while both are the
+// ones in force: the policy is still looked up per request, and a reload
+// applies to the next request.
+type grants struct {
+	policy   *policy.Policy
+	declared []policy.Declared
+	granted  []policy.Granted
+	names    []string // granted[i].Ref.String(), for audit lines
+}
+
+func (g *grants) index(ref policy.KeyRef) int {
+	for i := range g.granted {
+		if g.granted[i].Ref == ref {
+			return i
+		}
+	}
+	return -1
+}
+
+// grantsUnder returns the task's grant under pol, computed once per policy
+// (and declaration) in force.
+func (t *task) grantsUnder(pol *policy.Policy) *grants {
+	declared := t.declared
+	if g := t.grants.Load(); g != nil && g.policy == pol && sameSlice(g.declared, declared) {
+		return g
+	}
+	granted, _ := pol.Grant(declared)
+	g := &grants{policy: pol, declared: declared, granted: granted, names: make([]string, len(granted))}
+	for i := range granted {
+		g.names[i] = granted[i].Ref.String()
+	}
+	t.grants.Store(g)
+	return g
+}
+
+// sameSlice: the very same declaration, not an equal one (Register replaces
+// the slice; it never changes one in place).
+func sameSlice(a, b []policy.Declared) bool {
+	return len(a) == len(b) && (len(a) == 0 || &a[0] == &b[0])
+}
+
+// serve runs the pipeline for one request on an intercepted connection.
+func (p *Proxy) serve(ci *connInfo, w http.ResponseWriter, r *http.Request) {
 	start := p.cfg.Clock.Now()
-	ci := connInfoFrom(r.Context())
 	ix := p.reg.index.Load()
-	st := &requestState{p: p, ci: ci, ctx: r.Context(), values: map[policy.KeyRef]string{}, used: map[policy.KeyRef]bool{}}
-	entry := audit.Entry{TS: start, Task: st.runID(), Host: ci.target.String(), Method: r.Method, Path: redact(ix, r.URL.Path)}
-	cw := &countingWriter{ResponseWriter: w}
+	st := &requestState{p: p, ci: ci, ctx: r.Context()}
+	st.subs = st.subsBuf[:0]
+	st.out.ResponseWriter = w
+	cw := &st.out
+	entry := audit.Entry{TS: start, Task: st.runID(), Host: ci.address(), Method: r.Method, Path: redact(ix, r.URL.Path, &st.ms)}
 	var bodyIn *countingReader
 	defer func() {
 		if bodyIn != nil {
@@ -127,7 +211,12 @@ func (h pipeline) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		refuse(http.StatusMethodNotAllowed, audit.Denied, "CONNECT inside an intercepted connection")
 		return
 	}
-	st.granted, _ = p.cfg.Policy.Current().Grant(ci.attempt.task.declared)
+	if !isToken(r.Method) {
+		// The request line is written as the method reads.
+		refuse(http.StatusBadRequest, audit.Denied, "malformed method")
+		return
+	}
+	st.grants = ci.attempt.task.grantsUnder(p.cfg.Policy.Current())
 
 	fail := func(err error) {
 		status, action, reason := p.classify(err)
@@ -156,19 +245,19 @@ func (h pipeline) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		}
 	}
 	st.upStart = p.cfg.Clock.Now()
-	p.reverse.ServeHTTP(cw, r.WithContext(context.WithValue(r.Context(), stateKey{}, st)))
+	p.forward(r, st)
 
 	st.mu.Lock()
 	defer st.mu.Unlock()
 	entry.Status = st.status
 	entry.Upstream = st.upstream
-	entry.Keys = sortedKeys(st.used)
+	entry.Keys = st.usedKeys()
 	switch {
 	case st.fail != nil:
 		_, entry.Action, entry.Reason = p.classify(st.fail)
 		entry.Keys = []string{st.failKey.String()}
 	case entry.Action != "":
-	case len(st.used) > 0:
+	case len(entry.Keys) > 0:
 		entry.Action = audit.Substituted
 	default:
 		entry.Action = audit.Forwarded
@@ -189,16 +278,14 @@ func misdirected(ci *connInfo, r *http.Request) string {
 		if r.URL.Scheme != "https" {
 			return "an absolute URL must be https"
 		}
-		a, err := policy.ParseAuthority(r.URL.Host, false)
-		if err != nil || !policy.SameAuthority(a, ci.target) {
+		if !ci.names(r.URL.Host) {
 			return "the request URL names another authority than the CONNECT"
 		}
 	}
 	if r.Host == "" {
 		return "no Host"
 	}
-	a, err := policy.ParseAuthority(r.Host, false)
-	if err != nil || !policy.SameAuthority(a, ci.target) {
+	if !ci.names(r.Host) {
 		return "the Host names another authority than the CONNECT"
 	}
 	return ""
@@ -208,7 +295,8 @@ func misdirected(ci *connInfo, r *http.Request) string {
 // credentials decoded and re-encoded); one in a header name blocks.
 func (st *requestState) rewriteHeaders(ix *index, h http.Header) error {
 	for name, values := range h {
-		if ms := ix.find([]byte(name)); len(ms) > 0 {
+		if ms := findIn(ix, name, st.ms); len(ms) > 0 {
+			st.ms = ms
 			err := &blockedError{reason: "a placeholder in a header name", ref: ms[0].owner.ref}
 			st.mu.Lock()
 			st.failLocked(err, ms[0].owner.ref)
@@ -216,13 +304,13 @@ func (st *requestState) rewriteHeaders(ix *index, h http.Header) error {
 			return err
 		}
 		for i, v := range values {
-			out, n, err := ix.rewrite([]byte(v), policy.InHeader, st.substitute)
+			out, n, err := ix.rewriteString(v, policy.InHeader, st.substitute, &st.ms)
 			if err != nil {
 				return err
 			}
 			if n > 0 {
-				values[i] = string(out)
-				v = values[i]
+				values[i] = out
+				v = out
 			}
 			if name == "Authorization" || name == "Proxy-Authorization" {
 				if nv, err := rewriteBasic(ix, v, st.substitute); err != nil {
@@ -259,33 +347,34 @@ func rewriteBasic(ix *index, v string, sub substituter) (string, error) {
 // decided too, so an encoded one cannot slip past a block.
 func (st *requestState) rewriteURL(ix *index, u *url.URL) error {
 	escaped := u.EscapedPath()
-	path, n, err := ix.rewrite([]byte(escaped), policy.InURL, func(o owner, loc policy.Location) (string, error) {
+	path, n, err := ix.rewriteString(escaped, policy.InURL, func(o owner, loc policy.Location) (string, error) {
 		v, err := st.substitute(o, loc)
 		return url.PathEscape(v), err
-	})
+	}, &st.ms)
 	if err != nil {
 		return err
 	}
 	if n > 0 {
-		unescaped, err := url.PathUnescape(string(path))
+		unescaped, err := url.PathUnescape(path)
 		if err != nil {
 			return &faultError{errors.New("substituted path does not unescape")}
 		}
-		u.Path, u.RawPath = unescaped, string(path)
+		u.Path, u.RawPath = unescaped, path
 	}
-	query, n, err := ix.rewrite([]byte(u.RawQuery), policy.InURL, func(o owner, loc policy.Location) (string, error) {
+	query, n, err := ix.rewriteString(u.RawQuery, policy.InURL, func(o owner, loc policy.Location) (string, error) {
 		v, err := st.substitute(o, loc)
 		return url.QueryEscape(v), err
-	})
+	}, &st.ms)
 	if err != nil {
 		return err
 	}
 	if n > 0 {
-		u.RawQuery = string(query)
+		u.RawQuery = query
 	}
-	for _, encoded := range []string{escaped, u.RawQuery} {
+	for _, encoded := range [2]string{escaped, u.RawQuery} {
 		if decoded, err := url.QueryUnescape(encoded); err == nil && decoded != encoded {
-			for _, m := range ix.find([]byte(decoded)) {
+			st.ms = findIn(ix, decoded, st.ms)
+			for _, m := range st.ms {
 				if _, err := st.substitute(m.owner, policy.InURL); err != nil {
 					return err
 				}
@@ -302,7 +391,7 @@ func (st *requestState) rewriteURL(ix *index, u *url.URL) error {
 func (st *requestState) prepareBody(ix *index, r *http.Request, limit int64) error {
 	mayChange := false
 	if d, ok := st.ci.target.Domain(); ok {
-		for _, g := range st.granted {
+		for _, g := range st.grants.granted {
 			mayChange = mayChange || (g.In&policy.InBody != 0 && g.Reaches(d))
 		}
 	}
@@ -315,6 +404,7 @@ func (st *requestState) prepareBody(ix *index, r *http.Request, limit int64) err
 		if err != nil {
 			return err
 		}
+		st.body = out
 		r.Body = io.NopCloser(bytes.NewReader(out))
 		r.ContentLength = int64(len(out))
 		return nil
@@ -329,52 +419,36 @@ func (st *requestState) prepareBody(ix *index, r *http.Request, limit int64) err
 	return nil
 }
 
-// rewrite is ReverseProxy's: the request goes to the CONNECT's authority
-// over TLS, whatever the client wrote.
-func (p *Proxy) rewrite(pr *httputil.ProxyRequest) {
-	ci := connInfoFrom(pr.In.Context())
-	pr.Out.URL.Scheme = "https"
-	pr.Out.URL.Host = ci.target.HostHeader()
-	pr.Out.Host = ""
+// answered records the upstream's answer, and refuses to pass on an answer
+// to a request the body scanner stopped: whatever the upstream made of a
+// body cut short is not the task's.
+func (st *requestState) answered(status int) error {
+	st.mu.Lock()
+	defer st.mu.Unlock()
+	st.status = status
+	st.upstream = st.p.cfg.Clock.Now().Sub(st.upStart)
+	return st.fail
 }
 
-// modifyResponse records the upstream's answer, and refuses to pass on an
-// answer to a request the body scanner stopped: whatever the upstream made
-// of a body cut short is not the task's.
-func (p *Proxy) modifyResponse(res *http.Response) error {
-	if st, ok := res.Request.Context().Value(stateKey{}).(*requestState); ok {
-		st.mu.Lock()
-		defer st.mu.Unlock()
-		st.status = res.StatusCode
-		st.upstream = p.cfg.Clock.Now().Sub(st.upStart)
-		if st.fail != nil {
-			return st.fail
-		}
+// upstreamError answers a request whose forwarding failed: the request's own
+// failure (a block found while the body streamed) if there is one, else the
+// upstream's.
+func (p *Proxy) upstreamError(st *requestState, err error) {
+	st.mu.Lock()
+	if st.fail != nil {
+		err = st.fail
 	}
-	return nil
-}
-
-func (p *Proxy) upstreamError(w http.ResponseWriter, r *http.Request, err error) {
-	st, _ := r.Context().Value(stateKey{}).(*requestState)
-	if st != nil {
-		st.mu.Lock()
-		if st.fail != nil {
-			err = st.fail
-		}
-		st.mu.Unlock()
-	}
+	st.mu.Unlock()
 	status, action, reason := p.classify(err)
-	if st != nil {
-		st.mu.Lock()
-		st.status = status
-		if st.fail == nil && action != audit.Denied {
-			st.fail = err
-		}
-		st.mu.Unlock()
-		p.logFault(status, err, slog.String("task", st.runID()), slog.String("host", st.ci.target.String()))
+	st.mu.Lock()
+	st.status = status
+	if st.fail == nil && action != audit.Denied {
+		st.fail = err
 	}
+	st.mu.Unlock()
+	p.logFault(status, err, slog.String("task", st.runID()), slog.String("host", st.ci.address()))
 	if status != http.StatusBadGateway || !errors.Is(err, context.Canceled) {
-		respond(w, status, reason)
+		respond(&st.out, status, reason)
 	}
 }
 
@@ -386,8 +460,9 @@ func respond(w http.ResponseWriter, status int, reason string) {
 }
 
 // redact replaces every known placeholder in a path for the audit log.
-func redact(ix *index, path string) string {
-	ms := ix.find([]byte(path))
+func redact(ix *index, path string, scratch *[]match) string {
+	ms := findIn(ix, path, *scratch)
+	*scratch = ms
 	if len(ms) == 0 {
 		return path
 	}
@@ -405,20 +480,7 @@ func redact(ix *index, path string) string {
 	return b.String()
 }
 
-func sortedKeys(m map[policy.KeyRef]bool) []string {
-	if len(m) == 0 {
-		return nil
-	}
-	out := make([]string, 0, len(m))
-	for k := range m {
-		out = append(out, k.String())
-	}
-	sort.Strings(out)
-	return out
-}
-
-// countingWriter counts what the task is sent; Unwrap lets ReverseProxy
-// reach the Flusher and Hijacker underneath.
+// countingWriter counts what the task is sent and the status it is given.
 type countingWriter struct {
 	http.ResponseWriter
 	n      int64
@@ -441,10 +503,8 @@ func (c *countingWriter) Write(b []byte) (int, error) {
 	return n, err
 }
 
-func (c *countingWriter) Unwrap() http.ResponseWriter { return c.ResponseWriter }
-
-// countingReader counts the request body read; the transport may read it
-// on its own goroutine.
+// countingReader counts the request body read; the upstream body writer
+// may read it on its own goroutine.
 type countingReader struct {
 	r io.ReadCloser
 	n atomic.Int64

@@ -34,7 +34,6 @@ import (
 	"io"
 	"log/slog"
 	"net"
-	"net/http/httputil"
 	"path/filepath"
 	"strings"
 	"sync"
@@ -164,7 +163,6 @@ type Proxy struct {
 	cfg Config
 	reg *registry
 
-	reverse   *httputil.ReverseProxy
 	transport *roundTripper
 	h2        *http2.Server
 
@@ -208,14 +206,6 @@ func New(cfg Config) (*Proxy, error) {
 	}
 	p.reg = reg
 	p.transport = newRoundTripper(cfg.Upstream.DialContext, cfg.UpstreamTLS, 90*time.Second)
-	p.reverse = &httputil.ReverseProxy{
-		Rewrite:        p.rewrite,
-		Transport:      p.transport,
-		ModifyResponse: p.modifyResponse,
-		ErrorHandler:   p.upstreamError,
-		ErrorLog:       slog.NewLogLogger(cfg.Logger.Handler(), slog.LevelWarn),
-		BufferPool:     copyBuffers{},
-	}
 	p.h2 = &http2.Server{IdleTimeout: cfg.IdleTimeout}
 	return p, nil
 }
@@ -290,12 +280,3 @@ func (p *Proxy) Addr() net.Addr {
 	}
 	return p.cfg.Listener.Addr()
 }
-
-// copyBuffers lends ReverseProxy its 32 KiB copy buffers from a pool instead
-// of allocating one per response.
-type copyBuffers struct{}
-
-var copyBufferPool = sync.Pool{New: func() any { b := make([]byte, 32<<10); return &b }}
-
-func (copyBuffers) Get() []byte  { return *copyBufferPool.Get().(*[]byte) }
-func (copyBuffers) Put(b []byte) { copyBufferPool.Put(&b) }

@@ -28,6 +28,9 @@ type task struct {
 
 	// Guarded by registry.mu.
 	attempt *attempt
+
+	// grants caches the grant under the policy in force (grantsUnder).
+	grants atomic.Pointer[grants]
 }
 
 // attempt is one attempt's proxy credential and the connections made with it.

@@ -5,22 +5,27 @@ import (
 	"context"
 	"crypto/tls"
 	"errors"
+	"fmt"
 	"io"
 	"net"
 	"net/http"
-	"net/http/httptrace"
-	"net/textproto"
+	"net/http/httputil"
+	"net/url"
+	"strconv"
+	"strings"
 	"sync"
 	"time"
+
+	"golang.org/x/net/http/httpguts"
 )
 
 // roundTripper speaks HTTP/1.1 to upstreams over verified TLS, on the
-// handler's own goroutine: a request without a body is written and its
-// response read right there, with no hand-off to connection goroutines as
-// in http.Transport, which is where a proxy's per-request latency goes.
-// Connections are pooled per authority and checked for a close before
-// reuse; a request without a body that fails on a reused connection is
-// retried once on a new one.
+// request's own goroutine: a request is written and its response read right
+// there, with no hand-off to connection goroutines as in http.Transport,
+// which is where a proxy's per-request latency goes. Connections are pooled
+// per authority and checked for a close before reuse by a request that
+// cannot be retried; forward retries a request without a body once on a new
+// connection when a reused one fails.
 type roundTripper struct {
 	dial        func(ctx context.Context, network, address string) (net.Conn, error)
 	tls         *tls.Config
@@ -32,50 +37,40 @@ type roundTripper struct {
 	idle map[string][]*upConn
 }
 
-var _ http.RoundTripper = (*roundTripper)(nil)
-
+// upConn is one upstream connection. One exchange at a time uses it, from
+// its request head to the end of its response.
 type upConn struct {
+	rt   *roundTripper
 	key  string
 	conn *tls.Conn
 	br   *bufio.Reader
 	bw   *bufio.Writer
 	used time.Time
+
+	head   []byte      // the response head being read
+	header http.Header // the response's fields, cleared per response
+	body   upBody
+
+	// The exchange in progress.
+	stop  func() bool // unhooks the request's cancellation
+	wrote chan error  // the body writer's result; nil when none runs
 }
 
 func newRoundTripper(dial func(ctx context.Context, network, address string) (net.Conn, error), cfg *tls.Config, idleTimeout time.Duration) *roundTripper {
 	c := cfg.Clone()
 	c.NextProtos = []string{"http/1.1"}
+	if c.ClientSessionCache == nil {
+		// A new upstream connection resumes its session: no certificate
+		// chain to verify again.
+		c.ClientSessionCache = tls.NewLRUClientSessionCache(256)
+	}
 	return &roundTripper{dial: dial, tls: c, maxIdle: 64, idleTimeout: idleTimeout, handshake: 10 * time.Second, idle: map[string][]*upConn{}}
 }
 
-func hostPort(u string) string {
-	if _, _, err := net.SplitHostPort(u); err == nil {
-		return u
-	}
-	return net.JoinHostPort(u, "443")
-}
-
-func (rt *roundTripper) RoundTrip(req *http.Request) (*http.Response, error) {
-	key := hostPort(req.URL.Host)
-	hasBody := req.Body != nil && req.Body != http.NoBody
-	for try := 0; ; try++ {
-		uc, reused, err := rt.get(req.Context(), key, req.URL.Hostname(), hasBody)
-		if err != nil {
-			return nil, err
-		}
-		res, err := rt.exchange(req, uc, hasBody)
-		if err == nil {
-			return res, nil
-		}
-		if !reused || hasBody || try > 0 || req.Context().Err() != nil {
-			return nil, err
-		}
-	}
-}
-
-// get takes a pooled connection, or dials a new one. For a request with a
-// body, which cannot be retried, a pooled connection is first checked to be
-// still open; a request without one is retried instead, sparing the check.
+// get takes a pooled connection to key (host:port), or dials a new one.
+// check asks that a pooled one first be seen to be still open: a request
+// that cannot be retried (one with a body) needs it; one without a body is
+// retried instead, sparing the check.
 func (rt *roundTripper) get(ctx context.Context, key, serverName string, check bool) (*upConn, bool, error) {
 	for {
 		rt.mu.Lock()
@@ -83,6 +78,7 @@ func (rt *roundTripper) get(ctx context.Context, key, serverName string, check b
 		var uc *upConn
 		if n := len(list); n > 0 {
 			uc = list[n-1]
+			list[n-1] = nil
 			rt.idle[key] = list[:n-1]
 		}
 		rt.mu.Unlock()
@@ -107,7 +103,7 @@ func (rt *roundTripper) get(ctx context.Context, key, serverName string, check b
 		raw.Close()
 		return nil, false, err
 	}
-	return &upConn{key: key, conn: tc, br: bufio.NewReaderSize(tc, 4096), bw: bufio.NewWriterSize(tc, 4096)}, false, nil
+	return &upConn{rt: rt, key: key, conn: tc, br: bufio.NewReaderSize(tc, 4096), bw: bufio.NewWriterSize(tc, 4096), header: http.Header{}}, false, nil
 }
 
 // stillOpen: a pooled connection the server closed (or wrote to unasked)
@@ -147,102 +143,326 @@ func (rt *roundTripper) CloseIdleConnections() {
 	}
 }
 
-// exchange writes req and reads its response head. A body is written on its
-// own goroutine, so an upstream that answers early is read at once.
-func (rt *roundTripper) exchange(req *http.Request, uc *upConn, hasBody bool) (*http.Response, error) {
-	ctx := req.Context()
-	stop := context.AfterFunc(ctx, func() { _ = uc.conn.NetConn().SetDeadline(time.Unix(1, 0)) })
-	fail := func(err error) (*http.Response, error) {
-		stop()
-		uc.conn.Close()
-		return nil, err
-	}
-	var wrote chan error
-	if hasBody {
-		wrote = make(chan error, 1)
-		go func() {
-			err := req.Write(uc.bw)
-			if err == nil {
-				err = uc.bw.Flush()
-			}
-			if err != nil {
-				// Unblock the reader: the request is incomplete. The socket
-				// itself is closed, without a TLS close_notify, which an
-				// upstream could take for a clean end of a body cut short
-				// (a blocked placeholder) and answer.
-				uc.conn.NetConn().Close()
-			}
-			wrote <- err
-		}()
-	} else {
-		if err := req.Write(uc.bw); err != nil {
-			return fail(err)
-		}
+// outbound is a decided request as the upstream gets it.
+type outbound struct {
+	req     *http.Request
+	host    string // the Host: the CONNECT's authority
+	upgrade string // the protocol asked for, "" for none
+	// length is the body's: > 0 exact, 0 none, -1 unknown (chunked).
+	length int64
+	// inline is a body in memory, sent with the head; stream one read and
+	// sent on its own goroutine, so an upstream that answers before the
+	// whole body is read at once.
+	inline []byte
+	stream io.Reader
+}
+
+// maxInline is the largest in-memory body sent with the head on the
+// request's goroutine: it fits the socket's buffers even when the upstream
+// does not read it, so the write cannot wait on the upstream.
+const maxInline = 16 << 10
+
+// roundTrip writes out on uc and reads the first response head (perhaps an
+// interim 1xx). The request head and an inline body leave in one flush. On
+// error the connection is closed; the caller retries or gives up.
+func (uc *upConn) roundTrip(ctx context.Context, out *outbound) (upResponse, error) {
+	uc.stop = context.AfterFunc(ctx, func() { _ = uc.conn.NetConn().SetDeadline(time.Unix(1, 0)) })
+	uc.wrote = nil
+	writeRequestHead(uc.bw, out)
+	uc.bw.Write(out.inline)
+	if out.stream != nil {
+		// The head goes now, whatever the body does.
 		if err := uc.bw.Flush(); err != nil {
-			return fail(err)
+			uc.abandon()
+			return upResponse{}, err
+		}
+		uc.wrote = make(chan error, 1)
+		go uc.writeBody(out.stream, out.length < 0)
+	} else if err := uc.bw.Flush(); err != nil {
+		uc.abandon()
+		return upResponse{}, err
+	}
+	res, err := uc.readResponse()
+	if err != nil {
+		if uc.wrote != nil {
+			if werr := <-uc.wrote; werr != nil {
+				err = werr
+			}
+			uc.wrote = nil
+		}
+		uc.abandon()
+		return upResponse{}, err
+	}
+	return res, nil
+}
+
+// writeBody streams a body to the upstream, each read flushed as it comes
+// (an upload is not held back), chunked when its length is unknown. On
+// failure the socket itself is closed, without a TLS close_notify, which an
+// upstream could take for a clean end of a body cut short (a blocked
+// placeholder) and answer; that also unblocks the response reader.
+func (uc *upConn) writeBody(body io.Reader, chunked bool) {
+	bufp := copyBufferPool.Get().(*[]byte)
+	defer copyBufferPool.Put(bufp)
+	buf := *bufp
+	var err error
+	for {
+		n, rerr := body.Read(buf)
+		if n > 0 {
+			if chunked {
+				uc.bw.Write(strconv.AppendInt(uc.bw.AvailableBuffer(), int64(n), 16))
+				uc.bw.WriteString("\r\n")
+			}
+			uc.bw.Write(buf[:n])
+			if chunked {
+				uc.bw.WriteString("\r\n")
+			}
+			if err = uc.bw.Flush(); err != nil {
+				break
+			}
+		}
+		if rerr == io.EOF {
+			if chunked {
+				uc.bw.WriteString("0\r\n\r\n")
+			}
+			err = uc.bw.Flush()
+			break
+		}
+		if rerr != nil {
+			err = rerr
+			break
 		}
 	}
-	trace := httptrace.ContextClientTrace(ctx)
-	for {
-		res, err := http.ReadResponse(uc.br, req)
-		if err != nil {
-			if wrote != nil {
-				if werr := <-wrote; werr != nil {
-					err = werr
-				}
-			}
-			return fail(err)
-		}
-		if res.StatusCode >= 100 && res.StatusCode < 200 && res.StatusCode != http.StatusSwitchingProtocols {
-			if trace != nil && trace.Got1xxResponse != nil {
-				if err := trace.Got1xxResponse(res.StatusCode, textproto.MIMEHeader(res.Header)); err != nil {
-					return fail(err)
-				}
-			}
+	if err != nil {
+		uc.conn.NetConn().Close()
+	}
+	uc.wrote <- err
+}
+
+// abandon ends the exchange and closes the connection.
+func (uc *upConn) abandon() {
+	uc.stop()
+	uc.conn.Close()
+	if uc.wrote != nil {
+		<-uc.wrote
+		uc.wrote = nil
+	}
+}
+
+// writeRequestHead writes the request line and fields as the upstream gets
+// them: the origin-form target, the CONNECT's authority as Host, the
+// end-to-end fields (hop-by-hop ones dropped, and X-Forwarded-*/Forwarded,
+// as httputil.ReverseProxy drops them) and the body's framing. Values are
+// written as they are: the HTTP/1.1 reader and x/net/http2 refuse a line
+// break in one, and a substituted value with one is refused.
+func writeRequestHead(bw *bufio.Writer, out *outbound) {
+	r := out.req
+	bw.WriteString(r.Method)
+	bw.WriteByte(' ')
+	writeRequestTarget(bw, r.URL)
+	bw.WriteString(" HTTP/1.1\r\nHost: ")
+	bw.WriteString(out.host)
+	bw.WriteString("\r\n")
+	connection := r.Header["Connection"]
+	for k, vs := range r.Header {
+		if !endToEnd(k, connection) || k == "Host" || k == "Content-Length" ||
+			k == "Forwarded" || k == "X-Forwarded-For" || k == "X-Forwarded-Host" || k == "X-Forwarded-Proto" {
 			continue
 		}
-		if res.StatusCode == http.StatusSwitchingProtocols {
-			stop()
-			res.Body = &upgradedConn{Reader: uc.br, Conn: uc.conn}
-			return res, nil
+		for _, v := range vs {
+			bw.WriteString(k)
+			bw.WriteString(": ")
+			bw.WriteString(v)
+			bw.WriteString("\r\n")
 		}
-		res.Body = &upBody{rc: res.Body, uc: uc, rt: rt, stop: stop, wrote: wrote, reusable: !res.Close && !req.Close}
-		return res, nil
+	}
+	if httpguts.HeaderValuesContainsToken(r.Header["Te"], "trailers") {
+		bw.WriteString("Te: trailers\r\n")
+	}
+	if out.upgrade != "" {
+		bw.WriteString("Connection: Upgrade\r\nUpgrade: ")
+		bw.WriteString(out.upgrade)
+		bw.WriteString("\r\n")
+	}
+	switch {
+	case out.length > 0:
+		bw.WriteString("Content-Length: ")
+		bw.Write(strconv.AppendInt(bw.AvailableBuffer(), out.length, 10))
+		bw.WriteString("\r\n")
+	case out.length < 0:
+		bw.WriteString("Transfer-Encoding: chunked\r\n")
+	case r.Method == http.MethodPost || r.Method == http.MethodPut || r.Method == http.MethodPatch:
+		// What net/http sends for these methods without a body.
+		bw.WriteString("Content-Length: 0\r\n")
+	}
+	bw.WriteString("\r\n")
+}
+
+// writeRequestTarget writes u in origin form (url.URL.RequestURI, without
+// its allocation).
+func writeRequestTarget(bw *bufio.Writer, u *url.URL) {
+	if u.Opaque != "" {
+		bw.WriteString(u.RequestURI())
+		return
+	}
+	path := u.EscapedPath()
+	if path == "" {
+		path = "/"
+	}
+	bw.WriteString(path)
+	if u.ForceQuery || u.RawQuery != "" {
+		bw.WriteByte('?')
+		bw.WriteString(u.RawQuery)
 	}
 }
 
-// upgradedConn is a 101's body: the connection itself, both ways.
-type upgradedConn struct {
-	io.Reader
-	Conn net.Conn
+// endToEnd reports whether a field goes on to the next hop: not one of the
+// hop-by-hop fields (RFC 9110 7.6.1), nor one the message's Connection
+// field names.
+func endToEnd(name string, connection []string) bool {
+	switch name {
+	case "Connection", "Proxy-Connection", "Keep-Alive", "Proxy-Authenticate", "Proxy-Authorization",
+		"Te", "Trailer", "Transfer-Encoding", "Upgrade":
+		return false
+	}
+	return len(connection) == 0 || !httpguts.HeaderValuesContainsToken(connection, name)
 }
 
-func (u *upgradedConn) Write(p []byte) (int, error) { return u.Conn.Write(p) }
-func (u *upgradedConn) Close() error                { return u.Conn.Close() }
+// upgradeType is the protocol a message asks to switch to (Connection:
+// upgrade), "" if none.
+func upgradeType(h http.Header) string {
+	if !httpguts.HeaderValuesContainsToken(h["Connection"], "Upgrade") {
+		return ""
+	}
+	if vs := h["Upgrade"]; len(vs) > 0 {
+		return vs[0]
+	}
+	return ""
+}
 
-// upBody returns the connection to the pool once the response is read to
-// its end and the request was written whole; otherwise it closes it.
+// upResponse is an upstream's response head. header is the connection's:
+// valid until its next response; its value slices are this response's own.
+type upResponse struct {
+	status  int
+	header  http.Header
+	length  int64 // -1 when unknown
+	chunked bool
+	// close: the upstream closes the connection after this response.
+	close bool
+}
+
+var errMalformedResponse = errors.New("upstream: malformed response head")
+
+// readResponse reads the next response head. Its framing is checked as
+// strictly as a request's (parseFields), except that a Transfer-Encoding
+// beside a Content-Length is read as chunked (RFC 9112 6.3), the length
+// dropped and the connection not reused, and that equal Content-Lengths
+// count as one.
+func (uc *upConn) readResponse() (upResponse, error) {
+	head, err := readHeadInto(uc.br, uc.head[:0], maxHeadBytes)
+	uc.head = head
+	if err != nil {
+		var he headError
+		if errors.As(err, &he) {
+			return upResponse{}, errMalformedResponse
+		}
+		return upResponse{}, err
+	}
+	s := string(head)
+	line, fieldLines, _ := strings.Cut(s, "\n")
+	line = strings.TrimSuffix(line, "\r")
+	proto, rest, _ := strings.Cut(line, " ")
+	code, _, _ := strings.Cut(rest, " ")
+	if proto != "HTTP/1.1" && proto != "HTTP/1.0" || len(code) != 3 {
+		return upResponse{}, errMalformedResponse
+	}
+	status, err := strconv.Atoi(code)
+	if err != nil || status < 100 {
+		return upResponse{}, errMalformedResponse
+	}
+	clear(uc.header)
+	strs := make([]string, strings.Count(fieldLines, "\n"))
+	f, err := parseFields(fieldLines, uc.header, strs)
+	if err != nil || f.lengthsDiffer {
+		return upResponse{}, errMalformedResponse
+	}
+	res := upResponse{status: status, header: uc.header, length: -1}
+	switch {
+	case f.codings > 0:
+		if !f.chunked {
+			return upResponse{}, fmt.Errorf("upstream: unsupported transfer coding %q", uc.header["Transfer-Encoding"])
+		}
+		res.chunked = true
+		if f.lengths > 0 {
+			delete(uc.header, "Content-Length")
+			res.close = true
+		}
+	case f.lengths > 0:
+		res.length = f.contentLength
+	}
+	conn := uc.header["Connection"]
+	res.close = res.close || httpguts.HeaderValuesContainsToken(conn, "close") ||
+		(proto == "HTTP/1.0" && !httpguts.HeaderValuesContainsToken(conn, "keep-alive"))
+	return res, nil
+}
+
+// upBody reads one response body off the connection. Read to its end, the
+// connection goes back to the pool (if the upstream keeps it and the
+// request's body was written whole); closed early, the connection is
+// closed.
 type upBody struct {
-	rc       io.ReadCloser
 	uc       *upConn
-	rt       *roundTripper
-	stop     func() bool
-	wrote    chan error
+	r        io.Reader // nil: no body
+	limited  io.LimitedReader
+	chunked  bool
+	trailer  http.Header
 	reusable bool
 	done     bool
+}
+
+// openBody returns the body of res, the final response to a request with
+// the given method.
+func (uc *upConn) openBody(res upResponse, method string) *upBody {
+	b := &uc.body
+	*b = upBody{uc: uc, reusable: !res.close}
+	switch {
+	case method == http.MethodHead || res.status == http.StatusNoContent || res.status == http.StatusNotModified:
+	case res.chunked:
+		b.r, b.chunked = httputil.NewChunkedReader(uc.br), true
+	case res.length >= 0:
+		b.limited = io.LimitedReader{R: uc.br, N: res.length}
+		b.r = &b.limited
+	default:
+		// Delimited by the connection's close.
+		b.r, b.reusable = uc.br, false
+	}
+	return b
 }
 
 func (b *upBody) Read(p []byte) (int, error) {
 	if b.done {
 		return 0, io.EOF
 	}
-	n, err := b.rc.Read(p)
-	if err == io.EOF {
+	if b.r == nil {
 		b.finish(true)
+		return 0, io.EOF
+	}
+	n, err := b.r.Read(p)
+	if err == io.EOF {
+		switch {
+		case b.r == &b.limited && b.limited.N > 0:
+			err = io.ErrUnexpectedEOF
+		case b.chunked:
+			if b.trailer, err = readTrailer(b.uc.br); err == nil {
+				err = io.EOF
+			}
+		}
+		b.finish(err == io.EOF)
 	}
 	return n, err
 }
 
+// Close ends the body; unread, the connection cannot be reused.
 func (b *upBody) Close() error {
 	b.finish(false)
 	return nil
@@ -253,22 +473,41 @@ func (b *upBody) finish(atEOF bool) {
 		return
 	}
 	b.done = true
-	stopped := b.stop()
+	uc := b.uc
+	stopped := uc.stop()
 	reuse := atEOF && b.reusable && stopped
-	if b.wrote != nil {
+	if uc.wrote != nil {
 		select {
-		case err := <-b.wrote:
+		case err := <-uc.wrote:
 			reuse = reuse && err == nil
 		default:
 			// Still writing a body the upstream no longer reads.
 			reuse = false
-			b.uc.conn.Close()
-			<-b.wrote
+			uc.conn.Close()
+			<-uc.wrote
 		}
+		uc.wrote = nil
 	}
 	if reuse {
-		b.rt.put(b.uc)
+		uc.rt.put(uc)
 		return
 	}
-	b.uc.conn.Close()
+	uc.conn.Close()
+}
+
+// readTrailer reads the trailer section that ends a chunked body, up to its
+// empty line; nil when there is none.
+func readTrailer(br *bufio.Reader) (http.Header, error) {
+	lines, err := readTrailerLines(br)
+	if err != nil {
+		return nil, errMalformedResponse
+	}
+	if len(lines) == 0 {
+		return nil, nil
+	}
+	h := http.Header{}
+	if _, err := parseFields(string(lines), h, nil); err != nil {
+		return nil, errMalformedResponse
+	}
+	return h, nil
 }

@@ -85,14 +85,21 @@ type match struct {
 }
 
 // find reports every occurrence of a known placeholder in b, by start.
-func (ix *index) find(b []byte) []match {
-	var out []match
+func (ix *index) find(b []byte) []match { return findIn(ix, b, nil) }
+
+// findIn appends every occurrence of a known placeholder in b to out, by
+// start. It takes a string or bytes alike and allocates nothing when out has
+// room, so scanning a request's header values and URL costs no allocation
+// when they hold no placeholder (the common case, issue 4's benchmark).
+func findIn[T ~string | ~[]byte](ix *index, b T, out []match) []match {
+	out = out[:0]
 	if ix == nil || len(ix.byAnchor) == 0 {
-		return nil
+		return out
 	}
 	filter := ix.filter
 	for i := 0; i+anchorLen <= len(b); i++ {
-		w := binary.LittleEndian.Uint64(b[i:])
+		w := uint64(b[i]) | uint64(b[i+1])<<8 | uint64(b[i+2])<<16 | uint64(b[i+3])<<24 |
+			uint64(b[i+4])<<32 | uint64(b[i+5])<<40 | uint64(b[i+6])<<48 | uint64(b[i+7])<<56
 		h := filterSlot(w)
 		if filter[h>>6]&(1<<(h&63)) == 0 {
 			continue
@@ -116,35 +123,68 @@ func (ix *index) find(b []byte) []match {
 // or a fault). It is the request pipeline's, bound to one request.
 type substituter func(o owner, loc policy.Location) (string, error)
 
-// rewrite replaces every placeholder in b: every occurrence is decided,
-// overlapping ones included, before anything is replaced, so one blocked
-// occurrence blocks the whole request. It returns b itself when nothing was
-// found, and how many occurrences were replaced.
-func (ix *index) rewrite(b []byte, loc policy.Location, sub substituter) ([]byte, int, error) {
-	ms := ix.find(b)
-	if len(ms) == 0 {
-		return b, 0, nil
-	}
-	values := make([]string, len(ms))
-	for i, m := range ms {
+// decide asks sub about every occurrence in ms, overlapping ones included,
+// before anything is replaced, so one blocked occurrence blocks the whole
+// request. values receives the replacements, by match.
+func decide(ms []match, loc policy.Location, sub substituter, values []string) ([]string, error) {
+	values = values[:0]
+	for _, m := range ms {
 		v, err := sub(m.owner, loc)
 		if err != nil {
-			return nil, 0, err
+			return nil, err
 		}
-		values[i] = v
+		values = append(values, v)
 	}
-	out := make([]byte, 0, len(b)+64)
-	pos, n := 0, 0
+	return values, nil
+}
+
+// splice appends b to out with the decided occurrences replaced, skipping
+// one that overlaps one already replaced; n counts the replacements.
+func splice[T ~string | ~[]byte](out []byte, b T, ms []match, values []string) (_ []byte, n int) {
+	pos := 0
 	for i, m := range ms {
 		if m.start < pos {
-			continue // overlaps one already replaced
+			continue
 		}
 		out = append(out, b[pos:m.start]...)
 		out = append(out, values[i]...)
 		pos = m.end
 		n++
 	}
-	return append(out, b[pos:]...), n, nil
+	return append(out, b[pos:]...), n
+}
+
+// rewrite replaces every placeholder in b as decided. It returns b itself
+// when nothing was found, and how many occurrences were replaced.
+func (ix *index) rewrite(b []byte, loc policy.Location, sub substituter) ([]byte, int, error) {
+	ms := ix.find(b)
+	if len(ms) == 0 {
+		return b, 0, nil
+	}
+	values, err := decide(ms, loc, sub, nil)
+	if err != nil {
+		return nil, 0, err
+	}
+	out, n := splice(make([]byte, 0, len(b)+64), b, ms, values)
+	return out, n, nil
+}
+
+// rewriteString is rewrite for a string, with the caller's scratch for the
+// matches: a string without a placeholder comes back as it is, with no
+// allocation.
+func (ix *index) rewriteString(s string, loc policy.Location, sub substituter, scratch *[]match) (string, int, error) {
+	ms := findIn(ix, s, *scratch)
+	*scratch = ms
+	if len(ms) == 0 {
+		return s, 0, nil
+	}
+	var small [4]string
+	values, err := decide(ms, loc, sub, small[:0])
+	if err != nil {
+		return "", 0, err
+	}
+	out, n := splice(make([]byte, 0, len(s)+64), s, ms, values)
+	return string(out), n, nil
 }
 
 // bodyChunk is how much of a body is read at a time.
@@ -166,6 +206,9 @@ type bodyScanner struct {
 	fail error  // a decision that stops the request
 	n    int    // occurrences replaced
 	read int64  // bytes read from src
+
+	ms     []match  // scratch for find
+	values []string // scratch for decide
 }
 
 func newBodyScanner(src io.Reader, ix *index, sub substituter) *bodyScanner {
@@ -215,19 +258,17 @@ func (s *bodyScanner) scan() {
 		}
 		limit -= hold
 	}
-	ms := s.ix.find(s.buf)
+	ms := findIn(s.ix, s.buf, s.ms)
+	s.ms = ms
 	// Decide every complete occurrence, even one in the held-back tail: a
 	// block must stop the body before any of it goes on.
-	values := make([]string, len(ms))
-	for i, m := range ms {
-		v, err := s.sub(m.owner, s.loc)
-		if err != nil {
-			s.fail = err
-			s.out = nil
-			return
-		}
-		values[i] = v
+	values, err := decide(ms, s.loc, s.sub, s.values)
+	if err != nil {
+		s.fail = err
+		s.out = nil
+		return
 	}
+	s.values = values
 	out := s.out[:0]
 	pos := 0
 	for i, m := range ms {

@@ -1,0 +1,224 @@
+package proxy
+
+import (
+	"fmt"
+	"io"
+	"log/slog"
+	"net/http"
+	"strings"
+	"sync"
+	"time"
+)
+
+// forward sends a decided request to the CONNECT's authority and passes the
+// answer back. It does what httputil.ReverseProxy did here (hop-by-hop
+// fields dropped both ways, upgrades relayed, interim responses passed on,
+// streamed answers flushed as they come, trailers kept) without its copy of
+// the request and its hand-offs: the request head is written from r itself
+// and the answer copied on this goroutine (profiles in issue 4: the copy and
+// net/http's parsing were most of the proxy's time per request).
+func (p *Proxy) forward(r *http.Request, st *requestState) {
+	out := outbound{req: r, host: st.ci.hostHeader, upgrade: upgradeType(r.Header), length: r.ContentLength}
+	if out.host == "" {
+		out.host = st.ci.target.HostHeader()
+	}
+	if out.upgrade != "" && !printableASCII(out.upgrade) {
+		p.upstreamError(st, fmt.Errorf("client tried to switch to invalid protocol %q", out.upgrade))
+		return
+	}
+	switch {
+	case r.Body == nil || r.Body == http.NoBody || out.length == 0:
+		out.length = 0
+	case st.body != nil && len(st.body) <= maxInline:
+		out.inline = st.body
+	default:
+		out.stream = r.Body
+	}
+	hasBody := out.length != 0
+	var uc *upConn
+	var res upResponse
+	for try := 0; ; try++ {
+		var reused bool
+		var err error
+		uc, reused, err = p.transport.get(st.ctx, st.ci.address(), st.ci.target.Host(), hasBody)
+		if err == nil {
+			res, err = uc.roundTrip(st.ctx, &out)
+		}
+		if err == nil {
+			break
+		}
+		if !reused || hasBody || try > 0 || st.ctx.Err() != nil {
+			p.upstreamError(st, err)
+			return
+		}
+	}
+	w := &st.out
+	for res.status < 200 && res.status != http.StatusSwitchingProtocols {
+		// An interim answer goes on to the task as it is.
+		h := w.Header()
+		for k, vs := range res.header {
+			h[k] = vs
+		}
+		w.WriteHeader(res.status)
+		clear(h)
+		var err error
+		if res, err = uc.readResponse(); err != nil {
+			uc.abandon()
+			p.upstreamError(st, err)
+			return
+		}
+	}
+	if err := st.answered(res.status); err != nil {
+		uc.abandon()
+		p.upstreamError(st, err)
+		return
+	}
+	if res.status == http.StatusSwitchingProtocols {
+		p.switchProtocols(st, out.upgrade, res, uc)
+		return
+	}
+	h := w.Header()
+	connection := res.header["Connection"]
+	for k, vs := range res.header {
+		if endToEnd(k, connection) {
+			h[k] = vs
+		}
+	}
+	w.WriteHeader(res.status)
+	body := uc.openBody(res, r.Method)
+	defer body.Close()
+	// A streamed answer (no length, or server-sent events) reaches the task
+	// as it comes; any other leaves in as few writes as fit.
+	flush := res.length < 0 || isEventStream(h["Content-Type"])
+	if err := copyBody(w, body, flush); err != nil {
+		p.cfg.Logger.Warn("secrets proxy: passing on the upstream's answer", slog.String("task", st.runID()),
+			slog.String("host", st.ci.address()), slog.String("error", err.Error()))
+		abort(w, st)
+		return
+	}
+	for k, vs := range body.trailer {
+		h[http.TrailerPrefix+k] = vs
+	}
+}
+
+// copyBody copies an answer's body to the task, flushing after every read
+// when asked to.
+func copyBody(w *countingWriter, body io.Reader, flush bool) error {
+	flusher, _ := w.ResponseWriter.(http.Flusher)
+	bufp := copyBufferPool.Get().(*[]byte)
+	defer copyBufferPool.Put(bufp)
+	buf := *bufp
+	for {
+		n, err := body.Read(buf)
+		if n > 0 {
+			if _, werr := w.Write(buf[:n]); werr != nil {
+				return werr
+			}
+			if flush && flusher != nil {
+				flusher.Flush()
+			}
+		}
+		if err == io.EOF {
+			return nil
+		}
+		if err != nil {
+			return err
+		}
+	}
+}
+
+// abort ends an answer that could not be passed on whole, so the task
+// cannot take it for a complete one: the HTTP/1.1 writer closes the
+// connection without ending the body; under net/http's or x/net/http2's
+// server the handler aborts (the stream is reset), as ReverseProxy does.
+func abort(w *countingWriter, st *requestState) {
+	if a, ok := w.ResponseWriter.(interface{ abort() }); ok {
+		a.abort()
+		return
+	}
+	if st.ctx.Value(http.ServerContextKey) != nil {
+		panic(http.ErrAbortHandler)
+	}
+}
+
+// switchProtocols relays an upgraded connection (a WebSocket) both ways
+// once the upstream agreed to the protocol the task asked for.
+func (p *Proxy) switchProtocols(st *requestState, asked string, res upResponse, uc *upConn) {
+	fail := func(err error) {
+		uc.abandon()
+		p.upstreamError(st, err)
+	}
+	got := upgradeType(res.header)
+	switch {
+	case !printableASCII(got):
+		fail(fmt.Errorf("backend tried to switch to invalid protocol %q", got))
+		return
+	case !strings.EqualFold(asked, got):
+		fail(fmt.Errorf("backend tried to switch protocol %q when %q was requested", got, asked))
+		return
+	}
+	hj, ok := st.out.ResponseWriter.(http.Hijacker)
+	if !ok {
+		fail(fmt.Errorf("can't switch protocols using non-Hijacker ResponseWriter type %T", st.out.ResponseWriter))
+		return
+	}
+	conn, brw, err := hj.Hijack()
+	if err != nil {
+		fail(fmt.Errorf("hijack failed on protocol switch: %w", err))
+		return
+	}
+	defer conn.Close()
+	uc.stop()
+	backend := uc.conn
+	defer backend.Close()
+	stop := make(chan struct{})
+	defer close(stop)
+	go func() {
+		select {
+		case <-st.ctx.Done():
+			backend.Close()
+		case <-stop:
+		}
+	}()
+	_ = conn.SetDeadline(time.Time{})
+	writeStatusLine(brw.Writer, res.status)
+	writeFields(brw.Writer, res.header, false)
+	brw.WriteString("\r\n")
+	if err := brw.Flush(); err != nil {
+		return
+	}
+	errc := make(chan error, 2)
+	go func() { // task to upstream; what the task's reader buffered first
+		_, err := io.Copy(backend, brw.Reader)
+		errc <- err
+	}()
+	go func() {
+		_, err := io.Copy(conn, uc.br)
+		errc <- err
+	}()
+	if err := <-errc; err == nil {
+		<-errc
+	}
+}
+
+func printableASCII(s string) bool {
+	for i := 0; i < len(s); i++ {
+		if s[i] < ' ' || s[i] > '~' {
+			return false
+		}
+	}
+	return true
+}
+
+// isEventStream reports whether a Content-Type is text/event-stream, with
+// or without parameters.
+func isEventStream(contentType []string) bool {
+	if len(contentType) == 0 {
+		return false
+	}
+	mt, _, _ := strings.Cut(contentType[0], ";")
+	return strings.EqualFold(strings.TrimSpace(mt), "text/event-stream")
+}
+
+// copyBufferPool lends the body copies their 32 KiB buffers.
+var copyBufferPool = sync.Pool{New: func() any { b := make([]byte, 32<<10); return &b }}
