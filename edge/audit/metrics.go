@@ -3,6 +3,8 @@ package audit
 import (
 	"errors"
 	"fmt"
+	"slices"
+	"sync/atomic"
 
 	"github.com/prometheus/client_golang/prometheus"
 )
@@ -14,6 +16,19 @@ type metrics struct {
 	duration  *prometheus.HistogramVec
 	upstream  prometheus.Histogram
 	bytes     *prometheus.CounterVec
+
+	// Resolved once, so a decision costs no label lookup: by action (in
+	// the order of actions), and the byte counters.
+	byAction          [len(actions)]atomic.Pointer[actionMetrics]
+	bytesIn, bytesOut prometheus.Counter
+}
+
+// actions are the known actions; others are counted too, looked up each time.
+var actions = [...]Action{Substituted, Forwarded, Blocked, Withheld, Tunnelled, Denied}
+
+type actionMetrics struct {
+	decisions prometheus.Counter
+	duration  prometheus.Observer
 }
 
 func newMetrics(reg prometheus.Registerer) (*metrics, error) {
@@ -37,6 +52,7 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 			Help: "Bytes through the proxy: in = from tasks, out = to tasks.",
 		}, []string{"direction"}),
 	}
+	m.bytesIn, m.bytesOut = m.bytes.WithLabelValues("in"), m.bytes.WithLabelValues("out")
 	if reg == nil {
 		return m, nil
 	}
@@ -52,13 +68,30 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 	return m, nil
 }
 
-func (m *metrics) observe(e Entry) {
-	a := string(e.Action)
-	m.decisions.WithLabelValues(a).Inc()
-	m.duration.WithLabelValues(a).Observe(e.Duration.Seconds())
+func (m *metrics) observe(e *Entry) {
+	am := m.forAction(e.Action)
+	am.decisions.Inc()
+	am.duration.Observe(e.Duration.Seconds())
 	if e.Upstream > 0 {
 		m.upstream.Observe(e.Upstream.Seconds())
 	}
-	m.bytes.WithLabelValues("in").Add(float64(e.BytesIn))
-	m.bytes.WithLabelValues("out").Add(float64(e.BytesOut))
+	m.bytesIn.Add(float64(e.BytesIn))
+	m.bytesOut.Add(float64(e.BytesOut))
+}
+
+// forAction returns an action's series, resolved on its first use (so no
+// series appears before its first decision).
+func (m *metrics) forAction(a Action) *actionMetrics {
+	i := slices.Index(actions[:], a)
+	if i >= 0 {
+		if am := m.byAction[i].Load(); am != nil {
+			return am
+		}
+	}
+	am := &actionMetrics{m.decisions.WithLabelValues(string(a)), m.duration.WithLabelValues(string(a))}
+	if i >= 0 {
+		// A racing store resolves the same series.
+		m.byAction[i].Store(am)
+	}
+	return am
 }
