@@ -1,20 +1,32 @@
 package tests
 
 import (
+	"context"
 	"fmt"
 	"net/http"
 	"strings"
+	"sync"
 	"testing"
 
 	"github.com/runfleet/runfleet/shared/fakehost"
+	"github.com/runfleet/runfleet/shared/hostproto"
+	"github.com/runfleet/runfleet/shared/store"
 )
 
 // TestBadInputCorpus sends malformed input to every route that takes input:
 // each answer is a 4xx whose message names the field or parameter, never a
-// 5xx.
+// 5xx. It runs on both stores: input a store cannot hold (an item over
+// DynamoDB's 400 KB, a key over its 2048 bytes) must be refused before it
+// reaches one, the same way on bbolt, which would hold it.
 func TestBadInputCorpus(t *testing.T) {
-	s := newStack(t, "bolt", stackOptions{})
-	s.addHost(t, "h1", fakehost.Config{Features: fakeFeatures}, nil)
+	for _, kind := range storeKinds {
+		t.Run(kind, func(t *testing.T) { badInputCorpus(t, kind) })
+	}
+}
+
+func badInputCorpus(t *testing.T, kind string) {
+	s := newStack(t, kind, stackOptions{})
+	host := s.addHost(t, "h1", fakehost.Config{Features: fakeFeatures}, nil)
 	s.probe(t, "h1")
 	acme := s.mint(t, "acme-ci", "*", []string{"acme"})
 	run := "/fleet/runs/" + s.must(t, http.StatusCreated, "POST", "/fleet/runs", acme, `{"agent":"shell"}`).str("fleetRunId")
@@ -28,6 +40,40 @@ func TestBadInputCorpus(t *testing.T) {
 	mint := func(fields string) string { return `{"ownerId":"new-owner"` + fields + `}` }
 	scopes := `,"allowedHosts":"*","allowedProjects":"*"`
 	secret := `"secrets":[{"projectId":"acme","key":"OPENAI_API_KEY","domains":["api.openai.com"]}]`
+
+	// Input within 1 MiB that no store item can hold, or that the host
+	// would refuse: each bounded, with a 400 naming the field.
+	paths := make([]string, 700)
+	for i := range paths {
+		paths[i] = fmt.Sprintf("/srv/%04d/%s", i, strings.Repeat("p", 990))
+	}
+	manyPaths := reg(`,"localPaths":` + jsonBody(paths))
+	manyHosts := make([]string, 12000)
+	for i := range manyHosts {
+		manyHosts[i] = fmt.Sprintf("h%05d", i)
+	}
+	manyLabels := map[string]string{}
+	for i := 0; i < 65; i++ {
+		manyLabels[fmt.Sprintf("l%d", i)] = "v"
+	}
+	manyArgs := make([]string, 300)
+	for i := range manyArgs {
+		manyArgs[i] = "a"
+	}
+	manyEnv := map[string]string{}
+	for i := 0; i < 300; i++ {
+		manyEnv[fmt.Sprintf("V%d", i)] = "v"
+	}
+	var manySecrets []map[string]any
+	for i := 0; i < 65; i++ {
+		manySecrets = append(manySecrets, map[string]any{"projectId": "acme", "key": fmt.Sprintf("K%d", i), "domains": []string{"a.example"}})
+	}
+	privateKey := "-----BEGIN PRIVATE KEY-----\nAAAA\n-----END PRIVATE KEY-----\n"
+	longID := strings.Repeat("x", 3000)
+	dispatch := func(fields map[string]any) string {
+		fields["agent"] = "shell"
+		return jsonBody(fields)
+	}
 
 	type tc struct {
 		name, method, path, token, body string
@@ -53,6 +99,20 @@ func TestBadInputCorpus(t *testing.T) {
 		{"hosts unknown credentialRef", "POST", "/fleet/hosts", adminToken, `{"id":"x","baseUrl":"https://h","credentialRef":"nope"}`, nil, 400, "credentialRef"},
 		{"hosts bad caPem", "POST", "/fleet/hosts", adminToken, reg(`,"caPem":"-----BEGIN CERTIFICATE-----\nAAAA\n-----END CERTIFICATE-----\n"`), nil, 400, "caPem"},
 		{"hosts over 1 MiB", "POST", "/fleet/hosts", adminToken, hugeHost, nil, 413, "larger than"},
+		{"hosts 700 KB of localPaths", "POST", "/fleet/hosts", adminToken, manyPaths, nil, 400, "localPaths: 700 paths"},
+		{"hosts long localPath", "POST", "/fleet/hosts", adminToken, reg(`,"localPaths":["/` + strings.Repeat("p", 1100) + `"]`), nil, 400, "localPaths[0]"},
+		{"hosts 65 labels", "POST", "/fleet/hosts", adminToken, reg(`,"labels":` + jsonBody(manyLabels)), nil, 400, "labels: 65 labels"},
+		{"hosts long label value", "POST", "/fleet/hosts", adminToken, reg(`,"labels":{"pool":"` + strings.Repeat("v", 300) + `"}`), nil, 400, `labels["pool"]`},
+		{"hosts long label key", "POST", "/fleet/hosts", adminToken, reg(`,"labels":{"` + strings.Repeat("k", 300) + `":"v"}`), nil, 400, "labels key"},
+		{"hosts caPem private key", "POST", "/fleet/hosts", adminToken, reg(`,"caPem":` + jsonBody(privateKey)), nil, 400, "want only CERTIFICATE blocks"},
+		{"hosts caPem over 64 KiB", "POST", "/fleet/hosts", adminToken, reg(`,"caPem":"` + strings.Repeat("x", 70<<10) + `"`), nil, 400, "caPem: 71680 bytes"},
+		{"hosts long baseUrl", "POST", "/fleet/hosts", adminToken, `{"id":"x","baseUrl":"https://h/` + strings.Repeat("u", 3000) + `","credentialRef":"` + hostCredRef + `"}`, nil, 400, "baseUrl: 3010 bytes"},
+		{"hosts long id", "POST", "/fleet/hosts", adminToken, `{"id":"` + longID + `","baseUrl":"https://h","credentialRef":"` + hostCredRef + `"}`, nil, 400, "id"},
+		// /fleet/hosts/{id}/...: an id no registration could have is unknown
+		{"enable long id", "POST", "/fleet/hosts/" + longID + "/enable", adminToken, `{"enabled":true}`, nil, 404, "is not registered"},
+		{"probe long id", "POST", "/fleet/hosts/" + longID + "/probe", adminToken, ``, nil, 404, "is not registered"},
+		{"delete long id", "DELETE", "/fleet/hosts/" + longID, adminToken, ``, nil, 404, "is not registered"},
+		{"delete odd id", "DELETE", "/fleet/hosts/a%20b", adminToken, ``, nil, 404, `"a b"`},
 		// POST /fleet/hosts/{id}/enable
 		{"enable missing", "POST", "/fleet/hosts/h1/enable", adminToken, `{}`, nil, 400, "enabled is required"},
 		{"enable no body", "POST", "/fleet/hosts/h1/enable", adminToken, ``, nil, 400, "JSON object"},
@@ -83,6 +143,13 @@ func TestBadInputCorpus(t *testing.T) {
 		{"mint unknown field", "POST", "/fleet/callers", adminToken, mint(scopes + `,"token":"mine"`), nil, 400, `unknown field "token"`},
 		{"mint reserved owner", "POST", "/fleet/callers", adminToken, `{"ownerId":"admin"` + scopes + `}`, nil, 409, "admin"},
 		{"mint over 1 MiB", "POST", "/fleet/callers", adminToken, mint(scopes + `,"x":"` + strings.Repeat("y", 1<<20) + `"`), nil, 413, "larger than"},
+		{"mint 12,000 allowedHosts", "POST", "/fleet/callers", adminToken, mint(`,"allowedHosts":` + jsonBody(manyHosts) + `,"allowedProjects":"*"`), nil, 400, "allowedHosts: 12000 ids"},
+		{"mint 12,000 allowedProjects", "POST", "/fleet/callers", adminToken, mint(`,"allowedHosts":"*","allowedProjects":` + jsonBody(manyHosts)), nil, 400, "allowedProjects: 12000 ids"},
+		{"mint long scope id", "POST", "/fleet/callers", adminToken, mint(`,"allowedHosts":["` + longID + `"],"allowedProjects":"*"`), nil, 400, "allowedHosts[0]"},
+		{"mint long owner", "POST", "/fleet/callers", adminToken, `{"ownerId":"` + longID + `"` + scopes + `}`, nil, 400, "ownerId"},
+		// DELETE /fleet/callers/{ownerId}
+		{"revoke long owner", "DELETE", "/fleet/callers/" + longID, adminToken, ``, nil, 404, "does not exist"},
+		{"revoke odd owner", "DELETE", "/fleet/callers/a%2Fb", adminToken, ``, nil, 404, `"a/b"`},
 		// POST /fleet/runs
 		{"runs malformed", "POST", "/fleet/runs", acme, `{"agent":"shell"`, nil, 400, "malformed JSON"},
 		{"runs array", "POST", "/fleet/runs", acme, `[{"agent":"shell"}]`, nil, 400, "JSON object"},
@@ -116,6 +183,13 @@ func TestBadInputCorpus(t *testing.T) {
 		{"runs env runfleet", "POST", "/fleet/runs", acme, `{"agent":"shell","env":{"RUNFLEET_PROXIED_KEYS":"{}"}}`, nil, 400, "env RUNFLEET_PROXIED_KEYS"},
 		{"runs project out of scope", "POST", "/fleet/runs", acme, `{"agent":"shell","secrets":[{"projectId":"globex","key":"K","domains":["a.b"]}]}`, nil, 403, `project "globex"`},
 		{"runs over 1 MiB", "POST", "/fleet/runs", acme, huge, nil, 413, "larger than"},
+		{"runs long prompt", "POST", "/fleet/runs", acme, dispatch(map[string]any{"prompt": strings.Repeat("x", 300<<10)}), nil, 400, "prompt: 307200 bytes"},
+		{"runs 300 argv", "POST", "/fleet/runs", acme, dispatch(map[string]any{"argv": manyArgs}), nil, 400, "argv: 300 entries"},
+		{"runs 300 env", "POST", "/fleet/runs", acme, dispatch(map[string]any{"env": manyEnv}), nil, 400, "env: 300 variables"},
+		{"runs 65 labels", "POST", "/fleet/runs", acme, dispatch(map[string]any{"labels": manyLabels}), nil, 400, "labels: 65 labels"},
+		{"runs 65 secrets", "POST", "/fleet/runs", acme, dispatch(map[string]any{"secrets": manySecrets}), nil, 400, "secrets: 65 secrets"},
+		{"runs escapes past the host's limit", "POST", "/fleet/runs", acme, `{"agent":"shell","prompt":"` + strings.Repeat("<", 200<<10) + `"}`, nil, 400, "encode to"},
+		{"runs long host", "POST", "/fleet/runs", acme, dispatch(map[string]any{"host": longID}), nil, 400, "host"},
 		// GET /fleet/runs
 		{"list limit Infinity", "GET", "/fleet/runs?limit=Infinity", acme, ``, nil, 400, "limit"},
 		{"list limit 2.5", "GET", "/fleet/runs?limit=2.5", acme, ``, nil, 400, "limit"},
@@ -127,6 +201,12 @@ func TestBadInputCorpus(t *testing.T) {
 		// GET /fleet/runs/{id}, GET /fleet/hosts
 		{"run unknown parameter", "GET", "/fleet/runs/fr-x?after=-1", acme, ``, nil, 400, "after"},
 		{"run unknown id", "GET", "/fleet/runs/fr-unknown", acme, ``, nil, 404, "fr-unknown"},
+		{"run long id", "GET", "/fleet/runs/" + longID, acme, ``, nil, 404, "does not exist"},
+		{"input long id", "POST", "/fleet/runs/" + longID + "/input", acme, `"x"`, nil, 404, "does not exist"},
+		{"cancel long id", "POST", "/fleet/runs/" + longID + "/cancel", acme, ``, nil, 404, "does not exist"},
+		{"retry long id", "POST", "/fleet/runs/" + longID + "/retry", acme, ``, nil, 404, "does not exist"},
+		{"events long id", "GET", "/fleet/runs/" + longID + "/events", acme, ``, nil, 404, "does not exist"},
+		{"stream long id", "GET", "/fleet/runs/" + longID + "/stream", acme, ``, nil, 404, "does not exist"},
 		{"hosts with a body", "GET", "/fleet/hosts", acme, `{}`, nil, 400, "no request body"},
 		// POST /fleet/runs/{id}/input, /cancel, /retry
 		{"input no body", "POST", run + "/input", acme, ``, nil, 400, "JSON body is required"},
@@ -176,9 +256,47 @@ func TestBadInputCorpus(t *testing.T) {
 		}
 	}
 
-	// A limit above 1000 is clamped, not refused.
-	s.must(t, http.StatusOK, "GET", "/fleet/runs?limit=5000", acme, "")
-	s.must(t, http.StatusOK, "GET", run+"/events?limit=5000&after=0", acme, "")
+	// A limit above 1000 is clamped, not refused: with more than 1000 runs
+	// and events, one page holds 1000 of them and says there is more.
+	ctx := context.Background()
+	var wg sync.WaitGroup
+	seeded := make(chan int)
+	now := s.clk.Now()
+	for w := 0; w < 8; w++ {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for i := range seeded {
+				r := store.Run{FleetRunID: fmt.Sprintf("fr-seeded%017d", i), OwnerID: "acme-ci", HostID: "h1", Agent: "shell",
+					Status: hostproto.StatusSucceeded, Drained: true, CreatedAt: now, UpdatedAt: now}
+				if err := s.app.Store.CreateRun(ctx, r); err != nil {
+					t.Error(err)
+				}
+			}
+		}()
+	}
+	for i := 0; i < 1001; i++ {
+		seeded <- i
+	}
+	close(seeded)
+	wg.Wait()
+	list := s.must(t, http.StatusOK, "GET", "/fleet/runs?limit=5000", acme, "")
+	if runs, _ := list.body["runs"].([]any); len(runs) != 1000 || list.body["hasMore"] != true {
+		t.Errorf("limit=5000 over 1002 runs: %d runs, hasMore %v; want 1000 and true", len(runs), list.body["hasMore"])
+	}
+	child := strings.TrimPrefix(run, "/fleet/runs/")
+	childRunID := s.must(t, http.StatusOK, "GET", run, acme, "").body["run"].(map[string]any)["childRunId"].(string)
+	for i := 0; i < 1001; i++ {
+		host.AppendOutput(childRunID, "line\n")
+	}
+	if _, err := s.app.Fleet.SyncRun(ctx, child); err != nil {
+		t.Fatal(err)
+	}
+	page := s.must(t, http.StatusOK, "GET", run+"/events?limit=5000&after=0", acme, "")
+	if evs, _ := page.body["events"].([]any); len(evs) != 1000 || page.body["hasMore"] != true || page.body["nextCursor"] != 1000.0 {
+		t.Errorf("limit=5000 over 1002 events: %d events, hasMore %v, nextCursor %v; want 1000, true, 1000",
+			len(evs), page.body["hasMore"], page.body["nextCursor"])
+	}
 }
 
 func truncate(s string) string {

@@ -122,6 +122,10 @@ var ownerIDPattern = regexp.MustCompile(`^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$`)
 // ErrReservedOwner: a mint asked for the bootstrap admin's ownerId.
 var ErrReservedOwner = errors.New(`ownerId "admin" is reserved for the bootstrap admin`)
 
+// WellFormedOwnerID reports whether id has an ownerId's shape (the
+// reserved "admin" included): a path naming anything else names no caller.
+func WellFormedOwnerID(id string) bool { return ownerIDPattern.MatchString(id) }
+
 // CheckOwnerID validates an ownerId for minting: 1-64 of letters, digits and
 // ._- starting with a letter or digit, and not the reserved "admin" (in any
 // case, so that "Admin" cannot pass for it in a listing).

@@ -23,8 +23,12 @@ const (
 // scope check of every per-run route (GET, the verbs, events, the stream):
 // an unknown run and another owner's run are both 404 (another owner's
 // run's existence is not the caller's business); a run on a host outside
-// c's allowedHosts is 403 naming the host. An admin may act on any run.
+// c's allowedHosts is 403 naming the host. An admin may act on any run. An
+// id of another shape than a run id is 404 before any store call.
 func (f *Fleet) RunFor(ctx context.Context, c store.Caller, id string) (store.Run, error) {
+	if e := runPathID(id); e != nil {
+		return store.Run{}, e
+	}
 	run, err := f.store.GetRun(ctx, id)
 	if errors.Is(err, store.ErrNotFound) || (err == nil && !auth.CanSeeRun(c, run)) {
 		return store.Run{}, notFound("run %q does not exist", id)

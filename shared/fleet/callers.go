@@ -67,6 +67,9 @@ func scopeOrDefault(field string, s *store.Scope, admin bool) (store.Scope, *Err
 	if s.All {
 		return store.Scope{All: true}, nil
 	}
+	if len(s.IDs) > MaxScopeIDs {
+		return store.Scope{}, invalid("%s: %d ids; at most %d (or \"*\")", field, len(s.IDs), MaxScopeIDs)
+	}
 	seen := map[string]bool{}
 	for i, id := range s.IDs {
 		if e := checkID(fmt.Sprintf("%s[%d]", field, i), id); e != nil {
@@ -93,6 +96,9 @@ func (f *Fleet) Callers(ctx context.Context) ([]store.Caller, error) {
 func (f *Fleet) RevokeCaller(ctx context.Context, ownerID string) error {
 	if ownerID == auth.AdminOwnerID {
 		return conflict(CodeOwnerReserved, nil, "the bootstrap admin is not a minted caller; rotate RUNFLEET_ADMIN_TOKEN instead")
+	}
+	if e := ownerPathID(ownerID); e != nil {
+		return e
 	}
 	err := f.store.DeleteCaller(ctx, ownerID)
 	if errors.Is(err, store.ErrNotFound) {

@@ -54,13 +54,17 @@ type canonicalRequest struct {
 // empty alike). It is taken before routing, so the same request hashes the
 // same whichever host it lands on.
 func (r DispatchRequest) Hash() string {
+	sum := sha256.Sum256(r.canonicalJSON())
+	return "v1:" + hex.EncodeToString(sum[:])
+}
+
+func (r DispatchRequest) canonicalJSON() []byte {
 	b, err := json.Marshal(canonicalRequest(r))
 	if err != nil {
 		// Strings, slices and maps of strings always marshal.
 		panic(fmt.Sprintf("fleet: marshaling a canonical request: %v", err))
 	}
-	sum := sha256.Sum256(b)
-	return "v1:" + hex.EncodeToString(sum[:])
+	return b
 }
 
 var (
@@ -93,27 +97,36 @@ func CheckDispatch(c store.Caller, r DispatchRequest) error {
 	if err := checkID("agent", r.Agent); err != nil {
 		return err
 	}
+	if len(r.Argv) > MaxArgv {
+		return invalid("argv: %d entries; at most %d", len(r.Argv), MaxArgv)
+	}
+	argvBytes := 0
 	for i, a := range r.Argv {
 		if strings.ContainsRune(a, 0) {
 			return invalid("argv[%d] contains a NUL byte", i)
 		}
+		argvBytes += len(a)
+	}
+	if argvBytes > MaxArgvBytes {
+		return invalid("argv: %d bytes in all; at most %d", argvBytes, MaxArgvBytes)
+	}
+	if len(r.Prompt) > MaxPromptBytes {
+		return invalid("prompt: %d bytes; at most %d", len(r.Prompt), MaxPromptBytes)
 	}
 	if strings.ContainsRune(r.Prompt, 0) {
 		return invalid("prompt contains a NUL byte")
 	}
-	for k, v := range r.Labels {
-		if err := checkID("labels key", k); err != nil {
-			return err
-		}
-		if v == "" {
-			return invalid("labels[%q] is empty", k)
-		}
+	if err := checkLabels(r.Labels); err != nil {
+		return err
 	}
-	if len(r.Repository) > 1024 || strings.ContainsAny(r.Repository, "\x00\n\r") {
-		return invalid("repository is not a repository name or URL")
+	if len(r.Repository) > MaxPathBytes || strings.ContainsAny(r.Repository, "\x00\n\r") {
+		return invalid("repository is not a repository name or URL of at most %d bytes", MaxPathBytes)
 	}
-	if r.LocalPath != "" && (!path.IsAbs(r.LocalPath) || len(r.LocalPath) > 1024 || strings.ContainsRune(r.LocalPath, 0)) {
-		return invalid("localPath %q: want an absolute path", r.LocalPath)
+	if r.LocalPath != "" && (!path.IsAbs(r.LocalPath) || len(r.LocalPath) > MaxPathBytes || strings.ContainsRune(r.LocalPath, 0)) {
+		return invalid("localPath %s: want an absolute path of at most %d bytes", quoted(r.LocalPath), MaxPathBytes)
+	}
+	if len(r.Secrets) > MaxSecrets {
+		return invalid("secrets: %d secrets; at most %d", len(r.Secrets), MaxSecrets)
 	}
 	granted := map[string]bool{}
 	for i, s := range r.Secrets {
@@ -124,6 +137,8 @@ func CheckDispatch(c store.Caller, r DispatchRequest) error {
 			return invalid("secrets[%d].key is required", i)
 		case len(s.Domains) == 0:
 			return invalid("secrets[%d].domains must list at least one domain", i)
+		case len(s.Domains) > MaxDomains:
+			return invalid("secrets[%d].domains: %d domains; at most %d", i, len(s.Domains), MaxDomains)
 		}
 		if err := checkID(fmt.Sprintf("secrets[%d].projectId", i), s.ProjectID); err != nil {
 			return err
@@ -141,7 +156,12 @@ func CheckDispatch(c store.Caller, r DispatchRequest) error {
 		}
 		granted[strings.ToUpper(s.Key)] = true
 	}
+	if len(r.Env) > MaxEnv {
+		return invalid("env: %d variables; at most %d", len(r.Env), MaxEnv)
+	}
+	envBytes := 0
 	for name, v := range r.Env {
+		envBytes += len(name) + len(v)
 		upper := strings.ToUpper(name)
 		switch {
 		case !envNamePattern.MatchString(name):
@@ -155,6 +175,14 @@ func CheckDispatch(c store.Caller, r DispatchRequest) error {
 		case strings.ContainsRune(v, 0):
 			return invalid("env %s: the value contains a NUL byte", name)
 		}
+	}
+	if envBytes > MaxEnvBytes {
+		return invalid("env: %d bytes of names and values; at most %d", envBytes, MaxEnvBytes)
+	}
+	// Each field within its bound can still encode larger than the host
+	// takes (JSON escapes control characters six times over).
+	if n := len(r.canonicalJSON()); n > MaxStartRequestBytes {
+		return invalid("prompt, argv, env and secrets together encode to %d bytes of JSON; at most %d", n, MaxStartRequestBytes)
 	}
 	for i, s := range r.Secrets {
 		if !auth.CanUseProject(c, s.ProjectID) {

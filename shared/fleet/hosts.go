@@ -24,7 +24,7 @@ var idPattern = regexp.MustCompile(`^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$`)
 
 func checkID(field, id string) *Error {
 	if !idPattern.MatchString(id) {
-		return invalid("%s %q: want 1-64 letters, digits and ._- starting with a letter or digit", field, id)
+		return invalid("%s %s: want 1-64 letters, digits and ._- starting with a letter or digit", field, quoted(id))
 	}
 	return nil
 }
@@ -67,22 +67,23 @@ func (f *Fleet) RegisterHost(ctx context.Context, spec HostSpec) (store.Host, er
 		if base.Scheme != "https" {
 			return store.Host{}, invalid("caPem: only an https baseUrl uses a CA")
 		}
+		if err := checkCAPEM(spec.CAPEM); err != nil {
+			return store.Host{}, err
+		}
 		if _, err := hostproto.CAPool(spec.CAPEM); err != nil {
 			return store.Host{}, invalid("caPem: %v", strings.TrimPrefix(err.Error(), "hostproto: caPem "))
 		}
 	}
-	for k, v := range spec.Labels {
-		if err := checkID("labels key", k); err != nil {
-			return store.Host{}, err
-		}
-		if v == "" || len(v) > 256 {
-			return store.Host{}, invalid("labels[%q]: want a value of 1-256 characters", k)
-		}
+	if err := checkLabels(spec.Labels); err != nil {
+		return store.Host{}, err
+	}
+	if len(spec.LocalPaths) > MaxLocalPaths {
+		return store.Host{}, invalid("localPaths: %d paths; at most %d", len(spec.LocalPaths), MaxLocalPaths)
 	}
 	paths := make([]string, 0, len(spec.LocalPaths))
 	for i, p := range spec.LocalPaths {
-		if !path.IsAbs(p) || len(p) > 1024 {
-			return store.Host{}, invalid("localPaths[%d] %q: want an absolute path", i, p)
+		if !path.IsAbs(p) || len(p) > MaxPathBytes || strings.ContainsRune(p, 0) {
+			return store.Host{}, invalid("localPaths[%d] %s: want an absolute path of at most %d bytes", i, quoted(p), MaxPathBytes)
 		}
 		paths = append(paths, path.Clean(p))
 	}
@@ -109,23 +110,43 @@ func (f *Fleet) RegisterHost(ctx context.Context, spec HostSpec) (store.Host, er
 // host is a loopback address (or "localhost"): a bearer credential never
 // crosses a network in clear text.
 func checkBaseURL(raw string) (*url.URL, *Error) {
+	if len(raw) > MaxBaseURLBytes {
+		return nil, invalid("baseUrl: %d bytes; at most %d", len(raw), MaxBaseURLBytes)
+	}
 	u, err := url.Parse(raw)
 	if err != nil || u.Host == "" || u.Opaque != "" {
-		return nil, invalid("baseUrl %q: want an absolute URL such as https://host:7070", raw)
+		return nil, invalid("baseUrl %s: want an absolute URL such as https://host:7070", quoted(raw))
 	}
 	if u.User != nil || u.RawQuery != "" || u.Fragment != "" {
-		return nil, invalid("baseUrl %q: must not carry credentials, a query or a fragment", raw)
+		return nil, invalid("baseUrl %s: must not carry credentials, a query or a fragment", quoted(raw))
 	}
 	switch u.Scheme {
 	case "https":
 	case "http":
 		if !loopbackHost(u.Hostname()) {
-			return nil, invalid("baseUrl %q: http:// is allowed only on loopback; use https://", raw)
+			return nil, invalid("baseUrl %s: http:// is allowed only on loopback; use https://", quoted(raw))
 		}
 	default:
-		return nil, invalid("baseUrl %q: want https:// (or http:// on loopback)", raw)
+		return nil, invalid("baseUrl %s: want https:// (or http:// on loopback)", quoted(raw))
 	}
 	return u, nil
+}
+
+// checkLabels bounds labels (a host's or a dispatch's): at most MaxLabels,
+// keys of the id shape, values of 1 to MaxLabelValue bytes.
+func checkLabels(labels map[string]string) *Error {
+	if len(labels) > MaxLabels {
+		return invalid("labels: %d labels; at most %d", len(labels), MaxLabels)
+	}
+	for k, v := range labels {
+		if err := checkID("labels key", k); err != nil {
+			return err
+		}
+		if v == "" || len(v) > MaxLabelValue {
+			return invalid("labels[%q]: want a value of 1-%d bytes", k, MaxLabelValue)
+		}
+	}
+	return nil
 }
 
 func loopbackHost(h string) bool {
@@ -138,6 +159,9 @@ func loopbackHost(h string) bool {
 
 // SetHostEnabled enables or disables a host.
 func (f *Fleet) SetHostEnabled(ctx context.Context, id string, enabled bool) (store.Host, error) {
+	if e := hostPathID(id); e != nil {
+		return store.Host{}, e
+	}
 	h, err := f.store.SetHostEnabled(ctx, id, enabled)
 	if errors.Is(err, store.ErrNotFound) {
 		return store.Host{}, notFound("host %q is not registered", id)
@@ -151,6 +175,9 @@ func (f *Fleet) SetHostEnabled(ctx context.Context, id string, enabled bool) (st
 // DeleteHost removes a host: refused (409) while runs reference it, unless
 // force, which discards those runs and their events.
 func (f *Fleet) DeleteHost(ctx context.Context, id string, force bool) error {
+	if e := hostPathID(id); e != nil {
+		return e
+	}
 	err := f.store.DeleteHost(ctx, id, force)
 	switch {
 	case err == nil:
@@ -181,6 +208,9 @@ func (f *Fleet) Hosts(ctx context.Context, c store.Caller) ([]store.Host, error)
 
 // Host returns one host (admin use: no scope check).
 func (f *Fleet) Host(ctx context.Context, id string) (store.Host, error) {
+	if e := hostPathID(id); e != nil {
+		return store.Host{}, e
+	}
 	h, err := f.store.GetHost(ctx, id)
 	if errors.Is(err, store.ErrNotFound) {
 		return store.Host{}, notFound("host %q is not registered", id)

@@ -137,6 +137,11 @@ func (f *Fleet) probe(ctx context.Context, h store.Host) store.Probe {
 	p.LatencyMs = f.clock.Now().Sub(start).Milliseconds()
 	var he *hostproto.Error
 	switch {
+	case err == nil && outOfBounds(health) != "":
+		// Recorded as is, it could outgrow the host's item: never routed to.
+		p.Status = store.ProbeBadResponse
+		p.Detail = outOfBounds(health)
+		err = errors.New(p.Detail)
 	case err == nil && health.OK:
 		p.Status = store.ProbeOK
 	case err == nil:
@@ -164,4 +169,21 @@ func (f *Fleet) probe(ctx context.Context, h store.Host) store.Probe {
 		p.Draining = health.Draining
 	}
 	return p
+}
+
+// outOfBounds says what of a health answer exceeds what a probe records,
+// "" when nothing does.
+func outOfBounds(h hostproto.Health) string {
+	if len(h.Agents) > maxProbeAgents {
+		return fmt.Sprintf("the host reports %d agents; at most %d are recorded", len(h.Agents), maxProbeAgents)
+	}
+	for _, a := range h.Agents {
+		if len(a) > maxProbeAgentName {
+			return fmt.Sprintf("the host reports an agent name of %d bytes; at most %d are recorded", len(a), maxProbeAgentName)
+		}
+	}
+	if len(h.Version) > maxProbeVersion {
+		return fmt.Sprintf("the host reports a version of %d bytes; at most %d are recorded", len(h.Version), maxProbeVersion)
+	}
+	return ""
 }

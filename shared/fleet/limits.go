@@ -1,0 +1,114 @@
+package fleet
+
+import (
+	"encoding/pem"
+	"fmt"
+	"regexp"
+
+	"github.com/runfleet/runfleet/shared/auth"
+)
+
+// What Fleet accepts. Every record is stored as one item, and DynamoDB
+// refuses an item over 400 KB (and a key over 2048 bytes, even on a read):
+// input is bounded here, where the refusal is a 400 naming the field, so a
+// store never meets what it cannot hold (which would be a 500 on DynamoDB
+// and a 201 on bbolt). The bounds leave every item well below the limit:
+// a host at most ~150 KB (labels ~20 KB, localPaths 64 KiB, caPem 64 KiB),
+// a caller ~70 KB per scope item, a run ~1 KB (a run item keeps none of the
+// prompt, argv or env). The start request Fleet sends a host is bounded by
+// MaxStartRequestBytes, under edge's 1 MiB request limit.
+const (
+	// MaxLabels bounds a host's or a dispatch's labels; keys have the id
+	// shape, values MaxLabelValue bytes.
+	MaxLabels     = 64
+	MaxLabelValue = 256
+	// MaxLocalPaths bounds a host's localPaths, each at most MaxPathBytes.
+	MaxLocalPaths = 64
+	MaxPathBytes  = 1024
+	// MaxBaseURLBytes bounds a host's baseUrl.
+	MaxBaseURLBytes = 2048
+	// MaxCAPEMBytes bounds a host's caPem (a bundle of a few CA
+	// certificates is a few KiB).
+	MaxCAPEMBytes = 64 << 10
+	// MaxScopeIDs bounds a caller's allowedHosts and allowedProjects.
+	MaxScopeIDs = 1000
+	// MaxPromptBytes bounds a dispatch's prompt.
+	MaxPromptBytes = 256 << 10
+	// MaxArgv bounds a dispatch's argv entries, MaxArgvBytes their sum.
+	MaxArgv      = 256
+	MaxArgvBytes = 256 << 10
+	// MaxEnv bounds a dispatch's env variables, MaxEnvBytes the sum of
+	// their names and values.
+	MaxEnv      = 256
+	MaxEnvBytes = 256 << 10
+	// MaxSecrets bounds a dispatch's secrets, MaxDomains each one's domains.
+	MaxSecrets = 64
+	MaxDomains = 64
+	// MaxStartRequestBytes bounds the start request as JSON (escaping can
+	// make it larger than the fields' bytes): edge refuses a body over 1 MiB.
+	MaxStartRequestBytes = 768 << 10
+	// maxProbeAgents and maxProbeVersion bound what a probe records of a
+	// host's /healthz answer (the host, not a caller, writes it).
+	maxProbeAgents    = 64
+	maxProbeAgentName = 256
+	maxProbeVersion   = 128
+)
+
+// Ids in paths. Every id a caller puts in a path is checked for shape before
+// any store call, by these functions: a malformed id names nothing, so it is
+// a 404 as an unknown one is (never a store error, never a 500).
+var runIDPattern = regexp.MustCompile(`^fr-[a-z2-7]{26}$`)
+
+// runPathID refuses a run id that newRunID could not have made.
+func runPathID(id string) *Error {
+	if !runIDPattern.MatchString(id) {
+		return notFound("run %s does not exist", quoted(id))
+	}
+	return nil
+}
+
+// hostPathID refuses a host id that registration would have refused.
+func hostPathID(id string) *Error {
+	if !idPattern.MatchString(id) {
+		return notFound("host %s is not registered", quoted(id))
+	}
+	return nil
+}
+
+// ownerPathID refuses an ownerId that a mint would have refused.
+func ownerPathID(id string) *Error {
+	if !auth.WellFormedOwnerID(id) {
+		return notFound("caller %s does not exist", quoted(id))
+	}
+	return nil
+}
+
+// quoted quotes a caller's value for a message, cut short when long: a
+// message names what was wrong, it does not echo kilobytes.
+func quoted(s string) string {
+	const keep = 80
+	if len(s) > keep {
+		return fmt.Sprintf("%q... (%d bytes)", s[:keep], len(s))
+	}
+	return fmt.Sprintf("%q", s)
+}
+
+// checkCAPEM accepts a PEM bundle of CERTIFICATE blocks only, at most
+// MaxCAPEMBytes: anything else pasted there (a private key above all) is
+// refused rather than stored and shown to admins.
+func checkCAPEM(s string) *Error {
+	if len(s) > MaxCAPEMBytes {
+		return invalid("caPem: %d bytes; at most %d", len(s), MaxCAPEMBytes)
+	}
+	rest := []byte(s)
+	for i := 1; ; i++ {
+		var block *pem.Block
+		block, rest = pem.Decode(rest)
+		if block == nil {
+			return nil
+		}
+		if block.Type != "CERTIFICATE" {
+			return invalid("caPem: PEM block %d is a %q; want only CERTIFICATE blocks", i, block.Type)
+		}
+	}
+}
