@@ -371,16 +371,20 @@ func (r *Runner) Retry(runID string) (hostproto.Run, error) {
 	if r.Draining() {
 		return hostproto.Run{}, ErrDraining
 	}
-	t, err := r.reserve(rec)
+	next := rec
+	next.Attempt++
+	t, err := r.reserve(next)
 	if err != nil {
 		return hostproto.Run{}, err
 	}
 	now := r.clock.Now()
 	rec, err = r.log.Update(runID, func(rec *runlog.Record) error {
-		if !hostproto.TerminalStatus(rec.Status) {
+		// Another retry may have begun, and even ended, between the read
+		// above and the reservation: this one lost to it.
+		if !hostproto.TerminalStatus(rec.Status) || rec.Attempt != t.attempt-1 {
 			return ErrNotRetryable
 		}
-		rec.Attempt++
+		rec.Attempt = t.attempt
 		rec.Status, rec.ExitCode, rec.Reason, rec.Detail, rec.EndedAt = hostproto.StatusPending, nil, "", "", nil
 		rec.UpdatedAt = now
 		return nil
@@ -389,7 +393,7 @@ func (r *Runner) Retry(runID string) (hostproto.Run, error) {
 		r.unreserve(t)
 		return hostproto.Run{}, err
 	}
-	t.attempt, t.rec = rec.Attempt, rec
+	t.rec = rec
 	r.logger.Info("run retried", fieldRun, runID, fieldAttempt, rec.Attempt)
 	return r.begin(t), nil
 }

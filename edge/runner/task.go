@@ -28,12 +28,15 @@ const inputWriteTimeout = 5 * time.Second
 
 // task is one attempt of a run, from its reservation of a slot until it ends.
 type task struct {
+	// runID, attempt and needsBroker are fixed before the task is published
+	// in Runner.live, so a cancel may read them at any time.
 	runID       string
 	attempt     int
-	rec         runlog.Record
-	ident       taskIdentity
-	dirs        taskDirs
 	needsBroker bool
+	// rec, ident and dirs belong to the goroutine starting the attempt.
+	rec   runlog.Record
+	ident taskIdentity
+	dirs  taskDirs
 
 	// ctx ends when the attempt is canceled; it stops a clone in progress.
 	ctx  context.Context
@@ -60,11 +63,12 @@ type task struct {
 	done      chan struct{}
 }
 
+// newTask is the attempt rec.Attempt of the run rec, not yet published.
 func newTask(rec runlog.Record) *task {
 	ctx, stop := context.WithCancel(context.Background())
 	return &task{
-		runID: rec.RunID, attempt: rec.Attempt, rec: rec, ctx: ctx, stop: stop,
-		startDone: make(chan struct{}), done: make(chan struct{}),
+		runID: rec.RunID, attempt: rec.Attempt, needsBroker: len(rec.Request.Secrets) > 0, rec: rec,
+		ctx: ctx, stop: stop, startDone: make(chan struct{}), done: make(chan struct{}),
 	}
 }
 
@@ -101,8 +105,8 @@ func refusedOutcome(ref *Refusal) outcome {
 	return outcome{status: status, reason: ref.Reason, detail: ref.Detail}
 }
 
-// reserve makes the run's next attempt live: no other attempt of the run
-// may begin, and a cancel finds it. It takes no concurrency slot: admission
+// reserve makes the attempt rec.Attempt of the run live: no other attempt
+// of the run may begin, and a cancel finds it. It takes no concurrency slot: admission
 // does, in begin, so starts that lose a clientToken race never count.
 func (r *Runner) reserve(rec runlog.Record) (*task, error) {
 	r.mu.Lock()
@@ -154,8 +158,6 @@ func (r *Runner) runnerFacts(t *task) Facts {
 // background. It returns the run as it stands after admission.
 func (r *Runner) begin(t *task) hostproto.Run {
 	req := t.rec.Request
-	t.attempt = t.rec.Attempt
-	t.needsBroker = len(req.Secrets) > 0
 	facts := r.runnerFacts(t)
 	facts.NeedsBroker = t.needsBroker
 	localPath := ""
