@@ -91,8 +91,7 @@ func (f *Fleet) interact(ctx context.Context, c store.Caller, id, verb string,
 	case callErr == nil && answer != nil:
 		hr := *answer
 		stored, err := f.settle(recordCtx, run, func(cur *store.Run) bool {
-			if cur.Status == store.StatusLost || hr.Attempt < cur.Attempt ||
-				(hr.Attempt == cur.Attempt && !hostStateDiffers(*cur, hr)) {
+			if !hostAnswerApplies(*cur, hr) {
 				return false
 			}
 			f.applyHostRun(cur, hr, f.clock.Now().UTC())

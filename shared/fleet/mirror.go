@@ -225,7 +225,7 @@ func (f *Fleet) syncRun(ctx context.Context, run store.Run, hosts *hostClients, 
 		if cur.Status == store.StatusLost || cur.Status == store.StatusDispatching {
 			return changed
 		}
-		if hr.Attempt > cur.Attempt || (hr.Attempt == cur.Attempt && hostStateDiffers(*cur, hr)) {
+		if hostAnswerApplies(*cur, hr) {
 			f.applyHostRun(cur, hr, now)
 			changed = true
 		}
@@ -263,8 +263,21 @@ func (f *Fleet) hostTrouble(run store.Run, hosts *hostClients, doing string, err
 	return syncResult{outcome: syncFailed, err: err}
 }
 
-func hostStateDiffers(r store.Run, hr hostproto.Run) bool {
-	return r.Status != hr.Status || r.Reason != hr.Reason || !sameExit(r.ExitCode, hr.ExitCode) || r.ChildRunID != hr.RunID
+// hostAnswerApplies reports whether hr, the host's view of a run read at
+// some moment, may be recorded over cur, the run as stored now. It is the
+// one rule of every path that records a host's answer (a read, a verb's
+// answer, a sync): never over lost (the host denied the run) or
+// dispatching (recovery resolves that), never an earlier attempt's state
+// over a later one (an answer read before a retry made the next attempt
+// live would roll the run back), and only when it says something new.
+func hostAnswerApplies(cur store.Run, hr hostproto.Run) bool {
+	switch {
+	case cur.Status == store.StatusLost || cur.Status == store.StatusDispatching:
+		return false
+	case hr.Attempt != cur.Attempt:
+		return hr.Attempt > cur.Attempt
+	}
+	return cur.Status != hr.Status || cur.Reason != hr.Reason || !sameExit(cur.ExitCode, hr.ExitCode) || cur.ChildRunID != hr.RunID
 }
 
 // newEvents returns the events after cursor in sequence order, without

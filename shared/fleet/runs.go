@@ -70,11 +70,10 @@ func (f *Fleet) refresh(ctx context.Context, run store.Run) (store.Run, error) {
 		return f.markLost(ctx, run)
 	}
 	return f.settle(ctx, run, func(cur *store.Run) bool {
-		now := f.clock.Now().UTC()
-		if cur.Status == hr.Status && cur.Attempt == hr.Attempt && cur.Reason == hr.Reason && sameExit(cur.ExitCode, hr.ExitCode) {
+		if !hostAnswerApplies(*cur, hr) {
 			return false
 		}
-		f.applyHostRun(cur, hr, now)
+		f.applyHostRun(cur, hr, f.clock.Now().UTC())
 		return true
 	})
 }
