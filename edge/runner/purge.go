@@ -47,36 +47,58 @@ func (r *Runner) recover() error {
 // directories (a localPath is the operator's and stays).
 func (r *Runner) purge() {
 	cutoff := r.clock.Now().Add(-r.cfg.Retention)
-	var old []string
+	var old []runlog.Record
 	if err := r.log.Records(func(rec runlog.Record) bool {
-		if rec.EndedAt != nil && rec.EndedAt.Before(cutoff) && hostproto.TerminalStatus(rec.Status) {
-			old = append(old, rec.RunID)
+		if expired(rec, cutoff) {
+			old = append(old, rec)
 		}
 		return true
 	}); err != nil {
 		r.logger.Error("listing runs to purge", fieldError, err.Error())
 		return
 	}
-	for _, id := range old {
-		if r.liveTask(id) != nil {
-			continue
-		}
-		if r.broker != nil {
-			if err := r.broker.Drop(id); err != nil {
-				r.logger.Error("dropping a purged run's placeholders", fieldRun, id, fieldError, err.Error())
-				continue
-			}
-		}
-		if err := os.RemoveAll(filepath.Join(r.cfg.WorkDir, id)); err != nil {
-			r.logger.Error("removing a purged run's directories", fieldRun, id, fieldError, err.Error())
-			continue
-		}
-		if err := r.log.Delete(id); err != nil {
-			r.logger.Error("purging a run", fieldRun, id, fieldError, err.Error())
-			continue
-		}
-		r.logger.Info("run purged", fieldRun, id)
+	for _, rec := range old {
+		r.purgeRun(rec, cutoff)
 	}
+}
+
+func expired(rec runlog.Record, cutoff time.Time) bool {
+	return rec.EndedAt != nil && rec.EndedAt.Before(cutoff) && hostproto.TerminalStatus(rec.Status)
+}
+
+// purgeRun removes one run while holding it, as an attempt would: no retry
+// begins meanwhile (it is refused as live), and a cancel or input finds no
+// process. A run with a live attempt is skipped, and so is one that a retry
+// made current again since it was listed.
+func (r *Runner) purgeRun(rec runlog.Record, cutoff time.Time) {
+	t := newTask(rec)
+	t.purging = true
+	if err := r.publish(t); err != nil {
+		return // live, or the runner is shutting down
+	}
+	defer r.unreserve(t)
+	id := rec.RunID
+	if rec, err := r.log.Get(id); err != nil || !expired(rec, cutoff) {
+		return
+	}
+	if hook := r.beforePurgeRemoves; hook != nil {
+		hook(id)
+	}
+	if r.broker != nil {
+		if err := r.broker.Drop(id); err != nil {
+			r.logger.Error("dropping a purged run's placeholders", fieldRun, id, fieldError, err.Error())
+			return
+		}
+	}
+	if err := os.RemoveAll(filepath.Join(r.cfg.WorkDir, id)); err != nil {
+		r.logger.Error("removing a purged run's directories", fieldRun, id, fieldError, err.Error())
+		return
+	}
+	if err := r.log.Delete(id); err != nil {
+		r.logger.Error("purging a run", fieldRun, id, fieldError, err.Error())
+		return
+	}
+	r.logger.Info("run purged", fieldRun, id)
 }
 
 func (r *Runner) schedulePurge() {

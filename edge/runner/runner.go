@@ -216,6 +216,11 @@ type Runner struct {
 
 	purgeTimer clock.Timer
 	wg         sync.WaitGroup
+
+	// beforePurgeRemoves, set by tests before the purge runs, is called on
+	// the purge's goroutine once it has decided to remove a run, before it
+	// removes anything.
+	beforePurgeRemoves func(runID string)
 }
 
 // New returns a runner over the run log. broker and trust serve runs that
@@ -548,10 +553,14 @@ func (r *Runner) get(runID string) (runlog.Record, error) {
 	return rec, err
 }
 
+// liveTask is the run's live attempt, or nil; a run being purged has none.
 func (r *Runner) liveTask(runID string) *task {
 	r.mu.Lock()
 	defer r.mu.Unlock()
-	return r.live[runID]
+	if t := r.live[runID]; t != nil && !t.purging {
+		return t
+	}
+	return nil
 }
 
 func (r *Runner) liveTasks() []*task {

@@ -727,3 +727,35 @@ func TestNothingOfATaskOutlivesIt(t *testing.T) {
 		}
 	}
 }
+
+// A retry racing the purge of its run must not start an attempt whose
+// directories and record the purge then removes: once the purge has
+// decided to remove the run it holds it, and the retry is refused.
+func TestPurgeHoldsTheRunAgainstARetry(t *testing.T) {
+	fake := clock.NewFake(time.Date(2026, 11, 30, 12, 0, 0, 0, time.UTC))
+	h := newHarness(t, func(c *Config) { c.Clock = fake; c.Retention = time.Hour })
+	run := h.start(`echo x > file`, nil)
+	h.waitEnd(run.RunID)
+	retried := make(chan error, 1)
+	h.r.beforePurgeRemoves = func(id string) {
+		_, err := h.r.Retry(id)
+		retried <- err
+	}
+	<-fake.WaitForTimers(1)
+	fake.Advance(time.Hour) // the run ended exactly a retention ago: kept
+	<-fake.WaitForTimers(1)
+	fake.Advance(time.Hour)
+	if err := <-retried; !errors.Is(err, ErrNotRetryable) {
+		t.Fatalf("a retry while the purge removes the run = %v, want ErrNotRetryable", err)
+	}
+	<-fake.WaitForTimers(1) // the purge has ended and re-armed
+	if _, err := h.r.Get(run.RunID); !errors.Is(err, ErrNotFound) {
+		t.Fatalf("the run is still there after its purge: %v", err)
+	}
+	if _, err := os.Stat(filepath.Join(h.cfg.WorkDir, run.RunID)); !os.IsNotExist(err) {
+		t.Fatalf("the run's directories remain: %v", err)
+	}
+	if got := h.processesStarted(); got != 1 || !h.r.Idle() {
+		t.Fatalf("%v processes started (want the first attempt's alone), idle %v", got, h.r.Idle())
+	}
+}

@@ -33,6 +33,9 @@ type task struct {
 	runID       string
 	attempt     int
 	needsBroker bool
+	// purging: this is no attempt but the purge holding the run while it
+	// removes it (see purgeRun); verbs find no live attempt.
+	purging bool
 	// rec, ident and dirs belong to the goroutine starting the attempt.
 	rec   runlog.Record
 	ident taskIdentity
@@ -106,21 +109,28 @@ func refusedOutcome(ref *Refusal) outcome {
 }
 
 // reserve makes the attempt rec.Attempt of the run live: no other attempt
-// of the run may begin, and a cancel finds it. It takes no concurrency slot: admission
-// does, in begin, so starts that lose a clientToken race never count.
+// of the run may begin, and a cancel finds it. It takes no concurrency
+// slot: admission does, in begin, so starts that lose a clientToken race
+// never count.
 func (r *Runner) reserve(rec runlog.Record) (*task, error) {
+	t := newTask(rec)
+	return t, r.publish(t)
+}
+
+// publish makes t the run's live attempt, unless the run has one or the
+// runner is shutting down.
+func (r *Runner) publish(t *task) error {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	if r.closed {
-		return nil, ErrDraining
+		return ErrDraining
 	}
-	if r.live[rec.RunID] != nil {
-		return nil, ErrNotRetryable
+	if r.live[t.runID] != nil {
+		return ErrNotRetryable
 	}
-	t := newTask(rec)
-	r.live[rec.RunID] = t
+	r.live[t.runID] = t
 	r.wg.Add(1)
-	return t, nil
+	return nil
 }
 
 // unreserve ends an attempt that never began.
@@ -474,6 +484,9 @@ func (r *Runner) terminate(t *task, reason, detail string, hard bool) {
 // proxy access is revoked at once, and its process, if it has one, is
 // terminated; an attempt not started yet is refused at its ticket's check.
 func (r *Runner) cancel(t *task, reason string) {
+	if t.purging {
+		return
+	}
 	t.mu.Lock()
 	if t.canceled || t.finished {
 		t.mu.Unlock()
