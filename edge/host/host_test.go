@@ -110,20 +110,17 @@ func TestRestartKeepsPlaceholdersAndTheCAAndPurgeDropsThem(t *testing.T) {
 		t.Fatalf("the run's placeholders are not where the proxy keeps them: %v", err)
 	}
 	// Past runner.retention the run goes: events, placeholders, directories.
-	// The hourly purge runs on its own goroutine and re-arms itself, so the
-	// clock moves on while the test polls for the run's absence.
-	fake.Advance(2 * time.Hour)
-	deadline := time.Now().Add(10 * time.Second)
-	for {
-		fake.Advance(10 * time.Minute)
+	// The purge runs hourly on a goroutine of its own and re-arms itself
+	// once done, as every timer of the host that fires does: each hour is
+	// over once as many timers are pending again as before it.
+	pending := fake.Timers()
+	for hour := 1; hour <= 3; hour++ {
+		fake.Advance(time.Hour)
+		<-fake.WaitForTimers(pending)
 		_, err := e.client.Get(bg, run.RunID)
-		if errors.Is(err, hostproto.ErrRunNotFound) {
-			break
+		if purged := errors.Is(err, hostproto.ErrRunNotFound); purged != (hour == 3) {
+			t.Fatalf("%dh after the run ended (retention 2h): %v", hour, err)
 		}
-		if time.Now().After(deadline) {
-			t.Fatalf("the run was not purged after its retention: %v", err)
-		}
-		time.Sleep(5 * time.Millisecond)
 	}
 	if _, err := os.Stat(stored); !errors.Is(err, os.ErrNotExist) {
 		t.Fatalf("the purged run's placeholders remain: %v", err)
