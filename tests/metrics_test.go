@@ -85,13 +85,16 @@ func TestMetricsRollup(t *testing.T) {
 	if all["edge_queue_depth"] != nil {
 		t.Fatalf("the conflicting family was kept: %v", all["edge_queue_depth"])
 	}
-	if d := all["runfleet_rollup_dropped_families"]; d == nil || d.Metric[0].GetGauge().GetValue() != 1 {
-		t.Fatalf("the drop is not reported: %v", d)
+	// The drop counts on each host whose family it was.
+	dropped := map[string]float64{}
+	for _, m := range all["runfleet_rollup_dropped_families"].GetMetric() {
+		dropped[hostsOf(&dto.MetricFamily{Metric: []*dto.Metric{m}})] = m.GetGauge().GetValue()
 	}
+	if len(dropped) != 2 || dropped["h1"] != 1 || dropped["h2"] != 1 {
+		t.Fatalf("the drop is not reported per host: %v", dropped)
+	}
+	// A host label on every series, the rollup's own included.
 	for name, mf := range all {
-		if name == "runfleet_rollup_dropped_families" {
-			continue
-		}
 		for _, m := range mf.Metric {
 			if !strings.Contains(hostsOf(&dto.MetricFamily{Metric: []*dto.Metric{m}}), "h") {
 				t.Fatalf("%s has a series without its host: %v", name, m)
@@ -109,7 +112,7 @@ func TestMetricsRollup(t *testing.T) {
 			t.Fatalf("the h1 caller sees h2 in %s", name)
 		}
 	}
-	if d := mine["runfleet_rollup_dropped_families"]; d.Metric[0].GetGauge().GetValue() != 0 {
+	if d := mine["runfleet_rollup_dropped_families"]; len(d.GetMetric()) != 1 || hostsOf(d) != "h1" || d.Metric[0].GetGauge().GetValue() != 0 {
 		t.Fatalf("dropped for the h1 caller: %v", d)
 	}
 

@@ -14,7 +14,7 @@ import (
 // (at most ProbeConcurrency at once, each bounded by ProbeTimeout), and
 // merges them (rollup.Merge): a caller limited to some hosts learns nothing
 // of the others. Dropped families and failed scrapes are logged here; the
-// rollup reports them too (runfleet_rollup_dropped_families,
+// rollup reports them too, per host (runfleet_rollup_dropped_families,
 // runfleet_rollup_up).
 func (f *Fleet) MetricsRollup(ctx context.Context, c store.Caller) (rollup.Result, error) {
 	hosts, err := f.Hosts(ctx, c)

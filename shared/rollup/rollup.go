@@ -31,7 +31,11 @@ const (
 	// UpFamily: 1 for each host whose scrape was merged, 0 for one that
 	// failed (unreachable, refused, unparseable).
 	UpFamily = "runfleet_rollup_up"
-	// DroppedFamily: how many families this rollup dropped.
+	// DroppedFamily: per host, how many of the host's families this rollup
+	// dropped. Like every series it carries the host it is about: a family
+	// dropped because two hosts disagree counts on each of them (so the
+	// series do not add up to the number of families dropped; Result.Dropped
+	// and the log have that).
 	DroppedFamily = "runfleet_rollup_dropped_families"
 	// reservedPrefix is the rollup's namespace; a host's family in it is dropped.
 	reservedPrefix = "runfleet_rollup_"
@@ -127,7 +131,7 @@ func Merge(scrapes []Scrape) Result {
 		}
 		res.Families = append(res.Families, merged)
 	}
-	res.Families = append(res.Families, ownFamilies(up, len(res.Dropped))...)
+	res.Families = append(res.Families, ownFamilies(up, res.Dropped)...)
 	return res
 }
 
@@ -193,13 +197,28 @@ func withHost(m *dto.Metric, host string) *dto.Metric {
 	return out
 }
 
-// ownFamilies are the rollup's account of itself.
-func ownFamilies(up map[string]bool, dropped int) []*dto.MetricFamily {
+// ownFamilies are the rollup's account of itself, one series per host
+// scraped (none when there was no host to scrape).
+func ownFamilies(up map[string]bool, dropped []Drop) []*dto.MetricFamily {
+	if len(up) == 0 {
+		return nil
+	}
 	hosts := make([]string, 0, len(up))
 	for h := range up {
 		hosts = append(hosts, h)
 	}
 	sort.Strings(hosts)
+	droppedOf := map[string]int{}
+	for _, d := range dropped {
+		for _, h := range d.Hosts {
+			droppedOf[h]++
+		}
+	}
+	droppedFamily := &dto.MetricFamily{
+		Name: proto.String(DroppedFamily),
+		Help: proto.String("Metric families of the host this rollup dropped: hosts disagree on their type or help, or text format 0.0.4 cannot carry their name."),
+		Type: dto.MetricType_GAUGE.Enum(),
+	}
 	upFamily := &dto.MetricFamily{
 		Name: proto.String(UpFamily),
 		Help: proto.String("Whether the rollup merged the host's scrape (1) or the scrape failed (0)."),
@@ -210,22 +229,17 @@ func ownFamilies(up map[string]bool, dropped int) []*dto.MetricFamily {
 		if up[h] {
 			v = 1
 		}
-		upFamily.Metric = append(upFamily.Metric, &dto.Metric{
-			Label: []*dto.LabelPair{{Name: proto.String(HostLabel), Value: proto.String(h)}},
-			Gauge: &dto.Gauge{Value: proto.Float64(v)},
-		})
+		upFamily.Metric = append(upFamily.Metric, gauge(h, v))
+		droppedFamily.Metric = append(droppedFamily.Metric, gauge(h, float64(droppedOf[h])))
 	}
-	droppedFamily := &dto.MetricFamily{
-		Name:   proto.String(DroppedFamily),
-		Help:   proto.String("Metric families this rollup dropped: hosts disagree on their type or help, or text format 0.0.4 cannot carry their name."),
-		Type:   dto.MetricType_GAUGE.Enum(),
-		Metric: []*dto.Metric{{Gauge: &dto.Gauge{Value: proto.Float64(float64(dropped))}}},
+	return []*dto.MetricFamily{droppedFamily, upFamily}
+}
+
+func gauge(host string, v float64) *dto.Metric {
+	return &dto.Metric{
+		Label: []*dto.LabelPair{{Name: proto.String(HostLabel), Value: proto.String(host)}},
+		Gauge: &dto.Gauge{Value: proto.Float64(v)},
 	}
-	out := []*dto.MetricFamily{droppedFamily}
-	if len(upFamily.Metric) > 0 {
-		out = append(out, upFamily)
-	}
-	return out
 }
 
 // WriteText writes the rollup in text format 0.0.4.

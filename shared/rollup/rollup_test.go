@@ -75,11 +75,8 @@ func TestMergeKeepsAgreeingFamiliesLabelsHostsAndDropsConflicts(t *testing.T) {
 	}
 	fams := parse(t, text)
 
-	// Every series carries its host.
+	// Every series carries its host, the rollup's own included.
 	for name, mf := range fams {
-		if name == DroppedFamily {
-			continue
-		}
 		for _, m := range mf.Metric {
 			if labels(m)[HostLabel] == "" {
 				t.Errorf("%s: a series without the host label: %v", name, m)
@@ -131,8 +128,14 @@ func TestMergeKeepsAgreeingFamiliesLabelsHostsAndDropsConflicts(t *testing.T) {
 	if len(res.Dropped) != 3 {
 		t.Errorf("dropped = %+v, want 3", res.Dropped)
 	}
-	if n := fams[DroppedFamily].Metric[0].GetGauge().GetValue(); n != 3 {
-		t.Errorf("%s = %v, want 3", DroppedFamily, n)
+	// Per host: a's clash_type, clash_help and its runfleet_rollup_up, b's
+	// clash_type and clash_help.
+	droppedOf := map[string]float64{}
+	for _, m := range fams[DroppedFamily].Metric {
+		droppedOf[labels(m)[HostLabel]] = m.GetGauge().GetValue()
+	}
+	if droppedOf["a"] != 3 || droppedOf["b"] != 2 || len(droppedOf) != 2 {
+		t.Errorf("%s by host = %v, want a 3, b 2", DroppedFamily, droppedOf)
 	}
 	up := map[string]float64{}
 	for _, m := range fams[UpFamily].Metric {
@@ -178,10 +181,9 @@ func TestMergeDropsNamesTextFormatCannotCarry(t *testing.T) {
 	}
 }
 
-func TestMergeOfNoHostsIsOnlyItsOwnAccount(t *testing.T) {
-	fams := parse(t, mustText(t, Merge(nil)))
-	if len(fams) != 1 || fams[DroppedFamily] == nil {
-		t.Fatalf("families = %v", fams)
+func TestMergeOfNoHostsIsEmpty(t *testing.T) {
+	if text := mustText(t, Merge(nil)); len(text) != 0 {
+		t.Fatalf("a rollup of no host: %q", text)
 	}
 }
 
@@ -204,9 +206,6 @@ func FuzzMerge(f *testing.F) {
 		res := Merge([]Scrape{{Host: "a", Text: []byte(a)}, {Host: "b", Text: []byte(b)}})
 		fams := parse(t, mustText(t, res))
 		for name, mf := range fams {
-			if name == DroppedFamily {
-				continue
-			}
 			for _, m := range mf.Metric {
 				if h := labels(m)[HostLabel]; h != "a" && h != "b" {
 					t.Fatalf("%s: series without its host: %v", name, m)
