@@ -1,4 +1,4 @@
-package runner
+package host
 
 import (
 	"context"
@@ -9,24 +9,28 @@ import (
 	"github.com/runfleet/runfleet/edge/ca"
 	"github.com/runfleet/runfleet/edge/policy"
 	"github.com/runfleet/runfleet/edge/proxy"
+	"github.com/runfleet/runfleet/edge/runner"
 	"github.com/runfleet/runfleet/shared/clock"
 	"github.com/runfleet/runfleet/shared/hostproto"
 )
 
-// ProxyBroker is the secrets proxy (package proxy) as the runner's Broker.
-type ProxyBroker struct {
-	Proxy *proxy.Proxy
+// The runner knows the secrets proxy and the CA only as its Broker and
+// TrustSource; the host, which assembles the parts, adapts them here.
+
+// proxyBroker is the secrets proxy as the runner's Broker.
+type proxyBroker struct {
+	proxy *proxy.Proxy
 }
 
-var _ Broker = ProxyBroker{}
+var _ runner.Broker = proxyBroker{}
 
 // Ready is the proxy's own readiness (up, not killed, its CA ready).
-func (b ProxyBroker) Ready() error { return b.Proxy.Ready() }
+func (b proxyBroker) Ready() error { return b.proxy.Ready() }
 
 // Ungranted asks the proxy whether the policy in force grants every
 // declared key, and names the first it does not.
-func (b ProxyBroker) Ungranted(secrets []hostproto.Secret) (string, string) {
-	err := b.Proxy.CheckGrant(secrets)
+func (b proxyBroker) Ungranted(secrets []hostproto.Secret) (string, string) {
+	err := b.proxy.CheckGrant(secrets)
 	var notGranted *policy.NotGrantedError
 	switch {
 	case err == nil:
@@ -40,27 +44,27 @@ func (b ProxyBroker) Ungranted(secrets []hostproto.Secret) (string, string) {
 // Register registers the task and returns its placeholders by key name and
 // RUNFLEET_PROXIED_KEYS. A key the policy stopped granting since the
 // admission's check is a key_not_granted refusal.
-func (b ProxyBroker) Register(runID string, secrets []hostproto.Secret) (TaskSecrets, error) {
-	if err := b.Proxy.Register(runID, secrets); err != nil {
+func (b proxyBroker) Register(runID string, secrets []hostproto.Secret) (runner.TaskSecrets, error) {
+	if err := b.proxy.Register(runID, secrets); err != nil {
 		var notGranted *policy.NotGrantedError
 		if errors.As(err, &notGranted) {
-			return TaskSecrets{}, &Refusal{Reason: hostproto.ReasonKeyNotGranted, Detail: notGranted.Error()}
+			return runner.TaskSecrets{}, &runner.Refusal{Reason: hostproto.ReasonKeyNotGranted, Detail: notGranted.Error()}
 		}
-		return TaskSecrets{}, err
+		return runner.TaskSecrets{}, err
 	}
-	keys, err := b.Proxy.TaskKeys(runID)
+	keys, err := b.proxy.TaskKeys(runID)
 	if err != nil {
-		return TaskSecrets{}, err
+		return runner.TaskSecrets{}, err
 	}
-	proxied, err := b.Proxy.ProxiedKeys(runID)
+	proxied, err := b.proxy.ProxiedKeys(runID)
 	if err != nil {
-		return TaskSecrets{}, err
+		return runner.TaskSecrets{}, err
 	}
 	raw, err := json.Marshal(proxied)
 	if err != nil {
-		return TaskSecrets{}, fmt.Errorf("encoding RUNFLEET_PROXIED_KEYS: %w", err)
+		return runner.TaskSecrets{}, fmt.Errorf("encoding RUNFLEET_PROXIED_KEYS: %w", err)
 	}
-	ts := TaskSecrets{Placeholders: make(map[string]string, len(keys)), ProxiedKeys: raw}
+	ts := runner.TaskSecrets{Placeholders: make(map[string]string, len(keys)), ProxiedKeys: raw}
 	for _, k := range keys {
 		ts.Placeholders[k.Key] = k.Placeholder
 	}
@@ -68,14 +72,14 @@ func (b ProxyBroker) Register(runID string, secrets []hostproto.Secret) (TaskSec
 }
 
 // Registered reports whether the proxy still holds the task.
-func (b ProxyBroker) Registered(runID string) bool {
-	_, err := b.Proxy.TaskKeys(runID)
+func (b proxyBroker) Registered(runID string) bool {
+	_, err := b.proxy.TaskKeys(runID)
 	return err == nil
 }
 
 // StartAttempt mints the attempt's credential.
-func (b ProxyBroker) StartAttempt(runID string) (string, error) {
-	u, err := b.Proxy.StartAttempt(runID)
+func (b proxyBroker) StartAttempt(runID string) (string, error) {
+	u, err := b.proxy.StartAttempt(runID)
 	if err != nil {
 		return "", err
 	}
@@ -83,31 +87,31 @@ func (b ProxyBroker) StartAttempt(runID string) (string, error) {
 }
 
 // EndAttempt revokes the attempt's credential and closes its connections.
-func (b ProxyBroker) EndAttempt(runID string) { b.Proxy.EndAttempt(runID) }
+func (b proxyBroker) EndAttempt(runID string) { b.proxy.EndAttempt(runID) }
 
 // Drop forgets the task and its placeholders.
-func (b ProxyBroker) Drop(runID string) error { return b.Proxy.Drop(runID) }
+func (b proxyBroker) Drop(runID string) error { return b.proxy.Drop(runID) }
 
-// CATrust is the proxy's CA (package ca) as the runner's TrustSource.
-type CATrust struct {
-	CA    *ca.Authority
-	Clock clock.Clock
+// caTrust is the proxy's CA as the runner's TrustSource.
+type caTrust struct {
+	ca    *ca.Authority
+	clock clock.Clock
 }
 
-var _ TrustSource = CATrust{}
+var _ runner.TrustSource = caTrust{}
 
 // Bundle is the CA bundle: the signer, then its successor if any.
-func (c CATrust) Bundle() []byte { return c.CA.Bundle() }
+func (c caTrust) Bundle() []byte { return c.ca.Bundle() }
 
 // Valid is nil while the signer is valid at the clock's now.
-func (c CATrust) Valid() error {
-	if !c.CA.Status().Valid(c.Clock.Now()) {
+func (c caTrust) Valid() error {
+	if !c.ca.Status().Valid(c.clock.Now()) {
 		return errors.New("the CA's signer is not valid now")
 	}
 	return nil
 }
 
 // WatchTrust subscribes listener to the CA's bundle deliveries.
-func (c CATrust) WatchTrust(listener func(ctx context.Context, bundle []byte) error) (func() error, error) {
-	return c.CA.WatchTrust(listener)
+func (c caTrust) WatchTrust(listener func(ctx context.Context, bundle []byte) error) (func() error, error) {
+	return c.ca.WatchTrust(listener)
 }

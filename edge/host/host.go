@@ -158,7 +158,7 @@ func Open(ctx context.Context, o Options) (_ *Host, err error) {
 		return nil, err
 	}
 	closers = append(closers, func() { h.authority.Close() })
-	trust := runner.CATrust{CA: h.authority, Clock: o.Clock}
+	trust := caTrust{ca: h.authority, clock: o.Clock}
 
 	h.apiListener, err = net.Listen("tcp", cfg.API.Listen)
 	if err != nil {
@@ -191,7 +191,7 @@ func Open(ctx context.Context, o Options) (_ *Host, err error) {
 	rc.SystemRootsFile, rc.BeforeExec = o.SystemRootsFile, o.BeforeExec
 	var broker runner.Broker
 	if !o.KillSwitch {
-		broker = runner.ProxyBroker{Proxy: h.proxy}
+		broker = proxyBroker{proxy: h.proxy}
 	}
 	h.runner, err = runner.New(rc, h.runs, broker, trust)
 	if err != nil {
@@ -301,7 +301,7 @@ func (h *Host) secretsSource(ctx context.Context) (secrets.Source, error) {
 	return nil, errors.New("host: secrets: set secrets.file or secrets.awsSecretsManager (or keep the proxy down with EDGE_SECRETS_PROXY=off)")
 }
 
-func (h *Host) newProxy(ctx context.Context, trust runner.CATrust) (*proxy.Proxy, error) {
+func (h *Host) newProxy(ctx context.Context, trust caTrust) (*proxy.Proxy, error) {
 	if h.opts.KillSwitch {
 		h.log.Warn("secrets proxy kept down by " + proxy.KillSwitchEnv + "=off: runs that declare secrets are refused")
 		return proxy.New(proxy.Config{Disabled: true})

@@ -19,8 +19,11 @@ import (
 	"github.com/runfleet/runfleet/shared/hostproto"
 )
 
-// terminalSize is the pseudo-terminal every task gets.
-var terminalSize = &pty.Winsize{Rows: 40, Cols: 120}
+// The size of the pseudo-terminal every task gets.
+const (
+	terminalRows = 40
+	terminalCols = 120
+)
 
 // inputWriteTimeout bounds a write to a task's terminal, so a task that does
 // not read cannot hold an input request forever.
@@ -350,7 +353,7 @@ func (r *Runner) launch(t *task, tk *ticket) {
 		end(refusedOutcome(ref), admissionEntry(r.clock.Now(), t.attempt, Decision{Verdict: Refuse, Reason: ref.Reason, Detail: ref.Detail}, req.Secrets))
 		return
 	}
-	ptmx, err := pty.StartWithAttrs(cmd, terminalSize, attrs)
+	ptmx, err := pty.StartWithAttrs(cmd, &pty.Winsize{Rows: terminalRows, Cols: terminalCols}, attrs)
 	if err != nil {
 		t.mu.Unlock()
 		r.logger.Error("starting a task", fieldRun, t.runID, fieldError, err.Error())
