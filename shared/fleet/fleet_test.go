@@ -481,6 +481,52 @@ func TestRunsListsOwnRunsAndAllForAdmin(t *testing.T) {
 	}
 }
 
+// TestRunsLeavesOutRunsOnHostsOutOfScope: a caller that owns runs on a
+// host no longer in its allowedHosts (re-minted with a smaller scope) is
+// 403 on reading one, and does not see it listed; pages fill past them.
+func TestRunsLeavesOutRunsOnHostsOutOfScope(t *testing.T) {
+	e := newTestEnv(t, 10*time.Second)
+	e.addHost(t, "h1", fakehost.Config{})
+	e.addHost(t, "h2", fakehost.Config{})
+	ctx := context.Background()
+	both := caller("alice", "h1", "h2")
+	var ids []string
+	for _, h := range []string{"h1", "h2", "h2", "h1", "h2"} {
+		res, err := e.f.Dispatch(ctx, both, DispatchRequest{Host: h, Agent: "shell"}, "")
+		if err != nil {
+			t.Fatal(err)
+		}
+		ids = append(ids, res.Run.FleetRunID)
+		e.clk.Advance(time.Second)
+	}
+	reminted := caller("alice", "h1")
+	if _, err := e.f.RunFor(ctx, reminted, ids[1]); !isKind(err, KindForbidden) || !strings.Contains(err.Error(), `"h2"`) {
+		t.Fatalf("reading a run on h2: %v, want 403 naming h2", err)
+	}
+	// Newest first: h2, h1, h2, h2, h1. One per page: each page skips the
+	// h2 runs before the next h1 run.
+	var seen []string
+	cursor := ""
+	for i := 0; i < 3; i++ {
+		page, err := e.f.Runs(ctx, reminted, cursor, 1)
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, r := range page.Runs {
+			seen = append(seen, r.FleetRunID)
+		}
+		if cursor = page.NextCursor; cursor == "" {
+			break
+		}
+	}
+	if fmt.Sprint(seen) != fmt.Sprint([]string{ids[3], ids[0]}) {
+		t.Fatalf("listed %v, want the h1 runs %v", seen, []string{ids[3], ids[0]})
+	}
+	if page, _ := e.f.Runs(ctx, both, "", 10); len(page.Runs) != 5 {
+		t.Fatalf("with both hosts in scope: %d runs", len(page.Runs))
+	}
+}
+
 func TestRegisterHostValidates(t *testing.T) {
 	e := newTestEnv(t, 10*time.Second)
 	e.creds["ok"] = "secret-value"

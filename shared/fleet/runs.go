@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 
+	"github.com/runfleet/runfleet/shared/auth"
 	"github.com/runfleet/runfleet/shared/hostproto"
 	"github.com/runfleet/runfleet/shared/store"
 )
@@ -153,19 +154,41 @@ func (f *Fleet) recover(ctx context.Context, run store.Run) (store.Run, error) {
 	})
 }
 
+// maxListReads bounds the store pages one listing reads to fill its page
+// when runs are filtered out (see Runs).
+const maxListReads = 10
+
 // Runs pages the runs c may see, newest first: its own, or every run for an
-// admin. limit follows store.PageLimit.
+// admin. limit follows store.PageLimit. A non-admin's listing leaves out
+// its runs on hosts outside its allowedHosts (a caller re-minted with a
+// smaller scope still owns them), as reading one is 403: the listing and
+// the reads agree. Such runs are skipped by reading on, up to maxListReads
+// store pages; a page can then be short, or empty, with more to come
+// (NextCursor set).
 func (f *Fleet) Runs(ctx context.Context, c store.Caller, cursor string, limit int) (store.RunPage, error) {
-	q := store.RunQuery{Cursor: cursor, Limit: limit}
+	want := store.PageLimit(limit)
+	q := store.RunQuery{Cursor: cursor, Limit: want}
 	if !c.Admin {
 		q.OwnerID = c.OwnerID
 	}
-	page, err := f.store.ListRuns(ctx, q)
-	if errors.Is(err, store.ErrBadCursor) {
-		return store.RunPage{}, invalid("cursor is not a cursor from this listing")
+	out := store.RunPage{Runs: []store.Run{}}
+	for reads := 1; ; reads++ {
+		page, err := f.store.ListRuns(ctx, q)
+		if errors.Is(err, store.ErrBadCursor) {
+			return store.RunPage{}, invalid("cursor is not a cursor from this listing")
+		}
+		if err != nil {
+			return store.RunPage{}, fmt.Errorf("fleet: listing runs: %w", err)
+		}
+		for _, r := range page.Runs {
+			if auth.CanUseHost(c, r.HostID) {
+				out.Runs = append(out.Runs, r)
+			}
+		}
+		out.NextCursor = page.NextCursor
+		if page.NextCursor == "" || len(out.Runs) >= want || reads == maxListReads {
+			return out, nil
+		}
+		q.Cursor, q.Limit = page.NextCursor, want-len(out.Runs)
 	}
-	if err != nil {
-		return store.RunPage{}, fmt.Errorf("fleet: listing runs: %w", err)
-	}
-	return page, nil
 }
