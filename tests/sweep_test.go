@@ -438,3 +438,38 @@ func TestASweepReadsOnlyTheLiveRuns(t *testing.T) {
 		t.Fatalf("live index holds %d runs, %d of them ours", len(s.live(t)), n)
 	}
 }
+
+// TestAnOversizedEventIsMirroredTruncated: a host sending an event of
+// 500 KB (over DynamoDB's 400 KB item limit, on which the sweep's put
+// failed every time) has it mirrored cut to 32 KiB with a marker, on both
+// stores; the events after it and the run's end follow.
+func TestAnOversizedEventIsMirroredTruncated(t *testing.T) {
+	for _, kind := range storeKinds {
+		t.Run(kind, func(t *testing.T) {
+			s := newStack(t, kind, stackOptions{})
+			host := s.addHost(t, "h1", fakehost.Config{}, nil)
+			s.probe(t, "h1")
+			alice := s.mint(t, "alice", "*", "*")
+			a := s.must(t, http.StatusCreated, "POST", "/fleet/runs", alice, `{"agent":"shell"}`)
+			id, child := a.str("fleetRunId"), a.str("childRunId")
+			host.AppendOutput(child, strings.Repeat("x", 500<<10))
+			host.AppendOutput(child, "after the big one\n")
+			zero := 0
+			host.SetRun(child, hostproto.StatusSucceeded, &zero, "")
+			if rep := s.sweep(t); rep.Drained != 1 || rep.Failed != 0 {
+				t.Fatalf("sweep = %+v", rep)
+			}
+			mirror := s.allEvents(t, alice, id)
+			if len(mirror) != 4 {
+				t.Fatalf("mirrored %d events, want 4", len(mirror))
+			}
+			var big string
+			json.Unmarshal(mirror[1].Data, &big)
+			if len(mirror[1].Data) > hostproto.MaxEventData || !strings.HasPrefix(big, "xxxx") ||
+				!strings.Contains(big, "bytes of this event were cut: event data is at most 32 KiB") {
+				t.Fatalf("the big event: %d bytes, ends %q", len(mirror[1].Data), big[max(0, len(big)-100):])
+			}
+			sameAsHost(t, mirror[2:], host.Events(child)[2:])
+		})
+	}
+}

@@ -71,6 +71,10 @@ type Config struct {
 	Retention time.Duration
 	// RepoURLs is the repository map (repository -> clone URL); nil is empty.
 	RepoURLs map[string]string
+	// MaxEventPageBytes bounds a host's answer to one events page; zero is
+	// hostproto.DefaultMaxEventPageBytes. A larger answer is asked again
+	// for fewer events (see the mirror).
+	MaxEventPageBytes int64
 }
 
 // Validate reports a missing required field.

@@ -235,7 +235,8 @@ func (f *Fleet) HostClient(ctx context.Context, h store.Host, timeout time.Durat
 	if timeout <= 0 {
 		timeout = f.cfg.HostTimeout
 	}
-	c, err := hostproto.NewClient(hostproto.ClientConfig{BaseURL: h.BaseURL, Token: token, Timeout: timeout, Transport: t})
+	c, err := hostproto.NewClient(hostproto.ClientConfig{BaseURL: h.BaseURL, Token: token, Timeout: timeout, Transport: t,
+		MaxEventPageBytes: f.cfg.MaxEventPageBytes})
 	if err != nil {
 		return nil, fmt.Errorf("fleet: host %q client: %w", h.ID, err)
 	}

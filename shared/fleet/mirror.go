@@ -2,11 +2,13 @@ package fleet
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"sort"
 	"sync"
 	"time"
+	"unicode/utf8"
 
 	"github.com/runfleet/runfleet/shared/hostproto"
 	"github.com/runfleet/runfleet/shared/store"
@@ -20,6 +22,19 @@ import (
 // run's version. The cursor is therefore the mirror's horizon: every event
 // up to it is stored, and readers (MirroredEvents) never look past it, so a
 // reader never sees the gap a half-finished, concurrent put would leave.
+//
+// Event data is mirrored as DESIGN.md bounds it, at most
+// hostproto.MaxEventData (32 KiB) per event: a host that sends more (edge
+// splits its output, a misbehaving host may not) would otherwise wedge the
+// run, an event over DynamoDB's 400 KB item limit failing every sweep. Such
+// data is truncated, never split: the mirror's sequences are the host's,
+// and only the host can split an event while keeping them contiguous. Text
+// (a JSON string: output, input) keeps its head, cut on a UTF-8 boundary,
+// and ends with a marker saying how much was cut; other data (an object)
+// is replaced by a JSON string saying it was dropped (fitEvent). A page
+// the host answers over Config.MaxEventPageBytes is asked again for fewer
+// events, down to one; one event alone over the bound is mirrored as a
+// marker in its place (unreadableEvent), so the run goes on.
 //
 // A run is drained, and leaves the live index, when the state read before
 // the events was terminal and the events were then read to the end. That
@@ -181,8 +196,18 @@ func (f *Fleet) syncRun(ctx context.Context, run store.Run, hosts *hostClients, 
 	res := syncResult{}
 	cursor := run.EventCursor
 	reachedEnd := false
+	limit := hostEventPage
 	for {
-		page, err := client.Events(ctx, run.ChildRunID, cursor, hostEventPage)
+		page, err := client.Events(ctx, run.ChildRunID, cursor, limit)
+		if errors.Is(err, hostproto.ErrTooLarge) {
+			f.log.Warn("sync: the host's events page is over the bound; asking for fewer", logRun, run.FleetRunID,
+				logHost, run.HostID, "after", cursor, "limit", limit)
+			if limit > 1 {
+				limit = max(1, limit/10)
+				continue
+			}
+			page, err = hostproto.EventPage{Events: []hostproto.Event{f.unreadableEvent(cursor + 1)}, HasMore: true}, nil
+		}
 		if err != nil {
 			res = f.hostTrouble(run, hosts, "reading events", err)
 			break
@@ -300,9 +325,10 @@ func newEvents(events []hostproto.Event, cursor int64) []hostproto.Event {
 	return dedup
 }
 
-// putEvents mirrors events of a run. They expire Retention after they are
-// mirrored: a run's events are not rewritten when it ends, so they may
-// leave a run's duration before the run does.
+// putEvents mirrors events of a run, each within MaxEventData (fitEvent).
+// They expire Retention after they are mirrored: a run's events are not
+// rewritten when it ends, so they may leave a run's duration before the run
+// does.
 func (f *Fleet) putEvents(ctx context.Context, fleetRunID string, events []hostproto.Event) error {
 	if len(events) == 0 {
 		return nil
@@ -310,7 +336,12 @@ func (f *Fleet) putEvents(ctx context.Context, fleetRunID string, events []hostp
 	expires := f.clock.Now().UTC().Add(f.cfg.Retention)
 	out := make([]store.Event, len(events))
 	for i, e := range events {
-		out[i] = store.Event{FleetRunID: fleetRunID, Event: e, ExpiresAt: expires}
+		fitted, cut := fitEvent(e)
+		if cut > 0 {
+			f.log.Warn("sync: an event's data is over the limit; truncated", logRun, fleetRunID,
+				"sequence", e.Sequence, "bytes", len(e.Data), "cut", cut)
+		}
+		out[i] = store.Event{FleetRunID: fleetRunID, Event: fitted, ExpiresAt: expires}
 	}
 	if err := f.store.PutEvents(ctx, out); err != nil {
 		return fmt.Errorf("fleet: mirroring %d events of %s: %w", len(events), fleetRunID, err)
@@ -390,4 +421,54 @@ func (h *hostClients) isDown(id string) bool {
 	h.mu.Lock()
 	defer h.mu.Unlock()
 	return e.down
+}
+
+// truncatedMark ends text data cut to MaxEventData: %d is the bytes of text
+// left out.
+const truncatedMark = "\n[runfleet: %d bytes of this event were cut: event data is at most 32 KiB]"
+
+// fitEvent returns e with its data within hostproto.MaxEventData (see the
+// mirror's comment) and how many bytes of text or data were cut (0: e is
+// returned as it came).
+func fitEvent(e hostproto.Event) (hostproto.Event, int) {
+	if len(e.Data) <= hostproto.MaxEventData {
+		return e, 0
+	}
+	var text string
+	if json.Unmarshal(e.Data, &text) != nil {
+		n := len(e.Data)
+		e.Data = jsonString(fmt.Sprintf("[runfleet: this event's data (%d bytes of JSON) was dropped: event data is at most 32 KiB]", n))
+		return e, n
+	}
+	// Escaping makes the JSON longer than the text (a byte takes 1 to 6):
+	// shorten until it fits, on a rune boundary.
+	keep := min(len(text), hostproto.MaxEventData)
+	for {
+		for keep > 0 && keep < len(text) && !utf8.RuneStart(text[keep]) {
+			keep--
+		}
+		data := jsonString(text[:keep] + fmt.Sprintf(truncatedMark, len(text)-keep))
+		if len(data) <= hostproto.MaxEventData || keep == 0 {
+			e.Data = data
+			return e, len(text) - keep
+		}
+		keep = max(0, keep-max((len(data)-hostproto.MaxEventData)/6, 1))
+	}
+}
+
+// unreadableEvent stands in the mirror for event seq when the host's answer
+// for it alone is over the page bound: the run goes on, and a reader sees
+// what happened in its place.
+func (f *Fleet) unreadableEvent(seq int64) hostproto.Event {
+	return hostproto.Event{
+		Sequence: seq,
+		Type:     hostproto.EventOutput,
+		Data:     jsonString(fmt.Sprintf("[runfleet: event %d could not be mirrored: the host's answer for it alone is over the page bound]", seq)),
+		TS:       f.clock.Now().UTC(),
+	}
+}
+
+func jsonString(s string) json.RawMessage {
+	b, _ := json.Marshal(s) // a string always marshals
+	return b
 }

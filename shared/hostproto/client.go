@@ -24,11 +24,13 @@ import (
 const DefaultTimeout = 10 * time.Second
 
 // Response bodies are bounded so a misbehaving host cannot exhaust Fleet's
-// memory: an event page carries at most a few hundred events of MaxEventData.
+// memory; a larger answer is an error that errors.Is(err, ErrTooLarge).
 const (
 	maxAnswerBytes  = 1 << 20
-	maxEventsBytes  = 64 << 20
 	maxMetricsBytes = 16 << 20
+	// DefaultMaxEventPageBytes bounds an events page: a full page of 1000
+	// events of MaxEventData is under 40 MiB as JSON.
+	DefaultMaxEventPageBytes = 64 << 20
 )
 
 // DialContextFunc dials a host; net.Dialer.DialContext has this shape.
@@ -55,14 +57,18 @@ type ClientConfig struct {
 	// DialContext dials the host when Transport is nil; nil uses a
 	// net.Dialer.
 	DialContext DialContextFunc
+	// MaxEventPageBytes bounds an events page's answer; zero is
+	// DefaultMaxEventPageBytes.
+	MaxEventPageBytes int64
 }
 
 // Client calls one host's API. It is safe for concurrent use.
 type Client struct {
-	base    *url.URL
-	token   string
-	timeout time.Duration
-	http    *http.Client
+	base      *url.URL
+	token     string
+	timeout   time.Duration
+	http      *http.Client
+	maxEvents int64
 }
 
 // NewClient checks cfg and returns a client for the host.
@@ -85,10 +91,15 @@ func NewClient(cfg ClientConfig) (*Client, error) {
 		timeout = DefaultTimeout
 	}
 	base.Path = strings.TrimSuffix(base.Path, "/")
+	maxEvents := cfg.MaxEventPageBytes
+	if maxEvents <= 0 {
+		maxEvents = DefaultMaxEventPageBytes
+	}
 	return &Client{
-		base:    base,
-		token:   cfg.Token,
-		timeout: timeout,
+		base:      base,
+		token:     cfg.Token,
+		timeout:   timeout,
+		maxEvents: maxEvents,
 		// Redirects are not followed: a host API never redirects, and
 		// following one would carry the bearer credential elsewhere.
 		http: &http.Client{
@@ -200,14 +211,16 @@ func (c *Client) Get(ctx context.Context, runID string) (Run, error) {
 }
 
 // Events asks GET /runs/{id}/events for events with sequence > after, at
-// most limit of them (0: the host's default).
+// most limit of them (0: the host's default). An answer over the client's
+// MaxEventPageBytes is an error that errors.Is(err, ErrTooLarge): ask for
+// fewer.
 func (c *Client) Events(ctx context.Context, runID string, after int64, limit int) (EventPage, error) {
 	q := url.Values{"after": {strconv.FormatInt(after, 10)}}
 	if limit > 0 {
 		q.Set("limit", strconv.Itoa(limit))
 	}
 	var p EventPage
-	err := c.do(ctx, "list events", http.MethodGet, "/runs/"+url.PathEscape(runID)+"/events", q, nil, &p, maxEventsBytes)
+	err := c.do(ctx, "list events", http.MethodGet, "/runs/"+url.PathEscape(runID)+"/events", q, nil, &p, c.maxEvents)
 	return p, err
 }
 
@@ -297,7 +310,7 @@ func (c *Client) do(ctx context.Context, op, method, path string, q url.Values, 
 		return newTransportError(op, ctx, err)
 	}
 	if int64(len(raw)) > limit {
-		return &Error{Op: op, Status: resp.StatusCode, Message: fmt.Sprintf("answer larger than %d bytes", limit), BadResponse: true}
+		return &Error{Op: op, Status: resp.StatusCode, Message: fmt.Sprintf("answer larger than %d bytes", limit), BadResponse: true, TooLarge: true}
 	}
 	if resp.StatusCode < 200 || resp.StatusCode > 299 {
 		return newStatusError(op, resp.StatusCode, raw)

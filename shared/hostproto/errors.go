@@ -25,6 +25,8 @@ var (
 	ErrUnreachable = errors.New("hostproto: host unreachable")
 	// ErrTimeout: the call ran out of time.
 	ErrTimeout = errors.New("hostproto: timed out")
+	// ErrTooLarge: the answer exceeded the client's bound for it.
+	ErrTooLarge = errors.New("hostproto: answer too large")
 )
 
 // maxMessage caps how much of a host's error message is kept.
@@ -44,6 +46,8 @@ type Error struct {
 	// BadResponse: the answer was 2xx (or oversized) but not what the
 	// protocol promises.
 	BadResponse bool
+	// TooLarge: the answer exceeded the client's bound (BadResponse too).
+	TooLarge bool
 }
 
 func (e *Error) Error() string {
@@ -60,9 +64,11 @@ func (e *Error) Error() string {
 	return s
 }
 
-// Is matches ErrRunNotFound and ErrUnauthorized.
+// Is matches ErrRunNotFound, ErrUnauthorized and ErrTooLarge.
 func (e *Error) Is(target error) bool {
 	switch target {
+	case ErrTooLarge:
+		return e.TooLarge
 	case ErrRunNotFound:
 		return e.Status == http.StatusNotFound && e.Code == CodeRunNotFound
 	case ErrUnauthorized:
