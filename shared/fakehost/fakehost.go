@@ -37,6 +37,11 @@ type Config struct {
 	// MaxEventPage caps an events page below what Fleet asks for (a host
 	// may answer fewer, with hasMore); zero means 1000, edge's maximum.
 	MaxEventPage int
+	// OnRequest, when set, is called with each authenticated request
+	// before it is served, on the request's goroutine, with no lock of the
+	// Host held: it may block, move a fake clock (a slow host) or call the
+	// Host's methods.
+	OnRequest func(r *http.Request)
 }
 
 // StartFault is what the host does with the next POST /runs that would
@@ -146,6 +151,9 @@ func New(cfg Config) *Host {
 		h.mu.Lock()
 		h.requests[pattern]++
 		h.mu.Unlock()
+		if cfg.OnRequest != nil {
+			cfg.OnRequest(r)
+		}
 		h.mux.ServeHTTP(w, r)
 	})
 	if cfg.TLS {

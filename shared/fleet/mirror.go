@@ -10,6 +10,7 @@ import (
 	"time"
 	"unicode/utf8"
 
+	"github.com/runfleet/runfleet/shared/clock"
 	"github.com/runfleet/runfleet/shared/hostproto"
 	"github.com/runfleet/runfleet/shared/store"
 )
@@ -136,9 +137,20 @@ type syncResult struct {
 }
 
 // syncRun brings run up to date from its host. until, when not zero, is the
-// pass's budget: between pages of events it stops once until has passed,
-// keeping the progress (the cursor is recorded per page).
+// pass's budget: no host call (a recovery, reading the credential, the
+// state, a page of events) starts once the clock has reached it, and each
+// host call is bounded by HostTimeout, so the run's host work is over by
+// until + HostTimeout, on the injected clock (a deadline of the host calls'
+// context too). Stopped short, it keeps its progress (the cursor is
+// recorded per page) and reports syncPartial.
 func (f *Fleet) syncRun(ctx context.Context, run store.Run, hosts *hostClients, until time.Time) (store.Run, syncResult) {
+	spent := func() bool { return !until.IsZero() && !f.clock.Now().Before(until) }
+	hostCtx := ctx
+	if !until.IsZero() {
+		var cancel context.CancelFunc
+		hostCtx, cancel = clock.WithDeadline(ctx, f.clock, until.Add(f.cfg.HostTimeout))
+		defer cancel()
+	}
 	if run.Status == store.StatusDispatching {
 		if f.clock.Now().Before(run.Deadline) {
 			return run, syncResult{outcome: syncInFlight}
@@ -146,7 +158,10 @@ func (f *Fleet) syncRun(ctx context.Context, run store.Run, hosts *hostClients, 
 		if hosts.isDown(run.HostID) {
 			return run, syncResult{outcome: syncUnreachable}
 		}
-		recovered, err := f.recover(ctx, run)
+		if spent() {
+			return run, syncResult{outcome: syncPartial}
+		}
+		recovered, err := f.recover(hostCtx, run)
 		if err != nil {
 			return run, f.hostTrouble(run, hosts, "recovering a dispatch", err)
 		}
@@ -171,17 +186,23 @@ func (f *Fleet) syncRun(ctx context.Context, run store.Run, hosts *hostClients, 
 		f.log.Error("sync: a live run has no host run id", logRun, run.FleetRunID, "status", run.Status)
 		return run, syncResult{outcome: syncFailed, err: fmt.Errorf("fleet: run %s is live without a host run", run.FleetRunID)}
 	}
-	client, err := hosts.client(ctx, run.HostID)
+	if spent() {
+		return run, syncResult{outcome: syncPartial}
+	}
+	client, err := hosts.client(hostCtx, run.HostID)
 	if err != nil {
 		return run, f.hostTrouble(run, hosts, "preparing the host client", err)
 	}
 	if hosts.isDown(run.HostID) {
 		return run, syncResult{outcome: syncUnreachable}
 	}
+	if spent() {
+		return run, syncResult{outcome: syncPartial}
+	}
 
 	// The state first, then the events: a terminal state read here means
 	// its state event is on the host already (see the mirror's comment).
-	hr, err := client.Get(ctx, run.ChildRunID)
+	hr, err := client.Get(hostCtx, run.ChildRunID)
 	if errors.Is(err, hostproto.ErrRunNotFound) {
 		stored, err := f.markLost(ctx, run)
 		if err != nil {
@@ -198,7 +219,11 @@ func (f *Fleet) syncRun(ctx context.Context, run store.Run, hosts *hostClients, 
 	reachedEnd := false
 	limit := hostEventPage
 	for {
-		page, err := client.Events(ctx, run.ChildRunID, cursor, limit)
+		if spent() || ctx.Err() != nil {
+			res.outcome = syncPartial
+			break
+		}
+		page, err := client.Events(hostCtx, run.ChildRunID, cursor, limit)
 		if errors.Is(err, hostproto.ErrTooLarge) {
 			f.log.Warn("sync: the host's events page is over the bound; asking for fewer", logRun, run.FleetRunID,
 				logHost, run.HostID, "after", cursor, "limit", limit)
@@ -233,10 +258,6 @@ func (f *Fleet) syncRun(ctx context.Context, run store.Run, hosts *hostClients, 
 		// the budget, a timeout, a crash) resumes after these events.
 		if run, err = f.advanceCursor(ctx, run, cursor); err != nil {
 			res = syncResult{outcome: syncFailed, err: err}
-			break
-		}
-		if (!until.IsZero() && !f.clock.Now().Before(until)) || ctx.Err() != nil {
-			res.outcome = syncPartial
 			break
 		}
 	}

@@ -15,9 +15,13 @@ const DefaultSweepConcurrency = 8
 
 // SweepOptions bound one sweep.
 type SweepOptions struct {
-	// Until is the budget: no run is started once the clock reaches it,
-	// and a run with many pages of events stops between pages (keeping its
-	// progress). Zero: no budget (ctx alone bounds the sweep).
+	// Until is the budget: no run is started, and no host call (a
+	// recovery, a credential read, a state, a page of events) is started,
+	// once the clock reaches it; a run stopped short keeps its progress.
+	// Each host call is bounded by HostTimeout, so the sweep's host work is
+	// over by Until + HostTimeout (leave that, and a margin for the last
+	// writes, before the invocation's deadline). Zero: no budget (ctx alone
+	// bounds the sweep).
 	Until time.Time
 	// PageSize is how many ids one read of the live index returns; zero is
 	// store.DefaultLimit.

@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"log/slog"
+	"net/http"
 	"strings"
 	"sync"
 	"testing"
@@ -352,3 +353,84 @@ func (l *lockedBuffer) String() string {
 }
 
 func newJSONLogger(w *lockedBuffer) *slog.Logger { return slog.New(slog.NewJSONHandler(w, nil)) }
+
+// TestASweepStartsNoHostCallPastItsBudget: with a slow host (each call
+// takes 4 s on the clock), a run that needs a recovery, its state and its
+// events gets the calls that start before the budget's end and no more, so
+// the sweep's host work ends within a host timeout of it; the next sweep
+// goes on from there.
+func TestASweepStartsNoHostCallPastItsBudget(t *testing.T) {
+	e := newTestEnv(t, 10*time.Second)
+	var (
+		slow  sync.Mutex
+		on    bool
+		calls []string
+	)
+	host := e.addHost(t, "h1", fakehost.Config{OnRequest: func(r *http.Request) {
+		slow.Lock()
+		defer slow.Unlock()
+		if on {
+			calls = append(calls, fmt.Sprintf("%s %s at +%s", r.Method, r.URL.Path, e.clk.Now().Sub(t0)))
+			e.clk.Advance(4 * time.Second)
+		}
+	}})
+	ctx := context.Background()
+	host.FaultStarts(fakehost.DieAfterAccept, 1)
+	res, err := e.f.Dispatch(ctx, caller("alice"), DispatchRequest{Agent: "shell"}, "")
+	if err != nil || res.Run.Status != store.StatusDispatching {
+		t.Fatalf("dispatch = %+v, %v", res, err)
+	}
+	e.clk.Set(t0.Add(time.Minute)) // past the dispatch's deadline
+	slow.Lock()
+	on = true
+	slow.Unlock()
+
+	began := e.clk.Now()
+	until := began.Add(5 * time.Second)
+	rep, err := e.f.Sweep(ctx, SweepOptions{Until: until})
+	if err != nil || rep.Recovered != 1 || rep.Partial != 1 {
+		t.Fatalf("sweep = %+v, %v", rep, err)
+	}
+	// The recovery at +1m0s, the state at +1m4s; the events page would
+	// start at +1m8s, past the budget's end at +1m5s: not asked.
+	want := "[GET /runs at +1m0s GET /runs/run-1 at +1m4s]"
+	if fmt.Sprint(calls) != want || e.clk.Now().After(until.Add(e.f.HostTimeout())) {
+		t.Fatalf("host calls %v, ending at +%s; want %s", calls, e.clk.Now().Sub(t0), want)
+	}
+
+	// Three live runs, one sweep's budget: the calls that start in time.
+	for i := 0; i < 2; i++ {
+		slow.Lock()
+		on = false
+		slow.Unlock()
+		dispatched(t, e, "alice")
+		slow.Lock()
+		on = true
+		slow.Unlock()
+	}
+	calls = nil
+	until = e.clk.Now().Add(5 * time.Second)
+	rep, err = e.f.Sweep(ctx, SweepOptions{Until: until, Concurrency: 1})
+	if err != nil || !rep.BudgetExhausted || rep.Live != 3 {
+		t.Fatalf("second sweep = %+v, %v", rep, err)
+	}
+	for _, c := range calls {
+		if d, _ := time.ParseDuration(c[strings.LastIndex(c, "+")+1:]); !t0.Add(d).Before(until) {
+			t.Fatalf("a host call started at or past the budget's end (+%s): %v", until.Sub(t0), calls)
+		}
+	}
+	if e.clk.Now().After(until.Add(e.f.HostTimeout())) {
+		t.Fatalf("the sweep's host work ended at +%s, budget end +%s", e.clk.Now().Sub(t0), until.Sub(t0))
+	}
+
+	// Unbounded, the next sweep finishes the job.
+	if rep, err := e.f.Sweep(ctx, SweepOptions{}); err != nil || rep.Current != 3 || rep.BudgetExhausted {
+		t.Fatalf("last sweep = %+v, %v", rep, err)
+	}
+	for id := range liveIDs(t, e.st) {
+		r, _ := e.st.GetRun(ctx, id)
+		if r.EventCursor != int64(len(host.Events(r.ChildRunID))) {
+			t.Fatalf("run %s mirrored up to %d of %d events", id, r.EventCursor, len(host.Events(r.ChildRunID)))
+		}
+	}
+}

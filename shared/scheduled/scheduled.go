@@ -121,9 +121,10 @@ func (j *Jobs) Probe(ctx context.Context, _ events.EventBridgeEvent) (ProbeSumma
 }
 
 // Sweep sweeps the live runs within the invocation's budget: the deadline
-// less the host timeout and SweepMargin, so a run started at the budget's
-// end still has time for its host call and its writes. It fails only when
-// the live index cannot be read.
+// less the host timeout and SweepMargin. No host call starts past the
+// budget and each is bounded by the host timeout, so the last one ends by
+// the deadline less SweepMargin, which is left for the last writes. It
+// fails only when the live index cannot be read.
 func (j *Jobs) Sweep(ctx context.Context, _ events.EventBridgeEvent) (fleet.SweepReport, error) {
 	begun := j.clock.Now()
 	until := j.budget(ctx, j.cfg.Fleet.HostTimeout()+j.cfg.SweepMargin)
