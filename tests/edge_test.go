@@ -83,8 +83,15 @@ func newEdgeProc(t *testing.T) *edgeProc {
 	}
 	t.Cleanup(func() {
 		if e.cmd != nil {
-			e.cmd.Process.Kill()
-			<-e.done
+			// SIGTERM first: an edge that stops cleanly lifts its egress
+			// confinement (a killed one leaves its nftables table behind).
+			e.cmd.Process.Signal(syscall.SIGTERM)
+			select {
+			case <-e.done:
+			case <-time.After(10 * time.Second):
+				e.cmd.Process.Kill()
+				<-e.done
+			}
 		}
 	})
 	return e
@@ -137,6 +144,30 @@ func (e *edgeProc) start(env ...string) {
 		}
 		time.Sleep(10 * time.Millisecond)
 	}
+}
+
+// startFails runs edge serve expecting it to exit at start: its exit
+// code and its log.
+func (e *edgeProc) startFails() (int, string) {
+	e.t.Helper()
+	logs := &lockedBuffer{}
+	cmd := exec.Command(e.bin, "serve", "--config", e.cfgPath)
+	cmd.Env = []string{"PATH=/usr/bin:/bin"}
+	cmd.Stdout, cmd.Stderr = logs, logs
+	if e.uid != 0 {
+		cmd.SysProcAttr = &syscall.SysProcAttr{Credential: &syscall.Credential{Uid: uint32(e.uid), Gid: uint32(e.uid)}}
+	}
+	must(e.t, cmd.Start())
+	exited := make(chan struct{})
+	go func() { cmd.Wait(); close(exited) }()
+	select {
+	case <-exited:
+	case <-time.After(30 * time.Second):
+		cmd.Process.Kill()
+		<-exited
+		e.t.Fatalf("edge kept running:\n%s", logs.String())
+	}
+	return cmd.ProcessState.ExitCode(), logs.String()
 }
 
 // signal sends sig and, for a stopping signal, waits for the exit code.
@@ -402,21 +433,38 @@ func asHostError(err error, target **hostproto.Error) bool {
 	return ok
 }
 
-// TestEdgeThatCannotSwitchUsers: an edge that is not root refuses every run
-// (host_unavailable, reported unhealthy) unless runner.insecureSameUser is
-// set, and then runs tasks as itself and says so on /healthz.
+// TestEdgeThatCannotSwitchUsers: an edge that is not root can neither give
+// tasks groups of their own nor confine their egress, so it refuses to
+// start, saying why, unless runner.egress is insecureOpen; it then refuses
+// every run (host_unavailable, reported unhealthy) unless
+// runner.insecureSameUser is set too, and then runs tasks as itself and
+// says so on /healthz, egress unconfined. insecureSameUser alone does not
+// start it either.
 func TestEdgeThatCannotSwitchUsers(t *testing.T) {
 	const nobody = 65534
 	e := newEdgeProc(t)
 	e.uid = nobody
 	data := filepath.Join(e.dir, "data")
 	must(t, os.Mkdir(data, 0o700))
-	for _, p := range []string{data, e.cfgPath, filepath.Join(e.dir, "host-token"), filepath.Join(e.dir, "secrets.json")} {
+	for _, p := range []string{data, filepath.Join(e.dir, "host-token"), filepath.Join(e.dir, "secrets.json")} {
 		must(t, os.Chown(p, nobody, nobody))
 	}
+	configure := func(runner string) {
+		e.runner = runner
+		e.writeConfig()
+		must(t, os.Chown(e.cfgPath, nobody, nobody))
+	}
+	for _, runner := range []string{`{"user": "nobody"}`, `{"user": "nobody", "insecureSameUser": true}`} {
+		configure(runner)
+		if code, logs := e.startFails(); code != 1 || !strings.Contains(logs, "runner.egress") || !strings.Contains(logs, "insecureOpen") {
+			t.Fatalf("with runner %s, edge as uid %d exited %d: want it to refuse to start, naming runner.egress and insecureOpen:\n%s", runner, nobody, code, logs)
+		}
+	}
+
+	configure(`{"user": "nobody", "egress": "insecureOpen"}`)
 	e.start()
 	h, err := e.client.Health(context.Background())
-	if err != nil || h.OK || h.InsecureSameUser {
+	if err != nil || h.OK || h.InsecureSameUser || h.EgressConfined {
 		t.Fatalf("health of an edge that cannot switch users: %+v %v", h, err)
 	}
 	r := e.run(hostproto.StartRequest{Prompt: "echo ran"})
@@ -427,11 +475,9 @@ func TestEdgeThatCannotSwitchUsers(t *testing.T) {
 		t.Fatalf("edge exited %d", code)
 	}
 
-	e.runner = `{"user": "nobody", "insecureSameUser": true}`
-	e.writeConfig()
-	must(t, os.Chown(e.cfgPath, nobody, nobody))
+	configure(`{"user": "nobody", "insecureSameUser": true, "egress": "insecureOpen"}`)
 	e.start()
-	if h, err = e.client.Health(context.Background()); err != nil || !h.OK || !h.InsecureSameUser {
+	if h, err = e.client.Health(context.Background()); err != nil || !h.OK || !h.InsecureSameUser || h.EgressConfined {
 		t.Fatalf("health with insecureSameUser: %+v %v", h, err)
 	}
 	r = e.waitFor(e.run(hostproto.StartRequest{Prompt: "echo uid=$(id -u)"}).RunID, terminal)

@@ -290,7 +290,7 @@ func TestEdgeSystemdUnit(t *testing.T) {
 		"ProtectKernelTunables": "yes", "ProtectKernelModules": "yes", "ProtectKernelLogs": "yes",
 		"ProtectControlGroups": "yes", "RestrictNamespaces": "yes", "LockPersonality": "yes",
 		"SystemCallArchitectures": "native", "UMask": "0077", "AmbientCapabilities": "",
-		"CapabilityBoundingSet": "CAP_SETUID CAP_SETGID CAP_CHOWN CAP_FOWNER CAP_KILL CAP_DAC_OVERRIDE",
+		"CapabilityBoundingSet": "CAP_SETUID CAP_SETGID CAP_CHOWN CAP_FOWNER CAP_KILL CAP_DAC_OVERRIDE CAP_NET_ADMIN",
 	}
 	for k, v := range want {
 		if got, set := u["Service."+k]; !set || u.one(t, k) != v {

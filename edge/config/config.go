@@ -81,6 +81,17 @@ const (
 	EgressStrict = "strict"
 )
 
+// Task egress modes (runner.egress): where a task's own sockets may go.
+const (
+	// TaskEgressConfined: a task's sockets leave only through loopback,
+	// where the secrets proxy listens (its HTTPS_PROXY is its way out).
+	// Needs root and nftables. The default.
+	TaskEgressConfined = "confined"
+	// TaskEgressInsecureOpen: tasks reach the network directly, the cloud
+	// metadata service (and an instance role's credentials) included.
+	TaskEgressInsecureOpen = "insecureOpen"
+)
+
 // Resolver kinds for upstream names.
 const (
 	ResolverUplink = "uplink"
@@ -189,8 +200,14 @@ type Runner struct {
 	// User runs tasks; default "nobody". Never edge's own uid.
 	User string `json:"user"`
 	// InsecureSameUser lets tasks run as edge's own user where edge cannot
-	// switch users. Off by default; /healthz reports it.
+	// switch users. Off by default; /healthz reports it. Tasks that run as
+	// edge cannot be confined, so it needs Egress insecureOpen too.
 	InsecureSameUser bool `json:"insecureSameUser"`
+	// Egress is "confined" (a task's sockets leave only through loopback,
+	// where the proxy listens; the default: edge refuses to start where it
+	// cannot confine them) or "insecureOpen" (tasks reach the network, the
+	// cloud metadata service included). /healthz reports egressConfined.
+	Egress string `json:"egress"`
 	// Roots are the directories a localPath must lie under.
 	Roots []string `json:"roots"`
 	// WorkDir holds fresh and cloned working dirs; default <dataDir>/work.
@@ -314,6 +331,7 @@ func (c *Config) Defaults() {
 		c.Secrets.AWSSecretsManager.CacheTTL = Duration(30 * time.Second)
 	}
 	setS(&c.Runner.User, "nobody")
+	setS(&c.Runner.Egress, TaskEgressConfined)
 	if c.Runner.MaxConcurrent == 0 {
 		c.Runner.MaxConcurrent = 8
 	}
@@ -385,6 +403,9 @@ func (c *Config) Validate() error {
 	}
 	if c.Runner.User == "" && !c.Runner.InsecureSameUser {
 		bad("runner.user", "is required")
+	}
+	if e := c.Runner.Egress; e != TaskEgressConfined && e != TaskEgressInsecureOpen {
+		bad("runner.egress", "must be %q or %q, not %q", TaskEgressConfined, TaskEgressInsecureOpen, e)
 	}
 	for _, r := range c.Runner.Roots {
 		if !filepath.IsAbs(r) {

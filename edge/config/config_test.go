@@ -43,7 +43,7 @@ func TestLoadDesignExample(t *testing.T) {
 	if got, want := c.Proxy.Upstream.ExtraRootsFile, filepath.Join(dir, "upstream-ca.pem"); got != want {
 		t.Fatalf("relative extraRootsFile resolved to %q, want %q", got, want)
 	}
-	if c.Runner.CancelGrace.D() != 10*time.Second || c.Proxy.Audit.Keep != 5 {
+	if c.Runner.CancelGrace.D() != 10*time.Second || c.Proxy.Audit.Keep != 5 || c.Runner.Egress != TaskEgressConfined {
 		t.Fatalf("defaults not applied: %+v %+v", c.Runner, c.Proxy.Audit)
 	}
 	if got := c.Policy.Projects["acme"].Keys["OPENAI_API_KEY"].Placeholder; got.Prefix != "sk-" || got.Length != 48 {
@@ -58,6 +58,7 @@ func TestBadConfigsNameTheField(t *testing.T) {
 		"bad duration":       {`{"dataDir":"/d","api":{"tokenFile":"/t"},"ca":{"lifetime":"a year"}}`, `invalid duration "a year"`},
 		"missing data dir":   {`{"api":{"tokenFile":"/t"}}`, "dataDir: is required"},
 		"bad egress":         {`{"dataDir":"/d","api":{"tokenFile":"/t"},"proxy":{"egress":"wide"}}`, "proxy.egress"},
+		"bad task egress":    {`{"dataDir":"/d","api":{"tokenFile":"/t"},"runner":{"egress":"open"}}`, "runner.egress"},
 		"bad cidr":           {`{"dataDir":"/d","api":{"tokenFile":"/t"},"proxy":{"upstream":{"allowPrivate":["10/8"]}}}`, "allowPrivate"},
 		"window past life":   {`{"dataDir":"/d","api":{"tokenFile":"/t"},"ca":{"lifetime":"48h","successorWindow":"72h"}}`, "ca.successorWindow"},
 		"agent without argv": {`{"dataDir":"/d","api":{"tokenFile":"/t"},"agents":{"x":{}}}`, "agents.x.argv"},

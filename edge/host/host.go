@@ -197,6 +197,7 @@ func Open(ctx context.Context, o Options) (_ *Host, err error) {
 	if err != nil {
 		return nil, err
 	}
+	closers = append(closers, func() { h.runner.Shutdown(context.Background(), 0) })
 	h.registry.MustRegister(h.runner.Collectors()...)
 
 	api, err := hostapi.New(hostapi.Config{

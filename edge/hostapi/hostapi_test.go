@@ -208,7 +208,7 @@ func TestHealthReportsFeaturesAsTheyAre(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if !h.OK || h.Draining || !h.Features.SecretsProxy || !h.Features.ExecRequire || fmt.Sprint(h.Agents) != "[shell]" || h.CA == nil || h.InsecureSameUser {
+	if !h.OK || h.Draining || !h.Features.SecretsProxy || !h.Features.ExecRequire || fmt.Sprint(h.Agents) != "[shell]" || h.CA == nil || h.InsecureSameUser || !h.EgressConfined {
 		t.Fatalf("health %+v", h)
 	}
 	e.proxy = errors.New("killed")

@@ -20,10 +20,12 @@ import (
 	"path/filepath"
 	"sort"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/runfleet/runfleet/edge/config"
 	"github.com/runfleet/runfleet/edge/runlog"
+	"github.com/runfleet/runfleet/edge/sandbox"
 	"github.com/runfleet/runfleet/shared/clock"
 	"github.com/runfleet/runfleet/shared/hostproto"
 )
@@ -72,6 +74,13 @@ type Config struct {
 	// InsecureSameUser lets tasks run as edge itself where edge cannot switch
 	// users (it is not root). Ignored where edge can switch. Off by default.
 	InsecureSameUser bool
+	// Egress is runner.egress: config.TaskEgressConfined (the default:
+	// New installs the Confiner, and fails where it cannot) or
+	// config.TaskEgressInsecureOpen.
+	Egress string
+	// Confiner confines tasks' egress; default sandbox.NFTables with a
+	// table named for WorkDir. Shutdown removes it.
+	Confiner EgressConfiner
 	// Roots are the directories a localPath must lie under; empty: no localPath.
 	Roots []string
 	// WorkDir holds each run's directories. Required. It is made 0711 (enter,
@@ -116,6 +125,7 @@ func FromConfig(c *config.Config) Config {
 		Agents:           c.Agents,
 		User:             c.Runner.User,
 		InsecureSameUser: c.Runner.InsecureSameUser,
+		Egress:           c.Runner.Egress,
 		Roots:            c.Runner.Roots,
 		WorkDir:          c.Runner.WorkDir,
 		MaxConcurrent:    c.Runner.MaxConcurrent,
@@ -129,6 +139,12 @@ func FromConfig(c *config.Config) Config {
 func (c *Config) defaults() {
 	if c.User == "" {
 		c.User = DefaultUser
+	}
+	if c.Egress == "" {
+		c.Egress = config.TaskEgressConfined
+	}
+	if c.Confiner == nil {
+		c.Confiner = sandbox.NFTables{Table: egressTable(c.WorkDir)}
 	}
 	if c.MaxConcurrent == 0 {
 		c.MaxConcurrent = DefaultMaxConcurrent
@@ -173,6 +189,9 @@ func (c Config) Validate() error {
 	bad := func(field, format string, args ...any) {
 		errs = append(errs, fmt.Errorf("runner: %s: %s", field, fmt.Sprintf(format, args...)))
 	}
+	if c.Egress != config.TaskEgressConfined && c.Egress != config.TaskEgressInsecureOpen {
+		bad("Egress", "must be %q or %q, not %q", config.TaskEgressConfined, config.TaskEgressInsecureOpen, c.Egress)
+	}
 	if c.WorkDir == "" || !filepath.IsAbs(c.WorkDir) {
 		bad("WorkDir", "must be an absolute path, not %q", c.WorkDir)
 	}
@@ -202,11 +221,12 @@ type Runner struct {
 	logger *slog.Logger
 	clock  clock.Clock
 
-	ident       taskIdentity
-	sameUser    bool
-	identityErr error
-	systemRoots []byte
-	metrics     *metrics
+	ident          taskIdentity
+	sameUser       bool
+	identityErr    error
+	egressConfined atomic.Bool // read by /healthz while Shutdown lifts it
+	systemRoots    []byte
+	metrics        *metrics
 
 	mu       sync.Mutex
 	live     map[string]*task // live attempts: being admitted, starting or running
@@ -225,9 +245,10 @@ type Runner struct {
 
 // New returns a runner over the run log. broker and trust serve runs that
 // declare secrets; with either nil such runs are refused broker_not_ready.
-// New marks runs a crash left live as failed (host_restarted) and purges
+// New confines tasks' egress (runner.egress), or fails where it cannot;
+// it marks runs a crash left live as failed (host_restarted) and purges
 // runs past retention.
-func New(cfg Config, runs *runlog.Log, broker Broker, trust TrustSource) (*Runner, error) {
+func New(cfg Config, runs *runlog.Log, broker Broker, trust TrustSource) (_ *Runner, err error) {
 	cfg.defaults()
 	if err := cfg.Validate(); err != nil {
 		return nil, err
@@ -256,6 +277,14 @@ func New(cfg Config, runs *runlog.Log, broker Broker, trust TrustSource) (*Runne
 	if r.identityErr != nil {
 		r.logger.Warn("runner refuses every run", "error", r.identityErr.Error())
 	}
+	if err := r.confineEgress(); err != nil {
+		return nil, err
+	}
+	defer func() {
+		if err != nil {
+			r.liftEgress()
+		}
+	}()
 	r.metrics = newMetrics(r)
 	if err := r.recover(); err != nil {
 		return nil, err
@@ -277,6 +306,10 @@ func (r *Runner) Agents() []string {
 
 // InsecureSameUser reports whether tasks run as edge's own user.
 func (r *Runner) InsecureSameUser() bool { return r.sameUser }
+
+// EgressConfined reports whether tasks' sockets can leave only through
+// loopback (runner.egress confined, installed).
+func (r *Runner) EgressConfined() bool { return r.egressConfined.Load() }
 
 // Usable returns nil when the runner can run tasks: as runner.user, or as
 // edge itself where runner.insecureSameUser allows it; else why not (every
@@ -520,7 +553,8 @@ func (r *Runner) Shutdown(ctx context.Context, drainTimeout time.Duration) error
 	go func() { r.wg.Wait(); close(done) }()
 	select {
 	case <-done:
-		return nil
+		// No task is left to confine.
+		return r.liftEgress()
 	case <-ctx.Done():
 		return fmt.Errorf("runner: shutdown: %w", ctx.Err())
 	}

@@ -9,6 +9,10 @@ need_apt=()
 [ -x /usr/bin/curl ] || need_apt+=(curl)
 [ -x /usr/bin/git ] || need_apt+=(git)
 /usr/bin/python3 -c 'import requests' 2>/dev/null || need_apt+=(python3-requests)
+# edge confines tasks' egress with nftables (runner.egress "confined"); the
+# tests also build network namespaces with ip (iproute2).
+[ -x /usr/sbin/nft ] || need_apt+=(nftables)
+[ -x /usr/sbin/ip ] || need_apt+=(iproute2)
 # systemd-analyze verifies infra/systemd's unit (no running systemd needed).
 command -v systemd-analyze >/dev/null || need_apt+=(systemd)
 

@@ -1,0 +1,131 @@
+package host
+
+import (
+	"fmt"
+	"net"
+	"os"
+	"os/exec"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/runfleet/runfleet/shared/hostproto"
+)
+
+// netnsPeer is a listener on another network stack: a network namespace
+// joined to this one by a veth pair, so reaching it takes a route through
+// a real interface that is not loopback, as the cloud metadata service or
+// any other host would.
+type netnsPeer struct {
+	v4, v6 string // host:port of the listener
+}
+
+func newNetnsPeer(t *testing.T) *netnsPeer {
+	t.Helper()
+	id := os.Getpid() % 50000
+	ns := fmt.Sprintf("rfegress%d", id)
+	hostIf, peerIf := fmt.Sprintf("rfe%dh", id), fmt.Sprintf("rfe%dp", id)
+	v4net := fmt.Sprintf("10.%d.%d", 200+id/256%50, id%256)
+	v6net := fmt.Sprintf("fd52:7266:%x:", id)
+	ip := func(args ...string) {
+		t.Helper()
+		if out, err := exec.Command("/usr/sbin/ip", args...).CombinedOutput(); err != nil {
+			t.Fatalf("ip %s: %v\n%s", strings.Join(args, " "), err, out)
+		}
+	}
+	t.Cleanup(func() {
+		exec.Command("/usr/sbin/ip", "link", "del", hostIf).Run()
+		exec.Command("/usr/sbin/ip", "netns", "del", ns).Run()
+	})
+	ip("netns", "add", ns)
+	ip("link", "add", hostIf, "type", "veth", "peer", "name", peerIf, "netns", ns)
+	ip("addr", "add", v4net+".1/30", "dev", hostIf)
+	ip("-6", "addr", "add", v6net+":1/64", "dev", hostIf, "nodad")
+	ip("link", "set", hostIf, "up")
+	ip("-n", ns, "addr", "add", v4net+".2/30", "dev", peerIf)
+	ip("-n", ns, "-6", "addr", "add", v6net+":2/64", "dev", peerIf, "nodad")
+	ip("-n", ns, "link", "set", peerIf, "up")
+	ip("-n", ns, "link", "set", "lo", "up")
+
+	const port = "18080"
+	server := exec.Command("/usr/sbin/ip", "netns", "exec", ns, "/usr/bin/python3", "-m", "http.server", "--bind", "::", port)
+	server.Dir = t.TempDir()
+	if err := server.Start(); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { server.Process.Kill(); server.Wait() })
+	return &netnsPeer{v4: net.JoinHostPort(v4net+".2", port), v6: net.JoinHostPort(v6net+":2", port)}
+}
+
+// dialWithin dials addr from this process until it answers or the
+// deadline passes (the listener is another process, starting).
+func dialWithin(addr string, d time.Duration) error {
+	deadline := time.Now().Add(d)
+	for {
+		c, err := net.DialTimeout("tcp", addr, time.Second)
+		if err == nil {
+			return c.Close()
+		}
+		if time.Now().After(deadline) {
+			return err
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+}
+
+// A task's sockets leave only through loopback: it reaches the secrets
+// proxy there and its HTTPS call goes through, while an address behind
+// another interface (where the metadata service would be) is refused at
+// once, over IPv4 and IPv6: a TCP connect gets a reset (ECONNREFUSED, the
+// listener is there), a datagram's send fails with EPERM. Edge's own
+// process reaches it.
+func TestTaskEgressLeavesOnlyThroughLoopback(t *testing.T) {
+	f := newFixture(t)
+	peer := newNetnsPeer(t)
+	e := f.open(hostOptions{})
+	for _, addr := range []string{peer.v4, peer.v6} {
+		if err := dialWithin(addr, 20*time.Second); err != nil {
+			t.Fatalf("edge's own process cannot reach %s: %v", addr, err)
+		}
+	}
+	if h, err := e.client.Health(bg); err != nil || !h.EgressConfined {
+		t.Fatalf("health %+v %v: want egressConfined", h, err)
+	}
+	prompt := fmt.Sprintf(`/usr/bin/python3 - <<'EOF'
+import errno, socket, time
+for family, addr in ((socket.AF_INET, %q), (socket.AF_INET6, %q)):
+    host, port = addr.rsplit(':', 1)
+    target = (host.strip('[]'), int(port))
+    s = socket.socket(family)
+    s.settimeout(10)
+    began = time.monotonic()
+    try:
+        s.connect(target)
+        print('tcp', addr, 'connected')
+    except OSError as e:
+        print('tcp', addr, errno.errorcode.get(e.errno, e.errno), 'fast' if time.monotonic() - began < 1 else 'slow')
+    try:
+        socket.socket(family, socket.SOCK_DGRAM).sendto(b'x', target)
+        print('udp', addr, 'sent')
+    except OSError as e:
+        print('udp', addr, errno.errorcode.get(e.errno, e.errno))
+EOF
+curl -sS --fail -H "Authorization: Bearer $API_TOKEN" https://%s/echo; echo`, peer.v4, peer.v6, f.upstreamHost)
+	run := e.start(hostproto.StartRequest{Prompt: prompt, Secrets: apiToken})
+	end := e.waitEnd(run.RunID)
+	out := e.output(run.RunID)
+	for _, addr := range []string{peer.v4, peer.v6} {
+		if !strings.Contains(out, "tcp "+addr+" ECONNREFUSED fast") {
+			t.Errorf("the task's direct connect to %s was not refused at once: %s", addr, out)
+		}
+		if !strings.Contains(out, "udp "+addr+" EPERM") {
+			t.Errorf("the task's datagram to %s was not refused with EPERM: %s", addr, out)
+		}
+	}
+	if !strings.Contains(out, "upstream-ok") || end.Status != hostproto.StatusSucceeded {
+		t.Fatalf("the task's call through the proxy on loopback failed (run %+v): %s", end, out)
+	}
+	if saw := f.upstreamSaw(); len(saw) != 1 || saw[0] != "Bearer "+realSecret {
+		t.Fatalf("the upstream saw %q", saw)
+	}
+}

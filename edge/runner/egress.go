@@ -1,0 +1,109 @@
+package runner
+
+import (
+	"crypto/sha256"
+	"encoding/hex"
+	"errors"
+	"fmt"
+
+	"github.com/runfleet/runfleet/edge/config"
+)
+
+// EgressConfiner confines the network egress of every task, edge-wide:
+// once installed, a socket opened by a process whose group id lies in the
+// range can send only through loopback, where the secrets proxy listens.
+// Tasks run with their run's own group id from Config.TaskGroups, which
+// they cannot shed. sandbox.NFTables implements it.
+type EgressConfiner interface {
+	// Install confines the groups firstGID to lastGID, replacing what an
+	// earlier Install left (an edge that crashed included) atomically.
+	Install(firstGID, lastGID uint32) error
+	// Remove lifts the confinement; none installed is no error.
+	Remove() error
+}
+
+// egressVerdict is what New does about tasks' egress.
+type egressVerdict int
+
+const (
+	// egressRefuse: edge does not start; the decision says why. The zero value.
+	egressRefuse egressVerdict = iota
+	// egressConfine: install the confinement; failing that, refuse.
+	egressConfine
+	// egressOpen: tasks reach the network directly, as configured.
+	egressOpen
+)
+
+// egressFacts are what decides the handling of tasks' egress, at New.
+type egressFacts struct {
+	// Mode is runner.egress.
+	Mode string
+	// OwnGroups: tasks run as runner.user with their run's own group id
+	// (edge is root), the group the confinement matches on.
+	OwnGroups bool
+	// SameUser: tasks run as edge itself (runner.insecureSameUser).
+	SameUser bool
+}
+
+type egressDecision struct {
+	Verdict egressVerdict
+	Reason  string
+}
+
+// decideEgress decides how tasks' egress is handled: confined where it
+// can be, open only where runner.egress says insecureOpen, and otherwise
+// edge refuses to start rather than run tasks that could reach the
+// network, and the metadata service, around the proxy.
+func decideEgress(f egressFacts) egressDecision {
+	switch {
+	case f.Mode == config.TaskEgressInsecureOpen:
+		return egressDecision{egressOpen, "runner.egress is insecureOpen: tasks reach the network directly, the cloud metadata service included"}
+	case f.Mode != config.TaskEgressConfined:
+		return egressDecision{egressRefuse, "runner.egress " + f.Mode + " is neither " + config.TaskEgressConfined + " nor " + config.TaskEgressInsecureOpen}
+	case f.OwnGroups:
+		return egressDecision{egressConfine, "tasks' sockets leave only through loopback"}
+	case f.SameUser:
+		return egressDecision{egressRefuse, "tasks run as edge's own user (runner.insecureSameUser), so their sockets cannot be told from edge's and confined; set runner.egress to " + config.TaskEgressInsecureOpen + " as well to run them with open network access"}
+	}
+	return egressDecision{egressRefuse, "edge is not root, so it can neither give tasks a group of their own nor install the nftables rules that confine them; run edge as root, or set runner.egress to " + config.TaskEgressInsecureOpen + " to start without confinement"}
+}
+
+// egressTable names the nftables table of the edge whose work dir is
+// workDir: stable across its restarts (a crashed edge's table is replaced),
+// and its own where several edges share a machine (tests), so one stopping
+// never lifts another's confinement.
+func egressTable(workDir string) string {
+	sum := sha256.Sum256([]byte(workDir))
+	return "runfleet_edge_" + hex.EncodeToString(sum[:6])
+}
+
+// confineEgress decides how tasks' egress is handled and installs the
+// confinement where it is due; an error refuses the start.
+func (r *Runner) confineEgress() error {
+	d := decideEgress(egressFacts{Mode: r.cfg.Egress, OwnGroups: r.ident.Switch, SameUser: r.sameUser})
+	switch d.Verdict {
+	case egressOpen:
+		r.logger.Warn("tasks' egress is not confined", fieldReason, d.Reason)
+		return nil
+	case egressConfine:
+		g := r.cfg.TaskGroups
+		if err := r.cfg.Confiner.Install(g.First, g.First+g.Count-1); err != nil {
+			return fmt.Errorf("runner: runner.egress %s: confining tasks' egress: %w (set runner.egress to %s to start without confinement)", r.cfg.Egress, err, config.TaskEgressInsecureOpen)
+		}
+		r.egressConfined.Store(true)
+		r.logger.Info("tasks' egress confined to loopback", "firstGid", g.First, "lastGid", g.First+g.Count-1)
+		return nil
+	}
+	return errors.New("runner: runner.egress: " + d.Reason)
+}
+
+// liftEgress removes the confinement once no task is left to confine.
+func (r *Runner) liftEgress() error {
+	if !r.egressConfined.CompareAndSwap(true, false) {
+		return nil
+	}
+	if err := r.cfg.Confiner.Remove(); err != nil {
+		return fmt.Errorf("runner: lifting the egress confinement: %w", err)
+	}
+	return nil
+}

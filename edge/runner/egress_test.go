@@ -1,0 +1,107 @@
+package runner
+
+import (
+	"errors"
+	"path/filepath"
+	"strings"
+	"sync"
+	"testing"
+
+	"github.com/runfleet/runfleet/edge/config"
+	"github.com/runfleet/runfleet/edge/runlog"
+)
+
+func TestDecideEgress(t *testing.T) {
+	tests := []struct {
+		name    string
+		facts   egressFacts
+		verdict egressVerdict
+		reason  string
+	}{
+		{"nothing known refuses (deny by default)", egressFacts{}, egressRefuse, "neither"},
+		{"tasks with groups of their own are confined", egressFacts{Mode: config.TaskEgressConfined, OwnGroups: true}, egressConfine, ""},
+		{"insecureOpen leaves them open, saying so", egressFacts{Mode: config.TaskEgressInsecureOpen, OwnGroups: true}, egressOpen, "metadata"},
+		{"tasks as edge itself cannot be confined", egressFacts{Mode: config.TaskEgressConfined, SameUser: true}, egressRefuse, "runner.insecureSameUser"},
+		{"tasks as edge itself run open where declared", egressFacts{Mode: config.TaskEgressInsecureOpen, SameUser: true}, egressOpen, ""},
+		{"an edge that is not root refuses to start", egressFacts{Mode: config.TaskEgressConfined}, egressRefuse, "not root"},
+		{"an unknown mode refuses", egressFacts{Mode: "open", OwnGroups: true}, egressRefuse, "neither"},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			d := decideEgress(tt.facts)
+			if d.Verdict != tt.verdict || !strings.Contains(d.Reason, tt.reason) {
+				t.Fatalf("decideEgress(%+v) = %+v, want verdict %d with a reason mentioning %q", tt.facts, d, tt.verdict, tt.reason)
+			}
+			if d.Verdict == egressRefuse && !strings.Contains(d.Reason, config.TaskEgressInsecureOpen) {
+				t.Fatalf("the refusal %q does not say how to start anyway", d.Reason)
+			}
+		})
+	}
+}
+
+// recordingConfiner stands in for nftables where the test is about what
+// the runner asks of it (the real one is tested in package sandbox and
+// against a network namespace in package host).
+type recordingConfiner struct {
+	mu         sync.Mutex
+	installErr error
+	installed  [][2]uint32
+	removed    int
+}
+
+func (c *recordingConfiner) Install(first, last uint32) error {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.installErr != nil {
+		return c.installErr
+	}
+	c.installed = append(c.installed, [2]uint32{first, last})
+	return nil
+}
+
+func (c *recordingConfiner) Remove() error {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	c.removed++
+	return nil
+}
+
+func TestNewConfinesTaskGroupsAndShutdownLiftsIt(t *testing.T) {
+	c := &recordingConfiner{}
+	h := newHarness(t, func(cfg *Config) { cfg.Confiner = c })
+	if !h.r.EgressConfined() || len(c.installed) != 1 || c.installed[0] != [2]uint32{DefaultTaskGroupFirst, DefaultTaskGroupFirst + DefaultTaskGroupCount - 1} {
+		t.Fatalf("confined %v, installs %v: want the whole task group range", h.r.EgressConfined(), c.installed)
+	}
+	if c.removed != 0 {
+		t.Fatal("the confinement was removed while the runner runs")
+	}
+	h.close()
+	if c.removed != 1 {
+		t.Fatalf("Shutdown removed the confinement %d times, want once", c.removed)
+	}
+}
+
+func TestNewRefusesToStartWhereItCannotConfine(t *testing.T) {
+	requireRoot(t)
+	c := &recordingConfiner{installErr: errors.New("nft: no such file")}
+	l, err := runlog.Open(filepath.Join(t.TempDir(), "runs.db"), nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer l.Close()
+	cfg := Config{WorkDir: filepath.Join(traversableDir(t), "work"), Confiner: c}
+	_, err = New(cfg, l, nil, nil)
+	if err == nil || !strings.Contains(err.Error(), "nft: no such file") || !strings.Contains(err.Error(), "runner.egress") || !strings.Contains(err.Error(), config.TaskEgressInsecureOpen) {
+		t.Fatalf("New without a working confiner = %v, want a refusal naming runner.egress and the way out", err)
+	}
+
+	cfg.Egress = config.TaskEgressInsecureOpen
+	r, err := New(cfg, l, nil, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer r.Shutdown(t.Context(), 0)
+	if r.EgressConfined() || len(c.installed) != 0 {
+		t.Fatalf("insecureOpen: confined %v, installs %v", r.EgressConfined(), c.installed)
+	}
+}
