@@ -319,3 +319,51 @@ func TestAnswersKeepTheirFraming(t *testing.T) {
 		t.Errorf("audit %v", line)
 	}
 }
+
+// Stop cuts a request waiting on its upstream: the task's connection is
+// closed at once and the upstream's connection is dropped, so the upstream
+// sees the request go away; a request on HTTP/2 likewise.
+func TestStopCutsARequestInFlight(t *testing.T) {
+	for _, h2 := range []bool{false, true} {
+		t.Run(fmt.Sprintf("h2=%v", h2), func(t *testing.T) {
+			f := newFixture(t, "open")
+			arrived, gone := make(chan struct{}), make(chan struct{})
+			f.up.handler = func(w http.ResponseWriter, r *http.Request) {
+				close(arrived)
+				select {
+				case <-r.Context().Done():
+					close(gone)
+				case <-time.After(10 * time.Second):
+				}
+			}
+			errc := make(chan error, 1)
+			go func() {
+				res, err := f.goClient(f.proxyURL, h2).Do(mustRequest(t, "https://"+f.api+"/hang", "Bearer "+f.phA))
+				if err == nil {
+					_, err = io.ReadAll(res.Body)
+					res.Body.Close()
+				}
+				errc <- err
+			}()
+			select {
+			case <-arrived:
+			case <-time.After(5 * time.Second):
+				t.Fatal("the request never reached the upstream")
+			}
+			f.proxy.Stop("run-a")
+			select {
+			case <-gone:
+			case <-time.After(5 * time.Second):
+				t.Fatal("the upstream's request was not cut when the task stopped")
+			}
+			select {
+			case err := <-errc:
+				if err == nil {
+					t.Fatal("the task got an answer after it was stopped")
+				}
+			case <-time.After(5 * time.Second):
+				t.Fatal("the task's request still hangs after stop")
+			}
+		})
+	}
+}

@@ -42,7 +42,7 @@ func (p *Proxy) forward(r *http.Request, st *requestState) {
 		var err error
 		uc, reused, err = p.transport.get(st.ctx, st.ci.address(), st.ci.target.Host(), hasBody)
 		if err == nil {
-			res, err = uc.roundTrip(st.ctx, &out)
+			res, err = uc.roundTrip(st.watch, &out)
 		}
 		if err == nil {
 			break
@@ -168,7 +168,7 @@ func (p *Proxy) switchProtocols(st *requestState, asked string, res upResponse, 
 		return
 	}
 	defer conn.Close()
-	uc.stop()
+	uc.watch.end()
 	backend := uc.conn
 	defer backend.Close()
 	stop := make(chan struct{})

@@ -39,12 +39,22 @@ type h1Conn struct {
 	br   *bufio.Reader
 	// base carries the connection's context; each request is a copy.
 	base *http.Request
+	// watch follows the connection's context (its attempt's) for every
+	// request on it.
+	watch *cancelWatch
+
+	// idleSince is when the read deadline was last set to close the
+	// connection after IdleTimeout; zero when no deadline is set.
+	idleSince time.Time
 
 	head   []byte      // the head being read
 	header http.Header // the request's fields, cleared per request
 	strs   []string    // backing for the request's field values
-	w      h1Writer
-	body   h1Body
+	// Reused request after request: nothing holds them once served.
+	req   http.Request
+	state requestState
+	w     h1Writer
+	body  h1Body
 }
 
 // h1ValueSlots is how many field values the connection keeps room for;
@@ -56,6 +66,8 @@ func (p *Proxy) serveHTTP1(ctx context.Context, ci *connInfo, c net.Conn) {
 	hc := &h1Conn{p: p, ci: ci, conn: c, br: bufio.NewReaderSize(c, 4096),
 		base:   (&http.Request{RemoteAddr: c.RemoteAddr().String()}).WithContext(ctx),
 		header: http.Header{}, strs: make([]string, h1ValueSlots)}
+	hc.watch = newCancelWatch(ctx)
+	defer hc.watch.release()
 	for hc.serveOne(ctx) {
 	}
 }
@@ -63,7 +75,14 @@ func (p *Proxy) serveHTTP1(ctx context.Context, ci *connInfo, c net.Conn) {
 // serveOne serves the next request; false when the connection is done.
 func (hc *h1Conn) serveOne(ctx context.Context) bool {
 	c := hc.conn
-	_ = c.SetReadDeadline(time.Now().Add(hc.p.cfg.IdleTimeout))
+	// The idle deadline is moved on at most once a second, not set and
+	// cleared around every request: the timer updates were a measurable
+	// part of a kept-alive request's cost. A request without a body does
+	// not read the connection again, so the deadline may stay.
+	if now := time.Now(); now.Sub(hc.idleSince) >= time.Second {
+		_ = c.SetReadDeadline(now.Add(hc.p.cfg.IdleTimeout))
+		hc.idleSince = now
+	}
 	head, err := hc.readHead()
 	if err != nil {
 		var he headError
@@ -72,9 +91,8 @@ func (hc *h1Conn) serveOne(ctx context.Context) bool {
 		}
 		return false
 	}
-	_ = c.SetReadDeadline(time.Time{})
 	clear(hc.header)
-	req := new(http.Request)
+	req := &hc.req
 	*req = *hc.base
 	if err := parseRequest(head, req, hc.header, hc.strs); err != nil {
 		var he headError
@@ -97,6 +115,9 @@ func (hc *h1Conn) serveOne(ctx context.Context) bool {
 		body.r = &body.limited
 	}
 	if body.r != nil {
+		// A body is read at the client's pace, however long it takes.
+		_ = c.SetReadDeadline(time.Time{})
+		hc.idleSince = time.Time{}
 		if strings.EqualFold(req.Header.Get("Expect"), "100-continue") {
 			body.continueW = bw
 		}
@@ -112,7 +133,8 @@ func (hc *h1Conn) serveOne(ctx context.Context) bool {
 		w.header = http.Header{}
 	}
 	body.w = w
-	hc.p.serve(hc.ci, w, req)
+	hc.state.reset(hc.p, hc.ci, hc.watch, ctx)
+	hc.p.serve(&hc.state, w, req)
 	if w.hijacked {
 		return false
 	}

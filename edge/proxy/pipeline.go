@@ -28,7 +28,11 @@ import (
 type pipeline struct{ p *Proxy }
 
 func (h pipeline) ServeHTTP(w http.ResponseWriter, r *http.Request) {
-	h.p.serve(connInfoFrom(r.Context()), w, r)
+	watch := newCancelWatch(r.Context())
+	defer watch.release()
+	st := new(requestState)
+	st.reset(h.p, connInfoFrom(r.Context()), watch, r.Context())
+	h.p.serve(st, w, r)
 }
 
 // requestState is one request's decisions. The body scanner may run on the
@@ -37,6 +41,7 @@ type requestState struct {
 	p      *Proxy
 	ci     *connInfo
 	ctx    context.Context
+	watch  *cancelWatch
 	grants *grants
 	// out is what the task is sent, counted.
 	out countingWriter
@@ -62,6 +67,13 @@ type substitution struct {
 	ref   policy.KeyRef
 	value string
 	used  bool
+}
+
+// reset readies st for a request, keeping its scratch space: an HTTP/1.1
+// connection reuses one for all its requests.
+func (st *requestState) reset(p *Proxy, ci *connInfo, watch *cancelWatch, ctx context.Context) {
+	*st = requestState{p: p, ci: ci, ctx: ctx, watch: watch, ms: st.ms[:0]}
+	st.subs = st.subsBuf[:0]
 }
 
 func (st *requestState) runID() string { return st.ci.attempt.task.runID }
@@ -176,12 +188,12 @@ func sameSlice(a, b []policy.Declared) bool {
 	return len(a) == len(b) && (len(a) == 0 || &a[0] == &b[0])
 }
 
-// serve runs the pipeline for one request on an intercepted connection.
-func (p *Proxy) serve(ci *connInfo, w http.ResponseWriter, r *http.Request) {
+// serve runs the pipeline for one request on an intercepted connection,
+// with st freshly reset for it.
+func (p *Proxy) serve(st *requestState, w http.ResponseWriter, r *http.Request) {
 	start := p.cfg.Clock.Now()
 	ix := p.reg.index.Load()
-	st := &requestState{p: p, ci: ci, ctx: r.Context()}
-	st.subs = st.subsBuf[:0]
+	ci := st.ci
 	st.out.ResponseWriter = w
 	cw := &st.out
 	entry := audit.Entry{TS: start, Task: st.runID(), Host: ci.address(), Method: r.Method, Path: redact(ix, r.URL.Path, &st.ms)}

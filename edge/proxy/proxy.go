@@ -115,8 +115,8 @@ type Config struct {
 	// HandshakeTimeout bounds reading a CONNECT and the intercepted TLS
 	// handshake; zero means 10s.
 	HandshakeTimeout time.Duration
-	// IdleTimeout closes an intercepted HTTP/1.1 connection idle this long;
-	// zero means 5m.
+	// IdleTimeout closes an intercepted HTTP/1.1 connection idle this long
+	// (to within a second); zero means 5m.
 	IdleTimeout time.Duration
 	// BodyBufferLimit: a request body with a Content-Length up to this is
 	// read whole, scanned and forwarded with an exact length (a block then

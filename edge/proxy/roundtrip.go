@@ -52,8 +52,55 @@ type upConn struct {
 	body   upBody
 
 	// The exchange in progress.
-	stop  func() bool // unhooks the request's cancellation
-	wrote chan error  // the body writer's result; nil when none runs
+	watch *cancelWatch // cuts it short if its request is cancelled
+	wrote chan error   // the body writer's result; nil when none runs
+}
+
+// cancelWatch cuts short the upstream exchange of a cancelled request (its
+// attempt revoked, its HTTP/2 stream reset): it gives the exchange's
+// connection a past deadline, so whatever waits on it returns. An HTTP/1.1
+// connection keeps one watch for all its requests, which share the
+// attempt's context: registering with that context per exchange
+// (context.AfterFunc) made every connection of the attempt contend for its
+// lock on every request.
+type cancelWatch struct {
+	release func() bool // unregisters from the context
+
+	mu        sync.Mutex
+	uc        *upConn // the exchange in progress, nil between them
+	cancelled bool
+}
+
+func newCancelWatch(ctx context.Context) *cancelWatch {
+	w := &cancelWatch{}
+	w.release = context.AfterFunc(ctx, w.cancel)
+	return w
+}
+
+func (w *cancelWatch) cancel() {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	w.cancelled = true
+	if w.uc != nil {
+		_ = w.uc.conn.NetConn().SetDeadline(time.Unix(1, 0))
+	}
+}
+
+// begin watches uc's exchange; false if the request is already cancelled.
+func (w *cancelWatch) begin(uc *upConn) bool {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	w.uc = uc
+	return !w.cancelled
+}
+
+// end stops watching; false if the exchange was cut short, so its
+// connection is not fit for reuse.
+func (w *cancelWatch) end() bool {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	w.uc = nil
+	return !w.cancelled
 }
 
 func newRoundTripper(dial func(ctx context.Context, network, address string) (net.Conn, error), cfg *tls.Config, idleTimeout time.Duration) *roundTripper {
@@ -165,9 +212,12 @@ const maxInline = 16 << 10
 // roundTrip writes out on uc and reads the first response head (perhaps an
 // interim 1xx). The request head and an inline body leave in one flush. On
 // error the connection is closed; the caller retries or gives up.
-func (uc *upConn) roundTrip(ctx context.Context, out *outbound) (upResponse, error) {
-	uc.stop = context.AfterFunc(ctx, func() { _ = uc.conn.NetConn().SetDeadline(time.Unix(1, 0)) })
-	uc.wrote = nil
+func (uc *upConn) roundTrip(watch *cancelWatch, out *outbound) (upResponse, error) {
+	uc.watch, uc.wrote = watch, nil
+	if !watch.begin(uc) {
+		uc.abandon()
+		return upResponse{}, context.Canceled
+	}
 	writeRequestHead(uc.bw, out)
 	uc.bw.Write(out.inline)
 	if out.stream != nil {
@@ -241,7 +291,7 @@ func (uc *upConn) writeBody(body io.Reader, chunked bool) {
 
 // abandon ends the exchange and closes the connection.
 func (uc *upConn) abandon() {
-	uc.stop()
+	uc.watch.end()
 	uc.conn.Close()
 	if uc.wrote != nil {
 		<-uc.wrote
@@ -474,8 +524,8 @@ func (b *upBody) finish(atEOF bool) {
 	}
 	b.done = true
 	uc := b.uc
-	stopped := uc.stop()
-	reuse := atEOF && b.reusable && stopped
+	intact := uc.watch.end()
+	reuse := atEOF && b.reusable && intact
 	if uc.wrote != nil {
 		select {
 		case err := <-uc.wrote:

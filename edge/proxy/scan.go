@@ -4,6 +4,7 @@ import (
 	"encoding/binary"
 	"io"
 	"sort"
+	"strings"
 
 	"github.com/runfleet/runfleet/edge/policy"
 )
@@ -34,9 +35,9 @@ type indexEntry struct {
 // immutable; the registry swaps in a new one when placeholders change, and a
 // request keeps the one it started with.
 type index struct {
-	byAnchor map[uint64][]indexEntry
-	filter   []uint64
-	maxLen   int
+	byAnchor       map[uint64][]indexEntry
+	filter         []uint64
+	minLen, maxLen int
 }
 
 func newIndex(all map[string]owner) *index {
@@ -51,6 +52,9 @@ func newIndex(all map[string]owner) *index {
 		h := filterSlot(w)
 		ix.filter[h>>6] |= 1 << (h & 63)
 		ix.maxLen = max(ix.maxLen, len(ph))
+		if ix.minLen == 0 || len(ph) < ix.minLen {
+			ix.minLen = len(ph)
+		}
 	}
 	return ix
 }
@@ -93,7 +97,7 @@ func (ix *index) find(b []byte) []match { return findIn(ix, b, nil) }
 // when they hold no placeholder (the common case, issue 4's benchmark).
 func findIn[T ~string | ~[]byte](ix *index, b T, out []match) []match {
 	out = out[:0]
-	if ix == nil || len(ix.byAnchor) == 0 {
+	if ix == nil || len(b) < ix.minLen || len(ix.byAnchor) == 0 {
 		return out
 	}
 	filter := ix.filter
@@ -183,8 +187,24 @@ func (ix *index) rewriteString(s string, loc policy.Location, sub substituter, s
 	if err != nil {
 		return "", 0, err
 	}
-	out, n := splice(make([]byte, 0, len(s)+64), s, ms, values)
-	return string(out), n, nil
+	size := len(s)
+	for i, m := range ms {
+		size += len(values[i]) - (m.end - m.start)
+	}
+	var b strings.Builder
+	b.Grow(max(size, 0))
+	pos, n := 0, 0
+	for i, m := range ms {
+		if m.start < pos {
+			continue // overlaps one already replaced
+		}
+		b.WriteString(s[pos:m.start])
+		b.WriteString(values[i])
+		pos = m.end
+		n++
+	}
+	b.WriteString(s[pos:])
+	return b.String(), n, nil
 }
 
 // bodyChunk is how much of a body is read at a time.
