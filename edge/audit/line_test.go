@@ -32,6 +32,8 @@ func TestLineIsWhatEncodingJSONWrites(t *testing.T) {
 			Host: "b.example:443", Method: "POST", Path: "/p/\u2028\u2029/é/\xff\xfe", Status: 403, Duration: time.Nanosecond},
 		{TS: ts, Action: Denied, Host: "h:1", Duration: 3 * time.Hour, Upstream: 400 * time.Nanosecond},
 		{TS: ts, Action: Action("other"), Host: "", Keys: []string{}},
+		{TS: ts, Action: Forwarded, Host: "h:2", Duration: 1<<50*time.Microsecond + 7*time.Microsecond, Upstream: -(1<<50 - 1) * time.Microsecond},
+		{TS: ts, Action: Forwarded, Host: "h:3", Duration: 1000 * time.Microsecond, Upstream: 10*time.Microsecond + 999},
 	} {
 		if got, want := string(appendLine(nil, &e)), referenceLine(t, e); got != want {
 			t.Errorf("line\n got %s\nwant %s", got, want)
