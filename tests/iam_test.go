@@ -20,6 +20,7 @@ import (
 	awshttp "github.com/aws/aws-sdk-go-v2/aws/transport/http"
 	"github.com/aws/aws-sdk-go-v2/service/secretsmanager"
 
+	"github.com/runfleet/runfleet/shared/clock"
 	"github.com/runfleet/runfleet/shared/config"
 	"github.com/runfleet/runfleet/shared/fakehost"
 	"github.com/runfleet/runfleet/shared/fleetapp"
@@ -200,6 +201,8 @@ type iamStack struct {
 	prefix   string // SecretsPrefix
 	hostRef  string
 	resolver func(overrides map[string]any) *cfnResolver
+	// clk, when set, is the functions' clock.
+	clk *clock.Fake
 }
 
 func newIAMStack(t *testing.T) *iamStack {
@@ -248,8 +251,13 @@ func (s *iamStack) app(t *testing.T, fn string, rec *callRecorder) *fleetapp.App
 		t.Fatal(err)
 	}
 	cfg.StreamPollInterval = 10 * time.Millisecond
+	var clk clock.Clock
+	if s.clk != nil {
+		clk = s.clk
+	}
 	app, err := fleetapp.New(context.Background(), cfg, fleetapp.Deps{
 		Logger: slog.New(slog.NewJSONHandler(io.Discard, nil)), DefaultStore: config.StoreDynamoDB, DialContext: dialLoopbackOnly,
+		Clock: clk,
 		LoadAWS: func(context.Context) (aws.Config, error) {
 			c := moto.AWSConfig()
 			c.HTTPClient = rec
@@ -305,6 +313,11 @@ func TestEachFunctionsRoleAllowsExactlyTheCallsItMakes(t *testing.T) {
 	for fn := range templateFunctions {
 		recs[fn] = newCallRecorder()
 	}
+	// One clock for every function, moved days ahead below, as the sweep
+	// extends the events of a run live for over a week (the calls of that
+	// path are in its role too).
+	clk := clock.NewFake(time.Now().UTC())
+	s.clk = clk
 	apiApp := s.app(t, "ApiFunction", recs["ApiFunction"])
 
 	// The admin sets up a host and a caller; the caller dispatches runs and
@@ -353,14 +366,20 @@ func TestEachFunctionsRoleAllowsExactlyTheCallsItMakes(t *testing.T) {
 		t.Fatalf("stream of a canceled run:\n%s", sse)
 	}
 
-	// The sweep brings run 2 up to date (its output, its end).
-	host.AppendOutput(child2, "two\n")
-	host.SetRun(child2, "succeeded", new(int), "")
+	// The sweep mirrors run 2's first events; eight days later (its host
+	// out of reach, say) it extends their expiry and brings the run up to
+	// date (its output, its end).
 	sweepApp := s.app(t, "SweepFunction", recs["SweepFunction"])
 	jctx, cancelJob := context.WithTimeout(ctx, 55*time.Second)
 	defer cancelJob()
+	if rep, err := sweepApp.Jobs.Sweep(jctx, events.EventBridgeEvent{}); err != nil || rep.Events < 1 {
+		t.Fatalf("first sweep %+v, %v", rep, err)
+	}
+	clk.Advance(8 * 24 * time.Hour)
+	host.AppendOutput(child2, "two\n")
+	host.SetRun(child2, "succeeded", new(int), "")
 	rep, err := sweepApp.Jobs.Sweep(jctx, events.EventBridgeEvent{})
-	if err != nil || rep.Drained < 1 || rep.Events < 1 {
+	if err != nil || rep.Drained < 1 || rep.Events < 1 || rep.Extended != 1 {
 		t.Fatalf("sweep %+v, %v", rep, err)
 	}
 

@@ -473,3 +473,45 @@ func TestAnOversizedEventIsMirroredTruncated(t *testing.T) {
 		})
 	}
 }
+
+// TestARetriedRunsEarlyEventsLastAsLongAsIt: a run ends, is retried 29
+// days later (a day before it would expire), and its second attempt runs
+// past the day its first events were first due to expire: on both stores,
+// every event stays readable through the API while the run exists.
+func TestARetriedRunsEarlyEventsLastAsLongAsIt(t *testing.T) {
+	const day = 24 * time.Hour
+	for _, kind := range storeKinds {
+		t.Run(kind, func(t *testing.T) {
+			s := newStack(t, kind, stackOptions{})
+			host := s.addHost(t, "h1", fakehost.Config{}, nil)
+			s.probe(t, "h1")
+			alice := s.mint(t, "alice", "*", "*")
+			a := s.must(t, http.StatusCreated, "POST", "/fleet/runs", alice, `{"agent":"shell"}`)
+			id, child := a.str("fleetRunId"), a.str("childRunId")
+			host.AppendOutput(child, "attempt 1\n")
+			one := 1
+			host.SetRun(child, hostproto.StatusFailed, &one, "")
+			s.sweep(t)
+
+			s.clk.Advance(29 * day)
+			if r := s.must(t, http.StatusOK, "POST", "/fleet/runs/"+id+"/retry", alice, ""); r.body["accepted"] != true {
+				t.Fatalf("retry %s", r.raw)
+			}
+			s.sweep(t)
+			host.SetRun(child, hostproto.StatusRunning, nil, "")
+			s.clk.Advance(11 * day) // +40 days: attempt 2 still runs
+			host.AppendOutput(child, "attempt 2\n")
+			s.sweep(t)
+			sameAsHost(t, s.allEvents(t, alice, id), host.Events(child))
+
+			host.SetRun(child, hostproto.StatusSucceeded, new(int), "")
+			if rep := s.sweep(t); rep.Drained != 1 {
+				t.Fatalf("sweep = %+v", rep)
+			}
+			s.clk.Advance(30*day - time.Minute) // the run's last minute
+			sameAsHost(t, s.allEvents(t, alice, id), host.Events(child))
+			s.clk.Advance(2 * time.Minute)
+			s.must(t, http.StatusNotFound, "GET", "/fleet/runs/"+id, alice, "")
+		})
+	}
+}

@@ -112,8 +112,19 @@ func (f *Fleet) SyncRun(ctx context.Context, id string) (store.Run, error) {
 	if err != nil {
 		return store.Run{}, fmt.Errorf("fleet: reading run %s: %w", id, err)
 	}
-	stored, res := f.syncRun(ctx, run, newHostClients(f), time.Time{})
+	stored, res := f.syncRun(ctx, run, syncPass{hosts: newHostClients(f)})
 	return stored, res.err
+}
+
+// syncPass is what one pass (a sweep, a stream's poll) shares across the
+// runs it syncs.
+type syncPass struct {
+	hosts *hostClients
+	// until is the pass's budget (see syncRun); zero: none.
+	until time.Time
+	// extend lets the pass extend events' expiry (the sweep alone does: see
+	// expiry.go); without it a run that needs that is left live for it.
+	extend bool
 }
 
 // syncOutcome is what syncRun did with a run.
@@ -132,6 +143,7 @@ const (
 type syncResult struct {
 	outcome   syncOutcome
 	recovered bool // a dispatching run was resolved
+	extended  bool // its events' expiry was extended
 	events    int  // events mirrored
 	err       error
 }
@@ -143,7 +155,8 @@ type syncResult struct {
 // until + HostTimeout, on the injected clock (a deadline of the host calls'
 // context too). Stopped short, it keeps its progress (the cursor is
 // recorded per page) and reports syncPartial.
-func (f *Fleet) syncRun(ctx context.Context, run store.Run, hosts *hostClients, until time.Time) (store.Run, syncResult) {
+func (f *Fleet) syncRun(ctx context.Context, run store.Run, pass syncPass) (store.Run, syncResult) {
+	hosts, until := pass.hosts, pass.until
 	spent := func() bool { return !until.IsZero() && !f.clock.Now().Before(until) }
 	hostCtx := ctx
 	if !until.IsZero() {
@@ -173,12 +186,24 @@ func (f *Fleet) syncRun(ctx context.Context, run store.Run, hosts *hostClients, 
 		if !run.Live() {
 			return run, syncResult{outcome: syncDrained, recovered: true}
 		}
-		stored, res := f.syncRun(ctx, run, hosts, until)
+		stored, res := f.syncRun(ctx, run, pass)
 		res.recovered = true
 		return stored, res
 	}
 	if !run.Live() {
 		return run, syncResult{outcome: syncCurrent}
+	}
+	if run.Status == store.StatusLost {
+		return f.syncLost(ctx, run, pass)
+	}
+	res := syncResult{}
+	if pass.extend && !store.Terminal(run.Status) && f.liveEventsShort(run, f.clock.Now()) && !spent() {
+		extended, err := f.extendEvents(ctx, run, f.eventExpiry(f.clock.Now()))
+		if err != nil {
+			f.log.Warn("sync failed", logRun, run.FleetRunID, "doing", "extending the events' expiry", logErr, err.Error())
+			return run, syncResult{outcome: syncFailed, err: err}
+		}
+		run, res.extended = extended, true
 	}
 	if run.ChildRunID == "" {
 		// Every path that ends a dispatch without a host run drains it
@@ -208,13 +233,31 @@ func (f *Fleet) syncRun(ctx context.Context, run store.Run, hosts *hostClients, 
 		if err != nil {
 			return run, syncResult{outcome: syncFailed, err: err}
 		}
+		if stored.Live() && pass.extend {
+			stored, err = f.drainLost(ctx, stored)
+			if err != nil {
+				return stored, syncResult{outcome: syncFailed, err: err}
+			}
+		}
 		return stored, syncResult{outcome: syncLost}
 	}
 	if err != nil {
 		return run, f.hostTrouble(run, hosts, "reading the run's state", err)
 	}
 
-	res := syncResult{}
+	// A run's first events set its events' expiry bound (expiry.go): the
+	// expiry of an event mirrored now, before any is.
+	firstFloor := time.Time{}
+	if run.EventCursor == 0 {
+		firstFloor = f.eventExpiry(f.clock.Now())
+	}
+	noteFloor := func(cur *store.Run) bool {
+		if firstFloor.IsZero() || cur.EventCursor == 0 || !cur.EventsExpireAfter.IsZero() {
+			return false
+		}
+		cur.EventsExpireAfter = firstFloor
+		return true
+	}
 	cursor := run.EventCursor
 	reachedEnd := false
 	limit := hostEventPage
@@ -256,18 +299,23 @@ func (f *Fleet) syncRun(ctx context.Context, run store.Run, hosts *hostClients, 
 		}
 		// More pages: record the progress, so a pass cut short here (by
 		// the budget, a timeout, a crash) resumes after these events.
-		if run, err = f.advanceCursor(ctx, run, cursor); err != nil {
+		if run, err = f.advanceCursor(ctx, run, cursor, noteFloor); err != nil {
 			res = syncResult{outcome: syncFailed, err: err}
 			break
 		}
 	}
 
+	// Drainable: the state read before the events was terminal, this
+	// attempt's, and the events were read to their end. Its events must
+	// outlive it first (expiry.go).
+	drainable := func(cur *store.Run) bool {
+		return reachedEnd && !cur.Drained && store.Terminal(cur.Status) && store.Terminal(hr.Status) &&
+			cur.Attempt == hr.Attempt && cur.EventCursor >= cursor
+	}
 	now := f.clock.Now().UTC()
+	extendFirst := false
 	stored, err := f.settle(ctx, run, func(cur *store.Run) bool {
-		changed := false
-		if cursor > cur.EventCursor {
-			cur.EventCursor, changed = cursor, true
-		}
+		changed := noteFloorAfter(cur, cursor, noteFloor)
 		if cur.Status == store.StatusLost || cur.Status == store.StatusDispatching {
 			return changed
 		}
@@ -275,17 +323,32 @@ func (f *Fleet) syncRun(ctx context.Context, run store.Run, hosts *hostClients, 
 			f.applyHostRun(cur, hr, now)
 			changed = true
 		}
-		// Drained: the state read before the events was terminal, this
-		// attempt's, and the events were read to their end.
-		if reachedEnd && !cur.Drained && store.Terminal(cur.Status) && store.Terminal(hr.Status) &&
-			cur.Attempt == hr.Attempt && cur.EventCursor >= cursor {
-			cur.Drained, changed = true, true
+		extendFirst = false
+		if drainable(cur) {
+			if f.drainEventsShort(*cur) {
+				extendFirst = true
+			} else {
+				cur.Drained, changed = true, true
+			}
 		}
 		return changed
 	})
+	if err == nil && extendFirst && pass.extend {
+		if stored, err = f.extendEvents(ctx, stored, stored.ExpiresAt.Add(eventsLag)); err == nil {
+			res.extended = true
+			stored, err = f.settle(ctx, stored, func(cur *store.Run) bool {
+				if !drainable(cur) || f.drainEventsShort(*cur) {
+					return false
+				}
+				cur.Drained = true
+				return true
+			})
+		}
+	}
 	if err != nil {
 		if res.err == nil {
-			res = syncResult{outcome: syncFailed, events: res.events, err: fmt.Errorf("fleet: recording the sync of %s: %w", run.FleetRunID, err)}
+			res = syncResult{outcome: syncFailed, events: res.events, extended: res.extended,
+				err: fmt.Errorf("fleet: recording the sync of %s: %w", run.FleetRunID, err)}
 		}
 		return run, res
 	}
@@ -293,6 +356,30 @@ func (f *Fleet) syncRun(ctx context.Context, run store.Run, hosts *hostClients, 
 		res.outcome = syncDrained
 	}
 	return stored, res
+}
+
+// noteFloorAfter moves cur's cursor up to cursor and notes its events'
+// expiry bound; it reports a change.
+func noteFloorAfter(cur *store.Run, cursor int64, noteFloor func(*store.Run) bool) bool {
+	changed := false
+	if cursor > cur.EventCursor {
+		cur.EventCursor, changed = cursor, true
+	}
+	return noteFloor(cur) || changed
+}
+
+// syncLost drains a lost run left live because its events' expiry had to
+// be extended first (markLost), when the pass may extend it.
+func (f *Fleet) syncLost(ctx context.Context, run store.Run, pass syncPass) (store.Run, syncResult) {
+	if !pass.extend || (!pass.until.IsZero() && !f.clock.Now().Before(pass.until)) {
+		return run, syncResult{outcome: syncCurrent}
+	}
+	stored, err := f.drainLost(ctx, run)
+	if err != nil {
+		f.log.Warn("sync failed", logRun, run.FleetRunID, "doing", "draining a lost run", logErr, err.Error())
+		return run, syncResult{outcome: syncFailed, err: err}
+	}
+	return stored, syncResult{outcome: syncDrained, extended: true}
 }
 
 // hostTrouble classifies a failed host call of a sync: no answer marks the
@@ -346,15 +433,13 @@ func newEvents(events []hostproto.Event, cursor int64) []hostproto.Event {
 	return dedup
 }
 
-// putEvents mirrors events of a run, each within MaxEventData (fitEvent).
-// They expire Retention after they are mirrored: a run's events are not
-// rewritten when it ends, so they may leave a run's duration before the run
-// does.
+// putEvents mirrors events of a run, each within MaxEventData (fitEvent),
+// to expire as expiry.go says.
 func (f *Fleet) putEvents(ctx context.Context, fleetRunID string, events []hostproto.Event) error {
 	if len(events) == 0 {
 		return nil
 	}
-	expires := f.clock.Now().UTC().Add(f.cfg.Retention)
+	expires := f.eventExpiry(f.clock.Now().UTC())
 	out := make([]store.Event, len(events))
 	for i, e := range events {
 		fitted, cut := fitEvent(e)
@@ -370,14 +455,11 @@ func (f *Fleet) putEvents(ctx context.Context, fleetRunID string, events []hostp
 	return nil
 }
 
-// advanceCursor records that the mirror holds every event up to cursor.
-func (f *Fleet) advanceCursor(ctx context.Context, run store.Run, cursor int64) (store.Run, error) {
+// advanceCursor records that the mirror holds every event up to cursor
+// (and, with noteFloor, its events' expiry bound).
+func (f *Fleet) advanceCursor(ctx context.Context, run store.Run, cursor int64, noteFloor func(*store.Run) bool) (store.Run, error) {
 	stored, err := f.settle(ctx, run, func(cur *store.Run) bool {
-		if cursor <= cur.EventCursor {
-			return false
-		}
-		cur.EventCursor = cursor
-		return true
+		return noteFloorAfter(cur, cursor, noteFloor)
 	})
 	if err != nil {
 		return run, fmt.Errorf("fleet: advancing the event cursor of %s: %w", run.FleetRunID, err)

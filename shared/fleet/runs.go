@@ -89,6 +89,11 @@ func (f *Fleet) markLost(ctx context.Context, run store.Run) (store.Run, error) 
 			return false
 		}
 		f.end(cur, store.StatusLost, hostproto.CodeRunNotFound, f.clock.Now().UTC())
+		// Its mirrored events must outlive it: a run whose events need
+		// extending first stays in the live index for the sweep (expiry.go).
+		if f.drainEventsShort(*cur) {
+			cur.Drained = false
+		}
 		return true
 	})
 	if err == nil && run.Status != store.StatusLost && stored.Status == store.StatusLost {

@@ -60,6 +60,9 @@ type SweepReport struct {
 	Failed int `json:"failed"`
 	// Events counts the events mirrored.
 	Events int `json:"events"`
+	// Extended counts the runs whose events' expiry was extended (a run
+	// live over a week, retried, or drained long after its first events).
+	Extended int `json:"extended"`
 	// Skipped counts runs left unread because the budget ran out.
 	Skipped int `json:"skipped"`
 	// BudgetExhausted: the sweep stopped at Until, before the live index's end.
@@ -146,7 +149,7 @@ func (f *Fleet) sweepOne(ctx context.Context, id string, hosts *hostClients, unt
 		f.log.Error("sweep: reading a run", logRun, id, logErr, err.Error())
 		return syncResult{outcome: syncFailed, err: err}
 	}
-	_, res := f.syncRun(ctx, run, hosts, until)
+	_, res := f.syncRun(ctx, run, syncPass{hosts: hosts, until: until, extend: true})
 	return res
 }
 
@@ -154,6 +157,9 @@ func (r *SweepReport) count(res syncResult) {
 	r.Events += res.events
 	if res.recovered {
 		r.Recovered++
+	}
+	if res.extended {
+		r.Extended++
 	}
 	switch res.outcome {
 	case syncCurrent:

@@ -178,6 +178,9 @@ type Run struct {
 	Drained bool
 	// ExpiresAt is the TTL (retention after the end); zero while live.
 	ExpiresAt time.Time
+	// EventsExpireAfter is a lower bound of its events' expiry, kept by
+	// Fleet so that a run's events outlive it; zero: none recorded.
+	EventsExpireAfter time.Time
 	// Version increments on every write; UpdateRun is conditional on it.
 	Version int64
 }
@@ -302,4 +305,9 @@ type Store interface {
 	PutEvents(ctx context.Context, events []Event) error
 	// ListEvents returns events with sequence > after, ascending, at most limit.
 	ListEvents(ctx context.Context, fleetRunID string, after int64, limit int) (EventPage, error)
+	// ExtendEventsExpiry makes every unexpired event of the run whose
+	// ExpiresAt is before to (RoundExpiry(to)) expire at to. It never
+	// shortens an event's life, so concurrent calls commute; an expired
+	// event stays expired (it reads as absent already).
+	ExtendEventsExpiry(ctx context.Context, fleetRunID string, to time.Time) error
 }

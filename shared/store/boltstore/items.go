@@ -88,7 +88,9 @@ type runItem struct {
 	EventCursor      int64      `json:"eventCursor,omitempty"`
 	Drained          bool       `json:"drained,omitempty"`
 	ExpiresAt        int64      `json:"expiresAt,omitempty"`
-	Version          int64      `json:"version"`
+	// EventsExpireAfter is in Unix nanoseconds; zero: none.
+	EventsExpireAfter int64 `json:"eventsExpireAfter,omitempty"`
+	Version           int64 `json:"version"`
 }
 
 type eventItem struct {
@@ -238,7 +240,8 @@ func toRunItem(r store.Run) runItem {
 		Reason: r.Reason, Agent: r.Agent, IdempotencyKey: r.IdempotencyKey,
 		RewroteLocalPath: r.RewroteLocalPath, CreatedAt: utc(r.CreatedAt), UpdatedAt: utc(r.UpdatedAt),
 		Deadline: utc(r.Deadline), EndedAt: utcPtr(r.EndedAt), EventCursor: r.EventCursor,
-		Drained: r.Drained, ExpiresAt: expirySeconds(r.ExpiresAt), Version: r.Version,
+		Drained: r.Drained, ExpiresAt: expirySeconds(r.ExpiresAt), EventsExpireAfter: unixNanos(r.EventsExpireAfter),
+		Version: r.Version,
 	}
 }
 
@@ -249,8 +252,22 @@ func (it runItem) record() store.Run {
 		Agent: it.Agent, IdempotencyKey: it.IdempotencyKey, RewroteLocalPath: it.RewroteLocalPath,
 		CreatedAt: utc(it.CreatedAt), UpdatedAt: utc(it.UpdatedAt), Deadline: utc(it.Deadline),
 		EndedAt: utcPtr(it.EndedAt), EventCursor: it.EventCursor, Drained: it.Drained,
-		ExpiresAt: expiryTime(it.ExpiresAt), Version: it.Version,
+		ExpiresAt: expiryTime(it.ExpiresAt), EventsExpireAfter: fromUnixNanos(it.EventsExpireAfter), Version: it.Version,
 	}
+}
+
+func unixNanos(t time.Time) int64 {
+	if t.IsZero() {
+		return 0
+	}
+	return t.UnixNano()
+}
+
+func fromUnixNanos(n int64) time.Time {
+	if n == 0 {
+		return time.Time{}
+	}
+	return time.Unix(0, n).UTC()
 }
 
 func toEventItem(e store.Event) eventItem {

@@ -5,6 +5,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"time"
 
 	bolt "go.etcd.io/bbolt"
 
@@ -295,6 +296,44 @@ func (s *Store) PutEvents(ctx context.Context, events []store.Event) error {
 		return nil
 	})
 	return wrap("put events", err)
+}
+
+// ExtendEventsExpiry moves the expiry of the run's unexpired events that
+// expire before to, in one transaction.
+func (s *Store) ExtendEventsExpiry(ctx context.Context, fleetRunID string, to time.Time) error {
+	now, target := s.now(), expirySeconds(to)
+	err := s.update(ctx, func(tx *bolt.Tx) error {
+		b := tx.Bucket(bucketEvents).Bucket([]byte(fleetRunID))
+		if b == nil {
+			return nil
+		}
+		type change struct {
+			key []byte
+			it  eventItem
+		}
+		var changes []change
+		err := b.ForEach(func(k, v []byte) error {
+			it, err := decode[eventItem](v)
+			if err != nil {
+				return err
+			}
+			if it.ExpiresAt != 0 && it.ExpiresAt < target && !store.Expired(expiryTime(it.ExpiresAt), now) {
+				it.ExpiresAt = target
+				changes = append(changes, change{append([]byte(nil), k...), it})
+			}
+			return nil
+		})
+		if err != nil {
+			return err
+		}
+		for _, c := range changes {
+			if err := putItem(b, c.key, c.it); err != nil {
+				return err
+			}
+		}
+		return nil
+	})
+	return wrap("extend events' expiry", err)
 }
 
 // ListEvents returns unexpired events with sequence > after, ascending.

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"strconv"
 	"sync"
+	"time"
 
 	"github.com/aws/aws-sdk-go-v2/aws"
 	"github.com/aws/aws-sdk-go-v2/service/dynamodb"
@@ -109,6 +110,71 @@ func (s *Store) ListEvents(ctx context.Context, fleetRunID string, after int64, 
 		page.Events, page.HasMore = events[:limit], true
 	}
 	return page, nil
+}
+
+// ExtendEventsExpiry finds the run's unexpired events that expire before to
+// (a Query whose filter still reads, and is priced for, every event of the
+// run) and moves each one's expiry to to with an update conditional on it
+// still being earlier, so a concurrent extension is never undone.
+func (s *Store) ExtendEventsExpiry(ctx context.Context, fleetRunID string, to time.Time) error {
+	toValue := &types.AttributeValueMemberN{Value: strconv.FormatInt(store.RoundExpiry(to).Unix(), 10)}
+	names := map[string]string{"#r": attrFleetRunID, "#s": attrSequence, "#e": attrExpiresAt}
+	in := &dynamodb.QueryInput{
+		TableName:                aws.String(s.tables.Events),
+		KeyConditionExpression:   aws.String("#r = :r"),
+		FilterExpression:         aws.String("#e < :to AND #e > :now"),
+		ProjectionExpression:     aws.String("#r, #s"),
+		ExpressionAttributeNames: names,
+		ExpressionAttributeValues: map[string]types.AttributeValue{
+			":r": &types.AttributeValueMemberS{Value: fleetRunID}, ":to": toValue, ":now": nowValue(s.now()),
+		},
+		ConsistentRead: aws.Bool(true),
+	}
+	var keys []item
+	for {
+		out, err := s.api.Query(ctx, in)
+		if err != nil {
+			return fault("extend events' expiry: listing them", err)
+		}
+		for _, it := range out.Items {
+			keys = append(keys, item{attrFleetRunID: it[attrFleetRunID], attrSequence: it[attrSequence]})
+		}
+		if len(out.LastEvaluatedKey) == 0 {
+			break
+		}
+		in.ExclusiveStartKey = out.LastEvaluatedKey
+	}
+	sem := make(chan struct{}, putEventsParallel)
+	var (
+		wg    sync.WaitGroup
+		mu    sync.Mutex
+		first error
+	)
+	for _, key := range keys {
+		sem <- struct{}{}
+		wg.Add(1)
+		go func() {
+			defer func() { <-sem; wg.Done() }()
+			_, err := s.api.UpdateItem(ctx, &dynamodb.UpdateItemInput{
+				TableName:                 aws.String(s.tables.Events),
+				Key:                       key,
+				UpdateExpression:          aws.String("SET #e = :to"),
+				ConditionExpression:       aws.String("#e < :to"),
+				ExpressionAttributeNames:  map[string]string{"#e": attrExpiresAt},
+				ExpressionAttributeValues: map[string]types.AttributeValue{":to": toValue},
+			})
+			if failed, _ := conditionFailed(err); failed || err == nil {
+				return
+			}
+			mu.Lock()
+			if first == nil {
+				first = fault(fmt.Sprintf("extend the expiry of an event of run %q", fleetRunID), err)
+			}
+			mu.Unlock()
+		}()
+	}
+	wg.Wait()
+	return first
 }
 
 // deleteEvents removes every event of a run, 25 deletes per BatchWriteItem.

@@ -50,19 +50,20 @@ const (
 
 	attrRequestHash = "requestHash"
 
-	attrChildRunID       = "childRunId"
-	attrAttempt          = "attempt"
-	attrExitCode         = "exitCode"
-	attrReason           = "reason"
-	attrAgent            = "agent"
-	attrIdempotencyKey   = "idempotencyKey"
-	attrRewroteLocalPath = "rewroteLocalPath"
-	attrUpdatedAt        = "updatedAt"
-	attrDeadline         = "deadline"
-	attrEndedAt          = "endedAt"
-	attrEventCursor      = "eventCursor"
-	attrDrained          = "drained"
-	attrRunVersion       = "version"
+	attrChildRunID        = "childRunId"
+	attrAttempt           = "attempt"
+	attrExitCode          = "exitCode"
+	attrReason            = "reason"
+	attrAgent             = "agent"
+	attrIdempotencyKey    = "idempotencyKey"
+	attrRewroteLocalPath  = "rewroteLocalPath"
+	attrUpdatedAt         = "updatedAt"
+	attrDeadline          = "deadline"
+	attrEndedAt           = "endedAt"
+	attrEventCursor       = "eventCursor"
+	attrEventsExpireAfter = "eventsExpireAfter"
+	attrDrained           = "drained"
+	attrRunVersion        = "version"
 
 	attrType = "type"
 	attrData = "data"
@@ -322,6 +323,7 @@ func runMutable(r store.Run) item {
 		it.putS(attrLive, liveValue)
 	}
 	it.putExpiry(r.ExpiresAt)
+	it.putTime(attrEventsExpireAfter, r.EventsExpireAfter)
 	it.putNAlways(attrRunVersion, r.Version)
 	return it
 }
@@ -331,7 +333,7 @@ func runMutable(r store.Run) item {
 var runMutableNames = []string{
 	attrChildRunID, attrStatus, attrAttempt, attrExitCode, attrReason, attrAgent,
 	attrRewroteLocalPath, attrUpdatedAt, attrDeadline, attrEndedAt, attrEventCursor,
-	attrDrained, attrLive, attrExpiresAt, attrRunVersion,
+	attrDrained, attrLive, attrExpiresAt, attrEventsExpireAfter, attrRunVersion,
 }
 
 func runFromItem(it item) (store.Run, error) {
@@ -344,7 +346,7 @@ func runFromItem(it item) (store.Run, error) {
 		RewroteLocalPath: r.bool(attrRewroteLocalPath), UpdatedAt: r.time(attrUpdatedAt),
 		Deadline: r.time(attrDeadline), EndedAt: r.timePtr(attrEndedAt),
 		EventCursor: r.n(attrEventCursor), Drained: r.bool(attrDrained),
-		ExpiresAt: r.expiry(), Version: r.n(attrRunVersion),
+		ExpiresAt: r.expiry(), EventsExpireAfter: r.time(attrEventsExpireAfter), Version: r.n(attrRunVersion),
 	}
 	if r.has(attrExitCode) {
 		code := int(r.n(attrExitCode))

@@ -68,6 +68,7 @@ func Run(t *testing.T, newStore NewStore) {
 		{"Events/Idempotent", testEventsIdempotent},
 		{"Events/Expiry", testEventsExpiry},
 		{"Events/LargeData", testEventsLargeData},
+		{"Events/ExtendExpiry", testEventsExtendExpiry},
 		{"Context/Canceled", testContextCanceled},
 	}
 	for _, tc := range tests {
@@ -677,6 +678,7 @@ func testRunsCreateGet(t *testing.T, s store.Store, clk *clock.Fake) {
 	full.ChildRunID, full.Status, full.Attempt, full.ExitCode = "child-9", hostproto.StatusFailed, 2, &code
 	full.Reason, full.EndedAt, full.EventCursor, full.Drained = hostproto.ReasonTimedOut, &endedAt, 1234, false
 	full.ExpiresAt = store.RoundExpiry(endedAt.Add(30 * 24 * time.Hour))
+	full.EventsExpireAfter = clk.Now().Add(37*24*time.Hour + 123*time.Nanosecond).UTC()
 	noErr(t, "CreateRun full", s.CreateRun(bg, full))
 	got, err = s.GetRun(bg, "r2")
 	noErr(t, "GetRun full", err)
@@ -1131,6 +1133,42 @@ func testEventsExpiry(t *testing.T, s store.Store, clk *clock.Fake) {
 	p, err = s.ListEvents(bg, "r1", 0, 10)
 	noErr(t, "ListEvents", err)
 	sameJSON(t, "fresh event", p.Events, []store.Event{fresh})
+}
+
+// testEventsExtendExpiry: events expiring before the target move to it;
+// later ones, ones that never expire and expired ones stay as they are;
+// another run's are untouched; a second, earlier target shortens nothing.
+func testEventsExtendExpiry(t *testing.T, s store.Store, clk *clock.Fake) {
+	now := clk.Now()
+	at := func(seq int64, exp time.Time) store.Event {
+		e := event("r1", seq, now, fmt.Sprintf("e%d", seq))
+		e.ExpiresAt = exp
+		return e
+	}
+	soon, later, target := now.Add(time.Hour), now.Add(10*time.Hour), now.Add(5*time.Hour+time.Millisecond)
+	other := event("r2", 1, now, "other")
+	other.ExpiresAt = soon
+	noErr(t, "PutEvents", s.PutEvents(bg, []store.Event{
+		at(1, now.Add(time.Minute)), at(2, soon), at(3, later), at(4, time.Time{}), at(5, soon), other,
+	}))
+	clk.Advance(2 * time.Minute) // event 1 has expired
+	noErr(t, "ExtendEventsExpiry", s.ExtendEventsExpiry(bg, "r1", target))
+	noErr(t, "ExtendEventsExpiry to an earlier time", s.ExtendEventsExpiry(bg, "r1", soon.Add(time.Minute)))
+	noErr(t, "ExtendEventsExpiry of a run without events", s.ExtendEventsExpiry(bg, "r9", target))
+	clk.Set(store.RoundExpiry(soon)) // 2 and 5 would have expired
+	p, err := s.ListEvents(bg, "r1", 0, 10)
+	noErr(t, "ListEvents", err)
+	got := map[int64]time.Time{}
+	for _, e := range p.Events {
+		got[e.Sequence] = e.ExpiresAt
+	}
+	want := map[int64]time.Time{2: store.RoundExpiry(target), 3: store.RoundExpiry(later), 4: {}, 5: store.RoundExpiry(target)}
+	sameJSON(t, "expiries after the extension", got, want)
+	p, err = s.ListEvents(bg, "r2", 0, 10)
+	noErr(t, "ListEvents r2", err)
+	if len(p.Events) != 0 {
+		t.Fatalf("another run's event was extended: %+v", p.Events)
+	}
 }
 
 func testEventsLargeData(t *testing.T, s store.Store, clk *clock.Fake) {
