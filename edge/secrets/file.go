@@ -6,22 +6,44 @@ import (
 	"errors"
 	"fmt"
 	"os"
+	"runtime"
 	"sync"
 	"syscall"
 	"time"
 )
 
-// FileSource reads a JSON map {"<project>/<KEY>": "<value>"}. It checks the
-// file's identity, size and modification time on every read and re-reads it
-// when any changed. A file that does not parse fails every read (closed)
-// until it is fixed: serving stale values could keep a revoked key alive.
+// FileSource reads a JSON map {"<project>/<KEY>": "<value>"} and re-reads it
+// when it changes: a read that follows a change sees it. On Linux a change
+// watch (inotify on the file and every directory of its path, and the mount
+// table) says whether anything changed, for one non-blocking poll per read;
+// only then, or where no watch can see everything (a symlink on the path, a
+// network filesystem), the file's identity, size and modification time are
+// checked, and it is re-read when any differ. A file that does not parse
+// fails every read (closed) until it is fixed: serving stale values could
+// keep a revoked key alive.
 type FileSource struct {
 	path string
 
-	mu     sync.Mutex
-	stamp  fileStamp
-	values map[string]string
-	err    error
+	mu    sync.Mutex
+	watch *watchSlot
+	// watchable: a watch could be armed for the path once, so one is
+	// armed again after each change it reports.
+	watchable bool
+	stamp     fileStamp
+	values    map[string]string
+	err       error
+}
+
+// watchSlot holds the armed change watch, nil when there is none; its own
+// object, so the watch's descriptors can be closed when the source is
+// collected (runtime.AddCleanup).
+type watchSlot struct{ w *changeWatch }
+
+func (s *watchSlot) close() {
+	if s.w != nil {
+		s.w.close()
+		s.w = nil
+	}
 }
 
 var _ Source = (*FileSource)(nil)
@@ -35,11 +57,27 @@ type fileStamp struct {
 // NewFileSource reads path now, so a missing or malformed file stops edge
 // at start instead of at the first request.
 func NewFileSource(path string) (*FileSource, error) {
-	f := &FileSource{path: path}
-	if _, err := f.current(); err != nil {
+	f := &FileSource{path: path, watch: &watchSlot{}}
+	f.mu.Lock()
+	f.watch.w, _ = newChangeWatch(path) // armed before the first read
+	f.watchable = f.watch.w != nil
+	_, err := f.checkLocked()
+	f.mu.Unlock()
+	if err != nil {
+		f.watch.close()
 		return nil, err
 	}
+	runtime.AddCleanup(f, (*watchSlot).close, f.watch)
 	return f, nil
+}
+
+// Close releases the change watch; reads go on, checking the file each time.
+func (f *FileSource) Close() error {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	f.watch.close()
+	f.watchable = false
+	return nil
 }
 
 // Value returns the value of project/key.
@@ -56,16 +94,33 @@ func (f *FileSource) Value(_ context.Context, project, key string) (string, erro
 }
 
 func (f *FileSource) current() (map[string]string, error) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if w := f.watch.w; w != nil {
+		if !w.changed() {
+			return f.values, f.err
+		}
+		f.watch.close()
+	}
+	if f.watchable {
+		// Armed before the check, so a change during it is seen next time.
+		f.watch.w, _ = newChangeWatch(f.path)
+	}
+	return f.checkLocked()
+}
+
+// checkLocked compares the file's identity, size and modification time
+// with the last read's and re-reads it when any differ.
+func (f *FileSource) checkLocked() (map[string]string, error) {
 	fi, err := os.Stat(f.path)
 	if err != nil {
+		f.watch.close() // so the next read checks again
 		return nil, fmt.Errorf("secrets file: %w", err)
 	}
 	stamp := fileStamp{size: fi.Size(), mtime: fi.ModTime()}
 	if st, ok := fi.Sys().(*syscall.Stat_t); ok {
 		stamp.dev, stamp.ino = uint64(st.Dev), st.Ino
 	}
-	f.mu.Lock()
-	defer f.mu.Unlock()
 	if stamp == f.stamp && (f.values != nil || f.err != nil) {
 		return f.values, f.err
 	}

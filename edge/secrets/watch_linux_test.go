@@ -1,0 +1,176 @@
+package secrets
+
+import (
+	"context"
+	"os"
+	"path/filepath"
+	"testing"
+
+	"golang.org/x/sys/unix"
+)
+
+// watchedSource starts a FileSource on root/a/b/secrets.json holding v, and
+// checks that a change watch is armed (so the tests below exercise it, not
+// the stat fallback).
+func watchedSource(t *testing.T, v string) (*FileSource, string) {
+	t.Helper()
+	root := t.TempDir()
+	path := filepath.Join(root, "a", "b", "secrets.json")
+	writeValue(t, path, v)
+	src, err := NewFileSource(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { src.Close() })
+	if src.watch.w == nil {
+		t.Fatal("no change watch armed on a plain path on a local filesystem")
+	}
+	return src, path
+}
+
+func writeValue(t *testing.T, path, v string) {
+	t.Helper()
+	if err := os.MkdirAll(filepath.Dir(path), 0o700); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(path, []byte(`{"acme/K": "`+v+`"}`), 0o600); err != nil {
+		t.Fatal(err)
+	}
+}
+
+func expectValue(t *testing.T, src *FileSource, want string) {
+	t.Helper()
+	v, err := src.Value(context.Background(), "acme", "K")
+	if err != nil || v != want {
+		t.Fatalf("value %q, %v; want %q", v, err, want)
+	}
+}
+
+// Every way the path's meaning can change is seen by the very next read:
+// an in-place rewrite of the same size (within one timestamp tick, which a
+// size-and-mtime check cannot see), a rename over the file, a write through
+// a hard link elsewhere, the file removed, its directory or a directory
+// above it replaced.
+func TestFileSourceSeesEveryChangeAtOnce(t *testing.T) {
+	src, path := watchedSource(t, "one")
+	root := filepath.Dir(filepath.Dir(filepath.Dir(path)))
+	expectValue(t, src, "one")
+
+	writeValue(t, path, "two") // in place, same size
+	expectValue(t, src, "two")
+
+	tmp := path + ".tmp"
+	writeValue(t, tmp, "333")
+	if err := os.Rename(tmp, path); err != nil {
+		t.Fatal(err)
+	}
+	expectValue(t, src, "333")
+
+	link := filepath.Join(root, "elsewhere")
+	if err := os.Link(path, link); err != nil {
+		t.Fatal(err)
+	}
+	writeValue(t, link, "via-link")
+	expectValue(t, src, "via-link")
+
+	if err := os.Remove(path); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := src.Value(context.Background(), "acme", "K"); err == nil {
+		t.Fatal("a removed file still gives its value")
+	}
+	writeValue(t, path, "back")
+	expectValue(t, src, "back")
+
+	for _, dir := range []string{filepath.Dir(path), filepath.Join(root, "a")} {
+		if err := os.Rename(dir, dir+".old"); err != nil {
+			t.Fatal(err)
+		}
+		writeValue(t, path, "new-"+filepath.Base(dir))
+		expectValue(t, src, "new-"+filepath.Base(dir))
+	}
+}
+
+// Churn beside the path (other entries of its directories created and
+// removed) is not a change: the watch stays armed and the value cached.
+func TestFileSourceIgnoresItsNeighbours(t *testing.T) {
+	src, path := watchedSource(t, "one")
+	expectValue(t, src, "one")
+	armed := src.watch.w
+	for _, dir := range []string{filepath.Dir(path), filepath.Dir(filepath.Dir(path))} {
+		other := filepath.Join(dir, "neighbour")
+		if err := os.WriteFile(other, []byte("x"), 0o600); err != nil {
+			t.Fatal(err)
+		}
+		if err := os.Remove(other); err != nil {
+			t.Fatal(err)
+		}
+	}
+	expectValue(t, src, "one")
+	if src.watch.w != armed {
+		t.Fatal("a neighbour's churn was taken for a change of the file")
+	}
+}
+
+// A path through a symlink is not watched (re-pointing the link changes
+// the path's meaning where no watch of the path sees it): every read checks
+// the file, and re-pointing is seen.
+func TestFileSourceThroughASymlinkChecksEveryRead(t *testing.T) {
+	root := t.TempDir()
+	writeValue(t, filepath.Join(root, "v1", "secrets.json"), "one")
+	writeValue(t, filepath.Join(root, "v2", "secrets.json"), "two")
+	current := filepath.Join(root, "current")
+	if err := os.Symlink("v1", current); err != nil {
+		t.Fatal(err)
+	}
+	src, err := NewFileSource(filepath.Join(current, "secrets.json"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer src.Close()
+	if src.watch.w != nil {
+		t.Fatal("a change watch was armed on a path through a symlink")
+	}
+	expectValue(t, src, "one")
+	if err := os.Symlink("v2", current+".new"); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Rename(current+".new", current); err != nil {
+		t.Fatal(err)
+	}
+	expectValue(t, src, "two")
+
+	// The file itself a symlink: its target is written in place.
+	link := filepath.Join(root, "link.json")
+	if err := os.Symlink(filepath.Join(root, "v1", "secrets.json"), link); err != nil {
+		t.Fatal(err)
+	}
+	viaLink, err := NewFileSource(link)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer viaLink.Close()
+	if viaLink.watch.w != nil {
+		t.Fatal("a change watch was armed on a symlink")
+	}
+	expectValue(t, viaLink, "one")
+	writeValue(t, filepath.Join(root, "v1", "secrets.json"), "uno")
+	expectValue(t, viaLink, "uno")
+}
+
+// A filesystem mounted over a directory of the path changes what the path
+// names without any inotify event: the mount table's change is seen.
+func TestFileSourceSeesAMountOverItsPath(t *testing.T) {
+	if os.Geteuid() != 0 {
+		t.Fatal("this test mounts a tmpfs over a temporary directory: run it as root (as in CI)")
+	}
+	src, path := watchedSource(t, "one")
+	expectValue(t, src, "one")
+	dir := filepath.Dir(path)
+	if err := unix.Mount("tmpfs", dir, "tmpfs", 0, "size=1m"); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { unix.Unmount(dir, unix.MNT_DETACH) })
+	writeValue(t, path, "mounted")
+	expectValue(t, src, "mounted")
+}
