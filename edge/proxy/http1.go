@@ -2,6 +2,7 @@ package proxy
 
 import (
 	"bufio"
+	"bytes"
 	"context"
 	"errors"
 	"io"
@@ -174,6 +175,22 @@ func (hc *h1Conn) readHead() (string, error) {
 // readHeadInto appends a head (start line to the empty line) to buf.
 // Empty lines before it are skipped; more than limit bytes is an error.
 func readHeadInto(br *bufio.Reader, buf []byte, limit int) ([]byte, error) {
+	if len(buf) == 0 {
+		// The common case, a whole head already read: found in one pass
+		// over the buffer instead of a ReadSlice per line.
+		if _, err := br.Peek(1); err == nil {
+			if n := headEnd(peekBuffered(br)); n > 0 && n <= limit {
+				head, _ := br.Peek(n)
+				buf = append(buf, head...)
+				br.Discard(n)
+				return buf, nil
+			}
+		}
+	}
+	// A line longer than the buffer comes in pieces: only a piece that
+	// starts a line can be the empty line (a line split between its CR and
+	// LF is not followed by one).
+	lineStart := true
 	for {
 		line, err := br.ReadSlice('\n')
 		if err != nil && !errors.Is(err, bufio.ErrBufferFull) {
@@ -185,15 +202,45 @@ func readHeadInto(br *bufio.Reader, buf []byte, limit int) ([]byte, error) {
 		if len(buf)+len(line) > limit {
 			return buf, headError{http.StatusRequestHeaderFieldsTooLarge, "request head too large"}
 		}
-		if len(buf) == 0 && (string(line) == "\r\n" || string(line) == "\n") {
+		empty := lineStart && (string(line) == "\r\n" || string(line) == "\n")
+		if len(buf) == 0 && empty {
 			continue
 		}
 		buf = append(buf, line...)
 		if errors.Is(err, bufio.ErrBufferFull) {
+			lineStart = false
 			continue
 		}
-		if string(line) == "\r\n" || string(line) == "\n" {
+		if empty {
 			return buf, nil
+		}
+		lineStart = true
+	}
+}
+
+func peekBuffered(br *bufio.Reader) []byte {
+	b, _ := br.Peek(br.Buffered())
+	return b
+}
+
+// headEnd is the length of the head at the start of b, through its empty
+// line, or 0 when b does not hold a whole one or starts with an empty line
+// (left to the line-by-line reader).
+func headEnd(b []byte) int {
+	if len(b) == 0 || b[0] == '\r' || b[0] == '\n' {
+		return 0
+	}
+	for i := 0; ; {
+		j := bytes.IndexByte(b[i:], '\n')
+		if j < 0 {
+			return 0
+		}
+		i += j + 1
+		switch {
+		case i < len(b) && b[i] == '\n':
+			return i + 1
+		case i+1 < len(b) && b[i] == '\r' && b[i+1] == '\n':
+			return i + 2
 		}
 	}
 }
@@ -307,7 +354,7 @@ func parseFields(lines string, h http.Header, strs []string) (fieldsInfo, error)
 		if !ok || name == "" || !isToken(name) {
 			return f, headError{http.StatusBadRequest, "malformed header line"}
 		}
-		value = strings.Trim(value, " \t")
+		value = trimOWS(value)
 		for i := 0; i < len(value); i++ {
 			if c := value[i]; c < ' ' && c != '\t' || c == 0x7f {
 				return f, headError{http.StatusBadRequest, "malformed header line"}
@@ -342,6 +389,18 @@ func parseFields(lines string, h http.Header, strs []string) (fieldsInfo, error)
 		f.chunked = false
 	}
 	return f, nil
+}
+
+// trimOWS drops the optional whitespace around a field value (spaces and
+// tabs; strings.Trim builds a set per call, visible in the profile).
+func trimOWS(s string) string {
+	for len(s) > 0 && (s[0] == ' ' || s[0] == '\t') {
+		s = s[1:]
+	}
+	for len(s) > 0 && (s[len(s)-1] == ' ' || s[len(s)-1] == '\t') {
+		s = s[:len(s)-1]
+	}
+	return s
 }
 
 func isToken(s string) bool {
