@@ -213,6 +213,12 @@ func TestRunSucceedsAsTheTaskUserWithItsOutputAsEvents(t *testing.T) {
 	if !strings.Contains(out, "é€𝄞 done") {
 		t.Fatalf("output %q lost its UTF-8", out)
 	}
+	for _, d := range []string{"home", "work"} {
+		fi, err := os.Stat(filepath.Join(h.cfg.WorkDir, run.RunID, d))
+		if err != nil || fi.Mode()&os.ModeSetgid == 0 || fi.Mode().Perm() != 0o770 {
+			t.Fatalf("the task's %s dir: %v %v, want setgid 2770", d, fi.Mode(), err)
+		}
+	}
 	var statuses []string
 	for _, s := range h.states(run.RunID) {
 		statuses = append(statuses, s.Status)

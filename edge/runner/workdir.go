@@ -118,9 +118,11 @@ func prepareDirs(d taskDirs, id taskIdentity, fresh bool) error {
 		mode     os.FileMode
 	}
 	me, myGroup := os.Geteuid(), os.Getegid()
-	dirs := []dir{{d.Run, me, int(id.GID), 0o750}, {d.Trust, me, myGroup, 0o755}, {d.Home, int(id.UID), int(id.GID), 0o2770}}
+	// os.FileMode spells setgid ModeSetgid (its 0o2000 bit is no mode).
+	shared := os.ModeSetgid | 0o770
+	dirs := []dir{{d.Run, me, int(id.GID), 0o750}, {d.Trust, me, myGroup, 0o755}, {d.Home, int(id.UID), int(id.GID), shared}}
 	if fresh {
-		dirs = append(dirs, dir{d.Work, int(id.UID), int(id.GID), 0o2770})
+		dirs = append(dirs, dir{d.Work, int(id.UID), int(id.GID), shared})
 	}
 	if !id.Switch {
 		for i := range dirs {
