@@ -14,6 +14,7 @@ import (
 	"sort"
 	"strings"
 
+	"github.com/runfleet/runfleet/edge/sandbox"
 	"github.com/runfleet/runfleet/shared/version"
 )
 
@@ -26,6 +27,8 @@ func commands() map[string]command {
 		"ca":      runCA,
 		"policy":  runPolicy,
 		"serve":   runServe,
+		// Hidden: edge as a task's init (runner.DefaultTaskInit).
+		sandbox.InitArg: runTaskInit,
 	}
 }
 
@@ -38,7 +41,9 @@ func run(args []string, stdout, stderr io.Writer) int {
 	if len(args) == 0 || cmds[args[0]] == nil {
 		names := make([]string, 0, len(cmds))
 		for n := range cmds {
-			names = append(names, n)
+			if n != sandbox.InitArg {
+				names = append(names, n)
+			}
 		}
 		sort.Strings(names)
 		fmt.Fprintf(stderr, "usage: edge <%s> ...\n", strings.Join(names, "|"))

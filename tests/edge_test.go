@@ -31,7 +31,8 @@ type edgeProc struct {
 	policy  string // the JSON of policy.projects
 	runner  string // the JSON of the runner section
 	cmd     *exec.Cmd
-	uid     int // edge runs as root unless set
+	uid     int      // edge runs as root unless set
+	wrap    []string // a command edge serve runs under (setpriv), if set
 	done    chan struct{}
 	logs    *lockedBuffer
 	client  *hostproto.Client
@@ -120,7 +121,8 @@ func (e *edgeProc) writeConfig() {
 func (e *edgeProc) start(env ...string) {
 	e.t.Helper()
 	e.logs = &lockedBuffer{}
-	e.cmd = exec.Command(e.bin, "serve", "--config", e.cfgPath)
+	argv := append(append([]string{}, e.wrap...), e.bin, "serve", "--config", e.cfgPath)
+	e.cmd = exec.Command(argv[0], argv[1:]...)
 	e.cmd.Env = append([]string{"PATH=/usr/bin:/bin"}, env...)
 	e.cmd.Stdout, e.cmd.Stderr = e.logs, e.logs
 	if e.uid != 0 {

@@ -288,9 +288,9 @@ func TestEdgeSystemdUnit(t *testing.T) {
 	want := map[string]string{
 		"NoNewPrivileges": "yes", "ProtectSystem": "strict", "ProtectHome": "yes", "PrivateTmp": "yes",
 		"ProtectKernelTunables": "yes", "ProtectKernelModules": "yes", "ProtectKernelLogs": "yes",
-		"ProtectControlGroups": "yes", "RestrictNamespaces": "yes", "LockPersonality": "yes",
+		"ProtectControlGroups": "yes", "RestrictNamespaces": "pid mnt", "LockPersonality": "yes",
 		"SystemCallArchitectures": "native", "UMask": "0077", "AmbientCapabilities": "",
-		"CapabilityBoundingSet": "CAP_SETUID CAP_SETGID CAP_CHOWN CAP_FOWNER CAP_KILL CAP_DAC_OVERRIDE CAP_NET_ADMIN",
+		"CapabilityBoundingSet": "CAP_SETUID CAP_SETGID CAP_CHOWN CAP_FOWNER CAP_KILL CAP_DAC_OVERRIDE CAP_NET_ADMIN CAP_SYS_ADMIN",
 	}
 	for k, v := range want {
 		if got, set := u["Service."+k]; !set || u.one(t, k) != v {
@@ -329,4 +329,34 @@ func exitCode(err error) int {
 		return ee.ExitCode()
 	}
 	return -1
+}
+
+// TestEdgeRunsTasksWithTheUnitsCapabilitiesAlone: edge serve started as
+// the unit starts it, with its capability bounding set and no new
+// privileges, confines tasks' egress (CAP_NET_ADMIN) and runs a task in
+// its sandbox (its init mounts with CAP_SYS_ADMIN, then drops to
+// runner.user) that uses its private /tmp.
+func TestEdgeRunsTasksWithTheUnitsCapabilitiesAlone(t *testing.T) {
+	u := parseUnit(t, edgeUnit)
+	var bounding []string
+	for _, c := range strings.Fields(u.one(t, "CapabilityBoundingSet")) {
+		bounding = append(bounding, "+"+strings.ToLower(strings.TrimPrefix(c, "CAP_")))
+	}
+	if u.one(t, "NoNewPrivileges") != "yes" {
+		t.Fatal("the unit does not set NoNewPrivileges")
+	}
+	e := newEdgeProc(t)
+	e.wrap = []string{"/usr/bin/setpriv", "--no-new-privs", "--inh-caps=-all", "--bounding-set=-all," + strings.Join(bounding, ","), "--"}
+	e.start()
+	if h, err := e.client.Health(context.Background()); err != nil || !h.OK || !h.EgressConfined {
+		t.Fatalf("health of edge with the unit's capabilities: %+v %v", h, err)
+	}
+	r := e.waitFor(e.run(hostproto.StartRequest{Prompt: `echo kept > /tmp/x && cat /tmp/x && grep CapBnd /proc/$$/status`}).RunID, terminal)
+	out, _ := e.output(r.RunID, 0)
+	if r.Status != hostproto.StatusSucceeded || !strings.Contains(out, "kept") {
+		t.Fatalf("a task under the unit's capabilities ended %+v: %q\n%s", r, out, e.logs.String())
+	}
+	if code := e.stop(syscall.SIGTERM); code != 0 {
+		t.Fatalf("edge exited %d", code)
+	}
 }

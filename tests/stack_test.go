@@ -15,11 +15,13 @@ import (
 	"path/filepath"
 	"strings"
 	"sync/atomic"
+	"syscall"
 	"testing"
 	"time"
 
 	"github.com/aws/aws-sdk-go-v2/aws"
 
+	"github.com/runfleet/runfleet/edge/sandbox"
 	"github.com/runfleet/runfleet/shared/clock"
 	"github.com/runfleet/runfleet/shared/config"
 	"github.com/runfleet/runfleet/shared/fakehost"
@@ -31,6 +33,11 @@ import (
 var moto *motoserver.Server
 
 func TestMain(m *testing.M) {
+	// The tests that run an edge host in this process (as root) start its
+	// tasks through this binary as their init (runner.DefaultTaskInit).
+	if len(os.Args) > 1 && os.Args[1] == sandbox.InitArg {
+		syscall.Exit(sandbox.Main()) // without the race detector's pause at exit
+	}
 	code := motoserver.Run(m, func(s *motoserver.Server) { moto = s })
 	built.remove()
 	os.Exit(code)

@@ -127,10 +127,13 @@ func newFixture(t testing.TB) *fixture {
 		t.Fatal("these tests start tasks as nobody and must run as root (as in CI)")
 	}
 	f := &fixture{t: t, ca: newTestCA(t)}
-	f.dir = t.TempDir()
-	for p := f.dir; p != "/" && p != os.TempDir(); p = filepath.Dir(p) {
-		must(t, os.Chmod(p, 0o755))
-	}
+	// Outside /tmp and /var/tmp, which a task has its own of: edge's files
+	// lie where tasks see them, guarded by their modes alone, as deployed.
+	dir, err := os.MkdirTemp("/var/lib", "runfleet-test-")
+	must(t, err)
+	t.Cleanup(func() { os.RemoveAll(dir) })
+	must(t, os.Chmod(dir, 0o755))
+	f.dir = dir
 	f.dataDir = filepath.Join(f.dir, "data")
 	etc := filepath.Join(f.dir, "etc")
 	must(t, os.Mkdir(etc, 0o755))

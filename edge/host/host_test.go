@@ -9,6 +9,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -135,10 +136,11 @@ func TestTaskUserCannotReadEdgesFilesOrAnotherTasksDir(t *testing.T) {
 	e := f.open(hostOptions{})
 	// Task A keeps a file in its work dir and runs on, its env holding its
 	// placeholder and proxy credential.
-	a := e.start(hostproto.StartRequest{Prompt: `echo private > mine.txt; echo "pid=$$"; sleep 1000`, Secrets: apiToken})
-	outA := e.waitOutput(a.RunID, "pid=")
-	var pidA int
-	fmt.Sscanf(outA[strings.Index(outA, "pid="):], "pid=%d", &pidA)
+	a := e.start(hostproto.StartRequest{Prompt: `echo private > mine.txt; echo "ns=$(readlink /proc/$$/ns/pid)"; sleep 1000`, Secrets: apiToken})
+	outA := e.waitOutput(a.RunID, "]")
+	// Task A's shell as the host knows it: its id in A's own PID namespace
+	// means nothing outside.
+	pidA := processIn(t, strings.Fields(outA[strings.Index(outA, "ns=")+3:])[0], "mine.txt")
 	runDirA := filepath.Join(f.dataDir, "work", a.RunID)
 	if _, err := os.Stat(filepath.Join(runDirA, "work", "mine.txt")); err != nil {
 		t.Fatalf("task A's file: %v", err)
@@ -366,4 +368,24 @@ func TestOpenRefusesAHostTokenOrSecretsFileEveryoneCanRead(t *testing.T) {
 		}
 		must(t, os.Chmod(path, 0o600))
 	}
+}
+
+// processIn is the host's id of the process in PID namespace ns (as
+// readlink /proc/<pid>/ns/pid says it) whose command line holds marker.
+func processIn(t *testing.T, ns, marker string) int {
+	t.Helper()
+	entries, err := os.ReadDir("/proc")
+	must(t, err)
+	for _, e := range entries {
+		if link, err := os.Readlink("/proc/" + e.Name() + "/ns/pid"); err != nil || link != ns {
+			continue
+		}
+		cmdline, _ := os.ReadFile("/proc/" + e.Name() + "/cmdline")
+		if strings.Contains(string(cmdline), marker) {
+			pid, _ := strconv.Atoi(e.Name())
+			return pid
+		}
+	}
+	t.Fatalf("no process of namespace %s runs %q", ns, marker)
+	return 0
 }

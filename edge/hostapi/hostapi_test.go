@@ -277,8 +277,14 @@ func TestRunLifecycleThroughTheClient(t *testing.T) {
 
 func TestConcurrentStartsWithOneClientTokenStartOneProcess(t *testing.T) {
 	e := newEdge(t)
-	marker := filepath.Join(traversableDir(t), "starts")
-	os.Chmod(filepath.Dir(marker), 0o777)
+	// Outside /tmp, which a task has its own of.
+	dir, err := os.MkdirTemp("/var/lib", "runfleet-test-")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { os.RemoveAll(dir) })
+	os.Chmod(dir, 0o777)
+	marker := filepath.Join(dir, "starts")
 	req := hostproto.StartRequest{ClientToken: "one-token", Agent: "shell", Prompt: "echo started >> " + marker}
 	var wg sync.WaitGroup
 	answers := make([]hostproto.Run, 20)

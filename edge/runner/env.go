@@ -10,8 +10,10 @@ const taskPath = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
 // envInput is everything a task's env is built from. Nothing of edge's own
 // environment reaches a task.
 type envInput struct {
-	User     string
-	Home     string
+	User string
+	Home string
+	// Tmp is the task's private temporary directory (TMPDIR).
+	Tmp      string
 	AgentEnv map[string]string
 	RunEnv   map[string]string
 	// Broker is set for a run that declares secrets.
@@ -35,6 +37,7 @@ func buildEnv(in envInput) []string {
 	env := map[string]string{
 		"PATH":    taskPath,
 		"HOME":    in.Home,
+		"TMPDIR":  in.Tmp,
 		"LANG":    "C.UTF-8",
 		"TERM":    "xterm-256color",
 		"USER":    in.User,

@@ -8,6 +8,7 @@ import (
 	"strconv"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
 	dto "github.com/prometheus/client_model/go"
@@ -57,10 +58,11 @@ func chownTree(t *testing.T, root string, uid, gid int) {
 	})
 }
 
-// liveGroupMembers lists the processes of group pgid that are not dead:
-// a killed orphan stays a zombie until init reaps it, which on some
-// machines takes seconds, and a zombie runs nothing.
-func liveGroupMembers(t *testing.T, pgid int) []int {
+// namespaceMembers lists the processes of PID namespace ns (as
+// readlink /proc/<pid>/ns/pid says it: "pid:[inode]") that are not dead:
+// a killed process stays a zombie until it is reaped, and a zombie runs
+// nothing. Edge's and the test's own namespace never qualifies here.
+func namespaceMembers(t *testing.T, ns string) []int {
 	t.Helper()
 	entries, err := os.ReadDir("/proc")
 	if err != nil {
@@ -72,18 +74,34 @@ func liveGroupMembers(t *testing.T, pgid int) []int {
 		if err != nil {
 			continue
 		}
+		link, err := os.Readlink("/proc/" + e.Name() + "/ns/pid")
+		if err != nil || link != ns {
+			continue
+		}
 		stat, err := os.ReadFile("/proc/" + e.Name() + "/stat")
 		if err != nil {
 			continue
 		}
-		// pid (comm) state ppid pgrp ...; comm may hold spaces, so split after ')'.
+		// pid (comm) state ...; comm may hold spaces, so split after ')'.
 		fields := strings.Fields(string(stat[strings.LastIndexByte(string(stat), ')')+1:]))
-		if len(fields) < 3 {
-			continue
-		}
-		if g, _ := strconv.Atoi(fields[2]); g == pgid && fields[0] != "Z" && fields[0] != "X" {
+		if len(fields) > 0 && fields[0] != "Z" && fields[0] != "X" {
 			alive = append(alive, pid)
 		}
 	}
 	return alive
+}
+
+// waitNamespaceEmpty polls (the kernel finishes killed processes' exits
+// on its own time) until no process of ns is alive.
+func waitNamespaceEmpty(t *testing.T, ns string) {
+	t.Helper()
+	for deadline := time.Now().Add(5 * time.Second); ; time.Sleep(time.Millisecond) {
+		alive := namespaceMembers(t, ns)
+		if len(alive) == 0 {
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("processes %v of the task's PID namespace %s still run", alive, ns)
+		}
+	}
 }

@@ -45,6 +45,7 @@ const (
 	DefaultMaxOutputBytes = 64 << 20
 	DefaultCancelGrace    = 10 * time.Second
 	DefaultRetention      = 168 * time.Hour
+	DefaultTaskInit       = "/proc/self/exe"
 	// DefaultTaskGroupFirst starts a range far above the ids distributions
 	// and container tools hand out (subordinate ids end well below 2^30).
 	DefaultTaskGroupFirst = 0x70000000
@@ -102,6 +103,12 @@ type Config struct {
 	// TaskGroups is the range of per-run group ids; default
 	// DefaultTaskGroupFirst and DefaultTaskGroupCount.
 	TaskGroups GroupRange
+	// TaskInit is the executable started as each task's init where edge
+	// can switch users (package sandbox): a binary that hands control to
+	// sandbox.Main when its first argument is sandbox.InitArg. Default
+	// DefaultTaskInit, the binary running the runner: edge dispatches it,
+	// and so must any other program (or test binary) that runs tasks.
+	TaskInit string
 
 	// Clock; default the real clock.
 	Clock clock.Clock
@@ -142,6 +149,9 @@ func (c *Config) defaults() {
 	}
 	if c.Egress == "" {
 		c.Egress = config.TaskEgressConfined
+	}
+	if c.TaskInit == "" {
+		c.TaskInit = DefaultTaskInit
 	}
 	if c.Confiner == nil {
 		c.Confiner = sandbox.NFTables{Table: egressTable(c.WorkDir)}
@@ -191,6 +201,9 @@ func (c Config) Validate() error {
 	}
 	if c.Egress != config.TaskEgressConfined && c.Egress != config.TaskEgressInsecureOpen {
 		bad("Egress", "must be %q or %q, not %q", config.TaskEgressConfined, config.TaskEgressInsecureOpen, c.Egress)
+	}
+	if !filepath.IsAbs(c.TaskInit) {
+		bad("TaskInit", "must be an absolute path, not %q", c.TaskInit)
 	}
 	if c.WorkDir == "" || !filepath.IsAbs(c.WorkDir) {
 		bad("WorkDir", "must be an absolute path, not %q", c.WorkDir)
@@ -262,6 +275,11 @@ func New(cfg Config, runs *runlog.Log, broker Broker, trust TrustSource) (_ *Run
 	}
 	if err := os.Chmod(cfg.WorkDir, 0o711); err != nil {
 		return nil, fmt.Errorf("runner: setting the work dir's mode: %w", err)
+	}
+	// Every path of a task's derives from it: without links, a sandbox
+	// can bind them back in place (see sandbox.Spec.Keep).
+	if cfg.WorkDir, err = filepath.EvalSymlinks(cfg.WorkDir); err != nil {
+		return nil, fmt.Errorf("runner: resolving the work dir: %w", err)
 	}
 	r := &Runner{
 		cfg:         cfg,

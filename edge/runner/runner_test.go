@@ -40,6 +40,22 @@ func traversableDir(t *testing.T) string {
 	return dir
 }
 
+// sharedDir is a temp dir outside /tmp and /var/tmp, which a sandboxed
+// task has its own of, that nobody can enter and write: a task's marker
+// written there is seen by the test.
+func sharedDir(t *testing.T) string {
+	t.Helper()
+	dir, err := os.MkdirTemp("/var/lib", "runfleet-test-")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { os.RemoveAll(dir) })
+	if err := os.Chmod(dir, 0o777); err != nil {
+		t.Fatal(err)
+	}
+	return dir
+}
+
 type harness struct {
 	t      *testing.T
 	r      *Runner
@@ -282,14 +298,15 @@ func TestInputReachesTheTerminal(t *testing.T) {
 	}
 }
 
-func TestCancelEndsTheProcessGroup(t *testing.T) {
+// A cancel ends every process of the task: the agent, what it started in
+// the background, and its init, with the PID namespace they share.
+func TestCancelEndsEveryProcessOfTheTask(t *testing.T) {
 	h := newHarness(t, nil)
-	run := h.start(`sleep 1000 & echo "pgid=$$"; wait`, nil)
-	out := h.waitOutput(run.RunID, "pgid=")
-	var pgid int
-	fmt.Sscanf(out[strings.Index(out, "pgid="):], "pgid=%d", &pgid)
-	if pgid <= 1 {
-		t.Fatalf("no pgid in %q", out)
+	run := h.start(`sleep 1000 & echo "ns=$(readlink /proc/$$/ns/pid)"; wait`, nil)
+	out := h.waitOutput(run.RunID, "]")
+	ns := strings.TrimSpace(out[strings.Index(out, "ns=")+3:])
+	if members := namespaceMembers(t, ns); len(members) != 3 {
+		t.Fatalf("the task's namespace %s holds %v, want its init, sh and sleep", ns, members)
 	}
 	if _, err := h.r.Cancel(run.RunID); err != nil {
 		t.Fatal(err)
@@ -298,17 +315,7 @@ func TestCancelEndsTheProcessGroup(t *testing.T) {
 	if end.Status != hostproto.StatusCanceled || end.Reason != hostproto.ReasonCanceled {
 		t.Fatalf("canceled run ended %+v", end)
 	}
-	// SIGKILL is sent before the run reports its end; the kernel finishes
-	// the members' exit on its own time.
-	for deadline := time.Now().Add(5 * time.Second); ; time.Sleep(time.Millisecond) {
-		alive := liveGroupMembers(t, pgid)
-		if len(alive) == 0 {
-			break
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("processes %v of the task's group %d still run after cancel", alive, pgid)
-		}
-	}
+	waitNamespaceEmpty(t, ns)
 	if _, err := h.r.Cancel(run.RunID); !errors.Is(err, ErrNotRunning) {
 		t.Fatalf("cancel of an ended run = %v, want ErrNotRunning", err)
 	}
@@ -417,8 +424,7 @@ func TestMaxConcurrentRefusesHostBusyWithoutSpawning(t *testing.T) {
 	h := newHarness(t, func(c *Config) { c.MaxConcurrent = 1 })
 	first := h.start(`echo up; sleep 1000`, nil)
 	h.waitOutput(first.RunID, "up")
-	marker := filepath.Join(traversableDir(t), "spawned")
-	os.Chmod(filepath.Dir(marker), 0o777)
+	marker := filepath.Join(sharedDir(t), "spawned")
 	second := h.start(`touch `+marker, nil)
 	if second.Status != hostproto.StatusFailed || second.Reason != hostproto.ReasonHostBusy {
 		t.Fatalf("second start answered %+v, want failed host_busy", second)
@@ -429,6 +435,16 @@ func TestMaxConcurrentRefusesHostBusyWithoutSpawning(t *testing.T) {
 	if _, err := os.Stat(marker); !os.IsNotExist(err) {
 		t.Fatal("the refused run's process ran")
 	}
+	defer func() {
+		// The control: once there is room, the same command leaves its
+		// marker, so its absence above means it did not run.
+		h.r.Cancel(first.RunID)
+		h.waitEnd(first.RunID)
+		h.waitEnd(h.start(`touch `+marker, nil).RunID)
+		if _, err := os.Stat(marker); err != nil {
+			t.Fatalf("a run that had room left no marker: %v", err)
+		}
+	}()
 	states := h.states(second.RunID)
 	if len(states) != 1 || states[0].Reason != hostproto.ReasonHostBusy {
 		t.Fatalf("the refusal did not land in the run's events: %+v", states)
@@ -495,8 +511,7 @@ func TestCancelOrDrainBetweenAdmissionAndExecStartsNothing(t *testing.T) {
 					}
 				}
 			})
-			marker := filepath.Join(traversableDir(t), "spawned")
-			os.Chmod(filepath.Dir(marker), 0o777)
+			marker := filepath.Join(sharedDir(t), "spawned")
 			run := h.start(`touch `+marker, nil)
 			err := h.r.WaitForStart(context.Background(), run.RunID)
 			end := h.waitEnd(run.RunID)
@@ -712,26 +727,14 @@ func TestMaxConcurrentUnderConcurrentStarts(t *testing.T) {
 
 func TestNothingOfATaskOutlivesIt(t *testing.T) {
 	h := newHarness(t, nil)
-	run := h.start(`setsid sh -c 'echo "escaped=$$"; exec sleep 1000' & sleep 0.2; echo leader-done`, nil)
+	run := h.start(`echo "ns=$(readlink /proc/$$/ns/pid)"; setsid sh -c 'echo "escaped=$$"; exec sleep 1000' & sleep 0.2; echo leader-done`, nil)
 	out := h.waitOutput(run.RunID, "leader-done")
 	end := h.waitEnd(run.RunID)
-	if end.Status != hostproto.StatusSucceeded {
-		t.Fatalf("run ended %+v", end)
+	if end.Status != hostproto.StatusSucceeded || !strings.Contains(out, "escaped=") {
+		t.Fatalf("run ended %+v: %q", end, out)
 	}
-	var pid int
-	fmt.Sscanf(out[strings.Index(out, "escaped="):], "escaped=%d", &pid)
-	if pid <= 1 {
-		t.Fatalf("no pid in %q", out)
-	}
-	for deadline := time.Now().Add(5 * time.Second); ; time.Sleep(time.Millisecond) {
-		stat, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
-		if err != nil || strings.Contains(string(stat[strings.LastIndexByte(string(stat), ')'):]), ") Z") {
-			break
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("the process %d that left the task's session still runs: %s", pid, stat)
-		}
-	}
+	ns := strings.Fields(out[strings.Index(out, "ns=")+3:])[0]
+	waitNamespaceEmpty(t, ns)
 }
 
 // A retry racing the purge of its run must not start an attempt whose

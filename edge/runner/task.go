@@ -15,6 +15,7 @@ import (
 	"github.com/creack/pty"
 
 	"github.com/runfleet/runfleet/edge/runlog"
+	"github.com/runfleet/runfleet/edge/sandbox"
 	"github.com/runfleet/runfleet/shared/clock"
 	"github.com/runfleet/runfleet/shared/hostproto"
 )
@@ -24,6 +25,9 @@ const (
 	terminalRows = 40
 	terminalCols = 120
 )
+
+// shmBytes sizes a sandboxed task's private /dev/shm (a tmpfs, so memory).
+const shmBytes = 64 << 20
 
 // inputWriteTimeout bounds a write to a task's terminal, so a task that does
 // not read cannot hold an input request forever.
@@ -332,10 +336,27 @@ func (r *Runner) launch(t *task, tk *ticket) {
 		end(outcome{status: hostproto.StatusFailed, reason: hostproto.ReasonHostUnavailable, detail: "agent " + req.Agent + ": " + err.Error()})
 		return
 	}
+	if err := resetPrivateTmp(t.dirs, t.ident); err != nil {
+		r.logger.Error("preparing a task's private tmp", fieldRun, t.runID, fieldError, err.Error())
+		end(outcome{status: hostproto.StatusFailed, reason: hostproto.ReasonHostUnavailable, detail: "the host could not prepare the task's directories"})
+		return
+	}
 	cmd := &exec.Cmd{Path: path, Args: argv, Env: env, Dir: t.dirs.Work}
-	attrs := &syscall.SysProcAttr{Setsid: true, Setctty: true, Pdeathsig: syscall.SIGKILL}
+	cmd.SysProcAttr = &syscall.SysProcAttr{Setsid: true, Setctty: true, Pdeathsig: syscall.SIGKILL}
+	// Where edge can switch users, the task runs in a sandbox of its own:
+	// its init (this binary again) starts it in new PID and mount
+	// namespaces and drops to the task's user there. As edge itself
+	// (runner.insecureSameUser) there is nothing to drop, and the agent
+	// starts directly.
+	var box *sandbox.Launch
 	if t.ident.Switch {
-		attrs.Credential = &syscall.Credential{Uid: t.ident.UID, Gid: t.ident.GID, Groups: []uint32{}}
+		cmd.Dir = t.dirs.Run
+		if box, err = sandbox.Prepare(cmd, r.cfg.TaskInit, r.sandboxSpec(t, path, argv)); err != nil {
+			r.logger.Error("preparing a task's sandbox", fieldRun, t.runID, fieldError, err.Error())
+			end(outcome{status: hostproto.StatusFailed, reason: hostproto.ReasonHostUnavailable, detail: "the host could not start the agent's process"})
+			return
+		}
+		defer box.Close()
 	}
 
 	if hook := r.cfg.BeforeExec; hook != nil {
@@ -353,16 +374,41 @@ func (r *Runner) launch(t *task, tk *ticket) {
 		end(refusedOutcome(ref), admissionEntry(r.clock.Now(), t.attempt, Decision{Verdict: Refuse, Reason: ref.Reason, Detail: ref.Detail}, req.Secrets))
 		return
 	}
-	ptmx, err := pty.StartWithAttrs(cmd, &pty.Winsize{Rows: terminalRows, Cols: terminalCols}, attrs)
+	ptmx, err := pty.StartWithAttrs(cmd, &pty.Winsize{Rows: terminalRows, Cols: terminalCols}, cmd.SysProcAttr)
 	if err != nil {
 		t.mu.Unlock()
 		r.logger.Error("starting a task", fieldRun, t.runID, fieldError, err.Error())
 		end(outcome{status: hostproto.StatusFailed, reason: hostproto.ReasonHostUnavailable, detail: "the host could not start the agent's process"})
 		return
 	}
-	t.proc, t.pty, t.started = cmd.Process, ptmx, true
+	t.proc, t.pty = cmd.Process, ptmx
 	t.mu.Unlock()
 	tk.release()
+	t.addTimer(r.clock.AfterFunc(r.cfg.MaxDuration, func() {
+		r.terminate(t, hostproto.ReasonTimedOut, "the attempt ran longer than runner.maxDuration", false)
+	}))
+	if box != nil {
+		if err := box.Started(); err != nil {
+			// Whatever the init is doing, it goes, and nothing of the
+			// task started.
+			syscall.Kill(-cmd.Process.Pid, syscall.SIGKILL)
+			cmd.Wait()
+			ptmx.Close()
+			t.mu.Lock()
+			endReason := t.endReason
+			t.mu.Unlock()
+			if endReason != "" {
+				end(refusedOutcome(&Refusal{Reason: endReason, Detail: "the attempt ended before its process started"}))
+				return
+			}
+			r.logger.Error("starting a task in its sandbox", fieldRun, t.runID, fieldError, err.Error())
+			end(outcome{status: hostproto.StatusFailed, reason: hostproto.ReasonHostUnavailable, detail: "the host could not start the agent's process"})
+			return
+		}
+	}
+	t.mu.Lock()
+	t.started = true
+	t.mu.Unlock()
 	r.metrics.started.Inc()
 
 	now := r.clock.Now()
@@ -372,12 +418,28 @@ func (r *Runner) launch(t *task, tk *ticket) {
 	}, stateEntry(now, hostproto.StateChange{Status: hostproto.StatusRunning, Attempt: t.attempt})); err != nil {
 		r.logger.Error("recording a start", fieldRun, t.runID, fieldError, err.Error())
 	}
-	r.logger.Info("run started", fieldRun, t.runID, fieldAttempt, t.attempt, "pid", cmd.Process.Pid)
+	r.logger.Info("run started", fieldRun, t.runID, fieldAttempt, t.attempt, "pid", cmd.Process.Pid, "sandboxed", box != nil)
 	t.resolveStart(nil)
-	t.addTimer(r.clock.AfterFunc(r.cfg.MaxDuration, func() {
-		r.terminate(t, hostproto.ReasonTimedOut, "the attempt ran longer than runner.maxDuration", false)
-	}))
-	r.supervise(t, cmd, ptmx)
+	r.supervise(t, cmd, ptmx, box)
+}
+
+// sandboxSpec is what the task's init needs: who the task is, its private
+// directories, the directories it must still reach where they lie under
+// one of those (its run dir, a localPath), and the agent.
+func (r *Runner) sandboxSpec(t *task, path string, argv []string) sandbox.Spec {
+	keep := []string{t.dirs.Run}
+	if !strings.HasPrefix(t.dirs.Work, t.dirs.Run+"/") {
+		keep = append(keep, t.dirs.Work)
+	}
+	return sandbox.Spec{
+		UID: t.ident.UID, GID: t.ident.GID,
+		Private:  []sandbox.Mount{{Target: "/tmp", Source: t.dirs.Tmp}, {Target: "/var/tmp", Source: t.dirs.VarTmp}},
+		ShmBytes: shmBytes,
+		Keep:     keep,
+		Dir:      t.dirs.Work,
+		Path:     path,
+		Argv:     argv,
+	}
 }
 
 // cancelRefusal is the refusal of an attempt canceled before its process.
@@ -391,16 +453,26 @@ func (r *Runner) cancelRefusal(t *task) *Refusal {
 	return &Refusal{Reason: reason, Detail: "the run was canceled before its process started"}
 }
 
-// supervise follows a started process until it and its output end.
-func (r *Runner) supervise(t *task, cmd *exec.Cmd, ptmx *os.File) {
+// supervise follows a started process until it and its output end. box
+// is its sandbox's init, nil for a task that runs without.
+func (r *Runner) supervise(t *task, cmd *exec.Cmd, ptmx *os.File, box *sandbox.Launch) {
 	pumped := make(chan struct{})
 	go func() {
 		defer close(pumped)
 		r.pump(t, ptmx)
 	}()
 	cmd.Wait()
+	status := processExit(cmd.ProcessState)
+	if box != nil && !cmd.ProcessState.Sys().(syscall.WaitStatus).Signaled() {
+		// The init exited with the agent's status; its report says
+		// whether a signal killed the agent.
+		if end, ok := box.Ended(); ok {
+			status = exitStatus{code: end.Code, signal: syscall.Signal(end.Signal)}
+		}
+	}
 	// Nothing of the task outlives its leader: the rest of its group goes
-	// too, which also lets the terminal's output end.
+	// too (a sandboxed task's whole PID namespace went with its init),
+	// which also lets the terminal's output end.
 	syscall.Kill(-cmd.Process.Pid, syscall.SIGKILL)
 	if t.ident.Switch {
 		// A process that left the group (setsid) still has the run's own
@@ -417,7 +489,7 @@ func (r *Runner) supervise(t *task, cmd *exec.Cmd, ptmx *os.File) {
 	t.mu.Lock()
 	endReason, endDetail := t.endReason, t.endDetail
 	t.mu.Unlock()
-	r.finish(t, exitOutcome(cmd.ProcessState, endReason, endDetail))
+	r.finish(t, exitOutcome(status, endReason, endDetail))
 }
 
 // pump turns the terminal's output into events until it ends, up to
@@ -566,16 +638,27 @@ func (r *Runner) finish(t *task, o outcome, extra ...runlog.Entry) {
 	r.wg.Done()
 }
 
-// exitOutcome reads how a process ended, with the reason the runner ended
-// it for, if it did.
-func exitOutcome(ps *os.ProcessState, endReason, endDetail string) outcome {
-	code := ps.ExitCode()
-	detail := endDetail
+// exitStatus is how a task's process ended: its exit code (128+signal
+// when a signal killed it) and that signal, if one did.
+type exitStatus struct {
+	code   int
+	signal syscall.Signal
+}
+
+func processExit(ps *os.ProcessState) exitStatus {
 	if ws, ok := ps.Sys().(syscall.WaitStatus); ok && ws.Signaled() {
-		code = 128 + int(ws.Signal())
-		if detail == "" {
-			detail = "killed by " + strings.ToUpper(unixSignalName(ws.Signal()))
-		}
+		return exitStatus{code: 128 + int(ws.Signal()), signal: ws.Signal()}
+	}
+	return exitStatus{code: ps.ExitCode()}
+}
+
+// exitOutcome is how an attempt ended, from its process's status and the
+// reason the runner ended it for, if it did.
+func exitOutcome(st exitStatus, endReason, endDetail string) outcome {
+	code := st.code
+	detail := endDetail
+	if st.signal != 0 && detail == "" {
+		detail = "killed by " + strings.ToUpper(unixSignalName(st.signal))
 	}
 	o := outcome{exitCode: &code, detail: detail}
 	switch endReason {
@@ -632,7 +715,10 @@ func (t *task) writeInput(r *Runner, text string) error {
 
 func (r *Runner) taskEnv(t *task) []string {
 	req := t.rec.Request
-	in := envInput{User: t.ident.User, Home: t.dirs.Home, AgentEnv: r.cfg.Agents[req.Agent].Env, RunEnv: req.Env}
+	in := envInput{User: t.ident.User, Home: t.dirs.Home, Tmp: t.dirs.Tmp, AgentEnv: r.cfg.Agents[req.Agent].Env, RunEnv: req.Env}
+	if t.ident.Switch {
+		in.Tmp = "/tmp" // its own, in its sandbox
+	}
 	if t.needsBroker {
 		t.mu.Lock()
 		in.Broker = &brokerEnv{

@@ -21,16 +21,23 @@ import (
 //	  trust/        edge 0755, files 0644     written by edge alone (atomic renames)
 //	  home/         task user:<run's group> 2770
 //	  work/         task user:<run's group> 2770  (a clone, or fresh; unused with localPath)
+//	  tmp/          task user:<run's group> 1777  the task's /tmp, fresh for each attempt
+//	  var-tmp/      task user:<run's group> 1777  the task's /var/tmp, likewise
 //
 // Every run gets its own group id (see taskIdentity), so tasks that share
 // runner.user's uid still cannot enter each other's directories, and since the
 // kernel's ptrace access check compares groups too, they cannot read each
 // other's /proc/<pid>/environ (placeholders, proxy password) or cwd either.
+// A sandboxed task (edge is root) also has its own PID and mount
+// namespaces: it sees and signals its own processes alone, and its tmp
+// dirs are mounted on /tmp and /var/tmp (see package sandbox).
 type taskDirs struct {
-	Run   string
-	Trust string
-	Home  string
-	Work  string
+	Run    string
+	Trust  string
+	Home   string
+	Work   string
+	Tmp    string
+	VarTmp string
 }
 
 const (
@@ -43,7 +50,8 @@ func (d taskDirs) caBundle() string  { return filepath.Join(d.Trust, caBundleFil
 
 func (r *Runner) dirsFor(runID string, localPath string) taskDirs {
 	run := filepath.Join(r.cfg.WorkDir, runID)
-	d := taskDirs{Run: run, Trust: filepath.Join(run, "trust"), Home: filepath.Join(run, "home"), Work: filepath.Join(run, "work")}
+	d := taskDirs{Run: run, Trust: filepath.Join(run, "trust"), Home: filepath.Join(run, "home"), Work: filepath.Join(run, "work"),
+		Tmp: filepath.Join(run, "tmp"), VarTmp: filepath.Join(run, "var-tmp")}
 	if localPath != "" {
 		d.Work = localPath
 	}
@@ -141,6 +149,31 @@ func prepareDirs(d taskDirs, id taskIdentity, fresh bool) error {
 		}
 		if err := os.Chmod(x.path, x.mode); err != nil {
 			return fmt.Errorf("setting the mode of %s: %w", x.path, err)
+		}
+	}
+	return nil
+}
+
+// resetPrivateTmp makes the run's tmp dirs afresh for an attempt: nothing
+// an earlier attempt left there remains, and the sandbox's init, which
+// works in them as root before the task starts, finds them empty.
+func resetPrivateTmp(d taskDirs, id taskIdentity) error {
+	uid, gid, mode := int(id.UID), int(id.GID), os.ModeSticky|0o777
+	if !id.Switch {
+		uid, gid, mode = os.Geteuid(), os.Getegid(), 0o700
+	}
+	for _, dir := range []string{d.Tmp, d.VarTmp} {
+		if err := os.RemoveAll(dir); err != nil {
+			return fmt.Errorf("clearing %s: %w", dir, err)
+		}
+		if err := os.Mkdir(dir, 0o700); err != nil {
+			return fmt.Errorf("creating %s: %w", dir, err)
+		}
+		if err := os.Lchown(dir, uid, gid); err != nil {
+			return fmt.Errorf("owning %s: %w", dir, err)
+		}
+		if err := os.Chmod(dir, mode); err != nil {
+			return fmt.Errorf("setting the mode of %s: %w", dir, err)
 		}
 	}
 	return nil

@@ -1,0 +1,490 @@
+package sandbox
+
+import (
+	"bufio"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"os"
+	"os/exec"
+	"os/signal"
+	"path/filepath"
+	"runtime"
+	"strconv"
+	"strings"
+	"syscall"
+
+	"golang.org/x/sys/unix"
+)
+
+// InitArg is the first argument that makes a binary act as a task's init:
+// edge's hidden subcommand `edge task-init`. A binary that runs tasks in
+// their sandbox (edge, and a test binary through its TestMain) must hand
+// control to Main when its first argument is InitArg.
+const InitArg = "task-init"
+
+// The init's inherited file descriptors (exec.Cmd.ExtraFiles): the spec,
+// read to its end, and the reports, written as JSON lines.
+const (
+	specFD   = 3
+	reportFD = 4
+)
+
+// Spec is what a task's init needs to start the agent. Edge sends it; the
+// agent's env is the init's own.
+type Spec struct {
+	// UID and GID are the task's user and its run's own group; the agent
+	// gets no supplementary group.
+	UID uint32 `json:"uid"`
+	GID uint32 `json:"gid"`
+	// Private are the directories the task gets a private copy of: each
+	// Source (a directory of the run's, fresh) is mounted over its Target
+	// (/tmp, /var/tmp).
+	Private []Mount `json:"private"`
+	// ShmBytes sizes the private tmpfs mounted on /dev/shm.
+	ShmBytes int64 `json:"shmBytes"`
+	// Keep are directories the task must reach at their own paths though
+	// they lie under a private directory (a run dir under /tmp): each is
+	// bound back in place. Absolute, without symbolic links.
+	Keep []string `json:"keep"`
+	// Dir is the agent's working dir.
+	Dir string `json:"dir"`
+	// Path is the agent's executable, Argv its arguments.
+	Path string   `json:"path"`
+	Argv []string `json:"argv"`
+}
+
+// Mount is a directory mounted over another.
+type Mount struct {
+	Target string `json:"target"`
+	Source string `json:"source"`
+}
+
+// Report is what the init tells edge: first that the agent started, or
+// why it did not (Error); then how the agent ended.
+type Report struct {
+	Started bool   `json:"started,omitempty"`
+	Error   string `json:"error,omitempty"`
+	// Exited: the agent ended, with Code, or killed by Signal.
+	Exited bool `json:"exited,omitempty"`
+	Code   int  `json:"code,omitempty"`
+	Signal int  `json:"signal,omitempty"`
+}
+
+// Launch is the edge side of one task's init: Prepare it on the command
+// that starts the init, Start the command, then Started; after the
+// command's Wait, Ended; Close in any case.
+type Launch struct {
+	spec    *os.File // the child's fd 3
+	reportW *os.File // the child's fd 4
+	reportR *os.File
+	reports *bufio.Reader
+}
+
+// Prepare sets cmd up to start initPath as the task's init with spec: in
+// new PID and mount namespaces, as root (the init drops to the task's user
+// itself), its spec and reports on inherited descriptors. cmd's
+// SysProcAttr, if set, keeps its other fields.
+func Prepare(cmd *exec.Cmd, initPath string, spec Spec) (*Launch, error) {
+	data, err := json.Marshal(spec)
+	if err != nil {
+		return nil, fmt.Errorf("sandbox: encoding the spec: %w", err)
+	}
+	// A memory file rather than a pipe: the spec may outgrow a pipe's
+	// buffer, and the init reads it whenever it is ready.
+	fd, err := unix.MemfdCreate("runfleet-task-spec", unix.MFD_CLOEXEC)
+	if err != nil {
+		return nil, fmt.Errorf("sandbox: creating the spec file: %w", err)
+	}
+	l := &Launch{spec: os.NewFile(uintptr(fd), "task-spec")}
+	if _, err := l.spec.Write(data); err != nil {
+		l.Close()
+		return nil, fmt.Errorf("sandbox: writing the spec: %w", err)
+	}
+	if _, err := l.spec.Seek(0, io.SeekStart); err != nil {
+		l.Close()
+		return nil, fmt.Errorf("sandbox: writing the spec: %w", err)
+	}
+	if l.reportR, l.reportW, err = os.Pipe(); err != nil {
+		l.Close()
+		return nil, fmt.Errorf("sandbox: creating the report pipe: %w", err)
+	}
+	l.reports = bufio.NewReader(l.reportR)
+	cmd.Path = initPath
+	cmd.Args = []string{initPath, InitArg}
+	cmd.ExtraFiles = []*os.File{l.spec, l.reportW}
+	if cmd.SysProcAttr == nil {
+		cmd.SysProcAttr = &syscall.SysProcAttr{}
+	}
+	cmd.SysProcAttr.Cloneflags |= syscall.CLONE_NEWPID | syscall.CLONE_NEWNS
+	cmd.SysProcAttr.Credential = nil
+	return l, nil
+}
+
+// Started closes the parent's copies of the child's descriptors and waits
+// for the init's first report: nil once the agent runs, else why it does
+// not (the init then exits by itself).
+func (l *Launch) Started() error {
+	l.spec.Close()
+	l.reportW.Close()
+	r, err := l.next()
+	switch {
+	case err != nil:
+		return fmt.Errorf("sandbox: the task's init ended without starting the agent (does this binary dispatch %q?): %w", InitArg, err)
+	case r.Error != "":
+		return errors.New("sandbox: task init: " + r.Error)
+	case !r.Started:
+		return errors.New("sandbox: the task's init sent no start report")
+	}
+	return nil
+}
+
+// Ended returns the init's report of how the agent ended, once the init
+// has exited; ok is false when it sent none (it was killed).
+func (l *Launch) Ended() (Report, bool) {
+	r, err := l.next()
+	return r, err == nil && r.Exited
+}
+
+// Close releases the edge side's descriptors.
+func (l *Launch) Close() {
+	for _, f := range []*os.File{l.spec, l.reportW, l.reportR} {
+		if f != nil {
+			f.Close()
+		}
+	}
+}
+
+func (l *Launch) next() (Report, error) {
+	line, err := l.reports.ReadBytes('\n')
+	if err != nil {
+		return Report{}, err
+	}
+	var r Report
+	if err := json.Unmarshal(line, &r); err != nil {
+		return Report{}, fmt.Errorf("reading a report: %w", err)
+	}
+	return r, nil
+}
+
+// Main is a task's init, PID 1 of the task's own PID namespace: as root in
+// its own mount namespace it makes every mount private, mounts the private
+// directories, /dev/shm and a /proc of its namespace, drops to the task's
+// user for good, starts the agent on the terminal as its child (its own
+// process group, in the foreground), forwards SIGTERM, SIGINT and SIGHUP
+// to that group, reaps every orphan, and exits with the agent's status
+// (128+signal when a signal killed it). Its exit ends every process left in
+// the namespace. It returns the exit code.
+func Main() int {
+	// no_new_privs and the parent-death signal belong to a thread, and a
+	// child inherits its forking thread's: everything from here to the
+	// agent's fork happens on this one.
+	runtime.LockOSThread()
+	// Descriptors inherited from edge must not reach the agent.
+	unix.CloseOnExec(specFD)
+	unix.CloseOnExec(reportFD)
+	reports := os.NewFile(reportFD, "reports")
+	report := func(r Report) {
+		b, _ := json.Marshal(r)
+		reports.Write(append(b, '\n'))
+	}
+	fail := func(err error) int {
+		report(Report{Error: err.Error()})
+		return 1
+	}
+	// Installed before anything else: as PID 1 the init gets only the
+	// signals it handles, and SIGTTOU and SIGTTIN must not stop it once
+	// the agent holds the terminal.
+	signals := make(chan os.Signal, 16)
+	signal.Notify(signals, syscall.SIGTERM, syscall.SIGINT, syscall.SIGHUP, syscall.SIGTTOU, syscall.SIGTTIN)
+
+	spec, err := readSpec(os.NewFile(specFD, "spec"))
+	if err != nil {
+		return fail(err)
+	}
+	if err := isolate(spec); err != nil {
+		return fail(err)
+	}
+	if err := dropPrivileges(spec.UID, spec.GID); err != nil {
+		return fail(err)
+	}
+	if err := stayBoundToEdge(reportFD); err != nil {
+		return fail(err)
+	}
+	select {
+	case sig := <-signals:
+		if stopping(sig) {
+			return fail(fmt.Errorf("%v before the agent started", sig))
+		}
+	default:
+	}
+	pid, err := syscall.ForkExec(spec.Path, spec.Argv, &syscall.ProcAttr{
+		Env:   os.Environ(),
+		Files: []uintptr{0, 1, 2},
+		// Its own process group, in the terminal's foreground: it reads
+		// the terminal, and ^C typed as input reaches it alone.
+		Sys: &syscall.SysProcAttr{Setpgid: true, Foreground: true, Ctty: 0},
+	})
+	if err != nil {
+		return fail(fmt.Errorf("starting %s: %w", spec.Path, err))
+	}
+	report(Report{Started: true})
+
+	reaped := make(chan syscall.WaitStatus)
+	go reap(pid, reaped)
+	for {
+		select {
+		case sig := <-signals:
+			if stopping(sig) {
+				s := sig.(syscall.Signal)
+				if err := syscall.Kill(-pid, s); errors.Is(err, syscall.ESRCH) {
+					syscall.Kill(pid, s) // it left its group
+				}
+			}
+		case ws := <-reaped:
+			end := Report{Exited: true, Code: ws.ExitStatus()}
+			if ws.Signaled() {
+				end.Code, end.Signal = 128+int(ws.Signal()), int(ws.Signal())
+			}
+			report(end)
+			return end.Code
+		}
+	}
+}
+
+func stopping(sig os.Signal) bool {
+	return sig == syscall.SIGTERM || sig == syscall.SIGINT || sig == syscall.SIGHUP
+}
+
+// reap waits for every child the init gets (the agent, and each orphan of
+// the namespace) and delivers the agent's status.
+func reap(agent int, agentEnded chan<- syscall.WaitStatus) {
+	for {
+		var ws syscall.WaitStatus
+		pid, err := syscall.Wait4(-1, &ws, 0, nil)
+		if errors.Is(err, syscall.EINTR) {
+			continue
+		}
+		if err != nil {
+			return
+		}
+		if pid == agent {
+			agentEnded <- ws
+			return
+		}
+	}
+}
+
+func readSpec(f *os.File) (Spec, error) {
+	defer f.Close()
+	var spec Spec
+	if err := json.NewDecoder(f).Decode(&spec); err != nil {
+		return Spec{}, fmt.Errorf("reading the spec: %w", err)
+	}
+	if spec.UID == 0 || spec.GID == 0 {
+		return Spec{}, errors.New("the spec would run the agent as root")
+	}
+	if spec.Path == "" || len(spec.Argv) == 0 || !filepath.IsAbs(spec.Dir) {
+		return Spec{}, errors.New("the spec names no agent or working dir")
+	}
+	for _, p := range append(spec.Keep, spec.Dir) {
+		if !filepath.IsAbs(p) || filepath.Clean(p) != p {
+			return Spec{}, fmt.Errorf("the spec's path %q is not absolute and clean", p)
+		}
+	}
+	for _, m := range spec.Private {
+		if !filepath.IsAbs(m.Target) || filepath.Clean(m.Target) != m.Target || !filepath.IsAbs(m.Source) {
+			return Spec{}, fmt.Errorf("the spec's private dir %q is not absolute and clean", m.Target)
+		}
+	}
+	return spec, nil
+}
+
+// isolate sets up the task's mount namespace, as root: nothing mounted
+// here reaches edge's namespace; the private directories and /dev/shm
+// replace the shared ones; what must stay reachable is bound back; /proc
+// shows this PID namespace alone.
+func isolate(spec Spec) error {
+	if err := unix.Mount("", "/", "", unix.MS_REC|unix.MS_PRIVATE, ""); err != nil {
+		return fmt.Errorf("making the mounts private: %w", err)
+	}
+	// Everything mounted from is opened first: a source under a target
+	// (a run dir under /tmp) is hidden once the target is mounted over.
+	open := func(path string) (int, error) {
+		fd, err := unix.Open(path, unix.O_PATH|unix.O_DIRECTORY|unix.O_NOFOLLOW|unix.O_CLOEXEC, 0)
+		if err != nil {
+			return -1, fmt.Errorf("opening %s: %w", path, err)
+		}
+		return fd, nil
+	}
+	var fds []int
+	defer func() {
+		for _, fd := range fds {
+			unix.Close(fd)
+		}
+	}()
+	sources := make([]int, len(spec.Private))
+	for i, m := range spec.Private {
+		fd, err := open(m.Source)
+		if err != nil {
+			return err
+		}
+		sources[i] = fd
+		fds = append(fds, fd)
+	}
+	keep := make([]int, len(spec.Keep))
+	for i, p := range spec.Keep {
+		fd, err := open(p)
+		if err != nil {
+			return err
+		}
+		keep[i] = fd
+		fds = append(fds, fd)
+	}
+	const private = unix.MS_NOSUID | unix.MS_NODEV
+	targets := []string{"/dev/shm"}
+	for i, m := range spec.Private {
+		if err := bindFD(sources[i], m.Target, private); err != nil {
+			return err
+		}
+		targets = append(targets, m.Target)
+	}
+	if err := unix.Mount("tmpfs", "/dev/shm", "tmpfs", private, "mode=1777,size="+strconv.FormatInt(spec.ShmBytes, 10)); err != nil {
+		return fmt.Errorf("mounting /dev/shm: %w", err)
+	}
+	for i, p := range spec.Keep {
+		if !underAny(p, targets) {
+			continue
+		}
+		// The mount point is made in the fresh private directory, before
+		// any process of the task exists.
+		if err := mkdirAllNoFollow(p); err != nil {
+			return fmt.Errorf("keeping %s reachable: %w", p, err)
+		}
+		if err := bindFD(keep[i], p, 0); err != nil {
+			return err
+		}
+	}
+	if err := unix.Mount("proc", "/proc", "proc", unix.MS_NOSUID|unix.MS_NODEV|unix.MS_NOEXEC, ""); err != nil {
+		return fmt.Errorf("mounting /proc: %w", err)
+	}
+	if err := unix.Chdir(spec.Dir); err != nil {
+		return fmt.Errorf("entering the working dir: %w", err)
+	}
+	return nil
+}
+
+// bindFD mounts the directory open as fd on target with flags (nosuid,
+// nodev) on top of the bind's.
+func bindFD(fd int, target string, flags uintptr) error {
+	source := "/proc/self/fd/" + strconv.Itoa(fd)
+	if err := unix.Mount(source, target, "", unix.MS_BIND|unix.MS_REC, ""); err != nil {
+		return fmt.Errorf("mounting over %s: %w", target, err)
+	}
+	if flags != 0 {
+		if err := unix.Mount("", target, "", unix.MS_BIND|unix.MS_REMOUNT|flags, ""); err != nil {
+			return fmt.Errorf("restricting %s: %w", target, err)
+		}
+	}
+	return nil
+}
+
+func underAny(path string, dirs []string) bool {
+	for _, d := range dirs {
+		if strings.HasPrefix(path, d+"/") {
+			return true
+		}
+	}
+	return false
+}
+
+// mkdirAllNoFollow makes path's directories (root's, 0711: they can be
+// passed through, not listed), refusing any component that is a symbolic
+// link.
+func mkdirAllNoFollow(path string) error {
+	dir, err := unix.Open("/", unix.O_PATH|unix.O_DIRECTORY|unix.O_CLOEXEC, 0)
+	if err != nil {
+		return err
+	}
+	defer func() { unix.Close(dir) }()
+	for _, name := range strings.Split(strings.Trim(path, "/"), "/") {
+		if name == "" || name == "." || name == ".." {
+			return fmt.Errorf("%q is not a clean path", path)
+		}
+		if err := unix.Mkdirat(dir, name, 0o711); err == nil {
+			// The umask (edge's) may have narrowed it.
+			if err := unix.Fchmodat(dir, name, 0o711, 0); err != nil {
+				return err
+			}
+		} else if !errors.Is(err, unix.EEXIST) {
+			return err
+		}
+		next, err := unix.Openat(dir, name, unix.O_PATH|unix.O_DIRECTORY|unix.O_NOFOLLOW|unix.O_CLOEXEC, 0)
+		if err != nil {
+			return fmt.Errorf("%s: %w", name, err)
+		}
+		unix.Close(dir)
+		dir = next
+	}
+	return nil
+}
+
+// dropPrivileges makes the init the task's user for good: no new
+// privileges on this thread, which forks the agent (setuid and file
+// capabilities stay inert), no supplementary groups, the run's group, the
+// task's uid (on every thread); then it checks that root cannot be had
+// back and no capability is left.
+func dropPrivileges(uid, gid uint32) error {
+	if err := unix.Prctl(unix.PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0); err != nil {
+		return fmt.Errorf("setting no_new_privs: %w", err)
+	}
+	if err := syscall.Setgroups([]int{}); err != nil {
+		return fmt.Errorf("dropping supplementary groups: %w", err)
+	}
+	if err := syscall.Setgid(int(gid)); err != nil {
+		return fmt.Errorf("setting the group: %w", err)
+	}
+	if err := syscall.Setuid(int(uid)); err != nil {
+		return fmt.Errorf("setting the user: %w", err)
+	}
+	if syscall.Setuid(0) == nil || syscall.Setgid(0) == nil {
+		return errors.New("the task's user could become root again")
+	}
+	if os.Getuid() != int(uid) || os.Geteuid() != int(uid) || os.Getgid() != int(gid) || os.Getegid() != int(gid) {
+		return errors.New("the task's user and group did not take")
+	}
+	if groups, err := syscall.Getgroups(); err != nil || len(groups) != 0 {
+		return fmt.Errorf("supplementary groups left: %v %v", groups, err)
+	}
+	status, err := os.ReadFile("/proc/thread-self/status")
+	if err != nil {
+		return err
+	}
+	for _, line := range strings.Split(string(status), "\n") {
+		for _, field := range []string{"CapPrm:", "CapEff:", "CapAmb:"} {
+			if v, ok := strings.CutPrefix(line, field); ok && strings.Trim(strings.TrimSpace(v), "0") != "" {
+				return fmt.Errorf("capabilities left: %s", line)
+			}
+		}
+		if v, ok := strings.CutPrefix(line, "NoNewPrivs:"); ok && strings.TrimSpace(v) != "1" {
+			return errors.New("no_new_privs did not take")
+		}
+	}
+	return nil
+}
+
+// stayBoundToEdge makes the init die with edge. The kernel clears the
+// parent-death signal edge set when the init's user changes, so it is set
+// again; edge dying in between is seen on the report pipe, whose reading
+// end only edge holds.
+func stayBoundToEdge(reports int) error {
+	if err := unix.Prctl(unix.PR_SET_PDEATHSIG, uintptr(syscall.SIGKILL), 0, 0, 0); err != nil {
+		return fmt.Errorf("setting the parent-death signal: %w", err)
+	}
+	fds := []unix.PollFd{{Fd: int32(reports)}}
+	if n, err := unix.Poll(fds, 0); err == nil && n > 0 && fds[0].Revents&unix.POLLERR != 0 {
+		return errors.New("edge is gone")
+	}
+	return nil
+}
