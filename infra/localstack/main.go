@@ -47,6 +47,7 @@ import (
 	"github.com/aws/aws-lambda-go/events"
 
 	"github.com/runfleet/runfleet/edge/proxy"
+	"github.com/runfleet/runfleet/edge/sandbox"
 	"github.com/runfleet/runfleet/infra/localstack/demo"
 
 	"github.com/runfleet/runfleet/shared/auth"
@@ -69,6 +70,11 @@ const shutdownGrace = 10 * time.Second
 const jobTimeout = time.Minute
 
 func main() {
+	// As root the local edge starts each task through this binary as its
+	// init (edge/runner's DefaultTaskInit), as edge does.
+	if len(os.Args) > 1 && os.Args[1] == sandbox.InitArg {
+		os.Exit(sandbox.Main())
+	}
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
 	os.Exit(run(ctx, os.Getenv, os.Stdout, os.Stderr))

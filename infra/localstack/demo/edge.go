@@ -26,7 +26,8 @@ type Edge struct {
 	// addresses; empty is 127.0.0.1 on a free port.
 	APIListen, ProxyListen string
 	// InsecureSameUser runs tasks as edge itself: for an edge that is not
-	// root and so cannot switch users (the local stack as an ordinary user).
+	// root and so cannot switch users (the local stack as an ordinary
+	// user). Their egress is then open (runner.egress insecureOpen).
 	InsecureSameUser bool
 	// Upstream is the demo upstream the policy and the demo agent name.
 	// Required.
@@ -83,10 +84,20 @@ func (e Edge) Config() *config.Config {
 		},
 		Runner: config.Runner{
 			User: "nobody", InsecureSameUser: e.InsecureSameUser, WorkDir: e.WorkDir,
+			Egress:       taskEgress(e.InsecureSameUser),
 			MaxDuration:  config.Duration(30 * time.Minute),
 			DrainTimeout: config.Duration(5 * time.Second), CancelGrace: config.Duration(2 * time.Second),
 		},
 	}
+}
+
+// taskEgress is runner.egress: tasks that run as edge itself cannot be
+// confined, so they run with open egress, declared; others are confined.
+func taskEgress(sameUser bool) string {
+	if sameUser {
+		return config.TaskEgressInsecureOpen
+	}
+	return config.TaskEgressConfined
 }
 
 // Write writes the upstream's CA to UpstreamCAFile and cfg (Config, maybe
