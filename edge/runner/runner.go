@@ -1,9 +1,11 @@
 // Package runner owns the harness runner: it admits each attempt of a run
 // (admission, behind the secrets broker for a run that declares secrets),
 // starts the agent's process in a pseudo-terminal as an unprivileged user in
-// its own working dir and process group with an env built from scratch,
-// turns its output into events, and cancels, retries, limits, drains and
-// purges runs. What it keeps lives in a runlog.Log.
+// its own working dir and process group with an env built from scratch (in
+// a sandbox of its own, and with its egress confined to loopback, where
+// edge can: package sandbox), turns its output into events, and cancels,
+// retries, limits, drains and purges runs. What it keeps lives in a
+// runlog.Log.
 package runner
 
 import (
