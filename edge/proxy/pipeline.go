@@ -32,6 +32,7 @@ func (h pipeline) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	defer watch.release()
 	st := new(requestState)
 	st.reset(h.p, connInfoFrom(r.Context()), watch, r.Context())
+	defer h.p.record(st) // also when the answer is aborted (a panic)
 	h.p.serve(st, w, r)
 }
 
@@ -50,6 +51,10 @@ type requestState struct {
 	body []byte
 	// ms is scratch for the scanner's matches.
 	ms []match
+	// entry is the request's audit line, recorded by record; bodyIn counts
+	// the request body read.
+	entry  audit.Entry
+	bodyIn *countingReader
 
 	mu       sync.Mutex
 	subs     []substitution // keys met in this request, values read once
@@ -189,23 +194,16 @@ func sameSlice(a, b []policy.Declared) bool {
 }
 
 // serve runs the pipeline for one request on an intercepted connection,
-// with st freshly reset for it.
+// with st freshly reset for it. The caller records the audit line (record)
+// once the answer has left, so the line's cost is not part of the task's
+// wait.
 func (p *Proxy) serve(st *requestState, w http.ResponseWriter, r *http.Request) {
-	start := p.cfg.Clock.Now()
 	ix := p.reg.index.Load()
 	ci := st.ci
 	st.out.ResponseWriter = w
 	cw := &st.out
-	entry := audit.Entry{TS: start, Task: st.runID(), Host: ci.address(), Method: r.Method, Path: redact(ix, r.URL.Path, &st.ms)}
-	var bodyIn *countingReader
-	defer func() {
-		if bodyIn != nil {
-			entry.BytesIn = bodyIn.n.Load()
-		}
-		entry.BytesOut = cw.n
-		entry.Duration = p.cfg.Clock.Now().Sub(start)
-		p.cfg.Audit.Record(entry)
-	}()
+	entry := &st.entry
+	*entry = audit.Entry{TS: p.cfg.Clock.Now(), Task: st.runID(), Host: ci.address(), Method: r.Method, Path: redact(ix, r.URL.Path, &st.ms)}
 	refuse := func(status int, action audit.Action, reason string) {
 		entry.Action, entry.Status, entry.Reason = action, status, reason
 		cw.Header().Set("Connection", "close")
@@ -249,8 +247,8 @@ func (p *Proxy) serve(st *requestState, w http.ResponseWriter, r *http.Request) 
 		return
 	}
 	if r.Body != nil && r.Body != http.NoBody {
-		bodyIn = &countingReader{r: r.Body}
-		r.Body = bodyIn
+		st.bodyIn = &countingReader{r: r.Body}
+		r.Body = st.bodyIn
 		if err := st.prepareBody(ix, r, p.cfg.BodyBufferLimit); err != nil {
 			fail(err)
 			return
@@ -277,6 +275,18 @@ func (p *Proxy) serve(st *requestState, w http.ResponseWriter, r *http.Request) 
 	if st.status == 0 {
 		entry.Status = cw.status
 	}
+}
+
+// record writes the request's audit line: its byte counts and duration as
+// they stand when the answer has left.
+func (p *Proxy) record(st *requestState) {
+	e := &st.entry
+	if st.bodyIn != nil {
+		e.BytesIn = st.bodyIn.n.Load()
+	}
+	e.BytesOut = st.out.n
+	e.Duration = p.cfg.Clock.Now().Sub(e.TS)
+	p.cfg.Audit.Record(*e)
 }
 
 // misdirected says why a request does not name the CONNECT's authority, or
