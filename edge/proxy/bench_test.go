@@ -212,7 +212,7 @@ func BenchmarkNewConnectionPerRequest(b *testing.B) {
 	r.run(b, direct, "real", 20, 4)
 	r.run(b, proxied, r.ph, 20, 4) // issues and caches the leaf
 	b.ResetTimer()
-	r.compare(b, direct, proxied, max(b.N/benchRounds, 100), 4)
+	r.compare(b, direct, proxied, max(b.N/benchRounds, 300), 4)
 }
 
 // The memory benchmarks run the proxy alone in a child process (this test

@@ -255,16 +255,22 @@ func (p *Proxy) serve(st *requestState, w http.ResponseWriter, r *http.Request) 
 		}
 	}
 	st.upStart = p.cfg.Clock.Now()
+	defer st.settle() // also when the answer is aborted (a panic on HTTP/2)
 	p.forward(r, st)
+}
 
+// settle completes the audit entry of a request that was forwarded: the
+// upstream's status and time, the keys put in, the action.
+func (st *requestState) settle() {
 	st.mu.Lock()
 	defer st.mu.Unlock()
+	entry := &st.entry
 	entry.Status = st.status
 	entry.Upstream = st.upstream
 	entry.Keys = st.usedKeys()
 	switch {
 	case st.fail != nil:
-		_, entry.Action, entry.Reason = p.classify(st.fail)
+		_, entry.Action, entry.Reason = st.p.classify(st.fail)
 		entry.Keys = []string{st.failKey.String()}
 	case entry.Action != "":
 	case len(entry.Keys) > 0:
@@ -273,7 +279,7 @@ func (p *Proxy) serve(st *requestState, w http.ResponseWriter, r *http.Request) 
 		entry.Action = audit.Forwarded
 	}
 	if st.status == 0 {
-		entry.Status = cw.status
+		entry.Status = st.out.status
 	}
 }
 

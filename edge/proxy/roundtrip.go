@@ -106,11 +106,6 @@ func (w *cancelWatch) end() bool {
 func newRoundTripper(dial func(ctx context.Context, network, address string) (net.Conn, error), cfg *tls.Config, idleTimeout time.Duration) *roundTripper {
 	c := cfg.Clone()
 	c.NextProtos = []string{"http/1.1"}
-	if c.ClientSessionCache == nil {
-		// A new upstream connection resumes its session: no certificate
-		// chain to verify again.
-		c.ClientSessionCache = tls.NewLRUClientSessionCache(256)
-	}
 	return &roundTripper{dial: dial, tls: c, maxIdle: 64, idleTimeout: idleTimeout, handshake: 10 * time.Second, idle: map[string][]*upConn{}}
 }
 
