@@ -36,7 +36,6 @@ const (
 	e2eHostToken = "e2e-host-token-7c1d9a4e2b6f08d3"
 	// markerDir is where a task writes its marker first thing: its absence
 	// shows that no process started.
-	markerDirName = "markers"
 )
 
 // e2eEdge is one edge host and its demo surroundings, in the test's
@@ -45,6 +44,7 @@ const (
 type e2eEdge struct {
 	t        *testing.T
 	dir      string
+	markers  string
 	spec     demo.Edge
 	cfgPath  string
 	secret   string
@@ -66,12 +66,15 @@ func newE2EEdge(t *testing.T) *e2eEdge {
 	}
 	etc := filepath.Join(dir, "etc")
 	must(t, os.Mkdir(etc, 0o700))
-	markers := filepath.Join(dir, markerDirName)
-	must(t, os.Mkdir(markers, 0o777))
+	// Tasks get a /tmp of their own, so a marker must lie outside it to
+	// be seen from here.
+	markers, err := os.MkdirTemp("/var/lib", "runfleet-e2e-markers-")
+	must(t, err)
+	t.Cleanup(func() { os.RemoveAll(markers) })
 	must(t, os.Chmod(markers, 0o777))
 	secret, err := demo.NewSecret(nil)
 	must(t, err)
-	e := &e2eEdge{t: t, dir: dir, secret: secret, upLogs: &lockedBuffer{}, logs: &lockedBuffer{}, cfgPath: filepath.Join(etc, "edge.json")}
+	e := &e2eEdge{t: t, dir: dir, markers: markers, secret: secret, upLogs: &lockedBuffer{}, logs: &lockedBuffer{}, cfgPath: filepath.Join(etc, "edge.json")}
 	e.upstream, err = demo.StartUpstream(demo.UpstreamConfig{Secret: secret, Logger: slog.New(slog.NewJSONHandler(e.upLogs, nil))})
 	must(t, err)
 	t.Cleanup(func() { e.upstream.Close(context.Background()) })
@@ -122,7 +125,7 @@ func (e *e2eEdge) shutdown() {
 }
 
 // marker is the path a task named name writes first; the prompt does it.
-func (e *e2eEdge) marker(name string) string { return filepath.Join(e.dir, markerDirName, name) }
+func (e *e2eEdge) marker(name string) string { return filepath.Join(e.markers, name) }
 
 // events reads a run's events from edge itself.
 func (e *e2eEdge) events(runID string) []hostproto.Event {

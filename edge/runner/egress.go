@@ -32,6 +32,11 @@ const (
 	egressConfine
 	// egressOpen: tasks reach the network directly, as configured.
 	egressOpen
+	// egressNoTasks: edge can run no task here (it cannot switch users and
+	// runner.insecureSameUser is off), so every run is refused
+	// host_unavailable and there is nothing to confine: edge starts, as
+	// DESIGN.md has it, and says why it is not usable.
+	egressNoTasks
 )
 
 // egressFacts are what decides the handling of tasks' egress, at New.
@@ -65,7 +70,7 @@ func decideEgress(f egressFacts) egressDecision {
 	case f.SameUser:
 		return egressDecision{egressRefuse, "tasks run as edge's own user (runner.insecureSameUser), so their sockets cannot be told from edge's and confined; set runner.egress to " + config.TaskEgressInsecureOpen + " as well to run them with open network access"}
 	}
-	return egressDecision{egressRefuse, "edge is not root, so it can neither give tasks a group of their own nor install the nftables rules that confine them; run edge as root, or set runner.egress to " + config.TaskEgressInsecureOpen + " to start without confinement"}
+	return egressDecision{egressNoTasks, "edge is not root, so it runs no task (runs are refused host_unavailable) and has no task to confine; run edge as root"}
 }
 
 // egressTable names the nftables table of the edge whose work dir is
@@ -84,6 +89,9 @@ func (r *Runner) confineEgress() error {
 	switch d.Verdict {
 	case egressOpen:
 		r.logger.Warn("tasks' egress is not confined", fieldReason, d.Reason)
+		return nil
+	case egressNoTasks:
+		r.logger.Warn("no task can run on this edge", fieldReason, d.Reason)
 		return nil
 	case egressConfine:
 		g := r.cfg.TaskGroups

@@ -23,7 +23,7 @@ func TestDecideEgress(t *testing.T) {
 		{"insecureOpen leaves them open, saying so", egressFacts{Mode: config.TaskEgressInsecureOpen, OwnGroups: true}, egressOpen, "metadata"},
 		{"tasks as edge itself cannot be confined", egressFacts{Mode: config.TaskEgressConfined, SameUser: true}, egressRefuse, "runner.insecureSameUser"},
 		{"tasks as edge itself run open where declared", egressFacts{Mode: config.TaskEgressInsecureOpen, SameUser: true}, egressOpen, ""},
-		{"an edge that is not root refuses to start", egressFacts{Mode: config.TaskEgressConfined}, egressRefuse, "not root"},
+		{"an edge that is not root runs no task, so starts with nothing to confine", egressFacts{Mode: config.TaskEgressConfined}, egressNoTasks, "not root"},
 		{"an unknown mode refuses", egressFacts{Mode: "open", OwnGroups: true}, egressRefuse, "neither"},
 	}
 	for _, tt := range tests {
