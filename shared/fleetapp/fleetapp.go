@@ -55,6 +55,9 @@ type Deps struct {
 	LoadAWS func(ctx context.Context) (aws.Config, error)
 	// Meter, when set, prices a DynamoDB store's calls (benchmarks only).
 	Meter *dynamostore.Meter
+	// StreamParked is the stream's Parked hook (stream.Config), for tests
+	// that drive a fake clock; nil: none.
+	StreamParked func(ctx context.Context)
 }
 
 // App is an assembled Fleet.
@@ -203,6 +206,7 @@ func New(ctx context.Context, cfg config.Fleet, deps Deps) (*App, error) {
 	app.Stream, err = stream.New(stream.Config{
 		Fleet: app.Fleet, Auth: authn, Logger: deps.Logger, Clock: deps.Clock,
 		PollInterval: cfg.StreamPollInterval, KeepAlive: cfg.StreamKeepAlive, MaxDuration: cfg.StreamMaxDuration,
+		Parked: deps.StreamParked,
 	})
 	if err != nil {
 		return nil, err

@@ -9,6 +9,7 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/runfleet/runfleet/shared/clock"
 	"github.com/runfleet/runfleet/shared/hostproto"
 	"github.com/runfleet/runfleet/shared/store"
 )
@@ -105,7 +106,7 @@ func (s *session) poll(ctx context.Context) (endReason, bool) {
 	// A host that hangs must not hold the stream past a keep-alive: the
 	// pull-through gets half of one (its writes are conditional, so
 	// cutting one short is safe), then the mirror is served as it is.
-	syncCtx, cancel := context.WithTimeout(ctx, s.h.cfg.KeepAlive/2)
+	syncCtx, cancel := clock.WithTimeout(ctx, s.h.clock, s.h.cfg.KeepAlive/2)
 	run, err := s.h.cfg.Fleet.SyncRun(syncCtx, s.run.FleetRunID)
 	cancel()
 	switch {
@@ -165,11 +166,8 @@ func (s *session) poll(ctx context.Context) (endReason, bool) {
 func (s *session) sleep(ctx context.Context, d time.Duration) {
 	t := s.h.clock.NewTimer(d)
 	defer t.Stop()
-	if s.h.sleeping != nil {
-		select {
-		case s.h.sleeping <- struct{}{}:
-		case <-ctx.Done():
-		}
+	if s.h.cfg.Parked != nil {
+		s.h.cfg.Parked(ctx)
 	}
 	select {
 	case <-t.C():

@@ -46,6 +46,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"net/http"
 	"net/url"
 	"strings"
 	"sync/atomic"
@@ -118,6 +119,12 @@ type Config struct {
 	// PageSize is how many events one read of the mirror returns; zero is
 	// fleet.MaxEventsLimit.
 	PageSize int
+	// Parked, when set, is called on a session's goroutine each time the
+	// session has done a poll and armed its timer, just before it waits on
+	// it; the session waits for Parked to return first (it must return
+	// once ctx is done). Tests that drive a fake clock move it only then.
+	// Nil: nothing is called.
+	Parked func(ctx context.Context)
 }
 
 // Validate reports a missing required field.
@@ -141,10 +148,6 @@ type Handler struct {
 	log   *slog.Logger
 	clock clock.Clock
 	seq   atomic.Uint64
-	// sleeping, when set (tests only), receives a value each time a session
-	// has armed its timer and waits on it, so a test moves a fake clock only
-	// then (a write's watchdog is a timer too).
-	sleeping chan struct{}
 }
 
 // New checks cfg, fills its defaults and returns a Handler.
@@ -233,8 +236,8 @@ func (h *Handler) open(ctx context.Context, req request) (*session, *refusal) {
 		h.log.InfoContext(ctx, "stream refused", attrs...)
 	}
 	r := &refusal{status: status, body: body}
-	if status == 405 {
-		r.allow = "GET"
+	if status == http.StatusMethodNotAllowed {
+		r.allow = http.MethodGet
 	}
 	return nil, r
 }
@@ -242,10 +245,10 @@ func (h *Handler) open(ctx context.Context, req request) (*session, *refusal) {
 func (h *Handler) prepare(ctx context.Context, req request) (*session, error) {
 	id, ok := Path(req.rawPath)
 	if !ok {
-		return nil, api.NewRequestError(404, api.CodeRouteNotFound, "no such route: the stream is at /fleet/runs/{id}/stream")
+		return nil, api.NewRequestError(http.StatusNotFound, api.CodeRouteNotFound, "no such route: the stream is at /fleet/runs/{id}/stream")
 	}
-	if req.method != "GET" {
-		return nil, api.NewRequestError(405, api.CodeMethodNotAllowed, "method %s is not allowed here", req.method)
+	if req.method != http.MethodGet {
+		return nil, api.NewRequestError(http.StatusMethodNotAllowed, api.CodeMethodNotAllowed, "method %s is not allowed here", req.method)
 	}
 	q, err := api.ParseQuery(req.rawQuery, "after", "token")
 	if err != nil {
@@ -254,7 +257,7 @@ func (h *Handler) prepare(ctx context.Context, req request) (*session, error) {
 	authz, inHeader := req.header("authorization")
 	if q.Has("token") {
 		if inHeader {
-			return nil, api.NewRequestError(400, fleet.CodeInvalid, "send the token in the Authorization header or the token parameter, not both")
+			return nil, api.NewRequestError(http.StatusBadRequest, fleet.CodeInvalid, "send the token in the Authorization header or the token parameter, not both")
 		}
 		authz = "Bearer " + q.Get("token")
 	}
@@ -293,7 +296,7 @@ func sseHeaders() map[string]string {
 // logEnd writes the stream's one line when it ends.
 func (h *Handler) logEnd(ctx context.Context, s *session, begun time.Time, end endReason) {
 	attrs := []any{logRequestID, s.req.requestID, logPath, s.req.rawPath, logQuery, redactedQuery(s.req.rawQuery),
-		logRun, s.run.FleetRunID, logOwner, s.caller.OwnerID, logStatus, 200, logAfter, s.after,
+		logRun, s.run.FleetRunID, logOwner, s.caller.OwnerID, logStatus, http.StatusOK, logAfter, s.after,
 		logEnd, end.String(), logEvents, s.sent, logDuration, h.clock.Now().Sub(begun).Milliseconds()}
 	if end == endFault {
 		h.log.ErrorContext(ctx, "stream ended on a fault", append(attrs, logErr, fmt.Sprint(s.fault))...)

@@ -15,6 +15,7 @@ import (
 	"path/filepath"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"syscall"
 	"testing"
 	"time"
@@ -45,6 +46,8 @@ type env struct {
 	h    *Handler
 	srv  *httptest.Server
 	logs *logSink
+	// parked receives when a session waits on its timer (with ticks).
+	parked chan struct{}
 }
 
 type envOptions struct {
@@ -53,6 +56,8 @@ type envOptions struct {
 	listener func(net.Listener) net.Listener
 	// ticks: the test moves the stream's clock with tick (one stream at a time).
 	ticks bool
+	// onHostRequest is the fake host's OnRequest.
+	onHostRequest func(r *http.Request)
 }
 
 func newEnv(t *testing.T, opts envOptions) *env {
@@ -64,7 +69,7 @@ func newEnv(t *testing.T, opts envOptions) *env {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { st.Close() })
-	host := fakehost.New(fakehost.Config{Clock: clk})
+	host := fakehost.New(fakehost.Config{Clock: clk, OnRequest: opts.onHostRequest})
 	t.Cleanup(host.Close)
 	credsPath := filepath.Join(dir, "creds.json")
 	os.WriteFile(credsPath, []byte(`{"h1":"`+host.Token()+`"}`), 0o600)
@@ -87,12 +92,18 @@ func newEnv(t *testing.T, opts envOptions) *env {
 	}
 	cfg := opts.cfg
 	cfg.Fleet, cfg.Auth, cfg.Logger, cfg.Clock = f, auth.NewAuthenticator(st, adminToken), log, clk
+	parked := make(chan struct{})
+	if opts.ticks {
+		cfg.Parked = func(ctx context.Context) {
+			select {
+			case parked <- struct{}{}:
+			case <-ctx.Done():
+			}
+		}
+	}
 	h, err := New(cfg)
 	if err != nil {
 		t.Fatal(err)
-	}
-	if opts.ticks {
-		h.sleeping = make(chan struct{})
 	}
 	srv := httptest.NewUnstartedServer(h)
 	if opts.listener != nil {
@@ -100,7 +111,7 @@ func newEnv(t *testing.T, opts envOptions) *env {
 	}
 	srv.Start()
 	t.Cleanup(srv.Close)
-	return &env{f: f, st: st, clk: clk, host: host, h: h, srv: srv, logs: logs}
+	return &env{f: f, st: st, clk: clk, host: host, h: h, srv: srv, logs: logs, parked: parked}
 }
 
 // dispatch starts a run owned by owner.
@@ -142,7 +153,7 @@ func (e *env) open(t *testing.T, id, query string, headers ...string) *http.Resp
 
 // tick lets the stream's next poll happen once it waits for it.
 func (e *env) tick() {
-	<-e.h.sleeping
+	<-e.parked
 	e.clk.Advance(e.h.cfg.PollInterval)
 }
 
@@ -239,6 +250,43 @@ func seqRange(from, to int64) []int64 {
 		out = append(out, i)
 	}
 	return out
+}
+
+// TestAHangingHostNeverHoldsTheStreamSilent: a poll's pull-through is
+// bounded by half a keep-alive on the stream's clock: a host that does not
+// answer is given up on when that clock says so (an hour's keep-alive
+// here, no real time), the mirror is served as it is, and the keep-alive
+// still goes out on time.
+func TestAHangingHostNeverHoldsTheStreamSilent(t *testing.T) {
+	var hang atomic.Bool
+	hung := make(chan struct{}, 16)
+	e := newEnv(t, envOptions{ticks: true, cfg: Config{PollInterval: time.Second, KeepAlive: time.Hour, MaxDuration: 3 * time.Hour},
+		onHostRequest: func(r *http.Request) {
+			if hang.Load() && r.Method == http.MethodGet && strings.HasPrefix(r.URL.Path, "/runs/") {
+				hung <- struct{}{}
+				<-r.Context().Done()
+			}
+		}})
+	run := e.dispatch(t, "alice")
+	e.sweep(t)
+	ch := sse(e.open(t, run.FleetRunID, "").Body)
+	eventsUntil(t, ch, "snapshot")
+
+	hang.Store(true)
+	e.tick()
+	for i := 0; i < 2; i++ {
+		<-hung                          // the poll's pull-through waits on the host
+		e.clk.Advance(30 * time.Minute) // half the keep-alive: given up on
+		if i == 0 {
+			<-e.parked
+			e.clk.Advance(time.Second)
+		}
+	}
+	m := next(t, ch)
+	if len(m.comments) != 1 || m.comments[0] != "keep-alive" {
+		t.Fatalf("after an hour of a hanging host: %+v, want the keep-alive", m)
+	}
+	e.logs.wait(t, `"msg":"stream: pull-through failed"`, run.FleetRunID)
 }
 
 func TestStreamSendsBacklogSnapshotLiveEventsAndDone(t *testing.T) {
@@ -455,7 +503,7 @@ func (l smallBuffers) Accept() (net.Conn, error) {
 
 func TestStreamCutsOffAClientThatStopsReading(t *testing.T) {
 	e := newEnv(t, envOptions{
-		cfg:      Config{WriteTimeout: 5 * time.Second},
+		cfg:      Config{WriteTimeout: 5 * time.Second, KeepAlive: time.Hour},
 		listener: func(l net.Listener) net.Listener { return smallBuffers{l} },
 	})
 	run := e.dispatch(t, "alice")
@@ -487,10 +535,8 @@ func TestStreamCutsOffAClientThatStopsReading(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer resp.Body.Close()
-	// The backlog's write blocks; its watchdog is the one timer pending.
-	<-e.clk.WaitForTimers(1)
-	e.clk.Advance(5 * time.Second)
-	e.logs.wait(t, `"end":"client_stopped_reading"`)
+	// The backlog's write blocks; its watchdog fires.
+	e.advanceUntilLogged(t, 5*time.Second, `"end":"client_stopped_reading"`)
 	// The connection is gone: what the client reads ends without done.
 	body, err := io.ReadAll(resp.Body)
 	if err == nil || bytes.Contains(body, []byte("event: done")) || bytes.Contains(body, []byte("event: snapshot")) {
@@ -544,7 +590,7 @@ func TestLambdaAnswersTheStreamingWireFormat(t *testing.T) {
 }
 
 func TestLambdaCutsOffAReaderThatStops(t *testing.T) {
-	e := newEnv(t, envOptions{cfg: Config{WriteTimeout: 5 * time.Second}})
+	e := newEnv(t, envOptions{cfg: Config{WriteTimeout: 5 * time.Second, KeepAlive: time.Hour}})
 	run := e.dispatch(t, "alice")
 	e.sweep(t)
 	resp, err := e.h.HandleLambda(context.Background(), functionURLEvent(run.FleetRunID, "", map[string]string{"authorization": "Bearer " + adminToken}))
@@ -552,9 +598,7 @@ func TestLambdaCutsOffAReaderThatStops(t *testing.T) {
 		t.Fatal(err)
 	}
 	// Nobody reads the pipe: the first write blocks; its watchdog fires.
-	<-e.clk.WaitForTimers(1)
-	e.clk.Advance(5 * time.Second)
-	e.logs.wait(t, `"end":"client_stopped_reading"`)
+	e.advanceUntilLogged(t, 5*time.Second, `"end":"client_stopped_reading"`)
 	if _, err := io.ReadAll(resp); err == nil || !strings.Contains(err.Error(), "stopped reading") {
 		t.Fatalf("reading after the cut: %v", err)
 	}
@@ -621,6 +665,25 @@ func (l *logSink) has(parts ...string) bool {
 		}
 	}
 	return false
+}
+
+// advanceUntilLogged moves the clock by step whenever a timer is pending
+// until a log line has every part. The pending timer is the blocked
+// write's watchdog, or before it the poll's pull-through deadline, which
+// the test's keep-alive (and so that deadline) leaves far beyond a step.
+func (e *env) advanceUntilLogged(t *testing.T, step time.Duration, parts ...string) {
+	t.Helper()
+	deadline := time.Now().Add(10 * time.Second)
+	for !e.logs.has(parts...) {
+		if time.Now().After(deadline) {
+			t.Fatalf("no log line with %q in 10s: %s", parts, e.logs.String())
+		}
+		select {
+		case <-e.clk.WaitForTimers(1):
+			e.clk.Advance(step)
+		case <-time.After(5 * time.Millisecond):
+		}
+	}
 }
 
 // wait polls for a line with every part: the stream under test ends on
