@@ -254,7 +254,7 @@ func (s *stack) streamStatus(t *testing.T, path, token string) answer {
 		json.Unmarshal(raw, &a.body)
 		return a
 	}
-	c := &streamClient{t: t, clk: s.clk, ch: readSSE(resp.Body)}
+	c := &streamClient{t: t, clk: s.clk, parked: s.parked, ch: readSSE(resp.Body)}
 	_, snap := c.until("snapshot")
 	a.raw = snap.data
 	return a

@@ -64,6 +64,9 @@ type stack struct {
 	srv   *httptest.Server
 	clk   *clock.Fake
 	meter *dynamostore.Meter
+	// parked receives each time a stream session waits on its timer (the
+	// fake clock may move then; see streamClient).
+	parked chan struct{}
 }
 
 type stackOptions struct {
@@ -130,9 +133,20 @@ func newStack(t testing.TB, kind string, opts stackOptions) *stack {
 	if opts.log != nil {
 		log = slog.New(slog.NewJSONHandler(opts.log, &slog.HandlerOptions{Level: slog.LevelDebug}))
 	}
+	parked := make(chan struct{})
+	var streamParked func(ctx context.Context)
+	if clk != nil {
+		streamParked = func(ctx context.Context) {
+			select {
+			case parked <- struct{}{}:
+			case <-ctx.Done():
+			}
+		}
+	}
 	app, err := fleetapp.New(context.Background(), cfg, fleetapp.Deps{
 		Logger: log, Clock: fleetClock, CreateTables: true, Meter: opts.meter, DialContext: dialLoopbackOnly,
-		LoadAWS: func(context.Context) (aws.Config, error) { return moto.AWSConfig(), nil },
+		LoadAWS:      func(context.Context) (aws.Config, error) { return moto.AWSConfig(), nil },
+		StreamParked: streamParked,
 	})
 	if err != nil {
 		t.Fatal(err)
@@ -144,7 +158,7 @@ func newStack(t testing.TB, kind string, opts stackOptions) *stack {
 	}
 	srv := httptest.NewServer(handler)
 	t.Cleanup(srv.Close)
-	return &stack{app: app, srv: srv, clk: clk, meter: opts.meter}
+	return &stack{app: app, srv: srv, clk: clk, meter: opts.meter, parked: parked}
 }
 
 // dialLoopbackOnly is Fleet's host dialer in tests: no test leaves

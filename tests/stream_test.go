@@ -67,11 +67,13 @@ func readSSE(r io.Reader) <-chan sseMsg {
 }
 
 // streamClient reads one stream of the stack, moving its fake clock a
-// poll at a time whenever the stream waits and no message came.
+// poll at a time whenever a stream session waits on its timer (parked) and
+// no message came: never while a session is polling.
 type streamClient struct {
-	t   *testing.T
-	clk *clock.Fake
-	ch  <-chan sseMsg
+	t      *testing.T
+	clk    *clock.Fake
+	parked <-chan struct{}
+	ch     <-chan sseMsg
 }
 
 func (s *stack) openStream(t *testing.T, path string, headers ...string) *streamClient {
@@ -89,35 +91,29 @@ func (s *stack) openStream(t *testing.T, path string, headers ...string) *stream
 		b, _ := io.ReadAll(resp.Body)
 		t.Fatalf("GET %s: %d %s", path, resp.StatusCode, b)
 	}
-	return &streamClient{t: t, clk: s.clk, ch: readSSE(resp.Body)}
+	return &streamClient{t: t, clk: s.clk, parked: s.parked, ch: readSSE(resp.Body)}
 }
 
-// next returns the next message; while none comes, it lets the stream's
-// next poll happen (the stream is driven by the fake clock).
+// next returns the next message; while none comes, each time a session is
+// parked it lets the next poll happen (the stream is driven by the fake
+// clock). A missing message is a bug, not a slow machine: 20 s is a bound
+// on the test, not a wait.
 func (c *streamClient) next() sseMsg {
 	c.t.Helper()
-	deadline := time.Now().Add(20 * time.Second)
-	for time.Now().Before(deadline) {
+	deadline := time.After(20 * time.Second)
+	for {
 		select {
 		case m, ok := <-c.ch:
 			if !ok {
 				c.t.Fatal("the stream ended")
 			}
 			return m
-		case <-time.After(20 * time.Millisecond):
-		}
-		select {
-		case <-c.clk.WaitForTimers(1):
+		case <-c.parked:
 			c.clk.Advance(time.Second)
-		case m, ok := <-c.ch:
-			if !ok {
-				c.t.Fatal("the stream ended")
-			}
-			return m
+		case <-deadline:
+			c.t.Fatal("no message in 20s")
 		}
 	}
-	c.t.Fatal("no message in 20s")
-	return sseMsg{}
 }
 
 // until collects the sequences of event messages up to one named stop.
