@@ -1,12 +1,17 @@
 package tests
 
 import (
+	"context"
+	"errors"
 	"net/http"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
 	"github.com/runfleet/runfleet/shared/fakehost"
+	"github.com/runfleet/runfleet/shared/fleet"
+	"github.com/runfleet/runfleet/shared/store"
 )
 
 // TestConcurrentDispatchesWithOneKeyStartOneRun fires 50 identical
@@ -160,5 +165,62 @@ func TestDispatchFlow(t *testing.T) {
 	l := s.must(t, http.StatusOK, "GET", "/fleet/runs?limit=5", token, "")
 	if runs := l.body["runs"].([]any); len(runs) != 1 || runs[0].(map[string]any)["status"] != "running" {
 		t.Fatalf("list %s", l.raw)
+	}
+}
+
+// losingTheAnswer is the stack's store in a Fleet that dies between the
+// host's answer and its record: the update recording the answer fails.
+type losingTheAnswer struct {
+	store.Store
+	lost atomic.Bool
+}
+
+func (s *losingTheAnswer) UpdateRun(ctx context.Context, r store.Run) (store.Run, error) {
+	if s.lost.CompareAndSwap(false, true) {
+		return store.Run{}, errors.New("the process died before recording the host's answer")
+	}
+	return s.Store.UpdateRun(ctx, r)
+}
+
+// TestAnAnswerFleetLostIsRecovered: the host accepts the run and answers,
+// and Fleet loses the answer (it dies before recording it). The run stays
+// dispatching; the sweep's recovery asks the host by clientToken and
+// records the same child run; the caller's retry reuses it; the host saw
+// one start.
+func TestAnAnswerFleetLostIsRecovered(t *testing.T) {
+	for _, kind := range storeKinds {
+		t.Run(kind, func(t *testing.T) {
+			s := newStack(t, kind, stackOptions{hostTimeout: 5 * time.Second})
+			host := s.addHost(t, "h1", fakehost.Config{}, nil)
+			s.probe(t, "h1")
+			token := s.mint(t, "alice", "*", "*")
+
+			dying := s.fleetOn(t, &losingTheAnswer{Store: s.app.Store})
+			alice := store.Caller{OwnerID: "alice", AllowedHosts: store.Scope{All: true}, AllowedProjects: store.Scope{All: true}}
+			if _, err := dying.Dispatch(context.Background(), alice, fleet.DispatchRequest{Agent: "shell"}, "k1"); err == nil {
+				t.Fatal("the dispatch whose record failed reported success")
+			}
+			if host.Created() != 1 || host.StartCalls() != 1 || host.Starts()[0].ClientToken == "" {
+				t.Fatalf("the host created %d runs from %d start calls", host.Created(), host.StartCalls())
+			}
+			id := host.Starts()[0].ClientToken
+			if r, err := s.app.Store.GetRun(context.Background(), id); err != nil || r.Status != store.StatusDispatching || r.ChildRunID != "" {
+				t.Fatalf("the run Fleet holds: %+v, %v; want it dispatching, the answer lost", r, err)
+			}
+			// Before the deadline, the caller's retry is in flight.
+			s.must(t, http.StatusConflict, "POST", "/fleet/runs", token, `{"agent":"shell"}`, "Idempotency-Key", "k1")
+
+			s.clk.Advance(11 * time.Second) // past the deadline (the dying Fleet's host timeout: 10 s)
+			if rep := s.sweep(t); rep.Recovered != 1 {
+				t.Fatalf("sweep = %+v", rep)
+			}
+			again := s.must(t, http.StatusOK, "POST", "/fleet/runs", token, `{"agent":"shell"}`, "Idempotency-Key", "k1")
+			if again.str("fleetRunId") != id || again.str("childRunId") != "run-1" || again.body["reused"] != true || again.str("status") != "pending" {
+				t.Fatalf("the retry after recovery: %s", again.raw)
+			}
+			if host.Created() != 1 || host.StartCalls() != 1 {
+				t.Fatalf("the host created %d runs from %d start calls, want 1 from 1", host.Created(), host.StartCalls())
+			}
+		})
 	}
 }
