@@ -5,26 +5,18 @@
 package main
 
 import (
-	"context"
 	"fmt"
 	"os"
 
 	"github.com/aws/aws-lambda-go/lambda"
 
-	"github.com/runfleet/runfleet/shared/config"
 	"github.com/runfleet/runfleet/shared/fleetapp"
 )
 
 func main() {
-	cfg, err := config.FromEnv(os.Getenv)
+	app, err := fleetapp.StartFunction(os.Getenv, os.Stdout, fleetapp.Function{Name: "probe", Scheduled: true})
 	if err != nil {
-		fmt.Fprintln(os.Stderr, "probe: configuration:", err)
-		os.Exit(1)
-	}
-	log := fleetapp.NewLogger(os.Stdout, cfg.LogLevel)
-	app, err := fleetapp.New(context.Background(), cfg, fleetapp.Deps{Logger: log, DefaultStore: config.StoreDynamoDB})
-	if err != nil {
-		log.Error("probe: start", "err", err)
+		fmt.Fprintln(os.Stderr, err)
 		os.Exit(1)
 	}
 	lambda.Start(app.Jobs.Probe)

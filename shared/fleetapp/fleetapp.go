@@ -58,6 +58,11 @@ type Deps struct {
 	// StreamParked is the stream's Parked hook (stream.Config), for tests
 	// that drive a fake clock; nil: none.
 	StreamParked func(ctx context.Context)
+	// Scheduled says the process runs only the scheduled probe and sweep,
+	// which authenticate no caller: the admin token is neither read nor
+	// missed. False (the api, the stream, the local stack): it is read,
+	// and its absence is logged.
+	Scheduled bool
 }
 
 // App is an assembled Fleet.
@@ -170,20 +175,23 @@ func New(ctx context.Context, cfg config.Fleet, deps Deps) (*App, error) {
 		return nil, err
 	}
 
-	adminToken := cfg.AdminToken
-	if adminToken == "" && cfg.AdminTokenSecret != "" {
-		sm, err := secretsManager()
-		if err != nil {
-			return nil, err
+	adminToken := ""
+	if !deps.Scheduled {
+		adminToken = cfg.AdminToken
+		if adminToken == "" && cfg.AdminTokenSecret != "" {
+			sm, err := secretsManager()
+			if err != nil {
+				return nil, err
+			}
+			if adminToken, err = readAdminToken(ctx, sm, cfg.AdminTokenSecret); err != nil {
+				return nil, err
+			}
 		}
-		if adminToken, err = readAdminToken(ctx, sm, cfg.AdminTokenSecret); err != nil {
-			return nil, err
+		if adminToken == "" {
+			deps.Logger.Warn("no admin token: set RUNFLEET_ADMIN_TOKEN or RUNFLEET_ADMIN_TOKEN_SECRET to administer Fleet")
 		}
 	}
 	app.AdminConfigured = adminToken != ""
-	if !app.AdminConfigured {
-		deps.Logger.Warn("no admin token: set RUNFLEET_ADMIN_TOKEN or RUNFLEET_ADMIN_TOKEN_SECRET to administer Fleet")
-	}
 
 	repos, err := fleet.LoadRepoURLs(cfg.RepoURLsPath())
 	if err != nil {
@@ -218,6 +226,35 @@ func New(ctx context.Context, cfg config.Fleet, deps Deps) (*App, error) {
 	ok = true
 	return app, nil
 }
+
+// Function is one of Fleet's Lambda functions, for StartFunction.
+type Function struct {
+	// Name prefixes the function's start errors ("api", "sweep", ...).
+	Name string
+	// Scheduled: the probe or the sweep (see Deps.Scheduled).
+	Scheduled bool
+}
+
+// StartFunction is a Lambda function's cold start: its configuration read
+// through getenv (os.Getenv in main), Fleet assembled on DynamoDB (the
+// default in Lambda) with JSON logs on w at the configured level. A
+// function's main is this, then lambda.Start with its handler.
+func StartFunction(getenv func(string) string, w io.Writer, fn Function) (*App, error) {
+	cfg, err := config.FromEnv(getenv)
+	if err != nil {
+		return nil, fmt.Errorf("%s: configuration: %w", fn.Name, err)
+	}
+	log := NewLogger(w, cfg.LogLevel)
+	app, err := New(context.Background(), cfg, Deps{Logger: log, DefaultStore: config.StoreDynamoDB, Scheduled: fn.Scheduled})
+	if err != nil {
+		log.Error(fn.Name+": start", logErr, err.Error())
+		return nil, fmt.Errorf("%s: start: %w", fn.Name, err)
+	}
+	return app, nil
+}
+
+// logErr is the log field of an error.
+const logErr = "err"
 
 // HTTPHandler is Fleet's HTTP surface on one address, as the local stack
 // (and tests) serve it: the stream's path to the stream handler, every

@@ -145,3 +145,48 @@ func TestBoltWiring(t *testing.T) {
 		t.Fatal("no logger accepted")
 	}
 }
+
+// TestOnlyCallerFacingProcessesMissTheAdminToken: without an admin token,
+// the api (and the stream, the local stack) log that Fleet cannot be
+// administered; the scheduled probe and sweep authenticate no caller, so
+// they neither read the token's secret nor warn on every cold start.
+func TestOnlyCallerFacingProcessesMissTheAdminToken(t *testing.T) {
+	dir := t.TempDir()
+	creds := filepath.Join(dir, "creds.json")
+	os.WriteFile(creds, []byte(`{}`), 0o600)
+	for _, scheduled := range []bool{false, true} {
+		var logs strings.Builder
+		// A secret that does not exist: reading it would fail the start.
+		cfg := fromEnv(t, map[string]string{config.EnvCredentials: "file:" + creds})
+		app, err := New(context.Background(), cfg, Deps{Logger: NewLogger(&logs, slog.LevelInfo), Scheduled: scheduled,
+			DefaultStore: "bolt:" + filepath.Join(dir, "fleet.db")})
+		if err != nil {
+			t.Fatal(err)
+		}
+		app.Close()
+		if warned := strings.Contains(logs.String(), "no admin token"); warned == scheduled {
+			t.Errorf("scheduled %v: warned %v: %s", scheduled, warned, logs.String())
+		}
+	}
+	cfg := fromEnv(t, map[string]string{config.EnvCredentials: "file:" + creds, config.EnvAdminTokenSecret: "no/such/secret"})
+	deps := Deps{Logger: discard(), DefaultStore: "bolt:" + filepath.Join(dir, "fleet.db"), Scheduled: true,
+		LoadAWS: func(context.Context) (aws.Config, error) { return moto.AWSConfig(), nil }}
+	app, err := New(context.Background(), cfg, deps)
+	if err != nil {
+		t.Fatalf("a scheduled process read the admin token's secret: %v", err)
+	}
+	app.Close()
+	deps.Scheduled = false
+	if _, err := New(context.Background(), cfg, deps); err == nil {
+		t.Fatal("the api started without its admin token's secret")
+	}
+}
+
+func TestStartFunctionNamesTheFunctionInItsErrors(t *testing.T) {
+	_, err := StartFunction(func(k string) string {
+		return map[string]string{config.EnvRetentionDays: "soon"}[k]
+	}, io.Discard, Function{Name: "sweep", Scheduled: true})
+	if err == nil || !strings.HasPrefix(err.Error(), "sweep: configuration:") || !strings.Contains(err.Error(), config.EnvRetentionDays) {
+		t.Fatalf("err = %v", err)
+	}
+}
