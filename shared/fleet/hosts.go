@@ -221,6 +221,16 @@ func (f *Fleet) Host(ctx context.Context, id string) (store.Host, error) {
 	return h, nil
 }
 
+// clientFor returns a client for the API of the registered host hostID,
+// its record read now.
+func (f *Fleet) clientFor(ctx context.Context, hostID string) (*hostproto.Client, error) {
+	h, err := f.store.GetHost(ctx, hostID)
+	if err != nil {
+		return nil, fmt.Errorf("fleet: reading host %q: %w", hostID, err)
+	}
+	return f.HostClient(ctx, h, 0)
+}
+
 // HostClient returns a client for h's API, with its credential and CA, whose
 // calls are bounded by timeout (zero: the configured HostTimeout).
 func (f *Fleet) HostClient(ctx context.Context, h store.Host, timeout time.Duration) (*hostproto.Client, error) {

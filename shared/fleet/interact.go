@@ -67,13 +67,9 @@ func (f *Fleet) interact(ctx context.Context, c store.Caller, id, verb string,
 		return Interaction{}, conflict(CodeNotOnHost, map[string]string{"status": run.Status, "reason": run.Reason},
 			"run %s %s (status %s); there is nothing to %s", id, what, run.Status, verb)
 	}
-	host, err := f.store.GetHost(ctx, run.HostID)
+	client, err := f.clientFor(ctx, run.HostID)
 	if err != nil {
-		return Interaction{}, fmt.Errorf("fleet: %s: reading host %q: %w", verb, run.HostID, err)
-	}
-	client, err := f.HostClient(ctx, host, 0)
-	if err != nil {
-		return Interaction{}, err
+		return Interaction{}, fmt.Errorf("fleet: %s: %w", verb, err)
 	}
 	// The call and the record of its answer outlive a caller that hangs
 	// up: an accepted retry must make the run live whoever is listening.

@@ -501,14 +501,7 @@ func (h *hostClients) entry(id string) *hostEntry {
 
 func (h *hostClients) client(ctx context.Context, id string) (*hostproto.Client, error) {
 	e := h.entry(id)
-	e.once.Do(func() {
-		host, err := h.f.store.GetHost(ctx, id)
-		if err != nil {
-			e.err = fmt.Errorf("fleet: reading host %q: %w", id, err)
-			return
-		}
-		e.client, e.err = h.f.HostClient(ctx, host, 0)
-	})
+	e.once.Do(func() { e.client, e.err = h.f.clientFor(ctx, id) })
 	return e.client, e.err
 }
 

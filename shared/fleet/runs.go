@@ -54,11 +54,7 @@ func (f *Fleet) Run(ctx context.Context, c store.Caller, id string) (RunState, e
 // refresh reads a live run's state from its host and records it; a host
 // denying the run makes it lost.
 func (f *Fleet) refresh(ctx context.Context, run store.Run) (store.Run, error) {
-	h, err := f.store.GetHost(ctx, run.HostID)
-	if err != nil {
-		return run, fmt.Errorf("fleet: reading host %q: %w", run.HostID, err)
-	}
-	client, err := f.HostClient(ctx, h, 0)
+	client, err := f.clientFor(ctx, run.HostID)
 	if err != nil {
 		return run, err
 	}
@@ -130,11 +126,7 @@ func (f *Fleet) recover(ctx context.Context, run store.Run) (store.Run, error) {
 	if run.Status != store.StatusDispatching {
 		return run, nil
 	}
-	h, err := f.store.GetHost(ctx, run.HostID)
-	if err != nil {
-		return run, fmt.Errorf("fleet: reading host %q: %w", run.HostID, err)
-	}
-	client, err := f.HostClient(ctx, h, 0)
+	client, err := f.clientFor(ctx, run.HostID)
 	if err != nil {
 		return run, err
 	}
