@@ -8,6 +8,7 @@ import (
 	"math"
 	"net/url"
 	"reflect"
+	"slices"
 	"strconv"
 	"strings"
 )
@@ -214,7 +215,7 @@ func parseQuery(raw string, allowed []string) (query, error) {
 		return query{}, badRequest("malformed query string")
 	}
 	for name, vals := range v {
-		if !contains(allowed, name) {
+		if !slices.Contains(allowed, name) {
 			if len(allowed) == 0 {
 				return query{}, badRequest("unknown query parameter %q: this route takes none", name)
 			}
@@ -267,15 +268,6 @@ func (q query) boolFlag(name string) (bool, error) {
 		return false, nil
 	}
 	return false, badRequest("%s=%q: want 1 or 0", name, q.get(name))
-}
-
-func contains(list []string, s string) bool {
-	for _, x := range list {
-		if x == s {
-			return true
-		}
-	}
-	return false
 }
 
 // Query is a request's query string parsed as the API parses it, for the

@@ -14,6 +14,7 @@ import (
 	"log/slog"
 	"net/http"
 	"net/url"
+	"slices"
 	"sort"
 	"strings"
 	"time"
@@ -291,7 +292,7 @@ func (h *Handler) allowed(path string) string {
 	segs := pathSegments(path)
 	var methods []string
 	for i := range h.routes {
-		if _, ok := h.routes[i].match(segs); ok && !contains(methods, h.routes[i].method) {
+		if _, ok := h.routes[i].match(segs); ok && !slices.Contains(methods, h.routes[i].method) {
 			methods = append(methods, h.routes[i].method)
 		}
 	}

@@ -6,6 +6,7 @@ import (
 	"net/url"
 	"os"
 	"path"
+	"slices"
 	"sort"
 	"strings"
 	"time"
@@ -147,7 +148,7 @@ func exclusions(in RouteInput, h store.Host, cloneURL string) (reasons []string,
 	if offer != nil && offer.Draining {
 		reasons = append(reasons, ExcludedDraining)
 	}
-	if offer != nil && in.Agent != "" && !contains(offer.Agents, in.Agent) {
+	if offer != nil && in.Agent != "" && !slices.Contains(offer.Agents, in.Agent) {
 		reasons = append(reasons, ExcludedAgentUnsupported)
 	}
 	for k, v := range in.Labels {
@@ -175,15 +176,6 @@ func hasLocalPath(roots []string, want string) bool {
 	for _, r := range roots {
 		r = path.Clean(r)
 		if want == r || strings.HasPrefix(want, strings.TrimSuffix(r, "/")+"/") {
-			return true
-		}
-	}
-	return false
-}
-
-func contains(list []string, s string) bool {
-	for _, x := range list {
-		if x == s {
 			return true
 		}
 	}

@@ -10,6 +10,7 @@ package store
 import (
 	"context"
 	"errors"
+	"slices"
 	"time"
 
 	"github.com/runfleet/runfleet/shared/hostproto"
@@ -127,17 +128,7 @@ type Scope struct {
 }
 
 // Allows reports whether id is in the scope.
-func (s Scope) Allows(id string) bool {
-	if s.All {
-		return true
-	}
-	for _, x := range s.IDs {
-		if x == id {
-			return true
-		}
-	}
-	return false
-}
+func (s Scope) Allows(id string) bool { return s.All || slices.Contains(s.IDs, id) }
 
 // Caller is an API caller, found by the SHA-256 of its token. The token itself
 // is never stored.

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"strconv"
+	"strings"
 	"time"
 
 	"github.com/aws/aws-sdk-go-v2/aws"
@@ -176,9 +177,9 @@ func (s *Store) UpdateRun(ctx context.Context, r store.Run) (store.Run, error) {
 			removes = append(removes, ph)
 		}
 	}
-	expr := "SET " + join(sets)
+	expr := "SET " + strings.Join(sets, ", ")
 	if len(removes) > 0 {
-		expr += " REMOVE " + join(removes)
+		expr += " REMOVE " + strings.Join(removes, ", ")
 	}
 	out, err := s.api.UpdateItem(ctx, &dynamodb.UpdateItemInput{
 		TableName:                           aws.String(s.tables.Runs),
@@ -211,17 +212,6 @@ func (s *Store) UpdateRun(ctx context.Context, r store.Run) (store.Run, error) {
 		return store.Run{}, fault("update run", err)
 	}
 	return stored, nil
-}
-
-func join(parts []string) string {
-	out := ""
-	for i, p := range parts {
-		if i > 0 {
-			out += ", "
-		}
-		out += p
-	}
-	return out
 }
 
 // ListLive pages the sparse live index in run-id order.
