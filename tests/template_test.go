@@ -19,6 +19,7 @@ import (
 
 	"github.com/runfleet/runfleet/shared/api"
 	"github.com/runfleet/runfleet/shared/config"
+	"github.com/runfleet/runfleet/shared/fleet"
 	"github.com/runfleet/runfleet/shared/scheduled"
 	"github.com/runfleet/runfleet/shared/store/dynamostore"
 	"github.com/runfleet/runfleet/shared/stream"
@@ -272,7 +273,7 @@ func TestTemplateFunctionEnvironments(t *testing.T) {
 			if !cfg.Credentials.NeedsAWS() || env[config.EnvCredentials] != "secretsmanager:runfleet/hosts/" {
 				t.Errorf("credentials %q, want secretsmanager:runfleet/hosts/", env[config.EnvCredentials])
 			}
-			if cfg.RetentionDays != 30 || cfg.HostTimeout != config.DefaultHostTimeout {
+			if cfg.RetentionDays != 30 || cfg.HostTimeout != fleet.DefaultHostTimeout {
 				t.Errorf("retention %d days, host timeout %v", cfg.RetentionDays, cfg.HostTimeout)
 			}
 			authenticates := fn == "ApiFunction" || fn == "StreamFunction"

@@ -13,6 +13,9 @@ import (
 	"time"
 
 	"github.com/runfleet/runfleet/shared/credentials"
+	"github.com/runfleet/runfleet/shared/fleet"
+	"github.com/runfleet/runfleet/shared/store/dynamostore"
+	"github.com/runfleet/runfleet/shared/stream"
 )
 
 // Environment variable names.
@@ -45,37 +48,24 @@ const (
 	EnvSweepInterval = "RUNFLEET_SWEEP_INTERVAL"
 )
 
-// Defaults.
+// Defaults of this package's own settings. The others are their
+// component's (fleet.Default*, stream.Default*, dynamostore's table
+// names), filled in here so the parsed configuration shows what runs.
 const (
-	DefaultRetentionDays     = 30
-	DefaultAddr              = "127.0.0.1:8080"
-	DefaultHostTimeout       = 10 * time.Second
-	DefaultProbeTimeout      = 5 * time.Second
-	DefaultProbeMaxAge       = 5 * time.Minute
-	DefaultProbeConcurrency  = 8
-	DefaultStreamPoll        = time.Second
-	DefaultStreamKeepAlive   = 15 * time.Second
-	DefaultStreamMaxDuration = 14 * time.Minute
-	DefaultProbeInterval     = 10 * time.Second
-	DefaultSweepInterval     = 10 * time.Second
+	DefaultAddr          = "127.0.0.1:8080"
+	DefaultProbeInterval = 10 * time.Second
+	DefaultSweepInterval = 10 * time.Second
 	// MinAdminTokenLength refuses a guessable bootstrap token.
 	MinAdminTokenLength = 16
 )
 
-// Tables names Fleet's DynamoDB tables.
-type Tables struct {
-	Hosts, Runs, Events, Callers, Idempotency string
-}
+// DefaultRetentionDays is fleet.DefaultRetention in days.
+const DefaultRetentionDays = int(fleet.DefaultRetention / (24 * time.Hour))
 
-// DefaultTables are the names used when RUNFLEET_TABLE_* are unset (the
-// local stack on DynamoDB Local or moto; template.yaml always sets them).
-var DefaultTables = Tables{
-	Hosts:       "runfleet-hosts",
-	Runs:        "runfleet-runs",
-	Events:      "runfleet-events",
-	Callers:     "runfleet-callers",
-	Idempotency: "runfleet-idempotency",
-}
+// Tables names Fleet's DynamoDB tables; an empty name is
+// dynamostore.DefaultTableNames()'s (the local stack on DynamoDB Local or
+// moto; template.yaml always sets them).
+type Tables = dynamostore.TableNames
 
 // Fleet is Fleet's configuration.
 type Fleet struct {
@@ -188,33 +178,27 @@ func (c *Fleet) fillDefaults() {
 			*s = d
 		}
 	}
-	def(&c.Tables.Hosts, DefaultTables.Hosts)
-	def(&c.Tables.Runs, DefaultTables.Runs)
-	def(&c.Tables.Events, DefaultTables.Events)
-	def(&c.Tables.Callers, DefaultTables.Callers)
-	def(&c.Tables.Idempotency, DefaultTables.Idempotency)
+	tables := dynamostore.DefaultTableNames()
+	def(&c.Tables.Hosts, tables.Hosts)
+	def(&c.Tables.Runs, tables.Runs)
+	def(&c.Tables.Events, tables.Events)
+	def(&c.Tables.Callers, tables.Callers)
+	def(&c.Tables.Idempotency, tables.Idempotency)
 	def(&c.Addr, DefaultAddr)
 	if c.RetentionDays == 0 {
 		c.RetentionDays = DefaultRetentionDays
 	}
-	if c.HostTimeout == 0 {
-		c.HostTimeout = DefaultHostTimeout
-	}
-	if c.ProbeTimeout == 0 {
-		c.ProbeTimeout = DefaultProbeTimeout
-	}
-	if c.ProbeMaxAge == 0 {
-		c.ProbeMaxAge = DefaultProbeMaxAge
-	}
 	if c.ProbeConcurrency == 0 {
-		c.ProbeConcurrency = DefaultProbeConcurrency
+		c.ProbeConcurrency = fleet.DefaultProbeConcurrency
 	}
 	for _, d := range []struct {
 		dst *time.Duration
 		def time.Duration
 	}{
-		{&c.StreamPollInterval, DefaultStreamPoll}, {&c.StreamKeepAlive, DefaultStreamKeepAlive},
-		{&c.StreamMaxDuration, DefaultStreamMaxDuration}, {&c.ProbeInterval, DefaultProbeInterval},
+		{&c.HostTimeout, fleet.DefaultHostTimeout}, {&c.ProbeTimeout, fleet.DefaultProbeTimeout},
+		{&c.ProbeMaxAge, fleet.DefaultProbeMaxAge},
+		{&c.StreamPollInterval, stream.DefaultPollInterval}, {&c.StreamKeepAlive, stream.DefaultKeepAlive},
+		{&c.StreamMaxDuration, stream.DefaultMaxDuration}, {&c.ProbeInterval, DefaultProbeInterval},
 		{&c.SweepInterval, DefaultSweepInterval},
 	} {
 		if *d.dst == 0 {

@@ -7,6 +7,7 @@ import (
 	"time"
 
 	"github.com/runfleet/runfleet/shared/credentials"
+	"github.com/runfleet/runfleet/shared/store/dynamostore"
 )
 
 func env(m map[string]string) func(string) string { return func(k string) string { return m[k] } }
@@ -16,7 +17,7 @@ func TestFromEnvDefaults(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if c.Tables != DefaultTables || c.Addr != DefaultAddr || c.RetentionDays != 30 ||
+	if c.Tables != dynamostore.DefaultTableNames() || c.Addr != DefaultAddr || c.RetentionDays != 30 ||
 		c.HostTimeout != 10*time.Second || c.ProbeTimeout != 5*time.Second || c.ProbeMaxAge != 5*time.Minute ||
 		c.ProbeConcurrency != 8 || c.Store != "" || c.Credentials != (credentials.Spec{}) || c.LogLevel != slog.LevelInfo {
 		t.Fatalf("defaults = %+v", c)

@@ -141,7 +141,7 @@ func New(ctx context.Context, cfg config.Fleet, deps Deps) (*App, error) {
 			}
 		})
 		st, err := dynamostore.New(client, dynamostore.Config{
-			Tables: dynamostore.TableNames(cfg.Tables), Clock: deps.Clock, Meter: deps.Meter,
+			Tables: cfg.Tables, Clock: deps.Clock, Meter: deps.Meter,
 		})
 		if err != nil {
 			return nil, err
