@@ -9,14 +9,20 @@ import (
 	"github.com/runfleet/runfleet/shared/store"
 )
 
-// Log field names of the run operations (reads, verbs, the sweep, the
-// stream's pull-through).
+// Log field names of the package (runs, verbs, the sweep and the mirror,
+// probes, the metrics rollup).
 const (
 	logRun      = "fleetRunId"
 	logHost     = "host"
 	logChildRun = "childRunId"
 	logOwner    = "ownerId"
 	logErr      = "err"
+	logStatus   = "status"
+	logReason   = "reason"
+	logAttempt  = "attempt"
+	logDoing    = "doing"
+	logVerb     = "verb"
+	logSequence = "sequence"
 )
 
 // RunFor returns the run c may read and act on, as stored. It is the one

@@ -350,7 +350,7 @@ func (f *Fleet) Dispatch(ctx context.Context, c store.Caller, r DispatchRequest,
 		return DispatchResult{}, fmt.Errorf("fleet: recording the host's answer for %s: %w", fleetRunID, err)
 	}
 	if callErr != nil {
-		f.log.Warn("dispatch: host call failed", "fleetRunId", fleetRunID, "host", host.ID, "err", callErr)
+		f.log.Warn("dispatch: host call failed", logRun, fleetRunID, logHost, host.ID, logErr, callErr.Error())
 	}
 	return DispatchResult{Run: stored, Note: note}, nil
 }
@@ -455,7 +455,7 @@ func (f *Fleet) reuse(ctx context.Context, it store.Idempotency, hash string, ev
 		if recovered, rerr := f.recover(ctx, run); rerr == nil {
 			run = recovered
 		} else {
-			f.log.Warn("dispatch: recovery on reuse failed", "fleetRunId", run.FleetRunID, "err", rerr)
+			f.log.Warn("dispatch: recovery on reuse failed", logRun, run.FleetRunID, logErr, rerr.Error())
 		}
 	}
 	res := DispatchResult{Run: run, Reused: true}

@@ -77,7 +77,7 @@ func (f *Fleet) extendEvents(ctx context.Context, run store.Run, to time.Time) (
 	if err := f.store.ExtendEventsExpiry(ctx, run.FleetRunID, to); err != nil {
 		return run, fmt.Errorf("fleet: extending the expiry of the events of %s: %w", run.FleetRunID, err)
 	}
-	f.log.Info("events' expiry extended", logRun, run.FleetRunID, "to", to, "attempt", run.Attempt, "status", run.Status)
+	f.log.Info("events' expiry extended", logRun, run.FleetRunID, "to", to, logAttempt, run.Attempt, logStatus, run.Status)
 	stored, err := f.settle(ctx, run, func(cur *store.Run) bool {
 		if !cur.EventsExpireAfter.Before(to) {
 			return false

@@ -78,7 +78,7 @@ func (f *Fleet) interact(ctx context.Context, c store.Caller, id, verb string,
 	cancel()
 	out := Interaction{Outcome: hostproto.OutcomeOf(callErr), Run: run}
 	if callErr != nil {
-		f.log.Warn("verb not accepted", "verb", verb, logRun, id, logHost, run.HostID, "accepted", outcomeWord(out.Outcome.Accepted),
+		f.log.Warn("verb not accepted", logVerb, verb, logRun, id, logHost, run.HostID, "accepted", outcomeWord(out.Outcome.Accepted),
 			logErr, callErr.Error())
 	}
 

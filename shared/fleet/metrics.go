@@ -39,7 +39,7 @@ func (f *Fleet) MetricsRollup(ctx context.Context, c store.Caller) (rollup.Resul
 		f.log.Warn("metrics rollup dropped families", "dropped", len(res.Dropped), "families", res.Dropped, logOwner, c.OwnerID)
 	}
 	for _, fail := range res.Failed {
-		f.log.Warn("metrics rollup: a host's scrape failed", logHost, fail.Host, "reason", fail.Reason)
+		f.log.Warn("metrics rollup: a host's scrape failed", logHost, fail.Host, logReason, fail.Reason)
 	}
 	return res, nil
 }

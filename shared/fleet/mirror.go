@@ -181,7 +181,7 @@ func (f *Fleet) syncRun(ctx context.Context, run store.Run, pass syncPass) (stor
 		if recovered.Status == store.StatusDispatching {
 			return recovered, syncResult{outcome: syncInFlight}
 		}
-		f.log.Info("dispatch recovered", logRun, run.FleetRunID, logHost, run.HostID, "status", recovered.Status, "reason", recovered.Reason)
+		f.log.Info("dispatch recovered", logRun, run.FleetRunID, logHost, run.HostID, logStatus, recovered.Status, logReason, recovered.Reason)
 		run = recovered
 		if !run.Live() {
 			return run, syncResult{outcome: syncDrained, recovered: true}
@@ -200,7 +200,7 @@ func (f *Fleet) syncRun(ctx context.Context, run store.Run, pass syncPass) (stor
 	if pass.extend && !store.Terminal(run.Status) && f.liveEventsShort(run, f.clock.Now()) && !spent() {
 		extended, err := f.extendEvents(ctx, run, f.eventExpiry(f.clock.Now()))
 		if err != nil {
-			f.log.Warn("sync failed", logRun, run.FleetRunID, "doing", "extending the events' expiry", logErr, err.Error())
+			f.log.Warn("sync failed", logRun, run.FleetRunID, logDoing, "extending the events' expiry", logErr, err.Error())
 			return run, syncResult{outcome: syncFailed, err: err}
 		}
 		run, res.extended = extended, true
@@ -208,7 +208,7 @@ func (f *Fleet) syncRun(ctx context.Context, run store.Run, pass syncPass) (stor
 	if run.ChildRunID == "" {
 		// Every path that ends a dispatch without a host run drains it
 		// (Fleet.end); a live one without is a bug, not a host's fault.
-		f.log.Error("sync: a live run has no host run id", logRun, run.FleetRunID, "status", run.Status)
+		f.log.Error("sync: a live run has no host run id", logRun, run.FleetRunID, logStatus, run.Status)
 		return run, syncResult{outcome: syncFailed, err: fmt.Errorf("fleet: run %s is live without a host run", run.FleetRunID)}
 	}
 	if spent() {
@@ -376,7 +376,7 @@ func (f *Fleet) syncLost(ctx context.Context, run store.Run, pass syncPass) (sto
 	}
 	stored, err := f.drainLost(ctx, run)
 	if err != nil {
-		f.log.Warn("sync failed", logRun, run.FleetRunID, "doing", "draining a lost run", logErr, err.Error())
+		f.log.Warn("sync failed", logRun, run.FleetRunID, logDoing, "draining a lost run", logErr, err.Error())
 		return run, syncResult{outcome: syncFailed, err: err}
 	}
 	return stored, syncResult{outcome: syncDrained, extended: true}
@@ -389,10 +389,10 @@ func (f *Fleet) hostTrouble(run store.Run, hosts *hostClients, doing string, err
 	if errors.Is(err, hostproto.ErrNoAnswer) {
 		hosts.markDown(run.HostID)
 		f.log.Warn("sync: the host did not answer; the run stays live", logRun, run.FleetRunID, logHost, run.HostID,
-			"doing", doing, logErr, err.Error())
+			logDoing, doing, logErr, err.Error())
 		return syncResult{outcome: syncUnreachable, err: err}
 	}
-	f.log.Warn("sync failed", logRun, run.FleetRunID, logHost, run.HostID, "doing", doing, logErr, err.Error())
+	f.log.Warn("sync failed", logRun, run.FleetRunID, logHost, run.HostID, logDoing, doing, logErr, err.Error())
 	return syncResult{outcome: syncFailed, err: err}
 }
 
@@ -445,7 +445,7 @@ func (f *Fleet) putEvents(ctx context.Context, fleetRunID string, events []hostp
 		fitted, cut := fitEvent(e)
 		if cut > 0 {
 			f.log.Warn("sync: an event's data is over the limit; truncated", logRun, fleetRunID,
-				"sequence", e.Sequence, "bytes", len(e.Data), "cut", cut)
+				logSequence, e.Sequence, "bytes", len(e.Data), "cut", cut)
 		}
 		out[i] = store.Event{FleetRunID: fleetRunID, Event: fitted, ExpiresAt: expires}
 	}

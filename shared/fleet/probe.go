@@ -130,7 +130,7 @@ func (f *Fleet) probe(ctx context.Context, h store.Host) store.Probe {
 	if err != nil {
 		p.Status = store.ProbeAuthFail
 		p.Detail = "the host credential is unavailable"
-		f.log.Warn("probe: no client for host", "host", h.ID, "err", err)
+		f.log.Warn("probe: no client for host", logHost, h.ID, logErr, err.Error())
 		return p
 	}
 	health, err := client.Health(ctx)
@@ -159,7 +159,7 @@ func (f *Fleet) probe(ctx context.Context, h store.Host) store.Probe {
 	default:
 		p.Status = store.ProbeBadResponse
 		p.Detail = "the probe failed"
-		f.log.Error("probe: unexpected error", "host", h.ID, "err", err)
+		f.log.Error("probe: unexpected error", logHost, h.ID, logErr, err.Error())
 	}
 	if err == nil {
 		p.Version = health.Version

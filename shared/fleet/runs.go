@@ -36,7 +36,7 @@ func (f *Fleet) Run(ctx context.Context, c store.Caller, id string) (RunState, e
 		}
 		recovered, err := f.recover(ctx, run)
 		if err != nil {
-			f.log.Warn("run: recovery failed", "fleetRunId", id, "err", err)
+			f.log.Warn("run: recovery failed", logRun, id, logErr, err.Error())
 			return RunState{Run: run, Note: "the host could not be asked about this dispatch"}, nil
 		}
 		return RunState{Run: recovered, Refreshed: recovered.Status != store.StatusDispatching}, nil
@@ -45,7 +45,7 @@ func (f *Fleet) Run(ctx context.Context, c store.Caller, id string) (RunState, e
 	}
 	refreshed, err := f.refresh(ctx, run)
 	if err != nil {
-		f.log.Warn("run: refresh failed", "fleetRunId", id, "host", run.HostID, "err", err)
+		f.log.Warn("run: refresh failed", logRun, id, logHost, run.HostID, logErr, err.Error())
 		return RunState{Run: run, Note: "the host could not be asked; this is the last known state"}, nil
 	}
 	return RunState{Run: refreshed, Refreshed: true}, nil

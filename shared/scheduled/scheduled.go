@@ -31,6 +31,18 @@ const (
 	DefaultBudget = 50 * time.Second
 )
 
+// Log field names of the jobs' lines.
+const (
+	logProbed       = "probed"
+	logStatus       = "status"
+	logSkipped      = "skipped"
+	logSkippedHosts = "skippedHosts"
+	logReport       = "report"
+	logBudget       = "budgetMs"
+	logDuration     = "durationMs"
+	logErr          = "err"
+)
+
 // Config configures the jobs.
 type Config struct {
 	// Fleet does the work. Required.
@@ -106,14 +118,14 @@ func (j *Jobs) Probe(ctx context.Context, _ events.EventBridgeEvent) (ProbeSumma
 	for _, p := range rep.Probed {
 		sum.Status[p.Probe.Status]++
 	}
-	attrs := []any{"probed", sum.Probed, "status", sum.Status, "skipped", len(sum.Skipped),
-		"budgetMs", until.Sub(begun).Milliseconds(), "durationMs", j.clock.Now().Sub(begun).Milliseconds()}
+	attrs := []any{logProbed, sum.Probed, logStatus, sum.Status, logSkipped, len(sum.Skipped),
+		logBudget, until.Sub(begun).Milliseconds(), logDuration, j.clock.Now().Sub(begun).Milliseconds()}
 	if err != nil {
-		j.log.ErrorContext(ctx, "scheduled probe failed", append(attrs, "err", err.Error())...)
+		j.log.ErrorContext(ctx, "scheduled probe failed", append(attrs, logErr, err.Error())...)
 		return sum, err
 	}
 	if len(sum.Skipped) > 0 {
-		j.log.WarnContext(ctx, "scheduled probe ran out of budget", append(attrs, "skippedHosts", sum.Skipped)...)
+		j.log.WarnContext(ctx, "scheduled probe ran out of budget", append(attrs, logSkippedHosts, sum.Skipped)...)
 	} else {
 		j.log.InfoContext(ctx, "scheduled probe", attrs...)
 	}
@@ -129,11 +141,11 @@ func (j *Jobs) Sweep(ctx context.Context, _ events.EventBridgeEvent) (fleet.Swee
 	begun := j.clock.Now()
 	until := j.budget(ctx, j.cfg.Fleet.HostTimeout()+j.cfg.SweepMargin)
 	rep, err := j.cfg.Fleet.Sweep(ctx, fleet.SweepOptions{Until: until})
-	attrs := []any{"report", rep, "budgetMs", until.Sub(begun).Milliseconds(),
-		"durationMs", j.clock.Now().Sub(begun).Milliseconds()}
+	attrs := []any{logReport, rep, logBudget, until.Sub(begun).Milliseconds(),
+		logDuration, j.clock.Now().Sub(begun).Milliseconds()}
 	switch {
 	case err != nil:
-		j.log.ErrorContext(ctx, "scheduled sweep failed", append(attrs, "err", err.Error())...)
+		j.log.ErrorContext(ctx, "scheduled sweep failed", append(attrs, logErr, err.Error())...)
 		return rep, err
 	case rep.BudgetExhausted:
 		j.log.WarnContext(ctx, "scheduled sweep ran out of budget; the next sweep continues", attrs...)
