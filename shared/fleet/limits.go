@@ -14,8 +14,9 @@ import (
 // store never meets what it cannot hold (which would be a 500 on DynamoDB
 // and a 201 on bbolt). The bounds leave every item well below the limit:
 // a host at most ~150 KB (labels ~20 KB, localPaths 64 KiB, caPem 64 KiB),
-// a caller ~70 KB per scope item, a run ~1 KB (a run item keeps none of the
-// prompt, argv or env). The start request Fleet sends a host is bounded by
+// each of a caller's two items at most ~130 KB (both scopes, 1000 ids of at
+// most 64 bytes each), a run ~1 KB (a run item keeps none of the prompt,
+// argv or env). The start request Fleet sends a host is bounded by
 // MaxStartRequestBytes, under edge's 1 MiB request limit.
 const (
 	// MaxLabels bounds a host's or a dispatch's labels; keys have the id
