@@ -137,11 +137,9 @@ func (hc *h1Conn) serveOne(ctx context.Context) bool {
 	hc.state.reset(hc.p, hc.ci, hc.watch, ctx)
 	hc.p.serve(&hc.state, w, req)
 	if w.hijacked {
-		hc.p.record(&hc.state)
 		return false
 	}
 	w.finish()
-	hc.p.record(&hc.state)
 	if w.closeAfter || req.Close || ctx.Err() != nil {
 		return false
 	}

@@ -32,7 +32,6 @@ func (h pipeline) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	defer watch.release()
 	st := new(requestState)
 	st.reset(h.p, connInfoFrom(r.Context()), watch, r.Context())
-	defer h.p.record(st) // also when the answer is aborted (a panic)
 	h.p.serve(st, w, r)
 }
 
@@ -194,9 +193,9 @@ func sameSlice(a, b []policy.Declared) bool {
 }
 
 // serve runs the pipeline for one request on an intercepted connection,
-// with st freshly reset for it. The caller records the audit line (record)
-// once the answer has left, so the line's cost is not part of the task's
-// wait.
+// with st freshly reset for it. The request's audit line is recorded before
+// serve returns, so before the task has the whole answer: a decision is on
+// record before its effect is seen.
 func (p *Proxy) serve(st *requestState, w http.ResponseWriter, r *http.Request) {
 	ix := p.reg.index.Load()
 	ci := st.ci
@@ -204,6 +203,7 @@ func (p *Proxy) serve(st *requestState, w http.ResponseWriter, r *http.Request) 
 	cw := &st.out
 	entry := &st.entry
 	*entry = audit.Entry{TS: p.cfg.Clock.Now(), Task: st.runID(), Host: ci.address(), Method: r.Method, Path: redact(ix, r.URL.Path, &st.ms)}
+	defer p.record(st) // also when the answer is aborted (a panic on HTTP/2)
 	refuse := func(status int, action audit.Action, reason string) {
 		entry.Action, entry.Status, entry.Reason = action, status, reason
 		cw.Header().Set("Connection", "close")
@@ -283,8 +283,8 @@ func (st *requestState) settle() {
 	}
 }
 
-// record writes the request's audit line: its byte counts and duration as
-// they stand when the answer has left.
+// record writes the request's audit line with its byte counts and
+// duration.
 func (p *Proxy) record(st *requestState) {
 	e := &st.entry
 	if st.bodyIn != nil {
