@@ -216,7 +216,8 @@ func (uc *upConn) roundTrip(watch *cancelWatch, out *outbound) (upResponse, erro
 	writeRequestHead(uc.bw, out)
 	uc.bw.Write(out.inline)
 	if out.stream != nil {
-		// The head goes now, whatever the body does.
+		// The head goes now, whatever the body does; the body is written
+		// to the connection itself (writeBody).
 		if err := uc.bw.Flush(); err != nil {
 			uc.abandon()
 			return upResponse{}, err
@@ -241,36 +242,40 @@ func (uc *upConn) roundTrip(watch *cancelWatch, out *outbound) (upResponse, erro
 	return res, nil
 }
 
-// writeBody streams a body to the upstream, each read flushed as it comes
-// (an upload is not held back), chunked when its length is unknown. On
-// failure the socket itself is closed, without a TLS close_notify, which an
-// upstream could take for a clean end of a body cut short (a blocked
-// placeholder) and answer; that also unblocks the response reader.
+// writeBody streams a body to the upstream, each read sent as it comes (an
+// upload is not held back), chunked when its length is unknown: a chunk's
+// size line, data and CRLF leave in one write that fills two TLS records,
+// not a small record per piece. On failure the socket itself is closed,
+// without a TLS close_notify, which an upstream could take for a clean end
+// of a body cut short (a blocked placeholder) and answer; that also
+// unblocks the response reader.
 func (uc *upConn) writeBody(body io.Reader, chunked bool) {
 	bufp := copyBufferPool.Get().(*[]byte)
 	defer copyBufferPool.Put(bufp)
 	buf := *bufp
+	// Room for the size line before the data and the CRLF after it.
+	const sizeRoom, crlf = 18, 2
+	data := buf[sizeRoom : len(buf)-crlf]
 	var err error
 	for {
-		n, rerr := body.Read(buf)
+		n, rerr := body.Read(data)
 		if n > 0 {
+			out := data[:n]
 			if chunked {
-				uc.bw.Write(strconv.AppendInt(uc.bw.AvailableBuffer(), int64(n), 16))
-				uc.bw.WriteString("\r\n")
+				size := strconv.AppendInt(buf[:0], int64(n), 16)
+				start := sizeRoom - len(size) - crlf
+				copy(buf[start:], size)
+				copy(buf[sizeRoom-crlf:], "\r\n")
+				out = append(buf[start:sizeRoom+n], "\r\n"...)
 			}
-			uc.bw.Write(buf[:n])
-			if chunked {
-				uc.bw.WriteString("\r\n")
-			}
-			if err = uc.bw.Flush(); err != nil {
+			if _, err = uc.conn.Write(out); err != nil {
 				break
 			}
 		}
 		if rerr == io.EOF {
 			if chunked {
-				uc.bw.WriteString("0\r\n\r\n")
+				_, err = io.WriteString(uc.conn, "0\r\n\r\n")
 			}
-			err = uc.bw.Flush()
 			break
 		}
 		if rerr != nil {

@@ -102,8 +102,9 @@ func findIn[T ~string | ~[]byte](ix *index, b T, out []match) []match {
 	}
 	filter := ix.filter
 	for i := 0; i+anchorLen <= len(b); i++ {
-		w := uint64(b[i]) | uint64(b[i+1])<<8 | uint64(b[i+2])<<16 | uint64(b[i+3])<<24 |
-			uint64(b[i+4])<<32 | uint64(b[i+5])<<40 | uint64(b[i+6])<<48 | uint64(b[i+7])<<56
+		win := b[i : i+anchorLen] // one bounds check, so the eight loads fold into one
+		w := uint64(win[0]) | uint64(win[1])<<8 | uint64(win[2])<<16 | uint64(win[3])<<24 |
+			uint64(win[4])<<32 | uint64(win[5])<<40 | uint64(win[6])<<48 | uint64(win[7])<<56
 		h := filterSlot(w)
 		if filter[h>>6]&(1<<(h&63)) == 0 {
 			continue
