@@ -80,20 +80,38 @@ type Config struct {
 }
 
 // Log writes audit lines and keeps the metrics. Safe for concurrent use.
+//
+// Record counts an entry and queues it; the batch is encoded and written by
+// the flush FlushEvery later (or by Flush, rotation and Close), so a
+// request pays neither the encoding nor a write (issue 4's profile put both
+// on the proxy's critical path). Nothing is dropped: past maxPending queued
+// entries, the recording goroutine writes the batch itself.
 type Log struct {
 	cfg     Config
 	metrics *metrics
 
+	// mu guards the queue and its timer.
 	mu      sync.Mutex
-	file    *os.File
-	buf     *bufio.Writer
-	size    int64
-	flusher clock.Timer // pending flush of buf, nil when buf is empty
+	pending []Entry
+	flusher clock.Timer // the pending flush, nil when nothing is queued
+
+	// fileMu guards the file; a batch is taken and written under it, so
+	// batches reach the file in the order they were recorded.
+	fileMu sync.Mutex
+	file   *os.File
+	buf    *bufio.Writer
+	size   int64
+	line   []byte  // encoding scratch
+	spare  []Entry // the other queue, swapped in by a flush
 }
 
 // FlushEvery bounds how long an audit line may sit in memory before it is
 // written: lines are batched so the proxy does not pay a write per request.
 const FlushEvery = 100 * time.Millisecond
+
+// maxPending bounds the queue (a few hundred KiB); reached, the recording
+// goroutine writes the batch instead of waiting for the flush.
+const maxPending = 4096
 
 // Open creates Dir and opens the live file for appending.
 func Open(cfg Config) (*Log, error) {
@@ -143,60 +161,71 @@ func (l *Log) openLocked() error {
 	return nil
 }
 
-// lineBuffers lend Record the buffer it encodes a line into.
-var lineBuffers = sync.Pool{New: func() any { b := make([]byte, 0, 512); return &b }}
-
-// Record writes e and counts it. The proxy calls it once per request, so it
-// allocates nothing on its common path: the line is encoded by hand into a
-// pooled buffer and appended to the batch.
+// Record queues e to be written and counts it. The proxy calls it once per
+// request, so its common path is a few counters and an append under a lock.
 func (l *Log) Record(e Entry) {
 	if e.TS.IsZero() {
 		e.TS = l.cfg.Clock.Now()
 	}
 	e.TS = e.TS.UTC()
 	l.metrics.observe(&e)
-	bp := lineBuffers.Get().(*[]byte)
-	line := append(appendLine((*bp)[:0], &e), '\n')
-	l.write(line)
-	*bp = line
-	lineBuffers.Put(bp)
-}
-
-func (l *Log) write(line []byte) {
 	l.mu.Lock()
-	defer l.mu.Unlock()
-	if l.file == nil {
-		return
-	}
-	if l.size > 0 && l.size+int64(len(line)) > l.cfg.MaxBytes {
-		if err := l.rotateLocked(); err != nil {
-			l.cfg.Logger.Error("audit: rotating", slog.String("error", err.Error()))
-		}
-	}
-	n, err := l.buf.Write(line)
-	l.size += int64(n)
-	if err != nil {
-		l.cfg.Logger.Error("audit: writing", slog.String("error", err.Error()))
-	}
-	if l.flusher == nil {
+	l.pending = append(l.pending, e)
+	full := len(l.pending) >= maxPending
+	if l.flusher == nil && !full {
 		l.flusher = l.cfg.Clock.AfterFunc(FlushEvery, l.flush)
 	}
+	l.mu.Unlock()
+	if full {
+		l.flush()
+	}
 }
 
-// Flush writes every buffered line now.
+// Flush writes every recorded line now.
 func (l *Log) Flush() { l.flush() }
 
 func (l *Log) flush() {
+	l.fileMu.Lock()
+	defer l.fileMu.Unlock()
 	l.mu.Lock()
-	defer l.mu.Unlock()
-	l.flushLocked()
-}
-
-func (l *Log) flushLocked() {
+	batch := l.pending
+	l.pending, l.spare = l.spare[:0], nil
 	if l.flusher != nil {
 		l.flusher.Stop()
 		l.flusher = nil
 	}
+	l.mu.Unlock()
+	for i := range batch {
+		l.writeLocked(&batch[i])
+	}
+	l.flushFileLocked()
+	clear(batch) // no strings held until the next batch
+	l.spare = batch[:0]
+}
+
+// writeLocked encodes e and writes it to the file's buffer, rotating the
+// file first when the line would pass MaxBytes. After Close, lines only go.
+func (l *Log) writeLocked(e *Entry) {
+	if l.file == nil {
+		return
+	}
+	l.line = append(appendLine(l.line[:0], e), '\n')
+	if l.size > 0 && l.size+int64(len(l.line)) > l.cfg.MaxBytes {
+		if err := l.rotateLocked(); err != nil {
+			l.cfg.Logger.Error("audit: rotating", slog.String("error", err.Error()))
+			if l.file == nil {
+				return
+			}
+		}
+	}
+	n, err := l.buf.Write(l.line)
+	l.size += int64(n)
+	if err != nil {
+		l.cfg.Logger.Error("audit: writing", slog.String("error", err.Error()))
+	}
+}
+
+func (l *Log) flushFileLocked() {
 	if l.buf == nil {
 		return
 	}
@@ -210,7 +239,7 @@ func ms(d time.Duration) float64 { return float64(d.Microseconds()) / 1000 }
 // rotateLocked shifts name.N-1 to name.N down to the live file, dropping
 // what passes Keep, and opens a fresh live file.
 func (l *Log) rotateLocked() error {
-	l.flushLocked()
+	l.flushFileLocked()
 	l.file.Close()
 	l.file, l.buf = nil, nil
 	base := l.path()
@@ -228,15 +257,15 @@ func (l *Log) rotateLocked() error {
 	return l.openLocked()
 }
 
-// Close writes what is buffered and closes the file; later Records only
+// Close writes what is recorded and closes the file; later Records only
 // count.
 func (l *Log) Close() error {
-	l.mu.Lock()
-	defer l.mu.Unlock()
+	l.flush()
+	l.fileMu.Lock()
+	defer l.fileMu.Unlock()
 	if l.file == nil {
 		return nil
 	}
-	l.flushLocked()
 	err := l.file.Close()
 	l.file, l.buf = nil, nil
 	return err
