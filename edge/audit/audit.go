@@ -53,6 +53,9 @@ type Entry struct {
 	// BytesOut bytes to the task.
 	BytesIn  int64 `json:"bytesIn"`
 	BytesOut int64 `json:"bytesOut"`
+	// Scrubbed counts the real values taken out of the answer (each
+	// replaced by its placeholder before the task got it).
+	Scrubbed int `json:"scrubbed,omitempty"`
 	// Duration is the whole decision; Upstream the part spent waiting for
 	// the upstream's response head.
 	Duration time.Duration `json:"-"`

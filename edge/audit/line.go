@@ -62,6 +62,10 @@ func appendLine(b []byte, e *Entry) []byte {
 	b = strconv.AppendInt(b, e.BytesIn, 10)
 	b = append(b, `,"bytesOut":`...)
 	b = strconv.AppendInt(b, e.BytesOut, 10)
+	if e.Scrubbed != 0 {
+		b = append(b, `,"scrubbed":`...)
+		b = strconv.AppendInt(b, int64(e.Scrubbed), 10)
+	}
 	b = append(b, `,"durationMs":`...)
 	b = appendMillis(b, e.Duration.Microseconds())
 	if up := e.Upstream.Microseconds(); up != 0 {

@@ -27,7 +27,7 @@ func TestLineIsWhatEncodingJSONWrites(t *testing.T) {
 	for _, e := range []Entry{
 		{TS: ts, Action: Forwarded, Host: "api.example.test:443"},
 		{TS: ts.Truncate(time.Second), Task: "run-1", Action: Substituted, Keys: []string{"acme/K"}, Host: "api.example.test:8443",
-			Method: "GET", Path: "/v1/x", Status: 200, BytesIn: 12, BytesOut: 1 << 40, Duration: 1500 * time.Microsecond, Upstream: 999 * time.Microsecond},
+			Method: "GET", Path: "/v1/x", Status: 200, BytesIn: 12, BytesOut: 1 << 40, Scrubbed: 3, Duration: 1500 * time.Microsecond, Upstream: 999 * time.Microsecond},
 		{TS: ts, Task: "run-2", Action: Blocked, Reason: `key acme/K may not reach <b>&"x"\y` + "\n\t\r\b\f\x00\x1f\x7f", Keys: []string{"acme/A", "acme/B"},
 			Host: "b.example:443", Method: "POST", Path: "/p/\u2028\u2029/é/\xff\xfe", Status: 403, Duration: time.Nanosecond},
 		{TS: ts, Action: Denied, Host: "h:1", Duration: 3 * time.Hour, Upstream: 400 * time.Nanosecond},
@@ -46,7 +46,7 @@ func FuzzLine(f *testing.F) {
 	f.Add("run-1", "reason <&>", "acme/K", "host:443", "GET", "/p\u2028\xff", 200, int64(5), int64(-1), int64(1500000))
 	f.Fuzz(func(t *testing.T, task, reason, key, host, method, path string, status int, in, out, dur int64) {
 		e := Entry{TS: time.Unix(1_800_000_000, dur).UTC(), Task: task, Action: Action(reason + "!"), Reason: reason, Keys: []string{key, task},
-			Host: host, Method: method, Path: path, Status: status, BytesIn: in, BytesOut: out, Duration: time.Duration(dur), Upstream: time.Duration(in)}
+			Host: host, Method: method, Path: path, Status: status, BytesIn: in, BytesOut: out, Scrubbed: status / 3, Duration: time.Duration(dur), Upstream: time.Duration(in)}
 		if got, want := string(appendLine(nil, &e)), referenceLine(t, e); got != want {
 			t.Fatalf("line\n got %s\nwant %s", got, want)
 		}

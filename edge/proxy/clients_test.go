@@ -6,6 +6,7 @@ import (
 	"net/http"
 	"os"
 	"os/exec"
+	"regexp"
 	"strings"
 	"testing"
 
@@ -27,7 +28,7 @@ func TestMain(m *testing.M) {
 }
 
 func goClientMain(url string) int {
-	req, _ := http.NewRequest(http.MethodGet, url, nil)
+	req, _ := http.NewRequest(http.MethodPost, url, strings.NewReader("key="+os.Getenv("OPENAI_API_KEY")))
 	req.Header.Set("Authorization", "Bearer "+os.Getenv("OPENAI_API_KEY"))
 	res, err := http.DefaultClient.Do(req)
 	if err != nil {
@@ -44,7 +45,8 @@ func goClientMain(url string) int {
 
 const pythonClient = `
 import os, requests
-r = requests.get(os.environ["URL"], headers={"Authorization": "Bearer " + os.environ["OPENAI_API_KEY"]})
+r = requests.post(os.environ["URL"], headers={"Authorization": "Bearer " + os.environ["OPENAI_API_KEY"]},
+                  data="key=" + os.environ["OPENAI_API_KEY"])
 print(r.status_code)
 for k, v in r.headers.items():
     print(k + ": " + v)
@@ -53,19 +55,28 @@ print(r.text)
 
 // The three kinds of client a task runs, configured only through the
 // standard variables, reach a loopback HTTPS upstream through the proxy with
-// the placeholder; the upstream gets the real value; nothing the client
-// sees, and nothing logged, holds it.
+// the placeholder; the upstream gets the real value and echoes it back (in
+// a header and in the body, as APIs quoting a key in an error do); nothing
+// the client sees, and nothing logged, holds it: the client gets its
+// placeholder back instead.
 func TestRealClientsGetTheirPlaceholderSubstituted(t *testing.T) {
 	if err := exec.Command("/usr/bin/python3", "-c", "import requests").Run(); err != nil {
 		t.Fatalf("%v: run infra/scripts/test-deps.sh (make test does) to install Debian's python3-requests", err)
 	}
 	uca := newUpstreamCA(t)
 	up := startUpstream(t, uca, true, "api.example.test")
+	up.handler = func(w http.ResponseWriter, r *http.Request) {
+		got := up.requests() // the recording upstream read the body
+		body := got[len(got)-1].Body
+		w.Header().Set("Content-Type", "text/plain")
+		w.Header().Set("X-Echo-Authorization", r.Header.Get("Authorization"))
+		fmt.Fprintf(w, "hello from upstream; you sent %s and %s\n", r.Header.Get("Authorization"), body)
+	}
 	const real = "sk-real-value-0123456789-abcdef"
 	e := newEnv(t, envOptions{
 		uca:     uca,
 		pins:    map[string]string{"api.example.test": "127.0.0.1"},
-		keys:    fmt.Sprintf(`{"acme": {"keys": {"OPENAI_API_KEY": {"domains": ["api.example.test:%d"], "placeholder": {"prefix": "sk-"}}}}}`, up.port),
+		keys:    fmt.Sprintf(`{"acme": {"keys": {"OPENAI_API_KEY": {"domains": ["api.example.test:%d"], "in": ["header", "body"], "placeholder": {"prefix": "sk-"}}}}}`, up.port),
 		secrets: map[string]string{"acme/OPENAI_API_KEY": real},
 	})
 	proxyURL, phs := e.task("run-clients", hostproto.Secret{ProjectID: "acme", Key: "OPENAI_API_KEY"})
@@ -77,7 +88,7 @@ func TestRealClientsGetTheirPlaceholderSubstituted(t *testing.T) {
 	clientEnv := e.clientEnv(proxyURL, "OPENAI_API_KEY="+ph, "URL="+target)
 
 	outputs := map[string]string{
-		"curl":   runClient(t, clientEnv, "/usr/bin/curl", "-sS", "-i", "-H", "Authorization: Bearer "+ph, target),
+		"curl":   runClient(t, clientEnv, "/usr/bin/curl", "-sS", "-i", "-H", "Authorization: Bearer "+ph, "--data", "key="+ph, target),
 		"python": runClient(t, clientEnv, "/usr/bin/python3", "-c", pythonClient),
 		"go":     runClient(t, append(clientEnv, goClientEnv+"="+target), os.Args[0]),
 	}
@@ -86,7 +97,7 @@ func TestRealClientsGetTheirPlaceholderSubstituted(t *testing.T) {
 		t.Fatalf("upstream got %d requests, want 3", len(got))
 	}
 	for i, r := range got {
-		if r.Header.Get("Authorization") != "Bearer "+real {
+		if r.Header.Get("Authorization") != "Bearer "+real || string(r.Body) != "key="+real {
 			t.Errorf("request %d reached the upstream without the real value", i)
 		}
 		if r.Host != fmt.Sprintf("api.example.test:%d", up.port) || r.Path != "/v1/models" {
@@ -97,15 +108,19 @@ func TestRealClientsGetTheirPlaceholderSubstituted(t *testing.T) {
 		}
 	}
 	for name, out := range outputs {
-		if !strings.Contains(out, "hello from upstream") {
-			t.Errorf("%s did not get the upstream's answer: %s", name, out)
+		if !strings.Contains(out, "hello from upstream; you sent Bearer "+ph+" and key="+ph+"\n") {
+			t.Errorf("%s did not get the upstream's answer with its placeholder echoed: %s", name, out)
+		}
+		if !regexp.MustCompile(`(?i)X-Echo-Authorization: Bearer ` + ph).MatchString(out) {
+			t.Errorf("%s did not get the echoing header with its placeholder: %s", name, out)
 		}
 		if strings.Contains(out, real) {
 			t.Errorf("%s saw the real value", name)
 		}
 	}
 	line := e.waitAudit(func(m map[string]any) bool { return m["action"] == "substituted" })
-	if line["task"] != "run-clients" || fmt.Sprint(line["keys"]) != "[acme/OPENAI_API_KEY]" || line["path"] != "/v1/models" || line["status"] != float64(200) {
+	if line["task"] != "run-clients" || fmt.Sprint(line["keys"]) != "[acme/OPENAI_API_KEY]" || line["path"] != "/v1/models" ||
+		line["status"] != float64(200) || line["scrubbed"] != float64(3) {
 		t.Errorf("audit line = %v", line)
 	}
 	e.assertNoLeak(real, ph, proxyURL.User.String())

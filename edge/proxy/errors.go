@@ -26,6 +26,15 @@ type withheldError struct{ ref policy.KeyRef }
 
 func (e *withheldError) Error() string { return "withheld: no value for " + e.ref.String() }
 
+// unscannableError: an answer to a request that carried a real value comes
+// content-coded (compressed) although the proxy asked for it uncoded, so it
+// cannot be scrubbed of the value; the task does not get it.
+type unscannableError struct{}
+
+func (unscannableError) Error() string {
+	return "the upstream's answer is content-coded (compressed) and cannot be scanned for the values put into the request"
+}
+
 // faultError: something of ours failed (the secrets source, a value that
 // cannot be sent). Logged, never shown.
 type faultError struct{ err error }
@@ -41,11 +50,14 @@ func (p *Proxy) classify(err error) (status int, action audit.Action, reason str
 	var withheld *withheldError
 	var fault *faultError
 	var refused *upstream.RefusedError
+	var unscannable unscannableError
 	switch {
 	case errors.As(err, &blocked):
 		return http.StatusForbidden, audit.Blocked, blocked.Error()
 	case errors.As(err, &withheld):
 		return http.StatusForbidden, audit.Withheld, withheld.Error()
+	case errors.As(err, &unscannable):
+		return http.StatusBadGateway, audit.Blocked, unscannable.Error()
 	case errors.As(err, &refused):
 		return http.StatusForbidden, audit.Denied, "upstream refused: " + refused.Verdict.Reason
 	case errors.As(err, &fault):

@@ -5,6 +5,7 @@ import (
 	"io"
 	"log/slog"
 	"net/http"
+	"strconv"
 	"strings"
 	"sync"
 	"time"
@@ -18,7 +19,8 @@ import (
 // and the answer copied on this goroutine (profiles in issue 4: the copy and
 // net/http's parsing were most of the proxy's time per request).
 func (p *Proxy) forward(r *http.Request, st *requestState) {
-	out := outbound{req: r, host: st.ci.hostHeader, upgrade: upgradeType(r.Header), length: r.ContentLength}
+	carries := st.carriesValues()
+	out := outbound{req: r, host: st.ci.hostHeader, upgrade: upgradeType(r.Header), length: r.ContentLength, identity: carries}
 	if out.host == "" {
 		out.host = st.ci.target.HostHeader()
 	}
@@ -52,13 +54,20 @@ func (p *Proxy) forward(r *http.Request, st *requestState) {
 			return
 		}
 	}
+	// The answer to a request that carried a real value is scrubbed of it.
+	var scrub *scrubber
+	if carries {
+		scrub = &st.scrub
+		scrub.reset(st)
+	}
 	w := &st.out
 	for res.status < 200 && res.status != http.StatusSwitchingProtocols {
-		// An interim answer goes on to the task as it is.
+		// An interim answer goes on to the task as it is, scrubbed.
 		h := w.Header()
 		for k, vs := range res.header {
 			h[k] = vs
 		}
+		st.scrubHeader(scrub, h)
 		w.WriteHeader(res.status)
 		clear(h)
 		var err error
@@ -74,7 +83,16 @@ func (p *Proxy) forward(r *http.Request, st *requestState) {
 		return
 	}
 	if res.status == http.StatusSwitchingProtocols {
+		st.scrubHeader(scrub, res.header)
 		p.switchProtocols(st, out.upgrade, res, uc)
+		return
+	}
+	body := uc.openBody(res, r.Method)
+	defer body.Close()
+	if scrub != nil && body.r != nil && contentCoded(res.header) {
+		// Asked for identity, the upstream still compressed it: what it
+		// holds cannot be known, so the task does not get it.
+		p.upstreamError(st, unscannableError{})
 		return
 	}
 	h := w.Header()
@@ -84,21 +102,86 @@ func (p *Proxy) forward(r *http.Request, st *requestState) {
 			h[k] = vs
 		}
 	}
-	w.WriteHeader(res.status)
-	body := uc.openBody(res, r.Method)
-	defer body.Close()
+	st.scrubHeader(scrub, h)
 	// A streamed answer (no length, or server-sent events) reaches the task
 	// as it comes; any other leaves in as few writes as fit.
 	flush := res.length < 0 || isEventStream(h["Content-Type"])
-	if err := copyBody(w, body, flush); err != nil {
+	var src io.Reader = body
+	if scrub != nil && body.r != nil {
+		if !flush && res.length <= bodyChunk {
+			p.passScrubbedWhole(st, scrub, body, res)
+			return
+		}
+		// Scrubbing may change the length: the answer goes without one
+		// (chunked on HTTP/1.1), through the bounded window.
+		delete(h, "Content-Length")
+		sc := newPooledScanner(body, scrub)
+		defer func() {
+			st.scrubbed += sc.n
+			sc.release()
+		}()
+		src = sc
+	}
+	w.WriteHeader(res.status)
+	if err := copyBody(w, src, flush); err != nil {
 		p.cfg.Logger.Warn("secrets proxy: passing on the upstream's answer", slog.String("task", st.runID()),
 			slog.String("host", st.ci.address()), slog.String("error", err.Error()))
 		abort(w, st)
 		return
 	}
+	st.scrubHeader(scrub, body.trailer)
 	for k, vs := range body.trailer {
 		h[http.TrailerPrefix+k] = vs
 	}
+}
+
+// passScrubbedWhole passes on a sized answer that fits one copy buffer:
+// read whole, scrubbed, and sent with its exact length.
+func (p *Proxy) passScrubbedWhole(st *requestState, scrub *scrubber, body *upBody, res upResponse) {
+	w := &st.out
+	bufp := copyBufferPool.Get().(*[]byte)
+	defer copyBufferPool.Put(bufp)
+	b := (*bufp)[:res.length]
+	_, err := io.ReadFull(body, b)
+	if err == nil {
+		// Past the length: the end, which returns the connection to the pool.
+		if _, err = body.Read(b[len(b):]); err == io.EOF {
+			err = nil
+		}
+	}
+	if err != nil {
+		clear(w.Header())
+		p.upstreamError(st, err)
+		return
+	}
+	out, n := scrub.whole(b)
+	if n > 0 {
+		st.scrubbed += n
+		w.Header()["Content-Length"] = []string{strconv.Itoa(len(out))}
+	}
+	w.WriteHeader(res.status)
+	w.Write(out)
+}
+
+// scrubHeader takes the request's values out of an answer's fields (no-op
+// without a scrubber).
+func (st *requestState) scrubHeader(scrub *scrubber, h http.Header) {
+	if scrub != nil && len(h) > 0 {
+		st.scrubbed += scrub.header(h)
+	}
+}
+
+// contentCoded reports whether an answer's body is content-coded with
+// anything but identity (RFC 9110 8.4).
+func contentCoded(h http.Header) bool {
+	for _, v := range h["Content-Encoding"] {
+		for _, c := range strings.Split(v, ",") {
+			if c = strings.TrimSpace(c); c != "" && !strings.EqualFold(c, "identity") {
+				return true
+			}
+		}
+	}
+	return false
 }
 
 // copyBody copies an answer's body to the task, flushing after every read
@@ -221,4 +304,4 @@ func isEventStream(contentType []string) bool {
 }
 
 // copyBufferPool lends the body copies their 32 KiB buffers.
-var copyBufferPool = sync.Pool{New: func() any { b := make([]byte, 32<<10); return &b }}
+var copyBufferPool = sync.Pool{New: func() any { b := make([]byte, bodyChunk); return &b }}

@@ -54,6 +54,14 @@ type requestState struct {
 	// the request body read.
 	entry  audit.Entry
 	bodyIn *countingReader
+	// streamSubs: the body streams through the scanner and a key may be
+	// substituted in it, so values may still be put in while the answer
+	// comes back.
+	streamSubs bool
+	// scrub takes the request's values out of the answer; scrubbed counts
+	// the values it replaced.
+	scrub    scrubber
+	scrubbed int
 
 	mu       sync.Mutex
 	subs     []substitution // keys met in this request, values read once
@@ -66,11 +74,13 @@ type requestState struct {
 }
 
 // substitution is one key a request met: its real value, read from the
-// secrets source once per request, and whether it was put in.
+// secrets source once per request, the task's placeholder for it, and
+// whether it was put in.
 type substitution struct {
-	ref   policy.KeyRef
-	value string
-	used  bool
+	ref         policy.KeyRef
+	value       string
+	placeholder string
+	used        bool
 }
 
 // reset readies st for a request, keeping its scratch space: an HTTP/1.1
@@ -78,6 +88,14 @@ type substitution struct {
 func (st *requestState) reset(p *Proxy, ci *connInfo, watch *cancelWatch, ctx context.Context) {
 	*st = requestState{p: p, ci: ci, ctx: ctx, watch: watch, ms: st.ms[:0]}
 	st.subs = st.subsBuf[:0]
+}
+
+// carriesValues reports whether the answer may hold a real value the
+// request carried: one was put in, or the streamed body may still get one.
+func (st *requestState) carriesValues() bool {
+	st.mu.Lock()
+	defer st.mu.Unlock()
+	return len(st.subs) > 0 || st.streamSubs
 }
 
 func (st *requestState) runID() string { return st.ci.attempt.task.runID }
@@ -112,7 +130,7 @@ func (st *requestState) substitute(o owner, loc policy.Location) (string, error)
 			st.failLocked(ferr, o.ref)
 			return "", ferr
 		}
-		st.subs = append(st.subs, substitution{ref: o.ref, value: v})
+		st.subs = append(st.subs, substitution{ref: o.ref, value: v, placeholder: o.placeholder})
 	}
 	v := st.subs[i].value
 	if loc == policy.InHeader && strings.ContainsAny(v, "\r\n\x00") {
@@ -271,7 +289,9 @@ func (st *requestState) settle() {
 	switch {
 	case st.fail != nil:
 		_, entry.Action, entry.Reason = st.p.classify(st.fail)
-		entry.Keys = []string{st.failKey.String()}
+		if st.failKey != (policy.KeyRef{}) {
+			entry.Keys = []string{st.failKey.String()}
+		}
 	case entry.Action != "":
 	case len(entry.Keys) > 0:
 		entry.Action = audit.Substituted
@@ -291,6 +311,7 @@ func (p *Proxy) record(st *requestState) {
 		e.BytesIn = st.bodyIn.n.Load()
 	}
 	e.BytesOut = st.out.n
+	e.Scrubbed = st.scrubbed
 	e.Duration = p.cfg.Clock.Now().Sub(e.TS)
 	p.cfg.Audit.Record(*e)
 }
@@ -443,6 +464,7 @@ func (st *requestState) prepareBody(ix *index, r *http.Request, limit int64) err
 	}{newBodyScanner(r.Body, ix, st.substitute), r.Body}
 	if mayChange {
 		r.ContentLength = -1
+		st.streamSubs = true
 	}
 	return nil
 }

@@ -4,6 +4,19 @@
 // that HTTP/1.1 and HTTP/2 share, which swaps a placeholder for its real
 // value only where the policy allows and blocks it everywhere else.
 //
+// What a task is sent back never holds a value its request carried: an
+// upstream that echoes the request (an API quoting the key in an error) has
+// each value substituted into that request replaced by its placeholder in
+// the answer's fields, body and trailers (scrubber). A sized answer that
+// fits one copy buffer is read whole and sent with its new length; any
+// other streams through the bounded window (a streamed answer stays
+// unbuffered, held back at most a value's length less one byte) without a
+// length (chunked on HTTP/1.1). Such a request asks the upstream for an
+// uncoded answer (Accept-Encoding: identity); a compressed answer cannot be
+// scanned, so one that comes anyway is refused (502, audited as blocked)
+// rather than passed on: the request has reached the upstream, but the task
+// never gets what may be the value.
+//
 // The runner (admission, env) calls Ready and CheckGrant (admission),
 // Register, StartAttempt (the task's HTTPS_PROXY), TaskKeys (one variable
 // per key holding its placeholder), ProxiedKeys (RUNFLEET_PROXIED_KEYS),

@@ -197,6 +197,9 @@ type outbound struct {
 	// whole body is read at once.
 	inline []byte
 	stream io.Reader
+	// identity asks for an uncoded answer (Accept-Encoding: identity), so
+	// it can be scrubbed of the values the request carries.
+	identity bool
 }
 
 // maxInline is the largest in-memory body sent with the head on the
@@ -316,7 +319,8 @@ func writeRequestHead(bw *bufio.Writer, out *outbound) {
 	connection := r.Header["Connection"]
 	for k, vs := range r.Header {
 		if !endToEnd(k, connection) || k == "Host" || k == "Content-Length" ||
-			k == "Forwarded" || k == "X-Forwarded-For" || k == "X-Forwarded-Host" || k == "X-Forwarded-Proto" {
+			k == "Forwarded" || k == "X-Forwarded-For" || k == "X-Forwarded-Host" || k == "X-Forwarded-Proto" ||
+			out.identity && k == "Accept-Encoding" {
 			continue
 		}
 		for _, v := range vs {
@@ -325,6 +329,9 @@ func writeRequestHead(bw *bufio.Writer, out *outbound) {
 			bw.WriteString(v)
 			bw.WriteString("\r\n")
 		}
+	}
+	if out.identity {
+		bw.WriteString("Accept-Encoding: identity\r\n")
 	}
 	if httpguts.HeaderValuesContainsToken(r.Header["Te"], "trailers") {
 		bw.WriteString("Te: trailers\r\n")

@@ -9,10 +9,13 @@ import (
 	"github.com/runfleet/runfleet/edge/policy"
 )
 
-// owner is whose a placeholder is: a task and the key it stands for.
+// owner is whose a placeholder is: a task and the key it stands for, and
+// the placeholder itself (what a scrubbed answer gets back in place of the
+// key's value).
 type owner struct {
-	task string
-	ref  policy.KeyRef
+	task        string
+	ref         policy.KeyRef
+	placeholder string
 }
 
 // anchorLen is the width of the window the scanner looks up at every byte:
@@ -48,6 +51,7 @@ func newIndex(all map[string]owner) *index {
 			continue // cannot happen for a policy-shaped placeholder
 		}
 		w := binary.LittleEndian.Uint64([]byte(ph[off : off+anchorLen]))
+		o.placeholder = ph
 		ix.byAnchor[w] = append(ix.byAnchor[w], indexEntry{ph, off, o})
 		h := filterSlot(w)
 		ix.filter[h>>6] |= 1 << (h & 63)
@@ -211,29 +215,88 @@ func (ix *index) rewriteString(s string, loc policy.Location, sub substituter, s
 // bodyChunk is how much of a body is read at a time.
 const bodyChunk = 32 << 10
 
-// bodyScanner streams a request body through the index with a bounded
-// window: it holds back only the trailing bytes that could begin a
-// placeholder (at most the longest placeholder less one), so a placeholder
-// split across reads is still found, memory stays bounded and a streamed
-// upload is not delayed more than that.
+// rewriter is what a bodyScanner looks for in a stream and what it puts in
+// its place: placeholders in a request body (placeholderRewriter), real
+// values in an answer (scrubber).
+type rewriter interface {
+	// find appends every occurrence in b to out, by start.
+	find(b []byte, out []match) []match
+	// held is how many trailing bytes of b could begin an occurrence that
+	// more bytes would complete: the scanner holds them back.
+	held(b []byte) int
+	// replace decides every occurrence in ms, filling values by match, or
+	// returns the error that stops the stream.
+	replace(ms []match, values []string) ([]string, error)
+}
+
+// placeholderRewriter finds known placeholders in a request body and
+// replaces each as the request's substituter decides.
+type placeholderRewriter struct {
+	ix  *index
+	sub substituter
+}
+
+func (r placeholderRewriter) find(b []byte, out []match) []match { return findIn(r.ix, b, out) }
+
+// held: the trailing run of bytes a placeholder may hold, up to the longest
+// placeholder less one.
+func (r placeholderRewriter) held(b []byte) int {
+	hold := 0
+	for hold < len(b) && hold < r.ix.maxLen-1 && placeholderByte(b[len(b)-1-hold]) {
+		hold++
+	}
+	return hold
+}
+
+func (r placeholderRewriter) replace(ms []match, values []string) ([]string, error) {
+	return decide(ms, policy.InBody, r.sub, values)
+}
+
+// bodyScanner streams a body through a rewriter with a bounded window: it
+// holds back only the trailing bytes that could begin an occurrence (for
+// placeholders at most the longest less one, for a scrubbed value at most
+// its length less one), so an occurrence split across reads is still
+// found, memory stays bounded and a stream is not delayed more than that.
 type bodyScanner struct {
-	src  io.Reader
-	ix   *index
-	sub  substituter
-	loc  policy.Location
-	buf  []byte // unscanned bytes, the held-back tail first
-	out  []byte // scanned bytes ready for Read
-	err  error  // from src, reported once buf and out are drained
-	fail error  // a decision that stops the request
-	n    int    // occurrences replaced
-	read int64  // bytes read from src
+	src io.Reader
+	rw  rewriter
+	buf []byte // unscanned bytes, the held-back tail first
+	out []byte // scanned bytes ready for Read, the rest of outBuf
+	// outBuf is where scan writes out, reused once out is drained.
+	outBuf []byte
+	err    error // from src, reported once buf and out are drained
+	fail   error // a decision that stops the stream
+	n      int   // occurrences replaced
+	read   int64 // bytes read from src
 
 	ms     []match  // scratch for find
-	values []string // scratch for decide
+	values []string // scratch for replace
+	// pooled holds buffers lent by copyBufferPool (release returns them).
+	pooled [2]*[]byte
 }
 
 func newBodyScanner(src io.Reader, ix *index, sub substituter) *bodyScanner {
-	return &bodyScanner{src: src, ix: ix, sub: sub, loc: policy.InBody}
+	return &bodyScanner{src: src, rw: placeholderRewriter{ix: ix, sub: sub}}
+}
+
+// newPooledScanner is a bodyScanner whose window and output lie in buffers
+// from copyBufferPool; its owner calls release once done reading it.
+func newPooledScanner(src io.Reader, rw rewriter) *bodyScanner {
+	s := &bodyScanner{src: src, rw: rw}
+	s.pooled[0], s.pooled[1] = copyBufferPool.Get().(*[]byte), copyBufferPool.Get().(*[]byte)
+	s.buf, s.outBuf = (*s.pooled[0])[:0], (*s.pooled[1])[:0]
+	return s
+}
+
+// release returns pooled buffers; the scanner is not read again.
+func (s *bodyScanner) release() {
+	for i, b := range s.pooled {
+		if b != nil {
+			copyBufferPool.Put(b)
+			s.pooled[i] = nil
+		}
+	}
+	s.buf, s.out, s.outBuf = nil, nil, nil
 }
 
 func (s *bodyScanner) Read(p []byte) (int, error) {
@@ -269,28 +332,24 @@ func (s *bodyScanner) fill() {
 }
 
 // scan moves every byte of buf that cannot be part of an unfinished
-// placeholder to out, replaced as decided.
+// occurrence to out, replaced as decided.
 func (s *bodyScanner) scan() {
 	limit := len(s.buf)
 	if s.err == nil {
-		hold := 0
-		for hold < len(s.buf) && hold < s.ix.maxLen-1 && placeholderByte(s.buf[len(s.buf)-1-hold]) {
-			hold++
-		}
-		limit -= hold
+		limit -= s.rw.held(s.buf)
 	}
-	ms := findIn(s.ix, s.buf, s.ms)
+	ms := s.rw.find(s.buf, s.ms)
 	s.ms = ms
 	// Decide every complete occurrence, even one in the held-back tail: a
 	// block must stop the body before any of it goes on.
-	values, err := decide(ms, s.loc, s.sub, s.values)
+	values, err := s.rw.replace(ms, s.values)
 	if err != nil {
 		s.fail = err
 		s.out = nil
 		return
 	}
 	s.values = values
-	out := s.out[:0]
+	out := s.outBuf[:0]
 	pos := 0
 	for i, m := range ms {
 		if m.start >= limit {
@@ -308,7 +367,7 @@ func (s *bodyScanner) scan() {
 		out = append(out, s.buf[pos:limit]...)
 		pos = limit
 	}
-	s.out = out
+	s.out, s.outBuf = out, out
 	rest := copy(s.buf, s.buf[pos:])
 	s.buf = s.buf[:rest]
 }

@@ -26,7 +26,7 @@ const (
 )
 
 func scanIndex() *index {
-	return newIndex(map[string]owner{phT1A: {"t1", refA}, phT1B: {"t1", refB}, phT2A: {"t2", refA}})
+	return newIndex(map[string]owner{phT1A: {task: "t1", ref: refA}, phT1B: {task: "t1", ref: refB}, phT2A: {task: "t2", ref: refA}})
 }
 
 func allowOnlyT1A(o owner, loc policy.Location) (string, error) {
@@ -127,7 +127,7 @@ func FuzzScanner(f *testing.F) {
 		}
 		in := b.Bytes()
 		for _, m := range ix.find(in) {
-			if m.owner == (owner{"t1", refA}) {
+			if m.owner.task == "t1" && m.owner.ref == refA {
 				allowed++
 			} else {
 				blockedSeen = true

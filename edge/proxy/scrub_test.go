@@ -1,0 +1,236 @@
+package proxy
+
+import (
+	"bufio"
+	"bytes"
+	"compress/gzip"
+	"fmt"
+	"io"
+	"net/http"
+	"strings"
+	"testing"
+	"time"
+)
+
+// An upstream that echoes what it got sends the real value back; the task
+// gets its placeholder instead, wherever the value stands in the answer:
+// a header, a small body sent with its length (the length made right), a
+// body too large to read whole (streamed, re-framed), a chunked body with
+// the value split between two chunks, and trailers. Over HTTP/1.1 and
+// HTTP/2 to the proxy alike.
+func TestEchoedValuesAreScrubbedFromAnswers(t *testing.T) {
+	for _, h2 := range []bool{false, true} {
+		t.Run(fmt.Sprintf("h2=%v", h2), func(t *testing.T) {
+			f := newFixture(t, "open")
+			var acceptEncoding []string
+			f.up.handler = func(w http.ResponseWriter, r *http.Request) {
+				acceptEncoding = append(acceptEncoding, r.Header.Get("Accept-Encoding"))
+				auth := r.Header.Get("Authorization")
+				w.Header().Set("X-Echo", "you sent "+auth)
+				switch r.URL.Path {
+				case "/small":
+					w.Header().Set("Content-Length", fmt.Sprint(len(auth)+8))
+					io.WriteString(w, "got: "+auth+"\n!!")
+				case "/large":
+					pad := strings.Repeat("p", 50000)
+					w.Header().Set("Content-Length", fmt.Sprint(len(pad)*2+len(auth)))
+					io.WriteString(w, pad+auth+pad)
+				case "/split":
+					w.Header().Set("Trailer", "X-Echo-Trailer")
+					io.WriteString(w, "start "+auth[:12])
+					w.(http.Flusher).Flush()
+					io.WriteString(w, auth[12:]+" end")
+					w.Header().Set("X-Echo-Trailer", auth)
+				}
+			}
+			client := f.goClient(f.proxyURL, h2)
+			ph, real := "Bearer "+f.phA, "Bearer "+realA
+			for _, c := range []struct{ path, want string }{
+				{"/small", "got: " + ph + "\n!!"},
+				{"/large", strings.Repeat("p", 50000) + ph + strings.Repeat("p", 50000)},
+				{"/split", "start " + ph + " end"},
+			} {
+				res, err := client.Do(mustRequest(t, "https://"+f.api+c.path, ph))
+				must(t, err)
+				body, err := io.ReadAll(res.Body)
+				res.Body.Close()
+				if err != nil || res.StatusCode != 200 {
+					t.Fatalf("%s: %d %v", c.path, res.StatusCode, err)
+				}
+				if string(body) != c.want {
+					t.Errorf("%s: the body is not the echo with the placeholder (%d bytes, want %d)", c.path, len(body), len(c.want))
+				}
+				if res.Header.Get("X-Echo") != "you sent "+ph {
+					t.Errorf("%s: X-Echo is not the echo with the placeholder", c.path)
+				}
+				if c.path == "/split" && res.Trailer.Get("X-Echo-Trailer") != ph {
+					t.Errorf("%s: the trailer is not the echo with the placeholder", c.path)
+				}
+				dump := fmt.Sprint(res.Header, res.Trailer) + string(body)
+				if strings.Contains(dump, realA) {
+					t.Errorf("%s: the task saw the real value", c.path)
+				}
+				if res.ContentLength >= 0 && res.ContentLength != int64(len(body)) {
+					t.Errorf("%s: Content-Length %d for %d bytes", c.path, res.ContentLength, len(body))
+				}
+			}
+			for _, r := range f.up.requests() {
+				if r.Header.Get("Authorization") != real {
+					t.Fatal("the upstream did not get the real value")
+				}
+			}
+			for _, ae := range acceptEncoding {
+				if ae != "identity" {
+					t.Errorf("the upstream was asked for Accept-Encoding %q, not identity", ae)
+				}
+			}
+			for path, n := range map[string]float64{"/small": 2, "/large": 2, "/split": 3} {
+				line := f.waitAudit(func(m map[string]any) bool { return m["path"] == path })
+				if line["action"] != "substituted" || line["scrubbed"] != n {
+					t.Errorf("%s: audit %v, want scrubbed %v", path, line, n)
+				}
+			}
+		})
+	}
+}
+
+// An upload streamed through the scanner (too large to read whole) gets its
+// value put in as it streams; the upstream echoes the upload back, and the
+// task gets its own upload, placeholder and all.
+func TestEchoOfAStreamedUploadIsScrubbed(t *testing.T) {
+	for _, h2 := range []bool{false, true} {
+		t.Run(fmt.Sprintf("h2=%v", h2), func(t *testing.T) {
+			f := newFixture(t, "open")
+			f.up.handler = func(w http.ResponseWriter, r *http.Request) {
+				got := f.up.requests() // the recording upstream read the body
+				w.Write(got[len(got)-1].Body)
+			}
+			upload := strings.Repeat("0123456789", 10000) + f.phB + strings.Repeat("z", 70000)
+			res, err := f.goClient(f.proxyURL, h2).Post("https://"+f.other+"/echo", "text/plain", strings.NewReader(upload))
+			must(t, err)
+			echo, err := io.ReadAll(res.Body)
+			res.Body.Close()
+			if err != nil || res.StatusCode != 200 {
+				t.Fatalf("%d %v", res.StatusCode, err)
+			}
+			if got := f.up.requests(); len(got) != 1 || !strings.Contains(string(got[0].Body), realB) {
+				t.Fatal("the upstream did not get the value in the upload")
+			}
+			if string(echo) != upload {
+				t.Fatalf("the echo is not the upload as sent (%d bytes, want %d; holds the value: %v)", len(echo), len(upload), strings.Contains(string(echo), realB))
+			}
+			line := f.waitAudit(func(m map[string]any) bool { return m["path"] == "/echo" })
+			if line["scrubbed"] != float64(1) {
+				t.Errorf("audit %v", line)
+			}
+		})
+	}
+}
+
+// A streamed answer (server-sent events) that echoes the value split across
+// two events' writes still reaches the task as it comes: the first event
+// before the upstream writes the next, and the value's first part held
+// back only until the rest arrives.
+func TestEchoedValueInAStreamedAnswerIsScrubbedUnbuffered(t *testing.T) {
+	for _, h2 := range []bool{false, true} {
+		t.Run(fmt.Sprintf("h2=%v", h2), func(t *testing.T) {
+			f := newFixture(t, "open")
+			ack := make(chan struct{})
+			f.up.handler = func(w http.ResponseWriter, r *http.Request) {
+				auth := r.Header.Get("Authorization")
+				w.Header().Set("Content-Type", "text/event-stream")
+				io.WriteString(w, "data: one\n\n")
+				w.(http.Flusher).Flush()
+				select {
+				case <-ack:
+				case <-time.After(10 * time.Second):
+					return
+				}
+				io.WriteString(w, "data: "+auth[:15])
+				w.(http.Flusher).Flush()
+				io.WriteString(w, auth[15:]+"\n\n")
+			}
+			res, err := f.goClient(f.proxyURL, h2).Do(mustRequest(t, "https://"+f.api+"/events", "Bearer "+f.phA))
+			must(t, err)
+			defer res.Body.Close()
+			br := bufio.NewReader(res.Body)
+			line, err := br.ReadString('\n')
+			if err != nil || line != "data: one\n" {
+				t.Fatalf("first event: %q %v", line, err)
+			}
+			close(ack)
+			rest, _ := io.ReadAll(br)
+			if string(rest) != "\ndata: Bearer "+f.phA+"\n\n" {
+				t.Fatalf("the streamed echo is not the placeholder's (%d bytes)", len(rest))
+			}
+		})
+	}
+}
+
+// An upstream that compresses its answer although asked for identity: the
+// answer cannot be scanned for the value, so the task gets a 502 and the
+// audit says why; an answer to a request that carried no value passes on
+// compressed, untouched.
+func TestCompressedAnswerToARequestCarryingAValueIsRefused(t *testing.T) {
+	f := newFixture(t, "open")
+	f.up.handler = func(w http.ResponseWriter, r *http.Request) {
+		w.Header().Set("Content-Encoding", "gzip")
+		zw := gzip.NewWriter(w)
+		io.WriteString(zw, "you sent "+r.Header.Get("Authorization"))
+		zw.Close()
+	}
+	res, body := f.get(t, "https://"+f.api+"/gz", http.Header{"Authorization": {"Bearer " + f.phA}})
+	if res.StatusCode != http.StatusBadGateway || !strings.Contains(body, "content-coded") {
+		t.Fatalf("%d %q", res.StatusCode, body)
+	}
+	line := f.waitAudit(func(m map[string]any) bool { return m["path"] == "/gz" })
+	if line["action"] != "blocked" || line["status"] != float64(502) || fmt.Sprint(line["keys"]) != "[acme/A]" {
+		t.Errorf("audit %v", line)
+	}
+	req := mustRequest(t, "https://"+f.api+"/gz-plain", "")
+	req.Header.Set("Accept-Encoding", "gzip")
+	res, err := f.goClient(f.proxyURL, false).Do(req)
+	must(t, err)
+	raw, _ := io.ReadAll(res.Body)
+	res.Body.Close()
+	zr, err := gzip.NewReader(bytes.NewReader(raw))
+	must(t, err)
+	plain, _ := io.ReadAll(zr)
+	if res.StatusCode != 200 || res.Header.Get("Content-Encoding") != "gzip" || string(plain) != "you sent " {
+		t.Fatalf("an answer to a request without a value: %d %q", res.StatusCode, plain)
+	}
+}
+
+// The scrubber on a stream, cut at every place: the same bytes as
+// replacing the values in the whole body, and never more held back than a
+// value's length less one.
+func TestScrubberSplitReads(t *testing.T) {
+	st := &requestState{}
+	st.subs = []substitution{
+		{value: "VALUE-one-1234", placeholder: "ph-one-XXXXXXXXXXXXXXXX"},
+		{value: "V2", placeholder: "ph-two-YYYYYYYYYYYYYYYYYYYYY"},
+	}
+	var sc scrubber
+	sc.reset(st)
+	body := "head VALUE-one-1234 V2 VALUE-one-123 VVALUE-one-1234V2 tail VALUE-one-1234"
+	want := strings.NewReplacer("VALUE-one-1234", "ph-one-XXXXXXXXXXXXXXXX", "V2", "ph-two-YYYYYYYYYYYYYYYYYYYYY").Replace(body)
+	for cut := 1; cut < len(body); cut++ {
+		for _, sizes := range [][]int{{cut}, {cut, 1, 1, 1, 2}, {1, cut}} {
+			src := &chunkReader{data: []byte(body), sizes: append([]int(nil), sizes...)}
+			s := newPooledScanner(src, &sc)
+			got, err := io.ReadAll(s)
+			s.release()
+			if err != nil || string(got) != want {
+				t.Fatalf("sizes %v: %q %v", sizes, got, err)
+			}
+		}
+	}
+	for _, c := range []struct {
+		tail string
+		held int
+	}{{"abc", 0}, {"abcV", 1}, {"abcVALUE-one-123", 13}, {"VALUE-one-1234V", 1}, {"xV2", 0}} {
+		if got := sc.held([]byte(c.tail)); got != c.held {
+			t.Errorf("held(%q) = %d, want %d", c.tail, got, c.held)
+		}
+	}
+}
