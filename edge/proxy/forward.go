@@ -87,7 +87,7 @@ func (p *Proxy) forward(r *http.Request, st *requestState) {
 		p.switchProtocols(st, out.upgrade, res, uc)
 		return
 	}
-	body := uc.openBody(res, r.Method)
+	body := uc.openBody(res, r.Method, &st.upBody)
 	defer body.Close()
 	if scrub != nil && body.r != nil && contentCoded(res.header) {
 		// Asked for identity, the upstream still compressed it: what it

@@ -58,6 +58,8 @@ type requestState struct {
 	// substituted in it, so values may still be put in while the answer
 	// comes back.
 	streamSubs bool
+	// upBody is the upstream's answer body.
+	upBody upBody
 	// scrub takes the request's values out of the answer; scrubbed counts
 	// the values it replaced.
 	scrub    scrubber

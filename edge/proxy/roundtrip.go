@@ -49,7 +49,6 @@ type upConn struct {
 
 	head   []byte      // the response head being read
 	header http.Header // the response's fields, cleared per response
-	body   upBody
 
 	// The exchange in progress.
 	watch *cancelWatch // cuts it short if its request is cancelled
@@ -466,7 +465,9 @@ func (uc *upConn) readResponse() (upResponse, error) {
 // upBody reads one response body off the connection. Read to its end, the
 // connection goes back to the pool (if the upstream keeps it and the
 // request's body was written whole); closed early, the connection is
-// closed.
+// closed. It is the request's own, not the connection's: once back in the
+// pool the connection may carry another request's exchange before this
+// one's owner calls Close, which must then find this body finished.
 type upBody struct {
 	uc       *upConn
 	r        io.Reader // nil: no body
@@ -477,10 +478,9 @@ type upBody struct {
 	done     bool
 }
 
-// openBody returns the body of res, the final response to a request with
-// the given method.
-func (uc *upConn) openBody(res upResponse, method string) *upBody {
-	b := &uc.body
+// openBody readies b, the caller's, as the body of res, the final response
+// to a request with the given method.
+func (uc *upConn) openBody(res upResponse, method string, b *upBody) *upBody {
 	*b = upBody{uc: uc, reusable: !res.close}
 	switch {
 	case method == http.MethodHead || res.status == http.StatusNoContent || res.status == http.StatusNotModified:
