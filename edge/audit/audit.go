@@ -15,6 +15,7 @@ import (
 	"strconv"
 	"sync"
 	"time"
+	"unicode/utf8"
 
 	"github.com/prometheus/client_golang/prometheus"
 
@@ -43,8 +44,10 @@ type Entry struct {
 	// Reason says why a request was blocked, withheld or denied.
 	Reason string   `json:"reason,omitempty"`
 	Keys   []string `json:"keys,omitempty"`
-	// Host is the CONNECT authority (host:port).
-	Host   string `json:"host"`
+	// Host is the CONNECT authority (host:port), placeholders redacted;
+	// "unparseable (N bytes)" for a target that did not parse.
+	Host string `json:"host"`
+	// Method is the request's (or CONNECT's) method, placeholders redacted.
 	Method string `json:"method,omitempty"`
 	// Path is the request path without its query, placeholders redacted.
 	Path   string `json:"path,omitempty"`
@@ -164,6 +167,30 @@ func (l *Log) openLocked() error {
 	return nil
 }
 
+// Field caps: the text fields a task can choose (method, path, host) and
+// the reason quoting them are cut to these many bytes, so a line stays
+// small whatever a task sends. The caller redacts first: a cut never
+// leaves part of a placeholder that redaction would have found.
+const (
+	MaxMethodBytes = 64
+	MaxHostBytes   = 300 // a DNS name (253) and a port, with room
+	MaxPathBytes   = 2048
+	MaxReasonBytes = 1024
+)
+
+// clip cuts s to at most n bytes, at a UTF-8 character boundary, marking
+// the cut with "…".
+func clip(s string, n int) string {
+	if len(s) <= n {
+		return s
+	}
+	n -= len("…")
+	for n > 0 && !utf8.RuneStart(s[n]) {
+		n--
+	}
+	return s[:n] + "…"
+}
+
 // Record queues e to be written and counts it. The proxy calls it once per
 // request, so its common path is a few counters and an append under a lock.
 func (l *Log) Record(e Entry) {
@@ -171,6 +198,8 @@ func (l *Log) Record(e Entry) {
 		e.TS = l.cfg.Clock.Now()
 	}
 	e.TS = e.TS.UTC()
+	e.Method, e.Host = clip(e.Method, MaxMethodBytes), clip(e.Host, MaxHostBytes)
+	e.Path, e.Reason = clip(e.Path, MaxPathBytes), clip(e.Reason, MaxReasonBytes)
 	l.metrics.observe(&e)
 	l.mu.Lock()
 	l.pending = append(l.pending, e)

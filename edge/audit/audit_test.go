@@ -9,6 +9,7 @@ import (
 	"strings"
 	"testing"
 	"time"
+	"unicode/utf8"
 
 	"github.com/prometheus/client_golang/prometheus"
 
@@ -86,5 +87,29 @@ func TestAuditLinesRotateAndCount(t *testing.T) {
 	}
 	if counts["substituted"] != 20 || counts["blocked"] != 1 {
 		t.Errorf("counters = %v", counts)
+	}
+}
+
+// What a task can choose is cut to the caps before it is written: a line
+// stays small whatever a task sends.
+func TestLongFieldsAreCut(t *testing.T) {
+	dir := t.TempDir()
+	l, err := Open(Config{Dir: dir, Logger: slog.New(slog.DiscardHandler)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	l.Record(Entry{Action: Denied, Method: strings.Repeat("M", 5000), Host: strings.Repeat("h", 5000) + ":443",
+		Path: "/" + strings.Repeat("é", 5000), Reason: strings.Repeat("r", 5000)})
+	if err := l.Close(); err != nil {
+		t.Fatal(err)
+	}
+	b, _ := os.ReadFile(filepath.Join(dir, FileName))
+	var line map[string]string
+	_ = json.Unmarshal(b, &line) // numbers do not fit; the strings do
+	for field, max := range map[string]int{"method": MaxMethodBytes, "host": MaxHostBytes, "path": MaxPathBytes, "reason": MaxReasonBytes} {
+		v := line[field]
+		if len(v) > max || !strings.HasSuffix(v, "…") || !utf8.ValidString(v) {
+			t.Errorf("%s: %d bytes (cap %d), valid UTF-8 %v", field, len(v), max, utf8.ValidString(v))
+		}
 	}
 }

@@ -34,17 +34,22 @@ type fixture struct {
 
 func newFixture(t *testing.T, egress string) *fixture {
 	t.Helper()
+	return newFixtureWith(t, envOptions{egress: egress})
+}
+
+// newFixtureWith is newFixture with more options (the fixture's own are
+// set over o's).
+func newFixtureWith(t *testing.T, o envOptions) *fixture {
+	t.Helper()
 	uca := newUpstreamCA(t)
 	up := startUpstream(t, uca, true, "api.example.test", "other.example.test", "third.example.test")
-	e := newEnv(t, envOptions{
-		uca:    uca,
-		egress: egress,
-		pins:   map[string]string{"api.example.test": "127.0.0.1", "other.example.test": "127.0.0.1", "third.example.test": "127.0.0.1"},
-		keys: fmt.Sprintf(`{"acme": {"keys": {
+	o.uca = uca
+	o.pins = map[string]string{"api.example.test": "127.0.0.1", "other.example.test": "127.0.0.1", "third.example.test": "127.0.0.1"}
+	o.keys = fmt.Sprintf(`{"acme": {"keys": {
 			"A": {"domains": ["api.example.test:%d"], "in": ["header"]},
-			"B": {"domains": ["other.example.test:%d"], "in": ["header", "url", "body"], "placeholder": {"prefix": "pb_", "length": 40}}}}}`, up.port, up.port),
-		secrets: map[string]string{"acme/A": realA, "acme/B": realB},
-	})
+			"B": {"domains": ["other.example.test:%d"], "in": ["header", "url", "body"], "placeholder": {"prefix": "pb_", "length": 40}}}}}`, up.port, up.port)
+	o.secrets = map[string]string{"acme/A": realA, "acme/B": realB}
+	e := newEnv(t, o)
 	u, phs := e.task("run-a", hostproto.Secret{ProjectID: "acme", Key: "A"}, hostproto.Secret{ProjectID: "acme", Key: "B"})
 	f := &fixture{env: e, up: up, proxyURL: u, phA: phs["A"], phB: phs["B"],
 		api: "api.example.test:" + itoa(up.port), other: "other.example.test:" + itoa(up.port)}

@@ -71,7 +71,7 @@ func (p *Proxy) classify(err error) (status int, action audit.Action, reason str
 }
 
 // logFault logs a 5xx's cause. A *url.Error is unwrapped: its URL may hold a
-// substituted value.
+// substituted value; any placeholder in the text is redacted.
 func (p *Proxy) logFault(status int, err error, attrs ...slog.Attr) {
 	if status < 500 {
 		return
@@ -80,6 +80,6 @@ func (p *Proxy) logFault(status int, err error, attrs ...slog.Attr) {
 	if errors.As(err, &ue) {
 		err = ue.Err
 	}
-	attrs = append(attrs, slog.Int("status", status), slog.String("error", err.Error()))
+	attrs = append(attrs, slog.Int("status", status), slog.String("error", redacted(p.reg.index.Load(), err.Error())))
 	p.cfg.Logger.LogAttrs(context.Background(), slog.LevelError, "secrets proxy request failed", attrs...)
 }

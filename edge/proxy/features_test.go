@@ -7,6 +7,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"net"
 	"net/http"
 	"os"
 	"path/filepath"
@@ -185,11 +186,15 @@ func TestRegisterRefusesKeysThePolicyDoesNotGrant(t *testing.T) {
 	}
 }
 
-// Every decision kind, then a grep of the log and the audit file: neither
-// holds a value, a placeholder or a proxy password; a placeholder in a path
-// is redacted in the audit line.
+// Every decision kind, then a grep of the log and the audit files (rotated
+// ones too): neither holds a value, a placeholder (in any case) or a proxy
+// password; a placeholder in a path is redacted in the audit line, and so
+// is one wherever a task (or any local user) chooses what is recorded: the
+// CONNECT target, authenticated or not (a DNS label, lowercased when the
+// name is made canonical), the CONNECT's method, a request's method, field
+// names, the Host.
 func TestAuditAndLogsNeverHoldAValueOrPlaceholder(t *testing.T) {
-	f := newFixture(t, "open")
+	f := newFixtureWith(t, envOptions{egress: "open", auditMaxBytes: 1500})
 	pool := x509.NewCertPool()
 	pool.AppendCertsFromPEM(f.uca.pem)
 	tunnelClient := &http.Client{Transport: &http.Transport{Proxy: http.ProxyURL(f.proxyURL), TLSClientConfig: &tls.Config{RootCAs: pool}}}
@@ -206,6 +211,47 @@ func TestAuditAndLogsNeverHoldAValueOrPlaceholder(t *testing.T) {
 		},
 		func() { c, _, _ := f.connect(f.proxyURL, "api.example.test:1"); c.Close() },
 	}
+	pw, _ := f.proxyURL.User.Password()
+	front := func(auth bool, requestLine string) int {
+		c, err := net.Dial("tcp", f.proxyURL.Host)
+		must(t, err)
+		defer c.Close()
+		head := requestLine + "\r\nHost: x\r\n"
+		if auth {
+			head += "Proxy-Authorization: Basic " + b64("run-a:"+pw) + "\r\n"
+		}
+		io.WriteString(c, head+"\r\n")
+		res, err := http.ReadResponse(bufio.NewReader(c), &http.Request{Method: http.MethodConnect})
+		must(t, err)
+		return res.StatusCode
+	}
+	intercepted := func(target, sni, raw string) int {
+		tc, br := f.dialIntercepted(f.proxyURL, target, sni)
+		defer tc.Close()
+		res, _ := roundTrip(t, tc, br, raw)
+		return res.StatusCode
+	}
+	steps = append(steps,
+		func() { front(false, "CONNECT "+f.phA+".example.test:443 HTTP/1.1") },
+		func() { front(true, "CONNECT "+f.phA+".example.test:443 HTTP/1.1") },
+		func() { front(true, "CONNECT "+f.phA+" HTTP/1.1") },
+		func() { front(true, "CONNECT a"+f.phB+"b:443 HTTP/1.1") },
+		func() { front(true, "CONNECT api.example.test:"+f.phA+" HTTP/1.1") },
+		func() { front(true, f.phA+" "+f.api+" HTTP/1.1") },
+		func() { front(false, f.phB+" "+f.api+" HTTP/1.1") },
+		func() { intercepted(f.other, "other.example.test", f.phB+" /m HTTP/1.1\r\nHost: "+f.other+"\r\n\r\n") },
+		func() {
+			intercepted(f.api, "api.example.test", "GET /hn HTTP/1.1\r\nHost: "+f.api+"\r\n"+f.phA+": x\r\n\r\n")
+		},
+		func() { intercepted(f.api, "api.example.test", "GET /h HTTP/1.1\r\nHost: "+f.phA+"\r\n\r\n") },
+		func() {
+			req := mustRequest(t, "https://"+f.api+"/h2name", "")
+			req.Header[f.phA] = []string{"x"}
+			if res, err := f.goClient(f.proxyURL, true).Do(req); err == nil {
+				res.Body.Close()
+			}
+		},
+	)
 	for _, s := range steps {
 		s()
 	}
@@ -222,7 +268,13 @@ func TestAuditAndLogsNeverHoldAValueOrPlaceholder(t *testing.T) {
 		}
 	}
 	f.waitAudit(func(m map[string]any) bool { return m["path"] == "/p/[placeholder]" })
-	pw, _ := f.proxyURL.User.Password()
+	f.waitAudit(func(m map[string]any) bool {
+		return m["host"] == "[placeholder].example.test:443" && m["status"] == float64(http.StatusProxyAuthRequired)
+	})
+	f.waitAudit(func(m map[string]any) bool { return m["method"] == "[placeholder]" && m["host"] == f.api })
+	if rotated, _ := filepath.Glob(filepath.Join(f.auditDir, "*.jsonl.*")); len(rotated) == 0 {
+		t.Error("the audit file never rotated: the rotated files went unchecked")
+	}
 	f.assertNoLeak(realA, realB, f.phA, f.phB, pw)
 }
 

@@ -125,7 +125,7 @@ func (p *Proxy) forward(r *http.Request, st *requestState) {
 	w.WriteHeader(res.status)
 	if err := copyBody(w, src, flush); err != nil {
 		p.cfg.Logger.Warn("secrets proxy: passing on the upstream's answer", slog.String("task", st.runID()),
-			slog.String("host", st.ci.address()), slog.String("error", err.Error()))
+			slog.String("host", st.ci.logHost), slog.String("error", err.Error()))
 		abort(w, st)
 		return
 	}

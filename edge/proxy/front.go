@@ -7,6 +7,7 @@ import (
 	"encoding/base64"
 	"fmt"
 	"io"
+	"log"
 	"log/slog"
 	"net"
 	"net/http"
@@ -31,10 +32,13 @@ type connInfo struct {
 	// spelled once per connection instead of per request; empty means not
 	// spelled yet.
 	addr, hostHeader string
+	// logHost is addr as the audit and the log may hold it (redacted).
+	logHost string
 }
 
-func newConnInfo(a *attempt, target policy.Authority) *connInfo {
-	return &connInfo{attempt: a, target: target, addr: target.String(), hostHeader: target.HostHeader()}
+func newConnInfo(a *attempt, target policy.Authority, ix *index) *connInfo {
+	addr := target.String()
+	return &connInfo{attempt: a, target: target, addr: addr, hostHeader: target.HostHeader(), logHost: redacted(ix, addr)}
 }
 
 // address is the CONNECT's authority as host:port.
@@ -94,7 +98,15 @@ func (p *Proxy) serveFront(c net.Conn) {
 		}
 		return
 	}
-	entry := audit.Entry{TS: start, Method: req.Method, Host: req.RequestURI}
+	// The audit line holds only what was parsed of the target, redacted,
+	// and the method redacted: a local user may send any bytes here,
+	// credentials or not.
+	ix := p.reg.index.Load()
+	target, targetErr := policy.ParseAuthority(req.RequestURI, true)
+	entry := audit.Entry{TS: start, Method: redacted(ix, req.Method), Host: fmt.Sprintf("unparseable (%d bytes)", len(req.RequestURI))}
+	if targetErr == nil {
+		entry.Host = redacted(ix, target.String())
+	}
 	deny := func(status int, reason string, hdr http.Header) {
 		writeStatus(c, status, reason, hdr)
 		entry.Action, entry.Status, entry.Reason = audit.Denied, status, reason
@@ -116,12 +128,11 @@ func (p *Proxy) serveFront(c net.Conn) {
 		deny(http.StatusMethodNotAllowed, "only CONNECT is proxied", http.Header{"Allow": {"CONNECT"}})
 		return
 	}
-	target, err := policy.ParseAuthority(req.RequestURI, true)
-	if err != nil {
-		deny(http.StatusBadRequest, "CONNECT target: "+err.Error(), nil)
+	if targetErr != nil {
+		// The parser may quote what it refused (a port): redacted.
+		deny(http.StatusBadRequest, "CONNECT target: "+redacted(ix, targetErr.Error()), nil)
 		return
 	}
-	entry.Host = target.String()
 	granted := a.task.grantsUnder(p.cfg.Policy.Current()).granted
 	decision := policy.DecideConnect(policy.ConnectInput{Target: target, Granted: granted, Egress: p.cfg.Egress})
 	if decision.Action == policy.Refuse {
@@ -143,7 +154,7 @@ func (p *Proxy) serveFront(c net.Conn) {
 		p.tunnel(a, conn, target, entry)
 		return
 	}
-	p.intercept(a, conn, target)
+	p.intercept(a, conn, target, ix)
 }
 
 // proxyCredentials reads "Basic base64(runID:password)".
@@ -222,11 +233,11 @@ func closeWrite(c net.Conn) {
 
 // intercept terminates TLS with a leaf for the CONNECT's name and serves the
 // connection's requests through the pipeline (HTTP/2 when ALPN picks it).
-func (p *Proxy) intercept(a *attempt, c *bufferedConn, target policy.Authority) {
+func (p *Proxy) intercept(a *attempt, c *bufferedConn, target policy.Authority, ix *index) {
 	if _, err := io.WriteString(c, "HTTP/1.1 200 Connection established\r\n\r\n"); err != nil {
 		return
 	}
-	ci := newConnInfo(a, target)
+	ci := newConnInfo(a, target, ix)
 	tc := tls.Server(c, &tls.Config{
 		MinVersion: tls.VersionTLS12,
 		NextProtos: []string{"h2", "http/1.1"},
@@ -243,7 +254,8 @@ func (p *Proxy) intercept(a *attempt, c *bufferedConn, target policy.Authority) 
 	err := tc.HandshakeContext(ctx)
 	cancel()
 	if err != nil {
-		p.cfg.Logger.Debug("intercepted handshake failed", slog.String("task", a.task.runID), slog.String("host", target.String()), slog.String("error", err.Error()))
+		p.cfg.Logger.Debug("intercepted handshake failed", slog.String("task", a.task.runID), slog.String("host", ci.logHost),
+			slog.String("error", redacted(ix, err.Error())))
 		return
 	}
 	_ = c.SetDeadline(time.Time{})
@@ -252,7 +264,7 @@ func (p *Proxy) intercept(a *attempt, c *bufferedConn, target policy.Authority) 
 		p.h2.ServeConn(tc, &http2.ServeConnOpts{
 			Context:    connCtx,
 			Handler:    pipeline{p},
-			BaseConfig: &http.Server{ErrorLog: slog.NewLogLogger(p.cfg.Logger.Handler(), slog.LevelDebug)},
+			BaseConfig: &http.Server{ErrorLog: log.New(redactingLog{p}, "", 0)},
 		})
 		return
 	}
@@ -265,4 +277,15 @@ func sameName(sni, name string) bool {
 	}
 	canon, err := policy.CanonicalName(sni)
 	return err == nil && canon == name
+}
+
+// redactingLog is x/net/http2's error log: its lines may quote what a task
+// sent (a malformed field name), so any placeholder is redacted before the
+// line reaches the log, at debug level.
+type redactingLog struct{ p *Proxy }
+
+func (l redactingLog) Write(b []byte) (int, error) {
+	msg := redacted(l.p.reg.index.Load(), strings.TrimSuffix(string(b), "\n"))
+	l.p.cfg.Logger.Debug(msg)
+	return len(b), nil
 }

@@ -69,7 +69,8 @@ func FuzzPipeline(f *testing.F) {
 		}
 		req.RequestURI = req.URL.RequestURI()
 		req.URL.Scheme, req.URL.Host = "", ""
-		ci := &connInfo{attempt: att, target: tgt, sniOK: true}
+		ci := newConnInfo(att, tgt, e.proxy.reg.index.Load())
+		ci.sniOK = true
 		req = req.WithContext(context.WithValue(req.Context(), connInfoKey{}, ci))
 		before := len(up.requests())
 		rec := httptest.NewRecorder()

@@ -204,6 +204,8 @@ type envOptions struct {
 	rand io.Reader
 	// quiet logs at Info (the fuzz target's thousands of requests).
 	quiet bool
+	// auditMaxBytes rotates the audit file past this size (0: the default).
+	auditMaxBytes int64
 }
 
 func newEnv(t tb, o envOptions) *env {
@@ -259,7 +261,7 @@ func newEnv(t tb, o envOptions) *env {
 	src, err := secrets.NewFileSource(filepath.Join(dir, "secrets.json"))
 	must(t, err)
 	e.auditDir = filepath.Join(dir, "logs")
-	al, err := audit.Open(audit.Config{Dir: e.auditDir, Logger: logger})
+	al, err := audit.Open(audit.Config{Dir: e.auditDir, MaxBytes: o.auditMaxBytes, Keep: 50, Logger: logger})
 	must(t, err)
 	e.audit = al
 	e.proxy, err = New(Config{
@@ -350,10 +352,19 @@ func (e *env) goClient(proxyURL *url.URL, h2 bool) *http.Client {
 	}, Timeout: 20 * time.Second}
 }
 
-// auditLines reads every audit line written so far.
+// auditLines reads every audit line written so far, oldest first: the
+// rotated files (the highest number is the oldest), then the live one.
 func (e *env) auditLines() []map[string]any {
 	e.audit.Flush()
-	b, _ := os.ReadFile(filepath.Join(e.auditDir, audit.FileName))
+	var b []byte
+	for i := 50; i >= 0; i-- {
+		name := audit.FileName
+		if i > 0 {
+			name += "." + strconv.Itoa(i)
+		}
+		part, _ := os.ReadFile(filepath.Join(e.auditDir, name))
+		b = append(b, part...)
+	}
 	var out []map[string]any
 	for _, line := range strings.Split(strings.TrimSpace(string(b)), "\n") {
 		if line == "" {
@@ -385,17 +396,30 @@ func (e *env) waitAudit(pred func(map[string]any) bool) map[string]any {
 	}
 }
 
-// assertNoLeak checks that neither the proxy's log nor its audit file holds
-// any of the given values or placeholders.
+// assertNoLeak checks that neither the proxy's log nor its audit files (the
+// live one and the rotated ones) hold any of the given values or
+// placeholders, in any case.
 func (e *env) assertNoLeak(secretsOrPlaceholders ...string) {
 	e.t.Helper()
 	e.audit.Flush()
-	auditText, _ := os.ReadFile(filepath.Join(e.auditDir, audit.FileName))
+	files, _ := filepath.Glob(filepath.Join(e.auditDir, audit.FileName+"*"))
+	if len(files) == 0 {
+		e.t.Errorf("no audit file in %s", e.auditDir)
+	}
+	var auditText []byte
+	for _, f := range files {
+		b, err := os.ReadFile(f)
+		must(e.t, err)
+		auditText = append(auditText, b...)
+	}
+	logText := strings.ToLower(e.logs.String())
+	auditText = bytes.ToLower(auditText)
 	for _, s := range secretsOrPlaceholders {
 		if s == "" {
 			continue
 		}
-		if strings.Contains(e.logs.String(), s) {
+		s = strings.ToLower(s)
+		if strings.Contains(logText, s) {
 			e.t.Errorf("the log holds a value or placeholder (%d chars)", len(s))
 		}
 		if bytes.Contains(auditText, []byte(s)) {

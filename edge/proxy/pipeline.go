@@ -222,7 +222,7 @@ func (p *Proxy) serve(st *requestState, w http.ResponseWriter, r *http.Request) 
 	st.out.ResponseWriter = w
 	cw := &st.out
 	entry := &st.entry
-	*entry = audit.Entry{TS: p.cfg.Clock.Now(), Task: st.runID(), Host: ci.address(), Method: r.Method, Path: redact(ix, r.URL.Path, &st.ms)}
+	*entry = audit.Entry{TS: p.cfg.Clock.Now(), Task: st.runID(), Host: ci.logHost, Method: redacted(ix, r.Method), Path: redact(ix, r.URL.Path, &st.ms)}
 	defer p.record(st) // also when the answer is aborted (a panic on HTTP/2)
 	refuse := func(status int, action audit.Action, reason string) {
 		entry.Action, entry.Status, entry.Reason = action, status, reason
@@ -255,7 +255,7 @@ func (p *Proxy) serve(st *requestState, w http.ResponseWriter, r *http.Request) 
 			entry.Keys = []string{st.failKey.String()}
 		}
 		st.mu.Unlock()
-		p.logFault(status, err, slog.String("task", entry.Task), slog.String("host", entry.Host))
+		p.logFault(status, err, slog.String("task", entry.Task), slog.String("host", ci.logHost))
 		refuse(status, action, reason)
 	}
 	if err := st.rewriteHeaders(ix, r.Header); err != nil {
@@ -346,7 +346,9 @@ func misdirected(ci *connInfo, r *http.Request) string {
 // credentials decoded and re-encoded); one in a header name blocks.
 func (st *requestState) rewriteHeaders(ix *index, h http.Header) error {
 	for name, values := range h {
-		if ms := findIn(ix, name, st.ms); len(ms) > 0 {
+		// Field names are case-insensitive (and canonicalised on the way
+		// in): a placeholder in one is found in any case.
+		if ms := findFolded(ix, name, st.ms); len(ms) > 0 {
 			st.ms = ms
 			err := &blockedError{reason: "a placeholder in a header name", ref: ms[0].owner.ref}
 			st.mu.Lock()
@@ -498,7 +500,7 @@ func (p *Proxy) upstreamError(st *requestState, err error) {
 		st.fail = err
 	}
 	st.mu.Unlock()
-	p.logFault(status, err, slog.String("task", st.runID()), slog.String("host", st.ci.address()))
+	p.logFault(status, err, slog.String("task", st.runID()), slog.String("host", st.ci.logHost))
 	if status != http.StatusBadGateway || !errors.Is(err, context.Canceled) {
 		respond(&st.out, status, reason)
 	}
@@ -515,21 +517,7 @@ func respond(w http.ResponseWriter, status int, reason string) {
 func redact(ix *index, path string, scratch *[]match) string {
 	ms := findIn(ix, path, *scratch)
 	*scratch = ms
-	if len(ms) == 0 {
-		return path
-	}
-	var b strings.Builder
-	pos := 0
-	for _, m := range ms {
-		if m.start < pos {
-			continue
-		}
-		b.WriteString(path[pos:m.start])
-		b.WriteString("[placeholder]")
-		pos = m.end
-	}
-	b.WriteString(path[pos:])
-	return b.String()
+	return replaceMatches(path, ms)
 }
 
 // countingWriter counts what the task is sent and the status it is given.

@@ -41,9 +41,27 @@ type index struct {
 	byAnchor       map[uint64][]indexEntry
 	filter         []uint64
 	minLen, maxLen int
+	// folded finds the same placeholders spelled in ASCII lower case, in
+	// text that edge lowercases (a CONNECT's host name) or that is
+	// case-insensitive (field names): see redacted. nil in folded itself.
+	folded *index
 }
 
+// newIndex indexes every task's placeholders, by placeholder.
 func newIndex(all map[string]owner) *index {
+	exact := make(map[string]owner, len(all))
+	lower := make(map[string]owner, len(all))
+	for ph, o := range all {
+		o.placeholder = ph
+		exact[ph] = o
+		lower[asciiLower(ph)] = o
+	}
+	ix := buildIndex(exact)
+	ix.folded = buildIndex(lower)
+	return ix
+}
+
+func buildIndex(all map[string]owner) *index {
 	ix := &index{byAnchor: make(map[uint64][]indexEntry, len(all)), filter: make([]uint64, 1<<filterBits/64)}
 	for ph, o := range all {
 		off := randomStart(ph)
@@ -51,7 +69,6 @@ func newIndex(all map[string]owner) *index {
 			continue // cannot happen for a policy-shaped placeholder
 		}
 		w := binary.LittleEndian.Uint64([]byte(ph[off : off+anchorLen]))
-		o.placeholder = ph
 		ix.byAnchor[w] = append(ix.byAnchor[w], indexEntry{ph, off, o})
 		h := filterSlot(w)
 		ix.filter[h>>6] |= 1 << (h & 63)
@@ -125,6 +142,67 @@ func findIn[T ~string | ~[]byte](ix *index, b T, out []match) []match {
 		sort.SliceStable(out, func(i, j int) bool { return out[i].start < out[j].start })
 	}
 	return out
+}
+
+// asciiLower lowercases ASCII letters only, so every byte keeps its place.
+func asciiLower(s string) string {
+	for i := 0; i < len(s); i++ {
+		if 'A' <= s[i] && s[i] <= 'Z' {
+			return string(appendASCIILower(make([]byte, 0, len(s)), s))
+		}
+	}
+	return s
+}
+
+func appendASCIILower(b []byte, s string) []byte {
+	for i := 0; i < len(s); i++ {
+		c := s[i]
+		if 'A' <= c && c <= 'Z' {
+			c += 'a' - 'A'
+		}
+		b = append(b, c)
+	}
+	return b
+}
+
+// findFolded is findIn for text in any case: every known placeholder,
+// whatever the case of its letters.
+func findFolded(ix *index, s string, out []match) []match {
+	out = out[:0]
+	if ix == nil || ix.folded == nil || len(s) < ix.minLen {
+		return out
+	}
+	var small [256]byte
+	return findIn(ix.folded, appendASCIILower(small[:0], s), out)
+}
+
+// redactedMark stands for a placeholder in what edge records.
+const redactedMark = "[placeholder]"
+
+// redacted is s with every known placeholder of any task, in any case,
+// replaced by redactedMark: what the audit line and the log may hold of
+// text a task chose (a CONNECT's target and method, a request's method).
+func redacted(ix *index, s string) string {
+	return replaceMatches(s, findFolded(ix, s, nil))
+}
+
+// replaceMatches replaces each match in s (by start) with redactedMark.
+func replaceMatches(s string, ms []match) string {
+	if len(ms) == 0 {
+		return s
+	}
+	var b strings.Builder
+	pos := 0
+	for _, m := range ms {
+		if m.start < pos {
+			continue
+		}
+		b.WriteString(s[pos:m.start])
+		b.WriteString(redactedMark)
+		pos = m.end
+	}
+	b.WriteString(s[pos:])
+	return b.String()
 }
 
 // substituter decides one occurrence found at loc and returns the bytes to
