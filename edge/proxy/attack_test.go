@@ -123,6 +123,35 @@ func TestAttackPlaceholderToNonAllowedHostIsNeverSubstituted(t *testing.T) {
 	})
 }
 
+// A placeholder sent as the method (key B's, to a host B may not reach;
+// over HTTP/1.1 and HTTP/2) is blocked, never forwarded.
+func TestAttackPlaceholderAsTheMethod(t *testing.T) {
+	f := newFixture(t, "open")
+	tc, br := f.dialIntercepted(f.proxyURL, f.api, "api.example.test")
+	defer tc.Close()
+	res, body := roundTrip(t, tc, br, f.phB+" /m1 HTTP/1.1\r\nHost: "+f.api+"\r\n\r\n")
+	if res.StatusCode != http.StatusForbidden || !strings.Contains(body, "a placeholder in the method") {
+		t.Fatalf("HTTP/1.1: %d %q", res.StatusCode, body)
+	}
+	req := mustRequest(t, "https://"+f.api+"/m2", "")
+	req.Method = f.phB
+	res2, err := f.goClient(f.proxyURL, true).Do(req)
+	must(t, err)
+	res2.Body.Close()
+	if res2.StatusCode != http.StatusForbidden || res2.ProtoMajor != 2 {
+		t.Fatalf("HTTP/2: %d %s", res2.StatusCode, res2.Proto)
+	}
+	if len(f.up.requests()) != 0 {
+		t.Fatal("a placeholder method reached the upstream")
+	}
+	for _, path := range []string{"/m1", "/m2"} {
+		line := f.waitAudit(func(m map[string]any) bool { return m["path"] == path })
+		if line["action"] != "blocked" || fmt.Sprint(line["keys"]) != "[acme/B]" || line["method"] != "[placeholder]" {
+			t.Errorf("audit %v", line)
+		}
+	}
+}
+
 func TestAttackSNIMismatch(t *testing.T) {
 	f := newFixture(t, "open")
 	tc, br := f.dialIntercepted(f.proxyURL, f.api, "other.example.test")

@@ -258,6 +258,10 @@ func (p *Proxy) serve(st *requestState, w http.ResponseWriter, r *http.Request) 
 		p.logFault(status, err, slog.String("task", entry.Task), slog.String("host", ci.logHost))
 		refuse(status, action, reason)
 	}
+	if err := st.checkMethod(ix, r.Method); err != nil {
+		fail(err)
+		return
+	}
 	if err := st.rewriteHeaders(ix, r.Header); err != nil {
 		fail(err)
 		return
@@ -340,6 +344,21 @@ func misdirected(ci *connInfo, r *http.Request) string {
 		return "the Host names another authority than the CONNECT"
 	}
 	return ""
+}
+
+// checkMethod blocks a placeholder sent as the method (in any case): no key
+// is substituted there, and it would reach the upstream as it is.
+func (st *requestState) checkMethod(ix *index, method string) error {
+	ms := findFolded(ix, method, st.ms)
+	st.ms = ms
+	if len(ms) == 0 {
+		return nil
+	}
+	err := &blockedError{reason: "a placeholder in the method", ref: ms[0].owner.ref}
+	st.mu.Lock()
+	st.failLocked(err, ms[0].owner.ref)
+	st.mu.Unlock()
+	return err
 }
 
 // rewriteHeaders substitutes placeholders in header values (Basic

@@ -17,6 +17,20 @@
 // rather than passed on: the request has reached the upstream, but the task
 // never gets what may be the value.
 //
+// Every part of a request a placeholder can stand in is scanned: the
+// method (never substituted: a placeholder there blocks), field names (in
+// any case: likewise) and values, the path and query (also percent-decoded)
+// and the body. What the proxy does not see, by design: a content-coded
+// (compressed) request body, whose placeholders are neither substituted nor
+// blocked (the upstream gets them as they are, worthless); the frames of a
+// WebSocket after its upgrade, relayed as they are both ways, so an
+// upstream echoing the handshake's value in a frame is not scrubbed (the
+// handshake request is scanned like any other, its answer's fields
+// scrubbed); and a
+// value an upstream echoes in an encoded form (base64, escapes), which the
+// scrubber does not recognise. Request trailers are dropped, never
+// forwarded.
+//
 // The runner (admission, env) calls Ready and CheckGrant (admission),
 // Register, StartAttempt (the task's HTTPS_PROXY), TaskKeys (one variable
 // per key holding its placeholder), ProxiedKeys (RUNFLEET_PROXIED_KEYS),
