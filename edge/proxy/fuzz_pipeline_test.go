@@ -17,9 +17,10 @@ import (
 
 // FuzzPipeline drives the request pipeline (the handler both HTTP/1.1 and
 // HTTP/2 use) with fuzzed requests on an intercepted connection to a real
-// loopback upstream. Invariant: a real value reaches the upstream only in a
+// loopback upstream. Invariants: a real value reaches the upstream only in a
 // location its key allows, on a host its key may reach, and never reaches
-// the client.
+// the client; no placeholder reaches a host its key may not reach, or
+// another task's, in any part of the request (method included).
 func FuzzPipeline(f *testing.F) {
 	uca := newUpstreamCA(f)
 	up := startUpstream(f, uca, true, "api.example.test", "other.example.test")
@@ -45,6 +46,8 @@ func FuzzPipeline(f *testing.F) {
 	f.Add(uint8(0), "POST", "/v1", "", "Authorization", "Basic "+b64("u:"+pa), []byte(pa))
 	f.Add(uint8(1), "PUT", "/%70"+pb[1:], "", "X", pg, []byte(pb[:5]+pb[5:]))
 	f.Add(uint8(0), "GET", "/", "q="+strings.Repeat("%", 3), "Cookie", "s="+pb, []byte(nil))
+	f.Add(uint8(0), pb, "/", "", "", "", []byte(nil))
+	f.Add(uint8(1), "GET", "/", "", strings.ToUpper(pa), "x", []byte(nil))
 
 	f.Fuzz(func(t *testing.T, which uint8, method, path, query, hname, hvalue string, body []byte) {
 		for _, s := range []string{method, path, query, hname, hvalue, string(body)} {
@@ -82,8 +85,23 @@ func FuzzPipeline(f *testing.F) {
 		}
 		for _, r := range up.requests()[before:] {
 			headers := fmt.Sprint(r.Header) + r.Host
-			rest := r.Path + "?" + r.RawQuery + string(r.Body)
+			rest := r.Method + " " + r.Path + "?" + r.RawQuery + string(r.Body)
 			onAPI := strings.HasPrefix(r.Host, "api.")
+			// Field names reach the upstream canonicalised: compared in any
+			// case; the rest as it is.
+			var names strings.Builder
+			for k := range r.Header {
+				names.WriteString(strings.ToLower(k) + "\n")
+			}
+			forwarded := func(ph string) bool {
+				return strings.Contains(headers+rest, ph) || strings.Contains(names.String(), strings.ToLower(ph))
+			}
+			if onAPI && forwarded(pb) {
+				t.Fatal("B's placeholder was forwarded to a host B may not reach")
+			}
+			if !onAPI && forwarded(pa) {
+				t.Fatal("A's placeholder was forwarded to a host A may not reach")
+			}
 			if strings.Contains(headers+rest, realB) && onAPI {
 				t.Fatal("B's value reached a host B may not reach")
 			}
@@ -93,7 +111,7 @@ func FuzzPipeline(f *testing.F) {
 			if strings.Contains(rest, realA) {
 				t.Fatal("A's value went outside a header")
 			}
-			if strings.Contains(headers+rest, pg) {
+			if forwarded(pg) {
 				t.Fatal("another task's placeholder was forwarded")
 			}
 		}
