@@ -3,6 +3,7 @@ package proxy
 import (
 	"crypto/tls"
 	"crypto/x509"
+	"errors"
 	"fmt"
 	"io"
 	"net"
@@ -10,6 +11,7 @@ import (
 	"net/url"
 	"strings"
 	"testing"
+	"time"
 
 	"golang.org/x/net/http2"
 
@@ -669,5 +671,59 @@ func TestChunkedTrailersAreDroppedAndFramingKept(t *testing.T) {
 	got := f.up.requests()
 	if len(got) != 2 || string(got[0].Body) != "abc" || got[1].Path != "/next" || got[0].Header.Get("X-Key") != "" {
 		t.Fatalf("upstream got %+v", got)
+	}
+}
+
+// A refused request ends its HTTP/1.1 connection: a request pipelined
+// behind a 421, a 403 or a 405 on the same connection is never served.
+func TestARefusalClosesTheConnection(t *testing.T) {
+	f := newFixture(t, "open")
+	next := "GET /next HTTP/1.1\r\nHost: " + f.api + "\r\nAuthorization: Bearer " + f.phA + "\r\n\r\n"
+	for name, first := range map[string]string{
+		"421": "GET /first HTTP/1.1\r\nHost: " + f.other + "\r\n\r\n",
+		"403": "GET /first HTTP/1.1\r\nHost: " + f.api + "\r\nX-Key: " + f.phB + "\r\n\r\n",
+		"405": "CONNECT /first HTTP/1.1\r\nHost: " + f.api + "\r\n\r\n",
+	} {
+		tc, br := f.dialIntercepted(f.proxyURL, f.api, "api.example.test")
+		io.WriteString(tc, first+next)
+		res, err := http.ReadResponse(br, nil)
+		must(t, err)
+		io.Copy(io.Discard, res.Body)
+		if res.StatusCode < 400 || !res.Close {
+			t.Errorf("%s: %d, Connection: close %v", name, res.StatusCode, res.Close)
+		}
+		if _, err := http.ReadResponse(br, nil); err == nil {
+			t.Errorf("%s: the request behind it was served", name)
+		}
+		tc.Close()
+	}
+	if len(f.up.requests()) != 0 {
+		t.Fatal("forwarded")
+	}
+}
+
+// A client that asked for 100 Continue and got a final answer instead may
+// never send its body: the connection closes at once instead of waiting
+// for it (and reading whatever comes next as the body).
+func TestAnAnswerBeforeContinueClosesTheConnection(t *testing.T) {
+	f := newFixture(t, "open")
+	f.up.srv.Close() // the upstream is gone: a 502 before the body is asked for
+	tc, br := f.dialIntercepted(f.proxyURL, f.api, "api.example.test")
+	defer tc.Close()
+	io.WriteString(tc, "POST /upload HTTP/1.1\r\nHost: "+f.api+"\r\nExpect: 100-continue\r\nContent-Length: 100000\r\n\r\n")
+	res, err := http.ReadResponse(br, nil)
+	must(t, err)
+	io.Copy(io.Discard, res.Body)
+	if res.StatusCode != http.StatusBadGateway {
+		t.Fatalf("status %d", res.StatusCode)
+	}
+	_ = tc.SetReadDeadline(time.Now().Add(5 * time.Second))
+	_, err = br.ReadByte()
+	var ne net.Error
+	if errors.As(err, &ne) && ne.Timeout() {
+		t.Fatal("the proxy kept the connection, waiting for a body the client was never asked for")
+	}
+	if err == nil {
+		t.Fatal("the proxy sent more after its answer")
 	}
 }

@@ -120,7 +120,7 @@ func (hc *h1Conn) serveOne(ctx context.Context) bool {
 		_ = c.SetReadDeadline(time.Time{})
 		hc.idleSince = time.Time{}
 		if strings.EqualFold(req.Header.Get("Expect"), "100-continue") {
-			body.continueW = bw
+			body.continueW, body.expectContinue = bw, true
 		}
 		req.Body = body
 	} else {
@@ -144,6 +144,16 @@ func (hc *h1Conn) serveOne(ctx context.Context) bool {
 		return false
 	}
 	if body.r != nil && !body.eof {
+		// A client that asked for 100 Continue and never got it may or may
+		// not send its body (RFC 9110 10.1.1): which bytes come next is
+		// unknown, so the connection closes rather than wait for a body
+		// that may never come (or read the next request as one). Any other
+		// unread body is skipped, up to maxDrain, within the idle timeout.
+		if body.expectContinue && !body.continued {
+			return false
+		}
+		_ = c.SetReadDeadline(time.Now().Add(hc.p.cfg.IdleTimeout))
+		hc.idleSince = time.Time{}
 		if n, _ := io.CopyN(io.Discard, body, maxDrain+1); n > maxDrain || !body.eof {
 			return false
 		}
@@ -450,6 +460,9 @@ type h1Body struct {
 	continueW *bufio.Writer
 	trailers  *bufio.Reader
 	eof       bool
+	// expectContinue: the client asked for 100 Continue before sending
+	// its body; continued: it was sent.
+	expectContinue, continued bool
 }
 
 func (b *h1Body) Read(p []byte) (int, error) {
@@ -460,9 +473,11 @@ func (b *h1Body) Read(p []byte) (int, error) {
 		if !b.w.wroteHeader {
 			b.continueW.WriteString("HTTP/1.1 100 Continue\r\n\r\n")
 			b.continueW.Flush()
+			b.continued = true
 		}
 		b.continueW = nil
 	}
+
 	n, err := b.r.Read(p)
 	if err == io.EOF {
 		b.eof = true
