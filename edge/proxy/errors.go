@@ -12,6 +12,47 @@ import (
 	"github.com/runfleet/runfleet/edge/upstream"
 )
 
+// Refusals of a CONNECT, or of a request on an intercepted connection,
+// before anything is decided about placeholders. Their reasons are static
+// or built from parsed, redacted parts: never what a task sent as it is.
+type (
+	// credentialsError: no live attempt's credential (407, with
+	// Proxy-Authenticate): missing, unknown, revoked, or the attempt ended.
+	credentialsError struct{ reason string }
+	// methodError: a method edge does not serve there (405, with Allow
+	// when allow is set): anything but CONNECT at the proxy, CONNECT on an
+	// intercepted connection.
+	methodError struct{ reason, allow string }
+	// badRequestError: a CONNECT target or a method that does not parse
+	// (400).
+	badRequestError struct{ reason string }
+	// refusedTargetError: the CONNECT decision refused the target (403).
+	refusedTargetError struct{ reason string }
+	// misdirectedError: a request does not name the CONNECT's authority
+	// (421).
+	misdirectedError struct{ reason string }
+)
+
+func (e credentialsError) Error() string   { return e.reason }
+func (e methodError) Error() string        { return e.reason }
+func (e badRequestError) Error() string    { return e.reason }
+func (e refusedTargetError) Error() string { return e.reason }
+func (e misdirectedError) Error() string   { return e.reason }
+
+// answerFields are the fields a refusal's answer must carry (RFC 9110
+// 11.7.1, 15.5.6).
+func answerFields(err error) http.Header {
+	var cred credentialsError
+	var method methodError
+	switch {
+	case errors.As(err, &cred):
+		return http.Header{"Proxy-Authenticate": {`Basic realm="runfleet edge"`}}
+	case errors.As(err, &method) && method.allow != "":
+		return http.Header{"Allow": {method.allow}}
+	}
+	return nil
+}
+
 // blockedError: a placeholder where policy forbids it. Its reason names keys
 // and hosts, never a value or a placeholder.
 type blockedError struct {
@@ -42,16 +83,31 @@ type faultError struct{ err error }
 func (e *faultError) Error() string { return "proxy fault: " + e.err.Error() }
 func (e *faultError) Unwrap() error { return e.err }
 
-// classify maps every error the pipeline or a tunnel meets to the status the
-// task sees, the audit action and the reason shown. It is the one place
-// error kinds become statuses.
+// classify maps every error a CONNECT, the pipeline or a tunnel meets to
+// the status the task sees, the audit action and the reason shown. It is
+// the one place error kinds become statuses.
 func (p *Proxy) classify(err error) (status int, action audit.Action, reason string) {
 	var blocked *blockedError
 	var withheld *withheldError
 	var fault *faultError
 	var refused *upstream.RefusedError
 	var unscannable unscannableError
+	var cred credentialsError
+	var method methodError
+	var badRequest badRequestError
+	var refusedTarget refusedTargetError
+	var misdirected misdirectedError
 	switch {
+	case errors.As(err, &cred):
+		return http.StatusProxyAuthRequired, audit.Denied, cred.Error()
+	case errors.As(err, &method):
+		return http.StatusMethodNotAllowed, audit.Denied, method.Error()
+	case errors.As(err, &badRequest):
+		return http.StatusBadRequest, audit.Denied, badRequest.Error()
+	case errors.As(err, &refusedTarget):
+		return http.StatusForbidden, audit.Denied, refusedTarget.Error()
+	case errors.As(err, &misdirected):
+		return http.StatusMisdirectedRequest, audit.Denied, misdirected.Error()
 	case errors.As(err, &blocked):
 		return http.StatusForbidden, audit.Blocked, blocked.Error()
 	case errors.As(err, &withheld):

@@ -107,9 +107,10 @@ func (p *Proxy) serveFront(c net.Conn) {
 	if targetErr == nil {
 		entry.Host = redacted(ix, target.String())
 	}
-	deny := func(status int, reason string, hdr http.Header) {
-		writeStatus(c, status, reason, hdr)
-		entry.Action, entry.Status, entry.Reason = audit.Denied, status, reason
+	deny := func(err error) {
+		status, action, reason := p.classify(err)
+		writeStatus(c, status, reason, answerFields(err))
+		entry.Action, entry.Status, entry.Reason = action, status, reason
 		entry.Duration = p.cfg.Clock.Now().Sub(start)
 		p.cfg.Audit.Record(entry)
 	}
@@ -119,28 +120,27 @@ func (p *Proxy) serveFront(c net.Conn) {
 		a = p.reg.authenticate(runID, password)
 	}
 	if a == nil {
-		deny(http.StatusProxyAuthRequired, "proxy credentials missing, unknown or revoked",
-			http.Header{"Proxy-Authenticate": {`Basic realm="runfleet edge"`}})
+		deny(credentialsError{"proxy credentials missing, unknown or revoked"})
 		return
 	}
 	entry.Task = a.task.runID
 	if req.Method != http.MethodConnect {
-		deny(http.StatusMethodNotAllowed, "only CONNECT is proxied", http.Header{"Allow": {"CONNECT"}})
+		deny(methodError{"only CONNECT is proxied", http.MethodConnect})
 		return
 	}
 	if targetErr != nil {
 		// The parser may quote what it refused (a port): redacted.
-		deny(http.StatusBadRequest, "CONNECT target: "+redacted(ix, targetErr.Error()), nil)
+		deny(badRequestError{"CONNECT target: " + redacted(ix, targetErr.Error())})
 		return
 	}
 	granted := a.task.grantsUnder(p.cfg.Policy.Current()).granted
 	decision := policy.DecideConnect(policy.ConnectInput{Target: target, Granted: granted, Egress: p.cfg.Egress})
 	if decision.Action == policy.Refuse {
-		deny(http.StatusForbidden, decision.Reason, nil)
+		deny(refusedTargetError{decision.Reason})
 		return
 	}
 	if !a.track(c) {
-		deny(http.StatusProxyAuthRequired, "the attempt ended", nil)
+		deny(credentialsError{"the attempt ended"})
 		return
 	}
 	defer a.untrack(c)
@@ -192,11 +192,8 @@ func (p *Proxy) tunnel(a *attempt, c *bufferedConn, target policy.Authority, ent
 	cancel()
 	if err != nil {
 		status, action, reason := p.classify(err)
-		writeStatus(c, status, reason, nil)
+		writeStatus(c, status, reason, answerFields(err))
 		entry.Action, entry.Status, entry.Reason = action, status, reason
-		if action == audit.Blocked {
-			entry.Action = audit.Denied
-		}
 		entry.Duration = p.cfg.Clock.Now().Sub(start)
 		p.cfg.Audit.Record(entry)
 		return

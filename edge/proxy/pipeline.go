@@ -224,30 +224,8 @@ func (p *Proxy) serve(st *requestState, w http.ResponseWriter, r *http.Request) 
 	entry := &st.entry
 	*entry = audit.Entry{TS: p.cfg.Clock.Now(), Task: st.runID(), Host: ci.logHost, Method: redacted(ix, r.Method), Path: redact(ix, r.URL.Path, &st.ms)}
 	defer p.record(st) // also when the answer is aborted (a panic on HTTP/2)
-	refuse := func(status int, action audit.Action, reason string) {
-		entry.Action, entry.Status, entry.Reason = action, status, reason
-		cw.Header().Set("Connection", "close")
-		respond(cw, status, reason)
-	}
-	if !ci.attempt.live() {
-		refuse(http.StatusProxyAuthRequired, audit.Denied, "the attempt ended")
-		return
-	}
-	if reason := misdirected(ci, r); reason != "" {
-		refuse(http.StatusMisdirectedRequest, audit.Denied, reason)
-		return
-	}
-	if r.Method == http.MethodConnect {
-		refuse(http.StatusMethodNotAllowed, audit.Denied, "CONNECT inside an intercepted connection")
-		return
-	}
-	if !isToken(r.Method) {
-		// The request line is written as the method reads.
-		refuse(http.StatusBadRequest, audit.Denied, "malformed method")
-		return
-	}
-	st.grants = ci.attempt.task.grantsUnder(p.cfg.Policy.Current())
-
+	// fail refuses the request before anything reaches the upstream, and
+	// ends the connection.
 	fail := func(err error) {
 		status, action, reason := p.classify(err)
 		st.mu.Lock()
@@ -256,8 +234,32 @@ func (p *Proxy) serve(st *requestState, w http.ResponseWriter, r *http.Request) 
 		}
 		st.mu.Unlock()
 		p.logFault(status, err, slog.String("task", entry.Task), slog.String("host", ci.logHost))
-		refuse(status, action, reason)
+		entry.Action, entry.Status, entry.Reason = action, status, reason
+		for k, vs := range answerFields(err) {
+			cw.Header()[k] = vs
+		}
+		cw.Header().Set("Connection", "close")
+		respond(cw, status, reason)
 	}
+	if !ci.attempt.live() {
+		fail(credentialsError{"the attempt ended"})
+		return
+	}
+	if err := misdirected(ci, r); err != nil {
+		fail(err)
+		return
+	}
+	if r.Method == http.MethodConnect {
+		fail(methodError{reason: "CONNECT inside an intercepted connection"})
+		return
+	}
+	if !isToken(r.Method) {
+		// The request line is written as the method reads.
+		fail(badRequestError{"malformed method"})
+		return
+	}
+	st.grants = ci.attempt.task.grantsUnder(p.cfg.Policy.Current())
+
 	if err := st.checkMethod(ix, r.Method); err != nil {
 		fail(err)
 		return
@@ -323,27 +325,27 @@ func (p *Proxy) record(st *requestState) {
 }
 
 // misdirected says why a request does not name the CONNECT's authority, or
-// "" when it does: the TLS server name, an absolute-form URL and the Host
+// nil when it does: the TLS server name, an absolute-form URL and the Host
 // (HTTP/2's :authority) must all name it.
-func misdirected(ci *connInfo, r *http.Request) string {
+func misdirected(ci *connInfo, r *http.Request) error {
 	if !ci.sniOK {
-		return "the TLS server name does not name the CONNECT's host"
+		return misdirectedError{"the TLS server name does not name the CONNECT's host"}
 	}
 	if r.URL.Host != "" || r.URL.Scheme != "" {
 		if r.URL.Scheme != "https" {
-			return "an absolute URL must be https"
+			return misdirectedError{"an absolute URL must be https"}
 		}
 		if !ci.names(r.URL.Host) {
-			return "the request URL names another authority than the CONNECT"
+			return misdirectedError{"the request URL names another authority than the CONNECT"}
 		}
 	}
 	if r.Host == "" {
-		return "no Host"
+		return misdirectedError{"no Host"}
 	}
 	if !ci.names(r.Host) {
-		return "the Host names another authority than the CONNECT"
+		return misdirectedError{"the Host names another authority than the CONNECT"}
 	}
-	return ""
+	return nil
 }
 
 // checkMethod blocks a placeholder sent as the method (in any case): no key
