@@ -632,25 +632,54 @@ func TestWithheldValueIsRefusedNeverSentAsThePlaceholder(t *testing.T) {
 
 func TestPolicyChangeAppliesToTheNextRequest(t *testing.T) {
 	f := newFixture(t, "open")
-	if res, _ := f.get(t, "https://"+f.api+"/", http.Header{"Authorization": {"Bearer " + f.phA}}); res.StatusCode != 200 {
+	// A kept-alive intercepted connection to api, where A is substituted.
+	tc, br := f.dialIntercepted(f.proxyURL, f.api, "api.example.test")
+	defer tc.Close()
+	if res, _ := roundTrip(t, tc, br, "GET /before HTTP/1.1\r\nHost: "+f.api+"\r\nAuthorization: Bearer "+f.phA+"\r\n\r\n"); res.StatusCode != 200 {
 		t.Fatalf("before: %d", res.StatusCode)
 	}
 	// Key A now reaches only other.example.test.
 	f.writePolicy(`{"api.example.test": "127.0.0.1", "other.example.test": "127.0.0.1"}`, fmt.Sprintf(`{"acme": {"keys": {
 		"A": {"domains": ["other.example.test:%d"]}, "B": {"domains": ["other.example.test:%d"]}}}}`, f.up.port, f.up.port))
 	must(t, f.watcher.Reload())
-	// The same kept-alive client, the next request: not intercepted any more
-	// (no key of the task reaches api), so it is tunnelled and the upstream
-	// gets the placeholder, never the value.
-	client := f.goClient(f.proxyURL, false)
-	res, err := client.Do(mustRequest(t, "https://"+f.other+"/", "Bearer "+f.phA))
+	// The next request on the very same connection is decided by the new
+	// policy: A may not reach api any more, so its placeholder blocks.
+	res, body := roundTrip(t, tc, br, "GET /after HTTP/1.1\r\nHost: "+f.api+"\r\nAuthorization: Bearer "+f.phA+"\r\n\r\n")
+	if res.StatusCode != http.StatusForbidden || !strings.Contains(body, "may not reach api.example.test") {
+		t.Fatalf("A on api on the kept-alive connection after the change: %d %q", res.StatusCode, body)
+	}
+	// A new connection to api is not intercepted any more (no key of the
+	// task reaches it): it is tunnelled, and the upstream gets the
+	// placeholder, never the value.
+	pool := x509.NewCertPool()
+	pool.AppendCertsFromPEM(f.uca.pem)
+	tunnelClient := &http.Client{Transport: &http.Transport{Proxy: http.ProxyURL(f.proxyURL), TLSClientConfig: &tls.Config{RootCAs: pool}}}
+	res, err := tunnelClient.Do(mustRequest(t, "https://"+f.api+"/tunnelled", "Bearer "+f.phA))
+	must(t, err)
+	res.Body.Close()
+	if res.StatusCode != 200 {
+		t.Fatalf("A on api through a new connection: %d", res.StatusCode)
+	}
+	f.waitAudit(func(m map[string]any) bool { return m["action"] == "tunnelled" && m["host"] == f.api })
+	// And A is substituted for its new domain.
+	res, err = f.goClient(f.proxyURL, false).Do(mustRequest(t, "https://"+f.other+"/", "Bearer "+f.phA))
 	must(t, err)
 	res.Body.Close()
 	if res.StatusCode != 200 {
 		t.Fatalf("A on other after the change: %d", res.StatusCode)
 	}
-	if got := f.up.requests(); got[len(got)-1].Header.Get("Authorization") != "Bearer "+realA {
-		t.Fatal("A not substituted for its new domain")
+	got := f.up.requests()
+	if len(got) != 3 {
+		t.Fatalf("upstream got %d requests, want 3", len(got))
+	}
+	if got[0].Path != "/before" || got[0].Header.Get("Authorization") != "Bearer "+realA {
+		t.Error("A not substituted on api before the change")
+	}
+	if got[1].Path != "/tunnelled" || got[1].Header.Get("Authorization") != "Bearer "+f.phA {
+		t.Error("the tunnelled request did not reach api with the placeholder as it was")
+	}
+	if got[2].Host != f.other || got[2].Header.Get("Authorization") != "Bearer "+realA {
+		t.Error("A not substituted for its new domain")
 	}
 }
 
