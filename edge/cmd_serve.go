@@ -34,6 +34,11 @@ func runServe(args []string, _, stderr io.Writer) int {
 		fmt.Fprintln(stderr, "usage: edge serve --config edge.json")
 		return 2
 	}
+	killSwitch, err := proxy.KillSwitch(os.Getenv)
+	if err != nil {
+		fmt.Fprintln(stderr, "edge serve:", err)
+		return 1
+	}
 	cfg, err := config.Load(*path)
 	if err != nil {
 		fmt.Fprintln(stderr, err)
@@ -50,7 +55,7 @@ func runServe(args []string, _, stderr io.Writer) int {
 
 	h, err := host.Open(context.Background(), host.Options{
 		Config:     cfg,
-		KillSwitch: proxy.KillSwitchOn(os.Getenv),
+		KillSwitch: killSwitch,
 		Logger:     log,
 	})
 	if err != nil {

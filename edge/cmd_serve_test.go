@@ -35,3 +35,14 @@ func TestServeRefusesBadInvocationsAndConfigs(t *testing.T) {
 		}
 	}
 }
+
+// A kill switch set to anything but "off", "on" or nothing refuses the
+// start, naming the variable: a typo must not leave the proxy up.
+func TestServeRefusesAnUnknownKillSwitchValue(t *testing.T) {
+	t.Setenv("EDGE_SECRETS_PROXY", "0")
+	var out, errOut bytes.Buffer
+	if code := run([]string{"serve", "--config", filepath.Join(t.TempDir(), "edge.json")}, &out, &errOut); code != 1 ||
+		!strings.Contains(errOut.String(), `EDGE_SECRETS_PROXY="0"`) {
+		t.Errorf("exit %d, %q", code, errOut.String())
+	}
+}

@@ -587,14 +587,22 @@ func TestAttackRequestAfterStopAndWithAnOldPassword(t *testing.T) {
 }
 
 func TestKillSwitch(t *testing.T) {
-	for value, on := range map[string]bool{"off": true, " OFF ": true, "Off": true, "": false, "on": false, "0": false} {
-		if got := KillSwitchOn(func(k string) string {
+	for value, on := range map[string]bool{"off": true, "": false, "on": false} {
+		if got, err := KillSwitch(func(k string) string {
 			if k == KillSwitchEnv {
 				return value
 			}
 			return ""
-		}); got != on {
-			t.Errorf("%s=%q: %v", KillSwitchEnv, value, got)
+		}); got != on || err != nil {
+			t.Errorf("%s=%q: %v %v", KillSwitchEnv, value, got, err)
+		}
+	}
+	// Anything else refuses the start, naming the variable: never a proxy
+	// left up by a typo.
+	for _, value := range []string{"0", "false", "OFF", " off", "Off", "no", "disabled", "1"} {
+		got, err := KillSwitch(func(string) string { return value })
+		if err == nil || got || !strings.Contains(err.Error(), KillSwitchEnv) {
+			t.Errorf("%s=%q: %v %v", KillSwitchEnv, value, got, err)
 		}
 	}
 	p, err := New(Config{Disabled: true})

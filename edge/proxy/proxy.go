@@ -62,7 +62,6 @@ import (
 	"log/slog"
 	"net"
 	"path/filepath"
-	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -75,13 +74,23 @@ import (
 	"github.com/runfleet/runfleet/shared/clock"
 )
 
-// KillSwitchEnv is the variable that keeps the proxy down: "off" (any case).
+// KillSwitchEnv is the variable that keeps the proxy down: "off".
 const KillSwitchEnv = "EDGE_SECRETS_PROXY"
 
-// KillSwitchOn reports whether the kill switch is engaged; main passes
-// os.Getenv, since main owns the environment.
-func KillSwitchOn(getenv func(string) string) bool {
-	return strings.EqualFold(strings.TrimSpace(getenv(KillSwitchEnv)), "off")
+// KillSwitch reads the kill switch through getenv (main passes os.Getenv,
+// since main owns the environment): "off" engages it (true: the proxy stays
+// down), "" or "on" leaves the proxy up, and anything else is an error
+// naming the variable: a typo ("0", "false", "OFF ") must refuse the start,
+// not silently leave the proxy up (it failed open).
+func KillSwitch(getenv func(string) string) (bool, error) {
+	switch v := getenv(KillSwitchEnv); v {
+	case "off":
+		return true, nil
+	case "", "on":
+		return false, nil
+	default:
+		return false, fmt.Errorf("%s=%q: set it to \"off\" to keep the secrets proxy down, or leave it unset (or \"on\") to run it", KillSwitchEnv, v)
+	}
 }
 
 // PolicySource gives the host policy in force, read per request so a reload

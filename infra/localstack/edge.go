@@ -189,7 +189,11 @@ func startLocalEdge(ctx context.Context, f edgeFiles, addr string, getenv func(s
 	if err != nil {
 		return nil, err
 	}
-	e.host, err = host.Open(ctx, host.Options{Config: cfg, KillSwitch: proxy.KillSwitchOn(getenv), Logger: log.With("component", "edge")})
+	killSwitch, err := proxy.KillSwitch(getenv)
+	if err != nil {
+		return nil, err
+	}
+	e.host, err = host.Open(ctx, host.Options{Config: cfg, KillSwitch: killSwitch, Logger: log.With("component", "edge")})
 	if err != nil {
 		return nil, err
 	}
