@@ -129,6 +129,13 @@ func Open(ctx context.Context, o Options) (_ *Host, err error) {
 			return nil, err
 		}
 	}
+	if cfg.API.TLS.Enabled() {
+		// The host API's private key in a task's hands lets it pose as
+		// this host to Fleet.
+		if err := checkPrivate("api.tls.keyFile", cfg.API.TLS.KeyFile); err != nil {
+			return nil, err
+		}
+	}
 	token, err := readToken(cfg.API.TokenFile)
 	if err != nil {
 		return nil, err
@@ -243,8 +250,9 @@ func prepareDataDir(cfg *config.Config) error {
 
 // checkPrivate refuses a file every user may read: tasks run as another
 // user (with no supplementary group), so only its "other" bits would let
-// them, and the host token or the secrets file in a task's hands is the
-// host's API or every real value.
+// them, and the host token, the secrets file or the host API's TLS key in
+// a task's hands is the host's API, every real value, or the host's
+// identity.
 func checkPrivate(field, path string) error {
 	fi, err := os.Stat(path)
 	if err != nil {

@@ -367,10 +367,20 @@ func TestHostAPIOverTLS(t *testing.T) {
 	}
 }
 
-func TestOpenRefusesAHostTokenOrSecretsFileEveryoneCanRead(t *testing.T) {
+func TestOpenRefusesAHostTokenSecretsFileOrTLSKeyEveryoneCanRead(t *testing.T) {
 	f := newFixture(t)
+	certPEM, keyPEM := f.ca.leaf(t, "127.0.0.1")
+	certFile, keyFile := filepath.Join(f.dir, "etc", "api.pem"), filepath.Join(f.dir, "etc", "api-key.pem")
+	must(t, os.WriteFile(certFile, certPEM, 0o644))
+	must(t, os.WriteFile(keyFile, keyPEM, 0o600))
 	f.writeConfig()
-	for field, path := range map[string]string{"api.tokenFile": f.tokenPath, "secrets.file": f.secretsPath} {
+	raw, _ := os.ReadFile(f.cfgPath)
+	var written map[string]any
+	json.Unmarshal(raw, &written)
+	written["api"].(map[string]any)["tls"] = map[string]string{"certFile": certFile, "keyFile": keyFile}
+	raw, _ = json.Marshal(written)
+	must(t, os.WriteFile(f.cfgPath, raw, 0o600))
+	for field, path := range map[string]string{"api.tokenFile": f.tokenPath, "secrets.file": f.secretsPath, "api.tls.keyFile": keyFile} {
 		must(t, os.Chmod(path, 0o644))
 		cfg, err := config.Load(f.cfgPath)
 		must(t, err)
