@@ -92,6 +92,12 @@ type Config struct {
 // request pays neither the encoding nor a write (issue 4's profile put both
 // on the proxy's critical path). Nothing is dropped: past maxPending queued
 // entries, the recording goroutine writes the batch itself.
+//
+// What a crash can lose: a clean shutdown (Close) writes every recorded line
+// and syncs the file. A process that dies without Close loses the lines
+// still queued: at most those recorded in the last FlushEvery, and never
+// more than maxPending. A machine that stops (power, kernel) may also lose
+// lines written but not yet on disk: the file is not synced per batch.
 type Log struct {
 	cfg     Config
 	metrics *metrics
@@ -289,8 +295,8 @@ func (l *Log) rotateLocked() error {
 	return l.openLocked()
 }
 
-// Close writes what is recorded and closes the file; later Records only
-// count.
+// Close writes what is recorded, syncs and closes the file; later Records
+// only count.
 func (l *Log) Close() error {
 	l.flush()
 	l.fileMu.Lock()
@@ -298,7 +304,10 @@ func (l *Log) Close() error {
 	if l.file == nil {
 		return nil
 	}
-	err := l.file.Close()
+	err := errors.Join(l.file.Sync(), l.file.Close())
 	l.file, l.buf = nil, nil
-	return err
+	if err != nil {
+		return fmt.Errorf("audit: closing: %w", err)
+	}
+	return nil
 }

@@ -14,6 +14,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/runfleet/runfleet/edge/audit"
 	"github.com/runfleet/runfleet/edge/config"
 	"github.com/runfleet/runfleet/shared/clock"
 	"github.com/runfleet/runfleet/shared/hostproto"
@@ -79,6 +80,24 @@ curl -sS --fail https://%s/; echo`, f.upstreamHost, f.tunnelHost)
 		if !strings.Contains(string(metrics), want) {
 			t.Errorf("/metrics lacks %s", want)
 		}
+	}
+}
+
+// The audit batches its lines (audit.FlushEvery, on the host's clock): a
+// clean shutdown writes every line recorded, however recent. The fake clock
+// never moves here, so no timed flush writes them first.
+func TestCleanShutdownWritesEveryAuditLine(t *testing.T) {
+	f := newFixture(t)
+	e := f.open(hostOptions{clock: clock.NewFake(time.Now())})
+	run := e.start(hostproto.StartRequest{Prompt: fmt.Sprintf(`curl -sS --fail -H "Authorization: Bearer $API_TOKEN" https://%s/echo`, f.upstreamHost), Secrets: apiToken})
+	if end := e.waitEnd(run.RunID); end.Status != hostproto.StatusSucceeded {
+		t.Fatalf("run ended %+v: %s", end, e.output(run.RunID))
+	}
+	e.shutdown()
+	b, err := os.ReadFile(filepath.Join(f.dataDir, "logs", audit.FileName))
+	must(t, err)
+	if !strings.Contains(string(b), `"action":"substituted"`) || !strings.Contains(string(b), `"task":"`+run.RunID+`"`) {
+		t.Fatalf("the audit file after a clean shutdown lacks the run's request: %q", b)
 	}
 }
 
