@@ -10,6 +10,7 @@ import (
 	"errors"
 	"fmt"
 	"net"
+	"net/netip"
 	"os"
 	"path/filepath"
 	"strings"
@@ -344,6 +345,22 @@ func (c *Config) Defaults() {
 	setD(&c.Runner.CancelGrace, 10*time.Second)
 }
 
+// loopback reports whether a listen address (host:port) binds this host's
+// loopback interface only: an IP in 127.0.0.0/8 or ::1 (an IPv4-mapped
+// form too), or "localhost". An empty host or an unspecified address
+// (0.0.0.0, ::) binds every interface.
+func loopback(addr string) bool {
+	host, _, err := net.SplitHostPort(addr)
+	if err != nil {
+		return false
+	}
+	if strings.EqualFold(host, "localhost") {
+		return true
+	}
+	ip, err := netip.ParseAddr(host)
+	return err == nil && ip.Unmap().IsLoopback()
+}
+
 // Validate checks everything but the policy section (package policy owns
 // that), naming the field at fault.
 func (c *Config) Validate() error {
@@ -364,6 +381,14 @@ func (c *Config) Validate() error {
 		if _, _, err := net.SplitHostPort(addr); err != nil {
 			bad(field, "%q is not host:port", addr)
 		}
+	}
+	// Tasks send their proxy credential in Basic form, in the clear: the
+	// proxy must never be reachable off this host.
+	if _, _, err := net.SplitHostPort(c.Proxy.Listen); err == nil && !loopback(c.Proxy.Listen) {
+		bad("proxy.listen", "%q is not a loopback address: tasks send their proxy credentials to it in cleartext, so it must listen on 127.0.0.1 or [::1] only", c.Proxy.Listen)
+	}
+	if _, _, err := net.SplitHostPort(c.API.Listen); err == nil && !loopback(c.API.Listen) && !c.API.TLS.Enabled() {
+		bad("api.listen", "%q is not a loopback address and api.tls is not set: the host token would cross the network in cleartext; set api.tls.certFile and api.tls.keyFile, or listen on 127.0.0.1", c.API.Listen)
 	}
 	if c.Proxy.Egress != EgressOpen && c.Proxy.Egress != EgressStrict {
 		bad("proxy.egress", "must be %q or %q, not %q", EgressOpen, EgressStrict, c.Proxy.Egress)

@@ -53,15 +53,21 @@ func TestLoadDesignExample(t *testing.T) {
 
 func TestBadConfigsNameTheField(t *testing.T) {
 	for name, tc := range map[string]struct{ json, want string }{
-		"unknown field":      {`{"dataDir":"/d","api":{"tokenFile":"/t"},"prxy":{}}`, `unknown field "prxy"`},
-		"wrong type":         {`{"dataDir":"/d","api":{"tokenFile":"/t"},"runner":{"maxConcurrent":"8"}}`, "runner.maxConcurrent"},
-		"bad duration":       {`{"dataDir":"/d","api":{"tokenFile":"/t"},"ca":{"lifetime":"a year"}}`, `invalid duration "a year"`},
-		"missing data dir":   {`{"api":{"tokenFile":"/t"}}`, "dataDir: is required"},
-		"bad egress":         {`{"dataDir":"/d","api":{"tokenFile":"/t"},"proxy":{"egress":"wide"}}`, "proxy.egress"},
-		"bad task egress":    {`{"dataDir":"/d","api":{"tokenFile":"/t"},"runner":{"egress":"open"}}`, "runner.egress"},
-		"bad cidr":           {`{"dataDir":"/d","api":{"tokenFile":"/t"},"proxy":{"upstream":{"allowPrivate":["10/8"]}}}`, "allowPrivate"},
-		"window past life":   {`{"dataDir":"/d","api":{"tokenFile":"/t"},"ca":{"lifetime":"48h","successorWindow":"72h"}}`, "ca.successorWindow"},
-		"agent without argv": {`{"dataDir":"/d","api":{"tokenFile":"/t"},"agents":{"x":{}}}`, "agents.x.argv"},
+		"unknown field":                {`{"dataDir":"/d","api":{"tokenFile":"/t"},"prxy":{}}`, `unknown field "prxy"`},
+		"wrong type":                   {`{"dataDir":"/d","api":{"tokenFile":"/t"},"runner":{"maxConcurrent":"8"}}`, "runner.maxConcurrent"},
+		"bad duration":                 {`{"dataDir":"/d","api":{"tokenFile":"/t"},"ca":{"lifetime":"a year"}}`, `invalid duration "a year"`},
+		"missing data dir":             {`{"api":{"tokenFile":"/t"}}`, "dataDir: is required"},
+		"bad egress":                   {`{"dataDir":"/d","api":{"tokenFile":"/t"},"proxy":{"egress":"wide"}}`, "proxy.egress"},
+		"bad task egress":              {`{"dataDir":"/d","api":{"tokenFile":"/t"},"runner":{"egress":"open"}}`, "runner.egress"},
+		"bad cidr":                     {`{"dataDir":"/d","api":{"tokenFile":"/t"},"proxy":{"upstream":{"allowPrivate":["10/8"]}}}`, "allowPrivate"},
+		"window past life":             {`{"dataDir":"/d","api":{"tokenFile":"/t"},"ca":{"lifetime":"48h","successorWindow":"72h"}}`, "ca.successorWindow"},
+		"agent without argv":           {`{"dataDir":"/d","api":{"tokenFile":"/t"},"agents":{"x":{}}}`, "agents.x.argv"},
+		"proxy off loopback":           {`{"dataDir":"/d","api":{"tokenFile":"/t"},"proxy":{"listen":"0.0.0.0:7071"}}`, `proxy.listen: "0.0.0.0:7071" is not a loopback address`},
+		"proxy on all":                 {`{"dataDir":"/d","api":{"tokenFile":"/t"},"proxy":{"listen":":7071"}}`, `proxy.listen: ":7071" is not a loopback address`},
+		"proxy on a LAN IP":            {`{"dataDir":"/d","api":{"tokenFile":"/t"},"proxy":{"listen":"192.168.1.5:7071"}}`, "proxy.listen"},
+		"proxy on a name":              {`{"dataDir":"/d","api":{"tokenFile":"/t"},"proxy":{"listen":"edge.example.com:7071"}}`, "proxy.listen"},
+		"proxy behind TLS":             {`{"dataDir":"/d","api":{"tokenFile":"/t","tls":{"certFile":"/c","keyFile":"/k"}},"proxy":{"listen":"[::]:7071"}}`, "proxy.listen"},
+		"api off loopback without tls": {`{"dataDir":"/d","api":{"listen":"0.0.0.0:7070","tokenFile":"/t"}}`, `api.listen: "0.0.0.0:7070" is not a loopback address and api.tls is not set`},
 	} {
 		t.Run(name, func(t *testing.T) {
 			path := filepath.Join(t.TempDir(), "edge.json")
@@ -73,5 +79,35 @@ func TestBadConfigsNameTheField(t *testing.T) {
 				t.Fatalf("Load error = %v, want one mentioning %q", err, tc.want)
 			}
 		})
+	}
+}
+
+// Loopback listeners, and a host API off loopback with TLS, are accepted.
+func TestListenAddressesOnLoopbackOrBehindTLS(t *testing.T) {
+	for _, api := range []string{
+		`{"listen":"127.0.0.1:7070","tokenFile":"/t"}`,
+		`{"listen":"[::1]:7070","tokenFile":"/t"}`,
+		`{"listen":"localhost:7070","tokenFile":"/t"}`,
+		`{"listen":"127.0.0.2:7070","tokenFile":"/t"}`,
+		`{"listen":"0.0.0.0:7070","tokenFile":"/t","tls":{"certFile":"/c","keyFile":"/k"}}`,
+	} {
+		for _, proxy := range []string{"127.0.0.1:7071", "[::1]:7071", "localhost:0", "[::ffff:127.0.0.1]:7071"} {
+			c, err := Parse([]byte(`{"dataDir":"/d","api":` + api + `,"proxy":{"listen":"` + proxy + `"}}`))
+			if err != nil {
+				t.Fatal(err)
+			}
+			c.Defaults()
+			if err := c.Validate(); err != nil {
+				t.Errorf("api %s, proxy %s: %v", api, proxy, err)
+			}
+		}
+	}
+}
+
+// The example deployment config (api.listen on every interface, with TLS)
+// passes.
+func TestExampleDeploymentConfigLoads(t *testing.T) {
+	if _, err := Load(filepath.Join("..", "..", "infra", "edge.example.json")); err != nil {
+		t.Fatal(err)
 	}
 }
