@@ -8,6 +8,12 @@
 // the signer plus that successor; the signer hands over SwitchBefore its end,
 // to a CA every task that installed a bundle since has. A sealed key that
 // cannot be opened refuses the start: a new CA is never minted over it.
+//
+// The clock may be wrong. A CA not valid yet never signs (its leaves would
+// not verify), and CAs that leave the bundle stay in the store, sealed (the
+// latest few), so a clock that ran ahead (edge then minted a CA dated in the
+// future) and is put right finds the CA it had and signs with it again. A
+// clock set back is noticed at the next handshake or hourly review.
 package ca
 
 import (
@@ -80,7 +86,18 @@ type caState struct {
 	// nextReview is when the dates next call for a review: a transition,
 	// or the retry after a failed one.
 	nextReview time.Time
+	// reviewedAt is the (wall) time the state was decided at: a clock read
+	// before it has been set back, which calls for a review too.
+	reviewedAt time.Time
 	leaves     *leafIssuer
+}
+
+// due reports whether the state must be reviewed at now: a transition is
+// due, or the clock was set back since (wall times: a monotonic reading
+// does not see the clock set back).
+func (st *caState) due(now time.Time) bool {
+	now = now.Round(0)
+	return !now.Before(st.nextReview) || now.Before(st.reviewedAt)
 }
 
 func newState(signer, successor *authority, nextReview time.Time) *caState {
@@ -213,7 +230,7 @@ func (a *Authority) rotate(ctx context.Context, now time.Time, prev *caState) (*
 		}
 	case len(plan.Drop) > 0:
 		if err = a.replaceStored(kept(a.stored, plan)); err != nil {
-			err = fmt.Errorf("ca: dropping CAs past their switch point from the store: %w", err)
+			err = fmt.Errorf("ca: dropping retired CAs from the store: %w", err)
 		}
 	}
 	if err == nil {
@@ -232,16 +249,17 @@ func (a *Authority) rotate(ctx context.Context, now time.Time, prev *caState) (*
 	default:
 		return nil, err
 	}
+	st.reviewedAt = now.Round(0)
 	if retry := now.Add(a.cfg.ReviewInterval); err != nil && (st.nextReview.IsZero() || retry.Before(st.nextReview)) {
 		st.nextReview = retry
 	}
 	return st, err
 }
 
-// kept is the stored CAs the plan keeps.
+// kept is the stored CAs the plan keeps: signer, successor, retired.
 func kept(stored []*authority, plan rotationPlan) []*authority {
 	var out []*authority
-	for _, i := range []int{plan.Signer, plan.Successor} {
+	for _, i := range append([]int{plan.Signer, plan.Successor}, plan.Retired...) {
 		if i != noCA {
 			out = append(out, stored[i])
 		}
@@ -271,7 +289,7 @@ func (a *Authority) current() *caState { return a.currentAt(a.cfg.Clock.Now()) }
 // earlier than now).
 func (a *Authority) currentAt(now time.Time) *caState {
 	st := a.state.Load()
-	if now.Before(st.nextReview) {
+	if !st.due(now) {
 		return st
 	}
 	st, changed := a.review()
@@ -290,7 +308,7 @@ func (a *Authority) review() (st *caState, bundleChanged bool) {
 	defer a.reviewMu.Unlock()
 	prev := a.state.Load()
 	now := a.cfg.Clock.Now()
-	if a.closed.Load() || now.Before(prev.nextReview) {
+	if a.closed.Load() || !prev.due(now) {
 		return prev, false
 	}
 	st, err := a.rotate(a.ctx, now, prev)
@@ -316,7 +334,7 @@ func (a *Authority) review() (st *caState, bundleChanged bool) {
 // failed deliveries in one pass.
 func (a *Authority) onTimer() {
 	st := a.state.Load()
-	if !a.cfg.Clock.Now().Before(st.nextReview) {
+	if st.due(a.cfg.Clock.Now()) {
 		st, _ = a.review()
 	}
 	a.mu.Lock()

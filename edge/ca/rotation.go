@@ -2,6 +2,7 @@ package ca
 
 import (
 	"fmt"
+	"slices"
 	"time"
 )
 
@@ -35,8 +36,14 @@ type rotationPlan struct {
 	Successor int
 	// MintSuccessor: the signer is inside its successor window without one.
 	MintSuccessor bool
-	// Drop lists stored CAs that are no longer in the bundle: past their
-	// switch point, or expired.
+	// Retired lists stored CAs out of the bundle that the store keeps,
+	// sealed: past their switch point or expired, not valid yet, or beside
+	// a signer and successor. The maxRetired latest-ending are kept, so a
+	// clock put back after running ahead (edge then minted a CA dated in
+	// the future, its signer having passed its switch point) finds the
+	// CAs it had and signs with them again.
+	Retired []int
+	// Drop lists the stored CAs the store lets go: retired past maxRetired.
 	Drop []int
 	// NextTransition is when the plan next changes by the passage of time
 	// alone (a successor due, a switch); zero when Signer is noCA.
@@ -45,28 +52,35 @@ type rotationPlan struct {
 	Reason string
 }
 
-// planRotation decides the CA roles at in.Now. A CA can sign until its
-// switch point (SwitchBefore its end); among those that can, the one ending
-// first signs and the one ending last is its successor. The signer gets a
-// successor once its successor window opens. Whatever cannot sign leaves the
-// bundle: after the switch every leaf comes from the new signer, and every
-// task holding the old bundle already received the successor at least
-// SuccessorWindow-SwitchBefore ago.
-func planRotation(in rotationInput) rotationPlan {
-	p := rotationPlan{Signer: noCA, Successor: noCA}
-	var usable []int
+// maxRetired is how many CAs out of the bundle the store keeps (sealed):
+// normal rotation retires one per lifetime, so these span years.
+const maxRetired = 4
+
+// planRotation decides the CA roles at in.Now. A CA can sign from its start
+// (NotBefore) until its switch point (SwitchBefore its end); among those
+// that can, the one ending first signs and the one ending last is its
+// successor. The signer gets a successor once its successor window opens.
+// Whatever cannot sign leaves the bundle: after the switch every leaf comes
+// from the new signer, and every task holding the old bundle already
+// received the successor at least SuccessorWindow-SwitchBefore ago. A CA
+// not valid yet never signs: its leaves would not verify (a CA minted while
+// the clock ran ahead, or a clock set back before a CA's start).
+func planRotation(in rotationInput) (p rotationPlan) {
+	p = rotationPlan{Signer: noCA, Successor: noCA}
+	var usable, out []int
 	for i, v := range in.Stored {
-		if in.Now.Before(v.switchAt(in.Timing)) {
+		if !in.Now.Before(v.NotBefore) && in.Now.Before(v.switchAt(in.Timing)) {
 			usable = append(usable, i)
 		} else {
-			p.Drop = append(p.Drop, i)
+			out = append(out, i)
 		}
 	}
+	defer func() { p.Retired, p.Drop = retire(in.Stored, out) }()
 	if len(usable) == 0 {
 		if len(in.Stored) == 0 {
 			p.Reason = "no CA yet: mint one"
 		} else {
-			p.Reason = "every stored CA is past its switch point: mint a new signer"
+			p.Reason = "no stored CA can sign now (each is past its switch point or not valid yet): mint a new signer"
 		}
 		return p
 	}
@@ -84,7 +98,7 @@ func planRotation(in rotationInput) rotationPlan {
 	}
 	for _, i := range usable {
 		if i != p.Signer && i != p.Successor {
-			p.Drop = append(p.Drop, i)
+			out = append(out, i)
 		}
 	}
 	signer := in.Stored[p.Signer]
@@ -100,4 +114,21 @@ func planRotation(in rotationInput) rotationPlan {
 		p.Reason = fmt.Sprintf("signer gets a successor at %s", p.NextTransition.UTC().Format(time.RFC3339))
 	}
 	return p
+}
+
+// retire splits the CAs out of the bundle into those the store keeps (the
+// maxRetired latest-ending) and those it drops, each by index order.
+func retire(stored []validity, out []int) (retired, drop []int) {
+	byEnd := slices.Clone(out)
+	slices.SortStableFunc(byEnd, func(i, j int) int { return stored[j].NotAfter.Compare(stored[i].NotAfter) })
+	if len(byEnd) > maxRetired {
+		drop = byEnd[maxRetired:]
+		byEnd = byEnd[:maxRetired]
+		slices.Sort(drop)
+	}
+	slices.Sort(byEnd)
+	if len(byEnd) == 0 {
+		byEnd = nil
+	}
+	return byEnd, drop
 }
