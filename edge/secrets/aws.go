@@ -41,7 +41,7 @@ type AWSConfig struct {
 
 // AWSSource reads SecretString of "<prefix><project>/<KEY>" from AWS Secrets
 // Manager, caching each answer for CacheTTL. An absent or deleted secret is
-// ErrNotFound; any other failure is an error (the proxy answers 502 and logs
+// ErrNotFound; any other failure is an error (the proxy answers 500 and logs
 // it), never a silent withhold.
 type AWSSource struct {
 	cfg AWSConfig
