@@ -14,6 +14,8 @@ import (
 	"os"
 	"path/filepath"
 	"sync"
+
+	"github.com/runfleet/runfleet/edge/internal/atomicfile"
 )
 
 // Sealer protects the CA private keys at rest.
@@ -137,7 +139,7 @@ func (s *FileSealer) create() error {
 	if err := os.MkdirAll(filepath.Dir(s.path), 0o700); err != nil {
 		return fmt.Errorf("ca: seal key file: %w", err)
 	}
-	if err := createFileExclusive(s.path, key, 0o600); err != nil && !errors.Is(err, fs.ErrExist) {
+	if err := atomicfile.Create(s.path, key, 0o600); err != nil && !errors.Is(err, fs.ErrExist) {
 		return fmt.Errorf("ca: seal key file: %w", err)
 	}
 	return s.load()

@@ -8,8 +8,9 @@ import (
 	"io/fs"
 	"os"
 	"path/filepath"
-	"strings"
 	"syscall"
+
+	"github.com/runfleet/runfleet/edge/internal/atomicfile"
 )
 
 // The CA store is one JSON file under Config.Dir, replaced atomically, so a
@@ -91,90 +92,15 @@ func writeStore(dir string, authorities []storedAuthority) error {
 	if err != nil {
 		return fmt.Errorf("ca: encoding the CA store: %w", err)
 	}
-	return writeFileAtomic(storePath(dir), append(b, '\n'), 0o600)
-}
-
-// writeFileAtomic replaces path with data: a temp file in the same
-// directory, fsynced, renamed over path, then the directory fsynced so the
-// rename itself survives a crash.
-func writeFileAtomic(path string, data []byte, perm fs.FileMode) error {
-	tmp, err := writeTemp(path, data, perm)
-	if err != nil {
-		return err
-	}
-	if err := os.Rename(tmp, path); err != nil {
-		os.Remove(tmp)
-		return fmt.Errorf("ca: writing %s: %w", path, err)
-	}
-	return syncDir(filepath.Dir(path))
-}
-
-// createFileExclusive is writeFileAtomic that never replaces an existing
-// file: it fails with fs.ErrExist instead.
-func createFileExclusive(path string, data []byte, perm fs.FileMode) error {
-	tmp, err := writeTemp(path, data, perm)
-	if err != nil {
-		return err
-	}
-	defer os.Remove(tmp)
-	if err := os.Link(tmp, path); err != nil {
-		return fmt.Errorf("ca: creating %s: %w", path, err)
-	}
-	return syncDir(filepath.Dir(path))
-}
-
-// tempPrefix names path's temp files, so Open can clear those a crash left.
-func tempPrefix(path string) string { return "." + filepath.Base(path) + ".tmp-" }
-
-func writeTemp(path string, data []byte, perm fs.FileMode) (string, error) {
-	f, err := os.CreateTemp(filepath.Dir(path), tempPrefix(path)+"*")
-	if err != nil {
-		return "", fmt.Errorf("ca: writing %s: %w", path, err)
-	}
-	name := f.Name()
-	err = f.Chmod(perm)
-	if err == nil {
-		_, err = f.Write(data)
-	}
-	if err == nil {
-		err = f.Sync()
-	}
-	if cerr := f.Close(); err == nil {
-		err = cerr
-	}
-	if err != nil {
-		os.Remove(name)
-		return "", fmt.Errorf("ca: writing %s: %w", path, err)
-	}
-	return name, nil
-}
-
-func syncDir(dir string) error {
-	d, err := os.Open(dir)
-	if err != nil {
-		return fmt.Errorf("ca: syncing %s: %w", dir, err)
-	}
-	defer d.Close()
-	if err := d.Sync(); err != nil {
-		return fmt.Errorf("ca: syncing %s: %w", dir, err)
+	if err := atomicfile.Write(storePath(dir), append(b, '\n'), 0o600); err != nil {
+		return fmt.Errorf("ca: %w", err)
 	}
 	return nil
 }
 
 // removeStaleTemps clears the temp files a crash between write and rename
 // left in dir. They hold only sealed keys, but nothing reads them.
-func removeStaleTemps(dir string) {
-	entries, err := os.ReadDir(dir)
-	if err != nil {
-		return
-	}
-	prefix := tempPrefix(storePath(dir))
-	for _, e := range entries {
-		if strings.HasPrefix(e.Name(), prefix) {
-			os.Remove(filepath.Join(dir, e.Name()))
-		}
-	}
-}
+func removeStaleTemps(dir string) { atomicfile.RemoveTemps(storePath(dir)) }
 
 // lockDir takes an exclusive lock on dir for the Authority's lifetime, so
 // two edges on one data dir cannot both rotate it.

@@ -136,10 +136,17 @@ func TestPlaceholdersAreStableAcrossRestartsAndDroppedWithTheTask(t *testing.T) 
 	}
 	e.proxy.Close()
 	e.authority.Close()
+	// A crash between a write and its rename leaves a temp file: cleared at
+	// the next start, never read as a task's placeholders.
+	stale := filepath.Join(dir, "secrets-proxy", "placeholders", ".run-t.json.tmp-42")
+	must(t, os.WriteFile(stale, []byte("{"), 0o600))
 
 	// A new proxy on the same data dir: the same placeholder for the task,
 	// and it is known (blocked as another task's) before it re-registers.
 	e2 := newEnv(t, opts)
+	if _, err := os.Stat(stale); !os.IsNotExist(err) {
+		t.Fatalf("a crash's temp file is still there: %v", err)
+	}
 	if ms := e2.proxy.reg.index.Load().find([]byte(first["A"])); len(ms) != 1 || ms[0].owner.task != "run-r" {
 		t.Fatal("a persisted placeholder is not recognised after a restart")
 	}

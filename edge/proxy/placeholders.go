@@ -10,6 +10,7 @@ import (
 	"regexp"
 	"strings"
 
+	"github.com/runfleet/runfleet/edge/internal/atomicfile"
 	"github.com/runfleet/runfleet/edge/policy"
 )
 
@@ -78,6 +79,10 @@ func (s placeholderStore) loadAll() (map[string]map[policy.KeyRef]string, error)
 	out := map[string]map[policy.KeyRef]string{}
 	for _, e := range entries {
 		name := e.Name()
+		if atomicfile.IsTemp(name) {
+			os.Remove(filepath.Join(s.dir, name)) // a crash's leftover
+			continue
+		}
 		if !strings.HasSuffix(name, ".json") {
 			continue
 		}
@@ -115,7 +120,8 @@ func (s placeholderStore) load(runID string) (map[policy.KeyRef]string, error) {
 	return m, nil
 }
 
-// save writes a task's placeholders atomically (temp file, fsync, rename).
+// save writes a task's placeholders atomically (temp file, fsync, rename,
+// directory fsync: a placeholder handed to a task survives a crash).
 func (s placeholderStore) save(runID string, m map[policy.KeyRef]string) error {
 	f := placeholderFile{Version: 1, RunID: runID, Placeholders: map[string]string{}}
 	for ref, ph := range m {
@@ -125,23 +131,7 @@ func (s placeholderStore) save(runID string, m map[policy.KeyRef]string) error {
 	if err != nil {
 		return err
 	}
-	tmp, err := os.CreateTemp(s.dir, "."+runID+".*")
-	if err != nil {
-		return fmt.Errorf("proxy: saving placeholders: %w", err)
-	}
-	defer os.Remove(tmp.Name())
-	if _, err := tmp.Write(b); err != nil {
-		tmp.Close()
-		return fmt.Errorf("proxy: saving placeholders: %w", err)
-	}
-	if err := tmp.Sync(); err != nil {
-		tmp.Close()
-		return fmt.Errorf("proxy: saving placeholders: %w", err)
-	}
-	if err := tmp.Close(); err != nil {
-		return fmt.Errorf("proxy: saving placeholders: %w", err)
-	}
-	if err := os.Rename(tmp.Name(), s.path(runID)); err != nil {
+	if err := atomicfile.Write(s.path(runID), b, 0o600); err != nil {
 		return fmt.Errorf("proxy: saving placeholders: %w", err)
 	}
 	return nil

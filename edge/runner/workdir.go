@@ -13,6 +13,8 @@ import (
 	"strconv"
 	"strings"
 	"syscall"
+
+	"github.com/runfleet/runfleet/edge/internal/atomicfile"
 )
 
 // A task's files, under <workDir>/<runId>:
@@ -189,47 +191,10 @@ func writeTrustFiles(d taskDirs, systemRoots, bundle []byte) error {
 		trust = append(trust, '\n')
 	}
 	trust = append(trust, bundle...)
-	if err := writeFileAtomic(d.caBundle(), bundle, 0o644); err != nil {
+	if err := atomicfile.Write(d.caBundle(), bundle, 0o644); err != nil {
 		return err
 	}
-	return writeFileAtomic(d.trustFile(), trust, 0o644)
-}
-
-// writeFileAtomic writes data to a new file beside path, syncs it and renames
-// it over path, then syncs the directory.
-func writeFileAtomic(path string, data []byte, mode os.FileMode) error {
-	dir := filepath.Dir(path)
-	f, err := os.CreateTemp(dir, "."+filepath.Base(path)+".*")
-	if err != nil {
-		return fmt.Errorf("writing %s: %w", path, err)
-	}
-	tmp := f.Name()
-	fail := func(err error) error {
-		f.Close()
-		os.Remove(tmp)
-		return fmt.Errorf("writing %s: %w", path, err)
-	}
-	if _, err := f.Write(data); err != nil {
-		return fail(err)
-	}
-	if err := f.Chmod(mode); err != nil {
-		return fail(err)
-	}
-	if err := f.Sync(); err != nil {
-		return fail(err)
-	}
-	if err := f.Close(); err != nil {
-		return fail(err)
-	}
-	if err := os.Rename(tmp, path); err != nil {
-		os.Remove(tmp)
-		return fmt.Errorf("writing %s: %w", path, err)
-	}
-	if d, err := os.Open(dir); err == nil {
-		d.Sync()
-		d.Close()
-	}
-	return nil
+	return atomicfile.Write(d.trustFile(), trust, 0o644)
 }
 
 // clone makes the task's work dir a shallow clone of rawURL, running git as
