@@ -230,6 +230,34 @@ func TestWatcherReloadsOnChangeAndKeepsOldOnError(t *testing.T) {
 	waitFor(t, "SIGHUP to load d.example", func() bool { return w.AllowName("d.example") })
 }
 
+// A new edge.json renamed into place with the same size and modification
+// time (an editor's save or a config tool within one timestamp tick) is
+// still a change: the poll sees another file and reloads.
+func TestWatcherSeesAReplacementOfTheSameSizeAndTime(t *testing.T) {
+	dir := t.TempDir()
+	path := filepath.Join(dir, "edge.json")
+	mtime := time.Unix(1_800_000_000, 0)
+	writeConfig(t, path, `"a.example"`)
+	must(t, os.Chtimes(path, mtime, mtime))
+	w, err := NewWatcher(WatcherConfig{Path: path, Logger: slog.New(slog.DiscardHandler)})
+	must(t, err)
+	next := filepath.Join(dir, "edge.json.new")
+	writeConfig(t, next, `"b.example"`)
+	must(t, os.Chtimes(next, mtime, mtime))
+	must(t, os.Rename(next, path))
+	w.pollOnce()
+	if !w.AllowName("b.example") || w.AllowName("a.example") {
+		t.Fatal("the replaced policy was not reloaded")
+	}
+}
+
+func must(t *testing.T, err error) {
+	t.Helper()
+	if err != nil {
+		t.Fatal(err)
+	}
+}
+
 func TestNewWatcherRefusesABadPolicy(t *testing.T) {
 	path := filepath.Join(t.TempDir(), "edge.json")
 	writeConfig(t, path, `"intranet"`)

@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"github.com/runfleet/runfleet/edge/config"
+	"github.com/runfleet/runfleet/edge/internal/filestamp"
 	"github.com/runfleet/runfleet/shared/clock"
 )
 
@@ -20,8 +21,8 @@ type WatcherConfig struct {
 	Path string
 	// Clock paces the file polling; zero means the real clock.
 	Clock clock.Clock
-	// PollInterval between checks of the file's size and modification time;
-	// zero means 2s.
+	// PollInterval between checks of the file's identity, size and
+	// modification time; zero means 2s.
 	PollInterval time.Duration
 	// Logger receives one line per reload or refused reload. Required.
 	Logger *slog.Logger
@@ -45,20 +46,7 @@ type Watcher struct {
 	cfg     WatcherConfig
 	current atomic.Pointer[Policy]
 	mu      sync.Mutex // serialises reloads
-	seen    fileStamp
-}
-
-type fileStamp struct {
-	size    int64
-	modTime time.Time
-}
-
-func stampOf(path string) (fileStamp, error) {
-	fi, err := os.Stat(path)
-	if err != nil {
-		return fileStamp{}, err
-	}
-	return fileStamp{fi.Size(), fi.ModTime()}, nil
+	seen    filestamp.Stamp
 }
 
 // NewWatcher loads the policy at cfg.Path; it fails if that policy does not
@@ -74,7 +62,7 @@ func NewWatcher(cfg WatcherConfig) (*Watcher, error) {
 		cfg.PollInterval = 2 * time.Second
 	}
 	w := &Watcher{cfg: cfg}
-	stamp, _ := stampOf(cfg.Path)
+	stamp, _ := filestamp.Of(cfg.Path)
 	p, err := LoadFile(cfg.Path)
 	if err != nil {
 		return nil, err
@@ -113,7 +101,7 @@ func (w *Watcher) Reload() error {
 }
 
 func (w *Watcher) reloadLocked() error {
-	stamp, _ := stampOf(w.cfg.Path)
+	stamp, _ := filestamp.Of(w.cfg.Path)
 	w.seen = stamp
 	p, err := LoadFile(w.cfg.Path)
 	if err != nil {
@@ -125,11 +113,12 @@ func (w *Watcher) reloadLocked() error {
 	return nil
 }
 
-// pollOnce reloads when the file's size or modification time changed.
+// pollOnce reloads when the file changed: its identity (a rename over it),
+// size or modification time.
 func (w *Watcher) pollOnce() {
 	w.mu.Lock()
 	defer w.mu.Unlock()
-	stamp, err := stampOf(w.cfg.Path)
+	stamp, err := filestamp.Of(w.cfg.Path)
 	if err != nil || stamp == w.seen {
 		return
 	}

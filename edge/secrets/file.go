@@ -8,8 +8,8 @@ import (
 	"os"
 	"runtime"
 	"sync"
-	"syscall"
-	"time"
+
+	"github.com/runfleet/runfleet/edge/internal/filestamp"
 )
 
 // FileSource reads a JSON map {"<project>/<KEY>": "<value>"} and re-reads it
@@ -29,7 +29,7 @@ type FileSource struct {
 	// watchable: a watch could be armed for the path once, so one is
 	// armed again after each change it reports.
 	watchable bool
-	stamp     fileStamp
+	stamp     filestamp.Stamp
 	values    map[string]string
 	err       error
 }
@@ -47,12 +47,6 @@ func (s *watchSlot) close() {
 }
 
 var _ Source = (*FileSource)(nil)
-
-type fileStamp struct {
-	dev, ino uint64
-	size     int64
-	mtime    time.Time
-}
 
 // NewFileSource reads path now, so a missing or malformed file stops edge
 // at start instead of at the first request.
@@ -117,10 +111,7 @@ func (f *FileSource) checkLocked() (map[string]string, error) {
 		f.watch.close() // so the next read checks again
 		return nil, fmt.Errorf("secrets file: %w", err)
 	}
-	stamp := fileStamp{size: fi.Size(), mtime: fi.ModTime()}
-	if st, ok := fi.Sys().(*syscall.Stat_t); ok {
-		stamp.dev, stamp.ino = uint64(st.Dev), st.Ino
-	}
+	stamp := filestamp.FromInfo(fi)
 	if stamp == f.stamp && (f.values != nil || f.err != nil) {
 		return f.values, f.err
 	}
