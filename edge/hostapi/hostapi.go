@@ -344,20 +344,23 @@ func (s *statusRecorder) WriteHeader(code int) {
 // Unwrap lets http.ResponseController reach the connection.
 func (s *statusRecorder) Unwrap() http.ResponseWriter { return s.ResponseWriter }
 
-// ServerTimeouts are the host API server's: a slow or idle client cannot
-// hold a connection forever.
-var ServerTimeouts = struct {
-	ReadHeader, Read, Write, Idle time.Duration
-}{ReadHeader: 10 * time.Second, Read: 30 * time.Second, Write: 60 * time.Second, Idle: 2 * time.Minute}
+// The host API server's timeouts: a slow or idle client cannot hold a
+// connection forever.
+const (
+	serverReadHeaderTimeout = 10 * time.Second
+	serverReadTimeout       = 30 * time.Second
+	serverWriteTimeout      = 60 * time.Second
+	serverIdleTimeout       = 2 * time.Minute
+)
 
 // NewServer returns the http.Server for the API with those timeouts.
 func NewServer(h http.Handler, log *slog.Logger) *http.Server {
 	return &http.Server{
 		Handler:           h,
-		ReadHeaderTimeout: ServerTimeouts.ReadHeader,
-		ReadTimeout:       ServerTimeouts.Read,
-		WriteTimeout:      ServerTimeouts.Write,
-		IdleTimeout:       ServerTimeouts.Idle,
+		ReadHeaderTimeout: serverReadHeaderTimeout,
+		ReadTimeout:       serverReadTimeout,
+		WriteTimeout:      serverWriteTimeout,
+		IdleTimeout:       serverIdleTimeout,
 		ErrorLog:          slog.NewLogLogger(log.Handler(), slog.LevelWarn),
 	}
 }

@@ -7,6 +7,7 @@ package upstream
 
 import (
 	"net/netip"
+	"strings"
 )
 
 // AddressInput is everything the address classification looks at.
@@ -31,35 +32,36 @@ type AddressVerdict struct {
 	Reason string
 }
 
-type namedPrefix struct {
-	prefix netip.Prefix
-	class  string
-}
-
-// internal lists every range the proxy never reaches unless allowPrivate
-// says so. IPv4-mapped IPv6 addresses are unmapped before the check.
-var internal = func() []namedPrefix {
-	var out []namedPrefix
-	add := func(class string, prefixes ...string) {
-		for _, p := range prefixes {
-			out = append(out, namedPrefix{netip.MustParsePrefix(p), class})
+// internalClass names the internal range ip falls in, "" for none: every
+// range the proxy never reaches unless allowPrivate says so, by class, the
+// first match winning. IPv4-mapped IPv6 addresses are unmapped before the
+// check. The ranges are text in the function, not a table built at start:
+// a few dozen prefixes parse in about a microsecond, next to a dial.
+func internalClass(ip netip.Addr) string {
+	ranges := [...]struct{ class, prefixes string }{
+		{"metadata", "169.254.169.254/32 fd00:ec2::254/128"},
+		{"unspecified", "0.0.0.0/8 ::/128"},
+		{"loopback", "127.0.0.0/8 ::1/128"},
+		{"private", "10.0.0.0/8 172.16.0.0/12 192.168.0.0/16"},
+		{"link-local", "169.254.0.0/16 fe80::/10"},
+		{"cgnat", "100.64.0.0/10"},
+		{"reserved", "192.0.0.0/24 192.0.2.0/24 198.18.0.0/15 198.51.100.0/24 203.0.113.0/24 240.0.0.0/4 100::/64 2001:db8::/32 fec0::/10"},
+		{"multicast", "224.0.0.0/4 ff00::/8"},
+		{"unique-local", "fc00::/7"},
+		{"ipv4-compatible", "::/96"},
+		{"nat64", "64:ff9b::/96 64:ff9b:1::/48"},
+		{"6to4", "2002::/16"},
+		{"teredo", "2001::/32"},
+	}
+	for _, r := range ranges {
+		for _, p := range strings.Fields(r.prefixes) {
+			if netip.MustParsePrefix(p).Contains(ip) {
+				return r.class
+			}
 		}
 	}
-	add("metadata", "169.254.169.254/32", "fd00:ec2::254/128")
-	add("unspecified", "0.0.0.0/8", "::/128")
-	add("loopback", "127.0.0.0/8", "::1/128")
-	add("private", "10.0.0.0/8", "172.16.0.0/12", "192.168.0.0/16")
-	add("link-local", "169.254.0.0/16", "fe80::/10")
-	add("cgnat", "100.64.0.0/10")
-	add("reserved", "192.0.0.0/24", "192.0.2.0/24", "198.18.0.0/15", "198.51.100.0/24", "203.0.113.0/24", "240.0.0.0/4", "100::/64", "2001:db8::/32", "fec0::/10")
-	add("multicast", "224.0.0.0/4", "ff00::/8")
-	add("unique-local", "fc00::/7")
-	add("ipv4-compatible", "::/96")
-	add("nat64", "64:ff9b::/96", "64:ff9b:1::/48")
-	add("6to4", "2002::/16")
-	add("teredo", "2001::/32")
-	return out
-}()
+	return ""
+}
 
 // ClassifyAddress decides whether the proxy may dial an address: never one
 // of its own listeners, never an internal range unless allowPrivate covers
@@ -70,15 +72,9 @@ func ClassifyAddress(in AddressInput) AddressVerdict {
 	if isOwn(unmapped, in.Addr.Port(), in) {
 		return AddressVerdict{false, "own", "the proxy's or the host API's own address"}
 	}
-	class := "public"
-	for _, np := range internal {
-		if np.prefix.Contains(unmapped) {
-			class = np.class
-			break
-		}
-	}
-	if class == "public" {
-		return AddressVerdict{true, class, "a public address"}
+	class := internalClass(unmapped)
+	if class == "" {
+		return AddressVerdict{true, "public", "a public address"}
 	}
 	for _, p := range in.AllowPrivate {
 		if p.Contains(unmapped) || p.Contains(ip) {

@@ -28,9 +28,11 @@ var _ Resolver = (*net.Resolver)(nil)
 // not on this host is configured.
 var ErrNoUplink = errors.New("upstream: no uplink DNS server: refusing to resolve through a local stub")
 
-// UplinkResolvConfFiles lists where the machine's real DNS servers are
+// uplinkResolvConfFiles lists where the machine's real DNS servers are
 // written: systemd-resolved's upstream list first, then the classic file.
-var UplinkResolvConfFiles = []string{"/run/systemd/resolve/resolv.conf", "/etc/resolv.conf"}
+func uplinkResolvConfFiles() []string {
+	return []string{"/run/systemd/resolve/resolv.conf", "/etc/resolv.conf"}
+}
 
 // DialFunc dials a network address; net.Dialer.DialContext satisfies it.
 type DialFunc func(ctx context.Context, network, address string) (net.Conn, error)
@@ -42,7 +44,8 @@ type DialFunc func(ctx context.Context, network, address string) (net.Conn, erro
 // may change them; with none it fails closed with ErrNoUplink.
 type UplinkResolver struct {
 	// Files are read in order; the first that lists a server not on this
-	// host wins. Nil means UplinkResolvConfFiles.
+	// host wins. Nil means systemd-resolved's upstream list
+	// (/run/systemd/resolve/resolv.conf), then /etc/resolv.conf.
 	Files []string
 	// LocalAddrs returns this host's interface addresses; nil means the
 	// system's.
@@ -63,7 +66,7 @@ var _ Resolver = (*UplinkResolver)(nil)
 func (r *UplinkResolver) Servers() []netip.Addr {
 	files := r.Files
 	if files == nil {
-		files = UplinkResolvConfFiles
+		files = uplinkResolvConfFiles()
 	}
 	local := r.LocalAddrs
 	if local == nil {
