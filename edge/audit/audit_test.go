@@ -13,6 +13,7 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 
+	"github.com/runfleet/runfleet/edge/internal/edgetest"
 	"github.com/runfleet/runfleet/shared/clock"
 )
 
@@ -36,16 +37,10 @@ func TestAuditLinesRotateAndCount(t *testing.T) {
 	}
 	fake.Advance(FlushEvery)
 	// The flush runs on the timer's goroutine: wait for it.
-	deadline := time.Now().Add(5 * time.Second)
-	for {
-		if b, _ := os.ReadFile(filepath.Join(dir, FileName)); strings.Contains(string(b), "blocked") {
-			break
-		}
-		if time.Now().After(deadline) {
-			t.Fatal("the timed flush never wrote the line")
-		}
-		time.Sleep(time.Millisecond)
-	}
+	edgetest.WaitFor(t, 5*time.Second, "the timed flush to write the line", func() bool {
+		b, _ := os.ReadFile(filepath.Join(dir, FileName))
+		return strings.Contains(string(b), "blocked")
+	})
 
 	fi, err := os.Stat(filepath.Join(dir, FileName))
 	if err != nil || fi.Size() > 600 || fi.Mode().Perm() != 0o600 {

@@ -9,11 +9,11 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
 	"github.com/runfleet/runfleet/edge/ca"
+	"github.com/runfleet/runfleet/edge/internal/edgetest"
 	"github.com/runfleet/runfleet/shared/clock"
 )
 
@@ -279,24 +279,6 @@ func writeFile(t *testing.T, path string, b []byte) {
 	}
 }
 
-// logBuffer collects JSON log lines.
-type logBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (l *logBuffer) Write(p []byte) (int, error) {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.b.Write(p)
-}
-
-func (l *logBuffer) String() string {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.b.String()
-}
-
 // breakDir makes every write under dir fail, even for root: the directory
 // is moved aside and a file takes its place. The returned func restores it.
 func breakDir(t *testing.T, dir string) (restore func()) {
@@ -319,7 +301,7 @@ func TestStoreErrorDuringAReviewKeepsServingAndRetries(t *testing.T) {
 	dir := t.TempDir()
 	clk := clock.NewFake(epoch)
 	cfg := shortConfig(t, dir, clk) // successor at 6h, switch at 9h; reviewed every 30m
-	logs := &logBuffer{}
+	logs := &edgetest.LogBuffer{}
 	cfg.Logger = slog.New(slog.NewJSONHandler(logs, nil))
 	a := mustOpen(t, cfg)
 	signer := a.Status().Signer

@@ -9,6 +9,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/runfleet/runfleet/edge/internal/edgetest"
 	"github.com/runfleet/runfleet/shared/hostproto"
 )
 
@@ -60,17 +61,16 @@ func newNetnsPeer(t *testing.T) *netnsPeer {
 // dialWithin dials addr from this process until it answers or the
 // deadline passes (the listener is another process, starting).
 func dialWithin(addr string, d time.Duration) error {
-	deadline := time.Now().Add(d)
-	for {
-		c, err := net.DialTimeout("tcp", addr, time.Second)
-		if err == nil {
-			return c.Close()
+	var err error
+	edgetest.Within(d, func() bool {
+		var c net.Conn
+		if c, err = net.DialTimeout("tcp", addr, time.Second); err == nil {
+			err = c.Close()
+			return true
 		}
-		if time.Now().After(deadline) {
-			return err
-		}
-		time.Sleep(20 * time.Millisecond)
-	}
+		return false
+	})
+	return err
 }
 
 // A task's sockets leave only through loopback: it reaches the secrets

@@ -1,20 +1,11 @@
 package host
 
 import (
-	"bytes"
 	"context"
-	"crypto/ecdsa"
-	"crypto/elliptic"
-	"crypto/rand"
-	"crypto/tls"
-	"crypto/x509"
-	"crypto/x509/pkix"
 	"encoding/json"
-	"encoding/pem"
 	"fmt"
 	"io"
 	"log/slog"
-	"math/big"
 	"net"
 	"net/http"
 	"net/http/httptest"
@@ -26,6 +17,7 @@ import (
 	"time"
 
 	"github.com/runfleet/runfleet/edge/config"
+	"github.com/runfleet/runfleet/edge/internal/edgetest"
 	"github.com/runfleet/runfleet/shared/clock"
 	"github.com/runfleet/runfleet/shared/hostproto"
 )
@@ -34,66 +26,6 @@ const (
 	realSecret = "real-secret-value-7f3a9c"
 	hostToken  = "host-token-for-tests-5d1e"
 )
-
-// testCA signs the loopback upstreams' certificates and the host API's.
-type testCA struct {
-	cert *x509.Certificate
-	key  *ecdsa.PrivateKey
-	pem  []byte
-}
-
-func newTestCA(t testing.TB) *testCA {
-	t.Helper()
-	key, _ := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
-	tmpl := &x509.Certificate{
-		SerialNumber: big.NewInt(1), Subject: pkix.Name{CommonName: "runfleet test upstream CA"},
-		NotBefore: time.Now().Add(-time.Hour), NotAfter: time.Now().Add(24 * time.Hour),
-		IsCA: true, BasicConstraintsValid: true, KeyUsage: x509.KeyUsageCertSign,
-	}
-	der, err := x509.CreateCertificate(rand.Reader, tmpl, tmpl, &key.PublicKey, key)
-	if err != nil {
-		t.Fatal(err)
-	}
-	cert, _ := x509.ParseCertificate(der)
-	return &testCA{cert: cert, key: key, pem: pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: der})}
-}
-
-func (c *testCA) leaf(t testing.TB, names ...string) (certPEM, keyPEM []byte) {
-	t.Helper()
-	key, _ := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
-	tmpl := &x509.Certificate{
-		SerialNumber: big.NewInt(time.Now().UnixNano()), Subject: pkix.Name{CommonName: names[0]},
-		NotBefore: time.Now().Add(-time.Hour), NotAfter: time.Now().Add(24 * time.Hour),
-		ExtKeyUsage: []x509.ExtKeyUsage{x509.ExtKeyUsageServerAuth}, KeyUsage: x509.KeyUsageDigitalSignature,
-	}
-	for _, n := range names {
-		if ip := net.ParseIP(n); ip != nil {
-			tmpl.IPAddresses = append(tmpl.IPAddresses, ip)
-		} else {
-			tmpl.DNSNames = append(tmpl.DNSNames, n)
-		}
-	}
-	der, err := x509.CreateCertificate(rand.Reader, tmpl, c.cert, &key.PublicKey, c.key)
-	if err != nil {
-		t.Fatal(err)
-	}
-	kb, _ := x509.MarshalECPrivateKey(key)
-	return pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: der}), pem.EncodeToMemory(&pem.Block{Type: "EC PRIVATE KEY", Bytes: kb})
-}
-
-func (c *testCA) tlsServer(t testing.TB, h http.Handler, names ...string) *httptest.Server {
-	t.Helper()
-	certPEM, keyPEM := c.leaf(t, names...)
-	cert, err := tls.X509KeyPair(certPEM, keyPEM)
-	if err != nil {
-		t.Fatal(err)
-	}
-	srv := httptest.NewUnstartedServer(h)
-	srv.TLS = &tls.Config{Certificates: []tls.Certificate{cert}}
-	srv.StartTLS()
-	t.Cleanup(srv.Close)
-	return srv
-}
 
 // fixture is one edge host's surroundings: a data dir, the host token, the
 // secrets file, a loopback HTTPS upstream the policy intercepts and one it
@@ -108,7 +40,7 @@ type fixture struct {
 	tokenPath   string
 	secretsPath string
 	systemRoots string
-	ca          *testCA
+	ca          *edgetest.CA
 
 	upstream     *httptest.Server
 	upstreamHost string // api.example.test:port
@@ -119,14 +51,28 @@ type fixture struct {
 
 	runner map[string]any // overrides of the runner section
 	caCfg  map[string]any
+	// apiTLS is the host API's certificate and key files, when it serves
+	// TLS (serveAPIOverTLS).
+	apiTLS map[string]string
+}
+
+// serveAPIOverTLS has the host API serve TLS with a leaf of the test CA for
+// 127.0.0.1, its files under etc/ (the key 0600); writeConfig sets
+// api.tls. It returns the key file's path.
+func (f *fixture) serveAPIOverTLS() (keyFile string) {
+	f.t.Helper()
+	certPEM, keyPEM := f.ca.Leaf(f.t, "127.0.0.1")
+	certFile, keyFile := filepath.Join(f.dir, "etc", "api.pem"), filepath.Join(f.dir, "etc", "api-key.pem")
+	must(f.t, os.WriteFile(certFile, certPEM, 0o644))
+	must(f.t, os.WriteFile(keyFile, keyPEM, 0o600))
+	f.apiTLS = map[string]string{"certFile": certFile, "keyFile": keyFile}
+	return keyFile
 }
 
 func newFixture(t testing.TB) *fixture {
 	t.Helper()
-	if os.Geteuid() != 0 {
-		t.Fatal("these tests start tasks as nobody and must run as root (as in CI)")
-	}
-	f := &fixture{t: t, ca: newTestCA(t)}
+	edgetest.RequireRoot(t)
+	f := &fixture{t: t, ca: edgetest.NewCA(t)}
 	// Outside /tmp and /var/tmp, which a task has its own of: edge's files
 	// lie where tasks see them, guarded by their modes alone, as deployed.
 	dir, err := os.MkdirTemp("/var/lib", "runfleet-test-")
@@ -142,22 +88,22 @@ func newFixture(t testing.TB) *fixture {
 	f.secretsPath = filepath.Join(etc, "secrets.json")
 	must(t, os.WriteFile(f.secretsPath, []byte(`{"acme/API_TOKEN": "`+realSecret+`"}`), 0o600))
 	upstreamRoots := filepath.Join(etc, "upstream-ca.pem")
-	must(t, os.WriteFile(upstreamRoots, f.ca.pem, 0o644))
+	must(t, os.WriteFile(upstreamRoots, f.ca.PEM, 0o644))
 	// The system roots a task's trust file starts with: the machine's, plus
 	// the test CA standing in for a public CA that signed the tunnelled site.
 	sys, err := os.ReadFile("/etc/ssl/certs/ca-certificates.crt")
 	must(t, err)
 	f.systemRoots = filepath.Join(etc, "system-roots.pem")
-	must(t, os.WriteFile(f.systemRoots, append(append(sys, '\n'), f.ca.pem...), 0o644))
+	must(t, os.WriteFile(f.systemRoots, append(append(sys, '\n'), f.ca.PEM...), 0o644))
 
-	f.upstream = f.ca.tlsServer(t, http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+	f.upstream = f.ca.TLSServer(t, http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		f.mu.Lock()
 		f.seen = append(f.seen, r.Header.Get("Authorization"))
 		f.mu.Unlock()
 		io.WriteString(w, "upstream-ok")
 	}), "api.example.test")
 	f.upstreamHost = "api.example.test:" + port(f.upstream)
-	tunnel := f.ca.tlsServer(t, http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+	tunnel := f.ca.TLSServer(t, http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		io.WriteString(w, "tunnel-ok")
 	}), "tunnel.example.test")
 	f.tunnelHost = "tunnel.example.test:" + port(tunnel)
@@ -186,9 +132,13 @@ func (f *fixture) writeConfig() {
 	for k, v := range f.caCfg {
 		caCfg[k] = v
 	}
+	api := map[string]any{"listen": "127.0.0.1:0", "tokenFile": f.tokenPath}
+	if f.apiTLS != nil {
+		api["tls"] = f.apiTLS
+	}
 	cfg := map[string]any{
 		"dataDir": f.dataDir,
-		"api":     map[string]any{"listen": "127.0.0.1:0", "tokenFile": f.tokenPath},
+		"api":     api,
 		"proxy": map[string]any{"listen": "127.0.0.1:0", "egress": "open", "upstream": map[string]any{
 			"resolve":        map[string]string{"api.example.test": "127.0.0.1", "tunnel.example.test": "127.0.0.1"},
 			"allowPrivate":   []string{"127.0.0.0/8"},
@@ -212,7 +162,7 @@ type edgeHost struct {
 	*Host
 	f      *fixture
 	client *hostproto.Client
-	logs   *syncBuffer
+	logs   *edgetest.LogBuffer
 }
 
 type hostOptions struct {
@@ -232,7 +182,7 @@ func (f *fixture) openWritten(o hostOptions) *edgeHost {
 	f.t.Helper()
 	cfg, err := config.Load(f.cfgPath)
 	must(f.t, err)
-	logs := &syncBuffer{}
+	logs := &edgetest.LogBuffer{}
 	h, err := Open(context.Background(), Options{
 		Config: cfg, KillSwitch: o.killSwitch, Clock: o.clock, SystemRootsFile: f.systemRoots, BeforeExec: o.beforeExec,
 		Logger: slog.New(slog.NewJSONHandler(logs, &slog.HandlerOptions{Level: slog.LevelDebug})),
@@ -281,18 +231,16 @@ func (e *edgeHost) waitEnd(runID string) hostproto.Run {
 // process, so on real time, with a deadline.
 func (e *edgeHost) waitFor(runID string, done func(hostproto.Run) bool) hostproto.Run {
 	e.f.t.Helper()
-	deadline := time.Now().Add(30 * time.Second)
-	for {
-		run, err := e.client.Get(bg, runID)
+	var run hostproto.Run
+	if !edgetest.Within(30*time.Second, func() bool {
+		var err error
+		run, err = e.client.Get(bg, runID)
 		must(e.f.t, err)
-		if done(run) {
-			return run
-		}
-		if time.Now().After(deadline) {
-			e.f.t.Fatalf("run %s stuck at %+v", runID, run)
-		}
-		time.Sleep(5 * time.Millisecond)
+		return done(run)
+	}) {
+		e.f.t.Fatalf("run %s stuck at %+v", runID, run)
 	}
+	return run
 }
 
 func (e *edgeHost) events(runID string) []hostproto.Event {
@@ -310,32 +258,16 @@ func (e *edgeHost) events(runID string) []hostproto.Event {
 	}
 }
 
-func (e *edgeHost) output(runID string) string {
-	var b strings.Builder
-	for _, ev := range e.events(runID) {
-		if ev.Type == hostproto.EventOutput {
-			var s string
-			json.Unmarshal(ev.Data, &s)
-			b.WriteString(s)
-		}
-	}
-	return b.String()
-}
+func (e *edgeHost) output(runID string) string { return edgetest.Output(e.events(runID)) }
 
 // waitOutput polls until the run's output holds want.
 func (e *edgeHost) waitOutput(runID, want string) string {
 	e.f.t.Helper()
-	deadline := time.Now().Add(30 * time.Second)
-	for {
-		out := e.output(runID)
-		if strings.Contains(out, want) {
-			return out
-		}
-		if time.Now().After(deadline) {
-			e.f.t.Fatalf("run %s never printed %q; output %q", runID, want, out)
-		}
-		time.Sleep(5 * time.Millisecond)
+	var out string
+	if !edgetest.Within(30*time.Second, func() bool { out = e.output(runID); return strings.Contains(out, want) }) {
+		e.f.t.Fatalf("run %s never printed %q; output %q", runID, want, out)
 	}
+	return out
 }
 
 func (e *edgeHost) metric(name string) string {
@@ -365,21 +297,4 @@ func must(t testing.TB, err error) {
 	if err != nil {
 		t.Fatal(err)
 	}
-}
-
-type syncBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (s *syncBuffer) Write(p []byte) (int, error) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.Write(p)
-}
-
-func (s *syncBuffer) String() string {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.String()
 }

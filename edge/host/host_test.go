@@ -16,6 +16,7 @@ import (
 
 	"github.com/runfleet/runfleet/edge/audit"
 	"github.com/runfleet/runfleet/edge/config"
+	"github.com/runfleet/runfleet/edge/internal/edgetest"
 	"github.com/runfleet/runfleet/shared/clock"
 	"github.com/runfleet/runfleet/shared/hostproto"
 )
@@ -145,14 +146,9 @@ func TestRestartKeepsPlaceholdersAndTheCAAndPurgeDropsThem(t *testing.T) {
 	// re-arm before the purge's goroutine is done, so the count of pending
 	// timers cannot tell its end: wait for the run to go, bounded.
 	fake.Advance(time.Hour)
-	for deadline := time.Now().Add(10 * time.Second); ; time.Sleep(10 * time.Millisecond) {
-		_, err := e.client.Get(bg, run.RunID)
-		if errors.Is(err, hostproto.ErrRunNotFound) {
-			break
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("3h after the run ended (retention 2h) it is still there: %v", err)
-		}
+	var got error
+	if !edgetest.Within(10*time.Second, func() bool { _, got = e.client.Get(bg, run.RunID); return errors.Is(got, hostproto.ErrRunNotFound) }) {
+		t.Fatalf("3h after the run ended (retention 2h) it is still there: %v", got)
 	}
 	if _, err := os.Stat(stored); !errors.Is(err, os.ErrNotExist) {
 		t.Fatalf("the purged run's placeholders remain: %v", err)
@@ -340,18 +336,11 @@ func TestTrustFileFollowsTheCAsRotation(t *testing.T) {
 	// Into the successor window: the CA mints a successor and delivers the
 	// two-certificate bundle to every running task.
 	fake.Advance(7 * time.Minute)
-	deadline := time.Now().Add(20 * time.Second)
-	for {
+	edgetest.WaitFor(t, 20*time.Second, "the task's trust files to receive the new bundle", func() bool {
 		now, _ := os.ReadFile(bundlePath)
 		trust, _ := os.ReadFile(filepath.Join(f.dataDir, "work", run.RunID, "trust", "trust.pem"))
-		if strings.Count(string(now), "BEGIN CERTIFICATE") == 2 && string(now) == string(e.CABundle()) && strings.HasSuffix(string(trust), string(now)) {
-			break
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("the task's trust files never received the new bundle")
-		}
-		time.Sleep(5 * time.Millisecond)
-	}
+		return strings.Count(string(now), "BEGIN CERTIFICATE") == 2 && string(now) == string(e.CABundle()) && strings.HasSuffix(string(trust), string(now))
+	})
 	e.client.Cancel(bg, run.RunID)
 	fake.Advance(10 * time.Second)
 	e.waitEnd(run.RunID)
@@ -359,19 +348,9 @@ func TestTrustFileFollowsTheCAsRotation(t *testing.T) {
 
 func TestHostAPIOverTLS(t *testing.T) {
 	f := newFixture(t)
-	certPEM, keyPEM := f.ca.leaf(t, "127.0.0.1")
-	certFile, keyFile := filepath.Join(f.dir, "etc", "api.pem"), filepath.Join(f.dir, "etc", "api-key.pem")
-	must(t, os.WriteFile(certFile, certPEM, 0o600))
-	must(t, os.WriteFile(keyFile, keyPEM, 0o600))
-	f.writeConfig()
-	raw, _ := os.ReadFile(f.cfgPath)
-	var cfg map[string]any
-	json.Unmarshal(raw, &cfg)
-	cfg["api"].(map[string]any)["tls"] = map[string]string{"certFile": certFile, "keyFile": keyFile}
-	raw, _ = json.Marshal(cfg)
-	must(t, os.WriteFile(f.cfgPath, raw, 0o600))
-	e := f.openWritten(hostOptions{})
-	client, err := hostproto.NewClient(hostproto.ClientConfig{BaseURL: "https://" + e.APIAddr().String(), Token: hostToken, CAPEM: string(f.ca.pem)})
+	f.serveAPIOverTLS()
+	e := f.open(hostOptions{})
+	client, err := hostproto.NewClient(hostproto.ClientConfig{BaseURL: "https://" + e.APIAddr().String(), Token: hostToken, CAPEM: string(f.ca.PEM)})
 	must(t, err)
 	h, err := client.Health(bg)
 	if err != nil || !h.OK || !h.Features.SecretsProxy || h.CA == nil {
@@ -388,17 +367,8 @@ func TestHostAPIOverTLS(t *testing.T) {
 
 func TestOpenRefusesAHostTokenSecretsFileOrTLSKeyEveryoneCanRead(t *testing.T) {
 	f := newFixture(t)
-	certPEM, keyPEM := f.ca.leaf(t, "127.0.0.1")
-	certFile, keyFile := filepath.Join(f.dir, "etc", "api.pem"), filepath.Join(f.dir, "etc", "api-key.pem")
-	must(t, os.WriteFile(certFile, certPEM, 0o644))
-	must(t, os.WriteFile(keyFile, keyPEM, 0o600))
+	keyFile := f.serveAPIOverTLS()
 	f.writeConfig()
-	raw, _ := os.ReadFile(f.cfgPath)
-	var written map[string]any
-	json.Unmarshal(raw, &written)
-	written["api"].(map[string]any)["tls"] = map[string]string{"certFile": certFile, "keyFile": keyFile}
-	raw, _ = json.Marshal(written)
-	must(t, os.WriteFile(f.cfgPath, raw, 0o600))
 	for field, path := range map[string]string{"api.tokenFile": f.tokenPath, "secrets.file": f.secretsPath, "api.tls.keyFile": keyFile} {
 		must(t, os.Chmod(path, 0o644))
 		cfg, err := config.Load(f.cfgPath)

@@ -19,6 +19,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/runfleet/runfleet/edge/config"
+	"github.com/runfleet/runfleet/edge/internal/edgetest"
 	"github.com/runfleet/runfleet/edge/runlog"
 	"github.com/runfleet/runfleet/edge/runner"
 	"github.com/runfleet/runfleet/shared/hostproto"
@@ -37,24 +38,10 @@ type edge struct {
 	client *hostproto.Client
 }
 
-// traversableDir is a temp dir that nobody (the task user) can enter.
-func traversableDir(t *testing.T) string {
-	t.Helper()
-	dir := t.TempDir()
-	for p := dir; p != "/" && p != os.TempDir(); p = filepath.Dir(p) {
-		if err := os.Chmod(p, 0o755); err != nil {
-			t.Fatal(err)
-		}
-	}
-	return dir
-}
-
 func newEdge(t *testing.T) *edge {
 	t.Helper()
-	if os.Geteuid() != 0 {
-		t.Fatal("these tests start tasks as nobody and must run as root (as in CI)")
-	}
-	e := &edge{t: t, dbPath: filepath.Join(t.TempDir(), "runs.db"), work: filepath.Join(traversableDir(t), "work")}
+	edgetest.RequireRoot(t)
+	e := &edge{t: t, dbPath: filepath.Join(t.TempDir(), "runs.db"), work: filepath.Join(edgetest.TraversableDir(t), "work")}
 	e.up()
 	return e
 }
@@ -125,20 +112,17 @@ func (e *edge) start(prompt string) hostproto.Run {
 // run's status satisfies done.
 func (e *edge) waitStatus(runID string, done func(hostproto.Run) bool) hostproto.Run {
 	e.t.Helper()
-	deadline := time.Now().Add(20 * time.Second)
-	for {
-		run, err := e.client.Get(ctx, runID)
-		if err != nil {
+	var run hostproto.Run
+	if !edgetest.Within(20*time.Second, func() bool {
+		var err error
+		if run, err = e.client.Get(ctx, runID); err != nil {
 			e.t.Fatal(err)
 		}
-		if done(run) {
-			return run
-		}
-		if time.Now().After(deadline) {
-			e.t.Fatalf("run %s stuck at %+v", runID, run)
-		}
-		time.Sleep(5 * time.Millisecond)
+		return done(run)
+	}) {
+		e.t.Fatalf("run %s stuck at %+v", runID, run)
 	}
+	return run
 }
 
 func ended(run hostproto.Run) bool { return hostproto.TerminalStatus(run.Status) }
@@ -158,18 +142,6 @@ func (e *edge) allEvents(runID string, pageSize int) []hostproto.Event {
 			return all
 		}
 	}
-}
-
-func outputOf(events []hostproto.Event) string {
-	var b strings.Builder
-	for _, ev := range events {
-		if ev.Type == hostproto.EventOutput {
-			var s string
-			json.Unmarshal(ev.Data, &s)
-			b.WriteString(s)
-		}
-	}
-	return b.String()
 }
 
 func TestEveryRouteRequiresTheBearerToken(t *testing.T) {
@@ -242,7 +214,7 @@ func TestRunLifecycleThroughTheClient(t *testing.T) {
 	if end.Status != hostproto.StatusSucceeded || *end.ExitCode != 0 {
 		t.Fatalf("run ended %+v", end)
 	}
-	if out := outputOf(e.allEvents(run.RunID, 0)); !strings.Contains(out, "said:hello") {
+	if out := edgetest.Output(e.allEvents(run.RunID, 0)); !strings.Contains(out, "said:hello") {
 		t.Fatalf("output %q", out)
 	}
 	if _, err := e.client.Cancel(ctx, run.RunID); !hasCode(err, http.StatusConflict, hostproto.CodeNotRunning) {
@@ -390,7 +362,7 @@ func TestEventsPageByCursorAcrossARestart(t *testing.T) {
 			t.Fatalf("event %d differs across the restart: %+v vs %+v", i, got[i], before[i])
 		}
 	}
-	if out := outputOf(got); !strings.Contains(out, "line-1\r\n") || !strings.Contains(out, "line-30\r\n") {
+	if out := edgetest.Output(got); !strings.Contains(out, "line-1\r\n") || !strings.Contains(out, "line-30\r\n") {
 		t.Fatalf("output %q", out)
 	}
 }

@@ -7,12 +7,12 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
-	"sync"
 	"syscall"
 	"testing"
 	"time"
 
 	"github.com/runfleet/runfleet/edge/config"
+	"github.com/runfleet/runfleet/edge/internal/edgetest"
 	"github.com/runfleet/runfleet/shared/clock"
 	"github.com/runfleet/runfleet/shared/hostproto"
 )
@@ -176,21 +176,10 @@ func writeConfig(t *testing.T, path, domains string) {
 	}
 }
 
-func waitFor(t *testing.T, what string, cond func() bool) {
-	t.Helper()
-	deadline := time.Now().Add(5 * time.Second)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatalf("timed out waiting for %s", what)
-		}
-		time.Sleep(time.Millisecond)
-	}
-}
-
 func TestWatcherReloadsOnChangeAndKeepsOldOnError(t *testing.T) {
 	path := filepath.Join(t.TempDir(), "edge.json")
 	writeConfig(t, path, `"a.example"`)
-	var logs syncBuffer
+	var logs edgetest.LogBuffer
 	fake := clock.NewFake(time.Unix(1_800_000_000, 0))
 	w, err := NewWatcher(WatcherConfig{Path: path, Clock: fake, Logger: slog.New(slog.NewJSONHandler(&logs, nil))})
 	if err != nil {
@@ -207,7 +196,7 @@ func TestWatcherReloadsOnChangeAndKeepsOldOnError(t *testing.T) {
 	<-fake.WaitForTimers(1)
 	writeConfig(t, path, `"b.example", "c.example"`)
 	fake.Advance(2 * time.Second)
-	waitFor(t, "the poll to load b.example", func() bool { return w.Current().AllowsName("b.example") })
+	edgetest.WaitFor(t, 5*time.Second, "the poll to load b.example", func() bool { return w.Current().AllowsName("b.example") })
 	if w.AllowName("a.example") {
 		t.Error("a.example should be gone after the reload")
 	}
@@ -216,7 +205,7 @@ func TestWatcherReloadsOnChangeAndKeepsOldOnError(t *testing.T) {
 	<-fake.WaitForTimers(1)
 	writeConfig(t, path, `"*.example"`)
 	fake.Advance(2 * time.Second)
-	waitFor(t, "the refusal to be logged", func() bool { return strings.Contains(logs.String(), "policy reload refused") })
+	edgetest.WaitFor(t, 5*time.Second, "the refusal to be logged", func() bool { return strings.Contains(logs.String(), "policy reload refused") })
 	if !w.AllowName("b.example") {
 		t.Error("the old policy must stay after a refused reload")
 	}
@@ -227,7 +216,7 @@ func TestWatcherReloadsOnChangeAndKeepsOldOnError(t *testing.T) {
 	// SIGHUP reloads now, without waiting for a poll.
 	writeConfig(t, path, `"d.example"`)
 	hup <- syscall.SIGHUP
-	waitFor(t, "SIGHUP to load d.example", func() bool { return w.AllowName("d.example") })
+	edgetest.WaitFor(t, 5*time.Second, "SIGHUP to load d.example", func() bool { return w.AllowName("d.example") })
 }
 
 // A new edge.json renamed into place with the same size and modification
@@ -265,22 +254,4 @@ func TestNewWatcherRefusesABadPolicy(t *testing.T) {
 	if err == nil || !strings.Contains(err.Error(), `project "acme" key "K" domain "intranet"`) {
 		t.Fatalf("err = %v", err)
 	}
-}
-
-// syncBuffer is a log sink the test reads while the watcher writes.
-type syncBuffer struct {
-	mu sync.Mutex
-	b  strings.Builder
-}
-
-func (s *syncBuffer) Write(p []byte) (int, error) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.Write(p)
-}
-
-func (s *syncBuffer) String() string {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.String()
 }

@@ -15,6 +15,7 @@ import (
 
 	"golang.org/x/net/http2"
 
+	"github.com/runfleet/runfleet/edge/internal/edgetest"
 	"github.com/runfleet/runfleet/shared/hostproto"
 )
 
@@ -43,7 +44,7 @@ func newFixture(t *testing.T, egress string) *fixture {
 // set over o's).
 func newFixtureWith(t *testing.T, o envOptions) *fixture {
 	t.Helper()
-	uca := newUpstreamCA(t)
+	uca := edgetest.NewCA(t)
 	up := startUpstream(t, uca, true, "api.example.test", "other.example.test", "third.example.test")
 	o.uca = uca
 	o.pins = map[string]string{"api.example.test": "127.0.0.1", "other.example.test": "127.0.0.1", "third.example.test": "127.0.0.1"}
@@ -108,7 +109,7 @@ func TestAttackPlaceholderToNonAllowedHostIsNeverSubstituted(t *testing.T) {
 	// third.example.test: no key reaches it, so it is tunnelled untouched:
 	// the placeholder travels as it is, worthless, and the value never.
 	pool := x509.NewCertPool()
-	pool.AppendCertsFromPEM(f.uca.pem)
+	pool.AppendCertsFromPEM(f.uca.PEM)
 	client := &http.Client{Transport: &http.Transport{Proxy: http.ProxyURL(f.proxyURL), TLSClientConfig: &tls.Config{RootCAs: pool}}}
 	res, err := client.Get("https://third.example.test:" + itoa(f.up.port) + "/x?key=" + f.phA)
 	if err != nil {
@@ -265,7 +266,7 @@ func TestAttackHostMatcherEdgeCases(t *testing.T) {
 }
 
 func TestAttackIDNDomains(t *testing.T) {
-	uca := newUpstreamCA(t)
+	uca := edgetest.NewCA(t)
 	up := startUpstream(t, uca, false, "xn--bcher-kva.example.test")
 	e := newEnv(t, envOptions{
 		uca: uca, egress: "strict",
@@ -304,7 +305,7 @@ func mustRequest(t *testing.T, rawURL, auth string) *http.Request {
 }
 
 func TestAttackUpstreamResolvingToInternalAddresses(t *testing.T) {
-	uca := newUpstreamCA(t)
+	uca := edgetest.NewCA(t)
 	up := startUpstream(t, uca, false, "loop.example.test", "ten.example.test", "meta.example.test", "mapped.example.test", "mapmeta.example.test", "self.example.test")
 	names := []string{"loop", "ten", "meta", "mapped", "mapmeta"}
 	pins := map[string]string{
@@ -350,7 +351,7 @@ func TestAttackUpstreamResolvingToInternalAddresses(t *testing.T) {
 }
 
 func TestAttackUpstreamIsTheProxyItself(t *testing.T) {
-	uca := newUpstreamCA(t)
+	uca := edgetest.NewCA(t)
 	e := newEnv(t, envOptions{uca: uca, egress: "open", pins: map[string]string{"self.example.test": "127.0.0.1"},
 		keys: `{"acme": {"keys": {"K": {"domains": ["self.example.test:1"]}}}}`, secrets: map[string]string{"acme/K": realA}})
 	// The policy cannot know the port before the listener exists: rewrite it.
@@ -660,7 +661,7 @@ func TestPolicyChangeAppliesToTheNextRequest(t *testing.T) {
 	// task reaches it): it is tunnelled, and the upstream gets the
 	// placeholder, never the value.
 	pool := x509.NewCertPool()
-	pool.AppendCertsFromPEM(f.uca.pem)
+	pool.AppendCertsFromPEM(f.uca.PEM)
 	tunnelClient := &http.Client{Transport: &http.Transport{Proxy: http.ProxyURL(f.proxyURL), TLSClientConfig: &tls.Config{RootCAs: pool}}}
 	res, err := tunnelClient.Do(mustRequest(t, "https://"+f.api+"/tunnelled", "Bearer "+f.phA))
 	must(t, err)

@@ -24,6 +24,7 @@ import (
 
 	"golang.org/x/net/http2"
 
+	"github.com/runfleet/runfleet/edge/internal/edgetest"
 	"github.com/runfleet/runfleet/shared/hostproto"
 )
 
@@ -36,14 +37,14 @@ const benchKey = "sk-bench-real-value-0123456789abcdef"
 type benchRig struct {
 	e        *env
 	up       *testUpstream
-	uca      *upstreamCA
+	uca      *edgetest.CA
 	proxyURL *url.URL
 	ph       string
 	target   string
 }
 
 func newBenchRig(b *testing.B) *benchRig {
-	uca := newUpstreamCA(b)
+	uca := edgetest.NewCA(b)
 	up := startUpstream(b, uca, false, "api.example.test")
 	// Only the real value is let in: a proxy that stopped substituting
 	// fails the benchmark (do wants a 200).
@@ -70,7 +71,7 @@ func newBenchRig(b *testing.B) *benchRig {
 // direct (name pinned like the proxy pins it) or through the proxy.
 func (r *benchRig) direct(keepAlive bool) *http.Client {
 	pool := x509.NewCertPool()
-	pool.AppendCertsFromPEM(r.uca.pem)
+	pool.AppendCertsFromPEM(r.uca.PEM)
 	port := strconv.Itoa(r.up.port)
 	c := r.e.goClient(nil, false)
 	tr := c.Transport.(*http.Transport)
@@ -274,7 +275,7 @@ func benchChildMain() int {
 	defer os.RemoveAll(dir)
 	t := &childT{dir: dir}
 	e := newEnv(t, envOptions{
-		uca: &upstreamCA{pem: []byte(spec.UpstreamCA)}, quiet: true,
+		uca: &edgetest.CA{PEM: []byte(spec.UpstreamCA)}, quiet: true,
 		pins:    map[string]string{"api.example.test": "127.0.0.1"},
 		keys:    fmt.Sprintf(`{"acme": {"keys": {"K": {"domains": ["api.example.test:%d"], "in": ["header", "body"], "placeholder": {"prefix": "sk-"}}}}}`, spec.UpstreamPort),
 		secrets: map[string]string{"acme/K": benchKey},
@@ -320,8 +321,8 @@ type child struct {
 	pool  *x509.CertPool
 }
 
-func startChild(b *testing.B, up *testUpstream, uca *upstreamCA) *child {
-	spec, _ := json.Marshal(childSpec{UpstreamPort: up.port, UpstreamCA: string(uca.pem)})
+func startChild(b *testing.B, up *testUpstream, uca *edgetest.CA) *child {
+	spec, _ := json.Marshal(childSpec{UpstreamPort: up.port, UpstreamCA: string(uca.PEM)})
 	cmd := exec.Command(os.Args[0], "-test.run=^$")
 	cmd.Env = append(os.Environ(), benchChildEnv+"="+string(spec))
 	cmd.Stderr = os.Stderr
@@ -348,7 +349,7 @@ func (c *child) mem(b *testing.B) childMem {
 // intercepted connection, each of which served one request (target: <= 100
 // KiB). Heap plus goroutine stacks after a GC, per connection.
 func BenchmarkIdleInterceptedConnMemory(b *testing.B) {
-	uca := newUpstreamCA(b)
+	uca := edgetest.NewCA(b)
 	up := startUpstream(b, uca, false, "api.example.test")
 	up.noRecord = true
 	for _, proto := range []string{"http/1.1", "h2"} {
@@ -456,7 +457,7 @@ func (p *patternReader) Read(b []byte) (int, error) {
 // streams through it with body scanning and substitution on (target: < 64
 // MiB). VmHWM of the proxy process, which holds only the proxy.
 func BenchmarkStream1GiBPeakRSS(b *testing.B) {
-	uca := newUpstreamCA(b)
+	uca := edgetest.NewCA(b)
 	up := startUpstream(b, uca, false, "api.example.test")
 	up.noRecord = true
 	var received int64

@@ -10,6 +10,7 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/runfleet/runfleet/edge/internal/edgetest"
 	"github.com/runfleet/runfleet/shared/hostproto"
 )
 
@@ -63,7 +64,7 @@ func TestRealClientsGetTheirPlaceholderSubstituted(t *testing.T) {
 	if err := exec.Command("/usr/bin/python3", "-c", "import requests").Run(); err != nil {
 		t.Fatalf("%v: run infra/scripts/test-deps.sh (make test does) to install Debian's python3-requests", err)
 	}
-	uca := newUpstreamCA(t)
+	uca := edgetest.NewCA(t)
 	up := startUpstream(t, uca, true, "api.example.test")
 	up.handler = func(w http.ResponseWriter, r *http.Request) {
 		got := up.requests() // the recording upstream read the body

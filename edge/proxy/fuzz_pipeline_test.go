@@ -11,6 +11,7 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/runfleet/runfleet/edge/internal/edgetest"
 	"github.com/runfleet/runfleet/edge/policy"
 	"github.com/runfleet/runfleet/shared/hostproto"
 )
@@ -22,7 +23,7 @@ import (
 // the client; no placeholder reaches a host its key may not reach, or
 // another task's, in any part of the request (method included).
 func FuzzPipeline(f *testing.F) {
-	uca := newUpstreamCA(f)
+	uca := edgetest.NewCA(f)
 	up := startUpstream(f, uca, true, "api.example.test", "other.example.test")
 	e := newEnv(f, envOptions{
 		uca: uca, quiet: true,

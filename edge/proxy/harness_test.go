@@ -4,19 +4,13 @@ import (
 	"bufio"
 	"bytes"
 	"context"
-	"crypto/ecdsa"
-	"crypto/elliptic"
-	"crypto/rand"
 	"crypto/tls"
 	"crypto/x509"
-	"crypto/x509/pkix"
 	"encoding/base64"
 	"encoding/json"
-	"encoding/pem"
 	"fmt"
 	"io"
 	"log/slog"
-	"math/big"
 	"net"
 	"net/http"
 	"net/http/httptest"
@@ -33,50 +27,12 @@ import (
 
 	"github.com/runfleet/runfleet/edge/audit"
 	"github.com/runfleet/runfleet/edge/ca"
+	"github.com/runfleet/runfleet/edge/internal/edgetest"
 	"github.com/runfleet/runfleet/edge/policy"
 	"github.com/runfleet/runfleet/edge/secrets"
 	"github.com/runfleet/runfleet/edge/upstream"
 	"github.com/runfleet/runfleet/shared/hostproto"
 )
-
-// upstreamCA is the test upstreams' own CA: edge trusts it through
-// upstream.extraRootsFile, the task never does.
-type upstreamCA struct {
-	cert *x509.Certificate
-	key  *ecdsa.PrivateKey
-	pem  []byte
-}
-
-func newUpstreamCA(t tb) *upstreamCA {
-	t.Helper()
-	key, _ := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
-	tmpl := &x509.Certificate{
-		SerialNumber: big.NewInt(1), Subject: pkix.Name{CommonName: "test upstream CA"},
-		NotBefore: time.Now().Add(-time.Hour), NotAfter: time.Now().Add(24 * time.Hour),
-		IsCA: true, BasicConstraintsValid: true, KeyUsage: x509.KeyUsageCertSign,
-	}
-	der, err := x509.CreateCertificate(rand.Reader, tmpl, tmpl, &key.PublicKey, key)
-	if err != nil {
-		t.Fatal(err)
-	}
-	cert, _ := x509.ParseCertificate(der)
-	return &upstreamCA{cert: cert, key: key, pem: pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: der})}
-}
-
-func (u *upstreamCA) leaf(t tb, names ...string) tls.Certificate {
-	t.Helper()
-	key, _ := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
-	tmpl := &x509.Certificate{
-		SerialNumber: big.NewInt(time.Now().UnixNano()), Subject: pkix.Name{CommonName: names[0]},
-		NotBefore: time.Now().Add(-time.Hour), NotAfter: time.Now().Add(24 * time.Hour),
-		DNSNames: names, ExtKeyUsage: []x509.ExtKeyUsage{x509.ExtKeyUsageServerAuth},
-	}
-	der, err := x509.CreateCertificate(rand.Reader, tmpl, u.cert, &key.PublicKey, u.key)
-	if err != nil {
-		t.Fatal(err)
-	}
-	return tls.Certificate{Certificate: [][]byte{der}, PrivateKey: key}
-}
 
 // seen is one request as an upstream received it.
 type seen struct {
@@ -99,7 +55,7 @@ type testUpstream struct {
 	noRecord bool
 }
 
-func startUpstream(t testing.TB, uca *upstreamCA, h2 bool, names ...string) *testUpstream {
+func startUpstream(t testing.TB, uca *edgetest.CA, h2 bool, names ...string) *testUpstream {
 	t.Helper()
 	u := &testUpstream{}
 	u.srv = httptest.NewUnstartedServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
@@ -129,7 +85,7 @@ func startUpstream(t testing.TB, uca *upstreamCA, h2 bool, names ...string) *tes
 		fmt.Fprintf(w, "hello from upstream; got %d body bytes\n", len(body))
 	}))
 	u.srv.EnableHTTP2 = h2
-	u.srv.TLS = &tls.Config{Certificates: []tls.Certificate{uca.leaf(t, names...)}}
+	u.srv.TLS = &tls.Config{Certificates: []tls.Certificate{uca.Certificate(t, names...)}}
 	u.srv.StartTLS()
 	t.Cleanup(u.srv.Close)
 	u.port = u.srv.Listener.Addr().(*net.TCPAddr).Port
@@ -140,24 +96,6 @@ func (u *testUpstream) requests() []seen {
 	u.mu.Lock()
 	defer u.mu.Unlock()
 	return append([]seen(nil), u.got...)
-}
-
-// syncBuffer collects log output the test greps while the proxy writes.
-type syncBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (s *syncBuffer) Write(p []byte) (int, error) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.Write(p)
-}
-
-func (s *syncBuffer) String() string {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.String()
 }
 
 // tb is the part of testing.TB the harness uses, so the benchmarks' child
@@ -181,12 +119,12 @@ type env struct {
 	authority  *ca.Authority
 	proxy      *Proxy
 	resolver   *countingResolver
-	logs       *syncBuffer
+	logs       *edgetest.LogBuffer
 	auditDir   string
 	audit      *audit.Log
 	bundlePath string
 	secrets    map[string]string
-	uca        *upstreamCA
+	uca        *edgetest.CA
 	listener   net.Listener
 }
 
@@ -197,7 +135,7 @@ type envOptions struct {
 	secrets map[string]string
 	table   map[string][]netip.Addr
 	dataDir string // reuse (restart)
-	uca     *upstreamCA
+	uca     *edgetest.CA
 	// noAllowPrivate leaves upstream.allowPrivate empty (default 127.0.0.0/8).
 	noAllowPrivate bool
 	// rand mints placeholders and passwords; nil means crypto/rand.
@@ -214,15 +152,15 @@ func newEnv(t tb, o envOptions) *env {
 	if dir == "" {
 		dir = t.TempDir()
 	}
-	e := &env{t: t, dir: dir, logs: &syncBuffer{}, secrets: o.secrets, uca: o.uca}
+	e := &env{t: t, dir: dir, logs: &edgetest.LogBuffer{}, secrets: o.secrets, uca: o.uca}
 	if e.uca == nil {
-		e.uca = newUpstreamCA(t)
+		e.uca = edgetest.NewCA(t)
 	}
 	if o.egress == "" {
 		o.egress = policy.EgressOpen
 	}
 	rootsPath := filepath.Join(dir, "upstream-ca.pem")
-	must(t, os.WriteFile(rootsPath, e.uca.pem, 0o600))
+	must(t, os.WriteFile(rootsPath, e.uca.PEM, 0o600))
 	e.writeSecrets()
 	pins, _ := json.Marshal(o.pins)
 	e.configPath = filepath.Join(dir, "edge.json")
@@ -270,10 +208,7 @@ func newEnv(t tb, o envOptions) *env {
 	})
 	must(t, err)
 	go e.proxy.Serve()
-	deadline := time.Now().Add(5 * time.Second)
-	for e.proxy.Ready() != nil && time.Now().Before(deadline) {
-		time.Sleep(time.Millisecond)
-	}
+	edgetest.WaitFor(t, 5*time.Second, "the proxy to serve", func() bool { return e.proxy.Ready() == nil })
 	t.Cleanup(func() {
 		e.proxy.Close()
 		e.authority.Close()
@@ -381,19 +316,20 @@ func (e *env) auditLines() []map[string]any {
 // a request or tunnel ends, which may be just after the client returns).
 func (e *env) waitAudit(pred func(map[string]any) bool) map[string]any {
 	e.t.Helper()
-	deadline := time.Now().Add(5 * time.Second)
-	for {
-		lines := e.auditLines()
-		for i := len(lines) - 1; i >= 0; i-- {
+	var lines []map[string]any
+	var found map[string]any
+	if !edgetest.Within(5*time.Second, func() bool {
+		lines = e.auditLines()
+		for i := len(lines) - 1; i >= 0 && found == nil; i-- {
 			if pred(lines[i]) {
-				return lines[i]
+				found = lines[i]
 			}
 		}
-		if time.Now().After(deadline) {
-			e.t.Fatalf("no matching audit line in %v", lines)
-		}
-		time.Sleep(2 * time.Millisecond)
+		return found != nil
+	}) {
+		e.t.Fatalf("no matching audit line in %v", lines)
 	}
+	return found
 }
 
 // assertNoLeak checks that neither the proxy's log nor its audit files (the

@@ -10,6 +10,8 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/runfleet/runfleet/edge/internal/edgetest"
 )
 
 // A request's answer body, read to its end, returns the upstream connection
@@ -18,11 +20,11 @@ import (
 // exchange alone (it once closed the connection under it: the body lived
 // in the connection, shared by both).
 func TestALateCloseOfAFinishedBodyLeavesTheNextExchangeAlone(t *testing.T) {
-	uca := newUpstreamCA(t)
+	uca := edgetest.NewCA(t)
 	up := startUpstream(t, uca, false, "api.example.test")
 	addr := up.srv.Listener.Addr().String()
 	pool := x509.NewCertPool()
-	pool.AppendCertsFromPEM(uca.pem)
+	pool.AppendCertsFromPEM(uca.PEM)
 	dial := func(ctx context.Context, network, _ string) (net.Conn, error) {
 		return (&net.Dialer{}).DialContext(ctx, network, addr)
 	}

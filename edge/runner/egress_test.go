@@ -8,6 +8,7 @@ import (
 	"testing"
 
 	"github.com/runfleet/runfleet/edge/config"
+	"github.com/runfleet/runfleet/edge/internal/edgetest"
 	"github.com/runfleet/runfleet/edge/runlog"
 )
 
@@ -82,14 +83,14 @@ func TestNewConfinesTaskGroupsAndShutdownLiftsIt(t *testing.T) {
 }
 
 func TestNewRefusesToStartWhereItCannotConfine(t *testing.T) {
-	requireRoot(t)
+	edgetest.RequireRoot(t)
 	c := &recordingConfiner{installErr: errors.New("nft: no such file")}
 	l, err := runlog.Open(filepath.Join(t.TempDir(), "runs.db"), nil)
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer l.Close()
-	cfg := Config{WorkDir: filepath.Join(traversableDir(t), "work"), Confiner: c}
+	cfg := Config{WorkDir: filepath.Join(edgetest.TraversableDir(t), "work"), Confiner: c}
 	_, err = New(cfg, l, nil, nil)
 	if err == nil || !strings.Contains(err.Error(), "nft: no such file") || !strings.Contains(err.Error(), "runner.egress") || !strings.Contains(err.Error(), config.TaskEgressInsecureOpen) {
 		t.Fatalf("New without a working confiner = %v, want a refusal naming runner.egress and the way out", err)

@@ -12,6 +12,8 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 	dto "github.com/prometheus/client_model/go"
+
+	"github.com/runfleet/runfleet/edge/internal/edgetest"
 )
 
 func counterValue(t *testing.T, c prometheus.Counter) float64 {
@@ -95,13 +97,8 @@ func namespaceMembers(t *testing.T, ns string) []int {
 // on its own time) until no process of ns is alive.
 func waitNamespaceEmpty(t *testing.T, ns string) {
 	t.Helper()
-	for deadline := time.Now().Add(5 * time.Second); ; time.Sleep(time.Millisecond) {
-		alive := namespaceMembers(t, ns)
-		if len(alive) == 0 {
-			return
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("processes %v of the task's PID namespace %s still run", alive, ns)
-		}
+	var alive []int
+	if !edgetest.Within(5*time.Second, func() bool { alive = namespaceMembers(t, ns); return len(alive) == 0 }) {
+		t.Fatalf("processes %v of the task's PID namespace %s still run", alive, ns)
 	}
 }

@@ -15,30 +15,11 @@ import (
 	"time"
 
 	"github.com/runfleet/runfleet/edge/config"
+	"github.com/runfleet/runfleet/edge/internal/edgetest"
 	"github.com/runfleet/runfleet/edge/runlog"
 	"github.com/runfleet/runfleet/shared/clock"
 	"github.com/runfleet/runfleet/shared/hostproto"
 )
-
-// The tests run as root (here and in CI), so tasks really run as nobody.
-func requireRoot(t *testing.T) {
-	t.Helper()
-	if os.Geteuid() != 0 {
-		t.Fatal("these tests start tasks as runner.user and must run as root (as in CI)")
-	}
-}
-
-// traversableDir is a temp dir that nobody can enter, as a task's files must be.
-func traversableDir(t *testing.T) string {
-	t.Helper()
-	dir := t.TempDir()
-	for p := dir; p != "/" && p != os.TempDir(); p = filepath.Dir(p) {
-		if err := os.Chmod(p, 0o755); err != nil {
-			t.Fatal(err)
-		}
-	}
-	return dir
-}
 
 // sharedDir is a temp dir outside /tmp and /var/tmp, which a sandboxed
 // task has its own of, that nobody can enter and write: a task's marker
@@ -66,12 +47,12 @@ type harness struct {
 
 func newHarness(t *testing.T, change func(*Config)) *harness {
 	t.Helper()
-	requireRoot(t)
+	edgetest.RequireRoot(t)
 	cfg := Config{
 		Agents: map[string]config.Agent{
 			"shell": {Argv: []string{"sh", "-c", "{prompt}"}},
 		},
-		WorkDir: filepath.Join(traversableDir(t), "work"),
+		WorkDir: filepath.Join(edgetest.TraversableDir(t), "work"),
 	}
 	if change != nil {
 		change(&cfg)
@@ -126,36 +107,27 @@ func (h *harness) start(prompt string, change func(*hostproto.StartRequest)) hos
 // attempt has ended.
 func (h *harness) waitEnd(runID string) hostproto.Run {
 	h.t.Helper()
-	deadline := time.Now().Add(20 * time.Second)
-	for {
-		run, err := h.r.Get(runID)
-		if err != nil {
+	var run hostproto.Run
+	if !edgetest.Within(20*time.Second, func() bool {
+		var err error
+		if run, err = h.r.Get(runID); err != nil {
 			h.t.Fatal(err)
 		}
-		if hostproto.TerminalStatus(run.Status) && h.r.liveTask(runID) == nil {
-			return run
-		}
-		if time.Now().After(deadline) {
-			h.t.Fatalf("run %s still %s", runID, run.Status)
-		}
-		time.Sleep(5 * time.Millisecond)
+		return hostproto.TerminalStatus(run.Status) && h.r.liveTask(runID) == nil
+	}) {
+		h.t.Fatalf("run %s still %s", runID, run.Status)
 	}
+	return run
 }
 
 // waitOutput polls until the run's output contains want.
 func (h *harness) waitOutput(runID, want string) string {
 	h.t.Helper()
-	deadline := time.Now().Add(20 * time.Second)
-	for {
-		out := h.output(runID)
-		if strings.Contains(out, want) {
-			return out
-		}
-		if time.Now().After(deadline) {
-			h.t.Fatalf("run %s output never contained %q; it is %q", runID, want, out)
-		}
-		time.Sleep(5 * time.Millisecond)
+	var out string
+	if !edgetest.Within(20*time.Second, func() bool { out = h.output(runID); return strings.Contains(out, want) }) {
+		h.t.Fatalf("run %s output never contained %q; it is %q", runID, want, out)
 	}
+	return out
 }
 
 func (h *harness) events(runID string) []hostproto.Event {
@@ -175,17 +147,7 @@ func (h *harness) events(runID string) []hostproto.Event {
 	}
 }
 
-func (h *harness) output(runID string) string {
-	var b strings.Builder
-	for _, e := range h.events(runID) {
-		if e.Type == hostproto.EventOutput {
-			var s string
-			json.Unmarshal(e.Data, &s)
-			b.WriteString(s)
-		}
-	}
-	return b.String()
-}
+func (h *harness) output(runID string) string { return edgetest.Output(h.events(runID)) }
 
 func (h *harness) states(runID string) []hostproto.StateChange {
 	var out []hostproto.StateChange
@@ -585,7 +547,7 @@ func TestPurgeAfterRetention(t *testing.T) {
 }
 
 func TestBadRequests(t *testing.T) {
-	h := newHarness(t, func(c *Config) { c.Roots = []string{traversableDir(t)} })
+	h := newHarness(t, func(c *Config) { c.Roots = []string{edgetest.TraversableDir(t)} })
 	outside := t.TempDir()
 	tests := []struct {
 		field string
@@ -610,7 +572,7 @@ func TestBadRequests(t *testing.T) {
 }
 
 func TestLocalPathUnderRootsIsTheWorkingDir(t *testing.T) {
-	root := traversableDir(t)
+	root := edgetest.TraversableDir(t)
 	project := filepath.Join(root, "project")
 	os.Mkdir(project, 0o777)
 	os.Chmod(project, 0o777)
@@ -630,7 +592,7 @@ func TestLocalPathUnderRootsIsTheWorkingDir(t *testing.T) {
 }
 
 func TestCloneMakesAShallowWorkingCopyOrFailsCloneFailed(t *testing.T) {
-	src := filepath.Join(traversableDir(t), "src")
+	src := filepath.Join(edgetest.TraversableDir(t), "src")
 	git := func(dir string, args ...string) {
 		t.Helper()
 		cmd := execCommand("git", append([]string{"-C", dir}, args...)...)

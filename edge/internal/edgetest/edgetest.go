@@ -1,0 +1,123 @@
+// Package edgetest holds what edge's tests share, so each is written once:
+// a log sink a test reads while the code under test writes, a test CA for
+// loopback TLS servers, waiting on real time for another goroutine or
+// process, and what the tests that start tasks need (root, directories a
+// task can traverse, the test binary as the task's init, a run's output).
+// Tests only: no edge binary imports it.
+package edgetest
+
+import (
+	"bytes"
+	"encoding/json"
+	"os"
+	"path/filepath"
+	"sync"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/runfleet/runfleet/edge/sandbox"
+	"github.com/runfleet/runfleet/shared/hostproto"
+)
+
+// TB is the part of testing.TB the helpers use, so that a process without
+// a *testing.T (the proxy benchmarks' child) can use them too.
+type TB interface {
+	Helper()
+	Fatal(args ...any)
+	Fatalf(format string, args ...any)
+	Cleanup(func())
+}
+
+// LogBuffer collects log output (a slog handler's writer) that a test reads
+// while the code under test writes. Safe for concurrent use.
+type LogBuffer struct {
+	mu sync.Mutex
+	b  bytes.Buffer
+}
+
+func (l *LogBuffer) Write(p []byte) (int, error) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.b.Write(p)
+}
+
+// String is everything written so far.
+func (l *LogBuffer) String() string {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.b.String()
+}
+
+// pollEvery is how often Within checks its condition.
+const pollEvery = 2 * time.Millisecond
+
+// Within checks cond until it holds (true) or timeout has passed (false),
+// on real time: for waiting on another goroutine or process. Where the
+// clock is a test's own, a fake clock's WaitForTimers is the way.
+func Within(timeout time.Duration, cond func() bool) bool {
+	deadline := time.Now().Add(timeout)
+	for !cond() {
+		if time.Now().After(deadline) {
+			return false
+		}
+		time.Sleep(pollEvery)
+	}
+	return true
+}
+
+// WaitFor is Within that fails the test on timeout, naming what it waited
+// for.
+func WaitFor(t TB, timeout time.Duration, what string, cond func() bool) {
+	t.Helper()
+	if !Within(timeout, cond) {
+		t.Fatalf("timed out after %s waiting for %s", timeout, what)
+	}
+}
+
+// RequireRoot fails a test that starts tasks as another user unless it runs
+// as root, as CI does (never a skip: a missing capability is a failure).
+func RequireRoot(t TB) {
+	t.Helper()
+	if os.Geteuid() != 0 {
+		t.Fatal("these tests start tasks as another user and must run as root (as in CI)")
+	}
+}
+
+// TraversableDir is a temp dir that every user (a task's included) can
+// reach and read, down from /, but only its owner write.
+func TraversableDir(t testing.TB) string {
+	t.Helper()
+	dir := t.TempDir()
+	for p := dir; p != "/" && p != os.TempDir(); p = filepath.Dir(p) {
+		if err := os.Chmod(p, 0o755); err != nil {
+			t.Fatal(err)
+		}
+	}
+	return dir
+}
+
+// RunTests is the TestMain of a package whose tests start tasks: as root
+// the runner starts each task through the binary running it
+// (runner.DefaultTaskInit), so the test binary acts as the task's init when
+// called so. The init exits through syscall.Exit, skipping the race
+// detector's one-second pause at exit, which every task would wait out.
+func RunTests(m *testing.M) {
+	if len(os.Args) > 1 && os.Args[1] == sandbox.InitArg {
+		syscall.Exit(sandbox.Main())
+	}
+	os.Exit(m.Run())
+}
+
+// Output is a run's output: its output events' text, in order.
+func Output(events []hostproto.Event) string {
+	var b bytes.Buffer
+	for _, e := range events {
+		if e.Type == hostproto.EventOutput {
+			var s string
+			json.Unmarshal(e.Data, &s)
+			b.WriteString(s)
+		}
+	}
+	return b.String()
+}

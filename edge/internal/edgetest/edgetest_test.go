@@ -1,0 +1,44 @@
+package edgetest
+
+import (
+	"crypto/tls"
+	"crypto/x509"
+	"io"
+	"net/http"
+	"strings"
+	"testing"
+	"time"
+)
+
+// A leaf for a name and an IP serves TLS that a client trusting the CA
+// alone verifies, by either.
+func TestCALeavesVerifyByNameAndIP(t *testing.T) {
+	ca := NewCA(t)
+	srv := ca.TLSServer(t, http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { io.WriteString(w, "ok") }), "api.example.test", "127.0.0.1")
+	pool := x509.NewCertPool()
+	pool.AppendCertsFromPEM(ca.PEM)
+	for _, sni := range []string{"api.example.test", "127.0.0.1"} {
+		c := &http.Client{Transport: &http.Transport{TLSClientConfig: &tls.Config{RootCAs: pool, ServerName: sni}}}
+		res, err := c.Get(srv.URL)
+		if err != nil {
+			t.Fatalf("%s: %v", sni, err)
+		}
+		b, _ := io.ReadAll(res.Body)
+		res.Body.Close()
+		if string(b) != "ok" {
+			t.Fatalf("%s: %q", sni, b)
+		}
+	}
+}
+
+func TestWithinAndLogBuffer(t *testing.T) {
+	var logs LogBuffer
+	go io.WriteString(&logs, "written\n")
+	if !Within(5*time.Second, func() bool { return strings.Contains(logs.String(), "written") }) {
+		t.Fatal("Within gave up on a condition that came true")
+	}
+	start := time.Now()
+	if Within(20*time.Millisecond, func() bool { return false }) || time.Since(start) < 20*time.Millisecond {
+		t.Fatal("Within held a condition that never came true, or gave up early")
+	}
+}
