@@ -192,3 +192,46 @@ func TestScrubberSplitReads(t *testing.T) {
 		}
 	}
 }
+
+// FuzzScrubber: whatever an answer holds and however it is split into
+// reads, the scrubbed stream equals the whole answer scrubbed, and no value
+// is left in it. The values are spelt with bytes no placeholder has, so a
+// placeholder put in never forms a value with its neighbours.
+func FuzzScrubber(f *testing.F) {
+	f.Add([]byte("echo: "), uint8(3), []byte{5, 200, 1})
+	f.Add([]byte("~!~#~#~!"), uint8(1), []byte{1, 2, 3})
+	f.Add([]byte(""), uint8(0), []byte{64})
+	values := []string{"~!~!~ab", "#~#", "!"}
+	st := &requestState{}
+	for i, v := range values {
+		st.subs = append(st.subs, substitution{value: v, placeholder: fmt.Sprintf("ph-%d-XXXXXXXXXXXXXXXXXXXXXXXX", i)})
+	}
+	f.Fuzz(func(t *testing.T, data []byte, insert uint8, sizes []byte) {
+		var b bytes.Buffer
+		for i, c := range data {
+			b.WriteByte(c)
+			if insert != 0 && i%int(insert) == 0 && len(sizes) > 0 {
+				b.WriteString(values[int(sizes[i%len(sizes)])%len(values)])
+			}
+		}
+		in := b.Bytes()
+		var sc scrubber
+		sc.reset(st)
+		whole, _ := sc.whole(bytes.Clone(in))
+		for _, v := range values {
+			if bytes.Contains(whole, []byte(v)) {
+				t.Fatalf("a value is left in the scrubbed answer %q", whole)
+			}
+		}
+		var chunks []int
+		for _, s := range sizes {
+			chunks = append(chunks, int(s)+1)
+		}
+		s := newPooledScanner(&chunkReader{data: in, sizes: chunks}, &sc)
+		streamed, err := io.ReadAll(s)
+		s.release()
+		if err != nil || !bytes.Equal(streamed, whole) {
+			t.Fatalf("the streamed answer differs from the whole one scrubbed (%v)", err)
+		}
+	})
+}
