@@ -48,7 +48,8 @@
 //	guard, _ := upstream.NewGuard(upstream.GuardConfig{Resolver: resolver, AllowPrivate: allow,
 //		Own: []netip.AddrPort{proxyAddr, apiAddr}})
 //	tlsCfg, _ := upstream.ClientTLSConfig(cfg.Proxy.Upstream.ExtraRootsFile)
-//	p, _ := proxy.New(proxy.Config{Disabled: proxy.KillSwitchOn(os.Getenv), Listener: ln, ...})
+//	off, err := proxy.KillSwitch(os.Getenv) // an unknown value refuses the start
+//	p, _ := proxy.New(proxy.Config{Disabled: off, Listener: ln, ...})
 //	go p.Serve(); go watcher.Run(ctx, sighup)
 package proxy
 
