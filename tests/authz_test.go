@@ -10,6 +10,7 @@ import (
 
 	"github.com/runfleet/runfleet/shared/fakehost"
 	"github.com/runfleet/runfleet/shared/hostproto"
+	"github.com/runfleet/runfleet/shared/stream/ssetest"
 )
 
 // TestAuthorizationMatrix sends every route as each kind of principal and
@@ -254,8 +255,8 @@ func (s *stack) streamStatus(t *testing.T, path, token string) answer {
 		json.Unmarshal(raw, &a.body)
 		return a
 	}
-	c := &streamClient{t: t, clk: s.clk, parked: s.parked, ch: readSSE(resp.Body)}
+	c := &streamClient{t: t, clk: s.clk, parked: s.parked, ch: ssetest.Read(resp.Body)}
 	_, snap := c.until("snapshot")
-	a.raw = snap.data
+	a.raw = snap.Data
 	return a
 }

@@ -23,6 +23,7 @@ import (
 	"github.com/runfleet/runfleet/edge/host"
 	"github.com/runfleet/runfleet/infra/localstack/demo"
 	"github.com/runfleet/runfleet/shared/hostproto"
+	"github.com/runfleet/runfleet/shared/stream/ssetest"
 )
 
 // The end-to-end tests put together what `make dev` runs: Fleet as
@@ -298,17 +299,17 @@ echo "got $line"`, tag, demo.Key, e.upstream.URL())
 	sse := &bytes.Buffer{}
 	var streamed []hostproto.Event
 	var done string
-	for m := range readSSE(io.TeeReader(resp.Body, sse)) {
-		switch m.event {
+	for m := range ssetest.Read(io.TeeReader(resp.Body, sse)) {
+		switch m.Event {
 		case "event":
 			var ev hostproto.Event
-			must(t, json.Unmarshal([]byte(m.data), &ev))
-			if m.id != strconv.FormatInt(ev.Sequence, 10) {
-				t.Fatalf("event id %s for sequence %d", m.id, ev.Sequence)
+			must(t, json.Unmarshal([]byte(m.Data), &ev))
+			if m.ID != strconv.FormatInt(ev.Sequence, 10) {
+				t.Fatalf("event id %s for sequence %d", m.ID, ev.Sequence)
 			}
 			streamed = append(streamed, ev)
 		case "done":
-			done = m.data
+			done = m.Data
 		}
 	}
 	resp.Body.Close()

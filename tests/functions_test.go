@@ -27,6 +27,7 @@ import (
 	"github.com/runfleet/runfleet/shared/hostproto"
 	"github.com/runfleet/runfleet/shared/lambdatest"
 	"github.com/runfleet/runfleet/shared/store/dynamostore"
+	"github.com/runfleet/runfleet/shared/stream/ssetest"
 )
 
 // Fixtures of the events each function receives in AWS.
@@ -187,10 +188,10 @@ func TestEveryFunctionUnderTheEmulator(t *testing.T) {
 		t.Fatalf("stream prelude %+v", prelude)
 	}
 	var kinds []string
-	for m := range readSSE(bytes.NewReader(body)) {
-		kinds = append(kinds, m.event)
-		if m.event == "done" && !strings.Contains(m.data, `"status":"succeeded"`) {
-			t.Fatalf("done %s", m.data)
+	for m := range ssetest.Read(bytes.NewReader(body)) {
+		kinds = append(kinds, m.Event)
+		if m.Event == "done" && !strings.Contains(m.Data, `"status":"succeeded"`) {
+			t.Fatalf("done %s", m.Data)
 		}
 	}
 	if want := strings.Repeat("event ", len(evs)) + "snapshot done"; strings.Join(kinds, " ") != want {

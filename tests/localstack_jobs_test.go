@@ -14,6 +14,7 @@ import (
 	"time"
 
 	"github.com/runfleet/runfleet/shared/fakehost"
+	"github.com/runfleet/runfleet/shared/stream/ssetest"
 )
 
 // TestLocalStackRunsTheJobsAndServesTheStream runs `make dev`'s program with
@@ -124,8 +125,8 @@ func TestLocalStackRunsTheJobsAndServesTheStream(t *testing.T) {
 		t.Fatalf("stream: %v %v", resp, err)
 	}
 	defer resp.Body.Close()
-	ch := readSSE(resp.Body)
-	nextMsg := func() sseMsg {
+	ch := ssetest.Read(resp.Body)
+	nextMsg := func() ssetest.Message {
 		t.Helper()
 		select {
 		case m, ok := <-ch:
@@ -136,12 +137,12 @@ func TestLocalStackRunsTheJobsAndServesTheStream(t *testing.T) {
 		case <-time.After(20 * time.Second):
 			t.Fatal("no message in 20s")
 		}
-		return sseMsg{}
+		return ssetest.Message{}
 	}
-	for m := nextMsg(); m.event != "snapshot"; m = nextMsg() {
+	for m := nextMsg(); m.Event != "snapshot"; m = nextMsg() {
 	}
 	host.AppendOutput(child, "live\n")
-	if m := nextMsg(); m.event != "event" || m.id != "3" {
+	if m := nextMsg(); m.Event != "event" || m.ID != "3" {
 		t.Fatalf("live event %+v", m)
 	}
 
@@ -149,11 +150,11 @@ func TestLocalStackRunsTheJobsAndServesTheStream(t *testing.T) {
 	if err := cmd.Process.Signal(syscall.SIGTERM); err != nil {
 		t.Fatal(err)
 	}
-	var last sseMsg
+	var last ssetest.Message
 	for m := range ch {
 		last = m
 	}
-	if last.retry == "" {
+	if last.Retry == "" {
 		t.Fatalf("the stream's last message %+v has no retry hint", last)
 	}
 	select {

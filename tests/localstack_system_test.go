@@ -15,6 +15,7 @@ import (
 	"time"
 
 	"github.com/runfleet/runfleet/infra/localstack/demo"
+	"github.com/runfleet/runfleet/shared/stream/ssetest"
 )
 
 // TestLocalStackRunsTheWholeSystem runs `make dev`'s program as it ships,
@@ -214,20 +215,20 @@ func (s *devStack) dispatchAndFollow(t *testing.T) {
 	// agent printed the upstream's verdict on the credential it got.
 	var output strings.Builder
 	var done string
-	for m := range readSSE(strings.NewReader(string(sse))) {
-		switch m.event {
+	for m := range ssetest.Read(strings.NewReader(string(sse))) {
+		switch m.Event {
 		case "event":
 			var ev struct {
 				Type string          `json:"type"`
 				Data json.RawMessage `json:"data"`
 			}
-			json.Unmarshal([]byte(m.data), &ev)
+			json.Unmarshal([]byte(m.Data), &ev)
 			var text string
 			if ev.Type == "output" && json.Unmarshal(ev.Data, &text) == nil {
 				output.WriteString(text)
 			}
 		case "done":
-			done = m.data
+			done = m.Data
 		}
 	}
 	if !strings.Contains(done, `"status":"succeeded"`) || !strings.Contains(output.String(), `the upstream answered: {"authorized": true}`) {

@@ -1,7 +1,6 @@
 package tests
 
 import (
-	"bufio"
 	"bytes"
 	"encoding/json"
 	"fmt"
@@ -20,51 +19,8 @@ import (
 	"github.com/runfleet/runfleet/shared/fakehost"
 	"github.com/runfleet/runfleet/shared/hostproto"
 	"github.com/runfleet/runfleet/shared/lambdatest"
+	"github.com/runfleet/runfleet/shared/stream/ssetest"
 )
-
-// sseMsg is one SSE message.
-type sseMsg struct {
-	event, id, data, retry string
-	comments               []string
-}
-
-// readSSE parses an SSE body; the channel closes at its end.
-func readSSE(r io.Reader) <-chan sseMsg {
-	out := make(chan sseMsg, 4096)
-	go func() {
-		defer close(out)
-		sc := bufio.NewScanner(r)
-		sc.Buffer(make([]byte, 1<<20), 1<<20)
-		var m sseMsg
-		empty := true
-		for sc.Scan() {
-			line := sc.Text()
-			if line == "" {
-				if !empty {
-					out <- m
-				}
-				m, empty = sseMsg{}, true
-				continue
-			}
-			empty = false
-			field, value, _ := strings.Cut(line, ":")
-			value = strings.TrimPrefix(value, " ")
-			switch field {
-			case "":
-				m.comments = append(m.comments, value)
-			case "event":
-				m.event = value
-			case "id":
-				m.id = value
-			case "data":
-				m.data = value
-			case "retry":
-				m.retry = value
-			}
-		}
-	}()
-	return out
-}
 
 // streamClient reads one stream of the stack, moving its fake clock a
 // poll at a time whenever a stream session waits on its timer (parked) and
@@ -73,7 +29,7 @@ type streamClient struct {
 	t      *testing.T
 	clk    *clock.Fake
 	parked <-chan struct{}
-	ch     <-chan sseMsg
+	ch     <-chan ssetest.Message
 }
 
 func (s *stack) openStream(t *testing.T, path string, headers ...string) *streamClient {
@@ -91,14 +47,14 @@ func (s *stack) openStream(t *testing.T, path string, headers ...string) *stream
 		b, _ := io.ReadAll(resp.Body)
 		t.Fatalf("GET %s: %d %s", path, resp.StatusCode, b)
 	}
-	return &streamClient{t: t, clk: s.clk, parked: s.parked, ch: readSSE(resp.Body)}
+	return &streamClient{t: t, clk: s.clk, parked: s.parked, ch: ssetest.Read(resp.Body)}
 }
 
 // next returns the next message; while none comes, each time a session is
 // parked it lets the next poll happen (the stream is driven by the fake
 // clock). A missing message is a bug, not a slow machine: 20 s is a bound
 // on the test, not a wait.
-func (c *streamClient) next() sseMsg {
+func (c *streamClient) next() ssetest.Message {
 	c.t.Helper()
 	deadline := time.After(20 * time.Second)
 	for {
@@ -117,15 +73,15 @@ func (c *streamClient) next() sseMsg {
 }
 
 // until collects the sequences of event messages up to one named stop.
-func (c *streamClient) until(stop string) ([]int64, sseMsg) {
+func (c *streamClient) until(stop string) ([]int64, ssetest.Message) {
 	c.t.Helper()
 	var seqs []int64
 	for {
 		m := c.next()
-		switch m.event {
+		switch m.Event {
 		case "event":
 			var ev hostproto.Event
-			if err := json.Unmarshal([]byte(m.data), &ev); err != nil || m.id != fmt.Sprint(ev.Sequence) {
+			if err := json.Unmarshal([]byte(m.Data), &ev); err != nil || m.ID != fmt.Sprint(ev.Sequence) {
 				c.t.Fatalf("event message %+v: %v", m, err)
 			}
 			seqs = append(seqs, ev.Sequence)
@@ -141,9 +97,9 @@ func (c *streamClient) events(n int) []int64 {
 	var seqs []int64
 	for len(seqs) < n {
 		m := c.next()
-		if m.event == "event" {
+		if m.Event == "event" {
 			var ev hostproto.Event
-			json.Unmarshal([]byte(m.data), &ev)
+			json.Unmarshal([]byte(m.Data), &ev)
 			seqs = append(seqs, ev.Sequence)
 		}
 	}
@@ -181,8 +137,8 @@ func TestStreamFollowsARun(t *testing.T) {
 			// EventSource style: the token as a parameter.
 			first := s.openStream(t, path+"?token="+alice)
 			seqs, snap := first.until("snapshot")
-			if fmt.Sprint(seqs) != "[1 2 3 4]" || !strings.Contains(snap.data, `"cursor":4`) || !strings.Contains(snap.data, `"live":true`) {
-				t.Fatalf("backlog %v, snapshot %s", seqs, snap.data)
+			if fmt.Sprint(seqs) != "[1 2 3 4]" || !strings.Contains(snap.Data, `"cursor":4`) || !strings.Contains(snap.Data, `"live":true`) {
+				t.Fatalf("backlog %v, snapshot %s", seqs, snap.Data)
 			}
 			host.AppendOutput(child, "live 1\n")
 			host.AppendOutput(child, "live 2\n")
@@ -200,8 +156,8 @@ func TestStreamFollowsARun(t *testing.T) {
 			host.SetRun(child, hostproto.StatusSucceeded, &zero, "")
 			for name, c := range map[string]*streamClient{"first": first, "second": second} {
 				seqs, done := c.until("done")
-				if fmt.Sprint(seqs) != "[7]" || !strings.Contains(done.data, `"status":"succeeded"`) || !strings.Contains(done.data, `"cursor":7`) {
-					t.Fatalf("%s client's end: %v, done %s", name, seqs, done.data)
+				if fmt.Sprint(seqs) != "[7]" || !strings.Contains(done.Data, `"status":"succeeded"`) || !strings.Contains(done.Data, `"cursor":7`) {
+					t.Fatalf("%s client's end: %v, done %s", name, seqs, done.Data)
 				}
 				if !c.ended() {
 					t.Fatalf("%s client's stream did not end after done", name)
@@ -211,11 +167,11 @@ func TestStreamFollowsARun(t *testing.T) {
 			// After the end, ?after= resumes and ends at once.
 			third := s.openStream(t, path+"?after=3", "Authorization", "Bearer "+alice)
 			seqs, snap = third.until("snapshot")
-			if fmt.Sprint(seqs) != "[4 5 6 7]" || !strings.Contains(snap.data, `"live":false`) {
-				t.Fatalf("after the end: %v, %s", seqs, snap.data)
+			if fmt.Sprint(seqs) != "[4 5 6 7]" || !strings.Contains(snap.Data, `"live":false`) {
+				t.Fatalf("after the end: %v, %s", seqs, snap.Data)
 			}
-			if _, done := third.until("done"); !strings.Contains(done.data, "succeeded") {
-				t.Fatalf("done %s", done.data)
+			if _, done := third.until("done"); !strings.Contains(done.Data, "succeeded") {
+				t.Fatalf("done %s", done.Data)
 			}
 			// The mirror the stream served is the host's, exactly.
 			sameAsHost(t, s.allEvents(t, alice, id), host.Events(child))
@@ -265,9 +221,9 @@ func TestStreamFunctionUnderTheEmulator(t *testing.T) {
 	if prelude.StatusCode != 200 || prelude.Headers["content-type"] != "text/event-stream" || prelude.Headers["cache-control"] != "no-cache" {
 		t.Fatalf("prelude %+v", prelude)
 	}
-	c := &streamClient{t: t, clk: s.clk, ch: readSSE(bytes.NewReader(body))}
+	c := &streamClient{t: t, clk: s.clk, ch: ssetest.Read(bytes.NewReader(body))}
 	seqs, done := c.until("done")
-	if fmt.Sprint(seqs) != "[2 3]" || !strings.Contains(done.data, `"status":"succeeded"`) {
+	if fmt.Sprint(seqs) != "[2 3]" || !strings.Contains(done.Data, `"status":"succeeded"`) {
 		t.Fatalf("body %s", body)
 	}
 

@@ -1,7 +1,6 @@
 package stream
 
 import (
-	"bufio"
 	"bytes"
 	"context"
 	"encoding/json"
@@ -30,6 +29,7 @@ import (
 	"github.com/runfleet/runfleet/shared/hostproto"
 	"github.com/runfleet/runfleet/shared/store"
 	"github.com/runfleet/runfleet/shared/store/boltstore"
+	"github.com/runfleet/runfleet/shared/stream/ssetest"
 )
 
 const adminToken = "stream-admin-token-0123456789"
@@ -157,54 +157,10 @@ func (e *env) tick() {
 	e.clk.Advance(e.h.cfg.PollInterval)
 }
 
-// msg is one SSE message (a block up to a blank line).
-type msg struct {
-	event, id, data, retry string
-	comments               []string
-}
-
-// sse parses an SSE body into messages; the channel closes at its end.
-func sse(r io.Reader) <-chan msg {
-	out := make(chan msg, 4096)
-	go func() {
-		defer close(out)
-		sc := bufio.NewScanner(r)
-		sc.Buffer(make([]byte, 1<<20), 1<<20)
-		var m msg
-		empty := true
-		for sc.Scan() {
-			line := sc.Text()
-			if line == "" {
-				if !empty {
-					out <- m
-				}
-				m, empty = msg{}, true
-				continue
-			}
-			empty = false
-			field, value, _ := strings.Cut(line, ":")
-			value = strings.TrimPrefix(value, " ")
-			switch field {
-			case "":
-				m.comments = append(m.comments, value)
-			case "event":
-				m.event = value
-			case "id":
-				m.id = value
-			case "data":
-				m.data = value
-			case "retry":
-				m.retry = value
-			}
-		}
-	}()
-	return out
-}
-
 // next returns the next message, failing after a while without one (the
 // stream under test is driven by the fake clock, so a missing message is a
 // bug, not a slow machine).
-func next(t *testing.T, ch <-chan msg) msg {
+func next(t *testing.T, ch <-chan ssetest.Message) ssetest.Message {
 	t.Helper()
 	select {
 	case m, ok := <-ch:
@@ -215,24 +171,24 @@ func next(t *testing.T, ch <-chan msg) msg {
 	case <-time.After(10 * time.Second):
 		t.Fatal("no message in 10s")
 	}
-	return msg{}
+	return ssetest.Message{}
 }
 
 // events reads messages until one with event name stop, returning the
 // sequences of the "event" messages seen (each checked against its data).
-func eventsUntil(t *testing.T, ch <-chan msg, stop string) ([]int64, msg) {
+func eventsUntil(t *testing.T, ch <-chan ssetest.Message, stop string) ([]int64, ssetest.Message) {
 	t.Helper()
 	var seqs []int64
 	for {
 		m := next(t, ch)
-		switch m.event {
+		switch m.Event {
 		case "event":
 			var ev hostproto.Event
-			if err := json.Unmarshal([]byte(m.data), &ev); err != nil {
-				t.Fatalf("event data %q: %v", m.data, err)
+			if err := json.Unmarshal([]byte(m.Data), &ev); err != nil {
+				t.Fatalf("event data %q: %v", m.Data, err)
 			}
-			if m.id != fmt.Sprint(ev.Sequence) {
-				t.Fatalf("id %q for sequence %d", m.id, ev.Sequence)
+			if m.ID != fmt.Sprint(ev.Sequence) {
+				t.Fatalf("id %q for sequence %d", m.ID, ev.Sequence)
 			}
 			seqs = append(seqs, ev.Sequence)
 		case stop:
@@ -269,7 +225,7 @@ func TestAHangingHostNeverHoldsTheStreamSilent(t *testing.T) {
 		}})
 	run := e.dispatch(t, "alice")
 	e.sweep(t)
-	ch := sse(e.open(t, run.FleetRunID, "").Body)
+	ch := ssetest.Read(e.open(t, run.FleetRunID, "").Body)
 	eventsUntil(t, ch, "snapshot")
 
 	hang.Store(true)
@@ -283,7 +239,7 @@ func TestAHangingHostNeverHoldsTheStreamSilent(t *testing.T) {
 		}
 	}
 	m := next(t, ch)
-	if len(m.comments) != 1 || m.comments[0] != "keep-alive" {
+	if len(m.Comments) != 1 || m.Comments[0] != "keep-alive" {
 		t.Fatalf("after an hour of a hanging host: %+v, want the keep-alive", m)
 	}
 	e.logs.wait(t, `"msg":"stream: pull-through failed"`, run.FleetRunID)
@@ -301,10 +257,10 @@ func TestStreamSendsBacklogSnapshotLiveEventsAndDone(t *testing.T) {
 	if resp.StatusCode != 200 || resp.Header.Get("Content-Type") != "text/event-stream" || resp.Header.Get("Cache-Control") != "no-cache" {
 		t.Fatalf("answer %d %v", resp.StatusCode, resp.Header)
 	}
-	ch := sse(resp.Body)
+	ch := ssetest.Read(resp.Body)
 	seqs, snap := eventsUntil(t, ch, "snapshot")
-	if fmt.Sprint(seqs) != fmt.Sprint(seqRange(1, 4)) || snap.data != `{"cursor":4,"status":"pending","attempt":1,"live":true}` {
-		t.Fatalf("backlog %v, snapshot %s", seqs, snap.data)
+	if fmt.Sprint(seqs) != fmt.Sprint(seqRange(1, 4)) || snap.Data != `{"cursor":4,"status":"pending","attempt":1,"live":true}` {
+		t.Fatalf("backlog %v, snapshot %s", seqs, snap.Data)
 	}
 
 	// Live: pull-through mirrors the host's new events on the next poll,
@@ -318,8 +274,8 @@ func TestStreamSendsBacklogSnapshotLiveEventsAndDone(t *testing.T) {
 	e.host.SetRun(run.ChildRunID, hostproto.StatusSucceeded, &code, "")
 	e.tick()
 	seqs, done := eventsUntil(t, ch, "done")
-	if fmt.Sprint(seqs) != "[6]" || done.data != `{"cursor":6,"status":"succeeded","attempt":1,"exitCode":0}` {
-		t.Fatalf("end: %v then done %s", seqs, done.data)
+	if fmt.Sprint(seqs) != "[6]" || done.Data != `{"cursor":6,"status":"succeeded","attempt":1,"exitCode":0}` {
+		t.Fatalf("end: %v then done %s", seqs, done.Data)
 	}
 	if m, ok := <-ch; ok {
 		t.Fatalf("a message after done: %+v", m)
@@ -334,19 +290,19 @@ func TestStreamSendsBacklogSnapshotLiveEventsAndDone(t *testing.T) {
 }
 
 // eventsUntilN reads n event messages.
-func eventsUntilN(t *testing.T, ch <-chan msg, n int) ([]int64, msg) {
+func eventsUntilN(t *testing.T, ch <-chan ssetest.Message, n int) ([]int64, ssetest.Message) {
 	t.Helper()
 	var seqs []int64
 	for len(seqs) < n {
 		m := next(t, ch)
-		if m.event != "event" {
+		if m.Event != "event" {
 			continue
 		}
 		var ev hostproto.Event
-		json.Unmarshal([]byte(m.data), &ev)
+		json.Unmarshal([]byte(m.Data), &ev)
 		seqs = append(seqs, ev.Sequence)
 	}
-	return seqs, msg{}
+	return seqs, ssetest.Message{}
 }
 
 func TestStreamResumesWithAfterAndLastEventIDWithoutLossOrRepeat(t *testing.T) {
@@ -359,26 +315,26 @@ func TestStreamResumesWithAfterAndLastEventIDWithoutLossOrRepeat(t *testing.T) {
 
 	// A client reads up to event 8 and drops; it resumes with Last-Event-ID
 	// (as EventSource does), the URL still carrying its first ?after=.
-	first := sse(e.open(t, run.FleetRunID, "?after=2").Body)
+	first := ssetest.Read(e.open(t, run.FleetRunID, "?after=2").Body)
 	seen, _ := eventsUntilN(t, first, 6)
 	if fmt.Sprint(seen) != fmt.Sprint(seqRange(3, 8)) {
 		t.Fatalf("from after=2: %v", seen)
 	}
-	second := sse(e.open(t, run.FleetRunID, "?after=2", "Last-Event-ID", "8").Body)
+	second := ssetest.Read(e.open(t, run.FleetRunID, "?after=2", "Last-Event-ID", "8").Body)
 	more, snap := eventsUntil(t, second, "snapshot")
-	if fmt.Sprint(more) != fmt.Sprint(seqRange(9, 21)) || !strings.Contains(snap.data, `"cursor":21`) {
-		t.Fatalf("resumed from Last-Event-ID 8: %v, snapshot %s", more, snap.data)
+	if fmt.Sprint(more) != fmt.Sprint(seqRange(9, 21)) || !strings.Contains(snap.Data, `"cursor":21`) {
+		t.Fatalf("resumed from Last-Event-ID 8: %v, snapshot %s", more, snap.Data)
 	}
 	// The run ends while the client is away; it resumes with ?after= alone.
 	code := 1
 	e.host.SetRun(run.ChildRunID, hostproto.StatusFailed, &code, "")
-	third := sse(e.open(t, run.FleetRunID, "?after=21").Body)
+	third := ssetest.Read(e.open(t, run.FleetRunID, "?after=21").Body)
 	last, snap := eventsUntil(t, third, "snapshot")
-	if fmt.Sprint(last) != "[22]" || !strings.Contains(snap.data, `"live":false`) {
-		t.Fatalf("after=21: %v, snapshot %s", last, snap.data)
+	if fmt.Sprint(last) != "[22]" || !strings.Contains(snap.Data, `"live":false`) {
+		t.Fatalf("after=21: %v, snapshot %s", last, snap.Data)
 	}
-	if _, done := eventsUntil(t, third, "done"); !strings.Contains(done.data, `"status":"failed"`) {
-		t.Fatalf("done %s", done.data)
+	if _, done := eventsUntil(t, third, "done"); !strings.Contains(done.Data, `"status":"failed"`) {
+		t.Fatalf("done %s", done.Data)
 	}
 	all := append(append(seen, more...), last...)
 	if fmt.Sprint(all) != fmt.Sprint(seqRange(3, 22)) {
@@ -390,18 +346,18 @@ func TestStreamKeepsAliveAndEndsWithARetryHint(t *testing.T) {
 	e := newEnv(t, envOptions{ticks: true, cfg: Config{PollInterval: time.Second, KeepAlive: 3 * time.Second, MaxDuration: 5 * time.Second}})
 	run := e.dispatch(t, "alice")
 	e.sweep(t)
-	ch := sse(e.open(t, run.FleetRunID, "").Body)
+	ch := ssetest.Read(e.open(t, run.FleetRunID, "").Body)
 	eventsUntil(t, ch, "snapshot")
 	for i := 0; i < 3; i++ {
 		e.tick()
 	}
-	if m := next(t, ch); len(m.comments) != 1 || m.comments[0] != "keep-alive" || m.event != "" {
+	if m := next(t, ch); len(m.Comments) != 1 || m.Comments[0] != "keep-alive" || m.Event != "" {
 		t.Fatalf("after 3s of silence: %+v", m)
 	}
 	e.tick()
 	e.tick()
 	m := next(t, ch)
-	if m.retry != "2000" || len(m.comments) != 1 || !strings.Contains(m.comments[0], "maximum duration") {
+	if m.Retry != "2000" || len(m.Comments) != 1 || !strings.Contains(m.Comments[0], "maximum duration") {
 		t.Fatalf("at the maximum duration: %+v", m)
 	}
 	if m, ok := <-ch; ok {
@@ -422,7 +378,7 @@ func TestStreamTakesTheTokenParameterAndNeverLogsIt(t *testing.T) {
 	if resp.StatusCode != 200 {
 		t.Fatalf("status %d", resp.StatusCode)
 	}
-	seqs, _ := eventsUntil(t, sse(resp.Body), "done")
+	seqs, _ := eventsUntil(t, ssetest.Read(resp.Body), "done")
 	if fmt.Sprint(seqs) != "[2]" {
 		t.Fatalf("events %v", seqs)
 	}
@@ -575,8 +531,8 @@ func TestLambdaAnswersTheStreamingWireFormat(t *testing.T) {
 	if err := json.Unmarshal(prelude, &head); err != nil || head.StatusCode != 200 || head.Headers["content-type"] != "text/event-stream" {
 		t.Fatalf("prelude %s: %+v %v", prelude, head, err)
 	}
-	seqs, done := eventsUntil(t, sse(bytes.NewReader(body)), "done")
-	if fmt.Sprint(seqs) != "[2 3]" || !strings.Contains(done.data, `"succeeded"`) {
+	seqs, done := eventsUntil(t, ssetest.Read(bytes.NewReader(body)), "done")
+	if fmt.Sprint(seqs) != "[2 3]" || !strings.Contains(done.Data, `"succeeded"`) {
 		t.Fatalf("body %s", body)
 	}
 
