@@ -65,21 +65,21 @@ func (f *Fleet) probeHosts(ctx context.Context, enabledOnly bool, until time.Tim
 	if err != nil {
 		return ProbeReport{}, fmt.Errorf("fleet: listing hosts to probe: %w", err)
 	}
-	var todo []store.Host
+	var due []store.Host
 	for _, h := range hosts {
 		if h.Enabled || !enabledOnly {
-			todo = append(todo, h)
+			due = append(due, h)
 		}
 	}
 	if !until.IsZero() {
-		sort.SliceStable(todo, func(i, j int) bool { return probedAt(todo[i]).Before(probedAt(todo[j])) })
+		sort.SliceStable(due, func(i, j int) bool { return probedAt(due[i]).Before(probedAt(due[j])) })
 	}
-	results := make([]*ProbeResult, len(todo))
-	skipped := make([]bool, len(todo))
-	errs := make([]error, len(todo))
+	results := make([]*ProbeResult, len(due))
+	skipped := make([]bool, len(due))
+	errs := make([]error, len(due))
 	sem := make(chan struct{}, f.cfg.ProbeConcurrency)
 	var wg sync.WaitGroup
-	for i, h := range todo {
+	for i, h := range due {
 		wg.Add(1)
 		sem <- struct{}{}
 		go func() {
@@ -100,13 +100,13 @@ func (f *Fleet) probeHosts(ctx context.Context, enabledOnly bool, until time.Tim
 		}()
 	}
 	wg.Wait()
-	rep := ProbeReport{Probed: make([]ProbeResult, 0, len(todo))}
+	rep := ProbeReport{Probed: make([]ProbeResult, 0, len(due))}
 	for i, r := range results {
 		if r != nil {
 			rep.Probed = append(rep.Probed, *r)
 		}
 		if skipped[i] {
-			rep.Skipped = append(rep.Skipped, todo[i].ID)
+			rep.Skipped = append(rep.Skipped, due[i].ID)
 		}
 	}
 	return rep, errors.Join(errs...)
