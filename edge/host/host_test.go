@@ -131,24 +131,27 @@ func TestRestartKeepsPlaceholdersAndTheCAAndPurgeDropsThem(t *testing.T) {
 		t.Fatalf("the run's placeholders are not where the proxy keeps them: %v", err)
 	}
 	// Past runner.retention the run goes: events, placeholders, directories.
-	// The purge runs hourly on a goroutine of its own and re-arms itself
-	// once done, as every timer of the host that fires does: each hour is
-	// over once as many timers are pending again as before it.
-	pending := fake.Timers()
-	for hour := 1; hour <= 2; hour++ {
+	// The purge runs hourly on a goroutine of its own, and counts a pass in
+	// edge_purge_passes_total once the next one is armed: each hour is over
+	// when the count moves, and only then may the clock move on. (Counting
+	// pending timers cannot tell: other timers of the host re-arm too.)
+	passes := e.metric("edge_purge_passes_total")
+	for hour := 1; hour <= 3; hour++ {
 		fake.Advance(time.Hour)
-		<-fake.WaitForTimers(pending)
-		if _, err := e.client.Get(bg, run.RunID); err != nil {
+		want := fmt.Sprint(hour)
+		if !edgetest.Within(10*time.Second, func() bool { passes = e.metric("edge_purge_passes_total"); return passes == want }) {
+			t.Fatalf("hour %d: edge_purge_passes_total = %q, want %s", hour, passes, want)
+		}
+		_, err := e.client.Get(bg, run.RunID)
+		switch {
+		case hour < 3 && err != nil:
 			t.Fatalf("%dh after the run ended (retention 2h): %v", hour, err)
+		case hour == 3 && !errors.Is(err, hostproto.ErrRunNotFound):
+			t.Fatalf("3h after the run ended (retention 2h) it is still there: %v", err)
 		}
 	}
-	// The third hour's purge removes it. Other timers of the host may
-	// re-arm before the purge's goroutine is done, so the count of pending
-	// timers cannot tell its end: wait for the run to go, bounded.
-	fake.Advance(time.Hour)
-	var got error
-	if !edgetest.Within(10*time.Second, func() bool { _, got = e.client.Get(bg, run.RunID); return errors.Is(got, hostproto.ErrRunNotFound) }) {
-		t.Fatalf("3h after the run ended (retention 2h) it is still there: %v", got)
+	if got := e.metric("edge_runs_purged_total"); got != "1" {
+		t.Errorf("edge_runs_purged_total = %q, want 1", got)
 	}
 	if _, err := os.Stat(stored); !errors.Is(err, os.ErrNotExist) {
 		t.Fatalf("the purged run's placeholders remain: %v", err)

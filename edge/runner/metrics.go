@@ -13,6 +13,10 @@ type metrics struct {
 	tickets    prometheus.Gauge
 	live       prometheus.GaugeFunc
 	runs       *runsCollector
+	// purgePasses counts purge passes once the next one is scheduled, so a
+	// reader that sees it move knows the next hour's pass is armed.
+	purgePasses prometheus.Counter
+	purged      prometheus.Counter
 }
 
 func newMetrics(r *Runner) *metrics {
@@ -37,6 +41,14 @@ func newMetrics(r *Runner) *metrics {
 			defer r.mu.Unlock()
 			return float64(r.slots)
 		}),
+		purgePasses: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "edge_purge_passes_total",
+			Help: "Completed passes of the purge of runs past runner.retention.",
+		}),
+		purged: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "edge_runs_purged_total",
+			Help: "Runs removed (events, placeholders, directories) past runner.retention.",
+		}),
 		runs: &runsCollector{log: r.log, desc: prometheus.NewDesc("edge_runs", "Runs edge keeps, by status.", []string{"status"}, nil)},
 	}
 }
@@ -52,7 +64,7 @@ func (m *metrics) admission(d Decision) {
 
 // Collectors are the runner's metrics, for the host's registry.
 func (r *Runner) Collectors() []prometheus.Collector {
-	return []prometheus.Collector{r.metrics.admissions, r.metrics.started, r.metrics.tickets, r.metrics.live, r.metrics.runs}
+	return []prometheus.Collector{r.metrics.admissions, r.metrics.started, r.metrics.tickets, r.metrics.live, r.metrics.runs, r.metrics.purgePasses, r.metrics.purged}
 }
 
 // runsCollector counts the stored runs by status at each scrape, so the

@@ -98,6 +98,7 @@ func (r *Runner) purgeRun(rec runlog.Record, cutoff time.Time) {
 		r.logger.Error("purging a run", fieldRun, id, fieldError, err.Error())
 		return
 	}
+	r.metrics.purged.Inc()
 	r.logger.Info("run purged", fieldRun, id)
 }
 
@@ -111,5 +112,6 @@ func (r *Runner) schedulePurge() {
 	r.purgeTimer = r.clock.AfterFunc(every, func() {
 		r.purge()
 		r.schedulePurge()
+		r.metrics.purgePasses.Inc()
 	})
 }
