@@ -13,7 +13,6 @@ import (
 	"path/filepath"
 	"strconv"
 	"strings"
-	"sync/atomic"
 	"testing"
 	"time"
 
@@ -26,6 +25,7 @@ import (
 	"github.com/runfleet/runfleet/shared/fakehost"
 	"github.com/runfleet/runfleet/shared/hostproto"
 	"github.com/runfleet/runfleet/shared/lambdatest"
+	"github.com/runfleet/runfleet/shared/motoserver"
 	"github.com/runfleet/runfleet/shared/store/dynamostore"
 	"github.com/runfleet/runfleet/shared/stream/ssetest"
 )
@@ -49,8 +49,6 @@ var functionTimeouts = map[string]time.Duration{
 	"api": 15 * time.Second, "probe": 50 * time.Second, "sweep": 55 * time.Second, "stream": 900 * time.Second,
 }
 
-var functionStackN atomic.Int64
-
 // TestEveryFunctionUnderTheEmulator builds each of the four functions as it
 // ships (for this machine's architecture), runs each under the Lambda
 // runtime interface emulator with the environment template.yaml gives it
@@ -63,8 +61,8 @@ var functionStackN atomic.Int64
 // emulator's REPORT line) and bootstrap size.
 func TestEveryFunctionUnderTheEmulator(t *testing.T) {
 	ctx := context.Background()
-	n := functionStackN.Add(1)
-	prefix := fmt.Sprintf("fn%d-", n)
+	id := motoserver.Unique("fn")
+	prefix := id + "-"
 	tables := dynamostore.Prefixed(prefix)
 	st, err := dynamostore.New(moto.DynamoDB(), dynamostore.Config{Tables: tables})
 	must(t, err)
@@ -73,7 +71,7 @@ func TestEveryFunctionUnderTheEmulator(t *testing.T) {
 	host := fakehost.New(fakehost.Config{})
 	t.Cleanup(host.Close)
 	const adminTok = "emulator-admin-token-0123456789abcdef"
-	secretsPrefix := fmt.Sprintf("runfleet-fn%d/", n)
+	secretsPrefix := "runfleet-" + id + "/"
 	sm := secretsmanager.NewFromConfig(moto.AWSConfig())
 	for name, value := range map[string]string{secretsPrefix + "admin-token": adminTok, secretsPrefix + "hosts/edge-1": host.Token()} {
 		_, err := sm.CreateSecret(ctx, &secretsmanager.CreateSecretInput{Name: aws.String(name), SecretString: aws.String(value)})

@@ -24,6 +24,7 @@ import (
 	"github.com/runfleet/runfleet/shared/config"
 	"github.com/runfleet/runfleet/shared/fakehost"
 	"github.com/runfleet/runfleet/shared/fleetapp"
+	"github.com/runfleet/runfleet/shared/motoserver"
 	"github.com/runfleet/runfleet/shared/store/dynamostore"
 )
 
@@ -208,8 +209,8 @@ type iamStack struct {
 func newIAMStack(t *testing.T) *iamStack {
 	_, tpl := templates(t)
 	// Names of their own, so the tests also pass run again on one moto.
-	n := tablePrefix.Add(1)
-	s := &iamStack{tpl: tpl, tables: dynamostore.Prefixed(fmt.Sprintf("iam%d-", n)), prefix: fmt.Sprintf("iamtest%d/runfleet/", n), hostRef: "edge-1"}
+	id := motoserver.Unique("iam")
+	s := &iamStack{tpl: tpl, tables: dynamostore.Prefixed(id + "-"), prefix: id + "test/runfleet/", hostRef: "edge-1"}
 	st, err := dynamostore.New(moto.DynamoDB(), dynamostore.Config{Tables: s.tables})
 	if err != nil {
 		t.Fatal(err)

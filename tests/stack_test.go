@@ -14,7 +14,6 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
-	"sync/atomic"
 	"syscall"
 	"testing"
 	"time"
@@ -52,8 +51,6 @@ const (
 
 // storeKinds are the two stores every store-sensitive test runs against.
 var storeKinds = []string{"bolt", "dynamodb"}
-
-var tablePrefix atomic.Int64
 
 // stack is Fleet as deployed: fleetapp-assembled, the api handler behind the
 // net/http adapter and the stream handler at its path (as the local stack
@@ -110,7 +107,7 @@ func newStack(t testing.TB, kind string, opts stackOptions) *stack {
 	case "bolt":
 		env[config.EnvStore] = "bolt:" + filepath.Join(dir, "fleet.db")
 	case "dynamodb":
-		prefix := fmt.Sprintf("t%d-", tablePrefix.Add(1))
+		prefix := motoserver.Unique("t") + "-"
 		env[config.EnvStore] = "dynamodb"
 		env[config.EnvDynamoDBEndpoint] = moto.URL
 		n := dynamostore.Prefixed(prefix)

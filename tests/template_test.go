@@ -20,6 +20,7 @@ import (
 	"github.com/runfleet/runfleet/shared/api"
 	"github.com/runfleet/runfleet/shared/config"
 	"github.com/runfleet/runfleet/shared/fleet"
+	"github.com/runfleet/runfleet/shared/motoserver"
 	"github.com/runfleet/runfleet/shared/scheduled"
 	"github.com/runfleet/runfleet/shared/store/dynamostore"
 	"github.com/runfleet/runfleet/shared/stream"
@@ -365,7 +366,7 @@ func TestTemplateTablesMatchTheStore(t *testing.T) {
 	raw, _ := templates(t)
 	ctx := context.Background()
 	client := moto.DynamoDB()
-	names := dynamostore.Prefixed("tpl-")
+	names := dynamostore.Prefixed(motoserver.Unique("tpl") + "-")
 	st, err := dynamostore.New(client, dynamostore.Config{Tables: names})
 	if err != nil {
 		t.Fatal(err)

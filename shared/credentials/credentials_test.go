@@ -104,7 +104,7 @@ func TestFileSourceRejectsAMalformedFileWithoutShowingIt(t *testing.T) {
 func TestSecretsManagerSourceOnMoto(t *testing.T) {
 	ctx := context.Background()
 	client := secretsmanager.NewFromConfig(moto.AWSConfig())
-	prefix := "runfleet-test-" + strings.ReplaceAll(t.Name(), "/", "-") + "/"
+	prefix := motoserver.Unique("runfleet-test-") + "/"
 	if _, err := client.CreateSecret(ctx, &secretsmanager.CreateSecretInput{
 		Name: aws.String(prefix + "host-a"), SecretString: aws.String("secret-a"),
 	}); err != nil {

@@ -56,18 +56,19 @@ func get(t *testing.T, app *App, path, token string) events.APIGatewayV2HTTPResp
 func TestAWSWiring(t *testing.T) {
 	ctx := context.Background()
 	sm := secretsmanager.NewFromConfig(moto.AWSConfig())
+	wiring := motoserver.Unique("wiring") + "/"
 	for name, value := range map[string]string{
-		"wiring/admin-token":  "admin-token-from-secrets-manager",
-		"wiring/hosts/host-a": "host-a-credential",
+		wiring + "admin-token":  "admin-token-from-secrets-manager",
+		wiring + "hosts/host-a": "host-a-credential",
 	} {
 		if _, err := sm.CreateSecret(ctx, &secretsmanager.CreateSecretInput{Name: aws.String(name), SecretString: aws.String(value)}); err != nil {
 			t.Fatal(err)
 		}
 	}
-	names := dynamostore.Prefixed("wiring-")
+	names := dynamostore.Prefixed(motoserver.Unique("wiring") + "-")
 	cfg := fromEnv(t, map[string]string{
-		config.EnvAdminTokenSecret: "wiring/admin-token",
-		config.EnvCredentials:      "secretsmanager:wiring/hosts/",
+		config.EnvAdminTokenSecret: wiring + "admin-token",
+		config.EnvCredentials:      "secretsmanager:" + wiring + "hosts/",
 		config.EnvDynamoDBEndpoint: moto.URL,
 		config.EnvTableHosts:       names.Hosts, config.EnvTableRuns: names.Runs, config.EnvTableEvents: names.Events,
 		config.EnvTableCallers: names.Callers, config.EnvTableIdempotency: names.Idempotency,

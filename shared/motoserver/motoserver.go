@@ -36,6 +36,7 @@ import (
 	"path/filepath"
 	"strconv"
 	"sync"
+	"sync/atomic"
 	"syscall"
 	"testing"
 	"time"
@@ -56,6 +57,17 @@ const (
 
 // InstallHint is the part of every "not found" error that says what to do.
 const InstallHint = "install it with: pip install 'moto[server]'"
+
+// uniqueSeq numbers the names Unique hands out.
+var uniqueSeq atomic.Int64
+
+// Unique returns prefix followed by a number that no earlier call in this
+// process returned, so resources on a server a test binary shares (and
+// keeps across -count reruns) never collide. Table names stay valid: the
+// number is decimal digits.
+func Unique(prefix string) string {
+	return prefix + strconv.FormatInt(uniqueSeq.Add(1), 10)
+}
 
 // pyenvShim is where moto_server lives on the documented machines when it is
 // not on PATH (it is installed with the pyenv Python).

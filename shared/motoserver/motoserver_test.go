@@ -3,7 +3,6 @@ package motoserver
 import (
 	"context"
 	"errors"
-	"fmt"
 	"net/http"
 	"os"
 	"strconv"
@@ -22,12 +21,6 @@ import (
 
 var shared *Server
 
-var seq atomic.Int64
-
-// unique names a resource so repeated runs (-count) on the shared server
-// do not collide.
-func unique(prefix string) string { return fmt.Sprintf("%s-%d", prefix, seq.Add(1)) }
-
 func TestMain(m *testing.M) {
 	os.Exit(Run(m, func(s *Server) { shared = s }))
 }
@@ -35,7 +28,7 @@ func TestMain(m *testing.M) {
 func TestDynamoDBClientReachesTheServer(t *testing.T) {
 	ctx := context.Background()
 	db := shared.DynamoDB()
-	name := unique("motoserver-table")
+	name := Unique("motoserver-table-")
 	_, err := db.CreateTable(ctx, &dynamodb.CreateTableInput{
 		TableName:            aws.String(name),
 		AttributeDefinitions: []types.AttributeDefinition{{AttributeName: aws.String("id"), AttributeType: types.ScalarAttributeTypeS}},
@@ -64,7 +57,7 @@ func TestDynamoDBClientReachesTheServer(t *testing.T) {
 func TestConditionalUpdatesAreAtomic(t *testing.T) {
 	ctx := context.Background()
 	db := shared.DynamoDB()
-	table := aws.String(unique("motoserver-atomic"))
+	table := aws.String(Unique("motoserver-atomic-"))
 	_, err := db.CreateTable(ctx, &dynamodb.CreateTableInput{
 		TableName:            table,
 		AttributeDefinitions: []types.AttributeDefinition{{AttributeName: aws.String("id"), AttributeType: types.ScalarAttributeTypeS}},
@@ -119,7 +112,7 @@ func TestConditionalUpdatesAreAtomic(t *testing.T) {
 func TestAWSConfigServesOtherServices(t *testing.T) {
 	ctx := context.Background()
 	sm := secretsmanager.NewFromConfig(shared.AWSConfig())
-	name := unique("motoserver/secret")
+	name := Unique("motoserver/secret-")
 	if _, err := sm.CreateSecret(ctx, &secretsmanager.CreateSecretInput{
 		Name: aws.String(name), SecretString: aws.String("v1"),
 	}); err != nil {

@@ -5,7 +5,6 @@ import (
 	"fmt"
 	"os"
 	"strings"
-	"sync/atomic"
 	"testing"
 	"time"
 
@@ -28,12 +27,10 @@ func TestMain(m *testing.M) {
 	os.Exit(motoserver.Run(m, func(s *motoserver.Server) { moto = s }))
 }
 
-var tableSeq atomic.Int64
-
 // newStore creates fresh tables and a store on them.
 func newStore(t testing.TB, clk clock.Clock, meter *dynamostore.Meter) *dynamostore.Store {
 	t.Helper()
-	names := dynamostore.Prefixed(fmt.Sprintf("t%d-", tableSeq.Add(1)))
+	names := dynamostore.Prefixed(motoserver.Unique("t") + "-")
 	s, err := dynamostore.New(moto.DynamoDB(), dynamostore.Config{Tables: names, Clock: clk, Meter: meter})
 	if err != nil {
 		t.Fatal(err)
@@ -52,7 +49,7 @@ func TestContract(t *testing.T) {
 
 func TestTablesAsDesigned(t *testing.T) {
 	ctx := context.Background()
-	names := dynamostore.Prefixed(fmt.Sprintf("design%d-", tableSeq.Add(1)))
+	names := dynamostore.Prefixed(motoserver.Unique("design") + "-")
 	s, err := dynamostore.New(moto.DynamoDB(), dynamostore.Config{Tables: names})
 	if err != nil {
 		t.Fatal(err)
@@ -142,7 +139,7 @@ func attrString(v types.AttributeValue) string {
 func TestRunItemFormat(t *testing.T) {
 	ctx := context.Background()
 	clk := clock.NewFake(storetest.Start)
-	names := dynamostore.Prefixed(fmt.Sprintf("fmt%d-", tableSeq.Add(1)))
+	names := dynamostore.Prefixed(motoserver.Unique("fmt") + "-")
 	st, err := dynamostore.New(moto.DynamoDB(), dynamostore.Config{Tables: names, Clock: clk})
 	if err != nil {
 		t.Fatal(err)
@@ -192,7 +189,7 @@ func TestRunItemFormat(t *testing.T) {
 
 func TestCallerItemsWrittenAndDeletedTogether(t *testing.T) {
 	ctx := context.Background()
-	names := dynamostore.Prefixed(fmt.Sprintf("callers%d-", tableSeq.Add(1)))
+	names := dynamostore.Prefixed(motoserver.Unique("callers") + "-")
 	st, err := dynamostore.New(moto.DynamoDB(), dynamostore.Config{Tables: names})
 	if err != nil {
 		t.Fatal(err)
