@@ -6,6 +6,7 @@ import (
 	"os"
 	"os/exec"
 	"strings"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -127,5 +128,103 @@ curl -sS --fail -H "Authorization: Bearer $API_TOKEN" https://%s/echo; echo`, pe
 	}
 	if saw := f.upstreamSaw(); len(saw) != 1 || saw[0] != "Bearer "+realSecret {
 		t.Fatalf("the upstream saw %q", saw)
+	}
+}
+
+// loopbackResolver listens on port 53 (TCP and UDP) of two loopback
+// addresses, where a stub resolver would, and counts what reaches it.
+type loopbackResolver struct {
+	addrs []string // host:port, IPv4 then IPv6
+	got   atomic.Int64
+}
+
+func newLoopbackResolver(t *testing.T) *loopbackResolver {
+	t.Helper()
+	r := &loopbackResolver{addrs: []string{"127.53.0.1:53", "[::1]:53"}}
+	for _, addr := range r.addrs {
+		l, err := net.Listen("tcp", addr)
+		if err != nil {
+			t.Fatalf("listening on %s (the tests run as root): %v", addr, err)
+		}
+		t.Cleanup(func() { l.Close() })
+		go func() {
+			for {
+				c, err := l.Accept()
+				if err != nil {
+					return
+				}
+				r.got.Add(1)
+				c.Close()
+			}
+		}()
+		pc, err := net.ListenPacket("udp", addr)
+		if err != nil {
+			t.Fatalf("listening on udp %s: %v", addr, err)
+		}
+		t.Cleanup(func() { pc.Close() })
+		go func() {
+			buf := make([]byte, 512)
+			for {
+				if _, _, err := pc.ReadFrom(buf); err != nil {
+					return
+				}
+				r.got.Add(1)
+			}
+		}()
+	}
+	return r
+}
+
+// A confined task cannot reach port 53 on loopback, where a stub resolver
+// would forward its queries off the host: a TCP connect is reset at once,
+// a datagram's send fails with EPERM, and nothing arrives, while edge's own
+// process reaches the same listeners.
+func TestTaskCannotQueryALoopbackResolver(t *testing.T) {
+	f := newFixture(t)
+	resolver := newLoopbackResolver(t)
+	e := f.open(hostOptions{})
+	for _, addr := range resolver.addrs {
+		c, err := net.Dial("udp", addr)
+		must(t, err)
+		_, err = c.Write([]byte("edge"))
+		c.Close()
+		must(t, err)
+		must(t, dialWithin(addr, 5*time.Second))
+	}
+	if !edgetest.Within(5*time.Second, func() bool { return resolver.got.Load() == 4 }) {
+		t.Fatalf("the listeners got %d of edge's 2 connections and 2 datagrams", resolver.got.Load())
+	}
+	prompt := fmt.Sprintf(`/usr/bin/python3 - <<'EOF'
+import errno, socket, time
+for family, addr in ((socket.AF_INET, %q), (socket.AF_INET6, %q)):
+    host, port = addr.rsplit(':', 1)
+    target = (host.strip('[]'), int(port))
+    s = socket.socket(family)
+    s.settimeout(10)
+    began = time.monotonic()
+    try:
+        s.connect(target)
+        print('tcp', addr, 'connected')
+    except OSError as e:
+        print('tcp', addr, errno.errorcode.get(e.errno, e.errno), 'fast' if time.monotonic() - began < 1 else 'slow')
+    try:
+        socket.socket(family, socket.SOCK_DGRAM).sendto(b'query', target)
+        print('udp', addr, 'sent')
+    except OSError as e:
+        print('udp', addr, errno.errorcode.get(e.errno, e.errno))
+EOF`, resolver.addrs[0], resolver.addrs[1])
+	run := e.start(hostproto.StartRequest{Prompt: prompt})
+	e.waitEnd(run.RunID)
+	out := e.output(run.RunID)
+	for _, addr := range resolver.addrs {
+		if !strings.Contains(out, "tcp "+addr+" ECONNREFUSED fast") {
+			t.Errorf("the task's connect to the resolver at %s was not refused at once: %s", addr, out)
+		}
+		if !strings.Contains(out, "udp "+addr+" EPERM") {
+			t.Errorf("the task's query to the resolver at %s was not refused with EPERM: %s", addr, out)
+		}
+	}
+	if n := resolver.got.Load(); n != 4 {
+		t.Errorf("the resolver got %d connections and datagrams from the task", n-4)
 	}
 }
