@@ -132,7 +132,7 @@ curl -sS --fail -H "Authorization: Bearer $API_TOKEN" https://%s/echo; echo`, pe
 }
 
 // loopbackResolver listens on port 53 (TCP and UDP) of two loopback
-// addresses, where a stub resolver would, and counts what reaches it.
+// addresses (one IPv4, one IPv6), where a stub resolver would, and counts what reaches it.
 type loopbackResolver struct {
 	addrs []string // host:port, IPv4 then IPv6
 	got   atomic.Int64
@@ -140,7 +140,10 @@ type loopbackResolver struct {
 
 func newLoopbackResolver(t *testing.T) *loopbackResolver {
 	t.Helper()
-	r := &loopbackResolver{addrs: []string{"127.53.0.1:53", "[::1]:53"}}
+	// An IPv4 address of this process's own (all of 127/8 is loopback), so
+	// test binaries running side by side do not contend for port 53.
+	v4 := fmt.Sprintf("127.53.%d.%d:53", os.Getpid()>>8&0xff, os.Getpid()&0xff)
+	r := &loopbackResolver{addrs: []string{v4, "[::1]:53"}}
 	for _, addr := range r.addrs {
 		l, err := net.Listen("tcp", addr)
 		if err != nil {
