@@ -256,6 +256,10 @@ type Runner struct {
 	// the purge's goroutine once it has decided to remove a run, before it
 	// removes anything.
 	beforePurgeRemoves func(runID string)
+	// afterEndRecorded, set by tests before a run starts, is called on the
+	// ending attempt's goroutine once its end is recorded, while the task
+	// is still in the live set.
+	afterEndRecorded func(runID string)
 }
 
 // New returns a runner over the run log. broker and trust serve runs that
@@ -519,10 +523,9 @@ func (r *Runner) Cancel(runID string) (hostproto.Run, error) {
 		return hostproto.Run{}, err
 	}
 	t := r.liveTask(runID)
-	if t == nil {
+	if t == nil || r.cancel(t, hostproto.ReasonCanceled) {
 		return hostproto.Run{}, ErrNotRunning
 	}
-	r.cancel(t, hostproto.ReasonCanceled)
 	return r.Get(runID)
 }
 

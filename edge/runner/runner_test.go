@@ -260,6 +260,51 @@ func TestInputReachesTheTerminal(t *testing.T) {
 	}
 }
 
+// A run whose end is recorded is over for every verb, even in the moment
+// before its attempt leaves the live set: a cancel or input then is
+// ErrNotRunning (never an accepted cancel of a run that already
+// succeeded), and a retry starts the next attempt (never "not retryable"
+// for a run its caller just saw end).
+func TestVerbsRightAfterTheEndIsRecordedSeeItEnded(t *testing.T) {
+	h := newHarness(t, nil)
+	type answers struct {
+		status        string
+		cancel, input error
+		retry         hostproto.Run
+		retryErr      error
+	}
+	got := make(chan answers, 1)
+	var once sync.Once
+	h.r.afterEndRecorded = func(id string) {
+		once.Do(func() {
+			var a answers
+			rec, err := h.r.Get(id)
+			if err != nil {
+				t.Error(err)
+			}
+			a.status = rec.Status
+			_, a.cancel = h.r.Cancel(id)
+			_, a.input = h.r.Input(id, json.RawMessage(`"late"`))
+			a.retry, a.retryErr = h.r.Retry(id)
+			got <- a
+		})
+	}
+	run := h.start(`echo attempt`, nil)
+	a := <-got
+	if a.status != hostproto.StatusSucceeded || !errors.Is(a.cancel, ErrNotRunning) || !errors.Is(a.input, ErrNotRunning) {
+		t.Fatalf("at the recorded end (status %s): cancel = %v, input = %v; want ErrNotRunning for both", a.status, a.cancel, a.input)
+	}
+	if a.retryErr != nil || a.retry.Attempt != 2 {
+		t.Fatalf("a retry at the recorded end = %+v, %v; want attempt 2", a.retry, a.retryErr)
+	}
+	if end := h.waitEnd(run.RunID); end.Status != hostproto.StatusSucceeded || end.Attempt != 2 {
+		t.Fatalf("the run ended %+v, want attempt 2 succeeded", end)
+	}
+	if out := h.output(run.RunID); strings.Count(out, "attempt") != 2 {
+		t.Fatalf("output %q, want both attempts' lines", out)
+	}
+}
+
 // A cancel ends every process of the task: the agent, what it started in
 // the background, and its init, with the PID namespace they share.
 func TestCancelEndsEveryProcessOfTheTask(t *testing.T) {

@@ -9,6 +9,7 @@ import (
 	"os/exec"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"syscall"
 	"time"
 
@@ -70,7 +71,11 @@ type task struct {
 	startOnce sync.Once
 	startDone chan struct{}
 	startErr  error
-	done      chan struct{}
+	// ended: finish is recording the attempt's end, or has. The task
+	// holds nothing then but its last bookkeeping, so it yields its place
+	// in Runner.live to the run's next attempt.
+	ended atomic.Bool
+	done  chan struct{}
 }
 
 // newTask is the attempt rec.Attempt of the run rec, not yet published.
@@ -125,14 +130,16 @@ func (r *Runner) reserve(rec runlog.Record) (*task, error) {
 }
 
 // publish makes t the run's live attempt, unless the run has one or the
-// runner is shutting down.
+// runner is shutting down. An attempt whose end is recorded is no longer
+// the run's live one, though it is still leaving: whoever saw the end may
+// retry at once.
 func (r *Runner) publish(t *task) error {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	if r.closed {
 		return ErrDraining
 	}
-	if r.live[t.runID] != nil {
+	if old := r.live[t.runID]; old != nil && !old.ended.Load() {
 		return ErrNotRetryable
 	}
 	r.live[t.runID] = t
@@ -558,14 +565,23 @@ func (r *Runner) terminate(t *task, reason, detail string, hard bool) {
 // cancel cancels the attempt for reason (canceled or host_shutdown): its
 // proxy access is revoked at once, and its process, if it has one, is
 // terminated; an attempt not started yet is refused at its ticket's check.
-func (r *Runner) cancel(t *task, reason string) {
+//
+// It reports whether the attempt had already ended: a task stays in the
+// live set for a moment after its end is recorded, and a cancel arriving
+// then must not be taken as accepted. A second cancel of an attempt still
+// ending from the first is not ended.
+func (r *Runner) cancel(t *task, reason string) (ended bool) {
 	if t.purging {
-		return
+		return true
 	}
 	t.mu.Lock()
-	if t.canceled || t.finished {
+	if t.finished {
 		t.mu.Unlock()
-		return
+		return true
+	}
+	if t.canceled {
+		t.mu.Unlock()
+		return false
 	}
 	t.canceled = true
 	t.mu.Unlock()
@@ -574,6 +590,7 @@ func (r *Runner) cancel(t *task, reason string) {
 	}
 	r.terminate(t, reason, "", false)
 	t.stop()
+	return false
 }
 
 // finish ends the attempt: it gives back the proxy credential, the trust
@@ -613,6 +630,11 @@ func (r *Runner) finish(t *task, o outcome, extra ...runlog.Entry) {
 	now := r.clock.Now()
 	state := hostproto.StateChange{Status: o.status, Attempt: t.attempt, ExitCode: o.exitCode, Reason: o.reason, Detail: o.detail}
 	events := append(extra, stateEntry(now, state))
+	// Set before the end is visible to any reader, since one who sees it
+	// may retry at once: the retry then takes this task's place in the
+	// live set, and its own write to the run log, coming after this one,
+	// finds the run ended.
+	t.ended.Store(true)
 	if _, err := r.log.Update(t.runID, func(rec *runlog.Record) error {
 		rec.Status, rec.ExitCode, rec.Reason, rec.Detail = o.status, o.exitCode, o.reason, o.detail
 		rec.UpdatedAt, rec.EndedAt = now, &now
@@ -628,6 +650,9 @@ func (r *Runner) finish(t *task, o outcome, extra ...runlog.Entry) {
 		}
 	}
 	r.logger.Info("run ended", fieldRun, t.runID, fieldAttempt, t.attempt, fieldStatus, o.status, fieldReason, o.reason)
+	if hook := r.afterEndRecorded; hook != nil {
+		hook(t.runID)
+	}
 
 	r.mu.Lock()
 	if r.live[t.runID] == t {
