@@ -5,6 +5,7 @@ import (
 	"net"
 	"os"
 	"os/exec"
+	"strconv"
 	"strings"
 	"sync/atomic"
 	"testing"
@@ -74,6 +75,38 @@ func dialWithin(addr string, d time.Duration) error {
 	return err
 }
 
+// reachScript is a task's shell prompt that tries, from the task, a TCP
+// connect and a datagram to each host:port, printing one line for each:
+// "tcp ADDR connected", "tcp ADDR ERRNO fast|slow" (fast: under a
+// second), "udp ADDR sent" or "udp ADDR ERRNO".
+func reachScript(addrs ...string) string {
+	quoted := make([]string, len(addrs))
+	for i, a := range addrs {
+		quoted[i] = strconv.Quote(a)
+	}
+	return `/usr/bin/python3 - <<'EOF'
+import errno, socket, time
+for addr in [` + strings.Join(quoted, ", ") + `]:
+    host, port = addr.rsplit(':', 1)
+    family = socket.AF_INET6 if host.startswith('[') else socket.AF_INET
+    target = (host.strip('[]'), int(port))
+    s = socket.socket(family)
+    s.settimeout(10)
+    began = time.monotonic()
+    try:
+        s.connect(target)
+        print('tcp', addr, 'connected')
+    except OSError as e:
+        print('tcp', addr, errno.errorcode.get(e.errno, e.errno), 'fast' if time.monotonic() - began < 1 else 'slow')
+    try:
+        socket.socket(family, socket.SOCK_DGRAM).sendto(b'x', target)
+        print('udp', addr, 'sent')
+    except OSError as e:
+        print('udp', addr, errno.errorcode.get(e.errno, e.errno))
+EOF
+`
+}
+
 // A task's sockets leave only through loopback: it reaches the secrets
 // proxy there and its HTTPS call goes through, while an address behind
 // another interface (where the metadata service would be) is refused at
@@ -92,26 +125,7 @@ func TestTaskEgressLeavesOnlyThroughLoopback(t *testing.T) {
 	if h, err := e.client.Health(bg); err != nil || !h.EgressConfined {
 		t.Fatalf("health %+v %v: want egressConfined", h, err)
 	}
-	prompt := fmt.Sprintf(`/usr/bin/python3 - <<'EOF'
-import errno, socket, time
-for family, addr in ((socket.AF_INET, %q), (socket.AF_INET6, %q)):
-    host, port = addr.rsplit(':', 1)
-    target = (host.strip('[]'), int(port))
-    s = socket.socket(family)
-    s.settimeout(10)
-    began = time.monotonic()
-    try:
-        s.connect(target)
-        print('tcp', addr, 'connected')
-    except OSError as e:
-        print('tcp', addr, errno.errorcode.get(e.errno, e.errno), 'fast' if time.monotonic() - began < 1 else 'slow')
-    try:
-        socket.socket(family, socket.SOCK_DGRAM).sendto(b'x', target)
-        print('udp', addr, 'sent')
-    except OSError as e:
-        print('udp', addr, errno.errorcode.get(e.errno, e.errno))
-EOF
-curl -sS --fail -H "Authorization: Bearer $API_TOKEN" https://%s/echo; echo`, peer.v4, peer.v6, f.upstreamHost)
+	prompt := reachScript(peer.v4, peer.v6) + fmt.Sprintf(`curl -sS --fail -H "Authorization: Bearer $API_TOKEN" https://%s/echo; echo`, f.upstreamHost)
 	run := e.start(hostproto.StartRequest{Prompt: prompt, Secrets: apiToken})
 	end := e.waitEnd(run.RunID)
 	out := e.output(run.RunID)
@@ -197,25 +211,7 @@ func TestTaskCannotQueryALoopbackResolver(t *testing.T) {
 	if !edgetest.Within(5*time.Second, func() bool { return resolver.got.Load() == 4 }) {
 		t.Fatalf("the listeners got %d of edge's 2 connections and 2 datagrams", resolver.got.Load())
 	}
-	prompt := fmt.Sprintf(`/usr/bin/python3 - <<'EOF'
-import errno, socket, time
-for family, addr in ((socket.AF_INET, %q), (socket.AF_INET6, %q)):
-    host, port = addr.rsplit(':', 1)
-    target = (host.strip('[]'), int(port))
-    s = socket.socket(family)
-    s.settimeout(10)
-    began = time.monotonic()
-    try:
-        s.connect(target)
-        print('tcp', addr, 'connected')
-    except OSError as e:
-        print('tcp', addr, errno.errorcode.get(e.errno, e.errno), 'fast' if time.monotonic() - began < 1 else 'slow')
-    try:
-        socket.socket(family, socket.SOCK_DGRAM).sendto(b'query', target)
-        print('udp', addr, 'sent')
-    except OSError as e:
-        print('udp', addr, errno.errorcode.get(e.errno, e.errno))
-EOF`, resolver.addrs[0], resolver.addrs[1])
+	prompt := reachScript(resolver.addrs...)
 	run := e.start(hostproto.StartRequest{Prompt: prompt})
 	e.waitEnd(run.RunID)
 	out := e.output(run.RunID)
