@@ -92,6 +92,10 @@ func TestHostAnswerApplies(t *testing.T) {
 		{"a later attempt", cur, hostproto.Run{RunID: "run-1", Status: hostproto.StatusPending, Attempt: 3}, true},
 		{"over lost", store.Run{Status: store.StatusLost, Attempt: 1}, hostproto.Run{Status: hostproto.StatusRunning, Attempt: 2}, false},
 		{"over dispatching", store.Run{Status: store.StatusDispatching}, hostproto.Run{Status: hostproto.StatusPending, Attempt: 1}, false},
+		{"a live state read before this attempt's recorded end", store.Run{ChildRunID: "run-1", Status: hostproto.StatusSucceeded, Attempt: 2, ExitCode: &zero},
+			hostproto.Run{RunID: "run-1", Status: hostproto.StatusRunning, Attempt: 2}, false},
+		{"the next attempt over an end", store.Run{ChildRunID: "run-1", Status: hostproto.StatusFailed, Attempt: 2, ExitCode: &one},
+			hostproto.Run{RunID: "run-1", Status: hostproto.StatusRunning, Attempt: 3}, true},
 	} {
 		if got := hostAnswerApplies(c.cur, c.hr); got != c.want {
 			t.Errorf("%s: %v, want %v", c.name, got, c.want)

@@ -3,7 +3,6 @@ package fleet
 import (
 	"context"
 	"encoding/json"
-	"errors"
 	"fmt"
 
 	"github.com/runfleet/runfleet/shared/hostproto"
@@ -41,9 +40,10 @@ func (f *Fleet) Cancel(ctx context.Context, c store.Caller, id string) (Interact
 }
 
 // Retry forwards a retry to run id's host. An accepted retry makes the run
-// live again (a new attempt on the same event sequence); a retry whose
-// outcome is unknown puts the run back in the live index too, so the next
-// sweep learns from the host whether the attempt began. Scope as RunFor.
+// live again (a new attempt on the same event sequence). The run is back in
+// the live index before the host is called, so whatever the outcome (an
+// unknown one, or an accepted one Fleet failed to record) the next sweep
+// learns from the host whether the attempt began. Scope as RunFor.
 func (f *Fleet) Retry(ctx context.Context, c store.Caller, id string) (Interaction, error) {
 	return f.interact(ctx, c, id, "retry", func(ctx context.Context, client *hostproto.Client, child string) (*hostproto.Run, error) {
 		r, err := client.Retry(ctx, child)
@@ -71,6 +71,25 @@ func (f *Fleet) interact(ctx context.Context, c store.Caller, id, verb string,
 	if err != nil {
 		return Interaction{}, fmt.Errorf("fleet: %s: %w", verb, err)
 	}
+	recordCtx := context.WithoutCancel(ctx)
+	undrained := verb == "retry" && run.Drained
+	if undrained {
+		// A retry the host accepts starts an attempt whatever becomes of
+		// this call (a store fault recording the answer, the function's
+		// end): with the run back in the live index first, the sweep
+		// learns of it in any case. A certain refusal drains it again
+		// below; failing that, the sweep does.
+		run, err = f.settle(recordCtx, run, func(cur *store.Run) bool {
+			if !cur.Drained {
+				return false
+			}
+			cur.Drained = false
+			return true
+		})
+		if err != nil {
+			return Interaction{}, fmt.Errorf("fleet: retry: putting %s back in the live index: %w", id, err)
+		}
+	}
 	// The call and the record of its answer outlive a caller that hangs
 	// up: an accepted retry must make the run live whoever is listening.
 	callCtx, cancel := context.WithTimeout(context.WithoutCancel(ctx), f.cfg.HostTimeout)
@@ -82,7 +101,6 @@ func (f *Fleet) interact(ctx context.Context, c store.Caller, id, verb string,
 			logErr, callErr.Error())
 	}
 
-	recordCtx := context.WithoutCancel(ctx)
 	switch {
 	case callErr == nil && answer != nil:
 		hr := *answer
@@ -97,16 +115,19 @@ func (f *Fleet) interact(ctx context.Context, c store.Caller, id, verb string,
 			return out, fmt.Errorf("fleet: %s: recording the host's answer for %s: %w", verb, id, err)
 		}
 		out.Run = stored
-	case verb == "retry" && out.Outcome.Accepted == hostproto.Unknown && !errors.Is(callErr, hostproto.ErrRunNotFound):
+	case undrained && out.Outcome.Accepted == hostproto.Refused:
+		// The host certainly began nothing (it refused, or never got the
+		// call): the run is as it was when it was drained. Drained again
+		// here, a run the host no longer knows is not then taken for lost.
 		stored, err := f.settle(recordCtx, run, func(cur *store.Run) bool {
-			if !cur.Drained {
+			if cur.Drained || cur.Attempt != run.Attempt || !store.Terminal(cur.Status) {
 				return false
 			}
-			cur.Drained = false
+			cur.Drained = true
 			return true
 		})
 		if err != nil {
-			return out, fmt.Errorf("fleet: retry: putting %s back in the live index: %w", id, err)
+			return out, fmt.Errorf("fleet: retry: draining %s again after the host refused: %w", id, err)
 		}
 		out.Run = stored
 	}

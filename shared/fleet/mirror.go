@@ -402,13 +402,18 @@ func (f *Fleet) hostTrouble(run store.Run, hosts *hostClients, doing string, err
 // answer, a sync): never over lost (the host denied the run) or
 // dispatching (recovery resolves that), never an earlier attempt's state
 // over a later one (an answer read before a retry made the next attempt
-// live would roll the run back), and only when it says something new.
+// live would roll the run back), never a live state over the same
+// attempt's end (an answer read before the end, recorded after it by a
+// slower path, would revive a drained run), and only when it says
+// something new.
 func hostAnswerApplies(cur store.Run, hr hostproto.Run) bool {
 	switch {
 	case cur.Status == store.StatusLost || cur.Status == store.StatusDispatching:
 		return false
 	case hr.Attempt != cur.Attempt:
 		return hr.Attempt > cur.Attempt
+	case store.Terminal(cur.Status) && !store.Terminal(hr.Status):
+		return false
 	}
 	return cur.Status != hr.Status || cur.Reason != hr.Reason || !sameExit(cur.ExitCode, hr.ExitCode) || cur.ChildRunID != hr.RunID
 }

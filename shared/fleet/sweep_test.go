@@ -3,11 +3,13 @@ package fleet
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"log/slog"
 	"net/http"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -317,6 +319,143 @@ func TestUnknownRetryPutsTheRunBackInTheLiveIndex(t *testing.T) {
 	// The next sweep learns the retry never began and drains the run again.
 	if rep, _ := e.f.Sweep(ctx, SweepOptions{}); rep.Drained != 1 || liveIDs(t, e.st)[run.FleetRunID] {
 		t.Fatalf("sweep = %+v", rep)
+	}
+}
+
+// A stream's pull-through (SyncRun) reads the run's state (running) and is
+// slow to read its events; meanwhile the run ends and a sweep records it
+// succeeded and drains it. The pull-through's record of what it read must
+// not roll the run back to running.
+func TestAStaleLiveStateNeverUndoesTheSameAttemptsEnd(t *testing.T) {
+	e := newTestEnv(t, 10*time.Second)
+	var armed atomic.Bool
+	entered, release := make(chan struct{}), make(chan struct{})
+	host := e.addHost(t, "h1", fakehost.Config{OnRequest: func(r *http.Request) {
+		if r.Method == http.MethodGet && strings.HasSuffix(r.URL.Path, "/events") && armed.CompareAndSwap(true, false) {
+			close(entered)
+			<-release
+		}
+	}})
+	ctx := context.Background()
+	run := dispatched(t, e, "alice")
+	host.SetRun(run.ChildRunID, hostproto.StatusRunning, nil, "")
+	host.AppendOutput(run.ChildRunID, "working\n")
+
+	armed.Store(true)
+	var wg sync.WaitGroup
+	wg.Add(1)
+	go func() {
+		defer wg.Done()
+		if _, err := e.f.SyncRun(ctx, run.FleetRunID); err != nil {
+			t.Error(err)
+		}
+	}()
+	<-entered // the pull-through has read "running"; its events read waits
+
+	zero := 0
+	host.SetRun(run.ChildRunID, hostproto.StatusSucceeded, &zero, "")
+	if rep, err := e.f.Sweep(ctx, SweepOptions{}); err != nil || rep.Drained != 1 {
+		t.Fatalf("sweep = %+v, %v; want the run drained", rep, err)
+	}
+	close(release)
+	wg.Wait()
+
+	got, err := e.st.GetRun(ctx, run.FleetRunID)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got.Status != hostproto.StatusSucceeded || !got.Drained || got.EndedAt == nil || liveIDs(t, e.st)[run.FleetRunID] {
+		t.Fatalf("after the stale pull-through: status %s drained %v endedAt %v live %v; want succeeded, drained, ended",
+			got.Status, got.Drained, got.EndedAt, liveIDs(t, e.st)[run.FleetRunID])
+	}
+}
+
+// failingUpdatesAfter lets the first n UpdateRun calls through once armed,
+// then fails every one, as a store fault (or the API function timing out)
+// right after the host answered would.
+type failingUpdatesAfter struct {
+	store.Store
+	armed atomic.Bool
+	n     atomic.Int32
+}
+
+func (s *failingUpdatesAfter) UpdateRun(ctx context.Context, r store.Run) (store.Run, error) {
+	if s.armed.Load() && s.n.Add(-1) < 0 {
+		return store.Run{}, errors.New("injected: DynamoDB unavailable")
+	}
+	return s.Store.UpdateRun(ctx, r)
+}
+
+// A retry of a drained run that the host accepts, but whose answer Fleet
+// fails to record, is still learnt: the run went back in the live index
+// before the host was called, so the sweep finds attempt 2 and mirrors it.
+func TestARetryTheHostAcceptedIsLearntThoughItsRecordFailed(t *testing.T) {
+	e := newTestEnv(t, 10*time.Second)
+	host := e.addHost(t, "h1", fakehost.Config{})
+	ctx := context.Background()
+	alice := caller("alice")
+	run := dispatched(t, e, "alice")
+	one := 1
+	host.SetRun(run.ChildRunID, hostproto.StatusFailed, &one, "")
+	if rep, err := e.f.Sweep(ctx, SweepOptions{}); err != nil || rep.Drained != 1 {
+		t.Fatalf("sweep = %+v, %v", rep, err)
+	}
+
+	faulty := &failingUpdatesAfter{Store: e.st}
+	faulty.n.Store(1) // putting the run back in the live index
+	f2, err := New(Config{Store: faulty, Credentials: e.f.cfg.Credentials, Logger: e.f.log, Clock: e.clk})
+	if err != nil {
+		t.Fatal(err)
+	}
+	faulty.armed.Store(true)
+	if _, err := f2.Retry(ctx, alice, run.FleetRunID); err == nil || !strings.Contains(err.Error(), "recording the host's answer") {
+		t.Fatalf("retry whose answer cannot be recorded = %v, want the store's failure", err)
+	}
+	faulty.armed.Store(false)
+	if hr, _ := host.Run(run.ChildRunID); hr.Attempt != 2 {
+		t.Fatalf("host run = %+v; want the retry accepted (attempt 2)", hr)
+	}
+	host.SetRun(run.ChildRunID, hostproto.StatusRunning, nil, "")
+	host.AppendOutput(run.ChildRunID, "attempt 2 output\n")
+
+	if rep, err := e.f.Sweep(ctx, SweepOptions{}); err != nil || rep.Current != 1 {
+		t.Fatalf("sweep = %+v, %v; want the run synced", rep, err)
+	}
+	got, err := e.f.Run(ctx, alice, run.FleetRunID)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got.Run.Attempt != 2 || got.Run.Status != hostproto.StatusRunning || got.Run.Drained {
+		t.Fatalf("Fleet says attempt %d %s (drained %v); the host runs attempt 2", got.Run.Attempt, got.Run.Status, got.Run.Drained)
+	}
+	sameEvents(t, mirrored(t, e.st, run.FleetRunID), host.Events(run.ChildRunID))
+}
+
+// A retry the host certainly refuses (here: it no longer knows the run)
+// leaves the run as it was: drained, its status kept, and never taken for
+// lost by a later sweep.
+func TestARefusedRetryLeavesTheRunDrained(t *testing.T) {
+	e := newTestEnv(t, 10*time.Second)
+	host := e.addHost(t, "h1", fakehost.Config{})
+	ctx := context.Background()
+	run := dispatched(t, e, "alice")
+	one := 1
+	host.SetRun(run.ChildRunID, hostproto.StatusFailed, &one, "")
+	if rep, err := e.f.Sweep(ctx, SweepOptions{}); err != nil || rep.Drained != 1 {
+		t.Fatalf("sweep = %+v, %v", rep, err)
+	}
+	host.Forget(run.ChildRunID) // purged past the host's retention
+	res, err := e.f.Retry(ctx, caller("alice"), run.FleetRunID)
+	if err != nil || res.Outcome.Accepted != hostproto.Refused || res.Outcome.HostStatus != 404 {
+		t.Fatalf("retry = %+v, %v; want refused with the host's 404", res, err)
+	}
+	if live := liveIDs(t, e.st); live[run.FleetRunID] {
+		t.Fatal("the refused retry left the run in the live index")
+	}
+	e.f.Sweep(ctx, SweepOptions{})
+	got, _ := e.st.GetRun(ctx, run.FleetRunID)
+	if got.Status != hostproto.StatusFailed || got.Attempt != 1 || !got.Drained {
+		t.Fatalf("after the refused retry and a sweep: %s attempt %d drained %v; want failed, attempt 1, drained", got.Status, got.Attempt, got.Drained)
 	}
 }
 
