@@ -98,7 +98,10 @@ func (f *Fleet) MirroredEvents(ctx context.Context, run store.Run, after int64, 
 		page.Events = append(page.Events, e.Event)
 		page.NextCursor = e.Sequence
 	}
-	page.HasMore = page.NextCursor < run.EventCursor
+	// A page that moved nowhere says there is no more: the events below
+	// the run's cursor are gone (its host deleted with force under it), and
+	// a pager asking again would get the same empty page forever.
+	page.HasMore = page.NextCursor > after && page.NextCursor < run.EventCursor
 	return page, nil
 }
 

@@ -33,10 +33,11 @@ const (
 	endCutOff                    // a write did not complete in time: the client stopped reading
 	endGone                      // a write failed: the client is gone
 	endFault                     // a store fault (logged): retry hint sent
+	endDeleted                   // the run was deleted (its host removed with force)
 )
 
 func (e endReason) String() string {
-	return [...]string{"done", "planned", "canceled", "client_stopped_reading", "client_gone", "fault"}[e]
+	return [...]string{"done", "planned", "canceled", "client_stopped_reading", "client_gone", "fault", "run_deleted"}[e]
 }
 
 // session is one client's stream.
@@ -116,6 +117,12 @@ func (s *session) poll(ctx context.Context) (endReason, bool) {
 		s.h.log.DebugContext(ctx, "stream: pull-through failed", logRun, s.run.FleetRunID, logErr, err.Error())
 	case ctx.Err() != nil:
 		return endCanceled, true
+	case errors.Is(err, store.ErrNotFound):
+		// Reconnecting finds no run either (404), which ends an EventSource.
+		if err := s.send([]byte(": the run no longer exists\n\n")); err != nil {
+			return s.writeEnd(err), true
+		}
+		return endDeleted, true
 	default:
 		s.fault = err
 		s.goodbye("the stream hit a fault; reconnect to resume")

@@ -245,6 +245,42 @@ func TestAHangingHostNeverHoldsTheStreamSilent(t *testing.T) {
 	e.logs.wait(t, `"msg":"stream: pull-through failed"`, run.FleetRunID)
 }
 
+// The run's host is deleted with force while a stream's first poll is
+// between its pull-through and its read of the mirror: the run and its
+// events go. The stream sends its snapshot (nothing to replay) instead of
+// re-reading an empty mirror forever, and ends at the next poll, saying
+// why, with no retry hint.
+func TestStreamEndsWhenItsRunIsDeletedUnderIt(t *testing.T) {
+	var e *env
+	var armed atomic.Bool
+	e = newEnv(t, envOptions{ticks: true, onHostRequest: func(r *http.Request) {
+		if r.Method == http.MethodGet && strings.HasSuffix(r.URL.Path, "/events") && armed.CompareAndSwap(true, false) {
+			if err := e.f.DeleteHost(context.Background(), "h1", true); err != nil {
+				t.Error(err)
+			}
+		}
+	}})
+	run := e.dispatch(t, "alice")
+	e.host.SetRun(run.ChildRunID, hostproto.StatusRunning, nil, "")
+	e.host.AppendOutput(run.ChildRunID, "a\n")
+	e.sweep(t)
+
+	armed.Store(true)
+	ch := ssetest.Read(e.open(t, run.FleetRunID, "").Body)
+	if seqs, snap := eventsUntil(t, ch, "snapshot"); len(seqs) != 0 || !strings.Contains(snap.Data, `"cursor":0`) {
+		t.Fatalf("events %v, then snapshot %s; want no events and cursor 0", seqs, snap.Data)
+	}
+	e.tick()
+	m := next(t, ch)
+	if len(m.Comments) != 1 || m.Comments[0] != "the run no longer exists" || m.Retry != "" {
+		t.Fatalf("after the run was deleted: %+v, want its goodbye without a retry hint", m)
+	}
+	if m, ok := <-ch; ok {
+		t.Fatalf("a message after the goodbye: %+v", m)
+	}
+	e.logs.wait(t, `"msg":"stream"`, `"end":"run_deleted"`)
+}
+
 func TestStreamSendsBacklogSnapshotLiveEventsAndDone(t *testing.T) {
 	e := newEnv(t, envOptions{ticks: true})
 	run := e.dispatch(t, "alice")
