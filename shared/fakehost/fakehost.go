@@ -42,6 +42,11 @@ type Config struct {
 	// Host held: it may block, move a fake clock (a slow host) or call the
 	// Host's methods.
 	OnRequest func(r *http.Request)
+	// NoKeepAlive closes each connection after its answer, so no client
+	// holds one open: once the host is closed, a call fails to connect
+	// rather than race the close of a pooled connection (which reads as
+	// "no answer", a request possibly delivered).
+	NoKeepAlive bool
 }
 
 // StartFault is what the host does with the next POST /runs that would
@@ -156,10 +161,12 @@ func New(cfg Config) *Host {
 		}
 		h.mux.ServeHTTP(w, r)
 	})
+	h.srv = httptest.NewUnstartedServer(handler)
+	h.srv.Config.SetKeepAlivesEnabled(!cfg.NoKeepAlive)
 	if cfg.TLS {
-		h.srv = httptest.NewTLSServer(handler)
+		h.srv.StartTLS()
 	} else {
-		h.srv = httptest.NewServer(handler)
+		h.srv.Start()
 	}
 	h.URL = h.srv.URL
 	return h

@@ -309,7 +309,7 @@ func isHostCode(err error, code string) bool {
 
 func TestDispatchRecordsRefusalsAndUnreachableHosts(t *testing.T) {
 	e := newTestEnv(t, 10*time.Second)
-	host := e.addHost(t, "h1", fakehost.Config{})
+	host := e.addHost(t, "h1", fakehost.Config{NoKeepAlive: true})
 	ctx := context.Background()
 
 	host.RefuseStarts(http.StatusConflict, hostproto.CodeDraining)
