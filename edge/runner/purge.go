@@ -110,6 +110,17 @@ func (r *Runner) schedulePurge() {
 		return
 	}
 	r.purgeTimer = r.clock.AfterFunc(every, func() {
+		// A pass counts in r.wg like an attempt, so Shutdown, which stops
+		// the timer but cannot stop a pass under way, waits for it to end
+		// before the run log closes.
+		r.mu.Lock()
+		if r.closed {
+			r.mu.Unlock()
+			return
+		}
+		r.wg.Add(1)
+		r.mu.Unlock()
+		defer r.wg.Done()
 		r.purge()
 		r.schedulePurge()
 		r.metrics.purgePasses.Inc()

@@ -344,7 +344,7 @@ func (r *Runner) Usable() error { return r.identityErr }
 func (r *Runner) Draining() bool {
 	r.mu.Lock()
 	defer r.mu.Unlock()
-	return r.draining
+	return r.draining || r.closed
 }
 
 // Drain stops admitting: new starts and retries are refused, and an attempt
@@ -355,7 +355,7 @@ func (r *Runner) Drain() {
 	r.mu.Unlock()
 }
 
-// Resume admits again after Drain.
+// Resume admits again after Drain; once Shutdown has begun it does nothing.
 func (r *Runner) Resume() {
 	r.mu.Lock()
 	r.draining = false
@@ -418,6 +418,7 @@ func (r *Runner) Start(req hostproto.StartRequest) (hostproto.Run, error) {
 		return run, nil
 	}
 	t.rec = rec
+	t.markRecorded(true)
 	r.logger.Info("run created", fieldRun, id, fieldAgent, req.Agent, fieldSecrets, len(req.Secrets))
 	return r.begin(t), nil
 }
@@ -453,9 +454,13 @@ func (r *Runner) Retry(runID string) (hostproto.Run, error) {
 	})
 	if err != nil {
 		r.unreserve(t)
+		if errors.Is(err, runlog.ErrNotFound) {
+			err = ErrNotFound // purged since it was read
+		}
 		return hostproto.Run{}, err
 	}
 	t.rec = rec
+	t.markRecorded(true)
 	r.logger.Info("run retried", fieldRun, runID, fieldAttempt, rec.Attempt)
 	return r.begin(t), nil
 }
@@ -523,7 +528,14 @@ func (r *Runner) Cancel(runID string) (hostproto.Run, error) {
 		return hostproto.Run{}, err
 	}
 	t := r.liveTask(runID)
-	if t == nil || r.cancel(t, hostproto.ReasonCanceled) {
+	if t == nil {
+		return hostproto.Run{}, ErrNotRunning
+	}
+	// A retry's attempt is live a moment before its record names it (one
+	// write): until then the run as stored is the ended attempt, which no
+	// cancel may be answered with.
+	<-t.recorded
+	if !t.recordedOK || r.cancel(t, hostproto.ReasonCanceled) {
 		return hostproto.Run{}, ErrNotRunning
 	}
 	return r.Get(runID)

@@ -71,6 +71,20 @@ type task struct {
 	startOnce sync.Once
 	startDone chan struct{}
 	startErr  error
+	// recorded closes once the run's record names this attempt
+	// (recordedOK), or once the attempt was given up before it did: a
+	// verb answers for an attempt only then, since until its record is
+	// written the run as stored is the previous attempt.
+	recorded     chan struct{}
+	recordedOK   bool
+	recordedOnce sync.Once
+
+	// inputMu keeps an input's write and its event together, and the
+	// terminal open meanwhile: supervise takes it to close the terminal,
+	// so an input is either written and recorded before the attempt's
+	// end, or refused and not recorded.
+	inputMu sync.Mutex
+
 	// ended: finish is recording the attempt's end, or has. The task
 	// holds nothing then but its last bookkeeping, so it yields its place
 	// in Runner.live to the run's next attempt.
@@ -83,8 +97,17 @@ func newTask(rec runlog.Record) *task {
 	ctx, stop := context.WithCancel(context.Background())
 	return &task{
 		runID: rec.RunID, attempt: rec.Attempt, needsBroker: len(rec.Request.Secrets) > 0, rec: rec,
-		ctx: ctx, stop: stop, startDone: make(chan struct{}), done: make(chan struct{}),
+		ctx: ctx, stop: stop, startDone: make(chan struct{}), done: make(chan struct{}), recorded: make(chan struct{}),
 	}
+}
+
+// markRecorded closes t.recorded; ok: the run's record names t's attempt.
+// Only the first call counts.
+func (t *task) markRecorded(ok bool) {
+	t.recordedOnce.Do(func() {
+		t.recordedOK = ok
+		close(t.recorded)
+	})
 }
 
 func (t *task) resolveStart(err error) {
@@ -154,6 +177,7 @@ func (r *Runner) unreserve(t *task) {
 		delete(r.live, t.runID)
 	}
 	r.mu.Unlock()
+	t.markRecorded(false)
 	t.stop()
 	close(t.done)
 	r.wg.Done()
@@ -166,7 +190,7 @@ func (r *Runner) runnerFacts(t *task) Facts {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	f := Facts{
-		Draining:      r.draining,
+		Draining:      r.draining || r.closed,
 		Identity:      r.identityErr,
 		Active:        r.slots,
 		MaxConcurrent: r.cfg.MaxConcurrent,
@@ -489,10 +513,10 @@ func (r *Runner) supervise(t *task, cmd *exec.Cmd, ptmx *os.File, box *sandbox.L
 		}
 	}
 	// Anything else holding the terminal open is cut off after the grace.
-	cut := r.clock.AfterFunc(r.cfg.CancelGrace, func() { ptmx.Close() })
+	cut := r.clock.AfterFunc(r.cfg.CancelGrace, func() { t.closeTerminal(ptmx) })
 	<-pumped
 	cut.Stop()
-	ptmx.Close()
+	t.closeTerminal(ptmx)
 	t.mu.Lock()
 	endReason, endDetail := t.endReason, t.endDetail
 	t.mu.Unlock()
@@ -714,18 +738,16 @@ func unixSignalName(s syscall.Signal) string {
 	return s.String()
 }
 
-// writeInput records the input and writes it, with a newline, to the task's
-// terminal.
+// writeInput writes the input, with a newline, to the task's terminal and
+// then records it: an input event is one the task's terminal took.
 func (t *task) writeInput(r *Runner, text string) error {
+	t.inputMu.Lock()
+	defer t.inputMu.Unlock()
 	t.mu.Lock()
 	ptmx, finished := t.pty, t.finished
 	t.mu.Unlock()
 	if ptmx == nil || finished {
 		return ErrNotRunning
-	}
-	data, _ := json.Marshal(text)
-	if _, err := r.log.Append(t.runID, runlog.Entry{Type: hostproto.EventInput, Data: data, TS: r.clock.Now()}); err != nil {
-		return err
 	}
 	// The deadline is the OS's, on real time: it only bounds a stuck write.
 	ptmx.SetWriteDeadline(time.Now().Add(inputWriteTimeout))
@@ -735,7 +757,19 @@ func (t *task) writeInput(r *Runner, text string) error {
 		}
 		return fmt.Errorf("runner: writing input to run %s: %w", t.runID, err)
 	}
+	data, _ := json.Marshal(text)
+	if _, err := r.log.Append(t.runID, runlog.Entry{Type: hostproto.EventInput, Data: data, TS: r.clock.Now()}); err != nil {
+		return err
+	}
 	return nil
+}
+
+// closeTerminal closes the attempt's terminal once no input is being
+// written to it (see inputMu).
+func (t *task) closeTerminal(ptmx *os.File) {
+	t.inputMu.Lock()
+	defer t.inputMu.Unlock()
+	ptmx.Close()
 }
 
 func (r *Runner) taskEnv(t *task) []string {
