@@ -48,7 +48,9 @@ func (c *gateClock) Now() time.Time {
 func TestAnInputRacingTheEndIsRecordedBeforeItOrNotAtAll(t *testing.T) {
 	gate := newGateClock(clock.Real{})
 	h := newHarness(t, func(c *Config) { c.Clock = gate })
-	run := h.start(`echo up; sleep 1000`, nil)
+	// No echo: the terminal's echo of the input would be output, whose
+	// event reads the clock, and the gate must hold Input alone.
+	run := h.start(`stty -echo; echo up; sleep 1000`, nil)
 	h.waitOutput(run.RunID, "up")
 
 	gate.armed.Store(true)

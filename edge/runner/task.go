@@ -608,10 +608,18 @@ func (r *Runner) cancel(t *task, reason string) (ended bool) {
 		return false
 	}
 	t.canceled = true
-	t.mu.Unlock()
-	if t.needsBroker && r.broker != nil {
+	// The reason is set with the flag, so an admission check in between
+	// refuses with it (host_shutdown, not canceled).
+	if t.endReason == "" {
+		t.endReason = reason
+	}
+	// Revoked under t.mu, so never after finish: the run's next attempt
+	// (minted only once this one has finished) cannot lose its credential
+	// to a cancel of this one that ran late.
+	if t.brokerOn {
 		r.broker.EndAttempt(t.runID)
 	}
+	t.mu.Unlock()
 	r.terminate(t, reason, "", false)
 	t.stop()
 	return false
