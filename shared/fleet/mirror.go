@@ -112,6 +112,12 @@ func (f *Fleet) MirroredEvents(ctx context.Context, run store.Run, after int64, 
 // before each read of the mirror (pull-through).
 func (f *Fleet) SyncRun(ctx context.Context, id string) (store.Run, error) {
 	run, err := f.store.GetRun(store.EventualRead(ctx), id)
+	if err == nil && !run.Live() {
+		// Its end is what a stream would announce, and a stale read may
+		// predate a retry that made the run live again: only a strong read
+		// may say it is over. Paid once, at the end.
+		run, err = f.store.GetRun(ctx, id)
+	}
 	if err != nil {
 		return store.Run{}, fmt.Errorf("fleet: reading run %s: %w", id, err)
 	}

@@ -459,6 +459,49 @@ func TestARefusedRetryLeavesTheRunDrained(t *testing.T) {
 	}
 }
 
+// staleEventualReads answers an eventually consistent GetRun with a
+// snapshot taken before, as a DynamoDB replica that has not caught up would.
+type staleEventualReads struct {
+	store.Store
+	snapshot store.Run
+}
+
+func (s *staleEventualReads) GetRun(ctx context.Context, id string) (store.Run, error) {
+	if store.AllowsEventualRead(ctx) && id == s.snapshot.FleetRunID {
+		return s.snapshot, nil
+	}
+	return s.Store.GetRun(ctx, id)
+}
+
+// A stream's pull-through right after an accepted retry may read the run
+// as it was, drained: before it says the run is over it reads strongly,
+// and finds the retry's attempt live.
+func TestSyncRunNeverEndsARunOnAStaleRead(t *testing.T) {
+	e := newTestEnv(t, 10*time.Second)
+	host := e.addHost(t, "h1", fakehost.Config{})
+	ctx := context.Background()
+	run := dispatched(t, e, "alice")
+	one := 1
+	host.SetRun(run.ChildRunID, hostproto.StatusFailed, &one, "")
+	e.f.Sweep(ctx, SweepOptions{})
+	drained, _ := e.st.GetRun(ctx, run.FleetRunID)
+	if !drained.Drained {
+		t.Fatalf("not drained: %+v", drained)
+	}
+	if res, err := e.f.Retry(ctx, caller("alice"), run.FleetRunID); err != nil || res.Outcome.Accepted != hostproto.Accepted {
+		t.Fatalf("retry = %+v, %v", res, err)
+	}
+	stale := &staleEventualReads{Store: e.st, snapshot: drained}
+	f2, err := New(Config{Store: stale, Credentials: e.f.cfg.Credentials, Logger: e.f.log, Clock: e.clk})
+	if err != nil {
+		t.Fatal(err)
+	}
+	got, err := f2.SyncRun(ctx, run.FleetRunID)
+	if err != nil || got.Attempt != 2 || !got.Live() {
+		t.Fatalf("SyncRun on a stale replica = attempt %d %s (live %v), %v; want attempt 2 live", got.Attempt, got.Status, got.Live(), err)
+	}
+}
+
 func TestVerbsOnARunNotOnItsHostAre409(t *testing.T) {
 	e := newTestEnv(t, 200*time.Millisecond)
 	host := e.addHost(t, "h1", fakehost.Config{})
