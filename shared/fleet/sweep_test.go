@@ -276,17 +276,29 @@ func TestSweepStopsAtItsBudgetAndTheNextOneContinues(t *testing.T) {
 	}
 }
 
-func TestRetryAfterTheEndMirrorsTheNextAttemptOnTheSameSequence(t *testing.T) {
-	e := newTestEnv(t, 10*time.Second)
-	host := e.addHost(t, "h1", fakehost.Config{})
+// failedAndDrained dispatches a run for alice, has its host end it failed
+// (exit 1), and sweeps once: the run comes back drained, as stored.
+func failedAndDrained(t *testing.T, e *testEnv, host *fakehost.Host) store.Run {
+	t.Helper()
 	ctx := context.Background()
 	run := dispatched(t, e, "alice")
 	one := 1
 	host.SetRun(run.ChildRunID, hostproto.StatusFailed, &one, "")
-	e.f.Sweep(ctx, SweepOptions{})
-	if got, _ := e.st.GetRun(ctx, run.FleetRunID); !got.Drained {
-		t.Fatalf("not drained: %+v", got)
+	if rep, err := e.f.Sweep(ctx, SweepOptions{}); err != nil || rep.Drained != 1 {
+		t.Fatalf("sweep = %+v, %v; want the failed run drained", rep, err)
 	}
+	got, err := e.st.GetRun(ctx, run.FleetRunID)
+	if err != nil || !got.Drained {
+		t.Fatalf("not drained: %+v, %v", got, err)
+	}
+	return got
+}
+
+func TestRetryAfterTheEndMirrorsTheNextAttemptOnTheSameSequence(t *testing.T) {
+	e := newTestEnv(t, 10*time.Second)
+	host := e.addHost(t, "h1", fakehost.Config{})
+	ctx := context.Background()
+	run := failedAndDrained(t, e, host)
 
 	res, err := e.f.Retry(ctx, caller("alice"), run.FleetRunID)
 	if err != nil || res.Outcome.Accepted != hostproto.Accepted || res.Run.Attempt != 2 || res.Run.Status != hostproto.StatusPending ||
@@ -394,12 +406,7 @@ func TestARetryTheHostAcceptedIsLearntThoughItsRecordFailed(t *testing.T) {
 	host := e.addHost(t, "h1", fakehost.Config{})
 	ctx := context.Background()
 	alice := caller("alice")
-	run := dispatched(t, e, "alice")
-	one := 1
-	host.SetRun(run.ChildRunID, hostproto.StatusFailed, &one, "")
-	if rep, err := e.f.Sweep(ctx, SweepOptions{}); err != nil || rep.Drained != 1 {
-		t.Fatalf("sweep = %+v, %v", rep, err)
-	}
+	run := failedAndDrained(t, e, host)
 
 	faulty := &failingUpdatesAfter{Store: e.st}
 	faulty.n.Store(1) // putting the run back in the live index
@@ -438,12 +445,7 @@ func TestARefusedRetryLeavesTheRunDrained(t *testing.T) {
 	e := newTestEnv(t, 10*time.Second)
 	host := e.addHost(t, "h1", fakehost.Config{})
 	ctx := context.Background()
-	run := dispatched(t, e, "alice")
-	one := 1
-	host.SetRun(run.ChildRunID, hostproto.StatusFailed, &one, "")
-	if rep, err := e.f.Sweep(ctx, SweepOptions{}); err != nil || rep.Drained != 1 {
-		t.Fatalf("sweep = %+v, %v", rep, err)
-	}
+	run := failedAndDrained(t, e, host)
 	host.Forget(run.ChildRunID) // purged past the host's retention
 	res, err := e.f.Retry(ctx, caller("alice"), run.FleetRunID)
 	if err != nil || res.Outcome.Accepted != hostproto.Refused || res.Outcome.HostStatus != 404 {
@@ -480,14 +482,8 @@ func TestSyncRunNeverEndsARunOnAStaleRead(t *testing.T) {
 	e := newTestEnv(t, 10*time.Second)
 	host := e.addHost(t, "h1", fakehost.Config{})
 	ctx := context.Background()
-	run := dispatched(t, e, "alice")
-	one := 1
-	host.SetRun(run.ChildRunID, hostproto.StatusFailed, &one, "")
-	e.f.Sweep(ctx, SweepOptions{})
-	drained, _ := e.st.GetRun(ctx, run.FleetRunID)
-	if !drained.Drained {
-		t.Fatalf("not drained: %+v", drained)
-	}
+	drained := failedAndDrained(t, e, host)
+	run := drained
 	if res, err := e.f.Retry(ctx, caller("alice"), run.FleetRunID); err != nil || res.Outcome.Accepted != hostproto.Accepted {
 		t.Fatalf("retry = %+v, %v", res, err)
 	}
