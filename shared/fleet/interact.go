@@ -72,19 +72,19 @@ func (f *Fleet) interact(ctx context.Context, c store.Caller, id, verb string,
 		return Interaction{}, fmt.Errorf("fleet: %s: %w", verb, err)
 	}
 	recordCtx := context.WithoutCancel(ctx)
-	undrained := verb == "retry" && run.Drained
-	if undrained {
+	// undrained: this call put the run back in the live index (not a
+	// concurrent retry, whose attempt may be running now).
+	undrained := false
+	if verb == "retry" && run.Drained {
 		// A retry the host accepts starts an attempt whatever becomes of
 		// this call (a store fault recording the answer, the function's
 		// end): with the run back in the live index first, the sweep
-		// learns of it in any case. A certain refusal drains it again
-		// below; failing that, the sweep does.
+		// learns of it in any case. A refusal that proves nothing began
+		// drains it again below; failing that, the sweep does.
 		run, err = f.settle(recordCtx, run, func(cur *store.Run) bool {
-			if !cur.Drained {
-				return false
-			}
+			undrained = cur.Drained
 			cur.Drained = false
-			return true
+			return undrained
 		})
 		if err != nil {
 			return Interaction{}, fmt.Errorf("fleet: retry: putting %s back in the live index: %w", id, err)
@@ -115,12 +115,14 @@ func (f *Fleet) interact(ctx context.Context, c store.Caller, id, verb string,
 			return out, fmt.Errorf("fleet: %s: recording the host's answer for %s: %w", verb, id, err)
 		}
 		out.Run = stored
-	case undrained && out.Outcome.Accepted == hostproto.Refused:
-		// The host certainly began nothing (it refused, or never got the
-		// call): the run is as it was when it was drained. Drained again
-		// here, a run the host no longer knows is not then taken for lost.
+	case undrained && out.Outcome.Accepted == hostproto.Refused && out.Outcome.Code != hostproto.CodeNotRetryable:
+		// The host began nothing (it refused, or never got the call): the
+		// run is as this call found it, drained. Drained again here, a run
+		// the host no longer knows is not then taken for lost. Not so after
+		// not_retryable: the host has a live attempt (a concurrent retry's)
+		// that the sweep must see.
 		stored, err := f.settle(recordCtx, run, func(cur *store.Run) bool {
-			if cur.Drained || cur.Attempt != run.Attempt || !store.Terminal(cur.Status) {
+			if cur.Drained || cur.Attempt != run.Attempt || cur.EventCursor != run.EventCursor || !store.Terminal(cur.Status) {
 				return false
 			}
 			cur.Drained = true

@@ -438,6 +438,62 @@ func TestARetryTheHostAcceptedIsLearntThoughItsRecordFailed(t *testing.T) {
 	sameEvents(t, mirrored(t, e.st, run.FleetRunID), host.Events(run.ChildRunID))
 }
 
+// staleFirstRead answers the first GetRun of the run with a snapshot taken
+// before, as a read racing another request's write would have seen it.
+type staleFirstRead struct {
+	store.Store
+	snapshot store.Run
+	served   atomic.Bool
+}
+
+func (s *staleFirstRead) GetRun(ctx context.Context, id string) (store.Run, error) {
+	if id == s.snapshot.FleetRunID && s.served.CompareAndSwap(false, true) {
+		return s.snapshot, nil
+	}
+	return s.Store.GetRun(ctx, id)
+}
+
+// Two retries of one drained run, close together: A's is accepted (attempt
+// 2 runs) but its answer goes unrecorded; B, which read the run still
+// drained, is refused not_retryable. B must not drain the run again: the
+// host's live attempt is the one the sweep has to find.
+func TestARetryRefusedAsNotRetryableNeverHidesTheLiveAttempt(t *testing.T) {
+	e := newTestEnv(t, 10*time.Second)
+	host := e.addHost(t, "h1", fakehost.Config{})
+	ctx := context.Background()
+	alice := caller("alice")
+	drained := failedAndDrained(t, e, host)
+
+	faulty := &failingUpdatesAfter{Store: e.st}
+	faulty.n.Store(1) // A puts the run back in the live index; its answer's record fails
+	fa, err := New(Config{Store: faulty, Credentials: e.f.cfg.Credentials, Logger: e.f.log, Clock: e.clk})
+	if err != nil {
+		t.Fatal(err)
+	}
+	faulty.armed.Store(true)
+	fa.Retry(ctx, alice, drained.FleetRunID)
+	faulty.armed.Store(false)
+	if hr, _ := host.Run(drained.ChildRunID); hr.Attempt != 2 {
+		t.Fatalf("host run = %+v; want retry A accepted", hr)
+	}
+
+	fb, err := New(Config{Store: &staleFirstRead{Store: e.st, snapshot: drained}, Credentials: e.f.cfg.Credentials, Logger: e.f.log, Clock: e.clk})
+	if err != nil {
+		t.Fatal(err)
+	}
+	res, err := fb.Retry(ctx, alice, drained.FleetRunID)
+	if err != nil || res.Outcome.Accepted != hostproto.Refused || res.Outcome.Code != hostproto.CodeNotRetryable {
+		t.Fatalf("retry B = %+v, %v; want refused not_retryable", res, err)
+	}
+	if !liveIDs(t, e.st)[drained.FleetRunID] {
+		t.Fatal("retry B drained the run while the host runs attempt 2")
+	}
+	e.f.Sweep(ctx, SweepOptions{})
+	if got, _ := e.st.GetRun(ctx, drained.FleetRunID); got.Attempt != 2 || got.Drained {
+		t.Fatalf("after a sweep: attempt %d %s drained %v; want attempt 2 found", got.Attempt, got.Status, got.Drained)
+	}
+}
+
 // A retry the host certainly refuses (here: it no longer knows the run)
 // leaves the run as it was: drained, its status kept, and never taken for
 // lost by a later sweep.
