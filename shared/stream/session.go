@@ -154,6 +154,15 @@ func (s *session) poll(ctx context.Context) (endReason, bool) {
 			break
 		}
 	}
+	if !run.Live() && s.cursor < run.EventCursor {
+		// The loop ends short of the cursor only on a page that moved
+		// nowhere: the run's remaining events are gone from the mirror
+		// (expired, or a forced host delete half done). The run is over,
+		// so nothing will bring them back; done still goes out.
+		s.h.log.InfoContext(ctx, "stream: events gone from the mirror", logRun, run.FleetRunID,
+			"from", s.cursor, "to", run.EventCursor)
+		s.cursor = run.EventCursor
+	}
 	if !s.snapshotSent {
 		s.snapshotSent = true
 		if err := s.send(frame("snapshot", "", snapshotData{Cursor: s.cursor, Status: run.Status, Attempt: run.Attempt, Live: !isDone(run, s.cursor)})); err != nil {

@@ -58,6 +58,8 @@ type envOptions struct {
 	ticks bool
 	// onHostRequest is the fake host's OnRequest.
 	onHostRequest func(r *http.Request)
+	// wrapStore, when set, stands between Fleet and the bolt store.
+	wrapStore func(store.Store) store.Store
 }
 
 func newEnv(t *testing.T, opts envOptions) *env {
@@ -79,7 +81,11 @@ func newEnv(t *testing.T, opts envOptions) *env {
 	}
 	logs := &logSink{}
 	log := slog.New(slog.NewJSONHandler(logs, &slog.HandlerOptions{Level: slog.LevelDebug}))
-	f, err := fleet.New(fleet.Config{Store: st, Credentials: creds, Logger: log, Clock: clk})
+	var fleetStore store.Store = st
+	if opts.wrapStore != nil {
+		fleetStore = opts.wrapStore(st)
+	}
+	f, err := fleet.New(fleet.Config{Store: fleetStore, Credentials: creds, Logger: log, Clock: clk})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -279,6 +285,50 @@ func TestStreamEndsWhenItsRunIsDeletedUnderIt(t *testing.T) {
 		t.Fatalf("a message after the goodbye: %+v", m)
 	}
 	e.logs.wait(t, `"msg":"stream"`, `"end":"run_deleted"`)
+}
+
+// expiredEvents is a store whose mirror has lost run's events (DynamoDB's
+// TTL took them before the run, or a forced delete stopped half way).
+type expiredEvents struct {
+	store.Store
+	run atomic.Value // string: the run whose events are gone
+}
+
+func (s *expiredEvents) ListEvents(ctx context.Context, id string, after int64, limit int) (store.EventPage, error) {
+	if id == s.run.Load() {
+		return store.EventPage{}, nil
+	}
+	return s.Store.ListEvents(ctx, id, after, limit)
+}
+
+// A stream of a run that is over, whose events are gone from the mirror,
+// still ends with done (at the run's cursor) instead of polling forever
+// for events that will never come back.
+func TestStreamOfAnEndedRunWhoseEventsExpiredEndsWithDone(t *testing.T) {
+	expired := &expiredEvents{}
+	e := newEnv(t, envOptions{ticks: true, wrapStore: func(st store.Store) store.Store { expired.Store = st; return expired }})
+	run := e.dispatch(t, "alice")
+	e.host.AppendOutput(run.ChildRunID, "gone\n")
+	code := 0
+	e.host.SetRun(run.ChildRunID, hostproto.StatusSucceeded, &code, "")
+	e.sweep(t)
+	stored, _ := e.st.GetRun(context.Background(), run.FleetRunID)
+	if !stored.Drained || stored.EventCursor == 0 {
+		t.Fatalf("not drained with events: %+v", stored)
+	}
+	expired.run.Store(run.FleetRunID)
+
+	ch := ssetest.Read(e.open(t, run.FleetRunID, "").Body)
+	seqs, snap := eventsUntil(t, ch, "snapshot")
+	if len(seqs) != 0 || !strings.Contains(snap.Data, `"live":false`) {
+		t.Fatalf("events %v, then snapshot %s; want none and not live", seqs, snap.Data)
+	}
+	done := next(t, ch)
+	want := fmt.Sprintf(`{"cursor":%d,"status":"succeeded","attempt":1,"exitCode":0}`, stored.EventCursor)
+	if done.Event != "done" || done.Data != want {
+		t.Fatalf("after the snapshot: %+v, want done %s", done, want)
+	}
+	e.logs.wait(t, `"msg":"stream: events gone from the mirror"`, run.FleetRunID)
 }
 
 func TestStreamSendsBacklogSnapshotLiveEventsAndDone(t *testing.T) {
