@@ -13,8 +13,10 @@ type metrics struct {
 	tickets    prometheus.Gauge
 	live       prometheus.GaugeFunc
 	runs       *runsCollector
-	// purgePasses counts purge passes once the next one is scheduled, so a
-	// reader that sees it move knows the next hour's pass is armed.
+	// purgePasses counts purge passes that could list the runs, once the
+	// next pass is scheduled (unless the runner is closing), so a reader
+	// that sees it move knows the next hour's pass is armed, and a flat
+	// line means the purge is not doing its work.
 	purgePasses prometheus.Counter
 	purged      prometheus.Counter
 }
@@ -43,7 +45,7 @@ func newMetrics(r *Runner) *metrics {
 		}),
 		purgePasses: prometheus.NewCounter(prometheus.CounterOpts{
 			Name: "edge_purge_passes_total",
-			Help: "Completed passes of the purge of runs past runner.retention.",
+			Help: "Passes of the purge of runs past runner.retention that could list the runs.",
 		}),
 		purged: prometheus.NewCounter(prometheus.CounterOpts{
 			Name: "edge_runs_purged_total",

@@ -44,8 +44,10 @@ func (r *Runner) recover() error {
 
 // purge removes runs that ended more than runner.retention ago: their
 // events and record, their placeholders (the broker's Drop) and their
-// directories (a localPath is the operator's and stays).
-func (r *Runner) purge() {
+// directories (a localPath is the operator's and stays). It reports
+// whether it could list the runs (a run it could not remove is logged and
+// tried again at the next pass).
+func (r *Runner) purge() bool {
 	cutoff := r.clock.Now().Add(-r.cfg.Retention)
 	var old []runlog.Record
 	if err := r.log.Records(func(rec runlog.Record) bool {
@@ -55,11 +57,12 @@ func (r *Runner) purge() {
 		return true
 	}); err != nil {
 		r.logger.Error("listing runs to purge", fieldError, err.Error())
-		return
+		return false
 	}
 	for _, rec := range old {
 		r.purgeRun(rec, cutoff)
 	}
+	return true
 }
 
 func expired(rec runlog.Record, cutoff time.Time) bool {
@@ -121,8 +124,10 @@ func (r *Runner) schedulePurge() {
 		r.wg.Add(1)
 		r.mu.Unlock()
 		defer r.wg.Done()
-		r.purge()
+		ok := r.purge()
 		r.schedulePurge()
-		r.metrics.purgePasses.Inc()
+		if ok {
+			r.metrics.purgePasses.Inc()
+		}
 	})
 }

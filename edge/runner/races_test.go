@@ -218,7 +218,7 @@ func TestACancelDuringARetrysReservationAnswersForTheNewAttempt(t *testing.T) {
 		r, err := h.r.Cancel(run.RunID)
 		canceled <- answer{r, err}
 	}()
-	waitBlockedIn(t, "the cancel to wait for the retry's record", "(*Runner).Cancel")
+	waitBlockedIn(t, "the cancel to wait for the retry's record", "[chan receive]:", "(*Runner).Cancel(")
 	close(gate.release)
 	if err := <-retried; err != nil {
 		t.Fatal(err)

@@ -355,7 +355,8 @@ func (r *Runner) Drain() {
 	r.mu.Unlock()
 }
 
-// Resume admits again after Drain; once Shutdown has begun it does nothing.
+// Resume admits again after Drain. Once Shutdown has begun the runner stays
+// draining whatever Resume does (Draining reports it so).
 func (r *Runner) Resume() {
 	r.mu.Lock()
 	r.draining = false

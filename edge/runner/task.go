@@ -424,7 +424,7 @@ func (r *Runner) launch(t *task, tk *ticket) {
 			// task started.
 			syscall.Kill(-cmd.Process.Pid, syscall.SIGKILL)
 			cmd.Wait()
-			ptmx.Close()
+			t.closeTerminal(ptmx)
 			t.mu.Lock()
 			endReason := t.endReason
 			t.mu.Unlock()
