@@ -58,11 +58,7 @@ func TestAStaleAttemptsAnswerNeverRollsARetriedRunBack(t *testing.T) {
 			} else {
 				host.SetRun(run.ChildRunID, hostproto.StatusFailed, &one, "")
 			}
-			f, err := New(Config{Store: &retryingMeanwhile{Store: e.st, t: t}, Credentials: e.f.cfg.Credentials,
-				Logger: e.f.log, Clock: e.clk})
-			if err != nil {
-				t.Fatal(err)
-			}
+			f := e.fleetOver(t, &retryingMeanwhile{Store: e.st, t: t})
 			if err := path(f, run.FleetRunID); err != nil {
 				t.Fatal(err)
 			}

@@ -59,6 +59,17 @@ func newTestEnv(t *testing.T, hostTimeout time.Duration) *testEnv {
 	return e
 }
 
+// fleetOver is another Fleet like e.f (credentials, logger, clock) over st,
+// typically a wrapper of e.st that injects a fault or a stale read.
+func (e *testEnv) fleetOver(t *testing.T, st store.Store) *Fleet {
+	t.Helper()
+	f, err := New(Config{Store: st, Credentials: e.f.cfg.Credentials, Logger: e.f.log, Clock: e.clk})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return f
+}
+
 func (e *testEnv) writeCreds(t *testing.T) {
 	t.Helper()
 	b, _ := json.Marshal(e.creds)

@@ -50,10 +50,7 @@ func (s *touchless) DeleteCaller(ctx context.Context, owner string) error {
 func TestPathIDsOfAnotherShapeAreUnknownWithoutAStoreCall(t *testing.T) {
 	e := newTestEnv(t, time.Second)
 	st := &touchless{Store: e.st}
-	f, err := New(Config{Store: st, Credentials: e.f.cfg.Credentials, Logger: e.f.log, Clock: e.clk})
-	if err != nil {
-		t.Fatal(err)
-	}
+	f := e.fleetOver(t, st)
 	ctx := context.Background()
 	admin := auth.BootstrapAdmin()
 	long := strings.Repeat("x", 3000)

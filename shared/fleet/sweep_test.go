@@ -398,6 +398,25 @@ func (s *failingUpdatesAfter) UpdateRun(ctx context.Context, r store.Run) (store
 	return s.Store.UpdateRun(ctx, r)
 }
 
+// retryAcceptedButUnrecorded retries run through a Fleet whose store fails
+// every write after the first (the put-back into the live index): the host
+// accepts and starts attempt 2, and recording its answer fails.
+func retryAcceptedButUnrecorded(t *testing.T, e *testEnv, host *fakehost.Host, run store.Run) {
+	t.Helper()
+	faulty := &failingUpdatesAfter{Store: e.st}
+	faulty.n.Store(1)
+	f := e.fleetOver(t, faulty)
+	faulty.armed.Store(true)
+	_, err := f.Retry(context.Background(), caller("alice"), run.FleetRunID)
+	faulty.armed.Store(false)
+	if err == nil || !strings.Contains(err.Error(), "recording the host's answer") {
+		t.Fatalf("retry whose answer cannot be recorded = %v, want the store's failure", err)
+	}
+	if hr, _ := host.Run(run.ChildRunID); hr.Attempt != 2 {
+		t.Fatalf("host run = %+v; want the retry accepted (attempt 2)", hr)
+	}
+}
+
 // A retry of a drained run that the host accepts, but whose answer Fleet
 // fails to record, is still learnt: the run went back in the live index
 // before the host was called, so the sweep finds attempt 2 and mirrors it.
@@ -407,21 +426,7 @@ func TestARetryTheHostAcceptedIsLearntThoughItsRecordFailed(t *testing.T) {
 	ctx := context.Background()
 	alice := caller("alice")
 	run := failedAndDrained(t, e, host)
-
-	faulty := &failingUpdatesAfter{Store: e.st}
-	faulty.n.Store(1) // putting the run back in the live index
-	f2, err := New(Config{Store: faulty, Credentials: e.f.cfg.Credentials, Logger: e.f.log, Clock: e.clk})
-	if err != nil {
-		t.Fatal(err)
-	}
-	faulty.armed.Store(true)
-	if _, err := f2.Retry(ctx, alice, run.FleetRunID); err == nil || !strings.Contains(err.Error(), "recording the host's answer") {
-		t.Fatalf("retry whose answer cannot be recorded = %v, want the store's failure", err)
-	}
-	faulty.armed.Store(false)
-	if hr, _ := host.Run(run.ChildRunID); hr.Attempt != 2 {
-		t.Fatalf("host run = %+v; want the retry accepted (attempt 2)", hr)
-	}
+	retryAcceptedButUnrecorded(t, e, host, run)
 	host.SetRun(run.ChildRunID, hostproto.StatusRunning, nil, "")
 	host.AppendOutput(run.ChildRunID, "attempt 2 output\n")
 
@@ -463,24 +468,9 @@ func TestARetryRefusedAsNotRetryableNeverHidesTheLiveAttempt(t *testing.T) {
 	ctx := context.Background()
 	alice := caller("alice")
 	drained := failedAndDrained(t, e, host)
+	retryAcceptedButUnrecorded(t, e, host, drained) // A
 
-	faulty := &failingUpdatesAfter{Store: e.st}
-	faulty.n.Store(1) // A puts the run back in the live index; its answer's record fails
-	fa, err := New(Config{Store: faulty, Credentials: e.f.cfg.Credentials, Logger: e.f.log, Clock: e.clk})
-	if err != nil {
-		t.Fatal(err)
-	}
-	faulty.armed.Store(true)
-	fa.Retry(ctx, alice, drained.FleetRunID)
-	faulty.armed.Store(false)
-	if hr, _ := host.Run(drained.ChildRunID); hr.Attempt != 2 {
-		t.Fatalf("host run = %+v; want retry A accepted", hr)
-	}
-
-	fb, err := New(Config{Store: &staleFirstRead{Store: e.st, snapshot: drained}, Credentials: e.f.cfg.Credentials, Logger: e.f.log, Clock: e.clk})
-	if err != nil {
-		t.Fatal(err)
-	}
+	fb := e.fleetOver(t, &staleFirstRead{Store: e.st, snapshot: drained})
 	res, err := fb.Retry(ctx, alice, drained.FleetRunID)
 	if err != nil || res.Outcome.Accepted != hostproto.Refused || res.Outcome.Code != hostproto.CodeNotRetryable {
 		t.Fatalf("retry B = %+v, %v; want refused not_retryable", res, err)
@@ -543,11 +533,7 @@ func TestSyncRunNeverEndsARunOnAStaleRead(t *testing.T) {
 	if res, err := e.f.Retry(ctx, caller("alice"), run.FleetRunID); err != nil || res.Outcome.Accepted != hostproto.Accepted {
 		t.Fatalf("retry = %+v, %v", res, err)
 	}
-	stale := &staleEventualReads{Store: e.st, snapshot: drained}
-	f2, err := New(Config{Store: stale, Credentials: e.f.cfg.Credentials, Logger: e.f.log, Clock: e.clk})
-	if err != nil {
-		t.Fatal(err)
-	}
+	f2 := e.fleetOver(t, &staleEventualReads{Store: e.st, snapshot: drained})
 	got, err := f2.SyncRun(ctx, run.FleetRunID)
 	if err != nil || got.Attempt != 2 || !got.Live() {
 		t.Fatalf("SyncRun on a stale replica = attempt %d %s (live %v), %v; want attempt 2 live", got.Attempt, got.Status, got.Live(), err)
