@@ -24,6 +24,7 @@ import (
 	"github.com/runfleet/runfleet/infra/localstack/demo"
 	"github.com/runfleet/runfleet/shared/hostproto"
 	"github.com/runfleet/runfleet/shared/stream/ssetest"
+	"github.com/runfleet/runfleet/shared/syncbuf"
 )
 
 // The end-to-end tests put together what `make dev` runs: Fleet as
@@ -50,8 +51,8 @@ type e2eEdge struct {
 	cfgPath  string
 	secret   string
 	upstream *demo.Upstream
-	upLogs   *lockedBuffer
-	logs     *lockedBuffer // every edge log line, across restarts
+	upLogs   *syncbuf.Buffer
+	logs     *syncbuf.Buffer // every edge log line, across restarts
 	host     *host.Host
 	client   *hostproto.Client
 }
@@ -75,7 +76,7 @@ func newE2EEdge(t *testing.T) *e2eEdge {
 	must(t, os.Chmod(markers, 0o777))
 	secret, err := demo.NewSecret(nil)
 	must(t, err)
-	e := &e2eEdge{t: t, dir: dir, markers: markers, secret: secret, upLogs: &lockedBuffer{}, logs: &lockedBuffer{}, cfgPath: filepath.Join(etc, "edge.json")}
+	e := &e2eEdge{t: t, dir: dir, markers: markers, secret: secret, upLogs: &syncbuf.Buffer{}, logs: &syncbuf.Buffer{}, cfgPath: filepath.Join(etc, "edge.json")}
 	e.upstream, err = demo.StartUpstream(demo.UpstreamConfig{Secret: secret, Logger: slog.New(slog.NewJSONHandler(e.upLogs, nil))})
 	must(t, err)
 	t.Cleanup(func() { e.upstream.Close(context.Background()) })
@@ -153,12 +154,12 @@ func (e *e2eEdge) starts() int {
 // gave kept to search for the real value.
 type e2eFleet struct {
 	*stack
-	logs      *lockedBuffer
+	logs      *syncbuf.Buffer
 	responses []string
 }
 
 func newE2EFleet(t *testing.T) *e2eFleet {
-	logs := &lockedBuffer{}
+	logs := &syncbuf.Buffer{}
 	s := newStack(t, "dynamodb", stackOptions{realClock: true, log: logs, hostCredentials: map[string]string{e2eHostRef: e2eHostToken}})
 	return &e2eFleet{stack: s, logs: logs}
 }

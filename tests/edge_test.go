@@ -1,7 +1,6 @@
 package tests
 
 import (
-	"bytes"
 	"context"
 	"encoding/json"
 	"fmt"
@@ -11,12 +10,12 @@ import (
 	"os/exec"
 	"path/filepath"
 	"strings"
-	"sync"
 	"syscall"
 	"testing"
 	"time"
 
 	"github.com/runfleet/runfleet/shared/hostproto"
+	"github.com/runfleet/runfleet/shared/syncbuf"
 )
 
 // edgeProc is `edge serve` as a real process, built from this tree, with
@@ -34,7 +33,7 @@ type edgeProc struct {
 	uid     int      // edge runs as root unless set
 	wrap    []string // a command edge serve runs under (setpriv), if set
 	done    chan struct{}
-	logs    *lockedBuffer
+	logs    *syncbuf.Buffer
 	client  *hostproto.Client
 }
 
@@ -120,7 +119,7 @@ func (e *edgeProc) writeConfig() {
 // its API answers.
 func (e *edgeProc) start(env ...string) {
 	e.t.Helper()
-	e.logs = &lockedBuffer{}
+	e.logs = &syncbuf.Buffer{}
 	argv := append(append([]string{}, e.wrap...), e.bin, "serve", "--config", e.cfgPath)
 	e.cmd = exec.Command(argv[0], argv[1:]...)
 	e.cmd.Env = append([]string{"PATH=/usr/bin:/bin"}, env...)
@@ -152,7 +151,7 @@ func (e *edgeProc) start(env ...string) {
 // code and its log.
 func (e *edgeProc) startFails() (int, string) {
 	e.t.Helper()
-	logs := &lockedBuffer{}
+	logs := &syncbuf.Buffer{}
 	cmd := exec.Command(e.bin, "serve", "--config", e.cfgPath)
 	cmd.Env = []string{"PATH=/usr/bin:/bin"}
 	cmd.Stdout, cmd.Stderr = logs, logs
@@ -234,23 +233,6 @@ func (e *edgeProc) output(runID string, after int64) (string, int64) {
 			return b.String(), after
 		}
 	}
-}
-
-type lockedBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (l *lockedBuffer) Write(p []byte) (int, error) {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.b.Write(p)
-}
-
-func (l *lockedBuffer) String() string {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.b.String()
 }
 
 func terminal(r hostproto.Run) bool { return hostproto.TerminalStatus(r.Status) }

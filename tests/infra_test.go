@@ -25,6 +25,7 @@ import (
 	"github.com/runfleet/runfleet/edge/config"
 	"github.com/runfleet/runfleet/edge/policy"
 	"github.com/runfleet/runfleet/shared/hostproto"
+	"github.com/runfleet/runfleet/shared/syncbuf"
 )
 
 const (
@@ -162,7 +163,7 @@ func TestEdgeExampleConfigServes(t *testing.T) {
 	cfgPath := filepath.Join(dir, "edge.json")
 	must(t, os.WriteFile(cfgPath, adapted, 0o600))
 
-	logs := &lockedBuffer{}
+	logs := &syncbuf.Buffer{}
 	cmd := exec.Command(buildEdge(t, dir), "serve", "--config", cfgPath)
 	cmd.Env = []string{"PATH=/usr/bin:/bin"}
 	cmd.Stdout, cmd.Stderr = logs, logs

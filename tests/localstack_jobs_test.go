@@ -15,6 +15,7 @@ import (
 
 	"github.com/runfleet/runfleet/shared/fakehost"
 	"github.com/runfleet/runfleet/shared/stream/ssetest"
+	"github.com/runfleet/runfleet/shared/syncbuf"
 )
 
 // TestLocalStackRunsTheJobsAndServesTheStream runs `make dev`'s program with
@@ -36,7 +37,7 @@ func TestLocalStackRunsTheJobsAndServesTheStream(t *testing.T) {
 	cmd.Env = append(cleanEnv(), "RUNFLEET_ADDR=127.0.0.1:0", "RUNFLEET_DATA_DIR="+dataDir, "RUNFLEET_CREDENTIALS=file:"+creds, "RUNFLEET_EDGE=off",
 		"RUNFLEET_PROBE_INTERVAL=200ms", "RUNFLEET_SWEEP_INTERVAL=200ms", "RUNFLEET_STREAM_POLL_INTERVAL=100ms")
 	stdout, _ := cmd.StdoutPipe()
-	var stderr lockedBuffer
+	var stderr syncbuf.Buffer
 	cmd.Stderr = &stderr
 	if err := cmd.Start(); err != nil {
 		t.Fatal(err)

@@ -16,6 +16,7 @@ import (
 
 	"github.com/runfleet/runfleet/infra/localstack/demo"
 	"github.com/runfleet/runfleet/shared/stream/ssetest"
+	"github.com/runfleet/runfleet/shared/syncbuf"
 )
 
 // TestLocalStackRunsTheWholeSystem runs `make dev`'s program as it ships,
@@ -93,13 +94,13 @@ type devStack struct {
 	dataDir string
 	printed []string
 	rest    chan string
-	stderr  *lockedBuffer
+	stderr  *syncbuf.Buffer
 	exited  chan error
 }
 
 func startDevStack(t *testing.T, bin string, env []string, as *syscall.Credential) *devStack {
 	t.Helper()
-	s := &devStack{stderr: &lockedBuffer{}, rest: make(chan string, 256), exited: make(chan error, 1)}
+	s := &devStack{stderr: &syncbuf.Buffer{}, rest: make(chan string, 256), exited: make(chan error, 1)}
 	for _, kv := range env {
 		if v, ok := strings.CutPrefix(kv, "RUNFLEET_DATA_DIR="); ok {
 			s.dataDir = v

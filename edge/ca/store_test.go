@@ -13,8 +13,8 @@ import (
 	"time"
 
 	"github.com/runfleet/runfleet/edge/ca"
-	"github.com/runfleet/runfleet/edge/internal/edgetest"
 	"github.com/runfleet/runfleet/shared/clock"
+	"github.com/runfleet/runfleet/shared/syncbuf"
 )
 
 func TestRestartAtEveryPhaseReturnsTheSameCAFromDisk(t *testing.T) {
@@ -301,7 +301,7 @@ func TestStoreErrorDuringAReviewKeepsServingAndRetries(t *testing.T) {
 	dir := t.TempDir()
 	clk := clock.NewFake(epoch)
 	cfg := shortConfig(t, dir, clk) // successor at 6h, switch at 9h; reviewed every 30m
-	logs := &edgetest.LogBuffer{}
+	logs := &syncbuf.Buffer{}
 	cfg.Logger = slog.New(slog.NewJSONHandler(logs, nil))
 	a := mustOpen(t, cfg)
 	signer := a.Status().Signer

@@ -20,6 +20,7 @@ import (
 	"github.com/runfleet/runfleet/edge/internal/edgetest"
 	"github.com/runfleet/runfleet/shared/clock"
 	"github.com/runfleet/runfleet/shared/hostproto"
+	"github.com/runfleet/runfleet/shared/syncbuf"
 )
 
 const (
@@ -162,7 +163,7 @@ type edgeHost struct {
 	*Host
 	f      *fixture
 	client *hostproto.Client
-	logs   *edgetest.LogBuffer
+	logs   *syncbuf.Buffer
 }
 
 type hostOptions struct {
@@ -182,7 +183,7 @@ func (f *fixture) openWritten(o hostOptions) *edgeHost {
 	f.t.Helper()
 	cfg, err := config.Load(f.cfgPath)
 	must(f.t, err)
-	logs := &edgetest.LogBuffer{}
+	logs := &syncbuf.Buffer{}
 	h, err := Open(context.Background(), Options{
 		Config: cfg, KillSwitch: o.killSwitch, Clock: o.clock, SystemRootsFile: f.systemRoots, BeforeExec: o.beforeExec,
 		Logger: slog.New(slog.NewJSONHandler(logs, &slog.HandlerOptions{Level: slog.LevelDebug})),

@@ -15,6 +15,7 @@ import (
 	"github.com/runfleet/runfleet/edge/internal/edgetest"
 	"github.com/runfleet/runfleet/shared/clock"
 	"github.com/runfleet/runfleet/shared/hostproto"
+	"github.com/runfleet/runfleet/shared/syncbuf"
 )
 
 func key(domains []string, in []string, prefix string, length int) config.KeyPolicy {
@@ -179,7 +180,7 @@ func writeConfig(t *testing.T, path, domains string) {
 func TestWatcherReloadsOnChangeAndKeepsOldOnError(t *testing.T) {
 	path := filepath.Join(t.TempDir(), "edge.json")
 	writeConfig(t, path, `"a.example"`)
-	var logs edgetest.LogBuffer
+	var logs syncbuf.Buffer
 	fake := clock.NewFake(time.Unix(1_800_000_000, 0))
 	w, err := NewWatcher(WatcherConfig{Path: path, Clock: fake, Logger: slog.New(slog.NewJSONHandler(&logs, nil))})
 	if err != nil {

@@ -32,6 +32,7 @@ import (
 	"github.com/runfleet/runfleet/edge/secrets"
 	"github.com/runfleet/runfleet/edge/upstream"
 	"github.com/runfleet/runfleet/shared/hostproto"
+	"github.com/runfleet/runfleet/shared/syncbuf"
 )
 
 // seen is one request as an upstream received it.
@@ -119,7 +120,7 @@ type env struct {
 	authority  *ca.Authority
 	proxy      *Proxy
 	resolver   *countingResolver
-	logs       *edgetest.LogBuffer
+	logs       *syncbuf.Buffer
 	auditDir   string
 	audit      *audit.Log
 	bundlePath string
@@ -152,7 +153,7 @@ func newEnv(t tb, o envOptions) *env {
 	if dir == "" {
 		dir = t.TempDir()
 	}
-	e := &env{t: t, dir: dir, logs: &edgetest.LogBuffer{}, secrets: o.secrets, uca: o.uca}
+	e := &env{t: t, dir: dir, logs: &syncbuf.Buffer{}, secrets: o.secrets, uca: o.uca}
 	if e.uca == nil {
 		e.uca = edgetest.NewCA(t)
 	}

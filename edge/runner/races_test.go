@@ -14,6 +14,7 @@ import (
 	"github.com/runfleet/runfleet/edge/internal/edgetest"
 	"github.com/runfleet/runfleet/shared/clock"
 	"github.com/runfleet/runfleet/shared/hostproto"
+	"github.com/runfleet/runfleet/shared/syncbuf"
 )
 
 // Races between verbs, the end of an attempt, the purge and shutdown, each
@@ -160,7 +161,7 @@ func TestRetryOfARunPurgedMeanwhileIsNotFound(t *testing.T) {
 func TestNoPurgePassOutlivesShutdown(t *testing.T) {
 	fake := clock.NewFake(time.Date(2026, 11, 30, 12, 0, 0, 0, time.UTC))
 	gate := newGateClock(fake)
-	logs := &edgetest.LogBuffer{}
+	logs := &syncbuf.Buffer{}
 	h := newHarness(t, func(c *Config) {
 		c.Clock = gate
 		c.Retention = time.Hour

@@ -7,11 +7,12 @@ import (
 	"time"
 
 	"github.com/runfleet/runfleet/shared/fakehost"
+	"github.com/runfleet/runfleet/shared/syncbuf"
 )
 
 func TestMetricsRollupLogsWhatItDrops(t *testing.T) {
 	e := newTestEnv(t, 10*time.Second)
-	logs := &lockedBuffer{}
+	logs := &syncbuf.Buffer{}
 	e.f.log = newJSONLogger(logs)
 	e.addHost(t, "h1", fakehost.Config{}).SetMetrics("# TYPE jobs gauge\njobs 1\n# TYPE up_total counter\nup_total 1\n")
 	e.addHost(t, "h2", fakehost.Config{}).SetMetrics("# TYPE jobs counter\njobs 7\n# TYPE up_total counter\nup_total 2\n")

@@ -16,6 +16,7 @@ import (
 	"github.com/runfleet/runfleet/shared/fakehost"
 	"github.com/runfleet/runfleet/shared/hostproto"
 	"github.com/runfleet/runfleet/shared/store"
+	"github.com/runfleet/runfleet/shared/syncbuf"
 )
 
 // dispatched starts a run on host h1 of e and returns it.
@@ -185,7 +186,7 @@ func TestEventsPagesAndScopes(t *testing.T) {
 
 func TestSweepMarksARunItsHostDeniesLostAndLogsIt(t *testing.T) {
 	e := newTestEnv(t, 10*time.Second)
-	logs := &lockedBuffer{}
+	logs := &syncbuf.Buffer{}
 	e.f.log = newJSONLogger(logs)
 	host := e.addHost(t, "h1", fakehost.Config{})
 	ctx := context.Background()
@@ -554,25 +555,7 @@ func TestVerbsOnARunNotOnItsHostAre409(t *testing.T) {
 	}
 }
 
-// lockedBuffer collects log output from concurrent goroutines.
-type lockedBuffer struct {
-	mu sync.Mutex
-	b  strings.Builder
-}
-
-func (l *lockedBuffer) Write(p []byte) (int, error) {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.b.Write(p)
-}
-
-func (l *lockedBuffer) String() string {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.b.String()
-}
-
-func newJSONLogger(w *lockedBuffer) *slog.Logger { return slog.New(slog.NewJSONHandler(w, nil)) }
+func newJSONLogger(w *syncbuf.Buffer) *slog.Logger { return slog.New(slog.NewJSONHandler(w, nil)) }
 
 // TestASweepStartsNoHostCallPastItsBudget: with a slow host (each call
 // takes 4 s on the clock), a run that needs a recovery, its state and its

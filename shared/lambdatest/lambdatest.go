@@ -35,6 +35,8 @@ import (
 	"syscall"
 	"testing"
 	"time"
+
+	"github.com/runfleet/runfleet/shared/syncbuf"
 )
 
 // EmulatorModule is the emulator, pinned.
@@ -146,7 +148,7 @@ type Function struct {
 	mu      sync.Mutex // one invoke at a time
 	invokes int        // answered so far, under mu
 	cmd     *exec.Cmd
-	output  *lockedBuffer
+	output  *syncbuf.Buffer
 	done    chan struct{}
 }
 
@@ -182,7 +184,7 @@ func Start(tb testing.TB, bootstrap string, env map[string]string, timeout time.
 	for k, v := range env {
 		cmd.Env = append(cmd.Env, k+"="+v)
 	}
-	out := &lockedBuffer{}
+	out := &syncbuf.Buffer{}
 	cmd.Stdout, cmd.Stderr = out, out
 	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
 	if err := cmd.Start(); err != nil {
@@ -370,21 +372,4 @@ func freePort() (int, error) {
 	}
 	defer l.Close()
 	return l.Addr().(*net.TCPAddr).Port, nil
-}
-
-type lockedBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (l *lockedBuffer) Write(p []byte) (int, error) {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.b.Write(p)
-}
-
-func (l *lockedBuffer) String() string {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.b.String()
 }

@@ -3,10 +3,12 @@ package lambdatest
 import (
 	"testing"
 	"time"
+
+	"github.com/runfleet/runfleet/shared/syncbuf"
 )
 
 func TestReportsParsesTheEmulatorsLines(t *testing.T) {
-	f := &Function{output: &lockedBuffer{}}
+	f := &Function{output: &syncbuf.Buffer{}}
 	if _, ok := f.Init(); ok {
 		t.Fatal("an init before any INIT REPORT line")
 	}

@@ -11,7 +11,6 @@ import (
 	"encoding/json"
 	"os"
 	"path/filepath"
-	"sync"
 	"syscall"
 	"testing"
 	"time"
@@ -27,26 +26,6 @@ type TB interface {
 	Fatal(args ...any)
 	Fatalf(format string, args ...any)
 	Cleanup(func())
-}
-
-// LogBuffer collects log output (a slog handler's writer) that a test reads
-// while the code under test writes. Safe for concurrent use.
-type LogBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (l *LogBuffer) Write(p []byte) (int, error) {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.b.Write(p)
-}
-
-// String is everything written so far.
-func (l *LogBuffer) String() string {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.b.String()
 }
 
 // pollEvery is how often Within checks its condition.
