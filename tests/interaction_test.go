@@ -18,11 +18,7 @@ func TestInputReachesTheHostAsTheCallerMeantIt(t *testing.T) {
 	for _, kind := range storeKinds {
 		t.Run(kind, func(t *testing.T) {
 			s := newStack(t, kind, stackOptions{})
-			host := s.addHost(t, "h1", fakehost.Config{}, nil)
-			s.probe(t, "h1")
-			alice := s.mint(t, "alice", "*", "*")
-			a := s.must(t, http.StatusCreated, "POST", "/fleet/runs", alice, `{"agent":"shell"}`)
-			id, child := a.str("fleetRunId"), a.str("childRunId")
+			host, alice, id, child := s.aliceRun(t)
 
 			sends := []struct{ body, want string }{
 				{`{"input": null}`, `null`},

@@ -249,6 +249,18 @@ func (s *stack) addHost(t testing.TB, id string, cfg fakehost.Config, extra map[
 	return h
 }
 
+// aliceRun is the common start of a run's story: a fake host h1,
+// registered and probed, a caller alice who may use everything, and one
+// shell run of hers dispatched to it (Fleet's id and the host's).
+func (s *stack) aliceRun(t testing.TB) (host *fakehost.Host, alice, id, child string) {
+	t.Helper()
+	host = s.addHost(t, "h1", fakehost.Config{}, nil)
+	s.probe(t, "h1")
+	alice = s.mint(t, "alice", "*", "*")
+	a := s.must(t, http.StatusCreated, "POST", "/fleet/runs", alice, `{"agent":"shell"}`)
+	return host, alice, a.str("fleetRunId"), a.str("childRunId")
+}
+
 func (s *stack) probe(t testing.TB, id string) answer {
 	t.Helper()
 	return s.must(t, http.StatusOK, "POST", "/fleet/hosts/"+id+"/probe", adminToken, "")

@@ -447,11 +447,7 @@ func TestAnOversizedEventIsMirroredTruncated(t *testing.T) {
 	for _, kind := range storeKinds {
 		t.Run(kind, func(t *testing.T) {
 			s := newStack(t, kind, stackOptions{})
-			host := s.addHost(t, "h1", fakehost.Config{}, nil)
-			s.probe(t, "h1")
-			alice := s.mint(t, "alice", "*", "*")
-			a := s.must(t, http.StatusCreated, "POST", "/fleet/runs", alice, `{"agent":"shell"}`)
-			id, child := a.str("fleetRunId"), a.str("childRunId")
+			host, alice, id, child := s.aliceRun(t)
 			host.AppendOutput(child, strings.Repeat("x", 500<<10))
 			host.AppendOutput(child, "after the big one\n")
 			zero := 0
@@ -483,11 +479,7 @@ func TestARetriedRunsEarlyEventsLastAsLongAsIt(t *testing.T) {
 	for _, kind := range storeKinds {
 		t.Run(kind, func(t *testing.T) {
 			s := newStack(t, kind, stackOptions{})
-			host := s.addHost(t, "h1", fakehost.Config{}, nil)
-			s.probe(t, "h1")
-			alice := s.mint(t, "alice", "*", "*")
-			a := s.must(t, http.StatusCreated, "POST", "/fleet/runs", alice, `{"agent":"shell"}`)
-			id, child := a.str("fleetRunId"), a.str("childRunId")
+			host, alice, id, child := s.aliceRun(t)
 			host.AppendOutput(child, "attempt 1\n")
 			one := 1
 			host.SetRun(child, hostproto.StatusFailed, &one, "")
