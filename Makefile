@@ -13,7 +13,7 @@ LDFLAGS   := -s -w -X github.com/runfleet/runfleet/shared/version.Version=$(VERS
 LAMBDA_ENV   := GOOS=linux GOARCH=arm64 CGO_ENABLED=0
 LAMBDA_FLAGS := -tags lambda.norpc -trimpath -ldflags '$(LDFLAGS)'
 TEST_TIMEOUT ?= 60m
-FUZZTIME  ?= 5s
+FUZZTIME  ?= 200000x
 
 .PHONY: dev test test-go deps build build-functions build-ApiFunction build-StreamFunction build-SweepFunction build-ProbeFunction build-edge bench lint fuzz fuzz-short clean
 
@@ -70,12 +70,12 @@ lint:
 	if [ -n "$$out" ]; then echo "gofmt would change:"; echo "$$out"; exit 1; fi
 	$(GO) vet ./...
 
-## fuzz: every fuzz target for FUZZTIME each (make fuzz FUZZTIME=2m)
+## fuzz: every fuzz target for FUZZTIME inputs each (make fuzz FUZZTIME=5000000x)
 fuzz:
 	@./infra/scripts/fuzz.sh $(FUZZTIME)
 
 fuzz-short:
-	@./infra/scripts/fuzz.sh 3s
+	@./infra/scripts/fuzz.sh 30000x
 
 clean:
 	rm -rf $(BUILD)
