@@ -87,6 +87,17 @@ func (f *Fake) Timers() int {
 	return len(f.timers)
 }
 
+// Next reports when the earliest pending timer falls due, and whether one is
+// pending, so a test can tell which of several waits the code under test is in.
+func (f *Fake) Next() (time.Time, bool) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if len(f.timers) == 0 {
+		return time.Time{}, false
+	}
+	return f.timers[0].at, true
+}
+
 // WaitForTimers returns a channel closed once at least n timers are pending,
 // so a test can advance the clock only after the code under test is waiting.
 func (f *Fake) WaitForTimers(n int) <-chan struct{} {
