@@ -683,6 +683,9 @@ func (w *h1Writer) abort() {
 // finish ends the response: the last chunk with any trailers, then a flush.
 func (w *h1Writer) finish() {
 	if !w.wroteHeader {
+		if w.aborted {
+			return // no answer at all: the connection closes
+		}
 		w.WriteHeader(http.StatusOK)
 	}
 	if w.chunked && !w.aborted {

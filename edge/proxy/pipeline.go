@@ -509,9 +509,15 @@ func (st *requestState) answered(status int) error {
 // failure (a block found while the body streamed) if there is one, else the
 // upstream's.
 func (p *Proxy) upstreamError(st *requestState, err error) {
+	// A stopped task's request failed because of the stop, whatever the
+	// upstream side saw (its connection dropped, a read cut short): it is
+	// recorded as cancelled and its answer aborted, never sent.
+	stopped := !st.ci.attempt.live()
 	st.mu.Lock()
 	if st.fail != nil {
 		err = st.fail
+	} else if stopped {
+		err = context.Canceled
 	}
 	st.mu.Unlock()
 	status, action, reason := p.classify(err)
@@ -522,9 +528,13 @@ func (p *Proxy) upstreamError(st *requestState, err error) {
 	}
 	st.mu.Unlock()
 	p.logFault(status, err, slog.String("task", st.runID()), slog.String("host", st.ci.logHost))
-	if status != http.StatusBadGateway || !errors.Is(err, context.Canceled) {
-		respond(&st.out, status, reason)
+	if stopped || (status == http.StatusBadGateway && errors.Is(err, context.Canceled)) {
+		// Nobody waits for an answer (the task stopped or went away); a
+		// handler that wrote nothing would otherwise answer 200.
+		abort(&st.out, st)
+		return
 	}
+	respond(&st.out, status, reason)
 }
 
 func respond(w http.ResponseWriter, status int, reason string) {

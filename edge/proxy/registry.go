@@ -66,11 +66,12 @@ func (a *attempt) untrack(c net.Conn) {
 	delete(a.conns, c)
 }
 
-// revoke ends the attempt: its credential stops working, its in-flight
-// requests are cancelled and its connections closed at once.
+// revoke ends the attempt: its credential stops working, its connections
+// are closed and its in-flight requests cancelled, at once. The connections
+// close before the cancel: a request whose upstream call fails on the cancel
+// must find its task's connection already gone, never answer it.
 func (a *attempt) revoke() {
 	a.revoked.Store(true)
-	a.cancel()
 	a.mu.Lock()
 	conns := a.conns
 	a.conns = nil
@@ -78,6 +79,7 @@ func (a *attempt) revoke() {
 	for c := range conns {
 		c.Close()
 	}
+	a.cancel()
 }
 
 // registry holds tasks and every task's placeholders, persisted or live.
