@@ -70,7 +70,8 @@ func TestLocalStackRunsTheWholeSystem(t *testing.T) {
 // devEnv is the environment of a local stack: the test's without RUNFLEET_*
 // settings, its own data dir, free ports, and HOME for a user.
 func devEnv(dataDir, home string) []string {
-	env := append(cleanEnv(), "RUNFLEET_DATA_DIR="+dataDir, "RUNFLEET_ADDR=127.0.0.1:0", "RUNFLEET_EDGE_ADDR="+freeAddr())
+	env := append(cleanEnv(), "RUNFLEET_DATA_DIR="+dataDir, "RUNFLEET_ADDR=127.0.0.1:0", "RUNFLEET_EDGE_ADDR="+freeAddr(),
+		"RUNFLEET_DEMO_UPSTREAM_ADDR="+freeAddr())
 	if home != "" {
 		env = append(env, "HOME="+home)
 	}

@@ -7,8 +7,10 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"net"
 	"os"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"syscall"
 
@@ -35,6 +37,12 @@ const (
 	// dir.
 	EnvEdgeAddr     = "RUNFLEET_EDGE_ADDR"
 	defaultEdgeAddr = "127.0.0.1:7070"
+	// EnvDemoUpstreamAddr is the demo upstream's address. Its port is part
+	// of the demo domain (api.demo.test:<port>), which the edge's policy
+	// grants and the printed commands declare, so it is fixed: a restart
+	// leaves both valid.
+	EnvDemoUpstreamAddr     = "RUNFLEET_DEMO_UPSTREAM_ADDR"
+	defaultDemoUpstreamAddr = "127.0.0.1:7443"
 
 	// localEdgeID is the host's id in Fleet and localEdgeRef its
 	// credentialRef.
@@ -142,6 +150,22 @@ func taskDir(dataDir string) (string, error) {
 	return filepath.Join(dir, "work"), nil
 }
 
+// demoUpstreamAddr is EnvDemoUpstreamAddr, or its default: an IPv4
+// loopback address (the proxy pins the demo's name to its IP and lets
+// 127.0.0.0/8 through) and a port.
+func demoUpstreamAddr(getenv func(string) string) (string, error) {
+	addr := getenv(EnvDemoUpstreamAddr)
+	if addr == "" {
+		return defaultDemoUpstreamAddr, nil
+	}
+	host, port, err := net.SplitHostPort(addr)
+	ip := net.ParseIP(host)
+	if _, perr := strconv.ParseUint(port, 10, 16); err != nil || perr != nil || ip.To4() == nil || !ip.IsLoopback() {
+		return "", fmt.Errorf("%s=%q: want an IPv4 loopback address and a port, such as %s", EnvDemoUpstreamAddr, addr, defaultDemoUpstreamAddr)
+	}
+	return addr, nil
+}
+
 // localEdge is the running local edge host and its demo upstream.
 type localEdge struct {
 	host     *host.Host
@@ -155,7 +179,7 @@ type localEdge struct {
 
 // startLocalEdge starts the demo upstream and the edge host (the demo
 // secret minted on first start), serving until stop.
-func startLocalEdge(ctx context.Context, f edgeFiles, addr string, getenv func(string) string, log *slog.Logger) (*localEdge, error) {
+func startLocalEdge(ctx context.Context, f edgeFiles, addr, upstreamAddr string, getenv func(string) string, log *slog.Logger) (*localEdge, error) {
 	secret, err := demo.ReadSecretsFile(f.secrets)
 	if errors.Is(err, os.ErrNotExist) {
 		if secret, err = demo.NewSecret(nil); err == nil {
@@ -169,9 +193,9 @@ func startLocalEdge(ctx context.Context, f edgeFiles, addr string, getenv func(s
 	if err != nil {
 		return nil, fmt.Errorf("the tasks' directory: %w", err)
 	}
-	up, err := demo.StartUpstream(demo.UpstreamConfig{Secret: secret, Logger: log.With("component", "demo-upstream")})
+	up, err := demo.StartUpstream(demo.UpstreamConfig{Secret: secret, Listen: upstreamAddr, Logger: log.With("component", "demo-upstream")})
 	if err != nil {
-		return nil, err
+		return nil, inUse(err, EnvDemoUpstreamAddr)
 	}
 	e := &localEdge{upstream: up, files: f, workDir: workDir, sameUser: os.Geteuid() != 0}
 	ok := false
@@ -195,7 +219,9 @@ func startLocalEdge(ctx context.Context, f edgeFiles, addr string, getenv func(s
 	}
 	e.host, err = host.Open(ctx, host.Options{Config: cfg, KillSwitch: killSwitch, Logger: log.With("component", "edge")})
 	if err != nil {
-		return nil, err
+		// The proxy listens on a free port: only the API's address, which
+		// EnvEdgeAddr sets, can be in use.
+		return nil, inUse(err, EnvEdgeAddr)
 	}
 	e.host.Start(nil)
 	e.baseURL = "http://" + e.host.APIAddr().String()

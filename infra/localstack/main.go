@@ -20,11 +20,13 @@
 // local stack only; it says so when it starts).
 //
 // Environment: every RUNFLEET_* variable of Fleet (README), plus
-// RUNFLEET_DATA_DIR (default .dev), where the store, the generated admin
-// token, the default credentials file and the local edge's files live;
-// RUNFLEET_EDGE=off to run Fleet alone; RUNFLEET_EDGE_ADDR, the local
-// edge's host API (default 127.0.0.1:7070); EDGE_SECRETS_PROXY=off keeps
-// the local edge's secrets proxy down, as for edge.
+// RUNFLEET_DATA_DIR (default .dev, relative to the working directory),
+// where the store, the generated admin token, the default credentials file
+// and the local edge's files live; RUNFLEET_EDGE=off to run Fleet alone;
+// RUNFLEET_EDGE_ADDR, the local edge's host API (default 127.0.0.1:7070);
+// RUNFLEET_DEMO_UPSTREAM_ADDR, the demo upstream's (default
+// 127.0.0.1:7443); EDGE_SECRETS_PROXY=off keeps the local edge's secrets
+// proxy down, as for edge.
 package main
 
 import (
@@ -60,7 +62,10 @@ import (
 )
 
 // EnvDataDir names the local stack's data directory.
-const EnvDataDir = "RUNFLEET_DATA_DIR"
+const (
+	EnvDataDir     = "RUNFLEET_DATA_DIR"
+	defaultDataDir = ".dev"
+)
 
 // shutdownGrace bounds how long in-flight requests get after a signal.
 const shutdownGrace = 10 * time.Second
@@ -86,9 +91,10 @@ func run(ctx context.Context, getenv func(string) string, stdout, stderr io.Writ
 		fmt.Fprintln(stderr, "localstack: configuration:", err)
 		return 2
 	}
-	dataDir := getenv(EnvDataDir)
-	if dataDir == "" {
-		dataDir = ".dev"
+	dataDir, err := absDataDir(getenv(EnvDataDir))
+	if err != nil {
+		fmt.Fprintln(stderr, "localstack:", err)
+		return 1
 	}
 	if err := os.MkdirAll(dataDir, 0o700); err != nil {
 		fmt.Fprintln(stderr, "localstack:", err)
@@ -99,6 +105,11 @@ func run(ctx context.Context, getenv func(string) string, stdout, stderr io.Writ
 	}
 	edgeOn := !strings.EqualFold(getenv(EnvEdge), "off")
 	edgeFiles := filesIn(dataDir)
+	upstreamAddr, err := demoUpstreamAddr(getenv)
+	if err != nil && edgeOn {
+		fmt.Fprintln(stderr, "localstack: configuration:", err)
+		return 2
+	}
 	if cfg.Credentials == (credentials.Spec{}) {
 		path := filepath.Join(dataDir, "credentials.json")
 		if err := writeIfMissing(path, "{}\n"); err != nil {
@@ -122,7 +133,7 @@ func run(ctx context.Context, getenv func(string) string, stdout, stderr io.Writ
 			return 1
 		}
 		tokenShown = cfg.AdminToken + " (kept in " + tokenFile + ")"
-		tokenRef = "$(cat " + tokenFile + ")"
+		tokenRef = "$(cat " + shellQuote(tokenFile) + ")"
 	}
 
 	log := fleetapp.NewLogger(stderr, cfg.LogLevel)
@@ -133,6 +144,15 @@ func run(ctx context.Context, getenv func(string) string, stdout, stderr io.Writ
 	}
 	defer app.Close()
 
+	// Fleet's address is taken first: a busy one fails the start before
+	// anything else is started.
+	ln, err := net.Listen("tcp", cfg.Addr)
+	if err != nil {
+		fmt.Fprintln(stderr, "localstack:", inUse(err, config.EnvAddr))
+		return 1
+	}
+	defer ln.Close()
+
 	var edge *localEdge
 	var callerToken string
 	if edgeOn {
@@ -140,7 +160,7 @@ func run(ctx context.Context, getenv func(string) string, stdout, stderr io.Writ
 		if edgeAddr == "" {
 			edgeAddr = defaultEdgeAddr
 		}
-		if edge, callerToken, err = openLocalEdge(ctx, app, edgeFiles, edgeAddr, getenv, log); err != nil {
+		if edge, callerToken, err = openLocalEdge(ctx, app, edgeFiles, edgeAddr, upstreamAddr, getenv, log); err != nil {
 			fmt.Fprintln(stderr, "localstack: the local edge:", err)
 			return 1
 		}
@@ -168,11 +188,6 @@ func run(ctx context.Context, getenv func(string) string, stdout, stderr io.Writ
 		}
 		handler.ServeHTTP(w, r)
 	})
-	ln, err := net.Listen("tcp", cfg.Addr)
-	if err != nil {
-		fmt.Fprintln(stderr, "localstack:", err)
-		return 1
-	}
 	srv := &http.Server{Handler: served, ReadHeaderTimeout: lambdahttp.DefaultReadHeaderTimeout}
 	serving := make(chan error, 1)
 	go func() { serving <- srv.Serve(ln) }()
@@ -242,11 +257,11 @@ const edgeStopTimeout = 30 * time.Second
 
 // openLocalEdge starts the local edge, registers and probes it, and
 // returns it with the demo caller's token.
-func openLocalEdge(ctx context.Context, app *fleetapp.App, files edgeFiles, addr string, getenv func(string) string, log *slog.Logger) (*localEdge, string, error) {
+func openLocalEdge(ctx context.Context, app *fleetapp.App, files edgeFiles, addr, upstreamAddr string, getenv func(string) string, log *slog.Logger) (*localEdge, string, error) {
 	if err := localEdgeToken(ctx, app, files); err != nil {
 		return nil, "", err
 	}
-	edge, err := startLocalEdge(ctx, files, addr, getenv, log)
+	edge, err := startLocalEdge(ctx, files, addr, upstreamAddr, getenv, log)
 	if err != nil {
 		return nil, "", err
 	}
@@ -285,13 +300,46 @@ func printLocalEdge(w io.Writer, e *localEdge, base, callerToken string) {
 	} else {
 		fmt.Fprintln(w, "  tasks run as nobody")
 	}
-	fmt.Fprintf(w, "demo upstream %s (127.0.0.1:%d; its own CA in %s, trusted by the proxy)\n", e.upstream.URL(), e.upstream.Port(), e.files.upstreamCA)
+	fmt.Fprintf(w, "demo upstream %s (%s, %s; its own CA in %s, trusted by the proxy)\n", e.upstream.URL(), e.upstream.Addr(), EnvDemoUpstreamAddr, e.files.upstreamCA)
 	fmt.Fprintf(w, "  answers {\"authorized\": true} only to the real value of the secret %s, which is in %s; tasks get a placeholder\n", demo.SecretsRef, e.files.secrets)
 	fmt.Fprintf(w, "  caller %q (hosts: %s; projects: %s), token kept in %s\n", demoOwner, localEdgeID, demo.Project, e.files.caller)
 	fmt.Fprintln(w, "dispatch a run of the demo agent using the secret, then follow its stream (the fleetRunId is in the first answer):")
 	fmt.Fprintf(w, "  curl -sS -H \"Authorization: Bearer %s\" -H \"Content-Type: application/json\" -d '%s' %s/fleet/runs\n",
 		callerToken, demo.DispatchBody(e.upstream, demo.Agent, "hello"), base)
 	fmt.Fprintf(w, "  curl -sS -N -H \"Authorization: Bearer %s\" %s/fleet/runs/<fleetRunId>/stream\n", callerToken, base)
+}
+
+// absDataDir is the data dir as an absolute path, so that everything
+// derived from it is absolute too: edge resolves a relative path in
+// edge.json against edge.json's own folder (a relative data dir once made
+// that .dev/.dev/...), and the printed commands work in any directory.
+func absDataDir(dir string) (string, error) {
+	if dir == "" {
+		dir = defaultDataDir
+	}
+	abs, err := filepath.Abs(dir)
+	if err != nil {
+		return "", fmt.Errorf("%s: %w", EnvDataDir, err)
+	}
+	return abs, nil
+}
+
+// inUse names the variable that sets a listen address when the address
+// is taken, so the message says what to change.
+func inUse(err error, env string) error {
+	if errors.Is(err, syscall.EADDRINUSE) {
+		return fmt.Errorf("%w: another program listens there; set %s to a free address", err, env)
+	}
+	return err
+}
+
+// shellQuote is s as one word of a POSIX shell command: as is when it
+// holds nothing the shell would interpret, else single-quoted.
+func shellQuote(s string) string {
+	if s != "" && strings.Trim(s, "abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789_-./:@%+=,") == "" {
+		return s
+	}
+	return "'" + strings.ReplaceAll(s, "'", `'\''`) + "'"
 }
 
 func orNone(s string) string {

@@ -42,8 +42,8 @@ const (
 	// Project and Key name the demo secret; the task's variable is Key.
 	Project = "demo"
 	Key     = "DEMO_API_KEY"
-	// UpstreamName is the upstream's name: pinned to 127.0.0.1 in the
-	// proxy, never looked up.
+	// UpstreamName is the upstream's name: pinned to the upstream's IP in
+	// the proxy, never looked up.
 	UpstreamName = "api.demo.test"
 	// UpstreamPath is what the demo agent calls.
 	UpstreamPath = "/v1/whoami"
@@ -65,7 +65,8 @@ type UpstreamConfig struct {
 	// Secret is the demo secret's real value: a request is authorized when
 	// it bears "Authorization: Bearer <Secret>". Required.
 	Secret string
-	// Listen is the address; empty is 127.0.0.1 on a free port.
+	// Listen is the address, an IP (a loopback one, for the demo edge's
+	// allowPrivate) and a port; empty is 127.0.0.1 on a free port.
 	Listen string
 	// Logger gets one line per request (never a credential); nil discards.
 	Logger *slog.Logger
@@ -148,6 +149,9 @@ func (u *Upstream) Port() int { return u.ln.Addr().(*net.TCPAddr).Port }
 
 // Addr is where the upstream listens (an IP and port).
 func (u *Upstream) Addr() string { return u.ln.Addr().String() }
+
+// IP is the upstream's IP, which the proxy pins UpstreamName to.
+func (u *Upstream) IP() string { return u.ln.Addr().(*net.TCPAddr).IP.String() }
 
 // Domain is the upstream as a policy domain and a CONNECT authority:
 // UpstreamName with the port.

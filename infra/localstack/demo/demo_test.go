@@ -105,6 +105,16 @@ func TestEdgeConfigLoadsAndGrantsTheDemoKeyForTheUpstreamOnly(t *testing.T) {
 		cfg.Runner.WorkDir != e.WorkDir || cfg.Secrets.File != e.SecretsFile || len(cfg.Agents[Agent].Argv) != 5 {
 		t.Fatalf("config %+v", cfg)
 	}
+	// On another loopback IP, the proxy pins the name to that one.
+	u2, err := StartUpstream(UpstreamConfig{Secret: "v", Listen: "127.0.0.2:0"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer u2.Close(context.Background())
+	e.Upstream = u2
+	if got := e.Config().Proxy.Upstream.Resolve[UpstreamName]; got != "127.0.0.2" {
+		t.Fatalf("%s pinned to %s, want 127.0.0.2", UpstreamName, got)
+	}
 	if err := (Edge{}).Validate(); err == nil {
 		t.Fatal("an empty Edge validated")
 	}

@@ -52,8 +52,8 @@ func (e Edge) Validate() error {
 // Config is edge.json for the demo: the policy grants the demo key for the
 // upstream's name and port only (header substitution, placeholders of
 // PlaceholderLength starting PlaceholderPrefix); the proxy pins that name
-// to 127.0.0.1, lets it through although it is loopback, and trusts the
-// upstream's CA; the agents are the demo agent and a shell; tasks drain
+// to the upstream's IP, lets it through although it is loopback, and
+// trusts the upstream's CA; the agents are the demo agent and a shell; tasks drain
 // quickly on stop (a local stack stops on Ctrl-C).
 func (e Edge) Config() *config.Config {
 	listen := func(addr string) string {
@@ -68,7 +68,7 @@ func (e Edge) Config() *config.Config {
 		Proxy: config.Proxy{
 			Listen: listen(e.ProxyListen), Egress: config.EgressOpen,
 			Upstream: config.Upstream{
-				Resolve:        map[string]string{UpstreamName: "127.0.0.1"},
+				Resolve:        map[string]string{UpstreamName: e.Upstream.IP()},
 				AllowPrivate:   []string{"127.0.0.0/8"},
 				ExtraRootsFile: e.UpstreamCAFile,
 			},
