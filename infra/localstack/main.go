@@ -67,6 +67,10 @@ const (
 	defaultDataDir = ".dev"
 )
 
+// demoScript is the script, relative to the repository, that dispatches a
+// run and follows its stream in one go.
+const demoScript = "infra/scripts/demo-run.sh"
+
 // shutdownGrace bounds how long in-flight requests get after a signal.
 const shutdownGrace = 10 * time.Second
 
@@ -209,7 +213,7 @@ func run(ctx context.Context, getenv func(string) string, stdout, stderr io.Writ
 	fmt.Fprintf(stdout, "  admin token: %s\n", tokenShown)
 	fmt.Fprintf(stdout, "  probe every %s, sweep every %s\n", cfg.ProbeInterval, cfg.SweepInterval)
 	if edge != nil {
-		printLocalEdge(stdout, edge, base, callerToken)
+		printLocalEdge(stdout, edge, base, callerToken, findDemoScript())
 	}
 	fmt.Fprintf(stdout, "try:\n  curl -s %s/healthz\n  curl -s -H \"Authorization: Bearer %s\" %s/fleet/hosts\n", base, tokenRef, base)
 	fmt.Fprintf(stdout, "  curl -N -H \"Authorization: Bearer %s\" %s/fleet/runs/<fleetRunId>/stream\n", tokenRef, base)
@@ -288,8 +292,12 @@ func openLocalEdge(ctx context.Context, app *fleetapp.App, files edgeFiles, addr
 }
 
 // printLocalEdge says what the local edge is and prints the commands that
-// dispatch a run using the demo secret and follow its stream.
-func printLocalEdge(w io.Writer, e *localEdge, base, callerToken string) {
+// dispatch a run using the demo secret and follow its stream: two curl
+// commands, and the script (its absolute path, "" when not found) that
+// does both in one go. Each works pasted as printed in any directory, and
+// still after a restart: every address in it is fixed (or set) and the
+// demo caller's token is kept.
+func printLocalEdge(w io.Writer, e *localEdge, base, callerToken, script string) {
 	p := e.probe
 	fmt.Fprintf(w, "edge host %s: API %s, secrets proxy %s, probe %s (secretsProxy %t, agents %s)\n",
 		localEdgeID, e.baseURL, orNone(e.host.ProxyAddr()), p.Status, p.Features.SecretsProxy, strings.Join(p.Agents, ", "))
@@ -303,10 +311,36 @@ func printLocalEdge(w io.Writer, e *localEdge, base, callerToken string) {
 	fmt.Fprintf(w, "demo upstream %s (%s, %s; its own CA in %s, trusted by the proxy)\n", e.upstream.URL(), e.upstream.Addr(), EnvDemoUpstreamAddr, e.files.upstreamCA)
 	fmt.Fprintf(w, "  answers {\"authorized\": true} only to the real value of the secret %s, which is in %s; tasks get a placeholder\n", demo.SecretsRef, e.files.secrets)
 	fmt.Fprintf(w, "  caller %q (hosts: %s; projects: %s), token kept in %s\n", demoOwner, localEdgeID, demo.Project, e.files.caller)
+	body := shellQuote(demo.DispatchBody(e.upstream, demo.Agent, "hello"))
 	fmt.Fprintln(w, "dispatch a run of the demo agent using the secret, then follow its stream (the fleetRunId is in the first answer):")
-	fmt.Fprintf(w, "  curl -sS -H \"Authorization: Bearer %s\" -H \"Content-Type: application/json\" -d '%s' %s/fleet/runs\n",
-		callerToken, demo.DispatchBody(e.upstream, demo.Agent, "hello"), base)
+	fmt.Fprintf(w, "  curl -sS -H \"Authorization: Bearer %s\" -H \"Content-Type: application/json\" -d %s %s/fleet/runs\n", callerToken, body, base)
 	fmt.Fprintf(w, "  curl -sS -N -H \"Authorization: Bearer %s\" %s/fleet/runs/<fleetRunId>/stream\n", callerToken, base)
+	if script == "" {
+		fmt.Fprintf(w, "(%s, which does both in one go, is not in this directory: run the stack from the repository to have it printed)\n", demoScript)
+		return
+	}
+	fmt.Fprintln(w, "or both in one go (prints the answer, follows its links.stream; exits 0 once the run succeeded):")
+	fmt.Fprintf(w, "  %s %s/fleet/runs %s %s\n", shellQuote(script), base, callerToken, body)
+}
+
+// findDemoScript is demoScript's absolute path: in the working directory
+// (make dev runs the stack from the repository), else beside the binary's
+// folder (build/localstack); "" when neither has it.
+func findDemoScript() string {
+	var dirs []string
+	if wd, err := os.Getwd(); err == nil {
+		dirs = append(dirs, wd)
+	}
+	if exe, err := os.Executable(); err == nil {
+		dirs = append(dirs, filepath.Dir(filepath.Dir(exe)))
+	}
+	for _, dir := range dirs {
+		path := filepath.Join(dir, filepath.FromSlash(demoScript))
+		if fi, err := os.Stat(path); err == nil && fi.Mode().IsRegular() {
+			return path
+		}
+	}
+	return ""
 }
 
 // absDataDir is the data dir as an absolute path, so that everything
