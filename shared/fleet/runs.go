@@ -84,7 +84,9 @@ func (f *Fleet) markLost(ctx context.Context, run store.Run) (store.Run, error) 
 		if cur.Status == store.StatusLost {
 			return false
 		}
-		f.end(cur, store.StatusLost, hostproto.CodeRunNotFound, f.clock.Now().UTC())
+		f.end(cur, store.StatusLost, hostproto.CodeRunNotFound,
+			fmt.Sprintf("host %s no longer knows this run (its run %s): it lost its state or was replaced", cur.HostID, cur.ChildRunID),
+			f.clock.Now().UTC())
 		// Its mirrored events must outlive it: a run whose events need
 		// extending first stays in the live index for the sweep (expiry.go).
 		if f.drainEventsShort(*cur) {
@@ -146,7 +148,8 @@ func (f *Fleet) recover(ctx context.Context, run store.Run) (store.Run, error) {
 		if !now.After(cur.Deadline.Add(LostGrace)) {
 			return false // not yet more than LostGrace past the deadline
 		}
-		f.end(cur, hostproto.StatusFailed, store.ReasonDispatchLost, now)
+		f.end(cur, hostproto.StatusFailed, store.ReasonDispatchLost,
+			fmt.Sprintf("host %s never received the start, and its deadline passed more than %s ago; nothing was started", cur.HostID, LostGrace), now)
 		return true
 	})
 }
