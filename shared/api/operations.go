@@ -23,7 +23,7 @@ func (h *Handler) input(ctx context.Context, rq *request) (int, any, error) {
 	if err != nil {
 		return 0, nil, err
 	}
-	return http.StatusOK, toInteractionAnswer(res), nil
+	return http.StatusOK, toInteractionAnswer(res, rq.links), nil
 }
 
 func (h *Handler) cancel(ctx context.Context, rq *request) (int, any, error) {
@@ -34,7 +34,7 @@ func (h *Handler) cancel(ctx context.Context, rq *request) (int, any, error) {
 	if err != nil {
 		return 0, nil, err
 	}
-	return http.StatusOK, toInteractionAnswer(res), nil
+	return http.StatusOK, toInteractionAnswer(res, rq.links), nil
 }
 
 func (h *Handler) retry(ctx context.Context, rq *request) (int, any, error) {
@@ -45,7 +45,7 @@ func (h *Handler) retry(ctx context.Context, rq *request) (int, any, error) {
 	if err != nil {
 		return 0, nil, err
 	}
-	return http.StatusOK, toInteractionAnswer(res), nil
+	return http.StatusOK, toInteractionAnswer(res, rq.links), nil
 }
 
 // inputValue reads POST /fleet/runs/{id}/input's body: {"input": v} sends v
