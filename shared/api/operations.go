@@ -60,7 +60,7 @@ func inputValue(body []byte) (json.RawMessage, error) {
 		return nil, badRequest(`a JSON body is required: {"input": <any JSON value>}, or the value itself`)
 	}
 	if !json.Valid(trimmed) {
-		return nil, syntaxError(trimmed)
+		return nil, invalidJSON(trimmed)
 	}
 	if trimmed[0] != '{' {
 		return json.RawMessage(trimmed), nil
