@@ -14,40 +14,60 @@ LAMBDA_ENV   := GOOS=linux GOARCH=arm64 CGO_ENABLED=0
 LAMBDA_FLAGS := -tags lambda.norpc -trimpath -ldflags '$(LDFLAGS)'
 TEST_TIMEOUT ?= 60m
 FUZZTIME  ?= 200000x
+# A bare `make` lists the targets: nothing runs a bare make (CI runs `make test`,
+# sam build `make build-<LogicalId>`), and a long-running `make dev` is no surprise to start by.
+.DEFAULT_GOAL := help
 
 .PHONY: dev test test-go deps build build-functions build-ApiFunction build-StreamFunction build-SweepFunction build-ProbeFunction build-edge bench lint fuzz fuzz-short clean
 
-## dev: the whole system on this machine: Fleet (its four handlers, on bbolt, on RUNFLEET_ADDR)
-## and one edge host with a demo upstream and secret (README: The local stack). Built, then
-## exec'd rather than `go run`: Ctrl-C then ends it cleanly, with no "Error 1" from make.
+## help: this list of targets (the default goal)
+# Each `## target: summary` line is the target's entry (one line; more goes in plain # comments
+# below it); tests/make_test.go fails on a target without one.
+.PHONY: help
+help:
+	@echo 'usage: make [target] [VARIABLE=value]   (no target: this list)'
+	@echo
+	@awk 'match($$0, /^## [^ :]+: /) { printf "  %-18s %s\n", substr($$0, 4, RLENGTH - 5), substr($$0, RLENGTH + 1) }' $(firstword $(MAKEFILE_LIST))
+	@echo
+	@echo 'variables: FUZZTIME=$(FUZZTIME) (fuzz), TEST_TIMEOUT=$(TEST_TIMEOUT) (test, test-go), GO=$(GO),'
+	@echo '           BUILD=$(BUILD); make dev reads RUNFLEET_* (README: The local stack)'
+
+## dev: Fleet and one edge host with a demo, on this machine (README: The local stack)
+# Fleet's four handlers on bbolt on RUNFLEET_ADDR, and one edge host with a demo upstream and
+# secret. Built, then exec'd rather than `go run`: Ctrl-C then ends it cleanly, with no
+# "Error 1" from make.
 dev:
 	@$(GO) build -o $(BUILD)/localstack ./infra/localstack
 	@exec $(BUILD)/localstack
 
-## test: lint, every Go test under -race (unit, store contract on moto_server, integration), brief fuzzing
+## test: what CI runs: deps, lint, test-go and fuzz-short
+# The tests: unit, the store contract on moto_server, integration (tests/).
 test: deps lint test-go fuzz-short
 
+## test-go: every Go test under -race, without lint or fuzzing (TEST_TIMEOUT, default 60m)
 test-go:
 	$(GO) test -race -count=1 -timeout $(TEST_TIMEOUT) ./...
 
-## deps: check and install what the tests use beyond Go (Debian packages; moto_server must be present)
+## deps: check the tools the tests need beyond Go; install the missing Debian packages
 deps:
 	@./infra/scripts/test-deps.sh
 
-## build: every Lambda as bootstrap for linux/arm64, and edge for this machine
+## build: build-functions and build-edge: every Lambda and edge, under build/
 build: build-functions build-edge
 
+## build-functions: every Lambda as build/functions/<fn>/bootstrap, static, for linux/arm64
 build-functions:
 	@for fn in $(FUNCTIONS); do \
 		echo "build functions/$$fn -> build/functions/$$fn/bootstrap (linux/arm64)"; \
 		$(LAMBDA_ENV) $(GO) build $(LAMBDA_FLAGS) -o $(BUILD)/functions/$$fn/bootstrap ./functions/$$fn || exit 1; \
 	done
 
-## build-<LogicalId>: what `sam build` runs for template.yaml's functions (BuildMethod: makefile),
-## each into $(ARTIFACTS_DIR)/bootstrap
 SAM_BUILD = $(if $(ARTIFACTS_DIR),,$(error ARTIFACTS_DIR is not set: sam build sets it)) \
 	$(LAMBDA_ENV) $(GO) build $(LAMBDA_FLAGS) -o $(ARTIFACTS_DIR)/bootstrap ./functions/$(1)
 
+## build-<LogicalId>: one function of template.yaml into ARTIFACTS_DIR, as `sam build` runs it
+# What template.yaml's functions (BuildMethod: makefile) build with: build-ApiFunction,
+# build-StreamFunction, build-SweepFunction, build-ProbeFunction.
 build-ApiFunction:
 	$(call SAM_BUILD,api)
 build-StreamFunction:
@@ -57,6 +77,7 @@ build-SweepFunction:
 build-ProbeFunction:
 	$(call SAM_BUILD,probe)
 
+## build-edge: edge for this machine, static, as build/edge
 build-edge:
 	CGO_ENABLED=0 $(GO) build -trimpath -ldflags '$(LDFLAGS)' -o $(BUILD)/edge ./edge
 
@@ -74,8 +95,10 @@ lint:
 fuzz:
 	@./infra/scripts/fuzz.sh $(FUZZTIME)
 
+## fuzz-short: every fuzz target for 30000 inputs each, as `make test` runs it
 fuzz-short:
 	@./infra/scripts/fuzz.sh 30000x
 
+## clean: remove build/ (not make dev's data dir)
 clean:
 	rm -rf $(BUILD)

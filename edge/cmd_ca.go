@@ -11,28 +11,35 @@ import (
 	"github.com/runfleet/runfleet/edge/config"
 )
 
-const caUsage = "usage: edge ca bundle|status --config edge.json"
+// caReadOnly is what both ca commands promise.
+const caReadOnly = "It reads the CA as stored under the config's dataDir, without unsealing a key or\n" +
+	"writing anything: safe beside a running edge serve."
 
-// runCA is `edge ca bundle|status --config edge.json`: the proxy CA as
-// stored under the data dir, read without unsealing a key or writing
-// anything, so it is safe beside a running edge serve. bundle prints the PEM
-// tasks install; status prints the signer and its successor.
-func runCA(args []string, stdout, stderr io.Writer) int {
-	if len(args) == 0 || (args[0] != "bundle" && args[0] != "status") {
-		fmt.Fprintln(stderr, caUsage)
-		return 2
+// caCommand is `edge ca bundle|status --config edge.json`: the proxy CA as
+// stored under the data dir. bundle prints the PEM tasks install; status
+// prints the signer and its successor.
+func caCommand(sub string) *command {
+	c := &command{
+		name:        "ca " + sub,
+		about:       caReadOnly,
+		required:    []string{"config"},
+		readsConfig: true,
+		flags: func(fs *flag.FlagSet) action {
+			path := fs.String("config", "", "read the config from `edge.json` (relative paths in it resolve against its folder)")
+			return func(_ []string, stdout, stderr io.Writer) int { return showCA(sub, *path, stdout, stderr) }
+		},
 	}
-	fs := flag.NewFlagSet("ca "+args[0], flag.ContinueOnError)
-	fs.SetOutput(stderr)
-	path := fs.String("config", "", "path to edge.json")
-	if err := fs.Parse(args[1:]); err != nil {
-		return 2
+	if sub == "bundle" {
+		c.purpose = "Print the CA bundle tasks trust (PEM: the signer, and its successor once minted)."
+	} else {
+		c.purpose = "Print the proxy CA's signer and successor: subjects, fingerprints, dates."
 	}
-	if *path == "" || fs.NArg() != 0 {
-		fmt.Fprintln(stderr, caUsage)
-		return 2
-	}
-	cfg, err := config.Load(*path)
+	return c
+}
+
+// showCA prints the bundle or the status of the CA of the config at path.
+func showCA(sub, path string, stdout, stderr io.Writer) int {
+	cfg, err := config.Load(path)
 	if err != nil {
 		fmt.Fprintln(stderr, err)
 		return 1
@@ -49,7 +56,7 @@ func runCA(args []string, stdout, stderr io.Writer) int {
 		fmt.Fprintln(stderr, err)
 		return 1
 	}
-	if args[0] == "bundle" {
+	if sub == "bundle" {
 		stdout.Write(in.Bundle)
 		return 0
 	}

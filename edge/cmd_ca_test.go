@@ -126,9 +126,9 @@ func TestCACommandErrors(t *testing.T) {
 		code int
 		says string
 	}{
-		{[]string{"ca"}, 2, "usage: edge ca bundle|status"},
-		{[]string{"ca", "rotate", "--config", path}, 2, "usage: edge ca bundle|status"},
-		{[]string{"ca", "bundle"}, 2, "usage: edge ca bundle|status"},
+		{[]string{"ca"}, 2, "edge ca: a command is missing\n\nusage: edge ca <command>"},
+		{[]string{"ca", "rotate", "--config", path}, 2, "edge ca: unknown command \"rotate\"\n\nusage: edge ca <command>"},
+		{[]string{"ca", "bundle"}, 2, "edge ca bundle: --config is required\n\nusage: edge ca bundle --config edge.json"},
 		{[]string{"ca", "bundle", "--config", path}, 1, "no CA under " + filepath.Join(dir, "data", "ca") + " yet"},
 		{[]string{"ca", "status", "--config", filepath.Join(dir, "missing.json")}, 1, "missing.json"},
 	}

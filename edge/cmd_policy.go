@@ -1,6 +1,7 @@
 package main
 
 import (
+	"flag"
 	"fmt"
 	"io"
 	"strings"
@@ -8,14 +9,26 @@ import (
 	"github.com/runfleet/runfleet/edge/policy"
 )
 
-// runPolicy is `edge policy check F`: load F as edge serve would, compile its
-// policy and print what each key may reach, or every problem found.
-func runPolicy(args []string, stdout, stderr io.Writer) int {
-	if len(args) != 2 || args[0] != "check" {
-		fmt.Fprintln(stderr, "usage: edge policy check <edge.json>")
-		return 2
+// policyCheckCommand is `edge policy check F`: load F as edge serve would,
+// compile its policy and print what each key may reach, or every problem
+// found.
+func policyCheckCommand() *command {
+	return &command{
+		name:    "policy check",
+		purpose: "Check a config's policy and print what each key may reach, or every problem found.",
+		about: "It loads the config as edge serve would (every key checked) and compiles its policy as\n" +
+			"SIGHUP reloads it, touching nothing; any problem found exits 1.",
+		operands:    []string{"edge.json"},
+		readsConfig: true,
+		flags: func(*flag.FlagSet) action {
+			return func(operands []string, stdout, stderr io.Writer) int { return checkPolicy(operands[0], stdout, stderr) }
+		},
 	}
-	p, err := policy.LoadFile(args[1])
+}
+
+// checkPolicy prints what each key of the policy at path may reach.
+func checkPolicy(path string, stdout, stderr io.Writer) int {
+	p, err := policy.LoadFile(path)
 	if err != nil {
 		fmt.Fprintf(stderr, "policy check failed:\n%v\n", err)
 		return 1

@@ -20,26 +20,35 @@ import (
 // grace: stopping listeners, the last trust deliveries, closing files.
 const shutdownMargin = 30 * time.Second
 
-// runServe is `edge serve --config edge.json`: the host API, the secrets
-// proxy, the CA and the runner in one process. SIGTERM (or SIGINT) drains
-// and exits 0; SIGHUP reloads the policy.
-func runServe(args []string, _, stderr io.Writer) int {
-	fs := flag.NewFlagSet("serve", flag.ContinueOnError)
-	fs.SetOutput(stderr)
-	path := fs.String("config", "", "path to edge.json")
-	if err := fs.Parse(args); err != nil {
-		return 2
+// serveCommand is `edge serve --config edge.json`: the host API, the secrets
+// proxy, the CA and the runner in one process.
+func serveCommand() *command {
+	return &command{
+		name:    "serve",
+		purpose: "Run this host: the host API, the secrets proxy, its CA and the runner, in one process.",
+		about: "SIGTERM or SIGINT drains: running tasks get runner.drainTimeout, then are cancelled; edge\n" +
+			"exits 0. SIGHUP reloads the policy, as does a change to the config file (an invalid new\n" +
+			"policy keeps the old one, logged). Logs are JSON lines on stderr.\n\n" +
+			proxy.KillSwitchEnv + "=off starts it with the secrets proxy down (runs that declare secrets\n" +
+			"are refused broker_not_ready); unset or on runs it; any other value refuses the start.",
+		required:    []string{"config"},
+		readsConfig: true,
+		flags: func(fs *flag.FlagSet) action {
+			path := fs.String("config", "", "read the config from `edge.json` (relative paths in it resolve against its folder)")
+			return func(_ []string, _, stderr io.Writer) int { return serve(*path, stderr) }
+		},
 	}
-	if *path == "" || fs.NArg() != 0 {
-		fmt.Fprintln(stderr, "usage: edge serve --config edge.json")
-		return 2
-	}
+}
+
+// serve runs the host from the config at path until a signal or a fault
+// stops it.
+func serve(path string, stderr io.Writer) int {
 	killSwitch, err := proxy.KillSwitch(os.Getenv)
 	if err != nil {
 		fmt.Fprintln(stderr, "edge serve:", err)
 		return 1
 	}
-	cfg, err := config.Load(*path)
+	cfg, err := config.Load(path)
 	if err != nil {
 		fmt.Fprintln(stderr, err)
 		return 1

@@ -83,7 +83,7 @@ func badInputCorpus(t *testing.T, kind string) {
 	}
 	cases := []tc{
 		// POST /fleet/hosts
-		{"hosts malformed", "POST", "/fleet/hosts", adminToken, `{"id": "x",`, nil, 400, "malformed JSON"},
+		{"hosts malformed", "POST", "/fleet/hosts", adminToken, `{"id": "x",`, nil, 400, "the request body is truncated JSON"},
 		{"hosts array", "POST", "/fleet/hosts", adminToken, `[{"id":"x"}]`, nil, 400, "JSON object"},
 		{"hosts wrong type", "POST", "/fleet/hosts", adminToken, `{"id":5,"baseUrl":"https://h","credentialRef":"x"}`, nil, 400, "id: want a string"},
 		{"hosts empty id", "POST", "/fleet/hosts", adminToken, `{"id":"","baseUrl":"https://h","credentialRef":"x"}`, nil, 400, "id is required"},
@@ -129,7 +129,7 @@ func badInputCorpus(t *testing.T, kind string) {
 		{"probe array", "POST", "/fleet/hosts/h1/probe", adminToken, `[]`, nil, 400, "JSON object"},
 		{"probe all unknown field", "POST", "/fleet/probe", adminToken, `{"all":true}`, nil, 400, `unknown field "all"`},
 		// POST /fleet/callers
-		{"mint malformed", "POST", "/fleet/callers", adminToken, `{"ownerId":`, nil, 400, "malformed JSON"},
+		{"mint malformed", "POST", "/fleet/callers", adminToken, `{"ownerId":`, nil, 400, "the request body is truncated JSON"},
 		{"mint array", "POST", "/fleet/callers", adminToken, `["x"]`, nil, 400, "JSON object"},
 		{"mint empty owner", "POST", "/fleet/callers", adminToken, `{"ownerId":""` + scopes + `}`, nil, 400, "ownerId"},
 		{"mint owner shape", "POST", "/fleet/callers", adminToken, `{"ownerId":"a b"` + scopes + `}`, nil, 400, "ownerId"},
@@ -151,7 +151,7 @@ func badInputCorpus(t *testing.T, kind string) {
 		{"revoke long owner", "DELETE", "/fleet/callers/" + longID, adminToken, ``, nil, 404, "does not exist"},
 		{"revoke odd owner", "DELETE", "/fleet/callers/a%2Fb", adminToken, ``, nil, 404, `"a/b"`},
 		// POST /fleet/runs
-		{"runs malformed", "POST", "/fleet/runs", acme, `{"agent":"shell"`, nil, 400, "malformed JSON"},
+		{"runs malformed", "POST", "/fleet/runs", acme, `{"agent":"shell"`, nil, 400, "the request body is truncated JSON"},
 		{"runs array", "POST", "/fleet/runs", acme, `[{"agent":"shell"}]`, nil, 400, "JSON object"},
 		{"runs null", "POST", "/fleet/runs", acme, `null`, nil, 400, "JSON object"},
 		{"runs agent type", "POST", "/fleet/runs", acme, `{"agent":1}`, nil, 400, "agent"},
@@ -210,8 +210,8 @@ func badInputCorpus(t *testing.T, kind string) {
 		{"hosts with a body", "GET", "/fleet/hosts", acme, `{}`, nil, 400, "no request body"},
 		// POST /fleet/runs/{id}/input, /cancel, /retry
 		{"input no body", "POST", run + "/input", acme, ``, nil, 400, "JSON body is required"},
-		{"input malformed", "POST", run + "/input", acme, `{"input":`, nil, 400, "malformed JSON"},
-		{"input not JSON", "POST", run + "/input", acme, `ls -l`, nil, 400, "malformed JSON"},
+		{"input malformed", "POST", run + "/input", acme, `{"input":`, nil, 400, "the request body is truncated JSON"},
+		{"input not JSON", "POST", run + "/input", acme, `ls -l`, nil, 400, "the request body is not JSON"},
 		{"input beside another field", "POST", run + "/input", acme, `{"input":"x","echo":true}`, nil, 400, `unknown field "echo"`},
 		{"input over 1 MiB", "POST", run + "/input", acme, hugeInput, nil, 413, "larger than"},
 		{"input unknown run", "POST", "/fleet/runs/fr-unknown/input", acme, `"x"`, nil, 404, "fr-unknown"},
@@ -219,7 +219,7 @@ func badInputCorpus(t *testing.T, kind string) {
 		{"cancel unknown field", "POST", run + "/cancel", acme, `{"signal":"KILL"}`, nil, 400, `unknown field "signal"`},
 		{"cancel array", "POST", run + "/cancel", acme, `[]`, nil, 400, "JSON object"},
 		{"retry unknown field", "POST", run + "/retry", acme, `{"attempt":2}`, nil, 400, `unknown field "attempt"`},
-		{"retry malformed", "POST", run + "/retry", acme, `{`, nil, 400, "malformed JSON"},
+		{"retry malformed", "POST", run + "/retry", acme, `{`, nil, 400, "the request body is truncated JSON"},
 		{"verb GET", "GET", run + "/retry", acme, ``, nil, 405, "GET"},
 		// GET /fleet/runs/{id}/events
 		{"events after -1", "GET", run + "/events?after=-1", acme, ``, nil, 400, "after"},

@@ -170,17 +170,20 @@ type cfnResolver struct {
 // noValue is AWS::NoValue: the element or key it is in disappears.
 var noValue = &struct{ noValue bool }{}
 
-// Pseudo parameters as the tests deploy.
+// Pseudo parameters as the tests deploy, and the stream function's URL
+// (the one attribute the environments take from a resource that is not a
+// table).
 const (
-	testRegion  = "us-east-1"
-	testAccount = "123456789012"
+	testRegion    = "us-east-1"
+	testAccount   = "123456789012"
+	testStreamURL = "https://runfleet-stream-0123456789.lambda-url.us-east-1.on.aws/"
 )
 
 func newResolver(tpl map[string]any, overrides map[string]any) *cfnResolver {
 	r := &cfnResolver{tpl: tpl, params: map[string]any{
 		"AWS::Region": testRegion, "AWS::AccountId": testAccount, "AWS::Partition": "aws",
 		"AWS::URLSuffix": "amazonaws.com", "AWS::StackName": "runfleet",
-	}, refs: map[string]string{}, attrs: map[string]string{}, conds: map[string]bool{}}
+	}, refs: map[string]string{}, attrs: map[string]string{"StreamFunctionUrl.FunctionUrl": testStreamURL}, conds: map[string]bool{}}
 	for name, p := range jsonObj(tpl, "Parameters") {
 		def := jsonObj(p)["Default"]
 		if jsonObj(p)["Type"] == "CommaDelimitedList" {

@@ -99,12 +99,21 @@ func (e *e2eEdge) baseURL() string { return "http://" + e.spec.APIListen }
 // false, another key in its place) and opens the host.
 func (e *e2eEdge) open(grant, killSwitch bool) {
 	e.t.Helper()
+	e.openWith(killSwitch, func(cfg *config.Config) {
+		if !grant {
+			keys := cfg.Policy.Projects[demo.Project].Keys
+			keys["OTHER_KEY"] = keys[demo.Key]
+			delete(keys, demo.Key)
+		}
+	})
+}
+
+// openWith writes edge.json, the demo's as change leaves it, and opens the
+// host.
+func (e *e2eEdge) openWith(killSwitch bool, change func(*config.Config)) {
+	e.t.Helper()
 	cfg := e.spec.Config()
-	if !grant {
-		keys := cfg.Policy.Projects[demo.Project].Keys
-		keys["OTHER_KEY"] = keys[demo.Key]
-		delete(keys, demo.Key)
-	}
+	change(cfg)
 	must(e.t, e.spec.Write(e.cfgPath, cfg))
 	loaded, err := config.Load(e.cfgPath)
 	must(e.t, err)
@@ -158,9 +167,12 @@ type e2eFleet struct {
 	responses []string
 }
 
-func newE2EFleet(t *testing.T) *e2eFleet {
+func newE2EFleet(t *testing.T) *e2eFleet { return newE2EFleetOn(t, "dynamodb") }
+
+// newE2EFleetOn is newE2EFleet on the store kind given.
+func newE2EFleetOn(t *testing.T, kind string) *e2eFleet {
 	logs := &syncbuf.Buffer{}
-	s := newStack(t, "dynamodb", stackOptions{realClock: true, log: logs, hostCredentials: map[string]string{e2eHostRef: e2eHostToken}})
+	s := newStack(t, kind, stackOptions{realClock: true, log: logs, hostCredentials: map[string]string{e2eHostRef: e2eHostToken}})
 	return &e2eFleet{stack: s, logs: logs}
 }
 
@@ -368,33 +380,69 @@ echo "got $line"`, tag, demo.Key, e.upstream.URL())
 	}
 }
 
-// TestEndToEndSecretsRefusals: the same dispatch with the key not granted
-// by the host policy is refused key_not_granted by edge; with the kill
-// switch on and Fleet's last probe from before it, edge refuses it
-// broker_not_ready; once Fleet re-probed, routing refuses it
+// TestEndToEndSecretsRefusals: a real edge refuses runs at admission and
+// the caller reads why where it looks, on both stores: the dispatch answer
+// is 409 with the reason as its code, a detail naming what to change, and
+// the run's links; the run itself (GET, the list, the stream's done) carries
+// the same reason and detail. The refusals: the key not granted by the host
+// policy; a domain the key may not reach (named with its port, beside the
+// policy's own); the host's concurrency limit; the kill switch with Fleet's
+// last probe from before it (broker_not_ready); once re-probed, routing's
 // secrets_unsupported. No process starts in any case.
 func TestEndToEndSecretsRefusals(t *testing.T) {
+	for _, kind := range storeKinds {
+		t.Run(kind, func(t *testing.T) { secretsRefusals(t, kind) })
+	}
+}
+
+func secretsRefusals(t *testing.T, kind string) {
 	e := newE2EEdge(t)
-	e.open(false, false) // the policy proxies another key, not the demo's
-	f := newE2EFleet(t)
+	e.openWith(false, func(cfg *config.Config) {
+		keys := cfg.Policy.Projects[demo.Project].Keys
+		keys["OTHER_KEY"] = keys[demo.Key] // the demo key is not in the policy
+		delete(keys, demo.Key)
+		cfg.Runner.MaxConcurrent = 1
+	})
+	f := newE2EFleetOn(t, kind)
 	f.register(t, e)
 	caller := f.call(t, http.StatusCreated, "POST", "/fleet/callers", adminToken,
 		`{"ownerId":"alice","allowedHosts":["edge-1"],"allowedProjects":["demo"]}`).str("token")
-	dispatch := func(name string) answer {
+	dispatchTo := func(name string, domains []string) answer {
 		prompt := fmt.Sprintf(`touch %s
 curl -sS -H "Authorization: Bearer $%s" %s`, e.marker(name), demo.Key, e.upstream.URL())
-		return f.do(t, "POST", "/fleet/runs", caller, demo.DispatchBody(e.upstream, demo.ShellAgent, prompt))
+		body, _ := json.Marshal(map[string]any{"agent": demo.ShellAgent, "prompt": prompt,
+			"secrets": []demo.Secret{{ProjectID: demo.Project, Key: demo.Key, Domains: domains}}})
+		return f.do(t, "POST", "/fleet/runs", caller, string(body))
 	}
-	// refused checks a dispatched run ended refused with reason, and that
+	dispatch := func(name string) answer { return dispatchTo(name, []string{e.upstream.Domain()}) }
+	// refused checks that the dispatch answered 409 with the refusal, that
+	// the run reads the same in GET, the list and the stream, and that
 	// nothing ran: no marker, no running state, an admission refusal.
-	refused := func(a answer, name, reason string) {
+	refused := func(a answer, name, reason, detail string) {
 		t.Helper()
-		if a.status != http.StatusCreated || a.str("hostId") != "edge-1" {
-			t.Fatalf("dispatch %s: %d %s", name, a.status, a.raw)
+		id := a.str("fleetRunId")
+		links, _ := a.body["links"].(map[string]any)
+		if a.status != http.StatusConflict || a.str("code") != reason || a.str("reason") != reason || a.str("status") != "failed" ||
+			a.str("hostId") != "edge-1" || !strings.Contains(a.str("detail"), detail) || !strings.Contains(a.errorText(), detail) ||
+			links["self"] != f.srv.URL+"/fleet/runs/"+id || links["stream"] != f.srv.URL+"/fleet/runs/"+id+"/stream" {
+			t.Fatalf("dispatch %s: %d %s, want 409 %s naming %q with the run's links", name, a.status, a.raw, reason, detail)
 		}
-		r := f.run(t, caller, a.str("fleetRunId"))
-		if r["status"] != "failed" || r["reason"] != reason {
-			t.Fatalf("run %s: %v, want failed %s", name, r, reason)
+		r := f.run(t, caller, id)
+		if r["status"] != "failed" || r["reason"] != reason || r["detail"] != a.str("detail") {
+			t.Fatalf("run %s: %v, want failed %s with the answer's detail", name, r, reason)
+		}
+		listed := false
+		for _, x := range f.call(t, http.StatusOK, "GET", "/fleet/runs", caller, "").body["runs"].([]any) {
+			if x := x.(map[string]any); x["fleetRunId"] == id {
+				listed = x["reason"] == reason && x["detail"] == a.str("detail")
+			}
+		}
+		if !listed {
+			t.Fatalf("the list does not show run %s with its reason and detail", name)
+		}
+		sse := f.do(t, "GET", "/fleet/runs/"+id+"/stream", caller, "")
+		if !strings.Contains(sse.raw, "event: done") || !strings.Contains(sse.raw, `"reason":"`+reason+`"`) || !strings.Contains(sse.raw, `"detail":`) {
+			t.Fatalf("the stream of run %s: %s", name, sse.raw)
 		}
 		evs := e.events(a.str("childRunId"))
 		raw, _ := json.Marshal(evs)
@@ -407,13 +455,26 @@ curl -sS -H "Authorization: Bearer $%s" %s`, e.marker(name), demo.Key, e.upstrea
 		}
 	}
 
-	refused(dispatch("not-granted"), "not-granted", hostproto.ReasonKeyNotGranted)
+	refused(dispatch("not-granted"), "not-granted", hostproto.ReasonKeyNotGranted,
+		"the host policy does not grant demo/DEMO_API_KEY: this host's policy does not proxy this key")
 
-	// The kill switch: edge restarts with its secrets proxy down (the key
-	// granted now); Fleet's last probe is from before.
+	// The key granted, but declared for its name alone: port 443, which
+	// the policy does not give it.
+	e.shutdown()
+	e.openWith(false, func(cfg *config.Config) { cfg.Runner.MaxConcurrent = 1 })
+	refused(dispatchTo("wrong-port", []string{demo.UpstreamName}), "wrong-port", hostproto.ReasonKeyNotGranted,
+		fmt.Sprintf("it may not reach %s (port 443); this host's policy lets it reach only %s: declare those domains", demo.UpstreamName, e.upstream.Domain()))
+
+	// The one slot taken by a run that waits: the next is host_busy.
+	slot := f.call(t, http.StatusCreated, "POST", "/fleet/runs", caller, fmt.Sprintf(`{"agent":"shell","prompt":"touch %s; sleep 600"}`, e.marker("slot")))
+	refused(dispatch("busy"), "busy", hostproto.ReasonHostBusy, "the host already runs 1 task, its runner.maxConcurrent")
+	f.call(t, http.StatusOK, "POST", "/fleet/runs/"+slot.str("fleetRunId")+"/cancel", caller, "")
+
+	// The kill switch: edge restarts with its secrets proxy down; Fleet's
+	// last probe is from before.
 	e.shutdown()
 	e.open(true, true)
-	refused(dispatch("stale-probe"), "stale-probe", hostproto.ReasonBrokerNotReady)
+	refused(dispatch("stale-probe"), "stale-probe", hostproto.ReasonBrokerNotReady, "secrets proxy")
 
 	// Re-probed, edge reports no secrets proxy: routing excludes it and
 	// nothing reaches edge.
@@ -430,8 +491,8 @@ curl -sS -H "Authorization: Bearer $%s" %s`, e.marker(name), demo.Key, e.upstrea
 		} `json:"details"`
 	}
 	json.Unmarshal([]byte(a.raw), &body)
-	if a.status != http.StatusConflict || len(body.Details.Excluded) != 1 || body.Details.Excluded[0].HostID != "edge-1" ||
-		fmt.Sprint(body.Details.Excluded[0].Reasons) != "[secrets_unsupported]" {
+	if a.status != http.StatusConflict || body.Code != "no_eligible_host" || len(body.Details.Excluded) != 1 || body.Details.Excluded[0].HostID != "edge-1" ||
+		fmt.Sprint(body.Details.Excluded[0].Reasons) != "[secrets_unsupported]" || !strings.Contains(a.errorText(), "edge-1 (secrets_unsupported)") {
 		t.Fatalf("dispatch with the kill switch on, re-probed: %d %s", a.status, a.raw)
 	}
 	if e.starts() != before {

@@ -320,6 +320,13 @@ func TestOpenAPIDescribesRealAnswers(t *testing.T) {
 	sm.do("POST", "/fleet/runs", "/fleet/runs", tok, `{"agent":"shell","prompt":"x"}`, 201, "Idempotency-Key", "build-2")
 	sm.do("POST", "/fleet/runs", "/fleet/runs", tok, `{"agent":"nope"}`, 409)
 	sm.do("POST", "/fleet/runs", "/fleet/runs", tok, `{"agent":"shell","secrets":[{"projectId":"other","key":"K","domains":["a.example.com"]}]}`, 403)
+	// A start the host refuses: 409 with the run, its reason and detail;
+	// again with the key, 200 with the run as it stands.
+	host.RefuseStarts(http.StatusConflict, "draining")
+	refused := sm.do("POST", "/fleet/runs", "/fleet/runs", tok, `{"agent":"shell"}`, 409, "Idempotency-Key", "refused-1")
+	host.RefuseStarts(0, "")
+	sm.do("POST", "/fleet/runs", "/fleet/runs", tok, `{"agent":"shell"}`, 200, "Idempotency-Key", "refused-1")
+	sm.do("GET", "/fleet/runs/{id}", "/fleet/runs/"+fmt.Sprint(refused["fleetRunId"]), tok, "", 200)
 	id, child := fmt.Sprint(run["fleetRunId"]), fmt.Sprint(run["childRunId"])
 	sm.do("GET", "/fleet/runs", "/fleet/runs", tok, "", 200)
 	sm.do("GET", "/fleet/runs", "/fleet/runs?limit=1", adm, "", 200)

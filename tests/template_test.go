@@ -251,7 +251,7 @@ func TestTemplateFunctionEnvironments(t *testing.T) {
 	allowed := []string{config.EnvStore, config.EnvTableHosts, config.EnvTableRuns, config.EnvTableEvents,
 		config.EnvTableCallers, config.EnvTableIdempotency, config.EnvCredentials, config.EnvRetentionDays,
 		config.EnvHostTimeout, config.EnvProbeMaxAge, config.EnvLogLevel, config.EnvAdminTokenSecret,
-		config.EnvRepoURLs, config.EnvStreamMaxDuration}
+		config.EnvRepoURLs, config.EnvStreamMaxDuration, config.EnvStreamURL}
 	for fn := range templateFunctions {
 		t.Run(fn, func(t *testing.T) {
 			r := newResolver(out, nil)
@@ -280,6 +280,10 @@ func TestTemplateFunctionEnvironments(t *testing.T) {
 			authenticates := fn == "ApiFunction" || fn == "StreamFunction"
 			if got := env[config.EnvAdminTokenSecret]; authenticates != (got != "") || (authenticates && got != "runfleet/admin-token") {
 				t.Errorf("admin token secret %q (the api and stream read runfleet/admin-token, the others nothing)", got)
+			}
+			// The api links a run's stream on the stream function's URL.
+			if got, want := cfg.StreamURL, map[bool]string{true: testStreamURL}[fn == "ApiFunction"]; got != want {
+				t.Errorf("%s = %q, want %q", config.EnvStreamURL, got, want)
 			}
 			if _, set := env[config.EnvRepoURLs]; set {
 				t.Errorf("%s is set with RepoUrlsPath empty", config.EnvRepoURLs)

@@ -286,7 +286,11 @@ func errorAnswer(err error) (int, hostproto.ErrorBody) {
 	case errors.Is(err, runner.ErrDraining):
 		return http.StatusConflict, hostproto.ErrorBody{Error: "the host is draining and admits nothing new", Code: hostproto.CodeDraining}
 	case errors.As(err, &refusal):
-		return http.StatusConflict, hostproto.ErrorBody{Error: refusal.Error(), Code: refusal.Reason}
+		msg := refusal.Detail
+		if msg == "" {
+			msg = refusal.Error()
+		}
+		return http.StatusConflict, hostproto.ErrorBody{Error: msg, Code: refusal.Reason}
 	}
 	return http.StatusInternalServerError, hostproto.ErrorBody{Error: "internal error"}
 }

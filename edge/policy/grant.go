@@ -4,6 +4,7 @@ import (
 	"errors"
 	"fmt"
 	"slices"
+	"strings"
 
 	"github.com/runfleet/runfleet/shared/hostproto"
 )
@@ -72,7 +73,7 @@ func (p *Policy) Grant(declared []Declared) (granted []Granted, refused []Refusa
 	for _, d := range declared {
 		k, ok := p.keys[d.Ref]
 		if !ok {
-			refused = append(refused, Refusal{d.Ref, "the host policy does not proxy this key"})
+			refused = append(refused, Refusal{d.Ref, "this host's policy does not proxy this key"})
 			continue
 		}
 		domains := k.Domains
@@ -80,7 +81,7 @@ func (p *Policy) Grant(declared []Declared) (granted []Granted, refused []Refusa
 			domains = nil
 			for _, dom := range d.Domains {
 				if !k.Reaches(dom) {
-					refused = append(refused, Refusal{d.Ref, fmt.Sprintf("the host policy does not let this key reach %s", dom)})
+					refused = append(refused, Refusal{d.Ref, domainRefusal(dom, k.Domains)})
 					domains = nil
 					break
 				}
@@ -93,6 +94,18 @@ func (p *Policy) Grant(declared []Declared) (granted []Granted, refused []Refusa
 		granted = append(granted, Granted{Ref: d.Ref, Domains: domains, In: k.In, Placeholder: k.Placeholder})
 	}
 	return granted, refused
+}
+
+// domainRefusal names the domain refused with its port (a name alone is
+// port 443, which a caller easily misses) and the domains the policy has
+// for the key, as the policy writes them: the caller declares one of those.
+func domainRefusal(refused Domain, allowed []Domain) string {
+	names := make([]string, len(allowed))
+	for i, d := range allowed {
+		names[i] = d.String()
+	}
+	return fmt.Sprintf("it may not reach %s (port %d); this host's policy lets it reach only %s: declare those domains",
+		refused, refused.Port, strings.Join(names, ", "))
 }
 
 // NotGrantedError is the typed refusal for declared keys the host policy does

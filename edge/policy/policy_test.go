@@ -86,12 +86,14 @@ func TestGrant(t *testing.T) {
 		wantDomains []Domain
 		wantRefused string
 	}{
-		"all domains":     {[]hostproto.Secret{{ProjectID: "acme", Key: "A"}}, []Domain{{"a.example", 443}, {"b.example", 443}}, ""},
-		"narrowed":        {[]hostproto.Secret{{ProjectID: "acme", Key: "A", Domains: []string{"B.example."}}}, []Domain{{"b.example", 443}}, ""},
-		"unknown key":     {[]hostproto.Secret{{ProjectID: "acme", Key: "Z"}}, nil, "does not proxy this key"},
-		"other project":   {[]hostproto.Secret{{ProjectID: "other", Key: "A"}}, nil, "does not proxy this key"},
-		"domain too wide": {[]hostproto.Secret{{ProjectID: "acme", Key: "A", Domains: []string{"a.example", "c.example"}}}, nil, "reach c.example"},
-		"other port":      {[]hostproto.Secret{{ProjectID: "acme", Key: "A", Domains: []string{"a.example:8443"}}}, nil, "reach a.example:8443"},
+		"all domains":   {[]hostproto.Secret{{ProjectID: "acme", Key: "A"}}, []Domain{{"a.example", 443}, {"b.example", 443}}, ""},
+		"narrowed":      {[]hostproto.Secret{{ProjectID: "acme", Key: "A", Domains: []string{"B.example."}}}, []Domain{{"b.example", 443}}, ""},
+		"unknown key":   {[]hostproto.Secret{{ProjectID: "acme", Key: "Z"}}, nil, "does not proxy this key"},
+		"other project": {[]hostproto.Secret{{ProjectID: "other", Key: "A"}}, nil, "does not proxy this key"},
+		"domain too wide": {[]hostproto.Secret{{ProjectID: "acme", Key: "A", Domains: []string{"a.example", "c.example"}}}, nil,
+			"it may not reach c.example (port 443); this host's policy lets it reach only a.example, b.example"},
+		"other port": {[]hostproto.Secret{{ProjectID: "acme", Key: "A", Domains: []string{"a.example:8443"}}}, nil,
+			"it may not reach a.example:8443 (port 8443); this host's policy lets it reach only a.example, b.example"},
 	} {
 		declared, err := ParseDeclared(tc.declared)
 		if err != nil {

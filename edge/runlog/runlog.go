@@ -140,6 +140,7 @@ func (r Record) Run() hostproto.Run {
 		Attempt:     r.Attempt,
 		ExitCode:    r.ExitCode,
 		Reason:      r.Reason,
+		Detail:      r.Detail,
 	}
 }
 

@@ -2,6 +2,7 @@ package runner
 
 import (
 	"errors"
+	"fmt"
 
 	"github.com/runfleet/runfleet/shared/hostproto"
 )
@@ -94,7 +95,8 @@ func Decide(f Facts) Decision {
 	case !f.HoldsSlot && f.MaxConcurrent <= 0:
 		return refuse(hostproto.ReasonHostBusy, "the host runs no tasks (runner.maxConcurrent is 0)")
 	case !f.HoldsSlot && f.Active >= f.MaxConcurrent:
-		return refuse(hostproto.ReasonHostBusy, "the host already runs runner.maxConcurrent tasks")
+		return refuse(hostproto.ReasonHostBusy, fmt.Sprintf("the host already runs %d %s, its runner.maxConcurrent: retry later, or dispatch to another host",
+			f.Active, plural(f.Active, "task", "tasks")))
 	}
 	if !f.NeedsBroker {
 		return Decision{Verdict: Admit}
@@ -107,7 +109,7 @@ func Decide(f Facts) Decision {
 	case f.Ungranted != "":
 		detail := "the host policy does not grant " + f.Ungranted
 		if f.UngrantedReason != "" {
-			detail += " (" + f.UngrantedReason + ")"
+			detail += ": " + f.UngrantedReason
 		}
 		return refuse(hostproto.ReasonKeyNotGranted, detail)
 	case !f.Prepared:
@@ -120,4 +122,11 @@ func Decide(f Facts) Decision {
 		return refuse(hostproto.ReasonBrokerNotReady, f.Preparation.Error())
 	}
 	return Decision{Verdict: Admit}
+}
+
+func plural(n int, one, many string) string {
+	if n == 1 {
+		return one
+	}
+	return many
 }

@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"io"
 	"math"
 	"net/url"
 	"reflect"
@@ -20,13 +21,13 @@ import (
 func decodeObject(body []byte, dst any) error {
 	trimmed := bytes.TrimSpace(body)
 	if len(trimmed) == 0 {
-		return badRequest("a JSON object body is required")
+		return badRequest("the request body is empty: a JSON object is required")
+	}
+	if !json.Valid(trimmed) {
+		return invalidJSON(trimmed)
 	}
 	if trimmed[0] != '{' {
 		return badRequest("the request body must be a JSON object, not %s", jsonKind(trimmed[0]))
-	}
-	if !json.Valid(trimmed) {
-		return syntaxError(trimmed)
 	}
 	if err := checkFields(trimmed, reflect.TypeOf(dst).Elem(), ""); err != nil {
 		return err
@@ -43,15 +44,53 @@ func decodeObject(body []byte, dst any) error {
 	return nil
 }
 
-// syntaxError locates a JSON syntax error for the message.
+// invalidJSON names what is wrong with a non-empty body that is not valid
+// JSON: not JSON at all (a form-encoded body, as curl -d sends key=value,
+// named as such), cut short, or malformed at a byte. Nothing of the body is
+// quoted: it may hold a secret meant for a field.
+func invalidJSON(body []byte) error {
+	switch {
+	case formEncoded(body):
+		return badRequest("the request body is form-encoded (key=value), not JSON: send a JSON object such as {\"agent\": \"shell\"}")
+	case jsonKind(body[0]) == "not JSON":
+		return badRequest("the request body is not JSON")
+	}
+	return syntaxError(body)
+}
+
+// formEncoded reports whether body reads as application/x-www-form-urlencoded.
+func formEncoded(body []byte) bool {
+	if bytes.ContainsAny(body, " \t\r\n{}[]\"") {
+		return false
+	}
+	v, err := url.ParseQuery(string(body))
+	if err != nil || len(v) == 0 {
+		return false
+	}
+	for k := range v {
+		if k == "" {
+			return false
+		}
+	}
+	return bytes.IndexByte(body, '=') > 0
+}
+
+// syntaxError locates a JSON syntax error for the message: a body cut
+// short (truncated in transit, or a shell quote that ended it) is named as
+// such.
 func syntaxError(body []byte) error {
+	// The decoder, unlike Unmarshal, tells a body cut short from a bad byte.
 	var v any
+	if err := json.NewDecoder(bytes.NewReader(body)).Decode(&v); errors.Is(err, io.ErrUnexpectedEOF) {
+		return badRequest("the request body is truncated JSON: it ends after %d bytes, before the value closes", len(body))
+	}
 	err := json.Unmarshal(body, &v)
 	var se *json.SyntaxError
-	if errors.As(err, &se) {
-		return badRequest("malformed JSON at byte %d: %s", se.Offset, se.Error())
+	switch {
+	case errors.As(err, &se):
+		return badRequest("malformed JSON at byte %d: %s", se.Offset, strings.TrimPrefix(se.Error(), "json: "))
 	}
-	return badRequest("malformed JSON: the body ends too early")
+	return badRequest("malformed JSON: %v", err)
 }
 
 // checkFields walks a JSON value against the Go type it decodes into and
@@ -168,8 +207,10 @@ func jsonKind(first byte) string {
 		return "null"
 	case '{':
 		return "an object"
+	case '-', '0', '1', '2', '3', '4', '5', '6', '7', '8', '9':
+		return "a number"
 	}
-	return "a number"
+	return "not JSON"
 }
 
 func typeName(t reflect.Type) string {

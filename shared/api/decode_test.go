@@ -8,11 +8,16 @@ import (
 
 func TestDecodeObjectIsStrictAndNamesTheField(t *testing.T) {
 	for body, want := range map[string]string{
-		``:                                  "a JSON object body is required",
-		`   `:                               "a JSON object body is required",
+		``:                                  "the request body is empty: a JSON object is required",
+		`   `:                               "the request body is empty: a JSON object is required",
 		`[]`:                                "must be a JSON object, not an array",
 		`"x"`:                               "must be a JSON object, not a string",
-		`{"agent": "shell"`:                 "malformed JSON",
+		`42`:                                "must be a JSON object, not a number",
+		`agent=shell&prompt=hi`:             "the request body is form-encoded (key=value), not JSON",
+		`true=1`:                            "the request body is form-encoded (key=value), not JSON",
+		`agent: shell`:                      "the request body is not JSON",
+		`{"agent": "shell"`:                 "the request body is truncated JSON: it ends after 17 bytes",
+		`{"agent" "shell"}`:                 "malformed JSON at byte 10",
 		`{"agent": "shell"} {}`:             "malformed JSON",
 		`{"agent": 5}`:                      "agent: want a string, got number",
 		`{"Agent": "shell"}`:                `unknown field "Agent" (did you mean "agent"?)`,

@@ -53,6 +53,10 @@ type Config struct {
 	Clock clock.Clock
 	// MaxBodyBytes bounds a request body; zero is DefaultMaxBodyBytes.
 	MaxBodyBytes int
+	// StreamURL is the stream's public base URL (the stream function's URL
+	// in AWS), for the links of a run; empty means the API's own base, as
+	// where one server answers both (the local stack).
+	StreamURL string
 }
 
 // Validate reports a missing required field.
@@ -67,6 +71,11 @@ func (c Config) Validate() error {
 	if c.Logger == nil {
 		errs = append(errs, errors.New("api: Config.Logger is required"))
 	}
+	if c.StreamURL != "" {
+		if err := CheckBaseURL(c.StreamURL); err != nil {
+			errs = append(errs, fmt.Errorf("api: Config.StreamURL: %w", err))
+		}
+	}
 	return errors.Join(errs...)
 }
 
@@ -77,6 +86,7 @@ type Handler struct {
 	log     *slog.Logger
 	clock   clock.Clock
 	maxBody int
+	stream  string
 	routes  []route
 }
 
@@ -85,7 +95,8 @@ func New(cfg Config) (*Handler, error) {
 	if err := cfg.Validate(); err != nil {
 		return nil, err
 	}
-	h := &Handler{fleet: cfg.Fleet, auth: cfg.Auth, log: cfg.Logger, clock: cfg.Clock, maxBody: cfg.MaxBodyBytes}
+	h := &Handler{fleet: cfg.Fleet, auth: cfg.Auth, log: cfg.Logger, clock: cfg.Clock, maxBody: cfg.MaxBodyBytes,
+		stream: strings.TrimSuffix(cfg.StreamURL, "/")}
 	if h.clock == nil {
 		h.clock = clock.Real{}
 	}
@@ -159,6 +170,7 @@ type request struct {
 	query   query
 	body    []byte
 	headers map[string]string
+	links   linker
 }
 
 // header returns a request header by its lower-case name.
@@ -238,6 +250,10 @@ func (h *Handler) prepare(ctx context.Context, ev events.APIGatewayV2HTTPRequest
 	}
 
 	rq := &request{params: params, headers: lowerKeys(ev.Headers)}
+	rq.links = linker{api: requestBase(ev, rq.headers), stream: h.stream}
+	if rq.links.stream == "" {
+		rq.links.stream = rq.links.api
+	}
 	if rt.access != public {
 		authz, _ := rq.header("authorization")
 		c, err := h.auth.Authenticate(ctx, authz)

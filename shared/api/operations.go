@@ -23,7 +23,7 @@ func (h *Handler) input(ctx context.Context, rq *request) (int, any, error) {
 	if err != nil {
 		return 0, nil, err
 	}
-	return http.StatusOK, toInteractionAnswer(res), nil
+	return http.StatusOK, toInteractionAnswer(res, rq.links), nil
 }
 
 func (h *Handler) cancel(ctx context.Context, rq *request) (int, any, error) {
@@ -34,7 +34,7 @@ func (h *Handler) cancel(ctx context.Context, rq *request) (int, any, error) {
 	if err != nil {
 		return 0, nil, err
 	}
-	return http.StatusOK, toInteractionAnswer(res), nil
+	return http.StatusOK, toInteractionAnswer(res, rq.links), nil
 }
 
 func (h *Handler) retry(ctx context.Context, rq *request) (int, any, error) {
@@ -45,7 +45,7 @@ func (h *Handler) retry(ctx context.Context, rq *request) (int, any, error) {
 	if err != nil {
 		return 0, nil, err
 	}
-	return http.StatusOK, toInteractionAnswer(res), nil
+	return http.StatusOK, toInteractionAnswer(res, rq.links), nil
 }
 
 // inputValue reads POST /fleet/runs/{id}/input's body: {"input": v} sends v
@@ -60,7 +60,7 @@ func inputValue(body []byte) (json.RawMessage, error) {
 		return nil, badRequest(`a JSON body is required: {"input": <any JSON value>}, or the value itself`)
 	}
 	if !json.Valid(trimmed) {
-		return nil, syntaxError(trimmed)
+		return nil, invalidJSON(trimmed)
 	}
 	if trimmed[0] != '{' {
 		return json.RawMessage(trimmed), nil

@@ -274,16 +274,41 @@ func (h *Handler) dispatch(ctx context.Context, rq *request) (int, any, error) {
 	if err != nil {
 		return 0, nil, err
 	}
-	status := http.StatusCreated
-	if res.Reused {
-		status = http.StatusOK
-	}
 	r := res.Run
-	return status, dispatchAnswer{
+	answer := dispatchAnswer{
 		FleetRunID: r.FleetRunID, HostID: r.HostID, ChildRunID: r.ChildRunID, Status: r.Status,
 		Pending: r.Status == store.StatusDispatching, Reused: res.Reused,
-		RewroteLocalPath: r.RewroteLocalPath, Note: res.Note,
-	}, nil
+		RewroteLocalPath: r.RewroteLocalPath, Reason: r.Reason, Detail: r.Detail, Note: res.Note,
+		Links: rq.links.run(r.FleetRunID),
+	}
+	switch {
+	case res.Refused:
+		// The run exists (failed, with its reason) but nothing started: a
+		// 2xx would tell a client that checks statuses it did. 409, as for
+		// a dispatch routing refuses: the fleet's state (the host's policy,
+		// broker or capacity) refuses the request; code is the reason.
+		return http.StatusConflict, refusedAnswer{Error: refusalMessage(r), Code: r.Reason, dispatchAnswer: answer}, nil
+	case res.Reused:
+		return http.StatusOK, answer, nil
+	}
+	return http.StatusCreated, answer, nil
+}
+
+// refusedAnswer is a dispatch the host refused: an error body (error, code)
+// and the dispatch answer in one object, so a generic error handler and a
+// client that follows the run both find what they read.
+type refusedAnswer struct {
+	Error string `json:"error"`
+	Code  string `json:"code"`
+	dispatchAnswer
+}
+
+func refusalMessage(r store.Run) string {
+	msg := "host " + r.HostID + " refused the run (" + r.Reason + ")"
+	if r.Detail != "" {
+		msg += ": " + r.Detail
+	}
+	return msg
 }
 
 // idempotencyKey takes the key from the Idempotency-Key header or the body's
@@ -324,7 +349,7 @@ func (h *Handler) listRuns(ctx context.Context, rq *request) (int, any, error) {
 	}
 	views := make([]runView, len(page.Runs))
 	for i, r := range page.Runs {
-		views[i] = toRunView(r)
+		views[i] = toRunView(r, rq.links)
 	}
 	return http.StatusOK, map[string]any{"runs": views, "nextCursor": page.NextCursor, "hasMore": page.NextCursor != ""}, nil
 }
@@ -334,7 +359,7 @@ func (h *Handler) getRun(ctx context.Context, rq *request) (int, any, error) {
 	if err != nil {
 		return 0, nil, err
 	}
-	answer := map[string]any{"run": toRunView(st.Run), "refreshed": st.Refreshed}
+	answer := map[string]any{"run": toRunView(st.Run, rq.links), "refreshed": st.Refreshed}
 	if st.Note != "" {
 		answer["note"] = st.Note
 	}

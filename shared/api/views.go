@@ -81,6 +81,7 @@ type runView struct {
 	Attempt          int        `json:"attempt"`
 	ExitCode         *int       `json:"exitCode,omitempty"`
 	Reason           string     `json:"reason,omitempty"`
+	Detail           string     `json:"detail,omitempty"`
 	Agent            string     `json:"agent"`
 	IdempotencyKey   string     `json:"idempotencyKey,omitempty"`
 	RewroteLocalPath bool       `json:"rewroteLocalPath,omitempty"`
@@ -88,14 +89,16 @@ type runView struct {
 	UpdatedAt        time.Time  `json:"updatedAt"`
 	Deadline         *time.Time `json:"deadline,omitempty"`
 	EndedAt          *time.Time `json:"endedAt,omitempty"`
+	Links            runLinks   `json:"links"`
 }
 
-func toRunView(r store.Run) runView {
+func toRunView(r store.Run, l linker) runView {
 	v := runView{
 		FleetRunID: r.FleetRunID, OwnerID: r.OwnerID, HostID: r.HostID, ChildRunID: r.ChildRunID,
 		Status: r.Status, Pending: r.Status == store.StatusDispatching, Attempt: r.Attempt,
-		ExitCode: r.ExitCode, Reason: r.Reason, Agent: r.Agent, IdempotencyKey: r.IdempotencyKey,
+		ExitCode: r.ExitCode, Reason: r.Reason, Detail: r.Detail, Agent: r.Agent, IdempotencyKey: r.IdempotencyKey,
 		RewroteLocalPath: r.RewroteLocalPath, CreatedAt: r.CreatedAt, UpdatedAt: r.UpdatedAt, EndedAt: r.EndedAt,
+		Links: l.run(r.FleetRunID),
 	}
 	if r.Status == store.StatusDispatching {
 		d := r.Deadline
@@ -104,16 +107,20 @@ func toRunView(r store.Run) runView {
 	return v
 }
 
-// dispatchAnswer is POST /fleet/runs' answer (DESIGN.md).
+// dispatchAnswer is POST /fleet/runs' answer (DESIGN.md), with the run's
+// end when it ended at once (reason, detail) and its links.
 type dispatchAnswer struct {
-	FleetRunID       string `json:"fleetRunId"`
-	HostID           string `json:"hostId"`
-	ChildRunID       string `json:"childRunId,omitempty"`
-	Status           string `json:"status"`
-	Pending          bool   `json:"pending"`
-	Reused           bool   `json:"reused"`
-	RewroteLocalPath bool   `json:"rewroteLocalPath,omitempty"`
-	Note             string `json:"note,omitempty"`
+	FleetRunID       string   `json:"fleetRunId"`
+	HostID           string   `json:"hostId"`
+	ChildRunID       string   `json:"childRunId,omitempty"`
+	Status           string   `json:"status"`
+	Pending          bool     `json:"pending"`
+	Reused           bool     `json:"reused"`
+	RewroteLocalPath bool     `json:"rewroteLocalPath,omitempty"`
+	Reason           string   `json:"reason,omitempty"`
+	Detail           string   `json:"detail,omitempty"`
+	Note             string   `json:"note,omitempty"`
+	Links            runLinks `json:"links"`
 }
 
 type callerView struct {
@@ -176,6 +183,6 @@ type interactionAnswer struct {
 	Run runView `json:"run"`
 }
 
-func toInteractionAnswer(i fleet.Interaction) interactionAnswer {
-	return interactionAnswer{FleetRunID: i.Run.FleetRunID, Outcome: i.Outcome, Run: toRunView(i.Run)}
+func toInteractionAnswer(i fleet.Interaction, l linker) interactionAnswer {
+	return interactionAnswer{FleetRunID: i.Run.FleetRunID, Outcome: i.Outcome, Run: toRunView(i.Run, l)}
 }

@@ -33,7 +33,22 @@ const TokenPrefix = "rft_"
 const maxTokenLength = 512
 
 // ErrUnauthenticated: no token, a malformed header, or a token no caller has.
+// Authenticate's errors match it with errors.Is; their messages say which
+// of the three it was, and nothing more (a revoked token and one never
+// minted read the same: nothing of either is kept).
 var ErrUnauthenticated = errors.New("a valid bearer token is required")
+
+// unauthenticated is one of ErrUnauthenticated's cases, with its message.
+type unauthenticated string
+
+func (e unauthenticated) Error() string        { return string(e) }
+func (e unauthenticated) Is(target error) bool { return target == ErrUnauthenticated }
+
+const (
+	errNoToken        = unauthenticated(`no bearer token: send the header "Authorization: Bearer <token>"`)
+	errMalformedToken = unauthenticated(`the Authorization header is not "Bearer <token>" (one space, a token of 1-512 characters)`)
+	errUnknownToken   = unauthenticated("the bearer token is unknown or revoked")
+)
 
 // CallerLookup finds a caller by token hash; store.Store satisfies it.
 type CallerLookup interface {
@@ -70,13 +85,17 @@ func BootstrapAdmin() store.Caller {
 }
 
 // Authenticate reads "Bearer <token>" from the Authorization header value.
-// It returns ErrUnauthenticated for a missing, malformed or unknown token;
+// It returns an error matching ErrUnauthenticated for a missing, malformed
+// or unknown token, its message saying which (never quoting the header);
 // any other error is a fault of the store.
 func (a *Authenticator) Authenticate(ctx context.Context, authorization string) (store.Caller, error) {
+	if strings.TrimSpace(authorization) == "" {
+		return store.Caller{}, errNoToken
+	}
 	scheme, token, ok := strings.Cut(strings.TrimSpace(authorization), " ")
 	token = strings.TrimSpace(token)
 	if !ok || !strings.EqualFold(scheme, "Bearer") || token == "" || len(token) > maxTokenLength {
-		return store.Caller{}, ErrUnauthenticated
+		return store.Caller{}, errMalformedToken
 	}
 	hash := HashToken(token)
 	if a.adminHash != nil && subtle.ConstantTimeCompare([]byte(hash), a.adminHash) == 1 {
@@ -84,7 +103,7 @@ func (a *Authenticator) Authenticate(ctx context.Context, authorization string) 
 	}
 	c, err := a.lookup.CallerByTokenHash(ctx, hash)
 	if errors.Is(err, store.ErrNotFound) {
-		return store.Caller{}, ErrUnauthenticated
+		return store.Caller{}, errUnknownToken
 	}
 	if err != nil {
 		return store.Caller{}, fmt.Errorf("auth: looking up a caller: %w", err)
@@ -92,7 +111,7 @@ func (a *Authenticator) Authenticate(ctx context.Context, authorization string) 
 	// The store found the item by this hash; comparing again in constant
 	// time keeps a store that matched loosely from letting anyone in.
 	if subtle.ConstantTimeCompare([]byte(c.TokenHash), []byte(hash)) != 1 {
-		return store.Caller{}, ErrUnauthenticated
+		return store.Caller{}, errUnknownToken
 	}
 	return c, nil
 }

@@ -12,6 +12,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/runfleet/runfleet/shared/api"
 	"github.com/runfleet/runfleet/shared/credentials"
 	"github.com/runfleet/runfleet/shared/fleet"
 	"github.com/runfleet/runfleet/shared/store/dynamostore"
@@ -42,6 +43,9 @@ const (
 	EnvStreamPollInterval = "RUNFLEET_STREAM_POLL_INTERVAL"
 	EnvStreamKeepAlive    = "RUNFLEET_STREAM_KEEPALIVE"
 	EnvStreamMaxDuration  = "RUNFLEET_STREAM_MAX_DURATION"
+	// EnvStreamURL is the stream's public base URL, for the links the API
+	// gives (in AWS the stream function's URL; template.yaml sets it).
+	EnvStreamURL = "RUNFLEET_STREAM_URL"
 	// The local stack's timers for the scheduled jobs (in AWS, EventBridge
 	// Scheduler runs them).
 	EnvProbeInterval = "RUNFLEET_PROBE_INTERVAL"
@@ -110,6 +114,10 @@ type Fleet struct {
 	// StreamMaxDuration bounds a stream (it ends with a retry hint); zero
 	// means 14m. In Lambda the invocation's deadline bounds it too.
 	StreamMaxDuration time.Duration
+	// StreamURL is the stream's public base URL, for the links of a run
+	// the API answers; empty means the API's own base (the local stack
+	// serves both on one address).
+	StreamURL string
 	// ProbeInterval and SweepInterval are the local stack's timers for the
 	// scheduled probe and sweep; zero means 10s each.
 	ProbeInterval, SweepInterval time.Duration
@@ -135,6 +143,7 @@ func FromEnv(getenv func(string) string) (Fleet, error) {
 	errs = append(errs, err)
 	c.Credentials = spec
 	c.RepoURLs = getenv(EnvRepoURLs)
+	c.StreamURL = getenv(EnvStreamURL)
 	c.Addr = getenv(EnvAddr)
 	c.RetentionDays, err = positiveInt(getenv, EnvRetentionDays)
 	errs = append(errs, err)
@@ -216,6 +225,11 @@ func (c Fleet) Validate() error {
 	if c.Store != "" {
 		if _, _, err := ParseStore(c.Store); err != nil {
 			errs = append(errs, err)
+		}
+	}
+	if c.StreamURL != "" {
+		if err := api.CheckBaseURL(c.StreamURL); err != nil {
+			errs = append(errs, fmt.Errorf("%s: %w", EnvStreamURL, err))
 		}
 	}
 	if c.RepoURLs != "" && !strings.HasPrefix(c.RepoURLs, "file:") || c.RepoURLs == "file:" {

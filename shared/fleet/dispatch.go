@@ -215,6 +215,11 @@ type DispatchResult struct {
 	// Note explains a run that is not plainly started (still dispatching,
 	// refused by the host).
 	Note string
+	// Refused: this dispatch's host call ended the run without starting
+	// it (the host refused it, or could not be reached); Run's Reason and
+	// Detail say why. Never set on a reused answer, which shows the run as
+	// it stands.
+	Refused bool
 }
 
 // Dispatch routes r and starts it on the chosen host, idempotently per
@@ -337,14 +342,14 @@ func (f *Fleet) Dispatch(ctx context.Context, c store.Caller, r DispatchRequest,
 	answer, callErr := client.Start(callCtx, start)
 	cancel()
 
-	note := ""
+	var outcome startAnswer
 	stored, err := f.settle(context.WithoutCancel(ctx), run, func(cur *store.Run) bool {
 		if cur.Status != store.StatusDispatching {
+			outcome = startAnswer{}
 			return false // recovery recorded the host's answer first
 		}
-		var settled bool
-		note, settled = f.applyStartAnswer(cur, answer, callErr)
-		return settled
+		outcome = f.applyStartAnswer(cur, answer, callErr)
+		return outcome.changed
 	})
 	if err != nil {
 		return DispatchResult{}, fmt.Errorf("fleet: recording the host's answer for %s: %w", fleetRunID, err)
@@ -352,18 +357,30 @@ func (f *Fleet) Dispatch(ctx context.Context, c store.Caller, r DispatchRequest,
 	if callErr != nil {
 		f.log.Warn("dispatch: host call failed", logRun, fleetRunID, logHost, host.ID, logErr, callErr.Error())
 	}
-	return DispatchResult{Run: stored, Note: note}, nil
+	return DispatchResult{Run: stored, Note: outcome.note, Refused: outcome.refused}, nil
 }
 
-// applyStartAnswer records the host's answer to a start on r. It returns a
-// note for the caller ("" for a plain start) and whether r changed: an
-// unknown outcome (no answer, a host fault) leaves r dispatching for
-// recovery to resolve by clientToken.
-func (f *Fleet) applyStartAnswer(r *store.Run, answer hostproto.Run, err error) (string, bool) {
+// startAnswer is what a host's answer to a start made of the run.
+type startAnswer struct {
+	// note is for the caller; "" for a plain start.
+	note string
+	// changed: r was changed. An unknown outcome (no answer, a host fault)
+	// leaves r dispatching for recovery to resolve by clientToken.
+	changed bool
+	// refused: the run ended without starting (the host refused it, at its
+	// door or at admission, or could not be reached).
+	refused bool
+}
+
+// applyStartAnswer records the host's answer to a start on r.
+func (f *Fleet) applyStartAnswer(r *store.Run, answer hostproto.Run, err error) startAnswer {
 	now := f.clock.Now().UTC()
 	if err == nil {
 		f.applyHostRun(r, answer, now)
-		return "", true
+		// A host answers a start once admission decided and starts the
+		// process after: an answer that is already terminal, with no exit
+		// code, is admission's refusal.
+		return startAnswer{changed: true, refused: hostproto.TerminalStatus(answer.Status) && answer.ExitCode == nil}
 	}
 	var he *hostproto.Error
 	switch {
@@ -372,15 +389,20 @@ func (f *Fleet) applyStartAnswer(r *store.Run, answer hostproto.Run, err error) 
 		if reason == "" {
 			reason = "host_refused"
 		}
-		f.end(r, hostproto.StatusFailed, reason, now)
-		return fmt.Sprintf("the host refused the start (HTTP %d %s)", he.Status, he.Code), true
+		detail := he.Message
+		if detail == "" {
+			detail = fmt.Sprintf("the host answered HTTP %d", he.Status)
+		}
+		f.end(r, hostproto.StatusFailed, reason, detail, now)
+		return startAnswer{note: "the host refused the start", changed: true, refused: true}
 	case errors.Is(err, hostproto.ErrUnreachable):
 		// Never delivered: the host cannot have started it.
-		f.end(r, hostproto.StatusFailed, hostproto.ReasonHostUnavailable, now)
-		return "the host was unreachable; nothing was started", true
+		f.end(r, hostproto.StatusFailed, hostproto.ReasonHostUnavailable,
+			fmt.Sprintf("host %s could not be reached; nothing was started: dispatch again, or to another host", r.HostID), now)
+		return startAnswer{note: "the host was unreachable; nothing was started", changed: true, refused: true}
 	}
-	return "whether the host started the run is unknown (" + hostproto.OutcomeOf(err).Detail +
-		"); the run stays dispatching until recovery asks the host by clientToken", false
+	return startAnswer{note: "whether the host started the run is unknown (" + hostproto.OutcomeOf(err).Detail +
+		"); the run stays dispatching until recovery asks the host by clientToken"}
 }
 
 // applyHostRun copies the host's view of a run onto r. A later attempt (a
@@ -396,6 +418,7 @@ func (f *Fleet) applyHostRun(r *store.Run, hr hostproto.Run, now time.Time) {
 	r.Attempt = hr.Attempt
 	r.ExitCode = hr.ExitCode
 	r.Reason = hr.Reason
+	r.Detail = boundDetail(hr.Detail)
 	r.UpdatedAt = now
 	switch {
 	case store.Terminal(r.Status) && r.EndedAt == nil:
@@ -411,10 +434,11 @@ func (f *Fleet) applyHostRun(r *store.Run, hr hostproto.Run, now time.Time) {
 }
 
 // end makes r terminal with no events left to mirror (the host never had it,
-// or denies it).
-func (f *Fleet) end(r *store.Run, status, reason string, now time.Time) {
+// or denies it), with its reason and the detail that explains it.
+func (f *Fleet) end(r *store.Run, status, reason, detail string, now time.Time) {
 	r.Status = status
 	r.Reason = reason
+	r.Detail = boundDetail(detail)
 	r.UpdatedAt = now
 	end := now
 	r.EndedAt = &end

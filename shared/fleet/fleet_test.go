@@ -383,9 +383,13 @@ func TestDispatchRefusalListsExcludedHosts(t *testing.T) {
 		t.Fatalf("refusal: %v", err)
 	}
 	b, _ := json.Marshal(fe.Details)
-	want := `{"excluded":[{"hostId":"h1","reasons":["agent_unsupported"]},{"hostId":"h2","reasons":["draining","agent_unsupported"]}]}`
+	want := `{"excluded":[{"hostId":"h1","reasons":["agent_unsupported"],"agents":["shell"]},` +
+		`{"hostId":"h2","reasons":["draining","agent_unsupported"],"agents":["shell"]}]}`
 	if string(b) != want {
 		t.Fatalf("details = %s\nwant      %s", b, want)
+	}
+	if !strings.HasSuffix(fe.Message, `; agent "claude" is not offered: those hosts offer shell`) {
+		t.Fatalf("the refusal does not name the agents offered: %s", fe.Message)
 	}
 }
 

@@ -3,6 +3,7 @@ package fleet
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 
 	"github.com/runfleet/runfleet/shared/hostproto"
@@ -26,8 +27,17 @@ type Interaction struct {
 // {"input": value}. Scope as RunFor.
 func (f *Fleet) Input(ctx context.Context, c store.Caller, id string, input json.RawMessage) (Interaction, error) {
 	return f.interact(ctx, c, id, "input", func(ctx context.Context, client *hostproto.Client, child string) (*hostproto.Run, error) {
-		_, err := client.Input(ctx, child, input)
-		return nil, err
+		raw, err := client.Input(ctx, child, input)
+		if err != nil {
+			return nil, err
+		}
+		// The protocol leaves input's answer open; edge answers the run,
+		// which then costs no further call to show its state.
+		var r hostproto.Run
+		if json.Unmarshal(raw, &r) != nil || r.RunID != child || r.Status == "" {
+			return nil, nil
+		}
+		return &r, nil
 	})
 }
 
@@ -101,6 +111,7 @@ func (f *Fleet) interact(ctx context.Context, c store.Caller, id, verb string,
 			logErr, callErr.Error())
 	}
 
+	var he *hostproto.Error
 	switch {
 	case callErr == nil && answer != nil:
 		hr := *answer
@@ -132,6 +143,19 @@ func (f *Fleet) interact(ctx context.Context, c store.Caller, id, verb string,
 			return out, fmt.Errorf("fleet: retry: draining %s again after the host refused: %w", id, err)
 		}
 		out.Run = stored
+	case !store.Terminal(run.Status) && (callErr == nil || errors.As(callErr, &he) && he.Refused()):
+		// The host answered without the run's state (an input answered
+		// otherwise) or refused the verb (not_running: its attempt has
+		// ended): one read records where the run is, so the answer never
+		// shows a live run that ended. After no answer, the host is not
+		// asked again (the verb already had its time).
+		refreshCtx, cancel := context.WithTimeout(recordCtx, ridingRefreshBudget)
+		if fresh, err := f.refreshWith(refreshCtx, client, run); err == nil {
+			out.Run = fresh
+		} else {
+			f.log.Warn("verb: refreshing the run after the host's answer failed", logVerb, verb, logRun, id, logErr, err.Error())
+		}
+		cancel()
 	}
 	return out, nil
 }

@@ -4,6 +4,7 @@ import (
 	"encoding/pem"
 	"fmt"
 	"regexp"
+	"unicode/utf8"
 
 	"github.com/runfleet/runfleet/shared/auth"
 )
@@ -53,6 +54,9 @@ const (
 	maxProbeAgents    = 64
 	maxProbeAgentName = 256
 	maxProbeVersion   = 128
+	// MaxDetailBytes bounds a run's detail (the human side of its reason):
+	// a host writes it, and it is kept in the run's item and shown.
+	MaxDetailBytes = 1024
 )
 
 // Ids in paths. Every id a caller puts in a path is checked for shape before
@@ -86,6 +90,19 @@ func ownerPathID(id string) *Error {
 
 // quoted quotes a caller's value for a message, cut short when long: a
 // message names what was wrong, it does not echo kilobytes.
+// boundDetail cuts a detail to MaxDetailBytes on a UTF-8 boundary.
+func boundDetail(s string) string {
+	if len(s) <= MaxDetailBytes {
+		return s
+	}
+	const more = "..."
+	keep := MaxDetailBytes - len(more)
+	for keep > 0 && !utf8.RuneStart(s[keep]) {
+		keep--
+	}
+	return s[:keep] + more
+}
+
 func quoted(s string) string {
 	const keep = 80
 	if len(s) > keep {

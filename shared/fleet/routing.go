@@ -54,6 +54,9 @@ type RouteInput struct {
 type Exclusion struct {
 	HostID  string   `json:"hostId"`
 	Reasons []string `json:"reasons"`
+	// Agents are the agents the host offers, when it was excluded for
+	// agent_unsupported: what the caller could ask for instead.
+	Agents []string `json:"agents,omitempty"`
 }
 
 // Decision is routing's answer. Host is nil when every candidate was
@@ -90,14 +93,18 @@ func Route(in RouteInput) Decision {
 	for _, h := range in.Hosts {
 		reasons, rewrite := exclusions(in, h, cloneURL)
 		if len(reasons) > 0 {
-			d.Excluded = append(d.Excluded, Exclusion{HostID: h.ID, Reasons: reasons})
+			e := Exclusion{HostID: h.ID, Reasons: reasons}
+			if slices.Contains(reasons, ExcludedAgentUnsupported) {
+				e.Agents = slices.Clone(h.Probe.Agents)
+			}
+			d.Excluded = append(d.Excluded, e)
 			continue
 		}
 		eligible = append(eligible, candidate{host: h, rewrite: rewrite})
 	}
 	sort.Slice(d.Excluded, func(i, j int) bool { return d.Excluded[i].HostID < d.Excluded[j].HostID })
 	if len(eligible) == 0 {
-		d.Reason = refusalReason(d.Excluded)
+		d.Reason = refusalReason(in.Agent, d.Excluded)
 		return d
 	}
 	sort.Slice(eligible, func(i, j int) bool {
@@ -182,15 +189,33 @@ func hasLocalPath(roots []string, want string) bool {
 	return false
 }
 
-func refusalReason(excluded []Exclusion) string {
+// refusalReason is the 409's message: every host with its reasons, and,
+// when the agent is what some lack, the agents they do offer.
+func refusalReason(agent string, excluded []Exclusion) string {
 	if len(excluded) == 0 {
 		return "no eligible host: no host is registered that this caller may use"
 	}
 	parts := make([]string, len(excluded))
+	var offered []string
+	unsupported := false
 	for i, e := range excluded {
 		parts[i] = fmt.Sprintf("%s (%s)", e.HostID, strings.Join(e.Reasons, ", "))
+		if slices.Contains(e.Reasons, ExcludedAgentUnsupported) {
+			unsupported = true
+			offered = append(offered, e.Agents...)
+		}
 	}
-	return "no eligible host: " + strings.Join(parts, "; ")
+	msg := "no eligible host: " + strings.Join(parts, "; ")
+	if unsupported {
+		slices.Sort(offered)
+		offered = slices.Compact(offered)
+		if len(offered) == 0 {
+			msg += fmt.Sprintf("; agent %q is not offered, and those hosts offer no agent", agent)
+		} else {
+			msg += fmt.Sprintf("; agent %q is not offered: those hosts offer %s", agent, strings.Join(offered, ", "))
+		}
+	}
+	return msg
 }
 
 // LoadRepoURLs reads the repository map file (RUNFLEET_REPO_URLS=file:<path>):

@@ -62,6 +62,9 @@ func TestRouteExcludesWithEveryReason(t *testing.T) {
 				t.Fatalf("routed to %s, want a refusal", d.Host.ID)
 			}
 			want := []Exclusion{{HostID: "h1", Reasons: []string{tc.reason}}}
+			if tc.reason == ExcludedAgentUnsupported {
+				want[0].Agents = []string{"shell"}
+			}
 			if !reflect.DeepEqual(d.Excluded, want) {
 				t.Fatalf("excluded = %+v, want %+v", d.Excluded, want)
 			}

@@ -4,6 +4,9 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"sync"
+	"sync/atomic"
+	"time"
 
 	"github.com/runfleet/runfleet/shared/auth"
 	"github.com/runfleet/runfleet/shared/hostproto"
@@ -58,6 +61,11 @@ func (f *Fleet) refresh(ctx context.Context, run store.Run) (store.Run, error) {
 	if err != nil {
 		return run, err
 	}
+	return f.refreshWith(ctx, client, run)
+}
+
+// refreshWith is refresh through a client of the run's host.
+func (f *Fleet) refreshWith(ctx context.Context, client *hostproto.Client, run store.Run) (store.Run, error) {
 	hr, err := client.Get(ctx, run.ChildRunID)
 	lost := errors.Is(err, hostproto.ErrRunNotFound)
 	if err != nil && !lost {
@@ -84,7 +92,9 @@ func (f *Fleet) markLost(ctx context.Context, run store.Run) (store.Run, error) 
 		if cur.Status == store.StatusLost {
 			return false
 		}
-		f.end(cur, store.StatusLost, hostproto.CodeRunNotFound, f.clock.Now().UTC())
+		f.end(cur, store.StatusLost, hostproto.CodeRunNotFound,
+			fmt.Sprintf("host %s no longer knows this run (its run %s): it lost its state or was replaced", cur.HostID, cur.ChildRunID),
+			f.clock.Now().UTC())
 		// Its mirrored events must outlive it: a run whose events need
 		// extending first stays in the live index for the sweep (expiry.go).
 		if f.drainEventsShort(*cur) {
@@ -146,7 +156,8 @@ func (f *Fleet) recover(ctx context.Context, run store.Run) (store.Run, error) {
 		if !now.After(cur.Deadline.Add(LostGrace)) {
 			return false // not yet more than LostGrace past the deadline
 		}
-		f.end(cur, hostproto.StatusFailed, store.ReasonDispatchLost, now)
+		f.end(cur, hostproto.StatusFailed, store.ReasonDispatchLost,
+			fmt.Sprintf("host %s never received the start, and its deadline passed more than %s ago; nothing was started", cur.HostID, LostGrace), now)
 		return true
 	})
 }
@@ -161,7 +172,9 @@ const maxListReads = 10
 // smaller scope still owns them), as reading one is 403: the listing and
 // the reads agree. Such runs are skipped by reading on, up to maxListReads
 // store pages; a page can then be short, or empty, with more to come
-// (NextCursor set).
+// (NextCursor set). The page's live runs are refreshed from their hosts
+// first (refreshPage), so a run that ended shows ended without waiting for
+// the sweep.
 func (f *Fleet) Runs(ctx context.Context, c store.Caller, cursor string, limit int) (store.RunPage, error) {
 	want := store.PageLimit(limit)
 	q := store.RunQuery{Cursor: cursor, Limit: want}
@@ -184,8 +197,85 @@ func (f *Fleet) Runs(ctx context.Context, c store.Caller, cursor string, limit i
 		}
 		out.NextCursor = page.NextCursor
 		if page.NextCursor == "" || len(out.Runs) >= want || reads == maxListReads {
+			f.refreshPage(ctx, out.Runs)
 			return out, nil
 		}
 		q.Cursor, q.Limit = page.NextCursor, want-len(out.Runs)
+	}
+}
+
+// A refresh that rides on another request (a listing, a verb's answer) is
+// bounded so that it adds at most ridingRefreshBudget and a known number of
+// calls, whatever the fleet's size: a listing refreshes at most
+// maxListRefreshes live runs (the newest), listRefreshConcurrency host calls
+// at once. Past it a run keeps its stored state, which the sweep keeps at
+// most a minute old.
+const (
+	maxListRefreshes       = 50
+	listRefreshConcurrency = 8
+	ridingRefreshBudget    = 3 * time.Second
+)
+
+// refreshPage replaces each live run of a listing with its state as its
+// host reports it now (recording it, as Run does). A run whose host does not
+// answer in the budget is left as stored. Cost per page: one host read per
+// distinct host of a live run, one host GET per live run (at most
+// maxListRefreshes), and one conditional write per run whose state changed.
+func (f *Fleet) refreshPage(ctx context.Context, runs []store.Run) {
+	var live []int
+	for i, r := range runs {
+		if !store.Terminal(r.Status) && r.ChildRunID != "" && len(live) < maxListRefreshes {
+			live = append(live, i)
+		}
+	}
+	if len(live) == 0 {
+		return
+	}
+	ctx, cancel := context.WithTimeout(ctx, ridingRefreshBudget)
+	defer cancel()
+	clients := map[string]*hostproto.Client{}
+	for _, i := range live {
+		id := runs[i].HostID
+		if _, seen := clients[id]; seen {
+			continue
+		}
+		clients[id] = nil
+		h, err := f.store.GetHost(store.EventualRead(ctx), id)
+		if err == nil {
+			clients[id], err = f.HostClient(ctx, h, ridingRefreshBudget)
+		}
+		if err != nil {
+			f.log.Warn("list: a host of live runs cannot be asked", logHost, id, logErr, err.Error())
+		}
+	}
+	var wg sync.WaitGroup
+	var failed atomic.Int64
+	sem := make(chan struct{}, listRefreshConcurrency)
+	for _, i := range live {
+		client := clients[runs[i].HostID]
+		if client == nil {
+			continue
+		}
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			select {
+			case sem <- struct{}{}:
+				defer func() { <-sem }()
+			case <-ctx.Done():
+				failed.Add(1)
+				return
+			}
+			fresh, err := f.refreshWith(ctx, client, runs[i])
+			if err != nil {
+				failed.Add(1)
+				return
+			}
+			runs[i] = fresh // each goroutine owns its index
+		}()
+	}
+	wg.Wait()
+	if n := failed.Load(); n > 0 {
+		f.log.Warn("list: live runs not refreshed from their hosts; shown as last recorded", "runs", n)
 	}
 }

@@ -207,7 +207,7 @@ func New(ctx context.Context, cfg config.Fleet, deps Deps) (*App, error) {
 		return nil, err
 	}
 	authn := auth.NewAuthenticator(app.Store, adminToken)
-	app.API, err = api.New(api.Config{Fleet: app.Fleet, Auth: authn, Logger: deps.Logger, Clock: deps.Clock})
+	app.API, err = api.New(api.Config{Fleet: app.Fleet, Auth: authn, Logger: deps.Logger, Clock: deps.Clock, StreamURL: cfg.StreamURL})
 	if err != nil {
 		return nil, err
 	}

@@ -127,7 +127,10 @@ type Run struct {
 	Attempt     int    `json:"attempt"`
 	ExitCode    *int   `json:"exitCode,omitempty"`
 	Reason      string `json:"reason,omitempty"`
-	Reused      bool   `json:"reused,omitempty"`
+	// Detail explains Reason for a person: what refused the run and what
+	// to change. It never holds a secret, a placeholder or a token.
+	Detail string `json:"detail,omitempty"`
+	Reused bool   `json:"reused,omitempty"`
 }
 
 // RunList is GET /runs?clientToken=: empty, never 404, when unknown.

@@ -118,6 +118,12 @@ func (h *Handler) Event(r *http.Request) (events.APIGatewayV2HTTPRequest, error)
 		headers[lname] = strings.Join(vals, ",")
 	}
 	headers["host"] = r.Host
+	// API Gateway sets X-Forwarded-Proto itself (the API builds links from
+	// it); so does this adapter, from the connection, whatever was sent.
+	headers["x-forwarded-proto"] = "http"
+	if r.TLS != nil {
+		headers["x-forwarded-proto"] = "https"
+	}
 	queryParams := map[string]string{}
 	for k, vals := range r.URL.Query() {
 		queryParams[k] = strings.Join(vals, ",")

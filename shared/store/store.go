@@ -153,7 +153,10 @@ type Run struct {
 	Attempt    int
 	ExitCode   *int
 	Reason     string
-	Agent      string
+	// Detail is the human explanation of Reason (a refusal names what to
+	// change); Fleet bounds it to a kilobyte.
+	Detail string
+	Agent  string
 	// IdempotencyKey is the caller's key, if any.
 	IdempotencyKey string
 	// RewroteLocalPath records that the localPath was replaced by a clone URL.

@@ -170,7 +170,7 @@ func (s *session) poll(ctx context.Context) (endReason, bool) {
 		}
 	}
 	if isDone(run, s.cursor) {
-		if err := s.send(frame("done", "", doneData{Cursor: s.cursor, Status: run.Status, Attempt: run.Attempt, ExitCode: run.ExitCode, Reason: run.Reason})); err != nil {
+		if err := s.send(frame("done", "", doneData{Cursor: s.cursor, Status: run.Status, Attempt: run.Attempt, ExitCode: run.ExitCode, Reason: run.Reason, Detail: run.Detail})); err != nil {
 			return s.writeEnd(err), true
 		}
 		return endDone, true
@@ -238,6 +238,7 @@ type doneData struct {
 	Attempt  int    `json:"attempt"`
 	ExitCode *int   `json:"exitCode,omitempty"`
 	Reason   string `json:"reason,omitempty"`
+	Detail   string `json:"detail,omitempty"`
 }
 
 // writeEvent frames one mirrored event.

@@ -259,6 +259,9 @@ func (h *Handler) prepare(ctx context.Context, req request) (*session, error) {
 		if inHeader {
 			return nil, api.NewRequestError(http.StatusBadRequest, fleet.CodeInvalid, "send the token in the Authorization header or the token parameter, not both")
 		}
+		if q.Get("token") == "" {
+			return nil, api.NewRequestError(http.StatusBadRequest, fleet.CodeInvalid, "the token parameter is empty")
+		}
 		authz = "Bearer " + q.Get("token")
 	}
 	caller, err := h.cfg.Auth.Authenticate(ctx, authz)

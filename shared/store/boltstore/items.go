@@ -78,6 +78,7 @@ type runItem struct {
 	Attempt          int        `json:"attempt,omitempty"`
 	ExitCode         *int       `json:"exitCode,omitempty"`
 	Reason           string     `json:"reason,omitempty"`
+	Detail           string     `json:"detail,omitempty"`
 	Agent            string     `json:"agent,omitempty"`
 	IdempotencyKey   string     `json:"idempotencyKey,omitempty"`
 	RewroteLocalPath bool       `json:"rewroteLocalPath,omitempty"`
@@ -237,7 +238,7 @@ func toRunItem(r store.Run) runItem {
 	return runItem{
 		V: formatVersion, FleetRunID: r.FleetRunID, OwnerID: r.OwnerID, HostID: r.HostID,
 		ChildRunID: r.ChildRunID, Status: r.Status, Attempt: r.Attempt, ExitCode: exit,
-		Reason: r.Reason, Agent: r.Agent, IdempotencyKey: r.IdempotencyKey,
+		Reason: r.Reason, Detail: r.Detail, Agent: r.Agent, IdempotencyKey: r.IdempotencyKey,
 		RewroteLocalPath: r.RewroteLocalPath, CreatedAt: utc(r.CreatedAt), UpdatedAt: utc(r.UpdatedAt),
 		Deadline: utc(r.Deadline), EndedAt: utcPtr(r.EndedAt), EventCursor: r.EventCursor,
 		Drained: r.Drained, ExpiresAt: expirySeconds(r.ExpiresAt), EventsExpireAfter: unixNanos(r.EventsExpireAfter),
@@ -248,7 +249,7 @@ func toRunItem(r store.Run) runItem {
 func (it runItem) record() store.Run {
 	return store.Run{
 		FleetRunID: it.FleetRunID, OwnerID: it.OwnerID, HostID: it.HostID, ChildRunID: it.ChildRunID,
-		Status: it.Status, Attempt: it.Attempt, ExitCode: it.ExitCode, Reason: it.Reason,
+		Status: it.Status, Attempt: it.Attempt, ExitCode: it.ExitCode, Reason: it.Reason, Detail: it.Detail,
 		Agent: it.Agent, IdempotencyKey: it.IdempotencyKey, RewroteLocalPath: it.RewroteLocalPath,
 		CreatedAt: utc(it.CreatedAt), UpdatedAt: utc(it.UpdatedAt), Deadline: utc(it.Deadline),
 		EndedAt: utcPtr(it.EndedAt), EventCursor: it.EventCursor, Drained: it.Drained,

@@ -310,6 +310,7 @@ func runMutable(r store.Run) item {
 		it.putNAlways(attrExitCode, int64(*r.ExitCode))
 	}
 	it.putS(attrReason, r.Reason)
+	it.putS(attrDetail, r.Detail)
 	it.putS(attrAgent, r.Agent)
 	it.putBool(attrRewroteLocalPath, r.RewroteLocalPath)
 	it.putTime(attrUpdatedAt, r.UpdatedAt)
@@ -331,7 +332,7 @@ func runMutable(r store.Run) item {
 // runMutableNames lists every attribute runMutable may write, so an update
 // removes those it leaves out.
 var runMutableNames = []string{
-	attrChildRunID, attrStatus, attrAttempt, attrExitCode, attrReason, attrAgent,
+	attrChildRunID, attrStatus, attrAttempt, attrExitCode, attrReason, attrDetail, attrAgent,
 	attrRewroteLocalPath, attrUpdatedAt, attrDeadline, attrEndedAt, attrEventCursor,
 	attrDrained, attrLive, attrExpiresAt, attrEventsExpireAfter, attrRunVersion,
 }
@@ -342,7 +343,7 @@ func runFromItem(it item) (store.Run, error) {
 	run := store.Run{
 		FleetRunID: r.s(attrFleetRunID), OwnerID: r.s(attrOwnerID), HostID: r.s(attrHostID),
 		ChildRunID: r.s(attrChildRunID), Status: r.s(attrStatus), Attempt: int(r.n(attrAttempt)),
-		Reason: r.s(attrReason), Agent: r.s(attrAgent), IdempotencyKey: r.s(attrIdempotencyKey),
+		Reason: r.s(attrReason), Detail: r.s(attrDetail), Agent: r.s(attrAgent), IdempotencyKey: r.s(attrIdempotencyKey),
 		RewroteLocalPath: r.bool(attrRewroteLocalPath), UpdatedAt: r.time(attrUpdatedAt),
 		Deadline: r.time(attrDeadline), EndedAt: r.timePtr(attrEndedAt),
 		EventCursor: r.n(attrEventCursor), Drained: r.bool(attrDrained),

@@ -677,6 +677,7 @@ func testRunsCreateGet(t *testing.T, s store.Store, clk *clock.Fake) {
 	endedAt := clk.Now().Add(time.Minute)
 	full.ChildRunID, full.Status, full.Attempt, full.ExitCode = "child-9", hostproto.StatusFailed, 2, &code
 	full.Reason, full.EndedAt, full.EventCursor, full.Drained = hostproto.ReasonTimedOut, &endedAt, 1234, false
+	full.Detail = "the attempt ran longer than runner.maxDuration (2h0m0s)"
 	full.ExpiresAt = store.RoundExpiry(endedAt.Add(30 * 24 * time.Hour))
 	full.EventsExpireAfter = clk.Now().Add(37*24*time.Hour + 123*time.Nanosecond).UTC()
 	noErr(t, "CreateRun full", s.CreateRun(bg, full))

@@ -1,0 +1,72 @@
+package api
+
+import (
+	"fmt"
+	"net/url"
+	"strings"
+
+	"github.com/aws/aws-lambda-go/events"
+)
+
+// runLinks are a run's own URLs, absolute, so a client follows them rather
+// than assembling paths from templates. Stream is on the stream function's
+// URL in AWS (API Gateway cannot stream), on the API's address locally.
+type runLinks struct {
+	Self   string `json:"self"`
+	Events string `json:"events"`
+	Stream string `json:"stream"`
+}
+
+// linker makes a run's links from the API's public base URL (as the
+// request reached it) and the stream's.
+type linker struct {
+	api    string
+	stream string
+}
+
+func (l linker) run(fleetRunID string) runLinks {
+	self := l.api + "/fleet/runs/" + url.PathEscape(fleetRunID)
+	return runLinks{Self: self, Events: self + "/events", Stream: l.stream + "/fleet/runs/" + url.PathEscape(fleetRunID) + "/stream"}
+}
+
+// requestBase is the API's base URL as the caller reached it: the scheme
+// API Gateway (or the local adapter) says it was reached by (https unless
+// told otherwise), the domain name, and the stage unless it is $default
+// (whose routes sit at the root).
+func requestBase(ev events.APIGatewayV2HTTPRequest, headers map[string]string) string {
+	scheme := "https"
+	if p := strings.ToLower(strings.TrimSpace(firstOf(headers["x-forwarded-proto"]))); p == "http" {
+		scheme = "http"
+	}
+	host := ev.RequestContext.DomainName
+	if host == "" {
+		host = headers["host"]
+	}
+	base := scheme + "://" + host
+	if st := ev.RequestContext.Stage; st != "" && st != "$default" {
+		base += "/" + url.PathEscape(st)
+	}
+	return base
+}
+
+// firstOf is the first of a comma-joined header's values (API Gateway joins
+// repeated headers, and proxies append to X-Forwarded-Proto).
+func firstOf(v string) string {
+	first, _, _ := strings.Cut(v, ",")
+	return first
+}
+
+// CheckBaseURL accepts an absolute http or https URL with a host and no
+// query or fragment: a base that paths are appended to.
+func CheckBaseURL(raw string) error {
+	u, err := url.Parse(raw)
+	switch {
+	case err != nil:
+		return fmt.Errorf("%q is not a URL", raw)
+	case u.Scheme != "http" && u.Scheme != "https", u.Host == "":
+		return fmt.Errorf("%q: want an absolute http or https URL", raw)
+	case u.RawQuery != "" || u.Fragment != "" || u.User != nil:
+		return fmt.Errorf("%q: want a base URL without credentials, query or fragment", raw)
+	}
+	return nil
+}
