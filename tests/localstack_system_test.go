@@ -35,20 +35,20 @@ func TestLocalStackRunsTheWholeSystem(t *testing.T) {
 	t.Run("root", func(t *testing.T) {
 		dataDir := filepath.Join(t.TempDir(), "data")
 		env := devEnv(dataDir, "")
-		first := startDevStack(t, bin, env, nil)
+		first := startDevStack(t, bin, "", env, nil)
 		first.mustSay(t, "tasks run as nobody")
 		first.dispatchAndFollow(t)
 		first.checkTaskUser(t, "65534")
-		first.stop(t)
+		first.stop(t, syscall.SIGTERM)
 
 		// A restart of the same data dir: the edge is found registered,
 		// the demo caller's token still works, a run goes through again.
-		again := startDevStack(t, bin, env, nil)
+		again := startDevStack(t, bin, "", env, nil)
 		if again.callerToken() != first.callerToken() {
 			t.Fatal("the restarted stack minted another demo caller")
 		}
 		again.dispatchAndFollow(t)
-		again.stop(t)
+		again.stop(t, syscall.SIGTERM)
 	})
 
 	t.Run("ordinary user", func(t *testing.T) {
@@ -59,11 +59,11 @@ func TestLocalStackRunsTheWholeSystem(t *testing.T) {
 		}
 		must(t, os.Chown(home, nobody, nobody))
 		env := devEnv(filepath.Join(home, "data"), home)
-		s := startDevStack(t, bin, env, &syscall.Credential{Uid: nobody, Gid: nobody, Groups: []uint32{}})
+		s := startDevStack(t, bin, "", env, &syscall.Credential{Uid: nobody, Gid: nobody, Groups: []uint32{}})
 		s.mustSay(t, fmt.Sprintf("tasks run as you (uid %d): runner.insecureSameUser", nobody))
 		s.dispatchAndFollow(t)
 		s.checkTaskUser(t, "65534")
-		s.stop(t)
+		s.stop(t, syscall.SIGTERM)
 	})
 }
 
@@ -99,17 +99,26 @@ type devStack struct {
 	exited  chan error
 }
 
-func startDevStack(t *testing.T, bin string, env []string, as *syscall.Credential) *devStack {
+// startDevStack starts the local stack in dir ("": the data dir's parent)
+// and waits for its "ready".
+func startDevStack(t *testing.T, bin, dir string, env []string, as *syscall.Credential) *devStack {
 	t.Helper()
 	s := &devStack{stderr: &syncbuf.Buffer{}, rest: make(chan string, 256), exited: make(chan error, 1)}
+	s.dataDir = ".dev"
 	for _, kv := range env {
 		if v, ok := strings.CutPrefix(kv, "RUNFLEET_DATA_DIR="); ok {
 			s.dataDir = v
 		}
 	}
+	if dir == "" {
+		dir = filepath.Dir(s.dataDir)
+	}
+	if !filepath.IsAbs(s.dataDir) {
+		s.dataDir = filepath.Join(dir, s.dataDir)
+	}
 	s.cmd = exec.Command(bin)
 	s.cmd.Env = env
-	s.cmd.Dir = filepath.Dir(s.dataDir)
+	s.cmd.Dir = dir
 	s.cmd.Stderr = s.stderr
 	if as != nil {
 		s.cmd.SysProcAttr = &syscall.SysProcAttr{Credential: as}
@@ -159,13 +168,26 @@ func (s *devStack) mustSay(t *testing.T, want string) {
 // commands are the printed dispatch and stream commands.
 func (s *devStack) commands(t *testing.T) (dispatch, stream string) {
 	t.Helper()
+	return s.printedAfter(t, "dispatch a run of the demo agent", 0), s.printedAfter(t, "dispatch a run of the demo agent", 1)
+}
+
+// oneCommand is the printed command that dispatches and follows in one go.
+func (s *devStack) oneCommand(t *testing.T) string {
+	t.Helper()
+	return s.printedAfter(t, "or both in one go", 0)
+}
+
+// printedAfter is the command printed n+1 lines after the line starting
+// with heading.
+func (s *devStack) printedAfter(t *testing.T, heading string, n int) string {
+	t.Helper()
 	for i, line := range s.printed {
-		if strings.HasPrefix(line, "dispatch a run of the demo agent") && i+2 < len(s.printed) {
-			return strings.TrimSpace(s.printed[i+1]), strings.TrimSpace(s.printed[i+2])
+		if strings.HasPrefix(line, heading) && i+1+n < len(s.printed) {
+			return strings.TrimSpace(s.printed[i+1+n])
 		}
 	}
-	t.Fatalf("no dispatch and stream commands printed:\n%s", strings.Join(s.printed, "\n"))
-	return "", ""
+	t.Fatalf("no command under %q printed:\n%s", heading, strings.Join(s.printed, "\n"))
+	return ""
 }
 
 func (s *devStack) callerToken() string {
@@ -188,36 +210,80 @@ func (s *devStack) base() string {
 	return ""
 }
 
+// dispatchAnswer is the part of the dispatch answer the tests read.
+type dispatchAnswer struct {
+	FleetRunID string `json:"fleetRunId"`
+	HostID     string `json:"hostId"`
+	Status     string `json:"status"`
+	Links      struct {
+		Self   string `json:"self"`
+		Events string `json:"events"`
+		Stream string `json:"stream"`
+	} `json:"links"`
+}
+
 // dispatchAndFollow runs the printed dispatch command, then the printed
-// stream command with the run's id, as a user would paste them.
+// stream command with the run's id, as a user would paste them, in a
+// directory of their own; the stream command is where the answer's
+// links.stream points.
 func (s *devStack) dispatchAndFollow(t *testing.T) {
 	t.Helper()
 	dispatch, stream := s.commands(t)
 	if !strings.HasPrefix(dispatch, "curl ") || !strings.HasPrefix(stream, "curl ") || !strings.Contains(stream, "<fleetRunId>") {
 		t.Fatalf("printed commands:\n%s\n%s", dispatch, stream)
 	}
-	out, err := exec.Command("sh", "-c", dispatch).CombinedOutput()
+	out, err := shellIn(context.Background(), t.TempDir(), dispatch).CombinedOutput()
 	if err != nil {
 		t.Fatalf("%s: %v\n%s", dispatch, err, out)
 	}
-	var run struct {
-		FleetRunID string `json:"fleetRunId"`
-		HostID     string `json:"hostId"`
-	}
+	var run dispatchAnswer
 	if err := json.Unmarshal(out, &run); err != nil || run.FleetRunID == "" || run.HostID != "local-edge" {
 		t.Fatalf("the dispatch answered %s (%v)", out, err)
 	}
+	stream = strings.ReplaceAll(stream, "<fleetRunId>", run.FleetRunID)
+	if !strings.HasSuffix(stream, " "+run.Links.Stream) {
+		t.Fatalf("the printed stream command %q does not follow the answer's links.stream %q", stream, run.Links.Stream)
+	}
 	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
 	defer cancel()
-	sse, err := exec.CommandContext(ctx, "sh", "-c", strings.ReplaceAll(stream, "<fleetRunId>", run.FleetRunID)).Output()
+	sse, err := shellIn(ctx, t.TempDir(), stream).Output()
 	if err != nil {
 		t.Fatalf("the stream command: %v\n%s\nstderr:\n%s", err, sse, s.stderr.String())
 	}
-	// The stream ended by itself at done: the run succeeded, and the demo
-	// agent printed the upstream's verdict on the credential it got.
+	s.checkDemoRan(t, string(sse))
+}
+
+// oneGo runs the printed one-go command in a directory of its own and
+// checks it printed the dispatch answer, then followed the stream to the
+// demo run's success, exiting 0.
+func (s *devStack) oneGo(t *testing.T) {
+	t.Helper()
+	line := s.oneCommand(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	cmd := shellIn(ctx, t.TempDir(), line)
+	var stderr strings.Builder
+	cmd.Stderr = &stderr
+	out, err := cmd.Output()
+	if err != nil {
+		t.Fatalf("%s: %v\n%s\nstderr: %s\nthe stack's log:\n%s", line, err, out, stderr.String(), s.stderr.String())
+	}
+	answer, sse, _ := strings.Cut(string(out), "\n")
+	var run dispatchAnswer
+	if err := json.Unmarshal([]byte(answer), &run); err != nil || run.FleetRunID == "" || run.Links.Stream == "" {
+		t.Fatalf("the script's first line is not the dispatch answer: %s (%v)", answer, err)
+	}
+	s.checkDemoRan(t, sse)
+}
+
+// checkDemoRan reads a demo run's stream: it ended by itself at done, the
+// run succeeded, and the demo agent printed the upstream's verdict on the
+// credential it got. The real value reaches no output of the stack.
+func (s *devStack) checkDemoRan(t *testing.T, sse string) {
+	t.Helper()
 	var output strings.Builder
 	var done string
-	for m := range ssetest.Read(strings.NewReader(string(sse))) {
+	for m := range ssetest.Read(strings.NewReader(sse)) {
 		switch m.Event {
 		case "event":
 			var ev struct {
@@ -238,11 +304,18 @@ func (s *devStack) dispatchAndFollow(t *testing.T) {
 	}
 	secret, err := demo.ReadSecretsFile(filepath.Join(s.dataDir, "edge-secrets.json"))
 	must(t, err)
-	for what, text := range map[string]string{"printed": strings.Join(s.printed, "\n"), "log": s.stderr.String(), "stream": string(sse)} {
+	for what, text := range map[string]string{"printed": strings.Join(s.printed, "\n"), "log": s.stderr.String(), "stream": sse} {
 		if strings.Contains(text, secret) {
 			t.Fatalf("the real value is in the stack's %s", what)
 		}
 	}
+}
+
+// shellIn is a printed command line as a shell runs it, in dir.
+func shellIn(ctx context.Context, dir, line string) *exec.Cmd {
+	cmd := exec.CommandContext(ctx, "sh", "-c", line)
+	cmd.Dir = dir
+	return cmd
 }
 
 // checkTaskUser dispatches a shell run that prints its uid and reads it
@@ -272,17 +345,18 @@ func (s *devStack) checkTaskUser(t *testing.T, uid string) {
 	}
 }
 
-// stop sends SIGTERM: the stack stops in order and exits 0.
-func (s *devStack) stop(t *testing.T) {
+// stop sends sig (SIGTERM, or SIGINT as Ctrl-C does): the stack stops in
+// order and exits 0.
+func (s *devStack) stop(t *testing.T, sig syscall.Signal) {
 	t.Helper()
-	must(t, s.cmd.Process.Signal(syscall.SIGTERM))
+	must(t, s.cmd.Process.Signal(sig))
 	select {
 	case err := <-s.exited:
 		if err != nil {
-			t.Fatalf("exit after SIGTERM: %v\nstderr:\n%s", err, s.stderr.String())
+			t.Fatalf("exit after %v: %v\nstderr:\n%s", sig, err, s.stderr.String())
 		}
 	case <-time.After(60 * time.Second):
-		t.Fatal("still running 60s after SIGTERM")
+		t.Fatalf("still running 60s after %v", sig)
 	}
 	var tail []string
 	for line := range s.rest {
