@@ -10,7 +10,9 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"regexp"
 	"sort"
+	"strconv"
 	"strings"
 	"testing"
 
@@ -162,6 +164,50 @@ func expect(ok bool, what string) error {
 		return fmt.Errorf("want %s", what)
 	}
 	return nil
+}
+
+// TestSAMLocalREADMEListsEverySampleEvent: README "SAM local" has one row
+// per sample event, naming its function and the status samEventChecks
+// holds it to, and its commands name files that exist.
+func TestSAMLocalREADMEListsEverySampleEvent(t *testing.T) {
+	b, err := os.ReadFile("../README.md")
+	must(t, err)
+	_, section, ok := strings.Cut(string(b), "\n## SAM local\n")
+	if !ok {
+		t.Fatal("README.md has no \"## SAM local\" section")
+	}
+	section, _, _ = strings.Cut(section, "\n## ")
+	rows := map[string][]string{}
+	for _, line := range strings.Split(section, "\n") {
+		cells := strings.Split(strings.Trim(line, "| "), " | ")
+		if len(cells) == 4 && strings.HasSuffix(cells[0], ".json`") {
+			rows[strings.Trim(cells[0], "`")] = cells
+		}
+	}
+	for rel, exp := range samEventChecks {
+		cells, ok := rows[rel]
+		if !ok {
+			t.Errorf("README's sample events table has no row for %s", rel)
+			continue
+		}
+		folder, _, _ := strings.Cut(rel, "/")
+		if fn := cells[1]; templateFunctions[fn] != "functions/"+folder {
+			t.Errorf("README: %s is for %s, want the function of functions/%s", rel, fn, folder)
+		}
+		if exp.status != 0 && !strings.HasPrefix(cells[3], strconv.Itoa(exp.status)+" ") {
+			t.Errorf("README: %s answers %q, the test holds it to %d", rel, cells[3], exp.status)
+		}
+	}
+	for rel := range rows {
+		if _, ok := samEventChecks[rel]; !ok {
+			t.Errorf("README lists %s, which is not a sample event", rel)
+		}
+	}
+	for _, path := range regexp.MustCompile(`infra/sam/[a-z/.-]+\.json`).FindAllString(section, -1) {
+		if _, err := os.Stat("../" + path); err != nil {
+			t.Errorf("README names %s: %v", path, err)
+		}
+	}
 }
 
 // samSetupBinary is `go run ./infra/sam/setup`'s program, built.
