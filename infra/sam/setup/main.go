@@ -22,6 +22,7 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"net"
 	"net/url"
 	"os"
 	"sort"
@@ -58,7 +59,8 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 	endpoint := fs.String("endpoint", defaultEndpoint, "moto_server's URL as this machine reaches it")
 	envFile := fs.String("env-vars", defaultEnvFile, "the file sam local's --env-vars reads")
 	region := fs.String("region", defaultRegion, "the region the functions run in under sam local")
-	adminToken := fs.String("admin-token", sampleAdminToken, "the admin token to store (default: the one the sample events carry)")
+	// Empty is the sample token, so that -h does not print a token.
+	adminToken := fs.String("admin-token", "", "the admin token to store (default: the one the sample events carry)")
 	fs.Usage = func() {
 		fmt.Fprintln(stderr, "usage: go run ./infra/sam/setup [flags]\n\n"+
 			"Creates the tables and the admin token secret that the env file names, in a local\n"+
@@ -78,6 +80,9 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 	if u, err := url.Parse(*endpoint); err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" {
 		fmt.Fprintf(stderr, "setup: -endpoint %q: want moto_server's URL, e.g. %s\n", *endpoint, defaultEndpoint)
 		return 2
+	}
+	if *adminToken == "" {
+		*adminToken = sampleAdminToken
 	}
 	if len(*adminToken) < config.MinAdminTokenLength {
 		fmt.Fprintf(stderr, "setup: -admin-token is shorter than %d characters\n", config.MinAdminTokenLength)
@@ -116,7 +121,7 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 		}
 		if id := cfg.AdminTokenSecret; id != "" && cfg.AdminToken == "" && !secretsSet[id] {
 			if err := putSecret(ctx, sm, id, *adminToken); err != nil {
-				fmt.Fprintln(stderr, "setup:", err)
+				fmt.Fprintln(stderr, "setup:", err, unreachable(err, *endpoint))
 				return 1
 			}
 			secretsSet[id] = true
@@ -131,7 +136,7 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 			LoadAWS: func(context.Context) (aws.Config, error) { return awsCfg, nil },
 		})
 		if err != nil {
-			fmt.Fprintf(stderr, "setup: %s would not start: %v\n", fn, err)
+			fmt.Fprintf(stderr, "setup: %s would not start: %v%s\n", fn, err, unreachable(err, *endpoint))
 			return 1
 		}
 		app.Close()
@@ -178,6 +183,15 @@ func putSecret(ctx context.Context, sm *secretsmanager.Client, id, value string)
 		return fmt.Errorf("storing the secret %s: %w", id, err)
 	}
 	return nil
+}
+
+// unreachable is a hint for an error that says nothing answered.
+func unreachable(err error, endpoint string) string {
+	var op *net.OpError
+	if errors.As(err, &op) && op.Op == "dial" {
+		return "\n  is moto_server listening at " + endpoint + "? (README: SAM local)"
+	}
+	return ""
 }
 
 func sortedKeys[V any](m map[string]V) []string {
