@@ -232,7 +232,7 @@ func samSetupBinary(tb testing.TB) string {
 // adds (region, dummy credentials), the endpoint being this moto: SAM's
 // containers reach the same moto_server at host.docker.internal. Each
 // event gets its expected answer, not a function error; an event carrying
-// the admin token gets 401 without it.
+// the admin token gets 401 without it; no log line shows the token.
 func TestSAMLocalSampleEventsUnderTheEmulator(t *testing.T) {
 	local := motoserver.StartT(t)
 	setup := samSetupBinary(t)
@@ -316,6 +316,11 @@ func TestSAMLocalSampleEventsUnderTheEmulator(t *testing.T) {
 				t.Fatalf("%s without its token answered %d %v, want 401 unauthenticated", rel, status, answer)
 			}
 		})
+	}
+	for name, fn := range fns {
+		if strings.Contains(fn.Output(), samAdminToken) {
+			t.Errorf("the admin token reached the %s function's log", name)
+		}
 	}
 }
 
