@@ -99,6 +99,17 @@ fuzz:
 fuzz-short:
 	@./infra/scripts/fuzz.sh 30000x
 
+# e2e-agents installs the agents' CLIs here (git-ignored .tools/; nobody,
+# the task user, must reach it: not under /root or /tmp), at these versions.
+AGENTS_PREFIX       ?= $(CURDIR)/.tools/agents
+CLAUDE_CODE_VERSION ?= 2.1.197
+CODEX_VERSION       ?= 0.171.0
+
+.PHONY: e2e-agents
+## e2e-agents: Claude Code and Codex, installed from npm, as edge tasks against fakes (not in make test)
+e2e-agents:
+	@./infra/scripts/e2e-agents.sh '$(AGENTS_PREFIX)' '$(CLAUDE_CODE_VERSION)' '$(CODEX_VERSION)'
+
 ## clean: remove build/ (not make dev's data dir)
 clean:
 	rm -rf $(BUILD)

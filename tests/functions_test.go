@@ -30,18 +30,22 @@ import (
 	"github.com/runfleet/runfleet/shared/stream/ssetest"
 )
 
-// Fixtures of the events each function receives in AWS.
+// The sample events (infra/sam/events, README: SAM local) are the events
+// each function receives in AWS; the tests and sam local users share them.
 const (
-	// apiGatewayFixture is an API Gateway v2 HTTP event in the shape `sam
-	// local generate-event apigateway http-api-proxy` writes, for the
-	// explicit route POST /fleet/runs (routeKey as API Gateway sets it).
-	apiGatewayFixture = "testdata/apigateway-http-api-proxy.json"
-	// schedulerFixture is EventBridge Scheduler's default payload to a
-	// Lambda target (ScheduleV2 without Input): its detail is the string "{}".
-	schedulerFixture = "testdata/eventbridge-scheduler.json"
+	samEvents = "../infra/sam/events/"
+	// apiGatewayFixture is an API Gateway v2 HTTP event (payload 2.0) for
+	// the explicit route POST /fleet/runs (routeKey as API Gateway sets
+	// it), with a JSON body.
+	apiGatewayFixture = samEvents + "api/dispatch.json"
+	// probeFixture and sweepFixture are EventBridge Scheduler's default
+	// payload to a Lambda target (ScheduleV2 without Input): its detail is
+	// the string "{}".
+	probeFixture = samEvents + "probe/scheduled.json"
+	sweepFixture = samEvents + "sweep/scheduled.json"
 	// functionURLFixture is a Function URL request (payload 2.0) for the
 	// stream's path.
-	functionURLFixture = "testdata/lambda-function-url-request.json"
+	functionURLFixture = samEvents + "stream/stream.json"
 )
 
 // The functions' timeouts, as template.yaml gives them.
@@ -117,7 +121,7 @@ func TestEveryFunctionUnderTheEmulator(t *testing.T) {
 		Probed int            `json:"probed"`
 		Status map[string]int `json:"status"`
 	}
-	must(t, json.Unmarshal(fns["probe"].Invoke(t, fixture(t, schedulerFixture)), &probed))
+	must(t, json.Unmarshal(fns["probe"].Invoke(t, fixture(t, probeFixture)), &probed))
 	if probed.Probed != 1 || probed.Status["ok"] != 1 {
 		t.Fatalf("probe answered %+v", probed)
 	}
@@ -156,7 +160,7 @@ func TestEveryFunctionUnderTheEmulator(t *testing.T) {
 		Events  int `json:"events"`
 		Drained int `json:"drained"`
 	}
-	sweepAnswer := fns["sweep"].Invoke(t, fixture(t, schedulerFixture))
+	sweepAnswer := fns["sweep"].Invoke(t, fixture(t, sweepFixture))
 	must(t, json.Unmarshal(sweepAnswer, &swept))
 	if swept.Events < 2 || swept.Drained != 1 {
 		t.Fatalf("sweep answered %s", sweepAnswer)
@@ -328,22 +332,29 @@ func (g *apiGateway) event(method, target, token, body string, headers ...string
 // invoke sends one request through the api function and decodes its answer.
 func (g *apiGateway) invoke(fn *lambdatest.Function, method, target, token, body string, headers ...string) (int, map[string]any, string) {
 	g.t.Helper()
+	return apiAnswer(g.t, method+" "+target, fn.Invoke(g.t, g.event(method, target, token, body, headers...)))
+}
+
+// apiAnswer decodes the api function's answer to one request (what names
+// it in failures): an API Gateway v2 response with a JSON body.
+func apiAnswer(t testing.TB, what string, answer []byte) (int, map[string]any, string) {
+	t.Helper()
 	var resp events.APIGatewayV2HTTPResponse
-	if err := json.Unmarshal(fn.Invoke(g.t, g.event(method, target, token, body, headers...)), &resp); err != nil {
-		g.t.Fatalf("api answer: %v", err)
+	if err := json.Unmarshal(answer, &resp); err != nil || resp.StatusCode == 0 {
+		t.Fatalf("%s: the api answered %s (%v), not an API Gateway response", what, answer, err)
 	}
 	raw := resp.Body
 	if resp.IsBase64Encoded {
 		b, err := base64.StdEncoding.DecodeString(raw)
-		must(g.t, err)
+		must(t, err)
 		raw = string(b)
 	}
 	if ct := resp.Headers["content-type"]; !strings.HasPrefix(ct, "application/json") {
-		g.t.Fatalf("%s %s answered content-type %q", method, target, ct)
+		t.Fatalf("%s answered content-type %q", what, ct)
 	}
 	var out map[string]any
 	if err := json.Unmarshal([]byte(raw), &out); err != nil {
-		g.t.Fatalf("%s %s answered %q: %v", method, target, raw, err)
+		t.Fatalf("%s answered %q: %v", what, raw, err)
 	}
 	return resp.StatusCode, out, raw
 }

@@ -14,6 +14,7 @@ import (
 	"time"
 
 	"github.com/aws/aws-sdk-go-v2/aws"
+	awsconfig "github.com/aws/aws-sdk-go-v2/config"
 	"github.com/aws/aws-sdk-go-v2/service/dynamodb"
 	"github.com/aws/aws-sdk-go-v2/service/dynamodb/types"
 
@@ -244,14 +245,14 @@ func functionEnv(t *testing.T, r *cfnResolver, tpl map[string]any, fn string) ma
 // TestTemplateFunctionEnvironments: each function's environment, as
 // deployed with the default parameters, is one Fleet's config accepts,
 // with DynamoDB, its tables and Secrets Manager, and names only variables
-// Fleet reads. Only the functions that authenticate callers read the admin
-// token.
+// Fleet reads, and the SDK's endpoint override, empty. Only the functions
+// that authenticate callers read the admin token.
 func TestTemplateFunctionEnvironments(t *testing.T) {
 	_, out := templates(t)
 	allowed := []string{config.EnvStore, config.EnvTableHosts, config.EnvTableRuns, config.EnvTableEvents,
 		config.EnvTableCallers, config.EnvTableIdempotency, config.EnvCredentials, config.EnvRetentionDays,
 		config.EnvHostTimeout, config.EnvProbeMaxAge, config.EnvLogLevel, config.EnvAdminTokenSecret,
-		config.EnvRepoURLs, config.EnvStreamMaxDuration, config.EnvStreamURL}
+		config.EnvRepoURLs, config.EnvStreamMaxDuration, config.EnvStreamURL, envAWSEndpoint}
 	for fn := range templateFunctions {
 		t.Run(fn, func(t *testing.T) {
 			r := newResolver(out, nil)
@@ -288,6 +289,9 @@ func TestTemplateFunctionEnvironments(t *testing.T) {
 			if _, set := env[config.EnvRepoURLs]; set {
 				t.Errorf("%s is set with RepoUrlsPath empty", config.EnvRepoURLs)
 			}
+			if v, set := env[envAWSEndpoint]; !set || v != "" {
+				t.Errorf("%s is %q (declared: %v): want it declared and empty, so AWS's endpoints apply and sam local can override it", envAWSEndpoint, v, set)
+			}
 		})
 	}
 
@@ -298,6 +302,28 @@ func TestTemplateFunctionEnvironments(t *testing.T) {
 	}
 	if got := functionEnv(t, r, out, "ApiFunction")[config.EnvRepoURLs]; got != "file:/opt/repo-urls.json" {
 		t.Errorf("with RepoUrlsPath set, %s = %q", config.EnvRepoURLs, got)
+	}
+}
+
+// envAWSEndpoint is the AWS SDKs' endpoint override (for every service),
+// which template.yaml declares empty so that sam local can set it.
+const envAWSEndpoint = "AWS_ENDPOINT_URL"
+
+// TestEmptyAWSEndpointURLIsAWS: the SDK reads template.yaml's empty
+// AWS_ENDPOINT_URL as unset, so deployed functions call AWS's endpoints;
+// a value (sam local's) is every client's base endpoint.
+func TestEmptyAWSEndpointURLIsAWS(t *testing.T) {
+	for _, tc := range []struct{ value, want string }{{"", "<nil>"}, {"http://host.docker.internal:4599", "http://host.docker.internal:4599"}} {
+		t.Setenv(envAWSEndpoint, tc.value)
+		cfg, err := awsconfig.LoadDefaultConfig(context.Background(), awsconfig.WithRegion("us-east-1"))
+		must(t, err)
+		got := "<nil>"
+		if cfg.BaseEndpoint != nil {
+			got = *cfg.BaseEndpoint
+		}
+		if got != tc.want {
+			t.Errorf("%s=%q: base endpoint %s, want %s", envAWSEndpoint, tc.value, got, tc.want)
+		}
 	}
 }
 

@@ -39,7 +39,7 @@ func TestFromEnvReadsEveryName(t *testing.T) {
 		EnvAddr: "127.0.0.1:9999", EnvHostTimeout: "3s", EnvProbeTimeout: "2s", EnvProbeMaxAge: "1m",
 		EnvProbeConcurrency: "2", EnvLogLevel: "debug",
 		EnvStreamPollInterval: "250ms", EnvStreamKeepAlive: "5s", EnvStreamMaxDuration: "10m",
-		EnvProbeInterval: "30s", EnvSweepInterval: "1m",
+		EnvProbeInterval: "30s", EnvSweepInterval: "1m", EnvStreamURL: "https://s.lambda-url.eu-west-1.on.aws/",
 	}))
 	if err != nil {
 		t.Fatal(err)
@@ -51,7 +51,7 @@ func TestFromEnvReadsEveryName(t *testing.T) {
 		RetentionDays: 7, Addr: "127.0.0.1:9999", HostTimeout: 3 * time.Second, ProbeTimeout: 2 * time.Second,
 		ProbeMaxAge: time.Minute, ProbeConcurrency: 2, LogLevel: slog.LevelDebug,
 		StreamPollInterval: 250 * time.Millisecond, StreamKeepAlive: 5 * time.Second, StreamMaxDuration: 10 * time.Minute,
-		ProbeInterval: 30 * time.Second, SweepInterval: time.Minute,
+		ProbeInterval: 30 * time.Second, SweepInterval: time.Minute, StreamURL: "https://s.lambda-url.eu-west-1.on.aws/",
 	}
 	if c != want {
 		t.Fatalf("got %+v\nwant %+v", c, want)
@@ -81,6 +81,7 @@ func TestFromEnvErrorsNameTheVariable(t *testing.T) {
 		EnvStreamMaxDuration:  "0",
 		EnvProbeInterval:      "10",
 		EnvSweepInterval:      "0s",
+		EnvStreamURL:          "s.lambda-url.eu-west-1.on.aws",
 	} {
 		_, err := FromEnv(env(map[string]string{name: value}))
 		if err == nil || !strings.Contains(err.Error(), name) {
