@@ -106,7 +106,7 @@ CLAUDE_CODE_VERSION ?= 2.1.197
 CODEX_VERSION       ?= 0.171.0
 
 .PHONY: e2e-agents
-## e2e-agents: Claude Code and Codex, installed from npm, as edge tasks against fakes (not in make test)
+## e2e-agents: Claude Code and Codex from npm as edge tasks, against fakes (not in make test)
 e2e-agents:
 	@./infra/scripts/e2e-agents.sh '$(AGENTS_PREFIX)' '$(CLAUDE_CODE_VERSION)' '$(CODEX_VERSION)'
 

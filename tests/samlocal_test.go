@@ -60,8 +60,9 @@ func readSAMEnvFile(t testing.TB) map[string]map[string]string {
 // TestSAMLocalEnvFileMatchesTemplate: the env file names each function of
 // template.yaml and, for each, exactly the variables the template declares
 // for it (with the default parameters). Each value is the deployed one but
-// for the table names (the same five for every function) and the endpoint
-// (a URL), and Fleet's configuration accepts each function's set.
+// for the table names (the same five for every function), the endpoint
+// (a URL) and the stream's URL (none locally), and Fleet's configuration
+// accepts each function's set.
 func TestSAMLocalEnvFileMatchesTemplate(t *testing.T) {
 	_, out := templates(t)
 	file := readSAMEnvFile(t)
@@ -92,6 +93,13 @@ func TestSAMLocalEnvFileMatchesTemplate(t *testing.T) {
 				case name == envAWSEndpoint:
 					if u, err := url.Parse(g); err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" {
 						t.Errorf("%s=%q: want moto_server's URL as SAM's containers reach it", name, g)
+					}
+				case name == config.EnvStreamURL:
+					// Deployed, the stream's Function URL; sam local has none
+					// (start-api serves no Function URL): empty, a run's
+					// stream link is on the API's own address.
+					if g != "" {
+						t.Errorf("%s=%q: want empty (sam local has no Function URL for the stream)", name, g)
 					}
 				case want[name] == tableRef:
 					if g == "" {
