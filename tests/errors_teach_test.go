@@ -71,6 +71,9 @@ func errorsTeach(t *testing.T, kind string) {
 		if a.status != c.status || !strings.Contains(a.errorText(), c.error) {
 			t.Errorf("%s: %d %s, want %d with an error containing %q", c.name, a.status, a.raw, c.status, c.error)
 		}
+		if strings.Contains(a.raw, `\u003c`) {
+			t.Errorf("%s: the answer escapes < for HTML, unreadable in a terminal: %s", c.name, a.raw)
+		}
 		for _, tok := range []string{alice, revoked} {
 			if strings.Contains(a.raw, tok) {
 				t.Errorf("%s: the answer quotes a token: %s", c.name, a.raw)

@@ -6,6 +6,7 @@
 package api
 
 import (
+	"bytes"
 	"context"
 	"encoding/base64"
 	"encoding/json"
@@ -333,11 +334,25 @@ func lowerKeys(m map[string]string) map[string]string {
 	return out
 }
 
+// EncodeJSON is an answer's body as the API writes it (the stream's
+// refusals too): JSON ending in a newline, without HTML escaping (the
+// answers are JSON with nosniff, never HTML, and are read in terminals,
+// where "\u003ctoken\u003e" would stand for "<token>").
+func EncodeJSON(v any) ([]byte, error) {
+	var buf bytes.Buffer
+	enc := json.NewEncoder(&buf)
+	enc.SetEscapeHTML(false)
+	if err := enc.Encode(v); err != nil {
+		return nil, err
+	}
+	return buf.Bytes(), nil
+}
+
 func jsonResponse(status int, v any) events.APIGatewayV2HTTPResponse {
-	b, err := json.Marshal(v)
+	b, err := EncodeJSON(v)
 	if err != nil {
 		status = http.StatusInternalServerError
-		b = []byte(`{"error":"internal error","code":"internal"}`)
+		b = []byte(`{"error":"internal error","code":"internal"}` + "\n")
 	}
 	return events.APIGatewayV2HTTPResponse{
 		StatusCode: status,
@@ -346,7 +361,7 @@ func jsonResponse(status int, v any) events.APIGatewayV2HTTPResponse {
 			"cache-control":          "no-store",
 			"x-content-type-options": "nosniff",
 		},
-		Body: string(b) + "\n",
+		Body: string(b),
 	}
 }
 

@@ -3,7 +3,6 @@ package stream
 import (
 	"bytes"
 	"context"
-	"encoding/json"
 	"io"
 	"net/http"
 	"strconv"
@@ -41,13 +40,12 @@ func (h *Handler) HandleLambda(ctx context.Context, ev events.LambdaFunctionURLR
 	}
 	sess, refused := h.open(ctx, req)
 	if refused != nil {
-		body, _ := json.Marshal(refused.body)
 		hdr := map[string]string{"content-type": "application/json", "cache-control": "no-store"}
 		if refused.allow != "" {
 			hdr["allow"] = refused.allow
 		}
 		return &events.LambdaFunctionURLStreamingResponse{
-			StatusCode: refused.status, Headers: hdr, Body: bytes.NewReader(append(body, '\n')),
+			StatusCode: refused.status, Headers: hdr, Body: bytes.NewReader(refused.body),
 		}, nil
 	}
 	pr, pw := io.Pipe()
@@ -96,7 +94,7 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 			w.Header().Set("Allow", refused.allow)
 		}
 		w.WriteHeader(refused.status)
-		json.NewEncoder(w).Encode(refused.body)
+		w.Write(refused.body)
 		return
 	}
 	for k, v := range sseHeaders() {

@@ -56,7 +56,6 @@ import (
 	"github.com/runfleet/runfleet/shared/auth"
 	"github.com/runfleet/runfleet/shared/clock"
 	"github.com/runfleet/runfleet/shared/fleet"
-	"github.com/runfleet/runfleet/shared/hostproto"
 	"github.com/runfleet/runfleet/shared/store"
 )
 
@@ -218,8 +217,9 @@ func redactedQuery(raw string) string {
 // refusal is an answer other than a stream: status and JSON body.
 type refusal struct {
 	status int
-	body   hostproto.ErrorBody
-	allow  string
+	// body is the error body, encoded as the API encodes its answers.
+	body  []byte
+	allow string
 }
 
 // open checks the request and prepares its session, or refuses it.
@@ -235,7 +235,10 @@ func (h *Handler) open(ctx context.Context, req request) (*session, *refusal) {
 	} else {
 		h.log.InfoContext(ctx, "stream refused", attrs...)
 	}
-	r := &refusal{status: status, body: body}
+	// The stream's refusals carry no details: the body is strings, which
+	// always encode.
+	encoded, _ := api.EncodeJSON(body)
+	r := &refusal{status: status, body: encoded}
 	if status == http.StatusMethodNotAllowed {
 		r.allow = http.MethodGet
 	}
