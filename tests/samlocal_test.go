@@ -11,6 +11,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"regexp"
+	"slices"
 	"sort"
 	"strconv"
 	"strings"
@@ -85,7 +86,7 @@ func TestSAMLocalEnvFileMatchesTemplate(t *testing.T) {
 			if !ok {
 				t.Fatalf("%s has no %s object: sam local would run it with template.yaml's values (tables named by logical id, AWS's endpoints)", samEnvFile, fn)
 			}
-			for _, name := range sortedKeys(want) {
+			for _, name := range slices.Sorted(maps.Keys(want)) {
 				g, ok := got[name]
 				switch {
 				case !ok:
@@ -109,7 +110,7 @@ func TestSAMLocalEnvFileMatchesTemplate(t *testing.T) {
 					t.Errorf("%s=%q, template.yaml deploys %q: locally the functions run as deployed, but for the tables and the endpoint", name, g, want[name])
 				}
 			}
-			for _, name := range sortedKeys(got) {
+			for _, name := range slices.Sorted(maps.Keys(got)) {
 				if _, ok := want[name]; !ok {
 					t.Errorf("the env file sets %s for %s, which template.yaml does not declare for it: sam local ignores it", name, fn)
 				}
@@ -254,7 +255,7 @@ func TestSAMLocalSampleEventsUnderTheEmulator(t *testing.T) {
 		if bytes.Contains(out, []byte(samAdminToken)) {
 			t.Fatalf("setup printed the admin token:\n%s", out)
 		}
-		for _, fn := range sortedKeys(templateFunctions) {
+		for _, fn := range slices.Sorted(maps.Keys(templateFunctions)) {
 			if !bytes.Contains(out, []byte(fn+": starts")) {
 				t.Errorf("setup does not say %s starts:\n%s", fn, out)
 			}
@@ -290,7 +291,7 @@ func TestSAMLocalSampleEventsUnderTheEmulator(t *testing.T) {
 			t.Errorf("%s%s: no expectation in samEventChecks (and none in the README)", samEvents, rel)
 		}
 	}
-	for _, rel := range sortedKeys(samEventChecks) {
+	for _, rel := range slices.Sorted(maps.Keys(samEventChecks)) {
 		t.Run(rel, func(t *testing.T) {
 			exp := samEventChecks[rel]
 			fn := fns[strings.Split(rel, "/")[0]]
@@ -383,13 +384,4 @@ func invokeSample(t *testing.T, fn *lambdatest.Function, what string, ev []byte)
 		t.Fatalf("%s: the function answered %s (%v)", what, raw, err)
 	}
 	return 0, answer
-}
-
-func sortedKeys[V any](m map[string]V) []string {
-	keys := make([]string, 0, len(m))
-	for k := range m {
-		keys = append(keys, k)
-	}
-	sort.Strings(keys)
-	return keys
 }

@@ -22,10 +22,11 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"maps"
 	"net"
 	"net/url"
 	"os"
-	"sort"
+	"slices"
 	"strings"
 
 	"github.com/aws/aws-sdk-go-v2/aws"
@@ -108,7 +109,7 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 	fmt.Fprintf(stdout, "moto_server at %s, region %s, for %s:\n", *endpoint, *region, *envFile)
 	secretsSet := map[string]bool{}
 	tablesReady := map[config.Tables]bool{}
-	for _, fn := range sortedKeys(envs) {
+	for _, fn := range slices.Sorted(maps.Keys(envs)) {
 		env := envs[fn]
 		cfg, err := config.FromEnv(func(k string) string { return env[k] })
 		if err != nil {
@@ -192,13 +193,4 @@ func unreachable(err error, endpoint string) string {
 		return "\n  is moto_server listening at " + endpoint + "? (README: SAM local)"
 	}
 	return ""
-}
-
-func sortedKeys[V any](m map[string]V) []string {
-	keys := make([]string, 0, len(m))
-	for k := range m {
-		keys = append(keys, k)
-	}
-	sort.Strings(keys)
-	return keys
 }
