@@ -160,3 +160,54 @@ func report(b *testing.B, u dynamostore.Usage, hosts int) {
 	}
 	b.Logf("per op: %s", strings.Join(parts, " "))
 }
+
+// TestListRefreshCapacityOnDynamoDB measures what a list page's refresh of
+// its live runs costs: host calls, and DynamoDB units beside the listing's
+// own reads. A page of six runs on two hosts: two ended on the host since
+// Fleet last looked, two live, two already ended in the record.
+func TestListRefreshCapacityOnDynamoDB(t *testing.T) {
+	s, token := capacityStack(t, 0)
+	hosts := map[string]*fakehost.Host{}
+	for _, id := range []string{"h00", "h01"} {
+		hosts[id] = s.addHost(t, id, fakehost.Config{}, nil)
+		s.probe(t, id)
+	}
+	type run struct{ host, id, child string }
+	var runs []run
+	for i := 0; i < 6; i++ {
+		h := []string{"h00", "h01"}[i%2]
+		a := s.must(t, http.StatusCreated, "POST", "/fleet/runs", token, fmt.Sprintf(`{"host":%q,"agent":"shell"}`, h))
+		runs = append(runs, run{h, a.str("fleetRunId"), a.str("childRunId")})
+	}
+	zero := 0
+	// Two ended before the first listing, which records their end.
+	hosts[runs[0].host].SetRun(runs[0].child, "succeeded", &zero, "")
+	hosts[runs[1].host].SetRun(runs[1].child, "succeeded", &zero, "")
+	s.must(t, http.StatusOK, "GET", "/fleet/runs", token, "")
+	// Two end now; two stay live.
+	hosts[runs[2].host].SetRun(runs[2].child, "failed", &zero, "")
+	hosts[runs[3].host].SetRun(runs[3].child, "failed", &zero, "")
+	for _, h := range hosts {
+		h.ResetRequests()
+	}
+
+	s.meter.Reset()
+	s.must(t, http.StatusOK, "GET", "/fleet/runs", token, "")
+	u := s.meter.Snapshot()
+	calls := hosts["h00"].Requests()["GET /runs/{id}"] + hosts["h01"].Requests()["GET /runs/{id}"]
+	t.Logf("list of 6 runs (4 live in the record, 2 of them ended on the host): %d host calls; %s", calls, u)
+	// One host call per run live in the record, none for those ended.
+	if calls != 4 {
+		t.Errorf("%d host calls, want 4: one per run live in Fleet's record", calls)
+	}
+	// The refresh's reads: one eventually consistent host item per host
+	// (0.5 each); its writes: one conditional update of the run item per
+	// run whose state changed (no index key or projected attribute moves:
+	// an ended run stays in the live index until the sweep drains it).
+	if u.RCU["hosts"] != 1 {
+		t.Errorf("host reads %g RCU, want 1 (0.5 per distinct host)", u.RCU["hosts"])
+	}
+	if u.WCU["runs"] != 2 {
+		t.Errorf("run writes %g WCU, want 2 (one per run that ended)", u.WCU["runs"])
+	}
+}

@@ -39,7 +39,7 @@ func (s *Store) CreateHost(ctx context.Context, h store.Host) error {
 // GetHost reads a host, strongly consistent; ErrNotFound.
 func (s *Store) GetHost(ctx context.Context, id string) (store.Host, error) {
 	out, err := s.api.GetItem(ctx, &dynamodb.GetItemInput{
-		TableName: aws.String(s.tables.Hosts), Key: strKey(attrID, id), ConsistentRead: aws.Bool(true),
+		TableName: aws.String(s.tables.Hosts), Key: strKey(attrID, id), ConsistentRead: aws.Bool(!store.AllowsEventualRead(ctx)),
 	})
 	if err != nil {
 		return store.Host{}, fault("get host", err)
