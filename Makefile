@@ -37,7 +37,7 @@ help:
 # secret. Built, then exec'd rather than `go run`: Ctrl-C then ends it cleanly, with no
 # "Error 1" from make.
 dev:
-	@$(GO) build -o $(BUILD)/localstack ./infra/localstack
+	@$(GO) build -ldflags '$(LDFLAGS)' -o $(BUILD)/localstack ./infra/localstack
 	@exec $(BUILD)/localstack
 
 ## test: what CI runs: deps, lint, test-go and fuzz-short
