@@ -37,6 +37,7 @@ help:
 # secret. Built, then exec'd rather than `go run`: Ctrl-C then ends it cleanly, with no
 # "Error 1" from make.
 dev:
+	@./infra/scripts/test-deps.sh dev
 	@$(GO) build -ldflags '$(LDFLAGS)' -o $(BUILD)/localstack ./infra/localstack
 	@exec $(BUILD)/localstack
 

@@ -1,20 +1,35 @@
 #!/usr/bin/env bash
 # What the tests need beyond the Go toolchain, checked (and installed where a
 # package manager can) so `make test` works on a fresh machine of this kind.
+# With the argument "dev", only what `make dev` needs: curl (the demo task
+# and the printed commands) and, as root, nftables (the local edge confines
+# its tasks' egress, as edge does).
 set -euo pipefail
+mode=${1:-test}
+case $mode in
+test | dev) ;;
+*)
+	echo "usage: $0 [test|dev]" >&2
+	exit 2
+	;;
+esac
 
 need_apt=()
 # Tasks run as an unprivileged user, so the clients a test task runs must be
 # Debian's, usable by that user (not a tool under root's home).
 [ -x /usr/bin/curl ] || need_apt+=(curl)
-[ -x /usr/bin/git ] || need_apt+=(git)
-/usr/bin/python3 -c 'import requests' 2>/dev/null || need_apt+=(python3-requests)
-# edge confines tasks' egress with nftables (runner.egress "confined"); the
-# tests also build network namespaces with ip (iproute2).
-[ -x /usr/sbin/nft ] || need_apt+=(nftables)
-[ -x /usr/sbin/ip ] || need_apt+=(iproute2)
-# systemd-analyze verifies infra/systemd's unit (no running systemd needed).
-command -v systemd-analyze >/dev/null || need_apt+=(systemd)
+# edge confines tasks' egress with nftables (runner.egress "confined").
+if [ "$mode" = test ] || [ "$(id -u)" = 0 ]; then
+	[ -x /usr/sbin/nft ] || need_apt+=(nftables)
+fi
+if [ "$mode" = test ]; then
+	[ -x /usr/bin/git ] || need_apt+=(git)
+	/usr/bin/python3 -c 'import requests' 2>/dev/null || need_apt+=(python3-requests)
+	# The tests build network namespaces with ip (iproute2).
+	[ -x /usr/sbin/ip ] || need_apt+=(iproute2)
+	# systemd-analyze verifies infra/systemd's unit (no running systemd needed).
+	command -v systemd-analyze >/dev/null || need_apt+=(systemd)
+fi
 
 if [ ${#need_apt[@]} -gt 0 ]; then
 	if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null; then
@@ -27,6 +42,8 @@ if [ ${#need_apt[@]} -gt 0 ]; then
 		exit 1
 	fi
 fi
+
+[ "$mode" = test ] || exit 0
 
 # The pyenv Python's tools: template.yaml (cfn-lint, the SAM translator) and
 # infra/openapi.yaml (openapi-spec-validator).
