@@ -71,14 +71,18 @@ func functionBootstrap(tb testing.TB, fn string) string {
 }
 
 // localStackBinary is `make dev`'s program, built.
-func localStackBinary(tb testing.TB) string {
+func localStackBinary(tb testing.TB) string { return commandBinary(tb, "./infra/localstack") }
+
+// commandBinary is the main package pkg (relative to the repository),
+// built once per test binary.
+func commandBinary(tb testing.TB, pkg string) string {
 	tb.Helper()
-	return built.get(tb, "localstack", func(dir string) (string, error) {
-		bin := filepath.Join(dir, "localstack")
-		cmd := exec.Command("go", "build", "-o", bin, "./infra/localstack")
+	return built.get(tb, pkg, func(dir string) (string, error) {
+		bin := filepath.Join(dir, filepath.Base(pkg))
+		cmd := exec.Command("go", "build", "-o", bin, pkg)
 		cmd.Dir = ".."
 		if out, err := cmd.CombinedOutput(); err != nil {
-			return "", &buildError{what: "go build ./infra/localstack", err: err, out: out}
+			return "", &buildError{what: "go build " + pkg, err: err, out: out}
 		}
 		return bin, nil
 	})

@@ -220,18 +220,7 @@ func TestSAMLocalREADMEListsEverySampleEvent(t *testing.T) {
 }
 
 // samSetupBinary is `go run ./infra/sam/setup`'s program, built.
-func samSetupBinary(tb testing.TB) string {
-	tb.Helper()
-	return built.get(tb, "samsetup", func(dir string) (string, error) {
-		bin := filepath.Join(dir, "setup")
-		cmd := exec.Command("go", "build", "-o", bin, "./infra/sam/setup")
-		cmd.Dir = ".."
-		if out, err := cmd.CombinedOutput(); err != nil {
-			return "", &buildError{what: "go build ./infra/sam/setup", err: err, out: out}
-		}
-		return bin, nil
-	})
-}
+func samSetupBinary(tb testing.TB) string { return commandBinary(tb, "./infra/sam/setup") }
 
 // TestSAMLocalSampleEventsUnderTheEmulator follows README "SAM local" on a
 // moto of its own (the env file's fixed names, as a user has them): the
