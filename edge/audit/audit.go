@@ -47,7 +47,8 @@ type Entry struct {
 	// Host is the CONNECT authority (host:port), placeholders redacted;
 	// "unparseable (N bytes)" for a target that did not parse.
 	Host string `json:"host"`
-	// Method is the request's (or CONNECT's) method, placeholders redacted.
+	// Method is the request's (or CONNECT's) method, placeholders redacted;
+	// empty for a transparent connection's own line (there was no CONNECT).
 	Method string `json:"method,omitempty"`
 	// Path is the request path without its query, placeholders redacted.
 	Path   string `json:"path,omitempty"`
@@ -59,11 +60,18 @@ type Entry struct {
 	// Scrubbed counts the real values taken out of the answer (each
 	// replaced by its placeholder before the task got it).
 	Scrubbed int `json:"scrubbed,omitempty"`
+	// Via is ViaTransparent for what reached the proxy without the task
+	// asking (a connection redirected from the task's network), empty for
+	// the explicit proxy.
+	Via string `json:"via,omitempty"`
 	// Duration is the whole decision; Upstream the part spent waiting for
 	// the upstream's response head.
 	Duration time.Duration `json:"-"`
 	Upstream time.Duration `json:"-"`
 }
+
+// ViaTransparent is Entry.Via for a redirected connection.
+const ViaTransparent = "transparent"
 
 // FileName is the live audit file under Dir; rotated files add ".1", ".2"...
 const FileName = "proxy-audit.jsonl"

@@ -66,6 +66,10 @@ func appendLine(b []byte, e *Entry) []byte {
 		b = append(b, `,"scrubbed":`...)
 		b = strconv.AppendInt(b, int64(e.Scrubbed), 10)
 	}
+	if e.Via != "" {
+		b = append(b, `,"via":`...)
+		b = appendString(b, e.Via)
+	}
 	b = append(b, `,"durationMs":`...)
 	b = appendMillis(b, e.Duration.Microseconds())
 	if up := e.Upstream.Microseconds(); up != 0 {

@@ -31,6 +31,7 @@ func TestLineIsWhatEncodingJSONWrites(t *testing.T) {
 		{TS: ts, Task: "run-2", Action: Blocked, Reason: `key acme/K may not reach <b>&"x"\y` + "\n\t\r\b\f\x00\x1f\x7f", Keys: []string{"acme/A", "acme/B"},
 			Host: "b.example:443", Method: "POST", Path: "/p/\u2028\u2029/é/\xff\xfe", Status: 403, Duration: time.Nanosecond},
 		{TS: ts, Action: Denied, Host: "h:1", Duration: 3 * time.Hour, Upstream: 400 * time.Nanosecond},
+		{TS: ts, Task: "run-3", Action: Tunnelled, Host: "203.0.113.7:22", Status: 200, BytesIn: 1, Via: ViaTransparent},
 		{TS: ts, Action: Action("other"), Host: "", Keys: []string{}},
 		{TS: ts, Action: Forwarded, Host: "h:2", Duration: 1<<50*time.Microsecond + 7*time.Microsecond, Upstream: -(1<<50 - 1) * time.Microsecond},
 		{TS: ts, Action: Forwarded, Host: "h:3", Duration: 1000 * time.Microsecond, Upstream: 10*time.Microsecond + 999},
@@ -46,7 +47,7 @@ func FuzzLine(f *testing.F) {
 	f.Add("run-1", "reason <&>", "acme/K", "host:443", "GET", "/p\u2028\xff", 200, int64(5), int64(-1), int64(1500000))
 	f.Fuzz(func(t *testing.T, task, reason, key, host, method, path string, status int, in, out, dur int64) {
 		e := Entry{TS: time.Unix(1_800_000_000, dur).UTC(), Task: task, Action: Action(reason + "!"), Reason: reason, Keys: []string{key, task},
-			Host: host, Method: method, Path: path, Status: status, BytesIn: in, BytesOut: out, Scrubbed: status / 3, Duration: time.Duration(dur), Upstream: time.Duration(in)}
+			Host: host, Method: method, Path: path, Status: status, BytesIn: in, BytesOut: out, Scrubbed: status / 3, Via: path, Duration: time.Duration(dur), Upstream: time.Duration(in)}
 		if got, want := string(appendLine(nil, &e)), referenceLine(t, e); got != want {
 			t.Fatalf("line\n got %s\nwant %s", got, want)
 		}
