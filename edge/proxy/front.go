@@ -34,6 +34,8 @@ type connInfo struct {
 	addr, hostHeader string
 	// logHost is addr as the audit and the log may hold it (redacted).
 	logHost string
+	// via is the audit's Via: how the connection reached the proxy.
+	via string
 }
 
 func newConnInfo(a *attempt, target policy.Authority, ix *index) *connInfo {
@@ -151,10 +153,13 @@ func (p *Proxy) serveFront(c net.Conn) {
 	}
 	conn := &bufferedConn{Conn: c, pending: pending}
 	if decision.Action == policy.Tunnel {
-		p.tunnel(a, conn, target, entry)
+		p.tunnel(a, conn, target, entry, true)
 		return
 	}
-	p.intercept(a, conn, target, ix)
+	if _, err := io.WriteString(c, "HTTP/1.1 200 Connection established\r\n\r\n"); err != nil {
+		return
+	}
+	p.intercept(a, conn, newConnInfo(a, target, ix), ix)
 }
 
 // proxyCredentials reads "Basic base64(runID:password)".
@@ -184,15 +189,19 @@ func writeStatus(w io.Writer, status int, reason string, hdr http.Header) {
 }
 
 // tunnel relays bytes untouched to a target no key of the task reaches
-// (egress open). The dial still goes through the upstream guard.
-func (p *Proxy) tunnel(a *attempt, c *bufferedConn, target policy.Authority, entry audit.Entry) {
+// (egress open). The dial still goes through the upstream guard. explicit:
+// the task asked with a CONNECT, which is answered; a transparent
+// connection has nothing to answer, and a failed dial just closes it.
+func (p *Proxy) tunnel(a *attempt, c *bufferedConn, target policy.Authority, entry audit.Entry, explicit bool) {
 	start := entry.TS
 	ctx, cancel := context.WithTimeout(a.ctx, p.cfg.HandshakeTimeout)
 	up, err := p.cfg.Upstream.DialContext(ctx, "tcp", target.String())
 	cancel()
 	if err != nil {
 		status, action, reason := p.classify(err)
-		writeStatus(c, status, reason, answerFields(err))
+		if explicit {
+			writeStatus(c, status, reason, answerFields(err))
+		}
 		entry.Action, entry.Status, entry.Reason = action, status, reason
 		entry.Duration = p.cfg.Clock.Now().Sub(start)
 		p.cfg.Audit.Record(entry)
@@ -200,8 +209,10 @@ func (p *Proxy) tunnel(a *attempt, c *bufferedConn, target policy.Authority, ent
 	}
 	defer up.Close()
 	_ = c.SetDeadline(time.Time{})
-	if _, err := io.WriteString(c, "HTTP/1.1 200 Connection established\r\n\r\n"); err != nil {
-		return
+	if explicit {
+		if _, err := io.WriteString(c, "HTTP/1.1 200 Connection established\r\n\r\n"); err != nil {
+			return
+		}
 	}
 	var wg sync.WaitGroup
 	var in, out int64
@@ -228,13 +239,11 @@ func closeWrite(c net.Conn) {
 	_ = c.Close()
 }
 
-// intercept terminates TLS with a leaf for the CONNECT's name and serves the
-// connection's requests through the pipeline (HTTP/2 when ALPN picks it).
-func (p *Proxy) intercept(a *attempt, c *bufferedConn, target policy.Authority, ix *index) {
-	if _, err := io.WriteString(c, "HTTP/1.1 200 Connection established\r\n\r\n"); err != nil {
-		return
-	}
-	ci := newConnInfo(a, target, ix)
+// intercept terminates TLS with a leaf for the connection's authority (the
+// CONNECT's, or a transparent connection's pin) and serves the connection's
+// requests through the pipeline (HTTP/2 when ALPN picks it).
+func (p *Proxy) intercept(a *attempt, c *bufferedConn, ci *connInfo, ix *index) {
+	target := ci.target
 	tc := tls.Server(c, &tls.Config{
 		MinVersion: tls.VersionTLS12,
 		NextProtos: []string{"h2", "http/1.1"},

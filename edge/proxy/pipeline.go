@@ -222,7 +222,7 @@ func (p *Proxy) serve(st *requestState, w http.ResponseWriter, r *http.Request) 
 	st.out.ResponseWriter = w
 	cw := &st.out
 	entry := &st.entry
-	*entry = audit.Entry{TS: p.cfg.Clock.Now(), Task: st.runID(), Host: ci.logHost, Method: redacted(ix, r.Method), Path: redact(ix, r.URL.Path, &st.ms)}
+	*entry = audit.Entry{TS: p.cfg.Clock.Now(), Task: st.runID(), Host: ci.logHost, Method: redacted(ix, r.Method), Path: redact(ix, r.URL.Path, &st.ms), Via: ci.via}
 	defer p.record(st) // also when the answer is aborted (a panic on HTTP/2)
 	// fail refuses the request before anything reaches the upstream, and
 	// ends the connection.

@@ -43,6 +43,8 @@ type attempt struct {
 
 	mu    sync.Mutex
 	conns map[net.Conn]struct{}
+	// closers are the sockets of the attempt's network (ServeNetwork).
+	closers []io.Closer
 }
 
 // live reports whether the attempt's credential still serves.
@@ -66,16 +68,19 @@ func (a *attempt) untrack(c net.Conn) {
 	delete(a.conns, c)
 }
 
-// revoke ends the attempt: its credential stops working, its connections
-// are closed and its in-flight requests cancelled, at once. The connections
+// revoke ends the attempt: its credential stops working, its network's
+// sockets and its connections are closed and its in-flight requests cancelled, at once. The connections
 // close before the cancel: a request whose upstream call fails on the cancel
 // must find its task's connection already gone, never answer it.
 func (a *attempt) revoke() {
 	a.revoked.Store(true)
 	a.mu.Lock()
-	conns := a.conns
-	a.conns = nil
+	conns, closers := a.conns, a.closers
+	a.conns, a.closers = nil, nil
 	a.mu.Unlock()
+	for _, c := range closers {
+		c.Close()
+	}
 	for c := range conns {
 		c.Close()
 	}
