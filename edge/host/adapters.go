@@ -10,6 +10,7 @@ import (
 	"github.com/runfleet/runfleet/edge/policy"
 	"github.com/runfleet/runfleet/edge/proxy"
 	"github.com/runfleet/runfleet/edge/runner"
+	"github.com/runfleet/runfleet/edge/sandbox"
 	"github.com/runfleet/runfleet/shared/clock"
 	"github.com/runfleet/runfleet/shared/hostproto"
 )
@@ -84,6 +85,14 @@ func (b proxyBroker) StartAttempt(runID string) (string, error) {
 		return "", err
 	}
 	return u.String(), nil
+}
+
+// ServeNetwork hands the task's network to the proxy.
+func (b proxyBroker) ServeNetwork(runID string, ls sandbox.Listeners) error {
+	return b.proxy.ServeNetwork(runID, proxy.TaskNetwork{
+		Explicit: ls.Explicit, Transparent: ls.Transparent, OriginalDestination: sandbox.OriginalDestination,
+		DNSPackets: ls.DNSPackets, DNSStreams: ls.DNSStreams,
+	})
 }
 
 // EndAttempt revokes the attempt's credential and closes its connections.

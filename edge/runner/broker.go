@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 
+	"github.com/runfleet/runfleet/edge/sandbox"
 	"github.com/runfleet/runfleet/shared/hostproto"
 )
 
@@ -29,6 +30,10 @@ type Broker interface {
 	// revoking any earlier one, and returns the proxy URL with credentials
 	// (http://runID:password@host:port).
 	StartAttempt(runID string) (proxyURL string, err error)
+	// ServeNetwork serves the current attempt's network (its DNS, its
+	// redirected connections, its explicit proxy) until the attempt ends,
+	// when it closes the network's listeners; an error leaves them closed.
+	ServeNetwork(runID string, ls sandbox.Listeners) error
 	// EndAttempt revokes the attempt's password and closes the task's proxy
 	// connections at once. Ending an ended attempt does nothing.
 	EndAttempt(runID string)

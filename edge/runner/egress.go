@@ -5,8 +5,11 @@ import (
 	"encoding/hex"
 	"errors"
 	"fmt"
+	"net/url"
+	"strconv"
 
 	"github.com/runfleet/runfleet/edge/config"
+	"github.com/runfleet/runfleet/edge/sandbox"
 )
 
 // EgressConfiner confines the network egress of every task, edge-wide:
@@ -94,6 +97,14 @@ func (r *Runner) confineEgress() error {
 		r.logger.Warn("no task can run on this edge", fieldReason, d.Reason)
 		return nil
 	case egressConfine:
+		// A network of its own for every task is the confinement; one is
+		// made here first, so a host where that fails refuses the start
+		// rather than every task.
+		n, err := sandbox.NewNetwork(sandbox.NetworkConfig{Serve: true, ExplicitPort: probePort})
+		if err != nil {
+			return fmt.Errorf("runner: runner.egress %s: creating a task's network: %w (set runner.egress to %s to start without confinement)", r.cfg.Egress, err, config.TaskEgressInsecureOpen)
+		}
+		n.Close()
 		g := r.cfg.TaskGroups
 		if err := r.cfg.Confiner.Install(g.First, g.First+g.Count-1); err != nil {
 			return fmt.Errorf("runner: runner.egress %s: confining tasks' egress: %w (set runner.egress to %s to start without confinement)", r.cfg.Egress, err, config.TaskEgressInsecureOpen)
@@ -103,6 +114,43 @@ func (r *Runner) confineEgress() error {
 		return nil
 	}
 	return errors.New("runner: runner.egress: " + d.Reason)
+}
+
+// probePort is the explicit proxy's port in the network made to check that
+// tasks' networks can be made.
+const probePort = 7071
+
+// openNetwork makes the attempt's network: served by the proxy (its DNS,
+// its redirected connections, its explicit proxy at the port of its
+// HTTPS_PROXY) for a task that declares secrets; a loopback alone for one
+// that does not, which has no way off its host at all.
+func (r *Runner) openNetwork(t *task) (*sandbox.Network, error) {
+	cfg := sandbox.NetworkConfig{}
+	if t.needsBroker {
+		t.mu.Lock()
+		proxyURL := t.proxyURL
+		t.mu.Unlock()
+		u, err := url.Parse(proxyURL)
+		if err != nil {
+			return nil, errors.New("the task's proxy URL does not parse")
+		}
+		port, err := strconv.Atoi(u.Port())
+		if err != nil {
+			return nil, fmt.Errorf("the task's proxy URL has no port")
+		}
+		cfg.Serve, cfg.ExplicitPort = true, port
+	}
+	n, err := sandbox.NewNetwork(cfg)
+	if err != nil {
+		return nil, err
+	}
+	if cfg.Serve {
+		if err := r.broker.ServeNetwork(t.runID, n.Listeners); err != nil {
+			n.Close()
+			return nil, fmt.Errorf("serving the task's network: %w", err)
+		}
+	}
+	return n, nil
 }
 
 // liftEgress removes the confinement once no task is left to confine.

@@ -67,6 +67,10 @@ type task struct {
 	proxyURL  string
 	unwatch   func() error
 	timers    []clock.Timer
+	// net is the attempt's network (package sandbox), nil where tasks'
+	// egress is not confined; it belongs to the goroutine starting the
+	// attempt, which closes it once the process has ended.
+	net *sandbox.Network
 
 	startOnce sync.Once
 	startDone chan struct{}
@@ -350,6 +354,20 @@ func (r *Runner) launch(t *task, tk *ticket) {
 			return
 		}
 	}
+	if r.egressConfined.Load() && t.ident.Switch {
+		n, err := r.openNetwork(t)
+		if err != nil {
+			if t.ctx.Err() != nil {
+				end(refusedOutcome(r.cancelRefusal(t)))
+				return
+			}
+			r.logger.Error("creating a task's network", fieldRun, t.runID, fieldError, err.Error())
+			end(outcome{status: hostproto.StatusFailed, reason: hostproto.ReasonHostUnavailable, detail: "the host could not create the task's network"})
+			return
+		}
+		t.net = n
+		defer n.Close()
+	}
 	env := r.taskEnv(t)
 	if u := cloneURL(req); u != "" {
 		if err := r.clone(t.ctx, t, u, env); err != nil {
@@ -405,7 +423,11 @@ func (r *Runner) launch(t *task, tk *ticket) {
 		end(refusedOutcome(ref), admissionEntry(r.clock.Now(), t.attempt, Decision{Verdict: Refuse, Reason: ref.Reason, Detail: ref.Detail}, req.Secrets))
 		return
 	}
-	ptmx, err := pty.StartWithAttrs(cmd, &pty.Winsize{Rows: terminalRows, Cols: terminalCols}, cmd.SysProcAttr)
+	var ptmx *os.File
+	err = t.startIn(func() (err error) {
+		ptmx, err = pty.StartWithAttrs(cmd, &pty.Winsize{Rows: terminalRows, Cols: terminalCols}, cmd.SysProcAttr)
+		return err
+	})
 	if err != nil {
 		t.mu.Unlock()
 		r.logger.Error("starting a task", fieldRun, t.runID, fieldError, err.Error())
@@ -452,6 +474,15 @@ func (r *Runner) launch(t *task, tk *ticket) {
 	r.logger.Info("run started", fieldRun, t.runID, fieldAttempt, t.attempt, "pid", cmd.Process.Pid, "sandboxed", box != nil)
 	t.resolveStart(nil)
 	r.supervise(t, cmd, ptmx, box)
+}
+
+// startIn runs start, which starts a process of the task, so that the
+// process lives in the attempt's network where it has one.
+func (t *task) startIn(start func() error) error {
+	if t.net == nil {
+		return start()
+	}
+	return t.net.Start(start)
 }
 
 // sandboxSpec is what the task's init needs: who the task is, its private

@@ -198,8 +198,8 @@ func writeTrustFiles(d taskDirs, systemRoots, bundle []byte) error {
 }
 
 // clone makes the task's work dir a shallow clone of rawURL, running git as
-// the task (its user, its group, its env, so an HTTPS clone goes through the
-// proxy and verifies with the trust file). A work dir that already holds a
+// the task (its user, its group, its env, in its network, so an HTTPS clone
+// goes through the proxy and verifies with the trust file). A work dir that already holds a
 // clone (a retry's) is kept.
 func (r *Runner) clone(ctx context.Context, t *task, rawURL string, env []string) error {
 	if _, err := os.Lstat(filepath.Join(t.dirs.Work, ".git")); err == nil {
@@ -225,7 +225,11 @@ func (r *Runner) clone(ctx context.Context, t *task, rawURL string, env []string
 	cmd.Cancel = func() error { return syscall.Kill(-cmd.Process.Pid, syscall.SIGKILL) }
 	var stderr bytes.Buffer
 	cmd.Stderr = &limitedWriter{w: &stderr, n: 4 << 10}
-	if err := cmd.Run(); err != nil {
+	err = t.startIn(cmd.Start)
+	if err == nil {
+		err = cmd.Wait()
+	}
+	if err != nil {
 		if ctx.Err() != nil {
 			return ctx.Err()
 		}
