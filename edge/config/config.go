@@ -84,9 +84,9 @@ const (
 
 // Task egress modes (runner.egress): where a task's own sockets may go.
 const (
-	// TaskEgressConfined: a task's sockets leave only through loopback,
-	// where the secrets proxy listens (its HTTPS_PROXY is its way out).
-	// Needs root and nftables. The default.
+	// TaskEgressConfined: each task has a network of its own whose one way
+	// off its loopback is edge (its DNS, its redirected connections, its
+	// explicit proxy). Needs root and nftables. The default.
 	TaskEgressConfined = "confined"
 	// TaskEgressInsecureOpen: tasks reach the network directly, the cloud
 	// metadata service (and an instance role's credentials) included.
@@ -204,9 +204,9 @@ type Runner struct {
 	// switch users. Off by default; /healthz reports it. Tasks that run as
 	// edge cannot be confined, so it needs Egress insecureOpen too.
 	InsecureSameUser bool `json:"insecureSameUser"`
-	// Egress is "confined" (a task's sockets leave only through loopback,
-	// where the proxy listens; the default: edge refuses to start where it
-	// cannot confine them) or "insecureOpen" (tasks reach the network, the
+	// Egress is "confined" (each task in a network of its own whose one way
+	// off its loopback is edge; the default: edge refuses to start where it
+	// cannot make one) or "insecureOpen" (tasks reach the network, the
 	// cloud metadata service included). /healthz reports egressConfined.
 	Egress string `json:"egress"`
 	// Roots are the directories a localPath must lie under.

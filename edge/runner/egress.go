@@ -12,11 +12,12 @@ import (
 	"github.com/runfleet/runfleet/edge/sandbox"
 )
 
-// EgressConfiner confines the network egress of every task, edge-wide:
-// once installed, a socket opened by a process whose group id lies in the
-// range can send only through loopback, where the secrets proxy listens.
-// Tasks run with their run's own group id from Config.TaskGroups, which
-// they cannot shed. sandbox.NFTables implements it.
+// EgressConfiner is the edge-wide backstop of tasks' confinement: once
+// installed, a socket opened in edge's own network namespace by a process
+// whose group id lies in the range sends nothing. Tasks run with their
+// run's own group id from Config.TaskGroups, which they cannot shed, and in
+// networks of their own, where it does not apply. sandbox.NFTables
+// implements it.
 type EgressConfiner interface {
 	// Install confines the groups firstGID to lastGID, replacing what an
 	// earlier Install left (an edge that crashed included) atomically.
@@ -69,7 +70,7 @@ func decideEgress(f egressFacts) egressDecision {
 	case f.Mode != config.TaskEgressConfined:
 		return egressDecision{egressRefuse, "runner.egress " + f.Mode + " is neither " + config.TaskEgressConfined + " nor " + config.TaskEgressInsecureOpen}
 	case f.OwnGroups:
-		return egressDecision{egressConfine, "tasks' sockets leave only through loopback"}
+		return egressDecision{egressConfine, "each task runs in a network of its own whose one way out is edge"}
 	case f.SameUser:
 		return egressDecision{egressRefuse, "tasks run as edge's own user (runner.insecureSameUser), so their sockets cannot be told from edge's and confined; set runner.egress to " + config.TaskEgressInsecureOpen + " as well to run them with open network access"}
 	}
@@ -110,7 +111,7 @@ func (r *Runner) confineEgress() error {
 			return fmt.Errorf("runner: runner.egress %s: confining tasks' egress: %w (set runner.egress to %s to start without confinement)", r.cfg.Egress, err, config.TaskEgressInsecureOpen)
 		}
 		r.egressConfined.Store(true)
-		r.logger.Info("tasks' egress confined to loopback", "firstGid", g.First, "lastGid", g.First+g.Count-1)
+		r.logger.Info("each task runs in a network of its own", "firstGid", g.First, "lastGid", g.First+g.Count-1)
 		return nil
 	}
 	return errors.New("runner: runner.egress: " + d.Reason)

@@ -2,8 +2,8 @@
 // (admission, behind the secrets broker for a run that declares secrets),
 // starts the agent's process in a pseudo-terminal as an unprivileged user in
 // its own working dir and process group with an env built from scratch (in
-// a sandbox of its own, and with its egress confined to loopback, where
-// edge can: package sandbox), turns its output into events, and cancels,
+// a sandbox and a network of its own whose one way out is edge, where edge
+// can: package sandbox), turns its output into events, and cancels,
 // retries, limits, drains and purges runs. What it keeps lives in a
 // runlog.Log.
 package runner
@@ -331,8 +331,8 @@ func (r *Runner) Agents() []string {
 // InsecureSameUser reports whether tasks run as edge's own user.
 func (r *Runner) InsecureSameUser() bool { return r.sameUser }
 
-// EgressConfined reports whether tasks' sockets can leave only through
-// loopback (runner.egress confined, installed).
+// EgressConfined reports whether each task runs in a network of its own
+// (runner.egress confined, in force).
 func (r *Runner) EgressConfined() bool { return r.egressConfined.Load() }
 
 // Usable returns nil when the runner can run tasks: as runner.user, or as

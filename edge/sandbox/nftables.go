@@ -21,12 +21,13 @@ const nftTimeout = 30 * time.Second
 // so nothing of it can be read as nft syntax.
 var tableName = regexp.MustCompile(`^[a-z][a-z0-9_]{0,62}$`)
 
-// NFTables confines task egress with an nftables table of edge's own
-// (family inet: IPv4 and IPv6), whose output chain refuses every packet a
-// socket of a task's group sends through any interface but loopback, and
-// to port 53 (DNS) on loopback. A task's sockets then reach loopback
-// alone, where the secrets proxy listens: its HTTPS_PROXY is its way out, and the proxy's upstream guard
-// refuses private and metadata addresses. It runs nft (the nftables
+// NFTables is the host-wide backstop of tasks' confinement: an nftables
+// table of edge's own (family inet: IPv4 and IPv6) whose output chain
+// refuses every packet a socket of a task's group sends in edge's network
+// namespace, loopback included. Every process of a task runs in a network
+// of its own (Network), where this table does not apply; a task's process
+// found in edge's namespace is a bug, and this keeps it from the network
+// and from the host's loopback services. It runs nft (the nftables
 // command), so edge needs CAP_NET_ADMIN.
 type NFTables struct {
 	// Table names the table: lower-case letters, digits and underscores,
@@ -75,18 +76,11 @@ func confinement(table string, firstGID, lastGID uint32) (string, error) {
 	// change. A dropped packet fails its send with EPERM, but TCP ignores
 	// that error on a SYN and retries for minutes: a connect is answered
 	// with a reset instead, so it fails at once (ECONNREFUSED).
-	//
-	// Port 53 on loopback is refused too: a stub resolver there (systemd-
-	// resolved, dnsmasq) forwards a task's queries off the host, a channel
-	// around the proxy, while a confined task has no use for an answer it
-	// could not connect to anyway (its proxy resolves the names it calls).
 	return declareAndDelete(table) + fmt.Sprintf(`table inet %[1]s {
 	chain output {
 		type filter hook output priority filter; policy accept;
-		meta skgid %[2]d-%[3]d oifname != "lo" meta l4proto tcp reject with tcp reset
-		meta skgid %[2]d-%[3]d oifname != "lo" drop
-		meta skgid %[2]d-%[3]d oifname "lo" tcp dport 53 reject with tcp reset
-		meta skgid %[2]d-%[3]d oifname "lo" udp dport 53 drop
+		meta skgid %[2]d-%[3]d meta l4proto tcp reject with tcp reset
+		meta skgid %[2]d-%[3]d drop
 	}
 }
 `, table, firstGID, lastGID), nil

@@ -76,8 +76,8 @@ type Health struct {
 	// InsecureSameUser is true when tasks run as edge's own user
 	// (runner.insecureSameUser); reported so an operator can see it.
 	InsecureSameUser bool `json:"insecureSameUser,omitempty"`
-	// EgressConfined is true when a task's sockets can leave only through
-	// loopback, where the secrets proxy listens (runner.egress confined);
+	// EgressConfined is true when each task runs in a network of its own
+	// whose one way off its loopback is edge (runner.egress confined);
 	// false when tasks reach the network directly.
 	EgressConfined bool `json:"egressConfined"`
 }
