@@ -279,8 +279,9 @@ func TestAFullPinTableAnswersServfailAndWarnsOnceWithoutNames(t *testing.T) {
 		{"one.example.test.", dnsmessage.TypeA, dnsmessage.RCodeSuccess},
 		{"two.example.test.", dnsmessage.TypeA, dnsmessage.RCodeServerFailure},
 		{"three.example.test.", dnsmessage.TypeA, dnsmessage.RCodeServerFailure},
-		{"two.example.test.", dnsmessage.TypeAAAA, dnsmessage.RCodeSuccess}, // NODATA needs no pin
+		{"two.example.test.", dnsmessage.TypeAAAA, dnsmessage.RCodeServerFailure},
 		{"one.example.test.", dnsmessage.TypeA, dnsmessage.RCodeSuccess},
+		{"one.example.test.", dnsmessage.TypeAAAA, dnsmessage.RCodeSuccess},
 	} {
 		resp := parse(t, s.Answer(query(t, uint16(i), tc.name, tc.qtype)))
 		if resp.RCode != tc.rcode {
