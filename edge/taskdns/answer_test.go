@@ -2,6 +2,7 @@ package taskdns
 
 import (
 	"encoding/binary"
+	"log/slog"
 	"net/netip"
 	"slices"
 	"strings"
@@ -12,8 +13,6 @@ import (
 	"golang.org/x/net/dns/dnsmessage"
 
 	"github.com/runfleet/runfleet/shared/syncbuf"
-
-	"log/slog"
 )
 
 // grants is a Decide that resolves the names it lists and records every

@@ -31,11 +31,17 @@ type serving struct {
 
 func serve(t *testing.T, s *Server) *serving {
 	t.Helper()
-	pc, err := net.ListenPacket("udp", "127.0.0.1:0")
+	return serveOn(t, s, "127.0.0.1")
+}
+
+// serveOn serves on loopback address host ("127.0.0.1" or "::1").
+func serveOn(t *testing.T, s *Server, host string) *serving {
+	t.Helper()
+	pc, err := net.ListenPacket("udp", net.JoinHostPort(host, "0"))
 	if err != nil {
 		t.Fatal(err)
 	}
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	ln, err := net.Listen("tcp", net.JoinHostPort(host, "0"))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -130,6 +136,26 @@ func TestGoResolverGetsPinsOverUDPAndTCP(t *testing.T) {
 				t.Errorf("LookupHost(db.localhost) = %v, %v; want 127.0.0.1 and ::1", local, err)
 			}
 		})
+	}
+}
+
+// TestOneServerServesIPv4AndIPv6Loopback: edge hands one Server the
+// sockets of 127.0.0.1:53 and [::1]:53, and a name has one pin on both.
+func TestOneServerServesIPv4AndIPv6Loopback(t *testing.T) {
+	s, _ := newServer(t, Config{}, "api.example.test")
+	v4, v6 := serveOn(t, s, "127.0.0.1"), serveOn(t, s, "::1")
+	var got []string
+	for _, sv := range []*serving{v4, v6} {
+		for _, network := range []string{"udp", "tcp"} {
+			addrs, err := sv.resolver(network).LookupHost(context.Background(), "api.example.test")
+			if err != nil || len(addrs) != 1 {
+				t.Fatalf("%s over %s: %v, %v", sv.udp, network, addrs, err)
+			}
+			got = append(got, addrs[0])
+		}
+	}
+	if want := []string{"198.18.0.1", "198.18.0.1", "198.18.0.1", "198.18.0.1"}; !slices.Equal(got, want) {
+		t.Fatalf("pins over 127.0.0.1 and ::1: %v, want 198.18.0.1 every time", got)
 	}
 }
 
