@@ -90,18 +90,21 @@ func (s *Server) resolve(q dnsmessage.Question) (dnsmessage.RCode, []dnsmessage.
 	if s.cfg.Decide(name) != Resolve {
 		return dnsmessage.RCodeNameError, nil
 	}
-	if q.Type != dnsmessage.TypeA {
-		// NODATA: the name exists but has no such record, so a client falls
-		// back to the A record, and no AAAA, HTTPS or SVCB record can point
-		// it at an address edge did not pin.
-		return dnsmessage.RCodeSuccess, nil
-	}
+	// Pinned whatever the type asked, so that a full table fails every type
+	// alike: a client that gets SERVFAIL for A must not take a NODATA for
+	// AAAA as "no such host".
 	addr, ok := s.cfg.Pins.Pin(name)
 	if !ok {
 		if s.warnedFull.CompareAndSwap(false, true) {
 			s.cfg.Logger.Warn("taskdns: the pin table is full; new names get SERVFAIL", "pinned", s.cfg.Pins.Len())
 		}
 		return dnsmessage.RCodeServerFailure, nil
+	}
+	if q.Type != dnsmessage.TypeA {
+		// NODATA: the name exists but has no such record, so a client falls
+		// back to the A record, and no AAAA, HTTPS or SVCB record can point
+		// it at an address edge did not pin.
+		return dnsmessage.RCodeSuccess, nil
 	}
 	return dnsmessage.RCodeSuccess, []dnsmessage.Resource{s.record(q, &dnsmessage.AResource{A: addr.As4()})}
 }

@@ -2,6 +2,7 @@ package taskdns
 
 import (
 	"encoding/binary"
+	"log/slog"
 	"net/netip"
 	"slices"
 	"strings"
@@ -12,8 +13,6 @@ import (
 	"golang.org/x/net/dns/dnsmessage"
 
 	"github.com/runfleet/runfleet/shared/syncbuf"
-
-	"log/slog"
 )
 
 // grants is a Decide that resolves the names it lists and records every
@@ -279,8 +278,9 @@ func TestAFullPinTableAnswersServfailAndWarnsOnceWithoutNames(t *testing.T) {
 		{"one.example.test.", dnsmessage.TypeA, dnsmessage.RCodeSuccess},
 		{"two.example.test.", dnsmessage.TypeA, dnsmessage.RCodeServerFailure},
 		{"three.example.test.", dnsmessage.TypeA, dnsmessage.RCodeServerFailure},
-		{"two.example.test.", dnsmessage.TypeAAAA, dnsmessage.RCodeSuccess}, // NODATA needs no pin
+		{"two.example.test.", dnsmessage.TypeAAAA, dnsmessage.RCodeServerFailure},
 		{"one.example.test.", dnsmessage.TypeA, dnsmessage.RCodeSuccess},
+		{"one.example.test.", dnsmessage.TypeAAAA, dnsmessage.RCodeSuccess},
 	} {
 		resp := parse(t, s.Answer(query(t, uint16(i), tc.name, tc.qtype)))
 		if resp.RCode != tc.rcode {

@@ -170,8 +170,8 @@ func (s *Server) ServePacket(pc net.PacketConn) error {
 // ServeStream answers DNS over TCP (RFC 7766: a 2-byte length before each
 // message, several queries per connection, answered in order; an idle
 // timeout) on ln until ln is closed. It then closes the connections it
-// opened and waits for them before it returns nil; any other accept error is
-// returned the same way.
+// accepted and waits for their goroutines before it returns nil; on any
+// other accept error it does the same and returns that error.
 func (s *Server) ServeStream(ln net.Listener) error {
 	var (
 		mu    sync.Mutex
