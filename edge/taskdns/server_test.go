@@ -7,7 +7,6 @@ import (
 	"io"
 	"net"
 	"net/netip"
-	"os/exec"
 	"runtime"
 	"slices"
 	"strings"
@@ -424,33 +423,3 @@ func TestServePacketEndsWhenItsConnCloses(t *testing.T) {
 	}
 }
 
-// TestDigGetsPins drives BIND's dig, when the machine has it.
-func TestDigGetsPins(t *testing.T) {
-	dig, err := exec.LookPath("dig")
-	if err != nil {
-		t.Skip("dig is not installed")
-	}
-	s, _ := newServer(t, Config{}, "api.example.test")
-	sv := serve(t, s)
-	for _, network := range []string{"udp", "tcp"} {
-		addr := map[string]string{"udp": sv.udp, "tcp": sv.tcp}[network]
-		host, port, _ := net.SplitHostPort(addr)
-		args := []string{"@" + host, "-p", port, "+tries=1", "+time=5"}
-		if network == "tcp" {
-			args = append(args, "+tcp")
-		}
-		for name, want := range map[string]string{
-			"api.example.test": "198.18.0.1",
-			"db.localhost":     "127.0.0.1",
-		} {
-			out, err := exec.Command(dig, append(args, "+short", name, "A")...).CombinedOutput()
-			if err != nil || strings.TrimSpace(string(out)) != want {
-				t.Errorf("dig %s over %s: %q, %v; want %s", name, network, out, err, want)
-			}
-		}
-		out, err := exec.Command(dig, append(args, "denied.example.test", "A")...).CombinedOutput()
-		if err != nil || !strings.Contains(string(out), "status: NXDOMAIN") {
-			t.Errorf("dig denied.example.test over %s: %s, %v; want NXDOMAIN", network, out, err)
-		}
-	}
-}
