@@ -422,4 +422,3 @@ func TestServePacketEndsWhenItsConnCloses(t *testing.T) {
 		t.Fatal("ServePacket still running 10s after its conn closed")
 	}
 }
-
