@@ -1,8 +1,10 @@
 // Package proxy owns the secrets proxy: the task registry (tasks, attempts
-// and their proxy credentials, placeholders), the explicit CONNECT listener
-// that intercepts what a task's keys may reach, and the one request pipeline
-// that HTTP/1.1 and HTTP/2 share, which swaps a placeholder for its real
-// value only where the policy allows and blocks it everywhere else.
+// and their proxy credentials, placeholders), its two fronts (the explicit
+// CONNECT listener, and each task network's redirected connections and DNS:
+// ServeNetwork), which intercept what a task's keys may reach under the same
+// rules, and the one request pipeline that HTTP/1.1 and HTTP/2 share, which
+// swaps a placeholder for its real value only where the policy allows and
+// blocks it everywhere else.
 //
 // What a task is sent back never holds a value its request carried: an
 // upstream that echoes the request (an API quoting the key in an error) has
@@ -32,7 +34,7 @@
 // forwarded.
 //
 // The runner (admission, env) calls Ready and CheckGrant (admission),
-// Register, StartAttempt (the task's HTTPS_PROXY), TaskKeys (one variable
+// Register, StartAttempt (the task's HTTPS_PROXY), ServeNetwork, TaskKeys (one variable
 // per key holding its placeholder), ProxiedKeys (RUNFLEET_PROXIED_KEYS),
 // EndAttempt, Stop and Drop. The CA (package ca) supplies leaves through
 // LeafSource; policy decisions are the pure functions of package policy;
