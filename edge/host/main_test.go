@@ -6,4 +6,4 @@ import (
 	"github.com/runfleet/runfleet/edge/internal/edgetest"
 )
 
-func TestMain(m *testing.M) { edgetest.RunTests(m) }
+func TestMain(m *testing.M) { edgetest.RunTests(m, removeGoClient) }

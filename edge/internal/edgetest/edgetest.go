@@ -81,11 +81,17 @@ func TraversableDir(t testing.TB) string {
 // (runner.DefaultTaskInit), so the test binary acts as the task's init when
 // called so. The init exits through syscall.Exit, skipping the race
 // detector's one-second pause at exit, which every task would wait out.
-func RunTests(m *testing.M) {
+// Each of after runs once the tests have: it removes what they made once
+// for the whole test binary.
+func RunTests(m *testing.M, after ...func()) {
 	if len(os.Args) > 1 && os.Args[1] == sandbox.InitArg {
 		syscall.Exit(sandbox.Main())
 	}
-	os.Exit(m.Run())
+	code := m.Run()
+	for _, f := range after {
+		f()
+	}
+	os.Exit(code)
 }
 
 // Output is a run's output: its output events' text, in order.
