@@ -51,6 +51,8 @@ type fixture struct {
 	seen []string // Authorization headers the upstream received
 
 	runner map[string]any // overrides of the runner section
+	// egress is proxy.egress; empty means open.
+	egress string
 	caCfg  map[string]any
 	// apiTLS is the host API's certificate and key files, when it serves
 	// TLS (serveAPIOverTLS).
@@ -133,6 +135,10 @@ func (f *fixture) writeConfig() {
 	for k, v := range f.caCfg {
 		caCfg[k] = v
 	}
+	egress := f.egress
+	if egress == "" {
+		egress = "open"
+	}
 	api := map[string]any{"listen": "127.0.0.1:0", "tokenFile": f.tokenPath}
 	if f.apiTLS != nil {
 		api["tls"] = f.apiTLS
@@ -140,7 +146,7 @@ func (f *fixture) writeConfig() {
 	cfg := map[string]any{
 		"dataDir": f.dataDir,
 		"api":     api,
-		"proxy": map[string]any{"listen": "127.0.0.1:0", "egress": "open", "upstream": map[string]any{
+		"proxy": map[string]any{"listen": "127.0.0.1:0", "egress": egress, "upstream": map[string]any{
 			"resolve":        map[string]string{"api.example.test": "127.0.0.1", "tunnel.example.test": "127.0.0.1"},
 			"allowPrivate":   []string{"127.0.0.0/8"},
 			"extraRootsFile": filepath.Join(f.dir, "etc", "upstream-ca.pem"),
