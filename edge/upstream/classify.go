@@ -7,6 +7,7 @@ package upstream
 
 import (
 	"net/netip"
+	"slices"
 	"strings"
 )
 
@@ -64,8 +65,10 @@ func internalClass(ip netip.Addr) string {
 }
 
 // ClassifyAddress decides whether the proxy may dial an address: never one
-// of its own listeners, never an internal range unless allowPrivate covers
-// it, and any other address.
+// of its own listeners, never an internal range or one of this host's own
+// interface addresses (a service bound to every address would answer a
+// task there as on loopback) unless allowPrivate covers it, and any other
+// address.
 func ClassifyAddress(in AddressInput) AddressVerdict {
 	ip := in.Addr.Addr().WithZone("")
 	unmapped := ip.Unmap()
@@ -73,15 +76,22 @@ func ClassifyAddress(in AddressInput) AddressVerdict {
 		return AddressVerdict{false, "own", "the proxy's or the host API's own address"}
 	}
 	class := internalClass(unmapped)
+	if class == "" && slices.ContainsFunc(in.Local, func(l netip.Addr) bool { return l.WithZone("").Unmap() == unmapped }) {
+		class = "host"
+	}
 	if class == "" {
 		return AddressVerdict{true, "public", "a public address"}
 	}
+	what := "a " + class + " address"
+	if class == "host" {
+		what = "an address of this host's own"
+	}
 	for _, p := range in.AllowPrivate {
 		if p.Contains(unmapped) || p.Contains(ip) {
-			return AddressVerdict{true, class, "a " + class + " address in upstream.allowPrivate " + p.String()}
+			return AddressVerdict{true, class, what + " in upstream.allowPrivate " + p.String()}
 		}
 	}
-	return AddressVerdict{false, class, "a " + class + " address, not in upstream.allowPrivate"}
+	return AddressVerdict{false, class, what + ", not in upstream.allowPrivate"}
 }
 
 func isOwn(ip netip.Addr, port uint16, in AddressInput) bool {

@@ -8,7 +8,7 @@ import (
 func TestClassifyAddress(t *testing.T) {
 	loop := []netip.Prefix{netip.MustParsePrefix("127.0.0.0/8")}
 	own := []netip.AddrPort{netip.MustParseAddrPort("127.0.0.1:7071"), netip.MustParseAddrPort("0.0.0.0:7070")}
-	local := []netip.Addr{netip.MustParseAddr("192.0.2.10")}
+	local := []netip.Addr{netip.MustParseAddr("192.0.2.10"), netip.MustParseAddr("93.184.216.40")}
 	for _, tc := range []struct {
 		addr    string
 		allow   []netip.Prefix
@@ -47,6 +47,12 @@ func TestClassifyAddress(t *testing.T) {
 		{"127.0.0.1:7070", loop, false, "own"}, // API listens on 0.0.0.0
 		{"192.0.2.10:7070", []netip.Prefix{netip.MustParsePrefix("192.0.2.0/24")}, false, "own"},
 		{"127.0.0.2:7071", loop, true, "loopback"},
+		// A public address of this host's own: any service bound to every
+		// address answers there as on loopback.
+		{"93.184.216.40:5432", nil, false, "host"},
+		{"[::ffff:93.184.216.40]:5432", nil, false, "host"},
+		{"93.184.216.40:5432", []netip.Prefix{netip.MustParsePrefix("93.184.216.40/32")}, true, "host"},
+		{"93.184.216.41:5432", nil, true, "public"},
 	} {
 		v := ClassifyAddress(AddressInput{Addr: netip.MustParseAddrPort(tc.addr), AllowPrivate: tc.allow, Own: own, Local: local})
 		if v.Allowed != tc.allowed || v.Class != tc.class {
