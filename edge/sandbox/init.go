@@ -172,7 +172,7 @@ func (l *Launch) next() (Report, error) {
 // its own mount namespace it makes every mount private, mounts the private
 // directories, /dev/shm and a /proc of its namespace, drops to the task's
 // user for good, starts the agent on the terminal as its child (its own
-// process group, in the foreground), forwards SIGTERM, SIGINT and SIGHUP
+// process group, in the foreground, with descriptors 0-2 alone), forwards SIGTERM, SIGINT and SIGHUP
 // to that group, reaps every orphan, and exits with the agent's status
 // (128+signal when a signal killed it). Its exit ends every process left in
 // the namespace. It returns the exit code.
@@ -181,9 +181,6 @@ func Main() int {
 	// child inherits its forking thread's: everything from here to the
 	// agent's fork happens on this one.
 	runtime.LockOSThread()
-	// Descriptors inherited from edge must not reach the agent.
-	unix.CloseOnExec(specFD)
-	unix.CloseOnExec(reportFD)
 	reports := os.NewFile(reportFD, "reports")
 	report := func(r Report) {
 		b, _ := json.Marshal(r)
@@ -218,6 +215,11 @@ func Main() int {
 			return fail(fmt.Errorf("%v before the agent started", sig))
 		}
 	default:
+	}
+	// The agent gets the terminal on 0-2 and nothing else: neither the
+	// init's own descriptors nor any edge's parent passed down.
+	if err := CloseExtraFilesOnExec(); err != nil {
+		return fail(err)
 	}
 	pid, err := syscall.ForkExec(spec.Path, spec.Argv, &syscall.ProcAttr{
 		Env:   os.Environ(),
@@ -371,6 +373,35 @@ func isolate(spec Spec) error {
 	}
 	if err := unix.Chdir(spec.Dir); err != nil {
 		return fmt.Errorf("entering the working dir: %w", err)
+	}
+	return nil
+}
+
+// CloseExtraFilesOnExec marks every descriptor but 0-2 close-on-exec, so
+// a program started from then on inherits only the descriptors it is
+// handed (exec.Cmd's Stdin, Stdout, Stderr and ExtraFiles). Go opens its
+// own close-on-exec; this is for those inherited without the flag. Where
+// close_range(2) cannot set the flag (Linux before 5.11, or a seccomp
+// filter older than the call, as systemd's, refusing it with EPERM) it sets
+// it on each descriptor open.
+func CloseExtraFilesOnExec() error { return closeExtraFilesOnExec(unix.CloseRange) }
+
+func closeExtraFilesOnExec(closeRange func(first, last, flags uint) error) error {
+	err := closeRange(3, ^uint(0), unix.CLOSE_RANGE_CLOEXEC)
+	if err == nil {
+		return nil
+	}
+	if !errors.Is(err, unix.ENOSYS) && !errors.Is(err, unix.EINVAL) && !errors.Is(err, unix.EPERM) {
+		return fmt.Errorf("marking the descriptors close-on-exec: %w", err)
+	}
+	entries, err := os.ReadDir("/proc/self/fd")
+	if err != nil {
+		return fmt.Errorf("listing the open descriptors: %w", err)
+	}
+	for _, e := range entries {
+		if fd, err := strconv.Atoi(e.Name()); err == nil && fd > 2 {
+			unix.CloseOnExec(fd)
+		}
 	}
 	return nil
 }
