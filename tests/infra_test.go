@@ -289,7 +289,7 @@ func TestEdgeSystemdUnit(t *testing.T) {
 	want := map[string]string{
 		"NoNewPrivileges": "yes", "ProtectSystem": "strict", "ProtectHome": "yes", "PrivateTmp": "yes",
 		"ProtectKernelTunables": "yes", "ProtectKernelModules": "yes", "ProtectKernelLogs": "yes",
-		"ProtectControlGroups": "yes", "RestrictNamespaces": "pid mnt", "LockPersonality": "yes",
+		"ProtectControlGroups": "yes", "RestrictNamespaces": "pid mnt ipc", "LockPersonality": "yes",
 		"SystemCallArchitectures": "native", "UMask": "0077", "AmbientCapabilities": "",
 		"CapabilityBoundingSet": "CAP_SETUID CAP_SETGID CAP_CHOWN CAP_FOWNER CAP_KILL CAP_DAC_OVERRIDE CAP_NET_ADMIN CAP_SYS_ADMIN",
 	}

@@ -30,7 +30,7 @@ import (
 // runner.user's uid still cannot enter each other's directories, and since the
 // kernel's ptrace access check compares groups too, they cannot read each
 // other's /proc/<pid>/environ (placeholders, proxy password) or cwd either.
-// A sandboxed task (edge is root) also has its own PID and mount
+// A sandboxed task (edge is root) also has its own PID, mount and IPC
 // namespaces: it sees and signals its own processes alone, and its tmp
 // dirs are mounted on /tmp and /var/tmp (see package sandbox).
 type taskDirs struct {
