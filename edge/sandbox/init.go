@@ -54,6 +54,9 @@ type Spec struct {
 	// they lie under a private directory (a run dir under /tmp): each is
 	// bound back in place. Absolute, without symbolic links.
 	Keep []string `json:"keep"`
+	// Trust, when set, makes the system trust store read through to the
+	// task's trust file, kept current by edge; nil leaves the host's.
+	Trust *Trust `json:"trust,omitempty"`
 	// Dir is the agent's working dir.
 	Dir string `json:"dir"`
 	// Path is the agent's executable, Argv its arguments.
@@ -71,6 +74,19 @@ type Mount struct {
 type Tmpfs struct {
 	Target string `json:"target"`
 	Bytes  int64  `json:"bytes"`
+}
+
+// Trust is how a task's system trust store follows its trust file.
+type Trust struct {
+	// File is the task's trust file (system roots, then the proxy's CA
+	// bundle), which edge replaces by renaming a new one over it. It must
+	// stay reachable at its path in the task (under Keep, or outside every
+	// private directory).
+	File string `json:"file"`
+	// Replace are the trust store paths programs read on their own (the
+	// distributions' bundle files); those absent on the host are ignored.
+	// Each, resolved through its links, reads as File in the task.
+	Replace []string `json:"replace"`
 }
 
 // Report is what the init tells edge: first that the agent started, or
@@ -186,7 +202,8 @@ func (l *Launch) next() (Report, error) {
 // and IPC namespaces of its own): as root it makes every mount private,
 // mounts the private directories, a fresh tmpfs on each shared
 // world-writable directory (/dev/shm, /run/lock), a fresh mqueue file
-// system and a /proc of its namespaces; then it drops to the task's user
+// system and a /proc of its namespaces, and points the system trust store
+// at the task's trust file (Spec.Trust); then it drops to the task's user
 // for good, starts the agent on the terminal as its child (its own process
 // group, in the foreground, with descriptors 0-2 alone), forwards SIGTERM,
 // SIGINT and SIGHUP to that group, reaps every orphan, and exits with the
@@ -313,6 +330,9 @@ func readSpec(f *os.File) (Spec, error) {
 		}
 		paths = append(paths, m.Target)
 	}
+	if spec.Trust != nil {
+		paths = append(append(paths, spec.Trust.File), spec.Trust.Replace...)
+	}
 	for _, p := range paths {
 		if !clean(p) {
 			return Spec{}, fmt.Errorf("the spec's path %q is not absolute and clean", p)
@@ -330,8 +350,9 @@ func clean(path string) bool { return filepath.IsAbs(path) && filepath.Clean(pat
 
 // isolate sets up the task's mount namespace, as root: nothing mounted
 // here reaches edge's namespace; the private directories and tmpfs
-// replace the shared ones; what must stay reachable is bound back;
-// /dev/mqueue and /proc show this IPC and PID namespace alone.
+// replace the shared ones; what must stay reachable is bound back; the
+// trust store reads through to the trust file; /dev/mqueue and /proc show
+// this IPC and PID namespace alone.
 func isolate(spec Spec) error {
 	if err := unix.Mount("", "/", "", unix.MS_REC|unix.MS_PRIVATE, ""); err != nil {
 		return fmt.Errorf("making the mounts private: %w", err)
@@ -397,6 +418,11 @@ func isolate(spec Spec) error {
 			return fmt.Errorf("keeping %s reachable: %w", p, err)
 		}
 		if err := bindFD(keep[i], p, 0); err != nil {
+			return err
+		}
+	}
+	if spec.Trust != nil {
+		if err := replaceTrustStore(*spec.Trust); err != nil {
 			return err
 		}
 	}

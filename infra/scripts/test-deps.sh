@@ -25,6 +25,10 @@ fi
 if [ "$mode" = test ]; then
 	[ -x /usr/bin/git ] || need_apt+=(git)
 	/usr/bin/python3 -c 'import requests' 2>/dev/null || need_apt+=(python3-requests)
+	# Clients that read only the system trust store, which a task's sandbox
+	# points at its trust file (edge/sandbox's tests run them as a task).
+	[ -x /usr/bin/wget ] || need_apt+=(wget)
+	[ -x /usr/bin/openssl ] || need_apt+=(openssl)
 	# The tests build network namespaces with ip (iproute2).
 	[ -x /usr/sbin/ip ] || need_apt+=(iproute2)
 	# systemd-analyze verifies infra/systemd's unit (no running systemd needed).
