@@ -56,6 +56,13 @@ func commands() []*command {
 }
 
 func main() {
+	// A descriptor edge's parent passed down without close-on-exec would
+	// reach every process edge starts (git, nft, a task's init, and a task
+	// edge runs as itself): from here on a child gets what it is handed.
+	if err := sandbox.CloseExtraFilesOnExec(); err != nil {
+		fmt.Fprintf(os.Stderr, "edge: %v\n", err)
+		os.Exit(1)
+	}
 	os.Exit(run(os.Args[1:], os.Stdout, os.Stderr))
 }
 

@@ -35,6 +35,10 @@ type edgeProc struct {
 	done    chan struct{}
 	logs    *syncbuf.Buffer
 	client  *hostproto.Client
+
+	// extraFiles are descriptors edge serve inherits from 3 on, without
+	// close-on-exec, as from a parent that leaks them.
+	extraFiles []*os.File
 }
 
 // buildEdge compiles the edge binary into dir (the build cache keeps this
@@ -124,6 +128,7 @@ func (e *edgeProc) start(env ...string) {
 	e.cmd = exec.Command(argv[0], argv[1:]...)
 	e.cmd.Env = append([]string{"PATH=/usr/bin:/bin"}, env...)
 	e.cmd.Stdout, e.cmd.Stderr = e.logs, e.logs
+	e.cmd.ExtraFiles = e.extraFiles
 	if e.uid != 0 {
 		e.cmd.SysProcAttr = &syscall.SysProcAttr{Credential: &syscall.Credential{Uid: uint32(e.uid), Gid: uint32(e.uid)}}
 	}
@@ -417,6 +422,23 @@ func asHostError(err error, target **hostproto.Error) bool {
 	return ok
 }
 
+// asUser makes edge run as uid, owning its files, and returns how to set
+// its runner section (which writes edge.json, uid's too).
+func (e *edgeProc) asUser(uid int) (configure func(runner string)) {
+	e.t.Helper()
+	e.uid = uid
+	data := filepath.Join(e.dir, "data")
+	must(e.t, os.Mkdir(data, 0o700))
+	for _, p := range []string{data, filepath.Join(e.dir, "host-token"), filepath.Join(e.dir, "secrets.json")} {
+		must(e.t, os.Chown(p, uid, uid))
+	}
+	return func(runner string) {
+		e.runner = runner
+		e.writeConfig()
+		must(e.t, os.Chown(e.cfgPath, uid, uid))
+	}
+}
+
 // TestEdgeThatCannotSwitchUsers: an edge that is not root can neither give
 // tasks groups of their own nor confine their egress, so it refuses to
 // start, saying why, unless runner.egress is insecureOpen; it then refuses
@@ -427,17 +449,7 @@ func asHostError(err error, target **hostproto.Error) bool {
 func TestEdgeThatCannotSwitchUsers(t *testing.T) {
 	const nobody = 65534
 	e := newEdgeProc(t)
-	e.uid = nobody
-	data := filepath.Join(e.dir, "data")
-	must(t, os.Mkdir(data, 0o700))
-	for _, p := range []string{data, filepath.Join(e.dir, "host-token"), filepath.Join(e.dir, "secrets.json")} {
-		must(t, os.Chown(p, nobody, nobody))
-	}
-	configure := func(runner string) {
-		e.runner = runner
-		e.writeConfig()
-		must(t, os.Chown(e.cfgPath, nobody, nobody))
-	}
+	configure := e.asUser(nobody)
 	// Tasks as edge itself cannot be confined: that takes a second,
 	// explicit insecure choice.
 	configure(`{"user": "nobody", "insecureSameUser": true}`)

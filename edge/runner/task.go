@@ -27,8 +27,12 @@ const (
 	terminalCols = 120
 )
 
-// shmBytes sizes a sandboxed task's private /dev/shm (a tmpfs, so memory).
-const shmBytes = 64 << 20
+// The sizes of a sandboxed task's private /dev/shm and /run/lock (tmpfs,
+// so memory). /run/lock holds lock and pid files.
+const (
+	shmBytes     = 64 << 20
+	runLockBytes = 1 << 20
+)
 
 // inputWriteTimeout bounds a write to a task's terminal, so a task that does
 // not read cannot hold an input request forever.
@@ -486,21 +490,29 @@ func (t *task) startIn(start func() error) error {
 }
 
 // sandboxSpec is what the task's init needs: who the task is, its private
-// directories, the directories it must still reach where they lie under
-// one of those (its run dir, a localPath), and the agent.
+// directories (every world-writable directory a host shares: /tmp,
+// /var/tmp, /dev/shm, /run/lock), the directories it must still reach
+// where they lie under one of those (its run dir, a localPath), where its
+// trust file stands in for the system trust store (a task with secrets,
+// whose connections the proxy intercepts), and the agent.
 func (r *Runner) sandboxSpec(t *task, path string, argv []string) sandbox.Spec {
 	keep := []string{t.dirs.Run}
 	if !strings.HasPrefix(t.dirs.Work, t.dirs.Run+"/") {
 		keep = append(keep, t.dirs.Work)
 	}
+	var trust *sandbox.Trust
+	if t.needsBroker {
+		trust = &sandbox.Trust{File: t.dirs.trustFile(), Replace: systemRootsFiles}
+	}
 	return sandbox.Spec{
 		UID: t.ident.UID, GID: t.ident.GID,
-		Private:  []sandbox.Mount{{Target: "/tmp", Source: t.dirs.Tmp}, {Target: "/var/tmp", Source: t.dirs.VarTmp}},
-		ShmBytes: shmBytes,
-		Keep:     keep,
-		Dir:      t.dirs.Work,
-		Path:     path,
-		Argv:     argv,
+		Private: []sandbox.Mount{{Target: "/tmp", Source: t.dirs.Tmp}, {Target: "/var/tmp", Source: t.dirs.VarTmp}},
+		Tmpfs:   []sandbox.Tmpfs{{Target: "/dev/shm", Bytes: shmBytes}, {Target: "/run/lock", Bytes: runLockBytes}},
+		Keep:    keep,
+		Trust:   trust,
+		Dir:     t.dirs.Work,
+		Path:    path,
+		Argv:    argv,
 	}
 }
 

@@ -20,7 +20,8 @@ import (
 // A task's files, under <workDir>/<runId>:
 //
 //	<runId>/        edge:<run's group> 0750  the barrier: only this run's group may enter
-//	  trust/        edge 0755, files 0644     written by edge alone (atomic renames)
+//	  trust/        edge 0755, files 0644     written by edge alone (atomic renames);
+//	                                          trust.pem is also the task's system trust store
 //	  home/         task user:<run's group> 2770
 //	  work/         task user:<run's group> 2770  (a clone, or fresh; unused with localPath)
 //	  tmp/          task user:<run's group> 1777  the task's /tmp, fresh for each attempt
@@ -30,9 +31,12 @@ import (
 // runner.user's uid still cannot enter each other's directories, and since the
 // kernel's ptrace access check compares groups too, they cannot read each
 // other's /proc/<pid>/environ (placeholders, proxy password) or cwd either.
-// A sandboxed task (edge is root) also has its own PID and mount
-// namespaces: it sees and signals its own processes alone, and its tmp
-// dirs are mounted on /tmp and /var/tmp (see package sandbox).
+// A sandboxed task (edge is root) also has its own PID, mount and IPC
+// namespaces: it sees and signals its own processes alone, its tmp dirs
+// are mounted on /tmp and /var/tmp, and, for a task with secrets, the
+// system trust store files (/etc/ssl/certs/ca-certificates.crt and the
+// other distributions') read as its trust.pem, whichever edge renamed in
+// last (see package sandbox).
 type taskDirs struct {
 	Run    string
 	Trust  string

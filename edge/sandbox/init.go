@@ -24,6 +24,10 @@ import (
 // control to Main when its first argument is InitArg.
 const InitArg = "task-init"
 
+// mqueueDir is where Linux systems mount the POSIX message queue file
+// system.
+const mqueueDir = "/dev/mqueue"
+
 // The init's inherited file descriptors (exec.Cmd.ExtraFiles): the spec,
 // read to its end, and the reports, written as JSON lines.
 const (
@@ -42,12 +46,17 @@ type Spec struct {
 	// Source (a directory of the run's, fresh) is mounted over its Target
 	// (/tmp, /var/tmp).
 	Private []Mount `json:"private"`
-	// ShmBytes sizes the private tmpfs mounted on /dev/shm.
-	ShmBytes int64 `json:"shmBytes"`
+	// Tmpfs are the shared world-writable directories (/dev/shm,
+	// /run/lock) the task gets an empty one of its own: a fresh tmpfs,
+	// mode 1777, nosuid and nodev, of Bytes, on each Target that exists.
+	Tmpfs []Tmpfs `json:"tmpfs"`
 	// Keep are directories the task must reach at their own paths though
 	// they lie under a private directory (a run dir under /tmp): each is
 	// bound back in place. Absolute, without symbolic links.
 	Keep []string `json:"keep"`
+	// Trust, when set, makes the system trust store read through to the
+	// task's trust file, kept current by edge; nil leaves the host's.
+	Trust *Trust `json:"trust,omitempty"`
 	// Dir is the agent's working dir.
 	Dir string `json:"dir"`
 	// Path is the agent's executable, Argv its arguments.
@@ -59,6 +68,25 @@ type Spec struct {
 type Mount struct {
 	Target string `json:"target"`
 	Source string `json:"source"`
+}
+
+// Tmpfs is a private tmpfs mounted over a shared directory.
+type Tmpfs struct {
+	Target string `json:"target"`
+	Bytes  int64  `json:"bytes"`
+}
+
+// Trust is how a task's system trust store follows its trust file.
+type Trust struct {
+	// File is the task's trust file (system roots, then the proxy's CA
+	// bundle), which edge replaces by renaming a new one over it. It must
+	// stay reachable at its path in the task (under Keep, or outside every
+	// private directory).
+	File string `json:"file"`
+	// Replace are the trust store paths programs read on their own (the
+	// distributions' bundle files); those absent on the host are ignored.
+	// Each, resolved through its links, reads as File in the task.
+	Replace []string `json:"replace"`
 }
 
 // Report is what the init tells edge: first that the agent started, or
@@ -83,8 +111,8 @@ type Launch struct {
 }
 
 // Prepare sets cmd up to start initPath as the task's init with spec: in
-// new PID and mount namespaces, as root (the init drops to the task's user
-// itself), its spec and reports on inherited descriptors. cmd's
+// new PID, mount and IPC namespaces, as root (the init drops to the task's
+// user itself), its spec and reports on inherited descriptors. cmd's
 // SysProcAttr, if set, keeps its other fields.
 func Prepare(cmd *exec.Cmd, initPath string, spec Spec) (*Launch, error) {
 	data, err := json.Marshal(spec)
@@ -117,7 +145,9 @@ func Prepare(cmd *exec.Cmd, initPath string, spec Spec) (*Launch, error) {
 	if cmd.SysProcAttr == nil {
 		cmd.SysProcAttr = &syscall.SysProcAttr{}
 	}
-	cmd.SysProcAttr.Cloneflags |= syscall.CLONE_NEWPID | syscall.CLONE_NEWNS
+	// An IPC namespace of its own: System V IPC objects and POSIX message
+	// queues are otherwise one set shared by every task.
+	cmd.SysProcAttr.Cloneflags |= syscall.CLONE_NEWPID | syscall.CLONE_NEWNS | syscall.CLONE_NEWIPC
 	cmd.SysProcAttr.Credential = nil
 	return l, nil
 }
@@ -168,22 +198,22 @@ func (l *Launch) next() (Report, error) {
 	return r, nil
 }
 
-// Main is a task's init, PID 1 of the task's own PID namespace: as root in
-// its own mount namespace it makes every mount private, mounts the private
-// directories, /dev/shm and a /proc of its namespace, drops to the task's
-// user for good, starts the agent on the terminal as its child (its own
-// process group, in the foreground), forwards SIGTERM, SIGINT and SIGHUP
-// to that group, reaps every orphan, and exits with the agent's status
-// (128+signal when a signal killed it). Its exit ends every process left in
-// the namespace. It returns the exit code.
+// Main is a task's init, PID 1 of the task's own PID namespace (with mount
+// and IPC namespaces of its own): as root it makes every mount private,
+// mounts the private directories, a fresh tmpfs on each shared
+// world-writable directory (/dev/shm, /run/lock), a fresh mqueue file
+// system and a /proc of its namespaces, and points the system trust store
+// at the task's trust file (Spec.Trust); then it drops to the task's user
+// for good, starts the agent on the terminal as its child (its own process
+// group, in the foreground, with descriptors 0-2 alone), forwards SIGTERM,
+// SIGINT and SIGHUP to that group, reaps every orphan, and exits with the
+// agent's status (128+signal when a signal killed it). Its exit ends every
+// process left in the namespace. It returns the exit code.
 func Main() int {
 	// no_new_privs and the parent-death signal belong to a thread, and a
 	// child inherits its forking thread's: everything from here to the
 	// agent's fork happens on this one.
 	runtime.LockOSThread()
-	// Descriptors inherited from edge must not reach the agent.
-	unix.CloseOnExec(specFD)
-	unix.CloseOnExec(reportFD)
 	reports := os.NewFile(reportFD, "reports")
 	report := func(r Report) {
 		b, _ := json.Marshal(r)
@@ -218,6 +248,11 @@ func Main() int {
 			return fail(fmt.Errorf("%v before the agent started", sig))
 		}
 	default:
+	}
+	// The agent gets the terminal on 0-2 and nothing else: neither the
+	// init's own descriptors nor any edge's parent passed down.
+	if err := CloseExtraFilesOnExec(); err != nil {
+		return fail(err)
 	}
 	pid, err := syscall.ForkExec(spec.Path, spec.Argv, &syscall.ProcAttr{
 		Env:   os.Environ(),
@@ -288,23 +323,36 @@ func readSpec(f *os.File) (Spec, error) {
 	if spec.Path == "" || len(spec.Argv) == 0 || !filepath.IsAbs(spec.Dir) {
 		return Spec{}, errors.New("the spec names no agent or working dir")
 	}
-	for _, p := range append(spec.Keep, spec.Dir) {
-		if !filepath.IsAbs(p) || filepath.Clean(p) != p {
+	paths := append([]string{spec.Dir}, spec.Keep...)
+	for _, m := range spec.Tmpfs {
+		if m.Bytes <= 0 {
+			return Spec{}, fmt.Errorf("the spec's tmpfs on %q has no size", m.Target)
+		}
+		paths = append(paths, m.Target)
+	}
+	if spec.Trust != nil {
+		paths = append(append(paths, spec.Trust.File), spec.Trust.Replace...)
+	}
+	for _, p := range paths {
+		if !clean(p) {
 			return Spec{}, fmt.Errorf("the spec's path %q is not absolute and clean", p)
 		}
 	}
 	for _, m := range spec.Private {
-		if !filepath.IsAbs(m.Target) || filepath.Clean(m.Target) != m.Target || !filepath.IsAbs(m.Source) {
+		if !clean(m.Target) || !filepath.IsAbs(m.Source) {
 			return Spec{}, fmt.Errorf("the spec's private dir %q is not absolute and clean", m.Target)
 		}
 	}
 	return spec, nil
 }
 
+func clean(path string) bool { return filepath.IsAbs(path) && filepath.Clean(path) == path }
+
 // isolate sets up the task's mount namespace, as root: nothing mounted
-// here reaches edge's namespace; the private directories and /dev/shm
-// replace the shared ones; what must stay reachable is bound back; /proc
-// shows this PID namespace alone.
+// here reaches edge's namespace; the private directories and tmpfs
+// replace the shared ones; what must stay reachable is bound back; the
+// trust store reads through to the trust file; /dev/mqueue and /proc show
+// this IPC and PID namespace alone.
 func isolate(spec Spec) error {
 	if err := unix.Mount("", "/", "", unix.MS_REC|unix.MS_PRIVATE, ""); err != nil {
 		return fmt.Errorf("making the mounts private: %w", err)
@@ -343,15 +391,22 @@ func isolate(spec Spec) error {
 		fds = append(fds, fd)
 	}
 	const private = unix.MS_NOSUID | unix.MS_NODEV
-	targets := []string{"/dev/shm"}
+	var targets []string
 	for i, m := range spec.Private {
 		if err := bindFD(sources[i], m.Target, private); err != nil {
 			return err
 		}
 		targets = append(targets, m.Target)
 	}
-	if err := unix.Mount("tmpfs", "/dev/shm", "tmpfs", private, "mode=1777,size="+strconv.FormatInt(spec.ShmBytes, 10)); err != nil {
-		return fmt.Errorf("mounting /dev/shm: %w", err)
+	for _, m := range spec.Tmpfs {
+		// A directory this host lacks is no channel between tasks.
+		if _, err := os.Stat(m.Target); errors.Is(err, os.ErrNotExist) {
+			continue
+		}
+		if err := unix.Mount("tmpfs", m.Target, "tmpfs", private, "mode=1777,size="+strconv.FormatInt(m.Bytes, 10)); err != nil {
+			return fmt.Errorf("mounting %s: %w", m.Target, err)
+		}
+		targets = append(targets, m.Target)
 	}
 	for i, p := range spec.Keep {
 		if !underAny(p, targets) {
@@ -366,11 +421,52 @@ func isolate(spec Spec) error {
 			return err
 		}
 	}
+	if spec.Trust != nil {
+		if err := replaceTrustStore(*spec.Trust); err != nil {
+			return err
+		}
+	}
+	// The mqueue file system mounted where the host has one shows the
+	// host's IPC namespace's queues, not this one's.
+	if _, err := os.Stat(mqueueDir); err == nil {
+		if err := unix.Mount("mqueue", mqueueDir, "mqueue", unix.MS_NOSUID|unix.MS_NODEV|unix.MS_NOEXEC, ""); err != nil {
+			return fmt.Errorf("mounting %s: %w", mqueueDir, err)
+		}
+	}
 	if err := unix.Mount("proc", "/proc", "proc", unix.MS_NOSUID|unix.MS_NODEV|unix.MS_NOEXEC, ""); err != nil {
 		return fmt.Errorf("mounting /proc: %w", err)
 	}
 	if err := unix.Chdir(spec.Dir); err != nil {
 		return fmt.Errorf("entering the working dir: %w", err)
+	}
+	return nil
+}
+
+// CloseExtraFilesOnExec marks every descriptor but 0-2 close-on-exec, so
+// a program started from then on inherits only the descriptors it is
+// handed (exec.Cmd's Stdin, Stdout, Stderr and ExtraFiles). Go opens its
+// own close-on-exec; this is for those inherited without the flag. Where
+// close_range(2) cannot set the flag (Linux before 5.11, or a seccomp
+// filter older than the call, as systemd's, refusing it with EPERM) it sets
+// it on each descriptor open.
+func CloseExtraFilesOnExec() error { return closeExtraFilesOnExec(unix.CloseRange) }
+
+func closeExtraFilesOnExec(closeRange func(first, last, flags uint) error) error {
+	err := closeRange(3, ^uint(0), unix.CLOSE_RANGE_CLOEXEC)
+	if err == nil {
+		return nil
+	}
+	if !errors.Is(err, unix.ENOSYS) && !errors.Is(err, unix.EINVAL) && !errors.Is(err, unix.EPERM) {
+		return fmt.Errorf("marking the descriptors close-on-exec: %w", err)
+	}
+	entries, err := os.ReadDir("/proc/self/fd")
+	if err != nil {
+		return fmt.Errorf("listing the open descriptors: %w", err)
+	}
+	for _, e := range entries {
+		if fd, err := strconv.Atoi(e.Name()); err == nil && fd > 2 {
+			unix.CloseOnExec(fd)
+		}
 	}
 	return nil
 }

@@ -10,7 +10,9 @@ import (
 
 func TestReadSpecRefusesWhatWouldRunAsRootOrOffPath(t *testing.T) {
 	good := Spec{UID: 65534, GID: 1879048200, Dir: "/srv/work/run-1/work", Path: "/usr/bin/sh", Argv: []string{"sh"},
-		Private: []Mount{{Target: "/tmp", Source: "/srv/work/run-1/tmp"}}, Keep: []string{"/srv/work/run-1"}}
+		Private: []Mount{{Target: "/tmp", Source: "/srv/work/run-1/tmp"}}, Keep: []string{"/srv/work/run-1"},
+		Tmpfs: []Tmpfs{{Target: "/dev/shm", Bytes: 1 << 20}},
+		Trust: &Trust{File: "/srv/work/run-1/trust/trust.pem", Replace: []string{"/etc/ssl/certs/ca-certificates.crt"}}}
 	with := func(change func(*Spec)) Spec {
 		s := good
 		change(&s)
@@ -27,6 +29,10 @@ func TestReadSpecRefusesWhatWouldRunAsRootOrOffPath(t *testing.T) {
 		{"no agent", with(func(s *Spec) { s.Argv = nil }), "no agent"},
 		{"a relative working dir", with(func(s *Spec) { s.Dir = "work" }), "no agent or working dir"},
 		{"a kept path with dot-dots", with(func(s *Spec) { s.Keep = []string{"/srv/work/../etc"} }), "absolute and clean"},
+		{"a tmpfs without a size", with(func(s *Spec) { s.Tmpfs = []Tmpfs{{Target: "/run/lock"}} }), "no size"},
+		{"a relative tmpfs", with(func(s *Spec) { s.Tmpfs = []Tmpfs{{Target: "run/lock", Bytes: 1}} }), "absolute and clean"},
+		{"a trust file with dot-dots", with(func(s *Spec) { s.Trust = &Trust{File: "/srv/work/../etc/passwd"} }), "absolute and clean"},
+		{"a relative trust store", with(func(s *Spec) { s.Trust = &Trust{File: "/srv/t.pem", Replace: []string{"cert.pem"}} }), "absolute and clean"},
 		{"a private dir with dot-dots", with(func(s *Spec) { s.Private = []Mount{{Target: "/tmp/../etc", Source: "/srv"}} }), "absolute and clean"},
 	}
 	for _, tt := range tests {

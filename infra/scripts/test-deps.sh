@@ -25,9 +25,11 @@ fi
 if [ "$mode" = test ]; then
 	[ -x /usr/bin/git ] || need_apt+=(git)
 	/usr/bin/python3 -c 'import requests' 2>/dev/null || need_apt+=(python3-requests)
-	# edge/host's client tests run every kind of client a task would as
-	# that user: wget, and Node (the one that ignores HTTPS_PROXY).
+	# Every kind of client a task would run, run as that user by the tests:
+	# wget and openssl read only the system trust store (which a task's
+	# sandbox points at its trust file); Node ignores HTTPS_PROXY.
 	[ -x /usr/bin/wget ] || need_apt+=(wget)
+	[ -x /usr/bin/openssl ] || need_apt+=(openssl)
 	[ -x /usr/bin/node ] || need_apt+=(nodejs)
 	# The tests build network namespaces with ip (iproute2).
 	[ -x /usr/sbin/ip ] || need_apt+=(iproute2)

@@ -1,0 +1,192 @@
+package sandbox
+
+import (
+	"errors"
+	"fmt"
+	"io/fs"
+	"maps"
+	"os"
+	"path/filepath"
+	"slices"
+	"strconv"
+
+	"golang.org/x/sys/unix"
+)
+
+// replaceTrustStore makes each of trust.Replace that exists on the host
+// read as trust.File in the task's mount namespace, for the whole task:
+// programs that read only the system store (wget's GnuTLS, OpenSSL's
+// default paths, Go's and Python's default roots) then trust the proxy's
+// CA, its successor included, with no variable set.
+//
+// Edge replaces trust.File by renaming a new file over it, and a bind
+// mount of a file pins the inode it found: the bundle is a symbolic link
+// to trust.File instead, which every open resolves afresh. Its directory
+// is rebuilt on a tmpfs of its own for that, since the host's must not
+// change (see rebuildTrustDir).
+func replaceTrustStore(trust Trust) error {
+	var st unix.Stat_t
+	if err := unix.Stat(trust.File, &st); err != nil {
+		return fmt.Errorf("the trust file: %w", err)
+	}
+	if st.Mode&unix.S_IFMT != unix.S_IFREG {
+		return fmt.Errorf("the trust file %s is not a regular file", trust.File)
+	}
+	// Each directory that holds a bundle, with the bundles' names in it.
+	bundles := map[string]map[string]bool{}
+	for _, p := range trust.Replace {
+		real, err := filepath.EvalSymlinks(p)
+		if errors.Is(err, fs.ErrNotExist) {
+			continue
+		}
+		if err != nil {
+			return fmt.Errorf("resolving %s: %w", p, err)
+		}
+		fi, err := os.Stat(real)
+		if err != nil {
+			return fmt.Errorf("resolving %s: %w", p, err)
+		}
+		if !fi.Mode().IsRegular() || real == trust.File {
+			continue
+		}
+		dir := filepath.Dir(real)
+		if dir == "/" {
+			return fmt.Errorf("the trust store %s lies in /, which cannot be rebuilt", p)
+		}
+		if bundles[dir] == nil {
+			bundles[dir] = map[string]bool{}
+		}
+		bundles[dir][filepath.Base(real)] = true
+	}
+	// A directory before those inside it (a prefix sorts first): rebuilt,
+	// it binds them back, and they are rebuilt over that.
+	for _, dir := range slices.Sorted(maps.Keys(bundles)) {
+		if err := rebuildTrustDir(dir, bundles[dir], trust.File); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// trustEntry is an entry of a trust store directory as rebuilt: a
+// symbolic link to link, or the file or directory open as fd bound back.
+type trustEntry struct {
+	name string
+	link string
+	fd   int // -1 for a link
+	dir  bool
+}
+
+// rebuildTrustDir mounts a fresh tmpfs over dir holding what dir holds:
+// each of bundles a symbolic link to trustFile, every other symbolic link
+// as it is (OpenSSL's hash links, /etc/ssl/certs' links into
+// /usr/share/ca-certificates), every file and directory bound back from
+// the original, opened before the tmpfs hides it (java/cacerts, a local
+// CA's file). Other kinds of file (a socket, a device), which no trust
+// store holds, are left out. The tmpfs is then read-only, nosuid and
+// nodev: the task changes nothing there, and the host's directory is never
+// written.
+func rebuildTrustDir(dir string, bundles map[string]bool, trustFile string) error {
+	d, err := os.Open(dir)
+	if err != nil {
+		return fmt.Errorf("opening the trust store %s: %w", dir, err)
+	}
+	defer d.Close()
+	names, err := d.Readdirnames(-1)
+	if err != nil {
+		return fmt.Errorf("listing the trust store %s: %w", dir, err)
+	}
+	dfd := int(d.Fd())
+	var st unix.Stat_t
+	if err := unix.Fstat(dfd, &st); err != nil {
+		return fmt.Errorf("the trust store %s: %w", dir, err)
+	}
+	entries := make([]trustEntry, 0, len(names))
+	defer func() {
+		for _, e := range entries {
+			if e.fd >= 0 {
+				unix.Close(e.fd)
+			}
+		}
+	}()
+	for _, name := range names {
+		var est unix.Stat_t
+		if err := unix.Fstatat(dfd, name, &est, unix.AT_SYMLINK_NOFOLLOW); err != nil {
+			return fmt.Errorf("the trust store's %s/%s: %w", dir, name, err)
+		}
+		switch kind := est.Mode & unix.S_IFMT; {
+		case bundles[name]:
+			entries = append(entries, trustEntry{name: name, link: trustFile, fd: -1})
+		case kind == unix.S_IFLNK:
+			link, err := readlinkat(dfd, name)
+			if err != nil {
+				return fmt.Errorf("the trust store's %s/%s: %w", dir, name, err)
+			}
+			entries = append(entries, trustEntry{name: name, link: link, fd: -1})
+		case kind == unix.S_IFREG || kind == unix.S_IFDIR:
+			fd, err := unix.Openat(dfd, name, unix.O_PATH|unix.O_NOFOLLOW|unix.O_CLOEXEC, 0)
+			if err != nil {
+				return fmt.Errorf("the trust store's %s/%s: %w", dir, name, err)
+			}
+			entries = append(entries, trustEntry{name: name, fd: fd, dir: kind == unix.S_IFDIR})
+		}
+	}
+
+	// Room for every entry to take a page (a long link's target does) and
+	// an inode, and no more: the tmpfs is read-only once populated.
+	page := os.Getpagesize()
+	opts := fmt.Sprintf("mode=%o,uid=%d,gid=%d,size=%d,nr_inodes=%d",
+		st.Mode&0o7777, st.Uid, st.Gid, (len(entries)+1)*page, len(entries)+16)
+	if err := unix.Mount("tmpfs", dir, "tmpfs", unix.MS_NOSUID|unix.MS_NODEV, opts); err != nil {
+		return fmt.Errorf("mounting over the trust store %s: %w", dir, err)
+	}
+	fresh, err := unix.Open(dir, unix.O_PATH|unix.O_DIRECTORY|unix.O_NOFOLLOW|unix.O_CLOEXEC, 0)
+	if err != nil {
+		return fmt.Errorf("opening the rebuilt trust store %s: %w", dir, err)
+	}
+	defer unix.Close(fresh)
+	for _, e := range entries {
+		if err := rebuildEntry(fresh, dir, e); err != nil {
+			return fmt.Errorf("rebuilding the trust store's %s/%s: %w", dir, e.name, err)
+		}
+	}
+	if err := unix.Mount("", dir, "", unix.MS_REMOUNT|unix.MS_BIND|unix.MS_RDONLY|unix.MS_NOSUID|unix.MS_NODEV, ""); err != nil {
+		return fmt.Errorf("making the trust store %s read-only: %w", dir, err)
+	}
+	return nil
+}
+
+// rebuildEntry makes e in the fresh directory fresh (dir's path).
+func rebuildEntry(fresh int, dir string, e trustEntry) error {
+	if e.fd < 0 {
+		return unix.Symlinkat(e.link, fresh, e.name)
+	}
+	// A mount point of the entry's kind, which the bind then covers.
+	if e.dir {
+		if err := unix.Mkdirat(fresh, e.name, 0o700); err != nil {
+			return err
+		}
+	} else {
+		fd, err := unix.Openat(fresh, e.name, unix.O_CREAT|unix.O_EXCL|unix.O_RDONLY|unix.O_NOFOLLOW|unix.O_CLOEXEC, 0o600)
+		if err != nil {
+			return err
+		}
+		unix.Close(fd)
+	}
+	source := "/proc/self/fd/" + strconv.Itoa(e.fd)
+	return unix.Mount(source, filepath.Join(dir, e.name), "", unix.MS_BIND|unix.MS_REC, "")
+}
+
+// readlinkat is readlinkat(2) of any length.
+func readlinkat(dirfd int, name string) (string, error) {
+	for size := 256; ; size *= 2 {
+		buf := make([]byte, size)
+		n, err := unix.Readlinkat(dirfd, name, buf)
+		if err != nil {
+			return "", err
+		}
+		if n < size {
+			return string(buf[:n]), nil
+		}
+	}
+}
