@@ -72,9 +72,11 @@ type task struct {
 	unwatch   func() error
 	timers    []clock.Timer
 	// net is the attempt's network (package sandbox), nil where tasks'
-	// egress is not confined; it belongs to the goroutine starting the
-	// attempt, which closes it once the process has ended.
-	net *sandbox.Network
+	// egress is not confined, and netFiles the resolver files its sandbox
+	// mounts; they belong to the goroutine starting the attempt, which
+	// closes net once the process has ended.
+	net      *sandbox.Network
+	netFiles []sandbox.Mount
 
 	startOnce sync.Once
 	startDone chan struct{}
@@ -371,6 +373,11 @@ func (r *Runner) launch(t *task, tk *ticket) {
 		}
 		t.net = n
 		defer n.Close()
+		if t.netFiles, err = networkFiles(t.dirs); err != nil {
+			r.logger.Error("writing a task's resolver files", fieldRun, t.runID, fieldError, err.Error())
+			end(outcome{status: hostproto.StatusFailed, reason: hostproto.ReasonHostUnavailable, detail: "the host could not create the task's network"})
+			return
+		}
 	}
 	env := r.taskEnv(t)
 	if u := cloneURL(req); u != "" {
@@ -510,6 +517,7 @@ func (r *Runner) sandboxSpec(t *task, path string, argv []string) sandbox.Spec {
 		Tmpfs:   []sandbox.Tmpfs{{Target: "/dev/shm", Bytes: shmBytes}, {Target: "/run/lock", Bytes: runLockBytes}},
 		Keep:    keep,
 		Trust:   trust,
+		Files:   t.netFiles,
 		Dir:     t.dirs.Work,
 		Path:    path,
 		Argv:    argv,

@@ -15,6 +15,7 @@ import (
 	"syscall"
 
 	"github.com/runfleet/runfleet/edge/internal/atomicfile"
+	"github.com/runfleet/runfleet/edge/sandbox"
 )
 
 // A task's files, under <workDir>/<runId>:
@@ -22,6 +23,7 @@ import (
 //	<runId>/        edge:<run's group> 0750  the barrier: only this run's group may enter
 //	  trust/        edge 0755, files 0644     written by edge alone (atomic renames);
 //	                                          trust.pem is also the task's system trust store
+//	  etc/          edge 0755, files 0644     the task's /etc/resolv.conf and /etc/hosts
 //	  home/         task user:<run's group> 2770
 //	  work/         task user:<run's group> 2770  (a clone, or fresh; unused with localPath)
 //	  tmp/          task user:<run's group> 1777  the task's /tmp, fresh for each attempt
@@ -40,6 +42,7 @@ import (
 type taskDirs struct {
 	Run    string
 	Trust  string
+	Etc    string
 	Home   string
 	Work   string
 	Tmp    string
@@ -56,7 +59,7 @@ func (d taskDirs) caBundle() string  { return filepath.Join(d.Trust, caBundleFil
 
 func (r *Runner) dirsFor(runID string, localPath string) taskDirs {
 	run := filepath.Join(r.cfg.WorkDir, runID)
-	d := taskDirs{Run: run, Trust: filepath.Join(run, "trust"), Home: filepath.Join(run, "home"), Work: filepath.Join(run, "work"),
+	d := taskDirs{Run: run, Trust: filepath.Join(run, "trust"), Etc: filepath.Join(run, "etc"), Home: filepath.Join(run, "home"), Work: filepath.Join(run, "work"),
 		Tmp: filepath.Join(run, "tmp"), VarTmp: filepath.Join(run, "var-tmp")}
 	if localPath != "" {
 		d.Work = localPath
@@ -134,7 +137,7 @@ func prepareDirs(d taskDirs, id taskIdentity, fresh bool) error {
 	me, myGroup := os.Geteuid(), os.Getegid()
 	// os.FileMode spells setgid ModeSetgid (its 0o2000 bit is no mode).
 	shared := os.ModeSetgid | 0o770
-	dirs := []dir{{d.Run, me, int(id.GID), 0o750}, {d.Trust, me, myGroup, 0o755}, {d.Home, int(id.UID), int(id.GID), shared}}
+	dirs := []dir{{d.Run, me, int(id.GID), 0o750}, {d.Trust, me, myGroup, 0o755}, {d.Etc, me, myGroup, 0o755}, {d.Home, int(id.UID), int(id.GID), shared}}
 	if fresh {
 		dirs = append(dirs, dir{d.Work, int(id.UID), int(id.GID), shared})
 	}
@@ -290,4 +293,27 @@ func (l *limitedWriter) Write(p []byte) (int, error) {
 		l.w.Write(p[:min(len(p), room)])
 	}
 	return len(p), nil
+}
+
+// The task's resolver files: every name is asked of edge's DNS in its
+// network (nothing else answers there), and the hosts file knows the
+// loopback alone, never what the host's lists.
+const (
+	taskResolvConf = "nameserver 127.0.0.1\n"
+	taskHosts      = "127.0.0.1\tlocalhost\n::1\tlocalhost ip6-localhost ip6-loopback\n"
+)
+
+// networkFiles writes the task's resolver files and returns how its
+// sandbox mounts them.
+func networkFiles(d taskDirs) ([]sandbox.Mount, error) {
+	files := []struct{ target, content string }{{"/etc/resolv.conf", taskResolvConf}, {"/etc/hosts", taskHosts}}
+	var mounts []sandbox.Mount
+	for _, f := range files {
+		src := filepath.Join(d.Etc, filepath.Base(f.target))
+		if err := atomicfile.Write(src, []byte(f.content), 0o644); err != nil {
+			return nil, err
+		}
+		mounts = append(mounts, sandbox.Mount{Target: f.target, Source: src})
+	}
+	return mounts, nil
 }

@@ -57,6 +57,11 @@ type Spec struct {
 	// Trust, when set, makes the system trust store read through to the
 	// task's trust file, kept current by edge; nil leaves the host's.
 	Trust *Trust `json:"trust,omitempty"`
+	// Files are files of edge's (the task's /etc/resolv.conf and
+	// /etc/hosts), each Source mounted read-only over its Target where the
+	// Target exists (through its links: a resolv.conf linking to a stub's
+	// file is replaced where it lies).
+	Files []Mount `json:"files,omitempty"`
 	// Dir is the agent's working dir.
 	Dir string `json:"dir"`
 	// Path is the agent's executable, Argv its arguments.
@@ -338,6 +343,11 @@ func readSpec(f *os.File) (Spec, error) {
 			return Spec{}, fmt.Errorf("the spec's path %q is not absolute and clean", p)
 		}
 	}
+	for _, m := range spec.Files {
+		if !clean(m.Target) || !filepath.IsAbs(m.Source) {
+			return Spec{}, fmt.Errorf("the spec's file %q is not absolute and clean", m.Target)
+		}
+	}
 	for _, m := range spec.Private {
 		if !clean(m.Target) || !filepath.IsAbs(m.Source) {
 			return Spec{}, fmt.Errorf("the spec's private dir %q is not absolute and clean", m.Target)
@@ -379,6 +389,15 @@ func isolate(spec Spec) error {
 			return err
 		}
 		sources[i] = fd
+		fds = append(fds, fd)
+	}
+	files := make([]int, len(spec.Files))
+	for i, m := range spec.Files {
+		fd, err := unix.Open(m.Source, unix.O_PATH|unix.O_NOFOLLOW|unix.O_CLOEXEC, 0)
+		if err != nil {
+			return fmt.Errorf("opening %s: %w", m.Source, err)
+		}
+		files[i] = fd
 		fds = append(fds, fd)
 	}
 	keep := make([]int, len(spec.Keep))
@@ -423,6 +442,14 @@ func isolate(spec Spec) error {
 	}
 	if spec.Trust != nil {
 		if err := replaceTrustStore(*spec.Trust); err != nil {
+			return err
+		}
+	}
+	for i, m := range spec.Files {
+		if _, err := os.Stat(m.Target); errors.Is(err, os.ErrNotExist) {
+			continue // nothing of the host's to hide
+		}
+		if err := bindFD(files[i], m.Target, private|unix.MS_RDONLY); err != nil {
 			return err
 		}
 	}
