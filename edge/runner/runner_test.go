@@ -637,7 +637,9 @@ func TestLocalPathUnderRootsIsTheWorkingDir(t *testing.T) {
 }
 
 func TestCloneMakesAShallowWorkingCopyOrFailsCloneFailed(t *testing.T) {
-	src := filepath.Join(edgetest.TraversableDir(t), "src")
+	// Where the task sees it: the clone runs in the task's sandbox, whose
+	// /tmp is its own.
+	src := filepath.Join(edgetest.HostDir(t), "src")
 	git := func(dir string, args ...string) {
 		t.Helper()
 		cmd := execCommand("git", append([]string{"-C", dir}, args...)...)

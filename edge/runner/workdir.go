@@ -222,20 +222,40 @@ func (r *Runner) clone(ctx context.Context, t *task, rawURL string, env []string
 	if err != nil {
 		return err
 	}
-	cmd := exec.CommandContext(ctx, git, "clone", "--depth", "1", "--quiet", "--", rawURL, t.dirs.Work)
-	cmd.Env = append(env, "GIT_TERMINAL_PROMPT=0")
-	cmd.Dir = t.dirs.Home
+	argv := []string{git, "clone", "--depth", "1", "--quiet", "--", rawURL, t.dirs.Work}
+	cmd := &exec.Cmd{Path: git, Args: argv, Env: append(env, "GIT_TERMINAL_PROMPT=0"), Dir: t.dirs.Home}
 	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true, Pdeathsig: syscall.SIGKILL}
-	if t.ident.Switch {
-		cmd.SysProcAttr.Credential = &syscall.Credential{Uid: t.ident.UID, Gid: t.ident.GID, Groups: []uint32{}}
-	}
-	cmd.Cancel = func() error { return syscall.Kill(-cmd.Process.Pid, syscall.SIGKILL) }
 	var stderr bytes.Buffer
 	cmd.Stderr = &limitedWriter{w: &stderr, n: 4 << 10}
-	err = t.startIn(cmd.Start)
-	if err == nil {
-		err = cmd.Wait()
+	// Where edge can switch users, git runs in the task's sandbox, as the
+	// agent will: its user, its network, its resolver files and trust
+	// store, its private directories.
+	var box *sandbox.Launch
+	if t.ident.Switch {
+		if err := resetPrivateTmp(t.dirs, t.ident); err != nil {
+			return err
+		}
+		spec := r.sandboxSpec(t, git, argv)
+		spec.Dir, spec.NoTerminal = t.dirs.Home, true
+		if box, err = sandbox.Prepare(cmd, r.cfg.TaskInit, spec); err != nil {
+			return err
+		}
+		defer box.Close()
 	}
+	if err = t.startIn(cmd.Start); err != nil {
+		return err
+	}
+	stop := context.AfterFunc(ctx, func() { syscall.Kill(-cmd.Process.Pid, syscall.SIGKILL) })
+	if box != nil {
+		if err := box.Started(); err != nil {
+			syscall.Kill(-cmd.Process.Pid, syscall.SIGKILL)
+			cmd.Wait()
+			stop()
+			return err
+		}
+	}
+	err = cmd.Wait()
+	stop()
 	if err != nil {
 		if ctx.Err() != nil {
 			return ctx.Err()

@@ -67,6 +67,9 @@ type Spec struct {
 	// Path is the agent's executable, Argv its arguments.
 	Path string   `json:"path"`
 	Argv []string `json:"argv"`
+	// NoTerminal: the agent's descriptors 0-2 are no terminal (a clone's
+	// pipes), so it is not made the terminal's foreground.
+	NoTerminal bool `json:"noTerminal,omitempty"`
 }
 
 // Mount is a directory mounted over another.
@@ -259,12 +262,16 @@ func Main() int {
 	if err := CloseExtraFilesOnExec(); err != nil {
 		return fail(err)
 	}
+	// Its own process group, in the terminal's foreground: it reads the
+	// terminal, and ^C typed as input reaches it alone.
+	sys := &syscall.SysProcAttr{Setpgid: true, Foreground: true, Ctty: 0}
+	if spec.NoTerminal {
+		sys = &syscall.SysProcAttr{Setpgid: true}
+	}
 	pid, err := syscall.ForkExec(spec.Path, spec.Argv, &syscall.ProcAttr{
 		Env:   os.Environ(),
 		Files: []uintptr{0, 1, 2},
-		// Its own process group, in the terminal's foreground: it reads
-		// the terminal, and ^C typed as input reaches it alone.
-		Sys: &syscall.SysProcAttr{Setpgid: true, Foreground: true, Ctty: 0},
+		Sys:   sys,
 	})
 	if err != nil {
 		return fail(fmt.Errorf("starting %s: %w", spec.Path, err))

@@ -76,6 +76,22 @@ func TraversableDir(t testing.TB) string {
 	return dir
 }
 
+// HostDir is a directory every user can traverse and read that a
+// sandboxed task sees at its own path: outside /tmp and /var/tmp, which are
+// the task's own. Removed when the test ends.
+func HostDir(t testing.TB) string {
+	t.Helper()
+	dir, err := os.MkdirTemp("/var/lib", "runfleet-test-")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { os.RemoveAll(dir) })
+	if err := os.Chmod(dir, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	return dir
+}
+
 // RunTests is the TestMain of a package whose tests start tasks: as root
 // the runner starts each task through the binary running it
 // (runner.DefaultTaskInit), so the test binary acts as the task's init when
