@@ -524,6 +524,23 @@ func cut(t *testing.T, what string, c net.Conn) {
 	}
 }
 
+// assertClosed: every socket of the network was closed by the proxy (one
+// left open fails after a deadline instead of blocking).
+func (tn *taskNet) assertClosed(t *testing.T, which string) {
+	t.Helper()
+	deadline := time.Now().Add(5 * time.Second)
+	for what, l := range map[string]net.Listener{"transparent": tn.transparent, "explicit": tn.explicit, "DNS over TCP": tn.dnsStreams} {
+		l.(*net.TCPListener).SetDeadline(deadline)
+		if _, err := l.Accept(); !errors.Is(err, net.ErrClosed) {
+			t.Errorf("%s: the %s listener was not closed: %v", which, what, err)
+		}
+	}
+	tn.dnsPackets.SetReadDeadline(deadline)
+	if _, _, err := tn.dnsPackets.ReadFrom(make([]byte, 1)); !errors.Is(err, net.ErrClosed) {
+		t.Errorf("%s: the DNS socket was not closed: %v", which, err)
+	}
+}
+
 // When the attempt ends (EndAttempt, Stop, or the next attempt starting),
 // its network goes with it: open connections are cut, the listeners and
 // the DNS stop answering. A network handed over once the attempt ended is
@@ -594,14 +611,7 @@ func TestTransparentNetworkClosesWhenTheAttemptEnds(t *testing.T) {
 			if !errors.Is(err, ErrUnknownTask) {
 				t.Fatalf("ServeNetwork after the attempt ended: %v", err)
 			}
-			for what, l := range map[string]net.Listener{"transparent": late.transparent, "explicit": late.explicit, "DNS over TCP": late.dnsStreams} {
-				if _, err := l.Accept(); !errors.Is(err, net.ErrClosed) {
-					t.Errorf("the refused network's %s listener was not closed: %v", what, err)
-				}
-			}
-			if _, _, err := late.dnsPackets.ReadFrom(make([]byte, 1)); !errors.Is(err, net.ErrClosed) {
-				t.Errorf("the refused network's DNS socket was not closed: %v", err)
-			}
+			late.assertClosed(t, "the refused network")
 		})
 	}
 }
@@ -637,5 +647,33 @@ func TestTransparentNetworkExplicitProxyNeedsTheCredential(t *testing.T) {
 	line := f.waitAudit(func(m map[string]any) bool { return m["path"] == "/explicit" })
 	if line["action"] != "substituted" || line["via"] != nil {
 		t.Errorf("audit %v", line)
+	}
+}
+
+// A network the proxy cannot serve (it is disabled, the task is unknown,
+// transparent listeners come without OriginalDestination) is refused with
+// the reason, and every socket given is closed: none is left half-served
+// in the task's network.
+func TestTransparentServeNetworkRefusesAndClosesWhatItCannotServe(t *testing.T) {
+	f := newFixture(t, "open")
+	disabled, err := New(Config{Disabled: true})
+	must(t, err)
+	noDst := newTaskNet(t)
+	noDst.network.OriginalDestination = nil
+	cases := []struct {
+		name  string
+		serve func(TaskNetwork) error
+		tn    *taskNet
+		want  string
+	}{
+		{"disabled", func(n TaskNetwork) error { return disabled.ServeNetwork("run-a", n) }, newTaskNet(t), ErrDisabled.Error()},
+		{"unknown task", func(n TaskNetwork) error { return f.proxy.ServeNetwork("run-nobody", n) }, newTaskNet(t), ErrUnknownTask.Error()},
+		{"no OriginalDestination", func(n TaskNetwork) error { return f.proxy.ServeNetwork("run-a", n) }, noDst, "need OriginalDestination"},
+	}
+	for _, c := range cases {
+		if err := c.serve(c.tn.network); err == nil || !strings.Contains(err.Error(), c.want) {
+			t.Errorf("%s: %v", c.name, err)
+		}
+		c.tn.assertClosed(t, c.name)
 	}
 }
