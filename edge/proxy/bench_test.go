@@ -10,6 +10,7 @@ import (
 	"io"
 	"net"
 	"net/http"
+	"net/netip"
 	"net/url"
 	"os"
 	"os/exec"
@@ -18,6 +19,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"syscall"
 	"testing"
 	"time"
@@ -218,6 +220,62 @@ func BenchmarkNewConnectionPerRequest(b *testing.B) {
 	r.compare(b, direct, proxied, max(b.N/benchRounds, 300), 4)
 }
 
+// BenchmarkTransparentVsConnect: what one request costs through a
+// transparent connection (a client that knows nothing of the proxy dials
+// the name's pin, and its connection is redirected to the proxy) and
+// through a CONNECT, in one run: the same rig (upstream, task, audit), the
+// same client but for how it reaches the proxy, one substitution per
+// request. new-connection opens a connection per request, so the
+// handshakes with the proxy dominate; keep-alive reuses one. ns/op and
+// allocs/op count the whole process: client, proxy and upstream. The pin
+// is resolved once through the task's DNS; new-connection/transparent+dns
+// resolves it per connection, as a client without a DNS cache does.
+func BenchmarkTransparentVsConnect(b *testing.B) {
+	r := newBenchRig(b)
+	tn := r.e.network("run-bench")
+	dst := netip.AddrPortFrom(tn.pin("api.example.test"), uint16(r.up.port))
+	transparent := func(keepAlive, resolve bool) *http.Client {
+		c := r.proxied(keepAlive)
+		tr := c.Transport.(*http.Transport)
+		tr.Proxy = nil
+		tr.DialContext = func(ctx context.Context, network, address string) (net.Conn, error) {
+			if resolve {
+				return tn.dialContext(ctx, network, address)
+			}
+			return tn.dial(ctx, dst)
+		}
+		return c
+	}
+	for _, keepAlive := range []bool{false, true} {
+		mode := "new-connection"
+		if keepAlive {
+			mode = "keep-alive"
+		}
+		clients := []struct {
+			via    string
+			client *http.Client
+		}{
+			{"connect", r.proxied(keepAlive)},
+			{"transparent", transparent(keepAlive, false)},
+		}
+		if !keepAlive {
+			clients = append(clients, struct {
+				via    string
+				client *http.Client
+			}{"transparent+dns", transparent(false, true)})
+		}
+		for _, c := range clients {
+			b.Run(mode+"/"+c.via, func(b *testing.B) {
+				r.run(b, c.client, r.ph, 20, 1) // the leaf issued, the pool warm
+				b.ReportAllocs()
+				for b.Loop() {
+					r.do(b, c.client, r.ph)
+				}
+			})
+		}
+	}
+}
+
 // The memory benchmarks run the proxy alone in a child process (this test
 // binary with benchChildEnv set), so the client and upstream in the parent
 // do not count: the child reports its Go heap and stacks after a GC, and
@@ -231,7 +289,10 @@ type childSpec struct {
 }
 
 type childHello struct {
-	ProxyURL    string `json:"proxyUrl"`
+	ProxyURL string `json:"proxyUrl"`
+	// Transparent is the task network's transparent listener; every
+	// connection to it was going to api.example.test's pin.
+	Transparent string `json:"transparent"`
 	Placeholder string `json:"placeholder"`
 	Bundle      string `json:"bundle"`
 }
@@ -281,7 +342,15 @@ func benchChildMain() int {
 		secrets: map[string]string{"acme/K": benchKey},
 	})
 	u, phs := e.task("run-bench", hostproto.Secret{ProjectID: "acme", Key: "K"})
-	json.NewEncoder(os.Stdout).Encode(childHello{ProxyURL: u.String(), Placeholder: phs["K"], Bundle: string(e.authority.Bundle())})
+	tn := newTaskNet(t)
+	// The parent's connections all go to one destination, known once the
+	// task's DNS has pinned the name: that is all conntrack would say.
+	var dst atomic.Pointer[netip.AddrPort]
+	tn.network.OriginalDestination = func(net.Conn) (netip.AddrPort, error) { return *dst.Load(), nil }
+	must(t, e.proxy.ServeNetwork("run-bench", tn.network))
+	pinned := netip.AddrPortFrom(tn.pin("api.example.test"), uint16(spec.UpstreamPort))
+	dst.Store(&pinned)
+	json.NewEncoder(os.Stdout).Encode(childHello{ProxyURL: u.String(), Transparent: tn.transparent.Addr().String(), Placeholder: phs["K"], Bundle: string(e.authority.Bundle())})
 	sc := bufio.NewScanner(os.Stdin)
 	for sc.Scan() {
 		if sc.Text() != "mem" {
@@ -347,20 +416,25 @@ func (c *child) mem(b *testing.B) childMem {
 
 // BenchmarkIdleInterceptedConnMemory: the proxy's memory per idle
 // intercepted connection, each of which served one request (target: <= 100
-// KiB). Heap plus goroutine stacks after a GC, per connection.
+// KiB), reached by a CONNECT (http/1.1, h2) or transparently. Heap plus
+// goroutine stacks after a GC, per connection.
 func BenchmarkIdleInterceptedConnMemory(b *testing.B) {
 	uca := edgetest.NewCA(b)
 	up := startUpstream(b, uca, false, "api.example.test")
 	up.noRecord = true
-	for _, proto := range []string{"http/1.1", "h2"} {
-		b.Run(proto, func(b *testing.B) {
+	for _, name := range []string{"http/1.1", "h2", "transparent/http/1.1", "transparent/h2"} {
+		proto, transparent := strings.CutPrefix(name, "transparent/")
+		b.Run(name, func(b *testing.B) {
 			c := startChild(b, up, uca)
 			target := fmt.Sprintf("api.example.test:%d", up.port)
 			open := func(n int) []net.Conn {
 				var conns []net.Conn
 				for i := 0; i < n; i++ {
-					tc := dialThroughChild(b, c, target, proto)
-					conns = append(conns, tc)
+					if transparent {
+						conns = append(conns, dialTransparentThroughChild(b, c, target, proto))
+					} else {
+						conns = append(conns, dialThroughChild(b, c, target, proto))
+					}
 				}
 				return conns
 			}
@@ -400,7 +474,21 @@ func dialThroughChild(b *testing.B, c *child, target, proto string) net.Conn {
 	if err != nil || res.StatusCode != 200 {
 		b.Fatalf("CONNECT: %v %v", res, err)
 	}
-	tc := tls.Client(&replayConn{Conn: conn, r: br}, &tls.Config{RootCAs: c.pool, ServerName: "api.example.test", NextProtos: []string{proto}})
+	return requestOnce(b, c, &replayConn{Conn: conn, r: br}, target, proto)
+}
+
+// dialTransparentThroughChild opens a connection to api.example.test's
+// pin, redirected to the child's transparent listener, and sends one
+// request on it, leaving it idle and open.
+func dialTransparentThroughChild(b *testing.B, c *child, target, proto string) net.Conn {
+	conn, err := net.Dial("tcp", c.hello.Transparent)
+	must(b, err)
+	return requestOnce(b, c, conn, target, proto)
+}
+
+// requestOnce completes TLS with the proxy on conn and sends one request.
+func requestOnce(b *testing.B, c *child, conn net.Conn, target, proto string) net.Conn {
+	tc := tls.Client(conn, &tls.Config{RootCAs: c.pool, ServerName: "api.example.test", NextProtos: []string{proto}})
 	must(b, tc.Handshake())
 	req, _ := http.NewRequest(http.MethodGet, "https://"+target+"/idle", nil)
 	req.Header.Set("Authorization", "Bearer "+c.hello.Placeholder)
@@ -411,14 +499,20 @@ func dialThroughChild(b *testing.B, c *child, target, proto string) net.Conn {
 		must(b, err)
 		io.Copy(io.Discard, res.Body)
 		res.Body.Close()
+		if res.StatusCode != 200 {
+			b.Fatalf("status %d", res.StatusCode)
+		}
 		return tc
 	}
 	must(b, req.Write(tc))
 	tbr := bufio.NewReader(tc)
-	res, err = http.ReadResponse(tbr, req)
+	res, err := http.ReadResponse(tbr, req)
 	must(b, err)
 	io.Copy(io.Discard, res.Body)
 	res.Body.Close()
+	if res.StatusCode != 200 {
+		b.Fatalf("status %d", res.StatusCode)
+	}
 	return tc
 }
 
