@@ -81,6 +81,9 @@ func (c *bufferedConn) Read(p []byte) (int, error) {
 	if len(c.pending) > 0 {
 		n := copy(p, c.pending)
 		c.pending = c.pending[n:]
+		if len(c.pending) == 0 {
+			c.pending = nil // the buffer is not kept for the connection's life
+		}
 		return n, nil
 	}
 	return c.Conn.Read(p)

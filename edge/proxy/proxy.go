@@ -207,6 +207,8 @@ type Proxy struct {
 
 	serving atomic.Bool
 	closed  atomic.Bool
+	// spawnMu orders goServe against Close's setting closed.
+	spawnMu sync.Mutex
 	done    chan struct{}
 	conns   sync.WaitGroup
 }
@@ -272,17 +274,21 @@ func (p *Proxy) Serve() error {
 			}
 			return fmt.Errorf("proxy: accepting: %w", err)
 		}
-		p.conns.Add(1)
-		go func() {
-			defer p.conns.Done()
-			p.serveFront(c)
-		}()
+		if !p.goServe(func() { p.serveFront(c) }) {
+			c.Close()
+		}
 	}
 }
 
 // Close stops accepting, closes every connection and waits for them.
 func (p *Proxy) Close() error {
-	if p.cfg.Disabled || !p.closed.CompareAndSwap(false, true) {
+	if p.cfg.Disabled {
+		return nil
+	}
+	p.spawnMu.Lock()
+	first := p.closed.CompareAndSwap(false, true)
+	p.spawnMu.Unlock()
+	if !first {
 		return nil
 	}
 	close(p.done)

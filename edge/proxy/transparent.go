@@ -117,12 +117,20 @@ func (n TaskNetwork) closers() []io.Closer {
 }
 
 // goServe runs f as one of the proxy's goroutines, which Close waits for.
-func (p *Proxy) goServe(f func()) {
+// Nothing starts once Close has begun (false then): Close's wait must not
+// see the count rise from zero.
+func (p *Proxy) goServe(f func()) bool {
+	p.spawnMu.Lock()
+	defer p.spawnMu.Unlock()
+	if p.closed.Load() {
+		return false
+	}
 	p.conns.Add(1)
 	go func() {
 		defer p.conns.Done()
 		f()
 	}()
+	return true
 }
 
 // acceptEach serves every connection l accepts until it is closed.
@@ -139,7 +147,9 @@ func (p *Proxy) acceptEach(l net.Listener, serve func(net.Conn)) {
 			}
 			return
 		}
-		p.goServe(func() { serve(c) })
+		if !p.goServe(func() { serve(c) }) {
+			c.Close()
+		}
 	}
 }
 
