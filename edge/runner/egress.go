@@ -101,7 +101,7 @@ func (r *Runner) confineEgress() error {
 		// A network of its own for every task is the confinement; one is
 		// made here first, so a host where that fails refuses the start
 		// rather than every task.
-		n, err := sandbox.NewNetwork(sandbox.NetworkConfig{Serve: true, ExplicitPort: probePort})
+		n, err := sandbox.NewNetwork(sandbox.NetworkConfig{Serve: true, ExplicitPort: probePort, NFT: r.cfg.NFT})
 		if err != nil {
 			return fmt.Errorf("runner: runner.egress %s: creating a task's network: %w (set runner.egress to %s to start without confinement)", r.cfg.Egress, err, config.TaskEgressInsecureOpen)
 		}
@@ -126,7 +126,7 @@ const probePort = 7071
 // HTTPS_PROXY) for a task that declares secrets; a loopback alone for one
 // that does not, which has no way off its host at all.
 func (r *Runner) openNetwork(t *task) (*sandbox.Network, error) {
-	cfg := sandbox.NetworkConfig{}
+	cfg := sandbox.NetworkConfig{NFT: r.cfg.NFT}
 	if t.needsBroker {
 		t.mu.Lock()
 		proxyURL := t.proxyURL

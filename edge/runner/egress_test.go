@@ -96,6 +96,16 @@ func TestNewRefusesToStartWhereItCannotConfine(t *testing.T) {
 		t.Fatalf("New without a working confiner = %v, want a refusal naming runner.egress and the way out", err)
 	}
 
+	// A working confiner is not enough: each task's network must be made.
+	cfg.Confiner = &recordingConfiner{}
+	cfg.NFT = "/nonexistent/nft"
+	_, err = New(cfg, l, nil, nil)
+	if err == nil || !strings.Contains(err.Error(), "creating a task's network") || !strings.Contains(err.Error(), "/nonexistent/nft") ||
+		!strings.Contains(err.Error(), config.TaskEgressInsecureOpen) {
+		t.Fatalf("New where a task's network cannot be made = %v, want a refusal naming why and the way out", err)
+	}
+
+	cfg.Confiner = c
 	cfg.Egress = config.TaskEgressInsecureOpen
 	r, err := New(cfg, l, nil, nil)
 	if err != nil {

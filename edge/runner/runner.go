@@ -84,6 +84,9 @@ type Config struct {
 	// Confiner confines tasks' egress; default sandbox.NFTables with a
 	// table named for WorkDir. Shutdown removes it.
 	Confiner EgressConfiner
+	// NFT is the nft executable that sets up each task's network (and the
+	// default Confiner); default sandbox.DefaultNFT.
+	NFT string
 	// Roots are the directories a localPath must lie under; empty: no localPath.
 	Roots []string
 	// WorkDir holds each run's directories. Required. It is made 0711 (enter,
@@ -155,8 +158,11 @@ func (c *Config) defaults() {
 	if c.TaskInit == "" {
 		c.TaskInit = DefaultTaskInit
 	}
+	if c.NFT == "" {
+		c.NFT = sandbox.DefaultNFT
+	}
 	if c.Confiner == nil {
-		c.Confiner = sandbox.NFTables{Table: egressTable(c.WorkDir)}
+		c.Confiner = sandbox.NFTables{Table: egressTable(c.WorkDir), NFT: c.NFT}
 	}
 	if c.MaxConcurrent == 0 {
 		c.MaxConcurrent = DefaultMaxConcurrent
