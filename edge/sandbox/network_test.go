@@ -181,3 +181,26 @@ func TestNetworkRefusesPortsItOwns(t *testing.T) {
 		}
 	}
 }
+
+// BenchmarkNewNetwork is what a task's network adds to its start: the
+// namespace, its loopback and route, the nftables ruleset (an nft run) and
+// edge's sockets in it; bare is the loopback alone (a task without secrets).
+func BenchmarkNewNetwork(b *testing.B) {
+	if os.Geteuid() != 0 {
+		b.Skip("needs root")
+	}
+	for _, bc := range []struct {
+		name string
+		cfg  NetworkConfig
+	}{{"served", NetworkConfig{Serve: true, ExplicitPort: 7071}}, {"bare", NetworkConfig{}}} {
+		b.Run(bc.name, func(b *testing.B) {
+			for b.Loop() {
+				n, err := NewNetwork(bc.cfg)
+				if err != nil {
+					b.Fatal(err)
+				}
+				n.Close()
+			}
+		})
+	}
+}
