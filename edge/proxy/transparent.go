@@ -9,6 +9,7 @@ import (
 	"net"
 	"net/http"
 	"net/netip"
+	"sync/atomic"
 	"time"
 
 	"github.com/runfleet/runfleet/edge/audit"
@@ -87,10 +88,14 @@ func (p *Proxy) ServeNetwork(runID string, n TaskNetwork) error {
 		closeAll()
 		return fmt.Errorf("proxy: task %s: the attempt ended", runID)
 	}
-	p.goServe(func() { p.acceptEach(n.Explicit, p.serveFront) })
+	bound := &connBound{held: make(chan struct{}, p.cfg.MaxTaskConns), full: func() {
+		p.cfg.Logger.Warn("the task's connections reached their bound; more are closed unserved until some end",
+			slog.String("task", runID), slog.Int("bound", p.cfg.MaxTaskConns))
+	}}
+	p.goServe(func() { p.acceptEach(n.Explicit, bound, p.serveFront) })
 	for _, l := range n.Transparent {
 		p.goServe(func() {
-			p.acceptEach(l, func(c net.Conn) { p.serveTransparent(a, n.OriginalDestination, pins, c) })
+			p.acceptEach(l, bound, func(c net.Conn) { p.serveTransparent(a, n.OriginalDestination, pins, c) })
 		})
 	}
 	for _, pc := range n.DNSPackets {
@@ -125,8 +130,18 @@ func (p *Proxy) goServe(f func()) {
 	}()
 }
 
-// acceptEach serves every connection l accepts until it is closed.
-func (p *Proxy) acceptEach(l net.Listener, serve func(net.Conn)) {
+// connBound is the bound of one task network's open connections
+// (Config.MaxTaskConns), shared by its listeners.
+type connBound struct {
+	held   chan struct{} // one token per connection being served
+	warned atomic.Bool
+	full   func() // called the first time a connection is refused
+}
+
+// acceptEach serves every connection l accepts until it is closed, as
+// many at once as bound allows; one past it is closed at once, before any
+// of it is read.
+func (p *Proxy) acceptEach(l net.Listener, bound *connBound, serve func(net.Conn)) {
 	if l == nil {
 		return
 	}
@@ -139,7 +154,19 @@ func (p *Proxy) acceptEach(l net.Listener, serve func(net.Conn)) {
 			}
 			return
 		}
-		p.goServe(func() { serve(c) })
+		select {
+		case bound.held <- struct{}{}:
+		default:
+			c.Close()
+			if bound.warned.CompareAndSwap(false, true) {
+				bound.full()
+			}
+			continue
+		}
+		p.goServe(func() {
+			defer func() { <-bound.held }()
+			serve(c)
+		})
 	}
 }
 

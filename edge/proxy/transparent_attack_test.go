@@ -1,0 +1,144 @@
+package proxy
+
+import (
+	"crypto/tls"
+	"crypto/x509"
+	"errors"
+	"io"
+	"net"
+	"net/netip"
+	"strings"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"golang.org/x/net/dns/dnsmessage"
+
+	"github.com/runfleet/runfleet/edge/internal/edgetest"
+	"github.com/runfleet/runfleet/edge/policy"
+)
+
+// taskNet is a task's network as the proxy serves it, on sockets of the
+// test's own loopback: the proxy's side is the same as in a namespace, and
+// every connection to the transparent listener reports dst as where it was
+// going (the redirect's original destination).
+type taskNet struct {
+	transparent net.Listener
+	dns         net.PacketConn
+	dst         atomic.Pointer[netip.AddrPort]
+}
+
+// serveTaskNetwork hands runID's attempt a network whose redirected
+// connections go wherever the test sets dst (nowhere until then).
+func (e *env) serveTaskNetwork(runID string) *taskNet {
+	e.t.Helper()
+	tl, err := net.Listen("tcp", "127.0.0.1:0")
+	must(e.t, err)
+	pc, err := net.ListenPacket("udp", "127.0.0.1:0")
+	must(e.t, err)
+	n := &taskNet{transparent: tl, dns: pc}
+	n.dst.Store(&netip.AddrPort{})
+	must(e.t, e.proxy.ServeNetwork(runID, TaskNetwork{
+		Transparent:         []net.Listener{tl},
+		OriginalDestination: func(net.Conn) (netip.AddrPort, error) { return *n.dst.Load(), nil },
+		DNSPackets:          []net.PacketConn{pc},
+	}))
+	return n
+}
+
+// resolve asks the task's DNS for name's A record, as the task's resolver
+// would.
+func (n *taskNet) resolve(t *testing.T, name string) netip.Addr {
+	t.Helper()
+	q := dnsmessage.Message{Header: dnsmessage.Header{ID: 7, RecursionDesired: true}, Questions: []dnsmessage.Question{{
+		Name: dnsmessage.MustNewName(name + "."), Type: dnsmessage.TypeA, Class: dnsmessage.ClassINET,
+	}}}
+	b, err := q.Pack()
+	must(t, err)
+	c, err := net.Dial("udp", n.dns.LocalAddr().String())
+	must(t, err)
+	defer c.Close()
+	must(t, c.SetDeadline(time.Now().Add(5*time.Second)))
+	_, err = c.Write(b)
+	must(t, err)
+	buf := make([]byte, 512)
+	size, err := c.Read(buf)
+	must(t, err)
+	var a dnsmessage.Message
+	must(t, a.Unpack(buf[:size]))
+	if len(a.Answers) != 1 {
+		t.Fatalf("the task's DNS answered %s with %+v", name, a)
+	}
+	return netip.AddrFrom4(a.Answers[0].Body.(*dnsmessage.AResource).A)
+}
+
+// dialTLS connects to the transparent listener and completes TLS for sni,
+// trusting the proxy's CA.
+func (n *taskNet) dialTLS(e *env, sni string) (*tls.Conn, error) {
+	c, err := net.DialTimeout("tcp", n.transparent.Addr().String(), 5*time.Second)
+	if err != nil {
+		return nil, err
+	}
+	pool := x509.NewCertPool()
+	pool.AppendCertsFromPEM(e.authority.Bundle())
+	tc := tls.Client(c, &tls.Config{RootCAs: pool, ServerName: sni})
+	_ = tc.SetDeadline(time.Now().Add(5 * time.Second))
+	if err := tc.Handshake(); err != nil {
+		c.Close()
+		return nil, err
+	}
+	_ = tc.SetDeadline(time.Time{})
+	return tc, nil
+}
+
+// A task holds at most MaxTaskConns of edge's connections at once: each
+// costs edge a descriptor and a goroutine (and an intercepted or tunnelled
+// one an upstream connection too), and one task opening thousands would
+// otherwise take the descriptors edge serves every other task and its host
+// API with. A connection past the bound is closed at once, unserved; one
+// freed lets the next through; edge logs the first refusal of the attempt,
+// once.
+func TestTransparentConnectionsOfATaskAreBounded(t *testing.T) {
+	const bound = 4
+	f := newFixtureWith(t, envOptions{egress: policy.EgressOpen, maxTaskConns: bound})
+	n := f.serveTaskNetwork("run-a")
+	dst := netip.AddrPortFrom(n.resolve(t, "api.example.test"), uint16(f.up.port))
+	n.dst.Store(&dst)
+
+	var held []*tls.Conn
+	for range bound {
+		c, err := n.dialTLS(f.env, "api.example.test")
+		if err != nil {
+			t.Fatalf("connection %d of %d: %v", len(held)+1, bound, err)
+		}
+		held = append(held, c)
+	}
+	t.Cleanup(func() {
+		for _, c := range held {
+			c.Close()
+		}
+	})
+	for range 3 {
+		c, err := net.Dial("tcp", n.transparent.Addr().String())
+		must(t, err)
+		must(t, c.SetReadDeadline(time.Now().Add(5*time.Second)))
+		_, err = c.Read(make([]byte, 1))
+		c.Close()
+		if !errors.Is(err, io.EOF) {
+			t.Fatalf("a connection past the bound of %d: read %v, want it closed at once (EOF)", bound, err)
+		}
+	}
+	held[0].Close()
+	var next *tls.Conn
+	if !edgetest.Within(5*time.Second, func() bool {
+		c, err := n.dialTLS(f.env, "api.example.test")
+		next = c
+		return err == nil
+	}) {
+		t.Fatal("a connection freed under the bound does not let the next one through")
+	}
+	held[0] = next
+	if got := strings.Count(f.logs.String(), "the task's connections reached their bound"); got != 1 {
+		t.Errorf("edge logged the bound %d times, want once:\n%s", got, f.logs.String())
+	}
+}
