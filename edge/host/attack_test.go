@@ -2,8 +2,12 @@ package host
 
 import (
 	"fmt"
+	"io"
+	"net"
 	"os"
+	"path/filepath"
 	"strings"
+	"sync/atomic"
 	"testing"
 
 	"github.com/runfleet/runfleet/edge/proxy"
@@ -63,5 +67,73 @@ EOF
 	}
 	if !strings.Contains(e.logs.String(), "the task's connections reached their bound") {
 		t.Errorf("edge did not log that the task reached its bound")
+	}
+}
+
+// hostSocket is a service of the host's on a Unix socket anyone may
+// connect to, where hosts keep theirs (/run: systemd-resolved's varlink,
+// D-Bus's system bus, journald's /dev/log, nscd, a database): it counts
+// the connections it accepts, each sent tallyBanner.
+type hostSocket struct {
+	path  string
+	conns atomic.Int64
+}
+
+func newHostSocket(t *testing.T) *hostSocket {
+	t.Helper()
+	dir, err := os.MkdirTemp("/run", "runfleet-test-")
+	must(t, err)
+	t.Cleanup(func() { os.RemoveAll(dir) })
+	must(t, os.Chmod(dir, 0o755))
+	s := &hostSocket{path: filepath.Join(dir, "service.sock")}
+	l, err := net.Listen("unix", s.path)
+	must(t, err)
+	t.Cleanup(func() { l.Close() })
+	must(t, os.Chmod(s.path, 0o777))
+	go func() {
+		for {
+			c, err := l.Accept()
+			if err != nil {
+				return
+			}
+			s.conns.Add(1)
+			io.WriteString(c, tallyBanner)
+			c.Close()
+		}
+	}()
+	return s
+}
+
+// A task's network is its own, and a Unix socket is no way around it: the
+// host's services on Unix sockets under /run (a resolver that answers from
+// the host's DNS and hosts file, the system bus, the journal, a database)
+// are no more the task's than its loopback services are, for a task with
+// secrets and one without.
+func TestTaskCannotReachTheHostsUnixSockets(t *testing.T) {
+	f := newFixture(t)
+	sock := newHostSocket(t)
+	e := f.open(hostOptions{})
+	c, err := net.Dial("unix", sock.path)
+	must(t, err)
+	c.Close()
+	prompt := fmt.Sprintf(`/usr/bin/python3 - <<'EOF'
+import errno, socket
+s = socket.socket(socket.AF_UNIX)
+try:
+    s.connect(%q)
+    print('unix connected, read', len(s.recv(64)))
+except OSError as e:
+    print('unix', errno.errorcode.get(e.errno, e))
+EOF
+`, sock.path)
+	for _, secrets := range [][]hostproto.Secret{apiToken, nil} {
+		run := e.start(hostproto.StartRequest{Prompt: prompt, Secrets: secrets})
+		e.waitEnd(run.RunID)
+		if out := e.output(run.RunID); !strings.Contains(out, "unix ENOENT") {
+			t.Errorf("the task with %d secrets reached the host's Unix socket: %s", len(secrets), out)
+		}
+	}
+	if n := sock.conns.Load() - 1; n != 0 {
+		t.Errorf("the host's Unix socket accepted %d connections from the tasks", n)
 	}
 }
