@@ -92,7 +92,9 @@ func (p *Proxy) serveFront(c net.Conn) {
 	defer c.Close()
 	start := p.cfg.Clock.Now()
 	_ = c.SetDeadline(time.Now().Add(p.cfg.HandshakeTimeout))
-	br := bufio.NewReaderSize(c, 2048)
+	// What follows the CONNECT's head is read from c itself (pending
+	// replays what br read ahead), so the bound is on the head alone.
+	br := bufio.NewReaderSize(&io.LimitedReader{R: c, N: maxHeadBytes}, 2048)
 	req, err := http.ReadRequest(br)
 	if err != nil {
 		if err != io.EOF {

@@ -269,9 +269,9 @@ const tlsHandshakeRecord = 0x16
 
 // refusePlainHTTP answers a plain HTTP request to an authority a key of the
 // task may reach: 403, audited as blocked, nothing sent upstream. Anything
-// that is not HTTP is just closed.
+// that is not HTTP, or whose head passes maxHeadBytes, is just closed.
 func (p *Proxy) refusePlainHTTP(c net.Conn, br *bufio.Reader, target policy.Authority, ix *index, entry audit.Entry) {
-	req, err := http.ReadRequest(br)
+	req, err := http.ReadRequest(bufio.NewReader(&io.LimitedReader{R: br, N: maxHeadBytes}))
 	reason := "plain HTTP to " + target.String() + ", which a key of this task may reach: placeholders are substituted over HTTPS only"
 	if err == nil {
 		entry.Method = redacted(ix, req.Method)

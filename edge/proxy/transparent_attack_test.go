@@ -1,6 +1,7 @@
 package proxy
 
 import (
+	"bytes"
 	"crypto/tls"
 	"crypto/x509"
 	"errors"
@@ -140,5 +141,44 @@ func TestTransparentConnectionsOfATaskAreBounded(t *testing.T) {
 	held[0] = next
 	if got := strings.Count(f.logs.String(), "the task's connections reached their bound"); got != 1 {
 		t.Errorf("edge logged the bound %d times, want once:\n%s", got, f.logs.String())
+	}
+}
+
+// sendHuge writes a request head that never ends (64 MiB without a line
+// end) to c and reports whether edge took it all: edge must stop reading
+// well before, closing the connection, so that the write fails.
+func sendHuge(t *testing.T, c net.Conn, start string) (tookItAll bool) {
+	t.Helper()
+	defer c.Close()
+	must(t, c.SetDeadline(time.Now().Add(10*time.Second)))
+	head := append([]byte(start), bytes.Repeat([]byte("a"), 64<<20)...)
+	_, err := c.Write(head)
+	return err == nil
+}
+
+// A request head is bounded wherever edge reads one before any
+// credential or decision: the transparent front's plain HTTP, which it
+// reads to refuse, and the explicit front's CONNECT. Unbounded, a task
+// (any local user, on the explicit front) sending a line that never ends
+// grows edge's memory for as long as the handshake timeout lets it: gigabytes
+// at loopback speed, on each of its connections.
+func TestRequestHeadsBeforeADecisionAreBounded(t *testing.T) {
+	f := newFixtureWith(t, envOptions{egress: policy.EgressOpen})
+	n := f.serveTaskNetwork("run-a")
+	dst := netip.AddrPortFrom(n.resolve(t, "api.example.test"), uint16(f.up.port))
+	n.dst.Store(&dst)
+
+	c, err := net.Dial("tcp", n.transparent.Addr().String())
+	must(t, err)
+	if sendHuge(t, c, "GET /") {
+		t.Error("the transparent front read a 64 MiB request line to a granted name")
+	}
+	c, err = net.Dial("tcp", f.listener.Addr().String())
+	must(t, err)
+	if sendHuge(t, c, "CONNECT ") {
+		t.Error("the explicit front read a 64 MiB CONNECT line")
+	}
+	if len(f.up.requests()) != 0 {
+		t.Errorf("the upstream received %d requests", len(f.up.requests()))
 	}
 }
