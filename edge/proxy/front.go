@@ -140,7 +140,8 @@ func (p *Proxy) serveFront(c net.Conn) {
 	granted := a.task.grantsUnder(p.cfg.Policy.Current()).granted
 	decision := policy.DecideConnect(policy.ConnectInput{Target: target, Granted: granted, Egress: p.cfg.Egress})
 	if decision.Action == policy.Refuse {
-		deny(refusedTargetError{decision.Reason})
+		// The reason names the target, which the task chose.
+		deny(refusedTargetError{redacted(ix, decision.Reason)})
 		return
 	}
 	if !a.track(c) {

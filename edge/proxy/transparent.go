@@ -235,7 +235,8 @@ func (p *Proxy) serveTransparent(a *attempt, originalDst func(net.Conn) (netip.A
 	granted := a.task.grantsUnder(p.cfg.Policy.Current()).granted
 	decision := policy.DecideConnect(policy.ConnectInput{Target: target, Granted: granted, Egress: p.cfg.Egress})
 	if decision.Action == policy.Refuse {
-		refuse(http.StatusForbidden, audit.Denied, decision.Reason)
+		// The reason names the target, which the task chose.
+		refuse(http.StatusForbidden, audit.Denied, redacted(ix, decision.Reason))
 		return
 	}
 	if !a.track(c) {

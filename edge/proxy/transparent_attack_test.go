@@ -7,6 +7,7 @@ import (
 	"errors"
 	"io"
 	"net"
+	"net/http"
 	"net/netip"
 	"strings"
 	"sync/atomic"
@@ -180,5 +181,23 @@ func TestRequestHeadsBeforeADecisionAreBounded(t *testing.T) {
 	}
 	if len(f.up.requests()) != 0 {
 		t.Errorf("the upstream received %d requests", len(f.up.requests()))
+	}
+}
+
+// A refusal's reason names the target, which a task chooses: a CONNECT to
+// a name made of its placeholder (lower-cased, as a DNS name is) is
+// refused under strict egress with the placeholder redacted from the
+// audit's reason as from its host.
+func TestARefusedTargetsReasonIsRedacted(t *testing.T) {
+	f := newFixture(t, policy.EgressStrict)
+	c, _, status := f.connect(f.proxyURL, strings.ToLower(f.phA)+".example.com:443")
+	c.Close()
+	if status != http.StatusForbidden {
+		t.Fatalf("CONNECT to a name made of the placeholder: %d, want 403", status)
+	}
+	l := f.waitAudit(func(l map[string]any) bool { return l["status"] == float64(http.StatusForbidden) })
+	// Not printed when it differs: it may hold the placeholder.
+	if want := "no key of this task reaches [placeholder].example.com:443; egress is strict"; l["reason"] != want {
+		t.Errorf("the audit's reason is not %q", want)
 	}
 }
