@@ -74,25 +74,32 @@ EOF
 }
 
 // hostSocket is a service of the host's on a Unix socket anyone may
-// connect to, where hosts keep theirs (/run: systemd-resolved's varlink,
-// D-Bus's system bus, journald's /dev/log, nscd, a database): it counts
-// the connections it accepts, each sent tallyBanner.
+// connect to: it counts the connections it accepts, each sent tallyBanner.
 type hostSocket struct {
-	path  string
+	addr  string // a path, or "@name" for an abstract socket
 	conns atomic.Int64
 }
 
-func newHostSocket(t *testing.T) *hostSocket {
+// newHostSocket listens on a socket under /run, where hosts keep their
+// services' (systemd-resolved's varlink, D-Bus's system bus, journald's
+// /dev/log, nscd, a database), or, abstract, on a name in the test's
+// network namespace.
+func newHostSocket(t *testing.T, abstract bool) *hostSocket {
 	t.Helper()
-	dir, err := os.MkdirTemp("/run", "runfleet-test-")
-	must(t, err)
-	t.Cleanup(func() { os.RemoveAll(dir) })
-	must(t, os.Chmod(dir, 0o755))
-	s := &hostSocket{path: filepath.Join(dir, "service.sock")}
-	l, err := net.Listen("unix", s.path)
+	s := &hostSocket{addr: fmt.Sprintf("@runfleet-test-%d", os.Getpid())}
+	if !abstract {
+		dir, err := os.MkdirTemp("/run", "runfleet-test-")
+		must(t, err)
+		t.Cleanup(func() { os.RemoveAll(dir) })
+		must(t, os.Chmod(dir, 0o755))
+		s.addr = filepath.Join(dir, "service.sock")
+	}
+	l, err := net.Listen("unix", s.addr)
 	must(t, err)
 	t.Cleanup(func() { l.Close() })
-	must(t, os.Chmod(s.path, 0o777))
+	if !abstract {
+		must(t, os.Chmod(s.addr, 0o777))
+	}
 	go func() {
 		for {
 			c, err := l.Accept()
@@ -104,40 +111,45 @@ func newHostSocket(t *testing.T) *hostSocket {
 			c.Close()
 		}
 	}()
+	c, err := net.Dial("unix", s.addr)
+	must(t, err)
+	c.Close()
 	return s
 }
 
 // A task's network is its own, and a Unix socket is no way around it: the
 // host's services on Unix sockets under /run (a resolver that answers from
 // the host's DNS and hosts file, the system bus, the journal, a database)
-// are no more the task's than its loopback services are, for a task with
-// secrets and one without.
+// and on abstract ones (which belong to a network namespace) are no more
+// the task's than its loopback services are, for a task with secrets and
+// one without.
 func TestTaskCannotReachTheHostsUnixSockets(t *testing.T) {
 	f := newFixture(t)
-	sock := newHostSocket(t)
+	path, abstract := newHostSocket(t, false), newHostSocket(t, true)
 	e := f.open(hostOptions{})
-	c, err := net.Dial("unix", sock.path)
-	must(t, err)
-	c.Close()
 	prompt := fmt.Sprintf(`/usr/bin/python3 - <<'EOF'
 import errno, socket
-s = socket.socket(socket.AF_UNIX)
-try:
-    s.connect(%q)
-    print('unix connected, read', len(s.recv(64)))
-except OSError as e:
-    print('unix', errno.errorcode.get(e.errno, e))
+for label, addr in (('path', %q), ('abstract', '\0' + %q[1:])):
+    s = socket.socket(socket.AF_UNIX)
+    try:
+        s.connect(addr)
+        print(label, 'connected, read', len(s.recv(64)))
+    except OSError as e:
+        print(label, errno.errorcode.get(e.errno, e))
 EOF
-`, sock.path)
+`, path.addr, abstract.addr)
 	for _, secrets := range [][]hostproto.Secret{apiToken, nil} {
 		run := e.start(hostproto.StartRequest{Prompt: prompt, Secrets: secrets})
 		e.waitEnd(run.RunID)
-		if out := e.output(run.RunID); !strings.Contains(out, "unix ENOENT") {
-			t.Errorf("the task with %d secrets reached the host's Unix socket: %s", len(secrets), out)
+		out := e.output(run.RunID)
+		if !strings.Contains(out, "path ENOENT") || !strings.Contains(out, "abstract ECONNREFUSED") {
+			t.Errorf("the task with %d secrets reached a Unix socket of the host's: %s", len(secrets), out)
 		}
 	}
-	if n := sock.conns.Load() - 1; n != 0 {
-		t.Errorf("the host's Unix socket accepted %d connections from the tasks", n)
+	for _, s := range []*hostSocket{path, abstract} {
+		if n := s.conns.Load() - 1; n != 0 {
+			t.Errorf("the host's Unix socket %s accepted %d connections from the tasks", s.addr, n)
+		}
 	}
 }
 
