@@ -88,7 +88,13 @@ func (c *bufferedConn) Read(p []byte) (int, error) {
 
 // serveFront reads one CONNECT, authenticates it and intercepts, tunnels or
 // refuses it.
-func (p *Proxy) serveFront(c net.Conn) {
+func (p *Proxy) serveFront(c net.Conn) { p.serveFrontFor(c, nil) }
+
+// serveFrontFor is serveFront for the explicit proxy in a task's network
+// when only is that task's attempt: a credential of any other attempt is
+// refused there as an unknown one is, so that a credential leaked to
+// another task is of no use in that task's network.
+func (p *Proxy) serveFrontFor(c net.Conn, only *attempt) {
 	defer c.Close()
 	start := p.cfg.Clock.Now()
 	_ = c.SetDeadline(time.Now().Add(p.cfg.HandshakeTimeout))
@@ -122,6 +128,9 @@ func (p *Proxy) serveFront(c net.Conn) {
 	var a *attempt
 	if ok {
 		a = p.reg.authenticate(runID, password)
+	}
+	if only != nil && a != only {
+		a = nil
 	}
 	if a == nil {
 		deny(credentialsError{"proxy credentials missing, unknown or revoked"})

@@ -29,7 +29,8 @@ var pinRange = netip.MustParsePrefix(taskdns.DefaultPinRange)
 // on them is the task's.
 type TaskNetwork struct {
 	// Explicit is the explicit proxy where the task's HTTPS_PROXY points
-	// (its credential is still required); nil when none.
+	// (its credential is still required, and no other task's serves
+	// there); nil when none.
 	Explicit net.Listener
 	// Transparent accept the connections redirected from the task's
 	// network; OriginalDestination tells where each was going.
@@ -92,7 +93,7 @@ func (p *Proxy) ServeNetwork(runID string, n TaskNetwork) error {
 		p.cfg.Logger.Warn("the task's connections reached their bound; more are closed unserved until some end",
 			slog.String("task", runID), slog.Int("bound", p.cfg.MaxTaskConns))
 	}}
-	p.goServe(func() { p.acceptEach(n.Explicit, bound, p.serveFront) })
+	p.goServe(func() { p.acceptEach(n.Explicit, bound, func(c net.Conn) { p.serveFrontFor(c, a) }) })
 	for _, l := range n.Transparent {
 		p.goServe(func() {
 			p.acceptEach(l, bound, func(c net.Conn) { p.serveTransparent(a, n.OriginalDestination, pins, c) })

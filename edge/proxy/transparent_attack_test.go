@@ -9,6 +9,7 @@ import (
 	"net"
 	"net/http"
 	"net/netip"
+	"net/url"
 	"strings"
 	"sync/atomic"
 	"testing"
@@ -18,6 +19,7 @@ import (
 
 	"github.com/runfleet/runfleet/edge/internal/edgetest"
 	"github.com/runfleet/runfleet/edge/policy"
+	"github.com/runfleet/runfleet/shared/hostproto"
 )
 
 // taskNet is a task's network as the proxy serves it, on sockets of the
@@ -199,5 +201,37 @@ func TestARefusedTargetsReasonIsRedacted(t *testing.T) {
 	// Not printed when it differs: it may hold the placeholder.
 	if want := "no key of this task reaches [placeholder].example.com:443; egress is strict"; l["reason"] != want {
 		t.Errorf("the audit's reason is not %q", want)
+	}
+}
+
+// The explicit proxy in a task's network serves that task alone: another
+// task's credential (leaked to it, say through a repository both clone)
+// is refused there as an unknown one would be, so a credential is of use
+// only inside its own task's network.
+func TestATaskNetworksExplicitProxyServesThatTaskAlone(t *testing.T) {
+	f := newFixture(t, policy.EgressOpen)
+	other, _ := f.task("run-b", hostproto.Secret{ProjectID: "acme", Key: "A"})
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	must(t, err)
+	must(t, f.proxy.ServeNetwork("run-a", TaskNetwork{Explicit: l}))
+	inNetwork := func(u *url.URL) *url.URL {
+		v := *u
+		v.Host = l.Addr().String()
+		return &v
+	}
+	c, _, status := f.connect(inNetwork(f.proxyURL), f.api)
+	c.Close()
+	if status != http.StatusOK {
+		t.Fatalf("the task's own credential in its network: %d, want 200", status)
+	}
+	c, _, status = f.connect(inNetwork(other), f.api)
+	c.Close()
+	if status != http.StatusProxyAuthRequired {
+		t.Errorf("another task's credential in the task's network: %d, want 407", status)
+	}
+	c, _, status = f.connect(other, f.api)
+	c.Close()
+	if status != http.StatusOK {
+		t.Errorf("the other task's credential on the host's listener: %d, want 200", status)
 	}
 }
