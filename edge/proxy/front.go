@@ -91,11 +91,19 @@ func (c *bufferedConn) Read(p []byte) (int, error) {
 
 // serveFront reads one CONNECT, authenticates it and intercepts, tunnels or
 // refuses it.
-func (p *Proxy) serveFront(c net.Conn) {
+func (p *Proxy) serveFront(c net.Conn) { p.serveFrontFor(c, nil) }
+
+// serveFrontFor is serveFront for the explicit proxy in a task's network
+// when only is that task's attempt: a credential of any other attempt is
+// refused there as an unknown one is, so that a credential leaked to
+// another task is of no use in that task's network.
+func (p *Proxy) serveFrontFor(c net.Conn, only *attempt) {
 	defer c.Close()
 	start := p.cfg.Clock.Now()
 	_ = c.SetDeadline(time.Now().Add(p.cfg.HandshakeTimeout))
-	br := bufio.NewReaderSize(c, 2048)
+	// What follows the CONNECT's head is read from c itself (pending
+	// replays what br read ahead), so the bound is on the head alone.
+	br := bufio.NewReaderSize(&io.LimitedReader{R: c, N: maxHeadBytes}, 2048)
 	req, err := http.ReadRequest(br)
 	if err != nil {
 		if err != io.EOF {
@@ -124,6 +132,9 @@ func (p *Proxy) serveFront(c net.Conn) {
 	if ok {
 		a = p.reg.authenticate(runID, password)
 	}
+	if only != nil && a != only {
+		a = nil
+	}
 	if a == nil {
 		deny(credentialsError{"proxy credentials missing, unknown or revoked"})
 		return
@@ -141,7 +152,8 @@ func (p *Proxy) serveFront(c net.Conn) {
 	granted := a.task.grantsUnder(p.cfg.Policy.Current()).granted
 	decision := policy.DecideConnect(policy.ConnectInput{Target: target, Granted: granted, Egress: p.cfg.Egress})
 	if decision.Action == policy.Refuse {
-		deny(refusedTargetError{decision.Reason})
+		// The reason names the target, which the task chose.
+		deny(refusedTargetError{redacted(ix, decision.Reason)})
 		return
 	}
 	if !a.track(c) {

@@ -145,6 +145,8 @@ type envOptions struct {
 	quiet bool
 	// auditMaxBytes rotates the audit file past this size (0: the default).
 	auditMaxBytes int64
+	// maxTaskConns is Config.MaxTaskConns (0: the default).
+	maxTaskConns int
 }
 
 func newEnv(t tb, o envOptions) *env {
@@ -206,6 +208,7 @@ func newEnv(t tb, o envOptions) *env {
 	e.proxy, err = New(Config{
 		Listener: e.listener, Egress: o.egress, DataDir: dir, Policy: e.watcher, Leaves: e.authority,
 		Secrets: src, Upstream: guard, UpstreamTLS: tlsCfg, Audit: al, Logger: logger, Rand: o.rand,
+		MaxTaskConns: o.maxTaskConns,
 	})
 	must(t, err)
 	go e.proxy.Serve()

@@ -18,7 +18,10 @@ import (
 	"golang.org/x/net/http/httpguts"
 )
 
-// maxHeadBytes bounds an intercepted request's head (431 past it).
+// maxHeadBytes bounds an intercepted request's head (431 past it), and
+// what edge reads of a head before any decision (a CONNECT, a plain HTTP
+// request it refuses): a head read whole would otherwise grow with
+// whatever a client sends until the handshake timeout.
 const maxHeadBytes = 64 << 10
 
 // maxDrain is how much of an unread request body is skipped to keep a

@@ -162,7 +162,22 @@ type Config struct {
 	// sends nothing upstream); a longer or unsized body is streamed through
 	// the bounded scanner. Zero means 64 KiB.
 	BodyBufferLimit int64
+	// MaxTaskConns bounds the connections one attempt's network (its
+	// explicit proxy and transparent listeners together) has open at once;
+	// one past it is closed unserved. Each holds a descriptor and a
+	// goroutine of edge's, and usually an upstream connection too, so
+	// without a bound one task could take every descriptor edge has, and
+	// with them every other task's proxy and the host API. Zero means
+	// DefaultMaxTaskConns.
+	MaxTaskConns int
 }
+
+// DefaultMaxTaskConns is Config.MaxTaskConns's default: far above what a
+// task's tools open at once (a package manager's tens of parallel
+// downloads), and, with runner.maxConcurrent tasks each at the bound and
+// an upstream connection for each, well inside the systemd unit's
+// LimitNOFILE of 65536.
+const DefaultMaxTaskConns = 1024
 
 // Validate reports what is missing, naming the field.
 func (c *Config) Validate() error {
@@ -184,6 +199,9 @@ func (c *Config) Validate() error {
 	req(c.UpstreamTLS != nil, "UpstreamTLS")
 	req(c.Audit != nil, "Audit")
 	req(c.Logger != nil, "Logger")
+	if c.MaxTaskConns < 0 {
+		errs = append(errs, fmt.Errorf("proxy: MaxTaskConns must not be negative, not %d", c.MaxTaskConns))
+	}
 	if c.Egress != "" && c.Egress != policy.EgressOpen && c.Egress != policy.EgressStrict {
 		errs = append(errs, fmt.Errorf("proxy: Egress %q is not %q or %q", c.Egress, policy.EgressOpen, policy.EgressStrict))
 	}
@@ -236,6 +254,9 @@ func New(cfg Config) (*Proxy, error) {
 	}
 	if cfg.BodyBufferLimit == 0 {
 		cfg.BodyBufferLimit = 64 << 10
+	}
+	if cfg.MaxTaskConns == 0 {
+		cfg.MaxTaskConns = DefaultMaxTaskConns
 	}
 	p := &Proxy{cfg: cfg, done: make(chan struct{})}
 	if cfg.Disabled {

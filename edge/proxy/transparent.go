@@ -9,6 +9,7 @@ import (
 	"net"
 	"net/http"
 	"net/netip"
+	"sync/atomic"
 	"time"
 
 	"github.com/runfleet/runfleet/edge/audit"
@@ -28,7 +29,8 @@ var pinRange = netip.MustParsePrefix(taskdns.DefaultPinRange)
 // on them is the task's.
 type TaskNetwork struct {
 	// Explicit is the explicit proxy where the task's HTTPS_PROXY points
-	// (its credential is still required); nil when none.
+	// (its credential is still required, and no other task's serves
+	// there); nil when none.
 	Explicit net.Listener
 	// Transparent accept the connections redirected from the task's
 	// network; OriginalDestination tells where each was going.
@@ -87,10 +89,14 @@ func (p *Proxy) ServeNetwork(runID string, n TaskNetwork) error {
 		closeAll()
 		return fmt.Errorf("proxy: task %s: the attempt ended", runID)
 	}
-	p.goServe(func() { p.acceptEach(n.Explicit, p.serveFront) })
+	bound := &connBound{held: make(chan struct{}, p.cfg.MaxTaskConns), full: func() {
+		p.cfg.Logger.Warn("the task's connections reached their bound; more are closed unserved until some end",
+			slog.String("task", runID), slog.Int("bound", p.cfg.MaxTaskConns))
+	}}
+	p.goServe(func() { p.acceptEach(n.Explicit, bound, func(c net.Conn) { p.serveFrontFor(c, a) }) })
 	for _, l := range n.Transparent {
 		p.goServe(func() {
-			p.acceptEach(l, func(c net.Conn) { p.serveTransparent(a, n.OriginalDestination, pins, c) })
+			p.acceptEach(l, bound, func(c net.Conn) { p.serveTransparent(a, n.OriginalDestination, pins, c) })
 		})
 	}
 	for _, pc := range n.DNSPackets {
@@ -133,8 +139,18 @@ func (p *Proxy) goServe(f func()) bool {
 	return true
 }
 
-// acceptEach serves every connection l accepts until it is closed.
-func (p *Proxy) acceptEach(l net.Listener, serve func(net.Conn)) {
+// connBound is the bound of one task network's open connections
+// (Config.MaxTaskConns), shared by its listeners.
+type connBound struct {
+	held   chan struct{} // one token per connection being served
+	warned atomic.Bool
+	full   func() // called the first time a connection is refused
+}
+
+// acceptEach serves every connection l accepts until it is closed, as
+// many at once as bound allows; one past it is closed at once, before any
+// of it is read.
+func (p *Proxy) acceptEach(l net.Listener, bound *connBound, serve func(net.Conn)) {
 	if l == nil {
 		return
 	}
@@ -147,7 +163,20 @@ func (p *Proxy) acceptEach(l net.Listener, serve func(net.Conn)) {
 			}
 			return
 		}
-		if !p.goServe(func() { serve(c) }) {
+		select {
+		case bound.held <- struct{}{}:
+		default:
+			c.Close()
+			if bound.warned.CompareAndSwap(false, true) {
+				bound.full()
+			}
+			continue
+		}
+		if !p.goServe(func() {
+			defer func() { <-bound.held }()
+			serve(c)
+		}) {
+			<-bound.held
 			c.Close()
 		}
 	}
@@ -218,7 +247,8 @@ func (p *Proxy) serveTransparent(a *attempt, originalDst func(net.Conn) (netip.A
 	granted := a.task.grantsUnder(p.cfg.Policy.Current()).granted
 	decision := policy.DecideConnect(policy.ConnectInput{Target: target, Granted: granted, Egress: p.cfg.Egress})
 	if decision.Action == policy.Refuse {
-		refuse(http.StatusForbidden, audit.Denied, decision.Reason)
+		// The reason names the target, which the task chose.
+		refuse(http.StatusForbidden, audit.Denied, redacted(ix, decision.Reason))
 		return
 	}
 	if !a.track(c) {
@@ -254,9 +284,9 @@ const tlsHandshakeRecord = 0x16
 
 // refusePlainHTTP answers a plain HTTP request to an authority a key of the
 // task may reach: 403, audited as blocked, nothing sent upstream. Anything
-// that is not HTTP is just closed.
+// that is not HTTP, or whose head passes maxHeadBytes, is just closed.
 func (p *Proxy) refusePlainHTTP(c net.Conn, br *bufio.Reader, target policy.Authority, ix *index, entry audit.Entry) {
-	req, err := http.ReadRequest(br)
+	req, err := http.ReadRequest(bufio.NewReader(&io.LimitedReader{R: br, N: maxHeadBytes}))
 	reason := "plain HTTP to " + target.String() + ", which a key of this task may reach: placeholders are substituted over HTTPS only"
 	if err == nil {
 		entry.Method = redacted(ix, req.Method)

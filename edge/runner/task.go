@@ -34,6 +34,12 @@ const (
 	runLockBytes = 1 << 20
 )
 
+// hiddenDirs are where hosts keep their services' Unix sockets (the
+// resolver's, which answers from the host's DNS and hosts file, the system
+// bus, the journal's, a database's): a sandboxed task sees them empty, so
+// that no such socket is a way around its network.
+var hiddenDirs = []string{"/run", "/var/run"}
+
 // inputWriteTimeout bounds a write to a task's terminal, so a task that does
 // not read cannot hold an input request forever.
 const inputWriteTimeout = 5 * time.Second
@@ -498,8 +504,9 @@ func (t *task) startIn(start func() error) error {
 
 // sandboxSpec is what the task's init needs: who the task is, its private
 // directories (every world-writable directory a host shares: /tmp,
-// /var/tmp, /dev/shm, /run/lock), the directories it must still reach
-// where they lie under one of those (its run dir, a localPath), where its
+// /var/tmp, /dev/shm, /run/lock), the host's directories of sockets it
+// sees empty (hiddenDirs), the directories it must still reach where they
+// lie under one of those (its run dir, a localPath), where its
 // trust file stands in for the system trust store (a task with secrets,
 // whose connections the proxy intercepts), and the agent.
 func (r *Runner) sandboxSpec(t *task, path string, argv []string) sandbox.Spec {
@@ -514,6 +521,7 @@ func (r *Runner) sandboxSpec(t *task, path string, argv []string) sandbox.Spec {
 	return sandbox.Spec{
 		UID: t.ident.UID, GID: t.ident.GID,
 		Private: []sandbox.Mount{{Target: "/tmp", Source: t.dirs.Tmp}, {Target: "/var/tmp", Source: t.dirs.VarTmp}},
+		Hide:    hiddenDirs,
 		Tmpfs:   []sandbox.Tmpfs{{Target: "/dev/shm", Bytes: shmBytes}, {Target: "/run/lock", Bytes: runLockBytes}},
 		Keep:    keep,
 		Trust:   trust,

@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"io/fs"
 	"os"
 	"os/exec"
 	"os/signal"
@@ -46,9 +47,19 @@ type Spec struct {
 	// Source (a directory of the run's, fresh) is mounted over its Target
 	// (/tmp, /var/tmp).
 	Private []Mount `json:"private"`
+	// Hide are directories of the host's the task sees empty: a fresh
+	// tmpfs, root's, mode 0755, nosuid and nodev, on each that is a
+	// directory (not a link), under every other mount. /run is one: the
+	// host's services listen on Unix sockets there (its resolver, the
+	// system bus, the journal, a database), and a Unix socket is a way
+	// around the task's network namespace. What the task must still find
+	// under one (a Tmpfs, a Keep path, a Files target) is made there
+	// afresh.
+	Hide []string `json:"hide,omitempty"`
 	// Tmpfs are the shared world-writable directories (/dev/shm,
 	// /run/lock) the task gets an empty one of its own: a fresh tmpfs,
-	// mode 1777, nosuid and nodev, of Bytes, on each Target that exists.
+	// mode 1777, nosuid and nodev, of Bytes, on each Target that exists
+	// (or lies under a Hide directory).
 	Tmpfs []Tmpfs `json:"tmpfs"`
 	// Keep are directories the task must reach at their own paths though
 	// they lie under a private directory (a run dir under /tmp): each is
@@ -60,7 +71,8 @@ type Spec struct {
 	// Files are files of edge's (the task's /etc/resolv.conf and
 	// /etc/hosts), each Source mounted read-only over its Target where the
 	// Target exists (through its links: a resolv.conf linking to a stub's
-	// file is replaced where it lies).
+	// file is replaced where it lies, made afresh where that is under a
+	// Hide directory).
 	Files []Mount `json:"files,omitempty"`
 	// Dir is the agent's working dir.
 	Dir string `json:"dir"`
@@ -208,8 +220,9 @@ func (l *Launch) next() (Report, error) {
 
 // Main is a task's init, PID 1 of the task's own PID namespace (with mount
 // and IPC namespaces of its own): as root it makes every mount private,
-// mounts the private directories, a fresh tmpfs on each shared
-// world-writable directory (/dev/shm, /run/lock), a fresh mqueue file
+// hides the host's directories of sockets (/run) under empty ones, mounts
+// the private directories, a fresh tmpfs on each shared world-writable
+// directory (/dev/shm, /run/lock), a fresh mqueue file
 // system and a /proc of its namespaces, and points the system trust store
 // at the task's trust file (Spec.Trust); then it drops to the task's user
 // for good, starts the agent on the terminal as its child (its own process
@@ -335,7 +348,7 @@ func readSpec(f *os.File) (Spec, error) {
 	if spec.Path == "" || len(spec.Argv) == 0 || !filepath.IsAbs(spec.Dir) {
 		return Spec{}, errors.New("the spec names no agent or working dir")
 	}
-	paths := append([]string{spec.Dir}, spec.Keep...)
+	paths := append(append([]string{spec.Dir}, spec.Keep...), spec.Hide...)
 	for _, m := range spec.Tmpfs {
 		if m.Bytes <= 0 {
 			return Spec{}, fmt.Errorf("the spec's tmpfs on %q has no size", m.Target)
@@ -366,8 +379,9 @@ func readSpec(f *os.File) (Spec, error) {
 func clean(path string) bool { return filepath.IsAbs(path) && filepath.Clean(path) == path }
 
 // isolate sets up the task's mount namespace, as root: nothing mounted
-// here reaches edge's namespace; the private directories and tmpfs
-// replace the shared ones; what must stay reachable is bound back; the
+// here reaches edge's namespace; empty directories hide the host's
+// sockets; the private directories and tmpfs replace the shared ones;
+// what must stay reachable is bound back (or made afresh); the
 // trust store reads through to the trust file; /dev/mqueue and /proc show
 // this IPC and PID namespace alone.
 func isolate(spec Spec) error {
@@ -399,6 +413,9 @@ func isolate(spec Spec) error {
 		fds = append(fds, fd)
 	}
 	files := make([]int, len(spec.Files))
+	// Where each file's Target leads on the host, "" where nowhere:
+	// resolved before a Hide directory hides where its links go.
+	fileTargets := make([]string, len(spec.Files))
 	for i, m := range spec.Files {
 		fd, err := unix.Open(m.Source, unix.O_PATH|unix.O_NOFOLLOW|unix.O_CLOEXEC, 0)
 		if err != nil {
@@ -406,6 +423,14 @@ func isolate(spec Spec) error {
 		}
 		files[i] = fd
 		fds = append(fds, fd)
+		real, err := filepath.EvalSymlinks(m.Target)
+		if errors.Is(err, fs.ErrNotExist) {
+			continue // nothing of the host's to replace
+		}
+		if err != nil {
+			return fmt.Errorf("resolving %s: %w", m.Target, err)
+		}
+		fileTargets[i] = real
 	}
 	keep := make([]int, len(spec.Keep))
 	for i, p := range spec.Keep {
@@ -417,7 +442,19 @@ func isolate(spec Spec) error {
 		fds = append(fds, fd)
 	}
 	const private = unix.MS_NOSUID | unix.MS_NODEV
+	// Every directory mounted afresh: what lies under one is made there.
 	var targets []string
+	for _, dir := range spec.Hide {
+		// A link (/var/run, to /run) is hidden where it leads, if that is
+		// listed too.
+		if fi, err := os.Lstat(dir); errors.Is(err, os.ErrNotExist) || err == nil && !fi.IsDir() {
+			continue
+		}
+		if err := unix.Mount("tmpfs", dir, "tmpfs", private, "mode=0755,size=1m"); err != nil {
+			return fmt.Errorf("hiding %s: %w", dir, err)
+		}
+		targets = append(targets, dir)
+	}
 	for i, m := range spec.Private {
 		if err := bindFD(sources[i], m.Target, private); err != nil {
 			return err
@@ -425,8 +462,12 @@ func isolate(spec Spec) error {
 		targets = append(targets, m.Target)
 	}
 	for _, m := range spec.Tmpfs {
-		// A directory this host lacks is no channel between tasks.
-		if _, err := os.Stat(m.Target); errors.Is(err, os.ErrNotExist) {
+		if underAny(m.Target, targets) {
+			if err := mkdirAllNoFollow(m.Target); err != nil {
+				return fmt.Errorf("making %s: %w", m.Target, err)
+			}
+		} else if _, err := os.Stat(m.Target); errors.Is(err, os.ErrNotExist) {
+			// A directory this host lacks is no channel between tasks.
 			continue
 		}
 		if err := unix.Mount("tmpfs", m.Target, "tmpfs", private, "mode=1777,size="+strconv.FormatInt(m.Bytes, 10)); err != nil {
@@ -452,11 +493,17 @@ func isolate(spec Spec) error {
 			return err
 		}
 	}
-	for i, m := range spec.Files {
-		if _, err := os.Stat(m.Target); errors.Is(err, os.ErrNotExist) {
-			continue // nothing of the host's to hide
+	for i := range spec.Files {
+		target := fileTargets[i]
+		if target == "" {
+			continue
 		}
-		if err := bindFD(files[i], m.Target, private|unix.MS_RDONLY); err != nil {
+		if underAny(target, targets) {
+			if err := mkfileNoFollow(target); err != nil {
+				return fmt.Errorf("making %s: %w", target, err)
+			}
+		}
+		if err := bindFD(files[i], target, private|unix.MS_RDONLY); err != nil {
 			return err
 		}
 	}
@@ -558,6 +605,26 @@ func mkdirAllNoFollow(path string) error {
 		dir = next
 	}
 	return nil
+}
+
+// mkfileNoFollow makes path an empty file (root's, 0644) to mount a file
+// on, with its directories as mkdirAllNoFollow makes them; one already
+// there is kept.
+func mkfileNoFollow(path string) error {
+	dir := filepath.Dir(path)
+	if err := mkdirAllNoFollow(dir); err != nil {
+		return err
+	}
+	dfd, err := unix.Open(dir, unix.O_PATH|unix.O_DIRECTORY|unix.O_NOFOLLOW|unix.O_CLOEXEC, 0)
+	if err != nil {
+		return err
+	}
+	defer unix.Close(dfd)
+	fd, err := unix.Openat(dfd, filepath.Base(path), unix.O_CREAT|unix.O_WRONLY|unix.O_NOFOLLOW|unix.O_CLOEXEC, 0o644)
+	if err != nil {
+		return err
+	}
+	return unix.Close(fd)
 }
 
 // dropPrivileges makes the init the task's user for good: no new

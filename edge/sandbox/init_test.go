@@ -11,7 +11,7 @@ import (
 func TestReadSpecRefusesWhatWouldRunAsRootOrOffPath(t *testing.T) {
 	good := Spec{UID: 65534, GID: 1879048200, Dir: "/srv/work/run-1/work", Path: "/usr/bin/sh", Argv: []string{"sh"},
 		Private: []Mount{{Target: "/tmp", Source: "/srv/work/run-1/tmp"}}, Keep: []string{"/srv/work/run-1"},
-		Tmpfs: []Tmpfs{{Target: "/dev/shm", Bytes: 1 << 20}},
+		Tmpfs: []Tmpfs{{Target: "/dev/shm", Bytes: 1 << 20}}, Hide: []string{"/run"},
 		Trust: &Trust{File: "/srv/work/run-1/trust/trust.pem", Replace: []string{"/etc/ssl/certs/ca-certificates.crt"}}}
 	with := func(change func(*Spec)) Spec {
 		s := good
@@ -31,6 +31,7 @@ func TestReadSpecRefusesWhatWouldRunAsRootOrOffPath(t *testing.T) {
 		{"a kept path with dot-dots", with(func(s *Spec) { s.Keep = []string{"/srv/work/../etc"} }), "absolute and clean"},
 		{"a tmpfs without a size", with(func(s *Spec) { s.Tmpfs = []Tmpfs{{Target: "/run/lock"}} }), "no size"},
 		{"a relative tmpfs", with(func(s *Spec) { s.Tmpfs = []Tmpfs{{Target: "run/lock", Bytes: 1}} }), "absolute and clean"},
+		{"a hidden dir with dot-dots", with(func(s *Spec) { s.Hide = []string{"/run/../etc"} }), "absolute and clean"},
 		{"a trust file with dot-dots", with(func(s *Spec) { s.Trust = &Trust{File: "/srv/work/../etc/passwd"} }), "absolute and clean"},
 		{"a relative trust store", with(func(s *Spec) { s.Trust = &Trust{File: "/srv/t.pem", Replace: []string{"cert.pem"}} }), "absolute and clean"},
 		{"a private dir with dot-dots", with(func(s *Spec) { s.Private = []Mount{{Target: "/tmp/../etc", Source: "/srv"}} }), "absolute and clean"},
