@@ -125,3 +125,33 @@ func TestIPCObjectsArePrivateToEachTask(t *testing.T) {
 	}
 	h.waitEnd(a.RunID)
 }
+
+// Tasks share runner.user's uid, so the kernel's user keyrings would be a
+// store one task writes and another reads: a task's key management calls
+// fail EPERM, as does a new user namespace (clone3, whose flags cannot be
+// read, fails ENOSYS so libc falls back to clone). A PID namespace needs a
+// capability the task lacks anyway; the task otherwise runs as before.
+func TestTaskCannotUseKeyringsOrUserNamespaces(t *testing.T) {
+	h := newHarness(t, nil)
+	prompt := fmt.Sprintf(`python3 - <<'PY'
+import ctypes, errno
+libc = ctypes.CDLL(None, use_errno=True)
+def call(name, *args):
+    r = libc.syscall(*args)
+    print(name, 'ok' if r >= 0 else errno.errorcode[ctypes.get_errno()])
+call('add_key', %d, b'user', b'k', b'v', 1, -4)
+call('keyctl', %d, 0, -4, 0)
+call('clone3', %d, 0, 0)
+PY
+unshare -U true 2>/dev/null && echo 'userns ok' || echo 'userns refused'
+unshare -Ur true 2>/dev/null && echo 'userns-root ok' || echo 'userns-root refused'
+echo still-runs`, unix.SYS_ADD_KEY, unix.SYS_KEYCTL, unix.SYS_CLONE3)
+	run := h.start(prompt, nil)
+	h.waitEnd(run.RunID)
+	out := h.output(run.RunID)
+	for _, want := range []string{"add_key EPERM", "keyctl EPERM", "clone3 ENOSYS", "userns refused", "userns-root refused", "still-runs"} {
+		if !strings.Contains(out, want) {
+			t.Errorf("the task's output lacks %q:\n%s", want, out)
+		}
+	}
+}

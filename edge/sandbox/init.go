@@ -275,6 +275,11 @@ func Main() int {
 	if err := CloseExtraFilesOnExec(); err != nil {
 		return fail(err)
 	}
+	// Last, on this thread, which forks the agent: the agent and all it
+	// starts run under the filter.
+	if err := installSeccomp(); err != nil {
+		return fail(err)
+	}
 	// Its own process group, in the terminal's foreground: it reads the
 	// terminal, and ^C typed as input reaches it alone.
 	sys := &syscall.SysProcAttr{Setpgid: true, Foreground: true, Ctty: 0}
