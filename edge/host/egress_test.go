@@ -11,7 +11,6 @@ import (
 	"os/exec"
 	"path/filepath"
 	"regexp"
-	"runtime"
 	"strings"
 	"sync/atomic"
 	"syscall"
@@ -22,6 +21,7 @@ import (
 
 	"github.com/runfleet/runfleet/edge/audit"
 	"github.com/runfleet/runfleet/edge/internal/edgetest"
+	"github.com/runfleet/runfleet/edge/sandbox"
 	"github.com/runfleet/runfleet/shared/hostproto"
 )
 
@@ -107,39 +107,14 @@ func (tl *tally) reachedOnce(t *testing.T, what string) {
 }
 
 // inNetns runs f on a thread inside the network namespace ns (one ip netns
-// names), so the sockets f opens belong to that namespace's stack. The
-// thread returns to the test's namespace afterwards; one that cannot is
-// never reused (its goroutine ends locked, and the thread with it).
+// names), so the sockets f opens belong to that namespace's stack.
 func inNetns(ns string, f func() error) error {
-	done := make(chan error, 1)
-	go func() {
-		runtime.LockOSThread()
-		home, err := os.Open("/proc/thread-self/ns/net")
-		if err != nil {
-			runtime.UnlockOSThread()
-			done <- err
-			return
-		}
-		defer home.Close()
-		there, err := os.Open(filepath.Join("/run/netns", ns))
-		if err == nil {
-			defer there.Close()
-			err = unix.Setns(int(there.Fd()), unix.CLONE_NEWNET)
-		}
-		if err != nil {
-			runtime.UnlockOSThread()
-			done <- fmt.Errorf("entering network namespace %s: %w", ns, err)
-			return
-		}
-		ferr := f()
-		if err := unix.Setns(int(home.Fd()), unix.CLONE_NEWNET); err != nil {
-			done <- errors.Join(ferr, fmt.Errorf("returning from network namespace %s: %w", ns, err))
-			return
-		}
-		runtime.UnlockOSThread()
-		done <- ferr
-	}()
-	return <-done
+	there, err := os.Open(filepath.Join("/run/netns", ns))
+	if err != nil {
+		return err
+	}
+	defer there.Close()
+	return sandbox.InNetwork(there, f)
 }
 
 // netnsPeer is another network stack: a network namespace joined to this

@@ -78,11 +78,7 @@ func newFixture(t testing.TB) *fixture {
 	f := &fixture{t: t, ca: edgetest.NewCA(t)}
 	// Outside /tmp and /var/tmp, which a task has its own of: edge's files
 	// lie where tasks see them, guarded by their modes alone, as deployed.
-	dir, err := os.MkdirTemp("/var/lib", "runfleet-test-")
-	must(t, err)
-	t.Cleanup(func() { os.RemoveAll(dir) })
-	must(t, os.Chmod(dir, 0o755))
-	f.dir = dir
+	f.dir = edgetest.HostDir(t)
 	f.dataDir = filepath.Join(f.dir, "data")
 	etc := filepath.Join(f.dir, "etc")
 	must(t, os.Mkdir(etc, 0o755))

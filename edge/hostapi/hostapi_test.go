@@ -250,11 +250,7 @@ func TestRunLifecycleThroughTheClient(t *testing.T) {
 func TestConcurrentStartsWithOneClientTokenStartOneProcess(t *testing.T) {
 	e := newEdge(t)
 	// Outside /tmp, which a task has its own of.
-	dir, err := os.MkdirTemp("/var/lib", "runfleet-test-")
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { os.RemoveAll(dir) })
+	dir := edgetest.HostDir(t)
 	os.Chmod(dir, 0o777)
 	marker := filepath.Join(dir, "starts")
 	req := hostproto.StartRequest{ClientToken: "one-token", Agent: "shell", Prompt: "echo started >> " + marker}

@@ -57,17 +57,6 @@ const (
 	MaxEventPage     = 1000
 )
 
-// systemRootsFiles are where Linux distributions keep the system roots, in
-// the order Go's crypto/x509 looks.
-var systemRootsFiles = []string{
-	"/etc/ssl/certs/ca-certificates.crt",
-	"/etc/pki/tls/certs/ca-bundle.crt",
-	"/etc/ssl/ca-bundle.pem",
-	"/etc/pki/tls/cacert.pem",
-	"/etc/pki/ca-trust/extracted/pem/tls-ca-bundle.pem",
-	"/etc/ssl/cert.pem",
-}
-
 // Config configures a Runner. New fills zero values with the defaults named.
 type Config struct {
 	// Agents is the agent table; a run names one. Empty: no run can start.
@@ -183,7 +172,7 @@ func (c *Config) defaults() {
 		c.TaskGroups = GroupRange{First: DefaultTaskGroupFirst, Count: DefaultTaskGroupCount}
 	}
 	if c.SystemRootsFile == "" {
-		for _, p := range systemRootsFiles {
+		for _, p := range sandbox.TrustStoreFiles {
 			if _, err := os.Stat(p); err == nil {
 				c.SystemRootsFile = p
 				break

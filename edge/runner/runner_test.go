@@ -26,11 +26,7 @@ import (
 // written there is seen by the test.
 func sharedDir(t *testing.T) string {
 	t.Helper()
-	dir, err := os.MkdirTemp("/var/lib", "runfleet-test-")
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { os.RemoveAll(dir) })
+	dir := edgetest.HostDir(t)
 	if err := os.Chmod(dir, 0o777); err != nil {
 		t.Fatal(err)
 	}

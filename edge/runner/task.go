@@ -516,7 +516,7 @@ func (r *Runner) sandboxSpec(t *task, path string, argv []string) sandbox.Spec {
 	}
 	var trust *sandbox.Trust
 	if t.needsBroker {
-		trust = &sandbox.Trust{File: t.dirs.trustFile(), Replace: systemRootsFiles}
+		trust = &sandbox.Trust{File: t.dirs.trustFile(), Replace: sandbox.TrustStoreFiles}
 	}
 	return sandbox.Spec{
 		UID: t.ident.UID, GID: t.ident.GID,

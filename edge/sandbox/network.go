@@ -189,11 +189,19 @@ func (n *Network) Start(start func() error) error {
 	if n == nil || n.ns == nil {
 		return errors.New("sandbox: the task's network is closed")
 	}
+	return InNetwork(n.ns, start)
+}
+
+// InNetwork runs f on a thread inside the network namespace open as ns (an
+// nsfs file: /proc/<pid>/ns/net, /run/netns/<name>), so the sockets f opens
+// and the processes it starts belong to that namespace. The thread leaves
+// it afterwards (see onThread).
+func InNetwork(ns *os.File, f func() error) error {
 	return onThread(func() error {
-		if err := unix.Setns(int(n.ns.Fd()), unix.CLONE_NEWNET); err != nil {
-			return fmt.Errorf("entering the task's network: %w", err)
+		if err := unix.Setns(int(ns.Fd()), unix.CLONE_NEWNET); err != nil {
+			return fmt.Errorf("sandbox: entering network namespace %s: %w", ns.Name(), err)
 		}
-		return start()
+		return f()
 	})
 }
 

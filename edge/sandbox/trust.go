@@ -13,6 +13,18 @@ import (
 	"golang.org/x/sys/unix"
 )
 
+// TrustStoreFiles are where Linux distributions keep the system roots, in
+// the order Go's crypto/x509 looks: what a task's Trust replaces, and where
+// edge reads the system roots its trust files start with.
+var TrustStoreFiles = []string{
+	"/etc/ssl/certs/ca-certificates.crt",
+	"/etc/pki/tls/certs/ca-bundle.crt",
+	"/etc/ssl/ca-bundle.pem",
+	"/etc/pki/tls/cacert.pem",
+	"/etc/pki/ca-trust/extracted/pem/tls-ca-bundle.pem",
+	"/etc/ssl/cert.pem",
+}
+
 // replaceTrustStore makes each of trust.Replace that exists on the host
 // read as trust.File in the task's mount namespace, for the whole task:
 // programs that read only the system store (wget's GnuTLS, OpenSSL's

@@ -20,17 +20,6 @@ import (
 	"github.com/runfleet/runfleet/edge/sandbox"
 )
 
-// trustStores are the distributions' system trust store files, as edge's
-// runner lists them (systemRootsFiles).
-var trustStores = []string{
-	"/etc/ssl/certs/ca-certificates.crt",
-	"/etc/pki/tls/certs/ca-bundle.crt",
-	"/etc/ssl/ca-bundle.pem",
-	"/etc/pki/tls/cacert.pem",
-	"/etc/pki/ca-trust/extracted/pem/tls-ca-bundle.pem",
-	"/etc/ssl/cert.pem",
-}
-
 // debianStore is this machine's: the tests read it as the system roots.
 const debianStore = "/etc/ssl/certs/ca-certificates.crt"
 
@@ -63,7 +52,7 @@ func writeTrust(t *testing.T, d runDirs, systemRoots []byte, bundle ...[]byte) [
 }
 
 func withTrust(spec sandbox.Spec, d runDirs) sandbox.Spec {
-	spec.Trust = &sandbox.Trust{File: d.trustFile(), Replace: trustStores}
+	spec.Trust = &sandbox.Trust{File: d.trustFile(), Replace: sandbox.TrustStoreFiles}
 	return spec
 }
 
@@ -166,14 +155,7 @@ func TestClientsVerifyWithTheTrustFileAsTheSystemStore(t *testing.T) {
 	srv.StartTLS()
 	t.Cleanup(srv.Close)
 	// Outside /tmp, which a task has its own of.
-	dir, err := os.MkdirTemp("/var/lib", "runfleet-test-")
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { os.RemoveAll(dir) })
-	if err := os.Chmod(dir, 0o755); err != nil {
-		t.Fatal(err)
-	}
+	dir := edgetest.HostDir(t)
 	goClient := filepath.Join(dir, "go-client")
 	if err := os.WriteFile(goClient, readFile(t, os.Args[0]), 0o755); err != nil {
 		t.Fatal(err)
