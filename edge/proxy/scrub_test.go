@@ -235,3 +235,61 @@ func FuzzScrubber(f *testing.F) {
 		}
 	})
 }
+
+// BenchmarkScrubStreamedAnswer: the streamed answer's hot path, a body
+// scanned for the request's values on its way to the task, read as an
+// upstream sends it: bulk (32 KiB reads of text, a value echoed every
+// 1 MiB) and server-sent events (one small event per read, as an LLM
+// streams tokens).
+func BenchmarkScrubStreamedAnswer(b *testing.B) {
+	st := &requestState{}
+	st.subs = []substitution{{value: realA, placeholder: "ph-A-XXXXXXXXXXXXXXXXXXXXXXXXXXXXXXXXXXXXX"}}
+	bulk := bytes.Repeat([]byte("lorem ipsum dolor sit amet, consectetur adipiscing elit\n"), 600)[:bodyChunk]
+	event := []byte(`data: {"choices":[{"delta":{"content":" token"},"index":0}]}` + "\n\n")
+	for _, c := range []struct {
+		name  string
+		read  []byte
+		every int // reads between echoed values
+		total int64
+	}{
+		{"bulk", bulk, 32, 64 << 20},
+		{"sse", event, 0, 8 << 20},
+	} {
+		b.Run(c.name, func(b *testing.B) {
+			b.SetBytes(c.total)
+			b.ReportAllocs()
+			var sc scrubber
+			for i := 0; i < b.N; i++ {
+				sc.reset(st)
+				s := newPooledScanner(&repeatReader{read: c.read, every: c.every, value: []byte(realA), left: c.total}, &sc)
+				n, err := io.Copy(io.Discard, struct{ io.Reader }{s})
+				s.release()
+				if err != nil || n < c.total {
+					b.Fatalf("%d bytes, %v", n, err)
+				}
+			}
+		})
+	}
+}
+
+// repeatReader returns read for every Read, with value in its place every
+// every reads (never when 0), up to left bytes.
+type repeatReader struct {
+	read, value []byte
+	every, n    int
+	left        int64
+}
+
+func (r *repeatReader) Read(p []byte) (int, error) {
+	if r.left <= 0 {
+		return 0, io.EOF
+	}
+	r.n++
+	src := r.read
+	if r.every > 0 && r.n%r.every == 0 {
+		src = r.value
+	}
+	k := copy(p, src[:min(int64(len(src)), r.left)])
+	r.left -= int64(k)
+	return k, nil
+}
