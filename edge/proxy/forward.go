@@ -123,6 +123,13 @@ func (p *Proxy) forward(r *http.Request, st *requestState) {
 		src = sc
 	}
 	w.WriteHeader(res.status)
+	if flush && src != io.Reader(body) {
+		// The window may hold the first bytes back a while (an answer's
+		// first tokens, short of a line): the head need not wait for them.
+		if f, ok := w.ResponseWriter.(http.Flusher); ok {
+			f.Flush()
+		}
+	}
 	if err := copyBody(w, src, flush); err != nil {
 		p.cfg.Logger.Warn("secrets proxy: passing on the upstream's answer", slog.String("task", st.runID()),
 			slog.String("host", st.ci.logHost), slog.String("error", err.Error()))

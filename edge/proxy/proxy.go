@@ -11,9 +11,13 @@
 // each value substituted into that request replaced by its placeholder in
 // the answer's fields, body and trailers (scrubber). A sized answer that
 // fits one copy buffer is read whole and sent with its new length; any
-// other streams through the bounded window (a streamed answer stays
-// unbuffered, held back at most a value's length less one byte) without a
-// length (chunked on HTTP/1.1). Such a request asks the upstream for an
+// other streams through the bounded window without a length (chunked on
+// HTTP/1.1): its last 256 bytes (more for a value over 257 bytes) are held
+// back until more come or it ends, whatever they are, except that every
+// complete line goes on at once when no value holds a line break (so
+// server-sent events stay interactive). When an answer's bytes reach the
+// task never depends on whether they partially match a value, which would
+// tell a task whose upstream echoes it a value a character at a time. Such a request asks the upstream for an
 // uncoded answer (Accept-Encoding: identity); a compressed answer cannot be
 // scanned, so one that comes anyway is refused (502, audited as blocked)
 // rather than passed on: the request has reached the upstream, but the task

@@ -299,9 +299,15 @@ const bodyChunk = 32 << 10
 type rewriter interface {
 	// find appends every occurrence in b to out, by start.
 	find(b []byte, out []match) []match
-	// held is how many trailing bytes of b could begin an occurrence that
-	// more bytes would complete: the scanner holds them back.
-	held(b []byte) int
+	// settled is how many of b's leading bytes the scanner may pass on
+	// now, b being all it has read and not yet passed on: every occurrence
+	// that starts before that point must lie whole in b. The scanner
+	// replaces each, passing on one that reaches past the point whole, and
+	// holds the rest of b back until more bytes come or the stream ends
+	// (then everything goes, scanned). For an answer the point is what the
+	// task observes, by when bytes reach it: it must not depend on whether
+	// b partially matches a value (scrubber.settled).
+	settled(b []byte) int
 	// replace decides every occurrence in ms, filling values by match, or
 	// returns the error that stops the stream.
 	replace(ms []match, values []string) ([]string, error)
@@ -316,14 +322,15 @@ type placeholderRewriter struct {
 
 func (r placeholderRewriter) find(b []byte, out []match) []match { return findIn(r.ix, b, out) }
 
-// held: the trailing run of bytes a placeholder may hold, up to the longest
-// placeholder less one.
-func (r placeholderRewriter) held(b []byte) int {
+// settled: all but the trailing run of bytes a placeholder may hold, up to
+// the longest placeholder less one. What this reveals is the task's own:
+// its placeholders are no secret to it.
+func (r placeholderRewriter) settled(b []byte) int {
 	hold := 0
 	for hold < len(b) && hold < r.ix.maxLen-1 && placeholderByte(b[len(b)-1-hold]) {
 		hold++
 	}
-	return hold
+	return len(b) - hold
 }
 
 func (r placeholderRewriter) replace(ms []match, values []string) ([]string, error) {
@@ -331,10 +338,11 @@ func (r placeholderRewriter) replace(ms []match, values []string) ([]string, err
 }
 
 // bodyScanner streams a body through a rewriter with a bounded window: it
-// holds back only the trailing bytes that could begin an occurrence (for
-// placeholders at most the longest less one, for a scrubbed value at most
-// its length less one), so an occurrence split across reads is still
-// found, memory stays bounded and a stream is not delayed more than that.
+// holds back only the trailing bytes its rewriter has not settled (for
+// placeholders a run that could begin one, at most the longest less one;
+// for an answer a fixed window, lines excepted: scrubber.settled), so an
+// occurrence split across reads is still found, memory stays bounded and
+// a stream is not delayed more than that.
 type bodyScanner struct {
 	src io.Reader
 	rw  rewriter
@@ -414,7 +422,7 @@ func (s *bodyScanner) fill() {
 func (s *bodyScanner) scan() {
 	limit := len(s.buf)
 	if s.err == nil {
-		limit -= s.rw.held(s.buf)
+		limit = s.rw.settled(s.buf)
 	}
 	ms := s.rw.find(s.buf, s.ms)
 	s.ms = ms

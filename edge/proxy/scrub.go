@@ -29,8 +29,9 @@ type scrubber struct {
 	st       *requestState
 	pairs    []scrubPair
 	pairsBuf [2]scrubPair
-	seen     int // len(st.subs) when pairs was taken
-	maxLen   int // the longest value
+	seen     int  // len(st.subs) when pairs was taken
+	window   int  // answerWindow of the longest value
+	lines    bool // no value holds a '\n'
 }
 
 // scrubPair is one value and the placeholder the task sees for it.
@@ -58,14 +59,39 @@ func (sc *scrubber) refresh() {
 		return
 	}
 	sc.seen = len(st.subs)
-	sc.pairs, sc.maxLen = sc.pairs[:0], 0
+	sc.pairs, sc.lines = sc.pairs[:0], true
+	longest := 0
 	for _, s := range st.subs {
-		if s.value == "" {
+		p := scrubPair{value: s.value, placeholder: s.placeholder}
+		if p.value == "" {
 			continue
 		}
-		sc.pairs = append(sc.pairs, scrubPair{value: s.value, placeholder: s.placeholder})
-		sc.maxLen = max(sc.maxLen, len(s.value))
+		sc.pairs = append(sc.pairs, p)
+		longest = max(longest, len(p.value))
+		sc.lines = sc.lines && strings.IndexByte(p.value, '\n') < 0
 	}
+	sc.window = answerWindow(longest)
+}
+
+// minAnswerWindow is the least a streamed answer holds back.
+const minAnswerWindow = 256
+
+// answerWindow is how many trailing bytes a streamed answer holds back when
+// the longest value is longest bytes long: at least longest-1, so that an
+// occurrence starting before the window lies whole in what was read,
+// rounded up to a power of two no less than minAnswerWindow. A task can
+// measure the window (how many echoed bytes stay behind), so it tells
+// nothing of a value up to minAnswerWindow+1 bytes long and of a longer
+// one only the power of two its length lies under.
+func answerWindow(longest int) int {
+	if longest == 0 {
+		return 0
+	}
+	w := minAnswerWindow
+	for w < longest-1 {
+		w *= 2
+	}
+	return w
 }
 
 // header replaces values in h's field names and values, and returns how
@@ -146,20 +172,31 @@ func (sc *scrubber) find(b []byte, out []match) []match {
 	return out
 }
 
-// held is the longest tail of b that begins some value (at most the
-// value's length less one): what more bytes could complete.
-func (sc *scrubber) held(b []byte) int {
-	hold := 0
-	for _, p := range sc.pairs {
-		first := p.value[0]
-		for i := max(len(b)-len(p.value)+1, 0); i < len(b)-hold; i++ {
-			if b[i] == first && p.value[:len(b)-i] == string(b[i:]) {
-				hold = len(b) - i
-				break
-			}
+// settled is how much of b, the answer's bytes not yet passed on, may
+// reach the task now: all but the window, and, when no value holds a line
+// break (none can span one then), every line b completes, so that
+// server-sent events, NDJSON and other line-framed streams stay
+// interactive: an event goes on as soon as its blank line comes. It
+// depends on b's length and its line breaks alone, never on whether b's
+// tail could begin a value: with an upstream that echoes what the task
+// sends, holding back only a possible start of a value told the task, by
+// when its echo came back, whether what it sent was a prefix of the value,
+// and so the value a character at a time (issue 12). What it does reveal:
+// the window's size (see answerWindow) and whether some value in this
+// request holds a line break.
+//
+// Values are taken again first: bytes an upstream echoed are read only
+// after the value in them was recorded, so the window covers every value b
+// can hold part of.
+func (sc *scrubber) settled(b []byte) int {
+	sc.refresh()
+	n := max(len(b)-sc.window, 0)
+	if sc.lines {
+		if i := bytes.LastIndexByte(b[n:], '\n'); i >= 0 {
+			n += i + 1
 		}
 	}
-	return hold
+	return n
 }
 
 func (sc *scrubber) replace(ms []match, values []string) ([]string, error) {
