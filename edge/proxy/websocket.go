@@ -347,7 +347,7 @@ func (p *Proxy) relayWebSocket(st *requestState, conn net.Conn, taskR *bufio.Rea
 		conn.Close()
 		uc.conn.Close()
 	})
-	// The attempt stopped, or the task's connection closed.
+	// The request's context ended (its attempt stopped): both close.
 	stop := context.AfterFunc(st.ctx, teardown)
 	defer stop()
 	errc := make(chan error, 2)
@@ -441,9 +441,9 @@ func (r *wsRelay) substitute(b []byte) ([]byte, error) {
 	if err != nil {
 		return nil, err
 	}
-	// n is this message's substitutions: a WebSocket message counts as a
-	// request for the cap on substitutions per request (issue 12, item
-	// 4), which is checked here.
+	// A WebSocket message counts as a request for the cap on
+	// substitutions per request (issue 12, item 4): the cap is checked
+	// here, on n, this message's substitutions.
 	_ = n
 	return out, nil
 }

@@ -13,6 +13,9 @@ import (
 	"sync"
 	"testing"
 	"time"
+
+	"github.com/runfleet/runfleet/edge/internal/edgetest"
+	"github.com/runfleet/runfleet/shared/hostproto"
 )
 
 // The frames of these tests are written and read by the helpers below,
@@ -221,6 +224,75 @@ func TestWebSocketUpstreamEchoingTheHandshakeIsScrubbed(t *testing.T) {
 	if line["action"] != "substituted" || line["status"] != float64(101) || line["scrubbed"] != float64(4) {
 		t.Errorf("the connection's audit line: %v", line)
 	}
+}
+
+// An upstream control frame that scrubbing makes longer than 125 bytes
+// reaches the task without its payload (a close keeps its code): never
+// the value, never a malformed frame.
+func TestWebSocketUpstreamControlFrameTooLongOnceScrubbed(t *testing.T) {
+	f := newFixture(t, "open")
+	up := f.wsUpstream(t, "", func(r *http.Request, conn net.Conn, br *bufio.Reader) {
+		values := strings.Repeat(strings.TrimPrefix(r.Header.Get("Authorization"), "Bearer "), 4)
+		conn.Write(rawFrame(true, 0, 0x9, nil, []byte(values)))
+		conn.Write(rawFrame(true, 0, 0x8, nil, append([]byte{0x0f, 0xa0}, values...)))
+		readTestFrame(br)
+	})
+	tc, br, res := f.wsDial(t, f.other, "other.example.test", "Authorization: Bearer "+f.phB+"\r\n")
+	if res.StatusCode != http.StatusSwitchingProtocols || 4*len(f.phB) <= 125 || 4*len(realB) > 123 {
+		t.Fatalf("handshake: %d (or the fixture's lengths no longer test this)", res.StatusCode)
+	}
+	ping, err := readTestFrame(br)
+	must(t, err)
+	closing, err := readTestFrame(br)
+	must(t, err)
+	if ping.op != 0x9 || len(ping.payload) != 0 || closing.closeCode() != 4000 || len(closing.payload) != 2 {
+		t.Errorf("ping op %x with %d bytes, close code %d with %d bytes", ping.op, len(ping.payload), closing.closeCode(), len(closing.payload))
+	}
+	tc.Write(rawFrame(true, 0, 0x8, testMask, []byte{0x03, 0xe8}))
+	up.wait(t)
+}
+
+// A task's ping whose placeholder is allowed but whose value does not fit
+// a control frame is blocked like a message: nothing of it goes upstream.
+func TestWebSocketTaskControlFrameTooLongOnceSubstituted(t *testing.T) {
+	uca := edgetest.NewCA(t)
+	upstream := startUpstream(t, uca, false, "api.example.test")
+	long := strings.Repeat("v", 120)
+	e := newEnv(t, envOptions{uca: uca, pins: map[string]string{"api.example.test": "127.0.0.1"},
+		keys:    fmt.Sprintf(`{"acme": {"keys": {"L": {"domains": ["api.example.test:%d"], "in": ["header", "body"]}}}}`, upstream.port),
+		secrets: map[string]string{"acme/L": long}})
+	u, phs := e.task("run-l", hostproto.Secret{ProjectID: "acme", Key: "L"})
+	f := &fixture{env: e, up: upstream, proxyURL: u, api: "api.example.test:" + itoa(upstream.port)}
+	var got []testFrame
+	up := f.wsUpstream(t, "", func(r *http.Request, conn net.Conn, br *bufio.Reader) {
+		for {
+			fr, err := readTestFrame(br)
+			if err != nil {
+				return
+			}
+			got = append(got, fr)
+		}
+	})
+	conn, br, res := f.wsDial(t, f.api, "api.example.test", "")
+	if res.StatusCode != http.StatusSwitchingProtocols {
+		t.Fatalf("handshake: %d", res.StatusCode)
+	}
+	conn.Write(rawFrame(true, 0, 0x1, testMask, []byte("fits: "+phs["L"])))
+	conn.Write(rawFrame(true, 0, 0x9, testMask, []byte("0123456789"+phs["L"]))) // 130 bytes substituted
+	fr, err := readTestFrame(br)
+	must(t, err)
+	if fr.closeCode() != 1008 {
+		t.Fatalf("the task got op %x code %d, not a 1008 close", fr.op, fr.closeCode())
+	}
+	up.wait(t)
+	if len(got) != 1 || string(got[0].payload) != "fits: "+long {
+		t.Errorf("the upstream got %d frames, want only the message with the value", len(got))
+	}
+	line := e.waitAudit(func(m map[string]any) bool { return m["action"] == "blocked" })
+	if !strings.Contains(fmt.Sprint(line["reason"]), "does not fit 125 bytes") {
+		t.Errorf("audit: %v", line)
+	}
+	e.assertNoLeak(long, phs["L"])
 }
 
 // A placeholder in a task's message, split across its fragments, reaches
