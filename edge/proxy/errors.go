@@ -114,6 +114,8 @@ func (p *Proxy) classify(err error) (status int, action audit.Action, reason str
 		return http.StatusForbidden, audit.Withheld, withheld.Error()
 	case errors.As(err, &unscannable):
 		return http.StatusBadGateway, audit.Blocked, unscannable.Error()
+	case errors.As(err, new(upgradeRefusedError)):
+		return http.StatusNotImplemented, audit.Blocked, upgradeRefusedError{}.Error()
 	case errors.As(err, &refused):
 		return http.StatusForbidden, audit.Denied, "upstream refused: " + refused.Verdict.Reason
 	case errors.As(err, &fault):

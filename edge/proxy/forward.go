@@ -28,6 +28,12 @@ func (p *Proxy) forward(r *http.Request, st *requestState) {
 		p.upstreamError(st, fmt.Errorf("client tried to switch to invalid protocol %q", out.upgrade))
 		return
 	}
+	if out.upgrade != "" {
+		if err := prepareUpgrade(r, out.upgrade); err != nil {
+			p.upstreamError(st, err)
+			return
+		}
+	}
 	switch {
 	case r.Body == nil || r.Body == http.NoBody || out.length == 0:
 		out.length = 0
@@ -231,8 +237,9 @@ func abort(w *countingWriter, st *requestState) {
 	}
 }
 
-// switchProtocols relays an upgraded connection (a WebSocket) both ways
-// once the upstream agreed to the protocol the task asked for.
+// switchProtocols relays a WebSocket (the one upgrade prepareUpgrade lets
+// through) frame by frame once the upstream agreed to it without an
+// extension.
 func (p *Proxy) switchProtocols(st *requestState, asked string, res upResponse, uc *upConn) {
 	fail := func(err error) {
 		uc.abandon()
@@ -247,6 +254,12 @@ func (p *Proxy) switchProtocols(st *requestState, asked string, res upResponse, 
 		fail(fmt.Errorf("backend tried to switch protocol %q when %q was requested", got, asked))
 		return
 	}
+	if len(res.header["Sec-Websocket-Extensions"]) > 0 {
+		// An extension it was not offered (permessage-deflate): frames that
+		// may be compressed cannot be scanned.
+		fail(unscannableError{})
+		return
+	}
 	hj, ok := st.out.ResponseWriter.(http.Hijacker)
 	if !ok {
 		fail(fmt.Errorf("can't switch protocols using non-Hijacker ResponseWriter type %T", st.out.ResponseWriter))
@@ -257,38 +270,17 @@ func (p *Proxy) switchProtocols(st *requestState, asked string, res upResponse, 
 		fail(fmt.Errorf("hijack failed on protocol switch: %w", err))
 		return
 	}
-	defer conn.Close()
 	uc.watch.end()
-	backend := uc.conn
-	defer backend.Close()
-	stop := make(chan struct{})
-	defer close(stop)
-	go func() {
-		select {
-		case <-st.ctx.Done():
-			backend.Close()
-		case <-stop:
-		}
-	}()
 	_ = conn.SetDeadline(time.Time{})
 	writeStatusLine(brw.Writer, res.status)
 	writeFields(brw.Writer, res.header, false)
 	brw.WriteString("\r\n")
 	if err := brw.Flush(); err != nil {
+		conn.Close()
+		uc.conn.Close()
 		return
 	}
-	errc := make(chan error, 2)
-	go func() { // task to upstream; what the task's reader buffered first
-		_, err := io.Copy(backend, brw.Reader)
-		errc <- err
-	}()
-	go func() {
-		_, err := io.Copy(conn, uc.br)
-		errc <- err
-	}()
-	if err := <-errc; err == nil {
-		<-errc
-	}
+	p.relayWebSocket(st, conn, brw.Reader, uc)
 }
 
 func printableASCII(s string) bool {

@@ -28,14 +28,12 @@
 // any case: likewise) and values, the path and query (also percent-decoded)
 // and the body. What the proxy does not see, by design: a content-coded
 // (compressed) request body, whose placeholders are neither substituted nor
-// blocked (the upstream gets them as they are, worthless); the frames of a
-// WebSocket after its upgrade, relayed as they are both ways, so an
-// upstream echoing the handshake's value in a frame is not scrubbed (the
-// handshake request is scanned like any other, its answer's fields
-// scrubbed); and a
+// blocked (the upstream gets them as they are, worthless); and a
 // value an upstream echoes in an encoded form (base64, escapes), which the
 // scrubber does not recognise. Request trailers are dropped, never
-// forwarded.
+// forwarded. A WebSocket's frames are parsed both ways after its upgrade,
+// a task's messages scanned like bodies and the upstream's scrubbed
+// (websocket.go); no other upgrade is relayed.
 //
 // The runner (admission, env) calls Ready and CheckGrant (admission),
 // Register, StartAttempt (the task's HTTPS_PROXY), ServeNetwork, TaskKeys (one variable

@@ -25,6 +25,8 @@ fi
 if [ "$mode" = test ]; then
 	[ -x /usr/bin/git ] || need_apt+=(git)
 	/usr/bin/python3 -c 'import requests' 2>/dev/null || need_apt+=(python3-requests)
+	# A real WebSocket client for the intercepted-WebSocket test (edge/host).
+	/usr/bin/python3 -c 'import websockets' 2>/dev/null || need_apt+=(python3-websockets)
 	# Every kind of client a task would run, run as that user by the tests:
 	# wget and openssl read only the system trust store (which a task's
 	# sandbox points at its trust file); Node ignores HTTPS_PROXY.
