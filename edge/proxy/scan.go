@@ -435,8 +435,19 @@ func (s *bodyScanner) scan() {
 		return
 	}
 	s.values = values
-	out := s.outBuf[:0]
-	pos := 0
+	out, pos, n := release(s.outBuf[:0], s.buf, limit, ms, values)
+	s.n += n
+	s.out, s.outBuf = out, out
+	rest := copy(s.buf, s.buf[pos:])
+	s.buf = s.buf[:rest]
+}
+
+// release appends to out the bytes of buf before limit with the decided
+// occurrences that start there replaced (values by match; one reaching past
+// limit goes whole, one overlapping a replaced one is skipped), and returns
+// where in buf it stopped and how many it replaced. The rest of buf, from
+// pos, waits for more bytes.
+func release(out, buf []byte, limit int, ms []match, values []string) (_ []byte, pos, n int) {
 	for i, m := range ms {
 		if m.start >= limit {
 			break // decided; replaced when its turn comes
@@ -444,16 +455,14 @@ func (s *bodyScanner) scan() {
 		if m.start < pos {
 			continue
 		}
-		out = append(out, s.buf[pos:m.start]...)
+		out = append(out, buf[pos:m.start]...)
 		out = append(out, values[i]...)
 		pos = m.end
-		s.n++
+		n++
 	}
 	if pos < limit {
-		out = append(out, s.buf[pos:limit]...)
+		out = append(out, buf[pos:limit]...)
 		pos = limit
 	}
-	s.out, s.outBuf = out, out
-	rest := copy(s.buf, s.buf[pos:])
-	s.buf = s.buf[:rest]
+	return out, pos, n
 }

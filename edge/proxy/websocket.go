@@ -518,30 +518,15 @@ func (r *wsRelay) upstreamToTask() error {
 		// As bodyScanner.scan: decide and replace up to what more bytes of
 		// this message could not change; a message's end releases all.
 		held = append(held, f.payload...)
-		ms = rw.find(held, ms)
 		limit := len(held)
 		if !f.fin {
-			limit -= rw.held(held)
+			limit = rw.settled(held)
 		}
+		ms = rw.find(held, ms)
 		values, _ = rw.replace(ms, values)
-		out = out[:0]
-		pos := 0
-		for i, m := range ms {
-			if m.start >= limit {
-				break
-			}
-			if m.start < pos {
-				continue
-			}
-			out = append(out, held[pos:m.start]...)
-			out = append(out, values[i]...)
-			pos = m.end
-			r.st.scrubbed++
-		}
-		if pos < limit {
-			out = append(out, held[pos:limit]...)
-			pos = limit
-		}
+		var pos, n int
+		out, pos, n = release(out[:0], held, limit, ms, values)
+		r.st.scrubbed += n
 		held = held[:copy(held, held[pos:])]
 		f.payload = out
 		if err := r.write(&r.task, f); err != nil {
