@@ -282,7 +282,7 @@ func (p *Proxy) intercept(a *attempt, c *bufferedConn, ci *connInfo, ix *index) 
 	_ = c.SetDeadline(time.Time{})
 	connCtx := context.WithValue(a.ctx, connInfoKey{}, ci)
 	if tc.ConnectionState().NegotiatedProtocol == "h2" {
-		p.h2.ServeConn(tc, &http2.ServeConnOpts{
+		p.h2.ServeConn(newH2Inbound(tc), &http2.ServeConnOpts{
 			Context:    connCtx,
 			Handler:    pipeline{p},
 			BaseConfig: &http.Server{ErrorLog: log.New(redactingLog{p}, "", 0)},
