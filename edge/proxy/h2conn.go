@@ -17,6 +17,13 @@ import (
 // (h2spec 4.2/3 sends 20 KB expecting FRAME_SIZE_ERROR).
 const h2MaxFrameSize = 16 << 10
 
+// h2MaxHeaderBytes is the intercepting front's http.Server.MaxHeaderBytes,
+// from which x/net/http2 derives SETTINGS_MAX_HEADER_LIST_SIZE by adding
+// 32 bytes for each of ten fields: so the list's bound is maxHeadBytes, as
+// an HTTP/1.1 head's (in HTTP/2's measure: each field's name and value
+// plus 32 bytes). Past it x/net answers 431 itself.
+const h2MaxHeaderBytes = maxHeadBytes - 10*32
+
 // h2Inbound is what x/net/http2's server reads of an intercepted HTTP/2
 // connection: the task's bytes, frame by frame, with two corrections where
 // x/net/http2 (v0.62.0, the newest there is; net/http's copy is the same
