@@ -4,6 +4,7 @@ import (
 	"crypto/tls"
 	"encoding/binary"
 	"io"
+	"sync"
 
 	"golang.org/x/net/http2"
 	"golang.org/x/net/http2/hpack"
@@ -55,8 +56,10 @@ type h2Inbound struct {
 	// out is what Read hands over next: a frame header, a frame read
 	// whole, the preface.
 	out []byte
-	// frame holds a frame read whole (header included), reused.
-	frame []byte
+	// pooled holds a frame read whole (header included), lent by
+	// h2FramePool until Read has handed it over: an idle connection keeps
+	// none.
+	pooled *[]byte
 	// passing counts the bytes of the current payload still to be read
 	// straight from the connection.
 	passing int
@@ -89,8 +92,19 @@ func (c *h2Inbound) Read(p []byte) (int, error) {
 	}
 	n := copy(p, c.out)
 	c.out = c.out[n:]
+	if len(c.out) == 0 && c.pooled != nil {
+		h2FramePool.Put(c.pooled)
+		c.pooled = nil
+	}
 	return n, nil
 }
+
+// h2FramePool lends frames read whole their buffers: room for the largest
+// frame read and the CONTINUATION a malformed block gets.
+var h2FramePool = sync.Pool{New: func() any {
+	b := make([]byte, 0, 9+h2MaxFrameSize+9+len(malformedField))
+	return &b
+}}
 
 // next reads the next frame's header, and the whole frame when it is one
 // to check, and readies what x/net gets of it.
@@ -113,11 +127,8 @@ func (c *h2Inbound) next() {
 		c.out, c.passing = c.hdr[:], length
 		return
 	}
-	// Room for the CONTINUATION a malformed block gets.
-	if size := 9 + length + 9 + len(malformedField); cap(c.frame) < size {
-		c.frame = make([]byte, 0, size)
-	}
-	f := c.frame[:9+length]
+	c.pooled = h2FramePool.Get().(*[]byte)
+	f := (*c.pooled)[:9+length]
 	copy(f, c.hdr[:])
 	if n, err := io.ReadFull(c.Conn, f[9:]); err != nil {
 		c.out, c.err = f[:9+n], err
