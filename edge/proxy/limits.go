@@ -51,7 +51,7 @@ const (
 // request reached.
 var (
 	reasonTooManySubstitutions = "more than " + strconv.Itoa(maxSubstitutions) + " placeholders to substitute in one request"
-	reasonHeadTooLarge         = fmt.Sprintf("request head too large once substituted: its size as sent plus %d KiB for each substitution in it is over %d KiB",
+	reasonHeadTooLarge         = fmt.Sprintf("request head too large: its size as sent, plus %d KiB for each placeholder substituted in it, is over %d KiB",
 		headValueAllowance>>10, maxHeadBytes>>10)
 	reasonHeadValueTooLong = fmt.Sprintf("a value substituted in the request head is longer than the %d KiB allowed for one", headValueAllowance>>10)
 )
