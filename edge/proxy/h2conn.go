@@ -4,6 +4,7 @@ import (
 	"crypto/tls"
 	"encoding/binary"
 	"io"
+	"net"
 	"sync"
 
 	"golang.org/x/net/http2"
@@ -51,8 +52,9 @@ const h2MaxHeaderBytes = maxHeadBytes - 10*32
 // Once the mirror fails to decode (x/net's decoder then fails the
 // connection with COMPRESSION_ERROR), the rest passes unchecked.
 type h2Inbound struct {
-	*tls.Conn // x/net reads the TLS state through ConnectionState
-	hdr       [9]byte
+	net.Conn // the task's connection, TLS terminated
+	tls      *tls.Conn
+	hdr      [9]byte
 	// out is what Read hands over next: a frame header, a frame read
 	// whole, the preface.
 	out []byte
@@ -75,8 +77,12 @@ type h2Inbound struct {
 }
 
 func newH2Inbound(c *tls.Conn) *h2Inbound {
-	return &h2Inbound{Conn: c, passing: len(http2.ClientPreface)}
+	return &h2Inbound{Conn: c, tls: c, passing: len(http2.ClientPreface)}
 }
+
+// ConnectionState is how x/net learns the connection's TLS state (r.TLS,
+// and its refusal of weak TLS).
+func (c *h2Inbound) ConnectionState() tls.ConnectionState { return c.tls.ConnectionState() }
 
 func (c *h2Inbound) Read(p []byte) (int, error) {
 	for len(c.out) == 0 {
