@@ -282,7 +282,9 @@ func (p *Proxy) intercept(a *attempt, c *bufferedConn, ci *connInfo, ix *index) 
 	_ = c.SetDeadline(time.Time{})
 	connCtx := context.WithValue(a.ctx, connInfoKey{}, ci)
 	if tc.ConnectionState().NegotiatedProtocol == "h2" {
-		p.h2.ServeConn(newH2Inbound(tc), &http2.ServeConnOpts{
+		in := newH2Inbound(tc)
+		in.overBound = func() { p.auditHeadOverBound(ci) }
+		p.h2.ServeConn(in, &http2.ServeConnOpts{
 			Context: connCtx,
 			Handler: pipeline{p},
 			// x/net/http2 advertises and enforces this, plus its

@@ -5,8 +5,10 @@ import (
 	"encoding/binary"
 	"io"
 	"net"
+	"strings"
 	"sync"
 
+	"golang.org/x/net/http/httpguts"
 	"golang.org/x/net/http2"
 	"golang.org/x/net/http2/hpack"
 )
@@ -74,6 +76,21 @@ type h2Inbound struct {
 	malformed bool
 	te        int
 	broken    bool // the mirror failed: the rest is passed unchecked
+
+	// overBound, if set, is called (on x/net's reading goroutine) for a
+	// request whose header list x/net refuses with a 431 as over
+	// SETTINGS_MAX_HEADER_LIST_SIZE: x/net answers it itself, so the front
+	// audits it from here. Its accounting is x/net's (readMetaFrame,
+	// processHeaders), followed by the fields below.
+	overBound func()
+	maxStream uint32 // the highest stream a request opened
+	// Of the open block: it opens a request (not trailers), the bytes
+	// left in x/net's budgets for fields and for Trailer fields, whether a
+	// field was invalid (x/net resets the stream instead) or past the
+	// budget (truncated: the 431), and whether a pseudo-field came.
+	opening                  bool
+	listLeft, trailerLeft    uint32
+	invalid, truncated, regs bool
 }
 
 func newH2Inbound(c *tls.Conn) *h2Inbound {
@@ -215,6 +232,11 @@ func (c *h2Inbound) headerBlock(f []byte, typ http2.FrameType, flags http2.Flags
 			frag = frag[5:]
 		}
 		c.inBlock, c.malformed, c.te = true, false, 0
+		stream := binary.BigEndian.Uint32(f[5:9]) & (1<<31 - 1)
+		c.opening = stream > c.maxStream
+		c.maxStream = max(c.maxStream, stream)
+		c.listLeft, c.trailerLeft = maxHeadBytes, maxHeadBytes
+		c.invalid, c.truncated, c.regs = false, false, false
 	} else if !c.inBlock {
 		c.broken = true // x/net fails the connection
 		return f
@@ -224,6 +246,9 @@ func (c *h2Inbound) headerBlock(f []byte, typ http2.FrameType, flags http2.Flags
 		// leave as it is; strings bounded as its own (MaxHeaderBytes).
 		c.dec = hpack.NewDecoder(4096, c.field)
 		c.dec.SetMaxStringLength(2 * maxHeadBytes)
+	}
+	if len(frag) > 2*int(c.listLeft+c.trailerLeft) || c.invalid && typ == http2.FrameContinuation {
+		c.opening = false // x/net fails the connection, answering nothing
 	}
 	if _, err := c.dec.Write(frag); err != nil {
 		c.broken = true
@@ -237,6 +262,9 @@ func (c *h2Inbound) headerBlock(f []byte, typ http2.FrameType, flags http2.Flags
 		c.broken = true
 		return f
 	}
+	if c.opening && c.truncated && !c.invalid && c.overBound != nil {
+		c.overBound()
+	}
 	if !c.malformed && c.te <= 1 {
 		return f
 	}
@@ -248,8 +276,26 @@ func (c *h2Inbound) headerBlock(f []byte, typ http2.FrameType, flags http2.Flags
 }
 
 // field notes a field RFC 9113 8.2.2 forbids in a request, as x/net's
-// checkValidHTTP2RequestHeaders does.
+// checkValidHTTP2RequestHeaders does, and counts the header list as x/net
+// does (which stops at the first invalid field, or at the budget).
 func (c *h2Inbound) field(hf hpack.HeaderField) {
+	if !c.invalid && !c.truncated {
+		pseudo := strings.HasPrefix(hf.Name, ":")
+		c.invalid = !httpguts.ValidHeaderFieldValue(hf.Value) || pseudo && c.regs || !pseudo && !wireFieldName(hf.Name)
+		c.regs = c.regs || !pseudo
+		left, size := &c.listLeft, hf.Size()
+		if hf.Name == "trailer" {
+			n := uint32(strings.Count(hf.Value, ",") + 1)
+			left, size = &c.trailerLeft, uint32(len(hf.Value))-n+1+n*hpack.HeaderField{}.Size()
+		}
+		switch {
+		case c.invalid:
+		case size > *left:
+			c.truncated, c.listLeft, c.trailerLeft = true, 0, 0
+		default:
+			*left -= size
+		}
+	}
 	switch hf.Name {
 	case "connection", "keep-alive", "proxy-connection", "transfer-encoding", "upgrade":
 		c.malformed = true
@@ -257,4 +303,18 @@ func (c *h2Inbound) field(hf hpack.HeaderField) {
 		c.te++
 		c.malformed = c.malformed || hf.Value != "trailers" && hf.Value != ""
 	}
+}
+
+// wireFieldName is x/net's validWireHeaderFieldName: a token, in lower
+// case.
+func wireFieldName(name string) bool {
+	if !httpguts.ValidHeaderFieldName(name) {
+		return false
+	}
+	for i := 0; i < len(name); i++ {
+		if 'A' <= name[i] && name[i] <= 'Z' {
+			return false
+		}
+	}
+	return true
 }

@@ -6,6 +6,7 @@ import (
 	"net/url"
 	"strconv"
 
+	"github.com/runfleet/runfleet/edge/audit"
 	"github.com/runfleet/runfleet/edge/policy"
 )
 
@@ -54,7 +55,18 @@ var (
 	reasonHeadTooLarge         = fmt.Sprintf("request head too large: its size as sent, plus %d KiB for each placeholder substituted in it, is over %d KiB",
 		headValueAllowance>>10, maxHeadBytes>>10)
 	reasonHeadValueTooLong = fmt.Sprintf("a value substituted in the request head is longer than the %d KiB allowed for one", headValueAllowance>>10)
+	// reasonHeadOverBound: a head as received over maxHeadBytes, refused by
+	// the front (HTTP/1.1's reader, x/net/http2) before there is a request.
+	reasonHeadOverBound = fmt.Sprintf("request head over %d KiB", maxHeadBytes>>10)
 )
+
+// auditHeadOverBound records a head the front refused for its size (431)
+// on an intercepted connection: nothing of the request is known, or
+// recorded, but its connection's task and host.
+func (p *Proxy) auditHeadOverBound(ci *connInfo) {
+	p.cfg.Audit.Record(audit.Entry{TS: p.cfg.Clock.Now(), Task: ci.attempt.task.runID, Host: ci.logHost, Via: ci.via,
+		Action: audit.Denied, Status: http.StatusRequestHeaderFieldsTooLarge, Reason: reasonHeadOverBound})
+}
 
 // countSubstitution counts one more substitution, or refuses it past
 // maxSubstitutions (413 for one in the body, else 431). st.mu is held.

@@ -207,8 +207,8 @@ func TestSubstitutionsInTheBodyAreBounded(t *testing.T) {
 	f.upstreamNeverSaw(t, f.phB)
 }
 
-// An HTTP/2 head over maxHeadBytes is refused with 431 as an HTTP/1.1 one
-// is, by a client that ignores the SETTINGS_MAX_HEADER_LIST_SIZE the front
+// An HTTP/2 head over maxHeadBytes is refused with 431 and audited as an
+// HTTP/1.1 one is, from a client that ignores the SETTINGS_MAX_HEADER_LIST_SIZE the front
 // advertises (a Go client would not send it at all): the front no longer
 // takes the 1 MiB net/http's default allows.
 func TestHTTP2HeadOverTheBoundIsRefusedLikeHTTP1(t *testing.T) {
@@ -235,6 +235,25 @@ func TestHTTP2HeadOverTheBoundIsRefusedLikeHTTP1(t *testing.T) {
 	}
 	if f.upstreamGot("/big-h1")+f.upstreamGot("/big-h2") != 0 {
 		t.Error("an oversized head reached the upstream")
+	}
+	// Each is audited, alike: the task and host, nothing of the request.
+	var lines []map[string]any
+	edgetest.Within(5*time.Second, func() bool {
+		lines = lines[:0]
+		for _, m := range f.auditLines() {
+			if m["status"] == float64(http.StatusRequestHeaderFieldsTooLarge) {
+				lines = append(lines, m)
+			}
+		}
+		return len(lines) == 2
+	})
+	if len(lines) != 2 {
+		t.Fatalf("audit lines for 431: %v, want one per protocol", lines)
+	}
+	for _, m := range lines {
+		if m["action"] != "denied" || m["reason"] != reasonHeadOverBound || m["task"] != "run-a" || m["host"] != f.api || m["path"] != nil {
+			t.Errorf("audit line %v", m)
+		}
 	}
 }
 
