@@ -48,6 +48,10 @@ const h2MaxHeaderBytes = maxHeadBytes - 10*32
 //     upper-case name x/net rejects with exactly that stream error; the
 //     pipeline never sees the request.
 //
+// The same mirror tells the front of a request x/net refuses for its
+// header list's size (overBound), which x/net answers without the
+// pipeline, so that it is audited as HTTP/1.1's is.
+//
 // Every other byte passes untouched: a frame's header is read on its own,
 // a DATA frame's payload straight into x/net's buffer. Only SETTINGS,
 // HEADERS and CONTINUATION frames are read whole, within h2MaxFrameSize.
@@ -87,7 +91,7 @@ type h2Inbound struct {
 	// Of the open block: it opens a request (not trailers), the bytes
 	// left in x/net's budgets for fields and for Trailer fields, whether a
 	// field was invalid (x/net resets the stream instead) or past the
-	// budget (truncated: the 431), and whether a pseudo-field came.
+	// budget (truncated: the 431), and whether a regular field came.
 	opening                  bool
 	listLeft, trailerLeft    uint32
 	invalid, truncated, regs bool
