@@ -76,6 +76,16 @@ func (unscannableError) Error() string {
 	return "the upstream's answer is content-coded (compressed) and cannot be scanned for the values put into the request"
 }
 
+// limitError: a request past a bound on substitution (limits.go): 431
+// when the head would grow past it, 413 when the body's substitutions do.
+// Its reason names the bound, never a size the request reached.
+type limitError struct {
+	inBody bool
+	reason string
+}
+
+func (e *limitError) Error() string { return e.reason }
+
 // faultError: something of ours failed (the secrets source, a value that
 // cannot be sent). Logged, never shown.
 type faultError struct{ err error }
@@ -92,6 +102,7 @@ func (p *Proxy) classify(err error) (status int, action audit.Action, reason str
 	var fault *faultError
 	var refused *upstream.RefusedError
 	var unscannable unscannableError
+	var limit *limitError
 	var cred credentialsError
 	var method methodError
 	var badRequest badRequestError
@@ -112,6 +123,10 @@ func (p *Proxy) classify(err error) (status int, action audit.Action, reason str
 		return http.StatusForbidden, audit.Blocked, blocked.Error()
 	case errors.As(err, &withheld):
 		return http.StatusForbidden, audit.Withheld, withheld.Error()
+	case errors.As(err, &limit) && limit.inBody:
+		return http.StatusRequestEntityTooLarge, audit.Blocked, limit.Error()
+	case errors.As(err, &limit):
+		return http.StatusRequestHeaderFieldsTooLarge, audit.Blocked, limit.Error()
 	case errors.As(err, &unscannable):
 		return http.StatusBadGateway, audit.Blocked, unscannable.Error()
 	case errors.As(err, new(upgradeRefusedError)):

@@ -34,6 +34,8 @@ func TestClassifyMapsEveryKind(t *testing.T) {
 		{fmt.Errorf("wrapped: %w", misdirectedError{"no Host"}), 421, audit.Denied, "map[]"},
 		{&blockedError{reason: "a placeholder in the method"}, 403, audit.Blocked, "map[]"},
 		{&withheldError{}, 403, audit.Withheld, "map[]"},
+		{&limitError{reason: reasonTooManySubstitutions}, 431, audit.Blocked, "map[]"},
+		{&limitError{inBody: true, reason: reasonTooManySubstitutions}, 413, audit.Blocked, "map[]"},
 		{unscannableError{}, 502, audit.Blocked, "map[]"},
 		{&upstream.RefusedError{Host: "h", Addr: netip.MustParseAddrPort("10.0.0.1:443"), Verdict: upstream.AddressVerdict{Reason: "a private address"}}, 403, audit.Denied, "map[]"},
 		{&faultError{errors.New("the secrets source failed")}, 500, audit.Denied, "map[]"},

@@ -282,10 +282,16 @@ func (p *Proxy) intercept(a *attempt, c *bufferedConn, ci *connInfo, ix *index) 
 	_ = c.SetDeadline(time.Time{})
 	connCtx := context.WithValue(a.ctx, connInfoKey{}, ci)
 	if tc.ConnectionState().NegotiatedProtocol == "h2" {
-		p.h2.ServeConn(tc, &http2.ServeConnOpts{
-			Context:    connCtx,
-			Handler:    pipeline{p},
-			BaseConfig: &http.Server{ErrorLog: log.New(redactingLog{p}, "", 0)},
+		in := newH2Inbound(tc)
+		in.overBound = func() { p.auditHeadOverBound(ci) }
+		p.h2.ServeConn(in, &http2.ServeConnOpts{
+			Context: connCtx,
+			Handler: pipeline{p},
+			// x/net/http2 advertises and enforces this, plus its
+			// allowance for ten fields' overhead, as
+			// SETTINGS_MAX_HEADER_LIST_SIZE: maxHeadBytes, HTTP/1.1's
+			// bound, instead of net/http's 1 MiB default.
+			BaseConfig: &http.Server{ErrorLog: log.New(redactingLog{p}, "", 0), MaxHeaderBytes: h2MaxHeaderBytes},
 		})
 		return
 	}

@@ -92,6 +92,9 @@ func (hc *h1Conn) serveOne(ctx context.Context) bool {
 		var he headError
 		if errors.As(err, &he) {
 			writeStatus(c, he.status, he.reason, nil)
+			if he.status == http.StatusRequestHeaderFieldsTooLarge {
+				hc.p.auditHeadOverBound(hc.ci)
+			}
 		}
 		return false
 	}
@@ -213,7 +216,7 @@ func readHeadInto(br *bufio.Reader, buf []byte, limit int) ([]byte, error) {
 			return buf, err
 		}
 		if len(buf)+len(line) > limit {
-			return buf, headError{http.StatusRequestHeaderFieldsTooLarge, "request head too large"}
+			return buf, headError{http.StatusRequestHeaderFieldsTooLarge, reasonHeadOverBound}
 		}
 		empty := lineStart && (string(line) == "\r\n" || string(line) == "\n")
 		if len(buf) == 0 && empty {

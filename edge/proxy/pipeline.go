@@ -73,6 +73,9 @@ type requestState struct {
 	status   int
 	upStart  time.Time
 	upstream time.Duration
+
+	// substituted counts the occurrences substituted (limits.go); under mu.
+	substituted int
 }
 
 // substitution is one key a request met: its real value, read from the
@@ -113,6 +116,10 @@ func (st *requestState) substitute(o owner, loc policy.Location) (string, error)
 	defer st.mu.Unlock()
 	if !d.Allow {
 		err := &blockedError{reason: d.Reason, ref: o.ref}
+		st.failLocked(err, o.ref)
+		return "", err
+	}
+	if err := st.countSubstitution(loc); err != nil {
 		st.failLocked(err, o.ref)
 		return "", err
 	}
@@ -264,11 +271,16 @@ func (p *Proxy) serve(st *requestState, w http.ResponseWriter, r *http.Request) 
 		fail(err)
 		return
 	}
+	sent := headBytes(r, ci)
 	if err := st.rewriteHeaders(ix, r.Header); err != nil {
 		fail(err)
 		return
 	}
 	if err := st.rewriteURL(ix, r.URL); err != nil {
+		fail(err)
+		return
+	}
+	if err := st.checkHead(r, sent); err != nil {
 		fail(err)
 		return
 	}
@@ -448,10 +460,26 @@ func (st *requestState) rewriteURL(ix *index, u *url.URL) error {
 	for _, encoded := range [2]string{escaped, u.RawQuery} {
 		if decoded, err := url.QueryUnescape(encoded); err == nil && decoded != encoded {
 			st.ms = findIn(ix, decoded, st.ms)
+			if len(st.ms) == 0 {
+				continue
+			}
+			// Decided, not substituted: counted apart, from zero, so a
+			// placeholder the raw form already had is not counted
+			// twice, and the request's count is as it was after.
+			st.mu.Lock()
+			counted := st.substituted
+			st.substituted = 0
+			st.mu.Unlock()
 			for _, m := range st.ms {
-				if _, err := st.substitute(m.owner, policy.InURL); err != nil {
-					return err
+				if _, err = st.substitute(m.owner, policy.InURL); err != nil {
+					break
 				}
+			}
+			st.mu.Lock()
+			st.substituted = counted
+			st.mu.Unlock()
+			if err != nil {
+				return err
 			}
 		}
 	}

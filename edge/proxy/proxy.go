@@ -270,7 +270,7 @@ func New(cfg Config) (*Proxy, error) {
 	}
 	p.reg = reg
 	p.transport = newRoundTripper(cfg.Upstream.DialContext, cfg.UpstreamTLS, 90*time.Second)
-	p.h2 = &http2.Server{IdleTimeout: cfg.IdleTimeout}
+	p.h2 = &http2.Server{IdleTimeout: cfg.IdleTimeout, MaxReadFrameSize: h2MaxFrameSize}
 	return p, nil
 }
 

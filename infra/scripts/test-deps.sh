@@ -62,6 +62,22 @@ for tool in cfn-lint openapi-spec-validator; do
 	fi
 done
 
+# h2spec (HTTP/2 conformance), pinned, into the repository's git-ignored
+# .tools, where edge/proxy's TestH2specAgainstTheInterceptingFront runs it
+# (and fails without it). It has no go.mod, so its dependencies resolve at
+# install; the stamp beside it names the module it was built from.
+h2spec_module=github.com/summerwind/h2spec/cmd/h2spec@v2.2.1+incompatible
+tools="$(cd "$(dirname "$0")/../.." && pwd)/.tools"
+if [ ! -x "$tools/h2spec" ] || [ "$(cat "$tools/h2spec.module" 2>/dev/null)" != "$h2spec_module" ]; then
+	echo "installing $h2spec_module into $tools"
+	mkdir -p "$tools"
+	tmp=$(mktemp -d "$tools/install-XXXXXX")
+	trap 'rm -rf "$tmp"' EXIT
+	GOBIN="$tmp" CGO_ENABLED=0 ${GO:-go} install "$h2spec_module"
+	mv "$tmp/h2spec" "$tools/h2spec"
+	echo "$h2spec_module" >"$tools/h2spec.module"
+fi
+
 # moto_server is installed on these machines; the tests start and stop it.
 if ! command -v moto_server >/dev/null && [ ! -x /root/.pyenv/shims/moto_server ]; then
 	echo "moto_server not found: install it with: pip install 'moto[server]'" >&2
