@@ -435,16 +435,17 @@ func (r *wsRelay) taskToUpstream() error {
 
 // substitute puts values in for the placeholders in b as a body's are
 // decided (policy.InBody toward this authority); b itself when it holds
-// none. The index is the one in force now, as for a new request.
+// none. The index is the one in force now, as for a new request, and a
+// message counts as a request for maxSubstitutions: its count starts from
+// zero, so a long-lived socket is bounded per message, not over its life.
 func (r *wsRelay) substitute(b []byte) ([]byte, error) {
-	out, n, err := r.p.reg.index.Load().rewrite(b, policy.InBody, r.st.substitute)
+	r.st.mu.Lock()
+	r.st.substituted = 0
+	r.st.mu.Unlock()
+	out, _, err := r.p.reg.index.Load().rewrite(b, policy.InBody, r.st.substitute)
 	if err != nil {
 		return nil, err
 	}
-	// A WebSocket message counts as a request for the cap on
-	// substitutions per request (issue 12, item 4): the cap is checked
-	// here, on n, this message's substitutions.
-	_ = n
 	return out, nil
 }
 

@@ -579,3 +579,42 @@ func FuzzWebSocketFrameReader(f *testing.F) {
 		}
 	})
 }
+
+// The cap on substitutions per request holds per WebSocket message: a
+// message with more placeholders than maxSubstitutions is blocked, while
+// messages each within it go on however many the socket carries.
+func TestWebSocketSubstitutionsAreBoundedPerMessage(t *testing.T) {
+	f := newFixture(t, "open")
+	var got []testFrame
+	up := f.wsUpstream(t, "", func(r *http.Request, conn net.Conn, br *bufio.Reader) {
+		for {
+			fr, err := readTestFrame(br)
+			if err != nil {
+				return
+			}
+			got = append(got, fr)
+		}
+	})
+	conn, br, res := f.wsDial(t, f.other, "other.example.test", "")
+	if res.StatusCode != http.StatusSwitchingProtocols {
+		t.Fatalf("handshake: %d", res.StatusCode)
+	}
+	within := strings.Repeat(f.phB+" ", maxSubstitutions)
+	for range 3 {
+		conn.Write(rawFrame(true, 0, 0x1, testMask, []byte(within)))
+	}
+	conn.Write(rawFrame(true, 0, 0x1, testMask, []byte(within+f.phB)))
+	fr, err := readTestFrame(br)
+	must(t, err)
+	if fr.closeCode() != 1008 {
+		t.Fatalf("the task got op %x code %d, not a 1008 close", fr.op, fr.closeCode())
+	}
+	up.wait(t)
+	if len(got) != 3 || strings.Count(string(got[2].payload), realB) != maxSubstitutions {
+		t.Errorf("the upstream got %d frames, not the three messages within the cap, substituted", len(got))
+	}
+	line := f.waitAudit(func(m map[string]any) bool { return m["action"] == "blocked" })
+	if !strings.Contains(fmt.Sprint(line["reason"]), reasonTooManySubstitutions) {
+		t.Errorf("audit: %v", line)
+	}
+}
