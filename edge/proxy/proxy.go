@@ -17,23 +17,27 @@
 // complete line goes on at once when no value holds a line break (so
 // server-sent events stay interactive). When an answer's bytes reach the
 // task never depends on whether they partially match a value, which would
-// tell a task whose upstream echoes it a value a character at a time. Such a request asks the upstream for an
-// uncoded answer (Accept-Encoding: identity); a compressed answer cannot be
-// scanned, so one that comes anyway is refused (502, audited as blocked)
-// rather than passed on: the request has reached the upstream, but the task
-// never gets what may be the value.
+// tell a task whose upstream echoes it a value a character at a time. Such
+// a request asks the upstream for an uncoded answer (Accept-Encoding:
+// identity); a compressed answer cannot be scanned, so one that comes
+// anyway is refused (502, audited as blocked) rather than passed on: the
+// request has reached the upstream, but the task never gets what may be
+// the value.
 //
 // Every part of a request a placeholder can stand in is scanned: the
 // method (never substituted: a placeholder there blocks), field names (in
 // any case: likewise) and values, the path and query (also percent-decoded)
-// and the body. What the proxy does not see, by design: a content-coded
-// (compressed) request body, whose placeholders are neither substituted nor
-// blocked (the upstream gets them as they are, worthless); and a
-// value an upstream echoes in an encoded form (base64, escapes), which the
-// scrubber does not recognise. Request trailers are dropped, never
-// forwarded. A WebSocket's frames are parsed both ways after its upgrade,
-// a task's messages scanned like bodies and the upstream's scrubbed
-// (websocket.go); no other upgrade is relayed.
+// and the body. A WebSocket's frames are parsed both ways after its
+// upgrade, a task's messages scanned like bodies and the upstream's
+// scrubbed (websocket.go); no other upgrade is relayed. Substitution is
+// bounded alike on HTTP/1.1 and HTTP/2 (limits.go): at most
+// maxSubstitutions per request or WebSocket message, and a head of at most
+// 64 KiB as received and as sent. What the proxy does not see, by design: a
+// content-coded (compressed) request body, whose placeholders are neither
+// substituted nor blocked (the upstream gets them as they are, worthless);
+// and a value an upstream echoes in an encoded form (base64, escapes),
+// which the scrubber does not recognise. Request trailers are dropped,
+// never forwarded.
 //
 // The runner (admission, env) calls Ready and CheckGrant (admission),
 // Register, StartAttempt (the task's HTTPS_PROXY), ServeNetwork, TaskKeys (one variable
