@@ -5,6 +5,8 @@ import (
 	"net/http"
 	"sort"
 	"strings"
+
+	"github.com/runfleet/runfleet/edge/secrets"
 )
 
 // scrubber takes the real values out of what an upstream answers to a
@@ -35,9 +37,9 @@ type scrubber struct {
 
 // scrubPair is one value and the placeholder the task sees for it.
 type scrubPair struct {
-	value       string
+	value       secrets.Value
 	placeholder string
-	valueBytes  []byte // value, made when a body is first searched
+	valueBytes  []byte // value, revealed when a body is first searched
 }
 
 var _ rewriter = (*scrubber)(nil)
@@ -60,11 +62,11 @@ func (sc *scrubber) refresh() {
 	sc.seen = len(st.subs)
 	sc.pairs, sc.maxLen = sc.pairs[:0], 0
 	for _, s := range st.subs {
-		if s.value == "" {
+		if s.value.IsZero() {
 			continue
 		}
 		sc.pairs = append(sc.pairs, scrubPair{value: s.value, placeholder: s.placeholder})
-		sc.maxLen = max(sc.maxLen, len(s.value))
+		sc.maxLen = max(sc.maxLen, s.value.Len())
 	}
 }
 
@@ -96,8 +98,8 @@ func (sc *scrubber) header(h http.Header) int {
 func (sc *scrubber) text(s string) (string, int) {
 	n := 0
 	for _, p := range sc.pairs {
-		if k := strings.Count(s, p.value); k > 0 {
-			s = strings.ReplaceAll(s, p.value, p.placeholder)
+		if k := strings.Count(s, p.value.Reveal()); k > 0 {
+			s = strings.ReplaceAll(s, p.value.Reveal(), p.placeholder)
 			n += k
 		}
 	}
@@ -123,7 +125,7 @@ func (sc *scrubber) find(b []byte, out []match) []match {
 	for k := range sc.pairs {
 		p := &sc.pairs[k]
 		if p.valueBytes == nil {
-			p.valueBytes = []byte(p.value)
+			p.valueBytes = []byte(p.value.Reveal())
 		}
 		for pos := 0; ; {
 			i := bytes.Index(b[pos:], p.valueBytes)
@@ -131,8 +133,8 @@ func (sc *scrubber) find(b []byte, out []match) []match {
 				break
 			}
 			start := pos + i
-			out = append(out, match{start: start, end: start + len(p.value), owner: owner{placeholder: p.placeholder}})
-			pos = start + len(p.value)
+			out = append(out, match{start: start, end: start + len(p.valueBytes), owner: owner{placeholder: p.placeholder}})
+			pos = start + len(p.valueBytes)
 		}
 	}
 	if len(sc.pairs) > 1 && len(out) > 1 {
@@ -151,9 +153,10 @@ func (sc *scrubber) find(b []byte, out []match) []match {
 func (sc *scrubber) held(b []byte) int {
 	hold := 0
 	for _, p := range sc.pairs {
-		first := p.value[0]
-		for i := max(len(b)-len(p.value)+1, 0); i < len(b)-hold; i++ {
-			if b[i] == first && p.value[:len(b)-i] == string(b[i:]) {
+		v := p.value.Reveal()
+		first := v[0]
+		for i := max(len(b)-len(v)+1, 0); i < len(b)-hold; i++ {
+			if b[i] == first && v[:len(b)-i] == string(b[i:]) {
 				hold = len(b) - i
 				break
 			}

@@ -8,6 +8,8 @@ import (
 	"net/http"
 	"strings"
 	"testing"
+
+	"github.com/runfleet/runfleet/edge/secrets"
 )
 
 // An upstream that echoes what it got sends the real value back; the task
@@ -165,8 +167,8 @@ func TestCompressedAnswerToARequestCarryingAValueIsRefused(t *testing.T) {
 func TestScrubberSplitReads(t *testing.T) {
 	st := &requestState{}
 	st.subs = []substitution{
-		{value: "VALUE-one-1234", placeholder: "ph-one-XXXXXXXXXXXXXXXX"},
-		{value: "V2", placeholder: "ph-two-YYYYYYYYYYYYYYYYYYYYY"},
+		{value: secrets.NewValue("VALUE-one-1234"), placeholder: "ph-one-XXXXXXXXXXXXXXXX"},
+		{value: secrets.NewValue("V2"), placeholder: "ph-two-YYYYYYYYYYYYYYYYYYYYY"},
 	}
 	var sc scrubber
 	sc.reset(st)
@@ -204,7 +206,7 @@ func FuzzScrubber(f *testing.F) {
 	values := []string{"~!~!~ab", "#~#", "!"}
 	st := &requestState{}
 	for i, v := range values {
-		st.subs = append(st.subs, substitution{value: v, placeholder: fmt.Sprintf("ph-%d-XXXXXXXXXXXXXXXXXXXXXXXX", i)})
+		st.subs = append(st.subs, substitution{value: secrets.NewValue(v), placeholder: fmt.Sprintf("ph-%d-XXXXXXXXXXXXXXXXXXXXXXXX", i)})
 	}
 	f.Fuzz(func(t *testing.T, data []byte, insert uint8, sizes []byte) {
 		var b bytes.Buffer
