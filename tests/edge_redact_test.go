@@ -1,6 +1,7 @@
 package tests
 
 import (
+	"context"
 	"os"
 	"path/filepath"
 	"strings"
@@ -32,6 +33,12 @@ true`
 	out, _ := e.output(run.RunID, 0)
 	if end.Status != hostproto.StatusSucceeded || !strings.Contains(out, "first=502") || !strings.Contains(out, "path=502") {
 		t.Fatalf("run ended %+v: %s", end, out)
+	}
+	// The redactor holds the one value: nothing was forgotten past its bound.
+	metrics, err := e.client.Metrics(context.Background())
+	must(t, err)
+	if !strings.Contains(string(metrics), "\nedge_log_redactor_evicted_total 0\n") {
+		t.Errorf("no edge_log_redactor_evicted_total 0 in the metrics")
 	}
 	if code := e.stop(syscall.SIGTERM); code != 0 {
 		t.Fatalf("edge exited %d", code)

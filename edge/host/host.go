@@ -17,6 +17,7 @@ import (
 	"net/netip"
 	"os"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"sync"
 
@@ -124,7 +125,11 @@ func Open(ctx context.Context, o Options) (_ *Host, err error) {
 			}
 		}
 	}()
-	h.registry.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
+	h.registry.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}),
+		prometheus.NewCounterFunc(prometheus.CounterOpts{
+			Name: "edge_log_redactor_evicted_total",
+			Help: "Real values the log and audit redactor forgot past its bound (" + strconv.Itoa(redact.MaxValues) + " values): one it forgot and the proxy does not read again is no longer redacted.",
+		}, func() float64 { return float64(o.Redactor.Evicted()) }))
 
 	if err := prepareDataDir(cfg); err != nil {
 		return nil, err

@@ -2,6 +2,8 @@
 // Source interface, a JSON file re-read when it changes, and AWS Secrets
 // Manager behind a short cache. A value is read per request, so a rotation
 // applies to the next request (within the cache's TTL for Secrets Manager).
+// A real value is a Value from the source to the moment its bytes are
+// written upstream: it prints, logs and encodes as [redacted].
 package secrets
 
 import (
