@@ -4,6 +4,8 @@ import (
 	"bufio"
 	"bytes"
 	"compress/gzip"
+	"crypto/tls"
+	"crypto/x509"
 	"fmt"
 	"io"
 	"net"
@@ -69,8 +71,11 @@ type leakRig struct {
 	ph                        map[string]string
 	api, other, dead, private string
 	rawLogs, rawAudit         *syncbuf.Buffer
-	hung                      chan struct{}
-	values                    []string // every real value (E: its first line)
+	// tn is run-a's task network (the transparent front), served anew
+	// for each attempt.
+	tn     *taskNet
+	hung   chan struct{}
+	values []string // every real value (E: its first line)
 }
 
 func newLeakRig(t *testing.T) *leakRig {
@@ -167,6 +172,23 @@ func statusOf(got []byte) int {
 		return res.StatusCode
 	}
 	return 0
+}
+
+// transparent sends raw on a connection the task opened to api's pin (its
+// task network redirects it to the proxy), as h1 does.
+func (r *leakRig) transparent(t *testing.T, raw string) (int, string) {
+	if r.tn == nil {
+		r.tn = r.network("run-a")
+	}
+	pool := x509.NewCertPool()
+	pool.AppendCertsFromPEM(r.authority.Bundle())
+	tc := r.tn.tlsDial(authorityOf(r.tn.pin("api.example.test"), r.up.port),
+		&tls.Config{RootCAs: pool, ServerName: "api.example.test", NextProtos: []string{"http/1.1"}})
+	defer tc.Close()
+	tc.SetDeadline(time.Now().Add(10 * time.Second))
+	io.WriteString(tc, raw)
+	got, _ := io.ReadAll(tc)
+	return statusOf(got), string(got)
 }
 
 // h2 sends one request as raw HTTP/2 frames (any field, any byte: no
@@ -447,8 +469,28 @@ func TestNoValueInAnyLogOnEveryRefusal(t *testing.T) {
 		}},
 	)
 
-	// cancelled: the task stops while the upstream has its request; a task
-	// of its own, since a stop ends it.
+	// The transparent front: a connection the task's network redirected.
+	tr := func(raw string) (int, string) { return r.transparent(t, raw) }
+	steps = append(steps,
+		step{"transparent misdirected: Host", 421, func(tok func(string) string) (int, string) {
+			return tr(get(tok("A")+".example.test", "/") + "Authorization: Bearer " + tok("A") + "\r\n\r\n")
+		}},
+		step{"transparent blocked: header name", 403, func(tok func(string) string) (int, string) {
+			return tr(get(r.api, "/") + tok("A") + ": x\r\nConnection: close\r\n\r\n")
+		}},
+		step{"transparent withheld", 403, func(tok func(string) string) (int, string) {
+			return tr(get(r.api, "/w") + "Authorization: Bearer " + tok("W") + "\r\nX-A: " + tok("A") + "\r\nConnection: close\r\n\r\n")
+		}},
+		step{"transparent invalid upgrade", 400, func(tok func(string) string) (int, string) {
+			return tr(get(r.api, "/u") + "Connection: Upgrade, close\r\nUpgrade: \x80" + tok("A") + "\r\n\r\n")
+		}},
+		step{"transparent upgrade: the upstream switches to another protocol", 502, func(tok func(string) string) (int, string) {
+			return tr(get(r.api, "/upgrade-other") + "Connection: Upgrade, close\r\nUpgrade: " + tok("A") + "\r\n\r\n")
+		}},
+	)
+
+	// cancelled: the task stops while the upstream has its request; a new
+	// attempt (a new password, a new task network) serves what follows.
 	cancelled := func(tok func(string) string, h2 bool) {
 		t.Helper()
 		done := make(chan struct{})
@@ -472,7 +514,7 @@ func TestNoValueInAnyLogOnEveryRefusal(t *testing.T) {
 		})
 		u, err := r.proxy.StartAttempt("run-a")
 		must(t, err)
-		r.proxyURL = u
+		r.proxyURL, r.tn = u, nil
 		pw, _ = u.User.Password()
 		auth = "Proxy-Authorization: " + basic("run-a", pw) + "\r\n"
 	}
