@@ -163,3 +163,15 @@ func BenchmarkRedactAuditLineWithValue(b *testing.B) {
 		}
 	}
 }
+
+// BenchmarkAddHeld: Add of a value already held, as every request's read
+// of a value calls it, with 20 values held.
+func BenchmarkAddHeld(b *testing.B) {
+	s := benchSet(20)
+	v := secrets.NewValue("AKIA08AbCdEfGhIjKlMnOpQrStUvWxYz0123456789")
+	s.Add(v)
+	b.ReportAllocs()
+	for b.Loop() {
+		s.Add(v)
+	}
+}
