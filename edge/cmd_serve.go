@@ -13,6 +13,7 @@ import (
 
 	"github.com/runfleet/runfleet/edge/config"
 	"github.com/runfleet/runfleet/edge/host"
+	"github.com/runfleet/runfleet/edge/internal/redact"
 	"github.com/runfleet/runfleet/edge/proxy"
 )
 
@@ -53,7 +54,10 @@ func serve(path string, stderr io.Writer) int {
 		fmt.Fprintln(stderr, err)
 		return 1
 	}
-	log := slog.New(slog.NewJSONHandler(stderr, nil))
+	// Every log line passes through the redactor that learns each real
+	// value the proxy reads: the last line of defence (issue 12).
+	redactor := redact.NewSet(0)
+	log := newLogger(stderr, redactor)
 
 	stop := make(chan os.Signal, 1)
 	signal.Notify(stop, syscall.SIGTERM, syscall.SIGINT)
@@ -66,6 +70,7 @@ func serve(path string, stderr io.Writer) int {
 		Config:     cfg,
 		KillSwitch: killSwitch,
 		Logger:     log,
+		Redactor:   redactor,
 	})
 	if err != nil {
 		log.Error("edge cannot start", "error", err.Error())
@@ -88,4 +93,10 @@ func serve(path string, stderr io.Writer) int {
 		code = 1
 	}
 	return code
+}
+
+// newLogger is edge serve's logger: JSON lines to stderr, each passed
+// through redactor first (one Write per record, as the redactor needs).
+func newLogger(stderr io.Writer, redactor *redact.Set) *slog.Logger {
+	return slog.New(slog.NewJSONHandler(redactor.Writer(stderr), nil))
 }

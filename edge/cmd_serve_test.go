@@ -2,10 +2,15 @@ package main
 
 import (
 	"bytes"
+	"context"
+	"fmt"
 	"os"
 	"path/filepath"
 	"strings"
 	"testing"
+
+	"github.com/runfleet/runfleet/edge/internal/redact"
+	"github.com/runfleet/runfleet/edge/secrets"
 )
 
 // The serving itself runs as a real process in tests/edge_test.go; here,
@@ -46,3 +51,23 @@ func TestServeRefusesAnUnknownKillSwitchValue(t *testing.T) {
 		t.Errorf("exit %d, %q", code, errOut.String())
 	}
 }
+
+// edge serve's log passes every line through the redactor: a value the
+// proxy has read never reaches stderr, whatever logs it.
+func TestServeLoggerRedactsValuesRead(t *testing.T) {
+	redactor := redact.NewSet(0)
+	src := secrets.Observed(valueSource{secrets.NewValue("sk-real-0123456789")}, redactor.Add)
+	if _, err := src.Value(context.Background(), "acme", "K"); err != nil {
+		t.Fatal(err)
+	}
+	var stderr bytes.Buffer
+	log := newLogger(&stderr, redactor)
+	log.Error("a mistake", "error", fmt.Errorf("quoting %q", "sk-real-0123456789"), "url", "https://x/?k=sk-real-0123456789")
+	if strings.Contains(stderr.String(), "sk-real") || strings.Count(stderr.String(), redact.Mark) != 2 {
+		t.Fatalf("stderr: %s", stderr.String())
+	}
+}
+
+type valueSource struct{ v secrets.Value }
+
+func (s valueSource) Value(context.Context, string, string) (secrets.Value, error) { return s.v, nil }

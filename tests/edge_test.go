@@ -29,6 +29,7 @@ type edgeProc struct {
 	apiAddr string
 	policy  string // the JSON of policy.projects
 	runner  string // the JSON of the runner section
+	proxy   string // the JSON of the proxy section; "" listens on 127.0.0.1:0
 	cmd     *exec.Cmd
 	uid     int      // edge runs as root unless set
 	wrap    []string // a command edge serve runs under (setpriv), if set
@@ -109,12 +110,16 @@ func must(t testing.TB, err error) {
 }
 
 func (e *edgeProc) writeConfig() {
+	proxy := e.proxy
+	if proxy == "" {
+		proxy = `{"listen": "127.0.0.1:0"}`
+	}
 	cfg := fmt.Sprintf(`{"dataDir": %q, "api": {"listen": %q, "tokenFile": %q},
-	  "proxy": {"listen": "127.0.0.1:0"},
+	  "proxy": %s,
 	  "policy": {"projects": %s},
 	  "secrets": {"file": %q},
 	  "agents": {"shell": {"argv": ["sh", "-c", "{prompt}"]}},
-	  "runner": %s}`, filepath.Join(e.dir, "data"), e.apiAddr, filepath.Join(e.dir, "host-token"), e.policy,
+	  "runner": %s}`, filepath.Join(e.dir, "data"), e.apiAddr, filepath.Join(e.dir, "host-token"), proxy, e.policy,
 		filepath.Join(e.dir, "secrets.json"), e.runner)
 	must(e.t, os.WriteFile(e.cfgPath, []byte(cfg), 0o600))
 }

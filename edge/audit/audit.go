@@ -91,6 +91,12 @@ type Config struct {
 	// Logger reports write failures (an audit line that cannot be written is
 	// an operator's problem, not the request's). Required.
 	Logger *slog.Logger
+	// Redact, when set, gets every encoded line (one whole line, its
+	// newline included) before it is written, and returns what is written
+	// instead: edge's last line of defence against a real value in the
+	// file (redact.Set.Redact). It runs on the flushing goroutine, never a
+	// request's; nil writes lines as they are.
+	Redact func(line []byte) []byte
 }
 
 // Log writes audit lines and keeps the metrics. Safe for concurrent use.
@@ -256,7 +262,11 @@ func (l *Log) writeLocked(e *Entry) {
 		return
 	}
 	l.line = append(appendLine(l.line[:0], e), '\n')
-	if l.size > 0 && l.size+int64(len(l.line)) > l.cfg.MaxBytes {
+	line := l.line
+	if l.cfg.Redact != nil {
+		line = l.cfg.Redact(line)
+	}
+	if l.size > 0 && l.size+int64(len(line)) > l.cfg.MaxBytes {
 		if err := l.rotateLocked(); err != nil {
 			l.cfg.Logger.Error("audit: rotating", slog.String("error", err.Error()))
 			if l.file == nil {
@@ -264,7 +274,7 @@ func (l *Log) writeLocked(e *Entry) {
 			}
 		}
 	}
-	n, err := l.buf.Write(l.line)
+	n, err := l.buf.Write(line)
 	l.size += int64(n)
 	if err != nil {
 		l.cfg.Logger.Error("audit: writing", slog.String("error", err.Error()))

@@ -108,3 +108,30 @@ func TestLongFieldsAreCut(t *testing.T) {
 		}
 	}
 }
+
+// Config.Redact gets each encoded line whole, newline included, and what
+// it returns is what the file holds (rotation counts the redacted size).
+func TestRedactFiltersEveryLine(t *testing.T) {
+	dir := filepath.Join(t.TempDir(), "logs")
+	var seen []string
+	redact := func(line []byte) []byte {
+		seen = append(seen, string(line))
+		return []byte(strings.ReplaceAll(string(line), "sk-real-value", "[redacted]"))
+	}
+	l, err := Open(Config{Dir: dir, Logger: slog.New(slog.DiscardHandler), Redact: redact})
+	if err != nil {
+		t.Fatal(err)
+	}
+	l.Record(Entry{Task: "run-1", Action: Denied, Host: "sk-real-value.example:443", Path: "/sk-real-value"})
+	l.Record(Entry{Task: "run-1", Action: Forwarded, Host: "a.example:443", Path: "/ok"})
+	if err := l.Close(); err != nil {
+		t.Fatal(err)
+	}
+	b, _ := os.ReadFile(filepath.Join(dir, FileName))
+	if strings.Contains(string(b), "sk-real-value") || strings.Count(string(b), "[redacted]") != 2 || strings.Count(string(b), "\n") != 2 {
+		t.Fatalf("file:\n%s", b)
+	}
+	if len(seen) != 2 || !strings.HasSuffix(seen[0], "}\n") || !strings.Contains(seen[0], "sk-real-value") {
+		t.Fatalf("Redact saw %q", seen)
+	}
+}

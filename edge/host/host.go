@@ -17,6 +17,7 @@ import (
 	"net/netip"
 	"os"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"sync"
 
@@ -31,6 +32,7 @@ import (
 	"github.com/runfleet/runfleet/edge/ca"
 	"github.com/runfleet/runfleet/edge/config"
 	"github.com/runfleet/runfleet/edge/hostapi"
+	"github.com/runfleet/runfleet/edge/internal/redact"
 	"github.com/runfleet/runfleet/edge/policy"
 	"github.com/runfleet/runfleet/edge/proxy"
 	"github.com/runfleet/runfleet/edge/runlog"
@@ -51,6 +53,10 @@ type Options struct {
 	KillSwitch bool
 	// Logger; default discards.
 	Logger *slog.Logger
+	// Redactor learns every real value the secrets proxy reads and is
+	// applied to every audit line; main also passes Logger's output through
+	// it (redact.Set.Writer). Nil makes one for the audit alone.
+	Redactor *redact.Set
 	// Clock drives the CA's rotation and the runner; default the real clock.
 	Clock clock.Clock
 	// Rand; default crypto/rand.
@@ -103,6 +109,9 @@ func Open(ctx context.Context, o Options) (_ *Host, err error) {
 	if o.Clock == nil {
 		o.Clock = clock.Real{}
 	}
+	if o.Redactor == nil {
+		o.Redactor = redact.NewSet(0)
+	}
 	if o.AWS == nil {
 		o.AWS = func(ctx context.Context) (aws.Config, error) { return awsconfig.LoadDefaultConfig(ctx) }
 	}
@@ -116,7 +125,11 @@ func Open(ctx context.Context, o Options) (_ *Host, err error) {
 			}
 		}
 	}()
-	h.registry.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
+	h.registry.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}),
+		prometheus.NewCounterFunc(prometheus.CounterOpts{
+			Name: "edge_log_redactor_evicted_total",
+			Help: "Real values the log and audit redactor forgot past its bound (" + strconv.Itoa(redact.MaxValues) + " values): one it forgot and the proxy does not read again is no longer redacted.",
+		}, func() float64 { return float64(o.Redactor.Evicted()) }))
 
 	if err := prepareDataDir(cfg); err != nil {
 		return nil, err
@@ -182,7 +195,7 @@ func Open(ctx context.Context, o Options) (_ *Host, err error) {
 
 	h.auditLog, err = audit.Open(audit.Config{
 		Dir: filepath.Join(cfg.DataDir, "logs"), MaxBytes: cfg.Proxy.Audit.MaxBytes, Keep: cfg.Proxy.Audit.Keep,
-		Registerer: h.registry, Clock: o.Clock, Logger: o.Logger,
+		Registerer: h.registry, Clock: o.Clock, Logger: o.Logger, Redact: o.Redactor.Redact,
 	})
 	if err != nil {
 		return nil, err
@@ -319,6 +332,7 @@ func (h *Host) newProxy(ctx context.Context, trust caTrust) (*proxy.Proxy, error
 	if err != nil {
 		return nil, err
 	}
+	src = secrets.Observed(src, h.opts.Redactor.Add)
 	resolver, err := upstream.NewResolver(h.cfg.Proxy.Upstream, nil)
 	if err != nil {
 		return nil, fmt.Errorf("host: %w", err)

@@ -143,8 +143,13 @@ func (p *Proxy) classify(err error) (status int, action audit.Action, reason str
 	return http.StatusBadGateway, audit.Denied, "upstream unreachable"
 }
 
-// logFault logs a 5xx's cause. A *url.Error is unwrapped: its URL may hold a
-// substituted value; any placeholder in the text is redacted.
+// logFault logs a 5xx's cause. No error the proxy makes quotes a request's
+// fields, URL or body once substituted (issue 12: an Upgrade refusal once
+// did): its texts are static or name keys and hosts, and a real value is a
+// secrets.Value, which prints as [redacted]. A *url.Error is unwrapped: its
+// URL may hold a substituted value; any placeholder in the text is
+// redacted. Edge's log writer redacts the values read besides
+// (internal/redact).
 func (p *Proxy) logFault(status int, err error, attrs ...slog.Attr) {
 	if status < 500 {
 		return

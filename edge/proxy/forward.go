@@ -1,6 +1,7 @@
 package proxy
 
 import (
+	"errors"
 	"fmt"
 	"io"
 	"log/slog"
@@ -25,7 +26,8 @@ func (p *Proxy) forward(r *http.Request, st *requestState) {
 		out.host = st.ci.target.HostHeader()
 	}
 	if out.upgrade != "" && !printableASCII(out.upgrade) {
-		p.upstreamError(st, fmt.Errorf("client tried to switch to invalid protocol %q", out.upgrade))
+		// Never quoted: the field has been substituted (issue 12).
+		p.upstreamError(st, badRequestError{"the Upgrade field names an invalid protocol"})
 		return
 	}
 	if out.upgrade != "" {
@@ -247,11 +249,13 @@ func (p *Proxy) switchProtocols(st *requestState, asked string, res upResponse, 
 	}
 	got := upgradeType(res.header)
 	switch {
+	// Neither protocol is quoted: the task's was substituted, and the
+	// upstream's may echo it.
 	case !printableASCII(got):
-		fail(fmt.Errorf("backend tried to switch to invalid protocol %q", got))
+		fail(errors.New("the upstream switched to an invalid protocol"))
 		return
 	case !strings.EqualFold(asked, got):
-		fail(fmt.Errorf("backend tried to switch protocol %q when %q was requested", got, asked))
+		fail(errors.New("the upstream switched to another protocol than the one asked for"))
 		return
 	}
 	if len(res.header["Sec-Websocket-Extensions"]) > 0 {

@@ -28,6 +28,7 @@ import (
 	"github.com/runfleet/runfleet/edge/audit"
 	"github.com/runfleet/runfleet/edge/ca"
 	"github.com/runfleet/runfleet/edge/internal/edgetest"
+	logredact "github.com/runfleet/runfleet/edge/internal/redact"
 	"github.com/runfleet/runfleet/edge/policy"
 	"github.com/runfleet/runfleet/edge/secrets"
 	"github.com/runfleet/runfleet/edge/upstream"
@@ -147,6 +148,11 @@ type envOptions struct {
 	auditMaxBytes int64
 	// maxTaskConns is Config.MaxTaskConns (0: the default).
 	maxTaskConns int
+	// redactor, when set, is wired as edge serve wires it: it learns every
+	// value read from the source and filters the log (e.logs) and the audit
+	// lines; rawLogs and rawAudit then get the lines before the filter.
+	redactor          *logredact.Set
+	rawLogs, rawAudit io.Writer
 }
 
 func newEnv(t tb, o envOptions) *env {
@@ -172,7 +178,11 @@ func newEnv(t tb, o envOptions) *env {
 	if o.quiet {
 		level = slog.LevelInfo
 	}
-	logger := slog.New(slog.NewJSONHandler(e.logs, &slog.HandlerOptions{Level: level}))
+	var logOut io.Writer = e.logs
+	if o.redactor != nil {
+		logOut = io.MultiWriter(o.rawLogs, o.redactor.Writer(e.logs))
+	}
+	logger := slog.New(slog.NewJSONHandler(logOut, &slog.HandlerOptions{Level: level}))
 	var err error
 	e.watcher, err = policy.NewWatcher(policy.WatcherConfig{Path: e.configPath, Logger: logger})
 	must(t, err)
@@ -202,12 +212,21 @@ func newEnv(t tb, o envOptions) *env {
 	src, err := secrets.NewFileSource(filepath.Join(dir, "secrets.json"))
 	must(t, err)
 	e.auditDir = filepath.Join(dir, "logs")
-	al, err := audit.Open(audit.Config{Dir: e.auditDir, MaxBytes: o.auditMaxBytes, Keep: 50, Logger: logger})
+	var filter func([]byte) []byte
+	var source secrets.Source = src
+	if o.redactor != nil {
+		source = secrets.Observed(src, o.redactor.Add)
+		filter = func(line []byte) []byte {
+			o.rawAudit.Write(line)
+			return o.redactor.Redact(line)
+		}
+	}
+	al, err := audit.Open(audit.Config{Dir: e.auditDir, MaxBytes: o.auditMaxBytes, Keep: 50, Logger: logger, Redact: filter})
 	must(t, err)
 	e.audit = al
 	e.proxy, err = New(Config{
 		Listener: e.listener, Egress: o.egress, DataDir: dir, Policy: e.watcher, Leaves: e.authority,
-		Secrets: src, Upstream: guard, UpstreamTLS: tlsCfg, Audit: al, Logger: logger, Rand: o.rand,
+		Secrets: source, Upstream: guard, UpstreamTLS: tlsCfg, Audit: al, Logger: logger, Rand: o.rand,
 		MaxTaskConns: o.maxTaskConns,
 	})
 	must(t, err)

@@ -83,7 +83,7 @@ type requestState struct {
 // whether it was put in.
 type substitution struct {
 	ref         policy.KeyRef
-	value       string
+	value       secrets.Value
 	placeholder string
 	used        bool
 }
@@ -141,7 +141,8 @@ func (st *requestState) substitute(o owner, loc policy.Location) (string, error)
 		}
 		st.subs = append(st.subs, substitution{ref: o.ref, value: v, placeholder: o.placeholder})
 	}
-	v := st.subs[i].value
+	// The value leaves its type here, to be spliced into what goes upstream.
+	v := st.subs[i].value.Reveal()
 	if loc == policy.InHeader && strings.ContainsAny(v, "\r\n\x00") {
 		ferr := &faultError{fmt.Errorf("the value of %s cannot be sent in a header", o.ref)}
 		st.failLocked(ferr, o.ref)

@@ -5,6 +5,8 @@ import (
 	"net/http"
 	"sort"
 	"strings"
+
+	"github.com/runfleet/runfleet/edge/secrets"
 )
 
 // scrubber takes the real values out of what an upstream answers to a
@@ -36,9 +38,9 @@ type scrubber struct {
 
 // scrubPair is one value and the placeholder the task sees for it.
 type scrubPair struct {
-	value       string
+	value       secrets.Value
 	placeholder string
-	valueBytes  []byte // value, made when a body is first searched
+	valueBytes  []byte // value, revealed when a body is first searched
 }
 
 var _ rewriter = (*scrubber)(nil)
@@ -62,13 +64,12 @@ func (sc *scrubber) refresh() {
 	sc.pairs, sc.lines = sc.pairs[:0], true
 	longest := 0
 	for _, s := range st.subs {
-		p := scrubPair{value: s.value, placeholder: s.placeholder}
-		if p.value == "" {
+		if s.value.IsZero() {
 			continue
 		}
-		sc.pairs = append(sc.pairs, p)
-		longest = max(longest, len(p.value))
-		sc.lines = sc.lines && strings.IndexByte(p.value, '\n') < 0
+		sc.pairs = append(sc.pairs, scrubPair{value: s.value, placeholder: s.placeholder})
+		longest = max(longest, s.value.Len())
+		sc.lines = sc.lines && strings.IndexByte(s.value.Reveal(), '\n') < 0
 	}
 	sc.window = answerWindow(longest)
 }
@@ -122,8 +123,8 @@ func (sc *scrubber) header(h http.Header) int {
 func (sc *scrubber) text(s string) (string, int) {
 	n := 0
 	for _, p := range sc.pairs {
-		if k := strings.Count(s, p.value); k > 0 {
-			s = strings.ReplaceAll(s, p.value, p.placeholder)
+		if k := strings.Count(s, p.value.Reveal()); k > 0 {
+			s = strings.ReplaceAll(s, p.value.Reveal(), p.placeholder)
 			n += k
 		}
 	}
@@ -149,7 +150,7 @@ func (sc *scrubber) find(b []byte, out []match) []match {
 	for k := range sc.pairs {
 		p := &sc.pairs[k]
 		if p.valueBytes == nil {
-			p.valueBytes = []byte(p.value)
+			p.valueBytes = []byte(p.value.Reveal())
 		}
 		for pos := 0; ; {
 			i := bytes.Index(b[pos:], p.valueBytes)
@@ -157,8 +158,8 @@ func (sc *scrubber) find(b []byte, out []match) []match {
 				break
 			}
 			start := pos + i
-			out = append(out, match{start: start, end: start + len(p.value), owner: owner{placeholder: p.placeholder}})
-			pos = start + len(p.value)
+			out = append(out, match{start: start, end: start + len(p.valueBytes), owner: owner{placeholder: p.placeholder}})
+			pos = start + len(p.valueBytes)
 		}
 	}
 	if len(sc.pairs) > 1 && len(out) > 1 {

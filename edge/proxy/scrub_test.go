@@ -8,6 +8,8 @@ import (
 	"net/http"
 	"strings"
 	"testing"
+
+	"github.com/runfleet/runfleet/edge/secrets"
 )
 
 // An upstream that echoes what it got sends the real value back; the task
@@ -166,8 +168,8 @@ func TestCompressedAnswerToARequestCarryingAValueIsRefused(t *testing.T) {
 func TestScrubberSplitReads(t *testing.T) {
 	st := &requestState{}
 	st.subs = []substitution{
-		{value: "VALUE-one-1234", placeholder: "ph-one-XXXXXXXXXXXXXXXX"},
-		{value: "V2", placeholder: "ph-two-YYYYYYYYYYYYYYYYYYYYY"},
+		{value: secrets.NewValue("VALUE-one-1234"), placeholder: "ph-one-XXXXXXXXXXXXXXXX"},
+		{value: secrets.NewValue("V2"), placeholder: "ph-two-YYYYYYYYYYYYYYYYYYYYY"},
 	}
 	var sc scrubber
 	sc.reset(st)
@@ -199,7 +201,7 @@ func TestScrubberSplitReads(t *testing.T) {
 		}
 	}
 	// A value with a line break can span one: lines are held back too.
-	st.subs = append(st.subs, substitution{value: "multi\nline", placeholder: "ph-three-ZZZZZZZZZZZZZZZZZZZZZZZZ"})
+	st.subs = append(st.subs, substitution{value: secrets.NewValue("multi\nline"), placeholder: "ph-three-ZZZZZZZZZZZZZZZZZZZZZZZZ"})
 	if got := sc.settled([]byte("data: a\n\ndata: multi\n")); got != 0 {
 		t.Errorf("with a value holding a line break, settled = %d, want 0", got)
 	}
@@ -231,7 +233,7 @@ func TestScrubberTakesAValueAddedWhileTheAnswerStreams(t *testing.T) {
 	src := &hookReader{reads: []string{"before ", "echo " + value[:9], value[9:] + " after"}, hook: func(i int) {
 		if i == 1 { // the value is recorded before the upstream can echo it
 			st.mu.Lock()
-			st.subs = append(st.subs, substitution{value: value, placeholder: placeholder})
+			st.subs = append(st.subs, substitution{value: secrets.NewValue(value), placeholder: placeholder})
 			st.mu.Unlock()
 		}
 	}}
@@ -273,7 +275,7 @@ func FuzzScrubber(f *testing.F) {
 	values := []string{"~!~!~ab", "#~#", "!"}
 	st := &requestState{}
 	for i, v := range values {
-		st.subs = append(st.subs, substitution{value: v, placeholder: fmt.Sprintf("ph-%d-XXXXXXXXXXXXXXXXXXXXXXXX", i)})
+		st.subs = append(st.subs, substitution{value: secrets.NewValue(v), placeholder: fmt.Sprintf("ph-%d-XXXXXXXXXXXXXXXXXXXXXXXX", i)})
 	}
 	f.Fuzz(func(t *testing.T, data []byte, insert uint8, sizes []byte) {
 		var b bytes.Buffer
@@ -321,7 +323,7 @@ func FuzzScrubber(f *testing.F) {
 // streams tokens).
 func BenchmarkScrubStreamedAnswer(b *testing.B) {
 	st := &requestState{}
-	st.subs = []substitution{{value: realA, placeholder: "ph-A-XXXXXXXXXXXXXXXXXXXXXXXXXXXXXXXXXXXXX"}}
+	st.subs = []substitution{{value: secrets.NewValue(realA), placeholder: "ph-A-XXXXXXXXXXXXXXXXXXXXXXXXXXXXXXXXXXXXX"}}
 	bulk := bytes.Repeat([]byte("lorem ipsum dolor sit amet, consectetur adipiscing elit\n"), 600)[:bodyChunk]
 	event := []byte(`data: {"choices":[{"delta":{"content":" token"},"index":0}]}` + "\n\n")
 	for _, c := range []struct {

@@ -53,7 +53,7 @@ type AWSSource struct {
 var _ Source = (*AWSSource)(nil)
 
 type cached struct {
-	value   string
+	value   Value
 	found   bool
 	fetched time.Time
 }
@@ -76,7 +76,7 @@ func NewAWSSource(cfg AWSConfig) (*AWSSource, error) {
 }
 
 // Value returns the value of project/key.
-func (s *AWSSource) Value(ctx context.Context, project, key string) (string, error) {
+func (s *AWSSource) Value(ctx context.Context, project, key string) (Value, error) {
 	id := s.cfg.Prefix + ID(project, key)
 	now := s.cfg.Clock.Now()
 	s.mu.Lock()
@@ -86,14 +86,14 @@ func (s *AWSSource) Value(ctx context.Context, project, key string) (string, err
 		var err error
 		c, err = s.fetch(ctx, id, now)
 		if err != nil {
-			return "", err
+			return Value{}, err
 		}
 		s.mu.Lock()
 		s.cache[id] = c
 		s.mu.Unlock()
 	}
 	if !c.found {
-		return "", fmt.Errorf("secrets manager: %s: %w", id, ErrNotFound)
+		return Value{}, fmt.Errorf("secrets manager: %s: %w", id, ErrNotFound)
 	}
 	return c.value, nil
 }
@@ -110,5 +110,5 @@ func (s *AWSSource) fetch(ctx context.Context, id string, now time.Time) (cached
 		// A binary secret has no string value to substitute.
 		return cached{fetched: now}, nil
 	}
-	return cached{value: *out.SecretString, found: true, fetched: now}, nil
+	return cached{value: NewValue(*out.SecretString), found: true, fetched: now}, nil
 }

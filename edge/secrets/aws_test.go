@@ -27,7 +27,7 @@ func TestAWSSourceAgainstMoto(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if v, err := src.Value(ctx, "acme", "OPENAI_API_KEY"); err != nil || v != "real-one" {
+	if v, err := src.Value(ctx, "acme", "OPENAI_API_KEY"); err != nil || v.Reveal() != "real-one" {
 		t.Fatalf("%q %v", v, err)
 	}
 	if _, err := src.Value(ctx, "acme", "MISSING"); !errors.Is(err, ErrNotFound) {
@@ -40,11 +40,11 @@ func TestAWSSourceAgainstMoto(t *testing.T) {
 		t.Fatal(err)
 	}
 	fake.Advance(29 * time.Second)
-	if v, _ := src.Value(ctx, "acme", "OPENAI_API_KEY"); v != "real-one" {
+	if v, _ := src.Value(ctx, "acme", "OPENAI_API_KEY"); v.Reveal() != "real-one" {
 		t.Fatalf("inside the TTL: %q", v)
 	}
 	fake.Advance(time.Second)
-	if v, _ := src.Value(ctx, "acme", "OPENAI_API_KEY"); v != "real-two" {
+	if v, _ := src.Value(ctx, "acme", "OPENAI_API_KEY"); v.Reveal() != "real-two" {
 		t.Fatalf("after the TTL: %q", v)
 	}
 	// A failure that is not "absent" is an error, not a withhold.

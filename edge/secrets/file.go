@@ -30,7 +30,7 @@ type FileSource struct {
 	// armed again after each change it reports.
 	watchable bool
 	stamp     filestamp.Stamp
-	values    map[string]string
+	values    map[string]Value
 	err       error
 }
 
@@ -75,19 +75,19 @@ func (f *FileSource) Close() error {
 }
 
 // Value returns the value of project/key.
-func (f *FileSource) Value(_ context.Context, project, key string) (string, error) {
+func (f *FileSource) Value(_ context.Context, project, key string) (Value, error) {
 	values, err := f.current()
 	if err != nil {
-		return "", err
+		return Value{}, err
 	}
 	v, ok := values[ID(project, key)]
 	if !ok {
-		return "", fmt.Errorf("secrets file: %s: %w", ID(project, key), ErrNotFound)
+		return Value{}, fmt.Errorf("secrets file: %s: %w", ID(project, key), ErrNotFound)
 	}
 	return v, nil
 }
 
-func (f *FileSource) current() (map[string]string, error) {
+func (f *FileSource) current() (map[string]Value, error) {
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	if w := f.watch.w; w != nil {
@@ -105,7 +105,7 @@ func (f *FileSource) current() (map[string]string, error) {
 
 // checkLocked compares the file's identity, size and modification time
 // with the last read's and re-reads it when any differ.
-func (f *FileSource) checkLocked() (map[string]string, error) {
+func (f *FileSource) checkLocked() (map[string]Value, error) {
 	fi, err := os.Stat(f.path)
 	if err != nil {
 		f.watch.close() // so the next read checks again
@@ -120,7 +120,9 @@ func (f *FileSource) checkLocked() (map[string]string, error) {
 	return f.values, f.err
 }
 
-func readValues(path string) (map[string]string, error) {
+// readValues reads the file, each value wrapped once (a read per request
+// allocates nothing).
+func readValues(path string) (map[string]Value, error) {
 	b, err := os.ReadFile(path)
 	if err != nil {
 		return nil, fmt.Errorf("secrets file: %w", err)
@@ -134,8 +136,9 @@ func readValues(path string) (map[string]string, error) {
 		}
 		return nil, fmt.Errorf("secrets file %s: not a JSON object of strings", path)
 	}
-	if values == nil {
-		values = map[string]string{}
+	out := make(map[string]Value, len(values))
+	for id, v := range values {
+		out[id] = NewValue(v)
 	}
-	return values, nil
+	return out, nil
 }

@@ -27,7 +27,7 @@ func TestFileSourceRereadsOnChangeAndFailsClosed(t *testing.T) {
 		t.Fatal(err)
 	}
 	ctx := context.Background()
-	if v, err := src.Value(ctx, "acme", "OPENAI_API_KEY"); err != nil || v != "real-one" {
+	if v, err := src.Value(ctx, "acme", "OPENAI_API_KEY"); err != nil || v.Reveal() != "real-one" {
 		t.Fatalf("%q %v", v, err)
 	}
 	if _, err := src.Value(ctx, "acme", "OTHER"); !errors.Is(err, ErrNotFound) {
@@ -35,7 +35,7 @@ func TestFileSourceRereadsOnChangeAndFailsClosed(t *testing.T) {
 	}
 	// A rotation (same size, new inode) applies to the next read.
 	write(`{"acme/OPENAI_API_KEY": "real-two"}`)
-	if v, _ := src.Value(ctx, "acme", "OPENAI_API_KEY"); v != "real-two" {
+	if v, _ := src.Value(ctx, "acme", "OPENAI_API_KEY"); v.Reveal() != "real-two" {
 		t.Fatalf("after rotation: %q", v)
 	}
 	// A malformed file fails closed, and the error never quotes a value.
@@ -45,7 +45,7 @@ func TestFileSourceRereadsOnChangeAndFailsClosed(t *testing.T) {
 		t.Fatalf("malformed file: %v", err)
 	}
 	write(`{"acme/OPENAI_API_KEY": "real-four"}`)
-	if v, _ := src.Value(ctx, "acme", "OPENAI_API_KEY"); v != "real-four" {
+	if v, _ := src.Value(ctx, "acme", "OPENAI_API_KEY"); v.Reveal() != "real-four" {
 		t.Fatalf("after the fix: %q", v)
 	}
 	if _, err := NewFileSource(filepath.Join(t.TempDir(), "missing.json")); err == nil {

@@ -41,8 +41,8 @@ func writeValue(t *testing.T, path, v string) {
 func expectValue(t *testing.T, src *FileSource, want string) {
 	t.Helper()
 	v, err := src.Value(context.Background(), "acme", "K")
-	if err != nil || v != want {
-		t.Fatalf("value %q, %v; want %q", v, err, want)
+	if err != nil || v.Reveal() != want {
+		t.Fatalf("value %q, %v; want %q", v.Reveal(), err, want)
 	}
 }
 
