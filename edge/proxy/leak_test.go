@@ -6,6 +6,7 @@ import (
 	"compress/gzip"
 	"crypto/tls"
 	"crypto/x509"
+	"encoding/json"
 	"fmt"
 	"io"
 	"net"
@@ -578,6 +579,17 @@ func TestNoValueInAnyLogOnEveryRefusal(t *testing.T) {
 	}
 	if !strings.Contains(r.rawLogs.String(), "secrets proxy request failed") {
 		t.Error("no request failure was logged: the log went unchecked")
+	}
+	// Every refusal's line says why, a request that was substituted
+	// before its exchange failed included.
+	for _, line := range strings.Split(strings.TrimSpace(r.rawAudit.String()), "\n") {
+		var m map[string]any
+		if err := json.Unmarshal([]byte(line), &m); err != nil {
+			t.Fatalf("audit line: %v", err)
+		}
+		if status, _ := m["status"].(float64); status >= 400 && m["reason"] == nil {
+			t.Errorf("a %v refusal's audit line (%v) has no reason", status, m["action"])
+		}
 	}
 
 	// With the real values: what the task sent is what is logged, and the

@@ -555,6 +555,10 @@ func (p *Proxy) upstreamError(st *requestState, err error) {
 	if st.fail == nil && action != audit.Denied {
 		st.fail = err
 	}
+	// The line keeps its action (a value that went upstream was
+	// substituted, whatever became of the exchange) and says why it
+	// failed.
+	st.entry.Reason = reason
 	st.mu.Unlock()
 	p.logFault(status, err, slog.String("task", st.runID()), slog.String("host", st.ci.logHost))
 	if stopped || (status == http.StatusBadGateway && errors.Is(err, context.Canceled)) {
