@@ -141,6 +141,23 @@ func (f *fixture) wsUpstream(t *testing.T, extraHeader string, script func(r *ht
 	return u
 }
 
+// wsRecorder is a WebSocket upstream that records every frame it reads
+// until its connection ends; what it recorded is read after wait.
+func (f *fixture) wsRecorder(t *testing.T) (u *wsUpstream, got *[]testFrame, end *error) {
+	got, end = new([]testFrame), new(error)
+	u = f.wsUpstream(t, "", func(r *http.Request, conn net.Conn, br *bufio.Reader) {
+		for {
+			fr, err := readTestFrame(br)
+			if err != nil {
+				*end = err
+				return
+			}
+			*got = append(*got, fr)
+		}
+	})
+	return u, got, end
+}
+
 // wait waits for the upstream's script to end.
 func (u *wsUpstream) wait(t *testing.T) {
 	t.Helper()
@@ -263,16 +280,7 @@ func TestWebSocketTaskControlFrameTooLongOnceSubstituted(t *testing.T) {
 		secrets: map[string]string{"acme/L": long}})
 	u, phs := e.task("run-l", hostproto.Secret{ProjectID: "acme", Key: "L"})
 	f := &fixture{env: e, up: upstream, proxyURL: u, api: "api.example.test:" + itoa(upstream.port)}
-	var got []testFrame
-	up := f.wsUpstream(t, "", func(r *http.Request, conn net.Conn, br *bufio.Reader) {
-		for {
-			fr, err := readTestFrame(br)
-			if err != nil {
-				return
-			}
-			got = append(got, fr)
-		}
-	})
+	up, recorded, _ := f.wsRecorder(t)
 	conn, br, res := f.wsDial(t, f.api, "api.example.test", "")
 	if res.StatusCode != http.StatusSwitchingProtocols {
 		t.Fatalf("handshake: %d", res.StatusCode)
@@ -285,6 +293,7 @@ func TestWebSocketTaskControlFrameTooLongOnceSubstituted(t *testing.T) {
 		t.Fatalf("the task got op %x code %d, not a 1008 close", fr.op, fr.closeCode())
 	}
 	up.wait(t)
+	got := *recorded
 	if len(got) != 1 || string(got[0].payload) != "fits: "+long {
 		t.Errorf("the upstream got %d frames, want only the message with the value", len(got))
 	}
@@ -389,18 +398,7 @@ func TestWebSocketMessageWithABlockedPlaceholder(t *testing.T) {
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			f := newFixture(t, "open")
-			var got []testFrame
-			var endErr error
-			up := f.wsUpstream(t, "", func(r *http.Request, conn net.Conn, br *bufio.Reader) {
-				for {
-					fr, err := readTestFrame(br)
-					if err != nil {
-						endErr = err
-						return
-					}
-					got = append(got, fr)
-				}
-			})
+			up, recorded, end := f.wsRecorder(t)
 			// A may go to api in a header (the handshake), not in a body.
 			conn, br, res := f.wsDial(t, f.api, "api.example.test", "Authorization: Bearer "+f.phA+"\r\n")
 			if res.StatusCode != http.StatusSwitchingProtocols {
@@ -416,8 +414,9 @@ func TestWebSocketMessageWithABlockedPlaceholder(t *testing.T) {
 				t.Fatalf("the task got op %x code %d, not a 1008 close", fr.op, fr.closeCode())
 			}
 			up.wait(t)
-			if len(got) != 1 || string(got[0].payload) != "hello" || endErr == nil {
-				t.Errorf("the upstream got %d frames (want only the first message), then %v", len(got), endErr)
+			got := *recorded
+			if len(got) != 1 || string(got[0].payload) != "hello" || *end == nil {
+				t.Errorf("the upstream got %d frames (want only the first message), then %v", len(got), *end)
 			}
 			line := f.waitAudit(func(m map[string]any) bool { return m["action"] == "blocked" })
 			if fmt.Sprint(line["keys"]) != "[acme/A]" || !strings.HasPrefix(fmt.Sprint(line["reason"]), "websocket message blocked") || line["path"] != "/ws" {
@@ -585,16 +584,7 @@ func FuzzWebSocketFrameReader(f *testing.F) {
 // messages each within it go on however many the socket carries.
 func TestWebSocketSubstitutionsAreBoundedPerMessage(t *testing.T) {
 	f := newFixture(t, "open")
-	var got []testFrame
-	up := f.wsUpstream(t, "", func(r *http.Request, conn net.Conn, br *bufio.Reader) {
-		for {
-			fr, err := readTestFrame(br)
-			if err != nil {
-				return
-			}
-			got = append(got, fr)
-		}
-	})
+	up, recorded, _ := f.wsRecorder(t)
 	conn, br, res := f.wsDial(t, f.other, "other.example.test", "")
 	if res.StatusCode != http.StatusSwitchingProtocols {
 		t.Fatalf("handshake: %d", res.StatusCode)
@@ -610,6 +600,7 @@ func TestWebSocketSubstitutionsAreBoundedPerMessage(t *testing.T) {
 		t.Fatalf("the task got op %x code %d, not a 1008 close", fr.op, fr.closeCode())
 	}
 	up.wait(t)
+	got := *recorded
 	if len(got) != 3 || strings.Count(string(got[2].payload), realB) != maxSubstitutions {
 		t.Errorf("the upstream got %d frames, not the three messages within the cap, substituted", len(got))
 	}
