@@ -141,6 +141,17 @@ func (f *fixture) wsUpstream(t *testing.T, extraHeader string, script func(r *ht
 	return u
 }
 
+// wantPolicyClose reads the task's next frame: a close with 1008 (policy
+// violation), as a blocked message ends its connection.
+func wantPolicyClose(t *testing.T, br *bufio.Reader) {
+	t.Helper()
+	fr, err := readTestFrame(br)
+	must(t, err)
+	if fr.closeCode() != 1008 {
+		t.Fatalf("the task got op %x code %d, not a 1008 close", fr.op, fr.closeCode())
+	}
+}
+
 // wsRecorder is a WebSocket upstream that records every frame it reads
 // until its connection ends; what it recorded is read after wait.
 func (f *fixture) wsRecorder(t *testing.T) (u *wsUpstream, got *[]testFrame, end *error) {
@@ -287,11 +298,7 @@ func TestWebSocketTaskControlFrameTooLongOnceSubstituted(t *testing.T) {
 	}
 	conn.Write(rawFrame(true, 0, 0x1, testMask, []byte("fits: "+phs["L"])))
 	conn.Write(rawFrame(true, 0, 0x9, testMask, []byte("0123456789"+phs["L"]))) // 130 bytes substituted
-	fr, err := readTestFrame(br)
-	must(t, err)
-	if fr.closeCode() != 1008 {
-		t.Fatalf("the task got op %x code %d, not a 1008 close", fr.op, fr.closeCode())
-	}
+	wantPolicyClose(t, br)
 	up.wait(t)
 	got := *recorded
 	if len(got) != 1 || string(got[0].payload) != "fits: "+long {
@@ -408,11 +415,7 @@ func TestWebSocketMessageWithABlockedPlaceholder(t *testing.T) {
 			for _, b := range tc.frames(f.phA) {
 				conn.Write(b)
 			}
-			fr, err := readTestFrame(br)
-			must(t, err)
-			if fr.closeCode() != 1008 {
-				t.Fatalf("the task got op %x code %d, not a 1008 close", fr.op, fr.closeCode())
-			}
+			wantPolicyClose(t, br)
 			up.wait(t)
 			got := *recorded
 			if len(got) != 1 || string(got[0].payload) != "hello" || *end == nil {
@@ -594,11 +597,7 @@ func TestWebSocketSubstitutionsAreBoundedPerMessage(t *testing.T) {
 		conn.Write(rawFrame(true, 0, 0x1, testMask, []byte(within)))
 	}
 	conn.Write(rawFrame(true, 0, 0x1, testMask, []byte(within+f.phB)))
-	fr, err := readTestFrame(br)
-	must(t, err)
-	if fr.closeCode() != 1008 {
-		t.Fatalf("the task got op %x code %d, not a 1008 close", fr.op, fr.closeCode())
-	}
+	wantPolicyClose(t, br)
 	up.wait(t)
 	got := *recorded
 	if len(got) != 3 || strings.Count(string(got[2].payload), realB) != maxSubstitutions {
