@@ -168,13 +168,13 @@ func TestCompressedAnswerToARequestCarryingAValueIsRefused(t *testing.T) {
 func TestScrubberSplitReads(t *testing.T) {
 	st := &requestState{}
 	st.subs = []substitution{
-		{value: secrets.NewValue("VALUE-one-1234"), placeholder: "ph-one-XXXXXXXXXXXXXXXX"},
-		{value: secrets.NewValue("V2"), placeholder: "ph-two-YYYYYYYYYYYYYYYYYYYYY"},
+		{value: secrets.NewValue("VALUE-one-1234"), placeholder: "ph-one-Qm7vR2Qm7vR2Qm7v"},
+		{value: secrets.NewValue("V2"), placeholder: "ph-two-Hw4sLpHw4sLpHw4sLpHw4"},
 	}
 	var sc scrubber
 	sc.reset(st)
 	body := "head VALUE-one-1234 V2 VALUE-one-123 VVALUE-one-1234V2 tail VALUE-one-1234"
-	want := strings.NewReplacer("VALUE-one-1234", "ph-one-XXXXXXXXXXXXXXXX", "V2", "ph-two-YYYYYYYYYYYYYYYYYYYYY").Replace(body)
+	want := strings.NewReplacer("VALUE-one-1234", "ph-one-Qm7vR2Qm7vR2Qm7v", "V2", "ph-two-Hw4sLpHw4sLpHw4sLpHw4").Replace(body)
 	for cut := 1; cut < len(body); cut++ {
 		for _, sizes := range [][]int{{cut}, {cut, 1, 1, 1, 2}, {1, cut}} {
 			src := &chunkReader{data: []byte(body), sizes: append([]int(nil), sizes...)}
@@ -229,7 +229,7 @@ func TestScrubberTakesAValueAddedWhileTheAnswerStreams(t *testing.T) {
 	st.subs = st.subsBuf[:0]
 	var sc scrubber
 	sc.reset(st)
-	const value, placeholder = "VALUE-added-later-0123456789", "ph-later-XXXXXXXXXXXXXXXXXXXXXXXXXX"
+	const value, placeholder = "VALUE-added-later-0123456789", "ph-later-Qm7vR2Qm7vR2Qm7vR2Qm7vR2Qm"
 	src := &hookReader{reads: []string{"before ", "echo " + value[:9], value[9:] + " after"}, hook: func(i int) {
 		if i == 1 { // the value is recorded before the upstream can echo it
 			st.mu.Lock()
@@ -275,7 +275,7 @@ func FuzzScrubber(f *testing.F) {
 	values := []string{"~!~!~ab", "#~#", "!"}
 	st := &requestState{}
 	for i, v := range values {
-		st.subs = append(st.subs, substitution{value: secrets.NewValue(v), placeholder: fmt.Sprintf("ph-%d-XXXXXXXXXXXXXXXXXXXXXXXX", i)})
+		st.subs = append(st.subs, substitution{value: secrets.NewValue(v), placeholder: fmt.Sprintf("ph-%d-Qm7vR2Qm7vR2Qm7vR2Qm7vR2", i)})
 	}
 	f.Fuzz(func(t *testing.T, data []byte, insert uint8, sizes []byte) {
 		var b bytes.Buffer
@@ -323,7 +323,7 @@ func FuzzScrubber(f *testing.F) {
 // streams tokens).
 func BenchmarkScrubStreamedAnswer(b *testing.B) {
 	st := &requestState{}
-	st.subs = []substitution{{value: secrets.NewValue(realA), placeholder: "ph-A-XXXXXXXXXXXXXXXXXXXXXXXXXXXXXXXXXXXXX"}}
+	st.subs = []substitution{{value: secrets.NewValue(realA), placeholder: "ph-A-Qm7vR2Qm7vR2Qm7vR2Qm7vR2Qm7vR2Qm7vR2Q"}}
 	bulk := bytes.Repeat([]byte("lorem ipsum dolor sit amet, consectetur adipiscing elit\n"), 600)[:bodyChunk]
 	event := []byte(`data: {"choices":[{"delta":{"content":" token"},"index":0}]}` + "\n\n")
 	for _, c := range []struct {

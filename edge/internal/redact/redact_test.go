@@ -95,19 +95,19 @@ func TestWriterRedactsEachWrite(t *testing.T) {
 func TestSetIsBounded(t *testing.T) {
 	s := NewSet(3)
 	for i := range 5 {
-		s.Add(secrets.NewValue(fmt.Sprintf("value-%d-xxxxxxxx", i)))
+		s.Add(secrets.NewValue(fmt.Sprintf("value-%d-k3Rq9ZtW", i)))
 	}
-	s.Add(secrets.NewValue("value-4-xxxxxxxx")) // held: no change
+	s.Add(secrets.NewValue("value-4-k3Rq9ZtW")) // held: no change
 	s.Add(secrets.Value{})                      // empty: ignored
 	if s.Len() != 3 || s.Evicted() != 2 {
 		t.Fatalf("len %d evicted %d", s.Len(), s.Evicted())
 	}
-	line := "value-0-xxxxxxxx value-1-xxxxxxxx value-2-xxxxxxxx value-4-xxxxxxxx"
-	if got := string(s.Redact([]byte(line))); got != "value-0-xxxxxxxx value-1-xxxxxxxx "+Mark+" "+Mark {
+	line := "value-0-k3Rq9ZtW value-1-k3Rq9ZtW value-2-k3Rq9ZtW value-4-k3Rq9ZtW"
+	if got := string(s.Redact([]byte(line))); got != "value-0-k3Rq9ZtW value-1-k3Rq9ZtW "+Mark+" "+Mark {
 		t.Fatalf("%q", got)
 	}
-	s.Add(secrets.NewValue("value-0-xxxxxxxx")) // back; value-2, the oldest, goes
-	if got := string(s.Redact([]byte(line))); got != Mark+" value-1-xxxxxxxx value-2-xxxxxxxx "+Mark {
+	s.Add(secrets.NewValue("value-0-k3Rq9ZtW")) // back; value-2, the oldest, goes
+	if got := string(s.Redact([]byte(line))); got != Mark+" value-1-k3Rq9ZtW value-2-k3Rq9ZtW "+Mark {
 		t.Fatalf("%q", got)
 	}
 	if s.Evicted() != 3 {
