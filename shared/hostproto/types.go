@@ -39,6 +39,16 @@ const (
 	ReasonHostShutdown    = "host_shutdown"
 	ReasonHostRestarted   = "host_restarted"
 	ReasonOutputLimit     = "output_limit"
+	// ReasonOOMKilled: the kernel killed the task's process for going past
+	// its memory limit (runner.limits.memory).
+	ReasonOOMKilled = "oom_killed"
+	// ReasonStorageFull: the host could no longer record the run's output
+	// (its data dir reached the reserve, runner.minFreeBytes), so the run
+	// was ended rather than lose output silently.
+	ReasonStorageFull = "storage_full"
+	// ReasonHostStorageLow: admission refused the run because the host's
+	// data dir has less free space than runner.minFreeBytes.
+	ReasonHostStorageLow = "host_storage_low"
 )
 
 // Error codes a host answers in ErrorBody.Code.
@@ -80,6 +90,45 @@ type Health struct {
 	// whose one way off its loopback is edge (runner.egress confined);
 	// false when tasks reach the network directly.
 	EgressConfined bool `json:"egressConfined"`
+	// Storage is the data dir's free space against its reserve; nil from a
+	// host older than the field.
+	Storage *Storage `json:"storage,omitempty"`
+	// Limits says how each task's resources are bounded; nil from a host
+	// older than the field.
+	Limits *Limits `json:"limits,omitempty"`
+}
+
+// Storage is a host's free space where it records runs (its data dir).
+type Storage struct {
+	FreeBytes    int64 `json:"freeBytes"`
+	MinFreeBytes int64 `json:"minFreeBytes"`
+	// Low: FreeBytes is under MinFreeBytes, and the host refuses new runs
+	// (host_storage_low) until space returns. Fleet routes around it.
+	Low bool `json:"low"`
+}
+
+// How a host bounds its tasks' resources (Limits.Enforced).
+const (
+	LimitsCgroup2 = "cgroup2"
+	LimitsCgroup1 = "cgroup1"
+	// LimitsNone: runner.limits is "none"; tasks are bounded only by the host.
+	LimitsNone = "none"
+	// LimitsUnavailable: the host can enforce no limit and runner.limits
+	// does not say "none", so it refuses tasks (and reports ok: false).
+	LimitsUnavailable = "unavailable"
+)
+
+// Limits are the per-task resource limits a host enforces: each task (all
+// its attempts' processes) in a control group of its own.
+type Limits struct {
+	Enforced string `json:"enforced"`
+	// MemoryBytes, Pids and CPU (cores) are each task's limits; zero where
+	// that limit is not set.
+	MemoryBytes int64   `json:"memoryBytes,omitempty"`
+	Pids        int64   `json:"pids,omitempty"`
+	CPU         float64 `json:"cpu,omitempty"`
+	// Detail says why limits are unavailable.
+	Detail string `json:"detail,omitempty"`
 }
 
 // Features are what a host can do for a run that declares secrets. Both must
