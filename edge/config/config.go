@@ -9,10 +9,12 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"math"
 	"net"
 	"net/netip"
 	"os"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"time"
 )
@@ -38,6 +40,103 @@ func (d *Duration) UnmarshalJSON(b []byte) error {
 	}
 	*d = Duration(v)
 	return nil
+}
+
+// Bytes is a size in bytes, written as a number or as a string with a unit:
+// "512MiB", "2GiB", "1.5GiB" (binary: KiB, MiB, GiB, TiB) or "500MB"
+// (decimal: kB, MB, GB, TB).
+type Bytes int64
+
+// byteUnits are the units Bytes accepts, longest first so "MiB" is not read
+// as "B" after "Mi".
+var byteUnits = []struct {
+	suffix string
+	size   float64
+}{
+	{"KiB", 1 << 10}, {"MiB", 1 << 20}, {"GiB", 1 << 30}, {"TiB", 1 << 40},
+	{"kB", 1e3}, {"MB", 1e6}, {"GB", 1e9}, {"TB", 1e12}, {"B", 1},
+}
+
+// UnmarshalJSON reads a number of bytes or a size string.
+func (b *Bytes) UnmarshalJSON(data []byte) error {
+	var n int64
+	if err := json.Unmarshal(data, &n); err == nil {
+		*b = Bytes(n)
+		return nil
+	}
+	var s string
+	if err := json.Unmarshal(data, &s); err != nil {
+		return fmt.Errorf("a size must be a number of bytes or a string such as \"2GiB\"")
+	}
+	v, err := parseBytes(s)
+	if err != nil {
+		return err
+	}
+	*b = v
+	return nil
+}
+
+func parseBytes(s string) (Bytes, error) {
+	num, scale := strings.TrimSpace(s), 1.0
+	for _, u := range byteUnits {
+		if rest, ok := strings.CutSuffix(num, u.suffix); ok {
+			num, scale = strings.TrimSpace(rest), u.size
+			break
+		}
+	}
+	f, err := strconv.ParseFloat(num, 64)
+	if err != nil || f < 0 || f*scale > math.MaxInt64 {
+		return 0, fmt.Errorf("invalid size %q: write a number of bytes or a number with a unit (KiB, MiB, GiB, TiB, kB, MB, GB, TB)", s)
+	}
+	return Bytes(f * scale), nil
+}
+
+// Limits is runner.limits: each task's resource limits, or "none".
+type Limits struct {
+	// None is runner.limits: "none": tasks are bounded only by the host.
+	// Only an explicit "none" turns limits off.
+	None bool `json:"-"`
+	// Memory per task; default 4GiB.
+	Memory Bytes `json:"memory,omitempty"`
+	// Pids: processes and threads per task at once; default 4096.
+	Pids int64 `json:"pids,omitempty"`
+	// CPU per task, in cores; default 4.
+	CPU float64 `json:"cpu,omitempty"`
+}
+
+// LimitsNone is the value of runner.limits that turns limits off.
+const LimitsNone = "none"
+
+// UnmarshalJSON reads "none" or an object of limits.
+func (l *Limits) UnmarshalJSON(data []byte) error {
+	var s string
+	if err := json.Unmarshal(data, &s); err == nil {
+		if s != LimitsNone {
+			return fmt.Errorf("limits must be %q or an object with memory, pids and cpu, not %q", LimitsNone, s)
+		}
+		*l = Limits{None: true}
+		return nil
+	}
+	type plain Limits
+	var p plain
+	// Strict like Parse: the decoder's setting does not reach a custom
+	// unmarshaller, and a misspelt limit must not quietly take its default.
+	dec := json.NewDecoder(bytes.NewReader(data))
+	dec.DisallowUnknownFields()
+	if err := dec.Decode(&p); err != nil {
+		return fmt.Errorf("limits: %w", describeJSONError(err))
+	}
+	*l = Limits(p)
+	return nil
+}
+
+// MarshalJSON writes "none" or the object.
+func (l Limits) MarshalJSON() ([]byte, error) {
+	if l.None {
+		return json.Marshal(LimitsNone)
+	}
+	type plain Limits
+	return json.Marshal(plain(l))
 }
 
 // Config is edge.json. A zero field takes the default that Defaults documents.
@@ -225,6 +324,10 @@ type Runner struct {
 	Retention Duration `json:"retention"`
 	// CancelGrace between SIGTERM and SIGKILL on cancel; default 10s.
 	CancelGrace Duration `json:"cancelGrace"`
+	// Limits bound each task's memory, processes and CPU through a control
+	// group of its own; "none" turns them off. A host that cannot enforce
+	// them refuses tasks unless they are "none".
+	Limits Limits `json:"limits"`
 }
 
 // Load reads, defaults and validates the config at path.
@@ -343,6 +446,20 @@ func (c *Config) Defaults() {
 	setD(&c.Runner.DrainTimeout, 5*time.Minute)
 	setD(&c.Runner.Retention, 168*time.Hour)
 	setD(&c.Runner.CancelGrace, 10*time.Second)
+	if !c.Runner.Limits.None {
+		// Sized like a hosted CI runner's share (GitHub's Linux runners
+		// have 4 cores): room for a build, while maxConcurrent of them
+		// cannot take a host down. Operators size them to their hosts.
+		if c.Runner.Limits.Memory == 0 {
+			c.Runner.Limits.Memory = 4 << 30
+		}
+		if c.Runner.Limits.Pids == 0 {
+			c.Runner.Limits.Pids = 4096
+		}
+		if c.Runner.Limits.CPU == 0 {
+			c.Runner.Limits.CPU = 4
+		}
+	}
 }
 
 // loopback reports whether a listen address (host:port) binds this host's
@@ -439,6 +556,26 @@ func (c *Config) Validate() error {
 	}
 	if c.Runner.MaxConcurrent < 0 || c.Runner.MaxOutputBytes < 0 {
 		bad("runner", "maxConcurrent and maxOutputBytes must not be negative")
+	}
+	if l := c.Runner.Limits; !l.None {
+		switch {
+		case l.Memory < 0:
+			bad("runner.limits.memory", "must not be negative")
+		case l.Memory > 0 && l.Memory < 16<<20:
+			bad("runner.limits.memory", "%d bytes is too little to start a task; give at least 16MiB", l.Memory)
+		}
+		switch {
+		case l.Pids < 0:
+			bad("runner.limits.pids", "must not be negative")
+		case l.Pids > 0 && l.Pids < 8:
+			bad("runner.limits.pids", "%d is too few to start a task; give at least 8", l.Pids)
+		}
+		switch {
+		case l.CPU < 0 || math.IsNaN(l.CPU) || math.IsInf(l.CPU, 0):
+			bad("runner.limits.cpu", "must be a positive number of cores")
+		case l.CPU > 0 && l.CPU < 0.01:
+			bad("runner.limits.cpu", "%g cores is under the kernel's minimum; give at least 0.01", l.CPU)
+		}
 	}
 	for field, d := range map[string]Duration{
 		"runner.maxDuration": c.Runner.MaxDuration, "runner.drainTimeout": c.Runner.DrainTimeout,

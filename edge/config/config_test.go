@@ -1,6 +1,7 @@
 package config
 
 import (
+	"encoding/json"
 	"os"
 	"path/filepath"
 	"strings"
@@ -109,5 +110,65 @@ func TestListenAddressesOnLoopbackOrBehindTLS(t *testing.T) {
 func TestExampleDeploymentConfigLoads(t *testing.T) {
 	if _, err := Load(filepath.Join("..", "..", "infra", "edge.example.json")); err != nil {
 		t.Fatal(err)
+	}
+}
+
+func TestRunnerLimits(t *testing.T) {
+	load := func(limits string) (*Config, error) {
+		c, err := Parse([]byte(`{"dataDir": "/var/lib/edge", "api": {"tokenFile": "/etc/edge/token"}, "runner": {"limits": ` + limits + `}}`))
+		if err != nil {
+			return nil, err
+		}
+		c.Defaults()
+		return c, c.Validate()
+	}
+	c, err := load(`{}`)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got, want := c.Runner.Limits, (Limits{Memory: 4 << 30, Pids: 4096, CPU: 4}); got != want {
+		t.Errorf("defaults: got %+v, want %+v", got, want)
+	}
+	c, err = load(`{"memory": "1.5GiB", "pids": 256, "cpu": 0.5}`)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got, want := c.Runner.Limits, (Limits{Memory: 3 << 29, Pids: 256, CPU: 0.5}); got != want {
+		t.Errorf("got %+v, want %+v", got, want)
+	}
+	c, err = load(`"none"`)
+	if err != nil || !c.Runner.Limits.None || c.Runner.Limits.Memory != 0 {
+		t.Errorf(`"none": got %+v, %v; want limits off, no defaults`, c.Runner.Limits, err)
+	}
+	for _, tc := range []struct{ limits, want string }{
+		{`"off"`, `not "off"`},
+		{`{"memmory": "2GiB"}`, "memmory"},
+		{`{"memory": "2 gigs"}`, `invalid size "2 gigs"`},
+		{`{"memory": "1MiB"}`, "runner.limits.memory"},
+		{`{"pids": -1}`, "runner.limits.pids"},
+		{`{"pids": 2}`, "runner.limits.pids"},
+		{`{"cpu": 0.001}`, "runner.limits.cpu"},
+		{`{"cpu": -2}`, "runner.limits.cpu"},
+	} {
+		if _, err := load(tc.limits); err == nil || !strings.Contains(err.Error(), tc.want) {
+			t.Errorf("limits %s: got %v, want an error naming %q", tc.limits, err, tc.want)
+		}
+	}
+}
+
+func TestBytes(t *testing.T) {
+	for in, want := range map[string]Bytes{
+		`1024`: 1024, `"512MiB"`: 512 << 20, `"2GiB"`: 2 << 30, `"1.5 GiB"`: 3 << 29, `"500MB"`: 500e6, `"64kB"`: 64000, `"7B"`: 7, `"12"`: 12,
+	} {
+		var b Bytes
+		if err := json.Unmarshal([]byte(in), &b); err != nil || b != want {
+			t.Errorf("%s: got %d, %v; want %d", in, b, err, want)
+		}
+	}
+	for _, in := range []string{`"-1GiB"`, `"GiB"`, `"2 GB of memory"`, `true`, `"1e30TiB"`} {
+		var b Bytes
+		if err := json.Unmarshal([]byte(in), &b); err == nil {
+			t.Errorf("%s: got %d, want an error", in, b)
+		}
 	}
 }
