@@ -18,6 +18,7 @@ import (
 
 	"github.com/runfleet/runfleet/shared/api"
 	"github.com/runfleet/runfleet/shared/fakehost"
+	"github.com/runfleet/runfleet/shared/hostproto"
 	"github.com/runfleet/runfleet/shared/stream"
 )
 
@@ -291,6 +292,8 @@ func TestOpenAPIDescribesRealAnswers(t *testing.T) {
 	s := newStack(t, "bolt", stackOptions{})
 	sm := &sampler{t: t, base: s.srv.URL}
 	host := s.addHost(t, "edge-1", fakehost.Config{Features: fakeFeatures, TLS: true}, map[string]any{"labels": map[string]string{"pool": "a"}})
+	host.SetStorage(&hostproto.Storage{FreeBytes: 10 << 30, MinFreeBytes: 256 << 20})
+	host.SetLimits(&hostproto.Limits{Enforced: hostproto.LimitsCgroup1, MemoryBytes: 2 << 30, Pids: 1024, CPU: 1.5})
 	adm := adminToken
 
 	sm.do("GET", "/healthz", "/healthz", "", "", 200)

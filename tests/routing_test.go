@@ -4,10 +4,12 @@ import (
 	"encoding/json"
 	"net/http"
 	"reflect"
+	"strings"
 	"testing"
 	"time"
 
 	"github.com/runfleet/runfleet/shared/fakehost"
+	"github.com/runfleet/runfleet/shared/fleet"
 	"github.com/runfleet/runfleet/shared/hostproto"
 )
 
@@ -39,6 +41,9 @@ func TestRoutingRefusalNamesEveryExclusion(t *testing.T) {
 			draining := s.addHost(t, "draining", fakehost.Config{Features: fakeFeatures}, fit())
 			draining.SetDraining(true)
 			s.probe(t, "draining")
+			lowdisk := s.addHost(t, "lowdisk", fakehost.Config{Features: fakeFeatures}, fit())
+			lowdisk.SetStorage(&hostproto.Storage{FreeBytes: 1 << 20, MinFreeBytes: 256 << 20, Low: true})
+			s.probe(t, "lowdisk")
 			s.addHost(t, "noagent", fakehost.Config{Features: fakeFeatures, Agents: []string{"claude"}}, fit())
 			s.probe(t, "noagent")
 			s.addHost(t, "nolabel", fakehost.Config{Features: fakeFeatures}, map[string]any{"localPaths": []string{"/srv/work"}})
@@ -70,7 +75,7 @@ func TestRoutingRefusalNamesEveryExclusion(t *testing.T) {
 			}
 			want := map[string][]string{
 				"disabled": {"disabled"}, "never": {"never_probed"}, "stale": {"stale_probe"},
-				"unhealthy": {"unhealthy"}, "draining": {"draining"}, "noagent": {"agent_unsupported"},
+				"unhealthy": {"unhealthy"}, "draining": {"draining"}, "lowdisk": {"storage_low"}, "noagent": {"agent_unsupported"},
 				"nolabel": {"label_missing"}, "nopath": {"repository_unavailable"}, "noproxy": {"secrets_unsupported"},
 			}
 			if !reflect.DeepEqual(reasons, want) {
@@ -84,6 +89,93 @@ func TestRoutingRefusalNamesEveryExclusion(t *testing.T) {
 			ok := s.must(t, http.StatusCreated, "POST", "/fleet/runs", token, mapped)
 			if ok.str("hostId") != "nopath" || ok.body["rewroteLocalPath"] != true {
 				t.Fatalf("mapped repository: %s", ok.raw)
+			}
+		})
+	}
+}
+
+// TestRoutingAroundLowStorage: a host whose probe reports its storage low
+// gets no run while another can take it; alone, it is excluded with
+// storage_low in the 409; once a probe finds its space back, it is routed
+// to again. The low host would win otherwise (same latency, smaller id).
+func TestRoutingAroundLowStorage(t *testing.T) {
+	for _, kind := range storeKinds {
+		t.Run(kind, func(t *testing.T) {
+			s := newStack(t, kind, stackOptions{})
+			low := s.addHost(t, "a-low", fakehost.Config{}, nil)
+			low.SetStorage(&hostproto.Storage{FreeBytes: 12 << 20, MinFreeBytes: 256 << 20, Low: true})
+			roomy := s.addHost(t, "b-roomy", fakehost.Config{}, nil)
+			roomy.SetStorage(&hostproto.Storage{FreeBytes: 40 << 30, MinFreeBytes: 256 << 20})
+			s.probe(t, "a-low")
+			s.probe(t, "b-roomy")
+			alice := s.mint(t, "alice", "*", "*")
+
+			// The listing shows why: the probe's storage, as the host reported it.
+			var listed struct {
+				Hosts []struct {
+					ID    string `json:"id"`
+					Probe struct {
+						Storage *hostproto.Storage `json:"storage"`
+					} `json:"probe"`
+				} `json:"hosts"`
+			}
+			must(t, json.Unmarshal([]byte(s.must(t, http.StatusOK, "GET", "/fleet/hosts", alice, "").raw), &listed))
+			storage := map[string]hostproto.Storage{}
+			for _, h := range listed.Hosts {
+				if h.Probe.Storage != nil {
+					storage[h.ID] = *h.Probe.Storage
+				}
+			}
+			wantStorage := map[string]hostproto.Storage{
+				"a-low":   {FreeBytes: 12 << 20, MinFreeBytes: 256 << 20, Low: true},
+				"b-roomy": {FreeBytes: 40 << 30, MinFreeBytes: 256 << 20},
+			}
+			if !reflect.DeepEqual(storage, wantStorage) {
+				t.Fatalf("listed storage = %+v, want %+v", storage, wantStorage)
+			}
+
+			for range 2 {
+				a := s.must(t, http.StatusCreated, "POST", "/fleet/runs", alice, `{"agent":"shell"}`)
+				if a.str("hostId") != "b-roomy" {
+					t.Fatalf("dispatch went to %s, want b-roomy: %s", a.str("hostId"), a.raw)
+				}
+			}
+			if n := low.StartCalls(); n != 0 {
+				t.Fatalf("the low host was asked to start %d runs", n)
+			}
+
+			onlyLow := func() answer {
+				return s.do(t, "POST", "/fleet/runs", alice, `{"host":"a-low","agent":"shell"}`)
+			}
+			refused := onlyLow()
+			var got struct {
+				Code    string `json:"code"`
+				Details struct {
+					Excluded []fleet.Exclusion `json:"excluded"`
+				} `json:"details"`
+			}
+			must(t, json.Unmarshal([]byte(refused.raw), &got))
+			want := []fleet.Exclusion{{HostID: "a-low", Reasons: []string{"storage_low"}}}
+			if refused.status != http.StatusConflict || got.Code != "no_eligible_host" || !reflect.DeepEqual(got.Details.Excluded, want) ||
+				!strings.Contains(refused.errorText(), "a-low (storage_low)") {
+				t.Fatalf("dispatch to the low host alone: %d %s", refused.status, refused.raw)
+			}
+
+			// Space returns: routing follows the probe, not the host, so the
+			// host stays excluded until it is probed again.
+			low.SetStorage(&hostproto.Storage{FreeBytes: 30 << 30, MinFreeBytes: 256 << 20})
+			if a := onlyLow(); a.status != http.StatusConflict {
+				t.Fatalf("before a new probe: %d %s", a.status, a.raw)
+			}
+			s.probe(t, "a-low")
+			if a := onlyLow(); a.status != http.StatusCreated || a.str("hostId") != "a-low" {
+				t.Fatalf("after space returned and a probe: %d %s", a.status, a.raw)
+			}
+			if a := s.must(t, http.StatusCreated, "POST", "/fleet/runs", alice, `{"agent":"shell"}`); a.str("hostId") != "a-low" {
+				t.Fatalf("unnamed dispatch after recovery went to %s, want a-low again", a.str("hostId"))
+			}
+			if n := low.StartCalls(); n != 2 {
+				t.Fatalf("the recovered host was asked to start %d runs, want 2", n)
 			}
 		})
 	}

@@ -34,7 +34,10 @@ type probeView struct {
 	Features  hostproto.Features `json:"features"`
 	CA        *hostproto.CAInfo  `json:"ca,omitempty"`
 	Draining  bool               `json:"draining"`
-	Detail    string             `json:"detail,omitempty"`
+	// Storage and Limits are absent for a host older than the fields.
+	Storage *hostproto.Storage `json:"storage,omitempty"`
+	Limits  *hostproto.Limits  `json:"limits,omitempty"`
+	Detail  string             `json:"detail,omitempty"`
 }
 
 // toHostView shows admins how the host is reached (credentialRef, caPem);
@@ -63,7 +66,8 @@ func toHostView(h store.Host, admin bool) hostView {
 func toProbeView(p store.Probe) probeView {
 	v := probeView{
 		Status: p.Status, At: p.At, LatencyMs: p.LatencyMs, Version: p.Version, Agents: p.Agents,
-		Features: p.Features, CA: p.CA, Draining: p.Draining, Detail: p.Detail,
+		Features: p.Features, CA: p.CA, Draining: p.Draining, Storage: p.Storage, Limits: p.Limits,
+		Detail: p.Detail,
 	}
 	if v.Agents == nil {
 		v.Agents = []string{}

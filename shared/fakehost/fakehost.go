@@ -232,6 +232,29 @@ func (h *Host) SetCA(ca *hostproto.CAInfo) {
 	h.health.CA = ca
 }
 
+// SetStorage sets the storage /healthz reports (nil: a host older than the
+// field). It only reports: starts are not refused for it.
+func (h *Host) SetStorage(st *hostproto.Storage) {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	h.health.Storage = nil
+	if st != nil {
+		c := *st
+		h.health.Storage = &c
+	}
+}
+
+// SetLimits sets the limits /healthz reports (nil: a host older than the field).
+func (h *Host) SetLimits(l *hostproto.Limits) {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	h.health.Limits = nil
+	if l != nil {
+		c := *l
+		h.health.Limits = &c
+	}
+}
+
 // FailHealth makes /healthz answer status (0 restores normal answers).
 func (h *Host) FailHealth(status int) {
 	h.mu.Lock()

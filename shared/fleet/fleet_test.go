@@ -590,6 +590,8 @@ func TestProbeClassifiesHosts(t *testing.T) {
 	ok := e.addHost(t, "ok", fakehost.Config{TLS: true, Agents: []string{"shell", "claude"}, Version: "edge-9",
 		Features: hostproto.Features{SecretsProxy: true, ExecRequire: true}})
 	ok.SetDraining(true)
+	ok.SetStorage(&hostproto.Storage{FreeBytes: 1 << 20, MinFreeBytes: 64 << 20, Low: true})
+	ok.SetLimits(&hostproto.Limits{Enforced: hostproto.LimitsCgroup2, MemoryBytes: 2 << 30, Pids: 1024, CPU: 2})
 	badAuth := e.addHost(t, "auth", fakehost.Config{})
 	e.creds["auth"] = "wrong-token"
 	e.writeCreds(t)
@@ -632,8 +634,17 @@ func TestProbeClassifiesHosts(t *testing.T) {
 	if p.Version != "edge-9" || len(p.Agents) != 2 || !p.Features.SecretsProxy || !p.Draining {
 		t.Fatalf("ok probe = %+v", p)
 	}
+	if p.Storage == nil || *p.Storage != (hostproto.Storage{FreeBytes: 1 << 20, MinFreeBytes: 64 << 20, Low: true}) ||
+		p.Limits == nil || *p.Limits != (hostproto.Limits{Enforced: hostproto.LimitsCgroup2, MemoryBytes: 2 << 30, Pids: 1024, CPU: 2}) {
+		t.Fatalf("ok probe storage %+v, limits %+v", p.Storage, p.Limits)
+	}
+	// A host older than the fields reports neither; nothing is made up.
+	if n := got["notok"]; n.Storage != nil || n.Limits != nil {
+		t.Fatalf("probe of a host without storage or limits = %+v", n)
+	}
 	stored, _ := e.f.Host(ctx, "ok")
-	if stored.Probe == nil || stored.Probe.Version != "edge-9" || !stored.Probe.At.Equal(t0.Add(time.Minute)) {
+	if stored.Probe == nil || stored.Probe.Version != "edge-9" || !stored.Probe.At.Equal(t0.Add(time.Minute)) ||
+		stored.Probe.Storage == nil || !stored.Probe.Storage.Low || stored.Probe.Limits == nil {
 		t.Fatalf("recorded probe = %+v", stored.Probe)
 	}
 	all, err := e.f.ProbeAll(ctx, false)

@@ -49,11 +49,13 @@ const (
 	// MaxStartRequestBytes bounds the start request as JSON (escaping can
 	// make it larger than the fields' bytes): edge refuses a body over 1 MiB.
 	MaxStartRequestBytes = 768 << 10
-	// maxProbeAgents and maxProbeVersion bound what a probe records of a
-	// host's /healthz answer (the host, not a caller, writes it).
+	// maxProbeAgents, maxProbeVersion and maxProbeLimits (limits' enforced
+	// and detail together) bound what a probe records of a host's /healthz
+	// answer (the host, not a caller, writes it).
 	maxProbeAgents    = 64
 	maxProbeAgentName = 256
 	maxProbeVersion   = 128
+	maxProbeLimits    = 1024
 	// MaxDetailBytes bounds a run's detail (the human side of its reason):
 	// a host writes it, and it is kept in the run's item and shown.
 	MaxDetailBytes = 1024

@@ -10,6 +10,7 @@ import (
 
 	"github.com/runfleet/runfleet/shared/auth"
 	"github.com/runfleet/runfleet/shared/fakehost"
+	"github.com/runfleet/runfleet/shared/hostproto"
 	"github.com/runfleet/runfleet/shared/store"
 )
 
@@ -84,8 +85,8 @@ func TestPathIDsOfAnotherShapeAreUnknownWithoutAStoreCall(t *testing.T) {
 }
 
 // TestProbeRefusesAHealthAnswerTooLargeToRecord: a host reporting more
-// agents (or a longer version) than a probe records is bad_response, with
-// the reason, so the host's item never outgrows the store.
+// agents (or a longer version or limits) than a probe records is
+// bad_response, with the reason, so the host's item never outgrows the store.
 func TestProbeRefusesAHealthAnswerTooLargeToRecord(t *testing.T) {
 	e := newTestEnv(t, time.Second)
 	host := e.addHost(t, "h1", fakehost.Config{})
@@ -103,6 +104,11 @@ func TestProbeRefusesAHealthAnswerTooLargeToRecord(t *testing.T) {
 		t.Fatalf("probe = %+v", p)
 	}
 	host.SetAgents("shell")
+	host.SetLimits(&hostproto.Limits{Enforced: hostproto.LimitsUnavailable, Detail: strings.Repeat("d", maxProbeLimits)})
+	if p, _ := e.f.ProbeHost(context.Background(), "h1"); p.Status != store.ProbeBadResponse || !strings.Contains(p.Detail, "limits") || p.Limits != nil {
+		t.Fatalf("probe = %+v", p)
+	}
+	host.SetLimits(nil)
 	if p, _ := e.f.ProbeHost(context.Background(), "h1"); p.Status != store.ProbeOK {
 		t.Fatalf("probe = %+v", p)
 	}

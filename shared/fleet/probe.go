@@ -167,6 +167,11 @@ func (f *Fleet) probe(ctx context.Context, h store.Host) store.Probe {
 		p.Features = health.Features
 		p.CA = health.CA
 		p.Draining = health.Draining
+		p.Storage = health.Storage
+		// An empty limits says nothing; nil is how both stores keep that.
+		if health.Limits != nil && *health.Limits != (hostproto.Limits{}) {
+			p.Limits = health.Limits
+		}
 	}
 	return p
 }
@@ -184,6 +189,9 @@ func outOfBounds(h hostproto.Health) string {
 	}
 	if len(h.Version) > maxProbeVersion {
 		return fmt.Sprintf("the host reports a version of %d bytes; at most %d are recorded", len(h.Version), maxProbeVersion)
+	}
+	if l := h.Limits; l != nil && len(l.Enforced)+len(l.Detail) > maxProbeLimits {
+		return fmt.Sprintf("the host reports limits of %d bytes; at most %d are recorded", len(l.Enforced)+len(l.Detail), maxProbeLimits)
 	}
 	return ""
 }

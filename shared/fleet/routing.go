@@ -21,6 +21,7 @@ const (
 	ExcludedStaleProbe            = "stale_probe"
 	ExcludedUnhealthy             = "unhealthy"
 	ExcludedDraining              = "draining"
+	ExcludedStorageLow            = "storage_low"
 	ExcludedAgentUnsupported      = "agent_unsupported"
 	ExcludedLabelMissing          = "label_missing"
 	ExcludedRepositoryUnavailable = "repository_unavailable"
@@ -135,8 +136,8 @@ func exclusions(in RouteInput, h store.Host, cloneURL string) (reasons []string,
 	if !h.Enabled {
 		reasons = append(reasons, ExcludedDisabled)
 	}
-	// What the host offers (draining, agents, features) is known only from
-	// an ok probe; without one, never_probed or unhealthy says why.
+	// What the host offers (draining, storage, agents, features) is known
+	// only from an ok probe; without one, never_probed or unhealthy says why.
 	p := h.Probe
 	var offer *store.Probe
 	switch {
@@ -154,6 +155,10 @@ func exclusions(in RouteInput, h store.Host, cloneURL string) (reasons []string,
 	}
 	if offer != nil && offer.Draining {
 		reasons = append(reasons, ExcludedDraining)
+	}
+	// A host older than the storage field (nil) is not low.
+	if offer != nil && offer.Storage != nil && offer.Storage.Low {
+		reasons = append(reasons, ExcludedStorageLow)
 	}
 	if offer != nil && in.Agent != "" && !slices.Contains(offer.Agents, in.Agent) {
 		reasons = append(reasons, ExcludedAgentUnsupported)

@@ -42,6 +42,9 @@ func TestRouteExcludesWithEveryReason(t *testing.T) {
 		{ExcludedStaleProbe, func(h *store.Host) { h.Probe.At = routeNow.Add(-6 * time.Minute) }, nil},
 		{ExcludedUnhealthy, func(h *store.Host) { h.Probe.Status = store.ProbeUnreachable }, nil},
 		{ExcludedDraining, func(h *store.Host) { h.Probe.Draining = true }, nil},
+		{ExcludedStorageLow, func(h *store.Host) {
+			h.Probe.Storage = &hostproto.Storage{FreeBytes: 1 << 20, MinFreeBytes: 64 << 20, Low: true}
+		}, nil},
 		{ExcludedAgentUnsupported, nil, func(in *RouteInput) { in.Agent = "claude" }},
 		{ExcludedLabelMissing, nil, func(in *RouteInput) { in.Labels = map[string]string{"region": "us"} }},
 		{ExcludedRepositoryUnavailable, nil, func(in *RouteInput) { in.LocalPath = "/elsewhere/repo" }},
@@ -79,6 +82,7 @@ func TestRouteListsEveryReasonOfEveryHost(t *testing.T) {
 	a := healthyHost("a")
 	a.Enabled = false
 	a.Probe.Draining = true
+	a.Probe.Storage = &hostproto.Storage{MinFreeBytes: 64 << 20, Low: true}
 	a.Probe.Features.SecretsProxy = false
 	b := healthyHost("b")
 	b.Probe = nil
@@ -87,7 +91,7 @@ func TestRouteListsEveryReasonOfEveryHost(t *testing.T) {
 		Labels: map[string]string{"gpu": "yes"}, Now: routeNow, MaxProbeAge: time.Minute * 5,
 	})
 	want := []Exclusion{
-		{HostID: "a", Reasons: []string{ExcludedDisabled, ExcludedDraining, ExcludedLabelMissing, ExcludedSecretsUnsupported}},
+		{HostID: "a", Reasons: []string{ExcludedDisabled, ExcludedDraining, ExcludedStorageLow, ExcludedLabelMissing, ExcludedSecretsUnsupported}},
 		{HostID: "b", Reasons: []string{ExcludedNeverProbed, ExcludedLabelMissing}},
 	}
 	if d.Host != nil || !reflect.DeepEqual(d.Excluded, want) {
@@ -97,11 +101,33 @@ func TestRouteListsEveryReasonOfEveryHost(t *testing.T) {
 
 func TestRouteJudgesOffersOnlyFromAnOkProbe(t *testing.T) {
 	h := healthyHost("h1")
-	h.Probe = &store.Probe{Status: store.ProbeUnreachable, At: routeNow}
+	h.Probe = &store.Probe{Status: store.ProbeUnreachable, At: routeNow, Storage: &hostproto.Storage{Low: true}}
 	d := Route(RouteInput{Hosts: []store.Host{h}, Agent: "shell", NeedsSecrets: true, Now: routeNow, MaxProbeAge: time.Minute})
 	want := []Exclusion{{HostID: "h1", Reasons: []string{ExcludedUnhealthy}}}
 	if d.Host != nil || !reflect.DeepEqual(d.Excluded, want) {
 		t.Fatalf("decision = %+v, want only unhealthy", d)
+	}
+}
+
+// Storage excludes a host only when its probe says low: a host older than
+// the field (nil) and one with space to spare are both eligible.
+func TestRouteExcludesOnlyStorageLow(t *testing.T) {
+	old := healthyHost("a-old")
+	spare := healthyHost("b-spare")
+	spare.Probe.Storage = &hostproto.Storage{FreeBytes: 10 << 30, MinFreeBytes: 64 << 20}
+	low := healthyHost("c-low")
+	low.Probe.Storage = &hostproto.Storage{FreeBytes: 1 << 20, MinFreeBytes: 64 << 20, Low: true}
+	// The low host is the fastest: only its storage keeps it out.
+	low.Probe.LatencyMs = 1
+	in := RouteInput{Hosts: []store.Host{low, spare, old}, Agent: "shell", Now: routeNow, MaxProbeAge: time.Minute * 5}
+	d := Route(in)
+	want := []Exclusion{{HostID: "c-low", Reasons: []string{ExcludedStorageLow}}}
+	if d.Host == nil || d.Host.ID != "a-old" || !reflect.DeepEqual(d.Excluded, want) {
+		t.Fatalf("decision = %+v, want a-old chosen and c-low excluded storage_low", d)
+	}
+	in.Hosts = []store.Host{low, spare}
+	if d := Route(in); d.Host == nil || d.Host.ID != "b-spare" {
+		t.Fatalf("decision = %+v, want b-spare", d)
 	}
 }
 

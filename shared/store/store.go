@@ -117,6 +117,12 @@ type Probe struct {
 	Features  hostproto.Features `json:"features"`
 	CA        *hostproto.CAInfo  `json:"ca,omitempty"`
 	Draining  bool               `json:"draining"`
+	// Storage is the host's free space against its reserve; nil from a
+	// host older than the field, which routing takes as not low.
+	Storage *hostproto.Storage `json:"storage,omitempty"`
+	// Limits is how the host bounds each task's resources; nil from a host
+	// older than the field. Never an empty Limits: the probe records nil.
+	Limits *hostproto.Limits `json:"limits,omitempty"`
 	// Detail explains a status other than ok; never carries a credential.
 	Detail string `json:"detail,omitempty"`
 }

@@ -40,6 +40,8 @@ type probeItem struct {
 	Features  hostproto.Features `json:"features"`
 	CA        *hostproto.CAInfo  `json:"ca,omitempty"`
 	Draining  bool               `json:"draining"`
+	Storage   *hostproto.Storage `json:"storage,omitempty"`
+	Limits    *hostproto.Limits  `json:"limits,omitempty"`
 	Detail    string             `json:"detail,omitempty"`
 }
 
@@ -147,6 +149,15 @@ func expiryTime(sec int64) time.Time {
 	return time.Unix(sec, 0).UTC()
 }
 
+// clonePtr copies *p, so an item never shares a record's memory.
+func clonePtr[T any](p *T) *T {
+	if p == nil {
+		return nil
+	}
+	c := *p
+	return &c
+}
+
 func caInfo(c *hostproto.CAInfo) *hostproto.CAInfo {
 	if c == nil {
 		return nil
@@ -171,7 +182,7 @@ func toProbeItem(p store.Probe) probeItem {
 	return probeItem{
 		Status: p.Status, At: utc(p.At), LatencyMs: p.LatencyMs, Version: p.Version,
 		Agents: cloneStrings(p.Agents), Features: p.Features, CA: caInfo(p.CA),
-		Draining: p.Draining, Detail: p.Detail,
+		Draining: p.Draining, Storage: clonePtr(p.Storage), Limits: clonePtr(p.Limits), Detail: p.Detail,
 	}
 }
 
@@ -184,7 +195,8 @@ func (it hostItem) record() store.Host {
 		p := it.Probe
 		h.Probe = &store.Probe{
 			Status: p.Status, At: utc(p.At), LatencyMs: p.LatencyMs, Version: p.Version,
-			Agents: p.Agents, Features: p.Features, CA: caInfo(p.CA), Draining: p.Draining, Detail: p.Detail,
+			Agents: p.Agents, Features: p.Features, CA: caInfo(p.CA), Draining: p.Draining,
+			Storage: p.Storage, Limits: p.Limits, Detail: p.Detail,
 		}
 	}
 	return h

@@ -30,6 +30,13 @@ func (it item) putNAlways(name string, v int64) {
 	it[name] = &types.AttributeValueMemberN{Value: strconv.FormatInt(v, 10)}
 }
 
+// putFloat writes the shortest decimal that reads back as v exactly.
+func (it item) putFloat(name string, v float64) {
+	if v != 0 {
+		it[name] = &types.AttributeValueMemberN{Value: strconv.FormatFloat(v, 'g', -1, 64)}
+	}
+}
+
 func (it item) putBool(name string, v bool) {
 	if v {
 		it[name] = &types.AttributeValueMemberBOOL{Value: true}
@@ -109,6 +116,23 @@ func (r *reader) n(name string) int64 {
 		r.err = fmt.Errorf("attribute %q: %w", name, err)
 	}
 	return i
+}
+
+func (r *reader) float(name string) float64 {
+	v, ok := r.it[name]
+	if !ok {
+		return 0
+	}
+	n, ok := v.(*types.AttributeValueMemberN)
+	if !ok {
+		r.fail(name, "N", v)
+		return 0
+	}
+	f, err := strconv.ParseFloat(n.Value, 64)
+	if err != nil && r.err == nil {
+		r.err = fmt.Errorf("attribute %q: %w", name, err)
+	}
+	return f
 }
 
 func (r *reader) has(name string) bool {

@@ -42,6 +42,15 @@ const (
 	attrSuccessorNotAfter = "successorNotAfter"
 	attrDraining          = "draining"
 	attrDetail            = "detail"
+	attrStorage           = "storage"
+	attrFreeBytes         = "freeBytes"
+	attrMinFreeBytes      = "minFreeBytes"
+	attrLow               = "low"
+	attrLimits            = "limits"
+	attrEnforced          = "enforced"
+	attrMemoryBytes       = "memoryBytes"
+	attrPids              = "pids"
+	attrCPU               = "cpu"
 
 	attrTokenHash       = "tokenHash"
 	attrAdmin           = "admin"
@@ -172,6 +181,23 @@ func probeItem(p store.Probe) item {
 		it[attrCA] = &types.AttributeValueMemberM{Value: ca}
 	}
 	it.putBoolAlways(attrDraining, p.Draining)
+	if p.Storage != nil {
+		// low always: a Storage of zeros is kept, not dropped as an empty map.
+		st := item{}
+		st.putN(attrFreeBytes, p.Storage.FreeBytes)
+		st.putN(attrMinFreeBytes, p.Storage.MinFreeBytes)
+		st.putBoolAlways(attrLow, p.Storage.Low)
+		it.putMap(attrStorage, st)
+	}
+	if p.Limits != nil {
+		l := item{}
+		l.putS(attrEnforced, p.Limits.Enforced)
+		l.putN(attrMemoryBytes, p.Limits.MemoryBytes)
+		l.putN(attrPids, p.Limits.Pids)
+		l.putFloat(attrCPU, p.Limits.CPU)
+		l.putS(attrDetail, p.Limits.Detail)
+		it.putMap(attrLimits, l)
+	}
 	it.putS(attrDetail, p.Detail)
 	return it
 }
@@ -185,7 +211,7 @@ func hostFromItem(it item) (store.Host, error) {
 		Enabled: r.bool(attrEnabled), CreatedAt: r.time(attrCreatedAt),
 	}
 	p := r.sub(attrProbe)
-	var f, ca *reader
+	var f, ca, st, l *reader
 	if p != nil {
 		probe := store.Probe{
 			Status: p.s(attrStatus), At: p.time(attrAt), LatencyMs: p.n(attrLatencyMs),
@@ -198,9 +224,18 @@ func hostFromItem(it item) (store.Host, error) {
 		if ca = p.sub(attrCA); ca != nil {
 			probe.CA = &hostproto.CAInfo{NotAfter: ca.time(attrNotAfter), SuccessorNotAfter: ca.timePtr(attrSuccessorNotAfter)}
 		}
+		if st = p.sub(attrStorage); st != nil {
+			probe.Storage = &hostproto.Storage{FreeBytes: st.n(attrFreeBytes), MinFreeBytes: st.n(attrMinFreeBytes), Low: st.bool(attrLow)}
+		}
+		if l = p.sub(attrLimits); l != nil {
+			probe.Limits = &hostproto.Limits{
+				Enforced: l.s(attrEnforced), MemoryBytes: l.n(attrMemoryBytes), Pids: l.n(attrPids),
+				CPU: l.float(attrCPU), Detail: l.s(attrDetail),
+			}
+		}
 		h.Probe = &probe
 	}
-	if err := r.done(p, f, ca); err != nil {
+	if err := r.done(p, f, ca, st, l); err != nil {
 		return store.Host{}, fmt.Errorf("host item: %w", err)
 	}
 	return h, nil

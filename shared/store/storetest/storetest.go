@@ -139,6 +139,8 @@ func probe(at time.Time, status string) store.Probe {
 		Features:  hostproto.Features{SecretsProxy: true, ExecRequire: true},
 		CA:        &hostproto.CAInfo{NotAfter: at.Add(365 * 24 * time.Hour), SuccessorNotAfter: &succ},
 		Draining:  true,
+		Storage:   &hostproto.Storage{FreeBytes: 3 << 30, MinFreeBytes: 1 << 30},
+		Limits:    &hostproto.Limits{Enforced: hostproto.LimitsCgroup1, MemoryBytes: 2 << 30, Pids: 512, CPU: 1.5},
 		Detail:    "ok after 1 retry",
 	}
 }
@@ -363,6 +365,18 @@ func testHostsRecordProbe(t *testing.T, s store.Store, clk *clock.Fake) {
 	noErr(t, "GetHost", err)
 	want.Probe = &second
 	sameJSON(t, "host with replaced probe", got, want)
+
+	// A full disk is zero free bytes, kept as such (not as an absent
+	// field); limits a host cannot enforce keep their detail.
+	clk.Advance(time.Minute)
+	third := probe(clk.Now(), store.ProbeBadResponse)
+	third.Storage = &hostproto.Storage{FreeBytes: 0, MinFreeBytes: 64 << 20, Low: true}
+	third.Limits = &hostproto.Limits{Enforced: hostproto.LimitsUnavailable, Detail: "no cgroup v2 or v1 controllers are mounted"}
+	noErr(t, "RecordProbe a third time", s.RecordProbe(bg, "h1", third))
+	got, err = s.GetHost(bg, "h1")
+	noErr(t, "GetHost", err)
+	want.Probe = &third
+	sameJSON(t, "host with low storage", got, want)
 }
 
 func testHostsDeleteInUse(t *testing.T, s store.Store, clk *clock.Fake) {
