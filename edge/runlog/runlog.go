@@ -107,6 +107,9 @@ func Open(path string, random io.Reader) (*Log, error) {
 // machine (the runner offsets its per-run group ids by it).
 func (l *Log) Instance() uint64 { return l.instance }
 
+// Path is the log's file.
+func (l *Log) Path() string { return l.db.Path() }
+
 // Close closes the file; calls after it fail.
 func (l *Log) Close() error { return l.db.Close() }
 
