@@ -315,7 +315,15 @@ func New(cfg Config, runs *runlog.Log, broker Broker, trust TrustSource) (_ *Run
 		r.cfg.Disk = StatFS{Paths: []string{filepath.Dir(runs.Path()), cfg.WorkDir}}
 	}
 	r.ballast = &ballast{path: filepath.Join(filepath.Dir(runs.Path()), ballastName), size: ballastBytes(cfg.MinFreeBytes)}
-	r.freeBytes() // makes the ballast where there is room
+	// A ballast a previous edge left is taken up again (its blocks are
+	// allocated already, so this needs no space); else one is made where
+	// there is room.
+	if _, err := os.Stat(r.ballast.path); err == nil {
+		if err := r.ballast.fill(); err != nil {
+			r.logs.Error(condBallast, "taking up the storage ballast", fieldError, err.Error())
+		}
+	}
+	r.freeBytes()
 	r.ident, r.sameUser, r.identityErr = resolveIdentity(cfg)
 	if r.identityErr != nil {
 		r.logger.Warn("runner refuses every run", "error", r.identityErr.Error())

@@ -78,7 +78,12 @@ func (b *ballast) fill() error {
 	if err != nil {
 		return fmt.Errorf("runner: making the storage ballast: %w", err)
 	}
+	// A file a previous edge left keeps its blocks: allocating them again
+	// needs no space, and a larger one is cut to size.
 	err = syscall.Fallocate(int(f.Fd()), 0, 0, b.size)
+	if err == nil {
+		err = f.Truncate(b.size)
+	}
 	f.Close()
 	if err != nil {
 		os.Remove(b.path)
@@ -113,12 +118,13 @@ func noSpace(err error) bool {
 
 // Log keys of rate-limited conditions (package throttle).
 const (
-	condStorageRead   = "storage.read"
-	condStorageLow    = "storage.low"
-	condBallast       = "storage.ballast"
-	condOutputStopped = "storage.output"
-	condRecordOutput  = "runlog.output"
-	condRecordEnd     = "runlog.end"
+	condStorageRead     = "storage.read"
+	condStorageLow      = "storage.low"
+	condBallast         = "storage.ballast"
+	condOutputStopped   = "storage.output"
+	condRecordOutput    = "runlog.output"
+	condRecordEnd       = "runlog.end"
+	condRecordAdmission = "runlog.admission"
 )
 
 // freeBytes reads the free space for admission. Space having returned (the

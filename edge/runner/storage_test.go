@@ -15,6 +15,7 @@ import (
 
 	"github.com/runfleet/runfleet/edge/internal/edgetest"
 	"github.com/runfleet/runfleet/edge/internal/throttle"
+	"github.com/runfleet/runfleet/edge/runlog"
 	"github.com/runfleet/runfleet/shared/clock"
 	"github.com/runfleet/runfleet/shared/hostproto"
 )
@@ -183,6 +184,11 @@ func TestTheBallastGivesItsSpaceToAWriteRefusedForSpace(t *testing.T) {
 	}
 	filler := filepath.Join(dir, "filler")
 	edgetest.Fill(t, filler)
+	// A ballast a previous edge left is taken up on a full disk.
+	b = &ballast{path: b.path, size: b.size}
+	if err := b.fill(); err != nil || !b.isHeld() {
+		t.Fatalf("taking up a ballast left on a full disk: %v", err)
+	}
 	r := &Runner{cfg: Config{Disk: disk, MinFreeBytes: 64 << 10}, ballast: b, logs: throttle.New(slog.New(slog.DiscardHandler), clock.Real{}, time.Minute)}
 
 	end := filepath.Join(dir, "end")
@@ -210,5 +216,43 @@ func TestTheBallastGivesItsSpaceToAWriteRefusedForSpace(t *testing.T) {
 	}
 	if st, _ := disk.FreeBytes(); st != free {
 		t.Fatalf("freeBytes says %d, the disk %d: the ballast's space is not counted free", free, st)
+	}
+}
+
+// A restart on a full data dir still records the ends of the runs a crash
+// left live, and refuses new ones. The ballast's space is what records
+// them: without it the third end fails with ENOSPC and the runner cannot
+// start (seen with record's release disabled).
+func TestARestartOnAFullDataDir(t *testing.T) {
+	dataDir := edgetest.Tmpfs(t, 2<<20)
+	h := newHarness(t, func(c *Config) { c.MinFreeBytes = 1 << 20 })
+	h.close()
+	h.dbPath = filepath.Join(dataDir, "runs.db")
+	h.cfg.Disk = StatFS{Paths: []string{dataDir}}
+	h.open(nil, nil)
+	if _, err := os.Stat(filepath.Join(dataDir, ballastName)); err != nil {
+		t.Fatalf("no ballast: %v", err)
+	}
+	now := time.Now()
+	for i := range 3 {
+		id := "run-crashed-" + strconv.Itoa(i)
+		h.log.Create(runlog.Record{RunID: id, ClientToken: id, Status: hostproto.StatusRunning, Attempt: 1, CreatedAt: now},
+			stateEntry(now, hostproto.StateChange{Status: hostproto.StatusRunning, Attempt: 1}))
+	}
+	h.close()
+	edgetest.Fill(t, filepath.Join(dataDir, "filler"))
+
+	h.open(nil, nil)
+	for i := range 3 {
+		run, err := h.r.Get("run-crashed-" + strconv.Itoa(i))
+		if err != nil || run.Status != hostproto.StatusFailed || run.Reason != hostproto.ReasonHostRestarted {
+			t.Fatalf("after a restart on a full data dir: %+v, %v", run, err)
+		}
+	}
+	if s := h.r.Storage(); !s.Low || s.FreeBytes >= 1<<20 {
+		t.Fatalf("storage %+v on a full data dir", s)
+	}
+	if run := h.start(`echo never`, nil); run.Reason != hostproto.ReasonHostStorageLow {
+		t.Fatalf("a start on a full data dir: %+v", run)
 	}
 }

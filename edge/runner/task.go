@@ -254,7 +254,7 @@ func (r *Runner) begin(t *task) hostproto.Run {
 		return nil
 	}, admission, stateEntry(now, hostproto.StateChange{Status: hostproto.StatusAdmitted, Attempt: t.attempt}))
 	if err != nil {
-		r.logger.Error("recording an admission", fieldRun, t.runID, fieldError, err.Error())
+		r.logs.Error(condRecordAdmission, "recording an admission", fieldRun, t.runID, fieldError, err.Error())
 		r.finish(t, outcome{status: hostproto.StatusFailed, reason: hostproto.ReasonHostUnavailable, detail: "the host could not record the admission"})
 		return r.currentRun(t.runID)
 	}
