@@ -22,9 +22,8 @@ func mountTmpfs(t *testing.T, dir string, size int64) {
 	if err := syscall.Mount("tmpfs", dir, "tmpfs", syscall.MS_NOSUID|syscall.MS_NODEV, fmt.Sprintf("size=%d,mode=0700", size)); err != nil {
 		t.Fatalf("mounting a tmpfs on %s: %v", dir, err)
 	}
-	// Registered after newEdgeProc's cleanup, so it runs first: edge is
-	// stopped by then only if the test stopped it; a lazy unmount lets
-	// the mount go once edge lets go of it.
+	// Cleanups run last first, so this one runs before newEdgeProc's stops
+	// edge: a lazy unmount lets the mount go once edge has let go of it.
 	t.Cleanup(func() {
 		if err := syscall.Unmount(dir, syscall.MNT_DETACH); err != nil {
 			t.Errorf("unmounting %s: %v", dir, err)
