@@ -616,8 +616,9 @@ func (r *Runner) pump(t *task, ptmx *os.File) {
 // outputRecord is how an attempt's output fared in the run log; it belongs
 // to the attempt's pump.
 type outputRecord struct {
-	// stopped: the data dir fell under the space kept for ends, and no
-	// more of this attempt's output is recorded.
+	// stopped: the data dir has no room for more output (it would fall
+	// under the space kept for ends, or a write was refused for want of
+	// space), and no more of this attempt's output is recorded.
 	stopped bool
 	// unrecorded bytes of output, and why the first of them were not.
 	unrecorded int64
