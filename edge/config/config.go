@@ -328,7 +328,29 @@ type Runner struct {
 	// group of its own; "none" turns them off. A host that cannot enforce
 	// them refuses tasks unless they are "none".
 	Limits Limits `json:"limits"`
+	// MinFreeBytes is the data dir's reserve, in bytes: with less free
+	// space, admission refuses new runs (host_storage_low), and a running
+	// run's output stops being recorded (storage_full) before the space
+	// kept for recording runs' ends is touched. Default DefaultMinFreeBytes
+	// (1 GiB); at least MinMinFreeBytes. There is no "off": a reserve is
+	// what lets a full disk end runs with a reason instead of losing them.
+	MinFreeBytes Bytes `json:"minFreeBytes"`
 }
+
+// Storage reserve bounds (runner.minFreeBytes).
+const (
+	// DefaultMinFreeBytes: what the runs a host admits at its defaults can
+	// write into the run log, twice over: 8 runs (runner.maxConcurrent) at
+	// 64 MiB of output each (runner.maxOutputBytes) is 512 MiB, and the run
+	// log (bbolt: copy-on-write pages, JSON-escaped events) takes up to
+	// about twice what it stores. Buildkite's elastic stack refuses jobs
+	// under 5 GB free, for builds and images; our tasks' work dirs are
+	// shallow clones, so this is a floor to raise for heavy repositories.
+	DefaultMinFreeBytes = 1 << 30
+	// MinMinFreeBytes: a smaller reserve cannot hold the space kept for
+	// recording runs' ends (a part of the reserve; package runner).
+	MinMinFreeBytes = 1 << 20
+)
 
 // Load reads, defaults and validates the config at path.
 func Load(path string) (*Config, error) {
@@ -460,6 +482,9 @@ func (c *Config) Defaults() {
 			c.Runner.Limits.CPU = 4
 		}
 	}
+	if c.Runner.MinFreeBytes == 0 {
+		c.Runner.MinFreeBytes = DefaultMinFreeBytes
+	}
 }
 
 // loopback reports whether a listen address (host:port) binds this host's
@@ -576,6 +601,9 @@ func (c *Config) Validate() error {
 		case l.CPU > 0 && l.CPU < 0.01:
 			bad("runner.limits.cpu", "%g cores is under the kernel's minimum; give at least 0.01", l.CPU)
 		}
+	}
+	if n := c.Runner.MinFreeBytes; n < MinMinFreeBytes {
+		bad("runner.minFreeBytes", "%d is under the smallest reserve, %d bytes (1 MiB): the reserve keeps room to record runs' ends when the data dir fills; leave it unset for the default (1 GiB)", n, MinMinFreeBytes)
 	}
 	for field, d := range map[string]Duration{
 		"runner.maxDuration": c.Runner.MaxDuration, "runner.drainTimeout": c.Runner.DrainTimeout,

@@ -44,7 +44,7 @@ func TestLoadDesignExample(t *testing.T) {
 	if got, want := c.Proxy.Upstream.ExtraRootsFile, filepath.Join(dir, "upstream-ca.pem"); got != want {
 		t.Fatalf("relative extraRootsFile resolved to %q, want %q", got, want)
 	}
-	if c.Runner.CancelGrace.D() != 10*time.Second || c.Proxy.Audit.Keep != 5 || c.Runner.Egress != TaskEgressConfined {
+	if c.Runner.CancelGrace.D() != 10*time.Second || c.Proxy.Audit.Keep != 5 || c.Runner.Egress != TaskEgressConfined || c.Runner.MinFreeBytes != 1<<30 {
 		t.Fatalf("defaults not applied: %+v %+v", c.Runner, c.Proxy.Audit)
 	}
 	if got := c.Policy.Projects["acme"].Keys["OPENAI_API_KEY"].Placeholder; got.Prefix != "sk-" || got.Length != 48 {
@@ -68,6 +68,9 @@ func TestBadConfigsNameTheField(t *testing.T) {
 		"proxy on a LAN IP":            {`{"dataDir":"/d","api":{"tokenFile":"/t"},"proxy":{"listen":"192.168.1.5:7071"}}`, "proxy.listen"},
 		"proxy on a name":              {`{"dataDir":"/d","api":{"tokenFile":"/t"},"proxy":{"listen":"edge.example.com:7071"}}`, "proxy.listen"},
 		"proxy behind TLS":             {`{"dataDir":"/d","api":{"tokenFile":"/t","tls":{"certFile":"/c","keyFile":"/k"}},"proxy":{"listen":"[::]:7071"}}`, "proxy.listen"},
+		"negative reserve":             {`{"dataDir":"/d","api":{"tokenFile":"/t"},"runner":{"minFreeBytes":-1}}`, "runner.minFreeBytes: -1 is under the smallest reserve"},
+		"reserve too small":            {`{"dataDir":"/d","api":{"tokenFile":"/t"},"runner":{"minFreeBytes":4096}}`, "runner.minFreeBytes: 4096"},
+		"reserve not a size":           {`{"dataDir":"/d","api":{"tokenFile":"/t"},"runner":{"minFreeBytes":"a lot"}}`, `invalid size "a lot"`},
 		"api off loopback without tls": {`{"dataDir":"/d","api":{"listen":"0.0.0.0:7070","tokenFile":"/t"}}`, `api.listen: "0.0.0.0:7070" is not a loopback address and api.tls is not set`},
 	} {
 		t.Run(name, func(t *testing.T) {

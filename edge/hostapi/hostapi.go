@@ -139,6 +139,7 @@ func (a *API) health(w http.ResponseWriter, _ *http.Request) {
 		Agents:           a.cfg.Runner.Agents(),
 		InsecureSameUser: a.cfg.Runner.InsecureSameUser(),
 		EgressConfined:   a.cfg.Runner.EgressConfined(),
+		Storage:          a.cfg.Runner.Storage(),
 		Features: hostproto.Features{
 			SecretsProxy: a.cfg.SecretsProxy != nil && a.cfg.SecretsProxy() == nil,
 			// Admission always enforces the broker for a run that declares

@@ -13,6 +13,7 @@ import (
 	"path/filepath"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -32,6 +33,7 @@ type edge struct {
 	dbPath string
 	work   string
 	proxy  error
+	disk   runner.Disk // nil: the real one
 	runs   *runlog.Log
 	runner *runner.Runner
 	srv    *httptest.Server
@@ -56,6 +58,7 @@ func (e *edge) up() {
 	r, err := runner.New(runner.Config{
 		Agents:  map[string]config.Agent{"shell": {Argv: []string{"sh", "-c", "{prompt}"}}},
 		WorkDir: e.work,
+		Disk:    e.disk,
 	}, runs, nil, nil)
 	if err != nil {
 		e.t.Fatal(err)
@@ -192,6 +195,50 @@ func TestHealthReportsFeaturesAsTheyAre(t *testing.T) {
 	}
 	if h, _ = e.client.Health(ctx); !h.Draining {
 		t.Fatal("health does not report draining")
+	}
+}
+
+// freeSpace is a Disk whose free space the test sets.
+type freeSpace struct{ free atomic.Int64 }
+
+func (d *freeSpace) FreeBytes() (int64, error) { return d.free.Load(), nil }
+
+func TestHealthReportsStorageAndStartsAreRefusedUnderTheReserve(t *testing.T) {
+	edgetest.RequireRoot(t)
+	disk := &freeSpace{}
+	disk.free.Store(5 << 30)
+	e := &edge{t: t, dbPath: filepath.Join(t.TempDir(), "runs.db"), work: filepath.Join(edgetest.TraversableDir(t), "work"), disk: disk}
+	e.up()
+	h, err := e.client.Health(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if h.Storage == nil || h.Storage.Low || h.Storage.FreeBytes != 5<<30 || h.Storage.MinFreeBytes != config.DefaultMinFreeBytes {
+		t.Fatalf("health storage %+v, want 5 GiB free of a 1 GiB reserve, not low", h.Storage)
+	}
+
+	disk.free.Store(100 << 20)
+	if h, _ = e.client.Health(ctx); h.Storage == nil || !h.Storage.Low || h.Storage.FreeBytes != 100<<20 {
+		t.Fatalf("health storage %+v, want low at 100 MiB free", h.Storage)
+	}
+	run := e.start(`echo never`)
+	if run.Status != hostproto.StatusFailed || run.Reason != hostproto.ReasonHostStorageLow || !strings.Contains(run.Detail, "100.0 MiB free, under its reserve of 1.0 GiB") {
+		t.Fatalf("a start under the reserve answered %+v, want failed host_storage_low naming both sizes", run)
+	}
+	if _, err := e.client.Retry(ctx, run.RunID); err != nil {
+		t.Fatal(err)
+	}
+	if again := e.waitStatus(run.RunID, ended); again.Reason != hostproto.ReasonHostStorageLow || again.Attempt != 2 {
+		t.Fatalf("a retry under the reserve ended %+v, want host_storage_low", again)
+	}
+
+	disk.free.Store(2 << 30)
+	if h, _ = e.client.Health(ctx); h.Storage.Low {
+		t.Fatalf("health storage %+v once space returned, want not low", h.Storage)
+	}
+	run = e.start(`echo admitted`)
+	if end := e.waitStatus(run.RunID, ended); end.Status != hostproto.StatusSucceeded {
+		t.Fatalf("a start once space returned ended %+v", end)
 	}
 }
 

@@ -39,6 +39,13 @@ var (
 	keyInstance  = []byte("instance")
 )
 
+// batchDelay is how long an append waits for others to share its
+// transaction (bbolt's Batch). bbolt's default, 10 ms, made one run's
+// appends wait that long each: its output was read from the terminal at a
+// few KiB per 10 ms, about 400 KiB/s, whatever the disk. A millisecond
+// still gathers the appends of many chatty runs, which arrive together.
+const batchDelay = time.Millisecond
+
 // ErrNotFound is returned for a run id the log does not hold.
 var ErrNotFound = errors.New("runlog: run not found")
 
@@ -62,6 +69,7 @@ func Open(path string, random io.Reader) (*Log, error) {
 	if err != nil {
 		return nil, fmt.Errorf("runlog: opening %s: %w", path, err)
 	}
+	db.MaxBatchDelay = batchDelay
 	var instance uint64
 	err = db.Update(func(tx *bolt.Tx) error {
 		meta, err := tx.CreateBucketIfNotExists(bucketMeta)
@@ -106,6 +114,9 @@ func Open(path string, random io.Reader) (*Log, error) {
 // kept with it: it tells this edge's runs from another's that share a
 // machine (the runner offsets its per-run group ids by it).
 func (l *Log) Instance() uint64 { return l.instance }
+
+// Path is the log's file.
+func (l *Log) Path() string { return l.db.Path() }
 
 // Close closes the file; calls after it fail.
 func (l *Log) Close() error { return l.db.Close() }

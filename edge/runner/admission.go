@@ -41,6 +41,11 @@ type Facts struct {
 	// Identity is nil when tasks can run as runner.user (or, where edge
 	// cannot switch users, runner.insecureSameUser allows edge's own).
 	Identity error
+	// FreeBytes is the data dir's free space and MinFreeBytes its reserve
+	// (runner.minFreeBytes); Storage is why FreeBytes could not be read.
+	FreeBytes    int64
+	MinFreeBytes int64
+	Storage      error
 	// HoldsSlot: the attempt already holds a concurrency slot (a ticket's
 	// check); otherwise Active and MaxConcurrent decide host_busy.
 	HoldsSlot     bool
@@ -92,6 +97,11 @@ func Decide(f Facts) Decision {
 		return refuse(hostproto.ReasonHostUnavailable, "the host is draining and admits nothing new")
 	case f.Identity != nil:
 		return refuse(hostproto.ReasonHostUnavailable, f.Identity.Error())
+	case f.Storage != nil:
+		return refuse(hostproto.ReasonHostStorageLow, "the host cannot tell its data dir's free space: "+f.Storage.Error())
+	case f.FreeBytes < f.MinFreeBytes:
+		return refuse(hostproto.ReasonHostStorageLow, fmt.Sprintf("the host's data dir has %s free, under its reserve of %s (runner.minFreeBytes): it admits runs again once space is freed; dispatch to another host meanwhile",
+			humanBytes(f.FreeBytes), humanBytes(f.MinFreeBytes)))
 	case !f.HoldsSlot && f.MaxConcurrent <= 0:
 		return refuse(hostproto.ReasonHostBusy, "the host runs no tasks (runner.maxConcurrent is 0)")
 	case !f.HoldsSlot && f.Active >= f.MaxConcurrent:

@@ -29,6 +29,15 @@ func TestDecide(t *testing.T) {
 		{"a cancel refuses first", with(prepared, func(f *Facts) { f.Canceled = true; f.Draining = true }), Refuse, hostproto.ReasonCanceled, ""},
 		{"a draining host refuses", with(ready, func(f *Facts) { f.Draining = true }), Refuse, hostproto.ReasonHostUnavailable, "draining"},
 		{"no usable identity refuses", with(ready, func(f *Facts) { f.Identity = errors.New("cannot switch users") }), Refuse, hostproto.ReasonHostUnavailable, "cannot switch users"},
+		{"a data dir under its reserve refuses, with both sizes", with(ready, func(f *Facts) { f.FreeBytes = 3<<20 + 1<<19; f.MinFreeBytes = 512 << 20 }), Refuse, hostproto.ReasonHostStorageLow, "has 3.5 MiB free, under its reserve of 512.0 MiB (runner.minFreeBytes)"},
+		{"storage refuses before a busy host", with(ready, func(f *Facts) { f.FreeBytes = 1; f.MinFreeBytes = 2; f.Active = 2 }), Refuse, hostproto.ReasonHostStorageLow, ""},
+		{"a retry's check refuses on storage too", with(prepared, func(f *Facts) { f.HoldsSlot = true; f.FreeBytes = 0; f.MinFreeBytes = 1 << 30 }), Refuse, hostproto.ReasonHostStorageLow, "0 B free"},
+		{"exactly the reserve is admitted", with(ready, func(f *Facts) { f.FreeBytes = 1 << 30; f.MinFreeBytes = 1 << 30 }), Admit, "", ""},
+		{"free space that cannot be read refuses", with(ready, func(f *Facts) {
+			f.FreeBytes = 1 << 40
+			f.MinFreeBytes = 1
+			f.Storage = errors.New("statfs: input/output error")
+		}), Refuse, hostproto.ReasonHostStorageLow, "input/output error"},
 		{"a full host refuses", with(ready, func(f *Facts) { f.Active = 2 }), Refuse, hostproto.ReasonHostBusy, ""},
 		{"a held slot is not counted again", with(ready, func(f *Facts) { f.Active = 2; f.HoldsSlot = true }), Admit, "", ""},
 		{"a proxy that is down refuses a run with secrets", with(broker, func(f *Facts) { f.Proxy = errors.New("killed") }), Refuse, hostproto.ReasonBrokerNotReady, "secrets proxy: killed"},
@@ -49,6 +58,14 @@ func TestDecide(t *testing.T) {
 				t.Fatalf("Refusal() = %v for verdict %v", d.Refusal(), d.Verdict)
 			}
 		})
+	}
+}
+
+func TestHumanBytes(t *testing.T) {
+	for n, want := range map[int64]string{0: "0 B", 1023: "1023 B", 1024: "1.0 KiB", 1536: "1.5 KiB", 4 << 20: "4.0 MiB", 1 << 30: "1.0 GiB", 5 << 40: "5.0 TiB"} {
+		if got := humanBytes(n); got != want {
+			t.Errorf("humanBytes(%d) = %q, want %q", n, got, want)
+		}
 	}
 }
 

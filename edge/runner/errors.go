@@ -58,7 +58,8 @@ func badRequest(field, format string, args ...any) *RequestError {
 func isRefusalReason(reason string) bool {
 	switch reason {
 	case hostproto.ReasonBrokerNotReady, hostproto.ReasonKeyNotGranted, hostproto.ReasonHostUnavailable,
-		hostproto.ReasonHostBusy, hostproto.ReasonCloneFailed, hostproto.ReasonDeadlinePassed, hostproto.ReasonCanceled:
+		hostproto.ReasonHostBusy, hostproto.ReasonCloneFailed, hostproto.ReasonDeadlinePassed, hostproto.ReasonCanceled,
+		hostproto.ReasonHostStorageLow:
 		return true
 	}
 	return false

@@ -30,11 +30,14 @@ func (r *Runner) recover() error {
 	const detail = "edge restarted while the attempt was live"
 	for _, old := range stale {
 		state := hostproto.StateChange{Status: hostproto.StatusFailed, Attempt: old.Attempt, Reason: hostproto.ReasonHostRestarted, Detail: detail}
-		if _, err := r.log.Update(old.RunID, func(rec *runlog.Record) error {
-			rec.Status, rec.ExitCode, rec.Reason, rec.Detail = hostproto.StatusFailed, nil, hostproto.ReasonHostRestarted, detail
-			rec.UpdatedAt, rec.EndedAt = now, &now
-			return nil
-		}, stateEntry(now, state)); err != nil {
+		if err := r.record(old.RunID, func() error {
+			_, err := r.log.Update(old.RunID, func(rec *runlog.Record) error {
+				rec.Status, rec.ExitCode, rec.Reason, rec.Detail = hostproto.StatusFailed, nil, hostproto.ReasonHostRestarted, detail
+				rec.UpdatedAt, rec.EndedAt = now, &now
+				return nil
+			}, stateEntry(now, state))
+			return err
+		}); err != nil {
 			return fmt.Errorf("runner: marking run %s host_restarted: %w", old.RunID, err)
 		}
 		r.logger.Warn("run failed by a restart", fieldRun, old.RunID, fieldAttempt, old.Attempt)

@@ -26,6 +26,7 @@ import (
 	"time"
 
 	"github.com/runfleet/runfleet/edge/config"
+	"github.com/runfleet/runfleet/edge/internal/throttle"
 	"github.com/runfleet/runfleet/edge/runlog"
 	"github.com/runfleet/runfleet/edge/sandbox"
 	"github.com/runfleet/runfleet/shared/clock"
@@ -91,6 +92,15 @@ type Config struct {
 	CancelGrace time.Duration
 	// Retention: a run is purged this long after it ends; default 168h.
 	Retention time.Duration
+	// MinFreeBytes is the reserve of free space where runs are recorded
+	// (runner.minFreeBytes): under it admission refuses host_storage_low,
+	// and under the part of it kept for ends a run's output stops being
+	// recorded and the run ends storage_full (see storage.go). Default
+	// config.DefaultMinFreeBytes; negative is invalid.
+	MinFreeBytes int64
+	// Disk reads that free space; default StatFS of the run log's
+	// directory and WorkDir.
+	Disk Disk
 	// SystemRootsFile is the PEM file of system roots that starts each trust
 	// file; default the first of the distributions' usual paths that exists.
 	SystemRootsFile string
@@ -134,6 +144,7 @@ func FromConfig(c *config.Config) Config {
 		MaxOutputBytes:   c.Runner.MaxOutputBytes,
 		CancelGrace:      c.Runner.CancelGrace.D(),
 		Retention:        c.Runner.Retention.D(),
+		MinFreeBytes:     int64(c.Runner.MinFreeBytes),
 	}
 }
 
@@ -167,6 +178,9 @@ func (c *Config) defaults() {
 	}
 	if c.Retention == 0 {
 		c.Retention = DefaultRetention
+	}
+	if c.MinFreeBytes == 0 {
+		c.MinFreeBytes = config.DefaultMinFreeBytes
 	}
 	if c.TaskGroups == (GroupRange{}) {
 		c.TaskGroups = GroupRange{First: DefaultTaskGroupFirst, Count: DefaultTaskGroupCount}
@@ -210,7 +224,7 @@ func (c Config) Validate() error {
 			bad("Agents", "agent %q has no argv", name)
 		}
 	}
-	if c.MaxConcurrent < 0 || c.MaxOutputBytes < 0 || c.MaxDuration < 0 || c.CancelGrace < 0 || c.Retention < 0 {
+	if c.MaxConcurrent < 0 || c.MaxOutputBytes < 0 || c.MaxDuration < 0 || c.CancelGrace < 0 || c.Retention < 0 || c.MinFreeBytes < 0 {
 		bad("limits", "must not be negative")
 	}
 	if c.SystemRootsFile == "" {
@@ -230,6 +244,10 @@ type Runner struct {
 	trust  TrustSource
 	logger *slog.Logger
 	clock  clock.Clock
+	// logs rate-limits lines about conditions that repeat (throttle).
+	logs *throttle.Log
+	// ballast holds space for recording runs' ends (storage.go).
+	ballast *ballast
 
 	ident          taskIdentity
 	sameUser       bool
@@ -291,7 +309,21 @@ func New(cfg Config, runs *runlog.Log, broker Broker, trust TrustSource) (_ *Run
 		clock:       cfg.Clock,
 		systemRoots: roots,
 		live:        map[string]*task{},
+		logs:        throttle.New(cfg.Logger, cfg.Clock, logInterval),
 	}
+	if r.cfg.Disk == nil {
+		r.cfg.Disk = StatFS{Paths: []string{filepath.Dir(runs.Path()), cfg.WorkDir}}
+	}
+	r.ballast = &ballast{path: filepath.Join(filepath.Dir(runs.Path()), ballastName), size: ballastBytes(cfg.MinFreeBytes)}
+	// A ballast a previous edge left is taken up again (its blocks are
+	// allocated already, so this needs no space); else one is made where
+	// there is room.
+	if _, err := os.Stat(r.ballast.path); err == nil {
+		if err := r.ballast.fill(); err != nil {
+			r.logs.Error(condBallast, "taking up the storage ballast", fieldError, err.Error())
+		}
+	}
+	r.freeBytes()
 	r.ident, r.sameUser, r.identityErr = resolveIdentity(cfg)
 	if r.identityErr != nil {
 		r.logger.Warn("runner refuses every run", "error", r.identityErr.Error())
@@ -671,4 +703,9 @@ const (
 	fieldReason  = "reason"
 	fieldError   = "error"
 	fieldStatus  = "status"
+	fieldFree    = "freeBytes"
+	fieldMinFree = "minFreeBytes"
 )
+
+// logInterval is how often a repeating condition is logged (throttle).
+const logInterval = time.Minute

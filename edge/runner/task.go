@@ -224,6 +224,7 @@ func (r *Runner) begin(t *task) hostproto.Run {
 	req := t.rec.Request
 	facts := r.runnerFacts(t)
 	facts.NeedsBroker = t.needsBroker
+	r.storageFacts(&facts)
 	localPath := ""
 	if req.LocalPath != "" {
 		p, err := r.resolveLocalPath(req.LocalPath)
@@ -253,7 +254,7 @@ func (r *Runner) begin(t *task) hostproto.Run {
 		return nil
 	}, admission, stateEntry(now, hostproto.StateChange{Status: hostproto.StatusAdmitted, Attempt: t.attempt}))
 	if err != nil {
-		r.logger.Error("recording an admission", fieldRun, t.runID, fieldError, err.Error())
+		r.logs.Error(condRecordAdmission, "recording an admission", fieldRun, t.runID, fieldError, err.Error())
 		r.finish(t, outcome{status: hostproto.StatusFailed, reason: hostproto.ReasonHostUnavailable, detail: "the host could not record the admission"})
 		return r.currentRun(t.runID)
 	}
@@ -583,12 +584,14 @@ func (r *Runner) supervise(t *task, cmd *exec.Cmd, ptmx *os.File, box *sandbox.L
 }
 
 // pump turns the terminal's output into events until it ends, up to
-// runner.maxOutputBytes; past it the task is killed (output_limit).
+// runner.maxOutputBytes; past it the task is killed (output_limit). Output
+// that cannot be recorded is counted, and said so in an event at its end.
 func (r *Runner) pump(t *task, ptmx *os.File) {
 	buf := make([]byte, hostproto.MaxEventData)
 	chunks := runlog.NewChunker(hostproto.MaxEventData)
 	var total int64
 	limited := false
+	var out outputRecord
 	for {
 		n, err := ptmx.Read(buf)
 		if n > 0 && !limited {
@@ -597,7 +600,7 @@ func (r *Runner) pump(t *task, ptmx *os.File) {
 				data, limited = data[:room], true
 			}
 			total += int64(len(data))
-			r.appendOutput(t, chunks.Write(data))
+			r.appendOutput(t, &out, chunks.Write(data))
 			if limited {
 				r.terminate(t, hostproto.ReasonOutputLimit, fmt.Sprintf("the attempt wrote more than runner.maxOutputBytes (%d bytes)", r.cfg.MaxOutputBytes), true)
 			}
@@ -606,11 +609,43 @@ func (r *Runner) pump(t *task, ptmx *os.File) {
 			break
 		}
 	}
-	r.appendOutput(t, chunks.Flush())
+	r.appendOutput(t, &out, chunks.Flush())
+	r.recordUnrecorded(t, &out)
 }
 
-func (r *Runner) appendOutput(t *task, texts []string) {
+// outputRecord is how an attempt's output fared in the run log; it belongs
+// to the attempt's pump.
+type outputRecord struct {
+	// stopped: the data dir has no room for more output (it would fall
+	// under the space kept for ends, or a write was refused for want of
+	// space), and no more of this attempt's output is recorded.
+	stopped bool
+	// unrecorded bytes of output, and why the first of them were not.
+	unrecorded int64
+	cause      string
+}
+
+// appendOutput records texts as output events. Output that would take the
+// data dir under the part of the reserve kept for ends is not recorded:
+// its attempt stops recording and is killed (storage_full), so that its
+// end, and what others' ends need, can still be written.
+func (r *Runner) appendOutput(t *task, out *outputRecord, texts []string) {
 	if len(texts) == 0 {
+		return
+	}
+	var size int64
+	for _, s := range texts {
+		size += int64(len(s))
+	}
+	if out.stopped {
+		out.unrecorded += size
+		return
+	}
+	// Twice the text: its JSON escaping and the run log's pages (bbolt
+	// copies what it changes) take about as much again.
+	if free, err := r.cfg.Disk.FreeBytes(); err == nil && free-2*size < endReserveBytes(r.cfg.MinFreeBytes) {
+		r.stopRecording(t, out, size, fmt.Sprintf("recording more output would take the host's data dir (%s free) under the %s its reserve (runner.minFreeBytes, %s) keeps for recording runs' ends",
+			humanBytes(free), humanBytes(endReserveBytes(r.cfg.MinFreeBytes)), humanBytes(r.cfg.MinFreeBytes)))
 		return
 	}
 	now := r.clock.Now()
@@ -619,8 +654,49 @@ func (r *Runner) appendOutput(t *task, texts []string) {
 		data, _ := json.Marshal(s)
 		entries[i] = runlog.Entry{Type: hostproto.EventOutput, Data: data, TS: now}
 	}
-	if _, err := r.log.Append(t.runID, entries...); err != nil {
-		r.logger.Error("recording output", fieldRun, t.runID, fieldError, err.Error())
+	_, err := r.log.Append(t.runID, entries...)
+	if err == nil {
+		return
+	}
+	if noSpace(err) {
+		r.stopRecording(t, out, size, "the host's data dir is full")
+		return
+	}
+	// Another failure may pass: the output goes on being tried, and what
+	// is lost is counted.
+	r.logs.Error(condRecordOutput, "recording output", fieldRun, t.runID, fieldError, err.Error())
+	out.unrecorded += size
+	if out.cause == "" {
+		out.cause = "the host could not write its run log"
+	}
+}
+
+// stopRecording ends the recording of the attempt's output, and the
+// attempt with it: storage_full, its process group killed at once.
+func (r *Runner) stopRecording(t *task, out *outputRecord, size int64, cause string) {
+	out.stopped, out.cause = true, cause
+	out.unrecorded += size
+	r.logs.Warn(condOutputStopped, "a run's output can no longer be recorded: ending it storage_full", fieldRun, t.runID, fieldReason, cause)
+	r.terminate(t, hostproto.ReasonStorageFull, cause+": the run's output could no longer be recorded", true)
+}
+
+// recordUnrecorded writes, once the attempt's output has ended, one event
+// saying how much of it was not recorded and why, and puts the count in
+// the end's detail of a run ended storage_full.
+func (r *Runner) recordUnrecorded(t *task, out *outputRecord) {
+	if out.unrecorded == 0 {
+		return
+	}
+	t.mu.Lock()
+	if t.endReason == hostproto.ReasonStorageFull {
+		t.endDetail += fmt.Sprintf(" (%d bytes not recorded)", out.unrecorded)
+	}
+	t.mu.Unlock()
+	notice := fmt.Sprintf("\r\n[edge: %d bytes of output were not recorded: %s]\r\n", out.unrecorded, out.cause)
+	data, _ := json.Marshal(notice)
+	entry := runlog.Entry{Type: hostproto.EventOutput, Data: data, TS: r.clock.Now()}
+	if err := r.record(t.runID, func() error { _, err := r.log.Append(t.runID, entry); return err }); err != nil {
+		r.logs.Error(condRecordOutput, "recording that output was not recorded", fieldRun, t.runID, fieldError, err.Error())
 	}
 }
 
@@ -726,12 +802,15 @@ func (r *Runner) finish(t *task, o outcome, extra ...runlog.Entry) {
 	// live set, and its own write to the run log, coming after this one,
 	// finds the run ended.
 	t.ended.Store(true)
-	if _, err := r.log.Update(t.runID, func(rec *runlog.Record) error {
-		rec.Status, rec.ExitCode, rec.Reason, rec.Detail = o.status, o.exitCode, o.reason, o.detail
-		rec.UpdatedAt, rec.EndedAt = now, &now
-		return nil
-	}, events...); err != nil {
-		r.logger.Error("recording the end of an attempt", fieldRun, t.runID, fieldError, err.Error())
+	if err := r.record(t.runID, func() error {
+		_, err := r.log.Update(t.runID, func(rec *runlog.Record) error {
+			rec.Status, rec.ExitCode, rec.Reason, rec.Detail = o.status, o.exitCode, o.reason, o.detail
+			rec.UpdatedAt, rec.EndedAt = now, &now
+			return nil
+		}, events...)
+		return err
+	}); err != nil {
+		r.logs.Error(condRecordEnd, "recording the end of an attempt", fieldRun, t.runID, fieldError, err.Error())
 	}
 	if !started {
 		if o.reason != "" {
@@ -780,7 +859,7 @@ func exitOutcome(st exitStatus, endReason, endDetail string) outcome {
 	switch endReason {
 	case hostproto.ReasonCanceled, hostproto.ReasonHostShutdown:
 		o.status, o.reason = hostproto.StatusCanceled, endReason
-	case hostproto.ReasonTimedOut, hostproto.ReasonOutputLimit:
+	case hostproto.ReasonTimedOut, hostproto.ReasonOutputLimit, hostproto.ReasonStorageFull:
 		o.status, o.reason = hostproto.StatusFailed, endReason
 	default:
 		o.status = hostproto.StatusSucceeded

@@ -41,6 +41,7 @@ func (k *ticket) check(r *Runner, t *task) *Refusal {
 		NeedsBroker: t.needsBroker,
 		Prepared:    true,
 	}
+	r.storageFacts(&facts)
 	if t.needsBroker {
 		r.brokerFacts(t, &facts)
 		if r.broker != nil && !r.broker.Registered(t.runID) {

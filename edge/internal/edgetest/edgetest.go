@@ -9,6 +9,8 @@ package edgetest
 import (
 	"bytes"
 	"encoding/json"
+	"errors"
+	"fmt"
 	"os"
 	"path/filepath"
 	"syscall"
@@ -121,4 +123,47 @@ func Output(events []hostproto.Event) string {
 		}
 	}
 	return b.String()
+}
+
+// Tmpfs mounts a tmpfs of size bytes (rounded up to whole pages) on a new
+// temp dir, made 0755, for a test that fills a filesystem; it is unmounted
+// when the test ends. Root only.
+func Tmpfs(t testing.TB, size int64) string {
+	t.Helper()
+	dir := filepath.Join(t.TempDir(), "tmpfs")
+	if err := os.Mkdir(dir, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	if err := syscall.Mount("tmpfs", dir, "tmpfs", syscall.MS_NOSUID|syscall.MS_NODEV, fmt.Sprintf("size=%d,mode=0755", size)); err != nil {
+		t.Fatalf("mounting a tmpfs on %s: %v", dir, err)
+	}
+	t.Cleanup(func() {
+		if err := syscall.Unmount(dir, syscall.MNT_DETACH); err != nil {
+			t.Errorf("unmounting the tmpfs on %s: %v", dir, err)
+		}
+	})
+	return dir
+}
+
+// Fill writes zeros to path until its filesystem is full (ENOSPC),
+// returning how many bytes it wrote: what removing path frees again.
+func Fill(t testing.TB, path string) int64 {
+	t.Helper()
+	f, err := os.OpenFile(path, os.O_CREATE|os.O_WRONLY|os.O_TRUNC, 0o600)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	buf := make([]byte, 64<<10)
+	var n int64
+	for {
+		m, err := f.Write(buf)
+		n += int64(m)
+		if errors.Is(err, syscall.ENOSPC) {
+			return n
+		}
+		if err != nil {
+			t.Fatal(err)
+		}
+	}
 }

@@ -1,0 +1,191 @@
+package runner
+
+import (
+	"errors"
+	"fmt"
+	"os"
+	"sync"
+	"syscall"
+
+	"github.com/runfleet/runfleet/shared/hostproto"
+)
+
+// Disk reports the free space where the runner records runs: the run log
+// and the tasks' work dirs.
+type Disk interface {
+	// FreeBytes is the space edge may still write there now, the least over
+	// the filesystems involved. Safe for concurrent use; cheap enough to
+	// call for every chunk of output.
+	FreeBytes() (int64, error)
+}
+
+// StatFS is the Disk of the filesystems holding Paths: statfs's available
+// blocks (f_bavail, what is left once a filesystem's root-only blocks are
+// set aside) times their size.
+type StatFS struct{ Paths []string }
+
+var _ Disk = StatFS{}
+
+// FreeBytes implements Disk.
+func (s StatFS) FreeBytes() (int64, error) {
+	least := int64(-1)
+	for _, p := range s.Paths {
+		var st syscall.Statfs_t
+		if err := syscall.Statfs(p, &st); err != nil {
+			return 0, fmt.Errorf("runner: reading the free space of %s: %w", p, err)
+		}
+		if free := int64(st.Bavail) * st.Bsize; least < 0 || free < least {
+			least = free
+		}
+	}
+	return max(least, 0), nil
+}
+
+// How the reserve (runner.minFreeBytes) is shared out. Under the reserve
+// admission refuses new runs; running runs go on recording their output
+// until free space would fall under the part of the reserve kept for ends
+// (endReserveBytes), where their output stops being recorded and they end
+// storage_full. What remains records those ends and their notices. The
+// ballast is a file holding space of its own for the same records, given
+// up when a write fails for want of space anyway (something else filled
+// the disk: a task's own files, another program) and made again once
+// space returns.
+func endReserveBytes(minFree int64) int64 { return minFree / 4 }
+
+func ballastBytes(minFree int64) int64 { return min(minFree/16, 8<<20) }
+
+// ballastName is the ballast file's name, beside the run log.
+const ballastName = "storage.reserve"
+
+// ballast is a file whose blocks are allocated (fallocate) so that
+// releasing it frees space on a full filesystem. Safe for concurrent use.
+type ballast struct {
+	path string
+	size int64
+
+	mu   sync.Mutex
+	held bool
+}
+
+// fill makes the ballast unless it is held.
+func (b *ballast) fill() error {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	if b.held || b.size <= 0 {
+		return nil
+	}
+	f, err := os.OpenFile(b.path, os.O_CREATE|os.O_WRONLY, 0o600)
+	if err != nil {
+		return fmt.Errorf("runner: making the storage ballast: %w", err)
+	}
+	// A file a previous edge left keeps its blocks: allocating them again
+	// needs no space, and a larger one is cut to size.
+	err = syscall.Fallocate(int(f.Fd()), 0, 0, b.size)
+	if err == nil {
+		err = f.Truncate(b.size)
+	}
+	f.Close()
+	if err != nil {
+		os.Remove(b.path)
+		return fmt.Errorf("runner: allocating the storage ballast %s (%s): %w", b.path, humanBytes(b.size), err)
+	}
+	b.held = true
+	return nil
+}
+
+// release gives the ballast's space back, reporting whether it was held.
+func (b *ballast) release() bool {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	if !b.held {
+		return false
+	}
+	b.held = false
+	os.Remove(b.path)
+	return true
+}
+
+func (b *ballast) isHeld() bool {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.held
+}
+
+// noSpace reports whether err is a write refused for want of space.
+func noSpace(err error) bool {
+	return errors.Is(err, syscall.ENOSPC) || errors.Is(err, syscall.EDQUOT)
+}
+
+// Log keys of rate-limited conditions (package throttle).
+const (
+	condStorageRead     = "storage.read"
+	condStorageLow      = "storage.low"
+	condBallast         = "storage.ballast"
+	condOutputStopped   = "storage.output"
+	condRecordOutput    = "runlog.output"
+	condRecordEnd       = "runlog.end"
+	condRecordAdmission = "runlog.admission"
+)
+
+// freeBytes reads the free space for admission. Space having returned (the
+// host is over its reserve with room for the ballast too), it remakes a
+// ballast given up earlier.
+func (r *Runner) freeBytes() (int64, error) {
+	free, err := r.cfg.Disk.FreeBytes()
+	if err != nil {
+		r.logs.Error(condStorageRead, "reading the data dir's free space", fieldError, err.Error())
+		return 0, err
+	}
+	if !r.ballast.isHeld() && free >= r.cfg.MinFreeBytes+r.ballast.size {
+		if err := r.ballast.fill(); err != nil {
+			r.logs.Error(condBallast, "making the storage ballast", fieldError, err.Error())
+		} else {
+			free -= r.ballast.size
+		}
+	}
+	return free, nil
+}
+
+// storageFacts adds the data dir's free space to admission's facts.
+func (r *Runner) storageFacts(f *Facts) {
+	f.FreeBytes, f.Storage = r.freeBytes()
+	f.MinFreeBytes = r.cfg.MinFreeBytes
+	if f.Storage == nil && f.FreeBytes < f.MinFreeBytes {
+		r.logs.Warn(condStorageLow, "the data dir is under its reserve: runs are refused host_storage_low",
+			fieldFree, f.FreeBytes, fieldMinFree, f.MinFreeBytes)
+	}
+}
+
+// Storage is the data dir's free space against its reserve, for /healthz.
+// A reading that fails counts as low: admission refuses on it too.
+func (r *Runner) Storage() *hostproto.Storage {
+	free, err := r.freeBytes()
+	return &hostproto.Storage{FreeBytes: free, MinFreeBytes: r.cfg.MinFreeBytes, Low: err != nil || free < r.cfg.MinFreeBytes}
+}
+
+// record writes to the run log through write; a write refused for want of
+// space is tried once more after giving up the ballast, which is there for
+// exactly the records of runs' ends.
+func (r *Runner) record(runID string, write func() error) error {
+	err := write()
+	if err == nil || !noSpace(err) || !r.ballast.release() {
+		return err
+	}
+	r.logs.Warn(condBallast, "the data dir is full: released the storage ballast to record runs' ends",
+		fieldRun, runID, "ballastBytes", r.ballast.size)
+	return write()
+}
+
+// humanBytes writes n in binary units, as an operator reads a disk's size.
+func humanBytes(n int64) string {
+	const unit = 1024
+	if n < unit {
+		return fmt.Sprintf("%d B", n)
+	}
+	div, exp := int64(unit), 0
+	for m := n / unit; m >= unit && exp < 4; m /= unit {
+		div *= unit
+		exp++
+	}
+	return fmt.Sprintf("%.1f %ciB", float64(n)/float64(div), "KMGTP"[exp])
+}

@@ -1,0 +1,126 @@
+package tests
+
+import (
+	"context"
+	"fmt"
+	"os"
+	"path/filepath"
+	"regexp"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/runfleet/runfleet/shared/hostproto"
+)
+
+// mountTmpfs mounts a tmpfs of size bytes on dir (made if missing) until
+// the test ends.
+func mountTmpfs(t *testing.T, dir string, size int64) {
+	t.Helper()
+	must(t, os.MkdirAll(dir, 0o700))
+	if err := syscall.Mount("tmpfs", dir, "tmpfs", syscall.MS_NOSUID|syscall.MS_NODEV, fmt.Sprintf("size=%d,mode=0700", size)); err != nil {
+		t.Fatalf("mounting a tmpfs on %s: %v", dir, err)
+	}
+	// Cleanups run last first, so this one runs before newEdgeProc's stops
+	// edge: a lazy unmount lets the mount go once edge has let go of it.
+	t.Cleanup(func() {
+		if err := syscall.Unmount(dir, syscall.MNT_DETACH); err != nil {
+			t.Errorf("unmounting %s: %v", dir, err)
+		}
+	})
+}
+
+// TestEdgeServeOnAFullDataDir: with edge's data dir on a 16 MiB
+// filesystem, a task flooding its output is ended storage_full within
+// seconds, its events up to then readable; the next start is refused
+// host_storage_low and /healthz says storage is low; edge keeps running
+// and logs the condition in a bounded number of lines; once space returns
+// runs are admitted again.
+func TestEdgeServeOnAFullDataDir(t *testing.T) {
+	e := newEdgeProc(t)
+	data := filepath.Join(e.dir, "data")
+	mountTmpfs(t, data, 16<<20)
+	// A reserve of 4 MiB: output stops being recorded under 1 MiB free.
+	e.runner = `{"user": "nobody", "minFreeBytes": 4194304}`
+	e.writeConfig()
+	// 6 MiB the test gives back later, as an operator freeing space would.
+	filler := filepath.Join(data, "filler")
+	must(t, os.WriteFile(filler, make([]byte, 6<<20), 0o600))
+	e.start()
+	ctx := context.Background()
+
+	h, err := e.client.Health(ctx)
+	must(t, err)
+	if h.Storage == nil || h.Storage.Low || h.Storage.MinFreeBytes != 4<<20 || h.Storage.FreeBytes < 4<<20 || h.Storage.FreeBytes > 10<<20 {
+		t.Fatalf("health storage at start: %+v", h.Storage)
+	}
+
+	began := time.Now()
+	flood := e.run(hostproto.StartRequest{Prompt: `echo before-the-flood; yes 0123456789abcdef`})
+	end := e.waitFor(flood.RunID, terminal)
+	took := time.Since(began)
+	t.Logf("the flood ended %s after its start: %+v", took.Round(time.Millisecond), end)
+	if end.Status != hostproto.StatusFailed || end.Reason != hostproto.ReasonStorageFull || !strings.Contains(end.Detail, "bytes not recorded") {
+		t.Fatalf("the flooding run ended %+v, want failed storage_full", end)
+	}
+	if took > 10*time.Second {
+		t.Fatalf("the flood took %s to end", took)
+	}
+	out, _ := e.output(flood.RunID, 0)
+	m := regexp.MustCompile(`\[edge: (\d+) bytes of output were not recorded: [^\]]+\]`).FindStringSubmatch(out)
+	if !strings.HasPrefix(out, "before-the-flood") || !strings.Contains(out, "0123456789abcdef") || m == nil {
+		t.Fatalf("the flood's output (%d bytes) reads %.200q ... %q", len(out), out, out[max(0, len(out)-200):])
+	}
+	t.Logf("recorded %d bytes of the flood's output; %s were not", len(out), m[1])
+
+	refused := e.run(hostproto.StartRequest{Prompt: `echo never`})
+	if refused.Status != hostproto.StatusFailed || refused.Reason != hostproto.ReasonHostStorageLow || !strings.Contains(refused.Detail, "under its reserve of 4.0 MiB (runner.minFreeBytes)") {
+		t.Fatalf("a start on the full data dir: %+v, want refused host_storage_low", refused)
+	}
+	if h, err = e.client.Health(ctx); err != nil || h.Storage == nil || !h.Storage.Low {
+		t.Fatalf("health storage on the full data dir: %+v %v", h.Storage, err)
+	}
+	// A retry of the flood is refused the same way.
+	if _, err := e.client.Retry(ctx, flood.RunID); err != nil {
+		t.Fatal(err)
+	}
+	if again := e.waitFor(flood.RunID, terminal); again.Reason != hostproto.ReasonHostStorageLow || again.Attempt != 2 {
+		t.Fatalf("a retry on the full data dir: %+v", again)
+	}
+
+	select {
+	case <-e.done:
+		t.Fatalf("edge exited:\n%s", e.logs.String())
+	default:
+	}
+	logs := e.logs.String()
+	if strings.Contains(logs, "panic") {
+		t.Fatalf("edge panicked:\n%s", logs)
+	}
+	// Beside one line per run and decision (run refused, run ended), the
+	// condition itself is logged a few times, not once per chunk of output.
+	var warnings []string
+	for _, l := range strings.Split(logs, "\n") {
+		if strings.Contains(l, `"level":"WARN"`) || strings.Contains(l, `"level":"ERROR"`) {
+			warnings = append(warnings, l)
+		}
+	}
+	t.Logf("%d warnings and errors:\n%s", len(warnings), strings.Join(warnings, "\n"))
+	if len(warnings) > 4 || strings.Count(logs, "no space left on device") > 2 {
+		t.Fatalf("edge logged %d warnings and errors about the full data dir, want a handful:\n%s", len(warnings), logs)
+	}
+
+	// Space returns: runs are admitted again.
+	must(t, os.Remove(filler))
+	if h, err = e.client.Health(ctx); err != nil || h.Storage == nil || h.Storage.Low {
+		t.Fatalf("health storage once space returned: %+v %v", h.Storage, err)
+	}
+	back := e.run(hostproto.StartRequest{Prompt: `echo back`})
+	if end := e.waitFor(back.RunID, terminal); end.Status != hostproto.StatusSucceeded {
+		t.Fatalf("a start once space returned ended %+v", end)
+	}
+	if out, _ := e.output(back.RunID, 0); !strings.Contains(out, "back") {
+		t.Fatalf("output %q", out)
+	}
+}
