@@ -5,7 +5,6 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
-	"regexp"
 	"strings"
 	"syscall"
 	"testing"
@@ -68,11 +67,14 @@ func TestEdgeServeOnAFullDataDir(t *testing.T) {
 		t.Fatalf("the flood took %s to end", took)
 	}
 	out, _ := e.output(flood.RunID, 0)
-	m := regexp.MustCompile(`\[edge: (\d+) bytes of output were not recorded: [^\]]+\]`).FindStringSubmatch(out)
-	if !strings.HasPrefix(out, "before-the-flood") || !strings.Contains(out, "0123456789abcdef") || m == nil {
+	if !strings.HasPrefix(out, "before-the-flood") || !strings.Contains(out, "0123456789abcdef") {
 		t.Fatalf("the flood's output (%d bytes) reads %.200q ... %q", len(out), out, out[max(0, len(out)-200):])
 	}
-	t.Logf("recorded %d bytes of the flood's output; %s were not", len(out), m[1])
+	said := e.limitsReached(flood.RunID)
+	if len(said) != 1 || said[0].Limit != hostproto.LimitStorage || said[0].UnrecordedBytes <= 0 || !strings.Contains(end.Detail, fmt.Sprintf("(%d bytes not recorded)", said[0].UnrecordedBytes)) {
+		t.Fatalf("the flood's limit events %+v, want one counting the bytes not recorded, as its end (%q) does", said, end.Detail)
+	}
+	t.Logf("recorded %d bytes of the flood's output; %d were not", len(out), said[0].UnrecordedBytes)
 
 	refused := e.run(hostproto.StartRequest{Prompt: `echo never`})
 	if refused.Status != hostproto.StatusFailed || refused.Reason != hostproto.ReasonHostStorageLow || !strings.Contains(refused.Detail, "under its reserve of 4.0 MiB (runner.minFreeBytes)") {

@@ -222,6 +222,37 @@ func (e *edgeProc) waitFor(runID string, done func(hostproto.Run) bool) hostprot
 	}
 }
 
+// events are all the run's events.
+func (e *edgeProc) events(runID string) []hostproto.Event {
+	e.t.Helper()
+	var all []hostproto.Event
+	for after := int64(0); ; {
+		p, err := e.client.Events(context.Background(), runID, after, 0)
+		must(e.t, err)
+		all = append(all, p.Events...)
+		after = p.NextCursor
+		if !p.HasMore {
+			return all
+		}
+	}
+}
+
+// limitsReached are the data of the run's limit events, in order.
+func (e *edgeProc) limitsReached(runID string) []hostproto.LimitReached {
+	e.t.Helper()
+	var out []hostproto.LimitReached
+	for _, ev := range e.events(runID) {
+		if ev.Type == hostproto.EventLimit {
+			var l hostproto.LimitReached
+			if err := json.Unmarshal(ev.Data, &l); err != nil {
+				e.t.Fatalf("a limit event's data %s: %v", ev.Data, err)
+			}
+			out = append(out, l)
+		}
+	}
+	return out
+}
+
 func (e *edgeProc) output(runID string, after int64) (string, int64) {
 	e.t.Helper()
 	var b strings.Builder

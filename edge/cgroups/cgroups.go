@@ -209,7 +209,7 @@ func (h *Hierarchy) sweep() (*Hierarchy, error) {
 			}
 			g := &Group{version: h.version, dirs: []string{filepath.Join(dir, e.Name())}}
 			if err := g.Close(); err != nil {
-				return nil, fmt.Errorf("cgroups: removing a group left by an earlier edge: %w", err)
+				return nil, fmt.Errorf("cgroups: ending a group left in %s: %w", dir, err)
 			}
 		}
 	}
@@ -227,8 +227,12 @@ func (h *Hierarchy) dirs() []string {
 	return out
 }
 
-// Close removes the tasks' parent directories, which must hold no group.
+// Close ends every group left, as Group.Close does, and removes the tasks'
+// parent directories.
 func (h *Hierarchy) Close() error {
+	if _, err := h.sweep(); err != nil {
+		return err
+	}
 	var errs []error
 	for _, d := range h.dirs() {
 		if err := os.Remove(d); err != nil && !errors.Is(err, fs.ErrNotExist) {

@@ -132,6 +132,7 @@ func (a *API) authorized(r *http.Request) bool {
 }
 
 func (a *API) health(w http.ResponseWriter, _ *http.Request) {
+	limits := a.cfg.Runner.Limits()
 	h := hostproto.Health{
 		OK:               a.cfg.Runner.Usable() == nil,
 		Draining:         a.cfg.Runner.Draining(),
@@ -140,6 +141,7 @@ func (a *API) health(w http.ResponseWriter, _ *http.Request) {
 		InsecureSameUser: a.cfg.Runner.InsecureSameUser(),
 		EgressConfined:   a.cfg.Runner.EgressConfined(),
 		Storage:          a.cfg.Runner.Storage(),
+		Limits:           &limits,
 		Features: hostproto.Features{
 			SecretsProxy: a.cfg.SecretsProxy != nil && a.cfg.SecretsProxy() == nil,
 			// Admission always enforces the broker for a run that declares

@@ -41,6 +41,9 @@ type Facts struct {
 	// Identity is nil when tasks can run as runner.user (or, where edge
 	// cannot switch users, runner.insecureSameUser allows edge's own).
 	Identity error
+	// Limits is nil when each task can be bounded as runner.limits says
+	// (or they are "none").
+	Limits error
 	// FreeBytes is the data dir's free space and MinFreeBytes its reserve
 	// (runner.minFreeBytes); Storage is why FreeBytes could not be read.
 	FreeBytes    int64
@@ -97,6 +100,8 @@ func Decide(f Facts) Decision {
 		return refuse(hostproto.ReasonHostUnavailable, "the host is draining and admits nothing new")
 	case f.Identity != nil:
 		return refuse(hostproto.ReasonHostUnavailable, f.Identity.Error())
+	case f.Limits != nil:
+		return refuse(hostproto.ReasonHostUnavailable, f.Limits.Error())
 	case f.Storage != nil:
 		return refuse(hostproto.ReasonHostStorageLow, "the host cannot tell its data dir's free space: "+f.Storage.Error())
 	case f.FreeBytes < f.MinFreeBytes:

@@ -78,12 +78,17 @@ func decideEgress(f egressFacts) egressDecision {
 }
 
 // egressTable names the nftables table of the edge whose work dir is
-// workDir: stable across its restarts (a crashed edge's table is replaced),
-// and its own where several edges share a machine (tests), so one stopping
-// never lifts another's confinement.
-func egressTable(workDir string) string {
+// workDir (edgeID).
+func egressTable(workDir string) string { return "runfleet_edge_" + edgeID(workDir) }
+
+// edgeID names what the edge whose work dir is workDir holds on the host
+// beside its data dir (its nftables table, its tasks' control groups):
+// stable across its restarts (what a crashed edge left is found and
+// replaced), and its own where several edges share a machine (tests), so
+// one stopping never touches another's.
+func edgeID(workDir string) string {
 	sum := sha256.Sum256([]byte(workDir))
-	return "runfleet_edge_" + hex.EncodeToString(sum[:6])
+	return hex.EncodeToString(sum[:6])
 }
 
 // confineEgress decides how tasks' egress is handled and installs the

@@ -25,6 +25,7 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/runfleet/runfleet/edge/cgroups"
 	"github.com/runfleet/runfleet/edge/config"
 	"github.com/runfleet/runfleet/edge/internal/throttle"
 	"github.com/runfleet/runfleet/edge/runlog"
@@ -98,6 +99,11 @@ type Config struct {
 	// recorded and the run ends storage_full (see storage.go). Default
 	// config.DefaultMinFreeBytes; negative is invalid.
 	MinFreeBytes int64
+	// Limits bound each task's resources through a control group of its
+	// own per attempt (runner.limits): a zero field sets no such limit;
+	// None makes no groups. Where groups cannot be made, and None is not
+	// set, the runner refuses every run.
+	Limits config.Limits
 	// Disk reads that free space; default StatFS of the run log's
 	// directory and WorkDir.
 	Disk Disk
@@ -145,6 +151,7 @@ func FromConfig(c *config.Config) Config {
 		CancelGrace:      c.Runner.CancelGrace.D(),
 		Retention:        c.Runner.Retention.D(),
 		MinFreeBytes:     int64(c.Runner.MinFreeBytes),
+		Limits:           c.Runner.Limits,
 	}
 }
 
@@ -249,6 +256,12 @@ type Runner struct {
 	// ballast holds space for recording runs' ends (storage.go).
 	ballast *ballast
 
+	// cgroups is where tasks' control groups are made; nil where limits
+	// are "none" or cannot be enforced (limitsErr says why: every run is
+	// then refused).
+	cgroups   *cgroups.Hierarchy
+	limitsErr error
+
 	ident          taskIdentity
 	sameUser       bool
 	identityErr    error
@@ -328,6 +341,7 @@ func New(cfg Config, runs *runlog.Log, broker Broker, trust TrustSource) (_ *Run
 	if r.identityErr != nil {
 		r.logger.Warn("runner refuses every run", "error", r.identityErr.Error())
 	}
+	r.openLimits()
 	if err := r.confineEgress(); err != nil {
 		return nil, err
 	}
@@ -363,9 +377,15 @@ func (r *Runner) InsecureSameUser() bool { return r.sameUser }
 func (r *Runner) EgressConfined() bool { return r.egressConfined.Load() }
 
 // Usable returns nil when the runner can run tasks: as runner.user, or as
-// edge itself where runner.insecureSameUser allows it; else why not (every
-// run is then refused host_unavailable).
-func (r *Runner) Usable() error { return r.identityErr }
+// edge itself where runner.insecureSameUser allows it, each in a control
+// group with runner.limits unless they are "none"; else why not (every run
+// is then refused host_unavailable).
+func (r *Runner) Usable() error {
+	if r.identityErr != nil {
+		return r.identityErr
+	}
+	return r.limitsErr
+}
 
 // Draining reports whether the host admits nothing new.
 func (r *Runner) Draining() bool {
@@ -616,8 +636,12 @@ func (r *Runner) Shutdown(ctx context.Context, drainTimeout time.Duration) error
 	go func() { r.wg.Wait(); close(done) }()
 	select {
 	case <-done:
-		// No task is left to confine.
-		return r.liftEgress()
+		// No task is left to confine or bound.
+		var err error
+		if r.cgroups != nil {
+			err = r.cgroups.Close()
+		}
+		return errors.Join(r.liftEgress(), err)
 	case <-ctx.Done():
 		return fmt.Errorf("runner: shutdown: %w", ctx.Err())
 	}

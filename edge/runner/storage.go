@@ -125,6 +125,8 @@ const (
 	condRecordOutput    = "runlog.output"
 	condRecordEnd       = "runlog.end"
 	condRecordAdmission = "runlog.admission"
+	condLimitsRead      = "limits.read"
+	condLimitsRemove    = "limits.remove"
 )
 
 // freeBytes reads the free space for admission. Space having returned (the

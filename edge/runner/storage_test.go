@@ -6,7 +6,6 @@ import (
 	"log/slog"
 	"os"
 	"path/filepath"
-	"regexp"
 	"strconv"
 	"strings"
 	"sync/atomic"
@@ -31,16 +30,15 @@ func newFreeSpace(n int64) *freeSpace {
 	return d
 }
 
-// notRecorded finds the notice of output not recorded in the run's
-// output and returns its count of bytes.
-func notRecorded(t *testing.T, out string) int64 {
+// notRecorded finds the one event saying the run's output was not all
+// recorded and returns its count of bytes.
+func notRecorded(t *testing.T, events []hostproto.Event) int64 {
 	t.Helper()
-	m := regexp.MustCompile(`\[edge: (\d+) bytes of output were not recorded: ([^\]]+)\]`).FindStringSubmatch(out)
-	if m == nil {
-		t.Fatalf("no notice of output not recorded in %q", out)
+	l := edgetest.LimitsReached(t, events)
+	if len(l) != 1 || l[0].Limit != hostproto.LimitStorage || !strings.Contains(l[0].Detail, strconv.FormatInt(l[0].UnrecordedBytes, 10)+" bytes of output were not recorded") {
+		t.Fatalf("limit events %+v, want one saying output was not recorded", l)
 	}
-	n, _ := strconv.ParseInt(m[1], 10, 64)
-	return n
+	return l[0].UnrecordedBytes
 }
 
 // floodAfter is a task that says "up", waits for the test's marker and
@@ -85,7 +83,7 @@ func TestOutputUnderTheEndReserveEndsTheRunStorageFull(t *testing.T) {
 	if !strings.HasPrefix(out, "up") || strings.Contains(out, "0123456789") {
 		t.Fatalf("recorded output %q, want what came before the reserve was reached and none after", out)
 	}
-	if n := notRecorded(t, out); n <= 0 || !strings.Contains(end.Detail, "("+strconv.FormatInt(n, 10)+" bytes not recorded)") {
+	if n := notRecorded(t, h.events(run.RunID)); n <= 0 || !strings.Contains(end.Detail, "("+strconv.FormatInt(n, 10)+" bytes not recorded)") {
 		t.Fatalf("the notice counts %d bytes; the end says %q", n, end.Detail)
 	}
 	states := h.states(run.RunID)
@@ -132,7 +130,7 @@ func TestAWriteRefusedForSpaceEndsTheRunStorageFullAndRecordsTheEnd(t *testing.T
 		t.Fatalf("the run ended %+v, want failed storage_full", end)
 	}
 	out := h.output(run.RunID)
-	if !strings.HasPrefix(out, "up") || notRecorded(t, out) <= 0 {
+	if !strings.HasPrefix(out, "up") || notRecorded(t, h.events(run.RunID)) <= 0 {
 		t.Fatalf("output %q", out)
 	}
 	// Space returns: the ballast is there (made again if the end took it), and runs run.

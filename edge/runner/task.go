@@ -15,6 +15,7 @@ import (
 
 	"github.com/creack/pty"
 
+	"github.com/runfleet/runfleet/edge/cgroups"
 	"github.com/runfleet/runfleet/edge/runlog"
 	"github.com/runfleet/runfleet/edge/sandbox"
 	"github.com/runfleet/runfleet/shared/clock"
@@ -83,6 +84,11 @@ type task struct {
 	// closes net once the process has ended.
 	net      *sandbox.Network
 	netFiles []sandbox.Mount
+	// group is the attempt's control group (package cgroups), nil where
+	// limits are "none"; saidPids and saidMemory: the limit was said in
+	// the attempt's events. Under mu once the process runs.
+	group                *cgroups.Group
+	saidPids, saidMemory bool
 
 	startOnce sync.Once
 	startDone chan struct{}
@@ -208,6 +214,7 @@ func (r *Runner) runnerFacts(t *task) Facts {
 	f := Facts{
 		Draining:      r.draining || r.closed,
 		Identity:      r.identityErr,
+		Limits:        r.limitsErr,
 		Active:        r.slots,
 		MaxConcurrent: r.cfg.MaxConcurrent,
 	}
@@ -386,6 +393,15 @@ func (r *Runner) launch(t *task, tk *ticket) {
 			return
 		}
 	}
+	// Every process of the attempt from here on (its clone, its agent)
+	// runs in the attempt's control group, which ends with it (finish).
+	// One made after a cancel finished the attempt goes on the way out.
+	defer r.closeGroup(t)
+	if err := r.openGroup(t); err != nil {
+		r.logger.Error("creating a task's control group", fieldRun, t.runID, fieldError, err.Error())
+		end(outcome{status: hostproto.StatusFailed, reason: hostproto.ReasonHostUnavailable, detail: "the host could not create the task's control group for runner.limits"})
+		return
+	}
 	env := r.taskEnv(t)
 	if u := cloneURL(req); u != "" {
 		if err := r.clone(t.ctx, t, u, env); err != nil {
@@ -455,6 +471,10 @@ func (r *Runner) launch(t *task, tk *ticket) {
 	t.proc, t.pty = cmd.Process, ptmx
 	t.mu.Unlock()
 	tk.release()
+	if box == nil {
+		r.joinGroup(t, cmd.Process.Pid)
+	}
+	r.watchLimits(t)
 	t.addTimer(r.clock.AfterFunc(r.cfg.MaxDuration, func() {
 		r.terminate(t, hostproto.ReasonTimedOut, "the attempt ran longer than runner.maxDuration", false)
 	}))
@@ -527,6 +547,7 @@ func (r *Runner) sandboxSpec(t *task, path string, argv []string) sandbox.Spec {
 		Keep:    keep,
 		Trust:   trust,
 		Files:   t.netFiles,
+		Cgroups: t.groupFiles(),
 		Dir:     t.dirs.Work,
 		Path:    path,
 		Argv:    argv,
@@ -553,6 +574,8 @@ func (r *Runner) supervise(t *task, cmd *exec.Cmd, ptmx *os.File, box *sandbox.L
 		r.pump(t, ptmx)
 	}()
 	cmd.Wait()
+	// An OOM kill just before the end is still the reason it ended.
+	r.checkLimits(t, false)
 	status := processExit(cmd.ProcessState)
 	if box != nil && !cmd.ProcessState.Sys().(syscall.WaitStatus).Signaled() {
 		// The init exited with the agent's status; its report says
@@ -572,6 +595,8 @@ func (r *Runner) supervise(t *task, cmd *exec.Cmd, ptmx *os.File, box *sandbox.L
 			r.logger.Error("ending the processes of a run's group id", fieldRun, t.runID, fieldError, err.Error())
 		}
 	}
+	// And whatever is left in its control group.
+	r.closeGroup(t)
 	// Anything else holding the terminal open is cut off after the grace.
 	cut := r.clock.AfterFunc(r.cfg.CancelGrace, func() { t.closeTerminal(ptmx) })
 	<-pumped
@@ -692,9 +717,8 @@ func (r *Runner) recordUnrecorded(t *task, out *outputRecord) {
 		t.endDetail += fmt.Sprintf(" (%d bytes not recorded)", out.unrecorded)
 	}
 	t.mu.Unlock()
-	notice := fmt.Sprintf("\r\n[edge: %d bytes of output were not recorded: %s]\r\n", out.unrecorded, out.cause)
-	data, _ := json.Marshal(notice)
-	entry := runlog.Entry{Type: hostproto.EventOutput, Data: data, TS: r.clock.Now()}
+	entry := limitEntry(r.clock.Now(), hostproto.LimitReached{Limit: hostproto.LimitStorage, UnrecordedBytes: out.unrecorded,
+		Detail: fmt.Sprintf("%d bytes of output were not recorded: %s", out.unrecorded, out.cause)})
 	if err := r.record(t.runID, func() error { _, err := r.log.Append(t.runID, entry); return err }); err != nil {
 		r.logs.Error(condRecordOutput, "recording that output was not recorded", fieldRun, t.runID, fieldError, err.Error())
 	}
@@ -773,6 +797,8 @@ func (r *Runner) finish(t *task, o outcome, extra ...runlog.Entry) {
 	timers, unwatch, brokerOn, started := t.timers, t.unwatch, t.brokerOn, t.started
 	t.timers, t.unwatch = nil, nil
 	t.mu.Unlock()
+	// Nothing of the attempt outlives its end, wherever it ended.
+	r.closeGroup(t)
 	for _, tm := range timers {
 		tm.Stop()
 	}
@@ -859,7 +885,7 @@ func exitOutcome(st exitStatus, endReason, endDetail string) outcome {
 	switch endReason {
 	case hostproto.ReasonCanceled, hostproto.ReasonHostShutdown:
 		o.status, o.reason = hostproto.StatusCanceled, endReason
-	case hostproto.ReasonTimedOut, hostproto.ReasonOutputLimit, hostproto.ReasonStorageFull:
+	case hostproto.ReasonTimedOut, hostproto.ReasonOutputLimit, hostproto.ReasonStorageFull, hostproto.ReasonOOMKilled:
 		o.status, o.reason = hostproto.StatusFailed, endReason
 	default:
 		o.status = hostproto.StatusSucceeded

@@ -245,6 +245,9 @@ func (r *Runner) clone(ctx context.Context, t *task, rawURL string, env []string
 	if err = t.startIn(cmd.Start); err != nil {
 		return err
 	}
+	if box == nil {
+		r.joinGroup(t, cmd.Process.Pid)
+	}
 	stop := context.AfterFunc(ctx, func() { syscall.Kill(-cmd.Process.Pid, syscall.SIGKILL) })
 	if box != nil {
 		if err := box.Started(); err != nil {

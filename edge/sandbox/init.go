@@ -79,6 +79,10 @@ type Spec struct {
 	// Path is the agent's executable, Argv its arguments.
 	Path string   `json:"path"`
 	Argv []string `json:"argv"`
+	// Cgroups are the cgroup.procs files of the task's control group, one
+	// per hierarchy: the init joins it first, so the agent and all it
+	// starts are bounded by its limits. Empty: no group.
+	Cgroups []string `json:"cgroups,omitempty"`
 	// NoTerminal: the agent's descriptors 0-2 are no terminal (a clone's
 	// pipes), so it is not made the terminal's foreground.
 	NoTerminal bool `json:"noTerminal,omitempty"`
@@ -254,6 +258,12 @@ func Main() int {
 	if err != nil {
 		return fail(err)
 	}
+	// "0" is the writer itself, with all its threads.
+	for _, procs := range spec.Cgroups {
+		if err := os.WriteFile(procs, []byte("0"), 0); err != nil {
+			return fail(fmt.Errorf("joining the task's control group: %w", err))
+		}
+	}
 	if err := isolate(spec); err != nil {
 		return fail(err)
 	}
@@ -363,6 +373,12 @@ func readSpec(f *os.File) (Spec, error) {
 	if spec.Trust != nil {
 		paths = append(append(paths, spec.Trust.File), spec.Trust.Replace...)
 	}
+	for _, p := range spec.Cgroups {
+		if filepath.Base(p) != "cgroup.procs" {
+			return Spec{}, fmt.Errorf("the spec's control group file %q is not a cgroup.procs", p)
+		}
+	}
+	paths = append(paths, spec.Cgroups...)
 	for _, p := range paths {
 		if !clean(p) {
 			return Spec{}, fmt.Errorf("the spec's path %q is not absolute and clean", p)

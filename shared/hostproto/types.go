@@ -68,7 +68,30 @@ const (
 	EventState     = "state"
 	EventInput     = "input"
 	EventAdmission = "admission"
+	// EventLimit: the task reached one of the host's limits (data:
+	// LimitReached), said once per attempt and limit.
+	EventLimit = "limit"
 )
+
+// The limits a LimitReached names.
+const (
+	LimitMemory = "memory"
+	LimitPids   = "pids"
+	// LimitStorage: the host's data dir reached its reserve, and output
+	// was not recorded.
+	LimitStorage = "storage"
+)
+
+// LimitReached is the data of a limit event.
+type LimitReached struct {
+	Limit string `json:"limit"`
+	// Value is the limit (bytes of memory, processes); zero for storage.
+	Value int64 `json:"value,omitempty"`
+	// Detail says what happened, for a person.
+	Detail string `json:"detail"`
+	// UnrecordedBytes of output were not recorded (storage).
+	UnrecordedBytes int64 `json:"unrecordedBytes,omitempty"`
+}
 
 // MaxEventData is the most data one event carries (32 KiB); longer output is
 // split on UTF-8 boundaries into several events.

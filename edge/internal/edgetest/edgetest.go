@@ -125,6 +125,22 @@ func Output(events []hostproto.Event) string {
 	return b.String()
 }
 
+// LimitsReached are the data of a run's limit events, in order.
+func LimitsReached(t TB, events []hostproto.Event) []hostproto.LimitReached {
+	t.Helper()
+	var out []hostproto.LimitReached
+	for _, e := range events {
+		if e.Type == hostproto.EventLimit {
+			var l hostproto.LimitReached
+			if err := json.Unmarshal(e.Data, &l); err != nil {
+				t.Fatalf("a limit event's data %s: %v", e.Data, err)
+			}
+			out = append(out, l)
+		}
+	}
+	return out
+}
+
 // Tmpfs mounts a tmpfs of size bytes (rounded up to whole pages) on a new
 // temp dir, made 0755, for a test that fills a filesystem; it is unmounted
 // when the test ends. Root only.

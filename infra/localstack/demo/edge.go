@@ -85,6 +85,7 @@ func (e Edge) Config() *config.Config {
 		Runner: config.Runner{
 			User: "nobody", InsecureSameUser: e.InsecureSameUser, WorkDir: e.WorkDir,
 			Egress:       taskEgress(e.InsecureSameUser),
+			Limits:       taskLimits(e.InsecureSameUser),
 			MaxDuration:  config.Duration(30 * time.Minute),
 			DrainTimeout: config.Duration(5 * time.Second), CancelGrace: config.Duration(2 * time.Second),
 		},
@@ -98,6 +99,13 @@ func taskEgress(sameUser bool) string {
 		return config.TaskEgressInsecureOpen
 	}
 	return config.TaskEgressConfined
+}
+
+// taskLimits is runner.limits: an edge that is not root can make no
+// control group, so its tasks run bounded only by the host, declared;
+// others take the defaults.
+func taskLimits(sameUser bool) config.Limits {
+	return config.Limits{None: sameUser}
 }
 
 // Write writes the upstream's CA to UpstreamCAFile and cfg (Config, maybe
