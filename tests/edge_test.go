@@ -293,6 +293,13 @@ func TestFleetRoutesSecretsRunsByEdgesRealFeatures(t *testing.T) {
 	if features["secretsProxy"] != true || features["execRequire"] != true {
 		t.Fatalf("Fleet's probe of edge: %s", probe.raw)
 	}
+	// What the edge says of its storage and limits reaches Fleet as is.
+	storage, _ := probe.body["probe"].(map[string]any)["storage"].(map[string]any)
+	limits, _ := probe.body["probe"].(map[string]any)["limits"].(map[string]any)
+	if free, _ := storage["freeBytes"].(float64); free <= 0 || storage["low"] != false || storage["minFreeBytes"] != float64(1<<30) ||
+		limits["enforced"] != hostproto.LimitsCgroup1 && limits["enforced"] != hostproto.LimitsCgroup2 || limits["pids"] != float64(4096) {
+		t.Fatalf("Fleet's probe of edge's storage and limits: %s", probe.raw)
+	}
 	token := s.mint(t, "alice", "*", "*")
 	body := `{"agent": "shell", "prompt": "printf 'len=%s' ${#API_KEY}; case $API_KEY in real*) echo LEAK;; esac",
 	  "secrets": [{"projectId": "acme", "key": "API_KEY", "domains": ["api.example.com"]}]}`

@@ -29,6 +29,7 @@ func TestDecide(t *testing.T) {
 		{"a cancel refuses first", with(prepared, func(f *Facts) { f.Canceled = true; f.Draining = true }), Refuse, hostproto.ReasonCanceled, ""},
 		{"a draining host refuses", with(ready, func(f *Facts) { f.Draining = true }), Refuse, hostproto.ReasonHostUnavailable, "draining"},
 		{"no usable identity refuses", with(ready, func(f *Facts) { f.Identity = errors.New("cannot switch users") }), Refuse, hostproto.ReasonHostUnavailable, "cannot switch users"},
+		{"limits that cannot be enforced refuse", with(prepared, func(f *Facts) { f.Limits = errors.New("the host cannot enforce runner.limits") }), Refuse, hostproto.ReasonHostUnavailable, "cannot enforce runner.limits"},
 		{"a data dir under its reserve refuses, with both sizes", with(ready, func(f *Facts) { f.FreeBytes = 3<<20 + 1<<19; f.MinFreeBytes = 512 << 20 }), Refuse, hostproto.ReasonHostStorageLow, "has 3.5 MiB free, under its reserve of 512.0 MiB (runner.minFreeBytes)"},
 		{"storage refuses before a busy host", with(ready, func(f *Facts) { f.FreeBytes = 1; f.MinFreeBytes = 2; f.Active = 2 }), Refuse, hostproto.ReasonHostStorageLow, ""},
 		{"a retry's check refuses on storage too", with(prepared, func(f *Facts) { f.HoldsSlot = true; f.FreeBytes = 0; f.MinFreeBytes = 1 << 30 }), Refuse, hostproto.ReasonHostStorageLow, "0 B free"},
