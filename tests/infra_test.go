@@ -289,7 +289,7 @@ func TestEdgeSystemdUnit(t *testing.T) {
 	want := map[string]string{
 		"NoNewPrivileges": "yes", "ProtectSystem": "strict", "ProtectHome": "yes", "PrivateTmp": "yes",
 		"ProtectKernelTunables": "yes", "ProtectKernelModules": "yes", "ProtectKernelLogs": "yes",
-		"ProtectControlGroups": "yes", "RestrictNamespaces": "pid mnt net ipc", "LockPersonality": "yes",
+		"Delegate": "memory pids cpu", "RestrictNamespaces": "pid mnt net ipc", "LockPersonality": "yes",
 		"SystemCallArchitectures": "native", "UMask": "0077", "AmbientCapabilities": "",
 		"CapabilityBoundingSet": "CAP_SETUID CAP_SETGID CAP_CHOWN CAP_FOWNER CAP_KILL CAP_DAC_OVERRIDE CAP_NET_ADMIN CAP_NET_BIND_SERVICE CAP_SYS_ADMIN",
 	}
@@ -301,8 +301,9 @@ func TestEdgeSystemdUnit(t *testing.T) {
 	// Settings that would break edge: its setgid task dirs
 	// (RestrictSUIDSGID), task runtimes that JIT (MemoryDenyWriteExecute),
 	// seeing task processes to end them (ProtectProc), switching to a real
-	// user (DynamicUser, PrivateUsers, User).
-	for _, k := range []string{"RestrictSUIDSGID", "MemoryDenyWriteExecute", "ProtectProc", "DynamicUser", "PrivateUsers", "User"} {
+	// user (DynamicUser, PrivateUsers, User), making its tasks' control
+	// groups (ProtectControlGroups).
+	for _, k := range []string{"RestrictSUIDSGID", "MemoryDenyWriteExecute", "ProtectProc", "DynamicUser", "PrivateUsers", "User", "ProtectControlGroups"} {
 		if v := u["Service."+k]; len(v) > 0 {
 			t.Errorf("%s=%v is set: edge cannot work with it", k, v)
 		}
