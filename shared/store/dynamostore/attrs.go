@@ -102,16 +102,11 @@ func (r *reader) s(name string) string {
 }
 
 func (r *reader) n(name string) int64 {
-	v, ok := r.it[name]
+	raw, ok := r.number(name)
 	if !ok {
 		return 0
 	}
-	n, ok := v.(*types.AttributeValueMemberN)
-	if !ok {
-		r.fail(name, "N", v)
-		return 0
-	}
-	i, err := strconv.ParseInt(n.Value, 10, 64)
+	i, err := strconv.ParseInt(raw, 10, 64)
 	if err != nil && r.err == nil {
 		r.err = fmt.Errorf("attribute %q: %w", name, err)
 	}
@@ -119,20 +114,30 @@ func (r *reader) n(name string) int64 {
 }
 
 func (r *reader) float(name string) float64 {
-	v, ok := r.it[name]
+	raw, ok := r.number(name)
 	if !ok {
 		return 0
 	}
-	n, ok := v.(*types.AttributeValueMemberN)
-	if !ok {
-		r.fail(name, "N", v)
-		return 0
-	}
-	f, err := strconv.ParseFloat(n.Value, 64)
+	f, err := strconv.ParseFloat(raw, 64)
 	if err != nil && r.err == nil {
 		r.err = fmt.Errorf("attribute %q: %w", name, err)
 	}
 	return f
+}
+
+// number is the N attribute name as written; false when it is absent or
+// of another type (recorded).
+func (r *reader) number(name string) (string, bool) {
+	v, ok := r.it[name]
+	if !ok {
+		return "", false
+	}
+	n, ok := v.(*types.AttributeValueMemberN)
+	if !ok {
+		r.fail(name, "N", v)
+		return "", false
+	}
+	return n.Value, true
 }
 
 func (r *reader) has(name string) bool {
