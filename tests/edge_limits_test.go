@@ -165,6 +165,15 @@ print("cpu", t.children_user + t.children_system, "wall", time.monotonic() - beg
 			t.Fatalf("the spinner used %.2f s of CPU in %.2f s: %.2f cores, over its limit of 0.5", cpu, wall, ratio)
 		}
 	})
+
+	// An operator sees the same in the metrics.
+	m, err := e.client.Metrics(ctx)
+	must(t, err)
+	for _, want := range []string{`edge_limits_reached_total{limit="memory"} 1`, `edge_limits_reached_total{limit="pids"} 1`, "edge_storage_free_bytes "} {
+		if !strings.Contains(string(m), want) {
+			t.Errorf("the metrics lack %q", want)
+		}
+	}
 }
 
 // TestEdgeServeWithoutCgroups: on a host where edge can make no control

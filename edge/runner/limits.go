@@ -127,13 +127,13 @@ func (r *Runner) checkLimits(t *task, kill bool) bool {
 	t.mu.Lock()
 	if ev.ForksRefused > 0 && !t.saidPids {
 		t.saidPids = true
-		said = append(said, limitEntry(r.clock.Now(), hostproto.LimitReached{Limit: hostproto.LimitPids, Value: l.Pids,
+		said = append(said, r.limitEntry(hostproto.LimitReached{Limit: hostproto.LimitPids, Value: l.Pids,
 			Detail: fmt.Sprintf("the task reached its limit of %d processes (runner.limits.pids): a fork or thread past it fails with EAGAIN", l.Pids)}))
 	}
 	oom := ev.OOMKills > 0 && !t.saidMemory
 	if oom {
 		t.saidMemory = true
-		said = append(said, limitEntry(r.clock.Now(), hostproto.LimitReached{Limit: hostproto.LimitMemory, Value: int64(l.Memory),
+		said = append(said, r.limitEntry(hostproto.LimitReached{Limit: hostproto.LimitMemory, Value: int64(l.Memory),
 			Detail: fmt.Sprintf("the task went past its memory limit of %s (runner.limits.memory): the kernel killed a process of it, and the task ends", humanBytes(int64(l.Memory)))}))
 	}
 	t.mu.Unlock()
@@ -177,7 +177,10 @@ func (r *Runner) closeGroup(t *task) {
 	}
 }
 
-func limitEntry(ts time.Time, l hostproto.LimitReached) runlog.Entry {
+// limitEntry is the event saying a limit was reached, counted as it is
+// made (each is said once per attempt).
+func (r *Runner) limitEntry(l hostproto.LimitReached) runlog.Entry {
+	r.metrics.limitsReached.WithLabelValues(l.Limit).Inc()
 	data, _ := json.Marshal(l)
-	return runlog.Entry{Type: hostproto.EventLimit, Data: data, TS: ts}
+	return runlog.Entry{Type: hostproto.EventLimit, Data: data, TS: r.clock.Now()}
 }

@@ -19,6 +19,10 @@ type metrics struct {
 	// line means the purge is not doing its work.
 	purgePasses prometheus.Counter
 	purged      prometheus.Counter
+	// limitsReached counts the limit events said (once per attempt and
+	// limit), freeBytes reads the data dir's free space at each scrape.
+	limitsReached *prometheus.CounterVec
+	freeBytes     prometheus.GaugeFunc
 }
 
 func newMetrics(r *Runner) *metrics {
@@ -51,6 +55,20 @@ func newMetrics(r *Runner) *metrics {
 			Name: "edge_runs_purged_total",
 			Help: "Runs removed (events, placeholders, directories) past runner.retention.",
 		}),
+		limitsReached: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "edge_limits_reached_total",
+			Help: "Attempts that reached a limit, by limit: memory (ended oom_killed), pids (forks refused), storage (output not recorded, ended storage_full).",
+		}, []string{"limit"}),
+		freeBytes: prometheus.NewGaugeFunc(prometheus.GaugeOpts{
+			Name: "edge_storage_free_bytes",
+			Help: "Free space where runs are recorded (the data dir and runner.workDir, the least); under runner.minFreeBytes runs are refused host_storage_low.",
+		}, func() float64 {
+			free, err := r.cfg.Disk.FreeBytes()
+			if err != nil {
+				return 0
+			}
+			return float64(free)
+		}),
 		runs: &runsCollector{log: r.log, desc: prometheus.NewDesc("edge_runs", "Runs edge keeps, by status.", []string{"status"}, nil)},
 	}
 }
@@ -66,7 +84,8 @@ func (m *metrics) admission(d Decision) {
 
 // Collectors are the runner's metrics, for the host's registry.
 func (r *Runner) Collectors() []prometheus.Collector {
-	return []prometheus.Collector{r.metrics.admissions, r.metrics.started, r.metrics.tickets, r.metrics.live, r.metrics.runs, r.metrics.purgePasses, r.metrics.purged}
+	return []prometheus.Collector{r.metrics.admissions, r.metrics.started, r.metrics.tickets, r.metrics.live, r.metrics.runs, r.metrics.purgePasses, r.metrics.purged,
+		r.metrics.limitsReached, r.metrics.freeBytes}
 }
 
 // runsCollector counts the stored runs by status at each scrape, so the

@@ -717,7 +717,7 @@ func (r *Runner) recordUnrecorded(t *task, out *outputRecord) {
 		t.endDetail += fmt.Sprintf(" (%d bytes not recorded)", out.unrecorded)
 	}
 	t.mu.Unlock()
-	entry := limitEntry(r.clock.Now(), hostproto.LimitReached{Limit: hostproto.LimitStorage, UnrecordedBytes: out.unrecorded,
+	entry := r.limitEntry(hostproto.LimitReached{Limit: hostproto.LimitStorage, UnrecordedBytes: out.unrecorded,
 		Detail: fmt.Sprintf("%d bytes of output were not recorded: %s", out.unrecorded, out.cause)})
 	if err := r.record(t.runID, func() error { _, err := r.log.Append(t.runID, entry); return err }); err != nil {
 		r.logs.Error(condRecordOutput, "recording that output was not recorded", fieldRun, t.runID, fieldError, err.Error())
