@@ -342,6 +342,12 @@ func New(cfg Config, runs *runlog.Log, broker Broker, trust TrustSource) (_ *Run
 		r.logger.Warn("runner refuses every run", "error", r.identityErr.Error())
 	}
 	r.openLimits()
+	defer func() {
+		// A runner that does not start leaves no control group behind.
+		if err != nil && r.cgroups != nil {
+			r.cgroups.Close()
+		}
+	}()
 	if err := r.confineEgress(); err != nil {
 		return nil, err
 	}
