@@ -14,11 +14,12 @@ import (
 )
 
 // mountTmpfs mounts a tmpfs of size bytes on dir (made if missing) until
-// the test ends.
-func mountTmpfs(t *testing.T, dir string, size int64) {
+// the test ends; opts are more of its mount options ("nr_inodes=3000").
+func mountTmpfs(t *testing.T, dir string, size int64, opts ...string) {
 	t.Helper()
 	must(t, os.MkdirAll(dir, 0o700))
-	if err := syscall.Mount("tmpfs", dir, "tmpfs", syscall.MS_NOSUID|syscall.MS_NODEV, fmt.Sprintf("size=%d,mode=0700", size)); err != nil {
+	data := strings.Join(append([]string{fmt.Sprintf("size=%d,mode=0700", size)}, opts...), ",")
+	if err := syscall.Mount("tmpfs", dir, "tmpfs", syscall.MS_NOSUID|syscall.MS_NODEV, data); err != nil {
 		t.Fatalf("mounting a tmpfs on %s: %v", dir, err)
 	}
 	// Cleanups run last first, so this one runs before newEdgeProc's stops
@@ -124,5 +125,47 @@ func TestEdgeServeOnAFullDataDir(t *testing.T) {
 	}
 	if out, _ := e.output(back.RunID, 0); !strings.Contains(out, "back") {
 		t.Fatalf("output %q", out)
+	}
+}
+
+// TestEdgeServeOnADataDirOutOfInodes: a task that makes files until the
+// data dir has no inode left (its bytes mostly free) leaves the host
+// unable to make a run's directories. /healthz says storage is low and
+// starts are refused host_storage_low saying why, rather than admitted and
+// failed host_unavailable while Fleet goes on routing here; once the files
+// go, runs are admitted again.
+func TestEdgeServeOnADataDirOutOfInodes(t *testing.T) {
+	e := newEdgeProc(t)
+	data := filepath.Join(e.dir, "data")
+	mountTmpfs(t, data, 64<<20, "nr_inodes=3000")
+	e.runner = `{"user": "nobody", "minFreeBytes": 4194304}`
+	e.writeConfig()
+	e.start()
+	ctx := context.Background()
+
+	hog := e.run(hostproto.StartRequest{Prompt: `i=0; while touch f$i 2>/dev/null; do i=$((i+1)); done; echo made $i files`})
+	if end := e.waitFor(hog.RunID, terminal); end.Status != hostproto.StatusSucceeded {
+		t.Fatalf("the task making files: %+v", end)
+	}
+	h, err := e.client.Health(ctx)
+	if err != nil || h.Storage == nil || !h.Storage.Low || h.Storage.FreeBytes < 32<<20 {
+		t.Fatalf("health storage with no inode left: %+v %v", h.Storage, err)
+	}
+	refused := e.run(hostproto.StartRequest{Prompt: `echo never`})
+	if refused.Status != hostproto.StatusFailed || refused.Reason != hostproto.ReasonHostStorageLow || !strings.Contains(refused.Detail, "free inodes") {
+		t.Fatalf("a start with no inode left: %+v, want refused host_storage_low", refused)
+	}
+
+	// The operator removes the files: runs are admitted again.
+	files, err := filepath.Glob(filepath.Join(data, "work", hog.RunID, "*", "f*"))
+	if err != nil || len(files) < 1000 {
+		t.Fatalf("the task's files: %d, %v", len(files), err)
+	}
+	for _, f := range files {
+		must(t, os.Remove(f))
+	}
+	back := e.run(hostproto.StartRequest{Prompt: `echo back`})
+	if end := e.waitFor(back.RunID, terminal); end.Status != hostproto.StatusSucceeded {
+		t.Fatalf("a start once files were removed ended %+v", end)
 	}
 }
