@@ -132,8 +132,8 @@ func TestEdgeServeOnAFullDataDir(t *testing.T) {
 // data dir has no inode left (its bytes mostly free) leaves the host
 // unable to make a run's directories. /healthz says storage is low and
 // starts are refused host_storage_low saying why, rather than admitted and
-// failed host_unavailable while Fleet goes on routing here; once the files
-// go, runs are admitted again.
+// failed host_unavailable while Fleet goes on routing here; once the task
+// ends, its files go with it and runs are admitted again.
 func TestEdgeServeOnADataDirOutOfInodes(t *testing.T) {
 	e := newEdgeProc(t)
 	data := filepath.Join(e.dir, "data")
@@ -143,10 +143,8 @@ func TestEdgeServeOnADataDirOutOfInodes(t *testing.T) {
 	e.start()
 	ctx := context.Background()
 
-	hog := e.run(hostproto.StartRequest{Prompt: `i=0; while touch f$i 2>/dev/null; do i=$((i+1)); done; echo made $i files`})
-	if end := e.waitFor(hog.RunID, terminal); end.Status != hostproto.StatusSucceeded {
-		t.Fatalf("the task making files: %+v", end)
-	}
+	hog := e.run(hostproto.StartRequest{Prompt: `i=0; while touch f$i 2>/dev/null; do i=$((i+1)); done; echo made $i files; read go`})
+	e.waitOutput(hog.RunID, "files")
 	h, err := e.client.Health(ctx)
 	if err != nil || h.Storage == nil || !h.Storage.Low || h.Storage.FreeBytes < 32<<20 {
 		t.Fatalf("health storage with no inode left: %+v %v", h.Storage, err)
@@ -156,16 +154,47 @@ func TestEdgeServeOnADataDirOutOfInodes(t *testing.T) {
 		t.Fatalf("a start with no inode left: %+v, want refused host_storage_low", refused)
 	}
 
-	// The operator removes the files: runs are admitted again.
-	files, err := filepath.Glob(filepath.Join(data, "work", hog.RunID, "*", "f*"))
-	if err != nil || len(files) < 1000 {
-		t.Fatalf("the task's files: %d, %v", len(files), err)
-	}
-	for _, f := range files {
-		must(t, os.Remove(f))
+	e.input(hog.RunID, "go")
+	if end := e.waitFor(hog.RunID, terminal); end.Status != hostproto.StatusSucceeded {
+		t.Fatalf("the task making files: %+v", end)
 	}
 	back := e.run(hostproto.StartRequest{Prompt: `echo back`})
 	if end := e.waitFor(back.RunID, terminal); end.Status != hostproto.StatusSucceeded {
-		t.Fatalf("a start once files were removed ended %+v", end)
+		t.Fatalf("a start once the task making files ended: %+v", end)
+	}
+}
+
+// TestEdgeServeReclaimsWhatATaskLeftOnAFullDataDir: a task that fills the
+// data dir with files of its own (no output) and ends must not leave the
+// host refusing every run host_storage_low until its run is purged (a week
+// by default): its directories go with its end when the data dir is under
+// its reserve, and the next run is admitted and succeeds.
+func TestEdgeServeReclaimsWhatATaskLeftOnAFullDataDir(t *testing.T) {
+	e := newEdgeProc(t)
+	data := filepath.Join(e.dir, "data")
+	mountTmpfs(t, data, 32<<20)
+	e.runner = `{"user": "nobody", "minFreeBytes": 4194304}`
+	e.writeConfig()
+	e.start()
+	ctx := context.Background()
+
+	hog := e.run(hostproto.StartRequest{Prompt: `dd if=/dev/zero of=big bs=1M count=100 >/dev/null 2>&1; exit 0`})
+	if end := e.waitFor(hog.RunID, terminal); end.Status != hostproto.StatusSucceeded {
+		t.Fatalf("the task filling the data dir: %+v", end)
+	}
+	if _, err := os.Stat(filepath.Join(data, "work", hog.RunID)); !os.IsNotExist(err) {
+		t.Fatalf("the filling run's directories are still there: %v", err)
+	}
+	if h, err := e.client.Health(ctx); err != nil || h.Storage == nil || h.Storage.Low {
+		t.Fatalf("health storage once the filling run ended: %+v %v", h.Storage, err)
+	}
+	next := e.run(hostproto.StartRequest{Prompt: `echo next`})
+	if end := e.waitFor(next.RunID, terminal); end.Status != hostproto.StatusSucceeded {
+		t.Fatalf("the run after the filling one: %+v", end)
+	}
+	// An ended run's directories stay while there is room (a retry
+	// reuses them).
+	if _, err := os.Stat(filepath.Join(data, "work", next.RunID)); err != nil {
+		t.Fatalf("a run's directories went though the data dir has room: %v", err)
 	}
 }

@@ -153,6 +153,7 @@ const (
 	condStorageRead     = "storage.read"
 	condStorageLow      = "storage.low"
 	condStorageInodes   = "storage.inodes"
+	condReclaim         = "storage.reclaim"
 	condBallast         = "storage.ballast"
 	condOutputStopped   = "storage.output"
 	condRecordOutput    = "runlog.output"
@@ -234,4 +235,26 @@ func humanBytes(n int64) string {
 		exp++
 	}
 	return fmt.Sprintf("%.1f %ciB", float64(n)/float64(div), "KMGTP"[exp])
+}
+
+// reclaimDirs removes an ended attempt's directories where the data dir is
+// under its reserve (bytes or inodes). What a task wrote there, not its
+// output (the run log holds that), would otherwise keep the host refusing
+// every run host_storage_low until the run is purged (runner.retention,
+// a week by default): one task filling the disk would take the host out
+// of service that long. A retry then starts afresh, cloning again. It runs
+// before the end is recorded, so no retry of the run begins meanwhile.
+func (r *Runner) reclaimDirs(t *task) {
+	if t.dirs.Run == "" {
+		return
+	}
+	free, err := r.freeBytes()
+	if err == nil && free >= r.cfg.MinFreeBytes {
+		return
+	}
+	if err := os.RemoveAll(t.dirs.Run); err != nil {
+		r.logs.Error(condReclaim, "removing an ended run's directories to free the data dir", fieldRun, t.runID, fieldError, err.Error())
+		return
+	}
+	r.logs.Warn(condReclaim, "the data dir is under its reserve: removed an ended run's directories (a retry starts afresh)", fieldRun, t.runID, fieldFree, free, fieldMinFree, r.cfg.MinFreeBytes)
 }

@@ -811,6 +811,7 @@ func (r *Runner) finish(t *task, o outcome, extra ...runlog.Entry) {
 		r.broker.EndAttempt(t.runID)
 	}
 	t.stop()
+	r.reclaimDirs(t)
 	// The slot goes back before the end is recorded, so whoever sees the
 	// run ended sees its slot free.
 	r.mu.Lock()
