@@ -248,6 +248,9 @@ func (r *Runner) reclaimDirs(t *task) {
 	if t.dirs.Run == "" {
 		return
 	}
+	if _, err := os.Lstat(t.dirs.Run); err != nil {
+		return // none made (a start refused at admission), or gone already
+	}
 	free, err := r.freeBytes()
 	if err == nil && free >= r.cfg.MinFreeBytes {
 		return
