@@ -198,3 +198,37 @@ func TestEdgeServeReclaimsWhatATaskLeftOnAFullDataDir(t *testing.T) {
 		t.Fatalf("a run's directories went though the data dir has room: %v", err)
 	}
 }
+
+// TestEdgeServeWorkDirFullApart: with runner.workDir on a filesystem of
+// its own, a task filling it with files stops new starts
+// (host_storage_low) but not the recording of another running task's
+// output: the run log's filesystem has room, and the task beside the
+// filler succeeds instead of ending storage_full for space it never used.
+func TestEdgeServeWorkDirFullApart(t *testing.T) {
+	e := newEdgeProc(t)
+	data, work := filepath.Join(e.dir, "data"), filepath.Join(e.dir, "work")
+	mountTmpfs(t, data, 32<<20)
+	mountTmpfs(t, work, 16<<20)
+	must(t, os.Chmod(work, 0o755))
+	e.runner = fmt.Sprintf(`{"user": "nobody", "minFreeBytes": 4194304, "workDir": %q}`, work)
+	e.writeConfig()
+	e.start()
+
+	beside := e.run(hostproto.StartRequest{Prompt: `echo waiting; read go; echo beside-the-filler`})
+	e.waitOutput(beside.RunID, "waiting")
+	filler := e.run(hostproto.StartRequest{Prompt: `dd if=/dev/zero of=big bs=1M count=100 >/dev/null 2>&1; echo filled; read go`})
+	e.waitOutput(filler.RunID, "filled")
+	refused := e.run(hostproto.StartRequest{Prompt: `echo never`})
+	if refused.Status != hostproto.StatusFailed || refused.Reason != hostproto.ReasonHostStorageLow {
+		t.Fatalf("a start with the work dirs full: %+v, want refused host_storage_low", refused)
+	}
+	e.input(beside.RunID, "go")
+	if end := e.waitFor(beside.RunID, terminal); end.Status != hostproto.StatusSucceeded {
+		t.Fatalf("the task beside the filler: %+v", end)
+	}
+	if out, _ := e.output(beside.RunID, 0); !strings.Contains(out, "beside-the-filler") {
+		t.Fatalf("the task beside the filler wrote %q", out)
+	}
+	e.input(filler.RunID, "go")
+	e.waitFor(filler.RunID, terminal)
+}
