@@ -2,8 +2,12 @@ package tests
 
 import (
 	"context"
+	"crypto/sha256"
+	"encoding/hex"
 	"encoding/json"
 	"fmt"
+	"os"
+	"path/filepath"
 	"strconv"
 	"strings"
 	"syscall"
@@ -206,5 +210,47 @@ func TestEdgeServeWithoutCgroups(t *testing.T) {
 	run := e.run(hostproto.StartRequest{Prompt: `echo unbounded`})
 	if end := e.waitFor(run.RunID, terminal); end.Status != hostproto.StatusSucceeded {
 		t.Fatalf("a run with limits none: %+v", end)
+	}
+}
+
+// TestEdgeServeCrashLeavesNoControlGroup: an edge killed while a task
+// runs leaves the task's control group behind (nothing of edge runs to
+// remove it); the edge that starts next on the same data dir ends the
+// group with whatever is left in it, and on a clean stop removes its own
+// directories too, so crashes do not pile groups up on a host.
+func TestEdgeServeCrashLeavesNoControlGroup(t *testing.T) {
+	e := newEdgeProc(t)
+	e.runner = `{"user": "nobody", "limits": {"memory": "96MiB", "pids": 64, "cpu": 0.5}}`
+	e.writeConfig()
+	e.start()
+	run := e.run(hostproto.StartRequest{Prompt: `echo up; exec sleep 1000`})
+	e.waitOutput(run.RunID, "up")
+	// Where the task's group is, as the task itself sees it.
+	self, err := os.ReadFile("/proc/self/cgroup")
+	must(t, err)
+	var parent string
+	for _, l := range strings.Split(string(self), "\n") {
+		if f := strings.SplitN(l, ":", 3); len(f) == 3 && f[1] == "pids" {
+			parent = filepath.Join("/sys/fs/cgroup/pids", f[2])
+		}
+	}
+	sum := sha256.Sum256([]byte(filepath.Join(e.dir, "data", "work")))
+	edgeDir := filepath.Join(parent, "runfleet-edge-"+hex.EncodeToString(sum[:6]))
+	group := filepath.Join(edgeDir, run.RunID+"-1")
+	if _, err := os.Stat(group); err != nil {
+		t.Fatalf("the running task's group: %v", err)
+	}
+
+	e.stop(syscall.SIGKILL)
+	e.start()
+	if end := e.waitFor(run.RunID, terminal); end.Reason != hostproto.ReasonHostRestarted {
+		t.Fatalf("the run a crash left: %+v", end)
+	}
+	if _, err := os.Stat(group); !os.IsNotExist(err) {
+		t.Fatalf("the group a crash left is still there after a restart: %v", err)
+	}
+	e.stop(syscall.SIGTERM)
+	if _, err := os.Stat(edgeDir); !os.IsNotExist(err) {
+		t.Fatalf("edge's own group directory is still there after a clean stop: %v", err)
 	}
 }

@@ -14,11 +14,12 @@ import (
 )
 
 // mountTmpfs mounts a tmpfs of size bytes on dir (made if missing) until
-// the test ends.
-func mountTmpfs(t *testing.T, dir string, size int64) {
+// the test ends; opts are more of its mount options ("nr_inodes=3000").
+func mountTmpfs(t *testing.T, dir string, size int64, opts ...string) {
 	t.Helper()
 	must(t, os.MkdirAll(dir, 0o700))
-	if err := syscall.Mount("tmpfs", dir, "tmpfs", syscall.MS_NOSUID|syscall.MS_NODEV, fmt.Sprintf("size=%d,mode=0700", size)); err != nil {
+	data := strings.Join(append([]string{fmt.Sprintf("size=%d,mode=0700", size)}, opts...), ",")
+	if err := syscall.Mount("tmpfs", dir, "tmpfs", syscall.MS_NOSUID|syscall.MS_NODEV, data); err != nil {
 		t.Fatalf("mounting a tmpfs on %s: %v", dir, err)
 	}
 	// Cleanups run last first, so this one runs before newEdgeProc's stops
@@ -125,4 +126,109 @@ func TestEdgeServeOnAFullDataDir(t *testing.T) {
 	if out, _ := e.output(back.RunID, 0); !strings.Contains(out, "back") {
 		t.Fatalf("output %q", out)
 	}
+}
+
+// TestEdgeServeOnADataDirOutOfInodes: a task that makes files until the
+// data dir has no inode left (its bytes mostly free) leaves the host
+// unable to make a run's directories. /healthz says storage is low and
+// starts are refused host_storage_low saying why, rather than admitted and
+// failed host_unavailable while Fleet goes on routing here; once the task
+// ends, its files go with it and runs are admitted again.
+func TestEdgeServeOnADataDirOutOfInodes(t *testing.T) {
+	e := newEdgeProc(t)
+	data := filepath.Join(e.dir, "data")
+	mountTmpfs(t, data, 64<<20, "nr_inodes=3000")
+	e.runner = `{"user": "nobody", "minFreeBytes": 4194304}`
+	e.writeConfig()
+	e.start()
+	ctx := context.Background()
+
+	hog := e.run(hostproto.StartRequest{Prompt: `i=0; while touch f$i 2>/dev/null; do i=$((i+1)); done; echo made $i files; read go`})
+	e.waitOutput(hog.RunID, "files")
+	h, err := e.client.Health(ctx)
+	if err != nil || h.Storage == nil || !h.Storage.Low || h.Storage.FreeBytes < 32<<20 {
+		t.Fatalf("health storage with no inode left: %+v %v", h.Storage, err)
+	}
+	refused := e.run(hostproto.StartRequest{Prompt: `echo never`})
+	if refused.Status != hostproto.StatusFailed || refused.Reason != hostproto.ReasonHostStorageLow || !strings.Contains(refused.Detail, "free inodes") {
+		t.Fatalf("a start with no inode left: %+v, want refused host_storage_low", refused)
+	}
+
+	e.input(hog.RunID, "go")
+	if end := e.waitFor(hog.RunID, terminal); end.Status != hostproto.StatusSucceeded {
+		t.Fatalf("the task making files: %+v", end)
+	}
+	back := e.run(hostproto.StartRequest{Prompt: `echo back`})
+	if end := e.waitFor(back.RunID, terminal); end.Status != hostproto.StatusSucceeded {
+		t.Fatalf("a start once the task making files ended: %+v", end)
+	}
+}
+
+// TestEdgeServeReclaimsWhatATaskLeftOnAFullDataDir: a task that fills the
+// data dir with files of its own (no output) and ends must not leave the
+// host refusing every run host_storage_low until its run is purged (a week
+// by default): its directories go with its end when the data dir is under
+// its reserve, and the next run is admitted and succeeds.
+func TestEdgeServeReclaimsWhatATaskLeftOnAFullDataDir(t *testing.T) {
+	e := newEdgeProc(t)
+	data := filepath.Join(e.dir, "data")
+	mountTmpfs(t, data, 32<<20)
+	e.runner = `{"user": "nobody", "minFreeBytes": 4194304}`
+	e.writeConfig()
+	e.start()
+	ctx := context.Background()
+
+	hog := e.run(hostproto.StartRequest{Prompt: `dd if=/dev/zero of=big bs=1M count=100 >/dev/null 2>&1; exit 0`})
+	if end := e.waitFor(hog.RunID, terminal); end.Status != hostproto.StatusSucceeded {
+		t.Fatalf("the task filling the data dir: %+v", end)
+	}
+	if _, err := os.Stat(filepath.Join(data, "work", hog.RunID)); !os.IsNotExist(err) {
+		t.Fatalf("the filling run's directories are still there: %v", err)
+	}
+	if h, err := e.client.Health(ctx); err != nil || h.Storage == nil || h.Storage.Low {
+		t.Fatalf("health storage once the filling run ended: %+v %v", h.Storage, err)
+	}
+	next := e.run(hostproto.StartRequest{Prompt: `echo next`})
+	if end := e.waitFor(next.RunID, terminal); end.Status != hostproto.StatusSucceeded {
+		t.Fatalf("the run after the filling one: %+v", end)
+	}
+	// An ended run's directories stay while there is room (a retry
+	// reuses them).
+	if _, err := os.Stat(filepath.Join(data, "work", next.RunID)); err != nil {
+		t.Fatalf("a run's directories went though the data dir has room: %v", err)
+	}
+}
+
+// TestEdgeServeWorkDirFullApart: with runner.workDir on a filesystem of
+// its own, a task filling it with files stops new starts
+// (host_storage_low) but not the recording of another running task's
+// output: the run log's filesystem has room, and the task beside the
+// filler succeeds instead of ending storage_full for space it never used.
+func TestEdgeServeWorkDirFullApart(t *testing.T) {
+	e := newEdgeProc(t)
+	data, work := filepath.Join(e.dir, "data"), filepath.Join(e.dir, "work")
+	mountTmpfs(t, data, 32<<20)
+	mountTmpfs(t, work, 16<<20)
+	must(t, os.Chmod(work, 0o755))
+	e.runner = fmt.Sprintf(`{"user": "nobody", "minFreeBytes": 4194304, "workDir": %q}`, work)
+	e.writeConfig()
+	e.start()
+
+	beside := e.run(hostproto.StartRequest{Prompt: `echo waiting; read go; echo beside-the-filler`})
+	e.waitOutput(beside.RunID, "waiting")
+	filler := e.run(hostproto.StartRequest{Prompt: `dd if=/dev/zero of=big bs=1M count=100 >/dev/null 2>&1; echo filled; read go`})
+	e.waitOutput(filler.RunID, "filled")
+	refused := e.run(hostproto.StartRequest{Prompt: `echo never`})
+	if refused.Status != hostproto.StatusFailed || refused.Reason != hostproto.ReasonHostStorageLow {
+		t.Fatalf("a start with the work dirs full: %+v, want refused host_storage_low", refused)
+	}
+	e.input(beside.RunID, "go")
+	if end := e.waitFor(beside.RunID, terminal); end.Status != hostproto.StatusSucceeded {
+		t.Fatalf("the task beside the filler: %+v", end)
+	}
+	if out, _ := e.output(beside.RunID, 0); !strings.Contains(out, "beside-the-filler") {
+		t.Fatalf("the task beside the filler wrote %q", out)
+	}
+	e.input(filler.RunID, "go")
+	e.waitFor(filler.RunID, terminal)
 }

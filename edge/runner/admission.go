@@ -45,7 +45,8 @@ type Facts struct {
 	// (or they are "none").
 	Limits error
 	// FreeBytes is the data dir's free space and MinFreeBytes its reserve
-	// (runner.minFreeBytes); Storage is why FreeBytes could not be read.
+	// (runner.minFreeBytes); Storage is why FreeBytes could not be read,
+	// or why the data dir cannot take a run whatever its free bytes.
 	FreeBytes    int64
 	MinFreeBytes int64
 	Storage      error
@@ -103,7 +104,7 @@ func Decide(f Facts) Decision {
 	case f.Limits != nil:
 		return refuse(hostproto.ReasonHostUnavailable, f.Limits.Error())
 	case f.Storage != nil:
-		return refuse(hostproto.ReasonHostStorageLow, "the host cannot tell its data dir's free space: "+f.Storage.Error())
+		return refuse(hostproto.ReasonHostStorageLow, "the host's data dir cannot take a run: "+f.Storage.Error())
 	case f.FreeBytes < f.MinFreeBytes:
 		return refuse(hostproto.ReasonHostStorageLow, fmt.Sprintf("the host's data dir has %s free, under its reserve of %s (runner.minFreeBytes): it admits runs again once space is freed; dispatch to another host meanwhile",
 			humanBytes(f.FreeBytes), humanBytes(f.MinFreeBytes)))

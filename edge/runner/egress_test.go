@@ -2,6 +2,7 @@ package runner
 
 import (
 	"errors"
+	"io/fs"
 	"path/filepath"
 	"strings"
 	"sync"
@@ -114,5 +115,38 @@ func TestNewRefusesToStartWhereItCannotConfine(t *testing.T) {
 	defer r.Shutdown(t.Context(), 0)
 	if r.EgressConfined() || len(c.installed) != 0 {
 		t.Fatalf("insecureOpen: confined %v, installs %v", r.EgressConfined(), c.installed)
+	}
+}
+
+// TestNewThatFailsLeavesNoControlGroups: a runner that cannot start (here
+// its confinement) removes the control group parents it made for its
+// tasks, so a host where edge fails to start is left as it was.
+func TestNewThatFailsLeavesNoControlGroups(t *testing.T) {
+	edgetest.RequireRoot(t)
+	l, err := runlog.Open(filepath.Join(t.TempDir(), "runs.db"), nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer l.Close()
+	cfg := Config{WorkDir: filepath.Join(edgetest.TraversableDir(t), "work"), Confiner: &recordingConfiner{installErr: errors.New("nft: no such file")}}
+	if _, err := New(cfg, l, nil, nil); err == nil {
+		t.Fatal("New with a failing confiner started")
+	}
+	name := "runfleet-edge-" + edgeID(cfg.WorkDir)
+	var left []string
+	filepath.WalkDir("/sys/fs/cgroup", func(path string, d fs.DirEntry, err error) error {
+		switch {
+		case err != nil || !d.IsDir():
+			return nil
+		case d.Name() == name:
+			left = append(left, path)
+			return fs.SkipDir
+		case strings.Count(path, "/") > 6:
+			return fs.SkipDir
+		}
+		return nil
+	})
+	if len(left) > 0 {
+		t.Fatalf("New failed and left its control groups: %v", left)
 	}
 }

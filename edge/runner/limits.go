@@ -119,6 +119,13 @@ func (r *Runner) checkLimits(t *task, kill bool) bool {
 	}
 	ev, err := g.Events()
 	if err != nil {
+		t.mu.Lock()
+		closed := t.group == nil
+		t.mu.Unlock()
+		if closed {
+			// closeGroup removed it meanwhile, having read it a last time.
+			return false
+		}
 		r.logs.Error(condLimitsRead, "reading a task's control group", fieldRun, t.runID, fieldError, err.Error())
 		return true
 	}
@@ -131,10 +138,17 @@ func (r *Runner) checkLimits(t *task, kill bool) bool {
 			Detail: fmt.Sprintf("the task reached its limit of %d processes (runner.limits.pids): a fork or thread past it fails with EAGAIN", l.Pids)}))
 	}
 	oom := ev.OOMKills > 0 && !t.saidMemory
+	detail := fmt.Sprintf("the task went past its memory limit of %s (runner.limits.memory) and the kernel killed its process", humanBytes(int64(l.Memory)))
 	if oom {
 		t.saidMemory = true
 		said = append(said, r.limitEntry(hostproto.LimitReached{Limit: hostproto.LimitMemory, Value: int64(l.Memory),
 			Detail: fmt.Sprintf("the task went past its memory limit of %s (runner.limits.memory): the kernel killed a process of it, and the task ends", humanBytes(int64(l.Memory)))}))
+		// The reason is set with the flag: a supervise whose own read
+		// finds the flag set already (this poll is still recording the
+		// event) must still end the attempt oom_killed.
+		if t.endReason == "" {
+			t.endReason, t.endDetail = hostproto.ReasonOOMKilled, detail
+		}
 	}
 	t.mu.Unlock()
 	if len(said) > 0 {
@@ -142,19 +156,9 @@ func (r *Runner) checkLimits(t *task, kill bool) bool {
 			r.logs.Error(condRecordOutput, "recording a limit reached", fieldRun, t.runID, fieldError, err.Error())
 		}
 	}
-	if !oom {
-		return true
-	}
-	detail := fmt.Sprintf("the task went past its memory limit of %s (runner.limits.memory) and the kernel killed its process", humanBytes(int64(l.Memory)))
-	if kill {
+	if oom && kill {
 		r.terminate(t, hostproto.ReasonOOMKilled, detail, true)
-		return true
 	}
-	t.mu.Lock()
-	if t.endReason == "" {
-		t.endReason, t.endDetail = hostproto.ReasonOOMKilled, detail
-	}
-	t.mu.Unlock()
 	return true
 }
 

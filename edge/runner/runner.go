@@ -105,7 +105,8 @@ type Config struct {
 	// set, the runner refuses every run.
 	Limits config.Limits
 	// Disk reads that free space; default StatFS of the run log's
-	// directory and WorkDir.
+	// directory and WorkDir (output is then weighed against the run log's
+	// filesystem alone).
 	Disk Disk
 	// SystemRootsFile is the PEM file of system roots that starts each trust
 	// file; default the first of the distributions' usual paths that exists.
@@ -255,6 +256,10 @@ type Runner struct {
 	logs *throttle.Log
 	// ballast holds space for recording runs' ends (storage.go).
 	ballast *ballast
+	// logDisk is the free space of the run log's filesystem alone (where
+	// cfg.Disk was not given): whether output can be recorded depends on
+	// it, not on the work dirs', which tasks fill with files of their own.
+	logDisk Disk
 
 	// cgroups is where tasks' control groups are made; nil where limits
 	// are "none" or cannot be enforced (limitsErr says why: every run is
@@ -324,8 +329,10 @@ func New(cfg Config, runs *runlog.Log, broker Broker, trust TrustSource) (_ *Run
 		live:        map[string]*task{},
 		logs:        throttle.New(cfg.Logger, cfg.Clock, logInterval),
 	}
+	r.logDisk = r.cfg.Disk
 	if r.cfg.Disk == nil {
 		r.cfg.Disk = StatFS{Paths: []string{filepath.Dir(runs.Path()), cfg.WorkDir}}
+		r.logDisk = StatFS{Paths: []string{filepath.Dir(runs.Path())}}
 	}
 	r.ballast = &ballast{path: filepath.Join(filepath.Dir(runs.Path()), ballastName), size: ballastBytes(cfg.MinFreeBytes)}
 	// A ballast a previous edge left is taken up again (its blocks are
@@ -342,6 +349,12 @@ func New(cfg Config, runs *runlog.Log, broker Broker, trust TrustSource) (_ *Run
 		r.logger.Warn("runner refuses every run", "error", r.identityErr.Error())
 	}
 	r.openLimits()
+	defer func() {
+		// A runner that does not start leaves no control group behind.
+		if err != nil && r.cgroups != nil {
+			r.cgroups.Close()
+		}
+	}()
 	if err := r.confineEgress(); err != nil {
 		return nil, err
 	}

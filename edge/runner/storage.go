@@ -41,6 +41,38 @@ func (s StatFS) FreeBytes() (int64, error) {
 	return max(least, 0), nil
 }
 
+// FreeInodes is the least count of free files (inodes) over the
+// filesystems holding Paths; -1 where none of them counts files (btrfs
+// reports none).
+func (s StatFS) FreeInodes() (int64, error) {
+	least := int64(-1)
+	for _, p := range s.Paths {
+		var st syscall.Statfs_t
+		if err := syscall.Statfs(p, &st); err != nil {
+			return 0, fmt.Errorf("runner: reading the free inodes of %s: %w", p, err)
+		}
+		if st.Files == 0 {
+			continue
+		}
+		if free := int64(st.Ffree); least < 0 || free < least {
+			least = free
+		}
+	}
+	return least, nil
+}
+
+// inodeCounter is a Disk that also counts free files (StatFS does).
+type inodeCounter interface {
+	FreeInodes() (int64, error)
+}
+
+// minFreeInodes: with fewer free files (inodes) where runs are recorded,
+// a new run could not make its directories whatever the free bytes say (a
+// task that made files without end leaves the bytes free), so admission
+// refuses host_storage_low, and /healthz says storage is low, as under the
+// reserve of bytes. A floor: a clone takes a file per file it checks out.
+const minFreeInodes = 1024
+
 // How the reserve (runner.minFreeBytes) is shared out. Under the reserve
 // admission refuses new runs; running runs go on recording their output
 // until free space would fall under the part of the reserve kept for ends
@@ -120,6 +152,8 @@ func noSpace(err error) bool {
 const (
 	condStorageRead     = "storage.read"
 	condStorageLow      = "storage.low"
+	condStorageInodes   = "storage.inodes"
+	condReclaim         = "storage.reclaim"
 	condBallast         = "storage.ballast"
 	condOutputStopped   = "storage.output"
 	condRecordOutput    = "runlog.output"
@@ -137,6 +171,16 @@ func (r *Runner) freeBytes() (int64, error) {
 	if err != nil {
 		r.logs.Error(condStorageRead, "reading the data dir's free space", fieldError, err.Error())
 		return 0, err
+	}
+	if d, ok := r.cfg.Disk.(inodeCounter); ok {
+		n, err := d.FreeInodes()
+		if err == nil && n >= 0 && n < minFreeInodes {
+			err = fmt.Errorf("it has %d free inodes (files), under the %d a run needs to make its directories: it admits runs again once files are removed", n, minFreeInodes)
+		}
+		if err != nil {
+			r.logs.Warn(condStorageInodes, "the data dir cannot take new runs: they are refused host_storage_low", fieldError, err.Error())
+			return free, err
+		}
 	}
 	if !r.ballast.isHeld() && free >= r.cfg.MinFreeBytes+r.ballast.size {
 		if err := r.ballast.fill(); err != nil {
@@ -159,7 +203,8 @@ func (r *Runner) storageFacts(f *Facts) {
 }
 
 // Storage is the data dir's free space against its reserve, for /healthz.
-// A reading that fails counts as low: admission refuses on it too.
+// A reading that fails, or free inodes under minFreeInodes, counts as low:
+// admission refuses on it too.
 func (r *Runner) Storage() *hostproto.Storage {
 	free, err := r.freeBytes()
 	return &hostproto.Storage{FreeBytes: free, MinFreeBytes: r.cfg.MinFreeBytes, Low: err != nil || free < r.cfg.MinFreeBytes}
@@ -190,4 +235,29 @@ func humanBytes(n int64) string {
 		exp++
 	}
 	return fmt.Sprintf("%.1f %ciB", float64(n)/float64(div), "KMGTP"[exp])
+}
+
+// reclaimDirs removes an ended attempt's directories where the data dir is
+// under its reserve (bytes or inodes). What a task wrote there, not its
+// output (the run log holds that), would otherwise keep the host refusing
+// every run host_storage_low until the run is purged (runner.retention,
+// a week by default): one task filling the disk would take the host out
+// of service that long. A retry then starts afresh, cloning again. It runs
+// before the end is recorded, so no retry of the run begins meanwhile.
+func (r *Runner) reclaimDirs(t *task) {
+	if t.dirs.Run == "" {
+		return
+	}
+	if _, err := os.Lstat(t.dirs.Run); err != nil {
+		return // none made (a start refused at admission), or gone already
+	}
+	free, err := r.freeBytes()
+	if err == nil && free >= r.cfg.MinFreeBytes {
+		return
+	}
+	if err := os.RemoveAll(t.dirs.Run); err != nil {
+		r.logs.Error(condReclaim, "removing an ended run's directories to free the data dir", fieldRun, t.runID, fieldError, err.Error())
+		return
+	}
+	r.logs.Warn(condReclaim, "the data dir is under its reserve: removed an ended run's directories (a retry starts afresh)", fieldRun, t.runID, fieldFree, free, fieldMinFree, r.cfg.MinFreeBytes)
 }

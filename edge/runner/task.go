@@ -668,7 +668,7 @@ func (r *Runner) appendOutput(t *task, out *outputRecord, texts []string) {
 	}
 	// Twice the text: its JSON escaping and the run log's pages (bbolt
 	// copies what it changes) take about as much again.
-	if free, err := r.cfg.Disk.FreeBytes(); err == nil && free-2*size < endReserveBytes(r.cfg.MinFreeBytes) {
+	if free, err := r.logDisk.FreeBytes(); err == nil && free-2*size < endReserveBytes(r.cfg.MinFreeBytes) {
 		r.stopRecording(t, out, size, fmt.Sprintf("recording more output would take the host's data dir (%s free) under the %s its reserve (runner.minFreeBytes, %s) keeps for recording runs' ends",
 			humanBytes(free), humanBytes(endReserveBytes(r.cfg.MinFreeBytes)), humanBytes(r.cfg.MinFreeBytes)))
 		return
@@ -811,6 +811,7 @@ func (r *Runner) finish(t *task, o outcome, extra ...runlog.Entry) {
 		r.broker.EndAttempt(t.runID)
 	}
 	t.stop()
+	r.reclaimDirs(t)
 	// The slot goes back before the end is recorded, so whoever sees the
 	// run ended sees its slot free.
 	r.mu.Lock()
