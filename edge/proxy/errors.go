@@ -3,6 +3,7 @@ package proxy
 import (
 	"context"
 	"errors"
+	"fmt"
 	"log/slog"
 	"net/http"
 	"net/url"
@@ -150,7 +151,11 @@ func (p *Proxy) classify(err error) (status int, action audit.Action, reason str
 // URL may hold a substituted value; any placeholder in the text is
 // redacted. Edge's log writer redacts the values read besides
 // (internal/redact).
-func (p *Proxy) logFault(status int, err error, attrs ...slog.Attr) {
+//
+// The lines are rate-limited per task, status and cause (the first, then
+// a count a minute): the audit has every request, and a task sending
+// request after request to an upstream that fails must not flood the log.
+func (p *Proxy) logFault(status int, err error, task, host string) {
 	if status < 500 {
 		return
 	}
@@ -158,6 +163,7 @@ func (p *Proxy) logFault(status int, err error, attrs ...slog.Attr) {
 	if errors.As(err, &ue) {
 		err = ue.Err
 	}
-	attrs = append(attrs, slog.Int("status", status), slog.String("error", redacted(p.reg.index.Load(), err.Error())))
-	p.cfg.Logger.LogAttrs(context.Background(), slog.LevelError, "secrets proxy request failed", attrs...)
+	cause := redacted(p.reg.index.Load(), err.Error())
+	p.faults.Error(fmt.Sprintf("%d %s %s %s", status, task, host, cause), "secrets proxy request failed",
+		slog.String("task", task), slog.String("host", host), slog.Int("status", status), slog.String("error", cause))
 }

@@ -624,3 +624,30 @@ func (r *leakRig) auditFiles() string {
 	}
 	return b.String()
 }
+
+// TestRequestFailuresDoNotFloodTheLog: a task sending request after
+// request to an upstream where nothing listens gets its 502 each time and
+// the audit a line each time, while edge's log says it once (the rest are
+// counted for a summary a minute on).
+func TestRequestFailuresDoNotFloodTheLog(t *testing.T) {
+	r := newLeakRig(t)
+	const tries = 20
+	for i := range tries {
+		req := "GET /try-" + itoa(i) + " HTTP/1.1\r\nHost: " + r.dead + "\r\nAuthorization: Bearer " + r.ph["C"] + "\r\nConnection: close\r\n\r\n"
+		if status, _ := r.h1(t, r.dead, "dead.example.test", req); status != http.StatusBadGateway {
+			t.Fatalf("try %d: %d, want 502", i, status)
+		}
+	}
+	failed := 0
+	for _, line := range r.auditLines() {
+		if line["status"] == float64(http.StatusBadGateway) {
+			failed++
+		}
+	}
+	if failed != tries {
+		t.Errorf("%d audit lines of a 502, want one per try (%d)", failed, tries)
+	}
+	if n := strings.Count(r.rawLogs.String(), "secrets proxy request failed"); n != 1 {
+		t.Errorf("the log says %d times that a request failed, want once:\n%s", n, r.rawLogs.String())
+	}
+}

@@ -7,7 +7,6 @@ import (
 	"errors"
 	"fmt"
 	"io"
-	"log/slog"
 	"net/http"
 	"net/url"
 	"sort"
@@ -241,7 +240,7 @@ func (p *Proxy) serve(st *requestState, w http.ResponseWriter, r *http.Request) 
 			entry.Keys = []string{st.failKey.String()}
 		}
 		st.mu.Unlock()
-		p.logFault(status, err, slog.String("task", entry.Task), slog.String("host", ci.logHost))
+		p.logFault(status, err, entry.Task, ci.logHost)
 		entry.Action, entry.Status, entry.Reason = action, status, reason
 		for k, vs := range answerFields(err) {
 			cw.Header()[k] = vs
@@ -560,7 +559,7 @@ func (p *Proxy) upstreamError(st *requestState, err error) {
 	// failed.
 	st.entry.Reason = reason
 	st.mu.Unlock()
-	p.logFault(status, err, slog.String("task", st.runID()), slog.String("host", st.ci.logHost))
+	p.logFault(status, err, st.runID(), st.ci.logHost)
 	if stopped || (status == http.StatusBadGateway && errors.Is(err, context.Canceled)) {
 		// Nobody waits for an answer (the task stopped or went away); a
 		// handler that wrote nothing would otherwise answer 200.

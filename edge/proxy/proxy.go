@@ -78,6 +78,7 @@ import (
 	"golang.org/x/net/http2"
 
 	"github.com/runfleet/runfleet/edge/audit"
+	"github.com/runfleet/runfleet/edge/internal/throttle"
 	"github.com/runfleet/runfleet/edge/policy"
 	"github.com/runfleet/runfleet/edge/secrets"
 	"github.com/runfleet/runfleet/shared/clock"
@@ -225,6 +226,10 @@ var (
 type Proxy struct {
 	cfg Config
 	reg *registry
+	// faults rate-limits the log lines of failed requests (logFault): a
+	// task sending request after request to an upstream that fails costs
+	// edge's log a line a minute (the audit keeps each).
+	faults *throttle.Log
 
 	transport *roundTripper
 	h2        *http2.Server
@@ -264,7 +269,7 @@ func New(cfg Config) (*Proxy, error) {
 	if cfg.MaxTaskConns == 0 {
 		cfg.MaxTaskConns = DefaultMaxTaskConns
 	}
-	p := &Proxy{cfg: cfg, done: make(chan struct{})}
+	p := &Proxy{cfg: cfg, done: make(chan struct{}), faults: throttle.New(cfg.Logger, cfg.Clock, time.Minute)}
 	if cfg.Disabled {
 		return p, nil
 	}

@@ -6,7 +6,6 @@ import (
 	"encoding/binary"
 	"errors"
 	"io"
-	"log/slog"
 	"net"
 	"net/http"
 	"strings"
@@ -474,7 +473,7 @@ func (r *wsRelay) block(err error) error {
 	st.fail, st.failKey = nil, policy.KeyRef{}
 	st.mu.Unlock()
 	status, action, reason := r.p.classify(err)
-	r.p.logFault(status, err, slog.String("task", st.runID()), slog.String("host", st.ci.logHost))
+	r.p.logFault(status, err, st.runID(), st.ci.logHost)
 	e := audit.Entry{
 		TS: r.p.cfg.Clock.Now(), Task: st.runID(), Action: action, Reason: "websocket message " + reason,
 		Host: st.ci.logHost, Method: st.entry.Method, Path: st.entry.Path, Via: st.ci.via,
