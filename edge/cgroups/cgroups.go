@@ -382,7 +382,7 @@ func (g *Group) Events() (Events, error) {
 func (g *Group) Close() error {
 	var errs []error
 	for _, d := range g.dirs {
-		if err := end(d); err != nil {
+		if err := end(d, g.version); err != nil {
 			errs = append(errs, err)
 		}
 	}
@@ -399,7 +399,15 @@ const endAttempts = 1000
 // A process killed is gone from its group once it has exited, which is
 // soon after the signal: until then rmdir answers EBUSY, and end tries
 // again.
-func end(dir string) error {
+func end(dir string, v Version) error {
+	// cgroup v2 (Linux 5.14 on) kills the whole group at once, with no pid
+	// read first that could be reused by the time it is signalled; the loop
+	// below then only waits for the group to empty.
+	if v == V2 {
+		if err := os.WriteFile(filepath.Join(dir, "cgroup.kill"), []byte("1"), 0); err != nil && !errors.Is(err, fs.ErrNotExist) {
+			return fmt.Errorf("cgroups: killing %s: %w", dir, err)
+		}
+	}
 	var last error
 	for range endAttempts {
 		sub, err := os.ReadDir(dir)
@@ -408,7 +416,7 @@ func end(dir string) error {
 		}
 		for _, e := range sub {
 			if e.IsDir() {
-				if err := end(filepath.Join(dir, e.Name())); err != nil {
+				if err := end(filepath.Join(dir, e.Name()), v); err != nil {
 					return err
 				}
 			}
