@@ -16,7 +16,7 @@ import (
 func TestEdgePassesNoInheritedDescriptorOn(t *testing.T) {
 	e := newEdgeProc(t)
 	configure := e.asUser(65534)
-	configure(`{"user": "nobody", "insecureSameUser": true, "egress": "insecureOpen"}`)
+	configure(`{"user": "nobody", "insecureSameUser": true, "egress": "insecureOpen", "limits": "none"}`)
 	stray, err := os.Open(os.DevNull)
 	must(t, err)
 	defer stray.Close()

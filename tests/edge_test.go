@@ -486,9 +486,10 @@ func (e *edgeProc) asUser(uid int) (configure func(runner string)) {
 // tasks groups of their own nor confine their egress, so it refuses to
 // start, saying why, unless runner.egress is insecureOpen; it then refuses
 // every run (host_unavailable, reported unhealthy) unless
-// runner.insecureSameUser is set too, and then runs tasks as itself and
-// says so on /healthz, egress unconfined. insecureSameUser alone does not
-// start it either.
+// runner.insecureSameUser is set too, and runner.limits is "none" (it can
+// make no control group), and then runs tasks as itself and says so on
+// /healthz, egress unconfined and limits none. insecureSameUser alone does
+// not start it either.
 func TestEdgeThatCannotSwitchUsers(t *testing.T) {
 	const nobody = 65534
 	e := newEdgeProc(t)
@@ -516,9 +517,23 @@ func TestEdgeThatCannotSwitchUsers(t *testing.T) {
 		t.Fatalf("edge exited %d", code)
 	}
 
+	// Nor can it make control groups: bounded only by the host is a
+	// third explicit choice (runner.limits "none").
 	configure(`{"user": "nobody", "insecureSameUser": true, "egress": "insecureOpen"}`)
 	e.start()
-	if h, err = e.client.Health(context.Background()); err != nil || !h.OK || !h.InsecureSameUser || h.EgressConfined {
+	if h, err = e.client.Health(context.Background()); err != nil || h.OK || h.Limits == nil || h.Limits.Enforced != hostproto.LimitsUnavailable {
+		t.Fatalf("health with insecureSameUser and limits: %+v %v", h, err)
+	}
+	if r = e.run(hostproto.StartRequest{Prompt: "echo ran"}); r.Status != hostproto.StatusFailed || r.Reason != hostproto.ReasonHostUnavailable || !strings.Contains(r.Detail, "runner.limits") {
+		t.Fatalf("a run on an edge that cannot make control groups: %+v", r)
+	}
+	if code := e.stop(syscall.SIGTERM); code != 0 {
+		t.Fatalf("edge exited %d", code)
+	}
+
+	configure(`{"user": "nobody", "insecureSameUser": true, "egress": "insecureOpen", "limits": "none"}`)
+	e.start()
+	if h, err = e.client.Health(context.Background()); err != nil || !h.OK || !h.InsecureSameUser || h.EgressConfined || h.Limits.Enforced != hostproto.LimitsNone {
 		t.Fatalf("health with insecureSameUser: %+v %v", h, err)
 	}
 	r = e.waitFor(e.run(hostproto.StartRequest{Prompt: "echo uid=$(id -u)"}).RunID, terminal)
