@@ -6,6 +6,7 @@ import (
 	"encoding/hex"
 	"encoding/json"
 	"fmt"
+	"net/http"
 	"os"
 	"path/filepath"
 	"strconv"
@@ -252,5 +253,42 @@ func TestEdgeServeCrashLeavesNoControlGroup(t *testing.T) {
 	e.stop(syscall.SIGTERM)
 	if _, err := os.Stat(edgeDir); !os.IsNotExist(err) {
 		t.Fatalf("edge's own group directory is still there after a clean stop: %v", err)
+	}
+}
+
+// TestFleetSeesATaskEndOOMKilled: a run dispatched through Fleet to a real
+// edge whose task goes past its memory limit ends, in Fleet's view too,
+// failed with the typed reason oom_killed, and the mirror of its events
+// holds the limit event that says why.
+func TestFleetSeesATaskEndOOMKilled(t *testing.T) {
+	e := newEdgeProc(t)
+	e.runner = `{"user": "nobody", "limits": {"memory": "64MiB"}}`
+	e.writeConfig()
+	e.start()
+	s := newStack(t, "bolt", stackOptions{})
+	s.must(t, http.StatusCreated, "POST", "/fleet/hosts", adminToken,
+		fmt.Sprintf(`{"id": "edge-1", "baseUrl": "http://%s", "credentialRef": %q}`, e.apiAddr, hostCredRef))
+	s.probe(t, "edge-1")
+	token := s.mint(t, "alice", "*", "*")
+	a := s.must(t, http.StatusCreated, "POST", "/fleet/runs", token,
+		`{"agent": "shell", "prompt": "exec python3 -c 'x = b\"a\" * (512 << 20)'"}`)
+	e.waitFor(a.str("childRunId"), terminal)
+
+	run := s.must(t, http.StatusOK, "GET", "/fleet/runs/"+a.str("fleetRunId"), token, "")
+	if !strings.Contains(run.raw, `"status":"failed"`) || !strings.Contains(run.raw, `"reason":"oom_killed"`) || !strings.Contains(run.raw, "64.0 MiB") {
+		t.Fatalf("Fleet's view of the run: %s", run.raw)
+	}
+	// The sweep mirrors an ended run's events, as its schedule would.
+	s.sweep(t)
+	var limits []hostproto.LimitReached
+	for _, ev := range s.allEvents(t, token, a.str("fleetRunId")) {
+		if ev.Type == hostproto.EventLimit {
+			var l hostproto.LimitReached
+			must(t, json.Unmarshal(ev.Data, &l))
+			limits = append(limits, l)
+		}
+	}
+	if len(limits) != 1 || limits[0].Limit != hostproto.LimitMemory || limits[0].Value != 64<<20 {
+		t.Fatalf("the limit events in Fleet's mirror: %+v, want one for memory", limits)
 	}
 }
