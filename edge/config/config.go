@@ -206,6 +206,10 @@ type Proxy struct {
 	Egress   string   `json:"egress"`
 	Upstream Upstream `json:"upstream"`
 	Audit    Audit    `json:"audit"`
+	// Pprof, when set, serves net/http/pprof for the whole edge process on
+	// this address (loopback only; off by default), with mutex and block
+	// profiling on: for profiling the proxy under load.
+	Pprof string `json:"pprof"`
 }
 
 // Upstream governs how the proxy reaches the real servers.
@@ -531,6 +535,9 @@ func (c *Config) Validate() error {
 	}
 	if _, _, err := net.SplitHostPort(c.API.Listen); err == nil && !loopback(c.API.Listen) && !c.API.TLS.Enabled() {
 		bad("api.listen", "%q is not a loopback address and api.tls is not set: the host token would cross the network in cleartext; set api.tls.certFile and api.tls.keyFile, or listen on 127.0.0.1", c.API.Listen)
+	}
+	if c.Proxy.Pprof != "" && !loopback(c.Proxy.Pprof) {
+		bad("proxy.pprof", "%q is not a loopback address: profiles show edge's internals, so it must listen on 127.0.0.1 or [::1] only", c.Proxy.Pprof)
 	}
 	if c.Proxy.Egress != EgressOpen && c.Proxy.Egress != EgressStrict {
 		bad("proxy.egress", "must be %q or %q, not %q", EgressOpen, EgressStrict, c.Proxy.Egress)

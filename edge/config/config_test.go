@@ -64,6 +64,8 @@ func TestBadConfigsNameTheField(t *testing.T) {
 		"window past life":             {`{"dataDir":"/d","api":{"tokenFile":"/t"},"ca":{"lifetime":"48h","successorWindow":"72h"}}`, "ca.successorWindow"},
 		"agent without argv":           {`{"dataDir":"/d","api":{"tokenFile":"/t"},"agents":{"x":{}}}`, "agents.x.argv"},
 		"proxy off loopback":           {`{"dataDir":"/d","api":{"tokenFile":"/t"},"proxy":{"listen":"0.0.0.0:7071"}}`, `proxy.listen: "0.0.0.0:7071" is not a loopback address`},
+		"pprof off loopback":           {`{"dataDir":"/d","api":{"tokenFile":"/t"},"proxy":{"pprof":"0.0.0.0:6060"}}`, `proxy.pprof: "0.0.0.0:6060" is not a loopback address`},
+		"pprof not an address":         {`{"dataDir":"/d","api":{"tokenFile":"/t"},"proxy":{"pprof":"6060"}}`, `proxy.pprof: "6060" is not a loopback address`},
 		"proxy on all":                 {`{"dataDir":"/d","api":{"tokenFile":"/t"},"proxy":{"listen":":7071"}}`, `proxy.listen: ":7071" is not a loopback address`},
 		"proxy on a LAN IP":            {`{"dataDir":"/d","api":{"tokenFile":"/t"},"proxy":{"listen":"192.168.1.5:7071"}}`, "proxy.listen"},
 		"proxy on a name":              {`{"dataDir":"/d","api":{"tokenFile":"/t"},"proxy":{"listen":"edge.example.com:7071"}}`, "proxy.listen"},

@@ -89,6 +89,8 @@ type Host struct {
 	apiListener   net.Listener
 	proxyListener net.Listener
 	apiServer     *http.Server
+	pprofListener net.Listener // nil unless proxy.pprof is set
+	pprofServer   *http.Server
 
 	stop     context.CancelFunc
 	errs     chan error
@@ -191,6 +193,14 @@ func Open(ctx context.Context, o Options) (_ *Host, err error) {
 			return nil, fmt.Errorf("host: proxy.listen: %w", err)
 		}
 		closers = append(closers, func() { h.proxyListener.Close() })
+	}
+	if cfg.Proxy.Pprof != "" {
+		h.pprofListener, err = net.Listen("tcp", cfg.Proxy.Pprof)
+		if err != nil {
+			return nil, fmt.Errorf("host: proxy.pprof: %w", err)
+		}
+		closers = append(closers, func() { h.pprofListener.Close() })
+		h.pprofServer = newPprofServer()
 	}
 
 	h.auditLog, err = audit.Open(audit.Config{
@@ -397,6 +407,16 @@ func (h *Host) Start(hup <-chan os.Signal) {
 			}
 		}()
 	}
+	if h.pprofServer != nil {
+		h.serving.Add(1)
+		go func() {
+			defer h.serving.Done()
+			if err := h.pprofServer.Serve(h.pprofListener); err != nil && !errors.Is(err, http.ErrServerClosed) {
+				h.errs <- fmt.Errorf("host: serving proxy.pprof: %w", err)
+			}
+		}()
+		h.log.Warn("profiling edge on proxy.pprof", "addr", h.pprofListener.Addr().String())
+	}
 	h.log.Info("edge serving", "api", h.apiListener.Addr().String(), "proxy", h.ProxyAddr(), "secretsProxy", !h.opts.KillSwitch)
 }
 
@@ -420,6 +440,9 @@ func (h *Host) Shutdown(ctx context.Context) error {
 		}
 		if err := h.apiServer.Shutdown(ctx); err != nil {
 			errs = append(errs, fmt.Errorf("host: stopping the host API: %w", err))
+		}
+		if h.pprofServer != nil {
+			h.pprofServer.Close()
 		}
 		if err := h.proxy.Close(); err != nil && !errors.Is(err, net.ErrClosed) {
 			errs = append(errs, fmt.Errorf("host: stopping the proxy: %w", err))
