@@ -8,6 +8,7 @@ import (
 	"os"
 	"runtime"
 	"sync"
+	"sync/atomic"
 
 	"github.com/runfleet/runfleet/edge/internal/filestamp"
 )
@@ -15,17 +16,28 @@ import (
 // FileSource reads a JSON map {"<project>/<KEY>": "<value>"} and re-reads it
 // when it changes: a read that follows a change sees it. On Linux a change
 // watch (inotify on the file and every directory of its path, and the mount
-// table) says whether anything changed, for one non-blocking poll per read;
-// only then, or where no watch can see everything (a symlink on the path, a
-// network filesystem), the file's identity, size and modification time are
-// checked, and it is re-read when any differ. A file that does not parse
-// fails every read (closed) until it is fixed: serving stale values could
-// keep a revoked key alive.
+// table) says whether anything changed, for one non-blocking poll per read
+// and no lock: the proxy reads a value per request, and a lock there stalls
+// every request behind a holder the machine has descheduled. Only when the
+// watch reports something, or where no watch can see everything (a symlink
+// on the path, a network filesystem), the file's identity, size and
+// modification time are checked, under the lock, and it is re-read when any
+// differ. A file that does not parse fails every read (closed) until it is
+// fixed: serving stale values could keep a revoked key alive.
 type FileSource struct {
 	path string
+	// poll is the epoll instance the armed watch reports to. It lives as
+	// long as the source (runtime.AddCleanup), so a read may poll it while
+	// a check replaces the watch.
+	poll *poller
+	// found is what the last check found; a read returns it without the
+	// lock when its poll saw nothing and state says no check, no report
+	// and no other poll was under way (see readState).
+	found atomic.Pointer[checked]
+	state atomic.Uint64
 
 	mu    sync.Mutex
-	watch *watchSlot
+	watch *changeWatch // nil when none is armed
 	// watchable: a watch could be armed for the path once, so one is
 	// armed again after each change it reports.
 	watchable bool
@@ -34,16 +46,25 @@ type FileSource struct {
 	err       error
 }
 
-// watchSlot holds the armed change watch, nil when there is none; its own
-// object, so the watch's descriptors can be closed when the source is
-// collected (runtime.AddCleanup).
-type watchSlot struct{ w *changeWatch }
+// The read state: the polls in flight in its low 32 bits, and two flags.
+// A poll may be the only one to see a change (the mount table reports one
+// to the first poll only), so such a poll sets reported before it leaves,
+// and a read trusts its own quiet poll only if no other was in flight
+// beside it and nothing is reported or being checked.
+// checking is set while a check runs, from before it drains the watch's
+// events until it has stored found.
+const (
+	inFlight = 1
+	reported = 1 << 32
+	checking = 1 << 33
+)
 
-func (s *watchSlot) close() {
-	if s.w != nil {
-		s.w.close()
-		s.w = nil
-	}
+// checked is one check's result; watched says a watch was armed for the
+// next reads, so a quiet poll means it still holds.
+type checked struct {
+	values  map[string]Value
+	err     error
+	watched bool
 }
 
 var _ Source = (*FileSource)(nil)
@@ -51,17 +72,18 @@ var _ Source = (*FileSource)(nil)
 // NewFileSource reads path now, so a missing or malformed file stops edge
 // at start instead of at the first request.
 func NewFileSource(path string) (*FileSource, error) {
-	f := &FileSource{path: path, watch: &watchSlot{}}
+	f := &FileSource{path: path}
+	f.poll, _ = newPoller()
 	f.mu.Lock()
-	f.watch.w, _ = newChangeWatch(path) // armed before the first read
-	f.watchable = f.watch.w != nil
-	_, err := f.checkLocked()
-	f.mu.Unlock()
-	if err != nil {
-		f.watch.close()
+	defer f.mu.Unlock()
+	f.arm() // before the first read
+	f.watchable = f.watch != nil
+	if _, err := f.checkLocked(); err != nil {
+		f.disarm()
+		f.poll.close()
 		return nil, err
 	}
-	runtime.AddCleanup(f, (*watchSlot).close, f.watch)
+	runtime.AddCleanup(f, func(p *poller) { p.close() }, f.poll)
 	return f, nil
 }
 
@@ -69,8 +91,9 @@ func NewFileSource(path string) (*FileSource, error) {
 func (f *FileSource) Close() error {
 	f.mu.Lock()
 	defer f.mu.Unlock()
-	f.watch.close()
+	f.disarm()
 	f.watchable = false
+	f.found.Store(nil)
 	return nil
 }
 
@@ -88,19 +111,51 @@ func (f *FileSource) Value(_ context.Context, project, key string) (Value, error
 }
 
 func (f *FileSource) current() (map[string]Value, error) {
+	if c := f.found.Load(); c != nil && c.watched {
+		f.state.Add(inFlight)
+		ready, only := f.poll.poll()
+		if only {
+			f.state.Or(reported)
+		}
+		if f.state.Add(^uint64(inFlight-1)) == 0 && !ready {
+			if c := f.found.Load(); c != nil {
+				return c.values, c.err
+			}
+		}
+	}
+	return f.check()
+}
+
+// check is the locked path: it takes in what the watch (or a read's poll)
+// reported, or checks the file when no watch is armed.
+func (f *FileSource) check() (map[string]Value, error) {
 	f.mu.Lock()
 	defer f.mu.Unlock()
-	if w := f.watch.w; w != nil {
-		if !w.changed() {
-			return f.values, f.err
-		}
-		f.watch.close()
+	f.state.Or(checking)
+	defer f.state.And(^uint64(checking))
+	wasReported := f.state.And(^uint64(reported))&reported != 0
+	if f.watch != nil && !wasReported && !f.watch.changed(f.poll) {
+		return f.values, f.err
 	}
+	f.disarm()
 	if f.watchable {
-		// Armed before the check, so a change during it is seen next time.
-		f.watch.w, _ = newChangeWatch(f.path)
+		f.arm() // before the check, so a change during it is seen next time
 	}
 	return f.checkLocked()
+}
+
+// arm arms a change watch for the path, if one can be.
+func (f *FileSource) arm() {
+	if f.poll != nil {
+		f.watch, _ = newChangeWatch(f.path, f.poll)
+	}
+}
+
+func (f *FileSource) disarm() {
+	if f.watch != nil {
+		f.watch.close()
+		f.watch = nil
+	}
 }
 
 // checkLocked compares the file's identity, size and modification time
@@ -108,15 +163,16 @@ func (f *FileSource) current() (map[string]Value, error) {
 func (f *FileSource) checkLocked() (map[string]Value, error) {
 	fi, err := os.Stat(f.path)
 	if err != nil {
-		f.watch.close() // so the next read checks again
+		f.disarm() // so the next read checks again
+		f.found.Store(nil)
 		return nil, fmt.Errorf("secrets file: %w", err)
 	}
 	stamp := filestamp.FromInfo(fi)
-	if stamp == f.stamp && (f.values != nil || f.err != nil) {
-		return f.values, f.err
+	if stamp != f.stamp || (f.values == nil && f.err == nil) {
+		f.stamp = stamp
+		f.values, f.err = readValues(f.path)
 	}
-	f.stamp = stamp
-	f.values, f.err = readValues(f.path)
+	f.found.Store(&checked{values: f.values, err: f.err, watched: f.watch != nil})
 	return f.values, f.err
 }
 

@@ -28,7 +28,7 @@ import (
 // error, reads as a change: the caller checks the file and arms a new
 // watch.
 type changeWatch struct {
-	ep, in, mounts int
+	in, mounts int
 	// next maps a directory's watch to the entry in it the path goes
 	// through; the file's own watch maps to "".
 	next map[int32]string
@@ -54,12 +54,12 @@ const (
 	selfEvents = unix.IN_DELETE_SELF | unix.IN_MOVE_SELF | unix.IN_IGNORED | unix.IN_UNMOUNT | unix.IN_Q_OVERFLOW
 )
 
-func newChangeWatch(path string) (_ *changeWatch, err error) {
+func newChangeWatch(path string, p *poller) (_ *changeWatch, err error) {
 	abs, err := filepath.Abs(path)
 	if err != nil {
 		return nil, err
 	}
-	w := &changeWatch{ep: -1, in: -1, mounts: -1, next: map[int32]string{}}
+	w := &changeWatch{in: -1, mounts: -1, next: map[int32]string{}}
 	defer func() {
 		if err != nil {
 			w.close()
@@ -88,13 +88,10 @@ func newChangeWatch(path string) (_ *changeWatch, err error) {
 	if w.mounts, err = unix.Open("/proc/self/mountinfo", unix.O_RDONLY|unix.O_CLOEXEC, 0); err != nil {
 		return nil, err
 	}
-	if w.ep, err = unix.EpollCreate1(unix.EPOLL_CLOEXEC); err != nil {
+	if err := unix.EpollCtl(p.ep, unix.EPOLL_CTL_ADD, w.in, &unix.EpollEvent{Events: unix.EPOLLIN, Fd: int32(w.in)}); err != nil {
 		return nil, err
 	}
-	if err := unix.EpollCtl(w.ep, unix.EPOLL_CTL_ADD, w.in, &unix.EpollEvent{Events: unix.EPOLLIN, Fd: int32(w.in)}); err != nil {
-		return nil, err
-	}
-	if err := unix.EpollCtl(w.ep, unix.EPOLL_CTL_ADD, w.mounts, &unix.EpollEvent{Events: unix.EPOLLPRI, Fd: int32(w.mounts)}); err != nil {
+	if err := unix.EpollCtl(p.ep, unix.EPOLL_CTL_ADD, w.mounts, &unix.EpollEvent{Events: unix.EPOLLPRI, Fd: int32(w.mounts), Pad: onePoll}); err != nil {
 		return nil, err
 	}
 	return w, nil
@@ -119,11 +116,11 @@ func (w *changeWatch) add(path, next string, events uint32) error {
 }
 
 // changed reports whether anything the path goes through may have changed
-// since the watch was armed. Once true, the watch is spent: the caller
+// since the watch was armed on p. Once true, the watch is spent: the caller
 // closes it and arms a new one.
-func (w *changeWatch) changed() bool {
+func (w *changeWatch) changed(p *poller) bool {
 	var ready [2]unix.EpollEvent
-	n, err := unix.EpollWait(w.ep, ready[:], 0)
+	n, err := unix.EpollWait(p.ep, ready[:], 0)
 	if err != nil {
 		return true
 	}
@@ -166,11 +163,49 @@ func (w *changeWatch) concerned() bool {
 	}
 }
 
+// close closes the watch's descriptors, which takes them off its poller.
 func (w *changeWatch) close() {
-	for _, fd := range []int{w.ep, w.in, w.mounts} {
+	for _, fd := range []int{w.in, w.mounts} {
 		if fd >= 0 {
 			unix.Close(fd)
 		}
 	}
-	w.ep, w.in, w.mounts = -1, -1, -1
+	w.in, w.mounts = -1, -1
+}
+
+// poller is the epoll instance a source's change watches report to, one for
+// the source's whole life: reads poll it while a check may be replacing the
+// watch, so its descriptor is never closed (and its number reused) under
+// them.
+type poller struct{ ep int }
+
+func newPoller() (*poller, error) {
+	ep, err := unix.EpollCreate1(unix.EPOLL_CLOEXEC)
+	if err != nil {
+		return nil, err
+	}
+	return &poller{ep: ep}, nil
+}
+
+// onePoll marks a descriptor that reports a change to one poll only (the
+// mount table: proc(5)); inotify's events stay until they are read.
+const onePoll = 1
+
+// poll reports whether the watches on p have anything to report, and
+// whether the poll may have been the only one to see it (the caller must
+// then say so). It does not block, so it is a raw system call, without the
+// scheduler's bookkeeping for one that might.
+func (p *poller) poll() (ready, only bool) {
+	var ev unix.EpollEvent
+	n, _, errno := unix.RawSyscall6(unix.SYS_EPOLL_PWAIT, uintptr(p.ep), uintptr(unsafe.Pointer(&ev)), 1, 0, 0, 0)
+	if errno != 0 {
+		return true, true
+	}
+	return n > 0, n > 0 && ev.Pad == onePoll
+}
+
+func (p *poller) close() {
+	if p != nil {
+		unix.Close(p.ep)
+	}
 }

@@ -4,6 +4,10 @@ import (
 	"context"
 	"os"
 	"path/filepath"
+	"strconv"
+	"strings"
+	"sync"
+	"sync/atomic"
 	"testing"
 
 	"golang.org/x/sys/unix"
@@ -22,7 +26,7 @@ func watchedSource(t *testing.T, v string) (*FileSource, string) {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { src.Close() })
-	if src.watch.w == nil {
+	if src.watch == nil {
 		t.Fatal("no change watch armed on a plain path on a local filesystem")
 	}
 	return src, path
@@ -96,7 +100,7 @@ func TestFileSourceSeesEveryChangeAtOnce(t *testing.T) {
 func TestFileSourceIgnoresItsNeighbours(t *testing.T) {
 	src, path := watchedSource(t, "one")
 	expectValue(t, src, "one")
-	armed := src.watch.w
+	armed := src.watch
 	for _, dir := range []string{filepath.Dir(path), filepath.Dir(filepath.Dir(path))} {
 		other := filepath.Join(dir, "neighbour")
 		if err := os.WriteFile(other, []byte("x"), 0o600); err != nil {
@@ -107,7 +111,7 @@ func TestFileSourceIgnoresItsNeighbours(t *testing.T) {
 		}
 	}
 	expectValue(t, src, "one")
-	if src.watch.w != armed {
+	if src.watch != armed {
 		t.Fatal("a neighbour's churn was taken for a change of the file")
 	}
 }
@@ -128,7 +132,7 @@ func TestFileSourceThroughASymlinkChecksEveryRead(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer src.Close()
-	if src.watch.w != nil {
+	if src.watch != nil {
 		t.Fatal("a change watch was armed on a path through a symlink")
 	}
 	expectValue(t, src, "one")
@@ -150,7 +154,7 @@ func TestFileSourceThroughASymlinkChecksEveryRead(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer viaLink.Close()
-	if viaLink.watch.w != nil {
+	if viaLink.watch != nil {
 		t.Fatal("a change watch was armed on a symlink")
 	}
 	expectValue(t, viaLink, "one")
@@ -173,4 +177,109 @@ func TestFileSourceSeesAMountOverItsPath(t *testing.T) {
 	t.Cleanup(func() { unix.Unmount(dir, unix.MNT_DETACH) })
 	writeValue(t, path, "mounted")
 	expectValue(t, src, "mounted")
+}
+
+// Reads racing each other share what one check found, without the lock,
+// yet a read that starts after a change has completed never returns what
+// came before it, whichever read's poll saw the change (the mount table
+// reports a mount to one poll only).
+func TestFileSourceConcurrentReadsFollowEveryChange(t *testing.T) {
+	if os.Geteuid() != 0 {
+		t.Fatal("this test mounts a tmpfs over a temporary directory: run it as root (as in CI)")
+	}
+	src, path := watchedSource(t, "v0")
+	dir := filepath.Dir(path)
+	var (
+		begun   atomic.Int64 // the number of the last change begun
+		changed atomic.Int64 // the number of the last change completed
+		stale   atomic.Int64
+		stop    atomic.Bool
+		wg      sync.WaitGroup
+	)
+	for range 8 {
+		wg.Go(func() {
+			for !stop.Load() {
+				n := changed.Load()
+				v, err := src.Value(context.Background(), "acme", "K")
+				if err != nil {
+					// The file is missing while a tmpfs is mounted and
+					// not yet written: only then may a read fail.
+					if begun.Load() == n {
+						t.Errorf("a read failed with no change under way: %v", err)
+					}
+					continue
+				}
+				got, _ := strconv.Atoi(strings.TrimPrefix(v.Reveal(), "v"))
+				// Once the next change has begun, its unmount may show an
+				// older file for a moment: only a read that no change
+				// overlapped must see the last one.
+				if int64(got) < n && begun.Load() == n {
+					stale.Add(1)
+				}
+			}
+		})
+	}
+	change := func(n int, do func(v string)) {
+		begun.Store(int64(n))
+		do("v" + strconv.Itoa(n))
+		changed.Store(int64(n))
+		for range 2000 { // let the readers race the next change
+			if _, err := src.Value(context.Background(), "acme", "K"); err != nil {
+				t.Error(err)
+			}
+		}
+	}
+	n := 0
+	for range 20 {
+		n++
+		change(n, func(v string) { // a rename over the file
+			writeValue(t, path+".tmp", v)
+			if err := os.Rename(path+".tmp", path); err != nil {
+				t.Fatal(err)
+			}
+		})
+		n++
+		change(n, func(v string) { // a tmpfs over its directory, then gone again
+			if err := unix.Mount("tmpfs", dir, "tmpfs", 0, "size=1m"); err != nil {
+				t.Fatal(err)
+			}
+			writeValue(t, path, v)
+		})
+		n++
+		change(n, func(v string) {
+			if err := unix.Unmount(dir, 0); err != nil {
+				t.Fatal(err)
+			}
+			writeValue(t, path, v)
+		})
+	}
+	stop.Store(true)
+	wg.Wait()
+	if s := stale.Load(); s != 0 {
+		t.Fatalf("%d reads that started after a change returned a value from before it", s)
+	}
+}
+
+// BenchmarkFileSourceValueParallel: what a value read costs the proxy,
+// which makes one per request from every connection at once.
+func BenchmarkFileSourceValueParallel(b *testing.B) {
+	root := b.TempDir()
+	path := filepath.Join(root, "secrets.json")
+	if err := os.WriteFile(path, []byte(`{"acme/K": "v"}`), 0o600); err != nil {
+		b.Fatal(err)
+	}
+	src, err := NewFileSource(path)
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer src.Close()
+	b.SetParallelism(8)
+	b.RunParallel(func(pb *testing.PB) {
+		for pb.Next() {
+			if _, err := src.Value(context.Background(), "acme", "K"); err != nil {
+				b.Error(err)
+				return
+			}
+		}
+	})
 }

@@ -8,9 +8,16 @@ import "errors"
 // read.
 type changeWatch struct{}
 
-func newChangeWatch(string) (*changeWatch, error) {
+func newChangeWatch(string, *poller) (*changeWatch, error) {
 	return nil, errors.New("no change watch on this system")
 }
 
-func (*changeWatch) changed() bool { return true }
-func (*changeWatch) close()        {}
+func (*changeWatch) changed(*poller) bool { return true }
+func (*changeWatch) close()               {}
+
+type poller struct{}
+
+func newPoller() (*poller, error) { return nil, errors.New("no change watch on this system") }
+
+func (*poller) poll() (ready, only bool) { return true, true }
+func (*poller) close()                   {}
