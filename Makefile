@@ -18,7 +18,7 @@ FUZZTIME  ?= 200000x
 # sam build `make build-<LogicalId>`), and a long-running `make dev` is no surprise to start by.
 .DEFAULT_GOAL := help
 
-.PHONY: dev test test-go deps build build-functions build-ApiFunction build-StreamFunction build-SweepFunction build-ProbeFunction build-edge bench lint fuzz fuzz-short clean
+.PHONY: dev test test-go deps build build-functions build-ApiFunction build-StreamFunction build-SweepFunction build-ProbeFunction build-edge bench bench-proxy lint fuzz fuzz-short clean
 
 ## help: this list of targets (the default goal)
 # Each `## target: summary` line is the target's entry (one line; more goes in plain # comments
@@ -85,6 +85,13 @@ build-edge:
 ## bench: every Go benchmark, figures printed
 bench: deps
 	$(GO) test -run '^$$' -bench . -benchmem -count=1 -timeout 60m ./...
+
+## bench-proxy: the proxy table: edge beside direct, goproxy and a zero-work TLS relay (root)
+# infra/bench/proxy-table.sh at 1, 8, 16 and 64 connections, keep-alive and a new connection per
+# request; it needs the harness's proxybench (PROXYBENCH, default ../shared/bench/proxybench).
+# About 5 minutes, and it loads every core: not part of `make test` nor `make bench`.
+bench-proxy:
+	@./infra/bench/proxy-table.sh
 
 ## lint: gofmt and go vet
 lint:
