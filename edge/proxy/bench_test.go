@@ -24,6 +24,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/prometheus/client_golang/prometheus"
+	logredact "github.com/runfleet/runfleet/edge/internal/redact"
 	"golang.org/x/net/http2"
 
 	"github.com/runfleet/runfleet/edge/internal/edgetest"
@@ -56,8 +58,13 @@ func newBenchRig(b *testing.B) *benchRig {
 		}
 		io.WriteString(w, `{"ok":true}`)
 	}
+	// Wired as edge serve wires it, so that this measures the path the
+	// bench harness (infra/bench) loads: the file source observed by the
+	// log redactor, the audit redacted and its metrics registered.
 	e := newEnv(b, envOptions{
 		uca: uca, quiet: true,
+		redactor: logredact.NewSet(0), rawLogs: io.Discard, rawAudit: io.Discard,
+		metrics: prometheus.NewRegistry(),
 		pins:    map[string]string{"api.example.test": "127.0.0.1"},
 		keys:    fmt.Sprintf(`{"acme": {"keys": {"K": {"domains": ["api.example.test:%d"], "placeholder": {"prefix": "sk-"}}}}}`, up.port),
 		secrets: map[string]string{"acme/K": benchKey},

@@ -9,6 +9,7 @@ import (
 	"encoding/base64"
 	"encoding/json"
 	"fmt"
+	"github.com/prometheus/client_golang/prometheus"
 	"io"
 	"log/slog"
 	"net"
@@ -153,6 +154,9 @@ type envOptions struct {
 	// lines; rawLogs and rawAudit then get the lines before the filter.
 	redactor          *logredact.Set
 	rawLogs, rawAudit io.Writer
+	// metrics, when set, receives the audit's metrics, as edge serve's
+	// registry does.
+	metrics prometheus.Registerer
 }
 
 func newEnv(t tb, o envOptions) *env {
@@ -221,7 +225,7 @@ func newEnv(t tb, o envOptions) *env {
 			return o.redactor.Redact(line)
 		}
 	}
-	al, err := audit.Open(audit.Config{Dir: e.auditDir, MaxBytes: o.auditMaxBytes, Keep: 50, Logger: logger, Redact: filter})
+	al, err := audit.Open(audit.Config{Dir: e.auditDir, MaxBytes: o.auditMaxBytes, Keep: 50, Logger: logger, Redact: filter, Registerer: o.metrics})
 	must(t, err)
 	e.audit = al
 	e.proxy, err = New(Config{
