@@ -35,6 +35,21 @@ import (
 // The benchmarks compare the same Go client going direct to an HTTPS
 // upstream on loopback and going through the proxy with one substitution per
 // request, in the same run, and report the ratios with b.ReportMetric.
+//
+// Two kinds, both kept on purpose. The in-process ones here (KeepAlive,
+// LatencyP50, NewConnectionPerRequest, TransparentVsConnect) run client,
+// proxy and upstream in this one process: they isolate the proxy's own
+// code (its allocations, its CPU per request, a profile or a -benchmem of
+// it with no other process in the way) and are what to iterate on. But
+// the three share one Go runtime, scheduler and garbage collector: a
+// goroutine hand-off stands where the harness has a process waking up on
+// another's write, and one GC paces all three heaps. So their ratios need
+// not be the harness's (issue 14: keep-alive 0.61x direct here when the
+// harness measured about 0.45x). BenchmarkThreeProcesses
+// (bench_process_test.go) runs the three as separate processes, the shape
+// of the bench harness (infra/bench/proxy-table.sh, ../shared/bench), so
+// its ratios are the ones to hold against the README's table and the
+// issue's targets.
 
 const benchKey = "sk-bench-real-value-0123456789abcdef"
 
@@ -299,13 +314,25 @@ func BenchmarkTransparentVsConnect(b *testing.B) {
 // The memory benchmarks run the proxy alone in a child process (this test
 // binary with benchChildEnv set), so the client and upstream in the parent
 // do not count: the child reports its Go heap and stacks after a GC, and
-// its peak RSS (VmHWM from /proc/self/status).
+// its peak RSS (VmHWM from /proc/self/status). BenchmarkThreeProcesses
+// runs the proxy the same way and its upstream in a second child.
 
 const benchChildEnv = "RUNFLEET_PROXY_BENCH_CHILD"
 
+// childUpstream is childSpec.Mode for the benchmark upstream.
+const childUpstream = "upstream"
+
 type childSpec struct {
+	// Mode is empty for the proxy, childUpstream for the upstream.
+	Mode         string `json:"mode,omitempty"`
 	UpstreamPort int    `json:"upstreamPort"`
 	UpstreamCA   string `json:"upstreamCa"`
+	// Keys is the proxy's policy.projects (JSON); empty means key acme/K
+	// for the upstream, substituted in headers and bodies.
+	Keys string `json:"keys,omitempty"`
+	// LeafCert and LeafKey (PEM) are the upstream's certificate and key.
+	LeafCert string `json:"leafCert,omitempty"`
+	LeafKey  string `json:"leafKey,omitempty"`
 }
 
 type childHello struct {
@@ -315,6 +342,11 @@ type childHello struct {
 	Transparent string `json:"transparent"`
 	Placeholder string `json:"placeholder"`
 	Bundle      string `json:"bundle"`
+}
+
+// childCPU is the proxy child's CPU time so far (user and system).
+type childCPU struct {
+	Nanos int64 `json:"nanos"`
 }
 
 type childMem struct {
@@ -352,13 +384,23 @@ func benchChildMain() int {
 		fmt.Fprintln(os.Stderr, err)
 		return 2
 	}
+	if spec.Mode == childUpstream {
+		return benchUpstreamMain(spec)
+	}
 	dir, _ := os.MkdirTemp("", "proxy-bench-child")
 	defer os.RemoveAll(dir)
 	t := &childT{dir: dir}
+	keys := spec.Keys
+	if keys == "" {
+		keys = fmt.Sprintf(`{"acme": {"keys": {"K": {"domains": ["api.example.test:%d"], "in": ["header", "body"], "placeholder": {"prefix": "sk-"}}}}}`, spec.UpstreamPort)
+	}
+	// Wired as newBenchRig wires it, as edge serve does.
 	e := newEnv(t, envOptions{
 		uca: &edgetest.CA{PEM: []byte(spec.UpstreamCA)}, quiet: true,
+		redactor: logredact.NewSet(0), rawLogs: io.Discard, rawAudit: io.Discard,
+		metrics: prometheus.NewRegistry(),
 		pins:    map[string]string{"api.example.test": "127.0.0.1"},
-		keys:    fmt.Sprintf(`{"acme": {"keys": {"K": {"domains": ["api.example.test:%d"], "in": ["header", "body"], "placeholder": {"prefix": "sk-"}}}}}`, spec.UpstreamPort),
+		keys:    keys,
 		secrets: map[string]string{"acme/K": benchKey},
 	})
 	u, phs := e.task("run-bench", hostproto.Secret{ProjectID: "acme", Key: "K"})
@@ -371,8 +413,14 @@ func benchChildMain() int {
 	pinned := netip.AddrPortFrom(tn.pin("api.example.test"), uint16(spec.UpstreamPort))
 	dst.Store(&pinned)
 	json.NewEncoder(os.Stdout).Encode(childHello{ProxyURL: u.String(), Transparent: tn.transparent.Addr().String(), Placeholder: phs["K"], Bundle: string(e.authority.Bundle())})
+	// Commands on stdin, one a line, each answered with one JSON line; the
+	// child ends at anything else or at the end of its stdin.
 	sc := bufio.NewScanner(os.Stdin)
 	for sc.Scan() {
+		if sc.Text() == "cpu" {
+			json.NewEncoder(os.Stdout).Encode(childCPU{Nanos: processCPU().Nanoseconds()})
+			continue
+		}
 		if sc.Text() != "mem" {
 			break
 		}
@@ -410,21 +458,37 @@ type child struct {
 	pool  *x509.CertPool
 }
 
-func startChild(b *testing.B, up *testUpstream, uca *edgetest.CA) *child {
-	spec, _ := json.Marshal(childSpec{UpstreamPort: up.port, UpstreamCA: string(uca.PEM)})
+// spawnChild starts this test binary as the child spec describes; it ends
+// when its stdin closes, at b's cleanup, which waits for it.
+func spawnChild(b *testing.B, spec childSpec) (*exec.Cmd, io.WriteCloser, *json.Decoder) {
+	js, _ := json.Marshal(spec)
 	cmd := exec.Command(os.Args[0], "-test.run=^$")
-	cmd.Env = append(os.Environ(), benchChildEnv+"="+string(spec))
+	cmd.Env = append(os.Environ(), benchChildEnv+"="+string(js))
 	cmd.Stderr = os.Stderr
 	in, _ := cmd.StdinPipe()
 	out, _ := cmd.StdoutPipe()
 	must(b, cmd.Start())
-	c := &child{cmd: cmd, in: in, out: json.NewDecoder(out)}
 	b.Cleanup(func() { in.Close(); cmd.Wait() })
+	return cmd, in, json.NewDecoder(out)
+}
+
+// startChild starts the proxy child: spec without a Mode.
+func startChild(b *testing.B, spec childSpec) *child {
+	cmd, in, out := spawnChild(b, spec)
+	c := &child{cmd: cmd, in: in, out: out}
 	must(b, c.out.Decode(&c.hello))
 	c.proxy, _ = url.Parse(c.hello.ProxyURL)
 	c.pool = x509.NewCertPool()
 	c.pool.AppendCertsFromPEM([]byte(c.hello.Bundle))
 	return c
+}
+
+// cpu is the child's CPU time so far.
+func (c *child) cpu(b *testing.B) time.Duration {
+	io.WriteString(c.in, "cpu\n")
+	var m childCPU
+	must(b, c.out.Decode(&m))
+	return time.Duration(m.Nanos)
 }
 
 func (c *child) mem(b *testing.B) childMem {
@@ -445,7 +509,7 @@ func BenchmarkIdleInterceptedConnMemory(b *testing.B) {
 	for _, name := range []string{"http/1.1", "h2", "transparent/http/1.1", "transparent/h2"} {
 		proto, transparent := strings.CutPrefix(name, "transparent/")
 		b.Run(name, func(b *testing.B) {
-			c := startChild(b, up, uca)
+			c := startChild(b, childSpec{UpstreamPort: up.port, UpstreamCA: string(uca.PEM)})
 			target := fmt.Sprintf("api.example.test:%d", up.port)
 			open := func(n int) []net.Conn {
 				var conns []net.Conn
@@ -583,7 +647,7 @@ func BenchmarkStream1GiBPeakRSS(b *testing.B) {
 		mu.Unlock()
 		io.WriteString(w, "ok")
 	}
-	c := startChild(b, up, uca)
+	c := startChild(b, childSpec{UpstreamPort: up.port, UpstreamCA: string(uca.PEM)})
 	base := c.mem(b)
 	client := &http.Client{Transport: &http.Transport{Proxy: http.ProxyURL(c.proxy), TLSClientConfig: &tls.Config{RootCAs: c.pool}}}
 	const size = 1 << 30
