@@ -134,6 +134,7 @@ func (rt *roundTripper) get(ctx context.Context, key, serverName string, check b
 	if err != nil {
 		return nil, false, err
 	}
+	raw = newRawConn(raw)
 	cfg := rt.tls.Clone()
 	cfg.ServerName = serverName
 	tc := tls.Client(raw, cfg)

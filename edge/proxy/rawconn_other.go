@@ -1,0 +1,9 @@
+//go:build !linux
+
+package proxy
+
+import "net"
+
+// newRawConn is Linux's (rawconn_linux.go); elsewhere connections are used
+// as they are.
+func newRawConn(c net.Conn) net.Conn { return c }
