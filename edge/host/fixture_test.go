@@ -53,7 +53,9 @@ type fixture struct {
 	runner map[string]any // overrides of the runner section
 	// egress is proxy.egress; empty means open.
 	egress string
-	caCfg  map[string]any
+	// pprof is proxy.pprof; empty means off.
+	pprof string
+	caCfg map[string]any
 	// apiTLS is the host API's certificate and key files, when it serves
 	// TLS (serveAPIOverTLS).
 	apiTLS map[string]string
@@ -139,15 +141,19 @@ func (f *fixture) writeConfig() {
 	if f.apiTLS != nil {
 		api["tls"] = f.apiTLS
 	}
+	proxy := map[string]any{"listen": "127.0.0.1:0", "egress": egress, "upstream": map[string]any{
+		"resolve":        map[string]string{"api.example.test": "127.0.0.1", "tunnel.example.test": "127.0.0.1"},
+		"allowPrivate":   []string{"127.0.0.0/8"},
+		"extraRootsFile": filepath.Join(f.dir, "etc", "upstream-ca.pem"),
+	}}
+	if f.pprof != "" {
+		proxy["pprof"] = f.pprof
+	}
 	cfg := map[string]any{
 		"dataDir": f.dataDir,
 		"api":     api,
-		"proxy": map[string]any{"listen": "127.0.0.1:0", "egress": egress, "upstream": map[string]any{
-			"resolve":        map[string]string{"api.example.test": "127.0.0.1", "tunnel.example.test": "127.0.0.1"},
-			"allowPrivate":   []string{"127.0.0.0/8"},
-			"extraRootsFile": filepath.Join(f.dir, "etc", "upstream-ca.pem"),
-		}},
-		"ca": caCfg,
+		"proxy":   proxy,
+		"ca":      caCfg,
 		"policy": map[string]any{"projects": map[string]any{"acme": map[string]any{"keys": map[string]any{
 			"API_TOKEN": map[string]any{"domains": []string{f.upstreamHost}, "in": []string{"header"}, "placeholder": map[string]any{"prefix": "ph-", "length": 40}},
 		}}}},

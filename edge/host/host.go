@@ -477,6 +477,14 @@ func (h *Host) ProxyAddr() string {
 	return h.proxyListener.Addr().String()
 }
 
+// PprofAddr is where proxy.pprof serves profiles, "" when it is off.
+func (h *Host) PprofAddr() string {
+	if h.pprofListener == nil {
+		return ""
+	}
+	return h.pprofListener.Addr().String()
+}
+
 // Runner is the host's runner (tests drive its hooks through it).
 func (h *Host) Runner() *runner.Runner { return h.runner }
 
