@@ -361,8 +361,20 @@ func (a *Authority) GetCertificate(hello *tls.ClientHelloInfo) (*tls.Certificate
 	if a.closed.Load() {
 		return nil, ErrClosed
 	}
-	now := a.cfg.Clock.Now()
-	st := a.currentAt(now)
+	// The leaf's time is read after the state: a review reads the clock
+	// itself and may mint a signer that begins after an earlier reading
+	// (a leaf dated before its signer would not be valid), and a state
+	// that is due again at the later reading (the clock jumped on) is
+	// reviewed again, a few times at most.
+	var st *caState
+	var now time.Time
+	for try := 0; ; try++ {
+		st = a.currentAt(a.cfg.Clock.Now())
+		now = a.cfg.Clock.Now()
+		if !st.due(now) || try == 2 {
+			break
+		}
+	}
 	name := normalizeServerName(hello.ServerName)
 	if name == "" {
 		return nil, errors.New("ca: the client sent no server name (SNI); no leaf without one")
