@@ -203,3 +203,14 @@ func TestUsageString(t *testing.T) {
 		t.Fatalf("String() = %q, want %q", got, want)
 	}
 }
+
+// A million eventually consistent small reads are half a million read
+// request units; a million small writes, a million write request units.
+func TestUsageDollars(t *testing.T) {
+	u := Usage{RCU: map[string]float64{"runs": 0.5e6}, WCU: map[string]float64{"runs": 1e6, "runs/live": 1e6}}
+	got := u.Dollars(OnDemandUSEast1)
+	want := 0.5*0.125 + 2*0.625
+	if diff := got - want; diff > 1e-9 || diff < -1e-9 {
+		t.Errorf("Dollars = %v, want %v", got, want)
+	}
+}
