@@ -76,8 +76,10 @@ package dynamostore
 
 import (
 	"context"
+	"crypto/rand"
 	"errors"
 	"fmt"
+	"io"
 	"time"
 
 	"github.com/aws/aws-sdk-go-v2/aws"
@@ -149,6 +151,10 @@ type Config struct {
 	// documented capacity rules (for benchmarks; it adds unmetered reads of
 	// the items being written, see Meter). Nil: no metering.
 	Meter *Meter
+	// Random makes the write tokens that let a retried write recognise its
+	// own earlier success (ownwrites.go); it must be safe for concurrent
+	// use. Nil is crypto/rand.
+	Random io.Reader
 }
 
 // Validate reports a table name that is empty (in a partly set Tables) or
@@ -175,6 +181,7 @@ type Store struct {
 	api    API
 	tables TableNames
 	clock  clock.Clock
+	random io.Reader
 }
 
 var _ store.Store = (*Store)(nil)
@@ -194,7 +201,10 @@ func New(client API, cfg Config) (*Store, error) {
 	if cfg.Clock == nil {
 		cfg.Clock = clock.Real{}
 	}
-	s := &Store{api: client, tables: cfg.Tables, clock: cfg.Clock}
+	if cfg.Random == nil {
+		cfg.Random = rand.Reader
+	}
+	s := &Store{api: client, tables: cfg.Tables, clock: cfg.Clock, random: cfg.Random}
 	if cfg.Meter != nil {
 		s.api = &metered{next: client, meter: cfg.Meter, schemas: schemasFor(cfg.Tables)}
 	}
