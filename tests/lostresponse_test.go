@@ -20,6 +20,7 @@ import (
 	"github.com/aws/aws-sdk-go-v2/aws/retry"
 	awshttp "github.com/aws/aws-sdk-go-v2/aws/transport/http"
 	"github.com/aws/aws-sdk-go-v2/service/dynamodb"
+	"github.com/aws/aws-sdk-go-v2/service/dynamodb/types"
 
 	"github.com/runfleet/runfleet/shared/clock"
 	"github.com/runfleet/runfleet/shared/fakehost"
@@ -152,13 +153,43 @@ func (l *lossyTransport) config(c aws.Config) aws.Config {
 	return c
 }
 
-// lossyStores returns a store whose answers go through a lossy transport and
-// a plain one on the same tables (for someone else's writes).
-func lossyStores(t *testing.T, clk clock.Clock) (*dynamostore.Store, *dynamostore.Store, *lossyTransport) {
+// withoutHolder is a DynamoDB client that, like an emulator without
+// ReturnValuesOnConditionCheckFailure, never returns the item that failed
+// a put's condition.
+type withoutHolder struct{ *dynamodb.Client }
+
+func (w withoutHolder) PutItem(ctx context.Context, in *dynamodb.PutItemInput, opts ...func(*dynamodb.Options)) (*dynamodb.PutItemOutput, error) {
+	out, err := w.Client.PutItem(ctx, in, opts...)
+	var ccf *types.ConditionalCheckFailedException
+	if errors.As(err, &ccf) {
+		ccf.Item = nil
+	}
+	return out, err
+}
+
+func (w withoutHolder) TransactWriteItems(ctx context.Context, in *dynamodb.TransactWriteItemsInput, opts ...func(*dynamodb.Options)) (*dynamodb.TransactWriteItemsOutput, error) {
+	out, err := w.Client.TransactWriteItems(ctx, in, opts...)
+	var tce *types.TransactionCanceledException
+	if errors.As(err, &tce) {
+		for i := range tce.CancellationReasons {
+			tce.CancellationReasons[i].Item = nil
+		}
+	}
+	return out, err
+}
+
+// lossyStores returns a store whose answers go through a lossy transport
+// (through withoutHolder if noHolder) and a plain one on the same tables
+// (for someone else's writes).
+func lossyStores(t *testing.T, clk clock.Clock, noHolder bool) (*dynamostore.Store, *dynamostore.Store, *lossyTransport) {
 	t.Helper()
 	names := dynamostore.Prefixed(motoserver.Unique("lost") + "-")
 	lt := newLossyTransport()
-	lossy, err := dynamostore.New(dynamodb.NewFromConfig(lt.config(moto.AWSConfig())), dynamostore.Config{Tables: names, Clock: clk})
+	var api dynamostore.API = dynamodb.NewFromConfig(lt.config(moto.AWSConfig()))
+	if noHolder {
+		api = withoutHolder{api.(*dynamodb.Client)}
+	}
+	lossy, err := dynamostore.New(api, dynamostore.Config{Tables: names, Clock: clk})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -175,14 +206,23 @@ func lossyStores(t *testing.T, clk clock.Clock) (*dynamostore.Store, *dynamostor
 // TestStoreWritesKnowTheirOwnLostAnswer checks every conditional write of
 // dynamostore when moto applied it but the answer was lost once or twice:
 // the SDK's retry answers as the first attempt would have, and someone
-// else's item is still refused.
+// else's item is still refused; also when the failed condition brings no
+// item back and the store must read it.
 func TestStoreWritesKnowTheirOwnLostAnswer(t *testing.T) {
 	ctx := context.Background()
 	now := time.Now().UTC().Truncate(time.Second)
 	clk := clock.NewFake(now)
-	for _, lostAttempts := range []int{1, 2} {
-		t.Run(fmt.Sprintf("%d-lost", lostAttempts), func(t *testing.T) {
-			st, plain, lt := lossyStores(t, clk)
+	for _, c := range []struct {
+		lostAttempts int
+		noHolder     bool
+	}{{1, false}, {2, false}, {1, true}} {
+		lostAttempts := c.lostAttempts
+		name := fmt.Sprintf("%d-lost", lostAttempts)
+		if c.noHolder {
+			name += "/no-holder-returned"
+		}
+		t.Run(name, func(t *testing.T) {
+			st, plain, lt := lossyStores(t, clk, c.noHolder)
 			lt.setLose(loseWrites(lostAttempts))
 			// expectLost fails unless op lost want more answers since the last call.
 			last := map[string]int{}

@@ -64,6 +64,18 @@
 //	PutEvents          one conditional PutItem per event: ceil(event bytes / 1 KB) WCU each
 //	ListEvents         Query, strong: ceil(page bytes / 4 KB) RCU
 //
+// A write whose answer is lost and that the SDK retries (ownwrites.go)
+// costs one more write: the retry's failed condition, priced like any
+// (ceil(holder bytes / 1 KB) WCU, twice in CreateCaller's transaction). It
+// costs no read: the holder comes back with the failure
+// (ReturnValuesOnConditionCheckFailure ALL_OLD: "No read capacity units are
+// consumed", Amazon DynamoDB API Reference, PutItem and UpdateItem); only
+// an emulator that returns no holder costs a strongly consistent GetItem
+// more (1 RCU). Before, a lost UpdateRun answer cost its caller a strong
+// GetRun (1 RCU) to recover from the ErrConflict. The token each of these
+// writes carries, 26 bytes, changes none of the figures above; in the
+// hosts table it adds 26 bytes per host to ListHosts' Scan.
+//
 // Listing everyone is a k-way merge of the byHost partitions of the
 // registered hosts (a run always names a registered host: DeleteHost refuses
 // while runs reference it, or deletes them). Each page scans the hosts table
