@@ -77,6 +77,9 @@ type stackOptions struct {
 	log io.Writer
 	// hostCredentials are more credentialRefs for the credentials file.
 	hostCredentials map[string]string
+	// aws, when set, adjusts the AWS configuration Fleet's clients are
+	// built from (a transport that loses responses, a retryer).
+	aws func(aws.Config) aws.Config
 }
 
 func newStack(t testing.TB, kind string, opts stackOptions) *stack {
@@ -142,7 +145,12 @@ func newStack(t testing.TB, kind string, opts stackOptions) *stack {
 	}
 	app, err := fleetapp.New(context.Background(), cfg, fleetapp.Deps{
 		Logger: log, Clock: fleetClock, CreateTables: true, Meter: opts.meter, DialContext: dialLoopbackOnly,
-		LoadAWS:      func(context.Context) (aws.Config, error) { return moto.AWSConfig(), nil },
+		LoadAWS: func(context.Context) (aws.Config, error) {
+			if opts.aws != nil {
+				return opts.aws(moto.AWSConfig()), nil
+			}
+			return moto.AWSConfig(), nil
+		},
 		StreamParked: streamParked,
 	})
 	if err != nil {

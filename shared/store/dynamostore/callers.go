@@ -20,25 +20,38 @@ import (
 const transactAttempts = 3
 
 // CreateCaller writes the owner and token items in one transaction, each
-// conditional on its key being free; ErrExists if either is taken.
+// conditional on its key being free; ErrExists if either is taken. A retry
+// that finds both items carrying this call's token (a lost response,
+// ownwrites.go) succeeds.
 func (s *Store) CreateCaller(ctx context.Context, c store.Caller) error {
 	if c.OwnerID == "" || c.TokenHash == "" {
 		return errors.New("dynamostore: create caller: empty ownerId or token hash")
 	}
-	in := &dynamodb.TransactWriteItemsInput{TransactItems: []types.TransactWriteItem{
-		{Put: &types.Put{
-			TableName:           aws.String(s.tables.Callers),
-			Item:                callerItem(ownerPrefix+c.OwnerID, c),
-			ConditionExpression: aws.String("attribute_not_exists(id)"),
-		}},
-		{Put: &types.Put{
-			TableName:           aws.String(s.tables.Callers),
-			Item:                callerItem(tokenPrefix+c.TokenHash, c),
-			ConditionExpression: aws.String("attribute_not_exists(id)"),
-		}},
-	}}
-	err := s.transact(ctx, in)
+	token, err := s.newWriteToken()
+	if err != nil {
+		return err
+	}
+	keys := []string{ownerPrefix + c.OwnerID, tokenPrefix + c.TokenHash}
+	in := &dynamodb.TransactWriteItemsInput{}
+	for _, id := range keys {
+		it := callerItem(id, c)
+		it[attrWriteToken] = token
+		in.TransactItems = append(in.TransactItems, types.TransactWriteItem{Put: &types.Put{
+			TableName:                           aws.String(s.tables.Callers),
+			Item:                                it,
+			ConditionExpression:                 aws.String("attribute_not_exists(id)"),
+			ReturnValuesOnConditionCheckFailure: types.ReturnValuesOnConditionCheckFailureAllOld,
+		}})
+	}
+	err = s.transact(ctx, in)
 	if _, condition, _ := canceledBy(err); condition {
+		own, oerr := s.transactionWroteBy(ctx, err, keys, token)
+		if oerr != nil {
+			return fault("create caller: reading the holders", oerr)
+		}
+		if own {
+			return nil
+		}
 		// The hash is never echoed: it identifies a credential.
 		return fmt.Errorf("dynamostore: caller %q or its token: %w", c.OwnerID, store.ErrExists)
 	}
@@ -46,6 +59,30 @@ func (s *Store) CreateCaller(ctx context.Context, c store.Caller) error {
 		return fault("create caller", err)
 	}
 	return nil
+}
+
+// transactionWroteBy reports whether a transaction of puts to the callers
+// table (ids in order) was canceled only because every item already
+// carries token: the transaction is atomic, so that is this call's own
+// commit, retried after a lost response.
+func (s *Store) transactionWroteBy(ctx context.Context, err error, ids []string, token types.AttributeValue) (bool, error) {
+	var tce *types.TransactionCanceledException
+	if !errors.As(err, &tce) || len(tce.CancellationReasons) != len(ids) {
+		return false, nil
+	}
+	for i, r := range tce.CancellationReasons {
+		if aws.ToString(r.Code) != "ConditionalCheckFailed" {
+			return false, nil
+		}
+		held, herr := s.holder(ctx, s.tables.Callers, strKey(attrID, ids[i]), r.Item)
+		if herr != nil {
+			return false, herr
+		}
+		if !wroteBy(held, token) {
+			return false, nil
+		}
+	}
+	return true, nil
 }
 
 // CallerByTokenHash reads the token item, which holds the whole caller: one

@@ -17,17 +17,33 @@ func strKey(name, v string) map[string]types.AttributeValue {
 	return map[string]types.AttributeValue{name: &types.AttributeValueMemberS{Value: v}}
 }
 
-// CreateHost adds h; ErrExists if the id is taken (a conditional put).
+// CreateHost adds h; ErrExists if the id is taken (a conditional put). A
+// retry of a put whose response was lost finds its own item and succeeds
+// (ownwrites.go).
 func (s *Store) CreateHost(ctx context.Context, h store.Host) error {
 	if h.ID == "" {
 		return errors.New("dynamostore: create host: empty id")
 	}
-	_, err := s.api.PutItem(ctx, &dynamodb.PutItemInput{
-		TableName:           aws.String(s.tables.Hosts),
-		Item:                hostItem(h),
-		ConditionExpression: aws.String("attribute_not_exists(id)"),
+	token, err := s.newWriteToken()
+	if err != nil {
+		return err
+	}
+	it := hostItem(h)
+	it[attrWriteToken] = token
+	_, err = s.api.PutItem(ctx, &dynamodb.PutItemInput{
+		TableName:                           aws.String(s.tables.Hosts),
+		Item:                                it,
+		ConditionExpression:                 aws.String("attribute_not_exists(id)"),
+		ReturnValuesOnConditionCheckFailure: types.ReturnValuesOnConditionCheckFailureAllOld,
 	})
-	if failed, _ := conditionFailed(err); failed {
+	if failed, old := conditionFailed(err); failed {
+		held, herr := s.holder(ctx, s.tables.Hosts, strKey(attrID, h.ID), old)
+		if herr != nil {
+			return fault("create host: reading the holder", herr)
+		}
+		if wroteBy(held, token) {
+			return nil
+		}
 		return fmt.Errorf("dynamostore: host %q: %w", h.ID, store.ErrExists)
 	}
 	if err != nil {

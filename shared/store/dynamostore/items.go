@@ -77,6 +77,10 @@ const (
 	attrType = "type"
 	attrData = "data"
 	attrTS   = "ts"
+
+	// attrWriteToken is the token of the call that last wrote the item
+	// (ownwrites.go): hosts, callers, idempotency items and runs.
+	attrWriteToken = "writeToken"
 )
 
 // Caller item key prefixes, and the scope value that means "every id".

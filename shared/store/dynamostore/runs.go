@@ -68,13 +68,20 @@ func (s *Store) GetIdempotency(ctx context.Context, key string) (store.Idempoten
 
 // PutIdempotency is one conditional put: it succeeds when the key is free or
 // its item expired; otherwise DynamoDB hands back the holder (ALL_OLD on the
-// failed condition), returned with ErrExists without a second read.
+// failed condition), returned with ErrExists without a second read, unless
+// the holder is this call's own item (a retry after a lost response,
+// ownwrites.go), which is success.
 func (s *Store) PutIdempotency(ctx context.Context, i store.Idempotency) (store.Idempotency, error) {
 	if i.Key == "" {
 		return store.Idempotency{}, errors.New("dynamostore: put idempotency: empty key")
 	}
+	token, err := s.newWriteToken()
+	if err != nil {
+		return store.Idempotency{}, err
+	}
 	it := idempotencyItem(i)
-	_, err := s.api.PutItem(ctx, &dynamodb.PutItemInput{
+	it[attrWriteToken] = token
+	_, err = s.api.PutItem(ctx, &dynamodb.PutItemInput{
 		TableName:                           aws.String(s.tables.Idempotency),
 		Item:                                it,
 		ConditionExpression:                 aws.String(condAbsentOrExpired),
@@ -83,14 +90,19 @@ func (s *Store) PutIdempotency(ctx context.Context, i store.Idempotency) (store.
 		ReturnValuesOnConditionCheckFailure: types.ReturnValuesOnConditionCheckFailureAllOld,
 	})
 	if failed, old := conditionFailed(err); failed {
-		existing, derr := idempotencyFromItem(old)
-		if old == nil || derr != nil {
-			// No holder came back (an emulator that ignores ALL_OLD): read it.
-			got, gerr := s.GetIdempotency(ctx, i.Key)
-			if gerr != nil {
-				return store.Idempotency{}, fault("put idempotency: reading the holder", gerr)
-			}
-			existing = got
+		held, herr := s.holder(ctx, s.tables.Idempotency, strKey(attrID, i.Key), old)
+		if herr != nil {
+			return store.Idempotency{}, fault("put idempotency: reading the holder", herr)
+		}
+		if held == nil {
+			return store.Idempotency{}, fault("put idempotency", fmt.Errorf("key %q: the condition failed but the holder is gone", i.Key))
+		}
+		existing, derr := idempotencyFromItem(held)
+		if derr != nil {
+			return store.Idempotency{}, fault("put idempotency: reading the holder", derr)
+		}
+		if wroteBy(held, token) {
+			return existing, nil
 		}
 		return existing, fmt.Errorf("dynamostore: idempotency key %q: %w", i.Key, store.ErrExists)
 	}
@@ -105,20 +117,35 @@ func (s *Store) PutIdempotency(ctx context.Context, i store.Idempotency) (store.
 }
 
 // CreateRun is one conditional put of the whole run at Version 1; the item
-// carries the live index key when the run is live.
+// carries the live index key when the run is live. A retry that finds this
+// call's own item (a lost response, ownwrites.go) succeeds.
 func (s *Store) CreateRun(ctx context.Context, r store.Run) error {
 	if r.FleetRunID == "" || r.OwnerID == "" || r.HostID == "" || r.CreatedAt.IsZero() {
 		return errors.New("dynamostore: create run: fleetRunId, ownerId, hostId and createdAt are required")
 	}
 	r.Version = 1
-	_, err := s.api.PutItem(ctx, &dynamodb.PutItemInput{
-		TableName:                 aws.String(s.tables.Runs),
-		Item:                      runItem(r),
-		ConditionExpression:       aws.String(condAbsentOrExpired),
-		ExpressionAttributeNames:  expiryNames(attrFleetRunID),
-		ExpressionAttributeValues: map[string]types.AttributeValue{":now": nowValue(s.now())},
+	token, err := s.newWriteToken()
+	if err != nil {
+		return err
+	}
+	it := runItem(r)
+	it[attrWriteToken] = token
+	_, err = s.api.PutItem(ctx, &dynamodb.PutItemInput{
+		TableName:                           aws.String(s.tables.Runs),
+		Item:                                it,
+		ConditionExpression:                 aws.String(condAbsentOrExpired),
+		ExpressionAttributeNames:            expiryNames(attrFleetRunID),
+		ExpressionAttributeValues:           map[string]types.AttributeValue{":now": nowValue(s.now())},
+		ReturnValuesOnConditionCheckFailure: types.ReturnValuesOnConditionCheckFailureAllOld,
 	})
-	if failed, _ := conditionFailed(err); failed {
+	if failed, old := conditionFailed(err); failed {
+		held, herr := s.holder(ctx, s.tables.Runs, strKey(attrFleetRunID, r.FleetRunID), old)
+		if herr != nil {
+			return fault("create run: reading the holder", herr)
+		}
+		if wroteBy(held, token) {
+			return nil
+		}
 		return fmt.Errorf("dynamostore: run %q: %w", r.FleetRunID, store.ErrExists)
 	}
 	if err != nil {
@@ -154,8 +181,17 @@ func (s *Store) GetRun(ctx context.Context, id string) (store.Run, error) {
 // the live key included when the run is no longer live) in one update
 // conditional on the stored version; the fields fixed at creation are not
 // in the expression, so they cannot move. A failed condition brings the
-// stored item back (ALL_OLD) to tell ErrConflict from ErrNotFound.
+// stored item back (ALL_OLD) to tell ErrConflict from ErrNotFound, and from
+// this call's own update applied by an attempt whose response was lost
+// (ownwrites.go): the stored item at Version+1 carrying the call's token,
+// returned as the update's result. If another update followed ours before
+// the retry, the retry cannot tell and answers ErrConflict; the caller's
+// re-read then shows both.
 func (s *Store) UpdateRun(ctx context.Context, r store.Run) (store.Run, error) {
+	token, err := s.newWriteToken()
+	if err != nil {
+		return store.Run{}, err
+	}
 	expect := r.Version
 	r.Version = expect + 1
 	set := runMutable(r)
@@ -163,9 +199,12 @@ func (s *Store) UpdateRun(ctx context.Context, r store.Run) (store.Run, error) {
 	values := map[string]types.AttributeValue{
 		":now":    nowValue(s.now()),
 		":expect": &types.AttributeValueMemberN{Value: strconv.FormatInt(expect, 10)},
+		":wt":     token,
 	}
 	names["#version"] = attrRunVersion
-	var sets, removes []string
+	names["#wt"] = attrWriteToken
+	sets := []string{"#wt = :wt"}
+	var removes []string
 	for i, name := range runMutableNames {
 		ph := "#a" + strconv.Itoa(i)
 		names[ph] = name
@@ -201,6 +240,9 @@ func (s *Store) UpdateRun(ctx context.Context, r store.Run) (store.Run, error) {
 		}
 		if store.Expired(stored.ExpiresAt, s.now()) {
 			return store.Run{}, fmt.Errorf("dynamostore: run %q: %w", r.FleetRunID, store.ErrNotFound)
+		}
+		if stored.Version == r.Version && wroteBy(old, token) {
+			return stored, nil
 		}
 		return store.Run{}, fmt.Errorf("dynamostore: run %q is at version %d, not %d: %w", r.FleetRunID, stored.Version, expect, store.ErrConflict)
 	}

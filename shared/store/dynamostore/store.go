@@ -64,6 +64,18 @@
 //	PutEvents          one conditional PutItem per event: ceil(event bytes / 1 KB) WCU each
 //	ListEvents         Query, strong: ceil(page bytes / 4 KB) RCU
 //
+// A write whose answer is lost and that the SDK retries (ownwrites.go)
+// costs one more write: the retry's failed condition, priced like any
+// (ceil(holder bytes / 1 KB) WCU, twice in CreateCaller's transaction). It
+// costs no read: the holder comes back with the failure
+// (ReturnValuesOnConditionCheckFailure ALL_OLD: "No read capacity units are
+// consumed", Amazon DynamoDB API Reference, PutItem and UpdateItem); only
+// an emulator that returns no holder costs a strongly consistent GetItem
+// more (1 RCU). Before, a lost UpdateRun answer cost its caller a strong
+// GetRun (1 RCU) to recover from the ErrConflict. The token each of these
+// writes carries, 26 bytes, changes none of the figures above; in the
+// hosts table it adds 26 bytes per host to ListHosts' Scan.
+//
 // Listing everyone is a k-way merge of the byHost partitions of the
 // registered hosts (a run always names a registered host: DeleteHost refuses
 // while runs reference it, or deletes them). Each page scans the hosts table
@@ -76,8 +88,10 @@ package dynamostore
 
 import (
 	"context"
+	"crypto/rand"
 	"errors"
 	"fmt"
+	"io"
 	"time"
 
 	"github.com/aws/aws-sdk-go-v2/aws"
@@ -149,6 +163,10 @@ type Config struct {
 	// documented capacity rules (for benchmarks; it adds unmetered reads of
 	// the items being written, see Meter). Nil: no metering.
 	Meter *Meter
+	// Random makes the write tokens that let a retried write recognise its
+	// own earlier success (ownwrites.go); it must be safe for concurrent
+	// use. Nil is crypto/rand.
+	Random io.Reader
 }
 
 // Validate reports a table name that is empty (in a partly set Tables) or
@@ -175,6 +193,7 @@ type Store struct {
 	api    API
 	tables TableNames
 	clock  clock.Clock
+	random io.Reader
 }
 
 var _ store.Store = (*Store)(nil)
@@ -194,7 +213,10 @@ func New(client API, cfg Config) (*Store, error) {
 	if cfg.Clock == nil {
 		cfg.Clock = clock.Real{}
 	}
-	s := &Store{api: client, tables: cfg.Tables, clock: cfg.Clock}
+	if cfg.Random == nil {
+		cfg.Random = rand.Reader
+	}
+	s := &Store{api: client, tables: cfg.Tables, clock: cfg.Clock, random: cfg.Random}
 	if cfg.Meter != nil {
 		s.api = &metered{next: client, meter: cfg.Meter, schemas: schemasFor(cfg.Tables)}
 	}
