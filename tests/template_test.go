@@ -251,7 +251,7 @@ func TestTemplateFunctionEnvironments(t *testing.T) {
 	_, out := templates(t)
 	allowed := []string{config.EnvStore, config.EnvTableHosts, config.EnvTableRuns, config.EnvTableEvents,
 		config.EnvTableCallers, config.EnvTableIdempotency, config.EnvCredentials, config.EnvRetentionDays,
-		config.EnvHostTimeout, config.EnvProbeMaxAge, config.EnvLogLevel, config.EnvAdminTokenSecret,
+		config.EnvHostTimeout, config.EnvProbeMaxAge, config.EnvLogLevel, config.EnvAdminTokenSecret, config.EnvAdminTokenTTL,
 		config.EnvRepoURLs, config.EnvStreamMaxDuration, config.EnvStreamURL, envAWSEndpoint}
 	for fn := range templateFunctions {
 		t.Run(fn, func(t *testing.T) {
@@ -541,5 +541,129 @@ func TestMakeBuildsEveryFunctionForSAM(t *testing.T) {
 				}
 			}
 		})
+	}
+}
+
+// routeCost is what one request of a route costs, which its throttle is
+// sized for (template.yaml, HttpApi RouteSettings). Every api route has
+// one, so a new route forces the choice.
+var routeCost = map[string]string{
+	"GET /healthz":                    "read",
+	"GET /fleet/hosts":                "read",
+	"GET /fleet/runs":                 "read",
+	"GET /fleet/runs/{id}":            "hostCall", // refreshed from the host
+	"POST /fleet/runs":                "hostCall",
+	"POST /fleet/runs/{id}/input":     "hostCall",
+	"POST /fleet/runs/{id}/cancel":    "hostCall",
+	"POST /fleet/runs/{id}/retry":     "hostCall",
+	"GET /fleet/runs/{id}/events":     "longPoll",
+	"POST /fleet/hosts":               "admin",
+	"POST /fleet/hosts/{id}/enable":   "admin",
+	"DELETE /fleet/hosts/{id}":        "admin",
+	"POST /fleet/hosts/{id}/probe":    "admin",
+	"POST /fleet/callers":             "admin",
+	"GET /fleet/callers":              "admin",
+	"DELETE /fleet/callers/{ownerId}": "admin",
+	"POST /fleet/probe":               "fanOut",
+	"GET /metrics":                    "fanOut",
+}
+
+// TestTemplateThrottlesEveryRouteByItsCost: the HTTP API's stage throttles
+// each of the api handler's routes on its own (route keys exactly the
+// handler's), each with parameters for its rate and burst, and with the
+// default parameters a costlier kind of route is held no looser than a
+// cheaper one: fan-out <= admin <= host call <= DynamoDB-only read, and a
+// long-poll <= a read.
+func TestTemplateThrottlesEveryRouteByItsCost(t *testing.T) {
+	raw, out := templates(t)
+	routes := apiRoutes()
+	var costed []string
+	for r := range routeCost {
+		costed = append(costed, r)
+	}
+	sort.Strings(costed)
+	diffRoutes(t, "the test's cost table", costed, routes)
+
+	settings := jsonObj(raw, "Resources", "HttpApi", "Properties", "RouteSettings")
+	if d := jsonObj(raw, "Resources", "HttpApi", "Properties", "DefaultRouteSettings"); d != nil {
+		t.Errorf("DefaultRouteSettings %v: every route has its own throttle, a default one would hide a route without", d)
+	}
+	var keys []string
+	for k := range settings {
+		keys = append(keys, k)
+	}
+	sort.Strings(keys)
+	diffRoutes(t, "HttpApi RouteSettings", keys, routes)
+
+	// As deployed: the $default stage carries them.
+	stages := resourcesOfType(out, "AWS::ApiGatewayV2::Stage")
+	if len(stages) != 1 {
+		t.Fatalf("stages %v", stages)
+	}
+	deployed := jsonObj(out, "Resources", stages[0], "Properties", "RouteSettings")
+	r := newResolver(out, nil)
+	rate := map[string]float64{}
+	for _, route := range routes {
+		s := jsonObj(deployed, route)
+		var limits [2]float64
+		for i, field := range []string{"ThrottlingRateLimit", "ThrottlingBurstLimit"} {
+			param := fmt.Sprint(jsonObj(s[field])["Ref"])
+			if jsonObj(out, "Parameters", param)["Type"] != "Number" {
+				t.Errorf("%s %s is %v, want a Number parameter", route, field, s[field])
+				continue
+			}
+			v, err := strconv.ParseFloat(fmt.Sprint(r.mustResolve(t, s[field])), 64)
+			if err != nil || v < 1 {
+				t.Errorf("%s %s defaults to %v", route, field, r.mustResolve(t, s[field]))
+			}
+			limits[i] = v
+		}
+		if limits[0] > limits[1] {
+			t.Errorf("%s: rate %v above its burst %v", route, limits[0], limits[1])
+		}
+		rate[route] = limits[0]
+	}
+	// The loosest rate of each kind must not exceed the tightest of the kind
+	// that costs less.
+	byCost := map[string][2]float64{} // kind -> min, max rate
+	for route, kind := range routeCost {
+		mm, ok := byCost[kind]
+		if !ok {
+			mm = [2]float64{rate[route], rate[route]}
+		}
+		mm[0], mm[1] = min(mm[0], rate[route]), max(mm[1], rate[route])
+		byCost[kind] = mm
+	}
+	for _, pair := range [][2]string{{"fanOut", "admin"}, {"admin", "hostCall"}, {"hostCall", "read"}, {"longPoll", "read"}} {
+		dear, cheap := byCost[pair[0]], byCost[pair[1]]
+		if dear[1] > cheap[0] {
+			t.Errorf("%s routes may take %v/s, more than %s routes' %v/s: a dearer request is throttled looser than a cheaper one", pair[0], dear[1], pair[1], cheap[0])
+		}
+	}
+	// Admin routes are among the admin or fan-out kinds, whatever the table says.
+	for _, spec := range api.Routes() {
+		if kind := routeCost[spec.Method+" "+spec.Pattern]; spec.Admin && kind != "admin" && kind != "fanOut" {
+			t.Errorf("admin route %s %s is costed as %s", spec.Method, spec.Pattern, kind)
+		}
+	}
+}
+
+// TestTemplateTablesAreDeletionProtected: every table refuses DeleteTable
+// until its protection is turned off, and is retained when the stack is
+// deleted or a change would replace it.
+func TestTemplateTablesAreDeletionProtected(t *testing.T) {
+	_, out := templates(t)
+	tables := resourcesOfType(out, "AWS::DynamoDB::Table")
+	if len(tables) != 5 {
+		t.Fatalf("tables %v", tables)
+	}
+	for _, id := range tables {
+		res := jsonObj(out, "Resources", id)
+		if p := jsonObj(res, "Properties"); p["DeletionProtectionEnabled"] != true {
+			t.Errorf("%s: DeletionProtectionEnabled %v, want true", id, p["DeletionProtectionEnabled"])
+		}
+		if res["DeletionPolicy"] != "Retain" || res["UpdateReplacePolicy"] != "Retain" {
+			t.Errorf("%s: DeletionPolicy %v, UpdateReplacePolicy %v, want Retain", id, res["DeletionPolicy"], res["UpdateReplacePolicy"])
+		}
 	}
 }
