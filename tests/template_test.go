@@ -667,3 +667,73 @@ func TestTemplateTablesAreDeletionProtected(t *testing.T) {
 		}
 	}
 }
+
+// getAtt names the resource of a {"Fn::GetAtt": [id, attr]} and checks the attribute.
+func getAtt(v any, attr string) string {
+	ga := jsonList(jsonObj(v)["Fn::GetAtt"])
+	if len(ga) != 2 || ga[1] != attr {
+		return ""
+	}
+	return fmt.Sprint(ga[0])
+}
+
+// TestTemplateSchedulesHaveADeadLetterQueue: each schedule's failure
+// lands in an encrypted queue, either way it fails: an invocation
+// Scheduler cannot deliver (its DeadLetterConfig, its role allowed to
+// send there) and one the function fails (its on-failure destination);
+// neither is retried, since the next run comes a minute later.
+func TestTemplateSchedulesHaveADeadLetterQueue(t *testing.T) {
+	_, out := templates(t)
+	res := jsonObj(out, "Resources")
+	schedules := resourcesOfType(out, "AWS::Scheduler::Schedule")
+	if len(schedules) != 2 {
+		t.Fatalf("schedules %v", schedules)
+	}
+	for _, id := range schedules {
+		target := jsonObj(res, id, "Properties", "Target")
+		fn := getAtt(target["Arn"], "Arn")
+		queue := getAtt(jsonObj(target, "DeadLetterConfig")["Arn"], "Arn")
+		q := jsonObj(res, queue)
+		if queue == "" || q["Type"] != "AWS::SQS::Queue" {
+			t.Errorf("schedule %s has no dead-letter queue: %v", id, target["DeadLetterConfig"])
+			continue
+		}
+		if p := jsonObj(q, "Properties"); p["SqsManagedSseEnabled"] != true && p["KmsMasterKeyId"] == nil {
+			t.Errorf("queue %s is not encrypted: %v", queue, p)
+		}
+		if rp := jsonObj(target, "RetryPolicy"); fmt.Sprint(rp["MaximumRetryAttempts"]) != "0" || rp["MaximumEventAgeInSeconds"] == nil {
+			t.Errorf("schedule %s retry policy %v: want no retry and a bounded event age", id, rp)
+		}
+		role := getAtt(target["RoleArn"], "Arn")
+		sends := false
+		for _, p := range jsonList(jsonObj(res, role, "Properties")["Policies"]) {
+			for _, st := range jsonList(jsonObj(p, "PolicyDocument")["Statement"]) {
+				s := jsonObj(st)
+				if s["Effect"] == "Allow" && s["Action"] == "sqs:SendMessage" && getAtt(s["Resource"], "Arn") == queue {
+					sends = true
+				}
+			}
+		}
+		if !sends {
+			t.Errorf("schedule %s's role %s may not send to %s", id, role, queue)
+		}
+
+		// The function's own failures: no Lambda retry, the record to the same queue.
+		var eic map[string]any
+		for _, e := range resourcesOfType(out, "AWS::Lambda::EventInvokeConfig") {
+			if p := jsonObj(res, e, "Properties"); jsonObj(p, "FunctionName")["Ref"] == fn {
+				eic = p
+			}
+		}
+		if eic == nil {
+			t.Errorf("%s has no EventInvokeConfig: Lambda would retry a failed run twice and then drop it", fn)
+			continue
+		}
+		if fmt.Sprint(eic["MaximumRetryAttempts"]) != "0" {
+			t.Errorf("%s: MaximumRetryAttempts %v, want 0 (a retry overlaps the next run)", fn, eic["MaximumRetryAttempts"])
+		}
+		if dest := getAtt(jsonObj(eic, "DestinationConfig", "OnFailure")["Destination"], "Arn"); dest != queue {
+			t.Errorf("%s's on-failure destination is %v, want %s", fn, jsonObj(eic, "DestinationConfig"), queue)
+		}
+	}
+}
