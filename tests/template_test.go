@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"os/exec"
 	"path/filepath"
+	"regexp"
 	"sort"
 	"strconv"
 	"strings"
@@ -735,5 +736,171 @@ func TestTemplateSchedulesHaveADeadLetterQueue(t *testing.T) {
 		if dest := getAtt(jsonObj(eic, "DestinationConfig", "OnFailure")["Destination"], "Arn"); dest != queue {
 			t.Errorf("%s's on-failure destination is %v, want %s", fn, jsonObj(eic, "DestinationConfig"), queue)
 		}
+	}
+}
+
+// alarmMetric is one metric an alarm reads.
+type alarmMetric struct {
+	namespace, name string
+	dims            map[string]any // dimension name -> its value as written
+}
+
+// alarmMetrics lists the metrics of an alarm, whether on one metric or a
+// metric math expression, and checks that the expression names only
+// metrics of the alarm.
+func alarmMetrics(t *testing.T, id string, p map[string]any) []alarmMetric {
+	t.Helper()
+	dims := func(v any) map[string]any {
+		m := map[string]any{}
+		for _, d := range jsonList(v) {
+			m[fmt.Sprint(jsonObj(d)["Name"])] = jsonObj(d)["Value"]
+		}
+		return m
+	}
+	if p["MetricName"] != nil {
+		return []alarmMetric{{fmt.Sprint(p["Namespace"]), fmt.Sprint(p["MetricName"]), dims(p["Dimensions"])}}
+	}
+	var out []alarmMetric
+	ids := map[string]bool{}
+	var exprs []string
+	returned := 0
+	for _, q := range jsonList(p["Metrics"]) {
+		qm := jsonObj(q)
+		if qm["ReturnData"] == true {
+			returned++
+		}
+		if e, ok := qm["Expression"].(string); ok {
+			exprs = append(exprs, e)
+			continue
+		}
+		ids[fmt.Sprint(qm["Id"])] = true
+		m := jsonObj(qm, "MetricStat", "Metric")
+		out = append(out, alarmMetric{fmt.Sprint(m["Namespace"]), fmt.Sprint(m["MetricName"]), dims(m["Dimensions"])})
+	}
+	if returned != 1 || len(exprs) != 1 {
+		t.Errorf("alarm %s: %d expressions, %d returned: want one expression, the one returned", id, len(exprs), returned)
+	}
+	for _, e := range exprs {
+		for _, ref := range regexp.MustCompile(`\b[a-z][A-Za-z0-9_]*\b`).FindAllString(e, -1) {
+			if !ids[ref] {
+				t.Errorf("alarm %s: expression %q names %s, which is none of its metrics", id, e, ref)
+			}
+		}
+		used := 0
+		for mid := range ids {
+			if regexp.MustCompile(`\b` + mid + `\b`).MatchString(e) {
+				used++
+			}
+		}
+		if used != len(ids) {
+			t.Errorf("alarm %s: expression %q leaves out some of its metrics %v", id, e, ids)
+		}
+	}
+	return out
+}
+
+// TestTemplateAlarmsWatchWhatExists: every alarm reads a metric that the
+// stack's resources publish (each dimension naming a resource of the right
+// kind, or an index its table has) or the sweep's lag, and notifies the
+// alarm topic; and every function's errors and throttles, the API's 5xx,
+// every table's and index's throttling, the sweep's lag and the schedules'
+// dead letters have an alarm.
+func TestTemplateAlarmsWatchWhatExists(t *testing.T) {
+	_, out := templates(t)
+	res := jsonObj(out, "Resources")
+	refTo := func(v any, typ string) (string, bool) {
+		id := fmt.Sprint(jsonObj(v)["Ref"])
+		return id, jsonObj(res, id)["Type"] == typ
+	}
+	indexes := func(table string) []string {
+		var names []string
+		for _, g := range jsonList(jsonObj(res, table, "Properties")["GlobalSecondaryIndexes"]) {
+			names = append(names, fmt.Sprint(jsonObj(g)["IndexName"]))
+		}
+		return names
+	}
+	covered := map[string]bool{}
+	alarms := resourcesOfType(out, "AWS::CloudWatch::Alarm")
+	for _, id := range alarms {
+		p := jsonObj(res, id, "Properties")
+		for _, field := range []string{"AlarmActions", "OKActions"} {
+			if acts := jsonList(p[field]); len(acts) != 1 || jsonObj(acts[0])["Ref"] != "AlarmTopic" {
+				t.Errorf("alarm %s %s %v, want the alarm topic", id, field, p[field])
+			}
+		}
+		if p["TreatMissingData"] == nil {
+			t.Errorf("alarm %s does not say what missing data means", id)
+		}
+		for _, m := range alarmMetrics(t, id, p) {
+			key := m.namespace + "/" + m.name
+			switch key {
+			case "AWS/Lambda/Errors", "AWS/Lambda/Throttles", "AWS/Lambda/Invocations":
+				fn, ok := refTo(m.dims["FunctionName"], "AWS::Lambda::Function")
+				if !ok || len(m.dims) != 1 {
+					t.Errorf("alarm %s: %s of %v, not one of the stack's functions", id, key, m.dims)
+				}
+				covered[key+" "+fn] = true
+			case "AWS/ApiGateway/5xx":
+				api, ok := refTo(m.dims["ApiId"], "AWS::ApiGatewayV2::Api")
+				if !ok || len(m.dims) != 1 {
+					t.Errorf("alarm %s: %s of %v, not the stack's HTTP API", id, key, m.dims)
+				}
+				covered[key+" "+api] = true
+			case "AWS/DynamoDB/ReadThrottleEvents", "AWS/DynamoDB/WriteThrottleEvents":
+				table, ok := refTo(m.dims["TableName"], "AWS::DynamoDB::Table")
+				target := table
+				if gsi, set := m.dims["GlobalSecondaryIndexName"]; set {
+					if !containsValue(indexes(table), fmt.Sprint(gsi)) {
+						t.Errorf("alarm %s: %s of an index %v the table %s does not have", id, key, gsi, table)
+					}
+					target += "/" + fmt.Sprint(gsi)
+				}
+				if !ok || len(m.dims) > 2 {
+					t.Errorf("alarm %s: %s of %v, not one of the stack's tables", id, key, m.dims)
+				}
+				covered[key+" "+target] = true
+			case "AWS/SQS/ApproximateNumberOfMessagesVisible":
+				queue := getAtt(m.dims["QueueName"], "QueueName")
+				if jsonObj(res, queue)["Type"] != "AWS::SQS::Queue" || len(m.dims) != 1 {
+					t.Errorf("alarm %s: %s of %v, not one of the stack's queues", id, key, m.dims)
+				}
+				covered[key+" "+queue] = true
+			case "Runfleet/SweepLagSeconds":
+				// The sweep's EMF line has no dimensions (issue 15's agreement):
+				// an alarm with any would watch a metric nobody publishes.
+				if len(m.dims) != 0 || jsonObj(p["Threshold"])["Ref"] != "SweepLagAlarmSeconds" || p["Statistic"] != "Maximum" {
+					t.Errorf("alarm %s: sweep lag with dimensions %v, threshold %v, statistic %v; want none, SweepLagAlarmSeconds, Maximum",
+						id, m.dims, p["Threshold"], p["Statistic"])
+				}
+				covered[key] = true
+			default:
+				t.Errorf("alarm %s reads %s, which no resource of the stack publishes", id, key)
+			}
+		}
+	}
+	var want []string
+	for _, fn := range resourcesOfType(out, "AWS::Lambda::Function") {
+		want = append(want, "AWS/Lambda/Errors "+fn, "AWS/Lambda/Throttles "+fn)
+	}
+	want = append(want, "AWS/Lambda/Invocations SweepFunction", "AWS/ApiGateway/5xx HttpApi", "Runfleet/SweepLagSeconds",
+		"AWS/SQS/ApproximateNumberOfMessagesVisible ScheduleDeadLetterQueue")
+	for _, table := range resourcesOfType(out, "AWS::DynamoDB::Table") {
+		for _, target := range append([]string{table}, indexes(table)...) {
+			if target != table {
+				target = table + "/" + target
+			}
+			want = append(want, "AWS/DynamoDB/ReadThrottleEvents "+target, "AWS/DynamoDB/WriteThrottleEvents "+target)
+		}
+	}
+	for _, w := range want {
+		if !covered[w] {
+			t.Errorf("no alarm watches %s", w)
+		}
+	}
+	if p := jsonObj(res, "AlarmEmailSubscription"); p["Condition"] != "HasAlarmEmail" || jsonObj(p, "Properties")["Protocol"] != "email" {
+		t.Errorf("the alarm email subscription %v: want one only when AlarmEmail is set", p)
+	}
+	if jsonObj(out, "Parameters", "AlarmEmail")["Default"] != "" {
+		t.Error("AlarmEmail must be optional (empty by default)")
 	}
 }
