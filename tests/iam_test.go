@@ -231,6 +231,12 @@ func newIAMStack(t *testing.T) *iamStack {
 		for _, id := range resourcesOfType(tpl, "AWS::IAM::Role") {
 			r.refs[id], r.attrs[id+".Arn"] = id, fmt.Sprintf("arn:aws:iam::%s:role/%s", testAccount, id)
 		}
+		for _, id := range resourcesOfType(tpl, "AWS::SQS::Queue") {
+			name := "runfleet-" + id
+			r.refs[id] = fmt.Sprintf("https://sqs.%s.amazonaws.com/%s/%s", testRegion, testAccount, name)
+			r.attrs[id+".Arn"] = fmt.Sprintf("arn:aws:sqs:%s:%s:%s", testRegion, testAccount, name)
+			r.attrs[id+".QueueName"] = name
+		}
 		for _, id := range resourcesOfType(tpl, "AWS::Logs::LogGroup") {
 			name := "/runfleet/" + id
 			r.refs[id] = name
@@ -420,6 +426,17 @@ func TestEachFunctionsRoleAllowsExactlyTheCallsItMakes(t *testing.T) {
 						t.Errorf("logs statement %+v: want streams and events in %s only", st, logGroup)
 					}
 					continue // the runtime writes logs, not the SDK
+				}
+				if st.Sid == "FailedInvocations" {
+					// Lambda, not the code, sends a failed asynchronous
+					// invocation's record, with the function's role, to
+					// the function's on-failure destination: exactly that.
+					dest := r.mustResolve(t, jsonObj(s.tpl, "Resources", fn+"EventInvokeConfig", "Properties",
+						"DestinationConfig", "OnFailure")["Destination"])
+					if fmt.Sprint(st.Action) != "[sqs:SendMessage]" || fmt.Sprint(st.Resource) != fmt.Sprintf("[%v]", dest) {
+						t.Errorf("failed invocations statement %+v: want sqs:SendMessage on the on-failure destination %v only", st, dest)
+					}
+					continue
 				}
 				if st.Condition != nil {
 					t.Errorf("statement %s has a condition %v with the default parameters", st.Sid, st.Condition)

@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"os/exec"
 	"path/filepath"
+	"regexp"
 	"sort"
 	"strconv"
 	"strings"
@@ -251,7 +252,7 @@ func TestTemplateFunctionEnvironments(t *testing.T) {
 	_, out := templates(t)
 	allowed := []string{config.EnvStore, config.EnvTableHosts, config.EnvTableRuns, config.EnvTableEvents,
 		config.EnvTableCallers, config.EnvTableIdempotency, config.EnvCredentials, config.EnvRetentionDays,
-		config.EnvHostTimeout, config.EnvProbeMaxAge, config.EnvLogLevel, config.EnvAdminTokenSecret,
+		config.EnvHostTimeout, config.EnvProbeMaxAge, config.EnvLogLevel, config.EnvAdminTokenSecret, config.EnvAdminTokenTTL,
 		config.EnvRepoURLs, config.EnvStreamMaxDuration, config.EnvStreamURL, envAWSEndpoint}
 	for fn := range templateFunctions {
 		t.Run(fn, func(t *testing.T) {
@@ -541,5 +542,365 @@ func TestMakeBuildsEveryFunctionForSAM(t *testing.T) {
 				}
 			}
 		})
+	}
+}
+
+// routeCost is what one request of a route costs, which its throttle is
+// sized for (template.yaml, HttpApi RouteSettings). Every api route has
+// one, so a new route forces the choice.
+var routeCost = map[string]string{
+	"GET /healthz":                    "read",
+	"GET /fleet/hosts":                "read",
+	"GET /fleet/runs":                 "read",
+	"GET /fleet/runs/{id}":            "hostCall", // refreshed from the host
+	"POST /fleet/runs":                "hostCall",
+	"POST /fleet/runs/{id}/input":     "hostCall",
+	"POST /fleet/runs/{id}/cancel":    "hostCall",
+	"POST /fleet/runs/{id}/retry":     "hostCall",
+	"GET /fleet/runs/{id}/events":     "longPoll",
+	"POST /fleet/hosts":               "admin",
+	"POST /fleet/hosts/{id}/enable":   "admin",
+	"DELETE /fleet/hosts/{id}":        "admin",
+	"POST /fleet/hosts/{id}/probe":    "admin",
+	"POST /fleet/callers":             "admin",
+	"GET /fleet/callers":              "admin",
+	"DELETE /fleet/callers/{ownerId}": "admin",
+	"POST /fleet/probe":               "fanOut",
+	"GET /metrics":                    "fanOut",
+}
+
+// TestTemplateThrottlesEveryRouteByItsCost: the HTTP API's stage throttles
+// each of the api handler's routes on its own (route keys exactly the
+// handler's), each with parameters for its rate and burst, and with the
+// default parameters a costlier kind of route is held no looser than a
+// cheaper one: fan-out <= admin <= host call <= DynamoDB-only read, and a
+// long-poll <= a read.
+func TestTemplateThrottlesEveryRouteByItsCost(t *testing.T) {
+	raw, out := templates(t)
+	routes := apiRoutes()
+	var costed []string
+	for r := range routeCost {
+		costed = append(costed, r)
+	}
+	sort.Strings(costed)
+	diffRoutes(t, "the test's cost table", costed, routes)
+
+	settings := jsonObj(raw, "Resources", "HttpApi", "Properties", "RouteSettings")
+	if d := jsonObj(raw, "Resources", "HttpApi", "Properties", "DefaultRouteSettings"); d != nil {
+		t.Errorf("DefaultRouteSettings %v: every route has its own throttle, a default one would hide a route without", d)
+	}
+	var keys []string
+	for k := range settings {
+		keys = append(keys, k)
+	}
+	sort.Strings(keys)
+	diffRoutes(t, "HttpApi RouteSettings", keys, routes)
+
+	// As deployed: the $default stage carries them.
+	stages := resourcesOfType(out, "AWS::ApiGatewayV2::Stage")
+	if len(stages) != 1 {
+		t.Fatalf("stages %v", stages)
+	}
+	deployed := jsonObj(out, "Resources", stages[0], "Properties", "RouteSettings")
+	r := newResolver(out, nil)
+	rate := map[string]float64{}
+	for _, route := range routes {
+		s := jsonObj(deployed, route)
+		var limits [2]float64
+		for i, field := range []string{"ThrottlingRateLimit", "ThrottlingBurstLimit"} {
+			param := fmt.Sprint(jsonObj(s[field])["Ref"])
+			if jsonObj(out, "Parameters", param)["Type"] != "Number" {
+				t.Errorf("%s %s is %v, want a Number parameter", route, field, s[field])
+				continue
+			}
+			v, err := strconv.ParseFloat(fmt.Sprint(r.mustResolve(t, s[field])), 64)
+			if err != nil || v < 1 {
+				t.Errorf("%s %s defaults to %v", route, field, r.mustResolve(t, s[field]))
+			}
+			limits[i] = v
+		}
+		if limits[0] > limits[1] {
+			t.Errorf("%s: rate %v above its burst %v", route, limits[0], limits[1])
+		}
+		rate[route] = limits[0]
+	}
+	// The loosest rate of each kind must not exceed the tightest of the kind
+	// that costs less.
+	byCost := map[string][2]float64{} // kind -> min, max rate
+	for route, kind := range routeCost {
+		mm, ok := byCost[kind]
+		if !ok {
+			mm = [2]float64{rate[route], rate[route]}
+		}
+		mm[0], mm[1] = min(mm[0], rate[route]), max(mm[1], rate[route])
+		byCost[kind] = mm
+	}
+	for _, pair := range [][2]string{{"fanOut", "admin"}, {"admin", "hostCall"}, {"hostCall", "read"}, {"longPoll", "read"}} {
+		dear, cheap := byCost[pair[0]], byCost[pair[1]]
+		if dear[1] > cheap[0] {
+			t.Errorf("%s routes may take %v/s, more than %s routes' %v/s: a dearer request is throttled looser than a cheaper one", pair[0], dear[1], pair[1], cheap[0])
+		}
+	}
+	// Admin routes are among the admin or fan-out kinds, whatever the table says.
+	for _, spec := range api.Routes() {
+		if kind := routeCost[spec.Method+" "+spec.Pattern]; spec.Admin && kind != "admin" && kind != "fanOut" {
+			t.Errorf("admin route %s %s is costed as %s", spec.Method, spec.Pattern, kind)
+		}
+	}
+}
+
+// TestTemplateTablesAreDeletionProtected: every table refuses DeleteTable
+// until its protection is turned off, and is retained when the stack is
+// deleted or a change would replace it.
+func TestTemplateTablesAreDeletionProtected(t *testing.T) {
+	_, out := templates(t)
+	tables := resourcesOfType(out, "AWS::DynamoDB::Table")
+	if len(tables) != 5 {
+		t.Fatalf("tables %v", tables)
+	}
+	for _, id := range tables {
+		res := jsonObj(out, "Resources", id)
+		if p := jsonObj(res, "Properties"); p["DeletionProtectionEnabled"] != true {
+			t.Errorf("%s: DeletionProtectionEnabled %v, want true", id, p["DeletionProtectionEnabled"])
+		}
+		if res["DeletionPolicy"] != "Retain" || res["UpdateReplacePolicy"] != "Retain" {
+			t.Errorf("%s: DeletionPolicy %v, UpdateReplacePolicy %v, want Retain", id, res["DeletionPolicy"], res["UpdateReplacePolicy"])
+		}
+	}
+}
+
+// getAtt names the resource of a {"Fn::GetAtt": [id, attr]} and checks the attribute.
+func getAtt(v any, attr string) string {
+	ga := jsonList(jsonObj(v)["Fn::GetAtt"])
+	if len(ga) != 2 || ga[1] != attr {
+		return ""
+	}
+	return fmt.Sprint(ga[0])
+}
+
+// TestTemplateSchedulesHaveADeadLetterQueue: each schedule's failure
+// lands in an encrypted queue, either way it fails: an invocation
+// Scheduler cannot deliver (its DeadLetterConfig, its role allowed to
+// send there) and one the function fails (its on-failure destination);
+// neither is retried, since the next run comes a minute later.
+func TestTemplateSchedulesHaveADeadLetterQueue(t *testing.T) {
+	_, out := templates(t)
+	res := jsonObj(out, "Resources")
+	schedules := resourcesOfType(out, "AWS::Scheduler::Schedule")
+	if len(schedules) != 2 {
+		t.Fatalf("schedules %v", schedules)
+	}
+	for _, id := range schedules {
+		target := jsonObj(res, id, "Properties", "Target")
+		fn := getAtt(target["Arn"], "Arn")
+		queue := getAtt(jsonObj(target, "DeadLetterConfig")["Arn"], "Arn")
+		q := jsonObj(res, queue)
+		if queue == "" || q["Type"] != "AWS::SQS::Queue" {
+			t.Errorf("schedule %s has no dead-letter queue: %v", id, target["DeadLetterConfig"])
+			continue
+		}
+		if p := jsonObj(q, "Properties"); p["SqsManagedSseEnabled"] != true && p["KmsMasterKeyId"] == nil {
+			t.Errorf("queue %s is not encrypted: %v", queue, p)
+		}
+		if rp := jsonObj(target, "RetryPolicy"); fmt.Sprint(rp["MaximumRetryAttempts"]) != "0" || rp["MaximumEventAgeInSeconds"] == nil {
+			t.Errorf("schedule %s retry policy %v: want no retry and a bounded event age", id, rp)
+		}
+		role := getAtt(target["RoleArn"], "Arn")
+		sends := false
+		for _, p := range jsonList(jsonObj(res, role, "Properties")["Policies"]) {
+			for _, st := range jsonList(jsonObj(p, "PolicyDocument")["Statement"]) {
+				s := jsonObj(st)
+				if s["Effect"] == "Allow" && s["Action"] == "sqs:SendMessage" && getAtt(s["Resource"], "Arn") == queue {
+					sends = true
+				}
+			}
+		}
+		if !sends {
+			t.Errorf("schedule %s's role %s may not send to %s", id, role, queue)
+		}
+
+		// The function's own failures: no Lambda retry, the record to the same queue.
+		var eic map[string]any
+		for _, e := range resourcesOfType(out, "AWS::Lambda::EventInvokeConfig") {
+			if p := jsonObj(res, e, "Properties"); jsonObj(p, "FunctionName")["Ref"] == fn {
+				eic = p
+			}
+		}
+		if eic == nil {
+			t.Errorf("%s has no EventInvokeConfig: Lambda would retry a failed run twice and then drop it", fn)
+			continue
+		}
+		if fmt.Sprint(eic["MaximumRetryAttempts"]) != "0" {
+			t.Errorf("%s: MaximumRetryAttempts %v, want 0 (a retry overlaps the next run)", fn, eic["MaximumRetryAttempts"])
+		}
+		if dest := getAtt(jsonObj(eic, "DestinationConfig", "OnFailure")["Destination"], "Arn"); dest != queue {
+			t.Errorf("%s's on-failure destination is %v, want %s", fn, jsonObj(eic, "DestinationConfig"), queue)
+		}
+	}
+}
+
+// alarmMetric is one metric an alarm reads.
+type alarmMetric struct {
+	namespace, name string
+	dims            map[string]any // dimension name -> its value as written
+}
+
+// alarmMetrics lists the metrics of an alarm, whether on one metric or a
+// metric math expression, and checks that the expression names only
+// metrics of the alarm.
+func alarmMetrics(t *testing.T, id string, p map[string]any) []alarmMetric {
+	t.Helper()
+	dims := func(v any) map[string]any {
+		m := map[string]any{}
+		for _, d := range jsonList(v) {
+			m[fmt.Sprint(jsonObj(d)["Name"])] = jsonObj(d)["Value"]
+		}
+		return m
+	}
+	if p["MetricName"] != nil {
+		return []alarmMetric{{fmt.Sprint(p["Namespace"]), fmt.Sprint(p["MetricName"]), dims(p["Dimensions"])}}
+	}
+	var out []alarmMetric
+	ids := map[string]bool{}
+	var exprs []string
+	returned := 0
+	for _, q := range jsonList(p["Metrics"]) {
+		qm := jsonObj(q)
+		if qm["ReturnData"] == true {
+			returned++
+		}
+		if e, ok := qm["Expression"].(string); ok {
+			exprs = append(exprs, e)
+			continue
+		}
+		ids[fmt.Sprint(qm["Id"])] = true
+		m := jsonObj(qm, "MetricStat", "Metric")
+		out = append(out, alarmMetric{fmt.Sprint(m["Namespace"]), fmt.Sprint(m["MetricName"]), dims(m["Dimensions"])})
+	}
+	if returned != 1 || len(exprs) != 1 {
+		t.Errorf("alarm %s: %d expressions, %d returned: want one expression, the one returned", id, len(exprs), returned)
+	}
+	for _, e := range exprs {
+		for _, ref := range regexp.MustCompile(`\b[a-z][A-Za-z0-9_]*\b`).FindAllString(e, -1) {
+			if !ids[ref] {
+				t.Errorf("alarm %s: expression %q names %s, which is none of its metrics", id, e, ref)
+			}
+		}
+		used := 0
+		for mid := range ids {
+			if regexp.MustCompile(`\b` + mid + `\b`).MatchString(e) {
+				used++
+			}
+		}
+		if used != len(ids) {
+			t.Errorf("alarm %s: expression %q leaves out some of its metrics %v", id, e, ids)
+		}
+	}
+	return out
+}
+
+// TestTemplateAlarmsWatchWhatExists: every alarm reads a metric that the
+// stack's resources publish (each dimension naming a resource of the right
+// kind, or an index its table has) or the sweep's lag, and notifies the
+// alarm topic; and every function's errors and throttles, the API's 5xx,
+// every table's and index's throttling, the sweep's lag and the schedules'
+// dead letters have an alarm.
+func TestTemplateAlarmsWatchWhatExists(t *testing.T) {
+	_, out := templates(t)
+	res := jsonObj(out, "Resources")
+	refTo := func(v any, typ string) (string, bool) {
+		id := fmt.Sprint(jsonObj(v)["Ref"])
+		return id, jsonObj(res, id)["Type"] == typ
+	}
+	indexes := func(table string) []string {
+		var names []string
+		for _, g := range jsonList(jsonObj(res, table, "Properties")["GlobalSecondaryIndexes"]) {
+			names = append(names, fmt.Sprint(jsonObj(g)["IndexName"]))
+		}
+		return names
+	}
+	covered := map[string]bool{}
+	alarms := resourcesOfType(out, "AWS::CloudWatch::Alarm")
+	for _, id := range alarms {
+		p := jsonObj(res, id, "Properties")
+		for _, field := range []string{"AlarmActions", "OKActions"} {
+			if acts := jsonList(p[field]); len(acts) != 1 || jsonObj(acts[0])["Ref"] != "AlarmTopic" {
+				t.Errorf("alarm %s %s %v, want the alarm topic", id, field, p[field])
+			}
+		}
+		if p["TreatMissingData"] == nil {
+			t.Errorf("alarm %s does not say what missing data means", id)
+		}
+		for _, m := range alarmMetrics(t, id, p) {
+			key := m.namespace + "/" + m.name
+			switch key {
+			case "AWS/Lambda/Errors", "AWS/Lambda/Throttles", "AWS/Lambda/Invocations":
+				fn, ok := refTo(m.dims["FunctionName"], "AWS::Lambda::Function")
+				if !ok || len(m.dims) != 1 {
+					t.Errorf("alarm %s: %s of %v, not one of the stack's functions", id, key, m.dims)
+				}
+				covered[key+" "+fn] = true
+			case "AWS/ApiGateway/5xx":
+				api, ok := refTo(m.dims["ApiId"], "AWS::ApiGatewayV2::Api")
+				if !ok || len(m.dims) != 1 {
+					t.Errorf("alarm %s: %s of %v, not the stack's HTTP API", id, key, m.dims)
+				}
+				covered[key+" "+api] = true
+			case "AWS/DynamoDB/ReadThrottleEvents", "AWS/DynamoDB/WriteThrottleEvents":
+				table, ok := refTo(m.dims["TableName"], "AWS::DynamoDB::Table")
+				target := table
+				if gsi, set := m.dims["GlobalSecondaryIndexName"]; set {
+					if !containsValue(indexes(table), fmt.Sprint(gsi)) {
+						t.Errorf("alarm %s: %s of an index %v the table %s does not have", id, key, gsi, table)
+					}
+					target += "/" + fmt.Sprint(gsi)
+				}
+				if !ok || len(m.dims) > 2 {
+					t.Errorf("alarm %s: %s of %v, not one of the stack's tables", id, key, m.dims)
+				}
+				covered[key+" "+target] = true
+			case "AWS/SQS/ApproximateNumberOfMessagesVisible":
+				queue := getAtt(m.dims["QueueName"], "QueueName")
+				if jsonObj(res, queue)["Type"] != "AWS::SQS::Queue" || len(m.dims) != 1 {
+					t.Errorf("alarm %s: %s of %v, not one of the stack's queues", id, key, m.dims)
+				}
+				covered[key+" "+queue] = true
+			case "Runfleet/SweepLagSeconds":
+				// The sweep's EMF line has no dimensions (issue 15's agreement):
+				// an alarm with any would watch a metric nobody publishes.
+				if len(m.dims) != 0 || jsonObj(p["Threshold"])["Ref"] != "SweepLagAlarmSeconds" || p["Statistic"] != "Maximum" {
+					t.Errorf("alarm %s: sweep lag with dimensions %v, threshold %v, statistic %v; want none, SweepLagAlarmSeconds, Maximum",
+						id, m.dims, p["Threshold"], p["Statistic"])
+				}
+				covered[key] = true
+			default:
+				t.Errorf("alarm %s reads %s, which no resource of the stack publishes", id, key)
+			}
+		}
+	}
+	var want []string
+	for _, fn := range resourcesOfType(out, "AWS::Lambda::Function") {
+		want = append(want, "AWS/Lambda/Errors "+fn, "AWS/Lambda/Throttles "+fn)
+	}
+	want = append(want, "AWS/Lambda/Invocations SweepFunction", "AWS/ApiGateway/5xx HttpApi", "Runfleet/SweepLagSeconds",
+		"AWS/SQS/ApproximateNumberOfMessagesVisible ScheduleDeadLetterQueue")
+	for _, table := range resourcesOfType(out, "AWS::DynamoDB::Table") {
+		for _, target := range append([]string{table}, indexes(table)...) {
+			if target != table {
+				target = table + "/" + target
+			}
+			want = append(want, "AWS/DynamoDB/ReadThrottleEvents "+target, "AWS/DynamoDB/WriteThrottleEvents "+target)
+		}
+	}
+	for _, w := range want {
+		if !covered[w] {
+			t.Errorf("no alarm watches %s", w)
+		}
+	}
+	if p := jsonObj(res, "AlarmEmailSubscription"); p["Condition"] != "HasAlarmEmail" || jsonObj(p, "Properties")["Protocol"] != "email" {
+		t.Errorf("the alarm email subscription %v: want one only when AlarmEmail is set", p)
+	}
+	if jsonObj(out, "Parameters", "AlarmEmail")["Default"] != "" {
+		t.Error("AlarmEmail must be optional (empty by default)")
 	}
 }

@@ -1,7 +1,8 @@
 // Package auth owns who is calling Fleet: a bearer token becomes a caller
 // (looked up by the token's SHA-256, compared in constant time; the bootstrap
-// admin from RUNFLEET_ADMIN_TOKEN), tokens are minted here, and the scope
-// checks (hosts, projects, run ownership) are answered here.
+// admin from RUNFLEET_ADMIN_TOKEN or its secret, as an AdminTokenSource says
+// it is now), tokens are minted here, and the scope checks (hosts, projects,
+// run ownership) are answered here.
 //
 // A token is never stored, logged or put in an error: only its hash is kept.
 package auth
@@ -57,21 +58,42 @@ type CallerLookup interface {
 	CallerByTokenHash(ctx context.Context, tokenHash string) (store.Caller, error)
 }
 
+// AdminTokenSource says what the bootstrap admin token is now, so that a
+// rotated token stops authenticating in a process that keeps running (a
+// warm Lambda container). Authenticate asks it once per authentication:
+// implementations cache (a TTL bounds how long a rotated token still
+// works), honour ctx and are safe for concurrent use. "" means there is no
+// bootstrap admin. An error is a fault (the token cannot be known), never
+// "no admin"; neither it nor anything logged carries the token.
+type AdminTokenSource interface {
+	AdminToken(ctx context.Context) (string, error)
+}
+
+// StaticAdminToken is an admin token fixed for the life of the process
+// (RUNFLEET_ADMIN_TOKEN: changing it means a new configuration, so new
+// processes). Empty is no bootstrap admin.
+type StaticAdminToken string
+
+// AdminToken returns the token.
+func (s StaticAdminToken) AdminToken(context.Context) (string, error) { return string(s), nil }
+
 // Authenticator turns Authorization headers into callers. It is safe for
 // concurrent use.
 type Authenticator struct {
-	lookup    CallerLookup
-	adminHash []byte
+	lookup CallerLookup
+	admin  AdminTokenSource
 }
 
 // NewAuthenticator authenticates minted callers through lookup, and adminToken
-// (when not empty) as the bootstrap admin.
+// (when not empty) as the bootstrap admin, for the life of the process.
 func NewAuthenticator(lookup CallerLookup, adminToken string) *Authenticator {
-	a := &Authenticator{lookup: lookup}
-	if adminToken != "" {
-		a.adminHash = []byte(HashToken(adminToken))
-	}
-	return a
+	return NewAuthenticatorWithSource(lookup, StaticAdminToken(adminToken))
+}
+
+// NewAuthenticatorWithSource authenticates minted callers through lookup,
+// and as the bootstrap admin whatever token admin says is current.
+func NewAuthenticatorWithSource(lookup CallerLookup, admin AdminTokenSource) *Authenticator {
+	return &Authenticator{lookup: lookup, admin: admin}
 }
 
 // BootstrapAdmin is the caller RUNFLEET_ADMIN_TOKEN authenticates as.
@@ -87,7 +109,10 @@ func BootstrapAdmin() store.Caller {
 // Authenticate reads "Bearer <token>" from the Authorization header value.
 // It returns an error matching ErrUnauthenticated for a missing, malformed
 // or unknown token, its message saying which (never quoting the header);
-// any other error is a fault of the store.
+// any other error is a fault: of the store, or of the admin token's source
+// when the token is no minted caller's (a minted caller still gets in while
+// the admin token cannot be read; an admin gets a fault, not a 401, so a
+// client retries rather than drops a good token).
 func (a *Authenticator) Authenticate(ctx context.Context, authorization string) (store.Caller, error) {
 	if strings.TrimSpace(authorization) == "" {
 		return store.Caller{}, errNoToken
@@ -98,11 +123,15 @@ func (a *Authenticator) Authenticate(ctx context.Context, authorization string) 
 		return store.Caller{}, errMalformedToken
 	}
 	hash := HashToken(token)
-	if a.adminHash != nil && subtle.ConstantTimeCompare([]byte(hash), a.adminHash) == 1 {
+	adminToken, adminErr := a.admin.AdminToken(ctx)
+	if adminErr == nil && adminToken != "" && subtle.ConstantTimeCompare([]byte(hash), []byte(HashToken(adminToken))) == 1 {
 		return BootstrapAdmin(), nil
 	}
 	c, err := a.lookup.CallerByTokenHash(ctx, hash)
 	if errors.Is(err, store.ErrNotFound) {
+		if adminErr != nil {
+			return store.Caller{}, fmt.Errorf("auth: reading the admin token: %w", adminErr)
+		}
 		return store.Caller{}, errUnknownToken
 	}
 	if err != nil {

@@ -145,3 +145,40 @@ func TestScopes(t *testing.T) {
 		}
 	}
 }
+
+// adminTokens is an AdminTokenSource a test sets: the token, or a fault.
+type adminTokens struct {
+	token string
+	err   error
+}
+
+func (s *adminTokens) AdminToken(context.Context) (string, error) { return s.token, s.err }
+
+// TestAdminTokenFromASource: the admin token is whatever the source says
+// at each authentication; while it cannot be known, the admin's token is a
+// fault (not a 401, and never quoted), and a minted caller still gets in.
+func TestAdminTokenFromASource(t *testing.T) {
+	token, hash, _ := MintToken(nil)
+	st := newStore(t, store.Caller{OwnerID: "alice", TokenHash: hash, CreatedAt: time.Now()})
+	src := &adminTokens{token: "admin-token-one-0123456789"}
+	a := NewAuthenticatorWithSource(st, src)
+	ctx := context.Background()
+	if c, err := a.Authenticate(ctx, "Bearer admin-token-one-0123456789"); err != nil || !c.Admin {
+		t.Fatalf("admin: %+v %v", c, err)
+	}
+	src.token = "admin-token-two-0123456789"
+	if _, err := a.Authenticate(ctx, "Bearer admin-token-one-0123456789"); !errors.Is(err, ErrUnauthenticated) {
+		t.Fatalf("the replaced admin token: %v, want ErrUnauthenticated", err)
+	}
+	if c, err := a.Authenticate(ctx, "Bearer admin-token-two-0123456789"); err != nil || !c.Admin {
+		t.Fatalf("the new admin token: %+v %v", c, err)
+	}
+	src.err = errors.New("secrets manager: throttled")
+	_, err := a.Authenticate(ctx, "Bearer admin-token-two-0123456789")
+	if err == nil || errors.Is(err, ErrUnauthenticated) || strings.Contains(err.Error(), "admin-token-two") {
+		t.Fatalf("admin token unknowable: %v, want a fault that does not quote the token", err)
+	}
+	if c, err := a.Authenticate(ctx, "Bearer "+token); err != nil || c.OwnerID != "alice" {
+		t.Fatalf("a minted caller while the admin token is unknowable: %+v %v", c, err)
+	}
+}

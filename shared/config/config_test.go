@@ -23,7 +23,7 @@ func TestFromEnvDefaults(t *testing.T) {
 		t.Fatalf("defaults = %+v", c)
 	}
 	if c.StreamPollInterval != time.Second || c.StreamKeepAlive != 15*time.Second || c.StreamMaxDuration != 14*time.Minute ||
-		c.ProbeInterval != 10*time.Second || c.SweepInterval != 10*time.Second {
+		c.ProbeInterval != 10*time.Second || c.SweepInterval != 10*time.Second || c.AdminTokenTTL != time.Minute {
 		t.Fatalf("stream and timer defaults = %+v", c)
 	}
 	if c.Retention() != 30*24*time.Hour {
@@ -40,6 +40,7 @@ func TestFromEnvReadsEveryName(t *testing.T) {
 		EnvProbeConcurrency: "2", EnvLogLevel: "debug",
 		EnvStreamPollInterval: "250ms", EnvStreamKeepAlive: "5s", EnvStreamMaxDuration: "10m",
 		EnvProbeInterval: "30s", EnvSweepInterval: "1m", EnvStreamURL: "https://s.lambda-url.eu-west-1.on.aws/",
+		EnvAdminTokenTTL: "15s",
 	}))
 	if err != nil {
 		t.Fatal(err)
@@ -52,6 +53,7 @@ func TestFromEnvReadsEveryName(t *testing.T) {
 		ProbeMaxAge: time.Minute, ProbeConcurrency: 2, LogLevel: slog.LevelDebug,
 		StreamPollInterval: 250 * time.Millisecond, StreamKeepAlive: 5 * time.Second, StreamMaxDuration: 10 * time.Minute,
 		ProbeInterval: 30 * time.Second, SweepInterval: time.Minute, StreamURL: "https://s.lambda-url.eu-west-1.on.aws/",
+		AdminTokenTTL: 15 * time.Second,
 	}
 	if c != want {
 		t.Fatalf("got %+v\nwant %+v", c, want)
@@ -81,6 +83,7 @@ func TestFromEnvErrorsNameTheVariable(t *testing.T) {
 		EnvStreamMaxDuration:  "0",
 		EnvProbeInterval:      "10",
 		EnvSweepInterval:      "0s",
+		EnvAdminTokenTTL:      "1",
 		EnvStreamURL:          "s.lambda-url.eu-west-1.on.aws",
 	} {
 		_, err := FromEnv(env(map[string]string{name: value}))

@@ -12,6 +12,8 @@ import (
 	"io"
 	"log/slog"
 	"net/http"
+	"strings"
+	"time"
 
 	"github.com/aws/aws-sdk-go-v2/aws"
 	awsconfig "github.com/aws/aws-sdk-go-v2/config"
@@ -175,23 +177,27 @@ func New(ctx context.Context, cfg config.Fleet, deps Deps) (*App, error) {
 		return nil, err
 	}
 
-	adminToken := ""
+	var admin auth.AdminTokenSource = auth.StaticAdminToken("")
 	if !deps.Scheduled {
-		adminToken = cfg.AdminToken
-		if adminToken == "" && cfg.AdminTokenSecret != "" {
+		admin = auth.StaticAdminToken(cfg.AdminToken)
+		if cfg.AdminToken == "" && cfg.AdminTokenSecret != "" {
 			sm, err := secretsManager()
 			if err != nil {
 				return nil, err
 			}
-			if adminToken, err = readAdminToken(ctx, sm, cfg.AdminTokenSecret); err != nil {
+			secret := newAdminSecret(sm, cfg.AdminTokenSecret, deps.Clock, cfg.AdminTokenTTL)
+			// Read once now, so a missing or short secret fails the cold
+			// start rather than the first admin request.
+			if _, err := secret.AdminToken(ctx); err != nil {
 				return nil, err
 			}
+			admin = secret
 		}
-		if adminToken == "" {
+		if cfg.AdminToken == "" && cfg.AdminTokenSecret == "" {
 			deps.Logger.Warn("no admin token: set RUNFLEET_ADMIN_TOKEN or RUNFLEET_ADMIN_TOKEN_SECRET to administer Fleet")
 		}
 	}
-	app.AdminConfigured = adminToken != ""
+	app.AdminConfigured = !deps.Scheduled && (cfg.AdminToken != "" || cfg.AdminTokenSecret != "")
 
 	repos, err := fleet.LoadRepoURLs(cfg.RepoURLsPath())
 	if err != nil {
@@ -206,7 +212,7 @@ func New(ctx context.Context, cfg config.Fleet, deps Deps) (*App, error) {
 	if err != nil {
 		return nil, err
 	}
-	authn := auth.NewAuthenticator(app.Store, adminToken)
+	authn := auth.NewAuthenticatorWithSource(app.Store, admin)
 	app.API, err = api.New(api.Config{Fleet: app.Fleet, Auth: authn, Logger: deps.Logger, Clock: deps.Clock, StreamURL: cfg.StreamURL})
 	if err != nil {
 		return nil, err
@@ -273,15 +279,35 @@ func (a *App) HTTPHandler(log *slog.Logger, clk clock.Clock) (http.Handler, erro
 	}), nil
 }
 
-// readAdminToken reads the admin token's SecretString.
-func readAdminToken(ctx context.Context, sm credentials.SecretsManagerAPI, id string) (string, error) {
-	out, err := sm.GetSecretValue(ctx, &secretsmanager.GetSecretValueInput{SecretId: aws.String(id)})
+// adminSecret is the admin token kept in Secrets Manager, read through the
+// credentials package's Secrets Manager source: its cache is the TTL after
+// which a warm process re-reads the secret, so a rotated token stops
+// working within it. A read that fails (the secret gone, Secrets Manager
+// unreachable) is not answered with the old value: the admin is refused
+// (as a fault) until a read succeeds.
+type adminSecret struct {
+	src credentials.Source
+	id  string
+	ref string
+}
+
+// newAdminSecret reads the secret id (a name or an ARN) through a source of
+// its own, with ttl. The source takes a prefix and a ref: the id is split
+// after its last ':' (an ARN's "...:secret:" is the prefix) so the ref has
+// a ref's shape.
+func newAdminSecret(sm credentials.SecretsManagerAPI, id string, clk clock.Clock, ttl time.Duration) adminSecret {
+	cut := strings.LastIndex(id, ":") + 1
+	return adminSecret{src: credentials.NewSecretsManager(sm, id[:cut], clk, ttl), id: id, ref: id[cut:]}
+}
+
+// AdminToken returns the secret's SecretString as it stood at most ttl ago.
+func (a adminSecret) AdminToken(ctx context.Context) (string, error) {
+	tok, err := a.src.Secret(ctx, a.ref)
 	if err != nil {
-		return "", fmt.Errorf("fleetapp: reading the admin token secret %s: %w", id, err)
+		return "", fmt.Errorf("fleetapp: reading the admin token secret %s: %w", a.id, err)
 	}
-	tok := aws.ToString(out.SecretString)
 	if len(tok) < config.MinAdminTokenLength {
-		return "", fmt.Errorf("fleetapp: the admin token secret %s holds fewer than %d characters", id, config.MinAdminTokenLength)
+		return "", fmt.Errorf("fleetapp: the admin token secret %s holds fewer than %d characters", a.id, config.MinAdminTokenLength)
 	}
 	return tok, nil
 }

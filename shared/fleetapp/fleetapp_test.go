@@ -10,15 +10,18 @@ import (
 	"path/filepath"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/aws/aws-lambda-go/events"
 	"github.com/aws/aws-sdk-go-v2/aws"
 	"github.com/aws/aws-sdk-go-v2/service/secretsmanager"
 
+	"github.com/runfleet/runfleet/shared/clock"
 	"github.com/runfleet/runfleet/shared/config"
 	"github.com/runfleet/runfleet/shared/motoserver"
 	"github.com/runfleet/runfleet/shared/store/boltstore"
 	"github.com/runfleet/runfleet/shared/store/dynamostore"
+	"github.com/runfleet/runfleet/shared/syncbuf"
 )
 
 var moto *motoserver.Server
@@ -190,4 +193,97 @@ func TestStartFunctionNamesTheFunctionInItsErrors(t *testing.T) {
 	if err == nil || !strings.HasPrefix(err.Error(), "sweep: configuration:") || !strings.Contains(err.Error(), config.EnvRetentionDays) {
 		t.Fatalf("err = %v", err)
 	}
+}
+
+// TestRotatedAdminTokenStopsWorkingWithinTheTTL is issue 15's rotation: a
+// warm api re-reads the admin token's secret once RUNFLEET_ADMIN_TOKEN_TTL
+// has passed, so the old token works until then and not after, and the new
+// one works from then on. While the secret cannot be read the admin gets a
+// fault (500), a minted caller still gets in, and no token is logged.
+func TestRotatedAdminTokenStopsWorkingWithinTheTTL(t *testing.T) {
+	ctx := context.Background()
+	sm := secretsmanager.NewFromConfig(moto.AWSConfig())
+	secret := motoserver.Unique("rotation") + "/admin-token"
+	const oldTok, newTok = "admin-token-before-rotation", "admin-token-after-the-rotation"
+	if _, err := sm.CreateSecret(ctx, &secretsmanager.CreateSecretInput{Name: aws.String(secret), SecretString: aws.String(oldTok)}); err != nil {
+		t.Fatal(err)
+	}
+	// The secret is named by its ARN here, as an operator may: the TTL
+	// cache must take it as well as a name.
+	desc, err := sm.DescribeSecret(ctx, &secretsmanager.DescribeSecretInput{SecretId: aws.String(secret)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	names := dynamostore.Prefixed(motoserver.Unique("rotation") + "-")
+	cfg := fromEnv(t, map[string]string{
+		config.EnvAdminTokenSecret: aws.ToString(desc.ARN), config.EnvAdminTokenTTL: "60s",
+		config.EnvDynamoDBEndpoint: moto.URL,
+		config.EnvTableHosts:       names.Hosts, config.EnvTableRuns: names.Runs, config.EnvTableEvents: names.Events,
+		config.EnvTableCallers: names.Callers, config.EnvTableIdempotency: names.Idempotency,
+	})
+	clk := clock.NewFake(time.Date(2026, 12, 1, 12, 0, 0, 0, time.UTC))
+	var logs syncbuf.Buffer
+	app, err := New(ctx, cfg, Deps{
+		Logger: NewLogger(&logs, slog.LevelDebug), Clock: clk, DefaultStore: config.StoreDynamoDB, CreateTables: true,
+		LoadAWS: func(context.Context) (aws.Config, error) { return moto.AWSConfig(), nil },
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer app.Close()
+	status := func(tok string) int { return get(t, app, "/fleet/callers", tok).StatusCode }
+	if got := status(oldTok); got != 200 {
+		t.Fatalf("the admin token before rotation: %d", got)
+	}
+	minted := post(t, app, "/fleet/callers", oldTok, `{"ownerId":"ci","allowedHosts":"*","allowedProjects":"*"}`)
+	callerTok, _ := minted["token"].(string)
+
+	// Rotated in Secrets Manager; the warm api keeps the value it read
+	// (at the start, 12:00:00) until the TTL has passed.
+	if _, err := sm.PutSecretValue(ctx, &secretsmanager.PutSecretValueInput{SecretId: aws.String(secret), SecretString: aws.String(newTok)}); err != nil {
+		t.Fatal(err)
+	}
+	clk.Advance(59 * time.Second)
+	if got, gotNew := status(oldTok), status(newTok); got != 200 || gotNew != 401 {
+		t.Fatalf("59 s after the read: old token %d, new token %d; want 200 and 401 (the cached value)", got, gotNew)
+	}
+	clk.Advance(time.Second)
+	if got := status(oldTok); got != 401 {
+		t.Fatalf("at the TTL the old token answers %d, want 401", got)
+	}
+	if got := status(newTok); got != 200 {
+		t.Fatalf("at the TTL the new token answers %d, want 200", got)
+	}
+
+	// The secret gone: once the cached value expires, the admin is refused
+	// as a fault (a client retries), a minted caller is not affected.
+	if _, err := sm.DeleteSecret(ctx, &secretsmanager.DeleteSecretInput{SecretId: aws.String(secret), ForceDeleteWithoutRecovery: aws.Bool(true)}); err != nil {
+		t.Fatal(err)
+	}
+	clk.Advance(time.Minute)
+	if got := status(newTok); got != 500 {
+		t.Fatalf("with the secret unreadable the admin token answers %d, want 500", got)
+	}
+	if got := get(t, app, "/fleet/runs", callerTok).StatusCode; got != 200 {
+		t.Fatalf("with the admin secret unreadable a minted caller answers %d, want 200", got)
+	}
+	for _, tok := range []string{oldTok, newTok, callerTok} {
+		if tok == "" || strings.Contains(logs.String(), tok) {
+			t.Fatalf("a token (%q) reached the logs:\n%s", tok, logs.String())
+		}
+	}
+}
+
+func post(t *testing.T, app *App, path, token, body string) map[string]any {
+	t.Helper()
+	ev := events.APIGatewayV2HTTPRequest{RawPath: path, Body: body,
+		Headers: map[string]string{"authorization": "Bearer " + token, "content-type": "application/json"}}
+	ev.RequestContext.HTTP.Method = http.MethodPost
+	resp, err := app.API.Handle(context.Background(), ev)
+	if err != nil || resp.StatusCode != 201 {
+		t.Fatalf("POST %s: %d %s %v", path, resp.StatusCode, resp.Body, err)
+	}
+	var m map[string]any
+	json.Unmarshal([]byte(resp.Body), &m)
+	return m
 }
