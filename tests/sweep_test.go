@@ -660,7 +660,7 @@ type coverage struct {
 // check fails unless every run was synced within bound sweeps of the start
 // (or of its creation, plus one for a run created behind the cursor), and
 // again within bound sweeps of each sync, to the last sweep.
-func (c coverage) check(t testing.TB, ids []string) {
+func (c coverage) check(t testing.TB, ids []string) int {
 	t.Helper()
 	worst, worstID := 0, ""
 	for _, id := range ids {
@@ -684,31 +684,53 @@ func (c coverage) check(t testing.TB, ids []string) {
 		}
 	}
 	t.Logf("%d runs over %d sweeps: the longest gap between syncs is %d sweeps (run %s), the bound %d", len(ids), c.sweeps, worst, worstID, c.bound)
+	return worst
 }
 
 // TestASweepReachesEveryLiveRunWithinNSweeps: 2,000 live runs, a budget of
-// 300 runs per sweep: N = ceil(2000/300) = 7. Over 2N+1 sweeps every run is
-// synced within N sweeps of the start and of its previous sync, runs
-// created behind the cursor midway within N+1, each sweep continues where
-// the last stopped (no run synced twice in a sweep), the lag each sweep
-// reports bounds the true age of the oldest unsynced run once the first
-// lap is over, and a steady sweep costs no more read units per run than
-// the sweep of today (0.575 RCU, BenchmarkSweepCost).
+// 300 runs per sweep: N = ceil(2000/300) = 7 (sweepReach). The 20,000-run
+// proof is BenchmarkSweepReach.
 func TestASweepReachesEveryLiveRunWithinNSweeps(t *testing.T) {
-	const live, perSweep, bound = 2000, 300, 7
+	r := sweepReach(t, 2000, 300)
+	t.Logf("%d sweeps of %d runs each in %s: %.3f RCU, %.3f WCU per run synced", r.sweeps, r.perSweep, r.took.Round(time.Millisecond), r.rcu, r.wcu)
+}
+
+// reach is what sweepReach measured.
+type reach struct {
+	sweeps, perSweep, bound, worstGap int
+	rcu, wcu                          float64 // per run synced
+	maxLag, maxTruth                  float64 // seconds, after the first lap
+	took                              time.Duration
+}
+
+// sweepReach proves the sweep's bound on live runs with a budget of
+// perSweep runs per sweep: N = ceil(live/perSweep), live counting the runs
+// created midway (the bound is in the most live runs at once). Over 2N+1 sweeps, a
+// minute apart on the stack's clock, every run is synced within N sweeps
+// of the start and of its previous sync, runs created behind the cursor
+// midway within N+1; each sweep continues where the last stopped (no run
+// synced twice in a sweep); the lag each sweep reports bounds the true age
+// of the oldest sync once the first lap is over; and a steady sweep costs
+// no more read units per run than the sweep of today (0.575 RCU,
+// BenchmarkSweepCost).
+func sweepReach(t testing.TB, live, perSweep int) reach {
+	t.Helper()
+	const late = 5 // of the live runs, created behind the cursor midway
+	bound := (live + perSweep - 1) / perSweep
 	meter := &dynamostore.Meter{}
-	s, h, ids := liveFleet(t, live, meter)
+	s, h, ids := liveFleet(t, live-late, meter)
 	c := coverage{bound: bound, created: map[string]int{}}
+	r := reach{sweeps: 2*bound + 1, perSweep: perSweep, bound: bound}
 	var behind []string
 	begun := time.Now()
-	var rcu float64
+	var rcu, wcu float64
 	var syncedRuns int
-	for n := 1; n <= 2*bound+1; n++ {
-		if n == 4 {
-			// Behind the cursor (sweeps 1-3 reached fr-live-00899): ids
-			// that sort among the ones already synced this lap.
-			for i := range 5 {
-				behind = append(behind, fmt.Sprintf("fr-live-%05d-late", 100*i+50))
+	for n := 1; n <= r.sweeps; n++ {
+		if n == bound/2+1 {
+			// Behind the cursor (the first bound/2 sweeps reached past
+			// them): ids that sort among the ones this lap synced.
+			for i := range late {
+				behind = append(behind, fmt.Sprintf("%s-late", ids[i*perSweep*(bound/2)/late]))
 			}
 			copyRuns(t, s, ids[0], behind, func(item map[string]types.AttributeValue, id string) {
 				item["childRunId"] = &types.AttributeValueMemberS{Value: id}
@@ -726,6 +748,7 @@ func TestASweepReachesEveryLiveRunWithinNSweeps(t *testing.T) {
 		}
 		u := meter.Snapshot()
 		rcu += u.TotalRCU()
+		wcu += u.TotalWCU()
 		syncedRuns += rep.Current
 		if u.Calls["Scan"] != 0 || u.WCU["runs"] != 0 {
 			t.Fatalf("sweep %d: %s", n, u)
@@ -749,12 +772,11 @@ func TestASweepReachesEveryLiveRunWithinNSweeps(t *testing.T) {
 			if rep.LagSeconds < truth {
 				t.Fatalf("sweep %d: lag %.0f s, but a run was last synced %.0f s ago", n, rep.LagSeconds, truth)
 			}
-			t.Logf("sweep %d: lap %d at %s, lag %.0f s (truth %.0f s)", n, rep.Lap, rep.Cursor, rep.LagSeconds, truth)
+			r.maxLag, r.maxTruth = max(r.maxLag, rep.LagSeconds), max(r.maxTruth, truth)
 		}
 	}
-	c.sweeps = 2*bound + 1
 	h.mu.Lock()
-	c.synced = h.synced
+	c.sweeps, c.synced = r.sweeps, h.synced
 	for id, at := range h.synced {
 		for i := 1; i < len(at); i++ {
 			if at[i] == at[i-1] {
@@ -763,10 +785,11 @@ func TestASweepReachesEveryLiveRunWithinNSweeps(t *testing.T) {
 		}
 	}
 	h.mu.Unlock()
-	c.check(t, append(append([]string(nil), ids...), behind...))
-	perRun := rcu / float64(syncedRuns)
-	t.Logf("%d sweeps of %d runs each in %s: %.3f RCU per run synced", c.sweeps, perSweep, time.Since(begun).Round(time.Millisecond), perRun)
-	if perRun > 0.575 {
-		t.Fatalf("%.3f RCU per run synced, over today's 0.575", perRun)
+	r.worstGap = c.check(t, append(append([]string(nil), ids...), behind...))
+	r.took = time.Since(begun)
+	r.rcu, r.wcu = rcu/float64(syncedRuns), wcu/float64(syncedRuns)
+	if r.rcu > 0.575 {
+		t.Fatalf("%.3f RCU per run synced, over today's 0.575", r.rcu)
 	}
+	return r
 }

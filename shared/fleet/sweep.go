@@ -15,6 +15,11 @@ import (
 // DefaultSweepConcurrency bounds the runs a sweep syncs at once.
 const DefaultSweepConcurrency = 8
 
+// DefaultSweepPageSize is the sweep's page of the live index: the largest,
+// since a Query is priced by bytes, not calls, and every page costs a save
+// of the cursor.
+const DefaultSweepPageSize = store.MaxLimit
+
 // Sweep lease: how long past its budget a sweep holds the cursor. Its host
 // work ends by Until + HostTimeout (SweepOptions.Until); SweepLeaseMargin
 // more covers its last writes. A sweep that dies keeps the others off the
@@ -50,7 +55,7 @@ type SweepOptions struct {
 	// does not depend on how fast the machine is.)
 	MaxRuns int
 	// PageSize is how many ids one read of the live index returns; zero is
-	// store.DefaultLimit.
+	// DefaultSweepPageSize.
 	PageSize int
 	// Concurrency bounds the runs synced at once; zero is
 	// DefaultSweepConcurrency.
@@ -153,6 +158,9 @@ func SweepLag(c store.SweepCursor, now time.Time) time.Duration {
 func (f *Fleet) Sweep(ctx context.Context, opts SweepOptions) (SweepReport, error) {
 	if opts.Concurrency <= 0 {
 		opts.Concurrency = DefaultSweepConcurrency
+	}
+	if opts.PageSize <= 0 {
+		opts.PageSize = DefaultSweepPageSize
 	}
 	var rep SweepReport
 	holder, err := f.sweepHolder()
