@@ -55,6 +55,23 @@ func BenchmarkSweepCost(b *testing.B) {
 	}
 }
 
+// BenchmarkSweepReach proves the sweep's reach at 20,000 live runs on
+// moto, with a budget of 2,000 runs per sweep: every run synced within
+// N = 10 sweeps of the start and of its previous sync (N+1 for runs created
+// behind the cursor), over 2N+1 sweeps (sweepReach), and what a steady
+// sweep costs per run synced. One proof per call, whatever b.N.
+func BenchmarkSweepReach(b *testing.B) {
+	const live, perSweep = 20000, 2000
+	r := sweepReach(b, live, perSweep)
+	b.ReportMetric(float64(r.bound), "N")
+	b.ReportMetric(float64(r.worstGap), "worstgap-sweeps")
+	b.ReportMetric(r.rcu, "RCU/runsynced")
+	b.ReportMetric(r.wcu, "WCU/runsynced")
+	b.ReportMetric(r.maxLag, "maxlag-s")
+	b.ReportMetric(r.maxTruth, "maxtrueage-s")
+	b.ReportMetric(r.took.Seconds(), "s-for-2N+1-sweeps")
+}
+
 func benchSweep(b *testing.B, total, liveRuns int, active bool) sweepCost {
 	meter := &dynamostore.Meter{}
 	s := newStack(b, "dynamodb", stackOptions{meter: meter})

@@ -8,6 +8,8 @@ import (
 	"io"
 	"log/slog"
 	"net/http"
+	"net/http/httptest"
+	"strconv"
 	"strings"
 	"sync"
 	"testing"
@@ -18,6 +20,7 @@ import (
 	"github.com/aws/aws-sdk-go-v2/service/dynamodb"
 	"github.com/aws/aws-sdk-go-v2/service/dynamodb/types"
 
+	"github.com/runfleet/runfleet/shared/clock"
 	"github.com/runfleet/runfleet/shared/fakehost"
 	"github.com/runfleet/runfleet/shared/fleet"
 	"github.com/runfleet/runfleet/shared/hostproto"
@@ -424,8 +427,10 @@ func TestASweepReadsOnlyTheLiveRuns(t *testing.T) {
 	}
 	// 50 eventually consistent reads of ~0.4 KB runs (0.5 each), one page of
 	// the live index, one host read: no scan of the runs table, nothing
-	// that grows with the 9,950 ended runs.
-	if u.Calls["Scan"] != 0 || u.RCU["runs"] > liveRuns*0.5 || u.RCU["runs/live"] > 1 || u.TotalWCU() != 0 {
+	// that grows with the 9,950 ended runs. The only writes are the
+	// cursor's: its claim and its release (1 WCU each).
+	if u.Calls["Scan"] != 0 || u.RCU["runs"] > liveRuns*0.5 || u.RCU["runs/live"] > 1 ||
+		u.TotalWCU() != 2 || u.WCU["idempotency"] != 2 || u.RCU["idempotency"] != 0 {
 		t.Fatalf("sweep capacity: %s", u)
 	}
 	var n int
@@ -506,4 +511,287 @@ func TestARetriedRunsEarlyEventsLastAsLongAsIt(t *testing.T) {
 			s.must(t, http.StatusNotFound, "GET", "/fleet/runs/"+id, alice, "")
 		})
 	}
+}
+
+// syncHost is a runner host this file controls: it knows every run Fleet
+// asks about (running, no events), checks Fleet's credential, and records
+// at which sweep (and when, on the stack's clock) each run was asked for
+// its state: a run synced. Seeded runs need no start on it.
+type syncHost struct {
+	srv *httptest.Server
+	clk *clock.Fake
+
+	mu     sync.Mutex
+	sweep  int
+	synced map[string][]int // run id -> the sweeps that synced it
+	last   map[string]time.Time
+	calls  int
+}
+
+func newSyncHost(t testing.TB, s *stack, id string) *syncHost {
+	t.Helper()
+	h := &syncHost{clk: s.clk, synced: map[string][]int{}, last: map[string]time.Time{}}
+	mux := http.NewServeMux()
+	authorized := func(w http.ResponseWriter, r *http.Request) bool {
+		if r.Header.Get("Authorization") != "Bearer "+hostToken {
+			w.WriteHeader(http.StatusUnauthorized)
+			return false
+		}
+		h.mu.Lock()
+		h.calls++
+		h.mu.Unlock()
+		return true
+	}
+	mux.HandleFunc("GET /runs/{id}", func(w http.ResponseWriter, r *http.Request) {
+		if !authorized(w, r) {
+			return
+		}
+		id := r.PathValue("id")
+		h.mu.Lock()
+		h.synced[id] = append(h.synced[id], h.sweep)
+		h.last[id] = h.clk.Now()
+		h.mu.Unlock()
+		writeJSONAnswer(w, hostproto.Run{RunID: id, ClientToken: "ct-" + id, Status: hostproto.StatusRunning, Attempt: 1})
+	})
+	mux.HandleFunc("GET /runs/{id}/events", func(w http.ResponseWriter, r *http.Request) {
+		if !authorized(w, r) {
+			return
+		}
+		after, _ := strconv.ParseInt(r.URL.Query().Get("after"), 10, 64)
+		writeJSONAnswer(w, hostproto.EventPage{Events: []hostproto.Event{}, NextCursor: after})
+	})
+	h.srv = httptest.NewServer(mux)
+	t.Cleanup(h.srv.Close)
+	b, _ := json.Marshal(map[string]any{"id": id, "baseUrl": h.srv.URL, "credentialRef": hostCredRef})
+	s.must(t, http.StatusCreated, "POST", "/fleet/hosts", adminToken, string(b))
+	return h
+}
+
+func writeJSONAnswer(w http.ResponseWriter, v any) {
+	w.Header().Set("Content-Type", "application/json")
+	_ = json.NewEncoder(w).Encode(v)
+}
+
+// begin marks the sweeps that follow as sweep n.
+func (h *syncHost) begin(n int) {
+	h.mu.Lock()
+	h.sweep = n
+	h.mu.Unlock()
+}
+
+// liveFleet is a stack with n live runs on a syncHost: one created through
+// the store, n-1 copies of it written straight into the runs table (ids
+// fr-live-00000...), none synced yet.
+func liveFleet(t testing.TB, n int, meter *dynamostore.Meter) (*stack, *syncHost, []string) {
+	t.Helper()
+	s := newStack(t, "dynamodb", stackOptions{meter: meter})
+	h := newSyncHost(t, s, "sh")
+	now := s.clk.Now()
+	template := store.Run{FleetRunID: "fr-live-00000", OwnerID: "alice", HostID: "sh", ChildRunID: "fr-live-00000",
+		Status: hostproto.StatusRunning, Agent: "shell", Attempt: 1, CreatedAt: now, UpdatedAt: now, Deadline: now.Add(30 * time.Second)}
+	if err := s.app.Store.CreateRun(context.Background(), template); err != nil {
+		t.Fatal(err)
+	}
+	ids := make([]string, n-1)
+	for i := range ids {
+		ids[i] = fmt.Sprintf("fr-live-%05d", i+1)
+	}
+	begun := time.Now()
+	copyRuns(t, s, template.FleetRunID, ids, func(item map[string]types.AttributeValue, id string) {
+		item["childRunId"] = &types.AttributeValueMemberS{Value: id}
+	})
+	t.Logf("seeded %d live runs in %s", n-1, time.Since(begun).Round(time.Millisecond))
+	return s, h, append([]string{template.FleetRunID}, ids...)
+}
+
+// copyRuns writes a copy of the template run's item under each id, 25 to a
+// BatchWriteItem, edit adjusting each copy.
+func copyRuns(t testing.TB, s *stack, template string, ids []string, edit func(item map[string]types.AttributeValue, id string)) {
+	t.Helper()
+	db := moto.DynamoDB()
+	ctx := context.Background()
+	table := s.app.Config.Tables.Runs
+	out, err := db.GetItem(ctx, &dynamodb.GetItemInput{TableName: aws.String(table),
+		Key: map[string]types.AttributeValue{"fleetRunId": &types.AttributeValueMemberS{Value: template}}, ConsistentRead: aws.Bool(true)})
+	if err != nil || out.Item == nil {
+		t.Fatalf("reading the template run: %v", err)
+	}
+	created := out.Item["createdAt"].(*types.AttributeValueMemberS).Value
+	prefix := strings.TrimSuffix(created, template)
+	var batch []types.WriteRequest
+	flush := func() {
+		pending := map[string][]types.WriteRequest{table: batch}
+		for len(pending[table]) > 0 {
+			res, err := db.BatchWriteItem(ctx, &dynamodb.BatchWriteItemInput{RequestItems: pending})
+			if err != nil {
+				t.Fatalf("seeding: %v", err)
+			}
+			pending = res.UnprocessedItems
+		}
+		batch = batch[:0]
+	}
+	for _, id := range ids {
+		item := make(map[string]types.AttributeValue, len(out.Item))
+		for k, v := range out.Item {
+			item[k] = v
+		}
+		item["fleetRunId"] = &types.AttributeValueMemberS{Value: id}
+		item["createdAt"] = &types.AttributeValueMemberS{Value: prefix + id}
+		if edit != nil {
+			edit(item, id)
+		}
+		batch = append(batch, types.WriteRequest{PutRequest: &types.PutRequest{Item: item}})
+		if len(batch) == 25 {
+			flush()
+		}
+	}
+	if len(batch) > 0 {
+		flush()
+	}
+}
+
+// coverage is what a series of sweeps did to every run: the sweeps that
+// synced it, checked against the bound.
+type coverage struct {
+	sweeps  int
+	bound   int // N: no run goes more than N sweeps without a sync
+	created map[string]int
+	synced  map[string][]int
+}
+
+// check fails unless every run was synced within bound sweeps of the start
+// (or of its creation, plus one for a run created behind the cursor), and
+// again within bound sweeps of each sync, to the last sweep.
+func (c coverage) check(t testing.TB, ids []string) int {
+	t.Helper()
+	worst, worstID := 0, ""
+	for _, id := range ids {
+		prev, bound := c.created[id], c.bound
+		if prev > 0 {
+			bound++ // created after sweep prev, maybe behind the cursor
+		}
+		for _, at := range append(append([]int(nil), c.synced[id]...), c.sweeps+1) {
+			gap := at - prev
+			if at == c.sweeps+1 && gap <= bound {
+				break // not due yet
+			}
+			if gap > bound {
+				t.Fatalf("run %s: synced at sweeps %v (created after sweep %d): a gap of %d sweeps, over the bound %d",
+					id, c.synced[id], c.created[id], gap, bound)
+			}
+			if gap > worst {
+				worst, worstID = gap, id
+			}
+			prev = at
+		}
+	}
+	t.Logf("%d runs over %d sweeps: the longest gap between syncs is %d sweeps (run %s), the bound %d", len(ids), c.sweeps, worst, worstID, c.bound)
+	return worst
+}
+
+// TestASweepReachesEveryLiveRunWithinNSweeps: 2,000 live runs, a budget of
+// 300 runs per sweep: N = ceil(2000/300) = 7 (sweepReach). The 20,000-run
+// proof is BenchmarkSweepReach.
+func TestASweepReachesEveryLiveRunWithinNSweeps(t *testing.T) {
+	r := sweepReach(t, 2000, 300)
+	t.Logf("%d sweeps of %d runs each in %s: %.3f RCU, %.3f WCU per run synced", r.sweeps, r.perSweep, r.took.Round(time.Millisecond), r.rcu, r.wcu)
+}
+
+// reach is what sweepReach measured.
+type reach struct {
+	sweeps, perSweep, bound, worstGap int
+	rcu, wcu                          float64 // per run synced
+	maxLag, maxTruth                  float64 // seconds, after the first lap
+	took                              time.Duration
+}
+
+// sweepReach proves the sweep's bound on live runs with a budget of
+// perSweep runs per sweep: N = ceil(live/perSweep), live counting the runs
+// created midway (the bound is in the most live runs at once). Over 2N+1 sweeps, a
+// minute apart on the stack's clock, every run is synced within N sweeps
+// of the start and of its previous sync, runs created behind the cursor
+// midway within N+1; each sweep continues where the last stopped (no run
+// synced twice in a sweep); the lag each sweep reports bounds the true age
+// of the oldest sync once the first lap is over; and a steady sweep costs
+// no more read units per run than the sweep of today (0.575 RCU,
+// BenchmarkSweepCost).
+func sweepReach(t testing.TB, live, perSweep int) reach {
+	t.Helper()
+	const late = 5 // of the live runs, created behind the cursor midway
+	bound := (live + perSweep - 1) / perSweep
+	meter := &dynamostore.Meter{}
+	s, h, ids := liveFleet(t, live-late, meter)
+	c := coverage{bound: bound, created: map[string]int{}}
+	r := reach{sweeps: 2*bound + 1, perSweep: perSweep, bound: bound}
+	var behind []string
+	begun := time.Now()
+	var rcu, wcu float64
+	var syncedRuns int
+	for n := 1; n <= r.sweeps; n++ {
+		if n == bound/2+1 {
+			// Behind the cursor (the first bound/2 sweeps reached past
+			// them): ids that sort among the ones this lap synced.
+			for i := range late {
+				behind = append(behind, fmt.Sprintf("%s-late", ids[i*perSweep*(bound/2)/late]))
+			}
+			copyRuns(t, s, ids[0], behind, func(item map[string]types.AttributeValue, id string) {
+				item["childRunId"] = &types.AttributeValueMemberS{Value: id}
+			})
+			for _, id := range behind {
+				c.created[id] = n - 1
+			}
+		}
+		s.clk.Advance(time.Minute)
+		h.begin(n)
+		meter.Reset()
+		rep, err := s.app.Fleet.Sweep(context.Background(), fleet.SweepOptions{MaxRuns: perSweep})
+		if err != nil || rep.Busy || rep.LeaseLost || rep.Current != perSweep || rep.Live != perSweep {
+			t.Fatalf("sweep %d = %+v, %v", n, rep, err)
+		}
+		u := meter.Snapshot()
+		rcu += u.TotalRCU()
+		wcu += u.TotalWCU()
+		syncedRuns += rep.Current
+		if u.Calls["Scan"] != 0 || u.WCU["runs"] != 0 {
+			t.Fatalf("sweep %d: %s", n, u)
+		}
+		// The lag bounds the truth: the oldest last sync among the runs,
+		// once every run has been synced (after the first lap).
+		if rep.Lap > 1 {
+			h.mu.Lock()
+			oldest := s.clk.Now()
+			for _, id := range append(append([]string(nil), ids...), behind...) {
+				at, ok := h.last[id]
+				if !ok {
+					at = s.clk.Now().Add(-time.Duration(n-c.created[id]) * time.Minute) // created since, never synced
+				}
+				if at.Before(oldest) {
+					oldest = at
+				}
+			}
+			h.mu.Unlock()
+			truth := s.clk.Now().Sub(oldest).Seconds()
+			if rep.LagSeconds < truth {
+				t.Fatalf("sweep %d: lag %.0f s, but a run was last synced %.0f s ago", n, rep.LagSeconds, truth)
+			}
+			r.maxLag, r.maxTruth = max(r.maxLag, rep.LagSeconds), max(r.maxTruth, truth)
+		}
+	}
+	h.mu.Lock()
+	c.sweeps, c.synced = r.sweeps, h.synced
+	for id, at := range h.synced {
+		for i := 1; i < len(at); i++ {
+			if at[i] == at[i-1] {
+				t.Fatalf("run %s synced twice in sweep %d", id, at[i])
+			}
+		}
+	}
+	h.mu.Unlock()
+	r.worstGap = c.check(t, append(append([]string(nil), ids...), behind...))
+	r.took = time.Since(begun)
+	r.rcu, r.wcu = rcu/float64(syncedRuns), wcu/float64(syncedRuns)
+	if r.rcu > 0.575 {
+		t.Fatalf("%.3f RCU per run synced, over today's 0.575", r.rcu)
+	}
+	return r
 }

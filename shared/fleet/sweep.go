@@ -2,8 +2,10 @@ package fleet
 
 import (
 	"context"
+	"encoding/hex"
 	"errors"
 	"fmt"
+	"io"
 	"sync"
 	"time"
 
@@ -12,6 +14,31 @@ import (
 
 // DefaultSweepConcurrency bounds the runs a sweep syncs at once.
 const DefaultSweepConcurrency = 8
+
+// DefaultSweepPageSize is the sweep's page of the live index: the largest,
+// since a Query is priced by bytes, not calls, and every page costs a save
+// of the cursor.
+const DefaultSweepPageSize = store.MaxLimit
+
+// Sweep lease: how long past its budget a sweep holds the cursor. Its host
+// work ends by Until + HostTimeout (SweepOptions.Until); SweepLeaseMargin
+// more covers its last writes. A sweep that dies keeps the others off the
+// cursor until then, no longer. Without a budget the lease runs to ctx's
+// deadline, or DefaultSweepLease without one.
+const (
+	SweepLeaseMargin  = 10 * time.Second
+	DefaultSweepLease = 15 * time.Minute
+)
+
+// Log field names of the sweep's lines.
+const (
+	logLap        = "lap"
+	logLeaseUntil = "leaseUntil"
+)
+
+// sweepSaveTimeout bounds the last save of the cursor, which runs even when
+// ctx is done so that the progress made is not lost.
+const sweepSaveTimeout = 5 * time.Second
 
 // SweepOptions bound one sweep.
 type SweepOptions struct {
@@ -23,8 +50,12 @@ type SweepOptions struct {
 	// writes, before the invocation's deadline). Zero: no budget (ctx alone
 	// bounds the sweep).
 	Until time.Time
+	// MaxRuns is a budget in runs: no run is started once this many were
+	// started. Zero: none. (Tests and benchmarks use it for a budget that
+	// does not depend on how fast the machine is.)
+	MaxRuns int
 	// PageSize is how many ids one read of the live index returns; zero is
-	// store.DefaultLimit.
+	// DefaultSweepPageSize.
 	PageSize int
 	// Concurrency bounds the runs synced at once; zero is
 	// DefaultSweepConcurrency.
@@ -65,76 +96,276 @@ type SweepReport struct {
 	Extended int `json:"extended"`
 	// Skipped counts runs left unread because the budget ran out.
 	Skipped int `json:"skipped"`
-	// BudgetExhausted: the sweep stopped at Until, before the live index's end.
+	// BudgetExhausted: the sweep stopped at its budget (Until or MaxRuns)
+	// before it had been once round the live index.
 	BudgetExhausted bool `json:"budgetExhausted"`
+
+	// Lap is the cursor's lap when the sweep ended, and Cursor the last
+	// run id that lap reached (empty: at the lap's start).
+	Lap    int64  `json:"lap"`
+	Cursor string `json:"cursor"`
+	// LapsEnded counts the laps this sweep completed (reached the end of
+	// the live index in).
+	LapsEnded int `json:"lapsEnded"`
+	// LagSeconds bounds the age of the oldest unvisited live run when the
+	// sweep ended (SweepLag): the figure the SweepLagSeconds metric carries.
+	LagSeconds float64 `json:"lagSeconds"`
+	// Busy: another sweep held the cursor, so this one synced nothing
+	// (Lap, Cursor and LagSeconds are that sweep's).
+	Busy bool `json:"busy,omitempty"`
+	// LeaseLost: the sweep overran its lease and another took the cursor
+	// over; it stopped without moving the cursor further.
+	LeaseLost bool `json:"leaseLost,omitempty"`
 }
 
-// Sweep walks the live runs only, through the sparse live index in pages,
-// and brings each up to date from its host (syncRun: state, events by
-// cursor, recovery of dispatches past their deadline, lost for a run its
-// host denies, drained once terminal with its final event mirrored). A run
-// whose host does not answer stays live for the next sweep. It returns an
-// error only when the live index cannot be read; per-run failures are
-// logged and counted.
+// SweepLag bounds how long ago the sweep last visited any live run, at now:
+// the time since the previous lap began. A run the current lap has reached
+// was visited in this lap. One it has not reached yet was visited by the
+// previous lap (every lap visits every run in the live index in id order),
+// or created after that lap had passed its id; either way at or after the
+// previous lap's start. During the first lap there is no previous lap and
+// the figure is the time since the first lap began, which understates the
+// age of a run older than the cursor that the lap has not reached yet.
+func SweepLag(c store.SweepCursor, now time.Time) time.Duration {
+	from := c.PrevLapStarted
+	if from.IsZero() {
+		from = c.LapStarted
+	}
+	return max(now.Sub(from), 0)
+}
+
+// Sweep brings the live runs up to date from their hosts (syncRun: state,
+// events by cursor, recovery of dispatches past their deadline, lost for a
+// run its host denies, drained once terminal with its final event
+// mirrored), walking the sparse live index in laps from a cursor kept
+// between sweeps (store.SweepCursor), so that a fleet with more live runs
+// than one budget reaches is still covered.
+//
+// The sweep takes the cursor's lease (another sweep holding it: Busy, and
+// nothing done), continues from where the last sweep stopped, and saves
+// the cursor after every page, past the runs it has synced: a run left by
+// the budget is the next sweep's first. At the end of the live index the
+// lap ends and the next begins at its start; a sweep goes round the index
+// at most once (it stops where it began), so no run is synced twice in one
+// sweep. With R runs per sweep (the budget) and L live runs, a lap takes
+// ceil(L/R) sweeps and every run live throughout a lap is synced once in
+// it: with L steady, each is synced every ceil(L/R) sweeps, and a run
+// created behind the cursor waits for the next lap, at most ceil(L/R)+1
+// sweeps. A run whose host does not answer stays live for the next lap.
+//
+// It returns an error only when the cursor or the live index cannot be
+// read; per-run failures are logged and counted.
 func (f *Fleet) Sweep(ctx context.Context, opts SweepOptions) (SweepReport, error) {
 	if opts.Concurrency <= 0 {
 		opts.Concurrency = DefaultSweepConcurrency
 	}
-	var (
-		rep   SweepReport
-		mu    sync.Mutex
-		hosts = newHostClients(f)
-	)
-	spent := func() bool {
-		return ctx.Err() != nil || (!opts.Until.IsZero() && !f.clock.Now().Before(opts.Until))
+	if opts.PageSize <= 0 {
+		opts.PageSize = DefaultSweepPageSize
 	}
-	cursor := ""
-	for {
-		if spent() {
-			rep.BudgetExhausted = true
-			break
-		}
-		page, err := f.store.ListLive(ctx, cursor, opts.PageSize)
-		if err != nil {
-			return rep, fmt.Errorf("fleet: sweep: reading the live index: %w", err)
-		}
-		rep.Pages++
-		rep.Live += len(page.FleetRunIDs)
-
-		ids := make(chan string)
-		var wg sync.WaitGroup
-		for w := 0; w < min(opts.Concurrency, len(page.FleetRunIDs)); w++ {
-			wg.Add(1)
-			go func() {
-				defer wg.Done()
-				for id := range ids {
-					if spent() {
-						mu.Lock()
-						rep.Skipped++
-						mu.Unlock()
-						continue
-					}
-					res := f.sweepOne(ctx, id, hosts, opts.Until)
-					mu.Lock()
-					rep.count(res)
-					mu.Unlock()
-				}
-			}()
-		}
-		for _, id := range page.FleetRunIDs {
-			ids <- id
-		}
-		close(ids)
-		wg.Wait()
-		if page.NextCursor == "" {
-			break
-		}
-		cursor = page.NextCursor
+	var rep SweepReport
+	holder, err := f.sweepHolder()
+	if err != nil {
+		return rep, err
 	}
+	cur, err := f.store.ClaimSweepCursor(ctx, holder, f.sweepLease(ctx, opts.Until))
+	if errors.Is(err, store.ErrConflict) {
+		rep.Busy = true
+		rep.setCursor(cur, f.clock.Now())
+		f.log.InfoContext(ctx, "sweep: another sweep holds the cursor", logLap, cur.Lap, logLeaseUntil, cur.LeaseUntil)
+		return rep, nil
+	}
+	if err != nil {
+		return rep, fmt.Errorf("fleet: sweep: claiming the cursor: %w", err)
+	}
+	w := &sweepWalk{f: f, opts: opts, hosts: newHostClients(f), rep: &rep, cur: cur, start: cur.After}
+	walkErr := w.walk(ctx)
+	if !rep.LeaseLost {
+		// Release the lease with the position reached; a sweep that could
+		// not leaves it to lapse, and the next one redoes its last page.
+		w.cur.Holder, w.cur.LeaseUntil = "", time.Time{}
+		sctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), sweepSaveTimeout)
+		defer cancel()
+		if err := w.save(sctx); err != nil {
+			f.log.ErrorContext(ctx, "sweep: releasing the cursor", logErr, err.Error())
+		}
+	}
+	rep.setCursor(w.cur, f.clock.Now())
 	if rep.Skipped > 0 {
 		rep.BudgetExhausted = true
 	}
-	return rep, nil
+	return rep, walkErr
+}
+
+func (r *SweepReport) setCursor(c store.SweepCursor, now time.Time) {
+	r.Lap, r.Cursor, r.LagSeconds = c.Lap, c.After, SweepLag(c, now).Seconds()
+}
+
+// sweepHolder names this sweep in the cursor's lease.
+func (f *Fleet) sweepHolder() (string, error) {
+	b := make([]byte, 8)
+	if _, err := io.ReadFull(f.cfg.Random, b); err != nil {
+		return "", fmt.Errorf("fleet: sweep: naming the lease holder: %w", err)
+	}
+	return "sweep-" + hex.EncodeToString(b), nil
+}
+
+// sweepLease is when the sweep's lease lapses (SweepLeaseMargin).
+func (f *Fleet) sweepLease(ctx context.Context, until time.Time) time.Time {
+	if !until.IsZero() {
+		return until.Add(f.cfg.HostTimeout + SweepLeaseMargin)
+	}
+	if d, ok := ctx.Deadline(); ok {
+		return f.clock.Now().Add(time.Until(d))
+	}
+	return f.clock.Now().Add(DefaultSweepLease)
+}
+
+// sweepWalk is one sweep's walk of the live index from the cursor.
+type sweepWalk struct {
+	f     *Fleet
+	opts  SweepOptions
+	hosts *hostClients
+	rep   *SweepReport
+	// cur is the cursor as last stored (Version included).
+	cur store.SweepCursor
+	// start is where the sweep began in its first lap; once it wrapped
+	// into the next lap it stops there.
+	start   string
+	wrapped bool
+	started int // runs started, against MaxRuns
+}
+
+// spent reports whether the time budget (or ctx) is over.
+func (w *sweepWalk) spent(ctx context.Context) bool {
+	return ctx.Err() != nil || (!w.opts.Until.IsZero() && !w.f.clock.Now().Before(w.opts.Until))
+}
+
+func (w *sweepWalk) walk(ctx context.Context) error {
+	for {
+		remaining := store.PageLimit(w.opts.PageSize)
+		if w.opts.MaxRuns > 0 {
+			remaining = min(remaining, w.opts.MaxRuns-w.started)
+		}
+		if remaining <= 0 || w.spent(ctx) {
+			w.rep.BudgetExhausted = true
+			return nil
+		}
+		from := ""
+		if w.cur.After != "" {
+			from = w.f.store.LiveCursorAfter(w.cur.After)
+		} else {
+			// The lap starts moving now: every run it will visit is
+			// visited after this, and a run created from now on behind
+			// the cursor is younger than this (SweepLag).
+			w.cur.LapStarted = w.f.clock.Now()
+		}
+		page, err := w.f.store.ListLive(ctx, from, remaining)
+		if err != nil {
+			return fmt.Errorf("fleet: sweep: reading the live index: %w", err)
+		}
+		w.rep.Pages++
+		ids := page.FleetRunIDs
+		if w.wrapped && w.start != "" {
+			// Past where this sweep began: those runs were synced in the
+			// lap it finished; they are the next sweep's.
+			n := 0
+			for n < len(ids) && ids[n] <= w.start {
+				n++
+			}
+			if n < len(ids) {
+				w.rep.Live += n
+				w.syncPage(ctx, ids[:n])
+				return nil
+			}
+		}
+		w.rep.Live += len(ids)
+		if reached := w.syncPage(ctx, ids); reached < len(ids) {
+			return nil // the budget ran out within the page
+		}
+		if page.NextCursor != "" {
+			if err := w.save(ctx); err != nil {
+				return nil // lease lost (logged): stop
+			}
+			continue
+		}
+		// The end of the live index: the lap is over.
+		now := w.f.clock.Now()
+		w.cur.PrevLapStarted, w.cur.PrevLapEnded = w.cur.LapStarted, now
+		w.cur.Lap++
+		w.cur.LapStarted, w.cur.After = now, ""
+		w.rep.LapsEnded++
+		if w.start == "" || w.wrapped {
+			return nil // once round the index
+		}
+		w.wrapped = true
+		if err := w.save(ctx); err != nil {
+			return nil
+		}
+	}
+}
+
+// syncPage syncs ids, at most opts.Concurrency at once, and moves the
+// cursor past the longest prefix of ids it synced (the budget may leave
+// some, and runs finish out of order); it returns that prefix's length.
+func (w *sweepWalk) syncPage(ctx context.Context, ids []string) int {
+	type job struct {
+		i  int
+		id string
+	}
+	var (
+		mu   sync.Mutex
+		done = make([]bool, len(ids))
+		jobs = make(chan job)
+		wg   sync.WaitGroup
+	)
+	for range min(w.opts.Concurrency, len(ids)) {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for j := range jobs {
+				if w.spent(ctx) {
+					mu.Lock()
+					w.rep.Skipped++
+					mu.Unlock()
+					continue
+				}
+				res := w.f.sweepOne(ctx, j.id, w.hosts, w.opts.Until)
+				mu.Lock()
+				w.rep.count(res)
+				done[j.i] = true
+				mu.Unlock()
+			}
+		}()
+	}
+	for i, id := range ids {
+		jobs <- job{i, id}
+	}
+	close(jobs)
+	wg.Wait()
+	w.started += len(ids)
+	reached := 0
+	for reached < len(done) && done[reached] {
+		reached++
+	}
+	if reached > 0 {
+		w.cur.After = ids[reached-1]
+	}
+	return reached
+}
+
+// save stores the cursor, conditional on its version: a sweep whose lease
+// another took over fails here (LeaseLost) and stops.
+func (w *sweepWalk) save(ctx context.Context) error {
+	saved, err := w.f.store.SaveSweepCursor(ctx, w.cur)
+	if err != nil {
+		if errors.Is(err, store.ErrConflict) {
+			w.rep.LeaseLost = true
+		}
+		w.f.log.ErrorContext(ctx, "sweep: saving the cursor", logLap, w.cur.Lap, logErr, err.Error())
+		return err
+	}
+	w.cur = saved
+	return nil
 }
 
 // sweepOne syncs one run of the live index.

@@ -7,12 +7,14 @@ import (
 	"fmt"
 	"log/slog"
 	"net/http"
+	"slices"
 	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
 
+	"github.com/runfleet/runfleet/shared/clock"
 	"github.com/runfleet/runfleet/shared/fakehost"
 	"github.com/runfleet/runfleet/shared/hostproto"
 	"github.com/runfleet/runfleet/shared/store"
@@ -636,4 +638,56 @@ func TestASweepStartsNoHostCallPastItsBudget(t *testing.T) {
 			t.Fatalf("run %s mirrored up to %d of %d events", id, r.EventCursor, len(host.Events(r.ChildRunID)))
 		}
 	}
+}
+
+// takingOver is e.st with another sweep taking the cursor over once the
+// sweep under test reads its second page: the clock passes the first
+// sweep's lease, then "another" claims it.
+type takingOver struct {
+	store.Store
+	clk   *clock.Fake
+	reads int
+}
+
+func (s *takingOver) ListLive(ctx context.Context, cur string, limit int) (store.LivePage, error) {
+	s.reads++
+	if s.reads == 2 {
+		s.clk.Advance(DefaultSweepLease)
+		if _, err := s.Store.ClaimSweepCursor(ctx, "another", s.clk.Now().Add(time.Hour)); err != nil {
+			return store.LivePage{}, err
+		}
+	}
+	return s.Store.ListLive(ctx, cur, limit)
+}
+
+// TestASweepThatLostItsLeaseStops: a sweep outliving its lease finds, at
+// its next save, that another sweep took the cursor; it stops there
+// without moving the cursor (neither back nor forward), and the other
+// sweep's claim stands.
+func TestASweepThatLostItsLeaseStops(t *testing.T) {
+	e := newTestEnv(t, 5*time.Second)
+	e.addHost(t, "h1", fakehost.Config{})
+	var ids []string
+	for range 5 {
+		ids = append(ids, dispatched(t, e, "alice").FleetRunID)
+	}
+	st := &takingOver{Store: e.st, clk: e.clk}
+	rep, err := e.fleetOver(t, st).Sweep(context.Background(), SweepOptions{PageSize: 2})
+	if err != nil || !rep.LeaseLost || rep.Pages != 2 || rep.Live != 4 {
+		t.Fatalf("sweep = %+v, %v", rep, err)
+	}
+	c, err := e.st.ClaimSweepCursor(context.Background(), "another", e.clk.Now().Add(time.Hour))
+	if err != nil || c.Holder != "another" || c.Lap != 1 || c.After != sortedIDs(ids)[1] {
+		t.Fatalf("the cursor after the takeover: %+v, %v (want it where the first sweep saved it, after its first page)", c, err)
+	}
+	// Busy while "another" holds it.
+	if rep, err := e.f.Sweep(context.Background(), SweepOptions{}); err != nil || !rep.Busy || rep.Live != 0 || rep.Cursor != c.After {
+		t.Fatalf("a sweep while another holds the cursor: %+v, %v", rep, err)
+	}
+}
+
+func sortedIDs(ids []string) []string {
+	out := append([]string(nil), ids...)
+	slices.Sort(out)
+	return out
 }

@@ -57,6 +57,9 @@ type Deps struct {
 	LoadAWS func(ctx context.Context) (aws.Config, error)
 	// Meter, when set, prices a DynamoDB store's calls (benchmarks only).
 	Meter *dynamostore.Meter
+	// Metrics receives the scheduled jobs' CloudWatch EMF metric lines
+	// (scheduled.Config.Metrics): stdout in Lambda; nil: none.
+	Metrics io.Writer
 	// StreamParked is the stream's Parked hook (stream.Config), for tests
 	// that drive a fake clock; nil: none.
 	StreamParked func(ctx context.Context)
@@ -225,7 +228,7 @@ func New(ctx context.Context, cfg config.Fleet, deps Deps) (*App, error) {
 	if err != nil {
 		return nil, err
 	}
-	app.Jobs, err = scheduled.New(scheduled.Config{Fleet: app.Fleet, Logger: deps.Logger, Clock: deps.Clock})
+	app.Jobs, err = scheduled.New(scheduled.Config{Fleet: app.Fleet, Logger: deps.Logger, Clock: deps.Clock, Metrics: deps.Metrics})
 	if err != nil {
 		return nil, err
 	}
@@ -243,15 +246,16 @@ type Function struct {
 
 // StartFunction is a Lambda function's cold start: its configuration read
 // through getenv (os.Getenv in main), Fleet assembled on DynamoDB (the
-// default in Lambda) with JSON logs on w at the configured level. A
-// function's main is this, then lambda.Start with its handler.
+// default in Lambda) with JSON logs on w at the configured level and the
+// scheduled jobs' EMF metric lines on w too. A function's main is this,
+// then lambda.Start with its handler.
 func StartFunction(getenv func(string) string, w io.Writer, fn Function) (*App, error) {
 	cfg, err := config.FromEnv(getenv)
 	if err != nil {
 		return nil, fmt.Errorf("%s: configuration: %w", fn.Name, err)
 	}
 	log := NewLogger(w, cfg.LogLevel)
-	app, err := New(context.Background(), cfg, Deps{Logger: log, DefaultStore: config.StoreDynamoDB, Scheduled: fn.Scheduled})
+	app, err := New(context.Background(), cfg, Deps{Logger: log, Metrics: w, DefaultStore: config.StoreDynamoDB, Scheduled: fn.Scheduled})
 	if err != nil {
 		log.Error(fn.Name+": start", logErr, err.Error())
 		return nil, fmt.Errorf("%s: start: %w", fn.Name, err)

@@ -8,6 +8,7 @@ package scheduled
 import (
 	"context"
 	"errors"
+	"io"
 	"log/slog"
 	"time"
 
@@ -59,6 +60,10 @@ type Config struct {
 	// DefaultBudget bounds a job whose context has no deadline; zero is
 	// DefaultBudget.
 	DefaultBudget time.Duration
+	// Metrics receives the jobs' CloudWatch Embedded Metric Format lines
+	// (the sweep's SweepLagSeconds, once per invocation): stdout in Lambda,
+	// where CloudWatch Logs extracts them. Nil: none written.
+	Metrics io.Writer
 }
 
 // Validate reports a missing required field.
@@ -135,20 +140,30 @@ func (j *Jobs) Probe(ctx context.Context, _ events.EventBridgeEvent) (ProbeSumma
 // Sweep sweeps the live runs within the invocation's budget: the deadline
 // less the host timeout and SweepMargin. No host call starts past the
 // budget and each is bounded by the host timeout, so the last one ends by
-// the deadline less SweepMargin, which is left for the last writes. It
-// fails only when the live index cannot be read.
+// the deadline less SweepMargin, which is left for the last writes. The
+// sweep continues from the cursor the previous one left (fleet.Sweep). It
+// writes the sweep lag once per invocation as an EMF line on Metrics
+// whenever the cursor could be read (another sweep holding it included),
+// and fails only when the cursor or the live index cannot be read.
 func (j *Jobs) Sweep(ctx context.Context, _ events.EventBridgeEvent) (fleet.SweepReport, error) {
 	begun := j.clock.Now()
 	until := j.budget(ctx, j.cfg.Fleet.HostTimeout()+j.cfg.SweepMargin)
 	rep, err := j.cfg.Fleet.Sweep(ctx, fleet.SweepOptions{Until: until})
 	attrs := []any{logReport, rep, logBudget, until.Sub(begun).Milliseconds(),
 		logDuration, j.clock.Now().Sub(begun).Milliseconds()}
+	if rep.Lap > 0 && j.cfg.Metrics != nil {
+		if merr := writeEMF(j.cfg.Metrics, j.clock.Now(), MetricSweepLagSeconds, "Seconds", rep.LagSeconds); merr != nil {
+			j.log.ErrorContext(ctx, "scheduled sweep: writing the lag metric", logErr, merr.Error())
+		}
+	}
 	switch {
 	case err != nil:
 		j.log.ErrorContext(ctx, "scheduled sweep failed", append(attrs, logErr, err.Error())...)
 		return rep, err
+	case rep.Busy:
+		j.log.InfoContext(ctx, "scheduled sweep: another sweep holds the cursor; nothing done", attrs...)
 	case rep.BudgetExhausted:
-		j.log.WarnContext(ctx, "scheduled sweep ran out of budget; the next sweep continues", attrs...)
+		j.log.WarnContext(ctx, "scheduled sweep ran out of budget; the next sweep continues from the cursor", attrs...)
 	default:
 		j.log.InfoContext(ctx, "scheduled sweep", attrs...)
 	}

@@ -7,6 +7,7 @@ import (
 	"log/slog"
 	"os"
 	"path/filepath"
+	"strings"
 	"testing"
 	"time"
 
@@ -18,11 +19,13 @@ import (
 	"github.com/runfleet/runfleet/shared/fleet"
 	"github.com/runfleet/runfleet/shared/store"
 	"github.com/runfleet/runfleet/shared/store/boltstore"
+	"github.com/runfleet/runfleet/shared/syncbuf"
 )
 
 type env struct {
 	f    *fleet.Fleet
 	st   *boltstore.Store
+	clk  *clock.Fake
 	jobs *Jobs
 }
 
@@ -67,7 +70,7 @@ func newEnv(t *testing.T, n int) *env {
 	if err != nil {
 		t.Fatal(err)
 	}
-	return &env{f: f, st: st, jobs: jobs}
+	return &env{f: f, st: st, clk: clk, jobs: jobs}
 }
 
 func probed(t *testing.T, st store.Store) map[string]string {
@@ -134,4 +137,96 @@ func TestSweepKeepsRoomForAHostCallBeforeTheDeadline(t *testing.T) {
 	if rep, err := e.jobs.Sweep(context.Background(), events.EventBridgeEvent{}); err != nil || rep.BudgetExhausted {
 		t.Fatalf("no deadline: %+v, %v", rep, err)
 	}
+}
+
+// TestSweepWritesItsLagAsOneEMFLine: each invocation writes one CloudWatch
+// Embedded Metric Format line, Runfleet/SweepLagSeconds in seconds without
+// dimensions, carrying the lag the report states; a sweep that finds the
+// cursor held writes the holder's lag and does nothing else.
+func TestSweepWritesItsLagAsOneEMFLine(t *testing.T) {
+	e := newEnv(t, 2)
+	c := store.Caller{OwnerID: "alice", AllowedHosts: store.Scope{All: true}, AllowedProjects: store.Scope{All: true}}
+	if _, err := e.f.ProbeAll(context.Background(), true); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := e.f.Dispatch(context.Background(), c, fleet.DispatchRequest{Host: "h0", Agent: "shell"}, ""); err != nil {
+		t.Fatal(err)
+	}
+	var metrics syncbuf.Buffer
+	jobs, err := New(Config{Fleet: e.f, Logger: slog.New(slog.NewJSONHandler(io.Discard, nil)), Clock: e.clk, Metrics: &metrics})
+	if err != nil {
+		t.Fatal(err)
+	}
+	sweep := func() fleet.SweepReport {
+		t.Helper()
+		ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+		defer cancel()
+		rep, err := jobs.Sweep(ctx, events.EventBridgeEvent{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		return rep
+	}
+	first := sweep()
+	if first.Lap != 2 || first.LapsEnded != 1 || first.Cursor != "" || first.Live != 1 || first.Busy {
+		t.Fatalf("the first sweep: %+v", first)
+	}
+	line := lastEMF(t, &metrics, 1, e.clk.Now(), first.LagSeconds)
+	if line != 0 {
+		t.Fatalf("the first sweep's lag: %v s, want 0 (one lap, all of it now)", line)
+	}
+
+	// Another sweep holds the cursor: this one syncs nothing and reports
+	// the time since the lap before the current one began.
+	if _, err := e.st.ClaimSweepCursor(context.Background(), "another", e.clk.Now().Add(10*time.Minute)); err != nil {
+		t.Fatal(err)
+	}
+	e.clk.Advance(90 * time.Second)
+	busy := sweep()
+	if !busy.Busy || busy.Live != 0 || busy.Lap != 2 || busy.LagSeconds != 90 {
+		t.Fatalf("the sweep finding the cursor held: %+v", busy)
+	}
+	if got := lastEMF(t, &metrics, 2, e.clk.Now(), busy.LagSeconds); got != 90 {
+		t.Fatalf("lag metric %v s, want 90", got)
+	}
+}
+
+// lastEMF checks that buf holds n lines, one per sweep so far, parses the
+// last as an EMF document and returns its SweepLagSeconds value, after
+// checking the document's shape, its timestamp (at) and that the value is
+// the report's.
+func lastEMF(t *testing.T, buf *syncbuf.Buffer, n int, at time.Time, reported float64) float64 {
+	t.Helper()
+	out := buf.String()
+	lines := strings.Split(strings.TrimSuffix(out, "\n"), "\n")
+	if len(lines) != n || !strings.HasSuffix(out, "\n") {
+		t.Fatalf("metric lines: %q, want %d", out, n)
+	}
+	lines = lines[n-1:]
+	var doc struct {
+		AWS struct {
+			Timestamp         int64
+			CloudWatchMetrics []struct {
+				Namespace  string
+				Dimensions [][]string
+				Metrics    []struct{ Name, Unit string }
+			}
+		} `json:"_aws"`
+		Lag *float64 `json:"SweepLagSeconds"`
+	}
+	dec := json.NewDecoder(strings.NewReader(lines[0]))
+	dec.DisallowUnknownFields()
+	if err := dec.Decode(&doc); err != nil {
+		t.Fatalf("the metric line %s is not the EMF document: %v", lines[0], err)
+	}
+	d := doc.AWS.CloudWatchMetrics
+	if doc.AWS.Timestamp != at.UnixMilli() || len(d) != 1 || d[0].Namespace != "Runfleet" ||
+		len(d[0].Dimensions) != 1 || len(d[0].Dimensions[0]) != 0 ||
+		len(d[0].Metrics) != 1 || d[0].Metrics[0].Name != "SweepLagSeconds" || d[0].Metrics[0].Unit != "Seconds" || doc.Lag == nil {
+		t.Fatalf("EMF document %s", lines[0])
+	}
+	if *doc.Lag != reported {
+		t.Fatalf("the metric says %v s, the report %v s", *doc.Lag, reported)
+	}
+	return *doc.Lag
 }
