@@ -222,7 +222,7 @@ func seqRange(from, to int64) []int64 {
 func TestAHangingHostNeverHoldsTheStreamSilent(t *testing.T) {
 	var hang atomic.Bool
 	hung := make(chan struct{}, 16)
-	e := newEnv(t, envOptions{ticks: true, cfg: Config{PollInterval: time.Second, KeepAlive: time.Hour, MaxDuration: 3 * time.Hour},
+	e := newEnv(t, envOptions{ticks: true, cfg: Config{PollInterval: time.Second, KeepAlive: time.Hour, MaxDuration: 3 * time.Hour, IdleTimeout: 3 * time.Hour},
 		onHostRequest: func(r *http.Request) {
 			if hang.Load() && r.Method == http.MethodGet && strings.HasPrefix(r.URL.Path, "/runs/") {
 				hung <- struct{}{}
