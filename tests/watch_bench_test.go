@@ -67,11 +67,14 @@ func functionMemoryMB(b *testing.B, fn string) int {
 // BenchmarkWatchCost reports what it costs to follow one live run for a
 // minute, each of three ways, on DynamoDB (moto_server, priced by
 // dynamostore.Meter) with the stack's fake clock; one iteration is one
-// watched minute. The run prints a line every 10 s.
+// watched minute. "active": the run prints a line every 10 s; "quiet":
+// nothing (a run thinking, or a client watching a stalled run).
 //
 //   - stream: one SSE stream (the stream function), polling each second;
 //     it holds its Lambda the whole minute (billed 60 s at the stream's
-//     memory), reopened when it ends (its lease and first reads included).
+//     memory), reopened when it ends (its lease and first reads included);
+//     after an idle end the client waits the retry hint (30 s, unbilled)
+//     before reconnecting, as EventSource does.
 //   - longpoll: GET events?after=N&wait=20 (the api function) in a loop;
 //     each answer comes with the next event (here within 10 s); the Lambda
 //     is held for the wait (billed at the api's memory), one API Gateway
@@ -81,40 +84,49 @@ func functionMemoryMB(b *testing.B, fn string) int {
 //     as fresh as the sweep (a minute), whose cost is every live run's
 //     whether watched or not, so it is left out.
 func BenchmarkWatchCost(b *testing.B) {
-	for _, way := range []string{"stream", "longpoll", "poll5s"} {
-		b.Run(way, func(b *testing.B) {
-			meter := &dynamostore.Meter{}
-			s := newStack(b, "dynamodb", stackOptions{meter: meter})
-			host := s.addHost(b, "h1", fakehost.Config{}, nil)
-			s.probe(b, "h1")
-			alice := s.mint(b, "alice", "*", "*")
-			a := s.must(b, http.StatusCreated, "POST", "/fleet/runs", alice, `{"agent":"shell"}`)
-			id, child := a.str("fleetRunId"), a.str("childRunId")
-			s.sweep(b)
-			var c watchCost
-			var u dynamostore.Usage
-			host.ResetRequests()
-			meter.Reset()
-			b.ResetTimer()
-			switch way {
-			case "stream":
-				c, u = watchByStream(b, s, host, id, child, alice)
-			case "longpoll":
-				c, u = watchByLongPoll(b, s, host, id, child, alice)
-			case "poll5s":
-				c, u = watchByPolling(b, s, host, id, child, alice)
-			}
-			b.StopTimer()
-			n := float64(b.N)
-			c.rcu, c.wcu, c.ddbCalls = u.TotalRCU()/n, u.TotalWCU()/n, float64(u.TotalCalls())/n
-			hostCalls := sumRequests(host)
-			// A way may have counted the sweep's host calls apart (negative).
-			c.hostCalls = (c.hostCalls + float64(hostCalls)) / n
-			c.lambdaRequests, c.apiRequests, c.lambdaSeconds = c.lambdaRequests/n, c.apiRequests/n, c.lambdaSeconds/n
-			c.report(b)
-			b.Logf("%s per watched minute: %s", way, perMinute(u, n))
-		})
+	for _, activity := range []string{"active", "quiet"} {
+		for _, way := range []string{"stream", "longpoll", "poll5s"} {
+			b.Run(activity+"/"+way, func(b *testing.B) { benchWatch(b, way, activity == "active") })
+		}
 	}
+}
+
+func benchWatch(b *testing.B, way string, active bool) {
+	meter := &dynamostore.Meter{}
+	s := newStack(b, "dynamodb", stackOptions{meter: meter})
+	host := s.addHost(b, "h1", fakehost.Config{}, nil)
+	s.probe(b, "h1")
+	alice := s.mint(b, "alice", "*", "*")
+	a := s.must(b, http.StatusCreated, "POST", "/fleet/runs", alice, `{"agent":"shell"}`)
+	id, child := a.str("fleetRunId"), a.str("childRunId")
+	s.sweep(b)
+	var c watchCost
+	var u dynamostore.Usage
+	out := func(sec int) {
+		if active && sec%10 == 0 {
+			host.AppendOutput(child, fmt.Sprintf("line %d\n", sec))
+		}
+	}
+	host.ResetRequests()
+	meter.Reset()
+	b.ResetTimer()
+	switch way {
+	case "stream":
+		c, u = watchByStream(b, s, out, id, alice)
+	case "longpoll":
+		c, u = watchByLongPoll(b, s, out, id, alice)
+	case "poll5s":
+		c, u = watchByPolling(b, s, host, out, id, alice)
+	}
+	b.StopTimer()
+	n := float64(b.N)
+	c.rcu, c.wcu, c.ddbCalls = u.TotalRCU()/n, u.TotalWCU()/n, float64(u.TotalCalls())/n
+	hostCalls := sumRequests(host)
+	// A way may have counted the sweep's host calls apart (negative).
+	c.hostCalls = (c.hostCalls + float64(hostCalls)) / n
+	c.lambdaRequests, c.apiRequests, c.lambdaSeconds = c.lambdaRequests/n, c.apiRequests/n, c.lambdaSeconds/n
+	c.report(b)
+	b.Logf("%s per watched minute: %s", way, perMinute(u, n))
 }
 
 func perMinute(u dynamostore.Usage, n float64) string {
@@ -131,7 +143,9 @@ func perMinute(u dynamostore.Usage, n float64) string {
 	return out
 }
 
-func watchByStream(b *testing.B, s *stack, host *fakehost.Host, id, child, token string) (watchCost, dynamostore.Usage) {
+// watchByStream follows the run with one stream at a time; out(sec) is
+// called at each second of watching.
+func watchByStream(b *testing.B, s *stack, out func(sec int), id, token string) (watchCost, dynamostore.Usage) {
 	c := watchCost{memoryMB: functionMemoryMB(b, "StreamFunction")}
 	var ch <-chan ssetest.Message
 	var body io.Closer
@@ -149,33 +163,40 @@ func watchByStream(b *testing.B, s *stack, host *fakehost.Host, id, child, token
 	}
 	open()
 	defer func() { body.Close() }()
-	for sec := 1; sec <= 60*b.N; {
+	retry := 0
+	for sec := 0; sec < 60*b.N; {
 		select {
 		case m, ok := <-ch:
-			if !ok { // a planned (14 min) or idle end: reconnect
+			if !ok { // a planned (14 min) or idle end: reconnect after the hint
 				body.Close()
+				for i := 0; i < retry/1000; i++ {
+					sec++
+					out(sec)
+					s.clk.Advance(time.Second)
+				}
 				open()
 				continue
 			}
 			if m.ID != "" {
 				cursor = m.ID
 			}
-		case <-s.parked:
-			if sec%10 == 0 {
-				host.AppendOutput(child, fmt.Sprintf("line %d\n", sec))
+			if m.Retry != "" {
+				retry, _ = strconv.Atoi(m.Retry)
 			}
-			s.clk.Advance(time.Second)
+		case <-s.parked:
+			// The stream holds its Lambda every second it is open.
 			sec++
+			c.lambdaSeconds++
+			out(sec)
+			s.clk.Advance(time.Second)
 		case <-time.After(20 * time.Second):
 			b.Fatal("the stream stalled")
 		}
 	}
-	// The stream holds its Lambda every second it is open.
-	c.lambdaSeconds = float64(60 * b.N)
 	return c, s.meter.Snapshot()
 }
 
-func watchByLongPoll(b *testing.B, s *stack, host *fakehost.Host, id, child, token string) (watchCost, dynamostore.Usage) {
+func watchByLongPoll(b *testing.B, s *stack, out func(sec int), id, token string) (watchCost, dynamostore.Usage) {
 	c := watchCost{memoryMB: functionMemoryMB(b, "ApiFunction")}
 	cursor := int64(0)
 	sec := 0
@@ -208,9 +229,7 @@ func watchByLongPoll(b *testing.B, s *stack, host *fakehost.Host, id, child, tok
 				break wait
 			case <-s.parked:
 				sec++
-				if sec%10 == 0 {
-					host.AppendOutput(child, fmt.Sprintf("line %d\n", sec))
-				}
+				out(sec)
 				s.clk.Advance(time.Second)
 			case <-time.After(20 * time.Second):
 				b.Fatal("the long-poll stalled")
@@ -229,15 +248,13 @@ func watchByLongPoll(b *testing.B, s *stack, host *fakehost.Host, id, child, tok
 	return c, s.meter.Snapshot()
 }
 
-func watchByPolling(b *testing.B, s *stack, host *fakehost.Host, id, child, token string) (watchCost, dynamostore.Usage) {
+func watchByPolling(b *testing.B, s *stack, host *fakehost.Host, out func(sec int), id, token string) (watchCost, dynamostore.Usage) {
 	c := watchCost{memoryMB: functionMemoryMB(b, "ApiFunction")}
 	cursor := int64(0)
 	var sweeps dynamostore.Usage
 	for sec := 5; sec <= 60*b.N; sec += 5 {
 		s.clk.Advance(5 * time.Second)
-		if sec%10 == 0 {
-			host.AppendOutput(child, fmt.Sprintf("line %d\n", sec))
-		}
+		out(sec)
 		if sec%60 == 0 {
 			// The minute's sweep mirrors the new lines (its cost is the
 			// live run's, watched or not: counted apart).
