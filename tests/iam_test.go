@@ -400,6 +400,12 @@ func TestEachFunctionsRoleAllowsExactlyTheCallsItMakes(t *testing.T) {
 	if ev := apiCall(t, apiApp, 200, "GET", "/fleet/runs/"+id2+"/events", tok, ""); len(jsonList(ev["events"])) == 0 {
 		t.Fatalf("no mirrored events: %v", ev)
 	}
+	// A long-poll of a third run mirrors its new output itself.
+	run3 := apiCall(t, apiApp, 201, "POST", "/fleet/runs", tok, `{"agent":"shell","prompt":"echo three"}`)
+	host.AppendOutput(fmt.Sprint(run3["childRunId"]), "three\n")
+	if ev := apiCall(t, apiApp, 200, "GET", "/fleet/runs/"+fmt.Sprint(run3["fleetRunId"])+"/events?wait=5", tok, ""); len(jsonList(ev["events"])) == 0 {
+		t.Fatalf("the long-poll mirrored nothing: %v", ev)
+	}
 	apiCall(t, apiApp, 409, "DELETE", "/fleet/hosts/edge-1", adminTok, "")
 	apiCall(t, apiApp, 200, "DELETE", "/fleet/hosts/edge-1?force=1", adminTok, "")
 	apiCall(t, apiApp, 200, "DELETE", "/fleet/callers/ci", adminTok, "")

@@ -253,7 +253,7 @@ func TestTemplateFunctionEnvironments(t *testing.T) {
 	allowed := []string{config.EnvStore, config.EnvTableHosts, config.EnvTableRuns, config.EnvTableEvents,
 		config.EnvTableCallers, config.EnvTableIdempotency, config.EnvCredentials, config.EnvRetentionDays,
 		config.EnvHostTimeout, config.EnvProbeMaxAge, config.EnvLogLevel, config.EnvAdminTokenSecret, config.EnvAdminTokenTTL,
-		config.EnvRepoURLs, config.EnvStreamMaxDuration, config.EnvStreamURL, envAWSEndpoint}
+		config.EnvRepoURLs, config.EnvStreamMaxDuration, config.EnvStreamURL, config.EnvStreamMaxPerCaller, envAWSEndpoint}
 	for fn := range templateFunctions {
 		t.Run(fn, func(t *testing.T) {
 			r := newResolver(out, nil)
@@ -286,6 +286,10 @@ func TestTemplateFunctionEnvironments(t *testing.T) {
 			// The api links a run's stream on the stream function's URL.
 			if got, want := cfg.StreamURL, map[bool]string{true: testStreamURL}[fn == "ApiFunction"]; got != want {
 				t.Errorf("%s = %q, want %q", config.EnvStreamURL, got, want)
+			}
+			// The stream's per-caller cap, from its parameter's default.
+			if fn == "StreamFunction" && (env[config.EnvStreamMaxPerCaller] != "10" || cfg.StreamMaxPerCaller != 10) {
+				t.Errorf("%s = %q, want the parameter's default 10", config.EnvStreamMaxPerCaller, env[config.EnvStreamMaxPerCaller])
 			}
 			if _, set := env[config.EnvRepoURLs]; set {
 				t.Errorf("%s is set with RepoUrlsPath empty", config.EnvRepoURLs)
@@ -370,6 +374,16 @@ func TestTemplateTimeoutsFitTheBudgets(t *testing.T) {
 	if streamTimeout != 15*time.Minute || maxDur > streamTimeout-stream.DefaultEndMargin {
 		t.Errorf("stream timeout %v with RUNFLEET_STREAM_MAX_DURATION %v: want Lambda's 15 m and the stream ending %v before it",
 			streamTimeout, maxDur, stream.DefaultEndMargin)
+	}
+	// The long-poll's wait, its margin and a cold start fit the api's timeout.
+	if apiTimeout := timeout("ApiFunction"); apiTimeout < api.MaxEventsWait+3*time.Second {
+		t.Errorf("api timeout %v: want room for the events route's %v long-poll", apiTimeout, api.MaxEventsWait)
+	}
+	// The streams have a ceiling of their own, below the account's pool
+	// less the 100 Lambda keeps unreserved, and above one caller's cap.
+	reserved, err := strconv.Atoi(fmt.Sprint(r.mustResolve(t, jsonObj(out, "Resources", "StreamFunction", "Properties")["ReservedConcurrentExecutions"])))
+	if err != nil || reserved < 1 || reserved > 900 || reserved < 2*env("StreamFunction").StreamMaxPerCaller {
+		t.Errorf("stream reserved concurrency %d (%v): want 1..900 and at least two callers' caps (%d each)", reserved, err, env("StreamFunction").StreamMaxPerCaller)
 	}
 }
 

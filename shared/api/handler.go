@@ -58,6 +58,12 @@ type Config struct {
 	// in AWS), for the links of a run; empty means the API's own base, as
 	// where one server answers both (the local stack).
 	StreamURL string
+	// Parked, when set, is called each time a long-poll of the events
+	// route (wait=) has polled and armed its timer, just before it waits
+	// on it; the poll waits for Parked to return (it must return once ctx
+	// is done). Tests that drive a fake clock move it only then. Nil:
+	// nothing is called.
+	Parked func(ctx context.Context)
 }
 
 // Validate reports a missing required field.
@@ -88,6 +94,7 @@ type Handler struct {
 	clock   clock.Clock
 	maxBody int
 	stream  string
+	parked  func(ctx context.Context)
 	routes  []route
 }
 
@@ -97,7 +104,7 @@ func New(cfg Config) (*Handler, error) {
 		return nil, err
 	}
 	h := &Handler{fleet: cfg.Fleet, auth: cfg.Auth, log: cfg.Logger, clock: cfg.Clock, maxBody: cfg.MaxBodyBytes,
-		stream: strings.TrimSuffix(cfg.StreamURL, "/")}
+		stream: strings.TrimSuffix(cfg.StreamURL, "/"), parked: cfg.Parked}
 	if h.clock == nil {
 		h.clock = clock.Real{}
 	}

@@ -4,11 +4,15 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
+	"errors"
 	"net/http"
 	"sort"
+	"time"
 
+	"github.com/runfleet/runfleet/shared/clock"
 	"github.com/runfleet/runfleet/shared/fleet"
 	"github.com/runfleet/runfleet/shared/rollup"
+	"github.com/runfleet/runfleet/shared/store"
 )
 
 // The routes that act on a run through its host (input, cancel, retry),
@@ -86,6 +90,21 @@ func inputValue(body []byte) (json.RawMessage, error) {
 	return v, nil
 }
 
+// MaxEventsWait bounds the events route's wait (a long-poll): API
+// Gateway ends an integration at 30 s, and the api function's timeout
+// (template.yaml) must hold the wait, a last poll bounded by the host
+// timeout, and a cold start.
+const MaxEventsWait = 20 * time.Second
+
+// EventsWaitPoll is the long-poll's time between polls, the stream's
+// default (stream.DefaultPollInterval): the same freshness for the same
+// DynamoDB reads per second.
+const EventsWaitPoll = time.Second
+
+// eventsWaitMargin is kept free before the invocation's deadline for the
+// answer.
+const eventsWaitMargin = 2 * time.Second
+
 func (h *Handler) events(ctx context.Context, rq *request) (int, any, error) {
 	after, _, err := rq.query.nonNegativeInt("after")
 	if err != nil {
@@ -96,13 +115,92 @@ func (h *Handler) events(ctx context.Context, rq *request) (int, any, error) {
 		return 0, nil, err
 	}
 	limit = min(limit, fleet.MaxEventsLimit)
-	page, err := h.fleet.Events(ctx, rq.caller, rq.params["id"], after, int(limit))
+	wait, _, err := rq.query.nonNegativeInt("wait")
+	if err != nil {
+		return 0, nil, err
+	}
+	if wait > int64(MaxEventsWait/time.Second) {
+		return 0, nil, badRequest("wait=%d: want at most %d seconds", wait, int64(MaxEventsWait/time.Second))
+	}
+	run, err := h.fleet.RunFor(ctx, rq.caller, rq.params["id"])
+	if err != nil {
+		return 0, nil, err
+	}
+	page, run, err := h.waitForEvents(ctx, rq, run, after, int(limit), time.Duration(wait)*time.Second)
 	if err != nil {
 		return 0, nil, err
 	}
 	// Mirrored events are the host's, as they came (hostproto.Event is
-	// DESIGN.md's event shape on both APIs).
-	return http.StatusOK, map[string]any{"events": page.Events, "nextCursor": page.NextCursor, "hasMore": page.HasMore}, nil
+	// DESIGN.md's event shape on both APIs). live: more events may come
+	// (a long-poll on a run that is not live answers at once).
+	return http.StatusOK, map[string]any{"events": page.Events, "nextCursor": page.NextCursor, "hasMore": page.HasMore,
+		"live": run.Live() || page.HasMore}, nil
+}
+
+// waitForEvents is the events route's read, as a long-poll when wait > 0:
+// each poll brings the run up to date from its host (fleet.SyncRun, the
+// stream's pull-through), then reads the mirror after `after`; it answers
+// as soon as that holds events, at once for a run that is over (no event
+// can come), and with the empty page when wait has passed (or the
+// invocation's deadline nears). Without wait it is one read of the mirror.
+func (h *Handler) waitForEvents(ctx context.Context, rq *request, run store.Run, after int64, limit int, wait time.Duration) (fleet.EventsPage, store.Run, error) {
+	if wait == 0 {
+		page, err := h.fleet.MirroredEvents(ctx, run, after, limit)
+		return page, run, err
+	}
+	until := h.clock.Now().Add(wait)
+	if dl, ok := ctx.Deadline(); ok {
+		if d := h.clock.Now().Add(time.Until(dl) - eventsWaitMargin); d.Before(until) {
+			until = d
+		}
+	}
+	for {
+		// The host gets what is left of the wait: past it the mirror is
+		// answered as it is (the sync's writes are conditional, so cutting
+		// one short is safe).
+		syncCtx, cancel := clock.WithDeadline(ctx, h.clock, until)
+		synced, err := h.fleet.SyncRun(syncCtx, run.FleetRunID)
+		cancel()
+		switch {
+		case err == nil:
+			run = synced
+		case synced.FleetRunID != "":
+			run = synced // the host could not be asked: serve the mirror
+		case ctx.Err() != nil:
+			return fleet.EventsPage{}, run, ctx.Err()
+		case errors.Is(err, store.ErrNotFound):
+			_, err := h.fleet.RunFor(ctx, rq.caller, run.FleetRunID) // deleted meanwhile: its 404
+			return fleet.EventsPage{}, run, err
+		default:
+			return fleet.EventsPage{}, run, err
+		}
+		page, err := h.fleet.MirroredEvents(ctx, run, after, limit)
+		if err != nil {
+			return fleet.EventsPage{}, run, err
+		}
+		now := h.clock.Now()
+		if len(page.Events) > 0 || !run.Live() || !now.Before(until) {
+			return page, run, nil
+		}
+		if !h.sleep(ctx, min(EventsWaitPoll, until.Sub(now))) {
+			return fleet.EventsPage{}, run, ctx.Err()
+		}
+	}
+}
+
+// sleep waits d on the handler's clock; false when ctx ended first.
+func (h *Handler) sleep(ctx context.Context, d time.Duration) bool {
+	t := h.clock.NewTimer(d)
+	defer t.Stop()
+	if h.parked != nil {
+		h.parked(ctx)
+	}
+	select {
+	case <-t.C():
+		return true
+	case <-ctx.Done():
+		return false
+	}
 }
 
 func (h *Handler) metrics(ctx context.Context, rq *request) (int, any, error) {

@@ -34,7 +34,7 @@ func (h *Handler) routeTable() []route {
 		{method: http.MethodPost, pattern: "/fleet/runs/{id}/input", access: callerOnly, handle: h.input},
 		{method: http.MethodPost, pattern: "/fleet/runs/{id}/cancel", access: callerOnly, handle: h.cancel},
 		{method: http.MethodPost, pattern: "/fleet/runs/{id}/retry", access: callerOnly, handle: h.retry},
-		{method: http.MethodGet, pattern: "/fleet/runs/{id}/events", access: callerOnly, query: []string{"after", "limit"}, handle: h.events},
+		{method: http.MethodGet, pattern: "/fleet/runs/{id}/events", access: callerOnly, query: []string{"after", "limit", "wait"}, handle: h.events},
 
 		{method: http.MethodGet, pattern: "/metrics", access: callerOnly, handle: h.metrics},
 	}

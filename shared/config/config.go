@@ -15,6 +15,7 @@ import (
 	"github.com/runfleet/runfleet/shared/api"
 	"github.com/runfleet/runfleet/shared/credentials"
 	"github.com/runfleet/runfleet/shared/fleet"
+	"github.com/runfleet/runfleet/shared/store"
 	"github.com/runfleet/runfleet/shared/store/dynamostore"
 	"github.com/runfleet/runfleet/shared/stream"
 )
@@ -44,6 +45,12 @@ const (
 	EnvStreamPollInterval = "RUNFLEET_STREAM_POLL_INTERVAL"
 	EnvStreamKeepAlive    = "RUNFLEET_STREAM_KEEPALIVE"
 	EnvStreamMaxDuration  = "RUNFLEET_STREAM_MAX_DURATION"
+	// EnvStreamIdleTimeout ends a stream whose run has been silent that
+	// long (with a resume hint).
+	EnvStreamIdleTimeout = "RUNFLEET_STREAM_IDLE_TIMEOUT"
+	// EnvStreamMaxPerCaller caps each caller's open streams, across every
+	// instance of the stream function (1 to 100).
+	EnvStreamMaxPerCaller = "RUNFLEET_STREAM_MAX_PER_CALLER"
 	// EnvStreamURL is the stream's public base URL, for the links the API
 	// gives (in AWS the stream function's URL; template.yaml sets it).
 	EnvStreamURL = "RUNFLEET_STREAM_URL"
@@ -124,6 +131,12 @@ type Fleet struct {
 	// StreamMaxDuration bounds a stream (it ends with a retry hint); zero
 	// means 14m. In Lambda the invocation's deadline bounds it too.
 	StreamMaxDuration time.Duration
+	// StreamIdleTimeout ends a stream after this long without a new event;
+	// zero means 3m.
+	StreamIdleTimeout time.Duration
+	// StreamMaxPerCaller caps a caller's open streams (429 beyond); zero
+	// means 10, at most store.MaxStreamSlots (100).
+	StreamMaxPerCaller int
 	// StreamURL is the stream's public base URL, for the links of a run
 	// the API answers; empty means the API's own base (the local stack
 	// serves both on one address).
@@ -159,6 +172,8 @@ func FromEnv(getenv func(string) string) (Fleet, error) {
 	errs = append(errs, err)
 	c.ProbeConcurrency, err = positiveInt(getenv, EnvProbeConcurrency)
 	errs = append(errs, err)
+	c.StreamMaxPerCaller, err = positiveInt(getenv, EnvStreamMaxPerCaller)
+	errs = append(errs, err)
 	c.HostTimeout, err = positiveDuration(getenv, EnvHostTimeout)
 	errs = append(errs, err)
 	c.ProbeTimeout, err = positiveDuration(getenv, EnvProbeTimeout)
@@ -170,7 +185,8 @@ func FromEnv(getenv func(string) string) (Fleet, error) {
 		name string
 	}{
 		{&c.StreamPollInterval, EnvStreamPollInterval}, {&c.StreamKeepAlive, EnvStreamKeepAlive},
-		{&c.StreamMaxDuration, EnvStreamMaxDuration}, {&c.ProbeInterval, EnvProbeInterval},
+		{&c.StreamMaxDuration, EnvStreamMaxDuration}, {&c.StreamIdleTimeout, EnvStreamIdleTimeout},
+		{&c.ProbeInterval, EnvProbeInterval},
 		{&c.SweepInterval, EnvSweepInterval}, {&c.AdminTokenTTL, EnvAdminTokenTTL},
 	} {
 		*d.dst, err = positiveDuration(getenv, d.name)
@@ -210,6 +226,9 @@ func (c *Fleet) fillDefaults() {
 	if c.ProbeConcurrency == 0 {
 		c.ProbeConcurrency = fleet.DefaultProbeConcurrency
 	}
+	if c.StreamMaxPerCaller == 0 {
+		c.StreamMaxPerCaller = stream.DefaultMaxPerCaller
+	}
 	for _, d := range []struct {
 		dst *time.Duration
 		def time.Duration
@@ -217,7 +236,8 @@ func (c *Fleet) fillDefaults() {
 		{&c.HostTimeout, fleet.DefaultHostTimeout}, {&c.ProbeTimeout, fleet.DefaultProbeTimeout},
 		{&c.ProbeMaxAge, fleet.DefaultProbeMaxAge},
 		{&c.StreamPollInterval, stream.DefaultPollInterval}, {&c.StreamKeepAlive, stream.DefaultKeepAlive},
-		{&c.StreamMaxDuration, stream.DefaultMaxDuration}, {&c.ProbeInterval, DefaultProbeInterval},
+		{&c.StreamMaxDuration, stream.DefaultMaxDuration}, {&c.StreamIdleTimeout, stream.DefaultIdleTimeout},
+		{&c.ProbeInterval, DefaultProbeInterval},
 		{&c.SweepInterval, DefaultSweepInterval}, {&c.AdminTokenTTL, DefaultAdminTokenTTL},
 	} {
 		if *d.dst == 0 {
@@ -241,6 +261,9 @@ func (c Fleet) Validate() error {
 		if err := api.CheckBaseURL(c.StreamURL); err != nil {
 			errs = append(errs, fmt.Errorf("%s: %w", EnvStreamURL, err))
 		}
+	}
+	if c.StreamMaxPerCaller > store.MaxStreamSlots {
+		errs = append(errs, fmt.Errorf("%s=%d: want at most %d", EnvStreamMaxPerCaller, c.StreamMaxPerCaller, store.MaxStreamSlots))
 	}
 	if c.RepoURLs != "" && !strings.HasPrefix(c.RepoURLs, "file:") || c.RepoURLs == "file:" {
 		errs = append(errs, fmt.Errorf("%s=%q: want file:<path>", EnvRepoURLs, c.RepoURLs))

@@ -23,7 +23,8 @@ func TestFromEnvDefaults(t *testing.T) {
 		t.Fatalf("defaults = %+v", c)
 	}
 	if c.StreamPollInterval != time.Second || c.StreamKeepAlive != 15*time.Second || c.StreamMaxDuration != 14*time.Minute ||
-		c.ProbeInterval != 10*time.Second || c.SweepInterval != 10*time.Second || c.AdminTokenTTL != time.Minute {
+		c.ProbeInterval != 10*time.Second || c.SweepInterval != 10*time.Second || c.AdminTokenTTL != time.Minute ||
+		c.StreamIdleTimeout != 3*time.Minute || c.StreamMaxPerCaller != 10 {
 		t.Fatalf("stream and timer defaults = %+v", c)
 	}
 	if c.Retention() != 30*24*time.Hour {
@@ -39,6 +40,7 @@ func TestFromEnvReadsEveryName(t *testing.T) {
 		EnvAddr: "127.0.0.1:9999", EnvHostTimeout: "3s", EnvProbeTimeout: "2s", EnvProbeMaxAge: "1m",
 		EnvProbeConcurrency: "2", EnvLogLevel: "debug",
 		EnvStreamPollInterval: "250ms", EnvStreamKeepAlive: "5s", EnvStreamMaxDuration: "10m",
+		EnvStreamIdleTimeout: "90s", EnvStreamMaxPerCaller: "4",
 		EnvProbeInterval: "30s", EnvSweepInterval: "1m", EnvStreamURL: "https://s.lambda-url.eu-west-1.on.aws/",
 		EnvAdminTokenTTL: "15s",
 	}))
@@ -52,6 +54,7 @@ func TestFromEnvReadsEveryName(t *testing.T) {
 		RetentionDays: 7, Addr: "127.0.0.1:9999", HostTimeout: 3 * time.Second, ProbeTimeout: 2 * time.Second,
 		ProbeMaxAge: time.Minute, ProbeConcurrency: 2, LogLevel: slog.LevelDebug,
 		StreamPollInterval: 250 * time.Millisecond, StreamKeepAlive: 5 * time.Second, StreamMaxDuration: 10 * time.Minute,
+		StreamIdleTimeout: 90 * time.Second, StreamMaxPerCaller: 4,
 		ProbeInterval: 30 * time.Second, SweepInterval: time.Minute, StreamURL: "https://s.lambda-url.eu-west-1.on.aws/",
 		AdminTokenTTL: 15 * time.Second,
 	}
@@ -81,6 +84,8 @@ func TestFromEnvErrorsNameTheVariable(t *testing.T) {
 		EnvStreamPollInterval: "-1s",
 		EnvStreamKeepAlive:    "often",
 		EnvStreamMaxDuration:  "0",
+		EnvStreamIdleTimeout:  "5",
+		EnvStreamMaxPerCaller: "101",
 		EnvProbeInterval:      "10",
 		EnvSweepInterval:      "0s",
 		EnvAdminTokenTTL:      "1",

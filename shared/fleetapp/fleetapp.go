@@ -60,8 +60,9 @@ type Deps struct {
 	// Metrics receives the scheduled jobs' CloudWatch EMF metric lines
 	// (scheduled.Config.Metrics): stdout in Lambda; nil: none.
 	Metrics io.Writer
-	// StreamParked is the stream's Parked hook (stream.Config), for tests
-	// that drive a fake clock; nil: none.
+	// StreamParked is the Parked hook of the stream and of the events
+	// route's long-poll (stream.Config, api.Config), for tests that drive
+	// a fake clock; nil: none.
 	StreamParked func(ctx context.Context)
 	// Scheduled says the process runs only the scheduled probe and sweep,
 	// which authenticate no caller: the admin token is neither read nor
@@ -216,14 +217,16 @@ func New(ctx context.Context, cfg config.Fleet, deps Deps) (*App, error) {
 		return nil, err
 	}
 	authn := auth.NewAuthenticatorWithSource(app.Store, admin)
-	app.API, err = api.New(api.Config{Fleet: app.Fleet, Auth: authn, Logger: deps.Logger, Clock: deps.Clock, StreamURL: cfg.StreamURL})
+	app.API, err = api.New(api.Config{Fleet: app.Fleet, Auth: authn, Logger: deps.Logger, Clock: deps.Clock, StreamURL: cfg.StreamURL,
+		Parked: deps.StreamParked})
 	if err != nil {
 		return nil, err
 	}
 	app.Stream, err = stream.New(stream.Config{
 		Fleet: app.Fleet, Auth: authn, Logger: deps.Logger, Clock: deps.Clock,
 		PollInterval: cfg.StreamPollInterval, KeepAlive: cfg.StreamKeepAlive, MaxDuration: cfg.StreamMaxDuration,
-		Parked: deps.StreamParked,
+		IdleTimeout: cfg.StreamIdleTimeout, Leases: app.Store, MaxPerCaller: cfg.StreamMaxPerCaller,
+		Random: deps.Random, Parked: deps.StreamParked,
 	})
 	if err != nil {
 		return nil, err

@@ -44,6 +44,9 @@ func (h *Handler) HandleLambda(ctx context.Context, ev events.LambdaFunctionURLR
 		if refused.allow != "" {
 			hdr["allow"] = refused.allow
 		}
+		if refused.retryAfter != "" {
+			hdr["retry-after"] = refused.retryAfter
+		}
 		return &events.LambdaFunctionURLStreamingResponse{
 			StatusCode: refused.status, Headers: hdr, Body: bytes.NewReader(refused.body),
 		}, nil
@@ -93,6 +96,9 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		if refused.allow != "" {
 			w.Header().Set("Allow", refused.allow)
 		}
+		if refused.retryAfter != "" {
+			w.Header().Set("Retry-After", refused.retryAfter)
+		}
 		w.WriteHeader(refused.status)
 		w.Write(refused.body)
 		return
@@ -104,6 +110,7 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	rc := http.NewResponseController(w)
 	if err := rc.Flush(); err != nil {
 		h.log.Error("stream: the response cannot be flushed", logErr, err.Error())
+		sess.release(r.Context())
 		return
 	}
 	sess.serve(r.Context(), &httpSink{w: w, rc: rc})

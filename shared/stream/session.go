@@ -5,6 +5,8 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"fmt"
+	"net/url"
 	"strconv"
 	"sync/atomic"
 	"time"
@@ -27,17 +29,19 @@ type sink interface {
 type endReason int
 
 const (
-	endDone     endReason = iota // the run is over and every event was sent
-	endPlanned                   // the maximum duration or the deadline: retry hint sent
-	endCanceled                  // the context ended (client gone, shutdown)
-	endCutOff                    // a write did not complete in time: the client stopped reading
-	endGone                      // a write failed: the client is gone
-	endFault                     // a store fault (logged): retry hint sent
-	endDeleted                   // the run was deleted (its host removed with force)
+	endDone      endReason = iota // the run is over and every event was sent
+	endPlanned                    // the maximum duration or the deadline: retry hint sent
+	endCanceled                   // the context ended (client gone, shutdown)
+	endCutOff                     // a write did not complete in time: the client stopped reading
+	endGone                       // a write failed: the client is gone
+	endFault                      // a store fault (logged): retry hint sent
+	endDeleted                    // the run was deleted (its host removed with force)
+	endIdle                       // no new event for IdleTimeout: resume hint sent
+	endLeaseLost                  // the stream's slot lapsed and another stream took it: retry hint sent
 )
 
 func (e endReason) String() string {
-	return [...]string{"done", "planned", "canceled", "client_stopped_reading", "client_gone", "fault", "run_deleted"}[e]
+	return [...]string{"done", "planned", "canceled", "client_stopped_reading", "client_gone", "fault", "run_deleted", "idle", "lease_lost"}[e]
 }
 
 // session is one client's stream.
@@ -54,14 +58,23 @@ type session struct {
 	lastWrite     time.Time
 	sent          int
 	fault         error
+	// lastEvent is when an event was last sent (the start before any):
+	// the idle end counts from it.
+	lastEvent time.Time
+	// lease is the caller's slot this stream holds (nil without a cap);
+	// renewAt is when it is renewed next.
+	lease   *store.StreamLease
+	renewAt time.Time
 }
 
 // serve streams until the run is done or the stream must end, and says why.
 func (s *session) serve(ctx context.Context, out sink) endReason {
 	s.sink = out
 	h := s.h
+	defer s.release(ctx)
 	begun := h.clock.Now()
-	s.lastWrite = begun
+	s.lastWrite, s.lastEvent = begun, begun
+	s.renewAt = begun.Add(h.cfg.LeaseTTL / 3)
 	end := begun.Add(h.cfg.MaxDuration)
 	if deadline, ok := ctx.Deadline(); ok {
 		// The context's deadline is the invocation's, on the wall clock.
@@ -91,12 +104,25 @@ func (s *session) loop(ctx context.Context, end time.Time) endReason {
 			}
 			return endPlanned
 		}
+		idleAt := s.lastEvent.Add(h.cfg.IdleTimeout)
+		if !now.Before(idleAt) {
+			if err := s.idleEnd(); err != nil {
+				return s.writeEnd(err)
+			}
+			return endIdle
+		}
+		if reason, over := s.renew(ctx, now); over {
+			return reason
+		}
 		if !now.Before(s.lastWrite.Add(h.cfg.KeepAlive)) {
 			if err := s.send([]byte(": keep-alive\n\n")); err != nil {
 				return s.writeEnd(err)
 			}
 		}
-		wait := min(h.cfg.PollInterval, end.Sub(now), s.lastWrite.Add(h.cfg.KeepAlive).Sub(now))
+		wait := min(h.cfg.PollInterval, end.Sub(now), s.lastWrite.Add(h.cfg.KeepAlive).Sub(now), idleAt.Sub(now))
+		if s.lease != nil {
+			wait = min(wait, s.renewAt.Sub(now))
+		}
 		s.sleep(ctx, max(wait, time.Millisecond))
 	}
 }
@@ -149,6 +175,7 @@ func (s *session) poll(ctx context.Context) (endReason, bool) {
 			}
 			s.cursor = page.NextCursor
 			s.sent += len(page.Events)
+			s.lastEvent = s.h.clock.Now()
 		}
 		if !page.HasMore {
 			break
@@ -176,6 +203,66 @@ func (s *session) poll(ctx context.Context) (endReason, bool) {
 		return endDone, true
 	}
 	return 0, false
+}
+
+// renew extends the stream's slot when due. A slot another stream took
+// (this one's lapsed: renewals failed for a whole LeaseTTL) ends the
+// stream with a retry hint; a failed renewal is retried at the next poll
+// while the lease still runs.
+func (s *session) renew(ctx context.Context, now time.Time) (endReason, bool) {
+	if s.lease == nil || now.Before(s.renewAt) {
+		return 0, false
+	}
+	next := *s.lease
+	next.ExpiresAt = now.Add(s.h.cfg.LeaseTTL)
+	err := s.h.cfg.Leases.RenewStreamLease(ctx, next)
+	switch {
+	case err == nil:
+		s.lease.ExpiresAt = store.RoundExpiry(next.ExpiresAt)
+		s.renewAt = now.Add(s.h.cfg.LeaseTTL / 3)
+		return 0, false
+	case ctx.Err() != nil:
+		return endCanceled, true
+	case errors.Is(err, store.ErrExists) || store.Expired(s.lease.ExpiresAt, now):
+		s.h.log.WarnContext(ctx, "stream: its slot lapsed", logRun, s.run.FleetRunID, logOwner, s.caller.OwnerID, logErr, err.Error())
+		if err := s.goodbye("the stream lost its slot; reconnect to resume"); err != nil {
+			return s.writeEnd(err), true
+		}
+		return endLeaseLost, true
+	}
+	s.h.log.WarnContext(ctx, "stream: renewing its slot failed; retrying", logRun, s.run.FleetRunID, logErr, err.Error())
+	s.renewAt = now.Add(s.h.cfg.PollInterval)
+	return 0, false
+}
+
+// release frees the stream's slot, even when ctx has ended (the client
+// gone): a slot left behind would hold the caller's cap for a LeaseTTL.
+func (s *session) release(ctx context.Context) {
+	if s.lease == nil {
+		return
+	}
+	rctx, cancel := clock.WithTimeout(context.WithoutCancel(ctx), s.h.clock, 5*time.Second)
+	defer cancel()
+	if err := s.h.cfg.Leases.ReleaseStreamLease(rctx, *s.lease); err != nil {
+		s.h.log.WarnContext(ctx, "stream: releasing its slot failed (it lapses by itself)", logRun, s.run.FleetRunID, logErr, err.Error())
+	}
+	s.lease = nil
+}
+
+// idleEnd tells the client that the run has been quiet for IdleTimeout
+// and how to resume: the idle event (id: the cursor, which EventSource
+// sends back as Last-Event-ID), then the retry hint.
+func (s *session) idleEnd() error {
+	h := s.h
+	cursor := strconv.FormatInt(s.cursor, 10)
+	data := idleData{Cursor: s.cursor, Status: s.run.Status, IdleSeconds: int64(h.cfg.IdleTimeout.Seconds()),
+		RetryMs: h.cfg.IdleRetry.Milliseconds(),
+		Resume:  "/fleet/runs/" + url.PathEscape(s.run.FleetRunID) + "/stream?after=" + cursor}
+	if err := s.send(frame("idle", cursor, data)); err != nil {
+		return err
+	}
+	why := fmt.Sprintf("no new event for %s: reconnect with Last-Event-ID: %s (or ?after=%s) to resume", h.cfg.IdleTimeout, cursor, cursor)
+	return s.send([]byte(": " + why + "\nretry: " + strconv.FormatInt(h.cfg.IdleRetry.Milliseconds(), 10) + "\n\n"))
 }
 
 // sleep waits d on the clock, or until ctx ends.
@@ -230,6 +317,17 @@ type snapshotData struct {
 	Attempt int    `json:"attempt"`
 	// Live: more may come (done follows otherwise).
 	Live bool `json:"live"`
+}
+
+type idleData struct {
+	// Cursor is the resume point (the last event sent, or where the
+	// client asked to start).
+	Cursor      int64  `json:"cursor"`
+	Status      string `json:"status"`
+	IdleSeconds int64  `json:"idleSeconds"`
+	RetryMs     int64  `json:"retryMs"`
+	// Resume is the stream's path resuming at Cursor.
+	Resume string `json:"resume"`
 }
 
 type doneData struct {

@@ -36,6 +36,22 @@
 // the client stopped reading: the stream is cut off at once (the sink is
 // aborted), rather than buffering for a reader that is gone.
 //
+// A stream whose run produced no new event for IdleTimeout ends early, so
+// a client that walked away stops costing a Lambda: "event: idle" (id: the
+// cursor, so EventSource's Last-Event-ID is the resume point; data: the
+// cursor, the status and the resume path), then "retry: <IdleRetry ms>".
+//
+// # Ceilings
+//
+// A caller holds at most MaxPerCaller streams open at once, across every
+// instance of the stream function: each open stream holds a lease (a slot
+// in the store, store.StreamLeases) from its start to its end, renewed
+// every LeaseTTL/3 while it runs; a crashed stream's slot frees itself
+// LeaseTTL after its last renewal. Beyond the cap the answer is 429
+// "too_many_streams" with Retry-After (seconds until the earliest slot
+// would lapse) and the cap in the body. The stream function's reserved
+// concurrency (template.yaml) bounds all streams together.
+//
 // The token comes in Authorization or, for EventSource (which cannot set
 // headers), a token query parameter; it is never logged (the logged query
 // has it redacted).
@@ -43,11 +59,16 @@ package stream
 
 import (
 	"context"
+	"crypto/rand"
+	"encoding/hex"
 	"errors"
 	"fmt"
+	"io"
 	"log/slog"
+	"math"
 	"net/http"
 	"net/url"
+	"strconv"
 	"strings"
 	"sync/atomic"
 	"time"
@@ -70,7 +91,24 @@ const (
 	DefaultEndMargin  = 15 * time.Second
 	DefaultWriteLimit = 10 * time.Second
 	DefaultRetry      = 2 * time.Second
+	// DefaultIdleTimeout ends a stream whose run has been silent this
+	// long: a quiet run reconnects every few minutes (a lease and a read
+	// of the run, milliseconds), an abandoned stream costs at most this
+	// instead of MaxDuration.
+	DefaultIdleTimeout = 3 * time.Minute
+	// DefaultIdleRetry is the reconnection delay after an idle end: the
+	// run was quiet for minutes, so a client waits longer than after a
+	// planned end before it asks again.
+	DefaultIdleRetry = 30 * time.Second
+	// DefaultMaxPerCaller is the per-caller cap on open streams.
+	DefaultMaxPerCaller = 10
+	// DefaultLeaseTTL is how long a stream's slot outlives its last
+	// renewal (a crashed stream's slot is free again after it).
+	DefaultLeaseTTL = 2 * time.Minute
 )
+
+// CodeTooManyStreams is the code of the 429 beyond the per-caller cap.
+const CodeTooManyStreams = "too_many_streams"
 
 // Log field names.
 const (
@@ -118,6 +156,24 @@ type Config struct {
 	// PageSize is how many events one read of the mirror returns; zero is
 	// fleet.MaxEventsLimit.
 	PageSize int
+	// IdleTimeout ends a stream after this long without a new event (the
+	// retry hint is IdleRetry); zero is DefaultIdleTimeout.
+	IdleTimeout time.Duration
+	// IdleRetry is the reconnection delay sent at an idle end; zero is
+	// DefaultIdleRetry.
+	IdleRetry time.Duration
+	// Leases counts each caller's open streams across instances. Nil: no
+	// per-caller cap (only tests of the framing leave it out; Fleet's
+	// assembly always sets it).
+	Leases store.StreamLeases
+	// MaxPerCaller is the per-caller cap on open streams, 1 to
+	// store.MaxStreamSlots; zero is DefaultMaxPerCaller.
+	MaxPerCaller int
+	// LeaseTTL is a slot's life past its last renewal; zero is
+	// DefaultLeaseTTL.
+	LeaseTTL time.Duration
+	// Random makes lease holder ids; nil is crypto/rand.
+	Random io.Reader
 	// Parked, when set, is called on a session's goroutine each time the
 	// session has done a poll and armed its timer, just before it waits on
 	// it; the session waits for Parked to return first (it must return
@@ -137,6 +193,9 @@ func (c Config) Validate() error {
 	}
 	if c.Logger == nil {
 		errs = append(errs, errors.New("stream: Config.Logger is required"))
+	}
+	if c.MaxPerCaller < 0 || c.MaxPerCaller > store.MaxStreamSlots {
+		errs = append(errs, fmt.Errorf("stream: Config.MaxPerCaller %d: want 1 to %d (0: %d)", c.MaxPerCaller, store.MaxStreamSlots, DefaultMaxPerCaller))
 	}
 	return errors.Join(errs...)
 }
@@ -168,6 +227,15 @@ func New(cfg Config) (*Handler, error) {
 	def(&cfg.EndMargin, DefaultEndMargin)
 	def(&cfg.WriteTimeout, DefaultWriteLimit)
 	def(&cfg.Retry, DefaultRetry)
+	def(&cfg.IdleTimeout, DefaultIdleTimeout)
+	def(&cfg.IdleRetry, DefaultIdleRetry)
+	def(&cfg.LeaseTTL, DefaultLeaseTTL)
+	if cfg.MaxPerCaller == 0 {
+		cfg.MaxPerCaller = DefaultMaxPerCaller
+	}
+	if cfg.Random == nil {
+		cfg.Random = rand.Reader
+	}
 	if cfg.PageSize <= 0 {
 		cfg.PageSize = fleet.MaxEventsLimit
 	}
@@ -220,6 +288,8 @@ type refusal struct {
 	// body is the error body, encoded as the API encodes its answers.
 	body  []byte
 	allow string
+	// retryAfter is the Retry-After header's value, when set.
+	retryAfter string
 }
 
 // open checks the request and prepares its session, or refuses it.
@@ -227,6 +297,10 @@ func (h *Handler) open(ctx context.Context, req request) (*session, *refusal) {
 	sess, err := h.prepare(ctx, req)
 	if err == nil {
 		return sess, nil
+	}
+	var full *capReached
+	if errors.As(err, &full) {
+		return nil, h.refuseFull(ctx, req, full)
 	}
 	status, body, fault := api.ErrorStatus(err)
 	attrs := []any{logRequestID, req.requestID, logPath, req.rawPath, logQuery, redactedQuery(req.rawQuery), logStatus, status}
@@ -286,7 +360,63 @@ func (h *Handler) prepare(ctx context.Context, req request) (*session, error) {
 	if err != nil {
 		return nil, err
 	}
-	return &session{h: h, req: req, caller: caller, run: run, cursor: after, after: after}, nil
+	// Last, so that a refusal for any other cause takes no slot.
+	lease, err := h.acquire(ctx, caller.OwnerID)
+	if err != nil {
+		return nil, err
+	}
+	return &session{h: h, req: req, caller: caller, run: run, cursor: after, after: after, lease: lease}, nil
+}
+
+// capReached: the caller holds MaxPerCaller streams already.
+type capReached struct {
+	max int
+	// retryAfter is when the earliest held slot would lapse.
+	retryAfter time.Duration
+}
+
+func (e *capReached) Error() string {
+	return fmt.Sprintf("stream: %d streams open, the cap", e.max)
+}
+
+// acquire takes one of the caller's slots; nil without Config.Leases.
+func (h *Handler) acquire(ctx context.Context, owner string) (*store.StreamLease, error) {
+	if h.cfg.Leases == nil {
+		return nil, nil
+	}
+	var id [16]byte
+	if _, err := io.ReadFull(h.cfg.Random, id[:]); err != nil {
+		return nil, fmt.Errorf("stream: making a lease holder id: %w", err)
+	}
+	now := h.clock.Now()
+	l, err := h.cfg.Leases.AcquireStreamLease(ctx, store.StreamLease{
+		OwnerID: owner, Holder: hex.EncodeToString(id[:]), ExpiresAt: now.Add(h.cfg.LeaseTTL),
+	}, h.cfg.MaxPerCaller)
+	if errors.Is(err, store.ErrExists) {
+		wait := l.ExpiresAt.Sub(now)
+		if l.ExpiresAt.IsZero() || wait > h.cfg.LeaseTTL {
+			wait = h.cfg.LeaseTTL
+		}
+		return nil, &capReached{max: h.cfg.MaxPerCaller, retryAfter: max(wait, time.Second)}
+	}
+	if err != nil {
+		return nil, fmt.Errorf("stream: taking a stream slot: %w", err)
+	}
+	return &l, nil
+}
+
+// refuseFull answers 429 with Retry-After and the cap in the body.
+func (h *Handler) refuseFull(ctx context.Context, req request, full *capReached) *refusal {
+	secs := int64(math.Ceil(full.retryAfter.Seconds()))
+	h.log.InfoContext(ctx, "stream refused", logRequestID, req.requestID, logPath, req.rawPath,
+		logQuery, redactedQuery(req.rawQuery), logStatus, http.StatusTooManyRequests)
+	body, _ := api.EncodeJSON(map[string]any{
+		"error": fmt.Sprintf("this caller already has %d streams open, the most allowed per caller: close one, "+
+			"follow the run with GET /fleet/runs/{id}/events?after=<cursor>&wait=<seconds> instead, or retry after %d s", full.max, secs),
+		"code":    CodeTooManyStreams,
+		"details": map[string]any{"maxStreamsPerCaller": full.max, "retryAfterSeconds": secs},
+	})
+	return &refusal{status: http.StatusTooManyRequests, body: body, retryAfter: strconv.FormatInt(secs, 10)}
 }
 
 // sseHeaders are the stream's response headers.

@@ -60,6 +60,8 @@ type envOptions struct {
 	onHostRequest func(r *http.Request)
 	// wrapStore, when set, stands between Fleet and the bolt store.
 	wrapStore func(store.Store) store.Store
+	// leases: the per-caller cap counts on the bolt store (Config.Leases).
+	leases bool
 }
 
 func newEnv(t *testing.T, opts envOptions) *env {
@@ -98,6 +100,9 @@ func newEnv(t *testing.T, opts envOptions) *env {
 	}
 	cfg := opts.cfg
 	cfg.Fleet, cfg.Auth, cfg.Logger, cfg.Clock = f, auth.NewAuthenticator(st, adminToken), log, clk
+	if opts.leases {
+		cfg.Leases = st
+	}
 	parked := make(chan struct{})
 	if opts.ticks {
 		cfg.Parked = func(ctx context.Context) {
@@ -222,7 +227,7 @@ func seqRange(from, to int64) []int64 {
 func TestAHangingHostNeverHoldsTheStreamSilent(t *testing.T) {
 	var hang atomic.Bool
 	hung := make(chan struct{}, 16)
-	e := newEnv(t, envOptions{ticks: true, cfg: Config{PollInterval: time.Second, KeepAlive: time.Hour, MaxDuration: 3 * time.Hour},
+	e := newEnv(t, envOptions{ticks: true, cfg: Config{PollInterval: time.Second, KeepAlive: time.Hour, MaxDuration: 3 * time.Hour, IdleTimeout: 3 * time.Hour},
 		onHostRequest: func(r *http.Request) {
 			if hang.Load() && r.Method == http.MethodGet && strings.HasPrefix(r.URL.Path, "/runs/") {
 				hung <- struct{}{}
@@ -743,4 +748,52 @@ func (l *logSink) wait(t *testing.T, parts ...string) {
 		}
 		time.Sleep(5 * time.Millisecond)
 	}
+}
+
+// TestStreamRenewsItsSlotAndFreesItAtTheEnd: with a cap of one, a stream
+// that runs for longer than a lease's life still holds its slot (it renews
+// every LeaseTTL/3), and frees it when it ends (done), so the next opens.
+func TestStreamRenewsItsSlotAndFreesItAtTheEnd(t *testing.T) {
+	e := newEnv(t, envOptions{ticks: true, leases: true, cfg: Config{MaxPerCaller: 1, LeaseTTL: 9 * time.Second, KeepAlive: time.Hour}})
+	run := e.dispatch(t, "alice")
+	e.sweep(t)
+	ch := ssetest.Read(e.open(t, run.FleetRunID, "").Body)
+	eventsUntil(t, ch, "snapshot")
+	for i := 0; i < 30; i++ { // 30 s: more than three lease lives
+		e.tick()
+	}
+	second := e.open(t, run.FleetRunID, "")
+	if second.StatusCode != http.StatusTooManyRequests || second.Header.Get("Retry-After") == "" {
+		t.Fatalf("a second stream while the first runs 30 s on a 9 s lease: %d", second.StatusCode)
+	}
+	zero := 0
+	e.host.SetRun(run.ChildRunID, hostproto.StatusSucceeded, &zero, "")
+	e.tick()
+	eventsUntil(t, ch, "done")
+	e.logs.wait(t, `"end":"done"`)
+	if third := e.open(t, run.FleetRunID, ""); third.StatusCode != http.StatusOK {
+		t.Fatalf("after the first ended: %d", third.StatusCode)
+	}
+}
+
+// TestStreamThatLostItsSlotEnds: a stream whose lease lapsed (renewals
+// could not reach the store for a whole lease life, here: the clock jumped)
+// and was taken by another stream ends with a retry hint rather than
+// exceed the cap.
+func TestStreamThatLostItsSlotEnds(t *testing.T) {
+	e := newEnv(t, envOptions{ticks: true, leases: true, cfg: Config{MaxPerCaller: 1, LeaseTTL: 9 * time.Second, KeepAlive: time.Hour}})
+	run := e.dispatch(t, "alice")
+	e.sweep(t)
+	ch := ssetest.Read(e.open(t, run.FleetRunID, "").Body)
+	eventsUntil(t, ch, "snapshot")
+	<-e.parked
+	e.clk.Advance(10 * time.Second) // past the lease, before its renewal ran
+	if _, err := e.st.AcquireStreamLease(context.Background(), store.StreamLease{OwnerID: "admin", Holder: "another", ExpiresAt: e.clk.Now().Add(time.Minute)}, 1); err != nil {
+		t.Fatal(err)
+	}
+	m := next(t, ch)
+	if m.Retry != "2000" || len(m.Comments) != 1 || !strings.Contains(m.Comments[0], "lost its slot") {
+		t.Fatalf("after its slot was taken: %+v", m)
+	}
+	e.logs.wait(t, `"end":"lease_lost"`)
 }

@@ -26,7 +26,6 @@ const (
 	attrLapStarted     = "lapStarted"
 	attrPrevLapStarted = "prevLapStarted"
 	attrPrevLapEnded   = "prevLapEnded"
-	attrHolder         = "holder"
 	attrLeaseUntil     = "leaseUntil"
 )
 

@@ -72,6 +72,7 @@ func Run(t *testing.T, newStore NewStore) {
 		{"Context/Canceled", testContextCanceled},
 	}
 	tests = append(tests, sweepCursorCases...)
+	tests = append(tests, streamLeaseTests...)
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
 			t.Parallel()
