@@ -71,6 +71,7 @@ func Run(t *testing.T, newStore NewStore) {
 		{"Events/ExtendExpiry", testEventsExtendExpiry},
 		{"Context/Canceled", testContextCanceled},
 	}
+	tests = append(tests, routeViewTests...)
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
 			t.Parallel()
