@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"maps"
 	"sort"
 	"strconv"
 
@@ -104,7 +105,7 @@ func (s *Store) PutRouteView(ctx context.Context, v store.RouteView) (map[string
 			}
 		}
 	}
-	if len(deletes) > 0 || len(union) != len(next) || grown {
+	if !maps.Equal(union, next) {
 		if err := s.putRouteIndex(ctx, next); err != nil {
 			return nil, fault("put route view: writing its index", err)
 		}

@@ -92,7 +92,7 @@ func Entries(hosts []store.Host) []store.Host {
 // encode compresses entries es. It cannot fail on these types.
 func encode(es []entry) []byte {
 	var buf bytes.Buffer
-	zw, _ := gzip.NewWriterLevel(&buf, gzip.BestCompression)
+	zw, _ := gzip.NewWriterLevel(&buf, gzip.DefaultCompression)
 	if err := json.NewEncoder(zw).Encode(es); err != nil {
 		panic(fmt.Sprintf("routeview: encoding entries: %v", err))
 	}
@@ -150,18 +150,29 @@ func Pack(hosts []store.Host, maxShards, maxBytes int) (blobs [][]byte, kept int
 	return blobs, kept
 }
 
-// fit finds the most leading entries of es whose blob is within maxBytes,
-// by binary search (compressed size grows with the count, near enough: a
-// shard may hold a few hosts fewer than the densest packing).
+// fit finds the most leading entries of es whose blob is within maxBytes:
+// doubling from 64 while the blob fits, then a binary search between the
+// last count that fitted and the first that did not, to within 1/64
+// (compressed size grows with the count, near enough: a shard may hold a
+// few hosts fewer than the densest packing). A few compressions per shard
+// whatever len(es).
 func fit(es []entry, maxBytes int) (int, []byte) {
-	lo, hi := 0, len(es)
+	lo, hi := 0, 0
 	var best []byte
-	// Bound the search by the densest packing gzip could reach (8 bytes a
-	// host), so a 10,000-host list costs a few compressions, not many.
-	if hi > maxBytes/8 {
-		hi = maxBytes / 8
+	for n := min(64, len(es)); ; n = min(2*n, len(es)) {
+		blob := encode(es[:n])
+		if len(blob) > maxBytes {
+			hi = n - 1
+			break
+		}
+		lo, best = n, blob
+		if n == len(es) {
+			return lo, best
+		}
 	}
-	for lo < hi {
+	// Within 1/64 of the densest count is close enough, and saves the
+	// search's last, costliest steps.
+	for hi-lo > max(0, lo/64) {
 		mid := (lo + hi + 1) / 2
 		blob := encode(es[:mid])
 		if len(blob) <= maxBytes {
