@@ -14,6 +14,8 @@ import (
 	"github.com/aws/aws-sdk-go-v2/service/dynamodb/types"
 
 	"github.com/runfleet/runfleet/shared/fakehost"
+	"github.com/runfleet/runfleet/shared/fleet"
+	"github.com/runfleet/runfleet/shared/store"
 	"github.com/runfleet/runfleet/shared/store/dynamostore"
 )
 
@@ -55,22 +57,28 @@ func capacityStack(tb testing.TB, nHosts int) (*stack, string) {
 
 // routedStack is a DynamoDB stack of nHosts hosts, all probed ok: h00 a
 // real fake host registered and probed through the API, the others copies
-// of its item (same address, another id and latency) written straight
-// into the table with BatchWriteItem, and then one build of the routing
-// view as the probe pass writes it. It returns the units that build cost.
+// of its item (same address, another id, latency and label) written
+// straight into the table with BatchWriteItem; then the routing view is
+// written from those records as the probe pass writes it
+// (fleet.BuildRouteView, Store.PutRouteView), without the pass's scan,
+// which moto serves slowly. It returns the units the view's write cost.
 func routedStack(tb testing.TB, nHosts int) (*stack, string, dynamostore.Usage) {
 	s, token := capacityStack(tb, 1)
-	seedHosts(tb, s, "h00", nHosts-1)
+	ctx := context.Background()
+	hosts := seedHosts(tb, s, "h00", nHosts-1)
 	s.meter.Reset()
-	if err := s.app.Fleet.RefreshRouteView(context.Background()); err != nil {
+	v := fleet.BuildRouteView(hosts, s.clk.Now(), fleet.DefaultProbeMaxAge)
+	if _, err := s.app.Fleet.Store().PutRouteView(ctx, v); err != nil {
 		tb.Fatal(err)
 	}
 	return s, token, s.meter.Snapshot()
 }
 
 // seedHosts writes n copies of host template's item, ids "s00000"...,
-// latencies 1-50 ms (the template's is that of a loopback probe, ~0).
-func seedHosts(tb testing.TB, s *stack, template string, n int) {
+// latencies 1-50 ms (the template's is that of a loopback probe, ~0) and
+// a label of its own, and returns every host, the template's first, as
+// the store holds them.
+func seedHosts(tb testing.TB, s *stack, template string, n int) []store.Host {
 	tb.Helper()
 	db := moto.DynamoDB()
 	ctx := context.Background()
@@ -80,6 +88,11 @@ func seedHosts(tb testing.TB, s *stack, template string, n int) {
 	if err != nil || out.Item == nil || out.Item["probe"] == nil {
 		tb.Fatalf("reading the template host: %v", err)
 	}
+	tmpl, err := s.app.Fleet.Store().GetHost(ctx, template)
+	if err != nil {
+		tb.Fatal(err)
+	}
+	hosts := []store.Host{tmpl}
 	var batch []types.WriteRequest
 	flush := func() {
 		pending := map[string][]types.WriteRequest{table: batch}
@@ -93,11 +106,26 @@ func seedHosts(tb testing.TB, s *stack, template string, n int) {
 		batch = batch[:0]
 	}
 	for i := 0; i < n; i++ {
+		h := tmpl
+		h.ID = fmt.Sprintf("s%05d", i)
+		// A label of its own, as real hosts have (a rack, a zone): the
+		// view compresses no better than it would in a real fleet.
+		h.Labels = map[string]string{"pool": "ci", "rack": fmt.Sprintf("r%x", uint32(i)*2654435761)}
+		p := *tmpl.Probe
+		p.LatencyMs = int64(1 + i%50)
+		h.Probe = &p
+		hosts = append(hosts, h)
+
 		item := maps.Clone(out.Item)
 		probe := maps.Clone(out.Item["probe"].(*types.AttributeValueMemberM).Value)
-		probe["latencyMs"] = &types.AttributeValueMemberN{Value: fmt.Sprint(1 + i%50)}
+		probe["latencyMs"] = &types.AttributeValueMemberN{Value: fmt.Sprint(p.LatencyMs)}
 		item["probe"] = &types.AttributeValueMemberM{Value: probe}
-		item["id"] = &types.AttributeValueMemberS{Value: fmt.Sprintf("s%05d", i)}
+		item["id"] = &types.AttributeValueMemberS{Value: h.ID}
+		labels := map[string]types.AttributeValue{}
+		for k, v := range h.Labels {
+			labels[k] = &types.AttributeValueMemberS{Value: v}
+		}
+		item["labels"] = &types.AttributeValueMemberM{Value: labels}
 		batch = append(batch, types.WriteRequest{PutRequest: &types.PutRequest{Item: item}})
 		if len(batch) == 25 {
 			flush()
@@ -106,6 +134,7 @@ func seedHosts(tb testing.TB, s *stack, template string, n int) {
 	if len(batch) > 0 {
 		flush()
 	}
+	return hosts
 }
 
 func TestDispatchCapacityOnDynamoDB(t *testing.T) {

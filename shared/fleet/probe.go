@@ -211,6 +211,7 @@ func (f *Fleet) probe(ctx context.Context, h store.Host) store.Probe {
 		p.Features = health.Features
 		p.CA = health.CA
 		p.Draining = health.Draining
+		p.Idle = health.Idle
 		p.Storage = health.Storage
 		// An empty limits says nothing; nil is how both stores keep that.
 		if health.Limits != nil && *health.Limits != (hostproto.Limits{}) {
