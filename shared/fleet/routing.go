@@ -254,6 +254,15 @@ func LoadRepoURLs(path string) (map[string]string, error) {
 
 // The routing view's lists: one per agent the fleet offers, and one for
 // any agent, used when the requested agent has no list of its own.
+//
+// The view is written by the probe pass (and by the admin verbs on one
+// host) and read by dispatch (routeByView): shard 0 of a list, more only
+// while no host read can take the run (at most store.RouteShardsMax), then
+// the chosen host strongly consistent. A list keeps the hosts most likely
+// to take a run first, so truncating it past its shards loses the least
+// likely; a request only such hosts could take is refused with how many
+// hosts were considered of how many. A view is at most one probe interval
+// old; what changed on the chosen host since is caught by its re-read.
 const (
 	RouteListAny = "any"
 	// MaxRouteLists bounds the agent lists a view writes (the probe's
