@@ -565,7 +565,10 @@ const maxRouteRechecks = 3
 func (f *Fleet) routeByView(ctx context.Context, c store.Caller, in RouteInput) (d Decision, details map[string]any, found bool, err error) {
 	list := RouteList(in.Agent)
 	sh, err := f.store.RouteShard(ctx, list, 0)
-	if errors.Is(err, store.ErrNotFound) {
+	// An agent list older than a probe's life was left by a pass that lost
+	// a race to write the index (no pass writes it any more: no host
+	// offers the agent now); "any" is current.
+	if errors.Is(err, store.ErrNotFound) || err == nil && in.Now.Sub(sh.At) > in.MaxProbeAge {
 		list = RouteListAny
 		sh, err = f.store.RouteShard(ctx, list, 0)
 	}

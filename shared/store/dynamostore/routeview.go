@@ -172,6 +172,7 @@ func (s *Store) putRouteIndex(ctx context.Context, idx map[string]int) error {
 	it.putS(attrID, routeIndexID)
 	it.putNAlways(attrVersionFormat, formatVersion)
 	it[attrRouteList] = &types.AttributeValueMemberM{Value: lists}
-	_, err := s.api.PutItem(ctx, &dynamodb.PutItemInput{TableName: aws.String(s.tables.Hosts), Item: it})
-	return err
+	// A batch of one, as the shards are written: the view needs no
+	// PutItem, so the probe's role grants none.
+	return s.batchWrite(ctx, s.tables.Hosts, []types.WriteRequest{{PutRequest: &types.PutRequest{Item: it}}})
 }
