@@ -48,4 +48,15 @@ func TestRoutingRefusalPastTheView(t *testing.T) {
 	if u.Calls["Scan"] != 0 || u.RCU["hosts"] != 1.5 {
 		t.Errorf("hosts table reads: %g RCU, calls %v; want 1.5 (three shards) and no Scan", u.RCU["hosts"], u.Calls)
 	}
+
+	// A caller limited to two hosts learns how many of its own were
+	// considered, nothing of the fleet's size.
+	bob := s.mint(t, "bob", []string{"h00", "s00001"}, "*")
+	b := s.must(t, http.StatusConflict, "POST", "/fleet/runs", bob, `{"agent":"shell","labels":{"pool":"gpu"}}`)
+	var scoped map[string]any
+	json.Unmarshal([]byte(b.raw), &scoped)
+	details, _ := scoped["details"].(map[string]any)
+	if details["considered"] != float64(2) || details["hosts"] != nil || strings.Contains(b.raw, "2000") {
+		t.Errorf("a scoped caller's refusal: %s; want 2 of its hosts considered and no fleet size", b.raw)
+	}
 }

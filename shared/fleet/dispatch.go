@@ -608,8 +608,15 @@ func (f *Fleet) routeByView(ctx context.Context, c store.Caller, in RouteInput) 
 				continue
 			}
 			if len(seen) < total {
-				d.Reason += fmt.Sprintf("; %d of %d hosts considered (the routing view keeps those most likely to take agent %q)", len(seen), total, in.Agent)
-				details = map[string]any{"considered": len(seen), "hosts": total}
+				// A caller limited to some hosts learns nothing of the
+				// others, their number included.
+				if c.Admin || c.AllowedHosts.All {
+					d.Reason += fmt.Sprintf("; %d of %d hosts considered (the routing view keeps those most likely to take agent %q)", len(seen), total, in.Agent)
+					details = map[string]any{"considered": len(seen), "hosts": total}
+				} else {
+					d.Reason += fmt.Sprintf("; %d of your hosts considered (the routing view keeps those most likely to take agent %q)", len(in.Hosts), in.Agent)
+					details = map[string]any{"considered": len(in.Hosts)}
+				}
 			}
 			return d, details, true, nil
 		}
