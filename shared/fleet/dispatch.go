@@ -523,10 +523,10 @@ func (f *Fleet) route(ctx context.Context, c store.Caller, r DispatchRequest) (D
 		return refuseUnrouted(Route(in), nil)
 	}
 	d, details, found, err := f.routeByView(ctx, c, in)
-	if err != nil || found {
-		if err != nil {
-			return Decision{}, err
-		}
+	switch {
+	case err != nil:
+		return Decision{}, err
+	case found:
 		return refuseUnrouted(d, details)
 	}
 	if in.Hosts, err = f.Hosts(ctx, c); err != nil {

@@ -169,8 +169,8 @@ func (f *Fleet) SetHostEnabled(ctx context.Context, id string, enabled bool) (st
 	if err != nil {
 		return store.Host{}, fmt.Errorf("fleet: setting host %q enabled: %w", id, err)
 	}
-	// Disabled, the host is excluded at once anyway (dispatch re-reads the
-	// chosen host); enabled again, it is routed to at once only so.
+	// A disable would be seen anyway (dispatch re-reads the host it
+	// chooses); an enable is seen at once only because the view is rebuilt.
 	if err := f.RefreshRouteView(ctx); err != nil {
 		return store.Host{}, err
 	}
