@@ -364,7 +364,8 @@ type RouteStore interface {
 	// PutRouteView replaces the view: each list's hosts, in order, are
 	// packed into at most RouteShardsMax shards of at most 4 KB each (a
 	// DynamoDB item an eventually consistent GetItem reads for half a
-	// unit); the hosts that do not fit are left out. Lists of the previous
+	// unit); the hosts that do not fit are left out, and so is a host
+	// whose entry alone outgrows a shard. Lists of the previous
 	// view that v lacks are deleted, and so are shards a list no longer
 	// fills. It returns, per list, how many hosts were kept. Lists are
 	// written one after the other: a reader may see a list of the new view

@@ -94,7 +94,9 @@
 // depending on how alike their ids, labels and probe times are (measured:
 // ~210 with random ids, probe times and labels; ~360 with sequential ids
 // and a label of their own; ~1,100 with sequential ids alone), so ~600 to
-// ~3,300 hosts a list; the rest are left out of it.
+// ~3,300 hosts a list; the rest are left out of it. A host whose entry
+// alone outgrows a shard (labels and local paths near their bounds, which
+// do not compress) is left out of every list: routed to only by name.
 // An entry holds what routing decides from, never the address, credential
 // or CA. The index item "#route#index" names each list with its shard
 // count, so a pass deletes lists and shards it no longer writes.

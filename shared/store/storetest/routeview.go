@@ -1,6 +1,9 @@
 package storetest
 
 import (
+	"crypto/sha256"
+	"encoding/hex"
+	"errors"
 	"fmt"
 	"testing"
 	"time"
@@ -19,6 +22,7 @@ var routeViewTests = []struct {
 	{"RouteView/PutRead", testRouteViewPutRead},
 	{"RouteView/ReplacesLists", testRouteViewReplaces},
 	{"RouteView/TruncatesToShards", testRouteViewTruncates},
+	{"RouteView/LeavesOutAHostLargerThanAShard", testRouteViewFatHost},
 	{"Hosts/RecordDrain", testHostsRecordDrain},
 }
 
@@ -160,4 +164,37 @@ func testHostsRecordDrain(t *testing.T, s store.Store, clk *clock.Fake) {
 	}
 	_, err = s.RecordDrain(bg, "gone", true, nil)
 	wantErr(t, "RecordDrain of an unknown host", err, store.ErrNotFound)
+}
+
+// testRouteViewFatHost: a host whose entry alone outgrows a shard (labels
+// at their bounds, which do not compress) is left out; the hosts after it
+// are kept, in order.
+func testRouteViewFatHost(t *testing.T, s store.Store, clk *clock.Fake) {
+	now := clk.Now()
+	fat := store.Host{ID: "fat", Enabled: true, Labels: map[string]string{}}
+	for i := 0; i < 64; i++ {
+		var v []byte
+		for j := 0; len(v) < 256; j++ {
+			sum := sha256.Sum256([]byte(fmt.Sprint(i, j)))
+			v = append(v, hex.EncodeToString(sum[:])...)
+		}
+		fat.Labels[fmt.Sprintf("k%02d", i)] = string(v[:256])
+	}
+	hosts := []store.Host{{ID: "a", Enabled: true}, fat, {ID: "b", Enabled: true}}
+	kept, err := s.PutRouteView(bg, store.RouteView{Lists: map[string][]store.Host{"any": hosts}, Total: 3, At: now})
+	noErr(t, "PutRouteView", err)
+	var got []string
+	for n := 0; ; n++ {
+		sh, err := s.RouteShard(bg, "any", n)
+		if errors.Is(err, store.ErrNotFound) {
+			break
+		}
+		noErr(t, "RouteShard", err)
+		for _, h := range sh.Hosts {
+			got = append(got, h.ID)
+		}
+	}
+	if kept["any"] != 2 || fmt.Sprint(got) != "[a b]" {
+		t.Fatalf("kept %d, read %v; want a and b, without the host too large for a shard", kept["any"], got)
+	}
 }

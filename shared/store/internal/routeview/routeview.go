@@ -132,20 +132,24 @@ func Decode(blob []byte) ([]store.Host, error) {
 
 // Pack splits hosts, in order, into at most maxShards blobs of at most
 // maxBytes each, each holding as many hosts as fit; the hosts that do not
-// fit in maxShards are left out. A host too large for a shard alone ends
-// the list there. It returns the blobs and how many hosts they hold.
+// fit in maxShards are left out, and so is a host whose entry alone is
+// larger than a shard (labels and local paths near their bounds, which do
+// not compress): such a host is routed to only by name. It returns the
+// blobs and how many hosts they hold.
 func Pack(hosts []store.Host, maxShards, maxBytes int) (blobs [][]byte, kept int) {
 	es := make([]entry, len(hosts))
 	for i, h := range hosts {
 		es[i] = toEntry(h)
 	}
-	for len(blobs) < maxShards && kept < len(es) {
-		n, blob := fit(es[kept:], maxBytes)
+	for len(blobs) < maxShards && len(es) > 0 {
+		n, blob := fit(es, maxBytes)
 		if n == 0 {
-			break
+			es = es[1:] // too large alone
+			continue
 		}
 		blobs = append(blobs, blob)
 		kept += n
+		es = es[n:]
 	}
 	return blobs, kept
 }
