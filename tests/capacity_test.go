@@ -1,12 +1,21 @@
 package tests
 
 import (
+	"context"
 	"fmt"
+	"maps"
 	"net/http"
+	"sort"
 	"strings"
 	"testing"
 
+	"github.com/aws/aws-sdk-go-v2/aws"
+	"github.com/aws/aws-sdk-go-v2/service/dynamodb"
+	"github.com/aws/aws-sdk-go-v2/service/dynamodb/types"
+
 	"github.com/runfleet/runfleet/shared/fakehost"
+	"github.com/runfleet/runfleet/shared/fleet"
+	"github.com/runfleet/runfleet/shared/store"
 	"github.com/runfleet/runfleet/shared/store/dynamostore"
 )
 
@@ -20,13 +29,16 @@ import (
 // what is met is <= 4 on the tables (3: the idempotency item, the run, the
 // update recording the host's answer, which touches no index key or
 // projected attribute). Measured: 3 table + 3 index = 6 write units.
-// Reads, the caller lookup included and the host-registry read (which
-// grows with the fleet) counted apart: 1.5 (the caller's token item,
-// strongly consistent, 1; the idempotency item, eventually consistent, 0.5).
-// A reused dispatch: 2 read units (the token item 1, the idempotency item
-// and the run, eventually consistent, 0.5 each), no write, no host read.
+//
+// Reads, whatever the number of hosts (issue 15 item 1): 3 units. The
+// caller's token item, strongly consistent, 1; the idempotency item,
+// eventually consistent, 0.5; on the hosts table, shard 0 of the routing
+// view (under 4 KB, eventually consistent) 0.5 and the chosen host's item,
+// strongly consistent, 1. A reused dispatch: 2 read units (the token item
+// 1, the idempotency item and the run, eventually consistent, 0.5 each),
+// no write, no host read.
 var (
-	newDispatchRCU = map[string]float64{"callers": 1, "idempotency": 0.5}
+	newDispatchRCU = map[string]float64{"callers": 1, "idempotency": 0.5, "hosts": 1.5}
 	newDispatchWCU = map[string]float64{"idempotency": 1, "runs": 2, "runs/live": 1, "runs/byOwner": 1, "runs/byHost": 1}
 	reusedRCU      = map[string]float64{"callers": 1, "idempotency": 0.5, "runs": 0.5}
 )
@@ -43,10 +55,86 @@ func capacityStack(tb testing.TB, nHosts int) (*stack, string) {
 	return s, s.mint(tb, "alice", "*", "*")
 }
 
-// withoutHosts splits a usage into the dispatch's own reads and the
-// host-registry read.
-func withoutHosts(u dynamostore.Usage) (rcu, hostsRCU float64) {
-	return u.TotalRCU() - u.RCU["hosts"], u.RCU["hosts"]
+// routedStack is a DynamoDB stack of nHosts hosts, all probed ok: h00 a
+// real fake host registered and probed through the API, the others copies
+// of its item (same address, another id, latency and label) written
+// straight into the table with BatchWriteItem; then the routing view is
+// written from those records as the probe pass writes it
+// (fleet.BuildRouteView, Store.PutRouteView), without the pass's scan,
+// which moto serves slowly. It returns the units the view's write cost.
+func routedStack(tb testing.TB, nHosts int) (*stack, string, dynamostore.Usage) {
+	s, token := capacityStack(tb, 1)
+	ctx := context.Background()
+	hosts := seedHosts(tb, s, "h00", nHosts-1)
+	s.meter.Reset()
+	v := fleet.BuildRouteView(hosts, s.clk.Now(), fleet.DefaultProbeMaxAge)
+	if _, err := s.app.Fleet.Store().PutRouteView(ctx, v); err != nil {
+		tb.Fatal(err)
+	}
+	return s, token, s.meter.Snapshot()
+}
+
+// seedHosts writes n copies of host template's item, ids "s00000"...,
+// latencies 1-50 ms (the template's is that of a loopback probe, ~0) and
+// a label of its own, and returns every host, the template's first, as
+// the store holds them.
+func seedHosts(tb testing.TB, s *stack, template string, n int) []store.Host {
+	tb.Helper()
+	db := moto.DynamoDB()
+	ctx := context.Background()
+	table := s.app.Config.Tables.Hosts
+	out, err := db.GetItem(ctx, &dynamodb.GetItemInput{TableName: aws.String(table),
+		Key: map[string]types.AttributeValue{"id": &types.AttributeValueMemberS{Value: template}}, ConsistentRead: aws.Bool(true)})
+	if err != nil || out.Item == nil || out.Item["probe"] == nil {
+		tb.Fatalf("reading the template host: %v", err)
+	}
+	tmpl, err := s.app.Fleet.Store().GetHost(ctx, template)
+	if err != nil {
+		tb.Fatal(err)
+	}
+	hosts := []store.Host{tmpl}
+	var batch []types.WriteRequest
+	flush := func() {
+		pending := map[string][]types.WriteRequest{table: batch}
+		for len(pending[table]) > 0 {
+			res, err := db.BatchWriteItem(ctx, &dynamodb.BatchWriteItemInput{RequestItems: pending})
+			if err != nil {
+				tb.Fatalf("seeding hosts: %v", err)
+			}
+			pending = res.UnprocessedItems
+		}
+		batch = batch[:0]
+	}
+	for i := 0; i < n; i++ {
+		h := tmpl
+		h.ID = fmt.Sprintf("s%05d", i)
+		// A label of its own, as real hosts have (a rack, a zone): the
+		// view compresses no better than it would in a real fleet.
+		h.Labels = map[string]string{"pool": "ci", "rack": fmt.Sprintf("r%x", uint32(i)*2654435761)}
+		p := *tmpl.Probe
+		p.LatencyMs = int64(1 + i%50)
+		h.Probe = &p
+		hosts = append(hosts, h)
+
+		item := maps.Clone(out.Item)
+		probe := maps.Clone(out.Item["probe"].(*types.AttributeValueMemberM).Value)
+		probe["latencyMs"] = &types.AttributeValueMemberN{Value: fmt.Sprint(p.LatencyMs)}
+		item["probe"] = &types.AttributeValueMemberM{Value: probe}
+		item["id"] = &types.AttributeValueMemberS{Value: h.ID}
+		labels := map[string]types.AttributeValue{}
+		for k, v := range h.Labels {
+			labels[k] = &types.AttributeValueMemberS{Value: v}
+		}
+		item["labels"] = &types.AttributeValueMemberM{Value: labels}
+		batch = append(batch, types.WriteRequest{PutRequest: &types.PutRequest{Item: item}})
+		if len(batch) == 25 {
+			flush()
+		}
+	}
+	if len(batch) > 0 {
+		flush()
+	}
+	return hosts
 }
 
 func TestDispatchCapacityOnDynamoDB(t *testing.T) {
@@ -57,17 +145,16 @@ func TestDispatchCapacityOnDynamoDB(t *testing.T) {
 	s.must(t, http.StatusCreated, "POST", "/fleet/runs", token, body, "Idempotency-Key", "cap-1")
 	u := s.meter.Snapshot()
 	t.Logf("new dispatch: %s", u)
-	hostsRCU := u.RCU["hosts"]
-	delete(u.RCU, "hosts")
 	if !sameUnits(u.RCU, newDispatchRCU) || !sameUnits(u.WCU, newDispatchWCU) {
 		t.Errorf("new dispatch: RCU %v, WCU %v; want RCU %v and WCU %v", u.RCU, u.WCU, newDispatchRCU, newDispatchWCU)
 	}
-	if u.TableWCU() != 3 || u.TotalWCU()-u.TableWCU() != 3 || u.TotalRCU() != 1.5 {
-		t.Errorf("new dispatch: %g table + %g index WCU, %g RCU; want 3 + 3, 1.5", u.TableWCU(), u.TotalWCU()-u.TableWCU(), u.TotalRCU())
+	if u.TableWCU() != 3 || u.TotalWCU()-u.TableWCU() != 3 || u.TotalRCU() != 3 {
+		t.Errorf("new dispatch: %g table + %g index WCU, %g RCU; want 3 + 3, 3", u.TableWCU(), u.TotalWCU()-u.TableWCU(), u.TotalRCU())
 	}
-	// The host-registry read, apart: one Scan of three ~0.3 KB items.
-	if hostsRCU != 0.5 {
-		t.Errorf("the host-registry read: %g RCU, want 0.5", hostsRCU)
+	// The hosts table: two GetItems (the view's shard, the chosen host),
+	// never a Scan.
+	if u.Calls["Scan"] != 0 || u.Calls["GetItem"] != 4 {
+		t.Errorf("new dispatch calls %v; want 4 GetItems (token, idempotency, the view's shard, the host) and no Scan", u.Calls)
 	}
 
 	s.meter.Reset()
@@ -76,6 +163,27 @@ func TestDispatchCapacityOnDynamoDB(t *testing.T) {
 	t.Logf("reused dispatch: %s", u)
 	if !sameUnits(u.RCU, reusedRCU) || u.TotalWCU() != 0 {
 		t.Errorf("reused dispatch: RCU %v, %g WCU; want RCU %v (no host read) and no write", u.RCU, u.TotalWCU(), reusedRCU)
+	}
+}
+
+// TestRoutedDispatchReadsAreFlatInHosts: at 1,000 hosts a routed dispatch
+// reads exactly what it reads at 3 (the routing view's first shard and the
+// chosen host), where a scan of the hosts table read ~40-118 units.
+func TestRoutedDispatchReadsAreFlatInHosts(t *testing.T) {
+	s, token, build := routedStack(t, 1000)
+	t.Logf("routing view build at 1,000 hosts: %s", build)
+	body := `{"agent":"shell","prompt":"make test","labels":{"pool":"ci"}}`
+	s.meter.Reset()
+	a := s.must(t, http.StatusCreated, "POST", "/fleet/runs", token, body, "Idempotency-Key", "flat-1")
+	u := s.meter.Snapshot()
+	t.Logf("new dispatch over 1,000 hosts: %s", u)
+	if !sameUnits(u.RCU, newDispatchRCU) || u.Calls["Scan"] != 0 {
+		t.Errorf("new dispatch over 1,000 hosts: RCU %v, calls %v; want RCU %v and no Scan", u.RCU, u.Calls, newDispatchRCU)
+	}
+	// The fastest host is the template (a loopback probe, 0 ms): Route's
+	// choice over every host.
+	if a.str("hostId") != "h00" {
+		t.Errorf("routed to %s, want h00 (the lowest latency)", a.str("hostId"))
 	}
 }
 
@@ -95,21 +203,32 @@ func sameUnits(got, want map[string]float64) bool {
 }
 
 // BenchmarkDispatchCapacity reports, per dispatch on DynamoDB (moto_server,
-// priced by dynamostore.Meter): the calls, the read units without and with
-// the host-registry read, and the write units on tables and on indexes.
+// priced by dynamostore.Meter): the calls, the read units (the hosts
+// table's apart) and the write units on tables and on indexes; for routed
+// dispatch at 10, 1,000 and 10,000 hosts, also what one probe pass's write
+// of the routing view costs at that size.
 func BenchmarkDispatchCapacity(b *testing.B) {
 	body := `{"agent":"shell","prompt":"make test","labels":{"pool":"ci"}}`
 	named := `{"host":"h00","agent":"shell","prompt":"make test"}`
-	for _, hosts := range []int{1, 10} {
+	for _, hosts := range []int{10, 1000, 10000} {
 		b.Run(fmt.Sprintf("new/routed-over-%d-hosts", hosts), func(b *testing.B) {
-			s, token := capacityStack(b, hosts)
+			s, token, build := routedStack(b, hosts)
 			s.meter.Reset()
 			b.ResetTimer()
 			for i := 0; i < b.N; i++ {
 				s.must(b, http.StatusCreated, "POST", "/fleet/runs", token, body, "Idempotency-Key", fmt.Sprintf("n-%d", i))
 			}
 			b.StopTimer()
-			report(b, s.meter.Snapshot(), hosts)
+			u := s.meter.Snapshot()
+			report(b, u, hosts)
+			if rcu := u.TotalRCU() / float64(b.N); rcu > 3 {
+				b.Errorf("%g RCU per routed dispatch over %d hosts; the bound is 3", rcu, hosts)
+			}
+			// The pass's own scan of the hosts is the probe's cost, not
+			// the view's: the view is its writes.
+			b.ReportMetric(build.WCU["hosts"], "viewWCU/pass")
+			b.ReportMetric(float64(build.Calls["BatchWriteItem"]+build.Calls["PutItem"]), "viewWrites/pass")
+			b.Logf("view build at %d hosts: %s", hosts, build)
 		})
 	}
 	b.Run("new/named-host", func(b *testing.B) {
@@ -137,14 +256,10 @@ func BenchmarkDispatchCapacity(b *testing.B) {
 
 func report(b *testing.B, u dynamostore.Usage, hosts int) {
 	n := float64(b.N)
-	rcu, hostsRCU := withoutHosts(u)
 	gsiWCU := u.TotalWCU() - u.TableWCU()
 	b.ReportMetric(float64(u.TotalCalls())/n, "calls/op")
-	b.ReportMetric(rcu/n, "RCU/op")
-	b.ReportMetric(hostsRCU/n, "hostsRCU/op")
-	if hosts > 0 {
-		b.ReportMetric(hostsRCU/n/float64(hosts), "hostsRCU/host")
-	}
+	b.ReportMetric(u.TotalRCU()/n, "RCU/op")
+	b.ReportMetric(u.RCU["hosts"]/n, "hostsRCU/op")
 	b.ReportMetric(u.TotalWCU()/n, "WCU/op")
 	b.ReportMetric(u.TableWCU()/n, "tableWCU/op")
 	b.ReportMetric(gsiWCU/n, "gsiWCU/op")
@@ -158,7 +273,8 @@ func report(b *testing.B, u dynamostore.Usage, hosts int) {
 	for k, v := range u.WCU {
 		parts = append(parts, fmt.Sprintf("WCU[%s]=%.2f", k, v/n))
 	}
-	b.Logf("per op: %s", strings.Join(parts, " "))
+	sort.Strings(parts)
+	b.Logf("per op over %d hosts: %s", hosts, strings.Join(parts, " "))
 }
 
 // TestListRefreshCapacityOnDynamoDB measures what a list page's refresh of

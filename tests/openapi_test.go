@@ -368,6 +368,10 @@ func TestOpenAPIDescribesRealAnswers(t *testing.T) {
 	}
 	sm.samples = append(sm.samples, streams.samples...)
 
+	sm.do("POST", "/fleet/hosts/{id}/drain", "/fleet/hosts/edge-2/drain", adm, "", 200)
+	sm.do("POST", "/fleet/hosts/{id}/drain", "/fleet/hosts/nope/drain", adm, "", 404)
+	sm.do("POST", "/fleet/hosts/{id}/drain", "/fleet/hosts/edge-2/drain", tok, "", 403)
+	sm.do("POST", "/fleet/hosts/{id}/resume", "/fleet/hosts/edge-2/resume", adm, "{}", 200)
 	sm.do("DELETE", "/fleet/hosts/{id}", "/fleet/hosts/edge-1", adm, "", 409)
 	sm.do("DELETE", "/fleet/hosts/{id}", "/fleet/hosts/edge-1?force=1", adm, "", 200)
 	sm.do("DELETE", "/fleet/callers/{ownerId}", "/fleet/callers/ci", adm, "", 200)

@@ -576,6 +576,8 @@ var routeCost = map[string]string{
 	"POST /fleet/hosts/{id}/enable":   "admin",
 	"DELETE /fleet/hosts/{id}":        "admin",
 	"POST /fleet/hosts/{id}/probe":    "admin",
+	"POST /fleet/hosts/{id}/drain":    "admin",
+	"POST /fleet/hosts/{id}/resume":   "admin",
 	"POST /fleet/callers":             "admin",
 	"GET /fleet/callers":              "admin",
 	"DELETE /fleet/callers/{ownerId}": "admin",

@@ -301,7 +301,7 @@ func TestCancelOrDrainBetweenAdmissionAndExecStartsNothing(t *testing.T) {
 					if _, err := e.client.Cancel(bg, runID); err != nil {
 						t.Errorf("cancel in the hook: %v", err)
 					}
-				} else if err := e.client.Drain(bg); err != nil {
+				} else if _, err := e.client.Drain(bg); err != nil {
 					t.Errorf("drain in the hook: %v", err)
 				}
 			}})

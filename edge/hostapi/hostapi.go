@@ -133,9 +133,11 @@ func (a *API) authorized(r *http.Request) bool {
 
 func (a *API) health(w http.ResponseWriter, _ *http.Request) {
 	limits := a.cfg.Runner.Limits()
+	idle := a.cfg.Runner.Idle()
 	h := hostproto.Health{
 		OK:               a.cfg.Runner.Usable() == nil,
 		Draining:         a.cfg.Runner.Draining(),
+		Idle:             &idle,
 		Version:          version.Version,
 		Agents:           a.cfg.Runner.Agents(),
 		InsecureSameUser: a.cfg.Runner.InsecureSameUser(),
@@ -232,19 +234,22 @@ func (a *API) retry(w http.ResponseWriter, r *http.Request) {
 	a.answerRun(w, http.StatusOK)(a.cfg.Runner.Retry(r.PathValue("id")))
 }
 
-// drainState is the answer of /host/drain and /host/resume.
-type drainState struct {
-	Draining bool `json:"draining"`
-}
-
 func (a *API) drain(w http.ResponseWriter, _ *http.Request) {
 	a.cfg.Runner.Drain()
-	writeJSON(w, http.StatusOK, drainState{Draining: true})
+	writeJSON(w, http.StatusOK, a.drainState())
 }
 
 func (a *API) resume(w http.ResponseWriter, _ *http.Request) {
 	a.cfg.Runner.Resume()
-	writeJSON(w, http.StatusOK, drainState{Draining: false})
+	writeJSON(w, http.StatusOK, a.drainState())
+}
+
+// drainState is the answer of /host/drain and /host/resume, as the runner
+// stands after it: Fleet records it at once, so routing excludes a drained
+// host and automation learns when it has emptied.
+func (a *API) drainState() hostproto.DrainState {
+	idle := a.cfg.Runner.Idle()
+	return hostproto.DrainState{Draining: a.cfg.Runner.Draining(), Idle: &idle}
 }
 
 func (a *API) answerRun(w http.ResponseWriter, status int) func(hostproto.Run, error) {

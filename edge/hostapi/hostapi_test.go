@@ -190,11 +190,11 @@ func TestHealthReportsFeaturesAsTheyAre(t *testing.T) {
 	if h, _ = e.client.Health(ctx); h.Features.SecretsProxy {
 		t.Fatalf("health with the proxy down still reports secretsProxy: %+v", h)
 	}
-	if err := e.client.Drain(ctx); err != nil {
+	if _, err := e.client.Drain(ctx); err != nil {
 		t.Fatal(err)
 	}
-	if h, _ = e.client.Health(ctx); !h.Draining {
-		t.Fatal("health does not report draining")
+	if h, _ = e.client.Health(ctx); !h.Draining || h.Idle == nil || !*h.Idle {
+		t.Fatalf("health after a drain with nothing running: %+v, want draining and idle", h)
 	}
 }
 
@@ -355,15 +355,15 @@ func TestStartAfterItsDeadlineIsRefused(t *testing.T) {
 
 func TestDrainAndResume(t *testing.T) {
 	e := newEdge(t)
-	if err := e.client.Drain(ctx); err != nil {
-		t.Fatal(err)
+	if st, err := e.client.Drain(ctx); err != nil || !st.Draining || st.Idle == nil || !*st.Idle {
+		t.Fatalf("drain = %+v, %v; want draining and idle", st, err)
 	}
 	_, err := e.client.Start(ctx, hostproto.StartRequest{ClientToken: "d", Agent: "shell", Prompt: "true"})
 	if !hasCode(err, http.StatusConflict, hostproto.CodeDraining) {
 		t.Fatalf("start while draining = %v", err)
 	}
-	if err := e.client.Resume(ctx); err != nil {
-		t.Fatal(err)
+	if st, err := e.client.Resume(ctx); err != nil || st.Draining {
+		t.Fatalf("resume = %+v, %v; want not draining", st, err)
 	}
 	run := e.start("true")
 	if end := e.waitStatus(run.RunID, ended); end.Status != hostproto.StatusSucceeded {

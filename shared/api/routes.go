@@ -23,6 +23,8 @@ func (h *Handler) routeTable() []route {
 		{method: http.MethodDelete, pattern: "/fleet/hosts/{id}", access: adminOnly, query: []string{"force"}, handle: h.deleteHost},
 		{method: http.MethodPost, pattern: "/fleet/hosts/{id}/probe", access: adminOnly, handle: h.probeHost},
 		{method: http.MethodPost, pattern: "/fleet/probe", access: adminOnly, handle: h.probeAll},
+		{method: http.MethodPost, pattern: "/fleet/hosts/{id}/drain", access: adminOnly, handle: h.drainHost},
+		{method: http.MethodPost, pattern: "/fleet/hosts/{id}/resume", access: adminOnly, handle: h.resumeHost},
 
 		{method: http.MethodPost, pattern: "/fleet/callers", access: adminOnly, handle: h.mintCaller},
 		{method: http.MethodGet, pattern: "/fleet/callers", access: adminOnly, handle: h.listCallers},

@@ -34,6 +34,9 @@ type probeView struct {
 	Features  hostproto.Features `json:"features"`
 	CA        *hostproto.CAInfo  `json:"ca,omitempty"`
 	Draining  bool               `json:"draining"`
+	// Idle: the host runs no task (absent when it does not say). A
+	// draining host that is idle can be suspended.
+	Idle *bool `json:"idle,omitempty"`
 	// Storage and Limits are absent for a host older than the fields.
 	Storage *hostproto.Storage `json:"storage,omitempty"`
 	Limits  *hostproto.Limits  `json:"limits,omitempty"`
@@ -66,7 +69,7 @@ func toHostView(h store.Host, admin bool) hostView {
 func toProbeView(p store.Probe) probeView {
 	v := probeView{
 		Status: p.Status, At: p.At, LatencyMs: p.LatencyMs, Version: p.Version, Agents: p.Agents,
-		Features: p.Features, CA: p.CA, Draining: p.Draining, Storage: p.Storage, Limits: p.Limits,
+		Features: p.Features, CA: p.CA, Draining: p.Draining, Idle: p.Idle, Storage: p.Storage, Limits: p.Limits,
 		Detail: p.Detail,
 	}
 	if v.Agents == nil {

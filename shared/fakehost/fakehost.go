@@ -147,6 +147,8 @@ func New(cfg Config) *Host {
 	h.mux.HandleFunc("POST /runs/{id}/cancel", h.handleCancel)
 	h.mux.HandleFunc("POST /runs/{id}/retry", h.handleRetry)
 	h.mux.HandleFunc("GET /metrics", h.handleMetrics)
+	h.mux.HandleFunc("POST /host/drain", h.handleDrain(true))
+	h.mux.HandleFunc("POST /host/resume", h.handleDrain(false))
 	handler := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		if !h.authorized(r) {
 			writeJSON(w, http.StatusUnauthorized, hostproto.ErrorBody{Error: "bad host credential", Code: hostproto.CodeUnauthorized})
@@ -357,12 +359,36 @@ func (h *Host) handleHealth(w http.ResponseWriter, _ *http.Request) {
 	h.mu.Lock()
 	health, fail := h.health, h.healthFail
 	health.Agents = append([]string(nil), health.Agents...)
+	idle := h.idleLocked()
+	health.Idle = &idle
 	h.mu.Unlock()
 	if fail != 0 {
 		writeJSON(w, fail, hostproto.ErrorBody{Error: "health check failed"})
 		return
 	}
 	writeJSON(w, http.StatusOK, health)
+}
+
+// handleDrain answers POST /host/drain (draining true) and /host/resume:
+// the state after, as edge answers it.
+func (h *Host) handleDrain(draining bool) http.HandlerFunc {
+	return func(w http.ResponseWriter, _ *http.Request) {
+		h.mu.Lock()
+		h.health.Draining = draining
+		idle := h.idleLocked()
+		h.mu.Unlock()
+		writeJSON(w, http.StatusOK, hostproto.DrainState{Draining: draining, Idle: &idle})
+	}
+}
+
+// idleLocked reports whether no run of the host is live. h.mu is held.
+func (h *Host) idleLocked() bool {
+	for _, r := range h.runs {
+		if !hostproto.TerminalStatus(r.Status) {
+			return false
+		}
+	}
+	return true
 }
 
 func (h *Host) handleStart(w http.ResponseWriter, r *http.Request) {

@@ -11,6 +11,7 @@ import (
 	"io"
 	"path"
 	"regexp"
+	"slices"
 	"strings"
 	"time"
 
@@ -496,26 +497,11 @@ func inFlight(fleetRunID string) *Error {
 
 // route gathers the candidates c may use and runs Route over them: a named
 // host is 404 when unknown and 403 when out of c's scope; a refusal is 409
-// with every excluded host and its reasons.
+// with every excluded host and its reasons. Without a named host the
+// candidates come from the routing view (routeByView); only before the
+// probe has written one does it fall back to a scan of every host.
 func (f *Fleet) route(ctx context.Context, c store.Caller, r DispatchRequest) (Decision, error) {
-	var candidates []store.Host
-	if r.Host != "" {
-		h, err := f.Host(ctx, r.Host)
-		if err != nil {
-			return Decision{}, err
-		}
-		if !auth.CanUseHost(c, h.ID) {
-			return Decision{}, forbidden("host %q is not in this caller's allowedHosts", h.ID)
-		}
-		candidates = []store.Host{h}
-	} else {
-		var err error
-		if candidates, err = f.Hosts(ctx, c); err != nil {
-			return Decision{}, err
-		}
-	}
-	d := Route(RouteInput{
-		Hosts:        candidates,
+	in := RouteInput{
 		Agent:        r.Agent,
 		Labels:       r.Labels,
 		Repository:   r.Repository,
@@ -524,11 +510,136 @@ func (f *Fleet) route(ctx context.Context, c store.Caller, r DispatchRequest) (D
 		RepoURLs:     f.cfg.RepoURLs,
 		Now:          f.clock.Now(),
 		MaxProbeAge:  f.cfg.ProbeMaxAge,
-	})
-	if d.Host == nil {
-		return Decision{}, conflict(CodeNoEligibleHost, map[string]any{"excluded": d.Excluded}, "%s", d.Reason)
 	}
-	return d, nil
+	if r.Host != "" {
+		h, err := f.Host(ctx, r.Host)
+		if err != nil {
+			return Decision{}, err
+		}
+		if !auth.CanUseHost(c, h.ID) {
+			return Decision{}, forbidden("host %q is not in this caller's allowedHosts", h.ID)
+		}
+		in.Hosts = []store.Host{h}
+		return refuseUnrouted(Route(in), nil)
+	}
+	d, details, found, err := f.routeByView(ctx, c, in)
+	switch {
+	case err != nil:
+		return Decision{}, err
+	case found:
+		return refuseUnrouted(d, details)
+	}
+	if in.Hosts, err = f.Hosts(ctx, c); err != nil {
+		return Decision{}, err
+	}
+	return refuseUnrouted(Route(in), nil)
+}
+
+// refuseUnrouted turns a decision without a host into the 409.
+func refuseUnrouted(d Decision, details map[string]any) (Decision, error) {
+	if d.Host != nil {
+		return d, nil
+	}
+	if details == nil {
+		details = map[string]any{}
+	}
+	details["excluded"] = d.Excluded
+	return Decision{}, conflict(CodeNoEligibleHost, details, "%s", d.Reason)
+}
+
+// maxRouteRechecks bounds the strong re-reads of chosen hosts per dispatch.
+const maxRouteRechecks = 3
+
+// routeByView routes over the routing view: shard 0 of the agent's list
+// (the "any" list when the agent has none), Route over its entries, and
+// the next shard only while no entry is eligible (at most
+// store.RouteShardsMax reads), routing over every entry read so far. The
+// host chosen is then read strongly consistent (dispatch needs its address
+// and credential anyway) and routed again with what it is now: gone, it
+// drops out; disabled or draining since the view was written, it is
+// excluded with its reasons and the next host is chosen, at most
+// maxRouteRechecks times. found is false when the view has no list at all
+// (the probe has not written one yet). For a fleet whose list fits one
+// shard the decision is Route's over every host, as a scan would give it;
+// past that, the refusal says how many hosts were considered of how many.
+func (f *Fleet) routeByView(ctx context.Context, c store.Caller, in RouteInput) (d Decision, details map[string]any, found bool, err error) {
+	list := RouteList(in.Agent)
+	sh, err := f.store.RouteShard(ctx, list, 0)
+	// An agent list older than a probe's life was left by a pass that lost
+	// a race to write the index (no pass writes it any more: no host
+	// offers the agent now); "any" is current.
+	if errors.Is(err, store.ErrNotFound) || err == nil && in.Now.Sub(sh.At) > in.MaxProbeAge {
+		list = RouteListAny
+		sh, err = f.store.RouteShard(ctx, list, 0)
+	}
+	if errors.Is(err, store.ErrNotFound) {
+		return Decision{}, nil, false, nil
+	}
+	if err != nil {
+		return Decision{}, nil, false, fmt.Errorf("fleet: reading the routing view: %w", err)
+	}
+	seen := map[string]bool{}
+	add := func(hosts []store.Host) {
+		for _, h := range hosts {
+			if !seen[h.ID] && auth.CanUseHost(c, h.ID) {
+				in.Hosts = append(in.Hosts, h)
+			}
+			seen[h.ID] = true
+		}
+	}
+	add(sh.Hosts)
+	read, shards, total := 1, sh.Shards, sh.Total
+	rechecked := map[string]bool{}
+	for {
+		d = Route(in)
+		if d.Host == nil {
+			if read < shards && read < store.RouteShardsMax {
+				next, err := f.store.RouteShard(ctx, list, read)
+				read++
+				switch {
+				case errors.Is(err, store.ErrNotFound):
+					// The list shrank since shard 0 was read: nothing more.
+					shards = read - 1
+				case err != nil:
+					return Decision{}, nil, true, fmt.Errorf("fleet: reading the routing view: %w", err)
+				default:
+					add(next.Hosts)
+				}
+				continue
+			}
+			if len(seen) < total {
+				// A caller limited to some hosts learns nothing of the
+				// others, their number included.
+				if c.Admin || c.AllowedHosts.All {
+					d.Reason += fmt.Sprintf("; %d of %d hosts considered (the routing view keeps those most likely to take agent %q)", len(seen), total, in.Agent)
+					details = map[string]any{"considered": len(seen), "hosts": total}
+				} else {
+					d.Reason += fmt.Sprintf("; %d of your hosts considered (the routing view keeps those most likely to take agent %q)", len(in.Hosts), in.Agent)
+					details = map[string]any{"considered": len(in.Hosts)}
+				}
+			}
+			return d, details, true, nil
+		}
+		if rechecked[d.Host.ID] {
+			return d, nil, true, nil
+		}
+		if len(rechecked) == maxRouteRechecks {
+			d.Host = nil
+			d.Reason = fmt.Sprintf("no eligible host: the %d hosts chosen in turn had changed since the routing view was written; retry", maxRouteRechecks)
+			return d, nil, true, nil
+		}
+		rechecked[d.Host.ID] = true
+		i := slices.IndexFunc(in.Hosts, func(h store.Host) bool { return h.ID == d.Host.ID })
+		h, err := f.store.GetHost(ctx, d.Host.ID)
+		switch {
+		case errors.Is(err, store.ErrNotFound):
+			in.Hosts = slices.Delete(in.Hosts, i, i+1)
+		case err != nil:
+			return Decision{}, nil, true, fmt.Errorf("fleet: reading host %q: %w", d.Host.ID, err)
+		default:
+			in.Hosts[i] = h
+		}
+	}
 }
 
 // settle writes a change to a run with the store's version check: apply

@@ -6,6 +6,10 @@
 // the stream (package stream) and the scheduled jobs (package scheduled)
 // call it; it knows nothing of HTTP.
 //
+// Routing reads the routing view the probe writes (BuildRouteView; its
+// bound, cost and staleness are in package dynamostore's doc), re-reading
+// the host it chose, so a dispatch's reads do not grow with the fleet.
+//
 // Errors a caller can act on are *Error with a Kind; anything else is a fault.
 package fleet
 

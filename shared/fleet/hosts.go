@@ -157,7 +157,7 @@ func loopbackHost(h string) bool {
 	return ip != nil && ip.IsLoopback()
 }
 
-// SetHostEnabled enables or disables a host.
+// SetHostEnabled enables or disables a host and rebuilds the routing view.
 func (f *Fleet) SetHostEnabled(ctx context.Context, id string, enabled bool) (store.Host, error) {
 	if e := hostPathID(id); e != nil {
 		return store.Host{}, e
@@ -168,6 +168,11 @@ func (f *Fleet) SetHostEnabled(ctx context.Context, id string, enabled bool) (st
 	}
 	if err != nil {
 		return store.Host{}, fmt.Errorf("fleet: setting host %q enabled: %w", id, err)
+	}
+	// A disable would be seen anyway (dispatch re-reads the host it
+	// chooses); an enable is seen at once only because the view is rebuilt.
+	if err := f.RefreshRouteView(ctx); err != nil {
+		return store.Host{}, err
 	}
 	return h, nil
 }
@@ -251,4 +256,76 @@ func (f *Fleet) HostClient(ctx context.Context, h store.Host, timeout time.Durat
 		return nil, fmt.Errorf("fleet: host %q client: %w", h.ID, err)
 	}
 	return c, nil
+}
+
+// HostDrain is what a drain or resume did: the host's outcome as the verbs
+// on runs map it (accepted true, false or "unknown", never a success the
+// host did not confirm), the host's state as it answered (zero when it did
+// not accept), and the host as recorded after.
+type HostDrain struct {
+	Outcome hostproto.Outcome
+	State   hostproto.DrainState
+	Host    store.Host
+}
+
+// DrainHost asks the host to admit nothing new and records the drain on
+// its probe at once, so routing excludes it (draining) from the next
+// dispatch on, not only after the next probe: dispatch re-reads a chosen
+// host strongly consistent, and the routing view is rebuilt. The drain is
+// recorded even when the host did not confirm it: an operator draining a
+// host means Fleet to stop sending it work either way.
+func (f *Fleet) DrainHost(ctx context.Context, id string) (HostDrain, error) {
+	return f.setDraining(ctx, id, true)
+}
+
+// ResumeHost asks the host to admit runs again; once it confirms, the
+// drain is cleared on its probe and in the routing view. A resume the host
+// did not confirm changes nothing in Fleet.
+func (f *Fleet) ResumeHost(ctx context.Context, id string) (HostDrain, error) {
+	return f.setDraining(ctx, id, false)
+}
+
+func (f *Fleet) setDraining(ctx context.Context, id string, draining bool) (HostDrain, error) {
+	verb := "resume"
+	if draining {
+		verb = "drain"
+	}
+	h, err := f.Host(ctx, id)
+	if err != nil {
+		return HostDrain{}, err
+	}
+	client, err := f.HostClient(ctx, h, 0)
+	if err != nil {
+		return HostDrain{}, fmt.Errorf("fleet: %s: %w", verb, err)
+	}
+	// As the verbs on runs: the call and its record outlive a caller that
+	// hangs up, bounded by HostTimeout.
+	recordCtx := context.WithoutCancel(ctx)
+	callCtx, cancel := context.WithTimeout(recordCtx, f.cfg.HostTimeout)
+	call := client.Resume
+	if draining {
+		call = client.Drain
+	}
+	st, callErr := call(callCtx)
+	cancel()
+	out := HostDrain{Outcome: hostproto.OutcomeOf(callErr), Host: h}
+	if callErr != nil {
+		f.log.Warn("host verb not accepted", logVerb, verb, logHost, id, "accepted", outcomeWord(out.Outcome.Accepted), logErr, callErr.Error())
+		if !draining {
+			return out, nil
+		}
+	} else {
+		out.State = st
+		draining = st.Draining
+	}
+	if out.Host, err = f.store.RecordDrain(recordCtx, id, draining, out.State.Idle); err != nil {
+		if errors.Is(err, store.ErrNotFound) {
+			return HostDrain{}, notFound("host %q was deleted during the %s", id, verb)
+		}
+		return HostDrain{}, fmt.Errorf("fleet: %s: recording it on host %q: %w", verb, id, err)
+	}
+	if err := f.RefreshRouteView(recordCtx); err != nil {
+		return HostDrain{}, err
+	}
+	return out, nil
 }

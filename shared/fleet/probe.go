@@ -31,7 +31,37 @@ func (f *Fleet) ProbeHost(ctx context.Context, id string) (store.Probe, error) {
 		}
 		return store.Probe{}, fmt.Errorf("fleet: recording the probe of %q: %w", id, err)
 	}
+	if err := f.RefreshRouteView(ctx); err != nil {
+		return store.Probe{}, err
+	}
 	return p, nil
+}
+
+// RefreshRouteView rebuilds the routing view from every host as stored now
+// (one scan of the hosts table), so that what an admin verb on one host
+// just changed (a probe, enabled, a drain or resume) is routed on at once
+// rather than after the next probe pass.
+func (f *Fleet) RefreshRouteView(ctx context.Context) error {
+	hosts, err := f.store.ListHosts(ctx)
+	if err != nil {
+		return fmt.Errorf("fleet: listing hosts for the routing view: %w", err)
+	}
+	return f.writeRouteView(ctx, hosts)
+}
+
+// writeRouteView writes the view of hosts (BuildRouteView at now).
+func (f *Fleet) writeRouteView(ctx context.Context, hosts []store.Host) error {
+	v := BuildRouteView(hosts, f.clock.Now(), f.cfg.ProbeMaxAge)
+	kept, err := f.store.PutRouteView(ctx, v)
+	if err != nil {
+		return fmt.Errorf("fleet: writing the routing view: %w", err)
+	}
+	for list, n := range kept {
+		if n < len(hosts) {
+			f.log.Info("routing view: list truncated", logRouteList, list, logKept, n, logHosts, len(hosts))
+		}
+	}
+	return nil
 }
 
 // ProbeAll probes hosts concurrently (at most ProbeConcurrency at once, each
@@ -101,13 +131,27 @@ func (f *Fleet) probeHosts(ctx context.Context, enabledOnly bool, until time.Tim
 	}
 	wg.Wait()
 	rep := ProbeReport{Probed: make([]ProbeResult, 0, len(due))}
+	probed := make(map[string]*store.Probe, len(due))
 	for i, r := range results {
 		if r != nil {
 			rep.Probed = append(rep.Probed, *r)
+			probed[r.HostID] = &r.Probe
 		}
 		if skipped[i] {
 			rep.Skipped = append(rep.Skipped, due[i].ID)
 		}
+	}
+	// The view from the hosts this pass holds, with the probes it just
+	// recorded: no second scan. A host deleted meanwhile (its probe not
+	// recorded) stays until the next pass; dispatch's strong re-read of a
+	// chosen host skips it.
+	for i, h := range hosts {
+		if p, ok := probed[h.ID]; ok {
+			hosts[i].Probe = p
+		}
+	}
+	if err := f.writeRouteView(ctx, hosts); err != nil {
+		errs = append(errs, err)
 	}
 	return rep, errors.Join(errs...)
 }
@@ -167,6 +211,7 @@ func (f *Fleet) probe(ctx context.Context, h store.Host) store.Probe {
 		p.Features = health.Features
 		p.CA = health.CA
 		p.Draining = health.Draining
+		p.Idle = health.Idle
 		p.Storage = health.Storage
 		// An empty limits says nothing; nil is how both stores keep that.
 		if health.Limits != nil && *health.Limits != (hostproto.Limits{}) {
@@ -195,3 +240,10 @@ func outOfBounds(h hostproto.Health) string {
 	}
 	return ""
 }
+
+// Log fields of the routing view's lines.
+const (
+	logRouteList = "routeList"
+	logKept      = "kept"
+	logHosts     = "hosts"
+)

@@ -251,3 +251,83 @@ func LoadRepoURLs(path string) (map[string]string, error) {
 	}
 	return m, nil
 }
+
+// The routing view's lists: one per agent the fleet offers, and one for
+// any agent, used when the requested agent has no list of its own.
+//
+// The view is written by the probe pass (and by the admin verbs on one
+// host) and read by dispatch (routeByView): shard 0 of a list, more only
+// while no host read can take the run (at most store.RouteShardsMax), then
+// the chosen host strongly consistent. A list keeps the hosts most likely
+// to take a run first, so truncating it past its shards loses the least
+// likely; a request only such hosts could take is refused with how many
+// hosts were considered of how many. A view is at most one probe interval
+// old; what changed on the chosen host since is caught by its re-read.
+const (
+	RouteListAny = "any"
+	// MaxRouteLists bounds the agent lists a view writes (the probe's
+	// write cost is per list); agents beyond it, those fewest hosts can
+	// take, route over the "any" list.
+	MaxRouteLists = 32
+)
+
+// RouteList is the view's list for agent.
+func RouteList(agent string) string { return "a:" + agent }
+
+// BuildRouteView orders every host for each list: first the hosts routable
+// for the list's agent (enabled, an ok probe no older than maxProbeAge at
+// now, not draining, storage not low, offering the agent; for "any", any
+// agent), by probe latency then id, as Route prefers them; then all the
+// others by id. Routing reads a list's leading shards only, so the hosts
+// most likely to take a run come first. Pure: the probe pass calls it with
+// the hosts it holds.
+func BuildRouteView(hosts []store.Host, now time.Time, maxProbeAge time.Duration) store.RouteView {
+	offered := map[string]int{}
+	for _, h := range hosts {
+		if h.Probe != nil && h.Probe.Status == store.ProbeOK {
+			for _, a := range slices.Compact(slices.Sorted(slices.Values(h.Probe.Agents))) {
+				offered[a]++
+			}
+		}
+	}
+	agents := make([]string, 0, len(offered))
+	for a := range offered {
+		agents = append(agents, a)
+	}
+	sort.Slice(agents, func(i, j int) bool {
+		if offered[agents[i]] != offered[agents[j]] {
+			return offered[agents[i]] > offered[agents[j]]
+		}
+		return agents[i] < agents[j]
+	})
+	if len(agents) > MaxRouteLists {
+		agents = agents[:MaxRouteLists]
+	}
+	v := store.RouteView{Lists: map[string][]store.Host{RouteListAny: orderFor(hosts, "", now, maxProbeAge)}, Total: len(hosts), At: now.UTC()}
+	for _, a := range agents {
+		v.Lists[RouteList(a)] = orderFor(hosts, a, now, maxProbeAge)
+	}
+	return v
+}
+
+// orderFor is one list of BuildRouteView.
+func orderFor(hosts []store.Host, agent string, now time.Time, maxProbeAge time.Duration) []store.Host {
+	in := RouteInput{Agent: agent, Now: now, MaxProbeAge: maxProbeAge}
+	routable := make(map[string]bool, len(hosts))
+	for _, h := range hosts {
+		reasons, _ := exclusions(in, h, "")
+		routable[h.ID] = len(reasons) == 0
+	}
+	out := slices.Clone(hosts)
+	sort.Slice(out, func(i, j int) bool {
+		a, b := out[i], out[j]
+		if routable[a.ID] != routable[b.ID] {
+			return routable[a.ID]
+		}
+		if routable[a.ID] && a.Probe.LatencyMs != b.Probe.LatencyMs {
+			return a.Probe.LatencyMs < b.Probe.LatencyMs
+		}
+		return a.ID < b.ID
+	})
+	return out
+}

@@ -1,6 +1,7 @@
 package fleet
 
 import (
+	"fmt"
 	"os"
 	"path/filepath"
 	"reflect"
@@ -207,5 +208,75 @@ func TestLoadRepoURLs(t *testing.T) {
 	}
 	if m, err := LoadRepoURLs(""); err != nil || len(m) != 0 {
 		t.Fatalf("no map: %v %v", m, err)
+	}
+}
+
+// TestBuildRouteViewOrdersEachList: each agent's list puts the hosts
+// routable for it first, fastest first (ties by id), then every other host
+// by id; "any" does the same without the agent; every host is in every
+// list.
+func TestBuildRouteViewOrdersEachList(t *testing.T) {
+	with := func(id string, latency int64, edit func(h *store.Host)) store.Host {
+		h := healthyHost(id)
+		h.Probe.LatencyMs = latency
+		if edit != nil {
+			edit(&h)
+		}
+		return h
+	}
+	hosts := []store.Host{
+		with("slow", 40, nil),
+		with("fast", 2, nil),
+		with("claude", 1, func(h *store.Host) { h.Probe.Agents = []string{"claude"} }),
+		with("both", 2, func(h *store.Host) { h.Probe.Agents = []string{"shell", "claude"} }),
+		with("draining", 0, func(h *store.Host) { h.Probe.Draining = true }),
+		with("stale", 0, func(h *store.Host) { h.Probe.At = routeNow.Add(-time.Hour) }),
+		with("low", 0, func(h *store.Host) { h.Probe.Storage = &hostproto.Storage{Low: true} }),
+		with("off", 0, func(h *store.Host) { h.Enabled = false }),
+		with("never", 0, func(h *store.Host) { h.Probe = nil }),
+		with("sick", 0, func(h *store.Host) { h.Probe.Status = store.ProbeUnreachable; h.Probe.Agents = nil }),
+	}
+	v := BuildRouteView(hosts, routeNow, 5*time.Minute)
+	ids := func(list string) string {
+		var out []string
+		for _, h := range v.Lists[list] {
+			out = append(out, h.ID)
+		}
+		return strings.Join(out, " ")
+	}
+	rest := "draining low never off sick stale"
+	want := map[string]string{
+		"any":      "claude both fast slow " + rest,
+		"a:shell":  "both fast slow claude " + rest,
+		"a:claude": "claude both draining fast low never off sick slow stale",
+	}
+	if len(v.Lists) != len(want) || v.Total != len(hosts) || !v.At.Equal(routeNow) {
+		t.Fatalf("lists %d, total %d, at %v; want %d lists of %d hosts at %v", len(v.Lists), v.Total, v.At, len(want), len(hosts), routeNow)
+	}
+	for list, w := range want {
+		if got := ids(list); got != w {
+			t.Errorf("%s: %s\nwant %s", list, got, w)
+		}
+	}
+}
+
+// TestBuildRouteViewBoundsLists: past MaxRouteLists agents, the agents the
+// most hosts offer keep a list; the others route over "any".
+func TestBuildRouteViewBoundsLists(t *testing.T) {
+	var hosts []store.Host
+	for i := 0; i < MaxRouteLists+5; i++ {
+		h := healthyHost(fmt.Sprintf("h%02d", i))
+		h.Probe.Agents = []string{fmt.Sprintf("agent%02d", i), "common"}
+		hosts = append(hosts, h)
+	}
+	v := BuildRouteView(hosts, routeNow, 5*time.Minute)
+	if len(v.Lists) != MaxRouteLists+1 {
+		t.Fatalf("%d lists, want %d agent lists and any", len(v.Lists), MaxRouteLists)
+	}
+	if _, ok := v.Lists[RouteList("common")]; !ok {
+		t.Fatal("the agent every host offers has no list")
+	}
+	if _, ok := v.Lists[RouteList(fmt.Sprintf("agent%02d", MaxRouteLists+4))]; ok {
+		t.Fatal("the last agent by name kept a list past the bound")
 	}
 }

@@ -249,14 +249,20 @@ func (c *Client) Retry(ctx context.Context, runID string) (Run, error) {
 	return r, err
 }
 
-// Drain asks POST /host/drain: the host stops admitting runs.
-func (c *Client) Drain(ctx context.Context) error {
-	return c.do(ctx, "drain host", http.MethodPost, "/host/drain", nil, struct{}{}, nil, maxAnswerBytes)
+// Drain asks POST /host/drain: the host stops admitting runs. It answers
+// its state after.
+func (c *Client) Drain(ctx context.Context) (DrainState, error) {
+	var st DrainState
+	err := c.do(ctx, "drain host", http.MethodPost, "/host/drain", nil, struct{}{}, &st, maxAnswerBytes)
+	return st, err
 }
 
-// Resume asks POST /host/resume: the host admits runs again.
-func (c *Client) Resume(ctx context.Context) error {
-	return c.do(ctx, "resume host", http.MethodPost, "/host/resume", nil, struct{}{}, nil, maxAnswerBytes)
+// Resume asks POST /host/resume: the host admits runs again. It answers
+// its state after.
+func (c *Client) Resume(ctx context.Context) (DrainState, error) {
+	var st DrainState
+	err := c.do(ctx, "resume host", http.MethodPost, "/host/resume", nil, struct{}{}, &st, maxAnswerBytes)
+	return st, err
 }
 
 // Metrics asks GET /metrics and returns the Prometheus text as it came.

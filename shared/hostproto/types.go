@@ -100,8 +100,12 @@ const MaxEventData = 32 << 10
 // Health is GET /healthz. Features are as they are at the moment of asking:
 // a host whose proxy is down reports SecretsProxy false.
 type Health struct {
-	OK       bool     `json:"ok"`
-	Draining bool     `json:"draining"`
+	OK       bool `json:"ok"`
+	Draining bool `json:"draining"`
+	// Idle is true when the host runs no task (none starting or running);
+	// nil from a host older than the field. A draining host that is idle
+	// can be suspended.
+	Idle     *bool    `json:"idle,omitempty"`
 	Version  string   `json:"version"`
 	Agents   []string `json:"agents"`
 	Features Features `json:"features"`
@@ -119,6 +123,14 @@ type Health struct {
 	// Limits says how each task's resources are bounded; nil from a host
 	// older than the field.
 	Limits *Limits `json:"limits,omitempty"`
+}
+
+// DrainState is the answer of POST /host/drain and /host/resume: whether
+// the host admits nothing new now, and whether it runs no task (nil from a
+// host older than the field).
+type DrainState struct {
+	Draining bool  `json:"draining"`
+	Idle     *bool `json:"idle,omitempty"`
 }
 
 // Storage is a host's free space where it records runs (its data dir).

@@ -118,6 +118,10 @@ type Probe struct {
 	Features  hostproto.Features `json:"features"`
 	CA        *hostproto.CAInfo  `json:"ca,omitempty"`
 	Draining  bool               `json:"draining"`
+	// Idle is whether the host runs no task, when it says (nil: a host
+	// older than the field). A draining host that is idle can be
+	// suspended ("suspend only when idle").
+	Idle *bool `json:"idle,omitempty"`
 	// Storage is the host's free space against its reserve; nil from a
 	// host older than the field, which routing takes as not low.
 	Storage *hostproto.Storage `json:"storage,omitempty"`
@@ -335,6 +339,15 @@ type Store interface {
 
 	// Stream leases: the per-caller cap on open streams (see StreamLease).
 	StreamLeases
+
+	// Routing view and drain (issue 15 items 1 and 7).
+
+	RouteStore
+	// RecordDrain records on the host's probe what a drain or resume
+	// answered, at once: draining, and idle when the host said (nil: it
+	// did not). A host never probed keeps no probe, and none is made.
+	// ErrNotFound if the host is gone. The next probe overwrites both.
+	RecordDrain(ctx context.Context, id string, draining bool, idle *bool) (Host, error)
 }
 
 // SweepCursorKey is the sweep cursor's id in the idempotency table: "#"
@@ -409,4 +422,55 @@ type StreamLeases interface {
 	// ReleaseStreamLease frees l's slot if l.Holder holds it; a slot that
 	// is absent or another's is left as it is, without an error.
 	ReleaseStreamLease(ctx context.Context, l StreamLease) error
+}
+
+// RouteShardsMax is how many shards a list of the routing view holds at
+// most: the hosts that do not fit are left out of it (issue 15 item 1).
+const RouteShardsMax = 3
+
+// RouteView is the routing view as the probe pass writes it: for each list
+// ("a:<agent>" or "any"), every host in the order routing should consider
+// them. The view keeps of each host only what routing decides from (see
+// RouteStore); never its address, credential or CA.
+type RouteView struct {
+	Lists map[string][]Host
+	// Total is how many hosts the fleet had when the view was built.
+	Total int
+	// At is when it was built.
+	At time.Time
+}
+
+// RouteShard is one shard of a list of the routing view.
+type RouteShard struct {
+	// Hosts are the shard's entries, in the list's order.
+	Hosts []Host
+	// Shards is how many shards the list has; Kept how many hosts they
+	// hold together; Total how many the fleet had (Kept < Total: the list
+	// was truncated).
+	Shards, Kept, Total int
+	// At is when the view was built.
+	At time.Time
+}
+
+// RouteStore keeps the routing view: bounded reads for dispatch, in place
+// of a scan of every host (issue 15 item 1).
+//
+// An entry keeps of a Host its ID, Enabled, Labels and LocalPaths and, of
+// its probe, Status, At, LatencyMs, Draining, Agents, Features and
+// Storage.Low (a Storage holding only Low, nil when not low); a probe that
+// is not ok keeps Status and At only. Everything else is left out.
+type RouteStore interface {
+	// PutRouteView replaces the view: each list's hosts, in order, are
+	// packed into at most RouteShardsMax shards of at most 4 KB each (a
+	// DynamoDB item an eventually consistent GetItem reads for half a
+	// unit); the hosts that do not fit are left out, and so is a host
+	// whose entry alone outgrows a shard. Lists of the previous
+	// view that v lacks are deleted, and so are shards a list no longer
+	// fills. It returns, per list, how many hosts were kept. Lists are
+	// written one after the other: a reader may see a list of the new view
+	// beside one of the old.
+	PutRouteView(ctx context.Context, v RouteView) (map[string]int, error)
+	// RouteShard reads shard n of list, eventually consistent; ErrNotFound
+	// when the view has no such list or shard.
+	RouteShard(ctx context.Context, list string, n int) (RouteShard, error)
 }

@@ -40,6 +40,7 @@ type probeItem struct {
 	Features  hostproto.Features `json:"features"`
 	CA        *hostproto.CAInfo  `json:"ca,omitempty"`
 	Draining  bool               `json:"draining"`
+	Idle      *bool              `json:"idle,omitempty"`
 	Storage   *hostproto.Storage `json:"storage,omitempty"`
 	Limits    *hostproto.Limits  `json:"limits,omitempty"`
 	Detail    string             `json:"detail,omitempty"`
@@ -182,7 +183,7 @@ func toProbeItem(p store.Probe) probeItem {
 	return probeItem{
 		Status: p.Status, At: utc(p.At), LatencyMs: p.LatencyMs, Version: p.Version,
 		Agents: cloneStrings(p.Agents), Features: p.Features, CA: caInfo(p.CA),
-		Draining: p.Draining, Storage: clonePtr(p.Storage), Limits: clonePtr(p.Limits), Detail: p.Detail,
+		Draining: p.Draining, Idle: clonePtr(p.Idle), Storage: clonePtr(p.Storage), Limits: clonePtr(p.Limits), Detail: p.Detail,
 	}
 }
 
@@ -195,7 +196,7 @@ func (it hostItem) record() store.Host {
 		p := it.Probe
 		h.Probe = &store.Probe{
 			Status: p.Status, At: utc(p.At), LatencyMs: p.LatencyMs, Version: p.Version,
-			Agents: p.Agents, Features: p.Features, CA: caInfo(p.CA), Draining: p.Draining,
+			Agents: p.Agents, Features: p.Features, CA: caInfo(p.CA), Draining: p.Draining, Idle: p.Idle,
 			Storage: p.Storage, Limits: p.Limits, Detail: p.Detail,
 		}
 	}

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"sort"
+	"strings"
 
 	"github.com/aws/aws-sdk-go-v2/aws"
 	"github.com/aws/aws-sdk-go-v2/service/dynamodb"
@@ -70,7 +71,8 @@ func (s *Store) GetHost(ctx context.Context, id string) (store.Host, error) {
 	return h, nil
 }
 
-// ListHosts scans the hosts table (eventually consistent) and sorts by id.
+// ListHosts scans the hosts table (eventually consistent), skipping the
+// routing view's items, and sorts by id.
 func (s *Store) ListHosts(ctx context.Context) ([]store.Host, error) {
 	var hosts []store.Host
 	in := &dynamodb.ScanInput{TableName: aws.String(s.tables.Hosts)}
@@ -80,6 +82,9 @@ func (s *Store) ListHosts(ctx context.Context) ([]store.Host, error) {
 			return nil, fault("list hosts", err)
 		}
 		for _, it := range out.Items {
+			if id, ok := it[attrID].(*types.AttributeValueMemberS); ok && strings.HasPrefix(id.Value, routePrefix) {
+				continue // the routing view, not a host
+			}
 			h, err := hostFromItem(it)
 			if err != nil {
 				return nil, fault("list hosts", err)

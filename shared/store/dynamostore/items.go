@@ -41,6 +41,7 @@ const (
 	attrNotAfter          = "notAfter"
 	attrSuccessorNotAfter = "successorNotAfter"
 	attrDraining          = "draining"
+	attrIdle              = "idle"
 	attrDetail            = "detail"
 	attrStorage           = "storage"
 	attrFreeBytes         = "freeBytes"
@@ -185,6 +186,9 @@ func probeItem(p store.Probe) item {
 		it[attrCA] = &types.AttributeValueMemberM{Value: ca}
 	}
 	it.putBoolAlways(attrDraining, p.Draining)
+	if p.Idle != nil {
+		it.putBoolAlways(attrIdle, *p.Idle)
+	}
 	if p.Storage != nil {
 		// low always: a Storage of zeros is kept, not dropped as an empty map.
 		st := item{}
@@ -221,6 +225,10 @@ func hostFromItem(it item) (store.Host, error) {
 			Status: p.s(attrStatus), At: p.time(attrAt), LatencyMs: p.n(attrLatencyMs),
 			Version: p.s(attrHostVersion), Agents: p.strings(attrAgents),
 			Draining: p.bool(attrDraining), Detail: p.s(attrDetail),
+		}
+		if p.has(attrIdle) {
+			idle := p.bool(attrIdle)
+			probe.Idle = &idle
 		}
 		if f = p.sub(attrFeatures); f != nil {
 			probe.Features = hostproto.Features{SecretsProxy: f.bool(attrSecretsProxy), ExecRequire: f.bool(attrExecRequire)}

@@ -7,7 +7,8 @@
 // Five tables (names in TableNames, from RUNFLEET_TABLE_* in Fleet's config),
 // all on-demand, every item carrying its format version in "v":
 //
-//	hosts        id (S)                    the host and its last probe ("probe", a map)
+//	hosts        id (S)                    the host and its last probe ("probe", a map);
+//	                                       the routing view: "#route#<list>#<n>", "#route#index"
 //	runs         fleetRunId (S)            TTL expiresAt
 //	  GSI live     live (S) + fleetRunId   KEYS_ONLY, sparse: only runs with Live() carry "live"="1"
 //	  GSI byOwner  ownerId (S) + createdAt KEYS_ONLY
@@ -40,8 +41,8 @@
 // not the read, guards the invariant. Index queries
 // are eventually consistent (DynamoDB offers nothing else on a GSI), so a
 // listing or DeleteHost's in-use check may miss a run written in the last
-// second. ListHosts scans eventually consistent: routing may miss a host
-// registered a moment ago. Events are read strongly consistent, so a
+// second. ListHosts scans eventually consistent (the probe pass, listings,
+// admin verbs); routing reads the routing view instead (below). Events are read strongly consistent, so a
 // stream never declares a drained run done before seeing its last event.
 //
 // # Costs (per call, by the documented rules; see Meter)
@@ -58,6 +59,12 @@
 //	CreateCaller       TransactWriteItems of 2 puts: 2 x 2 WCU = 4 WCU
 //	DeleteCaller       GetItem 1 RCU + TransactWriteItems of 2 deletes: 4 WCU
 //	ListHosts          Scan, eventual: ceil(total host bytes / 4 KB) x 0.5 RCU
+//	RouteShard         GetItem, eventual, of an item under 4 KB: 0.5 RCU
+//	PutRouteView       GetItem of the index (strong, 1 RCU) + BatchWriteItem of
+//	                   the shards: ceil(shard bytes / 1 KB) WCU each, at most
+//	                   3 shards x 4 WCU per list, + 1 WCU for the index when the
+//	                   lists change, + 1 WCU per shard a list no longer fills
+//	RecordDrain        UpdateItem of the host item: ceil(item bytes / 1 KB) WCU
 //	ListLive           Query of the live index, eventual: ceil(page bytes / 4 KB) x 0.5 RCU
 //	ListRuns (owner or host)  Query of the index + BatchGetItem of the page: ~0.5 + 0.5 per run
 //	ListRuns (everyone)       ListHosts + one Query per host partition + BatchGetItem of the page
@@ -84,6 +91,52 @@
 // page's runs: about H x 0.5 + (limit+1) x 0.5 RCU for H hosts. No extra
 // index, no write cost; the read cost grows with the number of hosts, which
 // is small for a fleet.
+//
+// # Routing without a scan (issue 15 item 1)
+//
+// A routed dispatch once scanned the hosts table: ~40-118 RCU at 1,000
+// hosts, ~430-1,180 at 10,000. It now reads the routing view, which the
+// probe pass writes into the hosts table from the hosts it has just
+// listed and probed (fleet.BuildRouteView): one list per agent the fleet
+// offers ("#route#a:<agent>#<n>", at most fleet.MaxRouteLists) and one for
+// any agent ("#route#any#<n>"), each every host in routing's order
+// (routable for the agent first, by latency then id; the rest by id),
+// gzip-compressed JSON in a binary attribute, packed into at most
+// store.RouteShardsMax = 3 shards under 4 KB: ~200-1,100 hosts a shard
+// depending on how alike their ids, labels and probe times are (measured:
+// ~210 with random ids, probe times and labels; ~360 with sequential ids
+// and a label of their own; ~1,100 with sequential ids alone), so ~600 to
+// ~3,300 hosts a list; the rest are left out of it. A host whose entry
+// alone outgrows a shard (labels and local paths near their bounds, which
+// do not compress) is left out of every list: routed to only by name.
+// An entry holds what routing decides from, never the address, credential
+// or CA. The index item "#route#index" names each list with its shard
+// count, so a pass deletes lists and shards it no longer writes.
+//
+// Bound, per routed dispatch whatever the number of hosts: the caller 1 +
+// the idempotency item 0.5 + shard 0 of the agent's list (or, when it has
+// none, of "any") 0.5 + the chosen host's item, strongly consistent, 1 =
+// 3 RCU (measured at 10, 1,000 and 10,000 hosts: 3.0). A request no host
+// in shard 0 can take reads the next shard, at most 3 (1.5 RCU); each host
+// chosen but found changed since the view (gone, disabled, drained) costs
+// one more strong read, at most 3. A refusal past the view says how many
+// hosts it considered of how many.
+//
+// Write cost per probe pass: per list, its shards (4 WCU for a full one):
+// at most 12 WCU a list, (agents + 1) x 12 in all; measured 2 WCU at 10
+// hosts, 24 (+1 for the index on the first pass) at 1,000 and at 10,000
+// hosts with one agent. Admin verbs on one host (probe, enable, drain,
+// resume) rebuild the view at the cost of a pass's scan plus these writes.
+//
+// Staleness: a list is as old as the last pass (or admin verb) that wrote
+// it, at most one probe interval. A host registered since is missing (it
+// would be never_probed until probed anyway); a host deleted, disabled or
+// drained since is caught by the strong re-read of the host chosen. A
+// probe's age is judged at dispatch (stale_probe), from the entry's probe
+// time. Lists are written one after another, so a dispatch may read one
+// pass's shard 0 and the next pass's shard 1; it skips hosts already
+// seen. Before the first pass writes a view, dispatch falls back to the
+// scan.
 package dynamostore
 
 import (

@@ -73,6 +73,7 @@ func Run(t *testing.T, newStore NewStore) {
 	}
 	tests = append(tests, sweepCursorCases...)
 	tests = append(tests, streamLeaseTests...)
+	tests = append(tests, routeViewTests...)
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
 			t.Parallel()
