@@ -124,10 +124,20 @@ func (h *Handler) deleteHost(ctx context.Context, rq *request) (int, any, error)
 		return 0, nil, err
 	}
 	id := rq.params["id"]
-	if err := h.fleet.DeleteHost(ctx, id, force); err != nil {
+	res, err := h.fleet.DeleteHost(ctx, id, force)
+	if err != nil {
 		return 0, nil, err
 	}
-	return http.StatusOK, map[string]any{"removed": id, "forced": force}, nil
+	if !res.Done {
+		// One call does a bounded step; the client repeats it (202: accepted,
+		// not finished). runsDeleted counts this step only: counting what is
+		// left would read every remaining run's key.
+		return http.StatusAccepted, map[string]any{
+			"id": id, "deleting": true, "forced": force, "runsDeleted": res.RunsDeleted,
+			"note": "runs of this host remain: repeat this DELETE to continue",
+		}, nil
+	}
+	return http.StatusOK, map[string]any{"removed": id, "forced": force, "runsDeleted": res.RunsDeleted}, nil
 }
 
 // noBody accepts an absent body or an empty object, for POST routes that

@@ -207,13 +207,30 @@ type Idempotency struct {
 	ExpiresAt   time.Time
 }
 
+// DeleteHost's bounds on one call (one step).
+const (
+	// DeleteHostRunsPerStep bounds the runs one DeleteHost call deletes.
+	DeleteHostRunsPerStep = 100
+	// DeleteHostEventsPerStep bounds, roughly, the events one call deletes
+	// in a store that deletes them one item at a time: a run whose events
+	// would take the step past it is left (its events partly deleted) for
+	// the next call.
+	DeleteHostEventsPerStep = 2000
+)
+
+// HostDeletion is what one DeleteHost call did.
+type HostDeletion struct {
+	// Done: the host is gone, and so is every run that referenced it.
+	Done bool
+	// RunsDeleted counts the runs this call deleted.
+	RunsDeleted int
+}
+
 // RunQuery selects runs for listing, newest first.
 type RunQuery struct {
 	// OwnerID limits to one owner. With HostID empty too, the listing is
-	// every run of a registered host, which is every run: a run names a
-	// registered host when created, and DeleteHost refuses while runs
-	// reference the host or deletes them (dynamostore merges the byHost
-	// partitions of the registered hosts).
+	// every run (dynamostore reads its "all" index, boltstore its creation
+	// order).
 	OwnerID string
 	// HostID limits to one host. Setting both OwnerID and HostID is not
 	// supported (neither store has an index for it); ListRuns refuses it.
@@ -262,10 +279,17 @@ type Store interface {
 	SetHostEnabled(ctx context.Context, id string, enabled bool) (Host, error)
 	// RecordProbe stores p as the host's last probe; ErrNotFound if the host is gone.
 	RecordProbe(ctx context.Context, id string, p Probe) error
-	// DeleteHost removes a host. Without force it fails with ErrInUse while any
-	// run references the host; with force it deletes those runs and their
-	// events first. ErrNotFound if absent.
-	DeleteHost(ctx context.Context, id string, force bool) error
+	// DeleteHost removes a host in bounded, resumable steps. One call deletes
+	// at most DeleteHostRunsPerStep of the host's runs, each with its
+	// events (a store may stop sooner: dynamostore after about
+	// DeleteHostEventsPerStep events), and answers Done false while runs
+	// remain; the call that finds none left removes the host too and
+	// answers Done true. A run's events go before the run and the host goes
+	// last, so a call cut short anywhere loses nothing a repeat cannot
+	// finish. Without force it fails with ErrInUse while an unexpired run
+	// references the host (expired runs never block it and are deleted
+	// like the others). ErrNotFound if absent.
+	DeleteHost(ctx context.Context, id string, force bool) (HostDeletion, error)
 
 	// CreateCaller writes the caller's owner and token items together;
 	// ErrExists if the ownerId (or the token hash) is taken.

@@ -94,6 +94,7 @@ func TestTablesAsDesigned(t *testing.T) {
 		"live":    "live:HASH,fleetRunId:RANGE KEYS_ONLY",
 		"byOwner": "ownerId:HASH,createdAt:RANGE KEYS_ONLY",
 		"byHost":  "hostId:HASH,createdAt:RANGE KEYS_ONLY",
+		"all":     "allShard:HASH,createdAt:RANGE KEYS_ONLY",
 	}
 	if fmt.Sprint(gsis) != fmt.Sprint(wantGSIs) {
 		t.Errorf("runs indexes %v, want %v", gsis, wantGSIs)

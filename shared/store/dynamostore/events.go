@@ -177,37 +177,47 @@ func (s *Store) ExtendEventsExpiry(ctx context.Context, fleetRunID string, to ti
 	return first
 }
 
-// deleteEvents removes every event of a run, 25 deletes per BatchWriteItem.
-func (s *Store) deleteEvents(ctx context.Context, fleetRunID string) error {
+// deleteEventsWithin deletes up to budget events of a run, 25 per
+// BatchWriteItem, reading their keys with a Query that stops at the
+// budget; done reports that none are left, used how many it deleted.
+func (s *Store) deleteEventsWithin(ctx context.Context, fleetRunID string, budget int) (done bool, used int, err error) {
+	if budget <= 0 {
+		return false, 0, nil
+	}
 	in := &dynamodb.QueryInput{
 		TableName:                 aws.String(s.tables.Events),
 		KeyConditionExpression:    aws.String("#r = :r"),
-		ExpressionAttributeNames:  map[string]string{"#r": attrFleetRunID},
+		ProjectionExpression:      aws.String("#r, #s"),
+		ExpressionAttributeNames:  map[string]string{"#r": attrFleetRunID, "#s": attrSequence},
 		ExpressionAttributeValues: map[string]types.AttributeValue{":r": &types.AttributeValueMemberS{Value: fleetRunID}},
 		ConsistentRead:            aws.Bool(true),
 	}
 	var deletes []types.WriteRequest
-	for {
+	for len(deletes) < budget {
+		in.Limit = aws.Int32(int32(budget - len(deletes)))
 		out, err := s.api.Query(ctx, in)
 		if err != nil {
-			return err
+			return false, 0, err
 		}
 		for _, it := range out.Items {
 			deletes = append(deletes, types.WriteRequest{DeleteRequest: &types.DeleteRequest{Key: item{
 				attrFleetRunID: it[attrFleetRunID], attrSequence: it[attrSequence],
 			}}})
 		}
-		if len(out.LastEvaluatedKey) == 0 {
+		// Without a continuation, these were the last; with one at the
+		// budget, more may follow (the next step sees).
+		done = len(out.LastEvaluatedKey) == 0
+		if done {
 			break
 		}
 		in.ExclusiveStartKey = out.LastEvaluatedKey
 	}
 	for start := 0; start < len(deletes); start += batchWriteMax {
 		if err := s.batchWrite(ctx, s.tables.Events, deletes[start:min(start+batchWriteMax, len(deletes))]); err != nil {
-			return err
+			return false, 0, err
 		}
 	}
-	return nil
+	return done, len(deletes), nil
 }
 
 // batchWrite sends requests to one table, re-sending what DynamoDB left

@@ -361,6 +361,10 @@ func runMutable(r store.Run) item {
 	it.putExpiry(r.ExpiresAt)
 	it.putTime(attrEventsExpireAfter, r.EventsExpireAfter)
 	it.putNAlways(attrRunVersion, r.Version)
+	// The "all" index key never changes (it derives from the id), so
+	// rewriting it costs that index nothing; it is here so that an update
+	// gives a run written before the index existed its entry (migration).
+	it.putS(attrAllShard, allShardOf(r.FleetRunID))
 	return it
 }
 
@@ -369,7 +373,7 @@ func runMutable(r store.Run) item {
 var runMutableNames = []string{
 	attrChildRunID, attrStatus, attrAttempt, attrExitCode, attrReason, attrDetail, attrAgent,
 	attrRewroteLocalPath, attrUpdatedAt, attrDeadline, attrEndedAt, attrEventCursor,
-	attrDrained, attrLive, attrExpiresAt, attrEventsExpireAfter, attrRunVersion,
+	attrDrained, attrLive, attrExpiresAt, attrEventsExpireAfter, attrRunVersion, attrAllShard,
 }
 
 func runFromItem(it item) (store.Run, error) {
