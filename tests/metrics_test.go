@@ -1,7 +1,10 @@
 package tests
 
 import (
+	"fmt"
 	"net/http"
+	"slices"
+	"sort"
 	"strings"
 	"testing"
 
@@ -10,6 +13,7 @@ import (
 	"github.com/prometheus/common/model"
 
 	"github.com/runfleet/runfleet/shared/fakehost"
+	"github.com/runfleet/runfleet/shared/fleet"
 )
 
 const metricsH1 = `# HELP edge_tasks_live Tasks with a live attempt.
@@ -126,4 +130,94 @@ func TestMetricsRollup(t *testing.T) {
 	if up["h1"] != 1 || up["h2"] != 0 || after["edge_queue_depth"] == nil {
 		t.Fatalf("with h2 down: up %v, families %v", up, after)
 	}
+}
+
+// TestMetricsRollupIsBounded: one GET /metrics scrapes at most 50 hosts, in
+// id order, and says where the next page starts (Link rel="next",
+// Runfleet-Hosts-Left); ?after= gives the rest, ?host= one host; a caller
+// limited to some hosts pages through those alone and is refused another.
+func TestMetricsRollupIsBounded(t *testing.T) {
+	const n = fleet.MaxMetricsHosts + 3
+	s := newStack(t, "bolt", stackOptions{})
+	hosts := map[string]*fakehost.Host{}
+	var ids []string
+	for i := range n {
+		id := fmt.Sprintf("m%02d", i)
+		hosts[id] = s.addHost(t, id, fakehost.Config{}, nil)
+		hosts[id].SetMetrics("# TYPE edge_tasks_live gauge\nedge_tasks_live 1\n")
+		ids = append(ids, id)
+	}
+	scoped := s.mint(t, "ops", []string{"m01", "m51", "m52"}, "*")
+
+	// get scrapes path and returns the hosts rolled up, those whose
+	// /metrics was called, and the answer's headers.
+	get := func(token, path string) (up, called []string, header http.Header) {
+		t.Helper()
+		for _, h := range hosts {
+			h.ResetRequests()
+		}
+		req, _ := http.NewRequest("GET", s.srv.URL+path, nil)
+		req.Header.Set("Authorization", "Bearer "+token)
+		resp, err := s.srv.Client().Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer resp.Body.Close()
+		if resp.StatusCode != http.StatusOK {
+			t.Fatalf("GET %s: %d", path, resp.StatusCode)
+		}
+		parser := expfmt.NewTextParser(model.LegacyValidation)
+		fams, err := parser.TextToMetricFamilies(resp.Body)
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, m := range fams["runfleet_rollup_up"].GetMetric() {
+			for _, l := range m.Label {
+				if l.GetName() == "host" && m.GetGauge().GetValue() == 1 {
+					up = append(up, l.GetValue())
+				}
+			}
+		}
+		for _, id := range ids {
+			if hosts[id].Requests()["GET /metrics"] > 0 {
+				called = append(called, id)
+			}
+		}
+		sort.Strings(up)
+		return up, called, resp.Header
+	}
+
+	up, called, header := get(adminToken, "/metrics")
+	if !slices.Equal(up, ids[:fleet.MaxMetricsHosts]) || !slices.Equal(called, up) {
+		t.Fatalf("first page: rolled up %v, called %v; want the first %d hosts", up, called, fleet.MaxMetricsHosts)
+	}
+	last := ids[fleet.MaxMetricsHosts-1]
+	if header.Get("Link") != "<"+s.srv.URL+"/metrics?after="+last+`>; rel="next"` || header.Get("Runfleet-Hosts-Left") != "3" {
+		t.Fatalf("first page: Link %q, Runfleet-Hosts-Left %q", header.Get("Link"), header.Get("Runfleet-Hosts-Left"))
+	}
+	up, called, header = get(adminToken, "/metrics?after="+last)
+	if !slices.Equal(up, ids[fleet.MaxMetricsHosts:]) || !slices.Equal(called, up) || header.Get("Link") != "" || header.Get("Runfleet-Hosts-Left") != "" {
+		t.Fatalf("last page: rolled up %v, called %v, Link %q", up, called, header.Get("Link"))
+	}
+	up, called, _ = get(adminToken, "/metrics?host=m07")
+	if !slices.Equal(up, []string{"m07"}) || !slices.Equal(called, up) {
+		t.Fatalf("?host=m07: rolled up %v, called %v", up, called)
+	}
+
+	up, called, header = get(scoped, "/metrics")
+	if !slices.Equal(up, []string{"m01", "m51", "m52"}) || !slices.Equal(called, up) || header.Get("Link") != "" {
+		t.Fatalf("the scoped caller: rolled up %v, called %v, Link %q", up, called, header.Get("Link"))
+	}
+	up, _, _ = get(scoped, "/metrics?after=m01")
+	if !slices.Equal(up, []string{"m51", "m52"}) {
+		t.Fatalf("the scoped caller after m01: %v", up)
+	}
+	if a := s.must(t, http.StatusForbidden, "GET", "/metrics?host=m02", scoped, ""); !strings.Contains(a.errorText(), "m02") {
+		t.Fatalf("a host out of scope: %s", a.raw)
+	}
+	s.must(t, http.StatusForbidden, "GET", "/metrics?host=nope", scoped, "")
+	s.must(t, http.StatusNotFound, "GET", "/metrics?host=nope", adminToken, "")
+	s.must(t, http.StatusBadRequest, "GET", "/metrics?host=m01&after=m00", adminToken, "")
+	s.must(t, http.StatusBadRequest, "GET", "/metrics?after=", adminToken, "")
+	s.must(t, http.StatusBadRequest, "GET", "/metrics?after=a%20b", adminToken, "")
 }

@@ -5,7 +5,9 @@ import (
 	"context"
 	"encoding/json"
 	"net/http"
+	"net/url"
 	"sort"
+	"strconv"
 
 	"github.com/runfleet/runfleet/shared/fleet"
 	"github.com/runfleet/runfleet/shared/rollup"
@@ -105,14 +107,31 @@ func (h *Handler) events(ctx context.Context, rq *request) (int, any, error) {
 	return http.StatusOK, map[string]any{"events": page.Events, "nextCursor": page.NextCursor, "hasMore": page.HasMore}, nil
 }
 
+// metrics answers the rollup in Prometheus text; where the caller's hosts
+// go on past this page, the headers say so (text format has no place for
+// it that a scraper would not take for a series): Link rel="next" to the
+// next page and Runfleet-Hosts-Left with how many hosts follow.
 func (h *Handler) metrics(ctx context.Context, rq *request) (int, any, error) {
-	res, err := h.fleet.MetricsRollup(ctx, rq.caller)
+	q := fleet.MetricsQuery{Host: rq.query.get("host"), After: rq.query.get("after")}
+	for name, v := range map[string]string{"host": q.Host, "after": q.After} {
+		if rq.query.has(name) && v == "" {
+			return 0, nil, badRequest("%s is empty: omit it", name)
+		}
+	}
+	page, err := h.fleet.MetricsRollup(ctx, rq.caller, q)
 	if err != nil {
 		return 0, nil, err
 	}
-	text, err := res.Text()
+	text, err := page.Text()
 	if err != nil {
 		return 0, nil, err
 	}
-	return http.StatusOK, textAnswer{contentType: rollup.ContentType, body: text}, nil
+	answer := textAnswer{contentType: rollup.ContentType, body: text}
+	if page.Next != "" {
+		answer.headers = map[string]string{
+			"link":                "<" + rq.links.api + "/metrics?after=" + url.QueryEscape(page.Next) + `>; rel="next"`,
+			"runfleet-hosts-left": strconv.Itoa(page.Left),
+		}
+	}
+	return http.StatusOK, answer, nil
 }

@@ -36,7 +36,7 @@ func (h *Handler) routeTable() []route {
 		{method: http.MethodPost, pattern: "/fleet/runs/{id}/retry", access: callerOnly, handle: h.retry},
 		{method: http.MethodGet, pattern: "/fleet/runs/{id}/events", access: callerOnly, query: []string{"after", "limit"}, handle: h.events},
 
-		{method: http.MethodGet, pattern: "/metrics", access: callerOnly, handle: h.metrics},
+		{method: http.MethodGet, pattern: "/metrics", access: callerOnly, query: []string{"host", "after"}, handle: h.metrics},
 	}
 }
 
