@@ -177,12 +177,12 @@ func (s *Store) ExtendEventsExpiry(ctx context.Context, fleetRunID string, to ti
 	return first
 }
 
-// deleteEventsWithin deletes up to budget events of a run, 25 per
-// BatchWriteItem, reading their keys with a Query that stops at the
-// budget; done reports that none are left, used how many it deleted.
-func (s *Store) deleteEventsWithin(ctx context.Context, fleetRunID string, budget int) (done bool, used int, err error) {
+// eventDeletesWithin reads the keys of up to budget events of a run (a
+// strong Query that stops at the budget) and returns their deletes; done
+// reports that these are all the run's events.
+func (s *Store) eventDeletesWithin(ctx context.Context, fleetRunID string, budget int) (deletes []types.WriteRequest, done bool, err error) {
 	if budget <= 0 {
-		return false, 0, nil
+		return nil, false, nil
 	}
 	in := &dynamodb.QueryInput{
 		TableName:                 aws.String(s.tables.Events),
@@ -192,12 +192,11 @@ func (s *Store) deleteEventsWithin(ctx context.Context, fleetRunID string, budge
 		ExpressionAttributeValues: map[string]types.AttributeValue{":r": &types.AttributeValueMemberS{Value: fleetRunID}},
 		ConsistentRead:            aws.Bool(true),
 	}
-	var deletes []types.WriteRequest
 	for len(deletes) < budget {
 		in.Limit = aws.Int32(int32(budget - len(deletes)))
 		out, err := s.api.Query(ctx, in)
 		if err != nil {
-			return false, 0, err
+			return nil, false, err
 		}
 		for _, it := range out.Items {
 			deletes = append(deletes, types.WriteRequest{DeleteRequest: &types.DeleteRequest{Key: item{
@@ -212,12 +211,17 @@ func (s *Store) deleteEventsWithin(ctx context.Context, fleetRunID string, budge
 		}
 		in.ExclusiveStartKey = out.LastEvaluatedKey
 	}
-	for start := 0; start < len(deletes); start += batchWriteMax {
-		if err := s.batchWrite(ctx, s.tables.Events, deletes[start:min(start+batchWriteMax, len(deletes))]); err != nil {
-			return false, 0, err
+	return deletes, done, nil
+}
+
+// batchWriteAll sends requests to one table, batchWriteMax a call.
+func (s *Store) batchWriteAll(ctx context.Context, table string, reqs []types.WriteRequest) error {
+	for start := 0; start < len(reqs); start += batchWriteMax {
+		if err := s.batchWrite(ctx, table, reqs[start:min(start+batchWriteMax, len(reqs))]); err != nil {
+			return err
 		}
 	}
-	return done, len(deletes), nil
+	return nil
 }
 
 // batchWrite sends requests to one table, re-sending what DynamoDB left

@@ -126,10 +126,11 @@ func (s *Store) RecordProbe(ctx context.Context, id string, p store.Probe) error
 // the host (strong), one page of its byHost partition (at most
 // store.DeleteHostRunsPerStep keys) and, without force, those runs
 // (BatchGetItem) to refuse while one is unexpired; then, run by run, it
-// queries the run's events and batch-deletes them (25 a call) while the
-// step's event budget lasts, and batch-deletes the runs whose events are
-// all gone. When the page was the partition's last and every run on it
-// went, the host is deleted too.
+// reads the keys of the run's events while the step's event budget lasts,
+// batch-deletes those events (25 a call), then the runs whose events were
+// all read. When the page was the partition's last and every run on it
+// went, the host is deleted too. A run's deletes within a batch may be
+// cut short (a failed call): the repeat finds the run and what is left.
 //
 // The in-use check reads the byHost index, which is eventually consistent:
 // a run created within the last second may be missed, and then outlives
@@ -173,25 +174,27 @@ func (s *Store) DeleteHost(ctx context.Context, id string, force bool) (store.Ho
 			}
 		}
 	}
-	budget := store.DeleteHostEventsPerStep
-	var gone []types.WriteRequest
+	// Every event delete of the step goes before any run delete: a run is
+	// deleted only once all its events are.
+	var events, gone []types.WriteRequest
 	for _, k := range keys {
-		done, used, err := s.deleteEventsWithin(ctx, k.fleetRunID, budget)
+		dels, done, err := s.eventDeletesWithin(ctx, k.fleetRunID, store.DeleteHostEventsPerStep-len(events))
 		if err != nil {
-			return res, fault("delete host: deleting the events of run "+k.fleetRunID, err)
+			return res, fault("delete host: listing the events of run "+k.fleetRunID, err)
 		}
-		budget -= used
+		events = append(events, dels...)
 		if !done {
 			break
 		}
 		gone = append(gone, types.WriteRequest{DeleteRequest: &types.DeleteRequest{Key: strKey(attrFleetRunID, k.fleetRunID)}})
 	}
-	for start := 0; start < len(gone); start += batchWriteMax {
-		if err := s.batchWrite(ctx, s.tables.Runs, gone[start:min(start+batchWriteMax, len(gone))]); err != nil {
-			return res, fault("delete host: deleting its runs", err)
-		}
-		res.RunsDeleted = min(start+batchWriteMax, len(gone))
+	if err := s.batchWriteAll(ctx, s.tables.Events, events); err != nil {
+		return res, fault("delete host: deleting its runs' events", err)
 	}
+	if err := s.batchWriteAll(ctx, s.tables.Runs, gone); err != nil {
+		return res, fault("delete host: deleting its runs", err)
+	}
+	res.RunsDeleted = len(gone)
 	if len(gone) < len(keys) || len(out.LastEvaluatedKey) > 0 {
 		return res, nil
 	}
