@@ -116,3 +116,31 @@ func BenchmarkDeleteHostStep(b *testing.B) {
 	b.ReportMetric(total.TotalWCU()/float64(deleted), "WCU/run")
 	b.Logf("%d steps, %d runs: %s", steps, deleted, total)
 }
+
+// BenchmarkMetricsPage reports what an admin's GET /metrics costs with
+// 10 and 10,000 hosts registered: host calls (scrapes), DynamoDB calls and
+// read units per call. The seeded hosts are copies of h1, so every scrape
+// reaches h1's fake host.
+func BenchmarkMetricsPage(b *testing.B) {
+	for _, nHosts := range []int{10, 10000} {
+		b.Run(fmt.Sprintf("hosts=%d", nHosts), func(b *testing.B) {
+			s := newStack(b, "dynamodb", stackOptions{meter: &dynamostore.Meter{}})
+			host := s.addHost(b, "h1", fakehost.Config{}, nil)
+			host.SetMetrics("# TYPE edge_tasks_live gauge\nedge_tasks_live 1\n")
+			seedHosts(b, s, "h1", nHosts-1)
+			var u dynamostore.Usage
+			scrapes := 0
+			for b.Loop() {
+				host.ResetRequests()
+				s.meter.Reset()
+				s.must(b, http.StatusOK, "GET", "/metrics", adminToken, "")
+				u = s.meter.Snapshot()
+				scrapes = host.Requests()["GET /metrics"]
+			}
+			b.ReportMetric(float64(scrapes), "hostcalls/call")
+			b.ReportMetric(float64(u.TotalCalls()), "ddbcalls/call")
+			b.ReportMetric(u.TotalRCU(), "RCU/call")
+			b.Logf("GET /metrics at %d hosts: %d scrapes; %s", nHosts, scrapes, u)
+		})
+	}
+}

@@ -7,7 +7,6 @@ import (
 	"net/http"
 	"net/url"
 	"sort"
-	"strconv"
 
 	"github.com/runfleet/runfleet/shared/fleet"
 	"github.com/runfleet/runfleet/shared/rollup"
@@ -108,9 +107,8 @@ func (h *Handler) events(ctx context.Context, rq *request) (int, any, error) {
 }
 
 // metrics answers the rollup in Prometheus text; where the caller's hosts
-// go on past this page, the headers say so (text format has no place for
-// it that a scraper would not take for a series): Link rel="next" to the
-// next page and Runfleet-Hosts-Left with how many hosts follow.
+// may go on past this page, a Link rel="next" header says where (text
+// format has no place for it that a scraper would not take for a series).
 func (h *Handler) metrics(ctx context.Context, rq *request) (int, any, error) {
 	q := fleet.MetricsQuery{Host: rq.query.get("host"), After: rq.query.get("after")}
 	for name, v := range map[string]string{"host": q.Host, "after": q.After} {
@@ -128,10 +126,7 @@ func (h *Handler) metrics(ctx context.Context, rq *request) (int, any, error) {
 	}
 	answer := textAnswer{contentType: rollup.ContentType, body: text}
 	if page.Next != "" {
-		answer.headers = map[string]string{
-			"link":                "<" + rq.links.api + "/metrics?after=" + url.QueryEscape(page.Next) + `>; rel="next"`,
-			"runfleet-hosts-left": strconv.Itoa(page.Left),
-		}
+		answer.headers = map[string]string{"link": "<" + rq.links.api + "/metrics?after=" + url.QueryEscape(page.Next) + `>; rel="next"`}
 	}
 	return http.StatusOK, answer, nil
 }

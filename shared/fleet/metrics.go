@@ -3,6 +3,8 @@ package fleet
 import (
 	"context"
 	"errors"
+	"fmt"
+	"slices"
 	"sort"
 	"sync"
 
@@ -23,7 +25,8 @@ type MetricsQuery struct {
 	// Host, when set, is the one host rolled up: 403 when the caller may not
 	// see it, 404 when it is not registered. Not with After.
 	Host string
-	// After continues a paged rollup: hosts whose id sorts after it.
+	// After continues a paged rollup from the host the last page ended at
+	// (its Next).
 	After string
 }
 
@@ -33,12 +36,10 @@ type MetricsPage struct {
 	// Next is the After of the next page; empty when this page reached the
 	// caller's last host.
 	Next string
-	// Left counts the hosts the caller may see after this page.
-	Left int
 }
 
 // MetricsRollup scrapes the metrics of the hosts c may see (an admin: every
-// host), at most MaxMetricsHosts of them in id order from q, concurrently
+// host), at most MaxMetricsHosts of them from q (metricsHosts), concurrently
 // (at most ProbeConcurrency at once, each bounded by ProbeTimeout), and
 // merges them (rollup.Merge): a caller limited to some hosts learns nothing
 // of the others. A non-admin caller is scoped rather than refused: DESIGN's
@@ -74,17 +75,24 @@ func (f *Fleet) MetricsRollup(ctx context.Context, c store.Caller, q MetricsQuer
 	return page, nil
 }
 
-// metricsHosts picks a rollup's hosts: q.Host alone, or the first
-// MaxMetricsHosts of c's visible hosts after q.After, with where the next
-// page starts.
+// metricsHosts picks a rollup's hosts: q.Host alone, or the next page of
+// c's visible hosts after q.After. Its reads are bounded like its scrapes:
+// a caller who may see every host pages the registry itself
+// (ListHostsPage, in the store's order: a page costs its own bytes, not the
+// registry's); a caller with a list pages that list, by id, reading each
+// host of the page.
 func (f *Fleet) metricsHosts(ctx context.Context, c store.Caller, q MetricsQuery) ([]store.Host, MetricsPage, error) {
 	if q.Host != "" && q.After != "" {
 		return nil, MetricsPage{}, invalid("host and after: give one (host rolls up that host alone)")
 	}
-	if q.Host != "" {
-		if err := checkID("host", q.Host); err != nil {
-			return nil, MetricsPage{}, err
+	for _, p := range []struct{ name, id string }{{"host", q.Host}, {"after", q.After}} {
+		if p.id != "" {
+			if err := checkID(p.name, p.id); err != nil {
+				return nil, MetricsPage{}, err
+			}
 		}
+	}
+	if q.Host != "" {
 		// The scope first: whether a host outside it exists is not the
 		// caller's business.
 		if !auth.CanUseHost(c, q.Host) {
@@ -96,22 +104,30 @@ func (f *Fleet) metricsHosts(ctx context.Context, c store.Caller, q MetricsQuery
 		}
 		return []store.Host{h}, MetricsPage{}, nil
 	}
-	if q.After != "" {
-		if err := checkID("after", q.After); err != nil {
-			return nil, MetricsPage{}, err
+	if c.Admin || c.AllowedHosts.All {
+		p, err := f.store.ListHostsPage(ctx, q.After, MaxMetricsHosts)
+		if err != nil {
+			return nil, MetricsPage{}, fmt.Errorf("fleet: listing a page of hosts: %w", err)
 		}
+		return p.Hosts, MetricsPage{Next: p.Next}, nil
 	}
-	visible, err := f.Hosts(ctx, c)
-	if err != nil {
-		return nil, MetricsPage{}, err
-	}
-	start := sort.Search(len(visible), func(i int) bool { return visible[i].ID > q.After })
-	hosts := visible[start:]
+	ids := slices.Compact(slices.Sorted(slices.Values(c.AllowedHosts.IDs)))
+	ids = ids[sort.Search(len(ids), func(i int) bool { return ids[i] > q.After }):]
 	var page MetricsPage
-	if len(hosts) > MaxMetricsHosts {
-		hosts = hosts[:MaxMetricsHosts]
-		page.Next = hosts[len(hosts)-1].ID
-		page.Left = len(visible) - start - MaxMetricsHosts
+	if len(ids) > MaxMetricsHosts {
+		ids = ids[:MaxMetricsHosts]
+		page.Next = ids[len(ids)-1]
+	}
+	hosts := make([]store.Host, 0, len(ids))
+	for _, id := range ids {
+		h, err := f.store.GetHost(store.EventualRead(ctx), id)
+		if errors.Is(err, store.ErrNotFound) {
+			continue // in the caller's scope, not (or no longer) registered
+		}
+		if err != nil {
+			return nil, MetricsPage{}, fmt.Errorf("fleet: reading host %q: %w", id, err)
+		}
+		hosts = append(hosts, h)
 	}
 	return hosts, page, nil
 }

@@ -334,4 +334,21 @@ type Store interface {
 	// shortens an event's life, so concurrent calls commute; an expired
 	// event stays expired (it reads as absent already).
 	ExtendEventsExpiry(ctx context.Context, fleetRunID string, to time.Time) error
+
+	// Host pages: the registry read in bounded pages (issue 15), for
+	// callers that must not read every host at once (the metrics rollup).
+
+	// ListHostsPage returns up to limit hosts (PageLimit applies) that
+	// follow the host id after in the store's own order (dynamostore: the
+	// table's, which is not sorted; boltstore: by id), and in Next the id to
+	// continue after, empty when no host follows. after "" starts at the
+	// first. A page may hold fewer than limit hosts while Next is set.
+	ListHostsPage(ctx context.Context, after string, limit int) (HostPage, error)
+}
+
+// HostPage is one page of ListHostsPage.
+type HostPage struct {
+	Hosts []Host
+	// Next is the after of the next page; empty when there is none.
+	Next string
 }

@@ -44,6 +44,7 @@ func Run(t *testing.T, newStore NewStore) {
 		{"Hosts/DeleteInUseAndForce", testHostsDeleteInUse},
 		{"Hosts/DeleteIgnoresExpiredRuns", testHostsDeleteExpiredRuns},
 		{"Hosts/DeleteInBoundedSteps", testHostsDeleteInSteps},
+		{"Hosts/ListPages", testHostsListPages},
 		{"Callers/CreateLookupList", testCallersCreateLookupList},
 		{"Callers/CreateExisting", testCallersCreateExisting},
 		{"Callers/ConcurrentCreate", testCallersConcurrentCreate},
