@@ -318,8 +318,9 @@ func idempotencyFromItem(it item) (store.Idempotency, error) {
 
 // --- runs ------------------------------------------------------------------
 
-// runItem is the whole stored run, live index key included.
-func runItem(r store.Run) item {
+// runItem is the whole stored run, index keys included; shard is its "all"
+// index partition (allShardOf).
+func runItem(r store.Run, shard string) item {
 	it := item{}
 	it.putS(attrFleetRunID, r.FleetRunID)
 	it.putNAlways(attrVersionFormat, formatVersion)
@@ -327,7 +328,7 @@ func runItem(r store.Run) item {
 	it.putS(attrHostID, r.HostID)
 	it.putS(attrCreatedAt, createdKey(r.CreatedAt, r.FleetRunID))
 	it.putS(attrIdempotencyKey, r.IdempotencyKey)
-	for k, v := range runMutable(r) {
+	for k, v := range runMutable(r, shard) {
 		it[k] = v
 	}
 	return it
@@ -336,7 +337,7 @@ func runItem(r store.Run) item {
 // runMutable holds the attributes UpdateRun may change (everything but the
 // keys and the fields fixed at creation). An attribute missing here is
 // removed by an update.
-func runMutable(r store.Run) item {
+func runMutable(r store.Run, shard string) item {
 	it := item{}
 	it.putS(attrChildRunID, r.ChildRunID)
 	it.putS(attrStatus, r.Status)
@@ -364,7 +365,7 @@ func runMutable(r store.Run) item {
 	// The "all" index key never changes (it derives from the id), so
 	// rewriting it costs that index nothing; it is here so that an update
 	// gives a run written before the index existed its entry (migration).
-	it.putS(attrAllShard, allShardOf(r.FleetRunID))
+	it.putS(attrAllShard, shard)
 	return it
 }
 

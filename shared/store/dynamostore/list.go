@@ -45,7 +45,7 @@ func (s *Store) ListRuns(ctx context.Context, q store.RunQuery) (store.RunPage, 
 	case q.HostID != "":
 		parts = []*partition{{index: indexByHost, attr: attrHostID, value: q.HostID, before: before}}
 	default:
-		for i := range allShards {
+		for i := range s.allShards {
 			parts = append(parts, &partition{index: indexAll, attr: attrAllShard, value: strconv.Itoa(i), before: before})
 		}
 	}

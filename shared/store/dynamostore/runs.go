@@ -113,7 +113,7 @@ func (s *Store) CreateRun(ctx context.Context, r store.Run) error {
 	r.Version = 1
 	_, err := s.api.PutItem(ctx, &dynamodb.PutItemInput{
 		TableName:                 aws.String(s.tables.Runs),
-		Item:                      runItem(r),
+		Item:                      runItem(r, allShardOf(r.FleetRunID, s.allShards)),
 		ConditionExpression:       aws.String(condAbsentOrExpired),
 		ExpressionAttributeNames:  expiryNames(attrFleetRunID),
 		ExpressionAttributeValues: map[string]types.AttributeValue{":now": nowValue(s.now())},
@@ -158,7 +158,7 @@ func (s *Store) GetRun(ctx context.Context, id string) (store.Run, error) {
 func (s *Store) UpdateRun(ctx context.Context, r store.Run) (store.Run, error) {
 	expect := r.Version
 	r.Version = expect + 1
-	set := runMutable(r)
+	set := runMutable(r, allShardOf(r.FleetRunID, s.allShards))
 	names := expiryNames(attrFleetRunID)
 	values := map[string]types.AttributeValue{
 		":now":    nowValue(s.now()),

@@ -189,6 +189,9 @@ type Store struct {
 	api    API
 	tables TableNames
 	clock  clock.Clock
+	// allShards is the "all" index's partition count: the constant, except
+	// in tests that exercise the sharded listing (export_test.go).
+	allShards int
 }
 
 var _ store.Store = (*Store)(nil)
@@ -208,7 +211,7 @@ func New(client API, cfg Config) (*Store, error) {
 	if cfg.Clock == nil {
 		cfg.Clock = clock.Real{}
 	}
-	s := &Store{api: client, tables: cfg.Tables, clock: cfg.Clock}
+	s := &Store{api: client, tables: cfg.Tables, clock: cfg.Clock, allShards: allShards}
 	if cfg.Meter != nil {
 		s.api = &metered{next: client, meter: cfg.Meter, schemas: schemasFor(cfg.Tables)}
 	}

@@ -41,25 +41,26 @@ const liveValue = "1"
 
 // allShards is how many partitions the "all" index (every run by
 // createdAt, for the admin listing) spreads its entries over; a run's shard
-// is allShardOf(its id). One partition takes up to 1,000 writes a second;
-// each run costs that index one write when created and one when deleted
-// (KEYS_ONLY, and the key never changes, so updates cost it nothing). A
-// million runs a day is ~12 creates a second, ~1% of one partition, and
-// DynamoDB cannot split a partition whose writes all land at the newest
-// sort key, so shard before sustained creates near ~500/s (~40 million runs
-// a day): raise allShards, and ListRuns merges that many partitions per
-// page (one Query each). Only ever raise it: existing entries keep their
-// shard, which stays below the new count and so is still merged.
+// is allShardOf(its id, allShards). One partition takes up to 1,000 writes
+// a second; each run costs that index one write when created and one when
+// deleted (KEYS_ONLY, and the key never changes, so updates cost it
+// nothing). A million runs a day is ~12 creates a second, ~1% of one
+// partition, and DynamoDB cannot split a partition whose writes all land at
+// the newest sort key, so shard before sustained creates near ~500/s (~40
+// million runs a day): raise allShards, and ListRuns merges that many
+// partitions per page (one Query each). Only ever raise it: existing
+// entries keep their shard, which stays below the new count and so is
+// still merged.
 const allShards = 1
 
-// allShardOf is the "all" index partition of a run.
-func allShardOf(fleetRunID string) string {
-	if allShards == 1 {
+// allShardOf is the "all" index partition of a run among n.
+func allShardOf(fleetRunID string, n int) string {
+	if n <= 1 {
 		return "0"
 	}
 	h := fnv.New32a()
 	h.Write([]byte(fleetRunID))
-	return strconv.Itoa(int(h.Sum32() % allShards))
+	return strconv.Itoa(int(h.Sum32() % uint32(n)))
 }
 
 // indexSchema describes a GSI: its key attributes and what it projects.

@@ -905,7 +905,7 @@ func listFixture(t *testing.T, s store.Store, clk *clock.Fake) (all, alice, h1 [
 		{"r-j", "bob", "h2", -time.Hour},
 		{"r-k", "alice", "h1", time.Nanosecond},
 	}
-	// Listing everyone covers the runs of registered hosts (store.RunQuery).
+	// The hosts the runs name, as a dispatch would have them.
 	noErr(t, "CreateHost h1", s.CreateHost(bg, host("h1", base)))
 	noErr(t, "CreateHost h2", s.CreateHost(bg, host("h2", base)))
 	for _, sp := range specs {
