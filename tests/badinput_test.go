@@ -233,7 +233,10 @@ func badInputCorpus(t *testing.T, kind string) {
 		{"events with a body", "GET", run + "/events", acme, `{"after":1}`, nil, 400, "no request body"},
 		{"events unknown run", "GET", "/fleet/runs/fr-unknown/events", acme, ``, nil, 404, "fr-unknown"},
 		// GET /metrics
-		{"metrics parameter", "GET", "/metrics?host=h1", acme, ``, nil, 400, `"host"`},
+		{"metrics parameter", "GET", "/metrics?hosts=h1", acme, ``, nil, 400, `"hosts"`},
+		{"metrics host twice", "GET", "/metrics?host=h1&host=h1", acme, ``, nil, 400, `"host"`},
+		{"metrics host and after", "GET", "/metrics?host=h1&after=h0", acme, ``, nil, 400, "after"},
+		{"metrics after empty", "GET", "/metrics?after=", acme, ``, nil, 400, "after"},
 		{"metrics with a body", "GET", "/metrics", acme, `{}`, nil, 400, "no request body"},
 		// GET /fleet/runs/{id}/stream
 		{"stream after abc", "GET", run + "/stream?after=abc", acme, ``, nil, 400, "after"},

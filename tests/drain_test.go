@@ -156,8 +156,8 @@ func TestRoutingRereadsTheChosenHost(t *testing.T) {
 			if _, err := s.app.Fleet.Store().RecordDrain(ctx, "a", true, nil); err != nil {
 				t.Fatal(err)
 			}
-			if err := s.app.Fleet.Store().DeleteHost(ctx, "b", false); err != nil {
-				t.Fatal(err)
+			if del, err := s.app.Fleet.Store().DeleteHost(ctx, "b", false); err != nil || !del.Done {
+				t.Fatalf("deleting b: %+v, %v", del, err)
 			}
 			got := s.must(t, http.StatusCreated, "POST", "/fleet/runs", alice, `{"agent":"shell"}`)
 			if got.str("hostId") != "c" {

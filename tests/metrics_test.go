@@ -1,7 +1,10 @@
 package tests
 
 import (
+	"fmt"
 	"net/http"
+	"slices"
+	"sort"
 	"strings"
 	"testing"
 
@@ -10,6 +13,7 @@ import (
 	"github.com/prometheus/common/model"
 
 	"github.com/runfleet/runfleet/shared/fakehost"
+	"github.com/runfleet/runfleet/shared/fleet"
 )
 
 const metricsH1 = `# HELP edge_tasks_live Tasks with a live attempt.
@@ -126,4 +130,117 @@ func TestMetricsRollup(t *testing.T) {
 	if up["h1"] != 1 || up["h2"] != 0 || after["edge_queue_depth"] == nil {
 		t.Fatalf("with h2 down: up %v, families %v", up, after)
 	}
+}
+
+// TestMetricsRollupIsBounded: one GET /metrics scrapes at most 50 hosts
+// and, while hosts may remain, says where the next page starts (Link
+// rel="next"); following the links rolls up every host once; ?host= rolls
+// up one host; a caller limited to some hosts pages through those alone
+// and is refused another. On both stores: an admin's pages follow the
+// store's order of the registry (DynamoDB's is not sorted).
+func TestMetricsRollupIsBounded(t *testing.T) {
+	for _, kind := range storeKinds {
+		t.Run(kind, func(t *testing.T) { testMetricsRollupIsBounded(t, kind) })
+	}
+}
+
+func testMetricsRollupIsBounded(t *testing.T, kind string) {
+	const n = fleet.MaxMetricsHosts + 3
+	s := newStack(t, kind, stackOptions{})
+	hosts := map[string]*fakehost.Host{}
+	var ids []string
+	for i := range n {
+		id := fmt.Sprintf("m%02d", i)
+		hosts[id] = s.addHost(t, id, fakehost.Config{}, nil)
+		hosts[id].SetMetrics("# TYPE edge_tasks_live gauge\nedge_tasks_live 1\n")
+		ids = append(ids, id)
+	}
+	scoped := s.mint(t, "ops", []string{"m52", "m01", "m51", "gone"}, "*")
+
+	// get rolls up path and returns the hosts rolled up (sorted), those
+	// whose /metrics was called, and the next page's path.
+	get := func(token, path string) (up, called []string, next string) {
+		t.Helper()
+		for _, h := range hosts {
+			h.ResetRequests()
+		}
+		req, _ := http.NewRequest("GET", s.srv.URL+path, nil)
+		req.Header.Set("Authorization", "Bearer "+token)
+		resp, err := s.srv.Client().Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer resp.Body.Close()
+		if resp.StatusCode != http.StatusOK {
+			t.Fatalf("GET %s: %d", path, resp.StatusCode)
+		}
+		parser := expfmt.NewTextParser(model.LegacyValidation)
+		fams, err := parser.TextToMetricFamilies(resp.Body)
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, m := range fams["runfleet_rollup_up"].GetMetric() {
+			for _, l := range m.Label {
+				if l.GetName() == "host" && m.GetGauge().GetValue() == 1 {
+					up = append(up, l.GetValue())
+				}
+			}
+		}
+		for _, id := range ids {
+			if hosts[id].Requests()["GET /metrics"] > 0 {
+				called = append(called, id)
+			}
+		}
+		sort.Strings(up)
+		if link := resp.Header.Get("Link"); link != "" {
+			target, ok := strings.CutPrefix(link, "<"+s.srv.URL)
+			target, ok2 := strings.CutSuffix(target, `>; rel="next"`)
+			if !ok || !ok2 {
+				t.Fatalf("Link %q", link)
+			}
+			next = target
+		}
+		return up, called, next
+	}
+
+	// An admin follows the links: every host once, at most 50 a call.
+	var all []string
+	path, pages := "/metrics", 0
+	for path != "" {
+		if pages++; pages > n {
+			t.Fatal("the pages never end")
+		}
+		up, called, next := get(adminToken, path)
+		if len(up) > fleet.MaxMetricsHosts || !slices.Equal(called, up) {
+			t.Fatalf("GET %s: rolled up %d hosts %v, called %v", path, len(up), up, called)
+		}
+		all = append(all, up...)
+		path = next
+	}
+	sort.Strings(all)
+	if !slices.Equal(all, ids) || pages < 2 {
+		t.Fatalf("%d pages rolled up %v; want every host once, in at least 2 pages", pages, all)
+	}
+
+	up, called, next := get(adminToken, "/metrics?host=m07")
+	if !slices.Equal(up, []string{"m07"}) || !slices.Equal(called, up) || next != "" {
+		t.Fatalf("?host=m07: rolled up %v, called %v, next %q", up, called, next)
+	}
+
+	// The scoped caller: its own hosts, by id; "gone" is in its scope but
+	// not registered, and simply absent.
+	up, called, next = get(scoped, "/metrics")
+	if !slices.Equal(up, []string{"m01", "m51", "m52"}) || !slices.Equal(called, up) || next != "" {
+		t.Fatalf("the scoped caller: rolled up %v, called %v, next %q", up, called, next)
+	}
+	if up, _, _ = get(scoped, "/metrics?after=m01"); !slices.Equal(up, []string{"m51", "m52"}) {
+		t.Fatalf("the scoped caller after m01: %v", up)
+	}
+	if a := s.must(t, http.StatusForbidden, "GET", "/metrics?host=m02", scoped, ""); !strings.Contains(a.errorText(), "m02") {
+		t.Fatalf("a host out of scope: %s", a.raw)
+	}
+	s.must(t, http.StatusForbidden, "GET", "/metrics?host=nope", scoped, "")
+	s.must(t, http.StatusNotFound, "GET", "/metrics?host=nope", adminToken, "")
+	s.must(t, http.StatusBadRequest, "GET", "/metrics?host=m01&after=m00", adminToken, "")
+	s.must(t, http.StatusBadRequest, "GET", "/metrics?after=a%20b", adminToken, "")
 }

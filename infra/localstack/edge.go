@@ -245,12 +245,17 @@ func (e *localEdge) register(ctx context.Context, f *fleet.Fleet) error {
 	if h.BaseURL == e.baseURL && h.CredentialRef == localEdgeRef {
 		return nil
 	}
-	if err := f.DeleteHost(ctx, localEdgeID, false); err != nil {
+	// Each call is a bounded step (expired runs go a page at a time).
+	for done := false; !done; {
+		res, err := f.DeleteHost(ctx, localEdgeID, false)
 		if isFleetCode(err, fleet.CodeHostInUse) {
 			return fmt.Errorf("host %s is registered at %s and runs refer to it: start the local edge there (%s=%s), or start from an empty data dir",
 				localEdgeID, h.BaseURL, EnvEdgeAddr, strings.TrimPrefix(h.BaseURL, "http://"))
 		}
-		return err
+		if err != nil {
+			return err
+		}
+		done = res.Done
 	}
 	_, err = f.RegisterHost(ctx, spec)
 	return err

@@ -376,10 +376,12 @@ func jsonResponse(status int, v any) events.APIGatewayV2HTTPResponse {
 type textAnswer struct {
 	contentType string
 	body        []byte
+	// headers are more response headers, by lower-case name.
+	headers map[string]string
 }
 
 func textResponse(status int, t textAnswer) events.APIGatewayV2HTTPResponse {
-	return events.APIGatewayV2HTTPResponse{
+	resp := events.APIGatewayV2HTTPResponse{
 		StatusCode: status,
 		Headers: map[string]string{
 			"content-type":           t.contentType,
@@ -388,6 +390,10 @@ func textResponse(status int, t textAnswer) events.APIGatewayV2HTTPResponse {
 		},
 		Body: string(t.body),
 	}
+	for k, v := range t.headers {
+		resp.Headers[k] = v
+	}
+	return resp
 }
 
 // now is the handler's clock reading in UTC.

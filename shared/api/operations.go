@@ -6,6 +6,7 @@ import (
 	"encoding/json"
 	"errors"
 	"net/http"
+	"net/url"
 	"sort"
 	"time"
 
@@ -203,14 +204,27 @@ func (h *Handler) sleep(ctx context.Context, d time.Duration) bool {
 	}
 }
 
+// metrics answers the rollup in Prometheus text; where the caller's hosts
+// may go on past this page, a Link rel="next" header says where (text
+// format has no place for it that a scraper would not take for a series).
 func (h *Handler) metrics(ctx context.Context, rq *request) (int, any, error) {
-	res, err := h.fleet.MetricsRollup(ctx, rq.caller)
+	q := fleet.MetricsQuery{Host: rq.query.get("host"), After: rq.query.get("after")}
+	for name, v := range map[string]string{"host": q.Host, "after": q.After} {
+		if rq.query.has(name) && v == "" {
+			return 0, nil, badRequest("%s is empty: omit it", name)
+		}
+	}
+	page, err := h.fleet.MetricsRollup(ctx, rq.caller, q)
 	if err != nil {
 		return 0, nil, err
 	}
-	text, err := res.Text()
+	text, err := page.Text()
 	if err != nil {
 		return 0, nil, err
 	}
-	return http.StatusOK, textAnswer{contentType: rollup.ContentType, body: text}, nil
+	answer := textAnswer{contentType: rollup.ContentType, body: text}
+	if page.Next != "" {
+		answer.headers = map[string]string{"link": "<" + rq.links.api + "/metrics?after=" + url.QueryEscape(page.Next) + `>; rel="next"`}
+	}
+	return http.StatusOK, answer, nil
 }

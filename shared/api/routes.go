@@ -38,7 +38,7 @@ func (h *Handler) routeTable() []route {
 		{method: http.MethodPost, pattern: "/fleet/runs/{id}/retry", access: callerOnly, handle: h.retry},
 		{method: http.MethodGet, pattern: "/fleet/runs/{id}/events", access: callerOnly, query: []string{"after", "limit", "wait"}, handle: h.events},
 
-		{method: http.MethodGet, pattern: "/metrics", access: callerOnly, handle: h.metrics},
+		{method: http.MethodGet, pattern: "/metrics", access: callerOnly, query: []string{"host", "after"}, handle: h.metrics},
 	}
 }
 
@@ -126,10 +126,20 @@ func (h *Handler) deleteHost(ctx context.Context, rq *request) (int, any, error)
 		return 0, nil, err
 	}
 	id := rq.params["id"]
-	if err := h.fleet.DeleteHost(ctx, id, force); err != nil {
+	res, err := h.fleet.DeleteHost(ctx, id, force)
+	if err != nil {
 		return 0, nil, err
 	}
-	return http.StatusOK, map[string]any{"removed": id, "forced": force}, nil
+	if !res.Done {
+		// One call does a bounded step; the client repeats it (202: accepted,
+		// not finished). runsDeleted counts this step only: counting what is
+		// left would read every remaining run's key.
+		return http.StatusAccepted, map[string]any{
+			"id": id, "deleting": true, "forced": force, "runsDeleted": res.RunsDeleted,
+			"note": "runs of this host remain: repeat this DELETE to continue",
+		}, nil
+	}
+	return http.StatusOK, map[string]any{"removed": id, "forced": force, "runsDeleted": res.RunsDeleted}, nil
 }
 
 // noBody accepts an absent body or an empty object, for POST routes that

@@ -664,16 +664,16 @@ func TestDeleteHostRefusesWhileReferenced(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if err := e.f.DeleteHost(ctx, "h1", false); !isCode(err, CodeHostInUse) {
+	if _, err := e.f.DeleteHost(ctx, "h1", false); !isCode(err, CodeHostInUse) {
 		t.Fatalf("delete referenced: %v", err)
 	}
-	if err := e.f.DeleteHost(ctx, "h1", true); err != nil {
-		t.Fatal(err)
+	if res, err := e.f.DeleteHost(ctx, "h1", true); err != nil || !res.Done {
+		t.Fatalf("forced delete of a host with one run: %+v, %v; want done in one step", res, err)
 	}
 	if _, err := e.st.GetRun(ctx, res.Run.FleetRunID); !errors.Is(err, store.ErrNotFound) {
 		t.Fatalf("forced delete kept the run: %v", err)
 	}
-	if err := e.f.DeleteHost(ctx, "h1", false); !isKind(err, KindNotFound) {
+	if _, err := e.f.DeleteHost(ctx, "h1", false); !isKind(err, KindNotFound) {
 		t.Fatalf("delete again: %v", err)
 	}
 }

@@ -177,22 +177,33 @@ func (f *Fleet) SetHostEnabled(ctx context.Context, id string, enabled bool) (st
 	return h, nil
 }
 
-// DeleteHost removes a host: refused (409) while runs reference it, unless
-// force, which discards those runs and their events.
-func (f *Fleet) DeleteHost(ctx context.Context, id string, force bool) error {
+// DeleteHost does one bounded step of removing a host
+// (store.Store.DeleteHost): refused (409) while runs reference it, unless
+// force, which discards them and their events a page per call. A forced
+// delete first disables the host, so routing excludes it (disabled) from
+// the first call on, while the runs go over several calls; Done says the
+// host is gone. Repeating the call continues where the last one stopped.
+func (f *Fleet) DeleteHost(ctx context.Context, id string, force bool) (store.HostDeletion, error) {
 	if e := hostPathID(id); e != nil {
-		return e
+		return store.HostDeletion{}, e
 	}
-	err := f.store.DeleteHost(ctx, id, force)
+	var err error
+	if force {
+		_, err = f.store.SetHostEnabled(ctx, id, false)
+	}
+	var res store.HostDeletion
+	if err == nil {
+		res, err = f.store.DeleteHost(ctx, id, force)
+	}
 	switch {
 	case err == nil:
-		return nil
+		return res, nil
 	case errors.Is(err, store.ErrNotFound):
-		return notFound("host %q is not registered", id)
+		return res, notFound("host %q is not registered", id)
 	case errors.Is(err, store.ErrInUse):
-		return conflict(CodeHostInUse, nil, "host %q is still referenced by runs; delete with ?force=1 to discard them", id)
+		return res, conflict(CodeHostInUse, nil, "host %q is still referenced by runs; delete with ?force=1 to discard them", id)
 	}
-	return fmt.Errorf("fleet: deleting host %q: %w", id, err)
+	return res, fmt.Errorf("fleet: deleting host %q: %w", id, err)
 }
 
 // Hosts lists the hosts c may see, each with its last probe, ordered by id.

@@ -35,7 +35,7 @@ func (s *touchless) SetHostEnabled(ctx context.Context, id string, enabled bool)
 	return s.Store.SetHostEnabled(ctx, id, enabled)
 }
 
-func (s *touchless) DeleteHost(ctx context.Context, id string, force bool) error {
+func (s *touchless) DeleteHost(ctx context.Context, id string, force bool) (store.HostDeletion, error) {
 	s.calls.Add(1)
 	return s.Store.DeleteHost(ctx, id, force)
 }
@@ -65,7 +65,7 @@ func TestPathIDsOfAnotherShapeAreUnknownWithoutAStoreCall(t *testing.T) {
 		"Host":           func(id string) error { _, err := f.Host(ctx, id); return err },
 		"ProbeHost":      func(id string) error { _, err := f.ProbeHost(ctx, id); return err },
 		"SetHostEnabled": func(id string) error { _, err := f.SetHostEnabled(ctx, id, true); return err },
-		"DeleteHost":     func(id string) error { return f.DeleteHost(ctx, id, true) },
+		"DeleteHost":     func(id string) error { _, err := f.DeleteHost(ctx, id, true); return err },
 		"RevokeCaller":   func(id string) error { return f.RevokeCaller(ctx, id) },
 	} {
 		for _, id := range []string{long, "a b", "-x", "a/b"} {

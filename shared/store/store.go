@@ -212,13 +212,30 @@ type Idempotency struct {
 	ExpiresAt   time.Time
 }
 
+// DeleteHost's bounds on one call (one step).
+const (
+	// DeleteHostRunsPerStep bounds the runs one DeleteHost call deletes.
+	DeleteHostRunsPerStep = 100
+	// DeleteHostEventsPerStep bounds, roughly, the events one call deletes
+	// in a store that deletes them one item at a time: a run whose events
+	// would take the step past it is left (its events partly deleted) for
+	// the next call.
+	DeleteHostEventsPerStep = 2000
+)
+
+// HostDeletion is what one DeleteHost call did.
+type HostDeletion struct {
+	// Done: the host is gone, and so is every run that referenced it.
+	Done bool
+	// RunsDeleted counts the runs this call deleted.
+	RunsDeleted int
+}
+
 // RunQuery selects runs for listing, newest first.
 type RunQuery struct {
 	// OwnerID limits to one owner. With HostID empty too, the listing is
-	// every run of a registered host, which is every run: a run names a
-	// registered host when created, and DeleteHost refuses while runs
-	// reference the host or deletes them (dynamostore merges the byHost
-	// partitions of the registered hosts).
+	// every run (dynamostore reads its "all" index, boltstore its creation
+	// order).
 	OwnerID string
 	// HostID limits to one host. Setting both OwnerID and HostID is not
 	// supported (neither store has an index for it); ListRuns refuses it.
@@ -267,10 +284,17 @@ type Store interface {
 	SetHostEnabled(ctx context.Context, id string, enabled bool) (Host, error)
 	// RecordProbe stores p as the host's last probe; ErrNotFound if the host is gone.
 	RecordProbe(ctx context.Context, id string, p Probe) error
-	// DeleteHost removes a host. Without force it fails with ErrInUse while any
-	// run references the host; with force it deletes those runs and their
-	// events first. ErrNotFound if absent.
-	DeleteHost(ctx context.Context, id string, force bool) error
+	// DeleteHost removes a host in bounded, resumable steps. One call deletes
+	// at most DeleteHostRunsPerStep of the host's runs, each with its
+	// events (a store may stop sooner: dynamostore after about
+	// DeleteHostEventsPerStep events), and answers Done false while runs
+	// remain; the call that finds none left removes the host too and
+	// answers Done true. A run's events go before the run and the host goes
+	// last, so a call cut short anywhere loses nothing a repeat cannot
+	// finish. Without force it fails with ErrInUse while an unexpired run
+	// references the host (expired runs never block it and are deleted
+	// like the others). ErrNotFound if absent.
+	DeleteHost(ctx context.Context, id string, force bool) (HostDeletion, error)
 
 	// CreateCaller writes the caller's owner and token items together;
 	// ErrExists if the ownerId (or the token hash) is taken.
@@ -348,6 +372,16 @@ type Store interface {
 	// did not). A host never probed keeps no probe, and none is made.
 	// ErrNotFound if the host is gone. The next probe overwrites both.
 	RecordDrain(ctx context.Context, id string, draining bool, idle *bool) (Host, error)
+
+	// Host pages: the registry read in bounded pages (issue 15), for
+	// callers that must not read every host at once (the metrics rollup).
+
+	// ListHostsPage returns up to limit hosts (PageLimit applies) that
+	// follow the host id after in the store's own order (dynamostore: the
+	// table's, which is not sorted; boltstore: by id), and in Next the id to
+	// continue after, empty when no host follows. after "" starts at the
+	// first. A page may hold fewer than limit hosts while Next is set.
+	ListHostsPage(ctx context.Context, after string, limit int) (HostPage, error)
 }
 
 // SweepCursorKey is the sweep cursor's id in the idempotency table: "#"
@@ -473,4 +507,11 @@ type RouteStore interface {
 	// RouteShard reads shard n of list, eventually consistent; ErrNotFound
 	// when the view has no such list or shard.
 	RouteShard(ctx context.Context, list string, n int) (RouteShard, error)
+}
+
+// HostPage is one page of ListHostsPage.
+type HostPage struct {
+	Hosts []Host
+	// Next is the after of the next page; empty when there is none.
+	Next string
 }

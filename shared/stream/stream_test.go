@@ -266,8 +266,8 @@ func TestStreamEndsWhenItsRunIsDeletedUnderIt(t *testing.T) {
 	var armed atomic.Bool
 	e = newEnv(t, envOptions{ticks: true, onHostRequest: func(r *http.Request) {
 		if r.Method == http.MethodGet && strings.HasSuffix(r.URL.Path, "/events") && armed.CompareAndSwap(true, false) {
-			if err := e.f.DeleteHost(context.Background(), "h1", true); err != nil {
-				t.Error(err)
+			if res, err := e.f.DeleteHost(context.Background(), "h1", true); err != nil || !res.Done {
+				t.Errorf("DeleteHost: %+v, %v", res, err)
 			}
 		}
 	}})

@@ -81,22 +81,29 @@ func (s *Store) RecordProbe(ctx context.Context, id string, p store.Probe) error
 	return wrap("record probe", err)
 }
 
-// DeleteHost removes a host; without force, ErrInUse while an unexpired run
-// references it. Expired runs never block it and are removed with it.
-func (s *Store) DeleteHost(ctx context.Context, id string, force bool) error {
+// DeleteHost removes a host in steps (store.Store), each one transaction:
+// at most store.DeleteHostRunsPerStep of its runs (newest first) with
+// their events, then, when none is left, the host. Without force,
+// ErrInUse while an unexpired run references it; expired runs never block
+// it and are removed with it.
+func (s *Store) DeleteHost(ctx context.Context, id string, force bool) (store.HostDeletion, error) {
 	now := s.now()
+	var res store.HostDeletion
 	err := s.update(ctx, func(tx *bolt.Tx) error {
+		res = store.HostDeletion{}
 		if _, err := getHost(tx, id); err != nil {
 			return err
 		}
 		var runIDs []string
+		more := false
 		if byHost := tx.Bucket(bucketRunsByHost).Bucket([]byte(id)); byHost != nil {
-			err := byHost.ForEach(func(_, v []byte) error {
+			c := byHost.Cursor()
+			for k, v := c.Last(); k != nil; k, v = c.Prev() {
+				if len(runIDs) == store.DeleteHostRunsPerStep {
+					more = true
+					break
+				}
 				runIDs = append(runIDs, string(v))
-				return nil
-			})
-			if err != nil {
-				return err
 			}
 		}
 		for _, rid := range runIDs {
@@ -113,9 +120,17 @@ func (s *Store) DeleteHost(ctx context.Context, id string, force bool) error {
 				return err
 			}
 		}
+		res.RunsDeleted = len(runIDs)
+		if more {
+			return nil
+		}
+		res.Done = true
 		return tx.Bucket(bucketHosts).Delete([]byte(id))
 	})
-	return wrap("delete host", err)
+	if err != nil {
+		return store.HostDeletion{}, wrap("delete host", err)
+	}
+	return res, nil
 }
 
 func getHost(tx *bolt.Tx, id string) (hostItem, error) {

@@ -47,6 +47,17 @@ func TestContract(t *testing.T) {
 	})
 }
 
+// TestContractWithShardedAllIndex: with the "all" index spread over
+// several partitions (what raising allShards does), the listing of every
+// run, a merge of those partitions, keeps the whole contract.
+func TestContractWithShardedAllIndex(t *testing.T) {
+	storetest.Run(t, func(t *testing.T, clk *clock.Fake) store.Store {
+		s := newStore(t, clk, nil)
+		dynamostore.SetAllShards(s, 3)
+		return s
+	})
+}
+
 func TestTablesAsDesigned(t *testing.T) {
 	ctx := context.Background()
 	names := dynamostore.Prefixed(motoserver.Unique("design") + "-")
@@ -94,6 +105,7 @@ func TestTablesAsDesigned(t *testing.T) {
 		"live":    "live:HASH,fleetRunId:RANGE KEYS_ONLY",
 		"byOwner": "ownerId:HASH,createdAt:RANGE KEYS_ONLY",
 		"byHost":  "hostId:HASH,createdAt:RANGE KEYS_ONLY",
+		"all":     "allShard:HASH,createdAt:RANGE KEYS_ONLY",
 	}
 	if fmt.Sprint(gsis) != fmt.Sprint(wantGSIs) {
 		t.Errorf("runs indexes %v, want %v", gsis, wantGSIs)

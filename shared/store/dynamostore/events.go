@@ -177,33 +177,47 @@ func (s *Store) ExtendEventsExpiry(ctx context.Context, fleetRunID string, to ti
 	return first
 }
 
-// deleteEvents removes every event of a run, 25 deletes per BatchWriteItem.
-func (s *Store) deleteEvents(ctx context.Context, fleetRunID string) error {
+// eventDeletesWithin reads the keys of up to budget events of a run (a
+// strong Query that stops at the budget) and returns their deletes; done
+// reports that these are all the run's events.
+func (s *Store) eventDeletesWithin(ctx context.Context, fleetRunID string, budget int) (deletes []types.WriteRequest, done bool, err error) {
+	if budget <= 0 {
+		return nil, false, nil
+	}
 	in := &dynamodb.QueryInput{
 		TableName:                 aws.String(s.tables.Events),
 		KeyConditionExpression:    aws.String("#r = :r"),
-		ExpressionAttributeNames:  map[string]string{"#r": attrFleetRunID},
+		ProjectionExpression:      aws.String("#r, #s"),
+		ExpressionAttributeNames:  map[string]string{"#r": attrFleetRunID, "#s": attrSequence},
 		ExpressionAttributeValues: map[string]types.AttributeValue{":r": &types.AttributeValueMemberS{Value: fleetRunID}},
 		ConsistentRead:            aws.Bool(true),
 	}
-	var deletes []types.WriteRequest
-	for {
+	for len(deletes) < budget {
+		in.Limit = aws.Int32(int32(budget - len(deletes)))
 		out, err := s.api.Query(ctx, in)
 		if err != nil {
-			return err
+			return nil, false, err
 		}
 		for _, it := range out.Items {
 			deletes = append(deletes, types.WriteRequest{DeleteRequest: &types.DeleteRequest{Key: item{
 				attrFleetRunID: it[attrFleetRunID], attrSequence: it[attrSequence],
 			}}})
 		}
-		if len(out.LastEvaluatedKey) == 0 {
+		// Without a continuation, these were the last; with one at the
+		// budget, more may follow (the next step sees).
+		done = len(out.LastEvaluatedKey) == 0
+		if done {
 			break
 		}
 		in.ExclusiveStartKey = out.LastEvaluatedKey
 	}
-	for start := 0; start < len(deletes); start += batchWriteMax {
-		if err := s.batchWrite(ctx, s.tables.Events, deletes[start:min(start+batchWriteMax, len(deletes))]); err != nil {
+	return deletes, done, nil
+}
+
+// batchWriteAll sends requests to one table, batchWriteMax a call.
+func (s *Store) batchWriteAll(ctx context.Context, table string, reqs []types.WriteRequest) error {
+	for start := 0; start < len(reqs); start += batchWriteMax {
+		if err := s.batchWrite(ctx, table, reqs[start:min(start+batchWriteMax, len(reqs))]); err != nil {
 			return err
 		}
 	}

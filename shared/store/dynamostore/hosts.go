@@ -143,35 +143,81 @@ func (s *Store) RecordProbe(ctx context.Context, id string, p store.Probe) error
 	return nil
 }
 
-// DeleteHost removes a host. The in-use check reads the byHost index, which
-// is eventually consistent: a run created within the last second may be
-// missed, and then outlives its host (Fleet sees a run whose host is gone).
-// Closing that window would need a transaction on every dispatch (twice the
-// write cost) for a rare admin action; it is not worth it.
-func (s *Store) DeleteHost(ctx context.Context, id string, force bool) error {
+// DeleteHost removes a host in bounded steps (store.Store). A step reads
+// the host (strong), one page of its byHost partition (at most
+// store.DeleteHostRunsPerStep keys) and, without force, those runs
+// (BatchGetItem) to refuse while one is unexpired; then, run by run, it
+// reads the keys of the run's events while the step's event budget lasts,
+// batch-deletes those events (25 a call), then the runs whose events were
+// all read. When the page was the partition's last and every run on it
+// went, the host is deleted too. A run's deletes within a batch may be
+// cut short (a failed call): the repeat finds the run and what is left.
+//
+// The in-use check reads the byHost index, which is eventually consistent:
+// a run created within the last second may be missed, and then outlives
+// its host (Fleet sees a run whose host is gone). Closing that window
+// would need a transaction on every dispatch (twice the write cost) for a
+// rare admin action; it is not worth it. The same lag may show a step keys
+// it deleted a moment ago; deleting them again is a no-op.
+func (s *Store) DeleteHost(ctx context.Context, id string, force bool) (store.HostDeletion, error) {
+	var res store.HostDeletion
 	if _, err := s.GetHost(ctx, id); err != nil {
-		return err
+		return res, err
 	}
-	keys, err := s.queryAllKeys(ctx, indexByHost, attrHostID, id)
+	out, err := s.api.Query(ctx, &dynamodb.QueryInput{
+		TableName:                 aws.String(s.tables.Runs),
+		IndexName:                 aws.String(indexByHost),
+		KeyConditionExpression:    aws.String("#k = :v"),
+		ExpressionAttributeNames:  map[string]string{"#k": attrHostID},
+		ExpressionAttributeValues: map[string]types.AttributeValue{":v": &types.AttributeValueMemberS{Value: id}},
+		Limit:                     aws.Int32(store.DeleteHostRunsPerStep),
+	})
 	if err != nil {
-		return fault("delete host: listing its runs", err)
+		return res, fault("delete host: listing its runs", err)
 	}
-	runs, err := s.batchGetRuns(ctx, keys)
-	if err != nil {
-		return fault("delete host: reading its runs", err)
+	keys := make([]runKey, 0, len(out.Items))
+	for _, it := range out.Items {
+		k, err := runKeyFromItem(it)
+		if err != nil {
+			return res, fault("delete host: listing its runs", err)
+		}
+		keys = append(keys, k)
 	}
-	now := s.now()
-	if !force {
+	if !force && len(keys) > 0 {
+		runs, err := s.batchGetRuns(ctx, keys)
+		if err != nil {
+			return res, fault("delete host: reading its runs", err)
+		}
+		now := s.now()
 		for _, r := range runs {
 			if r != nil && !store.Expired(r.ExpiresAt, now) {
-				return fmt.Errorf("dynamostore: host %q is referenced by run %q: %w", id, r.FleetRunID, store.ErrInUse)
+				return res, fmt.Errorf("dynamostore: host %q is referenced by run %q: %w", id, r.FleetRunID, store.ErrInUse)
 			}
 		}
 	}
+	// Every event delete of the step goes before any run delete: a run is
+	// deleted only once all its events are.
+	var events, gone []types.WriteRequest
 	for _, k := range keys {
-		if err := s.deleteRun(ctx, k.fleetRunID); err != nil {
-			return fault("delete host: deleting run "+k.fleetRunID, err)
+		dels, done, err := s.eventDeletesWithin(ctx, k.fleetRunID, store.DeleteHostEventsPerStep-len(events))
+		if err != nil {
+			return res, fault("delete host: listing the events of run "+k.fleetRunID, err)
 		}
+		events = append(events, dels...)
+		if !done {
+			break
+		}
+		gone = append(gone, types.WriteRequest{DeleteRequest: &types.DeleteRequest{Key: strKey(attrFleetRunID, k.fleetRunID)}})
+	}
+	if err := s.batchWriteAll(ctx, s.tables.Events, events); err != nil {
+		return res, fault("delete host: deleting its runs' events", err)
+	}
+	if err := s.batchWriteAll(ctx, s.tables.Runs, gone); err != nil {
+		return res, fault("delete host: deleting its runs", err)
+	}
+	res.RunsDeleted = len(gone)
+	if len(gone) < len(keys) || len(out.LastEvaluatedKey) > 0 {
+		return res, nil
 	}
 	_, err = s.api.DeleteItem(ctx, &dynamodb.DeleteItemInput{
 		TableName:           aws.String(s.tables.Hosts),
@@ -179,10 +225,11 @@ func (s *Store) DeleteHost(ctx context.Context, id string, force bool) error {
 		ConditionExpression: aws.String("attribute_exists(id)"),
 	})
 	if failed, _ := conditionFailed(err); failed {
-		return fmt.Errorf("dynamostore: host %q: %w", id, store.ErrNotFound)
+		return res, fmt.Errorf("dynamostore: host %q: %w", id, store.ErrNotFound)
 	}
 	if err != nil {
-		return fault("delete host", err)
+		return res, fault("delete host", err)
 	}
-	return nil
+	res.Done = true
+	return res, nil
 }

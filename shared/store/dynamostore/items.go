@@ -330,8 +330,9 @@ func idempotencyFromItem(it item) (store.Idempotency, error) {
 
 // --- runs ------------------------------------------------------------------
 
-// runItem is the whole stored run, live index key included.
-func runItem(r store.Run) item {
+// runItem is the whole stored run, index keys included; shard is its "all"
+// index partition (allShardOf).
+func runItem(r store.Run, shard string) item {
 	it := item{}
 	it.putS(attrFleetRunID, r.FleetRunID)
 	it.putNAlways(attrVersionFormat, formatVersion)
@@ -339,7 +340,7 @@ func runItem(r store.Run) item {
 	it.putS(attrHostID, r.HostID)
 	it.putS(attrCreatedAt, createdKey(r.CreatedAt, r.FleetRunID))
 	it.putS(attrIdempotencyKey, r.IdempotencyKey)
-	for k, v := range runMutable(r) {
+	for k, v := range runMutable(r, shard) {
 		it[k] = v
 	}
 	return it
@@ -348,7 +349,7 @@ func runItem(r store.Run) item {
 // runMutable holds the attributes UpdateRun may change (everything but the
 // keys and the fields fixed at creation). An attribute missing here is
 // removed by an update.
-func runMutable(r store.Run) item {
+func runMutable(r store.Run, shard string) item {
 	it := item{}
 	it.putS(attrChildRunID, r.ChildRunID)
 	it.putS(attrStatus, r.Status)
@@ -373,6 +374,10 @@ func runMutable(r store.Run) item {
 	it.putExpiry(r.ExpiresAt)
 	it.putTime(attrEventsExpireAfter, r.EventsExpireAfter)
 	it.putNAlways(attrRunVersion, r.Version)
+	// The "all" index key never changes (it derives from the id), so
+	// rewriting it costs that index nothing; it is here so that an update
+	// gives a run written before the index existed its entry (migration).
+	it.putS(attrAllShard, shard)
 	return it
 }
 
@@ -381,7 +386,7 @@ func runMutable(r store.Run) item {
 var runMutableNames = []string{
 	attrChildRunID, attrStatus, attrAttempt, attrExitCode, attrReason, attrDetail, attrAgent,
 	attrRewroteLocalPath, attrUpdatedAt, attrDeadline, attrEndedAt, attrEventCursor,
-	attrDrained, attrLive, attrExpiresAt, attrEventsExpireAfter, attrRunVersion,
+	attrDrained, attrLive, attrExpiresAt, attrEventsExpireAfter, attrRunVersion, attrAllShard,
 }
 
 func runFromItem(it item) (store.Run, error) {

@@ -4,6 +4,7 @@ import (
 	"container/heap"
 	"context"
 	"errors"
+	"strconv"
 
 	"github.com/aws/aws-sdk-go-v2/aws"
 	"github.com/aws/aws-sdk-go-v2/service/dynamodb"
@@ -14,12 +15,13 @@ import (
 )
 
 // ListRuns pages runs newest first. One owner or one host is one partition
-// of byOwner or byHost; everyone is the k-way merge of the byHost partitions
-// of the registered hosts (see the package comment for the cost). Either way
-// the index gives keys in order, strictly older than the cursor's position,
-// and the page's runs are then fetched with BatchGetItem; expired or vanished
-// runs are skipped and more keys pulled until the page (plus one, to know
-// whether there is a next page) is full.
+// of byOwner or byHost; everyone is the "all" index, one partition per
+// shard (allShards, merged k-way when there are several): the cost of a
+// page does not depend on the number of hosts (see the package comment).
+// Either way the index gives keys in order, strictly older than the
+// cursor's position, and the page's runs are then fetched with
+// BatchGetItem; expired or vanished runs are skipped and more keys pulled
+// until the page (plus one, to know whether there is a next page) is full.
 func (s *Store) ListRuns(ctx context.Context, q store.RunQuery) (store.RunPage, error) {
 	if q.OwnerID != "" && q.HostID != "" {
 		return store.RunPage{}, errors.New("dynamostore: list runs: ownerId and hostId together are not supported")
@@ -43,12 +45,8 @@ func (s *Store) ListRuns(ctx context.Context, q store.RunQuery) (store.RunPage, 
 	case q.HostID != "":
 		parts = []*partition{{index: indexByHost, attr: attrHostID, value: q.HostID, before: before}}
 	default:
-		hosts, err := s.ListHosts(ctx)
-		if err != nil {
-			return store.RunPage{}, err
-		}
-		for _, h := range hosts {
-			parts = append(parts, &partition{index: indexByHost, attr: attrHostID, value: h.ID, before: before})
+		for i := range s.allShards {
+			parts = append(parts, &partition{index: indexAll, attr: attrAllShard, value: strconv.Itoa(i), before: before})
 		}
 	}
 	chunk := want
@@ -58,10 +56,7 @@ func (s *Store) ListRuns(ctx context.Context, q store.RunQuery) (store.RunPage, 
 		// partition contributing more is simply asked again.
 		chunk = min(want, mergeChunk)
 	}
-	m, err := s.newMerge(ctx, parts, chunk)
-	if err != nil {
-		return store.RunPage{}, fault("list runs", err)
-	}
+	m := s.newMerge(parts, chunk)
 	now := s.now()
 	var runs []store.Run
 	for len(runs) < want {
@@ -139,42 +134,46 @@ func (p *partition) fill(ctx context.Context, s *Store, n int) error {
 }
 
 // merge yields the keys of several partitions in one newest-first order.
+// A partition whose buffer runs dry is read again only when more keys are
+// wanted, so a page never pays for a Query it does not use.
 type merge struct {
 	s     *Store
 	chunk int
 	heap  partitionHeap
+	// dry are partitions with an empty buffer and more to read.
+	dry []*partition
 }
 
-func (s *Store) newMerge(ctx context.Context, parts []*partition, chunk int) (*merge, error) {
-	m := &merge{s: s, chunk: chunk}
-	for _, p := range parts {
-		if err := p.fill(ctx, s, chunk); err != nil {
-			return nil, err
-		}
-		if len(p.buf) > 0 {
-			m.heap = append(m.heap, p)
-		}
-	}
-	heap.Init(&m.heap)
-	return m, nil
+func (s *Store) newMerge(parts []*partition, chunk int) *merge {
+	return &merge{s: s, chunk: chunk, dry: parts}
 }
 
 // take returns up to n next keys.
 func (m *merge) take(ctx context.Context, n int) ([]runKey, error) {
 	var keys []runKey
-	for len(keys) < n && len(m.heap) > 0 {
-		p := m.heap[0]
-		keys = append(keys, p.buf[0])
-		p.buf = p.buf[1:]
-		if len(p.buf) == 0 && !p.done {
+	for len(keys) < n {
+		for _, p := range m.dry {
 			if err := p.fill(ctx, m.s, m.chunk); err != nil {
 				return nil, err
 			}
+			if len(p.buf) > 0 {
+				heap.Push(&m.heap, p)
+			}
 		}
-		if len(p.buf) == 0 {
-			heap.Pop(&m.heap)
-		} else {
+		m.dry = m.dry[:0]
+		if len(m.heap) == 0 {
+			break
+		}
+		p := m.heap[0]
+		keys = append(keys, p.buf[0])
+		p.buf = p.buf[1:]
+		if len(p.buf) > 0 {
 			heap.Fix(&m.heap, 0)
+			continue
+		}
+		heap.Pop(&m.heap)
+		if !p.done {
+			m.dry = append(m.dry, p)
 		}
 	}
 	return keys, nil

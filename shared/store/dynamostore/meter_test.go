@@ -152,13 +152,14 @@ func TestChargeWrite(t *testing.T) {
 	run := item{
 		"fleetRunId": sv("r1"), "ownerId": sv("alice"), "hostId": sv("h1"),
 		"createdAt": sv("2026-03-04T05:06:07.123456789Z#r1"), "live": sv("1"), "status": sv("dispatching"),
+		"allShard": sv("0"),
 	}
 
 	var m Meter
 	m.chargeWrite(runs, nil, run, true, false)
 	u := m.Snapshot()
-	want := map[string]float64{"runs": 1, "runs/live": 1, "runs/byOwner": 1, "runs/byHost": 1}
-	if !sameUnits(u.WCU, want) || u.TotalWCU() != 4 || u.TableWCU() != 1 {
+	want := map[string]float64{"runs": 1, "runs/live": 1, "runs/byOwner": 1, "runs/byHost": 1, "runs/all": 1}
+	if !sameUnits(u.WCU, want) || u.TotalWCU() != 5 || u.TableWCU() != 1 {
 		t.Fatalf("new live run: %v (total %g, table %g), want %v", u.WCU, u.TotalWCU(), u.TableWCU(), want)
 	}
 

@@ -128,7 +128,7 @@ func (s *Store) CreateRun(ctx context.Context, r store.Run) error {
 	if err != nil {
 		return err
 	}
-	it := runItem(r)
+	it := runItem(r, allShardOf(r.FleetRunID, s.allShards))
 	it[attrWriteToken] = token
 	_, err = s.api.PutItem(ctx, &dynamodb.PutItemInput{
 		TableName:                           aws.String(s.tables.Runs),
@@ -194,7 +194,7 @@ func (s *Store) UpdateRun(ctx context.Context, r store.Run) (store.Run, error) {
 	}
 	expect := r.Version
 	r.Version = expect + 1
-	set := runMutable(r)
+	set := runMutable(r, allShardOf(r.FleetRunID, s.allShards))
 	names := expiryNames(attrFleetRunID)
 	values := map[string]types.AttributeValue{
 		":now":    nowValue(s.now()),
@@ -323,35 +323,6 @@ func runKeyFromItem(it item) (runKey, error) {
 	return k, nil
 }
 
-// queryAllKeys reads a whole partition of a runs index.
-func (s *Store) queryAllKeys(ctx context.Context, index, attr, value string) ([]runKey, error) {
-	in := &dynamodb.QueryInput{
-		TableName:                 aws.String(s.tables.Runs),
-		IndexName:                 aws.String(index),
-		KeyConditionExpression:    aws.String("#k = :v"),
-		ExpressionAttributeNames:  map[string]string{"#k": attr},
-		ExpressionAttributeValues: map[string]types.AttributeValue{":v": &types.AttributeValueMemberS{Value: value}},
-	}
-	var keys []runKey
-	for {
-		out, err := s.api.Query(ctx, in)
-		if err != nil {
-			return nil, err
-		}
-		for _, it := range out.Items {
-			k, err := runKeyFromItem(it)
-			if err != nil {
-				return nil, err
-			}
-			keys = append(keys, k)
-		}
-		if len(out.LastEvaluatedKey) == 0 {
-			return keys, nil
-		}
-		in.ExclusiveStartKey = out.LastEvaluatedKey
-	}
-}
-
 // batchGetRuns reads runs by id (eventually consistent), in the order of
 // keys, nil where a run is gone. Expired runs are returned: callers decide.
 func (s *Store) batchGetRuns(ctx context.Context, keys []runKey) ([]*store.Run, error) {
@@ -391,16 +362,4 @@ func (s *Store) batchGetRuns(ctx context.Context, keys []runKey) ([]*store.Run, 
 		runs[i] = byID[k.fleetRunID]
 	}
 	return runs, nil
-}
-
-// deleteRun removes a run's events, then the run (so an interrupted delete
-// leaves the run to be found and deleted again).
-func (s *Store) deleteRun(ctx context.Context, id string) error {
-	if err := s.deleteEvents(ctx, id); err != nil {
-		return err
-	}
-	_, err := s.api.DeleteItem(ctx, &dynamodb.DeleteItemInput{
-		TableName: aws.String(s.tables.Runs), Key: strKey(attrFleetRunID, id),
-	})
-	return err
 }

@@ -13,6 +13,7 @@
 //	  GSI live     live (S) + fleetRunId   KEYS_ONLY, sparse: only runs with Live() carry "live"="1"
 //	  GSI byOwner  ownerId (S) + createdAt KEYS_ONLY
 //	  GSI byHost   hostId (S) + createdAt  KEYS_ONLY
+//	  GSI all      allShard (S) + createdAt KEYS_ONLY: every run, for the admin listing
 //	events       fleetRunId (S) + sequence (N)   TTL expiresAt
 //	callers      id (S): "owner#<ownerId>" and "token#<sha256>", the full caller in both
 //	idempotency  id (S): "<ownerId>#<key>"        TTL expiresAt
@@ -50,8 +51,9 @@
 // Item sizes: a run ~0.4 KB, an idempotency item ~0.15 KB, a caller item
 // ~0.2 KB, index entries ~0.1 KB; each under 1 KB, so:
 //
-//	CreateRun          PutItem: 1 WCU + 1 per index the run enters (live, byOwner, byHost) = 4 WCU
+//	CreateRun          PutItem: 1 WCU + 1 per index the run enters (live, byOwner, byHost, all) = 5 WCU
 //	UpdateRun          UpdateItem: 1 WCU, +1 live index write when the run leaves (or re-enters) it
+//	                   (+1 "all" write, once, for a run written before that index: the migration)
 //	GetRun             GetItem: 1 RCU strong, 0.5 with store.EventualRead
 //	PutIdempotency     PutItem: 1 WCU, won or lost (a lost one returns the holder: no read)
 //	GetIdempotency     GetItem: 1 RCU strong, 0.5 with store.EventualRead
@@ -66,8 +68,14 @@
 //	                   lists change, + 1 WCU per shard a list no longer fills
 //	RecordDrain        UpdateItem of the host item: ceil(item bytes / 1 KB) WCU
 //	ListLive           Query of the live index, eventual: ceil(page bytes / 4 KB) x 0.5 RCU
-//	ListRuns (owner or host)  Query of the index + BatchGetItem of the page: ~0.5 + 0.5 per run
-//	ListRuns (everyone)       ListHosts + one Query per host partition + BatchGetItem of the page
+//	ListRuns           Query of one index partition (byOwner, byHost, or all for everyone)
+//	                   + BatchGetItem of the page and one more run: ~1.5 + 0.5 per run;
+//	                   a page of 100: 1 Query + 2 BatchGetItem (100 keys a call), ~52 RCU
+//	DeleteHost (a step)  GetItem 1 RCU + Query byHost (<= 100 keys) ~1.5 RCU
+//	                   (+ BatchGetItem of those runs without force, 0.5 each); per run a
+//	                   strong Query of its events (ceil(bytes / 4 KB) RCU) and its share of
+//	                   BatchWriteItem deletes: the run 1 WCU + 3 index deletes (+1 live if
+//	                   live) + 1 WCU per event KB; the host 1 WCU on the last step
 //	PutEvents          one conditional PutItem per event: ceil(event bytes / 1 KB) WCU each
 //	ListEvents         Query, strong: ceil(page bytes / 4 KB) RCU
 //
@@ -83,14 +91,20 @@
 // writes carries, 26 bytes, changes none of the figures above; in the
 // hosts table it adds 26 bytes per host to ListHosts' Scan.
 //
-// Listing everyone is a k-way merge of the byHost partitions of the
-// registered hosts (a run always names a registered host: DeleteHost refuses
-// while runs reference it, or deletes them). Each page scans the hosts table
-// once and queries every host partition for at most limit+1 keys (keys are
-// ~0.1 KB, so ~0.5 RCU per host for a page of 100), then fetches only the
-// page's runs: about H x 0.5 + (limit+1) x 0.5 RCU for H hosts. No extra
-// index, no write cost; the read cost grows with the number of hosts, which
-// is small for a fleet.
+// Listing everyone reads the "all" index: every run carries "allShard"
+// (set by CreateRun; one value today, see allShards), so a page is one
+// Query and one or two BatchGetItem whatever the number of hosts: ~52 RCU
+// for a page of 100 (the index keys ~1.5, the 101 runs 50.5), where the
+// earlier merge of every host's byHost partition cost ~H x 0.5 RCU and H
+// calls more. The price is one index write per run created (and deleted):
+// 5 WCU per CreateRun instead of 4.
+//
+// Migration: runs written before the "all" index lack "allShard" and are
+// missing from the everyone listing until their next UpdateRun writes it
+// (live runs: within a sweep). Ended runs of that time are left out until
+// they expire (RUNFLEET_RETENTION_DAYS) unless backfilled: an update
+// setting allShard = "0" on each run that lacks it (a Scan with
+// attribute_not_exists(allShard)), run once after the deploy.
 //
 // # Routing without a scan (issue 15 item 1)
 //
@@ -247,6 +261,9 @@ type Store struct {
 	tables TableNames
 	clock  clock.Clock
 	random io.Reader
+	// allShards is the "all" index's partition count: the constant, except
+	// in tests that exercise the sharded listing (export_test.go).
+	allShards int
 }
 
 var _ store.Store = (*Store)(nil)
@@ -269,7 +286,7 @@ func New(client API, cfg Config) (*Store, error) {
 	if cfg.Random == nil {
 		cfg.Random = rand.Reader
 	}
-	s := &Store{api: client, tables: cfg.Tables, clock: cfg.Clock, random: cfg.Random}
+	s := &Store{api: client, tables: cfg.Tables, clock: cfg.Clock, random: cfg.Random, allShards: allShards}
 	if cfg.Meter != nil {
 		s.api = &metered{next: client, meter: cfg.Meter, schemas: schemasFor(cfg.Tables)}
 	}

@@ -4,6 +4,8 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"hash/fnv"
+	"strconv"
 	"time"
 
 	"github.com/aws/aws-sdk-go-v2/aws"
@@ -21,6 +23,7 @@ const (
 	attrCreatedAt  = "createdAt"
 	attrLive       = "live"
 	attrExpiresAt  = "expiresAt"
+	attrAllShard   = "allShard"
 )
 
 // Index names on the runs table.
@@ -28,12 +31,37 @@ const (
 	indexLive    = "live"
 	indexByOwner = "byOwner"
 	indexByHost  = "byHost"
+	indexAll     = "all"
 )
 
 // liveValue is the one value of the sparse live index's partition key. One
 // partition serves a fleet's live runs (a few thousand at most) well within
 // a partition's limits; shard it here if that ever changes.
 const liveValue = "1"
+
+// allShards is how many partitions the "all" index (every run by
+// createdAt, for the admin listing) spreads its entries over; a run's shard
+// is allShardOf(its id, allShards). One partition takes up to 1,000 writes
+// a second; each run costs that index one write when created and one when
+// deleted (KEYS_ONLY, and the key never changes, so updates cost it
+// nothing). A million runs a day is ~12 creates a second, ~1% of one
+// partition, and DynamoDB cannot split a partition whose writes all land at
+// the newest sort key, so shard before sustained creates near ~500/s (~40
+// million runs a day): raise allShards, and ListRuns merges that many
+// partitions per page (one Query each). Only ever raise it: existing
+// entries keep their shard, which stays below the new count and so is
+// still merged.
+const allShards = 1
+
+// allShardOf is the "all" index partition of a run among n.
+func allShardOf(fleetRunID string, n int) string {
+	if n <= 1 {
+		return "0"
+	}
+	h := fnv.New32a()
+	h.Write([]byte(fleetRunID))
+	return strconv.Itoa(int(h.Sum32() % uint32(n)))
+}
 
 // indexSchema describes a GSI: its key attributes and what it projects.
 type indexSchema struct {
@@ -63,12 +91,13 @@ func schemaList(n TableNames) []tableSchema {
 		{
 			logical: "runs", name: n.Runs, keys: []string{attrFleetRunID}, ttl: attrExpiresAt,
 			attrTypes: map[string]types.ScalarAttributeType{
-				attrFleetRunID: s, attrLive: s, attrOwnerID: s, attrHostID: s, attrCreatedAt: s,
+				attrFleetRunID: s, attrLive: s, attrOwnerID: s, attrHostID: s, attrCreatedAt: s, attrAllShard: s,
 			},
 			indexes: []indexSchema{
 				{name: indexLive, keys: []string{attrLive, attrFleetRunID}, projection: types.ProjectionTypeKeysOnly},
 				{name: indexByOwner, keys: []string{attrOwnerID, attrCreatedAt}, projection: types.ProjectionTypeKeysOnly},
 				{name: indexByHost, keys: []string{attrHostID, attrCreatedAt}, projection: types.ProjectionTypeKeysOnly},
+				{name: indexAll, keys: []string{attrAllShard, attrCreatedAt}, projection: types.ProjectionTypeKeysOnly},
 			},
 		},
 		{

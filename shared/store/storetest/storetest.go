@@ -43,6 +43,8 @@ func Run(t *testing.T, newStore NewStore) {
 		{"Hosts/RecordProbe", testHostsRecordProbe},
 		{"Hosts/DeleteInUseAndForce", testHostsDeleteInUse},
 		{"Hosts/DeleteIgnoresExpiredRuns", testHostsDeleteExpiredRuns},
+		{"Hosts/DeleteInBoundedSteps", testHostsDeleteInSteps},
+		{"Hosts/ListPages", testHostsListPages},
 		{"Callers/CreateLookupList", testCallersCreateLookupList},
 		{"Callers/CreateExisting", testCallersCreateExisting},
 		{"Callers/ConcurrentCreate", testCallersConcurrentCreate},
@@ -315,8 +317,8 @@ func testHostsNotFound(t *testing.T, s store.Store, clk *clock.Fake) {
 	_, err = s.SetHostEnabled(bg, "nope", false)
 	wantErr(t, "SetHostEnabled", err, store.ErrNotFound)
 	wantErr(t, "RecordProbe", s.RecordProbe(bg, "nope", probe(clk.Now(), store.ProbeOK)), store.ErrNotFound)
-	wantErr(t, "DeleteHost", s.DeleteHost(bg, "nope", false), store.ErrNotFound)
-	wantErr(t, "DeleteHost force", s.DeleteHost(bg, "nope", true), store.ErrNotFound)
+	wantErr(t, "DeleteHost", deleteHost(s, "nope", false), store.ErrNotFound)
+	wantErr(t, "DeleteHost force", deleteHost(s, "nope", true), store.ErrNotFound)
 	// A write to a missing host must not create it.
 	_, err = s.GetHost(bg, "nope")
 	wantErr(t, "GetHost after writes", err, store.ErrNotFound)
@@ -394,13 +396,13 @@ func testHostsDeleteInUse(t *testing.T, s store.Store, clk *clock.Fake) {
 	_, err := s.UpdateRun(bg, ended(r2, hostproto.StatusSucceeded, now, true, time.Hour))
 	noErr(t, "UpdateRun r2", err)
 
-	wantErr(t, "DeleteHost in use", s.DeleteHost(bg, "h1", false), store.ErrInUse)
+	wantErr(t, "DeleteHost in use", deleteHost(s, "h1", false), store.ErrInUse)
 	_, err = s.GetHost(bg, "h1")
 	noErr(t, "host after refused delete", err)
 	_, err = s.GetRun(bg, r1.FleetRunID)
 	noErr(t, "run after refused delete", err)
 
-	noErr(t, "DeleteHost force", s.DeleteHost(bg, "h1", true))
+	noErr(t, "DeleteHost force", deleteHost(s, "h1", true))
 	_, err = s.GetHost(bg, "h1")
 	wantErr(t, "GetHost after force delete", err, store.ErrNotFound)
 	for _, id := range []string{"r1", "r2"} {
@@ -422,11 +424,11 @@ func testHostsDeleteInUse(t *testing.T, s store.Store, clk *clock.Fake) {
 		t.Fatalf("events of another host's run: %v", seqs(page.Events))
 	}
 
-	noErr(t, "DeleteHost h2 force", s.DeleteHost(bg, "h2", true))
-	wantErr(t, "DeleteHost twice", s.DeleteHost(bg, "h2", false), store.ErrNotFound)
+	noErr(t, "DeleteHost h2 force", deleteHost(s, "h2", true))
+	wantErr(t, "DeleteHost twice", deleteHost(s, "h2", false), store.ErrNotFound)
 
 	noErr(t, "CreateHost h3", s.CreateHost(bg, host("h3", now)))
-	noErr(t, "DeleteHost unused", s.DeleteHost(bg, "h3", false))
+	noErr(t, "DeleteHost unused", deleteHost(s, "h3", false))
 }
 
 func testHostsDeleteExpiredRuns(t *testing.T, s store.Store, clk *clock.Fake) {
@@ -435,9 +437,9 @@ func testHostsDeleteExpiredRuns(t *testing.T, s store.Store, clk *clock.Fake) {
 	r := createRun(t, s, run("r1", "alice", "h1", now))
 	_, err := s.UpdateRun(bg, ended(r, hostproto.StatusFailed, now, true, time.Hour))
 	noErr(t, "UpdateRun", err)
-	wantErr(t, "DeleteHost before expiry", s.DeleteHost(bg, "h1", false), store.ErrInUse)
+	wantErr(t, "DeleteHost before expiry", deleteHost(s, "h1", false), store.ErrInUse)
 	clk.Advance(2 * time.Hour)
-	noErr(t, "DeleteHost after the run expired", s.DeleteHost(bg, "h1", false))
+	noErr(t, "DeleteHost after the run expired", deleteHost(s, "h1", false))
 }
 
 // --- callers ---------------------------------------------------------------
@@ -906,7 +908,7 @@ func listFixture(t *testing.T, s store.Store, clk *clock.Fake) (all, alice, h1 [
 		{"r-j", "bob", "h2", -time.Hour},
 		{"r-k", "alice", "h1", time.Nanosecond},
 	}
-	// Listing everyone covers the runs of registered hosts (store.RunQuery).
+	// The hosts the runs name, as a dispatch would have them.
 	noErr(t, "CreateHost h1", s.CreateHost(bg, host("h1", base)))
 	noErr(t, "CreateHost h2", s.CreateHost(bg, host("h2", base)))
 	for _, sp := range specs {
@@ -965,7 +967,7 @@ func testRunsListRunsStable(t *testing.T, s store.Store, clk *clock.Fake) {
 	createRun(t, s, run("r-new", "alice", "h1", clk.Now().Add(time.Hour)))
 	createRun(t, s, run(last.FleetRunID+"z", "bob", "h1", last.CreatedAt))
 	createRun(t, s, run(last.FleetRunID[:len(last.FleetRunID)-1], "bob", "h1", last.CreatedAt))
-	noErr(t, "DeleteHost h2", s.DeleteHost(bg, "h2", true))
+	noErr(t, "DeleteHost h2", deleteHost(s, "h2", true))
 
 	// What the second page must hold: every surviving run strictly older
 	// than the last one listed, in order.
