@@ -45,13 +45,17 @@ func (c watchCost) report(b *testing.B) {
 }
 
 // functionMemoryMB reads a function's MemorySize from template.yaml.
-func functionMemoryMB(b *testing.B, fn string) int {
+func functionMemoryMB(b *testing.B, fn string) int { return functionInt(b, fn, "MemorySize") }
+
+// functionInt reads a function's integer property (MemorySize, Timeout)
+// from template.yaml.
+func functionInt(b *testing.B, fn, property string) int {
 	raw, _ := templates(b)
-	mb, err := strconv.Atoi(fmt.Sprint(jsonObj(raw, "Resources", fn, "Properties")["MemorySize"]))
+	n, err := strconv.Atoi(fmt.Sprint(jsonObj(raw, "Resources", fn, "Properties")[property]))
 	if err != nil {
-		b.Fatalf("%s MemorySize: %v", fn, err)
+		b.Fatalf("%s %s: %v", fn, property, err)
 	}
-	return mb
+	return n
 }
 
 // BenchmarkWatchCost reports what it costs to follow one live run for a
