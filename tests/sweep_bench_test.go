@@ -15,8 +15,9 @@ import (
 	"github.com/runfleet/runfleet/shared/store/dynamostore"
 )
 
-// sweepCost is one sub-benchmark's cost per live run per sweep.
-type sweepCost struct{ rcu, wcu, calls, hostCalls float64 }
+// sweepCost is one sub-benchmark's cost per live run per sweep; seconds
+// is the sweep's wall time per live run (loopback host, moto).
+type sweepCost struct{ rcu, wcu, calls, hostCalls, seconds float64 }
 
 // BenchmarkSweepCost reports what one sweep costs per live run on DynamoDB
 // (moto_server, priced by dynamostore.Meter) and in host calls, with 20
@@ -91,6 +92,7 @@ func benchSweep(b *testing.B, total, liveRuns int, active bool) sweepCost {
 
 	var usage dynamostore.Usage
 	hostCalls := 0
+	var took time.Duration
 	b.ResetTimer()
 	for i := 0; i < b.N; i++ {
 		b.StopTimer()
@@ -102,7 +104,9 @@ func benchSweep(b *testing.B, total, liveRuns int, active bool) sweepCost {
 		meter.Reset()
 		host.ResetRequests()
 		b.StartTimer()
+		began := time.Now()
 		rep, err := s.app.Fleet.Sweep(context.Background(), fleet.SweepOptions{})
+		took += time.Since(began)
 		b.StopTimer()
 		if err != nil || rep.Live != liveRuns {
 			b.Fatalf("sweep = %+v, %v", rep, err)
@@ -118,7 +122,7 @@ func benchSweep(b *testing.B, total, liveRuns int, active bool) sweepCost {
 	}
 	b.StopTimer()
 	per := float64(b.N * liveRuns)
-	c := sweepCost{rcu: usage.TotalRCU() / per, wcu: usage.TotalWCU() / per, calls: float64(usage.TotalCalls()) / per, hostCalls: float64(hostCalls) / per}
+	c := sweepCost{rcu: usage.TotalRCU() / per, wcu: usage.TotalWCU() / per, calls: float64(usage.TotalCalls()) / per, hostCalls: float64(hostCalls) / per, seconds: took.Seconds() / per}
 	b.ReportMetric(c.rcu, "RCU/liverun")
 	b.ReportMetric(c.wcu, "WCU/liverun")
 	b.ReportMetric(c.calls, "ddbcalls/liverun")

@@ -14,17 +14,6 @@ import (
 	"github.com/runfleet/runfleet/shared/stream/ssetest"
 )
 
-// Public us-east-1 prices (checked 2026-12; AWS's pricing pages), in
-// dollars, used to turn the measured units into a cost per watched
-// run-minute.
-const (
-	priceLambdaGBs      = 0.0000133334 // per GB-second, arm64 (template.yaml's Architectures)
-	priceLambdaRequest  = 0.20 / 1e6   // per invocation (a Function URL request is one)
-	priceHTTPAPIRequest = 1.00 / 1e6   // API Gateway HTTP API, first 300 M a month
-	priceReadUnit       = 0.125 / 1e6  // DynamoDB on-demand read request unit
-	priceWriteUnit      = 0.625 / 1e6  // DynamoDB on-demand write request unit
-)
-
 // watchCost is what following one run costs, per watched minute.
 type watchCost struct {
 	rcu, wcu, ddbCalls, hostCalls float64
@@ -35,8 +24,9 @@ type watchCost struct {
 }
 
 func (c watchCost) dollars() (lambda, api, ddb float64) {
-	lambda = c.lambdaSeconds*float64(c.memoryMB)/1024*priceLambdaGBs + c.lambdaRequests*priceLambdaRequest
-	return lambda, c.apiRequests * priceHTTPAPIRequest, c.rcu*priceReadUnit + c.wcu*priceWriteUnit
+	p := dynamostore.OnDemandUSEast1
+	ddb = (c.rcu*p.ReadPerMillion + c.wcu*p.WritePerMillion) / 1e6
+	return lambdaDollars(c.lambdaRequests, c.lambdaSeconds, c.memoryMB), c.apiRequests * priceHTTPAPIRequest, ddb
 }
 
 func (c watchCost) report(b *testing.B) {
@@ -55,13 +45,17 @@ func (c watchCost) report(b *testing.B) {
 }
 
 // functionMemoryMB reads a function's MemorySize from template.yaml.
-func functionMemoryMB(b *testing.B, fn string) int {
+func functionMemoryMB(b *testing.B, fn string) int { return functionInt(b, fn, "MemorySize") }
+
+// functionInt reads a function's integer property (MemorySize, Timeout)
+// from template.yaml.
+func functionInt(b *testing.B, fn, property string) int {
 	raw, _ := templates(b)
-	mb, err := strconv.Atoi(fmt.Sprint(jsonObj(raw, "Resources", fn, "Properties")["MemorySize"]))
+	n, err := strconv.Atoi(fmt.Sprint(jsonObj(raw, "Resources", fn, "Properties")[property]))
 	if err != nil {
-		b.Fatalf("%s MemorySize: %v", fn, err)
+		b.Fatalf("%s %s: %v", fn, property, err)
 	}
-	return mb
+	return n
 }
 
 // BenchmarkWatchCost reports what it costs to follow one live run for a
