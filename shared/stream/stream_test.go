@@ -162,7 +162,10 @@ func (e *env) open(t *testing.T, id, query string, headers ...string) *http.Resp
 	return resp
 }
 
-// tick lets the stream's next poll happen once it waits for it.
+// tick lets the stream's next poll happen once it waits for it. It
+// returns with that poll under way: a test that changes what a poll reads
+// (the host's run, the store) and needs a given poll to see it waits for
+// the stream to park (waitParked), changes it, then moves the clock.
 func (e *env) tick(t *testing.T) {
 	t.Helper()
 	e.waitParked(t)
@@ -776,13 +779,18 @@ func TestStreamRenewsItsSlotAndFreesItAtTheEnd(t *testing.T) {
 	for i := 0; i < 30; i++ { // 30 s: more than three lease lives
 		e.tick(t)
 	}
+	// tick returns once the clock moved, with the stream's poll at 30 s
+	// still under way; the run ends only once the stream parked again after
+	// it. Ended before, that poll could see it end, and the stream would
+	// send done and never park for the next move of the clock.
+	e.waitParked(t)
 	second := e.open(t, run.FleetRunID, "")
 	if second.StatusCode != http.StatusTooManyRequests || second.Header.Get("Retry-After") == "" {
 		t.Fatalf("a second stream while the first runs 30 s on a 9 s lease: %d", second.StatusCode)
 	}
 	zero := 0
 	e.host.SetRun(run.ChildRunID, hostproto.StatusSucceeded, &zero, "")
-	e.tick(t)
+	e.clk.Advance(e.h.cfg.PollInterval)
 	eventsUntil(t, ch, "done")
 	e.logs.wait(t, `"end":"done"`)
 	if third := e.open(t, run.FleetRunID, ""); third.StatusCode != http.StatusOK {
