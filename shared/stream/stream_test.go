@@ -803,15 +803,42 @@ func TestStreamRenewsItsSlotAndFreesItAtTheEnd(t *testing.T) {
 // and was taken by another stream ends with a retry hint rather than
 // exceed the cap.
 func TestStreamThatLostItsSlotEnds(t *testing.T) {
-	e := newEnv(t, envOptions{ticks: true, leases: true, cfg: Config{MaxPerCaller: 1, LeaseTTL: 9 * time.Second, KeepAlive: time.Hour}})
+	// Another stream takes the slot while this one's poll at 10 s asks its
+	// host: after the lease lapsed (the clock is at 10 s once moved is
+	// closed), before this stream's renewal, which follows the poll.
+	var e *env
+	var armed atomic.Bool
+	moved := make(chan struct{})
+	took := make(chan error, 1)
+	e = newEnv(t, envOptions{ticks: true, leases: true, cfg: Config{MaxPerCaller: 1, LeaseTTL: 9 * time.Second, KeepAlive: time.Hour},
+		onHostRequest: func(r *http.Request) {
+			if !armed.CompareAndSwap(true, false) {
+				return
+			}
+			select {
+			case <-moved:
+			case <-r.Context().Done():
+				took <- r.Context().Err()
+				return
+			}
+			_, err := e.st.AcquireStreamLease(context.Background(), store.StreamLease{OwnerID: "admin", Holder: "another", ExpiresAt: e.clk.Now().Add(time.Minute)}, 1)
+			took <- err
+		}})
 	run := e.dispatch(t, "alice")
 	e.sweep(t)
 	ch := ssetest.Read(e.open(t, run.FleetRunID, "").Body)
 	eventsUntil(t, ch, "snapshot")
 	e.waitParked(t)
-	e.clk.Advance(10 * time.Second) // past the lease, before its renewal ran
-	if _, err := e.st.AcquireStreamLease(context.Background(), store.StreamLease{OwnerID: "admin", Holder: "another", ExpiresAt: e.clk.Now().Add(time.Minute)}, 1); err != nil {
-		t.Fatal(err)
+	armed.Store(true)
+	e.clk.Advance(10 * time.Second) // past the lease
+	close(moved)
+	select {
+	case err := <-took:
+		if err != nil {
+			t.Fatalf("another stream taking the lapsed slot: %v", err)
+		}
+	case <-time.After(10 * time.Second):
+		t.Fatal("the stream's poll at 10 s did not ask its host in 10s")
 	}
 	m := next(t, ch)
 	if m.Retry != "2000" || len(m.Comments) != 1 || !strings.Contains(m.Comments[0], "lost its slot") {
