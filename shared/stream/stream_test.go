@@ -162,10 +162,27 @@ func (e *env) open(t *testing.T, id, query string, headers ...string) *http.Resp
 	return resp
 }
 
-// tick lets the stream's next poll happen once it waits for it.
-func (e *env) tick() {
-	<-e.parked
+// tick lets the stream's next poll happen once it waits for it. It
+// returns with that poll under way: a test that changes what a poll reads
+// (the host's run, the store) and needs a given poll to see it waits for
+// the stream to park (waitParked), changes it, then moves the clock.
+func (e *env) tick(t *testing.T) {
+	t.Helper()
+	e.waitParked(t)
 	e.clk.Advance(e.h.cfg.PollInterval)
+}
+
+// waitParked waits for the stream to park on its timer, failing after a
+// while: the stream is driven by the fake clock, so one that never parks
+// ended or is stuck (a bug, not a slow machine), and the test must say so
+// rather than hang until the package's timeout.
+func (e *env) waitParked(t *testing.T) {
+	t.Helper()
+	select {
+	case <-e.parked:
+	case <-time.After(10 * time.Second):
+		t.Fatalf("the stream did not park on its timer in 10s (it ended or is stuck); logs:\n%s", e.logs)
+	}
 }
 
 // next returns the next message, failing after a while without one (the
@@ -240,12 +257,12 @@ func TestAHangingHostNeverHoldsTheStreamSilent(t *testing.T) {
 	eventsUntil(t, ch, "snapshot")
 
 	hang.Store(true)
-	e.tick()
+	e.tick(t)
 	for i := 0; i < 2; i++ {
 		<-hung                          // the poll's pull-through waits on the host
 		e.clk.Advance(30 * time.Minute) // half the keep-alive: given up on
 		if i == 0 {
-			<-e.parked
+			e.waitParked(t)
 			e.clk.Advance(time.Second)
 		}
 	}
@@ -281,7 +298,7 @@ func TestStreamEndsWhenItsRunIsDeletedUnderIt(t *testing.T) {
 	if seqs, snap := eventsUntil(t, ch, "snapshot"); len(seqs) != 0 || !strings.Contains(snap.Data, `"cursor":0`) {
 		t.Fatalf("events %v, then snapshot %s; want no events and cursor 0", seqs, snap.Data)
 	}
-	e.tick()
+	e.tick(t)
 	m := next(t, ch)
 	if len(m.Comments) != 1 || m.Comments[0] != "the run no longer exists" || m.Retry != "" {
 		t.Fatalf("after the run was deleted: %+v, want its goodbye without a retry hint", m)
@@ -357,13 +374,13 @@ func TestStreamSendsBacklogSnapshotLiveEventsAndDone(t *testing.T) {
 	// Live: pull-through mirrors the host's new events on the next poll,
 	// without a sweep.
 	e.host.AppendOutput(run.ChildRunID, "live\n")
-	e.tick()
+	e.tick(t)
 	if seqs, _ := eventsUntilN(t, ch, 1); seqs[0] != 5 {
 		t.Fatalf("live event %v", seqs)
 	}
 	code := 0
 	e.host.SetRun(run.ChildRunID, hostproto.StatusSucceeded, &code, "")
-	e.tick()
+	e.tick(t)
 	seqs, done := eventsUntil(t, ch, "done")
 	if fmt.Sprint(seqs) != "[6]" || done.Data != `{"cursor":6,"status":"succeeded","attempt":1,"exitCode":0}` {
 		t.Fatalf("end: %v then done %s", seqs, done.Data)
@@ -440,13 +457,13 @@ func TestStreamKeepsAliveAndEndsWithARetryHint(t *testing.T) {
 	ch := ssetest.Read(e.open(t, run.FleetRunID, "").Body)
 	eventsUntil(t, ch, "snapshot")
 	for i := 0; i < 3; i++ {
-		e.tick()
+		e.tick(t)
 	}
 	if m := next(t, ch); len(m.Comments) != 1 || m.Comments[0] != "keep-alive" || m.Event != "" {
 		t.Fatalf("after 3s of silence: %+v", m)
 	}
-	e.tick()
-	e.tick()
+	e.tick(t)
+	e.tick(t)
 	m := next(t, ch)
 	if m.Retry != "2000" || len(m.Comments) != 1 || !strings.Contains(m.Comments[0], "maximum duration") {
 		t.Fatalf("at the maximum duration: %+v", m)
@@ -760,15 +777,20 @@ func TestStreamRenewsItsSlotAndFreesItAtTheEnd(t *testing.T) {
 	ch := ssetest.Read(e.open(t, run.FleetRunID, "").Body)
 	eventsUntil(t, ch, "snapshot")
 	for i := 0; i < 30; i++ { // 30 s: more than three lease lives
-		e.tick()
+		e.tick(t)
 	}
+	// tick returns once the clock moved, with the stream's poll at 30 s
+	// still under way; the run ends only once the stream parked again after
+	// it. Ended before, that poll could see it end, and the stream would
+	// send done and never park for the next move of the clock.
+	e.waitParked(t)
 	second := e.open(t, run.FleetRunID, "")
 	if second.StatusCode != http.StatusTooManyRequests || second.Header.Get("Retry-After") == "" {
 		t.Fatalf("a second stream while the first runs 30 s on a 9 s lease: %d", second.StatusCode)
 	}
 	zero := 0
 	e.host.SetRun(run.ChildRunID, hostproto.StatusSucceeded, &zero, "")
-	e.tick()
+	e.clk.Advance(e.h.cfg.PollInterval)
 	eventsUntil(t, ch, "done")
 	e.logs.wait(t, `"end":"done"`)
 	if third := e.open(t, run.FleetRunID, ""); third.StatusCode != http.StatusOK {
@@ -781,15 +803,42 @@ func TestStreamRenewsItsSlotAndFreesItAtTheEnd(t *testing.T) {
 // and was taken by another stream ends with a retry hint rather than
 // exceed the cap.
 func TestStreamThatLostItsSlotEnds(t *testing.T) {
-	e := newEnv(t, envOptions{ticks: true, leases: true, cfg: Config{MaxPerCaller: 1, LeaseTTL: 9 * time.Second, KeepAlive: time.Hour}})
+	// Another stream takes the slot while this one's poll at 10 s asks its
+	// host: after the lease lapsed (the clock is at 10 s once moved is
+	// closed), before this stream's renewal, which follows the poll.
+	var e *env
+	var armed atomic.Bool
+	moved := make(chan struct{})
+	took := make(chan error, 1)
+	e = newEnv(t, envOptions{ticks: true, leases: true, cfg: Config{MaxPerCaller: 1, LeaseTTL: 9 * time.Second, KeepAlive: time.Hour},
+		onHostRequest: func(r *http.Request) {
+			if !armed.CompareAndSwap(true, false) {
+				return
+			}
+			select {
+			case <-moved:
+			case <-r.Context().Done():
+				took <- r.Context().Err()
+				return
+			}
+			_, err := e.st.AcquireStreamLease(context.Background(), store.StreamLease{OwnerID: "admin", Holder: "another", ExpiresAt: e.clk.Now().Add(time.Minute)}, 1)
+			took <- err
+		}})
 	run := e.dispatch(t, "alice")
 	e.sweep(t)
 	ch := ssetest.Read(e.open(t, run.FleetRunID, "").Body)
 	eventsUntil(t, ch, "snapshot")
-	<-e.parked
-	e.clk.Advance(10 * time.Second) // past the lease, before its renewal ran
-	if _, err := e.st.AcquireStreamLease(context.Background(), store.StreamLease{OwnerID: "admin", Holder: "another", ExpiresAt: e.clk.Now().Add(time.Minute)}, 1); err != nil {
-		t.Fatal(err)
+	e.waitParked(t)
+	armed.Store(true)
+	e.clk.Advance(10 * time.Second) // past the lease
+	close(moved)
+	select {
+	case err := <-took:
+		if err != nil {
+			t.Fatalf("another stream taking the lapsed slot: %v", err)
+		}
+	case <-time.After(10 * time.Second):
+		t.Fatal("the stream's poll at 10 s did not ask its host in 10s")
 	}
 	m := next(t, ch)
 	if m.Retry != "2000" || len(m.Comments) != 1 || !strings.Contains(m.Comments[0], "lost its slot") {
