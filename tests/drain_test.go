@@ -175,28 +175,6 @@ func TestRoutingRereadsTheChosenHost(t *testing.T) {
 	}
 }
 
-// excludedReasons reads a routing refusal's details.excluded.
-func excludedReasons(t *testing.T, a answer) map[string][]string {
-	t.Helper()
-	var body struct {
-		Code    string `json:"code"`
-		Details struct {
-			Excluded []struct {
-				HostID  string   `json:"hostId"`
-				Reasons []string `json:"reasons"`
-			} `json:"excluded"`
-		} `json:"details"`
-	}
-	if err := json.Unmarshal([]byte(a.raw), &body); err != nil || body.Code != "no_eligible_host" {
-		t.Fatalf("not a routing refusal: %s", a.raw)
-	}
-	out := map[string][]string{}
-	for _, e := range body.Details.Excluded {
-		out[e.HostID] = e.Reasons
-	}
-	return out
-}
-
 // hostGet reads a fake host's API directly, with its token.
 func hostGet(t *testing.T, h *fakehost.Host, path string, out any) {
 	t.Helper()

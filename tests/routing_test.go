@@ -57,22 +57,7 @@ func TestRoutingRefusalNamesEveryExclusion(t *testing.T) {
 			body := `{"agent":"shell","labels":{"pool":"gpu"},"repository":"acme/unmapped","localPath":"/srv/work/app",` +
 				`"secrets":[{"projectId":"acme","key":"API_KEY","domains":["api.example.com"]}]}`
 			a := s.must(t, http.StatusConflict, "POST", "/fleet/runs", token, body)
-			if a.body["code"] != "no_eligible_host" {
-				t.Fatalf("refusal %s", a.raw)
-			}
-			var got struct {
-				Details struct {
-					Excluded []struct {
-						HostID  string   `json:"hostId"`
-						Reasons []string `json:"reasons"`
-					} `json:"excluded"`
-				} `json:"details"`
-			}
-			json.Unmarshal([]byte(a.raw), &got)
-			reasons := map[string][]string{}
-			for _, e := range got.Details.Excluded {
-				reasons[e.HostID] = e.Reasons
-			}
+			reasons := excludedReasons(t, a)
 			want := map[string][]string{
 				"disabled": {"disabled"}, "never": {"never_probed"}, "stale": {"stale_probe"},
 				"unhealthy": {"unhealthy"}, "draining": {"draining"}, "lowdisk": {"storage_low"}, "noagent": {"agent_unsupported"},
@@ -179,4 +164,26 @@ func TestRoutingAroundLowStorage(t *testing.T) {
 			}
 		})
 	}
+}
+
+// excludedReasons reads a routing refusal's details.excluded.
+func excludedReasons(t *testing.T, a answer) map[string][]string {
+	t.Helper()
+	var body struct {
+		Code    string `json:"code"`
+		Details struct {
+			Excluded []struct {
+				HostID  string   `json:"hostId"`
+				Reasons []string `json:"reasons"`
+			} `json:"excluded"`
+		} `json:"details"`
+	}
+	if err := json.Unmarshal([]byte(a.raw), &body); err != nil || body.Code != "no_eligible_host" {
+		t.Fatalf("not a routing refusal: %s", a.raw)
+	}
+	out := map[string][]string{}
+	for _, e := range body.Details.Excluded {
+		out[e.HostID] = e.Reasons
+	}
+	return out
 }

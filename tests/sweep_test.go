@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"maps"
 	"net/http"
 	"net/http/httptest"
 	"strconv"
@@ -16,8 +17,6 @@ import (
 	"time"
 
 	"github.com/aws/aws-lambda-go/events"
-	"github.com/aws/aws-sdk-go-v2/aws"
-	"github.com/aws/aws-sdk-go-v2/service/dynamodb"
 	"github.com/aws/aws-sdk-go-v2/service/dynamodb/types"
 
 	"github.com/runfleet/runfleet/shared/clock"
@@ -340,48 +339,14 @@ func (c *counting) ListEvents(ctx context.Context, id string, after int64, limit
 // then reads is measured through the store, not through this seeding.
 func seedEndedRuns(t testing.TB, s *stack, template string, n int) []string {
 	t.Helper()
-	db := moto.DynamoDB()
-	ctx := context.Background()
-	table := s.app.Config.Tables.Runs
-	out, err := db.GetItem(ctx, &dynamodb.GetItemInput{TableName: aws.String(table),
-		Key: map[string]types.AttributeValue{"fleetRunId": &types.AttributeValueMemberS{Value: template}}, ConsistentRead: aws.Bool(true)})
-	if err != nil || out.Item == nil {
-		t.Fatalf("reading the template run: %v", err)
-	}
-	if _, live := out.Item["live"]; live {
+	if _, live := getItem(t, s.app.Config.Tables.Runs, "fleetRunId", template)["live"]; live {
 		t.Fatal("the template run is live")
 	}
-	created := out.Item["createdAt"].(*types.AttributeValueMemberS).Value
-	prefix := strings.TrimSuffix(created, template)
 	ids := make([]string, n)
-	var batch []types.WriteRequest
-	flush := func() {
-		pending := map[string][]types.WriteRequest{table: batch}
-		for len(pending[table]) > 0 {
-			res, err := db.BatchWriteItem(ctx, &dynamodb.BatchWriteItemInput{RequestItems: pending})
-			if err != nil {
-				t.Fatalf("seeding: %v", err)
-			}
-			pending = res.UnprocessedItems
-		}
-		batch = batch[:0]
-	}
 	for i := range ids {
 		ids[i] = fmt.Sprintf("fr-seeded-%05d", i)
-		item := make(map[string]types.AttributeValue, len(out.Item))
-		for k, v := range out.Item {
-			item[k] = v
-		}
-		item["fleetRunId"] = &types.AttributeValueMemberS{Value: ids[i]}
-		item["createdAt"] = &types.AttributeValueMemberS{Value: prefix + ids[i]}
-		batch = append(batch, types.WriteRequest{PutRequest: &types.PutRequest{Item: item}})
-		if len(batch) == 25 {
-			flush()
-		}
 	}
-	if len(batch) > 0 {
-		flush()
-	}
+	copyRuns(t, s, template, ids, nil)
 	return ids
 }
 
@@ -604,50 +569,25 @@ func liveFleet(t testing.TB, n int, meter *dynamostore.Meter) (*stack, *syncHost
 	return s, h, append([]string{template.FleetRunID}, ids...)
 }
 
-// copyRuns writes a copy of the template run's item under each id, 25 to a
-// BatchWriteItem, edit adjusting each copy.
+// copyRuns writes a copy of the template run's item under each id (its
+// creation time kept, so the index order follows the ids) at batch speed,
+// edit adjusting each copy.
 func copyRuns(t testing.TB, s *stack, template string, ids []string, edit func(item map[string]types.AttributeValue, id string)) {
 	t.Helper()
-	db := moto.DynamoDB()
-	ctx := context.Background()
 	table := s.app.Config.Tables.Runs
-	out, err := db.GetItem(ctx, &dynamodb.GetItemInput{TableName: aws.String(table),
-		Key: map[string]types.AttributeValue{"fleetRunId": &types.AttributeValueMemberS{Value: template}}, ConsistentRead: aws.Bool(true)})
-	if err != nil || out.Item == nil {
-		t.Fatalf("reading the template run: %v", err)
-	}
-	created := out.Item["createdAt"].(*types.AttributeValueMemberS).Value
-	prefix := strings.TrimSuffix(created, template)
-	var batch []types.WriteRequest
-	flush := func() {
-		pending := map[string][]types.WriteRequest{table: batch}
-		for len(pending[table]) > 0 {
-			res, err := db.BatchWriteItem(ctx, &dynamodb.BatchWriteItemInput{RequestItems: pending})
-			if err != nil {
-				t.Fatalf("seeding: %v", err)
-			}
-			pending = res.UnprocessedItems
-		}
-		batch = batch[:0]
-	}
-	for _, id := range ids {
-		item := make(map[string]types.AttributeValue, len(out.Item))
-		for k, v := range out.Item {
-			item[k] = v
-		}
+	tmpl := getItem(t, table, "fleetRunId", template)
+	prefix := strings.TrimSuffix(tmpl["createdAt"].(*types.AttributeValueMemberS).Value, template)
+	items := make([]map[string]types.AttributeValue, len(ids))
+	for i, id := range ids {
+		item := maps.Clone(tmpl)
 		item["fleetRunId"] = &types.AttributeValueMemberS{Value: id}
 		item["createdAt"] = &types.AttributeValueMemberS{Value: prefix + id}
 		if edit != nil {
 			edit(item, id)
 		}
-		batch = append(batch, types.WriteRequest{PutRequest: &types.PutRequest{Item: item}})
-		if len(batch) == 25 {
-			flush()
-		}
+		items[i] = item
 	}
-	if len(batch) > 0 {
-		flush()
-	}
+	batchPut(t, table, items)
 }
 
 // coverage is what a series of sweeps did to every run: the sweeps that
