@@ -8,9 +8,9 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/runfleet/runfleet/shared/fakehost"
 	"github.com/runfleet/runfleet/shared/hostproto"
-	"github.com/runfleet/runfleet/shared/stream/ssetest"
+	"github.com/runfleet/runfleet/tests/kit/fakehost"
+	"github.com/runfleet/runfleet/tests/kit/ssetest"
 )
 
 // TestAuthorizationMatrix sends every route as each kind of principal and

@@ -8,9 +8,9 @@ import (
 	"sync"
 	"testing"
 
-	"github.com/runfleet/runfleet/shared/fakehost"
 	"github.com/runfleet/runfleet/shared/hostproto"
 	"github.com/runfleet/runfleet/shared/store"
+	"github.com/runfleet/runfleet/tests/kit/fakehost"
 )
 
 // TestBadInputCorpus sends malformed input to every route that takes input:

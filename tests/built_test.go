@@ -7,7 +7,7 @@ import (
 	"sync"
 	"testing"
 
-	"github.com/runfleet/runfleet/shared/lambdatest"
+	"github.com/runfleet/runfleet/tests/kit/lambdatest"
 )
 
 // built holds what the tests build (the functions' bootstraps, the local

@@ -9,9 +9,9 @@ import (
 	"testing"
 	"time"
 
-	"github.com/runfleet/runfleet/shared/fakehost"
 	"github.com/runfleet/runfleet/shared/fleet"
 	"github.com/runfleet/runfleet/shared/store"
+	"github.com/runfleet/runfleet/tests/kit/fakehost"
 )
 
 // TestConcurrentDispatchesWithOneKeyStartOneRun fires 50 identical

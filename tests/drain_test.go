@@ -7,7 +7,7 @@ import (
 	"reflect"
 	"testing"
 
-	"github.com/runfleet/runfleet/shared/fakehost"
+	"github.com/runfleet/runfleet/tests/kit/fakehost"
 )
 
 // drainAnswer is POST /fleet/hosts/{id}/drain's and /resume's answer.

@@ -24,8 +24,8 @@ import (
 	"github.com/runfleet/runfleet/edge/host"
 	"github.com/runfleet/runfleet/infra/localstack/demo"
 	"github.com/runfleet/runfleet/shared/hostproto"
-	"github.com/runfleet/runfleet/shared/stream/ssetest"
-	"github.com/runfleet/runfleet/shared/syncbuf"
+	"github.com/runfleet/runfleet/tests/kit/ssetest"
+	"github.com/runfleet/runfleet/tests/kit/syncbuf"
 )
 
 // The end-to-end tests put together what `make dev` runs: Fleet as

@@ -15,7 +15,7 @@ import (
 	"time"
 
 	"github.com/runfleet/runfleet/shared/hostproto"
-	"github.com/runfleet/runfleet/shared/syncbuf"
+	"github.com/runfleet/runfleet/tests/kit/syncbuf"
 )
 
 // edgeProc is `edge serve` as a real process, built from this tree, with

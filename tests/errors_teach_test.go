@@ -6,7 +6,7 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/runfleet/runfleet/shared/fakehost"
+	"github.com/runfleet/runfleet/tests/kit/fakehost"
 )
 
 // TestErrorsTeach: each error a newcomer meets first says what was wrong

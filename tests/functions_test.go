@@ -22,12 +22,12 @@ import (
 
 	"github.com/runfleet/runfleet/shared/api"
 	"github.com/runfleet/runfleet/shared/config"
-	"github.com/runfleet/runfleet/shared/fakehost"
 	"github.com/runfleet/runfleet/shared/hostproto"
-	"github.com/runfleet/runfleet/shared/lambdatest"
-	"github.com/runfleet/runfleet/shared/motoserver"
 	"github.com/runfleet/runfleet/shared/store/dynamostore"
-	"github.com/runfleet/runfleet/shared/stream/ssetest"
+	"github.com/runfleet/runfleet/tests/kit/fakehost"
+	"github.com/runfleet/runfleet/tests/kit/lambdatest"
+	"github.com/runfleet/runfleet/tests/kit/motoserver"
+	"github.com/runfleet/runfleet/tests/kit/ssetest"
 )
 
 // The sample events (infra/sam/events, README: SAM local) are the events

@@ -7,8 +7,8 @@ import (
 	"testing"
 	"time"
 
-	"github.com/runfleet/runfleet/shared/fakehost"
 	"github.com/runfleet/runfleet/shared/hostproto"
+	"github.com/runfleet/runfleet/tests/kit/fakehost"
 )
 
 // TestInputReachesTheHostAsTheCallerMeantIt sends input in every shape a

@@ -16,7 +16,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/runfleet/runfleet/shared/syncbuf"
+	"github.com/runfleet/runfleet/tests/kit/syncbuf"
 )
 
 // TestLocalStackOnAFreshClone runs `make dev`'s program as a new user does

@@ -13,9 +13,9 @@ import (
 	"testing"
 	"time"
 
-	"github.com/runfleet/runfleet/shared/fakehost"
-	"github.com/runfleet/runfleet/shared/stream/ssetest"
-	"github.com/runfleet/runfleet/shared/syncbuf"
+	"github.com/runfleet/runfleet/tests/kit/fakehost"
+	"github.com/runfleet/runfleet/tests/kit/ssetest"
+	"github.com/runfleet/runfleet/tests/kit/syncbuf"
 )
 
 // TestLocalStackRunsTheJobsAndServesTheStream runs `make dev`'s program with

@@ -15,8 +15,8 @@ import (
 	"time"
 
 	"github.com/runfleet/runfleet/infra/localstack/demo"
-	"github.com/runfleet/runfleet/shared/stream/ssetest"
-	"github.com/runfleet/runfleet/shared/syncbuf"
+	"github.com/runfleet/runfleet/tests/kit/ssetest"
+	"github.com/runfleet/runfleet/tests/kit/syncbuf"
 )
 
 // TestLocalStackRunsTheWholeSystem runs `make dev`'s program as it ships,

@@ -12,8 +12,8 @@ import (
 	"github.com/prometheus/common/expfmt"
 	"github.com/prometheus/common/model"
 
-	"github.com/runfleet/runfleet/shared/fakehost"
 	"github.com/runfleet/runfleet/shared/fleet"
+	"github.com/runfleet/runfleet/tests/kit/fakehost"
 )
 
 const metricsH1 = `# HELP edge_tasks_live Tasks with a live attempt.

@@ -17,9 +17,9 @@ import (
 	"testing"
 
 	"github.com/runfleet/runfleet/shared/api"
-	"github.com/runfleet/runfleet/shared/fakehost"
 	"github.com/runfleet/runfleet/shared/hostproto"
 	"github.com/runfleet/runfleet/shared/stream"
+	"github.com/runfleet/runfleet/tests/kit/fakehost"
 )
 
 const openAPIDoc = "../infra/openapi.yaml"

@@ -8,9 +8,9 @@ import (
 	"testing"
 	"time"
 
-	"github.com/runfleet/runfleet/shared/fakehost"
 	"github.com/runfleet/runfleet/shared/fleet"
 	"github.com/runfleet/runfleet/shared/hostproto"
+	"github.com/runfleet/runfleet/tests/kit/fakehost"
 )
 
 var fakeFeatures = hostproto.Features{SecretsProxy: true, ExecRequire: true}

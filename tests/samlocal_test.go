@@ -18,8 +18,8 @@ import (
 	"testing"
 
 	"github.com/runfleet/runfleet/shared/config"
-	"github.com/runfleet/runfleet/shared/lambdatest"
-	"github.com/runfleet/runfleet/shared/motoserver"
+	"github.com/runfleet/runfleet/tests/kit/lambdatest"
+	"github.com/runfleet/runfleet/tests/kit/motoserver"
 )
 
 // SAM local (README): the env file, the sample events and the setup

@@ -13,7 +13,7 @@ import (
 
 	"github.com/runfleet/runfleet/shared/store"
 	"github.com/runfleet/runfleet/shared/stream"
-	"github.com/runfleet/runfleet/shared/stream/ssetest"
+	"github.com/runfleet/runfleet/tests/kit/ssetest"
 )
 
 // The stream's ceilings and the long-poll (issue 15 item 5), through the

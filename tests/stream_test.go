@@ -16,10 +16,10 @@ import (
 
 	"github.com/runfleet/runfleet/shared/clock"
 	"github.com/runfleet/runfleet/shared/config"
-	"github.com/runfleet/runfleet/shared/fakehost"
 	"github.com/runfleet/runfleet/shared/hostproto"
-	"github.com/runfleet/runfleet/shared/lambdatest"
-	"github.com/runfleet/runfleet/shared/stream/ssetest"
+	"github.com/runfleet/runfleet/tests/kit/fakehost"
+	"github.com/runfleet/runfleet/tests/kit/lambdatest"
+	"github.com/runfleet/runfleet/tests/kit/ssetest"
 )
 
 // streamClient reads one stream of the stack, moving its fake clock a

@@ -9,10 +9,10 @@ import (
 	"testing"
 	"time"
 
-	"github.com/runfleet/runfleet/shared/fakehost"
 	"github.com/runfleet/runfleet/shared/fleet"
 	"github.com/runfleet/runfleet/shared/hostproto"
 	"github.com/runfleet/runfleet/shared/store/dynamostore"
+	"github.com/runfleet/runfleet/tests/kit/fakehost"
 )
 
 // sweepCost is one sub-benchmark's cost per live run per sweep; seconds

@@ -22,10 +22,10 @@ import (
 	"github.com/runfleet/runfleet/shared/api"
 	"github.com/runfleet/runfleet/shared/config"
 	"github.com/runfleet/runfleet/shared/fleet"
-	"github.com/runfleet/runfleet/shared/motoserver"
 	"github.com/runfleet/runfleet/shared/scheduled"
 	"github.com/runfleet/runfleet/shared/store/dynamostore"
 	"github.com/runfleet/runfleet/shared/stream"
+	"github.com/runfleet/runfleet/tests/kit/motoserver"
 )
 
 // The four functions of template.yaml and the package each one builds.

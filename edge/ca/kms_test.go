@@ -11,7 +11,7 @@ import (
 	"github.com/aws/aws-sdk-go-v2/service/kms"
 	"github.com/runfleet/runfleet/edge/ca"
 	"github.com/runfleet/runfleet/shared/clock"
-	"github.com/runfleet/runfleet/shared/motoserver"
+	"github.com/runfleet/runfleet/tests/kit/motoserver"
 )
 
 func createKMSKey(t *testing.T, client *kms.Client) string {

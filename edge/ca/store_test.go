@@ -14,7 +14,7 @@ import (
 
 	"github.com/runfleet/runfleet/edge/ca"
 	"github.com/runfleet/runfleet/shared/clock"
-	"github.com/runfleet/runfleet/shared/syncbuf"
+	"github.com/runfleet/runfleet/tests/kit/syncbuf"
 )
 
 func TestRestartAtEveryPhaseReturnsTheSameCAFromDisk(t *testing.T) {

@@ -20,7 +20,7 @@ import (
 	"github.com/runfleet/runfleet/edge/internal/edgetest"
 	"github.com/runfleet/runfleet/shared/clock"
 	"github.com/runfleet/runfleet/shared/hostproto"
-	"github.com/runfleet/runfleet/shared/syncbuf"
+	"github.com/runfleet/runfleet/tests/kit/syncbuf"
 )
 
 const (

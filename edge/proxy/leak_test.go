@@ -26,7 +26,7 @@ import (
 	"github.com/runfleet/runfleet/edge/internal/edgetest"
 	logredact "github.com/runfleet/runfleet/edge/internal/redact"
 	"github.com/runfleet/runfleet/shared/hostproto"
-	"github.com/runfleet/runfleet/shared/syncbuf"
+	"github.com/runfleet/runfleet/tests/kit/syncbuf"
 )
 
 // A task that sends its placeholder in an Upgrade the proxy refuses (a

@@ -17,7 +17,7 @@ import (
 
 	"github.com/runfleet/runfleet/edge/internal/edgetest"
 	"github.com/runfleet/runfleet/edge/sandbox"
-	"github.com/runfleet/runfleet/shared/syncbuf"
+	"github.com/runfleet/runfleet/tests/kit/syncbuf"
 )
 
 // goClientArg makes this test binary act as a task's Go program: net/http's

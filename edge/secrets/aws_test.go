@@ -10,7 +10,7 @@ import (
 	"github.com/aws/aws-sdk-go-v2/service/secretsmanager"
 
 	"github.com/runfleet/runfleet/shared/clock"
-	"github.com/runfleet/runfleet/shared/motoserver"
+	"github.com/runfleet/runfleet/tests/kit/motoserver"
 )
 
 func TestAWSSourceAgainstMoto(t *testing.T) {

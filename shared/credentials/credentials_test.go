@@ -14,7 +14,7 @@ import (
 
 	"github.com/runfleet/runfleet/shared/clock"
 	"github.com/runfleet/runfleet/shared/credentials"
-	"github.com/runfleet/runfleet/shared/motoserver"
+	"github.com/runfleet/runfleet/tests/kit/motoserver"
 )
 
 var moto *motoserver.Server

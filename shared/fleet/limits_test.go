@@ -9,9 +9,9 @@ import (
 	"time"
 
 	"github.com/runfleet/runfleet/shared/auth"
-	"github.com/runfleet/runfleet/shared/fakehost"
 	"github.com/runfleet/runfleet/shared/hostproto"
 	"github.com/runfleet/runfleet/shared/store"
+	"github.com/runfleet/runfleet/tests/kit/fakehost"
 )
 
 // touchless is a store that counts every call that names a key.

@@ -6,8 +6,8 @@ import (
 	"testing"
 	"time"
 
-	"github.com/runfleet/runfleet/shared/fakehost"
-	"github.com/runfleet/runfleet/shared/syncbuf"
+	"github.com/runfleet/runfleet/tests/kit/fakehost"
+	"github.com/runfleet/runfleet/tests/kit/syncbuf"
 )
 
 func TestMetricsRollupLogsWhatItDrops(t *testing.T) {

@@ -15,10 +15,10 @@ import (
 	"time"
 
 	"github.com/runfleet/runfleet/shared/clock"
-	"github.com/runfleet/runfleet/shared/fakehost"
 	"github.com/runfleet/runfleet/shared/hostproto"
 	"github.com/runfleet/runfleet/shared/store"
-	"github.com/runfleet/runfleet/shared/syncbuf"
+	"github.com/runfleet/runfleet/tests/kit/fakehost"
+	"github.com/runfleet/runfleet/tests/kit/syncbuf"
 )
 
 // dispatched starts a run on host h1 of e and returns it.

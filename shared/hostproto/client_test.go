@@ -18,8 +18,8 @@ import (
 	"testing"
 	"time"
 
-	"github.com/runfleet/runfleet/shared/fakehost"
 	"github.com/runfleet/runfleet/shared/hostproto"
+	"github.com/runfleet/runfleet/tests/kit/fakehost"
 )
 
 func newClient(t *testing.T, cfg hostproto.ClientConfig) *hostproto.Client {

@@ -9,7 +9,7 @@ import (
 
 	"github.com/runfleet/runfleet/edge/internal/edgetest"
 	"github.com/runfleet/runfleet/shared/clock"
-	"github.com/runfleet/runfleet/shared/syncbuf"
+	"github.com/runfleet/runfleet/tests/kit/syncbuf"
 )
 
 func lines(t *testing.T, buf *syncbuf.Buffer) []map[string]any {

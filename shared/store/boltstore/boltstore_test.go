@@ -7,7 +7,7 @@ import (
 	"github.com/runfleet/runfleet/shared/clock"
 	"github.com/runfleet/runfleet/shared/store"
 	"github.com/runfleet/runfleet/shared/store/boltstore"
-	"github.com/runfleet/runfleet/shared/store/storetest"
+	"github.com/runfleet/runfleet/tests/kit/storetest"
 )
 
 func TestContract(t *testing.T) {

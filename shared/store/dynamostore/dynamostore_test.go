@@ -13,10 +13,10 @@ import (
 	"github.com/aws/aws-sdk-go-v2/service/dynamodb/types"
 
 	"github.com/runfleet/runfleet/shared/clock"
-	"github.com/runfleet/runfleet/shared/motoserver"
 	"github.com/runfleet/runfleet/shared/store"
 	"github.com/runfleet/runfleet/shared/store/dynamostore"
-	"github.com/runfleet/runfleet/shared/store/storetest"
+	"github.com/runfleet/runfleet/tests/kit/motoserver"
+	"github.com/runfleet/runfleet/tests/kit/storetest"
 )
 
 // moto is one moto_server for the whole test binary; every store gets its

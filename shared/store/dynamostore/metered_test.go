@@ -13,7 +13,7 @@ import (
 	"github.com/runfleet/runfleet/shared/hostproto"
 	"github.com/runfleet/runfleet/shared/store"
 	"github.com/runfleet/runfleet/shared/store/dynamostore"
-	"github.com/runfleet/runfleet/shared/store/storetest"
+	"github.com/runfleet/runfleet/tests/kit/storetest"
 )
 
 // expect is what one store operation should cost by the documented rules,

@@ -36,7 +36,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/runfleet/runfleet/shared/syncbuf"
+	"github.com/runfleet/runfleet/tests/kit/syncbuf"
 )
 
 // EmulatorModule is the emulator, pinned.

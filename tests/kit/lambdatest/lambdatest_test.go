@@ -4,7 +4,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/runfleet/runfleet/shared/syncbuf"
+	"github.com/runfleet/runfleet/tests/kit/syncbuf"
 )
 
 func TestReportsParsesTheEmulatorsLines(t *testing.T) {
