@@ -16,6 +16,7 @@ import (
 // host protocol's wire types and the seams both halves inject.
 var sharedWithEdge = map[string]bool{
 	"shared/clock":     true,
+	"shared/filewatch": true, // one way to tell a re-read file changed (edge's policy and secrets, Fleet's credentials)
 	"shared/hostproto": true,
 	"shared/version":   true,
 }

@@ -11,8 +11,8 @@ import (
 	"time"
 
 	"github.com/runfleet/runfleet/edge/config"
-	"github.com/runfleet/runfleet/edge/internal/filestamp"
 	"github.com/runfleet/runfleet/shared/clock"
+	"github.com/runfleet/runfleet/shared/filewatch"
 )
 
 // WatcherConfig configures a Watcher.
@@ -21,8 +21,8 @@ type WatcherConfig struct {
 	Path string
 	// Clock paces the file polling; zero means the real clock.
 	Clock clock.Clock
-	// PollInterval between checks of the file's identity, size and
-	// modification time; zero means 2s.
+	// PollInterval between checks of the file's stamp (filewatch); zero
+	// means 2s.
 	PollInterval time.Duration
 	// Logger receives one line per reload or refused reload. Required.
 	Logger *slog.Logger
@@ -45,8 +45,8 @@ func (c *WatcherConfig) Validate() error {
 type Watcher struct {
 	cfg     WatcherConfig
 	current atomic.Pointer[Policy]
-	mu      sync.Mutex // serialises reloads
-	seen    filestamp.Stamp
+	mu      sync.Mutex // serialises reloads; guards file
+	file    *filewatch.File[*Policy]
 }
 
 // NewWatcher loads the policy at cfg.Path; it fails if that policy does not
@@ -61,14 +61,13 @@ func NewWatcher(cfg WatcherConfig) (*Watcher, error) {
 	if cfg.PollInterval == 0 {
 		cfg.PollInterval = 2 * time.Second
 	}
-	w := &Watcher{cfg: cfg}
-	stamp, _ := filestamp.Of(cfg.Path)
-	p, err := LoadFile(cfg.Path)
+	w := &Watcher{cfg: cfg, file: filewatch.New(cfg.Path, LoadFile)}
+	w.file.Reload()
+	p, err := w.file.Reading()
 	if err != nil {
 		return nil, err
 	}
 	w.current.Store(p)
-	w.seen = stamp
 	return w, nil
 }
 
@@ -97,13 +96,14 @@ func (w *Watcher) AllowName(name string) bool { return w.Current().AllowsName(na
 func (w *Watcher) Reload() error {
 	w.mu.Lock()
 	defer w.mu.Unlock()
-	return w.reloadLocked()
+	w.file.Reload()
+	return w.applyLocked()
 }
 
-func (w *Watcher) reloadLocked() error {
-	stamp, _ := filestamp.Of(w.cfg.Path)
-	w.seen = stamp
-	p, err := LoadFile(w.cfg.Path)
+// applyLocked puts the file's last reading in force, or keeps the policy
+// in force when that reading did not load.
+func (w *Watcher) applyLocked() error {
+	p, err := w.file.Reading()
 	if err != nil {
 		w.cfg.Logger.Error("policy reload refused; keeping the policy in force", slog.String("path", w.cfg.Path), slog.String("error", err.Error()))
 		return err
@@ -118,11 +118,10 @@ func (w *Watcher) reloadLocked() error {
 func (w *Watcher) pollOnce() {
 	w.mu.Lock()
 	defer w.mu.Unlock()
-	stamp, err := filestamp.Of(w.cfg.Path)
-	if err != nil || stamp == w.seen {
+	if reread, err := w.file.Check(); err != nil || !reread {
 		return
 	}
-	_ = w.reloadLocked()
+	_ = w.applyLocked()
 }
 
 // Run polls the file every PollInterval and reloads on each value received

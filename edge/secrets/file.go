@@ -10,7 +10,7 @@ import (
 	"sync"
 	"sync/atomic"
 
-	"github.com/runfleet/runfleet/edge/internal/filestamp"
+	"github.com/runfleet/runfleet/shared/filewatch"
 )
 
 // FileSource reads a JSON map {"<project>/<KEY>": "<value>"} and re-reads it
@@ -20,10 +20,11 @@ import (
 // and no lock: the proxy reads a value per request, and a lock there stalls
 // every request behind a holder the machine has descheduled. Only when the
 // watch reports something, or where no watch can see everything (a symlink
-// on the path, a network filesystem), the file's identity, size and
-// modification time are checked, under the lock, and it is re-read when any
-// differ. A file that does not parse fails every read (closed) until it is
-// fixed: serving stale values could keep a revoked key alive.
+// on the path, a network filesystem), the file's stamp (filewatch: its
+// identity, size and modification time) is checked, under the lock, and it
+// is re-read when it differs. A file that does not parse fails every read
+// (closed) until it is fixed: serving stale values could keep a revoked key
+// alive.
 type FileSource struct {
 	path string
 	// poll is the epoll instance the armed watch reports to. It lives as
@@ -41,9 +42,9 @@ type FileSource struct {
 	// watchable: a watch could be armed for the path once, so one is
 	// armed again after each change it reports.
 	watchable bool
-	stamp     filestamp.Stamp
-	values    map[string]Value
-	err       error
+	// file holds the last reading: the values, or why the file does not
+	// parse.
+	file *filewatch.File[map[string]Value]
 }
 
 // The read state: the polls in flight in its low 32 bits, and two flags.
@@ -72,7 +73,7 @@ var _ Source = (*FileSource)(nil)
 // NewFileSource reads path now, so a missing or malformed file stops edge
 // at start instead of at the first request.
 func NewFileSource(path string) (*FileSource, error) {
-	f := &FileSource{path: path}
+	f := &FileSource{path: path, file: filewatch.New(path, readValues)}
 	f.poll, _ = newPoller()
 	f.mu.Lock()
 	defer f.mu.Unlock()
@@ -135,7 +136,7 @@ func (f *FileSource) check() (map[string]Value, error) {
 	defer f.state.And(^uint64(checking))
 	wasReported := f.state.And(^uint64(reported))&reported != 0
 	if f.watch != nil && !wasReported && !f.watch.changed(f.poll) {
-		return f.values, f.err
+		return f.file.Reading()
 	}
 	f.disarm()
 	if f.watchable {
@@ -158,22 +159,17 @@ func (f *FileSource) disarm() {
 	}
 }
 
-// checkLocked compares the file's identity, size and modification time
-// with the last read's and re-reads it when any differ.
+// checkLocked re-reads the file when its stamp changed since the last
+// read (filewatch decides).
 func (f *FileSource) checkLocked() (map[string]Value, error) {
-	fi, err := os.Stat(f.path)
-	if err != nil {
+	if _, err := f.file.Check(); err != nil {
 		f.disarm() // so the next read checks again
 		f.found.Store(nil)
 		return nil, fmt.Errorf("secrets file: %w", err)
 	}
-	stamp := filestamp.FromInfo(fi)
-	if stamp != f.stamp || (f.values == nil && f.err == nil) {
-		f.stamp = stamp
-		f.values, f.err = readValues(f.path)
-	}
-	f.found.Store(&checked{values: f.values, err: f.err, watched: f.watch != nil})
-	return f.values, f.err
+	values, err := f.file.Reading()
+	f.found.Store(&checked{values: values, err: err, watched: f.watch != nil})
+	return values, err
 }
 
 // readValues reads the file, each value wrapped once (a read per request

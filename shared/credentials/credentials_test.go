@@ -87,6 +87,40 @@ func TestFileSourceResolvesAndRereadsOnChange(t *testing.T) {
 	}
 }
 
+// A credentials file replaced by a rename with the same size and
+// modification time (a deploy tool writing a rotated file within one
+// timestamp tick) is another file: the next lookup reads the new one.
+func TestFileSourceSeesAReplacementOfTheSameSizeAndTime(t *testing.T) {
+	dir := t.TempDir()
+	path := filepath.Join(dir, "creds.json")
+	mtime := time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)
+	write := func(p, s string) {
+		t.Helper()
+		if err := os.WriteFile(p, []byte(s), 0o600); err != nil {
+			t.Fatal(err)
+		}
+		if err := os.Chtimes(p, mtime, mtime); err != nil {
+			t.Fatal(err)
+		}
+	}
+	write(path, `{"host-a": "secret-1"}`)
+	src, err := credentials.NewFile(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx := context.Background()
+	if got, err := src.Secret(ctx, "host-a"); err != nil || got != "secret-1" {
+		t.Fatalf("host-a = %q, %v", got, err)
+	}
+	write(filepath.Join(dir, "creds.json.new"), `{"host-a": "secret-2"}`)
+	if err := os.Rename(filepath.Join(dir, "creds.json.new"), path); err != nil {
+		t.Fatal(err)
+	}
+	if got, err := src.Secret(ctx, "host-a"); err != nil || got != "secret-2" {
+		t.Fatalf("after a same-size, same-time replacement host-a = %q, %v; want the new credential", got, err)
+	}
+}
+
 func TestFileSourceRejectsAMalformedFileWithoutShowingIt(t *testing.T) {
 	path := filepath.Join(t.TempDir(), "creds.json")
 	if err := os.WriteFile(path, []byte(`{"host-a": "secret-a", "host-b": 7`), 0o600); err != nil {

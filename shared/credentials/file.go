@@ -6,27 +6,26 @@ import (
 	"fmt"
 	"os"
 	"sync"
-	"time"
+
+	"github.com/runfleet/runfleet/shared/filewatch"
 )
 
 // File is a JSON file mapping ref -> credential. It is re-read when its
-// modification time or size changes, so a credential added for a new host
-// works without a restart.
+// stamp changes (filewatch: identity, size or modification time, so a
+// replacement by rename counts even at the same size and time), so a
+// credential added for a new host works without a restart. A file that
+// does not parse fails every lookup until it is fixed.
 type File struct {
-	path string
-
-	mu      sync.Mutex
-	modTime time.Time
-	size    int64
-	secrets map[string]string
+	mu   sync.Mutex
+	file *filewatch.File[map[string]string]
 }
 
 var _ Source = (*File)(nil)
 
 // NewFile reads path once, so a missing or malformed file fails at start.
 func NewFile(path string) (*File, error) {
-	f := &File{path: path}
-	if err := f.refresh(); err != nil {
+	f := &File{file: filewatch.New(path, readCredentials)}
+	if _, err := f.current(); err != nil {
 		return nil, err
 	}
 	return f, nil
@@ -37,45 +36,40 @@ func (f *File) Secret(_ context.Context, ref string) (string, error) {
 	if err := CheckRef(ref); err != nil {
 		return "", fmt.Errorf("credentials: %w: %w", ErrUnknownRef, err)
 	}
-	f.mu.Lock()
-	defer f.mu.Unlock()
-	if err := f.refreshLocked(); err != nil {
+	secrets, err := f.current()
+	if err != nil {
 		return "", err
 	}
-	s, ok := f.secrets[ref]
+	s, ok := secrets[ref]
 	if !ok {
-		return "", fmt.Errorf("credentials: %q: %w (not in %s)", ref, ErrUnknownRef, f.path)
+		return "", fmt.Errorf("credentials: %q: %w (not in %s)", ref, ErrUnknownRef, f.file.Path())
 	}
 	return s, nil
 }
 
-func (f *File) refresh() error {
+// current is the file's map as it stands now, re-read if it changed.
+func (f *File) current() (map[string]string, error) {
 	f.mu.Lock()
 	defer f.mu.Unlock()
-	return f.refreshLocked()
+	if _, err := f.file.Check(); err != nil {
+		return nil, fmt.Errorf("credentials: reading %s: %w", f.file.Path(), err)
+	}
+	return f.file.Reading()
 }
 
-func (f *File) refreshLocked() error {
-	st, err := os.Stat(f.path)
+func readCredentials(path string) (map[string]string, error) {
+	raw, err := os.ReadFile(path)
 	if err != nil {
-		return fmt.Errorf("credentials: reading %s: %w", f.path, err)
-	}
-	if f.secrets != nil && st.ModTime().Equal(f.modTime) && st.Size() == f.size {
-		return nil
-	}
-	raw, err := os.ReadFile(f.path)
-	if err != nil {
-		return fmt.Errorf("credentials: reading %s: %w", f.path, err)
+		return nil, fmt.Errorf("credentials: reading %s: %w", path, err)
 	}
 	var m map[string]string
 	if err := json.Unmarshal(raw, &m); err != nil {
 		// The decoder's message quotes no values for a type mismatch, but a
 		// syntax error's offset is all that is safe to show.
-		return fmt.Errorf("credentials: %s is not a JSON object of strings", f.path)
+		return nil, fmt.Errorf("credentials: %s is not a JSON object of strings", path)
 	}
 	if m == nil {
 		m = map[string]string{}
 	}
-	f.secrets, f.modTime, f.size = m, st.ModTime(), st.Size()
-	return nil
+	return m, nil
 }
