@@ -13,12 +13,14 @@ import (
 // silently, so it fails here, naming the import.
 
 // sharedWithEdge is every shared/ package edge may use at run time: the
-// host protocol's wire types and the seams both halves inject.
+// host protocol's wire types, the seams both halves inject, and the
+// two readers both halves share (a re-read file, Secrets Manager).
 var sharedWithEdge = map[string]bool{
-	"shared/clock":     true,
-	"shared/filewatch": true, // one way to tell a re-read file changed (edge's policy and secrets, Fleet's credentials)
-	"shared/hostproto": true,
-	"shared/version":   true,
+	"shared/clock":       true,
+	"shared/filewatch":   true, // one way to tell a re-read file changed (edge's policy and secrets, Fleet's credentials)
+	"shared/hostproto":   true,
+	"shared/secretcache": true, // one Secrets Manager cache (edge's real values, Fleet's credentials)
+	"shared/version":     true,
 }
 
 func TestTheFoldersAreTheArchitecture(t *testing.T) {

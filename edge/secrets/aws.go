@@ -4,27 +4,20 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"sync"
 	"time"
 
-	"github.com/aws/aws-sdk-go-v2/aws"
-	"github.com/aws/aws-sdk-go-v2/service/secretsmanager"
-	"github.com/aws/aws-sdk-go-v2/service/secretsmanager/types"
-
 	"github.com/runfleet/runfleet/shared/clock"
+	"github.com/runfleet/runfleet/shared/secretcache"
 )
 
 // DefaultCacheTTL is how long a Secrets Manager answer is reused: a rotation
-// (or a deletion) applies to requests at most this long after it.
+// (or a deletion, or a secret created after a lookup found none) applies to
+// requests at most this long after it.
 const DefaultCacheTTL = 30 * time.Second
 
 // SecretsManagerAPI is the one call AWSSource makes; *secretsmanager.Client
 // satisfies it.
-type SecretsManagerAPI interface {
-	GetSecretValue(ctx context.Context, in *secretsmanager.GetSecretValueInput, opts ...func(*secretsmanager.Options)) (*secretsmanager.GetSecretValueOutput, error)
-}
-
-var _ SecretsManagerAPI = (*secretsmanager.Client)(nil)
+type SecretsManagerAPI = secretcache.API
 
 // AWSConfig configures an AWSSource.
 type AWSConfig struct {
@@ -40,23 +33,16 @@ type AWSConfig struct {
 }
 
 // AWSSource reads SecretString of "<prefix><project>/<KEY>" from AWS Secrets
-// Manager, caching each answer for CacheTTL. An absent or deleted secret is
-// ErrNotFound; any other failure is an error (the proxy answers 500 and logs
-// it), never a silent withhold.
+// Manager through secretcache, which keeps each answer, a value or its
+// absence, for CacheTTL (the package says why a miss is kept). An absent,
+// deleted or binary secret is ErrNotFound; any other failure is an error
+// (the proxy answers 500 and logs it), never a silent withhold.
 type AWSSource struct {
-	cfg AWSConfig
-
-	mu    sync.Mutex
-	cache map[string]cached
+	prefix string
+	cache  *secretcache.Cache[Value]
 }
 
 var _ Source = (*AWSSource)(nil)
-
-type cached struct {
-	value   Value
-	found   bool
-	fetched time.Time
-}
 
 // NewAWSSource checks cfg and fills its defaults.
 func NewAWSSource(cfg AWSConfig) (*AWSSource, error) {
@@ -69,46 +55,22 @@ func NewAWSSource(cfg AWSConfig) (*AWSSource, error) {
 	if cfg.CacheTTL < 0 {
 		return nil, errors.New("secrets: AWSConfig.CacheTTL must not be negative")
 	}
-	if cfg.Clock == nil {
-		cfg.Clock = clock.Real{}
-	}
-	return &AWSSource{cfg: cfg, cache: map[string]cached{}}, nil
+	// Each value is wrapped once per fetch, so a read per request
+	// allocates nothing.
+	cache := secretcache.New(secretcache.Config{Client: cfg.Client, TTL: cfg.CacheTTL, Clock: cfg.Clock}, NewValue)
+	return &AWSSource{prefix: cfg.Prefix, cache: cache}, nil
 }
 
 // Value returns the value of project/key.
 func (s *AWSSource) Value(ctx context.Context, project, key string) (Value, error) {
-	id := s.cfg.Prefix + ID(project, key)
-	now := s.cfg.Clock.Now()
-	s.mu.Lock()
-	c, ok := s.cache[id]
-	s.mu.Unlock()
-	if !ok || now.Sub(c.fetched) >= s.cfg.CacheTTL {
-		var err error
-		c, err = s.fetch(ctx, id, now)
-		if err != nil {
-			return Value{}, err
-		}
-		s.mu.Lock()
-		s.cache[id] = c
-		s.mu.Unlock()
-	}
-	if !c.found {
-		return Value{}, fmt.Errorf("secrets manager: %s: %w", id, ErrNotFound)
-	}
-	return c.value, nil
-}
-
-func (s *AWSSource) fetch(ctx context.Context, id string, now time.Time) (cached, error) {
-	out, err := s.cfg.Client.GetSecretValue(ctx, &secretsmanager.GetSecretValueInput{SecretId: aws.String(id)})
-	var notFound *types.ResourceNotFoundException
+	id := s.prefix + ID(project, key)
+	v, err := s.cache.Get(ctx, id)
 	switch {
-	case errors.As(err, &notFound):
-		return cached{fetched: now}, nil
-	case err != nil:
-		return cached{}, fmt.Errorf("secrets manager: reading %s: %w", id, err)
-	case out.SecretString == nil:
+	case errors.Is(err, secretcache.ErrNotFound), errors.Is(err, secretcache.ErrNoString):
 		// A binary secret has no string value to substitute.
-		return cached{fetched: now}, nil
+		return Value{}, fmt.Errorf("secrets manager: %s: %w", id, ErrNotFound)
+	case err != nil:
+		return Value{}, fmt.Errorf("secrets manager: %w", err)
 	}
-	return cached{value: NewValue(*out.SecretString), found: true, fetched: now}, nil
+	return v, nil
 }

@@ -4,42 +4,28 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"sync"
 	"time"
 
-	"github.com/aws/aws-sdk-go-v2/service/secretsmanager"
-	"github.com/aws/aws-sdk-go-v2/service/secretsmanager/types"
-
 	"github.com/runfleet/runfleet/shared/clock"
+	"github.com/runfleet/runfleet/shared/secretcache"
 )
 
-// DefaultCacheTTL is how long a credential read from Secrets Manager is
-// reused: a rotated host credential reaches Fleet within this time.
+// DefaultCacheTTL is how long a Secrets Manager answer is reused: a rotated
+// host credential (or one created after a lookup found none) reaches Fleet
+// within this time.
 const DefaultCacheTTL = 5 * time.Minute
 
 // SecretsManagerAPI is the part of the Secrets Manager client used here.
-type SecretsManagerAPI interface {
-	GetSecretValue(ctx context.Context, in *secretsmanager.GetSecretValueInput, opts ...func(*secretsmanager.Options)) (*secretsmanager.GetSecretValueOutput, error)
-}
-
-var _ SecretsManagerAPI = (*secretsmanager.Client)(nil)
+type SecretsManagerAPI = secretcache.API
 
 // SecretsManager reads the credential for ref from the secret `<prefix><ref>`
-// (its SecretString), caching found values for a TTL. Misses are not cached,
-// so a secret created just before a host's registration is found.
+// (its SecretString) through secretcache, which keeps each answer, a value
+// or its absence, for the TTL (the package says why a miss is kept): a
+// secret created after a lookup found none is found once that miss is TTL
+// old.
 type SecretsManager struct {
-	client SecretsManagerAPI
 	prefix string
-	clock  clock.Clock
-	ttl    time.Duration
-
-	mu    sync.Mutex
-	cache map[string]cached
-}
-
-type cached struct {
-	value   string
-	expires time.Time
+	cache  *secretcache.Cache[string]
 }
 
 var _ Source = (*SecretsManager)(nil)
@@ -47,13 +33,11 @@ var _ Source = (*SecretsManager)(nil)
 // NewSecretsManager returns a source over client; clk nil is the real clock,
 // ttl zero is DefaultCacheTTL.
 func NewSecretsManager(client SecretsManagerAPI, prefix string, clk clock.Clock, ttl time.Duration) *SecretsManager {
-	if clk == nil {
-		clk = clock.Real{}
-	}
 	if ttl <= 0 {
 		ttl = DefaultCacheTTL
 	}
-	return &SecretsManager{client: client, prefix: prefix, clock: clk, ttl: ttl, cache: map[string]cached{}}
+	cache := secretcache.New(secretcache.Config{Client: client, TTL: ttl, Clock: clk}, func(s string) string { return s })
+	return &SecretsManager{prefix: prefix, cache: cache}
 }
 
 // Secret returns the credential for ref.
@@ -61,27 +45,15 @@ func (s *SecretsManager) Secret(ctx context.Context, ref string) (string, error)
 	if err := CheckRef(ref); err != nil {
 		return "", fmt.Errorf("credentials: %w: %w", ErrUnknownRef, err)
 	}
-	now := s.clock.Now()
-	s.mu.Lock()
-	c, ok := s.cache[ref]
-	s.mu.Unlock()
-	if ok && now.Before(c.expires) {
-		return c.value, nil
-	}
 	id := s.prefix + ref
-	out, err := s.client.GetSecretValue(ctx, &secretsmanager.GetSecretValueInput{SecretId: &id})
-	if err != nil {
-		var nf *types.ResourceNotFoundException
-		if errors.As(err, &nf) {
-			return "", fmt.Errorf("credentials: %q: %w (no secret %s)", ref, ErrUnknownRef, id)
-		}
-		return "", fmt.Errorf("credentials: reading secret %s: %w", id, err)
-	}
-	if out.SecretString == nil || *out.SecretString == "" {
+	secret, err := s.cache.Get(ctx, id)
+	switch {
+	case errors.Is(err, secretcache.ErrNotFound):
+		return "", fmt.Errorf("credentials: %q: %w (no secret %s)", ref, ErrUnknownRef, id)
+	case err != nil && !errors.Is(err, secretcache.ErrNoString):
+		return "", fmt.Errorf("credentials: %w", err)
+	case err != nil || secret == "":
 		return "", fmt.Errorf("credentials: secret %s has no SecretString", id)
 	}
-	s.mu.Lock()
-	s.cache[ref] = cached{value: *out.SecretString, expires: now.Add(s.ttl)}
-	s.mu.Unlock()
-	return *out.SecretString, nil
+	return secret, nil
 }
