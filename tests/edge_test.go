@@ -14,6 +14,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/runfleet/runfleet/shared/filewatch"
 	"github.com/runfleet/runfleet/shared/hostproto"
 	"github.com/runfleet/runfleet/tests/kit/syncbuf"
 )
@@ -427,20 +428,41 @@ func TestEdgeServeDrainsOnSIGTERMAndKeepsEventsAcrossRestarts(t *testing.T) {
 }
 
 // TestEdgeServeReloadsThePolicyOnSIGHUP: a key added to edge.json is granted
-// after SIGHUP.
+// after SIGHUP, and only because of it. edge also polls edge.json and
+// re-reads it when its stamp (shared/filewatch: inode, size, modification
+// time) changes, so the new policy is written in place, of the same size,
+// with the old modification time put back, while edge is stopped
+// (SIGSTOP): its stamp is the one edge read at start, and no poll can see
+// the change. Were SIGHUP not handled, the key would never be granted.
 func TestEdgeServeReloadsThePolicyOnSIGHUP(t *testing.T) {
 	e := newEdgeProc(t)
+	const oldKey, newKey = `"OLD_KEY": {"domains": ["api.old.example"]}`, `"NEW_KEY": {"domains": ["api.new.example"]}`
+	e.policy = `{"acme": {"keys": {"API_KEY": {"domains": ["api.example.com"]}, ` + oldKey + `}}}`
+	e.writeConfig()
 	e.start()
-	newKey := []hostproto.Secret{{ProjectID: "acme", Key: "NEW_KEY", Domains: []string{"api.new.example"}}}
-	if r := e.run(hostproto.StartRequest{Prompt: "true", Secrets: newKey}); r.Reason != hostproto.ReasonKeyNotGranted {
+	declared := []hostproto.Secret{{ProjectID: "acme", Key: "NEW_KEY", Domains: []string{"api.new.example"}}}
+	if r := e.run(hostproto.StartRequest{Prompt: "true", Secrets: declared}); r.Reason != hostproto.ReasonKeyNotGranted {
 		t.Fatalf("a key outside the policy: %+v", r)
 	}
-	e.policy = `{"acme": {"keys": {"API_KEY": {"domains": ["api.example.com"]}, "NEW_KEY": {"domains": ["api.new.example"]}}}}`
+
+	stamp, err := filewatch.Of(e.cfgPath)
+	must(t, err)
+	fi, err := os.Stat(e.cfgPath)
+	must(t, err)
+	must(t, e.cmd.Process.Signal(syscall.SIGSTOP))
+	waitStopped(t, e.cmd.Process.Pid)
+	e.policy = strings.Replace(e.policy, oldKey, newKey, 1)
 	e.writeConfig()
+	must(t, os.Chtimes(e.cfgPath, fi.ModTime(), fi.ModTime()))
+	must(t, e.cmd.Process.Signal(syscall.SIGCONT))
+	if now, err := filewatch.Of(e.cfgPath); err != nil || now != stamp {
+		t.Fatalf("rewriting edge.json changed its stamp (%v): a poll could reload it, so this test would not prove SIGHUP", err)
+	}
+
 	must(t, e.cmd.Process.Signal(syscall.SIGHUP))
 	deadline := time.Now().Add(20 * time.Second)
 	for {
-		r := e.run(hostproto.StartRequest{Prompt: "true", Secrets: newKey})
+		r := e.run(hostproto.StartRequest{Prompt: "true", Secrets: declared})
 		if r.Reason != hostproto.ReasonKeyNotGranted {
 			if r = e.waitFor(r.RunID, terminal); r.Status != hostproto.StatusSucceeded {
 				t.Fatalf("after the reload the run ended %+v", r)
@@ -448,12 +470,41 @@ func TestEdgeServeReloadsThePolicyOnSIGHUP(t *testing.T) {
 			break
 		}
 		if time.Now().After(deadline) {
-			t.Fatal("the policy was not reloaded")
+			t.Fatalf("the policy was not reloaded on SIGHUP:\n%s", e.logs.String())
 		}
 		time.Sleep(20 * time.Millisecond)
 	}
+	if n := strings.Count(e.logs.String(), "policy reloaded"); n != 1 {
+		t.Fatalf("edge reloaded its policy %d times, want once (on SIGHUP):\n%s", n, e.logs.String())
+	}
 	if code := e.stop(syscall.SIGTERM); code != 0 {
 		t.Fatalf("edge exited %d", code)
+	}
+}
+
+// waitStopped waits until every thread of process pid is stopped (a
+// SIGSTOP is delivered asynchronously).
+func waitStopped(t *testing.T, pid int) {
+	t.Helper()
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		stats, err := filepath.Glob(fmt.Sprintf("/proc/%d/task/*/stat", pid))
+		must(t, err)
+		stopped := len(stats) > 0
+		for _, path := range stats {
+			b, err := os.ReadFile(path)
+			// The state follows the command name, which ends with ") ".
+			if i := strings.LastIndex(string(b), ") "); err != nil || i < 0 || i+2 >= len(b) || b[i+2] != 'T' {
+				stopped = false
+			}
+		}
+		if stopped {
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("process %d did not stop after SIGSTOP", pid)
+		}
+		time.Sleep(5 * time.Millisecond)
 	}
 }
 

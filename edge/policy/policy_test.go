@@ -216,7 +216,8 @@ func TestWatcherReloadsOnChangeAndKeepsOldOnError(t *testing.T) {
 		t.Errorf("the log does not say why: %s", logs.String())
 	}
 
-	// SIGHUP reloads now, without waiting for a poll.
+	// SIGHUP reloads now, without waiting for a poll: the fake clock is
+	// not advanced again, so no poll runs and only SIGHUP can load it.
 	writeConfig(t, path, `"d.example"`)
 	hup <- syscall.SIGHUP
 	edgetest.WaitFor(t, 5*time.Second, "SIGHUP to load d.example", func() bool { return w.AllowName("d.example") })
