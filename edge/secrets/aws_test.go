@@ -33,6 +33,13 @@ func TestAWSSourceAgainstMoto(t *testing.T) {
 	if _, err := src.Value(ctx, "acme", "MISSING"); !errors.Is(err, ErrNotFound) {
 		t.Fatalf("missing secret: %v", err)
 	}
+	// The miss is kept for the TTL (shared/secretcache says why): a secret
+	// created now is seen once the TTL has passed.
+	if _, err := client.CreateSecret(ctx, &secretsmanager.CreateSecretInput{
+		Name: aws.String("runfleet/acme/MISSING"), SecretString: aws.String("created-late"),
+	}); err != nil {
+		t.Fatal(err)
+	}
 	// A rotation shows once the cache entry is older than its TTL, not before.
 	if _, err := client.PutSecretValue(ctx, &secretsmanager.PutSecretValueInput{
 		SecretId: aws.String("runfleet/acme/OPENAI_API_KEY"), SecretString: aws.String("real-two"),
@@ -43,9 +50,15 @@ func TestAWSSourceAgainstMoto(t *testing.T) {
 	if v, _ := src.Value(ctx, "acme", "OPENAI_API_KEY"); v.Reveal() != "real-one" {
 		t.Fatalf("inside the TTL: %q", v)
 	}
+	if _, err := src.Value(ctx, "acme", "MISSING"); !errors.Is(err, ErrNotFound) {
+		t.Fatalf("inside the TTL of its miss: %v", err)
+	}
 	fake.Advance(time.Second)
 	if v, _ := src.Value(ctx, "acme", "OPENAI_API_KEY"); v.Reveal() != "real-two" {
 		t.Fatalf("after the TTL: %q", v)
+	}
+	if v, err := src.Value(ctx, "acme", "MISSING"); err != nil || v.Reveal() != "created-late" {
+		t.Fatalf("after the TTL of its miss: %q %v", v, err)
 	}
 	// A failure that is not "absent" is an error, not a withhold.
 	moto.Stop()

@@ -163,6 +163,16 @@ func TestSecretsManagerSourceOnMoto(t *testing.T) {
 	if !errors.Is(err, credentials.ErrUnknownRef) || !strings.Contains(err.Error(), prefix+"host-b") {
 		t.Fatalf("host-b: %v, want ErrUnknownRef naming the secret id", err)
 	}
+	// The miss is kept for the TTL (shared/secretcache says why): host-b
+	// created now is found once the TTL has passed.
+	if _, err := client.CreateSecret(ctx, &secretsmanager.CreateSecretInput{
+		Name: aws.String(prefix + "host-b"), SecretString: aws.String("secret-b"),
+	}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := src.Secret(ctx, "host-b"); !errors.Is(err, credentials.ErrUnknownRef) {
+		t.Fatalf("host-b within the TTL of its miss: %v, want ErrUnknownRef", err)
+	}
 
 	// A rotation reaches Fleet once the cache entry expires, not before.
 	if _, err := client.PutSecretValue(ctx, &secretsmanager.PutSecretValueInput{
@@ -176,5 +186,8 @@ func TestSecretsManagerSourceOnMoto(t *testing.T) {
 	clk.Advance(time.Minute)
 	if got, _ := src.Secret(ctx, "host-a"); got != "secret-a2" {
 		t.Fatalf("after the TTL host-a = %q, want the rotated value", got)
+	}
+	if got, err := src.Secret(ctx, "host-b"); err != nil || got != "secret-b" {
+		t.Fatalf("after the TTL host-b = %q, %v; want the secret created after the miss", got, err)
 	}
 }
