@@ -341,6 +341,43 @@ func TestCancelEscalatesToSIGKILLAfterTheGrace(t *testing.T) {
 	}
 }
 
+// A cancel asks first and forces only after the grace: the task gets SIGTERM
+// (its trap runs and it carries on), it is still running just before
+// runner.cancelGrace has passed on the injected clock, and SIGKILL ends it
+// once it has.
+func TestCancelSendsSIGTERMAndWaitsTheGraceBeforeSIGKILL(t *testing.T) {
+	const grace = 10 * time.Second
+	fake := clock.NewFake(time.Date(2026, 11, 30, 12, 0, 0, 0, time.UTC))
+	h := newHarness(t, func(c *Config) { c.Clock = fake; c.CancelGrace = grace })
+	run := h.start(`trap 'echo got-term' TERM; echo ready; while :; do sleep 0.2; echo tick; done`, nil)
+	h.waitOutput(run.RunID, "ready")
+	timers := fake.Timers()
+	if _, err := h.r.Cancel(run.RunID); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case <-fake.WaitForTimers(timers + 1):
+	case <-time.After(20 * time.Second):
+		t.Fatal("the cancel scheduled no escalation timer")
+	}
+	h.waitOutput(run.RunID, "got-term")
+
+	fake.Advance(grace - time.Millisecond)
+	seen := len(h.output(run.RunID))
+	if !edgetest.Within(20*time.Second, func() bool { return strings.Count(h.output(run.RunID)[seen:], "tick") >= 2 }) {
+		t.Fatalf("the task stopped ticking before the grace passed; output %q", h.output(run.RunID))
+	}
+	if now, err := h.r.Get(run.RunID); err != nil || now.Status != hostproto.StatusRunning {
+		t.Fatalf("a millisecond before the grace passed the run is %+v (%v), want still running", now, err)
+	}
+
+	fake.Advance(time.Millisecond)
+	end := h.waitEnd(run.RunID)
+	if end.Status != hostproto.StatusCanceled || end.Reason != hostproto.ReasonCanceled || end.ExitCode == nil || *end.ExitCode != 128+int(syscall.SIGKILL) {
+		t.Fatalf("run ended %+v, want canceled by SIGKILL", end)
+	}
+}
+
 func TestRetryIsANewAttemptOnTheSameSequence(t *testing.T) {
 	h := newHarness(t, nil)
 	run := h.start(`echo attempt; exit 1`, nil)
