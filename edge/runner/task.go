@@ -55,8 +55,10 @@ type task struct {
 	// purging: this is no attempt but the purge holding the run while it
 	// removes it (see purgeRun); verbs find no live attempt.
 	purging bool
-	// rec, ident and dirs belong to the goroutine starting the attempt.
+	// rec, spec (its start), ident and dirs belong to the goroutine
+	// starting the attempt.
 	rec   runlog.Record
+	spec  Spec
 	ident taskIdentity
 	dirs  taskDirs
 
@@ -118,7 +120,7 @@ type task struct {
 func newTask(rec runlog.Record) *task {
 	ctx, stop := context.WithCancel(context.Background())
 	return &task{
-		runID: rec.RunID, attempt: rec.Attempt, needsBroker: len(rec.Request.Secrets) > 0, rec: rec,
+		runID: rec.RunID, attempt: rec.Attempt, needsBroker: len(rec.Request.Secrets) > 0, rec: rec, spec: specOf(rec.Request),
 		ctx: ctx, stop: stop, startDone: make(chan struct{}), done: make(chan struct{}), recorded: make(chan struct{}),
 	}
 }
@@ -227,8 +229,8 @@ func (r *Runner) runnerFacts(t *task) Facts {
 
 // begin admits the reserved attempt and, once admitted, starts it in the
 // background. It returns the run as it stands after admission.
-func (r *Runner) begin(t *task) hostproto.Run {
-	req := t.rec.Request
+func (r *Runner) begin(t *task) Run {
+	req := t.spec
 	facts := r.runnerFacts(t)
 	facts.NeedsBroker = t.needsBroker
 	r.storageFacts(&facts)
@@ -267,7 +269,7 @@ func (r *Runner) begin(t *task) hostproto.Run {
 	}
 	tk := r.issueTicket(t)
 	go r.launch(t, tk)
-	return rec.Run()
+	return runOf(rec)
 }
 
 // decide gathers the broker's facts and runs admission, preparing the task
@@ -291,7 +293,7 @@ func (r *Runner) brokerFacts(t *task, f *Facts) {
 	} else {
 		f.Proxy = r.broker.Ready()
 		if f.Proxy == nil {
-			f.Ungranted, f.UngrantedReason = r.broker.Ungranted(t.rec.Request.Secrets)
+			f.Ungranted, f.UngrantedReason = r.broker.Ungranted(t.spec.Secrets)
 		}
 	}
 	if r.trust == nil {
@@ -305,11 +307,11 @@ func (r *Runner) brokerFacts(t *task, f *Facts) {
 // registration and fresh proxy password, and its trust file, kept current
 // from then on.
 func (r *Runner) prepare(t *task) error {
-	if err := prepareDirs(t.dirs, t.ident, t.rec.Request.LocalPath == ""); err != nil {
+	if err := prepareDirs(t.dirs, t.ident, t.spec.LocalPath == ""); err != nil {
 		r.logger.Error("preparing a task's directories", fieldRun, t.runID, fieldError, err.Error())
 		return errors.New("the host could not prepare the task's directories")
 	}
-	secrets, err := r.broker.Register(t.runID, t.rec.Request.Secrets)
+	secrets, err := r.broker.Register(t.runID, t.spec.Secrets)
 	if err != nil {
 		return fmt.Errorf("registering the task with the proxy: %w", err)
 	}
@@ -366,7 +368,7 @@ func (r *Runner) launch(t *task, tk *ticket) {
 		tk.release()
 		r.finish(t, o, extra...)
 	}
-	req := t.rec.Request
+	req := t.spec
 	if !t.needsBroker {
 		if err := prepareDirs(t.dirs, t.ident, req.LocalPath == ""); err != nil {
 			r.logger.Error("preparing a task's directories", fieldRun, t.runID, fieldError, err.Error())
@@ -946,7 +948,7 @@ func (t *task) closeTerminal(ptmx *os.File) {
 }
 
 func (r *Runner) taskEnv(t *task) []string {
-	req := t.rec.Request
+	req := t.spec
 	in := envInput{User: t.ident.User, Home: t.dirs.Home, Tmp: t.dirs.Tmp, AgentEnv: r.cfg.Agents[req.Agent].Env, RunEnv: req.Env}
 	if t.ident.Switch {
 		in.Tmp = "/tmp" // its own, in its sandbox
@@ -974,13 +976,13 @@ func envValue(env []string, name string) string {
 	return ""
 }
 
-func (r *Runner) currentRun(runID string) hostproto.Run {
+func (r *Runner) currentRun(runID string) Run {
 	rec, err := r.log.Get(runID)
 	if err != nil {
 		r.logger.Error("reading a run", fieldRun, runID, fieldError, err.Error())
-		return hostproto.Run{RunID: runID}
+		return Run{RunID: runID}
 	}
-	return rec.Run()
+	return runOf(rec)
 }
 
 func stateEntry(ts time.Time, s hostproto.StateChange) runlog.Entry {
