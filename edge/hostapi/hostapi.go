@@ -133,7 +133,7 @@ func (a *API) authorized(r *http.Request) bool {
 }
 
 func (a *API) health(w http.ResponseWriter, _ *http.Request) {
-	limits := a.cfg.Runner.Limits()
+	limits := wireLimits(a.cfg.Runner.Limits())
 	idle := a.cfg.Runner.Idle()
 	h := hostproto.Health{
 		OK:               a.cfg.Runner.Usable() == nil,
@@ -143,7 +143,7 @@ func (a *API) health(w http.ResponseWriter, _ *http.Request) {
 		Agents:           a.cfg.Runner.Agents(),
 		InsecureSameUser: a.cfg.Runner.InsecureSameUser(),
 		EgressConfined:   a.cfg.Runner.EgressConfined(),
-		Storage:          a.cfg.Runner.Storage(),
+		Storage:          wireStorage(a.cfg.Runner.Storage()),
 		Limits:           &limits,
 		Features: hostproto.Features{
 			SecretsProxy: a.cfg.SecretsProxy != nil && a.cfg.SecretsProxy() == nil,

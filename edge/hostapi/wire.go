@@ -49,3 +49,13 @@ func wirePage(page runlog.Page) hostproto.EventPage {
 	}
 	return hostproto.EventPage{Events: events, NextCursor: page.NextCursor, HasMore: page.HasMore}
 }
+
+// wireLimits is how the host bounds each task, as /healthz reports it.
+func wireLimits(l runner.LimitsReport) hostproto.Limits {
+	return hostproto.Limits{Enforced: l.Enforced, MemoryBytes: l.MemoryBytes, Pids: l.Pids, CPU: l.CPU, Detail: l.Detail}
+}
+
+// wireStorage is the data dir's free space, as /healthz reports it.
+func wireStorage(s runner.StorageReport) *hostproto.Storage {
+	return &hostproto.Storage{FreeBytes: s.FreeBytes, MinFreeBytes: s.MinFreeBytes, Low: s.Low}
+}
