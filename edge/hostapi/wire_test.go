@@ -35,8 +35,9 @@ func TestAStartIsStoredAsTheWireRequestWas(t *testing.T) {
 	}
 }
 
-// The answers' JSON is the protocol's, every field carried, lists never null.
-func TestRunsAndEventPagesAnswerTheWireJSON(t *testing.T) {
+// Runs, event pages, limits and storage answer the protocol's JSON, every
+// field carried, lists never null.
+func TestTheAnswersAreTheWireJSON(t *testing.T) {
 	code := 3
 	ts := time.Date(2026, 11, 30, 12, 0, 0, 0, time.UTC)
 	for name, c := range map[string]struct {
@@ -51,6 +52,10 @@ func TestRunsAndEventPagesAnswerTheWireJSON(t *testing.T) {
 		"page": {wirePage(runlog.Page{Events: []runlog.Event{{Sequence: 4, Type: "output", Data: json.RawMessage(`"hi"`), TS: ts}}, NextCursor: 4, HasMore: true}),
 			`{"events":[{"sequence":4,"type":"output","data":"hi","ts":"2026-11-30T12:00:00Z"}],"nextCursor":4,"hasMore":true}`},
 		"empty page": {wirePage(runlog.Page{Events: []runlog.Event{}, NextCursor: 7}), `{"events":[],"nextCursor":7,"hasMore":false}`},
+		"limits": {wireLimits(runner.LimitsReport{Enforced: "cgroup2", MemoryBytes: 1 << 30, Pids: 512, CPU: 1.5}),
+			`{"enforced":"cgroup2","memoryBytes":1073741824,"pids":512,"cpu":1.5}`},
+		"limits unavailable": {wireLimits(runner.LimitsReport{Enforced: "unavailable", Detail: "no cgroup"}), `{"enforced":"unavailable","detail":"no cgroup"}`},
+		"storage":            {wireStorage(runner.StorageReport{FreeBytes: 10, MinFreeBytes: 20, Low: true}), `{"freeBytes":10,"minFreeBytes":20,"low":true}`},
 	} {
 		b, err := json.Marshal(c.got)
 		if err != nil || string(b) != c.want {
