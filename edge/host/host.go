@@ -105,6 +105,42 @@ func Open(ctx context.Context, o Options) (_ *Host, err error) {
 	if o.Config == nil || o.Config.Path() == "" {
 		return nil, errors.New("host: Options.Config must be loaded from a file (config.Load)")
 	}
+	o = withDefaults(o)
+	h := &Host{opts: o, cfg: o.Config, log: o.Logger, clock: o.Clock, registry: prometheus.NewRegistry(), errs: make(chan error, 4)}
+	var undo closers
+	defer func() {
+		if err != nil {
+			undo.close()
+		}
+	}()
+	h.registry.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}),
+		prometheus.NewCounterFunc(prometheus.CounterOpts{
+			Name: "edge_log_redactor_evicted_total",
+			Help: "Real values the log and audit redactor forgot past its bound (" + strconv.Itoa(redact.MaxValues) + " values): one it forgot and the proxy does not read again is no longer redacted.",
+		}, func() float64 { return float64(o.Redactor.Evicted()) }))
+
+	token, err := checkFiles(h.cfg)
+	if err != nil {
+		return nil, err
+	}
+	trust, err := h.openStores(ctx, &undo)
+	if err != nil {
+		return nil, err
+	}
+	if err := h.listen(&undo); err != nil {
+		return nil, err
+	}
+	if err := h.openParts(ctx, trust, &undo); err != nil {
+		return nil, err
+	}
+	if err := h.openAPI(token); err != nil {
+		return nil, err
+	}
+	return h, nil
+}
+
+// withDefaults fills Options' zero values.
+func withDefaults(o Options) Options {
 	if o.Logger == nil {
 		o.Logger = slog.New(slog.DiscardHandler)
 	}
@@ -117,158 +153,186 @@ func Open(ctx context.Context, o Options) (_ *Host, err error) {
 	if o.AWS == nil {
 		o.AWS = func(ctx context.Context) (aws.Config, error) { return awsconfig.LoadDefaultConfig(ctx) }
 	}
-	cfg := o.Config
-	h := &Host{opts: o, cfg: cfg, log: o.Logger, clock: o.Clock, registry: prometheus.NewRegistry(), errs: make(chan error, 4)}
-	var closers []func()
-	defer func() {
-		if err != nil {
-			for i := len(closers) - 1; i >= 0; i-- {
-				closers[i]()
-			}
-		}
-	}()
-	h.registry.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}),
-		prometheus.NewCounterFunc(prometheus.CounterOpts{
-			Name: "edge_log_redactor_evicted_total",
-			Help: "Real values the log and audit redactor forgot past its bound (" + strconv.Itoa(redact.MaxValues) + " values): one it forgot and the proxy does not read again is no longer redacted.",
-		}, func() float64 { return float64(o.Redactor.Evicted()) }))
+	return o
+}
 
+// closers undoes a partial Open, last opened first closed.
+type closers []func()
+
+func (c *closers) add(f func()) { *c = append(*c, f) }
+
+func (c closers) close() {
+	for i := len(c) - 1; i >= 0; i-- {
+		c[i]()
+	}
+}
+
+// checkFiles prepares the data dir, refuses a private file tasks could
+// read, and reads the host credential.
+func checkFiles(cfg *config.Config) (token string, err error) {
 	if err := prepareDataDir(cfg); err != nil {
-		return nil, err
+		return "", err
 	}
-	if err := checkPrivate("api.tokenFile", cfg.API.TokenFile); err != nil {
-		return nil, err
-	}
-	if cfg.Secrets.File != "" {
-		if err := checkPrivate("secrets.file", cfg.Secrets.File); err != nil {
-			return nil, err
+	for _, f := range privateFiles(cfg) {
+		if err := checkPrivate(f.field, f.path); err != nil {
+			return "", err
 		}
 	}
-	if cfg.API.TLS.Enabled() {
-		// The host API's private key in a task's hands lets it pose as
-		// this host to Fleet.
-		if err := checkPrivate("api.tls.keyFile", cfg.API.TLS.KeyFile); err != nil {
-			return nil, err
-		}
-	}
-	token, err := readToken(cfg.API.TokenFile)
-	if err != nil {
-		return nil, err
-	}
+	return readToken(cfg.API.TokenFile)
+}
 
-	h.runs, err = runlog.Open(filepath.Join(cfg.DataDir, "runs.db"), o.Rand)
+// openStores opens what the host keeps in its data dir: the run log, the
+// policy (from edge.json) and the proxy's CA, which tasks trust.
+func (h *Host) openStores(ctx context.Context, undo *closers) (caTrust, error) {
+	var err error
+	h.runs, err = runlog.Open(filepath.Join(h.cfg.DataDir, "runs.db"), h.opts.Rand)
 	if err != nil {
-		return nil, err
+		return caTrust{}, err
 	}
-	closers = append(closers, func() { h.runs.Close() })
-
-	h.watcher, err = policy.NewWatcher(policy.WatcherConfig{Path: cfg.Path(), Clock: o.Clock, Logger: o.Logger})
+	undo.add(func() { h.runs.Close() })
+	h.watcher, err = policy.NewWatcher(policy.WatcherConfig{Path: h.cfg.Path(), Clock: h.clock, Logger: h.log})
 	if err != nil {
-		return nil, fmt.Errorf("host: %w", err)
+		return caTrust{}, fmt.Errorf("host: %w", err)
 	}
-
 	sealer, err := h.sealer(ctx)
 	if err != nil {
-		return nil, err
+		return caTrust{}, err
 	}
+	c := h.cfg.CA
 	h.authority, err = ca.Open(ctx, ca.Config{
-		Dir: filepath.Join(cfg.DataDir, "ca"), Lifetime: cfg.CA.Lifetime.D(), SuccessorWindow: cfg.CA.SuccessorWindow.D(),
-		SwitchBefore: cfg.CA.SwitchBefore.D(), LeafLifetime: cfg.CA.LeafLifetime.D(),
-		Sealer: sealer, Clock: o.Clock, Rand: o.Rand, Logger: o.Logger, AllowName: h.watcher.AllowName,
+		Dir: filepath.Join(h.cfg.DataDir, "ca"), Lifetime: c.Lifetime.D(), SuccessorWindow: c.SuccessorWindow.D(),
+		SwitchBefore: c.SwitchBefore.D(), LeafLifetime: c.LeafLifetime.D(),
+		Sealer: sealer, Clock: h.clock, Rand: h.opts.Rand, Logger: h.log, AllowName: h.watcher.AllowName,
 	})
 	if err != nil {
-		return nil, err
+		return caTrust{}, err
 	}
-	closers = append(closers, func() { h.authority.Close() })
-	trust := caTrust{ca: h.authority, clock: o.Clock}
+	undo.add(func() { h.authority.Close() })
+	return caTrust{ca: h.authority, clock: h.clock}, nil
+}
 
-	h.apiListener, err = net.Listen("tcp", cfg.API.Listen)
-	if err != nil {
-		return nil, fmt.Errorf("host: api.listen: %w", err)
+// listen binds the host API, the secrets proxy (unless the kill switch
+// keeps it down) and pprof (when proxy.pprof is set).
+func (h *Host) listen(undo *closers) error {
+	var err error
+	if h.apiListener, err = net.Listen("tcp", h.cfg.API.Listen); err != nil {
+		return fmt.Errorf("host: api.listen: %w", err)
 	}
-	closers = append(closers, func() { h.apiListener.Close() })
-	if !o.KillSwitch {
-		h.proxyListener, err = net.Listen("tcp", cfg.Proxy.Listen)
-		if err != nil {
-			return nil, fmt.Errorf("host: proxy.listen: %w", err)
+	undo.add(func() { h.apiListener.Close() })
+	if !h.opts.KillSwitch {
+		if h.proxyListener, err = net.Listen("tcp", h.cfg.Proxy.Listen); err != nil {
+			return fmt.Errorf("host: proxy.listen: %w", err)
 		}
-		closers = append(closers, func() { h.proxyListener.Close() })
+		undo.add(func() { h.proxyListener.Close() })
 	}
-	if cfg.Proxy.Pprof != "" {
-		h.pprofListener, err = net.Listen("tcp", cfg.Proxy.Pprof)
-		if err != nil {
-			return nil, fmt.Errorf("host: proxy.pprof: %w", err)
+	if h.cfg.Proxy.Pprof != "" {
+		if h.pprofListener, err = net.Listen("tcp", h.cfg.Proxy.Pprof); err != nil {
+			return fmt.Errorf("host: proxy.pprof: %w", err)
 		}
-		closers = append(closers, func() { h.pprofListener.Close() })
+		undo.add(func() { h.pprofListener.Close() })
 		h.pprofServer = newPprofServer()
 	}
+	return nil
+}
 
+// openParts builds the audit log, the secrets proxy and the runner, which
+// knows the proxy as its broker (none while the kill switch keeps it down).
+func (h *Host) openParts(ctx context.Context, trust caTrust, undo *closers) error {
+	var err error
+	a := h.cfg.Proxy.Audit
 	h.auditLog, err = audit.Open(audit.Config{
-		Dir: filepath.Join(cfg.DataDir, "logs"), MaxBytes: cfg.Proxy.Audit.MaxBytes, Keep: cfg.Proxy.Audit.Keep,
-		Registerer: h.registry, Clock: o.Clock, Logger: o.Logger, Redact: o.Redactor.Redact,
+		Dir: filepath.Join(h.cfg.DataDir, "logs"), MaxBytes: a.MaxBytes, Keep: a.Keep,
+		Registerer: h.registry, Clock: h.clock, Logger: h.log, Redact: h.opts.Redactor.Redact,
 	})
 	if err != nil {
-		return nil, err
+		return err
 	}
-	closers = append(closers, func() { h.auditLog.Close() })
+	undo.add(func() { h.auditLog.Close() })
 	if h.proxy, err = h.newProxy(ctx, trust); err != nil {
-		return nil, err
+		return err
 	}
-	closers = append(closers, func() { h.proxy.Close() })
+	undo.add(func() { h.proxy.Close() })
 
-	rc := runner.FromConfig(cfg)
-	rc.Clock, rc.Rand, rc.Logger = o.Clock, o.Rand, o.Logger
-	rc.SystemRootsFile, rc.BeforeExec = o.SystemRootsFile, o.BeforeExec
+	rc := runner.FromConfig(h.cfg)
+	rc.Clock, rc.Rand, rc.Logger = h.clock, h.opts.Rand, h.log
+	rc.SystemRootsFile, rc.BeforeExec = h.opts.SystemRootsFile, h.opts.BeforeExec
 	var broker runner.Broker
-	if !o.KillSwitch {
+	if !h.opts.KillSwitch {
 		broker = proxyBroker{proxy: h.proxy}
 	}
-	h.runner, err = runner.New(rc, h.runs, broker, trust)
-	if err != nil {
-		return nil, err
+	if h.runner, err = runner.New(rc, h.runs, broker, trust); err != nil {
+		return err
 	}
-	closers = append(closers, func() { h.runner.Shutdown(context.Background(), 0) })
+	undo.add(func() { h.runner.Shutdown(context.Background(), 0) })
 	h.registry.MustRegister(h.runner.Collectors()...)
+	return nil
+}
 
+// openAPI builds the host API's server over the runner, on TLS when
+// api.tls is set.
+func (h *Host) openAPI(token string) error {
 	api, err := hostapi.New(hostapi.Config{
 		Runner:       h.runner,
 		Token:        token,
 		SecretsProxy: h.proxy.Ready,
 		CA:           h.caInfo,
 		Gatherer:     h.registry,
-		Logger:       o.Logger,
-		Clock:        o.Clock,
+		Logger:       h.log,
+		Clock:        h.clock,
 	})
 	if err != nil {
-		return nil, err
+		return err
 	}
-	h.apiServer = hostapi.NewServer(api, o.Logger)
-	if cfg.API.TLS.Enabled() {
-		cert, err := tls.LoadX509KeyPair(cfg.API.TLS.CertFile, cfg.API.TLS.KeyFile)
-		if err != nil {
-			return nil, fmt.Errorf("host: api.tls: %w", err)
-		}
-		h.apiListener = tls.NewListener(h.apiListener, &tls.Config{Certificates: []tls.Certificate{cert}, MinVersion: tls.VersionTLS12})
+	h.apiServer = hostapi.NewServer(api, h.log)
+	if !h.cfg.API.TLS.Enabled() {
+		return nil
 	}
-	return h, nil
+	cert, err := tls.LoadX509KeyPair(h.cfg.API.TLS.CertFile, h.cfg.API.TLS.KeyFile)
+	if err != nil {
+		return fmt.Errorf("host: api.tls: %w", err)
+	}
+	h.apiListener = tls.NewListener(h.apiListener, &tls.Config{Certificates: []tls.Certificate{cert}, MinVersion: tls.VersionTLS12})
+	return nil
 }
 
-// prepareDataDir creates the data dir 0700, or 0711 when the runner's work
-// dir lies inside it (the default): tasks must reach their own directories
-// there, and may pass through the data dir without listing it; everything
-// else in it stays 0700/0600.
+// privateFile is a configured file tasks must not read: field names it in
+// edge.json.
+type privateFile struct{ field, path string }
+
+// privateFiles are the configured files that, in a task's hands, are the
+// host's API (its credential), every real value (the secrets file) or the
+// host's identity toward Fleet (the host API's TLS key).
+func privateFiles(cfg *config.Config) []privateFile {
+	files := []privateFile{{field: "api.tokenFile", path: cfg.API.TokenFile}}
+	if cfg.Secrets.File != "" {
+		files = append(files, privateFile{field: "secrets.file", path: cfg.Secrets.File})
+	}
+	if cfg.API.TLS.Enabled() {
+		files = append(files, privateFile{field: "api.tls.keyFile", path: cfg.API.TLS.KeyFile})
+	}
+	return files
+}
+
+// prepareDataDir creates the data dir and gives it dataDirMode.
 func prepareDataDir(cfg *config.Config) error {
 	if err := os.MkdirAll(cfg.DataDir, 0o700); err != nil {
 		return fmt.Errorf("host: creating dataDir: %w", err)
 	}
-	mode := os.FileMode(0o700)
-	if rel, err := filepath.Rel(cfg.DataDir, cfg.Runner.WorkDir); err == nil && !strings.HasPrefix(rel, "..") {
-		mode = 0o711
-	}
-	if err := os.Chmod(cfg.DataDir, mode); err != nil {
+	if err := os.Chmod(cfg.DataDir, dataDirMode(cfg)); err != nil {
 		return fmt.Errorf("host: setting dataDir's mode: %w", err)
 	}
 	return nil
+}
+
+// dataDirMode is 0700, or 0711 when the runner's work dir lies inside the
+// data dir (the default): tasks must reach their own directories there, and
+// may pass through the data dir without listing it; everything else in it
+// stays 0700/0600.
+func dataDirMode(cfg *config.Config) os.FileMode {
+	if rel, err := filepath.Rel(cfg.DataDir, cfg.Runner.WorkDir); err == nil && !strings.HasPrefix(rel, "..") {
+		return 0o711
+	}
+	return 0o700
 }
 
 // checkPrivate refuses a file every user may read: tasks run as another

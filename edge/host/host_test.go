@@ -403,3 +403,21 @@ func processIn(t *testing.T, ns, marker string) int {
 	t.Fatalf("no process of namespace %s runs %q", ns, marker)
 	return 0
 }
+
+func TestTheDataDirIsPassableOnlyWhenTasksWorkInside(t *testing.T) {
+	for _, c := range []struct {
+		dataDir, workDir string
+		want             os.FileMode
+	}{
+		{"/var/lib/edge", "/var/lib/edge/work", 0o711},
+		{"/var/lib/edge", "/var/lib/edge/a/b", 0o711},
+		{"/var/lib/edge", "/srv/work", 0o700},
+		{"/var/lib/edge", "/var/lib/edge-work", 0o700},
+	} {
+		cfg := &config.Config{DataDir: c.dataDir}
+		cfg.Runner.WorkDir = c.workDir
+		if got := dataDirMode(cfg); got != c.want {
+			t.Errorf("data dir %s with work dir %s: mode %04o, want %04o", c.dataDir, c.workDir, got, c.want)
+		}
+	}
+}

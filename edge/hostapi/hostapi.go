@@ -3,7 +3,8 @@
 // included, takes the host credential as a bearer token, compared in
 // constant time. Errors are hostproto.ErrorBody, mapped from the runner's
 // error kinds in one place (errorAnswer); a fault is logged and answered
-// 500 with a generic message.
+// 500 with a generic message. The protocol's wire types are mapped to and
+// from the runner's own in one place too (wire.go).
 package hostapi
 
 import (
@@ -132,7 +133,7 @@ func (a *API) authorized(r *http.Request) bool {
 }
 
 func (a *API) health(w http.ResponseWriter, _ *http.Request) {
-	limits := a.cfg.Runner.Limits()
+	limits := wireLimits(a.cfg.Runner.Limits())
 	idle := a.cfg.Runner.Idle()
 	h := hostproto.Health{
 		OK:               a.cfg.Runner.Usable() == nil,
@@ -142,7 +143,7 @@ func (a *API) health(w http.ResponseWriter, _ *http.Request) {
 		Agents:           a.cfg.Runner.Agents(),
 		InsecureSameUser: a.cfg.Runner.InsecureSameUser(),
 		EgressConfined:   a.cfg.Runner.EgressConfined(),
-		Storage:          a.cfg.Runner.Storage(),
+		Storage:          wireStorage(a.cfg.Runner.Storage()),
 		Limits:           &limits,
 		Features: hostproto.Features{
 			SecretsProxy: a.cfg.SecretsProxy != nil && a.cfg.SecretsProxy() == nil,
@@ -163,7 +164,7 @@ func (a *API) start(w http.ResponseWriter, r *http.Request) {
 		a.fail(w, err)
 		return
 	}
-	run, err := a.cfg.Runner.Start(req)
+	run, err := a.cfg.Runner.Start(specOf(req))
 	if err != nil {
 		a.fail(w, err)
 		return
@@ -172,7 +173,7 @@ func (a *API) start(w http.ResponseWriter, r *http.Request) {
 	if run.Reused {
 		status = http.StatusOK
 	}
-	writeJSON(w, status, run)
+	writeJSON(w, status, wireRun(run))
 }
 
 func (a *API) find(w http.ResponseWriter, r *http.Request) {
@@ -186,7 +187,7 @@ func (a *API) find(w http.ResponseWriter, r *http.Request) {
 		a.fail(w, err)
 		return
 	}
-	writeJSON(w, http.StatusOK, hostproto.RunList{Runs: runs})
+	writeJSON(w, http.StatusOK, hostproto.RunList{Runs: wireRuns(runs)})
 }
 
 func (a *API) get(w http.ResponseWriter, r *http.Request) {
@@ -210,7 +211,7 @@ func (a *API) events(w http.ResponseWriter, r *http.Request) {
 		a.fail(w, err)
 		return
 	}
-	writeJSON(w, http.StatusOK, page)
+	writeJSON(w, http.StatusOK, wirePage(page))
 }
 
 func (a *API) input(w http.ResponseWriter, r *http.Request) {
@@ -252,13 +253,13 @@ func (a *API) drainState() hostproto.DrainState {
 	return hostproto.DrainState{Draining: a.cfg.Runner.Draining(), Idle: &idle}
 }
 
-func (a *API) answerRun(w http.ResponseWriter, status int) func(hostproto.Run, error) {
-	return func(run hostproto.Run, err error) {
+func (a *API) answerRun(w http.ResponseWriter, status int) func(runner.Run, error) {
+	return func(run runner.Run, err error) {
 		if err != nil {
 			a.fail(w, err)
 			return
 		}
-		writeJSON(w, status, run)
+		writeJSON(w, status, wireRun(run))
 	}
 }
 

@@ -16,7 +16,7 @@ type Chunker struct {
 }
 
 // NewChunker returns a Chunker whose texts are at most max bytes (at least
-// utf8.UTFMax; hostproto.MaxEventData for events).
+// utf8.UTFMax; the host protocol's MaxEventData for events).
 func NewChunker(max int) *Chunker {
 	if max < utf8.UTFMax {
 		max = utf8.UTFMax

@@ -6,8 +6,13 @@
 // Layout (version 1): bucket "runs" maps a run id to its Record (JSON),
 // "tokens" maps a clientToken to its run id, and "events" holds one nested
 // bucket per run whose keys are big-endian sequences and whose values are
-// hostproto.Event (JSON). The nested bucket's own sequence counter numbers the
-// events, so numbering and storing happen in one transaction.
+// Event (JSON). The nested bucket's own sequence counter numbers the events,
+// so numbering and storing happen in one transaction.
+//
+// The stored forms (Record, Request, Secret, Event) are this package's own,
+// apart from the host protocol's wire types: their JSON is the file's
+// contract and changes only with layoutVersion. An event's Data is stored as
+// the runner gave it and read back byte for byte.
 package runlog
 
 import (
@@ -22,8 +27,6 @@ import (
 	"time"
 
 	bolt "go.etcd.io/bbolt"
-
-	"github.com/runfleet/runfleet/shared/hostproto"
 )
 
 // layoutVersion is written in the meta bucket; a file of another version is
@@ -135,24 +138,52 @@ type Record struct {
 	Reason   string `json:"reason,omitempty"`
 	Detail   string `json:"detail,omitempty"`
 	// Request is the start as it was accepted.
-	Request   hostproto.StartRequest `json:"request"`
-	CreatedAt time.Time              `json:"createdAt"`
-	UpdatedAt time.Time              `json:"updatedAt"`
+	Request   Request   `json:"request"`
+	CreatedAt time.Time `json:"createdAt"`
+	UpdatedAt time.Time `json:"updatedAt"`
 	// EndedAt is when the last attempt ended; nil while one is live.
 	EndedAt *time.Time `json:"endedAt,omitempty"`
 }
 
-// Run is the record as the host protocol shows it.
-func (r Record) Run() hostproto.Run {
-	return hostproto.Run{
-		RunID:       r.RunID,
-		ClientToken: r.ClientToken,
-		Status:      r.Status,
-		Attempt:     r.Attempt,
-		ExitCode:    r.ExitCode,
-		Reason:      r.Reason,
-		Detail:      r.Detail,
-	}
+// Request is a run's start as stored with its record: what each attempt
+// runs. Its JSON is the one files of layout version 1 hold.
+type Request struct {
+	ClientToken string            `json:"clientToken"`
+	Deadline    *time.Time        `json:"deadline,omitempty"`
+	Agent       string            `json:"agent"`
+	Prompt      string            `json:"prompt,omitempty"`
+	Argv        []string          `json:"argv,omitempty"`
+	Repository  string            `json:"repository,omitempty"`
+	CloneURL    string            `json:"cloneUrl,omitempty"`
+	LocalPath   string            `json:"localPath,omitempty"`
+	Env         map[string]string `json:"env,omitempty"`
+	Secrets     []Secret          `json:"secrets,omitempty"`
+}
+
+// Secret is one key a stored run declared. Domains has no omitempty: files
+// of layout version 1 hold null for none.
+type Secret struct {
+	ProjectID string   `json:"projectId"`
+	Key       string   `json:"key"`
+	Domains   []string `json:"domains"`
+}
+
+// Event is one stored entry of a run's event sequence.
+type Event struct {
+	Sequence int64           `json:"sequence"`
+	Type     string          `json:"type"`
+	Data     json.RawMessage `json:"data"`
+	TS       time.Time       `json:"ts"`
+}
+
+// Page is a stretch of a run's events (Log.Page).
+type Page struct {
+	Events []Event
+	// NextCursor is the sequence of the last event returned (after, when
+	// none was).
+	NextCursor int64
+	// HasMore tells whether a further event exists now.
+	HasMore bool
 }
 
 // Entry is an event to append; the log numbers it.
@@ -287,8 +318,8 @@ func (l *Log) Append(runID string, events ...Entry) (int64, error) {
 // Page returns up to limit events with sequence greater than after, in order.
 // NextCursor is the last sequence returned (after itself when none was), and
 // HasMore tells whether a further event exists now.
-func (l *Log) Page(runID string, after int64, limit int) (hostproto.EventPage, error) {
-	page := hostproto.EventPage{Events: []hostproto.Event{}, NextCursor: after}
+func (l *Log) Page(runID string, after int64, limit int) (Page, error) {
+	page := Page{Events: []Event{}, NextCursor: after}
 	if after < 0 {
 		after = 0
 	}
@@ -300,7 +331,7 @@ func (l *Log) Page(runID string, after int64, limit int) (hostproto.EventPage, e
 		c := b.Cursor()
 		k, v := c.Seek(seqKey(after + 1))
 		for ; k != nil && len(page.Events) < limit; k, v = c.Next() {
-			var ev hostproto.Event
+			var ev Event
 			if err := json.Unmarshal(v, &ev); err != nil {
 				return fmt.Errorf("event %d of run %s: %w", binary.BigEndian.Uint64(k), runID, err)
 			}
@@ -311,7 +342,7 @@ func (l *Log) Page(runID string, after int64, limit int) (hostproto.EventPage, e
 		return nil
 	})
 	if err != nil {
-		return hostproto.EventPage{}, err
+		return Page{}, err
 	}
 	return page, nil
 }
@@ -400,7 +431,7 @@ func appendEvents(tx *bolt.Tx, runID string, events []Entry) (int64, error) {
 			return 0, err
 		}
 		last = int64(seq)
-		v, err := json.Marshal(hostproto.Event{Sequence: last, Type: e.Type, Data: e.Data, TS: e.TS.UTC()})
+		v, err := json.Marshal(Event{Sequence: last, Type: e.Type, Data: e.Data, TS: e.TS.UTC()})
 		if err != nil {
 			return 0, err
 		}

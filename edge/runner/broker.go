@@ -5,7 +5,6 @@ import (
 	"encoding/json"
 
 	"github.com/runfleet/runfleet/edge/sandbox"
-	"github.com/runfleet/runfleet/shared/hostproto"
 )
 
 // Broker is the secrets proxy as the runner needs it: its readiness, the
@@ -18,11 +17,11 @@ type Broker interface {
 	// Ungranted returns the first declared secret the host policy does not
 	// grant right now, as "project/KEY", with the policy's reason; "" when it
 	// grants them all. A reload of the policy applies to the next call.
-	Ungranted(secrets []hostproto.Secret) (key, reason string)
+	Ungranted(secrets []Secret) (key, reason string)
 	// Register declares the run's secrets to the proxy (again, for a retry)
 	// and returns the task's view of them. Registering a known run keeps its
 	// placeholders.
-	Register(runID string, secrets []hostproto.Secret) (TaskSecrets, error)
+	Register(runID string, secrets []Secret) (TaskSecrets, error)
 	// Registered reports whether the run is registered and none of its keys
 	// has been revoked since.
 	Registered(runID string) bool

@@ -32,20 +32,34 @@ func (r *Runner) openLimits() {
 	r.cgroups = h
 }
 
+// LimitsReport says how each task's resources are bounded.
+type LimitsReport struct {
+	// Enforced is one of hostproto's Limits* values: cgroup2, cgroup1,
+	// none (runner.limits is "none") or unavailable (the runner refuses
+	// every run, Detail says why).
+	Enforced string
+	// MemoryBytes, Pids and CPU (cores) are each task's limits; zero where
+	// that limit is not set.
+	MemoryBytes int64
+	Pids        int64
+	CPU         float64
+	Detail      string
+}
+
 // Limits reports how tasks' resources are bounded, for /healthz.
-func (r *Runner) Limits() hostproto.Limits {
+func (r *Runner) Limits() LimitsReport {
 	l := r.cfg.Limits
 	switch {
 	case l.None:
-		return hostproto.Limits{Enforced: hostproto.LimitsNone}
+		return LimitsReport{Enforced: hostproto.LimitsNone}
 	case r.cgroups == nil:
-		return hostproto.Limits{Enforced: hostproto.LimitsUnavailable, Detail: r.limitsErr.Error()}
+		return LimitsReport{Enforced: hostproto.LimitsUnavailable, Detail: r.limitsErr.Error()}
 	}
 	enforced := hostproto.LimitsCgroup2
 	if r.cgroups.Version() == cgroups.V1 {
 		enforced = hostproto.LimitsCgroup1
 	}
-	return hostproto.Limits{Enforced: enforced, MemoryBytes: int64(l.Memory), Pids: l.Pids, CPU: l.CPU}
+	return LimitsReport{Enforced: enforced, MemoryBytes: int64(l.Memory), Pids: l.Pids, CPU: l.CPU}
 }
 
 // openGroup makes the attempt's control group, where limits are enforced;

@@ -108,7 +108,7 @@ func TestResumeDuringShutdownKeepsTheHostDraining(t *testing.T) {
 				return h.r.closed
 			})
 			h.r.Resume() // POST /host/resume
-			_, err := h.r.Start(hostproto.StartRequest{ClientToken: "during-shutdown", Agent: "shell", Prompt: "true"})
+			_, err := h.r.Start(Spec{ClientToken: "during-shutdown", Agent: "shell", Prompt: "true"})
 			got <- seen{draining: h.r.Draining(), startErr: err}
 		}
 	})
@@ -211,7 +211,7 @@ func TestACancelDuringARetrysReservationAnswersForTheNewAttempt(t *testing.T) {
 	}()
 	<-gate.entered // the retry holds the run's live slot, its record not written
 	type answer struct {
-		run hostproto.Run
+		run Run
 		err error
 	}
 	canceled := make(chan answer, 1)

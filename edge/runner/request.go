@@ -6,8 +6,6 @@ import (
 	"path/filepath"
 	"slices"
 	"strings"
-
-	"github.com/runfleet/runfleet/shared/hostproto"
 )
 
 // promptMarker in an agent's argv is replaced by the prompt, inside that one
@@ -25,7 +23,7 @@ const reservedPrefix = "RUNFLEET_"
 
 // validateStart checks a start request before anything is stored, naming the
 // field at fault.
-func (r *Runner) validateStart(req hostproto.StartRequest) error {
+func (r *Runner) validateStart(req Spec) error {
 	if req.ClientToken == "" {
 		return badRequest("clientToken", "is required")
 	}
@@ -98,7 +96,7 @@ func (r *Runner) validateStart(req hostproto.StartRequest) error {
 }
 
 // cloneURL is what a run clones: cloneUrl, else repository, else nothing.
-func cloneURL(req hostproto.StartRequest) string {
+func cloneURL(req Spec) string {
 	if req.CloneURL != "" {
 		return req.CloneURL
 	}

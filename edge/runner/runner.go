@@ -6,6 +6,12 @@
 // can: package sandbox), turns its output into events, and cancels,
 // retries, limits, drains and purges runs. What it keeps lives in a
 // runlog.Log.
+//
+// Its API is its own (Spec, Run); the host API maps the host protocol to
+// it. The events it records are served to Fleet as stored, so their data is
+// written in the protocol's shapes (hostproto.StateChange, LimitReached) with
+// the protocol's statuses, reasons and event types: that vocabulary is the
+// protocol itself, and the one part of hostproto the runner uses.
 package runner
 
 import (
@@ -436,45 +442,45 @@ func (r *Runner) Idle() bool {
 // nowhere; a draining host refuses with ErrDraining. Otherwise the run is
 // stored and admitted at once: the answer carries admission's refusal as the
 // run's state, or status admitted while its process starts in the background.
-func (r *Runner) Start(req hostproto.StartRequest) (hostproto.Run, error) {
+func (r *Runner) Start(req Spec) (Run, error) {
 	if err := r.validateStart(req); err != nil {
-		return hostproto.Run{}, err
+		return Run{}, err
 	}
 	if rec, found, err := r.log.ByClientToken(req.ClientToken); err != nil {
-		return hostproto.Run{}, err
+		return Run{}, err
 	} else if found {
-		run := rec.Run()
+		run := runOf(rec)
 		run.Reused = true
 		return run, nil
 	}
 	now := r.clock.Now()
 	if req.Deadline != nil && now.After(*req.Deadline) {
-		return hostproto.Run{}, refuse(hostproto.ReasonDeadlinePassed, "the start arrived %s after its deadline", now.Sub(*req.Deadline).Round(time.Millisecond))
+		return Run{}, refuse(hostproto.ReasonDeadlinePassed, "the start arrived %s after its deadline", now.Sub(*req.Deadline).Round(time.Millisecond))
 	}
 	if r.Draining() {
-		return hostproto.Run{}, ErrDraining
+		return Run{}, ErrDraining
 	}
 	id, err := r.newRunID()
 	if err != nil {
-		return hostproto.Run{}, err
+		return Run{}, err
 	}
 	rec := runlog.Record{
 		RunID: id, ClientToken: req.ClientToken, Status: hostproto.StatusPending, Attempt: 1,
-		Request: req, CreatedAt: now, UpdatedAt: now,
+		Request: req.stored(), CreatedAt: now, UpdatedAt: now,
 	}
 	// The attempt is live before the record exists, so a stored run is never
 	// pending without a live attempt behind it.
 	t, err := r.reserve(rec)
 	if err != nil {
-		return hostproto.Run{}, err
+		return Run{}, err
 	}
 	rec, created, err := r.log.Create(rec)
 	if err != nil || !created {
 		r.unreserve(t)
 		if err != nil {
-			return hostproto.Run{}, err
+			return Run{}, err
 		}
-		run := rec.Run()
+		run := runOf(rec)
 		run.Reused = true
 		return run, nil
 	}
@@ -487,19 +493,19 @@ func (r *Runner) Start(req hostproto.StartRequest) (hostproto.Run, error) {
 // Retry starts a new attempt of a run whose last attempt ended, on the same
 // event sequence. A live attempt is ErrNotRetryable; a draining host
 // ErrDraining.
-func (r *Runner) Retry(runID string) (hostproto.Run, error) {
+func (r *Runner) Retry(runID string) (Run, error) {
 	rec, err := r.get(runID)
 	if err != nil {
-		return hostproto.Run{}, err
+		return Run{}, err
 	}
 	if r.Draining() {
-		return hostproto.Run{}, ErrDraining
+		return Run{}, ErrDraining
 	}
 	next := rec
 	next.Attempt++
 	t, err := r.reserve(next)
 	if err != nil {
-		return hostproto.Run{}, err
+		return Run{}, err
 	}
 	now := r.clock.Now()
 	rec, err = r.log.Update(runID, func(rec *runlog.Record) error {
@@ -518,7 +524,7 @@ func (r *Runner) Retry(runID string) (hostproto.Run, error) {
 		if errors.Is(err, runlog.ErrNotFound) {
 			err = ErrNotFound // purged since it was read
 		}
-		return hostproto.Run{}, err
+		return Run{}, err
 	}
 	t.rec = rec
 	t.markRecorded(true)
@@ -527,26 +533,26 @@ func (r *Runner) Retry(runID string) (hostproto.Run, error) {
 }
 
 // Get returns the run, or ErrNotFound.
-func (r *Runner) Get(runID string) (hostproto.Run, error) {
+func (r *Runner) Get(runID string) (Run, error) {
 	rec, err := r.get(runID)
 	if err != nil {
-		return hostproto.Run{}, err
+		return Run{}, err
 	}
-	return rec.Run(), nil
+	return runOf(rec), nil
 }
 
 // FindByClientToken returns the runs started with token: none or one.
-func (r *Runner) FindByClientToken(token string) ([]hostproto.Run, error) {
+func (r *Runner) FindByClientToken(token string) ([]Run, error) {
 	rec, found, err := r.log.ByClientToken(token)
 	if err != nil || !found {
-		return []hostproto.Run{}, err
+		return []Run{}, err
 	}
-	return []hostproto.Run{rec.Run()}, nil
+	return []Run{runOf(rec)}, nil
 }
 
 // Events returns up to limit events after the cursor (limit 0: the default
 // page; above MaxEventPage: MaxEventPage).
-func (r *Runner) Events(runID string, after int64, limit int) (hostproto.EventPage, error) {
+func (r *Runner) Events(runID string, after int64, limit int) (runlog.Page, error) {
 	if limit <= 0 {
 		limit = DefaultEventPage
 	}
@@ -561,43 +567,43 @@ func (r *Runner) Events(runID string, after int64, limit int) (hostproto.EventPa
 // Input writes input to the running process's terminal: a JSON string as its
 // text, any other JSON value as its JSON, then a newline; it is recorded as
 // an input event. A run without a running process is ErrNotRunning.
-func (r *Runner) Input(runID string, input json.RawMessage) (hostproto.Run, error) {
+func (r *Runner) Input(runID string, input json.RawMessage) (Run, error) {
 	rec, err := r.get(runID)
 	if err != nil {
-		return hostproto.Run{}, err
+		return Run{}, err
 	}
 	text, err := inputText(input)
 	if err != nil {
-		return hostproto.Run{}, err
+		return Run{}, err
 	}
 	t := r.liveTask(runID)
 	if t == nil {
-		return hostproto.Run{}, ErrNotRunning
+		return Run{}, ErrNotRunning
 	}
 	if err := t.writeInput(r, text); err != nil {
-		return hostproto.Run{}, err
+		return Run{}, err
 	}
-	return rec.Run(), nil
+	return runOf(rec), nil
 }
 
 // Cancel cancels the run's live attempt: no process starts if none has yet;
 // a running one gets SIGTERM to its process group and SIGKILL after the
 // grace. Its proxy access is revoked at once. A run without a live attempt is
 // ErrNotRunning.
-func (r *Runner) Cancel(runID string) (hostproto.Run, error) {
+func (r *Runner) Cancel(runID string) (Run, error) {
 	if _, err := r.get(runID); err != nil {
-		return hostproto.Run{}, err
+		return Run{}, err
 	}
 	t := r.liveTask(runID)
 	if t == nil {
-		return hostproto.Run{}, ErrNotRunning
+		return Run{}, ErrNotRunning
 	}
 	// A retry's attempt is live a moment before its record names it (one
 	// write): until then the run as stored is the ended attempt, which no
 	// cancel may be answered with.
 	<-t.recorded
 	if !t.recordedOK || r.cancel(t, hostproto.ReasonCanceled) {
-		return hostproto.Run{}, ErrNotRunning
+		return Run{}, ErrNotRunning
 	}
 	return r.Get(runID)
 }

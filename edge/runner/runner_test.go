@@ -86,9 +86,9 @@ func (h *harness) close() {
 
 var tokens atomic.Int64
 
-func (h *harness) start(prompt string, change func(*hostproto.StartRequest)) hostproto.Run {
+func (h *harness) start(prompt string, change func(*Spec)) Run {
 	h.t.Helper()
-	req := hostproto.StartRequest{ClientToken: fmt.Sprintf("tok-%d", tokens.Add(1)), Agent: "shell", Prompt: prompt}
+	req := Spec{ClientToken: fmt.Sprintf("tok-%d", tokens.Add(1)), Agent: "shell", Prompt: prompt}
 	if change != nil {
 		change(&req)
 	}
@@ -101,9 +101,9 @@ func (h *harness) start(prompt string, change func(*hostproto.StartRequest)) hos
 
 // waitEnd polls (on real time: it waits for a real process) until the run's
 // attempt has ended.
-func (h *harness) waitEnd(runID string) hostproto.Run {
+func (h *harness) waitEnd(runID string) Run {
 	h.t.Helper()
-	var run hostproto.Run
+	var run Run
 	if !edgetest.Within(20*time.Second, func() bool {
 		var err error
 		if run, err = h.r.Get(runID); err != nil {
@@ -126,6 +126,8 @@ func (h *harness) waitOutput(runID, want string) string {
 	return out
 }
 
+// events are the run's events as the host API serves them (the run log's
+// stored events are the wire's, field for field), for edgetest's readers.
 func (h *harness) events(runID string) []hostproto.Event {
 	h.t.Helper()
 	var all []hostproto.Event
@@ -135,7 +137,9 @@ func (h *harness) events(runID string) []hostproto.Event {
 		if err != nil {
 			h.t.Fatal(err)
 		}
-		all = append(all, page.Events...)
+		for _, e := range page.Events {
+			all = append(all, hostproto.Event(e))
+		}
 		after = page.NextCursor
 		if !page.HasMore {
 			return all
@@ -210,7 +214,7 @@ func TestRunSucceedsAsTheTaskUserWithItsOutputAsEvents(t *testing.T) {
 func TestExitCodeAndEnvFromScratch(t *testing.T) {
 	t.Setenv("EDGE_ONLY", "x")
 	h := newHarness(t, nil)
-	run := h.start(`env; exit 3`, func(r *hostproto.StartRequest) { r.Env = map[string]string{"GREETING": "hi there"} })
+	run := h.start(`env; exit 3`, func(r *Spec) { r.Env = map[string]string{"GREETING": "hi there"} })
 	end := h.waitEnd(run.RunID)
 	if end.Status != hostproto.StatusFailed || end.ExitCode == nil || *end.ExitCode != 3 || end.Reason != "" {
 		t.Fatalf("run ended %+v", end)
@@ -266,7 +270,7 @@ func TestVerbsRightAfterTheEndIsRecordedSeeItEnded(t *testing.T) {
 	type answers struct {
 		status        string
 		cancel, input error
-		retry         hostproto.Run
+		retry         Run
 		retryErr      error
 	}
 	got := make(chan answers, 1)
@@ -337,6 +341,43 @@ func TestCancelEscalatesToSIGKILLAfterTheGrace(t *testing.T) {
 	fake.Advance(10 * time.Second)
 	end := h.waitEnd(run.RunID)
 	if end.Status != hostproto.StatusCanceled || end.ExitCode == nil || *end.ExitCode != 128+int(syscall.SIGKILL) {
+		t.Fatalf("run ended %+v, want canceled by SIGKILL", end)
+	}
+}
+
+// A cancel asks first and forces only after the grace: the task gets SIGTERM
+// (its trap runs and it carries on), it is still running just before
+// runner.cancelGrace has passed on the injected clock, and SIGKILL ends it
+// once it has.
+func TestCancelSendsSIGTERMAndWaitsTheGraceBeforeSIGKILL(t *testing.T) {
+	const grace = 10 * time.Second
+	fake := clock.NewFake(time.Date(2026, 11, 30, 12, 0, 0, 0, time.UTC))
+	h := newHarness(t, func(c *Config) { c.Clock = fake; c.CancelGrace = grace })
+	run := h.start(`trap 'echo got-term' TERM; echo ready; while :; do sleep 0.2; echo tick; done`, nil)
+	h.waitOutput(run.RunID, "ready")
+	timers := fake.Timers()
+	if _, err := h.r.Cancel(run.RunID); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case <-fake.WaitForTimers(timers + 1):
+	case <-time.After(20 * time.Second):
+		t.Fatal("the cancel scheduled no escalation timer")
+	}
+	h.waitOutput(run.RunID, "got-term")
+
+	fake.Advance(grace - time.Millisecond)
+	seen := len(h.output(run.RunID))
+	if !edgetest.Within(20*time.Second, func() bool { return strings.Count(h.output(run.RunID)[seen:], "tick") >= 2 }) {
+		t.Fatalf("the task stopped ticking before the grace passed; output %q", h.output(run.RunID))
+	}
+	if now, err := h.r.Get(run.RunID); err != nil || now.Status != hostproto.StatusRunning {
+		t.Fatalf("a millisecond before the grace passed the run is %+v (%v), want still running", now, err)
+	}
+
+	fake.Advance(time.Millisecond)
+	end := h.waitEnd(run.RunID)
+	if end.Status != hostproto.StatusCanceled || end.Reason != hostproto.ReasonCanceled || end.ExitCode == nil || *end.ExitCode != 128+int(syscall.SIGKILL) {
 		t.Fatalf("run ended %+v, want canceled by SIGKILL", end)
 	}
 }
@@ -459,8 +500,8 @@ func TestMaxConcurrentRefusesHostBusyWithoutSpawning(t *testing.T) {
 
 func TestStartIsIdempotentOnClientToken(t *testing.T) {
 	h := newHarness(t, nil)
-	a := h.start(`echo once`, func(r *hostproto.StartRequest) { r.ClientToken = "same" })
-	b := h.start(`echo twice`, func(r *hostproto.StartRequest) { r.ClientToken = "same" })
+	a := h.start(`echo once`, func(r *Spec) { r.ClientToken = "same" })
+	b := h.start(`echo twice`, func(r *Spec) { r.ClientToken = "same" })
 	if a.RunID != b.RunID || !b.Reused || a.Reused {
 		t.Fatalf("starts answered %+v and %+v", a, b)
 	}
@@ -477,7 +518,7 @@ func TestDeadlinePassedIsRefusedAndStoredNowhere(t *testing.T) {
 	fake := clock.NewFake(time.Date(2026, 11, 30, 12, 0, 0, 0, time.UTC))
 	h := newHarness(t, func(c *Config) { c.Clock = fake })
 	past := fake.Now().Add(-time.Second)
-	_, err := h.r.Start(hostproto.StartRequest{ClientToken: "late", Agent: "shell", Prompt: "true", Deadline: &past})
+	_, err := h.r.Start(Spec{ClientToken: "late", Agent: "shell", Prompt: "true", Deadline: &past})
 	if !isRefusal(err, hostproto.ReasonDeadlinePassed) {
 		t.Fatalf("late start = %v, want deadline_passed", err)
 	}
@@ -489,7 +530,7 @@ func TestDeadlinePassedIsRefusedAndStoredNowhere(t *testing.T) {
 func TestDrainRefusesNewStartsAndResumeAdmitsAgain(t *testing.T) {
 	h := newHarness(t, nil)
 	h.r.Drain()
-	if _, err := h.r.Start(hostproto.StartRequest{ClientToken: "d1", Agent: "shell", Prompt: "true"}); !errors.Is(err, ErrDraining) {
+	if _, err := h.r.Start(Spec{ClientToken: "d1", Agent: "shell", Prompt: "true"}); !errors.Is(err, ErrDraining) {
 		t.Fatalf("start while draining = %v", err)
 	}
 	h.r.Resume()
@@ -592,16 +633,16 @@ func TestBadRequests(t *testing.T) {
 	outside := t.TempDir()
 	tests := []struct {
 		field string
-		req   hostproto.StartRequest
+		req   Spec
 	}{
-		{"clientToken", hostproto.StartRequest{Agent: "shell"}},
-		{"agent", hostproto.StartRequest{ClientToken: "a", Agent: "nope"}},
-		{"env", hostproto.StartRequest{ClientToken: "a", Agent: "shell", Env: map[string]string{"HTTPS_PROXY": "x"}}},
-		{"env", hostproto.StartRequest{ClientToken: "a", Agent: "shell", Env: map[string]string{"RUNFLEET_X": "x"}}},
-		{"env", hostproto.StartRequest{ClientToken: "a", Agent: "shell", Env: map[string]string{"K": "v"}, Secrets: []hostproto.Secret{{ProjectID: "p", Key: "K"}}}},
-		{"secrets", hostproto.StartRequest{ClientToken: "a", Agent: "shell", Secrets: []hostproto.Secret{{Key: "K"}}}},
-		{"localPath", hostproto.StartRequest{ClientToken: "a", Agent: "shell", LocalPath: outside}},
-		{"localPath", hostproto.StartRequest{ClientToken: "a", Agent: "shell", LocalPath: "relative"}},
+		{"clientToken", Spec{Agent: "shell"}},
+		{"agent", Spec{ClientToken: "a", Agent: "nope"}},
+		{"env", Spec{ClientToken: "a", Agent: "shell", Env: map[string]string{"HTTPS_PROXY": "x"}}},
+		{"env", Spec{ClientToken: "a", Agent: "shell", Env: map[string]string{"RUNFLEET_X": "x"}}},
+		{"env", Spec{ClientToken: "a", Agent: "shell", Env: map[string]string{"K": "v"}, Secrets: []Secret{{ProjectID: "p", Key: "K"}}}},
+		{"secrets", Spec{ClientToken: "a", Agent: "shell", Secrets: []Secret{{Key: "K"}}}},
+		{"localPath", Spec{ClientToken: "a", Agent: "shell", LocalPath: outside}},
+		{"localPath", Spec{ClientToken: "a", Agent: "shell", LocalPath: "relative"}},
 	}
 	for _, tt := range tests {
 		_, err := h.r.Start(tt.req)
@@ -620,7 +661,7 @@ func TestLocalPathUnderRootsIsTheWorkingDir(t *testing.T) {
 	link := filepath.Join(t.TempDir(), "link")
 	os.Symlink(project, link)
 	h := newHarness(t, func(c *Config) { c.Roots = []string{root} })
-	run := h.start(`pwd; touch made-here`, func(r *hostproto.StartRequest) { r.LocalPath = link })
+	run := h.start(`pwd; touch made-here`, func(r *Spec) { r.LocalPath = link })
 	if end := h.waitEnd(run.RunID); end.Status != hostproto.StatusSucceeded {
 		t.Fatalf("run ended %+v: %q", end, h.output(run.RunID))
 	}
@@ -655,14 +696,14 @@ func TestCloneMakesAShallowWorkingCopyOrFailsCloneFailed(t *testing.T) {
 	chownTree(t, src, 65534, 65534)
 
 	h := newHarness(t, nil)
-	run := h.start(`cat README; git rev-list --count HEAD; git status --short | wc -l`, func(r *hostproto.StartRequest) { r.CloneURL = "file://" + src })
+	run := h.start(`cat README; git rev-list --count HEAD; git status --short | wc -l`, func(r *Spec) { r.CloneURL = "file://" + src })
 	end := h.waitEnd(run.RunID)
 	out := h.output(run.RunID)
 	if end.Status != hostproto.StatusSucceeded || !strings.Contains(out, "second") || !strings.Contains(out, "1\r\n0") {
 		t.Fatalf("clone run ended %+v (%v) with output %q (want the README, 1 commit, a clean tree)", end, h.states(run.RunID), out)
 	}
 
-	bad := h.start(`true`, func(r *hostproto.StartRequest) { r.CloneURL = "file:///nonexistent/repo" })
+	bad := h.start(`true`, func(r *Spec) { r.CloneURL = "file:///nonexistent/repo" })
 	end = h.waitEnd(bad.RunID)
 	if end.Status != hostproto.StatusFailed || end.Reason != hostproto.ReasonCloneFailed {
 		t.Fatalf("bad clone ended %+v", end)
@@ -677,12 +718,12 @@ func isRefusal(err error, reason string) bool {
 func TestConcurrentStartsOfOneTokenNeverCountAgainstTheLimit(t *testing.T) {
 	h := newHarness(t, func(c *Config) { c.MaxConcurrent = 1 })
 	var wg sync.WaitGroup
-	runs := make([]hostproto.Run, 20)
+	runs := make([]Run, 20)
 	for i := range runs {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			runs[i] = h.start(`echo once`, func(r *hostproto.StartRequest) { r.ClientToken = "shared" })
+			runs[i] = h.start(`echo once`, func(r *Spec) { r.ClientToken = "shared" })
 		}()
 	}
 	wg.Wait()
@@ -706,7 +747,7 @@ func TestConcurrentStartsOfOneTokenNeverCountAgainstTheLimit(t *testing.T) {
 func TestMaxConcurrentUnderConcurrentStarts(t *testing.T) {
 	h := newHarness(t, func(c *Config) { c.MaxConcurrent = 2 })
 	var wg sync.WaitGroup
-	runs := make([]hostproto.Run, 10)
+	runs := make([]Run, 10)
 	for i := range runs {
 		wg.Add(1)
 		go func() {

@@ -6,8 +6,6 @@ import (
 	"os"
 	"sync"
 	"syscall"
-
-	"github.com/runfleet/runfleet/shared/hostproto"
 )
 
 // Disk reports the free space where the runner records runs: the run log
@@ -205,9 +203,17 @@ func (r *Runner) storageFacts(f *Facts) {
 // Storage is the data dir's free space against its reserve, for /healthz.
 // A reading that fails, or free inodes under minFreeInodes, counts as low:
 // admission refuses on it too.
-func (r *Runner) Storage() *hostproto.Storage {
+func (r *Runner) Storage() StorageReport {
 	free, err := r.freeBytes()
-	return &hostproto.Storage{FreeBytes: free, MinFreeBytes: r.cfg.MinFreeBytes, Low: err != nil || free < r.cfg.MinFreeBytes}
+	return StorageReport{FreeBytes: free, MinFreeBytes: r.cfg.MinFreeBytes, Low: err != nil || free < r.cfg.MinFreeBytes}
+}
+
+// StorageReport is the free space where runs are recorded against its
+// reserve (runner.minFreeBytes). Low: admission refuses host_storage_low.
+type StorageReport struct {
+	FreeBytes    int64
+	MinFreeBytes int64
+	Low          bool
 }
 
 // record writes to the run log through write; a write refused for want of

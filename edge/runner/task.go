@@ -55,8 +55,10 @@ type task struct {
 	// purging: this is no attempt but the purge holding the run while it
 	// removes it (see purgeRun); verbs find no live attempt.
 	purging bool
-	// rec, ident and dirs belong to the goroutine starting the attempt.
+	// rec, spec (its start), ident and dirs belong to the goroutine
+	// starting the attempt.
 	rec   runlog.Record
+	spec  Spec
 	ident taskIdentity
 	dirs  taskDirs
 
@@ -118,7 +120,7 @@ type task struct {
 func newTask(rec runlog.Record) *task {
 	ctx, stop := context.WithCancel(context.Background())
 	return &task{
-		runID: rec.RunID, attempt: rec.Attempt, needsBroker: len(rec.Request.Secrets) > 0, rec: rec,
+		runID: rec.RunID, attempt: rec.Attempt, needsBroker: len(rec.Request.Secrets) > 0, rec: rec, spec: specOf(rec.Request),
 		ctx: ctx, stop: stop, startDone: make(chan struct{}), done: make(chan struct{}), recorded: make(chan struct{}),
 	}
 }
@@ -227,8 +229,8 @@ func (r *Runner) runnerFacts(t *task) Facts {
 
 // begin admits the reserved attempt and, once admitted, starts it in the
 // background. It returns the run as it stands after admission.
-func (r *Runner) begin(t *task) hostproto.Run {
-	req := t.rec.Request
+func (r *Runner) begin(t *task) Run {
+	req := t.spec
 	facts := r.runnerFacts(t)
 	facts.NeedsBroker = t.needsBroker
 	r.storageFacts(&facts)
@@ -267,7 +269,7 @@ func (r *Runner) begin(t *task) hostproto.Run {
 	}
 	tk := r.issueTicket(t)
 	go r.launch(t, tk)
-	return rec.Run()
+	return runOf(rec)
 }
 
 // decide gathers the broker's facts and runs admission, preparing the task
@@ -291,7 +293,7 @@ func (r *Runner) brokerFacts(t *task, f *Facts) {
 	} else {
 		f.Proxy = r.broker.Ready()
 		if f.Proxy == nil {
-			f.Ungranted, f.UngrantedReason = r.broker.Ungranted(t.rec.Request.Secrets)
+			f.Ungranted, f.UngrantedReason = r.broker.Ungranted(t.spec.Secrets)
 		}
 	}
 	if r.trust == nil {
@@ -305,11 +307,11 @@ func (r *Runner) brokerFacts(t *task, f *Facts) {
 // registration and fresh proxy password, and its trust file, kept current
 // from then on.
 func (r *Runner) prepare(t *task) error {
-	if err := prepareDirs(t.dirs, t.ident, t.rec.Request.LocalPath == ""); err != nil {
+	if err := prepareDirs(t.dirs, t.ident, t.spec.LocalPath == ""); err != nil {
 		r.logger.Error("preparing a task's directories", fieldRun, t.runID, fieldError, err.Error())
 		return errors.New("the host could not prepare the task's directories")
 	}
-	secrets, err := r.broker.Register(t.runID, t.rec.Request.Secrets)
+	secrets, err := r.broker.Register(t.runID, t.spec.Secrets)
 	if err != nil {
 		return fmt.Errorf("registering the task with the proxy: %w", err)
 	}
@@ -357,119 +359,44 @@ func (r *Runner) watchTrust(t *task) (func() error, error) {
 }
 
 // launch runs an admitted attempt: work dir, the final check of its ticket,
-// the exec, and the supervision of the process until it ends.
+// the exec, and the supervision of the process until it ends. Each step
+// before the process runs may end the attempt with a startFailure.
 func (r *Runner) launch(t *task, tk *ticket) {
 	// The ticket goes back when the start ends, either way, before the end
 	// is recorded (so whoever sees the run ended sees no ticket held).
 	defer tk.release()
-	end := func(o outcome, extra ...runlog.Entry) {
+	end := func(f *startFailure) {
 		tk.release()
-		r.finish(t, o, extra...)
+		r.finish(t, f.outcome, f.extra...)
 	}
-	req := t.rec.Request
-	if !t.needsBroker {
-		if err := prepareDirs(t.dirs, t.ident, req.LocalPath == ""); err != nil {
-			r.logger.Error("preparing a task's directories", fieldRun, t.runID, fieldError, err.Error())
-			end(outcome{status: hostproto.StatusFailed, reason: hostproto.ReasonHostUnavailable, detail: "the host could not prepare the task's directories"})
-			return
-		}
+	f := r.prepareNetwork(t)
+	if t.net != nil {
+		defer t.net.Close()
 	}
-	if r.egressConfined.Load() && t.ident.Switch {
-		n, err := r.openNetwork(t)
-		if err != nil {
-			if t.ctx.Err() != nil {
-				end(refusedOutcome(r.cancelRefusal(t)))
-				return
-			}
-			r.logger.Error("creating a task's network", fieldRun, t.runID, fieldError, err.Error())
-			end(outcome{status: hostproto.StatusFailed, reason: hostproto.ReasonHostUnavailable, detail: "the host could not create the task's network"})
-			return
-		}
-		t.net = n
-		defer n.Close()
-		if t.netFiles, err = networkFiles(t.dirs); err != nil {
-			r.logger.Error("writing a task's resolver files", fieldRun, t.runID, fieldError, err.Error())
-			end(outcome{status: hostproto.StatusFailed, reason: hostproto.ReasonHostUnavailable, detail: "the host could not create the task's network"})
-			return
-		}
+	if f != nil {
+		end(f)
+		return
 	}
 	// Every process of the attempt from here on (its clone, its agent)
 	// runs in the attempt's control group, which ends with it (finish).
 	// One made after a cancel finished the attempt goes on the way out.
 	defer r.closeGroup(t)
-	if err := r.openGroup(t); err != nil {
-		r.logger.Error("creating a task's control group", fieldRun, t.runID, fieldError, err.Error())
-		end(outcome{status: hostproto.StatusFailed, reason: hostproto.ReasonHostUnavailable, detail: "the host could not create the task's control group for runner.limits"})
-		return
-	}
-	env := r.taskEnv(t)
-	if u := cloneURL(req); u != "" {
-		if err := r.clone(t.ctx, t, u, env); err != nil {
-			if t.ctx.Err() != nil {
-				end(refusedOutcome(r.cancelRefusal(t)))
-				return
-			}
-			end(refusedOutcome(&Refusal{Reason: hostproto.ReasonCloneFailed, Detail: err.Error()}))
-			return
-		}
-	}
-	argv := buildArgv(r.cfg.Agents[req.Agent].Argv, req.Prompt, req.Argv)
-	path, err := lookPath(argv[0], envValue(env, "PATH"))
-	if err != nil {
-		end(outcome{status: hostproto.StatusFailed, reason: hostproto.ReasonHostUnavailable, detail: "agent " + req.Agent + ": " + err.Error()})
-		return
-	}
-	if err := resetPrivateTmp(t.dirs, t.ident); err != nil {
-		r.logger.Error("preparing a task's private tmp", fieldRun, t.runID, fieldError, err.Error())
-		end(outcome{status: hostproto.StatusFailed, reason: hostproto.ReasonHostUnavailable, detail: "the host could not prepare the task's directories"})
-		return
-	}
-	cmd := &exec.Cmd{Path: path, Args: argv, Env: env, Dir: t.dirs.Work}
-	cmd.SysProcAttr = &syscall.SysProcAttr{Setsid: true, Setctty: true, Pdeathsig: syscall.SIGKILL}
-	// Where edge can switch users, the task runs in a sandbox of its own:
-	// its init (this binary again) starts it in new PID and mount
-	// namespaces and drops to the task's user there. As edge itself
-	// (runner.insecureSameUser) there is nothing to drop, and the agent
-	// starts directly.
-	var box *sandbox.Launch
-	if t.ident.Switch {
-		cmd.Dir = t.dirs.Run
-		if box, err = sandbox.Prepare(cmd, r.cfg.TaskInit, r.sandboxSpec(t, path, argv)); err != nil {
-			r.logger.Error("preparing a task's sandbox", fieldRun, t.runID, fieldError, err.Error())
-			end(outcome{status: hostproto.StatusFailed, reason: hostproto.ReasonHostUnavailable, detail: "the host could not start the agent's process"})
-			return
-		}
+	cmd, box, f := r.prepareProcess(t)
+	if box != nil {
 		defer box.Close()
 	}
-
+	if f != nil {
+		end(f)
+		return
+	}
 	if hook := r.cfg.BeforeExec; hook != nil {
 		hook(t.runID)
 	}
-
-	// The check and the exec happen under the task's lock, which a cancel
-	// also takes: a cancel lands either before the check (nothing starts) or
-	// after the exec (the process is signalled).
-	t.mu.Lock()
-	if ref := tk.check(r, t); ref != nil {
-		t.mu.Unlock()
-		r.metrics.admission(Decision{Verdict: Refuse, Reason: ref.Reason})
-		r.logger.Info("run refused at its ticket's check", fieldRun, t.runID, fieldReason, ref.Reason)
-		end(refusedOutcome(ref), admissionEntry(r.clock.Now(), t.attempt, Decision{Verdict: Refuse, Reason: ref.Reason, Detail: ref.Detail}, req.Secrets))
+	ptmx, f := r.execChecked(t, tk, cmd)
+	if f != nil {
+		end(f)
 		return
 	}
-	var ptmx *os.File
-	err = t.startIn(func() (err error) {
-		ptmx, err = pty.StartWithAttrs(cmd, &pty.Winsize{Rows: terminalRows, Cols: terminalCols}, cmd.SysProcAttr)
-		return err
-	})
-	if err != nil {
-		t.mu.Unlock()
-		r.logger.Error("starting a task", fieldRun, t.runID, fieldError, err.Error())
-		end(outcome{status: hostproto.StatusFailed, reason: hostproto.ReasonHostUnavailable, detail: "the host could not start the agent's process"})
-		return
-	}
-	t.proc, t.pty = cmd.Process, ptmx
-	t.mu.Unlock()
 	tk.release()
 	if box == nil {
 		r.joinGroup(t, cmd.Process.Pid)
@@ -479,29 +406,163 @@ func (r *Runner) launch(t *task, tk *ticket) {
 		r.terminate(t, hostproto.ReasonTimedOut, "the attempt ran longer than runner.maxDuration", false)
 	}))
 	if box != nil {
-		if err := box.Started(); err != nil {
-			// Whatever the init is doing, it goes, and nothing of the
-			// task started.
-			syscall.Kill(-cmd.Process.Pid, syscall.SIGKILL)
-			cmd.Wait()
-			t.closeTerminal(ptmx)
-			t.mu.Lock()
-			endReason := t.endReason
-			t.mu.Unlock()
-			if endReason != "" {
-				end(refusedOutcome(&Refusal{Reason: endReason, Detail: "the attempt ended before its process started"}))
-				return
-			}
-			r.logger.Error("starting a task in its sandbox", fieldRun, t.runID, fieldError, err.Error())
-			end(outcome{status: hostproto.StatusFailed, reason: hostproto.ReasonHostUnavailable, detail: "the host could not start the agent's process"})
+		if f := r.awaitSandbox(t, cmd, ptmx, box); f != nil {
+			end(f)
 			return
 		}
 	}
+	r.markRunning(t, cmd.Process.Pid, box != nil)
+	r.supervise(t, cmd, ptmx, box)
+}
+
+// startFailure ends an attempt before its process runs: the outcome, and
+// the events recorded with it.
+type startFailure struct {
+	outcome outcome
+	extra   []runlog.Entry
+}
+
+// hostFault is a start the host failed (host_unavailable); detail says
+// what, for the caller, and never holds a path or a cause from the system.
+func hostFault(detail string) *startFailure {
+	return &startFailure{outcome: outcome{status: hostproto.StatusFailed, reason: hostproto.ReasonHostUnavailable, detail: detail}}
+}
+
+// refused is a start refused for ref's reason.
+func refused(ref *Refusal, extra ...runlog.Entry) *startFailure {
+	return &startFailure{outcome: refusedOutcome(ref), extra: extra}
+}
+
+// prepareNetwork makes the task's directories (unless admission already
+// did, for a task with secrets) and, where its egress is confined, its
+// network (t.net, which the caller closes, even on failure).
+func (r *Runner) prepareNetwork(t *task) *startFailure {
+	if !t.needsBroker {
+		if err := prepareDirs(t.dirs, t.ident, t.spec.LocalPath == ""); err != nil {
+			r.logger.Error("preparing a task's directories", fieldRun, t.runID, fieldError, err.Error())
+			return hostFault("the host could not prepare the task's directories")
+		}
+	}
+	if !r.egressConfined.Load() || !t.ident.Switch {
+		return nil
+	}
+	n, err := r.openNetwork(t)
+	if err != nil {
+		if t.ctx.Err() != nil {
+			return refused(r.cancelRefusal(t))
+		}
+		r.logger.Error("creating a task's network", fieldRun, t.runID, fieldError, err.Error())
+		return hostFault("the host could not create the task's network")
+	}
+	t.net = n
+	if t.netFiles, err = networkFiles(t.dirs); err != nil {
+		r.logger.Error("writing a task's resolver files", fieldRun, t.runID, fieldError, err.Error())
+		return hostFault("the host could not create the task's network")
+	}
+	return nil
+}
+
+// prepareProcess readies the agent's process in the attempt's control
+// group: its clone, its argv and env, its private tmp and, where edge can
+// switch users, its sandbox (returned for the caller to close).
+func (r *Runner) prepareProcess(t *task) (*exec.Cmd, *sandbox.Launch, *startFailure) {
+	req := t.spec
+	if err := r.openGroup(t); err != nil {
+		r.logger.Error("creating a task's control group", fieldRun, t.runID, fieldError, err.Error())
+		return nil, nil, hostFault("the host could not create the task's control group for runner.limits")
+	}
+	env := r.taskEnv(t)
+	if u := cloneURL(req); u != "" {
+		if err := r.clone(t.ctx, t, u, env); err != nil {
+			if t.ctx.Err() != nil {
+				return nil, nil, refused(r.cancelRefusal(t))
+			}
+			return nil, nil, refused(&Refusal{Reason: hostproto.ReasonCloneFailed, Detail: err.Error()})
+		}
+	}
+	argv := buildArgv(r.cfg.Agents[req.Agent].Argv, req.Prompt, req.Argv)
+	path, err := lookPath(argv[0], envValue(env, "PATH"))
+	if err != nil {
+		return nil, nil, hostFault("agent " + req.Agent + ": " + err.Error())
+	}
+	if err := resetPrivateTmp(t.dirs, t.ident); err != nil {
+		r.logger.Error("preparing a task's private tmp", fieldRun, t.runID, fieldError, err.Error())
+		return nil, nil, hostFault("the host could not prepare the task's directories")
+	}
+	cmd := &exec.Cmd{Path: path, Args: argv, Env: env, Dir: t.dirs.Work}
+	cmd.SysProcAttr = &syscall.SysProcAttr{Setsid: true, Setctty: true, Pdeathsig: syscall.SIGKILL}
+	// Where edge can switch users, the task runs in a sandbox of its own:
+	// its init (this binary again) starts it in new PID and mount
+	// namespaces and drops to the task's user there. As edge itself
+	// (runner.insecureSameUser) there is nothing to drop, and the agent
+	// starts directly.
+	if !t.ident.Switch {
+		return cmd, nil, nil
+	}
+	cmd.Dir = t.dirs.Run
+	box, err := sandbox.Prepare(cmd, r.cfg.TaskInit, r.sandboxSpec(t, path, argv))
+	if err != nil {
+		r.logger.Error("preparing a task's sandbox", fieldRun, t.runID, fieldError, err.Error())
+		return nil, nil, hostFault("the host could not start the agent's process")
+	}
+	return cmd, box, nil
+}
+
+// execChecked checks the attempt's ticket a last time and execs its
+// process in a terminal. The check and the exec happen under the task's
+// lock, which a cancel also takes: a cancel lands either before the check
+// (nothing starts) or after the exec (the process is signalled).
+func (r *Runner) execChecked(t *task, tk *ticket, cmd *exec.Cmd) (*os.File, *startFailure) {
+	t.mu.Lock()
+	if ref := tk.check(r, t); ref != nil {
+		t.mu.Unlock()
+		r.metrics.admission(Decision{Verdict: Refuse, Reason: ref.Reason})
+		r.logger.Info("run refused at its ticket's check", fieldRun, t.runID, fieldReason, ref.Reason)
+		return nil, refused(ref, admissionEntry(r.clock.Now(), t.attempt, Decision{Verdict: Refuse, Reason: ref.Reason, Detail: ref.Detail}, t.spec.Secrets))
+	}
+	var ptmx *os.File
+	err := t.startIn(func() (err error) {
+		ptmx, err = pty.StartWithAttrs(cmd, &pty.Winsize{Rows: terminalRows, Cols: terminalCols}, cmd.SysProcAttr)
+		return err
+	})
+	if err != nil {
+		t.mu.Unlock()
+		r.logger.Error("starting a task", fieldRun, t.runID, fieldError, err.Error())
+		return nil, hostFault("the host could not start the agent's process")
+	}
+	t.proc, t.pty = cmd.Process, ptmx
+	t.mu.Unlock()
+	return ptmx, nil
+}
+
+// awaitSandbox waits for the task's init to report the agent started. On
+// failure whatever the init is doing goes, and nothing of the task started:
+// the attempt ends for the reason it was ending for, or as the host's fault.
+func (r *Runner) awaitSandbox(t *task, cmd *exec.Cmd, ptmx *os.File, box *sandbox.Launch) *startFailure {
+	err := box.Started()
+	if err == nil {
+		return nil
+	}
+	syscall.Kill(-cmd.Process.Pid, syscall.SIGKILL)
+	cmd.Wait()
+	t.closeTerminal(ptmx)
+	t.mu.Lock()
+	endReason := t.endReason
+	t.mu.Unlock()
+	if endReason != "" {
+		return refused(&Refusal{Reason: endReason, Detail: "the attempt ended before its process started"})
+	}
+	r.logger.Error("starting a task in its sandbox", fieldRun, t.runID, fieldError, err.Error())
+	return hostFault("the host could not start the agent's process")
+}
+
+// markRunning records that the attempt's process runs, and resolves its
+// start.
+func (r *Runner) markRunning(t *task, pid int, sandboxed bool) {
 	t.mu.Lock()
 	t.started = true
 	t.mu.Unlock()
 	r.metrics.started.Inc()
-
 	now := r.clock.Now()
 	if _, err := r.log.Update(t.runID, func(rec *runlog.Record) error {
 		rec.Status, rec.UpdatedAt = hostproto.StatusRunning, now
@@ -509,9 +570,8 @@ func (r *Runner) launch(t *task, tk *ticket) {
 	}, stateEntry(now, hostproto.StateChange{Status: hostproto.StatusRunning, Attempt: t.attempt})); err != nil {
 		r.logger.Error("recording a start", fieldRun, t.runID, fieldError, err.Error())
 	}
-	r.logger.Info("run started", fieldRun, t.runID, fieldAttempt, t.attempt, "pid", cmd.Process.Pid, "sandboxed", box != nil)
+	r.logger.Info("run started", fieldRun, t.runID, fieldAttempt, t.attempt, "pid", pid, "sandboxed", sandboxed)
 	t.resolveStart(nil)
-	r.supervise(t, cmd, ptmx, box)
 }
 
 // startIn runs start, which starts a process of the task, so that the
@@ -946,7 +1006,7 @@ func (t *task) closeTerminal(ptmx *os.File) {
 }
 
 func (r *Runner) taskEnv(t *task) []string {
-	req := t.rec.Request
+	req := t.spec
 	in := envInput{User: t.ident.User, Home: t.dirs.Home, Tmp: t.dirs.Tmp, AgentEnv: r.cfg.Agents[req.Agent].Env, RunEnv: req.Env}
 	if t.ident.Switch {
 		in.Tmp = "/tmp" // its own, in its sandbox
@@ -974,13 +1034,13 @@ func envValue(env []string, name string) string {
 	return ""
 }
 
-func (r *Runner) currentRun(runID string) hostproto.Run {
+func (r *Runner) currentRun(runID string) Run {
 	rec, err := r.log.Get(runID)
 	if err != nil {
 		r.logger.Error("reading a run", fieldRun, runID, fieldError, err.Error())
-		return hostproto.Run{RunID: runID}
+		return Run{RunID: runID}
 	}
-	return rec.Run()
+	return runOf(rec)
 }
 
 func stateEntry(ts time.Time, s hostproto.StateChange) runlog.Entry {

@@ -72,7 +72,7 @@ type admissionData struct {
 	Keys     []string `json:"keys,omitempty"`
 }
 
-func admissionEntry(ts time.Time, attempt int, d Decision, secrets []hostproto.Secret) runlog.Entry {
+func admissionEntry(ts time.Time, attempt int, d Decision, secrets []Secret) runlog.Entry {
 	a := admissionData{Attempt: attempt, Admitted: d.Verdict == Admit, Reason: d.Reason, Detail: d.Detail}
 	for _, s := range secrets {
 		a.Keys = append(a.Keys, s.ProjectID+"/"+s.Key)

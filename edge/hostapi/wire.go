@@ -1,0 +1,61 @@
+package hostapi
+
+import (
+	"github.com/runfleet/runfleet/edge/runlog"
+	"github.com/runfleet/runfleet/edge/runner"
+	"github.com/runfleet/runfleet/shared/hostproto"
+)
+
+// The one place the host protocol's wire types meet the runner's own: the
+// runner and its run log never see a wire type, so a change on the wire is a
+// change here, not a migration of what edge has stored.
+
+// specOf is the start a POST /runs body asks for.
+func specOf(req hostproto.StartRequest) runner.Spec {
+	s := runner.Spec{
+		ClientToken: req.ClientToken, Deadline: req.Deadline, Agent: req.Agent, Prompt: req.Prompt, Argv: req.Argv,
+		Repository: req.Repository, CloneURL: req.CloneURL, LocalPath: req.LocalPath, Env: req.Env,
+	}
+	for _, sec := range req.Secrets {
+		s.Secrets = append(s.Secrets, runner.Secret{ProjectID: sec.ProjectID, Key: sec.Key, Domains: sec.Domains})
+	}
+	return s
+}
+
+// wireRun is a run as the protocol shows it.
+func wireRun(run runner.Run) hostproto.Run {
+	return hostproto.Run{
+		RunID: run.RunID, ClientToken: run.ClientToken, Status: run.Status, Attempt: run.Attempt,
+		ExitCode: run.ExitCode, Reason: run.Reason, Detail: run.Detail, Reused: run.Reused,
+	}
+}
+
+// wireRuns is never nil: an unknown token answers an empty list.
+func wireRuns(runs []runner.Run) []hostproto.Run {
+	out := make([]hostproto.Run, 0, len(runs))
+	for _, run := range runs {
+		out = append(out, wireRun(run))
+	}
+	return out
+}
+
+// wirePage is a page of stored events as the protocol serves them. An
+// event's data is served as it was stored: the runner writes it in the
+// protocol's shapes (hostproto.StateChange, LimitReached).
+func wirePage(page runlog.Page) hostproto.EventPage {
+	events := make([]hostproto.Event, 0, len(page.Events))
+	for _, e := range page.Events {
+		events = append(events, hostproto.Event{Sequence: e.Sequence, Type: e.Type, Data: e.Data, TS: e.TS})
+	}
+	return hostproto.EventPage{Events: events, NextCursor: page.NextCursor, HasMore: page.HasMore}
+}
+
+// wireLimits is how the host bounds each task, as /healthz reports it.
+func wireLimits(l runner.LimitsReport) hostproto.Limits {
+	return hostproto.Limits{Enforced: l.Enforced, MemoryBytes: l.MemoryBytes, Pids: l.Pids, CPU: l.CPU, Detail: l.Detail}
+}
+
+// wireStorage is the data dir's free space, as /healthz reports it.
+func wireStorage(s runner.StorageReport) *hostproto.Storage {
+	return &hostproto.Storage{FreeBytes: s.FreeBytes, MinFreeBytes: s.MinFreeBytes, Low: s.Low}
+}

@@ -1,0 +1,65 @@
+package hostapi
+
+import (
+	"encoding/json"
+	"testing"
+	"time"
+
+	"github.com/runfleet/runfleet/edge/runlog"
+	"github.com/runfleet/runfleet/edge/runner"
+	"github.com/runfleet/runfleet/shared/hostproto"
+)
+
+// A start with every field set is stored as the run log stored it when the
+// record held the wire request itself: the same JSON, byte for byte.
+func TestAStartIsStoredAsTheWireRequestWas(t *testing.T) {
+	e := newEdge(t)
+	deadline := time.Now().Add(time.Hour).UTC().Truncate(time.Second)
+	req := hostproto.StartRequest{
+		ClientToken: "every-field", Deadline: &deadline, Agent: "shell", Prompt: "true", Argv: []string{"a", "é"},
+		Repository: "acme/app", CloneURL: "file:///nonexistent/app.git", Env: map[string]string{"B": "2", "A": "1"},
+		Secrets: []hostproto.Secret{{ProjectID: "acme", Key: "API_TOKEN", Domains: []string{"api.example"}}, {ProjectID: "acme", Key: "OTHER"}},
+	}
+	run, err := e.client.Start(ctx, req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	rec, err := e.runs.Get(run.RunID)
+	if err != nil {
+		t.Fatal(err)
+	}
+	got, _ := json.Marshal(rec.Request)
+	want, _ := json.Marshal(req)
+	if string(got) != string(want) {
+		t.Fatalf("stored request\n%s\nwant the wire request's\n%s", got, want)
+	}
+}
+
+// Runs, event pages, limits and storage answer the protocol's JSON, every
+// field carried, lists never null.
+func TestTheAnswersAreTheWireJSON(t *testing.T) {
+	code := 3
+	ts := time.Date(2026, 11, 30, 12, 0, 0, 0, time.UTC)
+	for name, c := range map[string]struct {
+		got  any
+		want string
+	}{
+		"run": {wireRun(runner.Run{RunID: "run-1", ClientToken: "tok", Status: "failed", Attempt: 2, ExitCode: &code, Reason: "timed_out", Detail: "too long", Reused: true}),
+			`{"runId":"run-1","clientToken":"tok","status":"failed","attempt":2,"exitCode":3,"reason":"timed_out","detail":"too long","reused":true}`},
+		"bare run": {wireRun(runner.Run{RunID: "run-1", ClientToken: "tok", Status: "pending", Attempt: 1}),
+			`{"runId":"run-1","clientToken":"tok","status":"pending","attempt":1}`},
+		"no runs": {hostproto.RunList{Runs: wireRuns([]runner.Run{})}, `{"runs":[]}`},
+		"page": {wirePage(runlog.Page{Events: []runlog.Event{{Sequence: 4, Type: "output", Data: json.RawMessage(`"hi"`), TS: ts}}, NextCursor: 4, HasMore: true}),
+			`{"events":[{"sequence":4,"type":"output","data":"hi","ts":"2026-11-30T12:00:00Z"}],"nextCursor":4,"hasMore":true}`},
+		"empty page": {wirePage(runlog.Page{Events: []runlog.Event{}, NextCursor: 7}), `{"events":[],"nextCursor":7,"hasMore":false}`},
+		"limits": {wireLimits(runner.LimitsReport{Enforced: "cgroup2", MemoryBytes: 1 << 30, Pids: 512, CPU: 1.5}),
+			`{"enforced":"cgroup2","memoryBytes":1073741824,"pids":512,"cpu":1.5}`},
+		"limits unavailable": {wireLimits(runner.LimitsReport{Enforced: "unavailable", Detail: "no cgroup"}), `{"enforced":"unavailable","detail":"no cgroup"}`},
+		"storage":            {wireStorage(runner.StorageReport{FreeBytes: 10, MinFreeBytes: 20, Low: true}), `{"freeBytes":10,"minFreeBytes":20,"low":true}`},
+	} {
+		b, err := json.Marshal(c.got)
+		if err != nil || string(b) != c.want {
+			t.Errorf("%s: %s (%v), want %s", name, b, err, c.want)
+		}
+	}
+}
