@@ -29,6 +29,7 @@ import (
 	"github.com/runfleet/runfleet/shared/hostproto"
 	"github.com/runfleet/runfleet/shared/store"
 	"github.com/runfleet/runfleet/shared/store/boltstore"
+	"github.com/runfleet/runfleet/tests/kit/await"
 	"github.com/runfleet/runfleet/tests/kit/fakehost"
 	"github.com/runfleet/runfleet/tests/kit/ssetest"
 )
@@ -260,7 +261,7 @@ func TestAHangingHostNeverHoldsTheStreamSilent(t *testing.T) {
 	hang.Store(true)
 	e.tick(t)
 	for i := 0; i < 2; i++ {
-		<-hung                          // the poll's pull-through waits on the host
+		await.Recv(t, "the poll's pull-through to reach the hanging host", hung)
 		e.clk.Advance(30 * time.Minute) // half the keep-alive: given up on
 		if i == 0 {
 			e.waitParked(t)
@@ -304,7 +305,7 @@ func TestStreamEndsWhenItsRunIsDeletedUnderIt(t *testing.T) {
 	if len(m.Comments) != 1 || m.Comments[0] != "the run no longer exists" || m.Retry != "" {
 		t.Fatalf("after the run was deleted: %+v, want its goodbye without a retry hint", m)
 	}
-	if m, ok := <-ch; ok {
+	if m, ok := await.RecvOK(t, "the stream to end", ch); ok {
 		t.Fatalf("a message after the goodbye: %+v", m)
 	}
 	e.logs.wait(t, `"msg":"stream"`, `"end":"run_deleted"`)
@@ -386,7 +387,7 @@ func TestStreamSendsBacklogSnapshotLiveEventsAndDone(t *testing.T) {
 	if fmt.Sprint(seqs) != "[6]" || done.Data != `{"cursor":6,"status":"succeeded","attempt":1,"exitCode":0}` {
 		t.Fatalf("end: %v then done %s", seqs, done.Data)
 	}
-	if m, ok := <-ch; ok {
+	if m, ok := await.RecvOK(t, "the stream to end", ch); ok {
 		t.Fatalf("a message after done: %+v", m)
 	}
 	stored, _ := e.st.GetRun(context.Background(), run.FleetRunID)
@@ -469,7 +470,7 @@ func TestStreamKeepsAliveAndEndsWithARetryHint(t *testing.T) {
 	if m.Retry != "2000" || len(m.Comments) != 1 || !strings.Contains(m.Comments[0], "maximum duration") {
 		t.Fatalf("at the maximum duration: %+v", m)
 	}
-	if m, ok := <-ch; ok {
+	if m, ok := await.RecvOK(t, "the stream to end", ch); ok {
 		t.Fatalf("a message after the planned end: %+v", m)
 	}
 	if !e.logs.has(`"end":"planned"`) {
@@ -889,7 +890,7 @@ func TestStreamEndsItsMarginBeforeTheInvocationDeadline(t *testing.T) {
 	if m.Retry != "2000" || len(m.Comments) != 1 || !strings.Contains(m.Comments[0], "maximum duration") {
 		t.Fatalf("%s before the invocation's deadline: %+v, want the retry hint", left-endsIn, m)
 	}
-	if m, ok := <-ch; ok {
+	if m, ok := await.RecvOK(t, "the stream to end", ch); ok {
 		t.Fatalf("a message after the planned end: %+v", m)
 	}
 	e.logs.wait(t, `"end":"planned"`)
