@@ -30,14 +30,19 @@ func Recv[T any](t testing.TB, what string, ch <-chan T) T {
 // delivered a value (false: it was closed).
 func RecvOK[T any](t testing.TB, what string, ch <-chan T) (T, bool) {
 	t.Helper()
-	timer := time.NewTimer(Limit)
+	return recvWithin(t, what, ch, Limit)
+}
+
+func recvWithin[T any](t testing.TB, what string, ch <-chan T, limit time.Duration) (T, bool) {
+	t.Helper()
+	timer := time.NewTimer(limit)
 	defer timer.Stop()
 	select {
 	case v, ok := <-ch:
 		return v, ok
 	case <-timer.C:
-		t.Fatalf("waiting for %s: nothing in %s", what, Limit)
-		panic("unreachable")
+		t.Fatalf("waiting for %s: nothing in %s", what, limit)
+		panic("unreachable") // Fatalf does not return
 	}
 }
 
