@@ -24,6 +24,7 @@ import (
 	"github.com/runfleet/runfleet/shared/config"
 	"github.com/runfleet/runfleet/shared/hostproto"
 	"github.com/runfleet/runfleet/shared/store/dynamostore"
+	"github.com/runfleet/runfleet/shared/stream"
 	"github.com/runfleet/runfleet/tests/kit/fakehost"
 	"github.com/runfleet/runfleet/tests/kit/lambdatest"
 	"github.com/runfleet/runfleet/tests/kit/motoserver"
@@ -242,6 +243,35 @@ func TestEveryFunctionUnderTheEmulator(t *testing.T) {
 	if want := strings.Repeat("event ", len(evs)) + "snapshot done"; strings.Join(kinds, " ") != want {
 		t.Fatalf("stream messages %v, want %s:\n%s", kinds, want, body)
 	}
+
+	// Lambda's deadline reaches the stream through the runtime: under a
+	// 17 s timeout, the stream of a live run ends 15 s before it (about 2 s
+	// in) with the planned end's retry hint, where Lambda would have cut it
+	// off at 17 s without one. (shared/stream's tests pin the margin to the
+	// millisecond on a fake clock; this bounds it on the real one.)
+	const shortTimeout = 17 * time.Second
+	fns["stream (17 s)"] = lambdatest.Start(t, functionBootstrap(t, "stream"), emulatorEnv(t, "stream", tables, secretsPrefix), shortTimeout)
+	live := fmt.Sprint(call(201, "POST", "/fleet/runs", tok, `{"agent":"shell","prompt":"sleep 60"}`, "idempotency-key", "build-4712")["fleetRunId"])
+	path = "/fleet/runs/" + live + "/stream"
+	furl["rawPath"] = path
+	jsonObj(furl, "requestContext", "http")["path"] = path
+	invoked := time.Now()
+	prelude, body, err = lambdatest.StreamedResponse(fns["stream (17 s)"].Invoke(t, furl))
+	took := time.Since(invoked)
+	if err != nil || prelude.StatusCode != 200 {
+		t.Fatalf("the live run's stream: %+v, %v", prelude, err)
+	}
+	var last ssetest.Message
+	for m := range ssetest.Read(bytes.NewReader(body)) {
+		last = m
+	}
+	if last.Retry == "" || len(last.Comments) != 1 || !strings.Contains(last.Comments[0], "maximum duration") {
+		t.Fatalf("the live run's stream under a %s timeout ended with %+v, want the retry hint:\n%s", shortTimeout, last, body)
+	}
+	if margin := shortTimeout - took; took < shortTimeout-stream.DefaultEndMargin || margin < 10*time.Second {
+		t.Fatalf("the live run's stream ended %s into a %s invocation (%s before its deadline), want %s before it", took, shortTimeout, margin, stream.DefaultEndMargin)
+	}
+	t.Logf("under a %s timeout the stream ended %s in, %s before the deadline", shortTimeout, took.Round(time.Millisecond), (shortTimeout - took).Round(time.Millisecond))
 
 	for name, fn := range fns {
 		out := fn.Output()
