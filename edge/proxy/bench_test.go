@@ -150,8 +150,11 @@ func (r *benchRig) run(b *testing.B, c *http.Client, auth string, n, conc int) (
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			for i := 0; i < per && errs[w] == nil; i++ {
-				errs[w] = r.try(c, auth)
+			for i := 0; i < per; i++ {
+				if err := r.try(c, auth); err != nil {
+					errs[w] = err
+					return
+				}
 			}
 		}()
 	}
