@@ -12,7 +12,10 @@ LDFLAGS   := -s -w -X github.com/runfleet/runfleet/shared/version.Version=$(VERS
 # Lambda: linux/arm64, static, and without the RPC shim the provided.al2023 runtime never uses.
 LAMBDA_ENV   := GOOS=linux GOARCH=arm64 CGO_ENABLED=0
 LAMBDA_FLAGS := -tags lambda.norpc -trimpath -ldflags '$(LDFLAGS)'
-TEST_TIMEOUT ?= 60m
+# go test's -timeout bounds each package's test binary: the slowest (tests/)
+# takes about 270 s under -race on a 2-core machine, so 20m is margin, not a
+# budget. A stuck wait fails sooner, by name (tests/kit/await: 2 minutes).
+TEST_TIMEOUT ?= 20m
 FUZZTIME  ?= 200000x
 # A bare `make` lists the targets: nothing runs a bare make (CI runs `make test`,
 # sam build `make build-<LogicalId>`), and a long-running `make dev` is no surprise to start by.
@@ -45,7 +48,7 @@ dev:
 # The tests: unit, the store contract on moto_server, integration (tests/).
 test: deps lint test-go fuzz-short
 
-## test-go: every Go test under -race, without lint or fuzzing (TEST_TIMEOUT, default 60m)
+## test-go: every Go test under -race, without lint or fuzzing (TEST_TIMEOUT, default 20m)
 test-go:
 	$(GO) test -race -count=1 -timeout $(TEST_TIMEOUT) ./...
 

@@ -10,6 +10,7 @@ import (
 
 	"github.com/runfleet/runfleet/shared/hostproto"
 	"github.com/runfleet/runfleet/shared/store"
+	"github.com/runfleet/runfleet/tests/kit/await"
 	"github.com/runfleet/runfleet/tests/kit/fakehost"
 )
 
@@ -282,7 +283,7 @@ func badInputCorpus(t *testing.T, kind string) {
 		seeded <- i
 	}
 	close(seeded)
-	wg.Wait()
+	await.Group(t, "the seeding writers", &wg)
 	list := s.must(t, http.StatusOK, "GET", "/fleet/runs?limit=5000", acme, "")
 	if runs, _ := list.body["runs"].([]any); len(runs) != 1000 || list.body["hasMore"] != true {
 		t.Errorf("limit=5000 over 1002 runs: %d runs, hasMore %v; want 1000 and true", len(runs), list.body["hasMore"])

@@ -17,25 +17,26 @@ import (
 	"github.com/runfleet/runfleet/tests/kit/fakehost"
 )
 
-// A dispatch's DynamoDB capacity, by the documented rules
-// (dynamostore.Meter), asserted exactly so that any regression fails.
+// A dispatch's DynamoDB capacity, asserted exactly so that any regression
+// fails. The units are DynamoDB's documented rules as dynamostore.Meter
+// prices them (its doc comment cites the Developer Guide: 4 KB a read unit,
+// halved when eventually consistent; 1 KB a write unit; one write for each
+// global secondary index an item enters), counted on the calls a dispatch
+// makes on moto_server. README's "Cost at scale" is these figures priced.
 //
-// The issue's target is a new dispatch in <= 4 write units; DESIGN.md's
-// runs table has three global secondary indexes (live, byOwner, byHost),
-// and a run's creation puts it in all three: CreateRun alone is 1 table +
-// 3 index writes. So <= 4 in total cannot be met with DESIGN's indexes;
-// what is met is <= 4 on the tables (3: the idempotency item, the run, the
-// update recording the host's answer, which touches no index key or
-// projected attribute). Measured: 3 table + 4 index (issue 15 adds
-// "all", the admin listing's) = 7 write units.
+// Writes, 7: on the tables 3 (the idempotency item, the run, the update
+// recording the host's answer); on indexes 4, because the runs table has
+// four global secondary indexes (live, byOwner, byHost and all: template.yaml's
+// RunsTable, dynamostore's tables.go) and a run's creation enters each,
+// while the answer's update touches no index key or projected attribute.
 //
-// Reads, whatever the number of hosts (issue 15 item 1): 3 units. The
-// caller's token item, strongly consistent, 1; the idempotency item,
-// eventually consistent, 0.5; on the hosts table, shard 0 of the routing
-// view (under 4 KB, eventually consistent) 0.5 and the chosen host's item,
-// strongly consistent, 1. A reused dispatch: 2 read units (the token item
-// 1, the idempotency item and the run, eventually consistent, 0.5 each),
-// no write, no host read.
+// Reads, whatever the number of hosts: 3 units. The caller's token item,
+// strongly consistent, 1; the idempotency item, eventually consistent,
+// 0.5; on the hosts table, shard 0 of the routing view (under 4 KB,
+// eventually consistent) 0.5 and the chosen host's item, strongly
+// consistent, 1. A reused dispatch: 2 read units (the token item 1, the
+// idempotency item and the run, eventually consistent, 0.5 each), no
+// write, no host read.
 var (
 	newDispatchRCU = map[string]float64{"callers": 1, "idempotency": 0.5, "hosts": 1.5}
 	newDispatchWCU = map[string]float64{"idempotency": 1, "runs": 2, "runs/live": 1, "runs/byOwner": 1, "runs/byHost": 1, "runs/all": 1}

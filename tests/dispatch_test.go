@@ -11,6 +11,7 @@ import (
 
 	"github.com/runfleet/runfleet/shared/fleet"
 	"github.com/runfleet/runfleet/shared/store"
+	"github.com/runfleet/runfleet/tests/kit/await"
 	"github.com/runfleet/runfleet/tests/kit/fakehost"
 )
 
@@ -28,6 +29,7 @@ func TestConcurrentDispatchesWithOneKeyStartOneRun(t *testing.T) {
 
 			const n = 50
 			answers := make([]answer, n)
+			errs := make([]error, n)
 			var wg sync.WaitGroup
 			start := make(chan struct{})
 			for i := range answers {
@@ -35,12 +37,13 @@ func TestConcurrentDispatchesWithOneKeyStartOneRun(t *testing.T) {
 				go func() {
 					defer wg.Done()
 					<-start
-					answers[i] = s.do(t, "POST", "/fleet/runs", token, `{"agent":"shell","prompt":"make test"}`,
+					answers[i], errs[i] = s.send("POST", "/fleet/runs", token, `{"agent":"shell","prompt":"make test"}`,
 						"Idempotency-Key", "deploy-42")
 				}()
 			}
 			close(start)
-			wg.Wait()
+			await.Group(t, "the concurrent dispatches", &wg)
+			must(t, errors.Join(errs...))
 
 			created, reused, inFlight := 0, 0, 0
 			ids := map[string]int{}

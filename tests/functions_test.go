@@ -24,6 +24,7 @@ import (
 	"github.com/runfleet/runfleet/shared/config"
 	"github.com/runfleet/runfleet/shared/hostproto"
 	"github.com/runfleet/runfleet/shared/store/dynamostore"
+	"github.com/runfleet/runfleet/shared/stream"
 	"github.com/runfleet/runfleet/tests/kit/fakehost"
 	"github.com/runfleet/runfleet/tests/kit/lambdatest"
 	"github.com/runfleet/runfleet/tests/kit/motoserver"
@@ -48,9 +49,60 @@ const (
 	functionURLFixture = samEvents + "stream/stream.json"
 )
 
-// The functions' timeouts, as template.yaml gives them.
-var functionTimeouts = map[string]time.Duration{
-	"api": 15 * time.Second, "probe": 50 * time.Second, "sweep": 55 * time.Second, "stream": 900 * time.Second,
+// templateFunction is the function name (functions/<name>) of each of
+// template.yaml's functions, by logical id.
+func templateFunction(name string) string {
+	for id, pkg := range templateFunctions {
+		if filepath.Base(pkg) == name {
+			return id
+		}
+	}
+	panic("no function " + name + " in templateFunctions")
+}
+
+// functionTimeout is the timeout template.yaml gives function name, as
+// SAM deploys it (Globals applied).
+func functionTimeout(t testing.TB, name string) time.Duration {
+	t.Helper()
+	_, tpl := templates(t)
+	secs, ok := jsonObj(tpl, "Resources", templateFunction(name), "Properties")["Timeout"].(float64)
+	if !ok || secs <= 0 {
+		t.Fatalf("template.yaml gives %s no timeout", name)
+	}
+	return time.Duration(secs) * time.Second
+}
+
+// emulatorEnv is function name's environment as template.yaml deploys it
+// (default parameters) with only what must point at this test's moto
+// instead of AWS substituted: the tables' names (this test's, prefixed),
+// the secrets' names (the template's "runfleet/" prefix becomes
+// secretsPrefix, unique on the shared moto), and AWS_ENDPOINT_URL, which
+// the template declares empty for sam local to set (here moto's URL).
+// The region and credentials are what Lambda's runtime gives every
+// function, not the template.
+func emulatorEnv(t *testing.T, name string, tables dynamostore.TableNames, secretsPrefix string) map[string]string {
+	t.Helper()
+	_, tpl := templates(t)
+	r := newResolver(tpl, nil)
+	r.refs["HostsTable"], r.refs["RunsTable"], r.refs["EventsTable"] = tables.Hosts, tables.Runs, tables.Events
+	r.refs["CallersTable"], r.refs["IdempotencyTable"] = tables.Callers, tables.Idempotency
+	env := functionEnv(t, r, tpl, templateFunction(name))
+	for _, secret := range []string{config.EnvCredentials, config.EnvAdminTokenSecret} {
+		v, set := env[secret]
+		if !set {
+			continue
+		}
+		if !strings.Contains(v, "runfleet/") {
+			t.Fatalf("template.yaml's %s for %s is %q: no runfleet/ secret name to move onto this test's", secret, name, v)
+		}
+		env[secret] = strings.Replace(v, "runfleet/", secretsPrefix, 1)
+	}
+	if v, set := env[envAWSEndpoint]; !set || v != "" {
+		t.Fatalf("template.yaml's %s for %s is %q (declared: %v), want it declared empty", envAWSEndpoint, name, v, set)
+	}
+	env[envAWSEndpoint] = moto.URL
+	env["AWS_REGION"], env["AWS_ACCESS_KEY_ID"], env["AWS_SECRET_ACCESS_KEY"] = "us-east-1", "test", "test"
+	return env
 }
 
 // TestEveryFunctionUnderTheEmulator builds each of the four functions as it
@@ -81,17 +133,9 @@ func TestEveryFunctionUnderTheEmulator(t *testing.T) {
 		_, err := sm.CreateSecret(ctx, &secretsmanager.CreateSecretInput{Name: aws.String(name), SecretString: aws.String(value)})
 		must(t, err)
 	}
-	env := map[string]string{
-		config.EnvStore: "dynamodb", config.EnvTableHosts: tables.Hosts, config.EnvTableRuns: tables.Runs,
-		config.EnvTableEvents: tables.Events, config.EnvTableCallers: tables.Callers, config.EnvTableIdempotency: tables.Idempotency,
-		config.EnvCredentials: "secretsmanager:" + secretsPrefix + "hosts/", config.EnvAdminTokenSecret: secretsPrefix + "admin-token",
-		// moto for every AWS service (the SDK's own endpoint setting), so
-		// the functions run with template.yaml's variables and no others.
-		"AWS_ENDPOINT_URL": moto.URL, "AWS_REGION": "us-east-1", "AWS_ACCESS_KEY_ID": "test", "AWS_SECRET_ACCESS_KEY": "test",
-	}
 	fns := map[string]*lambdatest.Function{}
 	for _, name := range []string{"api", "probe", "sweep", "stream"} {
-		fns[name] = lambdatest.Start(t, functionBootstrap(t, name), env, functionTimeouts[name])
+		fns[name] = lambdatest.Start(t, functionBootstrap(t, name), emulatorEnv(t, name, tables, secretsPrefix), functionTimeout(t, name))
 	}
 	gw := newAPIGateway(t)
 	call := func(want int, method, path, token, body string, headers ...string) map[string]any {
@@ -199,6 +243,35 @@ func TestEveryFunctionUnderTheEmulator(t *testing.T) {
 	if want := strings.Repeat("event ", len(evs)) + "snapshot done"; strings.Join(kinds, " ") != want {
 		t.Fatalf("stream messages %v, want %s:\n%s", kinds, want, body)
 	}
+
+	// Lambda's deadline reaches the stream through the runtime: under a
+	// 17 s timeout, the stream of a live run ends 15 s before it (about 2 s
+	// in) with the planned end's retry hint, where Lambda would have cut it
+	// off at 17 s without one. (shared/stream's tests pin the margin to the
+	// millisecond on a fake clock; this bounds it on the real one.)
+	const shortTimeout = 17 * time.Second
+	fns["stream (17 s)"] = lambdatest.Start(t, functionBootstrap(t, "stream"), emulatorEnv(t, "stream", tables, secretsPrefix), shortTimeout)
+	live := fmt.Sprint(call(201, "POST", "/fleet/runs", tok, `{"agent":"shell","prompt":"sleep 60"}`, "idempotency-key", "build-4712")["fleetRunId"])
+	path = "/fleet/runs/" + live + "/stream"
+	furl["rawPath"] = path
+	jsonObj(furl, "requestContext", "http")["path"] = path
+	invoked := time.Now()
+	prelude, body, err = lambdatest.StreamedResponse(fns["stream (17 s)"].Invoke(t, furl))
+	took := time.Since(invoked)
+	if err != nil || prelude.StatusCode != 200 {
+		t.Fatalf("the live run's stream: %+v, %v", prelude, err)
+	}
+	var last ssetest.Message
+	for m := range ssetest.Read(bytes.NewReader(body)) {
+		last = m
+	}
+	if last.Retry == "" || len(last.Comments) != 1 || !strings.Contains(last.Comments[0], "maximum duration") {
+		t.Fatalf("the live run's stream under a %s timeout ended with %+v, want the retry hint:\n%s", shortTimeout, last, body)
+	}
+	if margin := shortTimeout - took; took < shortTimeout-stream.DefaultEndMargin || margin < 10*time.Second {
+		t.Fatalf("the live run's stream ended %s into a %s invocation (%s before its deadline), want %s before it", took, shortTimeout, margin, stream.DefaultEndMargin)
+	}
+	t.Logf("under a %s timeout the stream ended %s in, %s before the deadline", shortTimeout, took.Round(time.Millisecond), (shortTimeout - took).Round(time.Millisecond))
 
 	for name, fn := range fns {
 		out := fn.Output()

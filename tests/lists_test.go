@@ -19,6 +19,7 @@ import (
 	"github.com/runfleet/runfleet/shared/hostproto"
 	"github.com/runfleet/runfleet/shared/store"
 	"github.com/runfleet/runfleet/shared/store/dynamostore"
+	"github.com/runfleet/runfleet/tests/kit/await"
 	"github.com/runfleet/runfleet/tests/kit/fakehost"
 )
 
@@ -210,7 +211,7 @@ func TestDeleteHostInSteps(t *testing.T) {
 					errs <- st.PutEvents(ctx, []store.Event{{FleetRunID: id, Event: hostproto.Event{Sequence: 1, Type: "output", Data: json.RawMessage(`"x"`), TS: now}}})
 				}()
 			}
-			wg.Wait()
+			await.Group(t, "the seeding writers", &wg)
 			close(errs)
 			for err := range errs {
 				if err != nil {

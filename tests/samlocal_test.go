@@ -261,7 +261,7 @@ func TestSAMLocalSampleEventsUnderTheEmulator(t *testing.T) {
 		env["AWS_REGION"], env["AWS_DEFAULT_REGION"] = "us-east-1", "us-east-1"
 		env["AWS_ACCESS_KEY_ID"], env["AWS_SECRET_ACCESS_KEY"] = "defaultkey", "defaultsecret"
 		name := filepath.Base(pkg)
-		fns[name] = lambdatest.Start(t, functionBootstrap(t, name), env, functionTimeouts[name])
+		fns[name] = lambdatest.Start(t, functionBootstrap(t, name), env, functionTimeout(t, name))
 	}
 
 	var found []string

@@ -200,13 +200,23 @@ func (a answer) errorText() string { return a.str("error") }
 // do sends a request with an optional bearer token and body.
 func (s *stack) do(t testing.TB, method, path, token, body string, headers ...string) answer {
 	t.Helper()
+	a, err := s.send(method, path, token, body, headers...)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return a
+}
+
+// send is do for a goroutine other than the test's (which must not fail
+// the test): a request that could not be sent is its error.
+func (s *stack) send(method, path, token, body string, headers ...string) (answer, error) {
 	var rd io.Reader
 	if body != "" {
 		rd = strings.NewReader(body)
 	}
 	req, err := http.NewRequest(method, s.srv.URL+path, rd)
 	if err != nil {
-		t.Fatal(err)
+		return answer{}, err
 	}
 	if token != "" {
 		req.Header.Set("Authorization", "Bearer "+token)
@@ -219,13 +229,13 @@ func (s *stack) do(t testing.TB, method, path, token, body string, headers ...st
 	}
 	resp, err := s.srv.Client().Do(req)
 	if err != nil {
-		t.Fatalf("%s %s: %v", method, path, err)
+		return answer{}, fmt.Errorf("%s %s: %w", method, path, err)
 	}
 	defer resp.Body.Close()
 	raw, _ := io.ReadAll(resp.Body)
 	a := answer{status: resp.StatusCode, raw: string(raw)}
 	json.Unmarshal(raw, &a.body)
-	return a
+	return a, nil
 }
 
 // must sends a request and fails the test unless the status is want.

@@ -17,6 +17,7 @@ import (
 
 	"github.com/runfleet/runfleet/edge/ca"
 	"github.com/runfleet/runfleet/shared/clock"
+	"github.com/runfleet/runfleet/tests/kit/await"
 )
 
 // epoch starts every fake clock: the wall clock's present, so certmagic's
@@ -132,7 +133,7 @@ func handshake(t testing.TB, a *ca.Authority, name string, bundle []byte, now ti
 	if clientErr != nil {
 		serverConn.Close()
 	}
-	wg.Wait()
+	await.Group(t, "the concurrent callers", &wg)
 	if clientErr != nil {
 		return clientErr
 	}

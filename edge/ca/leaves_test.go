@@ -17,6 +17,7 @@ import (
 
 	"github.com/caddyserver/certmagic"
 	"github.com/runfleet/runfleet/shared/clock"
+	"github.com/runfleet/runfleet/tests/kit/await"
 )
 
 var t0 = time.Now().UTC().Truncate(time.Hour).Add(time.Hour)
@@ -242,9 +243,9 @@ func TestConcurrentHandshakesForANewNameShareOneIssuance(t *testing.T) {
 			serials <- cert.Leaf.SerialNumber.String()
 		}()
 	}
-	first := <-serials
+	first := await.Recv(t, "a concurrent leaf's serial", serials)
 	for range cap(serials) - 1 {
-		if s := <-serials; s != first {
+		if s := await.Recv(t, "a concurrent leaf's serial", serials); s != first {
 			t.Fatalf("concurrent handshakes got different leaves (%s, %s)", first, s)
 		}
 	}

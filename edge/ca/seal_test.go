@@ -10,6 +10,7 @@ import (
 	"testing"
 
 	"github.com/runfleet/runfleet/edge/ca"
+	"github.com/runfleet/runfleet/tests/kit/await"
 )
 
 // sealerContract checks what every Sealer promises: a round trip, and a
@@ -113,7 +114,7 @@ func TestFileSealersRacingToCreateTheKeyAgreeOnOne(t *testing.T) {
 			}
 		}()
 	}
-	wg.Wait()
+	await.Group(t, "the concurrent sealers", &wg)
 	s, err := ca.NewFileSealer(path, nil)
 	if err != nil {
 		t.Fatal(err)

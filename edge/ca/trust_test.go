@@ -11,6 +11,7 @@ import (
 
 	"github.com/runfleet/runfleet/edge/ca"
 	"github.com/runfleet/runfleet/shared/clock"
+	"github.com/runfleet/runfleet/tests/kit/await"
 )
 
 // waitLimit bounds every wait for a delivery goroutine in real time; the
@@ -78,16 +79,16 @@ func TestWatchTrustDeliversAtSubscriptionAndOnEveryChange(t *testing.T) {
 	if bytes.Count(second, []byte("BEGIN CERTIFICATE")) != 2 || !bytes.HasPrefix(second, first) {
 		t.Fatalf("after the successor window opened the delivery is not signer+successor:\n%s", second)
 	}
-	<-clk.WaitForTimers(1)
+	await.Recv(t, "the trust delivery to arm its timer", clk.WaitForTimers(1))
 	clk.Advance(3 * time.Hour) // the switch: the old signer leaves the bundle
 	a.Bundle()
 	third := recv(t, got, "the bundle after the switch")
 	if !bytes.Equal(third, second[len(first):]) {
 		t.Fatalf("after the switch the delivery is not the successor alone:\n%s", third)
 	}
-	<-clk.WaitForTimers(1)
+	await.Recv(t, "the trust delivery to arm its timer", clk.WaitForTimers(1))
 	clk.Advance(30 * time.Minute) // a review with no change delivers nothing
-	<-clk.WaitForTimers(1)
+	await.Recv(t, "the trust delivery to arm its timer", clk.WaitForTimers(1))
 	a.Bundle()
 	unsubscribe()
 	none(t, got, "delivery of an unchanged bundle")
@@ -151,12 +152,12 @@ func TestFailedDeliveryIsRetriedAtTheNextReview(t *testing.T) {
 	none(t, attempts, "a retry before the next review")
 	// Each retry waits for a review; the test moves the clock to the next
 	// one only once the retry has begun (deliveries are asynchronous).
-	<-clk.WaitForTimers(1)
+	await.Recv(t, "the trust delivery to arm its timer", clk.WaitForTimers(1))
 	clk.Advance(30 * time.Minute)
 	if err := recv(t, attempts, "the retry at the first review"); err != errPanicked {
 		t.Fatalf("the first retry: %v, want the panicking attempt", err)
 	}
-	<-clk.WaitForTimers(1)
+	await.Recv(t, "the trust delivery to arm its timer", clk.WaitForTimers(1))
 	clk.Advance(30 * time.Minute)
 	if err := recv(t, attempts, "the retry at the next review"); err != nil {
 		t.Fatalf("retry after the panic: %v", err)
@@ -164,9 +165,9 @@ func TestFailedDeliveryIsRetriedAtTheNextReview(t *testing.T) {
 	if n := calls.Load(); n != 3 {
 		t.Fatalf("%d listener calls, want 3 (fail, panic, success)", n)
 	}
-	<-clk.WaitForTimers(1)
+	await.Recv(t, "the trust delivery to arm its timer", clk.WaitForTimers(1))
 	clk.Advance(30 * time.Minute) // acknowledged: nothing more
-	<-clk.WaitForTimers(1)
+	await.Recv(t, "the trust delivery to arm its timer", clk.WaitForTimers(1))
 	unsubscribe()
 	none(t, attempts, "a delivery after success")
 }
@@ -334,7 +335,7 @@ func TestDeliveriesUnderRace(t *testing.T) {
 	for range 20 {
 		clk.Advance(30 * time.Minute)
 	}
-	wg.Wait()
+	await.Group(t, "the concurrent deliveries", &wg)
 	if delivered.Load() < 8 {
 		t.Fatalf("%d deliveries to 8 listeners", delivered.Load())
 	}
@@ -367,14 +368,14 @@ func TestFailedRedeliveryIsRetriedAtTheNextReview(t *testing.T) {
 	if err := recv(t, attempts, "the requested redelivery"); err == nil {
 		t.Fatal("the redelivery did not fail as set up")
 	}
-	<-clk.WaitForTimers(1)
+	await.Recv(t, "the trust delivery to arm its timer", clk.WaitForTimers(1))
 	clk.Advance(30 * time.Minute)
 	if err := recv(t, attempts, "the retry of the failed redelivery"); err != nil {
 		t.Fatalf("retry: %v", err)
 	}
-	<-clk.WaitForTimers(1)
+	await.Recv(t, "the trust delivery to arm its timer", clk.WaitForTimers(1))
 	clk.Advance(30 * time.Minute)
-	<-clk.WaitForTimers(1)
+	await.Recv(t, "the trust delivery to arm its timer", clk.WaitForTimers(1))
 	if err := unsubscribe(); err != nil {
 		t.Fatal(err)
 	}
@@ -397,7 +398,7 @@ func TestIdleCAMintsAndDeliversItsSuccessorOnTheReviewTimer(t *testing.T) {
 	// No handshake, no Bundle call: only the timer reviews. Each step waits
 	// until the timer is armed again, so every review runs at its deadline.
 	for clk.Now().Before(epoch.Add(6 * time.Hour)) {
-		<-clk.WaitForTimers(1)
+		await.Recv(t, "the trust delivery to arm its timer", clk.WaitForTimers(1))
 		clk.Advance(30 * time.Minute)
 	}
 	b := recv(t, got, "the successor, delivered by the review timer")

@@ -12,6 +12,7 @@ import (
 	"testing"
 
 	"github.com/runfleet/runfleet/edge/internal/edgetest"
+	"github.com/runfleet/runfleet/tests/kit/await"
 )
 
 // fakeProc writes a proc tree whose self/mountinfo and self/cgroup are
@@ -239,7 +240,7 @@ while time.monotonic() < end: pass'`); err != nil {
 		if _, err := Open(Options{Name: filepath.Base(h.parents["pids"])}); err != nil {
 			t.Fatal(err)
 		}
-		if err := <-ended; err == nil || err.Error() != "signal: killed" {
+		if err := await.Recv(t, "the left process to be killed", ended); err == nil || err.Error() != "signal: killed" {
 			t.Errorf("the left process: %v, want killed", err)
 		}
 		if _, err := os.Stat(g.pids); !errors.Is(err, fs.ErrNotExist) {

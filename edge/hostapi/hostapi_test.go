@@ -24,6 +24,7 @@ import (
 	"github.com/runfleet/runfleet/edge/runlog"
 	"github.com/runfleet/runfleet/edge/runner"
 	"github.com/runfleet/runfleet/shared/hostproto"
+	"github.com/runfleet/runfleet/tests/kit/await"
 )
 
 const token = "host-credential-for-tests"
@@ -311,7 +312,7 @@ func TestConcurrentStartsWithOneClientTokenStartOneProcess(t *testing.T) {
 			answers[i], errs[i] = e.client.Start(ctx, req)
 		}()
 	}
-	wg.Wait()
+	await.Group(t, "the concurrent requests", &wg)
 	fresh := 0
 	for i, a := range answers {
 		if errs[i] != nil {

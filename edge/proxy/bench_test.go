@@ -6,6 +6,7 @@ import (
 	"crypto/tls"
 	"crypto/x509"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"io"
 	"net"
@@ -115,17 +116,26 @@ func (r *benchRig) proxied(keepAlive bool) *http.Client {
 }
 
 func (r *benchRig) do(b *testing.B, c *http.Client, auth string) {
+	if err := r.try(c, auth); err != nil {
+		b.Fatal(err)
+	}
+}
+
+// try is do for the benchmark's workers (not its goroutine: they must not
+// fail it), reporting what went wrong.
+func (r *benchRig) try(c *http.Client, auth string) error {
 	req, _ := http.NewRequest(http.MethodGet, r.target, nil)
 	req.Header.Set("Authorization", "Bearer "+auth)
 	res, err := c.Do(req)
 	if err != nil {
-		b.Fatal(err)
+		return err
 	}
 	io.Copy(io.Discard, res.Body)
 	res.Body.Close()
 	if res.StatusCode != 200 {
-		b.Fatalf("status %d", res.StatusCode)
+		return fmt.Errorf("status %d", res.StatusCode)
 	}
+	return nil
 }
 
 // run sends n requests from conc goroutines and returns requests/s and the
@@ -135,16 +145,23 @@ func (r *benchRig) run(b *testing.B, c *http.Client, auth string, n, conc int) (
 	per := (n + conc - 1) / conc
 	cpu0 := processCPU()
 	start := time.Now()
+	errs := make([]error, conc)
 	for w := 0; w < conc; w++ {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
 			for i := 0; i < per; i++ {
-				r.do(b, c, auth)
+				if err := r.try(c, auth); err != nil {
+					errs[w] = err
+					return
+				}
 			}
 		}()
 	}
 	wg.Wait()
+	if err := errors.Join(errs...); err != nil {
+		b.Fatal(err)
+	}
 	elapsed := time.Since(start)
 	return float64(per*conc) / elapsed.Seconds(), (processCPU() - cpu0) / time.Duration(per*conc)
 }

@@ -400,8 +400,9 @@ func TestStopCutsARequestInFlight(t *testing.T) {
 				}
 			}
 			errc := make(chan error, 1)
+			req := mustRequest(t, "https://"+f.api+"/hang", "Bearer "+f.phA)
 			go func() {
-				res, err := f.goClient(f.proxyURL, h2).Do(mustRequest(t, "https://"+f.api+"/hang", "Bearer "+f.phA))
+				res, err := f.goClient(f.proxyURL, h2).Do(req)
 				if err == nil {
 					_, err = io.ReadAll(res.Body)
 					res.Body.Close()

@@ -26,6 +26,7 @@ import (
 	"github.com/runfleet/runfleet/edge/internal/edgetest"
 	logredact "github.com/runfleet/runfleet/edge/internal/redact"
 	"github.com/runfleet/runfleet/shared/hostproto"
+	"github.com/runfleet/runfleet/tests/kit/await"
 	"github.com/runfleet/runfleet/tests/kit/syncbuf"
 )
 
@@ -160,12 +161,21 @@ func (r *leakRig) front(t *testing.T, raw string) (int, string) {
 // returns the status and everything the task got until the proxy closed
 // the connection (a refusal closes it; "Connection: close" for the rest).
 func (r *leakRig) h1(t *testing.T, target, sni, raw string) (int, string) {
+	return r.sendH1(target, sni, raw)()
+}
+
+// sendH1 is h1 in two steps: it sends (failing the test, so on the test's
+// goroutine) and returns the read of the answer, which touches no
+// testing.T and may run on another goroutine.
+func (r *leakRig) sendH1(target, sni, raw string) (read func() (int, string)) {
 	tc, br := r.dialIntercepted(r.proxyURL, target, sni, "http/1.1")
-	defer tc.Close()
 	tc.SetDeadline(time.Now().Add(10 * time.Second))
 	io.WriteString(tc, raw)
-	got, _ := io.ReadAll(br)
-	return statusOf(got), string(got)
+	return func() (int, string) {
+		defer tc.Close()
+		got, _ := io.ReadAll(br)
+		return statusOf(got), string(got)
+	}
 }
 
 func statusOf(got []byte) int {
@@ -197,9 +207,14 @@ func (r *leakRig) transparent(t *testing.T, raw string) (int, string) {
 // returns the status and every field and data byte the task got on the
 // stream, until it ended or was reset.
 func (r *leakRig) h2(t *testing.T, target string, fields [][2]string, body string) (int, string) {
+	return r.sendH2(t, target, fields, body)()
+}
+
+// sendH2 is h2 in two steps, as sendH1.
+func (r *leakRig) sendH2(t *testing.T, target string, fields [][2]string, body string) (read func() (int, string)) {
 	tc, br := r.dialIntercepted(r.proxyURL, target, strings.Split(target, ":")[0], "h2")
-	defer tc.Close()
 	if tc.ConnectionState().NegotiatedProtocol != "h2" {
+		tc.Close()
 		t.Fatal("h2 not negotiated")
 	}
 	tc.SetDeadline(time.Now().Add(10 * time.Second))
@@ -216,6 +231,14 @@ func (r *leakRig) h2(t *testing.T, target string, fields [][2]string, body strin
 	if body != "" {
 		must(t, fr.WriteData(1, true, []byte(body)))
 	}
+	return func() (int, string) {
+		defer tc.Close()
+		return readH2(fr)
+	}
+}
+
+// readH2 reads the answer on stream 1, until it ended or was reset.
+func readH2(fr *http2.Framer) (int, string) {
 	status, got := 0, ""
 	for {
 		f, err := fr.ReadFrame()
@@ -497,14 +520,18 @@ func TestNoValueInAnyLogOnEveryRefusal(t *testing.T) {
 	// attempt (a new password, a new task network) serves what follows.
 	cancelled := func(tok func(string) string, h2 bool) {
 		t.Helper()
+		// Sent here (a failure fails the test); only the read, which
+		// waits for the proxy to stop, runs on its own goroutine.
+		var read func() (int, string)
+		if h2 {
+			read = r.sendH2(t, r.other, [][2]string{{":method", "GET"}, {":scheme", "https"}, {":authority", r.other}, {":path", "/hang/" + tok("B")}, {"authorization", "Bearer " + tok("B")}}, "")
+		} else {
+			read = r.sendH1(r.other, "other.example.test", get(r.other, "/hang/"+tok("B"))+"Authorization: Bearer "+tok("B")+"\r\n\r\n")
+		}
 		done := make(chan struct{})
 		go func() {
 			defer close(done)
-			if h2 {
-				r.h2(t, r.other, [][2]string{{":method", "GET"}, {":scheme", "https"}, {":authority", r.other}, {":path", "/hang/" + tok("B")}, {"authorization", "Bearer " + tok("B")}}, "")
-				return
-			}
-			r.h1(t, r.other, "other.example.test", get(r.other, "/hang/"+tok("B"))+"Authorization: Bearer "+tok("B")+"\r\n\r\n")
+			read()
 		}()
 		select {
 		case <-r.hung:
@@ -512,7 +539,7 @@ func TestNoValueInAnyLogOnEveryRefusal(t *testing.T) {
 			t.Fatal("the request never reached the upstream")
 		}
 		r.proxy.Stop("run-a")
-		<-done
+		await.Recv(t, "the request cut by Stop to end", done)
 		r.waitAudit(func(m map[string]any) bool {
 			return strings.HasPrefix(fmt.Sprint(m["path"]), "/hang/") && m["status"] == float64(http.StatusBadGateway)
 		})

@@ -1,6 +1,7 @@
 package proxy
 
 import (
+	"errors"
 	"net"
 	"testing"
 
@@ -34,7 +35,11 @@ func TestRawConnIsANetConn(t *testing.T) {
 		}
 		c1, c2 = newRawConn(d), newRawConn(a)
 		if _, ok := c1.(*rawConn); !ok {
-			t.Fatal("a TCP connection was not wrapped")
+			// An error, not t.Fatal: nettest calls this on its subtests'
+			// goroutines, and fails the subtest with it.
+			c1.Close()
+			c2.Close()
+			return nil, nil, nil, errors.New("a TCP connection was not wrapped")
 		}
 		return c1, c2, func() { c1.Close(); c2.Close() }, nil
 	})

@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/runfleet/runfleet/shared/hostproto"
+	"github.com/runfleet/runfleet/tests/kit/await"
 )
 
 var t0 = time.Date(2026, 11, 30, 12, 0, 0, 0, time.UTC)
@@ -48,7 +49,7 @@ func TestCreateIsIdempotentOnClientTokenUnderConcurrency(t *testing.T) {
 			}
 		}()
 	}
-	wg.Wait()
+	await.Group(t, "the concurrent writers", &wg)
 	close(created)
 	var winners []Record
 	for r := range created {

@@ -14,6 +14,7 @@ import (
 	"github.com/runfleet/runfleet/edge/internal/edgetest"
 	"github.com/runfleet/runfleet/shared/clock"
 	"github.com/runfleet/runfleet/shared/hostproto"
+	"github.com/runfleet/runfleet/tests/kit/await"
 	"github.com/runfleet/runfleet/tests/kit/syncbuf"
 )
 
@@ -60,13 +61,13 @@ func TestAnInputRacingTheEndIsRecordedBeforeItOrNotAtAll(t *testing.T) {
 		_, err := h.r.Input(run.RunID, json.RawMessage(`"late"`))
 		answered <- err
 	}()
-	<-gate.entered // Input has written to the terminal
+	await.Recv(t, "Input to write to the terminal", gate.entered)
 	if _, err := h.r.Cancel(run.RunID); err != nil {
 		t.Fatal(err)
 	}
 	waitBlockedIn(t, "the ending attempt to wait for the input before closing its terminal", "(*task).closeTerminal")
 	close(gate.release)
-	inputErr := <-answered
+	inputErr := await.Recv(t, "Input to answer", answered)
 	end := h.waitEnd(run.RunID)
 
 	terminalAt, inputAt := -1, -1
@@ -113,8 +114,8 @@ func TestResumeDuringShutdownKeepsTheHostDraining(t *testing.T) {
 		}
 	})
 	run := h.start(`true`, nil)
-	s := <-got
-	if err := <-shutDown; err != nil {
+	s := await.Recv(t, "the hook's view during the shutdown", got)
+	if err := await.Recv(t, "Shutdown to return", shutDown); err != nil {
 		t.Fatal(err)
 	}
 	end, err := h.r.Get(run.RunID)
@@ -149,7 +150,7 @@ func TestRetryOfARunPurgedMeanwhileIsNotFound(t *testing.T) {
 		t.Fatal(err)
 	}
 	h.r.mu.Unlock()
-	if err := <-answered; !errors.Is(err, ErrNotFound) {
+	if err := await.Recv(t, "the retry to answer", answered); !errors.Is(err, ErrNotFound) {
 		t.Fatalf("a retry of a run purged meanwhile = %v, want ErrNotFound (404 run_not_found)", err)
 	}
 }
@@ -168,10 +169,10 @@ func TestNoPurgePassOutlivesShutdown(t *testing.T) {
 		c.Logger = slog.New(slog.NewJSONHandler(logs, nil))
 	})
 	r := h.r
-	<-fake.WaitForTimers(1) // the purge is armed
+	await.Recv(t, "the purge to be armed", fake.WaitForTimers(1))
 	gate.armed.Store(true)
 	fake.Advance(time.Hour)
-	<-gate.entered // a purge pass has begun
+	await.Recv(t, "a purge pass to begin", gate.entered)
 	shutDown := make(chan error, 1)
 	go func() { shutDown <- r.Shutdown(context.Background(), 0) }()
 	waitBlockedIn(t, "Shutdown to wait for the pass", "[select]:", "(*Runner).Shutdown(")
@@ -181,7 +182,7 @@ func TestNoPurgePassOutlivesShutdown(t *testing.T) {
 	default:
 	}
 	close(gate.release)
-	if err := <-shutDown; err != nil {
+	if err := await.Recv(t, "Shutdown to return after the pass", shutDown); err != nil {
 		t.Fatal(err)
 	}
 	if n := counterValue(t, r.metrics.purgePasses); n != 1 {
@@ -209,7 +210,7 @@ func TestACancelDuringARetrysReservationAnswersForTheNewAttempt(t *testing.T) {
 		_, err := h.r.Retry(run.RunID)
 		retried <- err
 	}()
-	<-gate.entered // the retry holds the run's live slot, its record not written
+	await.Recv(t, "the retry to hold the run's live slot, its record not written", gate.entered)
 	type answer struct {
 		run Run
 		err error
@@ -221,10 +222,10 @@ func TestACancelDuringARetrysReservationAnswersForTheNewAttempt(t *testing.T) {
 	}()
 	waitBlockedIn(t, "the cancel to wait for the retry's record", "[chan receive]:", "(*Runner).Cancel(")
 	close(gate.release)
-	if err := <-retried; err != nil {
+	if err := await.Recv(t, "the retry to answer", retried); err != nil {
 		t.Fatal(err)
 	}
-	a := <-canceled
+	a := await.Recv(t, "the cancel to answer", canceled)
 	if a.err != nil || a.run.Attempt != 2 || hostproto.TerminalStatus(a.run.Status) {
 		t.Fatalf("cancel answered %+v, %v; want attempt 2, not yet ended", a.run, a.err)
 	}

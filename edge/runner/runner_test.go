@@ -19,6 +19,7 @@ import (
 	"github.com/runfleet/runfleet/edge/runlog"
 	"github.com/runfleet/runfleet/shared/clock"
 	"github.com/runfleet/runfleet/shared/hostproto"
+	"github.com/runfleet/runfleet/tests/kit/await"
 )
 
 // sharedDir is a temp dir outside /tmp and /var/tmp, which a sandboxed
@@ -290,7 +291,7 @@ func TestVerbsRightAfterTheEndIsRecordedSeeItEnded(t *testing.T) {
 		})
 	}
 	run := h.start(`echo attempt`, nil)
-	a := <-got
+	a := await.Recv(t, "the hook's calls at the recorded end", got)
 	if a.status != hostproto.StatusSucceeded || !errors.Is(a.cancel, ErrNotRunning) || !errors.Is(a.input, ErrNotRunning) {
 		t.Fatalf("at the recorded end (status %s): cancel = %v, input = %v; want ErrNotRunning for both", a.status, a.cancel, a.input)
 	}
@@ -337,7 +338,7 @@ func TestCancelEscalatesToSIGKILLAfterTheGrace(t *testing.T) {
 	if _, err := h.r.Cancel(run.RunID); err != nil {
 		t.Fatal(err)
 	}
-	<-fake.WaitForTimers(timers + 1)
+	await.Recv(t, "the runner to arm one more timer", fake.WaitForTimers(timers+1))
 	fake.Advance(10 * time.Second)
 	end := h.waitEnd(run.RunID)
 	if end.Status != hostproto.StatusCanceled || end.ExitCode == nil || *end.ExitCode != 128+int(syscall.SIGKILL) {
@@ -611,15 +612,15 @@ func TestPurgeAfterRetention(t *testing.T) {
 	}
 	// The purge runs hourly; each step waits for it to re-arm.
 	for step := 1; step <= 2; step++ {
-		<-fake.WaitForTimers(1)
+		await.Recv(t, "the purge to be armed", fake.WaitForTimers(1))
 		fake.Advance(time.Hour)
-		<-fake.WaitForTimers(1)
+		await.Recv(t, "the purge to be armed", fake.WaitForTimers(1))
 		if _, err := h.r.Get(run.RunID); err != nil {
 			t.Fatalf("purged %dh after it ended, within its retention: %v", step, err)
 		}
 	}
 	fake.Advance(time.Hour)
-	<-fake.WaitForTimers(1)
+	await.Recv(t, "the purge to be armed", fake.WaitForTimers(1))
 	if _, err := h.r.Get(run.RunID); !errors.Is(err, ErrNotFound) {
 		t.Fatalf("3h after it ended the run is still there: %v", err)
 	}
@@ -726,7 +727,7 @@ func TestConcurrentStartsOfOneTokenNeverCountAgainstTheLimit(t *testing.T) {
 			runs[i] = h.start(`echo once`, func(r *Spec) { r.ClientToken = "shared" })
 		}()
 	}
-	wg.Wait()
+	await.Group(t, "the concurrent starts with one client token", &wg)
 	fresh := 0
 	for _, r := range runs {
 		if !r.Reused {
@@ -755,7 +756,7 @@ func TestMaxConcurrentUnderConcurrentStarts(t *testing.T) {
 			runs[i] = h.start(`sleep 1000`, nil)
 		}()
 	}
-	wg.Wait()
+	await.Group(t, "the concurrent starts beyond the cap", &wg)
 	admitted, busy := 0, 0
 	for _, r := range runs {
 		switch {
@@ -796,14 +797,14 @@ func TestPurgeHoldsTheRunAgainstARetry(t *testing.T) {
 		_, err := h.r.Retry(id)
 		retried <- err
 	}
-	<-fake.WaitForTimers(1)
+	await.Recv(t, "the purge to be armed", fake.WaitForTimers(1))
 	fake.Advance(time.Hour) // the run ended exactly a retention ago: kept
-	<-fake.WaitForTimers(1)
+	await.Recv(t, "the purge to be armed", fake.WaitForTimers(1))
 	fake.Advance(time.Hour)
-	if err := <-retried; !errors.Is(err, ErrNotRetryable) {
+	if err := await.Recv(t, "the retry to answer", retried); !errors.Is(err, ErrNotRetryable) {
 		t.Fatalf("a retry while the purge removes the run = %v, want ErrNotRetryable", err)
 	}
-	<-fake.WaitForTimers(1) // the purge has ended and re-armed
+	await.Recv(t, "the purge to end and re-arm", fake.WaitForTimers(1))
 	if _, err := h.r.Get(run.RunID); !errors.Is(err, ErrNotFound) {
 		t.Fatalf("the run is still there after its purge: %v", err)
 	}

@@ -11,6 +11,8 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/runfleet/runfleet/tests/kit/await"
 )
 
 // runIn runs a shell command in the network and returns its combined
@@ -98,7 +100,7 @@ func TestServingNetworkSendsEverythingOffItsLoopbackToEdge(t *testing.T) {
 	if err != nil || out != "transparent" {
 		t.Fatalf("a connection to an address off the loopback: %v %q", err, out)
 	}
-	if got := <-dsts; got != "203.0.113.7:8080" {
+	if got := await.Recv(t, "the transparent listener's original destination", dsts); got != "203.0.113.7:8080" {
 		t.Fatalf("its original destination = %q", got)
 	}
 	if len(ls.Transparent) > 1 {
@@ -106,7 +108,7 @@ func TestServingNetworkSendsEverythingOffItsLoopbackToEdge(t *testing.T) {
 		if err != nil || out != "transparent" {
 			t.Fatalf("an IPv6 connection: %v %q", err, out)
 		}
-		if got := <-dsts; got != "[2001:db8::7]:443" {
+		if got := await.Recv(t, "the transparent listener's original destination", dsts); got != "[2001:db8::7]:443" {
 			t.Fatalf("its original destination = %q", got)
 		}
 	}

@@ -6,6 +6,8 @@ import (
 	"strings"
 	"sync"
 	"testing"
+
+	"github.com/runfleet/runfleet/tests/kit/await"
 )
 
 func newPins(t *testing.T, max int) *Pins {
@@ -138,7 +140,7 @@ func TestPinsOfOneNameFromManyGoroutinesAgree(t *testing.T) {
 		})
 	}
 	close(start)
-	wg.Wait()
+	await.Group(t, "the concurrent pinners", &wg)
 	for i, a := range got {
 		if !a.IsValid() || a != got[0] {
 			t.Fatalf("goroutine %d got %v, goroutine 0 got %v", i, a, got[0])

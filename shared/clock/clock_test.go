@@ -3,6 +3,8 @@ package clock
 import (
 	"testing"
 	"time"
+
+	"github.com/runfleet/runfleet/tests/kit/await"
 )
 
 func TestFakeFiresTimersInDeadlineOrder(t *testing.T) {
@@ -29,10 +31,10 @@ func TestFakeFiresTimersInDeadlineOrder(t *testing.T) {
 	}
 
 	f.Advance(time.Hour)
-	if got := <-fired; got.Before(start.Add(90 * time.Minute)) {
+	if got := await.Recv(t, "the AfterFunc due at 90 minutes to run", fired); got.Before(start.Add(90 * time.Minute)) {
 		t.Fatalf("AfterFunc ran at %v, before its deadline", got)
 	}
-	if at := <-late.C(); !at.Equal(start.Add(2 * time.Hour)) {
+	if at := await.Recv(t, "the timer due at two hours to fire", late.C()); !at.Equal(start.Add(2 * time.Hour)) {
 		t.Fatalf("late fired at %v", at)
 	}
 	if f.Timers() != 0 {
@@ -56,14 +58,14 @@ func TestFakeStopAndReset(t *testing.T) {
 		t.Fatal("Reset of a stopped timer reported it pending")
 	}
 	f.Advance(time.Minute)
-	<-tm.C()
+	await.Recv(t, "the reset timer to fire", tm.C())
 }
 
 func TestWaitForTimersAndSleep(t *testing.T) {
 	f := NewFake(time.Unix(0, 0))
 	done := make(chan bool)
 	go func() { done <- Sleep(f, time.Second, nil) }()
-	<-f.WaitForTimers(1)
+	await.Recv(t, "Sleep to arm its timer", f.WaitForTimers(1))
 	f.Advance(time.Second)
 	if !<-done {
 		t.Fatal("Sleep reported it was interrupted")
@@ -71,9 +73,9 @@ func TestWaitForTimersAndSleep(t *testing.T) {
 
 	stop := make(chan struct{})
 	go func() { done <- Sleep(f, time.Second, stop) }()
-	<-f.WaitForTimers(1)
+	await.Recv(t, "Sleep to arm its timer", f.WaitForTimers(1))
 	close(stop)
-	if <-done {
+	if await.Recv(t, "Sleep to return once done closed", done) {
 		t.Fatal("Sleep ignored done")
 	}
 }

@@ -20,6 +20,7 @@ import (
 	"github.com/runfleet/runfleet/shared/hostproto"
 	"github.com/runfleet/runfleet/shared/store"
 	"github.com/runfleet/runfleet/shared/store/boltstore"
+	"github.com/runfleet/runfleet/tests/kit/await"
 	"github.com/runfleet/runfleet/tests/kit/fakehost"
 )
 
@@ -190,7 +191,7 @@ func TestDispatchInFlightIs409WithTheRunID(t *testing.T) {
 		t.Fatalf("while in flight: %v", err)
 	}
 	host.Release()
-	wg.Wait()
+	await.Group(t, "the first dispatch to return once the host answered", &wg)
 	if firstErr != nil || first.Run.Status != hostproto.StatusPending {
 		t.Fatalf("first = %+v, %v", first, firstErr)
 	}

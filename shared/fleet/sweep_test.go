@@ -17,6 +17,7 @@ import (
 	"github.com/runfleet/runfleet/shared/clock"
 	"github.com/runfleet/runfleet/shared/hostproto"
 	"github.com/runfleet/runfleet/shared/store"
+	"github.com/runfleet/runfleet/tests/kit/await"
 	"github.com/runfleet/runfleet/tests/kit/fakehost"
 	"github.com/runfleet/runfleet/tests/kit/syncbuf"
 )
@@ -365,7 +366,7 @@ func TestAStaleLiveStateNeverUndoesTheSameAttemptsEnd(t *testing.T) {
 			t.Error(err)
 		}
 	}()
-	<-entered // the pull-through has read "running"; its events read waits
+	await.Recv(t, "the pull-through to read \"running\" and wait in its events read", entered)
 
 	zero := 0
 	host.SetRun(run.ChildRunID, hostproto.StatusSucceeded, &zero, "")
@@ -373,7 +374,7 @@ func TestAStaleLiveStateNeverUndoesTheSameAttemptsEnd(t *testing.T) {
 		t.Fatalf("sweep = %+v, %v; want the run drained", rep, err)
 	}
 	close(release)
-	wg.Wait()
+	await.Group(t, "the released pull-through to return", &wg)
 
 	got, err := e.st.GetRun(ctx, run.FleetRunID)
 	if err != nil {

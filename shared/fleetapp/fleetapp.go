@@ -88,17 +88,14 @@ type App struct {
 	closers []func() error
 }
 
-// New builds Fleet from cfg (config.FromEnv) and deps.
+// New builds Fleet from cfg (config.FromEnv) and deps: the store, the
+// credential source and the admin token, then the domain and its
+// handlers. What it opened is closed again when a later step fails.
 func New(ctx context.Context, cfg config.Fleet, deps Deps) (*App, error) {
 	if deps.Logger == nil {
 		return nil, errors.New("fleetapp: Deps.Logger is required")
 	}
-	if cfg.Store == "" {
-		cfg.Store = deps.DefaultStore
-		if cfg.Store == "" {
-			cfg.Store = config.StoreDynamoDB
-		}
-	}
+	cfg.Store = storeSetting(cfg.Store, deps.DefaultStore)
 	kind, boltPath, err := config.ParseStore(cfg.Store)
 	if err != nil {
 		return nil, err
@@ -110,133 +107,208 @@ func New(ctx context.Context, cfg config.Fleet, deps Deps) (*App, error) {
 			app.Close()
 		}
 	}()
+	clients := &awsClients{ctx: ctx, load: deps.LoadAWS}
 
-	var awsCfg *aws.Config
-	loadAWS := func() (aws.Config, error) {
-		if awsCfg != nil {
-			return *awsCfg, nil
-		}
-		load := deps.LoadAWS
-		if load == nil {
-			load = func(ctx context.Context) (aws.Config, error) { return awsconfig.LoadDefaultConfig(ctx) }
-		}
-		c, err := load(ctx)
-		if err != nil {
-			return aws.Config{}, fmt.Errorf("fleetapp: loading the AWS configuration: %w", err)
-		}
-		awsCfg = &c
-		return c, nil
-	}
-
-	switch kind {
-	case config.StoreBolt:
-		st, err := boltstore.Open(boltPath, boltstore.WithClock(orReal(deps.Clock)))
-		if err != nil {
-			return nil, err
-		}
-		app.Store = st
-		app.closers = append(app.closers, st.Close)
-	case config.StoreDynamoDB:
-		ac, err := loadAWS()
-		if err != nil {
-			return nil, err
-		}
-		client := dynamodb.NewFromConfig(ac, func(o *dynamodb.Options) {
-			if cfg.DynamoDBEndpoint != "" {
-				o.BaseEndpoint = aws.String(cfg.DynamoDBEndpoint)
-			}
-		})
-		st, err := dynamostore.New(client, dynamostore.Config{
-			Tables: cfg.Tables, Clock: deps.Clock, Meter: deps.Meter,
-		})
-		if err != nil {
-			return nil, err
-		}
-		if deps.CreateTables {
-			if err := st.CreateTables(ctx); err != nil {
-				return nil, err
-			}
-		}
-		app.Store = st
-	}
-
-	var smClient *secretsmanager.Client
-	secretsManager := func() (*secretsmanager.Client, error) {
-		if smClient == nil {
-			ac, err := loadAWS()
-			if err != nil {
-				return nil, err
-			}
-			smClient = secretsmanager.NewFromConfig(ac)
-		}
-		return smClient, nil
+	if err := app.openStore(ctx, kind, boltPath, deps, clients); err != nil {
+		return nil, err
 	}
 	credOpts := credentials.Options{Clock: deps.Clock}
 	if cfg.Credentials.NeedsAWS() {
-		if credOpts.SecretsManager, err = secretsManager(); err != nil {
+		if credOpts.SecretsManager, err = clients.secretsManager(); err != nil {
 			return nil, err
 		}
 	}
 	if app.Credentials, err = cfg.Credentials.Open(credOpts); err != nil {
 		return nil, err
 	}
-
-	var admin auth.AdminTokenSource = auth.StaticAdminToken("")
-	if !deps.Scheduled {
-		admin = auth.StaticAdminToken(cfg.AdminToken)
-		if cfg.AdminToken == "" && cfg.AdminTokenSecret != "" {
-			sm, err := secretsManager()
-			if err != nil {
-				return nil, err
-			}
-			secret := newAdminSecret(sm, cfg.AdminTokenSecret, deps.Clock, cfg.AdminTokenTTL)
-			// Read once now, so a missing or short secret fails the cold
-			// start rather than the first admin request.
-			if _, err := secret.AdminToken(ctx); err != nil {
-				return nil, err
-			}
-			admin = secret
-		}
-		if cfg.AdminToken == "" && cfg.AdminTokenSecret == "" {
-			deps.Logger.Warn("no admin token: set RUNFLEET_ADMIN_TOKEN or RUNFLEET_ADMIN_TOKEN_SECRET to administer Fleet")
-		}
+	plan := planAdminToken(cfg, deps.Scheduled)
+	if plan.warning != "" {
+		deps.Logger.Warn(plan.warning)
 	}
-	app.AdminConfigured = !deps.Scheduled && (cfg.AdminToken != "" || cfg.AdminTokenSecret != "")
-
-	repos, err := fleet.LoadRepoURLs(cfg.RepoURLsPath())
+	admin, err := openAdminToken(ctx, plan.source, cfg, deps.Clock, clients)
 	if err != nil {
 		return nil, err
 	}
-	app.Fleet, err = fleet.New(fleet.Config{
-		Store: app.Store, Credentials: app.Credentials, Logger: deps.Logger, Clock: deps.Clock,
+	app.AdminConfigured = plan.source != adminNone
+	if err := app.assemble(cfg, deps, admin); err != nil {
+		return nil, err
+	}
+	ok = true
+	return app, nil
+}
+
+// storeSetting is the RUNFLEET_STORE in effect: the configured one, else
+// the process's default, else DynamoDB.
+func storeSetting(configured, processDefault string) string {
+	switch {
+	case configured != "":
+		return configured
+	case processDefault != "":
+		return processDefault
+	}
+	return config.StoreDynamoDB
+}
+
+// awsClients loads the AWS configuration, and the Secrets Manager client,
+// once and only when a part of Fleet needs them: a bolt store with file
+// credentials and a literal admin token needs no AWS at all. It lives for
+// one call of New, whose ctx it holds.
+type awsClients struct {
+	ctx  context.Context
+	load func(ctx context.Context) (aws.Config, error) // nil: the SDK's default chain
+	cfg  *aws.Config
+	sm   *secretsmanager.Client
+}
+
+func (c *awsClients) config() (aws.Config, error) {
+	if c.cfg != nil {
+		return *c.cfg, nil
+	}
+	load := c.load
+	if load == nil {
+		load = func(ctx context.Context) (aws.Config, error) { return awsconfig.LoadDefaultConfig(ctx) }
+	}
+	ac, err := load(c.ctx)
+	if err != nil {
+		return aws.Config{}, fmt.Errorf("fleetapp: loading the AWS configuration: %w", err)
+	}
+	c.cfg = &ac
+	return ac, nil
+}
+
+func (c *awsClients) secretsManager() (*secretsmanager.Client, error) {
+	if c.sm == nil {
+		ac, err := c.config()
+		if err != nil {
+			return nil, err
+		}
+		c.sm = secretsmanager.NewFromConfig(ac)
+	}
+	return c.sm, nil
+}
+
+// openStore opens the store kind names: the bolt file (closed by Close),
+// or DynamoDB's tables (created first when deps says the stack owns them).
+func (a *App) openStore(ctx context.Context, kind, boltPath string, deps Deps, clients *awsClients) error {
+	switch kind {
+	case config.StoreBolt:
+		st, err := boltstore.Open(boltPath, boltstore.WithClock(orReal(deps.Clock)))
+		if err != nil {
+			return err
+		}
+		a.Store = st
+		a.closers = append(a.closers, st.Close)
+	case config.StoreDynamoDB:
+		ac, err := clients.config()
+		if err != nil {
+			return err
+		}
+		client := dynamodb.NewFromConfig(ac, func(o *dynamodb.Options) {
+			if a.Config.DynamoDBEndpoint != "" {
+				o.BaseEndpoint = aws.String(a.Config.DynamoDBEndpoint)
+			}
+		})
+		st, err := dynamostore.New(client, dynamostore.Config{
+			Tables: a.Config.Tables, Clock: deps.Clock, Meter: deps.Meter,
+		})
+		if err != nil {
+			return err
+		}
+		if deps.CreateTables {
+			if err := st.CreateTables(ctx); err != nil {
+				return err
+			}
+		}
+		a.Store = st
+	}
+	return nil
+}
+
+// adminSource is where the bootstrap admin token comes from.
+type adminSource int
+
+const (
+	adminNone           adminSource = iota // no admin token: nobody administers Fleet
+	adminLiteral                           // RUNFLEET_ADMIN_TOKEN
+	adminSecretsManager                    // RUNFLEET_ADMIN_TOKEN_SECRET, re-read every TTL
+)
+
+// adminPlan is planAdminToken's decision: the source, and a warning to log
+// when a process that authenticates callers has none.
+type adminPlan struct {
+	source  adminSource
+	warning string
+}
+
+// planAdminToken decides where the admin token comes from. The scheduled
+// jobs authenticate no caller: they neither read a token nor miss one. A
+// literal token wins over a secret.
+func planAdminToken(cfg config.Fleet, scheduled bool) adminPlan {
+	switch {
+	case scheduled:
+		return adminPlan{source: adminNone}
+	case cfg.AdminToken != "":
+		return adminPlan{source: adminLiteral}
+	case cfg.AdminTokenSecret != "":
+		return adminPlan{source: adminSecretsManager}
+	}
+	return adminPlan{source: adminNone,
+		warning: "no admin token: set RUNFLEET_ADMIN_TOKEN or RUNFLEET_ADMIN_TOKEN_SECRET to administer Fleet"}
+}
+
+// openAdminToken opens source. A secret is read once now, so a missing or
+// short secret fails the cold start rather than the first admin request.
+func openAdminToken(ctx context.Context, source adminSource, cfg config.Fleet, clk clock.Clock, clients *awsClients) (auth.AdminTokenSource, error) {
+	switch source {
+	case adminLiteral:
+		return auth.StaticAdminToken(cfg.AdminToken), nil
+	case adminSecretsManager:
+		sm, err := clients.secretsManager()
+		if err != nil {
+			return nil, err
+		}
+		secret := newAdminSecret(sm, cfg.AdminTokenSecret, clk, cfg.AdminTokenTTL)
+		if _, err := secret.AdminToken(ctx); err != nil {
+			return nil, err
+		}
+		return secret, nil
+	}
+	return auth.StaticAdminToken(""), nil
+}
+
+// assemble builds the domain on the opened store and credentials, and its
+// handlers: the API, the stream and the scheduled jobs.
+func (a *App) assemble(cfg config.Fleet, deps Deps, admin auth.AdminTokenSource) error {
+	repos, err := fleet.LoadRepoURLs(cfg.RepoURLsPath())
+	if err != nil {
+		return err
+	}
+	a.Fleet, err = fleet.New(fleet.Config{
+		Store: a.Store, Credentials: a.Credentials, Logger: deps.Logger, Clock: deps.Clock,
 		Random: deps.Random, DialContext: deps.DialContext, HostTimeout: cfg.HostTimeout,
 		ProbeTimeout: cfg.ProbeTimeout, ProbeMaxAge: cfg.ProbeMaxAge, ProbeConcurrency: cfg.ProbeConcurrency,
 		Retention: cfg.Retention(), RepoURLs: repos,
 	})
 	if err != nil {
-		return nil, err
+		return err
 	}
-	authn := auth.NewAuthenticatorWithSource(app.Store, admin)
-	app.API, err = api.New(api.Config{Fleet: app.Fleet, Auth: authn, Logger: deps.Logger, Clock: deps.Clock, StreamURL: cfg.StreamURL,
+	authn := auth.NewAuthenticatorWithSource(a.Store, admin)
+	a.API, err = api.New(api.Config{Fleet: a.Fleet, Auth: authn, Logger: deps.Logger, Clock: deps.Clock, StreamURL: cfg.StreamURL,
 		Parked: deps.StreamParked})
 	if err != nil {
-		return nil, err
+		return err
 	}
-	app.Stream, err = stream.New(stream.Config{
-		Fleet: app.Fleet, Auth: authn, Logger: deps.Logger, Clock: deps.Clock,
+	a.Stream, err = stream.New(stream.Config{
+		Fleet: a.Fleet, Auth: authn, Logger: deps.Logger, Clock: deps.Clock,
 		PollInterval: cfg.StreamPollInterval, KeepAlive: cfg.StreamKeepAlive, MaxDuration: cfg.StreamMaxDuration,
-		IdleTimeout: cfg.StreamIdleTimeout, Leases: app.Store, MaxPerCaller: cfg.StreamMaxPerCaller,
+		IdleTimeout: cfg.StreamIdleTimeout, Leases: a.Store, MaxPerCaller: cfg.StreamMaxPerCaller,
 		Random: deps.Random, Parked: deps.StreamParked,
 	})
 	if err != nil {
-		return nil, err
+		return err
 	}
-	app.Jobs, err = scheduled.New(scheduled.Config{Fleet: app.Fleet, Logger: deps.Logger, Clock: deps.Clock, Metrics: deps.Metrics})
-	if err != nil {
-		return nil, err
-	}
-	ok = true
-	return app, nil
+	a.Jobs, err = scheduled.New(scheduled.Config{Fleet: a.Fleet, Logger: deps.Logger, Clock: deps.Clock, Metrics: deps.Metrics})
+	return err
 }
 
 // Function is one of Fleet's Lambda functions, for StartFunction.

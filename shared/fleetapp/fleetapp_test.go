@@ -287,3 +287,39 @@ func post(t *testing.T, app *App, path, token, body string) map[string]any {
 	json.Unmarshal([]byte(resp.Body), &m)
 	return m
 }
+
+func TestPlanAdminToken(t *testing.T) {
+	const warning = "no admin token: set RUNFLEET_ADMIN_TOKEN or RUNFLEET_ADMIN_TOKEN_SECRET to administer Fleet"
+	for _, tc := range []struct {
+		name          string
+		token, secret string
+		scheduled     bool
+		want          adminPlan
+	}{
+		{"a literal token", "tok", "", false, adminPlan{source: adminLiteral}},
+		{"a literal token wins over a secret", "tok", "runfleet/admin-token", false, adminPlan{source: adminLiteral}},
+		{"a secret", "", "runfleet/admin-token", false, adminPlan{source: adminSecretsManager}},
+		{"none, in a process that authenticates callers", "", "", false, adminPlan{source: adminNone, warning: warning}},
+		{"the scheduled jobs read none", "tok", "runfleet/admin-token", true, adminPlan{source: adminNone}},
+		{"the scheduled jobs miss none", "", "", true, adminPlan{source: adminNone}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			got := planAdminToken(config.Fleet{AdminToken: tc.token, AdminTokenSecret: tc.secret}, tc.scheduled)
+			if got != tc.want {
+				t.Errorf("planAdminToken = %+v, want %+v", got, tc.want)
+			}
+		})
+	}
+}
+
+func TestStoreSetting(t *testing.T) {
+	for _, tc := range []struct{ configured, processDefault, want string }{
+		{"bolt:/tmp/a.db", "bolt:/tmp/b.db", "bolt:/tmp/a.db"},
+		{"", "bolt:/tmp/b.db", "bolt:/tmp/b.db"},
+		{"", "", config.StoreDynamoDB},
+	} {
+		if got := storeSetting(tc.configured, tc.processDefault); got != tc.want {
+			t.Errorf("storeSetting(%q, %q) = %q, want %q", tc.configured, tc.processDefault, got, tc.want)
+		}
+	}
+}

@@ -1,6 +1,7 @@
 package stream
 
 import (
+	"bufio"
 	"bytes"
 	"context"
 	"encoding/json"
@@ -28,6 +29,7 @@ import (
 	"github.com/runfleet/runfleet/shared/hostproto"
 	"github.com/runfleet/runfleet/shared/store"
 	"github.com/runfleet/runfleet/shared/store/boltstore"
+	"github.com/runfleet/runfleet/tests/kit/await"
 	"github.com/runfleet/runfleet/tests/kit/fakehost"
 	"github.com/runfleet/runfleet/tests/kit/ssetest"
 )
@@ -259,7 +261,7 @@ func TestAHangingHostNeverHoldsTheStreamSilent(t *testing.T) {
 	hang.Store(true)
 	e.tick(t)
 	for i := 0; i < 2; i++ {
-		<-hung                          // the poll's pull-through waits on the host
+		await.Recv(t, "the poll's pull-through to reach the hanging host", hung)
 		e.clk.Advance(30 * time.Minute) // half the keep-alive: given up on
 		if i == 0 {
 			e.waitParked(t)
@@ -303,7 +305,7 @@ func TestStreamEndsWhenItsRunIsDeletedUnderIt(t *testing.T) {
 	if len(m.Comments) != 1 || m.Comments[0] != "the run no longer exists" || m.Retry != "" {
 		t.Fatalf("after the run was deleted: %+v, want its goodbye without a retry hint", m)
 	}
-	if m, ok := <-ch; ok {
+	if m, ok := await.RecvOK(t, "the stream to end", ch); ok {
 		t.Fatalf("a message after the goodbye: %+v", m)
 	}
 	e.logs.wait(t, `"msg":"stream"`, `"end":"run_deleted"`)
@@ -385,7 +387,7 @@ func TestStreamSendsBacklogSnapshotLiveEventsAndDone(t *testing.T) {
 	if fmt.Sprint(seqs) != "[6]" || done.Data != `{"cursor":6,"status":"succeeded","attempt":1,"exitCode":0}` {
 		t.Fatalf("end: %v then done %s", seqs, done.Data)
 	}
-	if m, ok := <-ch; ok {
+	if m, ok := await.RecvOK(t, "the stream to end", ch); ok {
 		t.Fatalf("a message after done: %+v", m)
 	}
 	stored, _ := e.st.GetRun(context.Background(), run.FleetRunID)
@@ -468,7 +470,7 @@ func TestStreamKeepsAliveAndEndsWithARetryHint(t *testing.T) {
 	if m.Retry != "2000" || len(m.Comments) != 1 || !strings.Contains(m.Comments[0], "maximum duration") {
 		t.Fatalf("at the maximum duration: %+v", m)
 	}
-	if m, ok := <-ch; ok {
+	if m, ok := await.RecvOK(t, "the stream to end", ch); ok {
 		t.Fatalf("a message after the planned end: %+v", m)
 	}
 	if !e.logs.has(`"end":"planned"`) {
@@ -845,4 +847,79 @@ func TestStreamThatLostItsSlotEnds(t *testing.T) {
 		t.Fatalf("after its slot was taken: %+v", m)
 	}
 	e.logs.wait(t, `"end":"lease_lost"`)
+}
+
+// TestStreamEndsItsMarginBeforeTheInvocationDeadline: a Lambda invocation's
+// context carries its deadline (on the wall clock); the stream ends 15 s
+// before it (the README's "in Lambda also 15 s before the invocation's
+// deadline"; DefaultEndMargin) with the planned end's retry hint, so the
+// goodbye is written while the invocation can still send it, not when
+// Lambda kills it. Polls, keep-alives, the idle end and the
+// maximum duration are an hour or more away, so the one timer the parked
+// stream holds is its end: when it falls due says when the stream ends.
+func TestStreamEndsItsMarginBeforeTheInvocationDeadline(t *testing.T) {
+	e := newEnv(t, envOptions{ticks: true, cfg: Config{PollInterval: time.Hour, KeepAlive: time.Hour, MaxDuration: 3 * time.Hour, IdleTimeout: 3 * time.Hour}})
+	run := e.dispatch(t, "alice")
+	e.sweep(t)
+	const left = time.Minute // the invocation's time left when it starts
+	const margin = 15 * time.Second
+	opened := time.Now()
+	ctx, cancel := context.WithDeadline(context.Background(), opened.Add(left))
+	defer cancel()
+	resp, err := e.h.HandleLambda(ctx, functionURLEvent(run.FleetRunID, "", map[string]string{"authorization": "Bearer " + adminToken}))
+	if err != nil {
+		t.Fatal(err)
+	}
+	ch := ssetest.Read(lambdaBody(t, resp))
+	eventsUntil(t, ch, "snapshot")
+	e.waitParked(t)
+	// The stream read the deadline's distance on the wall clock once, at
+	// its start, somewhere within elapsed of opened.
+	elapsed := time.Since(opened)
+	at, ok := e.clk.Next()
+	if !ok {
+		t.Fatal("the parked stream holds no timer")
+	}
+	endsIn := at.Sub(e.clk.Now())
+	if latest, earliest := left-margin, left-margin-elapsed; endsIn > latest || endsIn < earliest {
+		t.Fatalf("the stream ends %s after its start, %s before the deadline; want %s before it (within the %s the test took to open it)",
+			endsIn, left-endsIn, margin, elapsed)
+	}
+	e.clk.Set(at)
+	m := next(t, ch)
+	if m.Retry != "2000" || len(m.Comments) != 1 || !strings.Contains(m.Comments[0], "maximum duration") {
+		t.Fatalf("%s before the invocation's deadline: %+v, want the retry hint", left-endsIn, m)
+	}
+	if m, ok := await.RecvOK(t, "the stream to end", ch); ok {
+		t.Fatalf("a message after the planned end: %+v", m)
+	}
+	e.logs.wait(t, `"end":"planned"`)
+	if ctx.Err() != nil {
+		t.Fatalf("the invocation's deadline passed before the stream ended (%s after it began)", time.Since(opened))
+	}
+}
+
+// lambdaBody returns the SSE body of a streaming Lambda response as the
+// runtime sends it: what follows the JSON prelude and its 8 NUL bytes,
+// read as the session writes it.
+func lambdaBody(t *testing.T, resp *events.LambdaFunctionURLStreamingResponse) io.Reader {
+	t.Helper()
+	r := bufio.NewReader(resp)
+	var prelude []byte
+	for nul := 0; nul < 8; {
+		b, err := r.ReadByte()
+		if err != nil {
+			t.Fatalf("the prelude %q ended: %v", prelude, err)
+		}
+		prelude = append(prelude, b)
+		if b == 0 {
+			nul++
+		} else {
+			nul = 0
+		}
+	}
+	if !bytes.Contains(prelude, []byte(`"statusCode":200`)) {
+		t.Fatalf("prelude %q", prelude)
+	}
+	return r
 }

@@ -9,6 +9,7 @@ import (
 
 	"github.com/runfleet/runfleet/edge/internal/edgetest"
 	"github.com/runfleet/runfleet/shared/clock"
+	"github.com/runfleet/runfleet/tests/kit/await"
 	"github.com/runfleet/runfleet/tests/kit/syncbuf"
 )
 
@@ -77,7 +78,7 @@ func TestTheFirstLineThenOneCountPerInterval(t *testing.T) {
 	closed(t, l, "other") // no line was held back: no summary
 
 	// The condition goes on: the next interval counts again.
-	<-clk.WaitForTimers(1)
+	await.Recv(t, "the throttle to arm its timer", clk.WaitForTimers(1))
 	l.Error("disk", "recording output", "n", 50)
 	l.Error("disk", "recording output", "n", 51)
 	if n := len(lines(t, &buf)); n != 3 {
@@ -88,7 +89,7 @@ func TestTheFirstLineThenOneCountPerInterval(t *testing.T) {
 		t.Fatalf("second summary %v, want 2 suppressed", got[3])
 	}
 	// A quiet interval ends the condition: its next line is logged whole.
-	<-clk.WaitForTimers(1)
+	await.Recv(t, "the throttle to arm its timer", clk.WaitForTimers(1))
 	clk.Advance(time.Minute)
 	closed(t, l, "disk")
 	if n := len(lines(t, &buf)); n != 4 {

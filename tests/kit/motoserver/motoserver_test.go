@@ -17,6 +17,8 @@ import (
 	"github.com/aws/aws-sdk-go-v2/service/dynamodb"
 	"github.com/aws/aws-sdk-go-v2/service/dynamodb/types"
 	"github.com/aws/aws-sdk-go-v2/service/secretsmanager"
+
+	"github.com/runfleet/runfleet/tests/kit/await"
 )
 
 var shared *Server
@@ -102,7 +104,7 @@ func TestConditionalUpdatesAreAtomic(t *testing.T) {
 				}
 			}()
 		}
-		wg.Wait()
+		await.Group(t, "the round's conditional updates", &wg)
 		if got := wins.Load(); got != 1 {
 			t.Fatalf("round %d: %d conditional updates from one state succeeded", round, got)
 		}

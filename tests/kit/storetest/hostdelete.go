@@ -10,6 +10,7 @@ import (
 
 	"github.com/runfleet/runfleet/shared/clock"
 	"github.com/runfleet/runfleet/shared/store"
+	"github.com/runfleet/runfleet/tests/kit/await"
 )
 
 // deleteHost repeats DeleteHost until it is done or fails, checking that
@@ -58,7 +59,7 @@ func testHostsDeleteInSteps(t *testing.T, s store.Store, clk *clock.Fake) {
 			}
 		}()
 	}
-	wg.Wait()
+	await.Group(t, "the seeding writers", &wg)
 	close(errs)
 	for err := range errs {
 		noErr(t, "seeding", err)

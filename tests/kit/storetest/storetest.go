@@ -19,6 +19,7 @@ import (
 	"github.com/runfleet/runfleet/shared/clock"
 	"github.com/runfleet/runfleet/shared/hostproto"
 	"github.com/runfleet/runfleet/shared/store"
+	"github.com/runfleet/runfleet/tests/kit/await"
 )
 
 // NewStore returns an empty store that reads the time from clk. It is called
@@ -512,7 +513,7 @@ func testCallersConcurrentCreate(t *testing.T, s store.Store, clk *clock.Fake) {
 			errs[i] = s.CreateCaller(bg, c)
 		}()
 	}
-	wg.Wait()
+	await.Group(t, "the concurrent CreateCallers", &wg)
 	winners := 0
 	for _, err := range errs {
 		switch {
@@ -644,7 +645,7 @@ func testIdempotencyConcurrent(t *testing.T, s store.Store, clk *clock.Fake) {
 		}()
 	}
 	close(start)
-	wg.Wait()
+	await.Group(t, "the concurrent PutIdempotencys", &wg)
 	var winner string
 	for _, r := range results {
 		if r.err == nil {
@@ -732,7 +733,7 @@ func testRunsConcurrentCreate(t *testing.T, s store.Store, clk *clock.Fake) {
 			errs[i] = s.CreateRun(bg, run("r1", fmt.Sprintf("owner%d", i), "h1", clk.Now()))
 		}()
 	}
-	wg.Wait()
+	await.Group(t, "the concurrent CreateRuns", &wg)
 	winners := 0
 	for _, err := range errs {
 		if err == nil {
@@ -811,7 +812,7 @@ func testRunsConcurrentUpdate(t *testing.T, s store.Store, clk *clock.Fake) {
 			}()
 		}
 		close(start)
-		wg.Wait()
+		await.Group(t, "the concurrent UpdateRuns", &wg)
 		wins := 0
 		for _, err := range errs {
 			if err == nil {

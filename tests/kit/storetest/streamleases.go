@@ -9,6 +9,7 @@ import (
 
 	"github.com/runfleet/runfleet/shared/clock"
 	"github.com/runfleet/runfleet/shared/store"
+	"github.com/runfleet/runfleet/tests/kit/await"
 )
 
 // streamLeaseTests are the contract of store.StreamLeases.
@@ -118,7 +119,7 @@ func testLeasesConcurrent(t *testing.T, s store.Store, clk *clock.Fake) {
 			won[l.Slot] = l.Holder
 		}()
 	}
-	wg.Wait()
+	await.Group(t, "the concurrent AcquireStreamLeases", &wg)
 	if len(won) != slots {
 		t.Fatalf("%d slots taken by %d concurrent tries, want all %d: %v", len(won), tries, slots, won)
 	}

@@ -9,6 +9,7 @@ import (
 
 	"github.com/runfleet/runfleet/shared/clock"
 	"github.com/runfleet/runfleet/shared/store"
+	"github.com/runfleet/runfleet/tests/kit/await"
 )
 
 // sweepCursorCases are the contract of the sweep cursor (Run adds them).
@@ -127,7 +128,7 @@ func testSweepCursorConcurrentClaims(t *testing.T, s store.Store, clk *clock.Fak
 			}
 		}()
 	}
-	wg.Wait()
+	await.Group(t, "the concurrent ClaimSweepCursors", &wg)
 	if len(errs) > 0 || len(won) != 1 {
 		t.Fatalf("%d concurrent claims: won by %v, errors %v", n, won, errs)
 	}

@@ -4,6 +4,8 @@ import (
 	"strings"
 	"sync"
 	"testing"
+
+	"github.com/runfleet/runfleet/tests/kit/await"
 )
 
 func TestConcurrentWritesAllArrive(t *testing.T) {
@@ -19,7 +21,7 @@ func TestConcurrentWritesAllArrive(t *testing.T) {
 			}
 		}()
 	}
-	wg.Wait()
+	await.Group(t, "the concurrent writers", &wg)
 	if n := strings.Count(b.String(), "x\n"); n != 800 {
 		t.Fatalf("%d lines, want 800", n)
 	}
