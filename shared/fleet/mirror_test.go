@@ -10,7 +10,9 @@ import (
 	"unicode/utf8"
 
 	"github.com/runfleet/runfleet/shared/hostproto"
+	"github.com/runfleet/runfleet/shared/store"
 	"github.com/runfleet/runfleet/tests/kit/fakehost"
+	"github.com/runfleet/runfleet/tests/kit/storetest"
 )
 
 func TestFitEventKeepsEventDataWithinTheLimit(t *testing.T) {
@@ -104,5 +106,28 @@ func TestAnOversizedEventOrPageDoesNotWedgeTheRun(t *testing.T) {
 	}
 	if r, _ := e.st.GetRun(ctx, run.FleetRunID); !r.Drained || r.Status != hostproto.StatusSucceeded || r.EventCursor != 15 {
 		t.Fatalf("run after the sweep: %+v", r)
+	}
+}
+
+// TestMirroredEventsKeepTheHostsShape pins the bytes of a mirrored event
+// as the events answer and the stream send it: the host's event as it came
+// (DESIGN.md), whatever the record the store keeps it in (issue 16).
+func TestMirroredEventsKeepTheHostsShape(t *testing.T) {
+	e := newTestEnv(t, time.Second)
+	ev := storetest.StoredFormEvent()
+	if err := e.st.PutEvents(context.Background(), []store.Event{ev}); err != nil {
+		t.Fatal(err)
+	}
+	page, err := e.f.MirroredEvents(context.Background(), store.Run{FleetRunID: ev.FleetRunID, EventCursor: ev.Sequence}, 0, 10)
+	if err != nil {
+		t.Fatal(err)
+	}
+	got, err := json.Marshal(page.Events)
+	if err != nil {
+		t.Fatal(err)
+	}
+	const want = `[{"sequence":7,"type":"output","data":"hello","ts":"2026-05-04T03:02:01.123456789Z"}]`
+	if string(got) != want {
+		t.Errorf("mirrored events:\n got  %s\n want %s", got, want)
 	}
 }

@@ -89,23 +89,6 @@ var bg = context.Background()
 
 // --- helpers ---------------------------------------------------------------
 
-// sameJSON compares two records through their JSON form, which shows every
-// field (times included, to the nanosecond) in the failure message.
-func sameJSON(t *testing.T, what string, got, want any) {
-	t.Helper()
-	g, err := json.Marshal(got)
-	if err != nil {
-		t.Fatal(err)
-	}
-	w, err := json.Marshal(want)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if string(g) != string(w) {
-		t.Fatalf("%s:\n got  %s\n want %s", what, g, w)
-	}
-}
-
 func wantErr(t *testing.T, what string, err, sentinel error) {
 	t.Helper()
 	if !errors.Is(err, sentinel) {
@@ -283,13 +266,13 @@ func testHostsCreateGetList(t *testing.T, s store.Store, clk *clock.Fake) {
 	}
 	got, err := s.GetHost(bg, "hb")
 	noErr(t, "GetHost", err)
-	sameJSON(t, "GetHost", got, host("hb", clk.Now()))
+	SameJSON(t, "GetHost", got, host("hb", clk.Now()))
 
 	bare := store.Host{ID: "hd", BaseURL: "http://127.0.0.1:7070", CredentialRef: "c", CreatedAt: clk.Now()}
 	noErr(t, "CreateHost bare", s.CreateHost(bg, bare))
 	got, err = s.GetHost(bg, "hd")
 	noErr(t, "GetHost bare", err)
-	sameJSON(t, "GetHost bare", got, bare)
+	SameJSON(t, "GetHost bare", got, bare)
 
 	list, err := s.ListHosts(bg)
 	noErr(t, "ListHosts", err)
@@ -298,7 +281,7 @@ func testHostsCreateGetList(t *testing.T, s store.Store, clk *clock.Fake) {
 		names = append(names, h.ID)
 	}
 	sameIDs(t, "ListHosts order", names, []string{"ha", "hb", "hc", "hd"})
-	sameJSON(t, "ListHosts[0]", list[0], host("ha", clk.Now()))
+	SameJSON(t, "ListHosts[0]", list[0], host("ha", clk.Now()))
 }
 
 func testHostsCreateExisting(t *testing.T, s store.Store, clk *clock.Fake) {
@@ -308,7 +291,7 @@ func testHostsCreateExisting(t *testing.T, s store.Store, clk *clock.Fake) {
 	wantErr(t, "CreateHost again", s.CreateHost(bg, other), store.ErrExists)
 	got, err := s.GetHost(bg, "h1")
 	noErr(t, "GetHost", err)
-	sameJSON(t, "host after refused create", got, host("h1", clk.Now()))
+	SameJSON(t, "host after refused create", got, host("h1", clk.Now()))
 }
 
 func testHostsNotFound(t *testing.T, s store.Store, clk *clock.Fake) {
@@ -339,10 +322,10 @@ func testHostsSetEnabled(t *testing.T, s store.Store, clk *clock.Fake) {
 	want := host("h1", clk.Now())
 	want.Enabled = false
 	want.Probe = &p
-	sameJSON(t, "SetHostEnabled result", got, want)
+	SameJSON(t, "SetHostEnabled result", got, want)
 	read, err := s.GetHost(bg, "h1")
 	noErr(t, "GetHost", err)
-	sameJSON(t, "GetHost after disable", read, want)
+	SameJSON(t, "GetHost after disable", read, want)
 
 	got, err = s.SetHostEnabled(bg, "h1", true)
 	noErr(t, "SetHostEnabled true", err)
@@ -361,7 +344,7 @@ func testHostsRecordProbe(t *testing.T, s store.Store, clk *clock.Fake) {
 	noErr(t, "GetHost", err)
 	want := h
 	want.Probe = &first
-	sameJSON(t, "host with probe", got, want)
+	SameJSON(t, "host with probe", got, want)
 
 	clk.Advance(time.Minute)
 	second := store.Probe{Status: store.ProbeUnreachable, At: clk.Now(), LatencyMs: 5000, Detail: "dial tcp: connection refused"}
@@ -369,7 +352,7 @@ func testHostsRecordProbe(t *testing.T, s store.Store, clk *clock.Fake) {
 	got, err = s.GetHost(bg, "h1")
 	noErr(t, "GetHost", err)
 	want.Probe = &second
-	sameJSON(t, "host with replaced probe", got, want)
+	SameJSON(t, "host with replaced probe", got, want)
 
 	// A full disk is zero free bytes, kept as such (not as an absent
 	// field); limits a host cannot enforce keep their detail.
@@ -381,7 +364,7 @@ func testHostsRecordProbe(t *testing.T, s store.Store, clk *clock.Fake) {
 	got, err = s.GetHost(bg, "h1")
 	noErr(t, "GetHost", err)
 	want.Probe = &third
-	sameJSON(t, "host with low storage", got, want)
+	SameJSON(t, "host with low storage", got, want)
 }
 
 func testHostsDeleteInUse(t *testing.T, s store.Store, clk *clock.Fake) {
@@ -466,16 +449,16 @@ func testCallersCreateLookupList(t *testing.T, s store.Store, clk *clock.Fake) {
 	}
 	got, err := s.CallerByTokenHash(bg, carol.TokenHash)
 	noErr(t, "CallerByTokenHash", err)
-	sameJSON(t, "caller by token", got, carol)
+	SameJSON(t, "caller by token", got, carol)
 	got, err = s.CallerByTokenHash(bg, admin.TokenHash)
 	noErr(t, "CallerByTokenHash admin", err)
-	sameJSON(t, "admin by token", got, admin)
+	SameJSON(t, "admin by token", got, admin)
 	_, err = s.CallerByTokenHash(bg, strings.Repeat("0", 64))
 	wantErr(t, "unknown token", err, store.ErrNotFound)
 
 	list, err := s.ListCallers(bg)
 	noErr(t, "ListCallers", err)
-	sameJSON(t, "ListCallers", list, []store.Caller{admin, bob, carol})
+	SameJSON(t, "ListCallers", list, []store.Caller{admin, bob, carol})
 }
 
 func testCallersCreateExisting(t *testing.T, s store.Store, clk *clock.Fake) {
@@ -493,10 +476,10 @@ func testCallersCreateExisting(t *testing.T, s store.Store, clk *clock.Fake) {
 	wantErr(t, "CreateCaller same token", s.CreateCaller(bg, sameToken), store.ErrExists)
 	got, err := s.CallerByTokenHash(bg, bob.TokenHash)
 	noErr(t, "CallerByTokenHash", err)
-	sameJSON(t, "token still maps to bob", got, bob)
+	SameJSON(t, "token still maps to bob", got, bob)
 	list, err := s.ListCallers(bg)
 	noErr(t, "ListCallers", err)
-	sameJSON(t, "no half-written caller", list, []store.Caller{bob})
+	SameJSON(t, "no half-written caller", list, []store.Caller{bob})
 }
 
 func testCallersConcurrentCreate(t *testing.T, s store.Store, clk *clock.Fake) {
@@ -545,7 +528,7 @@ func testCallersDelete(t *testing.T, s store.Store, clk *clock.Fake) {
 	wantErr(t, "token after delete", err, store.ErrNotFound)
 	list, err := s.ListCallers(bg)
 	noErr(t, "ListCallers", err)
-	sameJSON(t, "ListCallers after delete", list, []store.Caller{carol})
+	SameJSON(t, "ListCallers after delete", list, []store.Caller{carol})
 	wantErr(t, "DeleteCaller twice", s.DeleteCaller(bg, "bob"), store.ErrNotFound)
 
 	// The ownerId is free again, with a new token; the old one stays dead.
@@ -556,7 +539,7 @@ func testCallersDelete(t *testing.T, s store.Store, clk *clock.Fake) {
 	wantErr(t, "old token after re-create", err, store.ErrNotFound)
 	got, err := s.CallerByTokenHash(bg, again.TokenHash)
 	noErr(t, "new token", err)
-	sameJSON(t, "re-created caller", got, again)
+	SameJSON(t, "re-created caller", got, again)
 }
 
 // --- idempotency -----------------------------------------------------------
@@ -580,10 +563,10 @@ func testIdempotencyPutGet(t *testing.T, s store.Store, clk *clock.Fake) {
 	it := idem("alice#k1", "r1", clk.Now())
 	got, err := s.PutIdempotency(bg, it)
 	noErr(t, "PutIdempotency", err)
-	sameJSON(t, "PutIdempotency result", got, stored(it))
+	SameJSON(t, "PutIdempotency result", got, stored(it))
 	got, err = s.GetIdempotency(bg, "alice#k1")
 	noErr(t, "GetIdempotency", err)
-	sameJSON(t, "GetIdempotency", got, stored(it))
+	SameJSON(t, "GetIdempotency", got, stored(it))
 	_, err = s.GetIdempotency(bg, "bob#k1")
 	wantErr(t, "another owner's key", err, store.ErrNotFound)
 }
@@ -595,10 +578,10 @@ func testIdempotencyExisting(t *testing.T, s store.Store, clk *clock.Fake) {
 	clk.Advance(time.Minute)
 	got, err := s.PutIdempotency(bg, idem("alice#k1", "r2", clk.Now()))
 	wantErr(t, "PutIdempotency again", err, store.ErrExists)
-	sameJSON(t, "the existing item comes back", got, stored(first))
+	SameJSON(t, "the existing item comes back", got, stored(first))
 	read, err := s.GetIdempotency(bg, "alice#k1")
 	noErr(t, "GetIdempotency", err)
-	sameJSON(t, "item unchanged", read, stored(first))
+	SameJSON(t, "item unchanged", read, stored(first))
 }
 
 func testIdempotencyExpiry(t *testing.T, s store.Store, clk *clock.Fake) {
@@ -619,10 +602,10 @@ func testIdempotencyExpiry(t *testing.T, s store.Store, clk *clock.Fake) {
 	second := idem("alice#k1", "r2", clk.Now())
 	got, err := s.PutIdempotency(bg, second)
 	noErr(t, "PutIdempotency over an expired item", err)
-	sameJSON(t, "replacement", got, stored(second))
+	SameJSON(t, "replacement", got, stored(second))
 	read, err := s.GetIdempotency(bg, "alice#k1")
 	noErr(t, "GetIdempotency", err)
-	sameJSON(t, "GetIdempotency after replace", read, stored(second))
+	SameJSON(t, "GetIdempotency after replace", read, stored(second))
 }
 
 func testIdempotencyConcurrent(t *testing.T, s store.Store, clk *clock.Fake) {
@@ -684,11 +667,11 @@ func testRunsCreateGet(t *testing.T, s store.Store, clk *clock.Fake) {
 	noErr(t, "GetRun", err)
 	want := r
 	want.Version = 1
-	sameJSON(t, "GetRun", got, want)
+	SameJSON(t, "GetRun", got, want)
 	wantErr(t, "CreateRun again", s.CreateRun(bg, run("r1", "bob", "h2", clk.Now())), store.ErrExists)
 	got, err = s.GetRun(bg, "r1")
 	noErr(t, "GetRun", err)
-	sameJSON(t, "run after refused create", got, want)
+	SameJSON(t, "run after refused create", got, want)
 
 	// Every field round-trips, the optional ones set.
 	full := run("r2", "alice", "h1", clk.Now())
@@ -703,7 +686,7 @@ func testRunsCreateGet(t *testing.T, s store.Store, clk *clock.Fake) {
 	got, err = s.GetRun(bg, "r2")
 	noErr(t, "GetRun full", err)
 	full.Version = 1
-	sameJSON(t, "GetRun full", got, full)
+	SameJSON(t, "GetRun full", got, full)
 }
 
 func testRunsCreateRequiresKeys(t *testing.T, s store.Store, clk *clock.Fake) {
@@ -770,10 +753,10 @@ func testRunsUpdateVersion(t *testing.T, s store.Store, clk *clock.Fake) {
 	want := r
 	want.Status, want.ChildRunID, want.Attempt, want.UpdatedAt = hostproto.StatusRunning, "child-1", 1, clk.Now()
 	want.Version = 2
-	sameJSON(t, "UpdateRun result", got, want)
+	SameJSON(t, "UpdateRun result", got, want)
 	read, err := s.GetRun(bg, "r1")
 	noErr(t, "GetRun", err)
-	sameJSON(t, "GetRun after update", read, want)
+	SameJSON(t, "GetRun after update", read, want)
 	sameIDs(t, "still listed under its owner", allRuns(t, s, store.RunQuery{OwnerID: "alice"}, 10), []string{"r1"})
 	sameIDs(t, "not listed under the other owner", allRuns(t, s, store.RunQuery{OwnerID: "mallory"}, 10), nil)
 
@@ -783,7 +766,7 @@ func testRunsUpdateVersion(t *testing.T, s store.Store, clk *clock.Fake) {
 	wantErr(t, "UpdateRun from a stale version", err, store.ErrConflict)
 	read, err = s.GetRun(bg, "r1")
 	noErr(t, "GetRun", err)
-	sameJSON(t, "run after refused update", read, want)
+	SameJSON(t, "run after refused update", read, want)
 
 	got.Status = hostproto.StatusSucceeded
 	got, err = s.UpdateRun(bg, got)
@@ -952,7 +935,7 @@ func testRunsListRunsPages(t *testing.T, s store.Store, clk *clock.Fake) {
 	noErr(t, "ListRuns", err)
 	got, err := s.GetRun(bg, p.Runs[0].FleetRunID)
 	noErr(t, "GetRun", err)
-	sameJSON(t, "a listed run is the whole run", p.Runs[0], got)
+	SameJSON(t, "a listed run is the whole run", p.Runs[0], got)
 }
 
 func testRunsListRunsStable(t *testing.T, s store.Store, clk *clock.Fake) {
@@ -1061,7 +1044,7 @@ func testRunsExpiry(t *testing.T, s store.Store, clk *clock.Fake) {
 	got, err := s.GetRun(bg, "old")
 	noErr(t, "GetRun re-created", err)
 	again.Version = 1
-	sameJSON(t, "re-created run", got, again)
+	SameJSON(t, "re-created run", got, again)
 	sameIDs(t, "old owner no longer lists it", allRuns(t, s, store.RunQuery{OwnerID: "alice"}, 10), []string{"keep"})
 	sameIDs(t, "new owner lists it", allRuns(t, s, store.RunQuery{OwnerID: "bob"}, 10), []string{"old"})
 }
@@ -1106,7 +1089,7 @@ func testEventsPutList(t *testing.T, s store.Store, clk *clock.Fake) {
 	}
 	p, err := s.ListEvents(bg, "r1", 0, 10)
 	noErr(t, "ListEvents", err)
-	sameJSON(t, "events round-trip", p.Events, evs)
+	SameJSON(t, "events round-trip", p.Events, evs)
 	p, err = s.ListEvents(bg, "unknown", 0, 10)
 	noErr(t, "ListEvents of an unknown run", err)
 	if len(p.Events) != 0 || p.HasMore {
@@ -1123,7 +1106,7 @@ func testEventsIdempotent(t *testing.T, s store.Store, clk *clock.Fake) {
 	noErr(t, "PutEvents again", s.PutEvents(bg, []store.Event{rewrite, first[2], event("r1", 4, now, "four")}))
 	p, err := s.ListEvents(bg, "r1", 0, 100)
 	noErr(t, "ListEvents", err)
-	sameJSON(t, "events after a re-put", p.Events, append(first, event("r1", 4, now, "four")))
+	SameJSON(t, "events after a re-put", p.Events, append(first, event("r1", 4, now, "four")))
 }
 
 func testEventsExpiry(t *testing.T, s store.Store, clk *clock.Fake) {
@@ -1152,7 +1135,7 @@ func testEventsExpiry(t *testing.T, s store.Store, clk *clock.Fake) {
 	noErr(t, "PutEvents over expired", s.PutEvents(bg, []store.Event{fresh}))
 	p, err = s.ListEvents(bg, "r1", 0, 10)
 	noErr(t, "ListEvents", err)
-	sameJSON(t, "fresh event", p.Events, []store.Event{fresh})
+	SameJSON(t, "fresh event", p.Events, []store.Event{fresh})
 }
 
 // testEventsExtendExpiry: events expiring before the target move to it;
@@ -1183,7 +1166,7 @@ func testEventsExtendExpiry(t *testing.T, s store.Store, clk *clock.Fake) {
 		got[e.Sequence] = e.ExpiresAt
 	}
 	want := map[int64]time.Time{2: store.RoundExpiry(target), 3: store.RoundExpiry(later), 4: {}, 5: store.RoundExpiry(target)}
-	sameJSON(t, "expiries after the extension", got, want)
+	SameJSON(t, "expiries after the extension", got, want)
 	p, err = s.ListEvents(bg, "r2", 0, 10)
 	noErr(t, "ListEvents r2", err)
 	if len(p.Events) != 0 {
@@ -1198,7 +1181,7 @@ func testEventsLargeData(t *testing.T, s store.Store, clk *clock.Fake) {
 	noErr(t, "PutEvents", s.PutEvents(bg, []store.Event{e}))
 	p, err := s.ListEvents(bg, "r1", 0, 1)
 	noErr(t, "ListEvents", err)
-	sameJSON(t, "large event", p.Events, []store.Event{e})
+	SameJSON(t, "large event", p.Events, []store.Event{e})
 }
 
 func testContextCanceled(t *testing.T, s store.Store, clk *clock.Fake) {

@@ -1,0 +1,65 @@
+package storetest
+
+import (
+	"encoding/json"
+	"testing"
+	"time"
+
+	"github.com/runfleet/runfleet/shared/hostproto"
+	"github.com/runfleet/runfleet/shared/store"
+)
+
+// StoredFormAt is the time the stored-form records are built from, and
+// a fake clock's now before which none of them expires.
+var StoredFormAt = time.Date(2026, 5, 4, 3, 2, 1, 123456789, time.UTC)
+
+// StoredFormHost is a host with every probe field set. Each store's test
+// pins its stored form byte for byte (dynamostore: the attribute map;
+// boltstore: the JSON), written in the form items had before the records
+// got types of their own, so items already stored read back the same and
+// no data migration is needed.
+func StoredFormHost() store.Host {
+	at := StoredFormAt
+	idle := true
+	succ := at.Add(90 * 24 * time.Hour)
+	h := host("h-stored", at)
+	h.Probe = &store.Probe{
+		Status:    store.ProbeOK,
+		At:        at.Add(time.Second),
+		LatencyMs: 42,
+		Version:   "1.2.3",
+		Agents:    []string{"claude", "shell"},
+		Features:  hostproto.Features{SecretsProxy: true, ExecRequire: true},
+		CA:        &hostproto.CAInfo{NotAfter: at.Add(365 * 24 * time.Hour), SuccessorNotAfter: &succ},
+		Draining:  true,
+		Idle:      &idle,
+		Storage:   &hostproto.Storage{FreeBytes: 3 << 30, MinFreeBytes: 1 << 30, Low: true},
+		Limits:    &hostproto.Limits{Enforced: "cgroup2", MemoryBytes: 2 << 30, Pids: 512, CPU: 1.5, Detail: "per task"},
+		Detail:    "ok after 1 retry",
+	}
+	return h
+}
+
+// StoredFormEvent is an event, pinned like StoredFormHost.
+func StoredFormEvent() store.Event {
+	e := event("r-stored", 7, StoredFormAt, "hello")
+	e.ExpiresAt = StoredFormAt.Add(30 * 24 * time.Hour).Truncate(time.Second)
+	return e
+}
+
+// SameJSON fails t unless got and want have the same JSON form, which
+// shows every field (times to the nanosecond) in the failure message.
+func SameJSON(t *testing.T, what string, got, want any) {
+	t.Helper()
+	g, err := json.Marshal(got)
+	if err != nil {
+		t.Fatal(err)
+	}
+	w, err := json.Marshal(want)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if string(g) != string(w) {
+		t.Fatalf("%s:\n got  %s\n want %s", what, g, w)
+	}
+}
