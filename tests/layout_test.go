@@ -42,6 +42,10 @@ func TestTheFoldersAreTheArchitecture(t *testing.T) {
 				crossings = append(crossings, pkg+" (Fleet) imports the host's "+imp)
 			case strings.HasPrefix(pkg, "edge") && strings.HasPrefix(imp, "shared/") && !sharedWithEdge[imp]:
 				crossings = append(crossings, pkg+" (edge) imports Fleet's "+imp)
+			case strings.HasPrefix(pkg, "shared/store") && imp == "shared/hostproto":
+				// Records apart from the wire (issue 16): a protocol
+				// change must never be a data migration.
+				crossings = append(crossings, pkg+" (Fleet's records) imports the wire types "+imp)
 			}
 		}
 	}

@@ -394,11 +394,11 @@ func (f *Fleet) applyStartAnswer(r *store.Run, answer hostproto.Run, err error) 
 		if detail == "" {
 			detail = fmt.Sprintf("the host answered HTTP %d", he.Status)
 		}
-		f.end(r, hostproto.StatusFailed, reason, detail, now)
+		f.end(r, store.StatusFailed, reason, detail, now)
 		return startAnswer{note: "the host refused the start", changed: true, refused: true}
 	case errors.Is(err, hostproto.ErrUnreachable):
 		// Never delivered: the host cannot have started it.
-		f.end(r, hostproto.StatusFailed, hostproto.ReasonHostUnavailable,
+		f.end(r, store.StatusFailed, hostproto.ReasonHostUnavailable,
 			fmt.Sprintf("host %s could not be reached; nothing was started: dispatch again, or to another host", r.HostID), now)
 		return startAnswer{note: "the host was unreachable; nothing was started", changed: true, refused: true}
 	}

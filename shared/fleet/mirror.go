@@ -95,7 +95,7 @@ func (f *Fleet) MirroredEvents(ctx context.Context, run store.Run, after int64, 
 		if e.Sequence > run.EventCursor {
 			break
 		}
-		page.Events = append(page.Events, e.Event)
+		page.Events = append(page.Events, eventToWire(e))
 		page.NextCursor = e.Sequence
 	}
 	// A page that moved nowhere says there is no more: the events below
@@ -461,7 +461,7 @@ func (f *Fleet) putEvents(ctx context.Context, fleetRunID string, events []hostp
 			f.log.Warn("sync: an event's data is over the limit; truncated", logRun, fleetRunID,
 				logSequence, e.Sequence, "bytes", len(e.Data), "cut", cut)
 		}
-		out[i] = store.Event{FleetRunID: fleetRunID, Event: fitted, ExpiresAt: expires}
+		out[i] = eventFromWire(fleetRunID, fitted, expires)
 	}
 	if err := f.store.PutEvents(ctx, out); err != nil {
 		return fmt.Errorf("fleet: mirroring %d events of %s: %w", len(events), fleetRunID, err)

@@ -5,7 +5,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/runfleet/runfleet/shared/hostproto"
 	"github.com/runfleet/runfleet/shared/store"
 )
 
@@ -29,12 +28,12 @@ func StoredFormHost() store.Host {
 		LatencyMs: 42,
 		Version:   "1.2.3",
 		Agents:    []string{"claude", "shell"},
-		Features:  hostproto.Features{SecretsProxy: true, ExecRequire: true},
-		CA:        &hostproto.CAInfo{NotAfter: at.Add(365 * 24 * time.Hour), SuccessorNotAfter: &succ},
+		Features:  store.Features{SecretsProxy: true, ExecRequire: true},
+		CA:        &store.CAInfo{NotAfter: at.Add(365 * 24 * time.Hour), SuccessorNotAfter: &succ},
 		Draining:  true,
 		Idle:      &idle,
-		Storage:   &hostproto.Storage{FreeBytes: 3 << 30, MinFreeBytes: 1 << 30, Low: true},
-		Limits:    &hostproto.Limits{Enforced: "cgroup2", MemoryBytes: 2 << 30, Pids: 512, CPU: 1.5, Detail: "per task"},
+		Storage:   &store.Storage{FreeBytes: 3 << 30, MinFreeBytes: 1 << 30, Low: true},
+		Limits:    &store.Limits{Enforced: "cgroup2", MemoryBytes: 2 << 30, Pids: 512, CPU: 1.5, Detail: "per task"},
 		Detail:    "ok after 1 retry",
 	}
 	return h
