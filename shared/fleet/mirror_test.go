@@ -131,3 +131,34 @@ func TestMirroredEventsKeepTheHostsShape(t *testing.T) {
 		t.Errorf("mirrored events:\n got  %s\n want %s", got, want)
 	}
 }
+
+func TestDispatchWaitLeavesARunOnlyForItsReasons(t *testing.T) {
+	run := store.Run{Status: store.StatusDispatching, Deadline: t0}
+	for _, c := range []struct {
+		name            string
+		now             time.Time
+		hostDown, spent bool
+		want            syncOutcome
+		wait            bool
+	}{
+		{"before its deadline, whatever else", t0.Add(-time.Nanosecond), true, true, syncInFlight, true},
+		{"its host down in this pass", t0, true, true, syncUnreachable, true},
+		{"the budget spent", t0, false, true, syncPartial, true},
+		{"at its deadline: recover it", t0, false, false, syncCurrent, false},
+	} {
+		if got, wait := dispatchWait(run, c.now, c.hostDown, c.spent); got != c.want || wait != c.wait {
+			t.Errorf("%s: %v, wait %v; want %v, %v", c.name, got, wait, c.want, c.wait)
+		}
+	}
+}
+
+func TestShrinkPageAsksForATenthDownToOneThenAMarker(t *testing.T) {
+	for _, c := range []struct {
+		limit, next int
+		marker      bool
+	}{{1000, 100, false}, {100, 10, false}, {10, 1, false}, {5, 1, false}, {1, 1, true}} {
+		if next, marker := shrinkPage(c.limit); next != c.next || marker != c.marker {
+			t.Errorf("shrinkPage(%d) = %d, %v; want %d, %v", c.limit, next, marker, c.next, c.marker)
+		}
+	}
+}
