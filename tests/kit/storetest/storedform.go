@@ -20,22 +20,13 @@ var StoredFormAt = time.Date(2026, 5, 4, 3, 2, 1, 123456789, time.UTC)
 func StoredFormHost() store.Host {
 	at := StoredFormAt
 	idle := true
-	succ := at.Add(90 * 24 * time.Hour)
+	p := probe(at, store.ProbeOK)
+	p.At = at.Add(time.Second)
+	p.Idle = &idle
+	p.Storage.Low = true
+	p.Limits.Enforced, p.Limits.Detail = "cgroup2", "per task"
 	h := host("h-stored", at)
-	h.Probe = &store.Probe{
-		Status:    store.ProbeOK,
-		At:        at.Add(time.Second),
-		LatencyMs: 42,
-		Version:   "1.2.3",
-		Agents:    []string{"claude", "shell"},
-		Features:  store.Features{SecretsProxy: true, ExecRequire: true},
-		CA:        &store.CAInfo{NotAfter: at.Add(365 * 24 * time.Hour), SuccessorNotAfter: &succ},
-		Draining:  true,
-		Idle:      &idle,
-		Storage:   &store.Storage{FreeBytes: 3 << 30, MinFreeBytes: 1 << 30, Low: true},
-		Limits:    &store.Limits{Enforced: "cgroup2", MemoryBytes: 2 << 30, Pids: 512, CPU: 1.5, Detail: "per task"},
-		Detail:    "ok after 1 retry",
-	}
+	h.Probe = &p
 	return h
 }
 
