@@ -36,7 +36,7 @@ func testHostsListPages(t *testing.T, s store.Store, clk *clock.Fake) {
 			t.Fatalf("a page of %d hosts, limit 3", len(p.Hosts))
 		}
 		for _, h := range p.Hosts {
-			SameJSON(t, "a paged host is the whole host", h, byID[h.ID])
+			sameJSON(t, "a paged host is the whole host", h, byID[h.ID])
 			got = append(got, h.ID)
 		}
 		if p.Next == "" {

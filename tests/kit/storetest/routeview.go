@@ -46,7 +46,7 @@ func testRouteViewPutRead(t *testing.T, s store.Store, clk *clock.Fake) {
 		Total: 3, At: now,
 	})
 	noErr(t, "PutRouteView", err)
-	SameJSON(t, "kept", kept, map[string]int{"a:shell": 3, "any": 1})
+	sameJSON(t, "kept", kept, map[string]int{"a:shell": 3, "any": 1})
 
 	sh, err := s.RouteShard(bg, "a:shell", 0)
 	noErr(t, "RouteShard", err)
@@ -57,7 +57,7 @@ func testRouteViewPutRead(t *testing.T, s store.Store, clk *clock.Fake) {
 	wantSick := store.Host{ID: "a-sick", Enabled: true, Labels: sick.Labels, LocalPaths: sick.LocalPaths,
 		Probe: &store.Probe{Status: store.ProbeUnreachable, At: now.Add(-time.Minute)}}
 	wantNever := store.Host{ID: "c-never"}
-	SameJSON(t, "shard", sh, store.RouteShard{Hosts: []store.Host{wantOK, wantSick, wantNever}, Shards: 1, Kept: 3, Total: 3, At: now})
+	sameJSON(t, "shard", sh, store.RouteShard{Hosts: []store.Host{wantOK, wantSick, wantNever}, Shards: 1, Kept: 3, Total: 3, At: now})
 
 	_, err = s.RouteShard(bg, "a:shell", 1)
 	wantErr(t, "RouteShard past the last shard", err, store.ErrNotFound)
@@ -145,15 +145,15 @@ func testHostsRecordDrain(t *testing.T, s store.Store, clk *clock.Fake) {
 	noErr(t, "RecordDrain", err)
 	want := p
 	want.Draining, want.Idle = true, &busy
-	SameJSON(t, "probe after the drain", h.Probe, want)
+	sameJSON(t, "probe after the drain", h.Probe, want)
 	got, err := s.GetHost(bg, "h1")
 	noErr(t, "GetHost", err)
-	SameJSON(t, "stored probe after the drain", got.Probe, want)
+	sameJSON(t, "stored probe after the drain", got.Probe, want)
 
 	h, err = s.RecordDrain(bg, "h1", false, nil)
 	noErr(t, "RecordDrain resume", err)
 	want.Draining, want.Idle = false, nil
-	SameJSON(t, "probe after the resume", h.Probe, want)
+	sameJSON(t, "probe after the resume", h.Probe, want)
 
 	noErr(t, "CreateHost h2", s.CreateHost(bg, host("h2", now)))
 	h, err = s.RecordDrain(bg, "h2", true, nil)

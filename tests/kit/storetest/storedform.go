@@ -1,7 +1,6 @@
 package storetest
 
 import (
-	"encoding/json"
 	"testing"
 	"time"
 
@@ -37,19 +36,9 @@ func StoredFormEvent() store.Event {
 	return e
 }
 
-// SameJSON fails t unless got and want have the same JSON form, which
-// shows every field (times to the nanosecond) in the failure message.
+// SameJSON fails t unless got and want have the same JSON form (sameJSON),
+// for the stored-form tests of each store.
 func SameJSON(t *testing.T, what string, got, want any) {
 	t.Helper()
-	g, err := json.Marshal(got)
-	if err != nil {
-		t.Fatal(err)
-	}
-	w, err := json.Marshal(want)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if string(g) != string(w) {
-		t.Fatalf("%s:\n got  %s\n want %s", what, g, w)
-	}
+	sameJSON(t, what, got, want)
 }

@@ -89,6 +89,23 @@ var bg = context.Background()
 
 // --- helpers ---------------------------------------------------------------
 
+// sameJSON compares two records through their JSON form, which shows every
+// field (times included, to the nanosecond) in the failure message.
+func sameJSON(t *testing.T, what string, got, want any) {
+	t.Helper()
+	g, err := json.Marshal(got)
+	if err != nil {
+		t.Fatal(err)
+	}
+	w, err := json.Marshal(want)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if string(g) != string(w) {
+		t.Fatalf("%s:\n got  %s\n want %s", what, g, w)
+	}
+}
+
 func wantErr(t *testing.T, what string, err, sentinel error) {
 	t.Helper()
 	if !errors.Is(err, sentinel) {
@@ -263,13 +280,13 @@ func testHostsCreateGetList(t *testing.T, s store.Store, clk *clock.Fake) {
 	}
 	got, err := s.GetHost(bg, "hb")
 	noErr(t, "GetHost", err)
-	SameJSON(t, "GetHost", got, host("hb", clk.Now()))
+	sameJSON(t, "GetHost", got, host("hb", clk.Now()))
 
 	bare := store.Host{ID: "hd", BaseURL: "http://127.0.0.1:7070", CredentialRef: "c", CreatedAt: clk.Now()}
 	noErr(t, "CreateHost bare", s.CreateHost(bg, bare))
 	got, err = s.GetHost(bg, "hd")
 	noErr(t, "GetHost bare", err)
-	SameJSON(t, "GetHost bare", got, bare)
+	sameJSON(t, "GetHost bare", got, bare)
 
 	list, err := s.ListHosts(bg)
 	noErr(t, "ListHosts", err)
@@ -278,7 +295,7 @@ func testHostsCreateGetList(t *testing.T, s store.Store, clk *clock.Fake) {
 		names = append(names, h.ID)
 	}
 	sameIDs(t, "ListHosts order", names, []string{"ha", "hb", "hc", "hd"})
-	SameJSON(t, "ListHosts[0]", list[0], host("ha", clk.Now()))
+	sameJSON(t, "ListHosts[0]", list[0], host("ha", clk.Now()))
 }
 
 func testHostsCreateExisting(t *testing.T, s store.Store, clk *clock.Fake) {
@@ -288,7 +305,7 @@ func testHostsCreateExisting(t *testing.T, s store.Store, clk *clock.Fake) {
 	wantErr(t, "CreateHost again", s.CreateHost(bg, other), store.ErrExists)
 	got, err := s.GetHost(bg, "h1")
 	noErr(t, "GetHost", err)
-	SameJSON(t, "host after refused create", got, host("h1", clk.Now()))
+	sameJSON(t, "host after refused create", got, host("h1", clk.Now()))
 }
 
 func testHostsNotFound(t *testing.T, s store.Store, clk *clock.Fake) {
@@ -319,10 +336,10 @@ func testHostsSetEnabled(t *testing.T, s store.Store, clk *clock.Fake) {
 	want := host("h1", clk.Now())
 	want.Enabled = false
 	want.Probe = &p
-	SameJSON(t, "SetHostEnabled result", got, want)
+	sameJSON(t, "SetHostEnabled result", got, want)
 	read, err := s.GetHost(bg, "h1")
 	noErr(t, "GetHost", err)
-	SameJSON(t, "GetHost after disable", read, want)
+	sameJSON(t, "GetHost after disable", read, want)
 
 	got, err = s.SetHostEnabled(bg, "h1", true)
 	noErr(t, "SetHostEnabled true", err)
@@ -341,7 +358,7 @@ func testHostsRecordProbe(t *testing.T, s store.Store, clk *clock.Fake) {
 	noErr(t, "GetHost", err)
 	want := h
 	want.Probe = &first
-	SameJSON(t, "host with probe", got, want)
+	sameJSON(t, "host with probe", got, want)
 
 	clk.Advance(time.Minute)
 	second := store.Probe{Status: store.ProbeUnreachable, At: clk.Now(), LatencyMs: 5000, Detail: "dial tcp: connection refused"}
@@ -349,7 +366,7 @@ func testHostsRecordProbe(t *testing.T, s store.Store, clk *clock.Fake) {
 	got, err = s.GetHost(bg, "h1")
 	noErr(t, "GetHost", err)
 	want.Probe = &second
-	SameJSON(t, "host with replaced probe", got, want)
+	sameJSON(t, "host with replaced probe", got, want)
 
 	// A full disk is zero free bytes, kept as such (not as an absent
 	// field); limits a host cannot enforce keep their detail.
@@ -361,7 +378,7 @@ func testHostsRecordProbe(t *testing.T, s store.Store, clk *clock.Fake) {
 	got, err = s.GetHost(bg, "h1")
 	noErr(t, "GetHost", err)
 	want.Probe = &third
-	SameJSON(t, "host with low storage", got, want)
+	sameJSON(t, "host with low storage", got, want)
 }
 
 func testHostsDeleteInUse(t *testing.T, s store.Store, clk *clock.Fake) {
@@ -446,16 +463,16 @@ func testCallersCreateLookupList(t *testing.T, s store.Store, clk *clock.Fake) {
 	}
 	got, err := s.CallerByTokenHash(bg, carol.TokenHash)
 	noErr(t, "CallerByTokenHash", err)
-	SameJSON(t, "caller by token", got, carol)
+	sameJSON(t, "caller by token", got, carol)
 	got, err = s.CallerByTokenHash(bg, admin.TokenHash)
 	noErr(t, "CallerByTokenHash admin", err)
-	SameJSON(t, "admin by token", got, admin)
+	sameJSON(t, "admin by token", got, admin)
 	_, err = s.CallerByTokenHash(bg, strings.Repeat("0", 64))
 	wantErr(t, "unknown token", err, store.ErrNotFound)
 
 	list, err := s.ListCallers(bg)
 	noErr(t, "ListCallers", err)
-	SameJSON(t, "ListCallers", list, []store.Caller{admin, bob, carol})
+	sameJSON(t, "ListCallers", list, []store.Caller{admin, bob, carol})
 }
 
 func testCallersCreateExisting(t *testing.T, s store.Store, clk *clock.Fake) {
@@ -473,10 +490,10 @@ func testCallersCreateExisting(t *testing.T, s store.Store, clk *clock.Fake) {
 	wantErr(t, "CreateCaller same token", s.CreateCaller(bg, sameToken), store.ErrExists)
 	got, err := s.CallerByTokenHash(bg, bob.TokenHash)
 	noErr(t, "CallerByTokenHash", err)
-	SameJSON(t, "token still maps to bob", got, bob)
+	sameJSON(t, "token still maps to bob", got, bob)
 	list, err := s.ListCallers(bg)
 	noErr(t, "ListCallers", err)
-	SameJSON(t, "no half-written caller", list, []store.Caller{bob})
+	sameJSON(t, "no half-written caller", list, []store.Caller{bob})
 }
 
 func testCallersConcurrentCreate(t *testing.T, s store.Store, clk *clock.Fake) {
@@ -525,7 +542,7 @@ func testCallersDelete(t *testing.T, s store.Store, clk *clock.Fake) {
 	wantErr(t, "token after delete", err, store.ErrNotFound)
 	list, err := s.ListCallers(bg)
 	noErr(t, "ListCallers", err)
-	SameJSON(t, "ListCallers after delete", list, []store.Caller{carol})
+	sameJSON(t, "ListCallers after delete", list, []store.Caller{carol})
 	wantErr(t, "DeleteCaller twice", s.DeleteCaller(bg, "bob"), store.ErrNotFound)
 
 	// The ownerId is free again, with a new token; the old one stays dead.
@@ -536,7 +553,7 @@ func testCallersDelete(t *testing.T, s store.Store, clk *clock.Fake) {
 	wantErr(t, "old token after re-create", err, store.ErrNotFound)
 	got, err := s.CallerByTokenHash(bg, again.TokenHash)
 	noErr(t, "new token", err)
-	SameJSON(t, "re-created caller", got, again)
+	sameJSON(t, "re-created caller", got, again)
 }
 
 // --- idempotency -----------------------------------------------------------
@@ -560,10 +577,10 @@ func testIdempotencyPutGet(t *testing.T, s store.Store, clk *clock.Fake) {
 	it := idem("alice#k1", "r1", clk.Now())
 	got, err := s.PutIdempotency(bg, it)
 	noErr(t, "PutIdempotency", err)
-	SameJSON(t, "PutIdempotency result", got, stored(it))
+	sameJSON(t, "PutIdempotency result", got, stored(it))
 	got, err = s.GetIdempotency(bg, "alice#k1")
 	noErr(t, "GetIdempotency", err)
-	SameJSON(t, "GetIdempotency", got, stored(it))
+	sameJSON(t, "GetIdempotency", got, stored(it))
 	_, err = s.GetIdempotency(bg, "bob#k1")
 	wantErr(t, "another owner's key", err, store.ErrNotFound)
 }
@@ -575,10 +592,10 @@ func testIdempotencyExisting(t *testing.T, s store.Store, clk *clock.Fake) {
 	clk.Advance(time.Minute)
 	got, err := s.PutIdempotency(bg, idem("alice#k1", "r2", clk.Now()))
 	wantErr(t, "PutIdempotency again", err, store.ErrExists)
-	SameJSON(t, "the existing item comes back", got, stored(first))
+	sameJSON(t, "the existing item comes back", got, stored(first))
 	read, err := s.GetIdempotency(bg, "alice#k1")
 	noErr(t, "GetIdempotency", err)
-	SameJSON(t, "item unchanged", read, stored(first))
+	sameJSON(t, "item unchanged", read, stored(first))
 }
 
 func testIdempotencyExpiry(t *testing.T, s store.Store, clk *clock.Fake) {
@@ -599,10 +616,10 @@ func testIdempotencyExpiry(t *testing.T, s store.Store, clk *clock.Fake) {
 	second := idem("alice#k1", "r2", clk.Now())
 	got, err := s.PutIdempotency(bg, second)
 	noErr(t, "PutIdempotency over an expired item", err)
-	SameJSON(t, "replacement", got, stored(second))
+	sameJSON(t, "replacement", got, stored(second))
 	read, err := s.GetIdempotency(bg, "alice#k1")
 	noErr(t, "GetIdempotency", err)
-	SameJSON(t, "GetIdempotency after replace", read, stored(second))
+	sameJSON(t, "GetIdempotency after replace", read, stored(second))
 }
 
 func testIdempotencyConcurrent(t *testing.T, s store.Store, clk *clock.Fake) {
@@ -664,11 +681,11 @@ func testRunsCreateGet(t *testing.T, s store.Store, clk *clock.Fake) {
 	noErr(t, "GetRun", err)
 	want := r
 	want.Version = 1
-	SameJSON(t, "GetRun", got, want)
+	sameJSON(t, "GetRun", got, want)
 	wantErr(t, "CreateRun again", s.CreateRun(bg, run("r1", "bob", "h2", clk.Now())), store.ErrExists)
 	got, err = s.GetRun(bg, "r1")
 	noErr(t, "GetRun", err)
-	SameJSON(t, "run after refused create", got, want)
+	sameJSON(t, "run after refused create", got, want)
 
 	// Every field round-trips, the optional ones set.
 	full := run("r2", "alice", "h1", clk.Now())
@@ -683,7 +700,7 @@ func testRunsCreateGet(t *testing.T, s store.Store, clk *clock.Fake) {
 	got, err = s.GetRun(bg, "r2")
 	noErr(t, "GetRun full", err)
 	full.Version = 1
-	SameJSON(t, "GetRun full", got, full)
+	sameJSON(t, "GetRun full", got, full)
 }
 
 func testRunsCreateRequiresKeys(t *testing.T, s store.Store, clk *clock.Fake) {
@@ -750,10 +767,10 @@ func testRunsUpdateVersion(t *testing.T, s store.Store, clk *clock.Fake) {
 	want := r
 	want.Status, want.ChildRunID, want.Attempt, want.UpdatedAt = store.StatusRunning, "child-1", 1, clk.Now()
 	want.Version = 2
-	SameJSON(t, "UpdateRun result", got, want)
+	sameJSON(t, "UpdateRun result", got, want)
 	read, err := s.GetRun(bg, "r1")
 	noErr(t, "GetRun", err)
-	SameJSON(t, "GetRun after update", read, want)
+	sameJSON(t, "GetRun after update", read, want)
 	sameIDs(t, "still listed under its owner", allRuns(t, s, store.RunQuery{OwnerID: "alice"}, 10), []string{"r1"})
 	sameIDs(t, "not listed under the other owner", allRuns(t, s, store.RunQuery{OwnerID: "mallory"}, 10), nil)
 
@@ -763,7 +780,7 @@ func testRunsUpdateVersion(t *testing.T, s store.Store, clk *clock.Fake) {
 	wantErr(t, "UpdateRun from a stale version", err, store.ErrConflict)
 	read, err = s.GetRun(bg, "r1")
 	noErr(t, "GetRun", err)
-	SameJSON(t, "run after refused update", read, want)
+	sameJSON(t, "run after refused update", read, want)
 
 	got.Status = store.StatusSucceeded
 	got, err = s.UpdateRun(bg, got)
@@ -932,7 +949,7 @@ func testRunsListRunsPages(t *testing.T, s store.Store, clk *clock.Fake) {
 	noErr(t, "ListRuns", err)
 	got, err := s.GetRun(bg, p.Runs[0].FleetRunID)
 	noErr(t, "GetRun", err)
-	SameJSON(t, "a listed run is the whole run", p.Runs[0], got)
+	sameJSON(t, "a listed run is the whole run", p.Runs[0], got)
 }
 
 func testRunsListRunsStable(t *testing.T, s store.Store, clk *clock.Fake) {
@@ -1041,7 +1058,7 @@ func testRunsExpiry(t *testing.T, s store.Store, clk *clock.Fake) {
 	got, err := s.GetRun(bg, "old")
 	noErr(t, "GetRun re-created", err)
 	again.Version = 1
-	SameJSON(t, "re-created run", got, again)
+	sameJSON(t, "re-created run", got, again)
 	sameIDs(t, "old owner no longer lists it", allRuns(t, s, store.RunQuery{OwnerID: "alice"}, 10), []string{"keep"})
 	sameIDs(t, "new owner lists it", allRuns(t, s, store.RunQuery{OwnerID: "bob"}, 10), []string{"old"})
 }
@@ -1086,7 +1103,7 @@ func testEventsPutList(t *testing.T, s store.Store, clk *clock.Fake) {
 	}
 	p, err := s.ListEvents(bg, "r1", 0, 10)
 	noErr(t, "ListEvents", err)
-	SameJSON(t, "events round-trip", p.Events, evs)
+	sameJSON(t, "events round-trip", p.Events, evs)
 	p, err = s.ListEvents(bg, "unknown", 0, 10)
 	noErr(t, "ListEvents of an unknown run", err)
 	if len(p.Events) != 0 || p.HasMore {
@@ -1103,7 +1120,7 @@ func testEventsIdempotent(t *testing.T, s store.Store, clk *clock.Fake) {
 	noErr(t, "PutEvents again", s.PutEvents(bg, []store.Event{rewrite, first[2], event("r1", 4, now, "four")}))
 	p, err := s.ListEvents(bg, "r1", 0, 100)
 	noErr(t, "ListEvents", err)
-	SameJSON(t, "events after a re-put", p.Events, append(first, event("r1", 4, now, "four")))
+	sameJSON(t, "events after a re-put", p.Events, append(first, event("r1", 4, now, "four")))
 }
 
 func testEventsExpiry(t *testing.T, s store.Store, clk *clock.Fake) {
@@ -1132,7 +1149,7 @@ func testEventsExpiry(t *testing.T, s store.Store, clk *clock.Fake) {
 	noErr(t, "PutEvents over expired", s.PutEvents(bg, []store.Event{fresh}))
 	p, err = s.ListEvents(bg, "r1", 0, 10)
 	noErr(t, "ListEvents", err)
-	SameJSON(t, "fresh event", p.Events, []store.Event{fresh})
+	sameJSON(t, "fresh event", p.Events, []store.Event{fresh})
 }
 
 // testEventsExtendExpiry: events expiring before the target move to it;
@@ -1163,7 +1180,7 @@ func testEventsExtendExpiry(t *testing.T, s store.Store, clk *clock.Fake) {
 		got[e.Sequence] = e.ExpiresAt
 	}
 	want := map[int64]time.Time{2: store.RoundExpiry(target), 3: store.RoundExpiry(later), 4: {}, 5: store.RoundExpiry(target)}
-	SameJSON(t, "expiries after the extension", got, want)
+	sameJSON(t, "expiries after the extension", got, want)
 	p, err = s.ListEvents(bg, "r2", 0, 10)
 	noErr(t, "ListEvents r2", err)
 	if len(p.Events) != 0 {
@@ -1178,7 +1195,7 @@ func testEventsLargeData(t *testing.T, s store.Store, clk *clock.Fake) {
 	noErr(t, "PutEvents", s.PutEvents(bg, []store.Event{e}))
 	p, err := s.ListEvents(bg, "r1", 0, 1)
 	noErr(t, "ListEvents", err)
-	SameJSON(t, "large event", p.Events, []store.Event{e})
+	sameJSON(t, "large event", p.Events, []store.Event{e})
 }
 
 func testContextCanceled(t *testing.T, s store.Store, clk *clock.Fake) {

@@ -29,7 +29,7 @@ func testSweepCursorFirstClaim(t *testing.T, s store.Store, clk *clock.Fake) {
 	wantErr(t, "SaveSweepCursor before any claim", err, store.ErrNotFound)
 	c, err := s.ClaimSweepCursor(bg, "a", now.Add(time.Minute))
 	noErr(t, "ClaimSweepCursor", err)
-	SameJSON(t, "the first claim", c, store.SweepCursor{
+	sameJSON(t, "the first claim", c, store.SweepCursor{
 		Lap: 1, LapStarted: now, Holder: "a", LeaseUntil: now.Add(time.Minute), Version: 1,
 	})
 	// The holder claims again (a retried invocation): still its lease, the
@@ -50,7 +50,7 @@ func testSweepCursorLease(t *testing.T, s store.Store, clk *clock.Fake) {
 	noErr(t, "ClaimSweepCursor a", err)
 	held, err := s.ClaimSweepCursor(bg, "b", now.Add(time.Minute))
 	wantErr(t, "ClaimSweepCursor b while a holds it", err, store.ErrConflict)
-	SameJSON(t, "the cursor a lost claim returns", held, a)
+	sameJSON(t, "the cursor a lost claim returns", held, a)
 
 	// a releases at a position: b claims and continues from it.
 	a.After, a.Holder, a.LeaseUntil = "r42", "", time.Time{}
@@ -93,11 +93,11 @@ func testSweepCursorSave(t *testing.T, s store.Store, clk *clock.Fake) {
 	got, err := s.SaveSweepCursor(bg, want)
 	noErr(t, "SaveSweepCursor", err)
 	want.Version++
-	SameJSON(t, "SaveSweepCursor's answer", got, want)
+	sameJSON(t, "SaveSweepCursor's answer", got, want)
 	reclaimed, err := s.ClaimSweepCursor(bg, "a", now.Add(time.Minute))
 	noErr(t, "ClaimSweepCursor after the save", err)
 	want.Version++
-	SameJSON(t, "the stored cursor", reclaimed, want)
+	sameJSON(t, "the stored cursor", reclaimed, want)
 
 	_, err = s.SaveSweepCursor(bg, got) // got's version is one behind now
 	wantErr(t, "SaveSweepCursor at a stale version", err, store.ErrConflict)
