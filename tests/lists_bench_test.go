@@ -8,7 +8,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/runfleet/runfleet/shared/hostproto"
 	"github.com/runfleet/runfleet/shared/store"
 	"github.com/runfleet/runfleet/shared/store/dynamostore"
 	"github.com/runfleet/runfleet/tests/kit/fakehost"
@@ -81,8 +80,8 @@ func BenchmarkDeleteHostStep(b *testing.B) {
 		for _, id := range ids {
 			var evs []store.Event
 			for seq := int64(1); seq <= eventsPerRun; seq++ {
-				evs = append(evs, store.Event{FleetRunID: id, Event: hostproto.Event{Sequence: seq, Type: "output",
-					Data: json.RawMessage(`"make: building target number ` + fmt.Sprint(seq) + `\n"`), TS: now}})
+				evs = append(evs, store.Event{FleetRunID: id, Sequence: seq, Type: "output",
+					Data: json.RawMessage(`"make: building target number ` + fmt.Sprint(seq) + `\n"`), TS: now})
 			}
 			if err := s.app.Store.PutEvents(ctx, evs); err != nil {
 				b.Fatal(err)

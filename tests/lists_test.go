@@ -208,7 +208,7 @@ func TestDeleteHostInSteps(t *testing.T) {
 					id := fmt.Sprintf("fr-seeded-%05d", i)
 					errs <- st.CreateRun(ctx, store.Run{FleetRunID: id, OwnerID: "alice", HostID: "h1", Status: hostproto.StatusRunning,
 						Agent: "shell", CreatedAt: now.Add(-time.Duration(i+1) * time.Millisecond), UpdatedAt: now})
-					errs <- st.PutEvents(ctx, []store.Event{{FleetRunID: id, Event: hostproto.Event{Sequence: 1, Type: "output", Data: json.RawMessage(`"x"`), TS: now}}})
+					errs <- st.PutEvents(ctx, []store.Event{{FleetRunID: id, Sequence: 1, Type: "output", Data: json.RawMessage(`"x"`), TS: now}})
 				}()
 			}
 			await.Group(t, "the seeding writers", &wg)

@@ -307,8 +307,8 @@ func TestStoreWritesKnowTheirOwnLostAnswer(t *testing.T) {
 			expectLost("UpdateItem")
 
 			events := []store.Event{
-				{FleetRunID: "fr-1", Event: hostproto.Event{Sequence: 1, Type: "output", Data: []byte(`"a"`), TS: now}},
-				{FleetRunID: "fr-1", Event: hostproto.Event{Sequence: 2, Type: "output", Data: []byte(`"b"`), TS: now}},
+				{FleetRunID: "fr-1", Sequence: 1, Type: "output", Data: []byte(`"a"`), TS: now},
+				{FleetRunID: "fr-1", Sequence: 2, Type: "output", Data: []byte(`"b"`), TS: now},
 			}
 			if err := st.PutEvents(ctx, events); err != nil {
 				t.Fatalf("PutEvents after lost answers: %v, want success", err)

@@ -67,10 +67,11 @@ func toHostView(h store.Host, admin bool) hostView {
 }
 
 func toProbeView(p store.Probe) probeView {
+	h := fleet.HealthOf(p) // what the host reported, in the protocol's shapes
 	v := probeView{
-		Status: p.Status, At: p.At, LatencyMs: p.LatencyMs, Version: p.Version, Agents: p.Agents,
-		Features: p.Features, CA: p.CA, Draining: p.Draining, Idle: p.Idle, Storage: p.Storage, Limits: p.Limits,
-		Detail: p.Detail,
+		Status: p.Status, At: p.At, LatencyMs: p.LatencyMs, Detail: p.Detail,
+		Version: h.Version, Agents: h.Agents, Features: h.Features, CA: h.CA, Draining: h.Draining, Idle: h.Idle,
+		Storage: h.Storage, Limits: h.Limits,
 	}
 	if v.Agents == nil {
 		v.Agents = []string{}

@@ -236,27 +236,14 @@ func (f *Fleet) Dispatch(ctx context.Context, c store.Caller, r DispatchRequest,
 	if err := CheckDispatch(c, r); err != nil {
 		return DispatchResult{}, err
 	}
-	hash := r.Hash()
-	idemKey := ""
-	fleetRunID := ""
-	takeover := false
+	k := dispatchKey{hash: r.Hash()}
 	if key != "" {
 		if err := CheckIdempotencyKey(key); err != nil {
 			return DispatchResult{}, err
 		}
-		idemKey = c.OwnerID + "#" + key
-		// Eventually consistent: a miss is caught by PutIdempotency's
-		// condition below, and a reused dispatch then costs no write.
-		it, err := f.store.GetIdempotency(store.EventualRead(ctx), idemKey)
-		switch {
-		case err == nil:
-			res, id, err := f.reuse(ctx, it, hash, true)
-			if id == "" {
-				return res, err
-			}
-			fleetRunID, takeover = id, true
-		case !errors.Is(err, store.ErrNotFound):
-			return DispatchResult{}, fmt.Errorf("fleet: reading idempotency key: %w", err)
+		k.item = c.OwnerID + "#" + key
+		if res, done, err := f.lookUpKey(ctx, &k); done {
+			return res, err
 		}
 	}
 
@@ -271,30 +258,16 @@ func (f *Fleet) Dispatch(ctx context.Context, c store.Caller, r DispatchRequest,
 	}
 
 	now := f.clock.Now().UTC()
-	if fleetRunID == "" {
-		if fleetRunID, err = newRunID(f.cfg.Random); err != nil {
+	if k.fleetRunID == "" {
+		if k.fleetRunID, err = newRunID(f.cfg.Random); err != nil {
 			return DispatchResult{}, err
 		}
 	}
-	if idemKey != "" && !takeover {
-		it := store.Idempotency{Key: idemKey, FleetRunID: fleetRunID, RequestHash: hash, CreatedAt: now, ExpiresAt: now.Add(IdempotencyTTL)}
-		existing, err := f.store.PutIdempotency(ctx, it)
-		if errors.Is(err, store.ErrExists) {
-			// A duplicate won the race between our read and this write (or
-			// the eventually consistent read missed it).
-			res, id, err := f.reuse(ctx, existing, hash, false)
-			if id == "" {
-				return res, err
-			}
-			fleetRunID = id
-		} else if err != nil {
-			return DispatchResult{}, fmt.Errorf("fleet: writing idempotency key: %w", err)
-		}
+	if res, done, err := f.claimKey(ctx, &k, now); done {
+		return res, err
 	}
-
-	deadline := now.Add(f.cfg.HostTimeout)
 	run := store.Run{
-		FleetRunID:       fleetRunID,
+		FleetRunID:       k.fleetRunID,
 		OwnerID:          c.OwnerID,
 		HostID:           host.ID,
 		Status:           store.StatusDispatching,
@@ -303,42 +276,119 @@ func (f *Fleet) Dispatch(ctx context.Context, c store.Caller, r DispatchRequest,
 		RewroteLocalPath: decision.RewroteLocalPath,
 		CreatedAt:        now,
 		UpdatedAt:        now,
-		Deadline:         deadline,
+		Deadline:         now.Add(f.cfg.HostTimeout),
 	}
-	if err := f.store.CreateRun(ctx, run); err != nil {
-		if errors.Is(err, store.ErrExists) && idemKey != "" {
-			// Another dispatcher took over the same idempotency item first;
-			// strongly consistent reads now, the run exists.
-			it, gerr := f.store.GetIdempotency(ctx, idemKey)
-			if gerr != nil {
-				return DispatchResult{}, fmt.Errorf("fleet: re-reading idempotency key: %w", gerr)
-			}
-			res, id, err := f.reuse(ctx, it, hash, false)
-			if id != "" {
-				return DispatchResult{}, inFlight(id)
-			}
-			return res, err
-		}
-		return DispatchResult{}, fmt.Errorf("fleet: creating run: %w", err)
+	if res, done, err := f.createDispatched(ctx, run, k); done {
+		return res, err
 	}
 	run.Version = 1
+	return f.startOnHost(ctx, client, run, startRequest(run, r, decision))
+}
 
-	start := hostproto.StartRequest{
-		ClientToken: fleetRunID,
+// dispatchKey is a dispatch's idempotency, as far as it is known.
+type dispatchKey struct {
+	// hash is the request's (DispatchRequest.Hash).
+	hash string
+	// item is the idempotency item's key, "ownerId#key"; empty without a
+	// key.
+	item string
+	// fleetRunID is the run the dispatch goes under, once known.
+	fleetRunID string
+	// takeover: the item exists and names a run that was never written,
+	// whose creator is long gone (reuse): this dispatch writes that run.
+	takeover bool
+}
+
+// lookUpKey reads k's idempotency item, eventually consistent: a miss is
+// caught by claimKey's conditional put, and a reused dispatch then costs
+// no write. done: the dispatch is answered (the first run, or a 409).
+func (f *Fleet) lookUpKey(ctx context.Context, k *dispatchKey) (res DispatchResult, done bool, err error) {
+	it, err := f.store.GetIdempotency(store.EventualRead(ctx), k.item)
+	switch {
+	case errors.Is(err, store.ErrNotFound):
+		return DispatchResult{}, false, nil
+	case err != nil:
+		return DispatchResult{}, true, fmt.Errorf("fleet: reading idempotency key: %w", err)
+	}
+	res, id, err := f.reuse(ctx, it, k.hash, true)
+	if id == "" {
+		return res, true, err
+	}
+	k.fleetRunID, k.takeover = id, true
+	return DispatchResult{}, false, nil
+}
+
+// claimKey writes k's idempotency item for k.fleetRunID, when there is a
+// key and no item to take over. An item a duplicate wrote first (between
+// lookUpKey's read and this write, or missed by that read) is answered as
+// reuse says. done: the dispatch is answered.
+func (f *Fleet) claimKey(ctx context.Context, k *dispatchKey, now time.Time) (res DispatchResult, done bool, err error) {
+	if k.item == "" || k.takeover {
+		return DispatchResult{}, false, nil
+	}
+	it := store.Idempotency{Key: k.item, FleetRunID: k.fleetRunID, RequestHash: k.hash, CreatedAt: now, ExpiresAt: now.Add(IdempotencyTTL)}
+	existing, err := f.store.PutIdempotency(ctx, it)
+	switch {
+	case errors.Is(err, store.ErrExists):
+		res, id, err := f.reuse(ctx, existing, k.hash, false)
+		if id == "" {
+			return res, true, err
+		}
+		k.fleetRunID = id
+	case err != nil:
+		return DispatchResult{}, true, fmt.Errorf("fleet: writing idempotency key: %w", err)
+	}
+	return DispatchResult{}, false, nil
+}
+
+// createDispatched writes run, dispatching. When the run exists already,
+// another dispatcher took over the same idempotency item first: the item
+// is read again, strongly consistent now that the run exists, and
+// answered as reuse says, or 409 in flight. done: the dispatch is
+// answered.
+func (f *Fleet) createDispatched(ctx context.Context, run store.Run, k dispatchKey) (res DispatchResult, done bool, err error) {
+	err = f.store.CreateRun(ctx, run)
+	switch {
+	case err == nil:
+		return DispatchResult{}, false, nil
+	case !errors.Is(err, store.ErrExists) || k.item == "":
+		return DispatchResult{}, true, fmt.Errorf("fleet: creating run: %w", err)
+	}
+	it, err := f.store.GetIdempotency(ctx, k.item)
+	if err != nil {
+		return DispatchResult{}, true, fmt.Errorf("fleet: re-reading idempotency key: %w", err)
+	}
+	res, id, err := f.reuse(ctx, it, k.hash, false)
+	if id != "" {
+		return DispatchResult{}, true, inFlight(id)
+	}
+	return res, true, err
+}
+
+// startRequest is the host's start of run: the run id as clientToken, its
+// deadline, and r as routing decided it (a clone URL or local path).
+func startRequest(run store.Run, r DispatchRequest, d Decision) hostproto.StartRequest {
+	deadline := run.Deadline
+	return hostproto.StartRequest{
+		ClientToken: run.FleetRunID,
 		Deadline:    &deadline,
 		Agent:       r.Agent,
 		Prompt:      r.Prompt,
 		Argv:        r.Argv,
 		Repository:  r.Repository,
-		CloneURL:    decision.CloneURL,
-		LocalPath:   decision.LocalPath,
+		CloneURL:    d.CloneURL,
+		LocalPath:   d.LocalPath,
 		Env:         r.Env,
 		Secrets:     r.Secrets,
 	}
-	// The host call and the record of its answer outlive a caller that hangs
-	// up: abandoning them would only leave more for recovery. The call is
-	// bounded by HostTimeout (the client's timeout too); the deadline the
-	// host checks is on the injected clock.
+}
+
+// startOnHost calls run's host with start and records its answer on run
+// (stored as dispatching). The host call and the record of its answer
+// outlive a caller that hangs up: abandoning them would only leave more
+// for recovery. The call is bounded by HostTimeout (the client's timeout
+// too); the deadline the host checks is on the injected clock.
+func (f *Fleet) startOnHost(ctx context.Context, client *hostproto.Client, run store.Run, start hostproto.StartRequest) (DispatchResult, error) {
 	callCtx, cancel := context.WithTimeout(context.WithoutCancel(ctx), f.cfg.HostTimeout)
 	answer, callErr := client.Start(callCtx, start)
 	cancel()
@@ -353,10 +403,10 @@ func (f *Fleet) Dispatch(ctx context.Context, c store.Caller, r DispatchRequest,
 		return outcome.changed
 	})
 	if err != nil {
-		return DispatchResult{}, fmt.Errorf("fleet: recording the host's answer for %s: %w", fleetRunID, err)
+		return DispatchResult{}, fmt.Errorf("fleet: recording the host's answer for %s: %w", run.FleetRunID, err)
 	}
 	if callErr != nil {
-		f.log.Warn("dispatch: host call failed", logRun, fleetRunID, logHost, host.ID, logErr, callErr.Error())
+		f.log.Warn("dispatch: host call failed", logRun, run.FleetRunID, logHost, run.HostID, logErr, callErr.Error())
 	}
 	return DispatchResult{Run: stored, Note: outcome.note, Refused: outcome.refused}, nil
 }
@@ -394,11 +444,11 @@ func (f *Fleet) applyStartAnswer(r *store.Run, answer hostproto.Run, err error) 
 		if detail == "" {
 			detail = fmt.Sprintf("the host answered HTTP %d", he.Status)
 		}
-		f.end(r, hostproto.StatusFailed, reason, detail, now)
+		f.end(r, store.StatusFailed, reason, detail, now)
 		return startAnswer{note: "the host refused the start", changed: true, refused: true}
 	case errors.Is(err, hostproto.ErrUnreachable):
 		// Never delivered: the host cannot have started it.
-		f.end(r, hostproto.StatusFailed, hostproto.ReasonHostUnavailable,
+		f.end(r, store.StatusFailed, hostproto.ReasonHostUnavailable,
 			fmt.Sprintf("host %s could not be reached; nothing was started: dispatch again, or to another host", r.HostID), now)
 		return startAnswer{note: "the host was unreachable; nothing was started", changed: true, refused: true}
 	}

@@ -6,6 +6,9 @@
 // the stream (package stream) and the scheduled jobs (package scheduled)
 // call it; it knows nothing of HTTP.
 //
+// The host protocol's wire types and the store's records meet here only,
+// in records.go: each is mapped to the other in one place.
+//
 // Routing reads the routing view the probe writes (BuildRouteView; its
 // bound, cost and staleness are in package dynamostore's doc), re-reading
 // the host it chose, so a dispatch's reads do not grow with the fleet.

@@ -635,8 +635,8 @@ func TestProbeClassifiesHosts(t *testing.T) {
 	if p.Version != "edge-9" || len(p.Agents) != 2 || !p.Features.SecretsProxy || !p.Draining {
 		t.Fatalf("ok probe = %+v", p)
 	}
-	if p.Storage == nil || *p.Storage != (hostproto.Storage{FreeBytes: 1 << 20, MinFreeBytes: 64 << 20, Low: true}) ||
-		p.Limits == nil || *p.Limits != (hostproto.Limits{Enforced: hostproto.LimitsCgroup2, MemoryBytes: 2 << 30, Pids: 1024, CPU: 2}) {
+	if p.Storage == nil || *p.Storage != (store.Storage{FreeBytes: 1 << 20, MinFreeBytes: 64 << 20, Low: true}) ||
+		p.Limits == nil || *p.Limits != (store.Limits{Enforced: hostproto.LimitsCgroup2, MemoryBytes: 2 << 30, Pids: 1024, CPU: 2}) {
 		t.Fatalf("ok probe storage %+v, limits %+v", p.Storage, p.Limits)
 	}
 	// A host older than the fields reports neither; nothing is made up.

@@ -95,7 +95,7 @@ func (f *Fleet) MirroredEvents(ctx context.Context, run store.Run, after int64, 
 		if e.Sequence > run.EventCursor {
 			break
 		}
-		page.Events = append(page.Events, e.Event)
+		page.Events = append(page.Events, eventToWire(e))
 		page.NextCursor = e.Sequence
 	}
 	// A page that moved nowhere says there is no more: the events below
@@ -165,48 +165,73 @@ type syncResult struct {
 // context too). Stopped short, it keeps its progress (the cursor is
 // recorded per page) and reports syncPartial.
 func (f *Fleet) syncRun(ctx context.Context, run store.Run, pass syncPass) (store.Run, syncResult) {
-	hosts, until := pass.hosts, pass.until
-	spent := func() bool { return !until.IsZero() && !f.clock.Now().Before(until) }
 	hostCtx := ctx
-	if !until.IsZero() {
+	if !pass.until.IsZero() {
 		var cancel context.CancelFunc
-		hostCtx, cancel = clock.WithDeadline(ctx, f.clock, until.Add(f.cfg.HostTimeout))
+		hostCtx, cancel = clock.WithDeadline(ctx, f.clock, pass.until.Add(f.cfg.HostTimeout))
 		defer cancel()
 	}
-	if run.Status == store.StatusDispatching {
-		if f.clock.Now().Before(run.Deadline) {
-			return run, syncResult{outcome: syncInFlight}
-		}
-		if hosts.isDown(run.HostID) {
-			return run, syncResult{outcome: syncUnreachable}
-		}
-		if spent() {
-			return run, syncResult{outcome: syncPartial}
-		}
-		recovered, err := f.recover(hostCtx, run)
-		if err != nil {
-			return run, f.hostTrouble(run, hosts, "recovering a dispatch", err)
-		}
-		if recovered.Status == store.StatusDispatching {
-			return recovered, syncResult{outcome: syncInFlight}
-		}
-		f.log.Info("dispatch recovered", logRun, run.FleetRunID, logHost, run.HostID, logStatus, recovered.Status, logReason, recovered.Reason)
-		run = recovered
-		if !run.Live() {
-			return run, syncResult{outcome: syncDrained, recovered: true}
-		}
-		stored, res := f.syncRun(ctx, run, pass)
-		res.recovered = true
-		return stored, res
-	}
-	if !run.Live() {
+	switch {
+	case run.Status == store.StatusDispatching:
+		return f.syncDispatching(ctx, hostCtx, run, pass)
+	case !run.Live():
 		return run, syncResult{outcome: syncCurrent}
-	}
-	if run.Status == store.StatusLost {
+	case run.Status == store.StatusLost:
 		return f.syncLost(ctx, run, pass)
 	}
+	return f.syncLive(ctx, hostCtx, run, pass)
+}
+
+// spent reports whether the pass's budget is spent: no host call starts.
+func (f *Fleet) spent(pass syncPass) bool {
+	return !pass.until.IsZero() && !f.clock.Now().Before(pass.until)
+}
+
+// dispatchWait decides whether a sync leaves a dispatching run as it is
+// for now rather than recover it (ask its host by clientToken), and with
+// which outcome: in flight before its deadline, its host down in this
+// pass, or the pass's budget spent.
+func dispatchWait(run store.Run, now time.Time, hostDown, spent bool) (syncOutcome, bool) {
+	switch {
+	case now.Before(run.Deadline):
+		return syncInFlight, true
+	case hostDown:
+		return syncUnreachable, true
+	case spent:
+		return syncPartial, true
+	}
+	return syncCurrent, false
+}
+
+// syncDispatching recovers a dispatching run past its deadline and, when
+// that leaves it live, syncs it as any live run.
+func (f *Fleet) syncDispatching(ctx, hostCtx context.Context, run store.Run, pass syncPass) (store.Run, syncResult) {
+	if outcome, wait := dispatchWait(run, f.clock.Now(), pass.hosts.isDown(run.HostID), f.spent(pass)); wait {
+		return run, syncResult{outcome: outcome}
+	}
+	recovered, err := f.recover(hostCtx, run)
+	if err != nil {
+		return run, f.hostTrouble(run, pass.hosts, "recovering a dispatch", err)
+	}
+	if recovered.Status == store.StatusDispatching {
+		return recovered, syncResult{outcome: syncInFlight}
+	}
+	f.log.Info("dispatch recovered", logRun, run.FleetRunID, logHost, run.HostID, logStatus, recovered.Status, logReason, recovered.Reason)
+	if !recovered.Live() {
+		return recovered, syncResult{outcome: syncDrained, recovered: true}
+	}
+	stored, res := f.syncRun(ctx, recovered, pass)
+	res.recovered = true
+	return stored, res
+}
+
+// syncLive reads a live run's state from its host, then its events, and
+// records both (recordSync). The state comes first: a terminal state read
+// here means its state event is on the host already (see the mirror's
+// comment).
+func (f *Fleet) syncLive(ctx, hostCtx context.Context, run store.Run, pass syncPass) (store.Run, syncResult) {
 	res := syncResult{}
-	if pass.extend && !store.Terminal(run.Status) && f.liveEventsShort(run, f.clock.Now()) && !spent() {
+	if pass.extend && !store.Terminal(run.Status) && f.liveEventsShort(run, f.clock.Now()) && !f.spent(pass) {
 		extended, err := f.extendEvents(ctx, run, f.eventExpiry(f.clock.Now()))
 		if err != nil {
 			f.log.Warn("sync failed", logRun, run.FleetRunID, logDoing, "extending the events' expiry", logErr, err.Error())
@@ -220,111 +245,146 @@ func (f *Fleet) syncRun(ctx context.Context, run store.Run, pass syncPass) (stor
 		f.log.Error("sync: a live run has no host run id", logRun, run.FleetRunID, logStatus, run.Status)
 		return run, syncResult{outcome: syncFailed, err: fmt.Errorf("fleet: run %s is live without a host run", run.FleetRunID)}
 	}
-	if spent() {
-		return run, syncResult{outcome: syncPartial}
+	client, stop, ok := f.syncClient(hostCtx, run, pass)
+	if !ok {
+		return run, stop
 	}
-	client, err := hosts.client(hostCtx, run.HostID)
-	if err != nil {
-		return run, f.hostTrouble(run, hosts, "preparing the host client", err)
-	}
-	if hosts.isDown(run.HostID) {
-		return run, syncResult{outcome: syncUnreachable}
-	}
-	if spent() {
-		return run, syncResult{outcome: syncPartial}
-	}
-
-	// The state first, then the events: a terminal state read here means
-	// its state event is on the host already (see the mirror's comment).
 	hr, err := client.Get(hostCtx, run.ChildRunID)
 	if errors.Is(err, hostproto.ErrRunNotFound) {
-		stored, err := f.markLost(ctx, run)
-		if err != nil {
-			return run, syncResult{outcome: syncFailed, err: err}
-		}
-		if stored.Live() && pass.extend {
-			stored, err = f.drainLost(ctx, stored)
-			if err != nil {
-				return stored, syncResult{outcome: syncFailed, err: err}
-			}
-		}
-		return stored, syncResult{outcome: syncLost}
+		return f.syncDenied(ctx, run, pass)
 	}
 	if err != nil {
-		return run, f.hostTrouble(run, hosts, "reading the run's state", err)
+		return run, f.hostTrouble(run, pass.hosts, "reading the run's state", err)
 	}
+	return f.recordSync(ctx, hr, f.pullEvents(ctx, hostCtx, client, run, pass, res), pass)
+}
 
-	// A run's first events set its events' expiry bound (expiry.go): the
-	// expiry of an event mirrored now, before any is.
-	firstFloor := time.Time{}
+// syncClient returns the client of run's host, or (ok false) the result a
+// sync stops with: the pass's budget spent, the client unavailable, or the
+// host down in this pass.
+func (f *Fleet) syncClient(hostCtx context.Context, run store.Run, pass syncPass) (*hostproto.Client, syncResult, bool) {
+	if f.spent(pass) {
+		return nil, syncResult{outcome: syncPartial}, false
+	}
+	client, err := pass.hosts.client(hostCtx, run.HostID)
+	if err != nil {
+		return nil, f.hostTrouble(run, pass.hosts, "preparing the host client", err), false
+	}
+	if pass.hosts.isDown(run.HostID) {
+		return nil, syncResult{outcome: syncUnreachable}, false
+	}
+	if f.spent(pass) {
+		return nil, syncResult{outcome: syncPartial}, false
+	}
+	return client, syncResult{}, true
+}
+
+// syncDenied marks lost a run its host denies, and drains it at once when
+// the pass may extend its events' expiry (markLost leaves it live when
+// they must outlive it first).
+func (f *Fleet) syncDenied(ctx context.Context, run store.Run, pass syncPass) (store.Run, syncResult) {
+	stored, err := f.markLost(ctx, run)
+	if err != nil {
+		return run, syncResult{outcome: syncFailed, err: err}
+	}
+	if stored.Live() && pass.extend {
+		stored, err = f.drainLost(ctx, stored)
+		if err != nil {
+			return stored, syncResult{outcome: syncFailed, err: err}
+		}
+	}
+	return stored, syncResult{outcome: syncLost}
+}
+
+// eventPull is what pullEvents did.
+type eventPull struct {
+	// run is as last stored (the cursor is recorded per page).
+	run store.Run
+	// cursor is the sequence of the last event mirrored.
+	cursor int64
+	// reachedEnd: the host's events were read to their end.
+	reachedEnd bool
+	// firstFloor is the events' expiry bound to note when these are the
+	// run's first events (expiry.go); zero: it had some already.
+	firstFloor time.Time
+	res        syncResult
+}
+
+// pullEvents mirrors run's events after its cursor, page by page, while
+// the pass's budget lasts, recording the cursor after each page that has
+// more after it. res is the sync's result so far.
+func (f *Fleet) pullEvents(ctx, hostCtx context.Context, client *hostproto.Client, run store.Run, pass syncPass, res syncResult) eventPull {
+	p := eventPull{run: run, cursor: run.EventCursor, res: res}
 	if run.EventCursor == 0 {
-		firstFloor = f.eventExpiry(f.clock.Now())
+		// The expiry of an event mirrored now, before any is.
+		p.firstFloor = f.eventExpiry(f.clock.Now())
 	}
-	noteFloor := func(cur *store.Run) bool {
-		if firstFloor.IsZero() || cur.EventCursor == 0 || !cur.EventsExpireAfter.IsZero() {
-			return false
+	for limit := hostEventPage; ; {
+		if f.spent(pass) || ctx.Err() != nil {
+			p.res.outcome = syncPartial
+			return p
 		}
-		cur.EventsExpireAfter = firstFloor
-		return true
-	}
-	cursor := run.EventCursor
-	reachedEnd := false
-	limit := hostEventPage
-	for {
-		if spent() || ctx.Err() != nil {
-			res.outcome = syncPartial
-			break
-		}
-		page, err := client.Events(hostCtx, run.ChildRunID, cursor, limit)
+		page, err := client.Events(hostCtx, run.ChildRunID, p.cursor, limit)
 		if errors.Is(err, hostproto.ErrTooLarge) {
 			f.log.Warn("sync: the host's events page is over the bound; asking for fewer", logRun, run.FleetRunID,
-				logHost, run.HostID, "after", cursor, "limit", limit)
-			if limit > 1 {
-				limit = max(1, limit/10)
+				logHost, run.HostID, "after", p.cursor, "limit", limit)
+			next, marker := shrinkPage(limit)
+			if !marker {
+				limit = next
 				continue
 			}
-			page, err = hostproto.EventPage{Events: []hostproto.Event{f.unreadableEvent(cursor + 1)}, HasMore: true}, nil
+			page, err = hostproto.EventPage{Events: []hostproto.Event{f.unreadableEvent(p.cursor + 1)}, HasMore: true}, nil
 		}
 		if err != nil {
-			res = f.hostTrouble(run, hosts, "reading events", err)
-			break
+			p.res = f.hostTrouble(run, pass.hosts, "reading events", err)
+			return p
 		}
-		fresh := newEvents(page.Events, cursor)
-		if len(fresh) > 0 && fresh[0].Sequence != cursor+1 {
+		fresh := newEvents(page.Events, p.cursor)
+		if len(fresh) > 0 && fresh[0].Sequence != p.cursor+1 {
 			f.log.Warn("sync: the host's events skip sequences", logRun, run.FleetRunID, logHost, run.HostID,
-				"after", cursor, "first", fresh[0].Sequence)
+				"after", p.cursor, "first", fresh[0].Sequence)
 		}
 		if err := f.putEvents(ctx, run.FleetRunID, fresh); err != nil {
-			res = syncResult{outcome: syncFailed, err: err}
-			break
+			p.res = syncResult{outcome: syncFailed, err: err}
+			return p
 		}
 		if len(fresh) > 0 {
-			cursor = fresh[len(fresh)-1].Sequence
-			res.events += len(fresh)
+			p.cursor = fresh[len(fresh)-1].Sequence
+			p.res.events += len(fresh)
 		}
 		if !page.HasMore || len(fresh) == 0 {
-			reachedEnd = !page.HasMore
-			break
+			p.reachedEnd = !page.HasMore
+			return p
 		}
 		// More pages: record the progress, so a pass cut short here (by
 		// the budget, a timeout, a crash) resumes after these events.
-		if run, err = f.advanceCursor(ctx, run, cursor, noteFloor); err != nil {
-			res = syncResult{outcome: syncFailed, err: err}
-			break
+		if p.run, err = f.advanceCursor(ctx, p.run, p.cursor, p.firstFloor); err != nil {
+			p.res = syncResult{outcome: syncFailed, err: err}
+			return p
 		}
 	}
+}
 
-	// Drainable: the state read before the events was terminal, this
-	// attempt's, and the events were read to their end. Its events must
-	// outlive it first (expiry.go).
-	drainable := func(cur *store.Run) bool {
-		return reachedEnd && !cur.Drained && store.Terminal(cur.Status) && store.Terminal(hr.Status) &&
-			cur.Attempt == hr.Attempt && cur.EventCursor >= cursor
+// shrinkPage decides what to ask for after the host answered a page of
+// limit events over the bound: a tenth as many, down to one; past one
+// (marker), nothing: that event is mirrored as a marker in its place.
+func shrinkPage(limit int) (next int, marker bool) {
+	if limit > 1 {
+		return max(1, limit/10), false
 	}
+	return limit, true
+}
+
+// recordSync records on the run what a sync read: the cursor its events
+// reached, hr (the host's state, read before them) when it applies, and
+// the drain when drainable; its events' expiry is extended first when they
+// would not outlive it (expiry.go).
+func (f *Fleet) recordSync(ctx context.Context, hr hostproto.Run, p eventPull, pass syncPass) (store.Run, syncResult) {
+	run, res := p.run, p.res
 	now := f.clock.Now().UTC()
 	extendFirst := false
 	stored, err := f.settle(ctx, run, func(cur *store.Run) bool {
-		changed := noteFloorAfter(cur, cursor, noteFloor)
+		changed := noteFloorAfter(cur, p.cursor, p.firstFloor)
 		if cur.Status == store.StatusLost || cur.Status == store.StatusDispatching {
 			return changed
 		}
@@ -333,7 +393,7 @@ func (f *Fleet) syncRun(ctx context.Context, run store.Run, pass syncPass) (stor
 			changed = true
 		}
 		extendFirst = false
-		if drainable(cur) {
+		if drainable(*cur, hr, p) {
 			if f.drainEventsShort(*cur) {
 				extendFirst = true
 			} else {
@@ -346,7 +406,7 @@ func (f *Fleet) syncRun(ctx context.Context, run store.Run, pass syncPass) (stor
 		if stored, err = f.extendEvents(ctx, stored, stored.ExpiresAt.Add(eventsLag)); err == nil {
 			res.extended = true
 			stored, err = f.settle(ctx, stored, func(cur *store.Run) bool {
-				if !drainable(cur) || f.drainEventsShort(*cur) {
+				if !drainable(*cur, hr, p) || f.drainEventsShort(*cur) {
 					return false
 				}
 				cur.Drained = true
@@ -367,20 +427,33 @@ func (f *Fleet) syncRun(ctx context.Context, run store.Run, pass syncPass) (stor
 	return stored, res
 }
 
-// noteFloorAfter moves cur's cursor up to cursor and notes its events'
-// expiry bound; it reports a change.
-func noteFloorAfter(cur *store.Run, cursor int64, noteFloor func(*store.Run) bool) bool {
+// drainable decides whether cur may be drained: the state read before the
+// events (hr) was terminal, of cur's attempt, and the events were read to
+// their end, all of them mirrored.
+func drainable(cur store.Run, hr hostproto.Run, p eventPull) bool {
+	return p.reachedEnd && !cur.Drained && store.Terminal(cur.Status) && store.Terminal(hr.Status) &&
+		cur.Attempt == hr.Attempt && cur.EventCursor >= p.cursor
+}
+
+// noteFloorAfter moves cur's cursor up to cursor and, when cur has events
+// and no expiry bound yet, notes firstFloor (unless zero) as that bound; it
+// reports a change.
+func noteFloorAfter(cur *store.Run, cursor int64, firstFloor time.Time) bool {
 	changed := false
 	if cursor > cur.EventCursor {
 		cur.EventCursor, changed = cursor, true
 	}
-	return noteFloor(cur) || changed
+	if firstFloor.IsZero() || cur.EventCursor == 0 || !cur.EventsExpireAfter.IsZero() {
+		return changed
+	}
+	cur.EventsExpireAfter = firstFloor
+	return true
 }
 
 // syncLost drains a lost run left live because its events' expiry had to
 // be extended first (markLost), when the pass may extend it.
 func (f *Fleet) syncLost(ctx context.Context, run store.Run, pass syncPass) (store.Run, syncResult) {
-	if !pass.extend || (!pass.until.IsZero() && !f.clock.Now().Before(pass.until)) {
+	if !pass.extend || f.spent(pass) {
 		return run, syncResult{outcome: syncCurrent}
 	}
 	stored, err := f.drainLost(ctx, run)
@@ -461,7 +534,7 @@ func (f *Fleet) putEvents(ctx context.Context, fleetRunID string, events []hostp
 			f.log.Warn("sync: an event's data is over the limit; truncated", logRun, fleetRunID,
 				logSequence, e.Sequence, "bytes", len(e.Data), "cut", cut)
 		}
-		out[i] = store.Event{FleetRunID: fleetRunID, Event: fitted, ExpiresAt: expires}
+		out[i] = eventFromWire(fleetRunID, fitted, expires)
 	}
 	if err := f.store.PutEvents(ctx, out); err != nil {
 		return fmt.Errorf("fleet: mirroring %d events of %s: %w", len(events), fleetRunID, err)
@@ -470,10 +543,10 @@ func (f *Fleet) putEvents(ctx context.Context, fleetRunID string, events []hostp
 }
 
 // advanceCursor records that the mirror holds every event up to cursor
-// (and, with noteFloor, its events' expiry bound).
-func (f *Fleet) advanceCursor(ctx context.Context, run store.Run, cursor int64, noteFloor func(*store.Run) bool) (store.Run, error) {
+// (and its events' expiry bound, noteFloorAfter).
+func (f *Fleet) advanceCursor(ctx context.Context, run store.Run, cursor int64, firstFloor time.Time) (store.Run, error) {
 	stored, err := f.settle(ctx, run, func(cur *store.Run) bool {
-		return noteFloorAfter(cur, cursor, noteFloor)
+		return noteFloorAfter(cur, cursor, firstFloor)
 	})
 	if err != nil {
 		return run, fmt.Errorf("fleet: advancing the event cursor of %s: %w", run.FleetRunID, err)

@@ -10,7 +10,9 @@ import (
 	"unicode/utf8"
 
 	"github.com/runfleet/runfleet/shared/hostproto"
+	"github.com/runfleet/runfleet/shared/store"
 	"github.com/runfleet/runfleet/tests/kit/fakehost"
+	"github.com/runfleet/runfleet/tests/kit/storetest"
 )
 
 func TestFitEventKeepsEventDataWithinTheLimit(t *testing.T) {
@@ -104,5 +106,59 @@ func TestAnOversizedEventOrPageDoesNotWedgeTheRun(t *testing.T) {
 	}
 	if r, _ := e.st.GetRun(ctx, run.FleetRunID); !r.Drained || r.Status != hostproto.StatusSucceeded || r.EventCursor != 15 {
 		t.Fatalf("run after the sweep: %+v", r)
+	}
+}
+
+// TestMirroredEventsKeepTheHostsShape pins the bytes of a mirrored event
+// as the events answer and the stream send it: the host's event as it came
+// (DESIGN.md), whatever the record the store keeps it in (issue 16).
+func TestMirroredEventsKeepTheHostsShape(t *testing.T) {
+	e := newTestEnv(t, time.Second)
+	ev := storetest.StoredFormEvent()
+	if err := e.st.PutEvents(context.Background(), []store.Event{ev}); err != nil {
+		t.Fatal(err)
+	}
+	page, err := e.f.MirroredEvents(context.Background(), store.Run{FleetRunID: ev.FleetRunID, EventCursor: ev.Sequence}, 0, 10)
+	if err != nil {
+		t.Fatal(err)
+	}
+	got, err := json.Marshal(page.Events)
+	if err != nil {
+		t.Fatal(err)
+	}
+	const want = `[{"sequence":7,"type":"output","data":"hello","ts":"2026-05-04T03:02:01.123456789Z"}]`
+	if string(got) != want {
+		t.Errorf("mirrored events:\n got  %s\n want %s", got, want)
+	}
+}
+
+func TestDispatchWaitLeavesARunOnlyForItsReasons(t *testing.T) {
+	run := store.Run{Status: store.StatusDispatching, Deadline: t0}
+	for _, c := range []struct {
+		name            string
+		now             time.Time
+		hostDown, spent bool
+		want            syncOutcome
+		wait            bool
+	}{
+		{"before its deadline, whatever else", t0.Add(-time.Nanosecond), true, true, syncInFlight, true},
+		{"its host down in this pass", t0, true, true, syncUnreachable, true},
+		{"the budget spent", t0, false, true, syncPartial, true},
+		{"at its deadline: recover it", t0, false, false, syncCurrent, false},
+	} {
+		if got, wait := dispatchWait(run, c.now, c.hostDown, c.spent); got != c.want || wait != c.wait {
+			t.Errorf("%s: %v, wait %v; want %v, %v", c.name, got, wait, c.want, c.wait)
+		}
+	}
+}
+
+func TestShrinkPageAsksForATenthDownToOneThenAMarker(t *testing.T) {
+	for _, c := range []struct {
+		limit, next int
+		marker      bool
+	}{{1000, 100, false}, {100, 10, false}, {10, 1, false}, {5, 1, false}, {1, 1, true}} {
+		if next, marker := shrinkPage(c.limit); next != c.next || marker != c.marker {
+			t.Errorf("shrinkPage(%d) = %d, %v; want %d, %v", c.limit, next, marker, c.next, c.marker)
+		}
 	}
 }

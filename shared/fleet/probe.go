@@ -206,17 +206,7 @@ func (f *Fleet) probe(ctx context.Context, h store.Host) store.Probe {
 		f.log.Error("probe: unexpected error", logHost, h.ID, logErr, err.Error())
 	}
 	if err == nil {
-		p.Version = health.Version
-		p.Agents = health.Agents
-		p.Features = health.Features
-		p.CA = health.CA
-		p.Draining = health.Draining
-		p.Idle = health.Idle
-		p.Storage = health.Storage
-		// An empty limits says nothing; nil is how both stores keep that.
-		if health.Limits != nil && *health.Limits != (hostproto.Limits{}) {
-			p.Limits = health.Limits
-		}
+		probeFromWire(&p, health)
 	}
 	return p
 }

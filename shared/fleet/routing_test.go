@@ -9,7 +9,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/runfleet/runfleet/shared/hostproto"
 	"github.com/runfleet/runfleet/shared/store"
 )
 
@@ -25,7 +24,7 @@ func healthyHost(id string) store.Host {
 		Probe: &store.Probe{
 			Status: store.ProbeOK, At: routeNow.Add(-time.Minute), LatencyMs: 5,
 			Agents:   []string{"shell"},
-			Features: hostproto.Features{SecretsProxy: true, ExecRequire: true},
+			Features: store.Features{SecretsProxy: true, ExecRequire: true},
 		},
 	}
 }
@@ -44,7 +43,7 @@ func TestRouteExcludesWithEveryReason(t *testing.T) {
 		{ExcludedUnhealthy, func(h *store.Host) { h.Probe.Status = store.ProbeUnreachable }, nil},
 		{ExcludedDraining, func(h *store.Host) { h.Probe.Draining = true }, nil},
 		{ExcludedStorageLow, func(h *store.Host) {
-			h.Probe.Storage = &hostproto.Storage{FreeBytes: 1 << 20, MinFreeBytes: 64 << 20, Low: true}
+			h.Probe.Storage = &store.Storage{FreeBytes: 1 << 20, MinFreeBytes: 64 << 20, Low: true}
 		}, nil},
 		{ExcludedAgentUnsupported, nil, func(in *RouteInput) { in.Agent = "claude" }},
 		{ExcludedLabelMissing, nil, func(in *RouteInput) { in.Labels = map[string]string{"region": "us"} }},
@@ -83,7 +82,7 @@ func TestRouteListsEveryReasonOfEveryHost(t *testing.T) {
 	a := healthyHost("a")
 	a.Enabled = false
 	a.Probe.Draining = true
-	a.Probe.Storage = &hostproto.Storage{MinFreeBytes: 64 << 20, Low: true}
+	a.Probe.Storage = &store.Storage{MinFreeBytes: 64 << 20, Low: true}
 	a.Probe.Features.SecretsProxy = false
 	b := healthyHost("b")
 	b.Probe = nil
@@ -102,7 +101,7 @@ func TestRouteListsEveryReasonOfEveryHost(t *testing.T) {
 
 func TestRouteJudgesOffersOnlyFromAnOkProbe(t *testing.T) {
 	h := healthyHost("h1")
-	h.Probe = &store.Probe{Status: store.ProbeUnreachable, At: routeNow, Storage: &hostproto.Storage{Low: true}}
+	h.Probe = &store.Probe{Status: store.ProbeUnreachable, At: routeNow, Storage: &store.Storage{Low: true}}
 	d := Route(RouteInput{Hosts: []store.Host{h}, Agent: "shell", NeedsSecrets: true, Now: routeNow, MaxProbeAge: time.Minute})
 	want := []Exclusion{{HostID: "h1", Reasons: []string{ExcludedUnhealthy}}}
 	if d.Host != nil || !reflect.DeepEqual(d.Excluded, want) {
@@ -115,9 +114,9 @@ func TestRouteJudgesOffersOnlyFromAnOkProbe(t *testing.T) {
 func TestRouteExcludesOnlyStorageLow(t *testing.T) {
 	old := healthyHost("a-old")
 	spare := healthyHost("b-spare")
-	spare.Probe.Storage = &hostproto.Storage{FreeBytes: 10 << 30, MinFreeBytes: 64 << 20}
+	spare.Probe.Storage = &store.Storage{FreeBytes: 10 << 30, MinFreeBytes: 64 << 20}
 	low := healthyHost("c-low")
-	low.Probe.Storage = &hostproto.Storage{FreeBytes: 1 << 20, MinFreeBytes: 64 << 20, Low: true}
+	low.Probe.Storage = &store.Storage{FreeBytes: 1 << 20, MinFreeBytes: 64 << 20, Low: true}
 	// The low host is the fastest: only its storage keeps it out.
 	low.Probe.LatencyMs = 1
 	in := RouteInput{Hosts: []store.Host{low, spare, old}, Agent: "shell", Now: routeNow, MaxProbeAge: time.Minute * 5}
@@ -231,7 +230,7 @@ func TestBuildRouteViewOrdersEachList(t *testing.T) {
 		with("both", 2, func(h *store.Host) { h.Probe.Agents = []string{"shell", "claude"} }),
 		with("draining", 0, func(h *store.Host) { h.Probe.Draining = true }),
 		with("stale", 0, func(h *store.Host) { h.Probe.At = routeNow.Add(-time.Hour) }),
-		with("low", 0, func(h *store.Host) { h.Probe.Storage = &hostproto.Storage{Low: true} }),
+		with("low", 0, func(h *store.Host) { h.Probe.Storage = &store.Storage{Low: true} }),
 		with("off", 0, func(h *store.Host) { h.Enabled = false }),
 		with("never", 0, func(h *store.Host) { h.Probe = nil }),
 		with("sick", 0, func(h *store.Host) { h.Probe.Status = store.ProbeUnreachable; h.Probe.Agents = nil }),

@@ -156,7 +156,7 @@ func (f *Fleet) recover(ctx context.Context, run store.Run) (store.Run, error) {
 		if !now.After(cur.Deadline.Add(LostGrace)) {
 			return false // not yet more than LostGrace past the deadline
 		}
-		f.end(cur, hostproto.StatusFailed, store.ReasonDispatchLost,
+		f.end(cur, store.StatusFailed, store.ReasonDispatchLost,
 			fmt.Sprintf("host %s never received the start, and its deadline passed more than %s ago; nothing was started", cur.HostID, LostGrace), now)
 		return true
 	})

@@ -60,7 +60,7 @@ func mirrored(t *testing.T, st store.Store, id string) []hostproto.Event {
 	}
 	out := make([]hostproto.Event, len(p.Events))
 	for i, e := range p.Events {
-		out[i] = e.Event
+		out[i] = eventToWire(e)
 	}
 	return out
 }
@@ -139,7 +139,7 @@ func TestReadersNeverSeePastTheCursor(t *testing.T) {
 	// A put that a crash left half done: events 3 and 5 stored, 2 and 4 not, cursor at 1.
 	ts := e.clk.Now()
 	for _, seq := range []int64{3, 5} {
-		if err := e.st.PutEvents(ctx, []store.Event{{FleetRunID: run.FleetRunID, Event: hostproto.Event{Sequence: seq, Type: "output", Data: json.RawMessage(`"x"`), TS: ts}}}); err != nil {
+		if err := e.st.PutEvents(ctx, []store.Event{{FleetRunID: run.FleetRunID, Sequence: seq, Type: "output", Data: json.RawMessage(`"x"`), TS: ts}}); err != nil {
 			t.Fatal(err)
 		}
 	}

@@ -1,7 +1,13 @@
 // Package store owns Fleet's persistent state: hosts with their last probe,
 // callers, runs and their mirrored events, and idempotency items. It defines
 // the records and the Store interface; dynamostore (production) and boltstore
-// (the local stack) implement it, and storetest is the contract both pass.
+// (the local stack) implement it, and tests/kit/storetest is the contract
+// both pass.
+//
+// The records are the store's own, apart from the host protocol's wire
+// types (shared/hostproto, which this package and its implementations never
+// import): a protocol change is never a data migration. Fleet maps one to
+// the other in one place (shared/fleet, records.go).
 //
 // Every invariant is enforced by a conditional write inside the store, never
 // by a read followed by a write in the caller.
@@ -9,12 +15,11 @@ package store
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"slices"
 	"strconv"
 	"time"
-
-	"github.com/runfleet/runfleet/shared/hostproto"
 )
 
 // Sentinel errors. Implementations wrap them; callers test with errors.Is.
@@ -31,8 +36,15 @@ var (
 	ErrBadCursor = errors.New("invalid cursor")
 )
 
-// Fleet run statuses beyond the host's (hostproto.Status*).
+// Run statuses: the host's, recorded as the host reports them (the host
+// protocol's names), then Fleet's own.
 const (
+	StatusPending   = "pending"
+	StatusAdmitted  = "admitted"
+	StatusRunning   = "running"
+	StatusSucceeded = "succeeded"
+	StatusFailed    = "failed"
+	StatusCanceled  = "canceled"
 	// StatusDispatching: the run is written, the host has not answered yet.
 	StatusDispatching = "dispatching"
 	// StatusLost: the host denies the run.
@@ -90,7 +102,11 @@ func Expired(expiresAt, now time.Time) bool {
 
 // Terminal reports whether a Fleet run status is final.
 func Terminal(status string) bool {
-	return hostproto.TerminalStatus(status) || status == StatusLost
+	switch status {
+	case StatusSucceeded, StatusFailed, StatusCanceled, StatusLost:
+		return true
+	}
+	return false
 }
 
 // Host is a registered runner host.
@@ -110,25 +126,60 @@ type Host struct {
 
 // Probe is one probe of a host, as recorded.
 type Probe struct {
-	Status    string             `json:"status"`
-	At        time.Time          `json:"at"`
-	LatencyMs int64              `json:"latencyMs"`
-	Version   string             `json:"version,omitempty"`
-	Agents    []string           `json:"agents,omitempty"`
-	Features  hostproto.Features `json:"features"`
-	CA        *hostproto.CAInfo  `json:"ca,omitempty"`
-	Draining  bool               `json:"draining"`
+	Status    string    `json:"status"`
+	At        time.Time `json:"at"`
+	LatencyMs int64     `json:"latencyMs"`
+	Version   string    `json:"version,omitempty"`
+	Agents    []string  `json:"agents,omitempty"`
+	Features  Features  `json:"features"`
+	CA        *CAInfo   `json:"ca,omitempty"`
+	Draining  bool      `json:"draining"`
 	// Idle is whether the host runs no task, when it says (nil: a host
 	// older than the field). A draining host that is idle can be
 	// suspended ("suspend only when idle").
 	Idle *bool `json:"idle,omitempty"`
 	// Storage is the host's free space against its reserve; nil from a
 	// host older than the field, which routing takes as not low.
-	Storage *hostproto.Storage `json:"storage,omitempty"`
+	Storage *Storage `json:"storage,omitempty"`
 	// Limits is how the host bounds each task's resources; nil from a host
 	// older than the field. Never an empty Limits: the probe records nil.
-	Limits *hostproto.Limits `json:"limits,omitempty"`
+	Limits *Limits `json:"limits,omitempty"`
 	// Detail explains a status other than ok; never carries a credential.
+	Detail string `json:"detail,omitempty"`
+}
+
+// Features are what a host can do for a run that declares secrets; routing
+// sends such a run only where both are true.
+type Features struct {
+	SecretsProxy bool `json:"secretsProxy"`
+	ExecRequire  bool `json:"execRequire"`
+}
+
+// CAInfo dates the host's proxy CA.
+type CAInfo struct {
+	NotAfter          time.Time  `json:"notAfter"`
+	SuccessorNotAfter *time.Time `json:"successorNotAfter,omitempty"`
+}
+
+// Storage is a host's free space where it records runs, against its
+// reserve.
+type Storage struct {
+	FreeBytes    int64 `json:"freeBytes"`
+	MinFreeBytes int64 `json:"minFreeBytes"`
+	// Low: FreeBytes is under MinFreeBytes; routing goes around the host.
+	Low bool `json:"low"`
+}
+
+// Limits are how a host bounds each task's resources.
+type Limits struct {
+	// Enforced names the mechanism (cgroup2, cgroup1, none, unavailable).
+	Enforced string `json:"enforced"`
+	// MemoryBytes, Pids and CPU (cores) are each task's limits; zero where
+	// that limit is not set.
+	MemoryBytes int64   `json:"memoryBytes,omitempty"`
+	Pids        int64   `json:"pids,omitempty"`
+	CPU         float64 `json:"cpu,omitempty"`
+	// Detail says why limits are unavailable.
 	Detail string `json:"detail,omitempty"`
 }
 
@@ -197,7 +248,12 @@ func (r Run) Live() bool { return !Terminal(r.Status) || !r.Drained }
 // Event is one mirrored host event.
 type Event struct {
 	FleetRunID string
-	hostproto.Event
+	// Sequence numbers a run's events from 1, contiguous across attempts.
+	Sequence int64
+	Type     string
+	// Data is the event's JSON value, as the host sent it.
+	Data json.RawMessage
+	TS   time.Time
 	// ExpiresAt is the TTL.
 	ExpiresAt time.Time
 }

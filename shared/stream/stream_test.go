@@ -581,7 +581,7 @@ func TestStreamCutsOffAClientThatStopsReading(t *testing.T) {
 	var evs []store.Event
 	for i := int64(2); i <= 200; i++ {
 		data, _ := json.Marshal(big)
-		evs = append(evs, store.Event{FleetRunID: run.FleetRunID, Event: hostproto.Event{Sequence: i, Type: hostproto.EventOutput, Data: data, TS: t0}})
+		evs = append(evs, store.Event{FleetRunID: run.FleetRunID, Sequence: i, Type: hostproto.EventOutput, Data: data, TS: t0})
 	}
 	if err := e.st.PutEvents(context.Background(), evs); err != nil {
 		t.Fatal(err)

@@ -6,7 +6,6 @@ import (
 	"fmt"
 	"time"
 
-	"github.com/runfleet/runfleet/shared/hostproto"
 	"github.com/runfleet/runfleet/shared/store"
 )
 
@@ -32,18 +31,42 @@ type hostItem struct {
 }
 
 type probeItem struct {
-	Status    string             `json:"status"`
-	At        time.Time          `json:"at"`
-	LatencyMs int64              `json:"latencyMs"`
-	Version   string             `json:"version,omitempty"`
-	Agents    []string           `json:"agents,omitempty"`
-	Features  hostproto.Features `json:"features"`
-	CA        *hostproto.CAInfo  `json:"ca,omitempty"`
-	Draining  bool               `json:"draining"`
-	Idle      *bool              `json:"idle,omitempty"`
-	Storage   *hostproto.Storage `json:"storage,omitempty"`
-	Limits    *hostproto.Limits  `json:"limits,omitempty"`
-	Detail    string             `json:"detail,omitempty"`
+	Status    string       `json:"status"`
+	At        time.Time    `json:"at"`
+	LatencyMs int64        `json:"latencyMs"`
+	Version   string       `json:"version,omitempty"`
+	Agents    []string     `json:"agents,omitempty"`
+	Features  featuresItem `json:"features"`
+	CA        *caItem      `json:"ca,omitempty"`
+	Draining  bool         `json:"draining"`
+	Idle      *bool        `json:"idle,omitempty"`
+	Storage   *storageItem `json:"storage,omitempty"`
+	Limits    *limitsItem  `json:"limits,omitempty"`
+	Detail    string       `json:"detail,omitempty"`
+}
+
+type featuresItem struct {
+	SecretsProxy bool `json:"secretsProxy"`
+	ExecRequire  bool `json:"execRequire"`
+}
+
+type caItem struct {
+	NotAfter          time.Time  `json:"notAfter"`
+	SuccessorNotAfter *time.Time `json:"successorNotAfter,omitempty"`
+}
+
+type storageItem struct {
+	FreeBytes    int64 `json:"freeBytes"`
+	MinFreeBytes int64 `json:"minFreeBytes"`
+	Low          bool  `json:"low"`
+}
+
+type limitsItem struct {
+	Enforced    string  `json:"enforced"`
+	MemoryBytes int64   `json:"memoryBytes,omitempty"`
+	Pids        int64   `json:"pids,omitempty"`
+	CPU         float64 `json:"cpu,omitempty"`
+	Detail      string  `json:"detail,omitempty"`
 }
 
 type scopeItem struct {
@@ -159,13 +182,6 @@ func clonePtr[T any](p *T) *T {
 	return &c
 }
 
-func caInfo(c *hostproto.CAInfo) *hostproto.CAInfo {
-	if c == nil {
-		return nil
-	}
-	return &hostproto.CAInfo{NotAfter: c.NotAfter.UTC(), SuccessorNotAfter: utcPtr(c.SuccessorNotAfter)}
-}
-
 func toHostItem(h store.Host) hostItem {
 	it := hostItem{
 		V: formatVersion, ID: h.ID, BaseURL: h.BaseURL, CredentialRef: h.CredentialRef,
@@ -180,11 +196,23 @@ func toHostItem(h store.Host) hostItem {
 }
 
 func toProbeItem(p store.Probe) probeItem {
-	return probeItem{
+	it := probeItem{
 		Status: p.Status, At: utc(p.At), LatencyMs: p.LatencyMs, Version: p.Version,
-		Agents: cloneStrings(p.Agents), Features: p.Features, CA: caInfo(p.CA),
-		Draining: p.Draining, Idle: clonePtr(p.Idle), Storage: clonePtr(p.Storage), Limits: clonePtr(p.Limits), Detail: p.Detail,
+		Agents: cloneStrings(p.Agents), Features: featuresItem(p.Features),
+		Draining: p.Draining, Idle: clonePtr(p.Idle), Detail: p.Detail,
 	}
+	if p.CA != nil {
+		it.CA = &caItem{NotAfter: utc(p.CA.NotAfter), SuccessorNotAfter: utcPtr(p.CA.SuccessorNotAfter)}
+	}
+	if p.Storage != nil {
+		st := storageItem(*p.Storage)
+		it.Storage = &st
+	}
+	if p.Limits != nil {
+		l := limitsItem(*p.Limits)
+		it.Limits = &l
+	}
+	return it
 }
 
 func (it hostItem) record() store.Host {
@@ -193,14 +221,30 @@ func (it hostItem) record() store.Host {
 		LocalPaths: it.LocalPaths, CAPEM: it.CAPEM, Enabled: it.Enabled, CreatedAt: utc(it.CreatedAt),
 	}
 	if it.Probe != nil {
-		p := it.Probe
-		h.Probe = &store.Probe{
-			Status: p.Status, At: utc(p.At), LatencyMs: p.LatencyMs, Version: p.Version,
-			Agents: p.Agents, Features: p.Features, CA: caInfo(p.CA), Draining: p.Draining, Idle: p.Idle,
-			Storage: p.Storage, Limits: p.Limits, Detail: p.Detail,
-		}
+		p := it.Probe.record()
+		h.Probe = &p
 	}
 	return h
+}
+
+func (it probeItem) record() store.Probe {
+	p := store.Probe{
+		Status: it.Status, At: utc(it.At), LatencyMs: it.LatencyMs, Version: it.Version,
+		Agents: it.Agents, Features: store.Features(it.Features), Draining: it.Draining, Idle: it.Idle,
+		Detail: it.Detail,
+	}
+	if it.CA != nil {
+		p.CA = &store.CAInfo{NotAfter: utc(it.CA.NotAfter), SuccessorNotAfter: utcPtr(it.CA.SuccessorNotAfter)}
+	}
+	if it.Storage != nil {
+		st := store.Storage(*it.Storage)
+		p.Storage = &st
+	}
+	if it.Limits != nil {
+		l := store.Limits(*it.Limits)
+		p.Limits = &l
+	}
+	return p
 }
 
 func toScopeItem(s store.Scope) scopeItem {
@@ -293,9 +337,8 @@ func toEventItem(e store.Event) eventItem {
 
 func (it eventItem) record() store.Event {
 	return store.Event{
-		FleetRunID: it.FleetRunID,
-		Event:      hostproto.Event{Sequence: it.Sequence, Type: it.Type, Data: it.Data, TS: utc(it.TS)},
-		ExpiresAt:  expiryTime(it.ExpiresAt),
+		FleetRunID: it.FleetRunID, Sequence: it.Sequence, Type: it.Type, Data: it.Data, TS: utc(it.TS),
+		ExpiresAt: expiryTime(it.ExpiresAt),
 	}
 }
 

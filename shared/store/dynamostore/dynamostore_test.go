@@ -3,7 +3,9 @@ package dynamostore_test
 import (
 	"context"
 	"fmt"
+	"maps"
 	"os"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -142,6 +144,18 @@ func attrString(v types.AttributeValue) string {
 		return "N:" + v.Value
 	case *types.AttributeValueMemberBOOL:
 		return fmt.Sprintf("BOOL:%v", v.Value)
+	case *types.AttributeValueMemberL:
+		parts := make([]string, len(v.Value))
+		for i, e := range v.Value {
+			parts[i] = attrString(e)
+		}
+		return "L:[" + strings.Join(parts, " ") + "]"
+	case *types.AttributeValueMemberM:
+		keys := slices.Sorted(maps.Keys(v.Value))
+		for i, k := range keys {
+			keys[i] = k + "=" + attrString(v.Value[k])
+		}
+		return "M:{" + strings.Join(keys, " ") + "}"
 	case nil:
 		return "absent"
 	}

@@ -16,7 +16,6 @@ import (
 	"github.com/aws/aws-sdk-go-v2/service/dynamodb/types"
 
 	"github.com/runfleet/runfleet/shared/clock"
-	"github.com/runfleet/runfleet/shared/hostproto"
 	"github.com/runfleet/runfleet/shared/store"
 	"github.com/runfleet/runfleet/shared/store/dynamostore"
 	"github.com/runfleet/runfleet/tests/kit/motoserver"
@@ -52,7 +51,7 @@ func stepStore(t *testing.T, api dynamostore.API, names dynamostore.TableNames, 
 }
 
 func outputEvent(id string, seq int64, at time.Time) store.Event {
-	return store.Event{FleetRunID: id, Event: hostproto.Event{Sequence: seq, Type: "output", Data: json.RawMessage(`"x"`), TS: at}}
+	return store.Event{FleetRunID: id, Sequence: seq, Type: "output", Data: json.RawMessage(`"x"`), TS: at}
 }
 
 // TestDeleteHostStepCutShort: a step that fails after deleting its runs'
@@ -198,7 +197,7 @@ func TestRunsBeforeTheAllIndexJoinItOnUpdate(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	r.Status = hostproto.StatusSucceeded
+	r.Status = store.StatusSucceeded
 	if _, err := s.UpdateRun(ctx, r); err != nil {
 		t.Fatal(err)
 	}

@@ -8,7 +8,6 @@ import (
 
 	"github.com/aws/aws-sdk-go-v2/service/dynamodb/types"
 
-	"github.com/runfleet/runfleet/shared/hostproto"
 	"github.com/runfleet/runfleet/shared/store"
 )
 
@@ -231,16 +230,16 @@ func hostFromItem(it item) (store.Host, error) {
 			probe.Idle = &idle
 		}
 		if f = p.sub(attrFeatures); f != nil {
-			probe.Features = hostproto.Features{SecretsProxy: f.bool(attrSecretsProxy), ExecRequire: f.bool(attrExecRequire)}
+			probe.Features = store.Features{SecretsProxy: f.bool(attrSecretsProxy), ExecRequire: f.bool(attrExecRequire)}
 		}
 		if ca = p.sub(attrCA); ca != nil {
-			probe.CA = &hostproto.CAInfo{NotAfter: ca.time(attrNotAfter), SuccessorNotAfter: ca.timePtr(attrSuccessorNotAfter)}
+			probe.CA = &store.CAInfo{NotAfter: ca.time(attrNotAfter), SuccessorNotAfter: ca.timePtr(attrSuccessorNotAfter)}
 		}
 		if st = p.sub(attrStorage); st != nil {
-			probe.Storage = &hostproto.Storage{FreeBytes: st.n(attrFreeBytes), MinFreeBytes: st.n(attrMinFreeBytes), Low: st.bool(attrLow)}
+			probe.Storage = &store.Storage{FreeBytes: st.n(attrFreeBytes), MinFreeBytes: st.n(attrMinFreeBytes), Low: st.bool(attrLow)}
 		}
 		if l = p.sub(attrLimits); l != nil {
-			probe.Limits = &hostproto.Limits{
+			probe.Limits = &store.Limits{
 				Enforced: l.s(attrEnforced), MemoryBytes: l.n(attrMemoryBytes), Pids: l.n(attrPids),
 				CPU: l.float(attrCPU), Detail: l.s(attrDetail),
 			}
@@ -434,10 +433,7 @@ func eventFromItem(it item) (store.Event, error) {
 	r := &reader{it: it}
 	r.checkVersion()
 	e := store.Event{
-		FleetRunID: r.s(attrFleetRunID),
-		Event: hostproto.Event{
-			Sequence: r.n(attrSequence), Type: r.s(attrType), TS: r.time(attrTS),
-		},
+		FleetRunID: r.s(attrFleetRunID), Sequence: r.n(attrSequence), Type: r.s(attrType), TS: r.time(attrTS),
 		ExpiresAt: r.expiry(),
 	}
 	if data := r.s(attrData); data != "" {

@@ -10,7 +10,6 @@ import (
 	"time"
 
 	"github.com/runfleet/runfleet/shared/clock"
-	"github.com/runfleet/runfleet/shared/hostproto"
 	"github.com/runfleet/runfleet/shared/store"
 	"github.com/runfleet/runfleet/shared/store/dynamostore"
 	"github.com/runfleet/runfleet/tests/kit/storetest"
@@ -68,7 +67,7 @@ func TestMeteredCosts(t *testing.T) {
 
 	// The host answered: status and child change, keys do not, nothing
 	// projected changes (KEYS_ONLY): the base write only.
-	r.Status, r.ChildRunID = hostproto.StatusRunning, "child-1"
+	r.Status, r.ChildRunID = store.StatusRunning, "child-1"
 	measure("UpdateRun, stays live", expect{
 		calls: map[string]int{"UpdateItem": 1},
 		wcu:   map[string]float64{"runs": 1},
@@ -76,7 +75,7 @@ func TestMeteredCosts(t *testing.T) {
 
 	// Ended and drained: it leaves the live index, one more write.
 	end := clk.Now()
-	r.Status, r.EndedAt, r.Drained, r.ExpiresAt = hostproto.StatusSucceeded, &end, true, end.Add(24*time.Hour)
+	r.Status, r.EndedAt, r.Drained, r.ExpiresAt = store.StatusSucceeded, &end, true, end.Add(24*time.Hour)
 	measure("UpdateRun, leaves live", expect{
 		calls: map[string]int{"UpdateItem": 1},
 		wcu:   map[string]float64{"runs": 1, "runs/live": 1},
@@ -153,7 +152,7 @@ func TestMeteredCosts(t *testing.T) {
 	// ceil(4.57 KB) = 5 WCU; re-putting it costs 5 again (the existing
 	// item's size, condition failed).
 	data, _ := json.Marshal(strings.Repeat("x", 4498))
-	ev := store.Event{FleetRunID: "r1", Event: hostproto.Event{Sequence: 1, Type: "output", Data: data, TS: now}}
+	ev := store.Event{FleetRunID: "r1", Sequence: 1, Type: "output", Data: data, TS: now}
 	for _, what := range []string{"PutEvents, new", "PutEvents, stored already"} {
 		measure(what, expect{calls: map[string]int{"PutItem": 1}, wcu: map[string]float64{"events": 5}},
 			func() error { return s.PutEvents(ctx, []store.Event{ev}) })

@@ -9,7 +9,6 @@ import (
 	"time"
 
 	"github.com/runfleet/runfleet/shared/clock"
-	"github.com/runfleet/runfleet/shared/hostproto"
 	"github.com/runfleet/runfleet/shared/store"
 )
 
@@ -53,7 +52,7 @@ func testRouteViewPutRead(t *testing.T, s store.Store, clk *clock.Fake) {
 	noErr(t, "RouteShard", err)
 	wantOK := store.Host{ID: "b-ok", Enabled: true, Labels: ok.Labels, LocalPaths: ok.LocalPaths, Probe: &store.Probe{
 		Status: store.ProbeOK, At: now, LatencyMs: 42, Draining: true, Agents: []string{"claude", "shell"},
-		Features: hostproto.Features{SecretsProxy: true, ExecRequire: true}, Storage: &hostproto.Storage{Low: true},
+		Features: store.Features{SecretsProxy: true, ExecRequire: true}, Storage: &store.Storage{Low: true},
 	}}
 	wantSick := store.Host{ID: "a-sick", Enabled: true, Labels: sick.Labels, LocalPaths: sick.LocalPaths,
 		Probe: &store.Probe{Status: store.ProbeUnreachable, At: now.Add(-time.Minute)}}

@@ -142,11 +142,11 @@ func probe(at time.Time, status string) store.Probe {
 		LatencyMs: 42,
 		Version:   "1.2.3",
 		Agents:    []string{"claude", "shell"},
-		Features:  hostproto.Features{SecretsProxy: true, ExecRequire: true},
-		CA:        &hostproto.CAInfo{NotAfter: at.Add(365 * 24 * time.Hour), SuccessorNotAfter: &succ},
+		Features:  store.Features{SecretsProxy: true, ExecRequire: true},
+		CA:        &store.CAInfo{NotAfter: at.Add(365 * 24 * time.Hour), SuccessorNotAfter: &succ},
 		Draining:  true,
-		Storage:   &hostproto.Storage{FreeBytes: 3 << 30, MinFreeBytes: 1 << 30},
-		Limits:    &hostproto.Limits{Enforced: hostproto.LimitsCgroup1, MemoryBytes: 2 << 30, Pids: 512, CPU: 1.5},
+		Storage:   &store.Storage{FreeBytes: 3 << 30, MinFreeBytes: 1 << 30},
+		Limits:    &store.Limits{Enforced: "cgroup1", MemoryBytes: 2 << 30, Pids: 512, CPU: 1.5},
 		Detail:    "ok after 1 retry",
 	}
 }
@@ -185,10 +185,7 @@ func ended(r store.Run, status string, at time.Time, drained bool, keep time.Dur
 
 func event(runID string, seq int64, at time.Time, data string) store.Event {
 	raw, _ := json.Marshal(data)
-	return store.Event{
-		FleetRunID: runID,
-		Event:      hostproto.Event{Sequence: seq, Type: hostproto.EventOutput, Data: raw, TS: at},
-	}
+	return store.Event{FleetRunID: runID, Sequence: seq, Type: hostproto.EventOutput, Data: raw, TS: at}
 }
 
 func ids(runs []store.Run) []string {
@@ -376,8 +373,8 @@ func testHostsRecordProbe(t *testing.T, s store.Store, clk *clock.Fake) {
 	// field); limits a host cannot enforce keep their detail.
 	clk.Advance(time.Minute)
 	third := probe(clk.Now(), store.ProbeBadResponse)
-	third.Storage = &hostproto.Storage{FreeBytes: 0, MinFreeBytes: 64 << 20, Low: true}
-	third.Limits = &hostproto.Limits{Enforced: hostproto.LimitsUnavailable, Detail: "no cgroup v2 or v1 controllers are mounted"}
+	third.Storage = &store.Storage{FreeBytes: 0, MinFreeBytes: 64 << 20, Low: true}
+	third.Limits = &store.Limits{Enforced: "unavailable", Detail: "no cgroup v2 or v1 controllers are mounted"}
 	noErr(t, "RecordProbe a third time", s.RecordProbe(bg, "h1", third))
 	got, err = s.GetHost(bg, "h1")
 	noErr(t, "GetHost", err)
@@ -394,7 +391,7 @@ func testHostsDeleteInUse(t *testing.T, s store.Store, clk *clock.Fake) {
 	createRun(t, s, run("r3", "alice", "h2", now.Add(2*time.Second)))
 	noErr(t, "PutEvents", s.PutEvents(bg, []store.Event{event("r1", 1, now, "a"), event("r2", 1, now, "b"), event("r3", 1, now, "c")}))
 	// A terminal, drained run still references its host.
-	_, err := s.UpdateRun(bg, ended(r2, hostproto.StatusSucceeded, now, true, time.Hour))
+	_, err := s.UpdateRun(bg, ended(r2, store.StatusSucceeded, now, true, time.Hour))
 	noErr(t, "UpdateRun r2", err)
 
 	wantErr(t, "DeleteHost in use", deleteHost(s, "h1", false), store.ErrInUse)
@@ -436,7 +433,7 @@ func testHostsDeleteExpiredRuns(t *testing.T, s store.Store, clk *clock.Fake) {
 	now := clk.Now()
 	noErr(t, "CreateHost", s.CreateHost(bg, host("h1", now)))
 	r := createRun(t, s, run("r1", "alice", "h1", now))
-	_, err := s.UpdateRun(bg, ended(r, hostproto.StatusFailed, now, true, time.Hour))
+	_, err := s.UpdateRun(bg, ended(r, store.StatusFailed, now, true, time.Hour))
 	noErr(t, "UpdateRun", err)
 	wantErr(t, "DeleteHost before expiry", deleteHost(s, "h1", false), store.ErrInUse)
 	clk.Advance(2 * time.Hour)
@@ -695,7 +692,7 @@ func testRunsCreateGet(t *testing.T, s store.Store, clk *clock.Fake) {
 	full := run("r2", "alice", "h1", clk.Now())
 	code := 3
 	endedAt := clk.Now().Add(time.Minute)
-	full.ChildRunID, full.Status, full.Attempt, full.ExitCode = "child-9", hostproto.StatusFailed, 2, &code
+	full.ChildRunID, full.Status, full.Attempt, full.ExitCode = "child-9", store.StatusFailed, 2, &code
 	full.Reason, full.EndedAt, full.EventCursor, full.Drained = hostproto.ReasonTimedOut, &endedAt, 1234, false
 	full.Detail = "the attempt ran longer than runner.maxDuration (2h0m0s)"
 	full.ExpiresAt = store.RoundExpiry(endedAt.Add(30 * 24 * time.Hour))
@@ -763,13 +760,13 @@ func testRunsUpdateVersion(t *testing.T, s store.Store, clk *clock.Fake) {
 	r := createRun(t, s, run("r1", "alice", "h1", clk.Now()))
 	clk.Advance(time.Second)
 	next := r
-	next.Status, next.ChildRunID, next.Attempt, next.UpdatedAt = hostproto.StatusRunning, "child-1", 1, clk.Now()
+	next.Status, next.ChildRunID, next.Attempt, next.UpdatedAt = store.StatusRunning, "child-1", 1, clk.Now()
 	// Fields fixed at creation cannot be moved by an update.
 	next.OwnerID, next.HostID, next.CreatedAt, next.IdempotencyKey = "mallory", "h9", clk.Now(), "other"
 	got, err := s.UpdateRun(bg, next)
 	noErr(t, "UpdateRun", err)
 	want := r
-	want.Status, want.ChildRunID, want.Attempt, want.UpdatedAt = hostproto.StatusRunning, "child-1", 1, clk.Now()
+	want.Status, want.ChildRunID, want.Attempt, want.UpdatedAt = store.StatusRunning, "child-1", 1, clk.Now()
 	want.Version = 2
 	sameJSON(t, "UpdateRun result", got, want)
 	read, err := s.GetRun(bg, "r1")
@@ -779,17 +776,17 @@ func testRunsUpdateVersion(t *testing.T, s store.Store, clk *clock.Fake) {
 	sameIDs(t, "not listed under the other owner", allRuns(t, s, store.RunQuery{OwnerID: "mallory"}, 10), nil)
 
 	stale := next // still version 1
-	stale.Status = hostproto.StatusFailed
+	stale.Status = store.StatusFailed
 	_, err = s.UpdateRun(bg, stale)
 	wantErr(t, "UpdateRun from a stale version", err, store.ErrConflict)
 	read, err = s.GetRun(bg, "r1")
 	noErr(t, "GetRun", err)
 	sameJSON(t, "run after refused update", read, want)
 
-	got.Status = hostproto.StatusSucceeded
+	got.Status = store.StatusSucceeded
 	got, err = s.UpdateRun(bg, got)
 	noErr(t, "UpdateRun from the returned run", err)
-	if got.Version != 3 || got.Status != hostproto.StatusSucceeded {
+	if got.Version != 3 || got.Status != store.StatusSucceeded {
 		t.Fatalf("second update stored version %d status %s", got.Version, got.Status)
 	}
 }
@@ -805,7 +802,7 @@ func testRunsConcurrentUpdate(t *testing.T, s store.Store, clk *clock.Fake) {
 			go func() {
 				defer wg.Done()
 				u := r
-				u.Status = hostproto.StatusRunning
+				u.Status = store.StatusRunning
 				u.ChildRunID = fmt.Sprintf("child-%d", i)
 				<-start
 				_, errs[i] = s.UpdateRun(bg, u)
@@ -853,13 +850,13 @@ func testRunsLiveIndex(t *testing.T, s store.Store, clk *clock.Fake) {
 		}
 		sameIDs(t, what, allLive(t, s, 10), want)
 	}
-	step("running", func(r *store.Run) { r.Status = hostproto.StatusRunning }, true)
+	step("running", func(r *store.Run) { r.Status = store.StatusRunning }, true)
 	step("terminal, undrained", func(r *store.Run) {
-		*r = ended(*r, hostproto.StatusSucceeded, clk.Now(), false, 24*time.Hour)
+		*r = ended(*r, store.StatusSucceeded, clk.Now(), false, 24*time.Hour)
 	}, true)
 	step("terminal, drained", func(r *store.Run) { r.Drained = true }, false)
 	step("retried", func(r *store.Run) {
-		r.Status, r.Drained, r.EndedAt, r.ExpiresAt, r.Attempt = hostproto.StatusRunning, false, nil, time.Time{}, 2
+		r.Status, r.Drained, r.EndedAt, r.ExpiresAt, r.Attempt = store.StatusRunning, false, nil, time.Time{}, 2
 	}, true)
 	step("lost and drained", func(r *store.Run) {
 		*r = ended(*r, store.StatusLost, clk.Now(), true, 24*time.Hour)
@@ -872,7 +869,7 @@ func testRunsListLivePages(t *testing.T, s store.Store, clk *clock.Fake) {
 	for i := range 11 {
 		r := createRun(t, s, run(fmt.Sprintf("r%02d", i), "alice", "h1", now))
 		if i%4 == 3 { // r03, r07: done and drained
-			_, err := s.UpdateRun(bg, ended(r, hostproto.StatusCanceled, now, true, time.Hour))
+			_, err := s.UpdateRun(bg, ended(r, store.StatusCanceled, now, true, time.Hour))
 			noErr(t, "UpdateRun", err)
 			continue
 		}
@@ -1043,7 +1040,7 @@ func testRunsExpiry(t *testing.T, s store.Store, clk *clock.Fake) {
 	noErr(t, "CreateHost", s.CreateHost(bg, host("h1", now)))
 	keep := createRun(t, s, run("keep", "alice", "h1", now))
 	old := createRun(t, s, run("old", "alice", "h1", now.Add(time.Second)))
-	old, err := s.UpdateRun(bg, ended(old, hostproto.StatusSucceeded, now, true, time.Hour))
+	old, err := s.UpdateRun(bg, ended(old, store.StatusSucceeded, now, true, time.Hour))
 	noErr(t, "UpdateRun", err)
 	_, err = s.GetRun(bg, "old")
 	noErr(t, "GetRun before expiry", err)
@@ -1075,7 +1072,7 @@ func testEventsPutList(t *testing.T, s store.Store, clk *clock.Fake) {
 	for i := int64(1); i <= 5; i++ {
 		evs = append(evs, event("r1", i, now.Add(time.Duration(i)*time.Millisecond), fmt.Sprintf("line %d\n", i)))
 	}
-	state, _ := json.Marshal(hostproto.StateChange{Status: hostproto.StatusRunning, Attempt: 1})
+	state, _ := json.Marshal(hostproto.StateChange{Status: store.StatusRunning, Attempt: 1})
 	evs[4].Type, evs[4].Data = hostproto.EventState, state
 	// Out of order and split across calls: the store orders by sequence.
 	noErr(t, "PutEvents", s.PutEvents(bg, []store.Event{evs[3], evs[0], evs[4]}))

@@ -12,7 +12,6 @@ import (
 	"io"
 	"time"
 
-	"github.com/runfleet/runfleet/shared/hostproto"
 	"github.com/runfleet/runfleet/shared/store"
 )
 
@@ -71,10 +70,10 @@ func (e entry) host() store.Host {
 	if p := e.Probe; p != nil {
 		h.Probe = &store.Probe{
 			Status: p.Status, At: time.Unix(0, p.At).UTC(), LatencyMs: p.LatencyMs, Draining: p.Draining, Agents: p.Agents,
-			Features: hostproto.Features{SecretsProxy: p.SecretsProxy, ExecRequire: p.ExecRequire},
+			Features: store.Features{SecretsProxy: p.SecretsProxy, ExecRequire: p.ExecRequire},
 		}
 		if p.StorageLow {
-			h.Probe.Storage = &hostproto.Storage{Low: true}
+			h.Probe.Storage = &store.Storage{Low: true}
 		}
 	}
 	return h

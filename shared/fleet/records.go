@@ -1,0 +1,65 @@
+package fleet
+
+import (
+	"time"
+
+	"github.com/runfleet/runfleet/shared/hostproto"
+	"github.com/runfleet/runfleet/shared/store"
+)
+
+// The host protocol's types are the wire's and the store keeps records of
+// its own (issue 16), so a protocol change is never a data migration. This
+// file is the one place a wire type becomes a record and back; a run's
+// state is applyHostRun's (dispatch.go).
+
+// eventFromWire is the record of a host's event, mirrored for the run
+// fleetRunID to expire at expires.
+func eventFromWire(fleetRunID string, e hostproto.Event, expires time.Time) store.Event {
+	return store.Event{FleetRunID: fleetRunID, Sequence: e.Sequence, Type: e.Type, Data: e.Data, TS: e.TS, ExpiresAt: expires}
+}
+
+// eventToWire is a mirrored event as its host sent it: the shape the
+// events answer and the stream send (DESIGN.md).
+func eventToWire(e store.Event) hostproto.Event {
+	return hostproto.Event{Sequence: e.Sequence, Type: e.Type, Data: e.Data, TS: e.TS}
+}
+
+// probeFromWire records on p what a probe keeps of a host's health answer.
+func probeFromWire(p *store.Probe, h hostproto.Health) {
+	p.Version = h.Version
+	p.Agents = h.Agents
+	p.Features = store.Features{SecretsProxy: h.Features.SecretsProxy, ExecRequire: h.Features.ExecRequire}
+	if ca := h.CA; ca != nil {
+		p.CA = &store.CAInfo{NotAfter: ca.NotAfter, SuccessorNotAfter: ca.SuccessorNotAfter}
+	}
+	p.Draining = h.Draining
+	p.Idle = h.Idle
+	if st := h.Storage; st != nil {
+		p.Storage = &store.Storage{FreeBytes: st.FreeBytes, MinFreeBytes: st.MinFreeBytes, Low: st.Low}
+	}
+	// An empty limits says nothing; nil is how both stores keep that.
+	if l := h.Limits; l != nil && *l != (hostproto.Limits{}) {
+		p.Limits = &store.Limits{Enforced: l.Enforced, MemoryBytes: l.MemoryBytes, Pids: l.Pids, CPU: l.CPU, Detail: l.Detail}
+	}
+}
+
+// HealthOf is what a probe recorded of the host's health answer, in the
+// protocol's shapes: the Fleet API shows a probe's features, CA, storage
+// and limits as the host reported them. OK and what a probe does not keep
+// (InsecureSameUser, EgressConfined) are left zero.
+func HealthOf(p store.Probe) hostproto.Health {
+	h := hostproto.Health{
+		Version: p.Version, Agents: p.Agents, Draining: p.Draining, Idle: p.Idle,
+		Features: hostproto.Features{SecretsProxy: p.Features.SecretsProxy, ExecRequire: p.Features.ExecRequire},
+	}
+	if ca := p.CA; ca != nil {
+		h.CA = &hostproto.CAInfo{NotAfter: ca.NotAfter, SuccessorNotAfter: ca.SuccessorNotAfter}
+	}
+	if st := p.Storage; st != nil {
+		h.Storage = &hostproto.Storage{FreeBytes: st.FreeBytes, MinFreeBytes: st.MinFreeBytes, Low: st.Low}
+	}
+	if l := p.Limits; l != nil {
+		h.Limits = &hostproto.Limits{Enforced: l.Enforced, MemoryBytes: l.MemoryBytes, Pids: l.Pids, CPU: l.CPU, Detail: l.Detail}
+	}
+	return h
+}

@@ -1,0 +1,104 @@
+package boltstore_test
+
+import (
+	"encoding/binary"
+	"path/filepath"
+	"testing"
+
+	bolt "go.etcd.io/bbolt"
+
+	"github.com/runfleet/runfleet/shared/clock"
+	"github.com/runfleet/runfleet/shared/store"
+	"github.com/runfleet/runfleet/shared/store/boltstore"
+	"github.com/runfleet/runfleet/tests/kit/storetest"
+)
+
+// The items as the store wrote them before its records had types of their
+// own (issue 16): the JSON is a contract with files already on disk.
+const (
+	storedHostJSON = `{"v":1,"id":"h-stored","baseUrl":"https://h-stored.example.test:7070","credentialRef":"cred-h-stored",` +
+		`"labels":{"gpu":"a100","zone":"eu"},"localPaths":["/srv/work/h-stored","/srv/other"],` +
+		`"caPem":"-----BEGIN CERTIFICATE-----\nMIIB\n-----END CERTIFICATE-----\n","enabled":true,"createdAt":"2026-05-04T03:02:01.123456789Z",` +
+		`"probe":{"status":"ok","at":"2026-05-04T03:02:02.123456789Z","latencyMs":42,"version":"1.2.3","agents":["claude","shell"],` +
+		`"features":{"secretsProxy":true,"execRequire":true},` +
+		`"ca":{"notAfter":"2027-05-04T03:02:01.123456789Z","successorNotAfter":"2026-08-02T03:02:01.123456789Z"},` +
+		`"draining":true,"idle":true,"storage":{"freeBytes":3221225472,"minFreeBytes":1073741824,"low":true},` +
+		`"limits":{"enforced":"cgroup2","memoryBytes":2147483648,"pids":512,"cpu":1.5,"detail":"per task"},"detail":"ok after 1 retry"}}`
+	storedEventJSON = `{"v":1,"fleetRunId":"r-stored","sequence":7,"type":"output","data":"hello","ts":"2026-05-04T03:02:01.123456789Z","expiresAt":1780455721}`
+)
+
+// TestStoredFormUnchanged: the store writes a host with its probe, and an
+// event, as the JSON above, and reads that JSON back as the records.
+func TestStoredFormUnchanged(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "fleet.db")
+	h, ev := storetest.StoredFormHost(), storetest.StoredFormEvent()
+	withStore(t, path, func(st *boltstore.Store) {
+		bare := h
+		bare.Probe = nil
+		if err := st.CreateHost(t.Context(), bare); err != nil {
+			t.Fatal(err)
+		}
+		if err := st.RecordProbe(t.Context(), h.ID, *h.Probe); err != nil {
+			t.Fatal(err)
+		}
+		if err := st.PutEvents(t.Context(), []store.Event{ev}); err != nil {
+			t.Fatal(err)
+		}
+	})
+
+	seq := binary.BigEndian.AppendUint64(nil, uint64(ev.Sequence))
+	db, err := bolt.Open(path, 0o600, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	err = db.Update(func(tx *bolt.Tx) error {
+		hosts, events := tx.Bucket([]byte("hosts")), tx.Bucket([]byte("events")).Bucket([]byte(ev.FleetRunID))
+		if got := string(hosts.Get([]byte(h.ID))); got != storedHostJSON {
+			t.Errorf("host written:\n got  %s\n want %s", got, storedHostJSON)
+		}
+		if got := string(events.Get(seq)); got != storedEventJSON {
+			t.Errorf("event written:\n got  %s\n want %s", got, storedEventJSON)
+		}
+		// Read back from the pinned JSON itself, not from what this store
+		// wrote.
+		if err := hosts.Put([]byte(h.ID), []byte(storedHostJSON)); err != nil {
+			return err
+		}
+		return events.Put(seq, []byte(storedEventJSON))
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := db.Close(); err != nil {
+		t.Fatal(err)
+	}
+
+	withStore(t, path, func(st *boltstore.Store) {
+		got, err := st.GetHost(t.Context(), h.ID)
+		if err != nil {
+			t.Fatal(err)
+		}
+		storetest.SameJSON(t, "host read", got, h)
+		page, err := st.ListEvents(t.Context(), ev.FleetRunID, 0, 10)
+		if err != nil {
+			t.Fatal(err)
+		}
+		storetest.SameJSON(t, "events read", page.Events, []store.Event{ev})
+	})
+}
+
+// withStore opens the store at path for fn, and closes it after (bbolt
+// locks the file while it is open).
+func withStore(t *testing.T, path string, fn func(*boltstore.Store)) {
+	t.Helper()
+	st, err := boltstore.Open(path, boltstore.WithClock(clock.NewFake(storetest.StoredFormAt)))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer func() {
+		if err := st.Close(); err != nil {
+			t.Error(err)
+		}
+	}()
+	fn(st)
+}

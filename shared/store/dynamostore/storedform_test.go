@@ -1,0 +1,127 @@
+package dynamostore_test
+
+import (
+	"context"
+	"testing"
+
+	"github.com/aws/aws-sdk-go-v2/aws"
+	"github.com/aws/aws-sdk-go-v2/service/dynamodb"
+	"github.com/aws/aws-sdk-go-v2/service/dynamodb/types"
+
+	"github.com/runfleet/runfleet/shared/clock"
+	"github.com/runfleet/runfleet/shared/store"
+	"github.com/runfleet/runfleet/shared/store/dynamostore"
+	"github.com/runfleet/runfleet/tests/kit/motoserver"
+	"github.com/runfleet/runfleet/tests/kit/storetest"
+)
+
+// The items as the store wrote them before its records had types of their
+// own (issue 16): attribute names and value forms are a contract with
+// tables already in use.
+var (
+	storedHostItem = map[string]types.AttributeValue{
+		"id":            s("h-stored"),
+		"v":             n("1"),
+		"baseUrl":       s("https://h-stored.example.test:7070"),
+		"credentialRef": s("cred-h-stored"),
+		"labels":        &types.AttributeValueMemberM{Value: map[string]types.AttributeValue{"gpu": s("a100"), "zone": s("eu")}},
+		"localPaths":    l(s("/srv/work/h-stored"), s("/srv/other")),
+		"caPem":         s("-----BEGIN CERTIFICATE-----\nMIIB\n-----END CERTIFICATE-----\n"),
+		"enabled":       b(true),
+		"createdAt":     n("1777863721123456789"),
+		"probe": &types.AttributeValueMemberM{Value: map[string]types.AttributeValue{
+			"status":    s("ok"),
+			"at":        n("1777863722123456789"),
+			"latencyMs": n("42"),
+			"version":   s("1.2.3"),
+			"agents":    l(s("claude"), s("shell")),
+			"features":  &types.AttributeValueMemberM{Value: map[string]types.AttributeValue{"secretsProxy": b(true), "execRequire": b(true)}},
+			"ca": &types.AttributeValueMemberM{Value: map[string]types.AttributeValue{
+				"notAfter": n("1809399721123456789"), "successorNotAfter": n("1785639721123456789"),
+			}},
+			"draining": b(true),
+			"idle":     b(true),
+			"storage": &types.AttributeValueMemberM{Value: map[string]types.AttributeValue{
+				"freeBytes": n("3221225472"), "minFreeBytes": n("1073741824"), "low": b(true),
+			}},
+			"limits": &types.AttributeValueMemberM{Value: map[string]types.AttributeValue{
+				"enforced": s("cgroup2"), "memoryBytes": n("2147483648"), "pids": n("512"), "cpu": n("1.5"), "detail": s("per task"),
+			}},
+			"detail": s("ok after 1 retry"),
+		}},
+	}
+	storedEventItem = map[string]types.AttributeValue{
+		"fleetRunId": s("r-stored"),
+		"sequence":   n("7"),
+		"v":          n("1"),
+		"type":       s("output"),
+		"data":       s(`"hello"`),
+		"ts":         n("1777863721123456789"),
+		"expiresAt":  n("1780455721"),
+	}
+)
+
+// TestStoredFormUnchanged: the store writes a host with its probe, and an
+// event, as the items above, and reads those items back as the records.
+func TestStoredFormUnchanged(t *testing.T) {
+	ctx := context.Background()
+	names := dynamostore.Prefixed(motoserver.Unique("form") + "-")
+	st, err := dynamostore.New(moto.DynamoDB(), dynamostore.Config{Tables: names, Clock: clock.NewFake(storetest.StoredFormAt)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := st.CreateTables(ctx); err != nil {
+		t.Fatal(err)
+	}
+	db := moto.DynamoDB()
+
+	h, ev := storetest.StoredFormHost(), storetest.StoredFormEvent()
+	bare := h
+	bare.Probe = nil
+	if err := st.CreateHost(ctx, bare); err != nil {
+		t.Fatal(err)
+	}
+	if err := st.RecordProbe(ctx, h.ID, *h.Probe); err != nil {
+		t.Fatal(err)
+	}
+	if err := st.PutEvents(ctx, []store.Event{ev}); err != nil {
+		t.Fatal(err)
+	}
+	written := rawItem(t, names.Hosts, map[string]types.AttributeValue{"id": s(h.ID)})
+	delete(written, "writeToken") // random per create (ownwrites.go)
+	sameItem(t, "host item written", written, storedHostItem)
+	sameItem(t, "event item written", rawItem(t, names.Events,
+		map[string]types.AttributeValue{"fleetRunId": s(ev.FleetRunID), "sequence": n("7")}), storedEventItem)
+
+	// Read back from the pinned items themselves, not from what this
+	// store wrote.
+	for table, it := range map[string]map[string]types.AttributeValue{names.Hosts: storedHostItem, names.Events: storedEventItem} {
+		if _, err := db.PutItem(ctx, &dynamodb.PutItemInput{TableName: aws.String(table), Item: it}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	got, err := st.GetHost(ctx, h.ID)
+	if err != nil {
+		t.Fatal(err)
+	}
+	storetest.SameJSON(t, "host read", got, h)
+	page, err := st.ListEvents(ctx, ev.FleetRunID, 0, 10)
+	if err != nil {
+		t.Fatal(err)
+	}
+	storetest.SameJSON(t, "events read", page.Events, []store.Event{ev})
+}
+
+func sameItem(t *testing.T, what string, got, want map[string]types.AttributeValue) {
+	t.Helper()
+	g, w := attrString(&types.AttributeValueMemberM{Value: got}), attrString(&types.AttributeValueMemberM{Value: want})
+	if g != w {
+		t.Errorf("%s:\n got  %s\n want %s", what, g, w)
+	}
+}
+
+func n(v string) types.AttributeValue { return &types.AttributeValueMemberN{Value: v} }
+func b(v bool) types.AttributeValue   { return &types.AttributeValueMemberBOOL{Value: v} }
+func l(vs ...types.AttributeValue) types.AttributeValue {
+	return &types.AttributeValueMemberL{Value: vs}
+}
