@@ -10,6 +10,8 @@ import (
 	"strings"
 	"sync"
 	"time"
+
+	"github.com/runfleet/runfleet/edge/proxy/http1"
 )
 
 // forward sends a decided request to the CONNECT's authority and passes the
@@ -21,32 +23,33 @@ import (
 // net/http's parsing were most of the proxy's time per request).
 func (p *Proxy) forward(r *http.Request, st *requestState) {
 	carries := st.carriesValues()
-	out := outbound{req: r, host: st.ci.hostHeader, upgrade: upgradeType(r.Header), length: r.ContentLength, identity: carries}
-	if out.host == "" {
-		out.host = st.ci.target.HostHeader()
+	out := outbound{RequestHead: http1.RequestHead{Req: r, Host: st.ci.hostHeader, Upgrade: http1.UpgradeType(r.Header),
+		Length: r.ContentLength, Identity: carries}}
+	if out.Host == "" {
+		out.Host = st.ci.target.HostHeader()
 	}
-	if out.upgrade != "" && !printableASCII(out.upgrade) {
+	if out.Upgrade != "" && !printableASCII(out.Upgrade) {
 		// Never quoted: the field has been substituted (issue 12).
 		p.upstreamError(st, badRequestError{"the Upgrade field names an invalid protocol"})
 		return
 	}
-	if out.upgrade != "" {
-		if err := prepareUpgrade(r, out.upgrade); err != nil {
+	if out.Upgrade != "" {
+		if err := prepareUpgrade(r, out.Upgrade); err != nil {
 			p.upstreamError(st, err)
 			return
 		}
 	}
 	switch {
-	case r.Body == nil || r.Body == http.NoBody || out.length == 0:
-		out.length = 0
+	case r.Body == nil || r.Body == http.NoBody || out.Length == 0:
+		out.Length = 0
 	case st.body != nil && len(st.body) <= maxInline:
 		out.inline = st.body
 	default:
 		out.stream = r.Body
 	}
-	hasBody := out.length != 0
+	hasBody := out.Length != 0
 	var uc *upConn
-	var res upResponse
+	var res http1.Response
 	for try := 0; ; try++ {
 		var reused bool
 		var err error
@@ -69,14 +72,14 @@ func (p *Proxy) forward(r *http.Request, st *requestState) {
 		scrub.reset(st)
 	}
 	w := &st.out
-	for res.status < 200 && res.status != http.StatusSwitchingProtocols {
+	for res.Status < 200 && res.Status != http.StatusSwitchingProtocols {
 		// An interim answer goes on to the task as it is, scrubbed.
 		h := w.Header()
-		for k, vs := range res.header {
+		for k, vs := range res.Header {
 			h[k] = vs
 		}
 		st.scrubHeader(scrub, h)
-		w.WriteHeader(res.status)
+		w.WriteHeader(res.Status)
 		clear(h)
 		var err error
 		if res, err = uc.readResponse(); err != nil {
@@ -85,38 +88,38 @@ func (p *Proxy) forward(r *http.Request, st *requestState) {
 			return
 		}
 	}
-	if err := st.answered(res.status); err != nil {
+	if err := st.answered(res.Status); err != nil {
 		uc.abandon()
 		p.upstreamError(st, err)
 		return
 	}
-	if res.status == http.StatusSwitchingProtocols {
-		st.scrubHeader(scrub, res.header)
-		p.switchProtocols(st, out.upgrade, res, uc)
+	if res.Status == http.StatusSwitchingProtocols {
+		st.scrubHeader(scrub, res.Header)
+		p.switchProtocols(st, out.Upgrade, res, uc)
 		return
 	}
 	body := uc.openBody(res, r.Method, &st.upBody)
 	defer body.Close()
-	if scrub != nil && body.r != nil && contentCoded(res.header) {
+	if scrub != nil && body.hasBody() && contentCoded(res.Header) {
 		// Asked for identity, the upstream still compressed it: what it
 		// holds cannot be known, so the task does not get it.
 		p.upstreamError(st, unscannableError{})
 		return
 	}
 	h := w.Header()
-	connection := res.header["Connection"]
-	for k, vs := range res.header {
-		if endToEnd(k, connection) {
+	connection := res.Header["Connection"]
+	for k, vs := range res.Header {
+		if http1.EndToEnd(k, connection) {
 			h[k] = vs
 		}
 	}
 	st.scrubHeader(scrub, h)
 	// A streamed answer (no length, or server-sent events) reaches the task
 	// as it comes; any other leaves in as few writes as fit.
-	flush := res.length < 0 || isEventStream(h["Content-Type"])
+	flush := res.Length < 0 || isEventStream(h["Content-Type"])
 	var src io.Reader = body
-	if scrub != nil && body.r != nil {
-		if !flush && res.length <= bodyChunk {
+	if scrub != nil && body.hasBody() {
+		if !flush && res.Length <= bodyChunk {
 			p.passScrubbedWhole(st, scrub, body, res)
 			return
 		}
@@ -130,7 +133,7 @@ func (p *Proxy) forward(r *http.Request, st *requestState) {
 		}()
 		src = sc
 	}
-	w.WriteHeader(res.status)
+	w.WriteHeader(res.Status)
 	if flush && src != io.Reader(body) {
 		// The window may hold the first bytes back a while (an answer's
 		// first tokens, short of a line): the head need not wait for them.
@@ -144,19 +147,19 @@ func (p *Proxy) forward(r *http.Request, st *requestState) {
 		abort(w, st)
 		return
 	}
-	st.scrubHeader(scrub, body.trailer)
-	for k, vs := range body.trailer {
+	st.scrubHeader(scrub, body.body.Trailer)
+	for k, vs := range body.body.Trailer {
 		h[http.TrailerPrefix+k] = vs
 	}
 }
 
 // passScrubbedWhole passes on a sized answer that fits one copy buffer:
 // read whole, scrubbed, and sent with its exact length.
-func (p *Proxy) passScrubbedWhole(st *requestState, scrub *scrubber, body *upBody, res upResponse) {
+func (p *Proxy) passScrubbedWhole(st *requestState, scrub *scrubber, body *upBody, res http1.Response) {
 	w := &st.out
 	bufp := copyBufferPool.Get().(*[]byte)
 	defer copyBufferPool.Put(bufp)
-	b := (*bufp)[:res.length]
+	b := (*bufp)[:res.Length]
 	_, err := io.ReadFull(body, b)
 	if err == nil {
 		// Past the length: the end, which returns the connection to the pool.
@@ -174,7 +177,7 @@ func (p *Proxy) passScrubbedWhole(st *requestState, scrub *scrubber, body *upBod
 		st.scrubbed += n
 		w.Header()["Content-Length"] = []string{strconv.Itoa(len(out))}
 	}
-	w.WriteHeader(res.status)
+	w.WriteHeader(res.Status)
 	w.Write(out)
 }
 
@@ -230,8 +233,8 @@ func copyBody(w *countingWriter, body io.Reader, flush bool) error {
 // connection without ending the body; under net/http's or x/net/http2's
 // server the handler aborts (the stream is reset), as ReverseProxy does.
 func abort(w *countingWriter, st *requestState) {
-	if a, ok := w.ResponseWriter.(interface{ abort() }); ok {
-		a.abort()
+	if a, ok := w.ResponseWriter.(interface{ Abort() }); ok {
+		a.Abort()
 		return
 	}
 	if st.ctx.Value(http.ServerContextKey) != nil {
@@ -242,12 +245,12 @@ func abort(w *countingWriter, st *requestState) {
 // switchProtocols relays a WebSocket (the one upgrade prepareUpgrade lets
 // through) frame by frame once the upstream agreed to it without an
 // extension.
-func (p *Proxy) switchProtocols(st *requestState, asked string, res upResponse, uc *upConn) {
+func (p *Proxy) switchProtocols(st *requestState, asked string, res http1.Response, uc *upConn) {
 	fail := func(err error) {
 		uc.abandon()
 		p.upstreamError(st, err)
 	}
-	got := upgradeType(res.header)
+	got := http1.UpgradeType(res.Header)
 	switch {
 	// Neither protocol is quoted: the task's was substituted, and the
 	// upstream's may echo it.
@@ -258,7 +261,7 @@ func (p *Proxy) switchProtocols(st *requestState, asked string, res upResponse, 
 		fail(errors.New("the upstream switched to another protocol than the one asked for"))
 		return
 	}
-	if len(res.header["Sec-Websocket-Extensions"]) > 0 {
+	if len(res.Header["Sec-Websocket-Extensions"]) > 0 {
 		// An extension it was not offered (permessage-deflate): frames that
 		// may be compressed cannot be scanned.
 		fail(unscannableError{})
@@ -276,8 +279,8 @@ func (p *Proxy) switchProtocols(st *requestState, asked string, res upResponse, 
 	}
 	uc.watch.end()
 	_ = conn.SetDeadline(time.Time{})
-	writeStatusLine(brw.Writer, res.status)
-	writeFields(brw.Writer, res.header, false)
+	http1.WriteStatusLine(brw.Writer, res.Status)
+	http1.WriteFields(brw.Writer, res.Header, false)
 	brw.WriteString("\r\n")
 	if err := brw.Flush(); err != nil {
 		conn.Close()

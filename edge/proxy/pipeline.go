@@ -17,6 +17,7 @@ import (
 
 	"github.com/runfleet/runfleet/edge/audit"
 	"github.com/runfleet/runfleet/edge/policy"
+	"github.com/runfleet/runfleet/edge/proxy/http1"
 	"github.com/runfleet/runfleet/edge/secrets"
 )
 
@@ -260,7 +261,7 @@ func (p *Proxy) serve(st *requestState, w http.ResponseWriter, r *http.Request) 
 		fail(methodError{reason: "CONNECT inside an intercepted connection"})
 		return
 	}
-	if !isToken(r.Method) {
+	if !http1.IsToken(r.Method) {
 		// The request line is written as the method reads.
 		fail(badRequestError{"malformed method"})
 		return

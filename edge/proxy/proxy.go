@@ -41,6 +41,10 @@
 // which the scrubber does not recognise. Request trailers are dropped,
 // never forwarded.
 //
+// HTTP/1.1 framing, toward tasks and toward upstreams, is package http1's;
+// this package runs the connections over it: the intercepted connection's
+// loop (h1conn.go) and the upstream pool (roundtrip.go).
+//
 // The runner (admission, env) calls Ready and CheckGrant (admission),
 // Register, StartAttempt (the task's HTTPS_PROXY), ServeNetwork, TaskKeys (one variable
 // per key holding its placeholder), ProxiedKeys (RUNFLEET_PROXIED_KEYS),
