@@ -23,47 +23,15 @@ import (
 // net/http's parsing were most of the proxy's time per request).
 func (p *Proxy) forward(r *http.Request, st *requestState) {
 	carries := st.carriesValues()
-	out := outbound{RequestHead: http1.RequestHead{Req: r, Host: st.ci.hostHeader, Upgrade: http1.UpgradeType(r.Header),
-		Length: r.ContentLength, Identity: carries}}
-	if out.Host == "" {
-		out.Host = st.ci.target.HostHeader()
-	}
-	if out.Upgrade != "" && !printableASCII(out.Upgrade) {
-		// Never quoted: the field has been substituted (issue 12).
-		p.upstreamError(st, badRequestError{"the Upgrade field names an invalid protocol"})
+	out, err := outboundFor(r, st, carries)
+	if err != nil {
+		p.upstreamError(st, err)
 		return
 	}
-	if out.Upgrade != "" {
-		if err := prepareUpgrade(r, out.Upgrade); err != nil {
-			p.upstreamError(st, err)
-			return
-		}
-	}
-	switch {
-	case r.Body == nil || r.Body == http.NoBody || out.Length == 0:
-		out.Length = 0
-	case st.body != nil && len(st.body) <= maxInline:
-		out.inline = st.body
-	default:
-		out.stream = r.Body
-	}
-	hasBody := out.Length != 0
-	var uc *upConn
-	var res http1.Response
-	for try := 0; ; try++ {
-		var reused bool
-		var err error
-		uc, reused, err = p.transport.get(st.ctx, st.ci.address(), st.ci.target.Host(), hasBody)
-		if err == nil {
-			res, err = uc.roundTrip(st.watch, &out)
-		}
-		if err == nil {
-			break
-		}
-		if !reused || hasBody || try > 0 || st.ctx.Err() != nil {
-			p.upstreamError(st, err)
-			return
-		}
+	uc, res, err := p.exchange(st, &out)
+	if err != nil {
+		p.upstreamError(st, err)
+		return
 	}
 	// The answer to a request that carried a real value is scrubbed of it.
 	var scrub *scrubber
@@ -71,24 +39,10 @@ func (p *Proxy) forward(r *http.Request, st *requestState) {
 		scrub = &st.scrub
 		scrub.reset(st)
 	}
-	w := &st.out
-	for res.Status < 200 && res.Status != http.StatusSwitchingProtocols {
-		// An interim answer goes on to the task as it is, scrubbed.
-		h := w.Header()
-		for k, vs := range res.Header {
-			h[k] = vs
-		}
-		st.scrubHeader(scrub, h)
-		w.WriteHeader(res.Status)
-		clear(h)
-		var err error
-		if res, err = uc.readResponse(); err != nil {
-			uc.abandon()
-			p.upstreamError(st, err)
-			return
-		}
+	if res, err = st.passInterim(scrub, uc, res); err == nil {
+		err = st.answered(res.Status)
 	}
-	if err := st.answered(res.Status); err != nil {
+	if err != nil {
 		uc.abandon()
 		p.upstreamError(st, err)
 		return
@@ -100,6 +54,92 @@ func (p *Proxy) forward(r *http.Request, st *requestState) {
 	}
 	body := uc.openBody(res, r.Method, &st.upBody)
 	defer body.Close()
+	p.passAnswer(st, scrub, res, body)
+}
+
+// outboundFor decides how r goes upstream: its Host, the upgrade it asks
+// for (refused unless a WebSocket's), and whether its body goes with the
+// head (read whole and small), streams, or is none. carries asks for an
+// uncoded answer, so it can be scrubbed.
+func outboundFor(r *http.Request, st *requestState, carries bool) (outbound, error) {
+	out := outbound{RequestHead: http1.RequestHead{Req: r, Host: st.ci.hostHeader, Upgrade: http1.UpgradeType(r.Header),
+		Length: r.ContentLength, Identity: carries}}
+	if out.Host == "" {
+		out.Host = st.ci.target.HostHeader()
+	}
+	if out.Upgrade != "" && !printableASCII(out.Upgrade) {
+		// Never quoted: the field has been substituted (issue 12).
+		return out, badRequestError{"the Upgrade field names an invalid protocol"}
+	}
+	if out.Upgrade != "" {
+		if err := prepareUpgrade(r, out.Upgrade); err != nil {
+			return out, err
+		}
+	}
+	switch {
+	case r.Body == nil || r.Body == http.NoBody || out.Length == 0:
+		out.Length = 0
+	case st.body != nil && len(st.body) <= maxInline:
+		out.inline = st.body
+	default:
+		out.stream = r.Body
+	}
+	return out, nil
+}
+
+// exchange sends out on a pooled or new connection and reads the first
+// response head. A request without a body that failed on a reused
+// connection (which the upstream may have closed meanwhile) is tried once
+// more on a new one; a body may have been read, so a request with one is
+// not.
+func (p *Proxy) exchange(st *requestState, out *outbound) (*upConn, http1.Response, error) {
+	hasBody := out.Length != 0
+	for try := 0; ; try++ {
+		uc, reused, err := p.transport.get(st.ctx, st.ci.address(), st.ci.target.Host(), hasBody)
+		if err != nil {
+			return nil, http1.Response{}, err
+		}
+		res, err := uc.roundTrip(st.watch, out)
+		if err == nil {
+			return uc, res, nil
+		}
+		if !retryOnNewConn(reused, hasBody, try, st.ctx.Err()) {
+			return nil, http1.Response{}, err
+		}
+	}
+}
+
+// retryOnNewConn decides whether a failed exchange is tried again: only
+// the first try of a request without a body on a reused connection, and
+// never a cancelled one.
+func retryOnNewConn(reused, hasBody bool, try int, cancelled error) bool {
+	return reused && !hasBody && try == 0 && cancelled == nil
+}
+
+// passInterim passes each interim (1xx) answer on to the task as it is,
+// scrubbed, and returns the final one (or a 101).
+func (st *requestState) passInterim(scrub *scrubber, uc *upConn, res http1.Response) (http1.Response, error) {
+	w := &st.out
+	for res.Status < 200 && res.Status != http.StatusSwitchingProtocols {
+		h := w.Header()
+		for k, vs := range res.Header {
+			h[k] = vs
+		}
+		st.scrubHeader(scrub, h)
+		w.WriteHeader(res.Status)
+		clear(h)
+		var err error
+		if res, err = uc.readResponse(); err != nil {
+			return res, err
+		}
+	}
+	return res, nil
+}
+
+// passAnswer passes the final answer's head and body on to the task,
+// scrubbed of the request's values when scrub is set, then its trailers.
+func (p *Proxy) passAnswer(st *requestState, scrub *scrubber, res http1.Response, body *upBody) {
+	w := &st.out
 	if scrub != nil && body.hasBody() && contentCoded(res.Header) {
 		// Asked for identity, the upstream still compressed it: what it
 		// holds cannot be known, so the task does not get it.
@@ -114,17 +154,15 @@ func (p *Proxy) forward(r *http.Request, st *requestState) {
 		}
 	}
 	st.scrubHeader(scrub, h)
-	// A streamed answer (no length, or server-sent events) reaches the task
-	// as it comes; any other leaves in as few writes as fit.
 	flush := res.Length < 0 || isEventStream(h["Content-Type"])
 	var src io.Reader = body
-	if scrub != nil && body.hasBody() {
-		if !flush && res.Length <= bodyChunk {
-			p.passScrubbedWhole(st, scrub, body, res)
-			return
-		}
+	switch answerPassage(scrub != nil && body.hasBody(), flush, res.Length) {
+	case scrubWhole:
+		p.passScrubbedWhole(st, scrub, body, res)
+		return
+	case scrubStreamed:
 		// Scrubbing may change the length: the answer goes without one
-		// (chunked on HTTP/1.1), through the bounded window.
+		// (chunked on HTTP/1.1).
 		delete(h, "Content-Length")
 		sc := newPooledScanner(body, scrub)
 		defer func() {
@@ -151,6 +189,30 @@ func (p *Proxy) forward(r *http.Request, st *requestState) {
 	for k, vs := range body.body.Trailer {
 		h[http.TrailerPrefix+k] = vs
 	}
+}
+
+// passage is how an answer's body reaches the task.
+type passage int
+
+const (
+	passAsIs      passage = iota // copied as it comes
+	scrubWhole                   // read whole, scrubbed, sent with its new length
+	scrubStreamed                // through the scrubber's bounded window, without a length
+)
+
+// answerPassage decides how an answer's body is passed on: as it is when
+// there is nothing to scrub; else read whole when it is sized and fits one
+// copy buffer, and streamed through the window when it is not or is to be
+// flushed as it comes (no length, or server-sent events), so it reaches
+// the task as it comes and any other leaves in as few writes as fit.
+func answerPassage(scrubbing, flush bool, length int64) passage {
+	switch {
+	case !scrubbing:
+		return passAsIs
+	case !flush && length <= bodyChunk:
+		return scrubWhole
+	}
+	return scrubStreamed
 }
 
 // passScrubbedWhole passes on a sized answer that fits one copy buffer:
