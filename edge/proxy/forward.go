@@ -23,9 +23,9 @@ import (
 // net/http's parsing were most of the proxy's time per request).
 func (p *Proxy) forward(r *http.Request, st *requestState) {
 	carries := st.carriesValues()
-	out, err := outboundFor(r, st, carries)
-	if err != nil {
-		p.upstreamError(st, err)
+	out, refused := outboundFor(r, st, carries)
+	if refused != nil {
+		p.failForwarded(st, refused)
 		return
 	}
 	uc, res, err := p.exchange(st, &out)
@@ -39,12 +39,14 @@ func (p *Proxy) forward(r *http.Request, st *requestState) {
 		scrub = &st.scrub
 		scrub.reset(st)
 	}
-	if res, err = st.passInterim(scrub, uc, res); err == nil {
-		err = st.answered(res.Status)
-	}
-	if err != nil {
+	if res, err = st.passInterim(scrub, uc, res); err != nil {
 		uc.abandon()
 		p.upstreamError(st, err)
+		return
+	}
+	if refused := st.answered(res.Status); refused != nil {
+		uc.abandon()
+		p.failForwarded(st, refused)
 		return
 	}
 	if res.Status == http.StatusSwitchingProtocols {
@@ -61,7 +63,7 @@ func (p *Proxy) forward(r *http.Request, st *requestState) {
 // for (refused unless a WebSocket's), and whether its body goes with the
 // head (read whole and small), streams, or is none. carries asks for an
 // uncoded answer, so it can be scrubbed.
-func outboundFor(r *http.Request, st *requestState, carries bool) (outbound, error) {
+func outboundFor(r *http.Request, st *requestState, carries bool) (outbound, *refusal) {
 	out := outbound{RequestHead: http1.RequestHead{Req: r, Host: st.ci.hostHeader, Upgrade: http1.UpgradeType(r.Header),
 		Length: r.ContentLength, Identity: carries}}
 	if out.Host == "" {
@@ -69,11 +71,11 @@ func outboundFor(r *http.Request, st *requestState, carries bool) (outbound, err
 	}
 	if out.Upgrade != "" && !printableASCII(out.Upgrade) {
 		// Never quoted: the field has been substituted (issue 12).
-		return out, badRequestError{"the Upgrade field names an invalid protocol"}
+		return out, refuseBadRequest("the Upgrade field names an invalid protocol")
 	}
 	if out.Upgrade != "" {
-		if err := prepareUpgrade(r, out.Upgrade); err != nil {
-			return out, err
+		if refused := prepareUpgrade(r, out.Upgrade); refused != nil {
+			return out, refused
 		}
 	}
 	switch {
@@ -143,7 +145,7 @@ func (p *Proxy) passAnswer(st *requestState, scrub *scrubber, res http1.Response
 	if scrub != nil && body.hasBody() && contentCoded(res.Header) {
 		// Asked for identity, the upstream still compressed it: what it
 		// holds cannot be known, so the task does not get it.
-		p.upstreamError(st, unscannableError{})
+		p.failForwarded(st, refuseUnscannable())
 		return
 	}
 	h := w.Header()
@@ -308,35 +310,35 @@ func abort(w *countingWriter, st *requestState) {
 // through) frame by frame once the upstream agreed to it without an
 // extension.
 func (p *Proxy) switchProtocols(st *requestState, asked string, res http1.Response, uc *upConn) {
-	fail := func(err error) {
+	fail := func(refused *refusal) {
 		uc.abandon()
-		p.upstreamError(st, err)
+		p.failForwarded(st, refused)
 	}
 	got := http1.UpgradeType(res.Header)
 	switch {
 	// Neither protocol is quoted: the task's was substituted, and the
 	// upstream's may echo it.
 	case !printableASCII(got):
-		fail(errors.New("the upstream switched to an invalid protocol"))
+		fail(exchangeFailed(errors.New("the upstream switched to an invalid protocol")))
 		return
 	case !strings.EqualFold(asked, got):
-		fail(errors.New("the upstream switched to another protocol than the one asked for"))
+		fail(exchangeFailed(errors.New("the upstream switched to another protocol than the one asked for")))
 		return
 	}
 	if len(res.Header["Sec-Websocket-Extensions"]) > 0 {
 		// An extension it was not offered (permessage-deflate): frames that
 		// may be compressed cannot be scanned.
-		fail(unscannableError{})
+		fail(refuseUnscannable())
 		return
 	}
 	hj, ok := st.out.ResponseWriter.(http.Hijacker)
 	if !ok {
-		fail(fmt.Errorf("can't switch protocols using non-Hijacker ResponseWriter type %T", st.out.ResponseWriter))
+		fail(exchangeFailed(fmt.Errorf("can't switch protocols using non-Hijacker ResponseWriter type %T", st.out.ResponseWriter)))
 		return
 	}
 	conn, brw, err := hj.Hijack()
 	if err != nil {
-		fail(fmt.Errorf("hijack failed on protocol switch: %w", err))
+		fail(exchangeFailed(fmt.Errorf("hijack failed on protocol switch: %w", err)))
 		return
 	}
 	uc.watch.end()

@@ -68,11 +68,11 @@ func (p *Proxy) auditHeadOverBound(ci *connInfo) {
 		Action: audit.Denied, Status: http.StatusRequestHeaderFieldsTooLarge, Reason: reasonHeadOverBound})
 }
 
-// countSubstitution counts one more substitution, or refuses it past
-// maxSubstitutions (413 for one in the body, else 431). st.mu is held.
-func (st *requestState) countSubstitution(loc policy.Location) error {
+// countSubstitution counts one more substitution of key, or refuses it
+// past maxSubstitutions (413 for one in the body, else 431). st.mu is held.
+func (st *requestState) countSubstitution(loc policy.Location, key policy.KeyRef) *refusal {
 	if st.substituted >= maxSubstitutions {
-		return &limitError{inBody: loc == policy.InBody, reason: reasonTooManySubstitutions}
+		return refuseLimit(loc == policy.InBody, reasonTooManySubstitutions, key)
 	}
 	st.substituted++
 	return nil
@@ -81,16 +81,16 @@ func (st *requestState) countSubstitution(loc policy.Location) error {
 // checkHead bounds the head forward will write, once the method, fields
 // and URL are substituted: sent is headBytes of the head as the task sent
 // it, n the substitutions made in it.
-func (st *requestState) checkHead(r *http.Request, sent int) error {
+func (st *requestState) checkHead(r *http.Request, sent int) *refusal {
 	st.mu.Lock()
 	n := st.substituted
 	st.mu.Unlock()
 	bound := sent + n*headValueAllowance
 	switch {
 	case bound > maxHeadBytes:
-		return &limitError{reason: reasonHeadTooLarge}
+		return refuseLimit(false, reasonHeadTooLarge, policy.KeyRef{})
 	case n > 0 && headBytes(r, st.ci) > bound:
-		return &limitError{reason: reasonHeadValueTooLong}
+		return refuseLimit(false, reasonHeadValueTooLong, policy.KeyRef{})
 	}
 	return nil
 }
