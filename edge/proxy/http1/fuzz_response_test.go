@@ -85,16 +85,7 @@ func checkResponse(t *testing.T, res Response) {
 	if res.Status < 100 || res.Status > 999 {
 		t.Fatalf("status %d accepted", res.Status)
 	}
-	for k, vs := range res.Header {
-		if !IsToken(k) {
-			t.Fatalf("field name %q accepted", k)
-		}
-		for _, v := range vs {
-			if strings.ContainsAny(v, "\r\n\x00") {
-				t.Fatalf("field %s value %q accepted", k, v)
-			}
-		}
-	}
+	checkFields(t, res.Header)
 	cl := res.Header["Content-Length"]
 	switch {
 	case res.Chunked && (len(cl) > 0 || res.Length != -1):
