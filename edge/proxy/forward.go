@@ -10,6 +10,8 @@ import (
 	"strings"
 	"sync"
 	"time"
+
+	"github.com/runfleet/runfleet/edge/proxy/http1"
 )
 
 // forward sends a decided request to the CONNECT's authority and passes the
@@ -21,46 +23,15 @@ import (
 // net/http's parsing were most of the proxy's time per request).
 func (p *Proxy) forward(r *http.Request, st *requestState) {
 	carries := st.carriesValues()
-	out := outbound{req: r, host: st.ci.hostHeader, upgrade: upgradeType(r.Header), length: r.ContentLength, identity: carries}
-	if out.host == "" {
-		out.host = st.ci.target.HostHeader()
-	}
-	if out.upgrade != "" && !printableASCII(out.upgrade) {
-		// Never quoted: the field has been substituted (issue 12).
-		p.upstreamError(st, badRequestError{"the Upgrade field names an invalid protocol"})
+	out, refused := outboundFor(r, st, carries)
+	if refused != nil {
+		p.failForwarded(st, refused)
 		return
 	}
-	if out.upgrade != "" {
-		if err := prepareUpgrade(r, out.upgrade); err != nil {
-			p.upstreamError(st, err)
-			return
-		}
-	}
-	switch {
-	case r.Body == nil || r.Body == http.NoBody || out.length == 0:
-		out.length = 0
-	case st.body != nil && len(st.body) <= maxInline:
-		out.inline = st.body
-	default:
-		out.stream = r.Body
-	}
-	hasBody := out.length != 0
-	var uc *upConn
-	var res upResponse
-	for try := 0; ; try++ {
-		var reused bool
-		var err error
-		uc, reused, err = p.transport.get(st.ctx, st.ci.address(), st.ci.target.Host(), hasBody)
-		if err == nil {
-			res, err = uc.roundTrip(st.watch, &out)
-		}
-		if err == nil {
-			break
-		}
-		if !reused || hasBody || try > 0 || st.ctx.Err() != nil {
-			p.upstreamError(st, err)
-			return
-		}
+	uc, res, err := p.exchange(st, &out)
+	if err != nil {
+		p.upstreamError(st, err)
+		return
 	}
 	// The answer to a request that carried a real value is scrubbed of it.
 	var scrub *scrubber
@@ -68,60 +39,132 @@ func (p *Proxy) forward(r *http.Request, st *requestState) {
 		scrub = &st.scrub
 		scrub.reset(st)
 	}
-	w := &st.out
-	for res.status < 200 && res.status != http.StatusSwitchingProtocols {
-		// An interim answer goes on to the task as it is, scrubbed.
-		h := w.Header()
-		for k, vs := range res.header {
-			h[k] = vs
-		}
-		st.scrubHeader(scrub, h)
-		w.WriteHeader(res.status)
-		clear(h)
-		var err error
-		if res, err = uc.readResponse(); err != nil {
-			uc.abandon()
-			p.upstreamError(st, err)
-			return
-		}
-	}
-	if err := st.answered(res.status); err != nil {
+	if res, err = st.passInterim(scrub, uc, res); err != nil {
 		uc.abandon()
 		p.upstreamError(st, err)
 		return
 	}
-	if res.status == http.StatusSwitchingProtocols {
-		st.scrubHeader(scrub, res.header)
-		p.switchProtocols(st, out.upgrade, res, uc)
+	if refused := st.answered(res.Status); refused != nil {
+		uc.abandon()
+		p.failForwarded(st, refused)
+		return
+	}
+	if res.Status == http.StatusSwitchingProtocols {
+		st.scrubHeader(scrub, res.Header)
+		p.switchProtocols(st, out.Upgrade, res, uc)
 		return
 	}
 	body := uc.openBody(res, r.Method, &st.upBody)
 	defer body.Close()
-	if scrub != nil && body.r != nil && contentCoded(res.header) {
+	p.passAnswer(st, scrub, res, body)
+}
+
+// outboundFor decides how r goes upstream: its Host, the upgrade it asks
+// for (refused unless a WebSocket's), and whether its body goes with the
+// head (read whole and small), streams, or is none. carries asks for an
+// uncoded answer, so it can be scrubbed.
+func outboundFor(r *http.Request, st *requestState, carries bool) (outbound, *refusal) {
+	out := outbound{RequestHead: http1.RequestHead{Req: r, Host: st.ci.hostHeader, Upgrade: http1.UpgradeType(r.Header),
+		Length: r.ContentLength, Identity: carries}}
+	if out.Host == "" {
+		out.Host = st.ci.target.HostHeader()
+	}
+	if out.Upgrade != "" && !printableASCII(out.Upgrade) {
+		// Never quoted: the field has been substituted (issue 12).
+		return out, refuseBadRequest("the Upgrade field names an invalid protocol")
+	}
+	if out.Upgrade != "" {
+		if refused := prepareUpgrade(r, out.Upgrade); refused != nil {
+			return out, refused
+		}
+	}
+	switch {
+	case r.Body == nil || r.Body == http.NoBody || out.Length == 0:
+		out.Length = 0
+	case st.body != nil && len(st.body) <= maxInline:
+		out.inline = st.body
+	default:
+		out.stream = r.Body
+	}
+	return out, nil
+}
+
+// exchange sends out on a pooled or new connection and reads the first
+// response head. A request without a body that failed on a reused
+// connection (which the upstream may have closed meanwhile) is tried once
+// more on a new one; a body may have been read, so a request with one is
+// not.
+func (p *Proxy) exchange(st *requestState, out *outbound) (*upConn, http1.Response, error) {
+	hasBody := out.Length != 0
+	for try := 0; ; try++ {
+		uc, reused, err := p.transport.get(st.ctx, st.ci.address(), st.ci.target.Host(), hasBody)
+		if err != nil {
+			return nil, http1.Response{}, err
+		}
+		res, err := uc.roundTrip(st.watch, out)
+		if err == nil {
+			return uc, res, nil
+		}
+		if !retryOnNewConn(reused, hasBody, try, st.ctx.Err()) {
+			return nil, http1.Response{}, err
+		}
+	}
+}
+
+// retryOnNewConn decides whether a failed exchange is tried again: only
+// the first try of a request without a body on a reused connection, and
+// never a cancelled one.
+func retryOnNewConn(reused, hasBody bool, try int, cancelled error) bool {
+	return reused && !hasBody && try == 0 && cancelled == nil
+}
+
+// passInterim passes each interim (1xx) answer on to the task as it is,
+// scrubbed, and returns the final one (or a 101).
+func (st *requestState) passInterim(scrub *scrubber, uc *upConn, res http1.Response) (http1.Response, error) {
+	w := &st.out
+	for res.Status < 200 && res.Status != http.StatusSwitchingProtocols {
+		h := w.Header()
+		for k, vs := range res.Header {
+			h[k] = vs
+		}
+		st.scrubHeader(scrub, h)
+		w.WriteHeader(res.Status)
+		clear(h)
+		var err error
+		if res, err = uc.readResponse(); err != nil {
+			return res, err
+		}
+	}
+	return res, nil
+}
+
+// passAnswer passes the final answer's head and body on to the task,
+// scrubbed of the request's values when scrub is set, then its trailers.
+func (p *Proxy) passAnswer(st *requestState, scrub *scrubber, res http1.Response, body *upBody) {
+	w := &st.out
+	if scrub != nil && body.hasBody() && contentCoded(res.Header) {
 		// Asked for identity, the upstream still compressed it: what it
 		// holds cannot be known, so the task does not get it.
-		p.upstreamError(st, unscannableError{})
+		p.failForwarded(st, refuseUnscannable())
 		return
 	}
 	h := w.Header()
-	connection := res.header["Connection"]
-	for k, vs := range res.header {
-		if endToEnd(k, connection) {
+	connection := res.Header["Connection"]
+	for k, vs := range res.Header {
+		if http1.EndToEnd(k, connection) {
 			h[k] = vs
 		}
 	}
 	st.scrubHeader(scrub, h)
-	// A streamed answer (no length, or server-sent events) reaches the task
-	// as it comes; any other leaves in as few writes as fit.
-	flush := res.length < 0 || isEventStream(h["Content-Type"])
+	flush := res.Length < 0 || isEventStream(h["Content-Type"])
 	var src io.Reader = body
-	if scrub != nil && body.r != nil {
-		if !flush && res.length <= bodyChunk {
-			p.passScrubbedWhole(st, scrub, body, res)
-			return
-		}
+	switch answerPassage(scrub != nil && body.hasBody(), flush, res.Length) {
+	case scrubWhole:
+		p.passScrubbedWhole(st, scrub, body, res)
+		return
+	case scrubStreamed:
 		// Scrubbing may change the length: the answer goes without one
-		// (chunked on HTTP/1.1), through the bounded window.
+		// (chunked on HTTP/1.1).
 		delete(h, "Content-Length")
 		sc := newPooledScanner(body, scrub)
 		defer func() {
@@ -130,7 +173,7 @@ func (p *Proxy) forward(r *http.Request, st *requestState) {
 		}()
 		src = sc
 	}
-	w.WriteHeader(res.status)
+	w.WriteHeader(res.Status)
 	if flush && src != io.Reader(body) {
 		// The window may hold the first bytes back a while (an answer's
 		// first tokens, short of a line): the head need not wait for them.
@@ -144,19 +187,43 @@ func (p *Proxy) forward(r *http.Request, st *requestState) {
 		abort(w, st)
 		return
 	}
-	st.scrubHeader(scrub, body.trailer)
-	for k, vs := range body.trailer {
+	st.scrubHeader(scrub, body.body.Trailer)
+	for k, vs := range body.body.Trailer {
 		h[http.TrailerPrefix+k] = vs
 	}
 }
 
+// passage is how an answer's body reaches the task.
+type passage int
+
+const (
+	passAsIs      passage = iota // copied as it comes
+	scrubWhole                   // read whole, scrubbed, sent with its new length
+	scrubStreamed                // through the scrubber's bounded window, without a length
+)
+
+// answerPassage decides how an answer's body is passed on: as it is when
+// there is nothing to scrub; else read whole when it is sized and fits one
+// copy buffer, and streamed through the window when it is not or is to be
+// flushed as it comes (no length, or server-sent events), so it reaches
+// the task as it comes and any other leaves in as few writes as fit.
+func answerPassage(scrubbing, flush bool, length int64) passage {
+	switch {
+	case !scrubbing:
+		return passAsIs
+	case !flush && length <= bodyChunk:
+		return scrubWhole
+	}
+	return scrubStreamed
+}
+
 // passScrubbedWhole passes on a sized answer that fits one copy buffer:
 // read whole, scrubbed, and sent with its exact length.
-func (p *Proxy) passScrubbedWhole(st *requestState, scrub *scrubber, body *upBody, res upResponse) {
+func (p *Proxy) passScrubbedWhole(st *requestState, scrub *scrubber, body *upBody, res http1.Response) {
 	w := &st.out
 	bufp := copyBufferPool.Get().(*[]byte)
 	defer copyBufferPool.Put(bufp)
-	b := (*bufp)[:res.length]
+	b := (*bufp)[:res.Length]
 	_, err := io.ReadFull(body, b)
 	if err == nil {
 		// Past the length: the end, which returns the connection to the pool.
@@ -174,7 +241,7 @@ func (p *Proxy) passScrubbedWhole(st *requestState, scrub *scrubber, body *upBod
 		st.scrubbed += n
 		w.Header()["Content-Length"] = []string{strconv.Itoa(len(out))}
 	}
-	w.WriteHeader(res.status)
+	w.WriteHeader(res.Status)
 	w.Write(out)
 }
 
@@ -230,8 +297,8 @@ func copyBody(w *countingWriter, body io.Reader, flush bool) error {
 // connection without ending the body; under net/http's or x/net/http2's
 // server the handler aborts (the stream is reset), as ReverseProxy does.
 func abort(w *countingWriter, st *requestState) {
-	if a, ok := w.ResponseWriter.(interface{ abort() }); ok {
-		a.abort()
+	if a, ok := w.ResponseWriter.(interface{ Abort() }); ok {
+		a.Abort()
 		return
 	}
 	if st.ctx.Value(http.ServerContextKey) != nil {
@@ -242,42 +309,42 @@ func abort(w *countingWriter, st *requestState) {
 // switchProtocols relays a WebSocket (the one upgrade prepareUpgrade lets
 // through) frame by frame once the upstream agreed to it without an
 // extension.
-func (p *Proxy) switchProtocols(st *requestState, asked string, res upResponse, uc *upConn) {
-	fail := func(err error) {
+func (p *Proxy) switchProtocols(st *requestState, asked string, res http1.Response, uc *upConn) {
+	fail := func(refused *refusal) {
 		uc.abandon()
-		p.upstreamError(st, err)
+		p.failForwarded(st, refused)
 	}
-	got := upgradeType(res.header)
+	got := http1.UpgradeType(res.Header)
 	switch {
 	// Neither protocol is quoted: the task's was substituted, and the
 	// upstream's may echo it.
 	case !printableASCII(got):
-		fail(errors.New("the upstream switched to an invalid protocol"))
+		fail(exchangeFailed(errors.New("the upstream switched to an invalid protocol")))
 		return
 	case !strings.EqualFold(asked, got):
-		fail(errors.New("the upstream switched to another protocol than the one asked for"))
+		fail(exchangeFailed(errors.New("the upstream switched to another protocol than the one asked for")))
 		return
 	}
-	if len(res.header["Sec-Websocket-Extensions"]) > 0 {
+	if len(res.Header["Sec-Websocket-Extensions"]) > 0 {
 		// An extension it was not offered (permessage-deflate): frames that
 		// may be compressed cannot be scanned.
-		fail(unscannableError{})
+		fail(refuseUnscannable())
 		return
 	}
 	hj, ok := st.out.ResponseWriter.(http.Hijacker)
 	if !ok {
-		fail(fmt.Errorf("can't switch protocols using non-Hijacker ResponseWriter type %T", st.out.ResponseWriter))
+		fail(exchangeFailed(fmt.Errorf("can't switch protocols using non-Hijacker ResponseWriter type %T", st.out.ResponseWriter)))
 		return
 	}
 	conn, brw, err := hj.Hijack()
 	if err != nil {
-		fail(fmt.Errorf("hijack failed on protocol switch: %w", err))
+		fail(exchangeFailed(fmt.Errorf("hijack failed on protocol switch: %w", err)))
 		return
 	}
 	uc.watch.end()
 	_ = conn.SetDeadline(time.Time{})
-	writeStatusLine(brw.Writer, res.status)
-	writeFields(brw.Writer, res.header, false)
+	http1.WriteStatusLine(brw.Writer, res.Status)
+	http1.WriteFields(brw.Writer, res.Header, false)
 	brw.WriteString("\r\n")
 	if err := brw.Flush(); err != nil {
 		conn.Close()

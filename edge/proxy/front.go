@@ -120,10 +120,9 @@ func (p *Proxy) serveFrontFor(c net.Conn, only *attempt) {
 	if targetErr == nil {
 		entry.Host = redacted(ix, target.String())
 	}
-	deny := func(err error) {
-		status, action, reason := p.classify(err)
-		writeStatus(c, status, reason, answerFields(err))
-		entry.Action, entry.Status, entry.Reason = action, status, reason
+	deny := func(r *refusal) {
+		writeStatus(c, r.status, r.reason, r.header)
+		entry.Action, entry.Status, entry.Reason = r.action, r.status, r.reason
 		entry.Duration = p.cfg.Clock.Now().Sub(start)
 		p.cfg.Audit.Record(entry)
 	}
@@ -136,28 +135,28 @@ func (p *Proxy) serveFrontFor(c net.Conn, only *attempt) {
 		a = nil
 	}
 	if a == nil {
-		deny(credentialsError{"proxy credentials missing, unknown or revoked"})
+		deny(refuseCredentials("proxy credentials missing, unknown or revoked"))
 		return
 	}
 	entry.Task = a.task.runID
 	if req.Method != http.MethodConnect {
-		deny(methodError{"only CONNECT is proxied", http.MethodConnect})
+		deny(refuseMethod("only CONNECT is proxied", http.MethodConnect))
 		return
 	}
 	if targetErr != nil {
 		// The parser may quote what it refused (a port): redacted.
-		deny(badRequestError{"CONNECT target: " + redacted(ix, targetErr.Error())})
+		deny(refuseBadRequest("CONNECT target: " + redacted(ix, targetErr.Error())))
 		return
 	}
 	granted := a.task.grantsUnder(p.cfg.Policy.Current()).granted
 	decision := policy.DecideConnect(policy.ConnectInput{Target: target, Granted: granted, Egress: p.cfg.Egress})
 	if decision.Action == policy.Refuse {
 		// The reason names the target, which the task chose.
-		deny(refusedTargetError{redacted(ix, decision.Reason)})
+		deny(refuseTarget(redacted(ix, decision.Reason)))
 		return
 	}
 	if !a.track(c) {
-		deny(credentialsError{"the attempt ended"})
+		deny(refuseCredentials("the attempt ended"))
 		return
 	}
 	defer a.untrack(c)
@@ -213,11 +212,11 @@ func (p *Proxy) tunnel(a *attempt, c *bufferedConn, target policy.Authority, ent
 	up, err := p.cfg.Upstream.DialContext(ctx, "tcp", target.String())
 	cancel()
 	if err != nil {
-		status, action, reason := p.classify(err)
+		r := exchangeFailed(err)
 		if explicit {
-			writeStatus(c, status, reason, answerFields(err))
+			writeStatus(c, r.status, r.reason, r.header)
 		}
-		entry.Action, entry.Status, entry.Reason = action, status, reason
+		entry.Action, entry.Status, entry.Reason = r.action, r.status, r.reason
 		entry.Duration = p.cfg.Clock.Now().Sub(start)
 		p.cfg.Audit.Record(entry)
 		return

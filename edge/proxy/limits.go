@@ -3,11 +3,11 @@ package proxy
 import (
 	"fmt"
 	"net/http"
-	"net/url"
 	"strconv"
 
 	"github.com/runfleet/runfleet/edge/audit"
 	"github.com/runfleet/runfleet/edge/policy"
+	"github.com/runfleet/runfleet/edge/proxy/http1"
 )
 
 // The bounds on substitution, the same whatever protocol a request came in
@@ -57,7 +57,7 @@ var (
 	reasonHeadValueTooLong = fmt.Sprintf("a value substituted in the request head is longer than the %d KiB allowed for one", headValueAllowance>>10)
 	// reasonHeadOverBound: a head as received over maxHeadBytes, refused by
 	// the front (HTTP/1.1's reader, x/net/http2) before there is a request.
-	reasonHeadOverBound = fmt.Sprintf("request head over %d KiB", maxHeadBytes>>10)
+	reasonHeadOverBound = http1.ReasonHeadOverBound
 )
 
 // auditHeadOverBound records a head the front refused for its size (431)
@@ -68,11 +68,11 @@ func (p *Proxy) auditHeadOverBound(ci *connInfo) {
 		Action: audit.Denied, Status: http.StatusRequestHeaderFieldsTooLarge, Reason: reasonHeadOverBound})
 }
 
-// countSubstitution counts one more substitution, or refuses it past
-// maxSubstitutions (413 for one in the body, else 431). st.mu is held.
-func (st *requestState) countSubstitution(loc policy.Location) error {
+// countSubstitution counts one more substitution of key, or refuses it
+// past maxSubstitutions (413 for one in the body, else 431). st.mu is held.
+func (st *requestState) countSubstitution(loc policy.Location, key policy.KeyRef) *refusal {
 	if st.substituted >= maxSubstitutions {
-		return &limitError{inBody: loc == policy.InBody, reason: reasonTooManySubstitutions}
+		return refuseLimit(loc == policy.InBody, reasonTooManySubstitutions, key)
 	}
 	st.substituted++
 	return nil
@@ -81,50 +81,38 @@ func (st *requestState) countSubstitution(loc policy.Location) error {
 // checkHead bounds the head forward will write, once the method, fields
 // and URL are substituted: sent is headBytes of the head as the task sent
 // it, n the substitutions made in it.
-func (st *requestState) checkHead(r *http.Request, sent int) error {
+func (st *requestState) checkHead(r *http.Request, sent int) *refusal {
 	st.mu.Lock()
 	n := st.substituted
 	st.mu.Unlock()
 	bound := sent + n*headValueAllowance
 	switch {
 	case bound > maxHeadBytes:
-		return &limitError{reason: reasonHeadTooLarge}
+		return refuseLimit(false, reasonHeadTooLarge, policy.KeyRef{})
 	case n > 0 && headBytes(r, st.ci) > bound:
-		return &limitError{reason: reasonHeadValueTooLong}
+		return refuseLimit(false, reasonHeadValueTooLong, policy.KeyRef{})
 	}
 	return nil
 }
 
 // headBytes is the size of the head forward writes upstream for r (request
 // line, Host, the fields that go on; an end-to-end field counted as sent),
-// with headFraming for what forward adds. A field it drops anyway that is
+// with headFraming for what forward adds (http1.WriteRequestHead). A field it drops anyway that is
 // counted errs on the side of the bound.
 func headBytes(r *http.Request, ci *connInfo) int {
 	host := len(ci.hostHeader)
 	if host == 0 {
 		host = len(ci.target.HostHeader())
 	}
-	n := len(r.Method) + len(" ") + targetLen(r.URL) + len(" HTTP/1.1\r\nHost: ") + host + len("\r\n\r\n") + headFraming
+	n := len(r.Method) + len(" ") + http1.TargetLen(r.URL) + len(" HTTP/1.1\r\nHost: ") + host + len("\r\n\r\n") + headFraming
 	connection := r.Header["Connection"]
 	for k, vs := range r.Header {
-		if k == "Host" || !endToEnd(k, connection) {
+		if k == "Host" || !http1.EndToEnd(k, connection) {
 			continue
 		}
 		for _, v := range vs {
 			n += len(k) + len(": ") + len(v) + len("\r\n")
 		}
-	}
-	return n
-}
-
-// targetLen is the length of writeRequestTarget's form of u.
-func targetLen(u *url.URL) int {
-	if u.Opaque != "" {
-		return len(u.RequestURI())
-	}
-	n := max(len(u.EscapedPath()), 1)
-	if u.ForceQuery || u.RawQuery != "" {
-		n += 1 + len(u.RawQuery)
 	}
 	return n
 }

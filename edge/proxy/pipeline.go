@@ -17,6 +17,7 @@ import (
 
 	"github.com/runfleet/runfleet/edge/audit"
 	"github.com/runfleet/runfleet/edge/policy"
+	"github.com/runfleet/runfleet/edge/proxy/http1"
 	"github.com/runfleet/runfleet/edge/secrets"
 )
 
@@ -34,8 +35,12 @@ func (h pipeline) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	h.p.serve(st, w, r)
 }
 
-// requestState is one request's decisions. The body scanner may run on the
-// upstream body writer's goroutine, hence the mutex.
+// requestState is one request's decisions. The request's goroutine (serve,
+// forward) owns it, with two exceptions, both under mu: the fields after mu
+// are also written by substitute, which a streamed request body's scanner
+// calls on the upstream body writer's goroutine (roundtrip.go writeBody),
+// and a WebSocket's task-to-upstream relay goroutine (websocket.go); the
+// audit entry's byte counts are added once both relay goroutines ended.
 type requestState struct {
 	p      *Proxy
 	ci     *connInfo
@@ -64,11 +69,12 @@ type requestState struct {
 	scrub    scrubber
 	scrubbed int
 
-	mu       sync.Mutex
-	subs     []substitution // keys met in this request, values read once
-	subsBuf  [2]substitution
-	fail     error
-	failKey  policy.KeyRef
+	mu      sync.Mutex
+	subs    []substitution // keys met in this request, values read once
+	subsBuf [2]substitution
+	// refused is the request's first refusal of a substitution, or of the
+	// exchange once forwarded; nil while none.
+	refused  *refusal
 	status   int
 	upStart  time.Time
 	upstream time.Duration
@@ -114,13 +120,10 @@ func (st *requestState) substitute(o owner, loc policy.Location) (string, error)
 	st.mu.Lock()
 	defer st.mu.Unlock()
 	if !d.Allow {
-		err := &blockedError{reason: d.Reason, ref: o.ref}
-		st.failLocked(err, o.ref)
-		return "", err
+		return "", st.refuseLocked(refuseBlocked(d.Reason, o.ref))
 	}
-	if err := st.countSubstitution(loc); err != nil {
-		st.failLocked(err, o.ref)
-		return "", err
+	if r := st.countSubstitution(loc, o.ref); r != nil {
+		return "", st.refuseLocked(r)
 	}
 	i := 0
 	for i < len(st.subs) && st.subs[i].ref != o.ref {
@@ -130,31 +133,40 @@ func (st *requestState) substitute(o owner, loc policy.Location) (string, error)
 		v, err := st.p.cfg.Secrets.Value(st.ctx, o.ref.Project, o.ref.Key)
 		switch {
 		case errors.Is(err, secrets.ErrNotFound):
-			werr := &withheldError{ref: o.ref}
-			st.failLocked(werr, o.ref)
-			return "", werr
+			return "", st.refuseLocked(refuseWithheld(o.ref))
 		case err != nil:
-			ferr := &faultError{fmt.Errorf("reading %s: %w", o.ref, err)}
-			st.failLocked(ferr, o.ref)
-			return "", ferr
+			return "", st.refuseLocked(fault(fmt.Errorf("reading %s: %w", o.ref, err), o.ref))
 		}
 		st.subs = append(st.subs, substitution{ref: o.ref, value: v, placeholder: o.placeholder})
 	}
 	// The value leaves its type here, to be spliced into what goes upstream.
 	v := st.subs[i].value.Reveal()
 	if loc == policy.InHeader && strings.ContainsAny(v, "\r\n\x00") {
-		ferr := &faultError{fmt.Errorf("the value of %s cannot be sent in a header", o.ref)}
-		st.failLocked(ferr, o.ref)
-		return "", ferr
+		return "", st.refuseLocked(fault(fmt.Errorf("the value of %s cannot be sent in a header", o.ref), o.ref))
 	}
 	st.subs[i].used = true
 	return v, nil
 }
 
-func (st *requestState) failLocked(err error, ref policy.KeyRef) {
-	if st.fail == nil {
-		st.fail, st.failKey = err, ref
+// refuseLocked keeps r as the request's refusal unless it has one already,
+// and returns errRefused to stop the scan that met it. st.mu is held.
+func (st *requestState) refuseLocked(r *refusal) error {
+	if st.refused == nil {
+		st.refused = r
 	}
+	return errRefused
+}
+
+// refusal is the refusal that stopped a scan with err: the one the
+// request keeps (refuseLocked).
+func (st *requestState) refusal(err error) *refusal {
+	st.mu.Lock()
+	defer st.mu.Unlock()
+	if st.refused == nil {
+		// Every substituter error is a kept refusal; a fault otherwise.
+		return fault(err, policy.KeyRef{})
+	}
+	return st.refused
 }
 
 // usedKeys names the keys put into the request, sorted, for the audit line.
@@ -227,74 +239,74 @@ func (p *Proxy) serve(st *requestState, w http.ResponseWriter, r *http.Request) 
 	ix := p.reg.index.Load()
 	ci := st.ci
 	st.out.ResponseWriter = w
-	cw := &st.out
 	entry := &st.entry
 	*entry = audit.Entry{TS: p.cfg.Clock.Now(), Task: st.runID(), Host: ci.logHost, Method: redacted(ix, r.Method), Path: redact(ix, r.URL.Path, &st.ms), Via: ci.via}
 	defer p.record(st) // also when the answer is aborted (a panic on HTTP/2)
-	// fail refuses the request before anything reaches the upstream, and
-	// ends the connection.
-	fail := func(err error) {
-		status, action, reason := p.classify(err)
-		st.mu.Lock()
-		if st.failKey != (policy.KeyRef{}) {
-			entry.Keys = []string{st.failKey.String()}
-		}
-		st.mu.Unlock()
-		p.logFault(status, err, entry.Task, ci.logHost)
-		entry.Action, entry.Status, entry.Reason = action, status, reason
-		for k, vs := range answerFields(err) {
-			cw.Header()[k] = vs
-		}
-		cw.Header().Set("Connection", "close")
-		respond(cw, status, reason)
-	}
-	if !ci.attempt.live() {
-		fail(credentialsError{"the attempt ended"})
+	if refused := p.prepare(st, ix, r); refused != nil {
+		p.refuse(st, refused)
 		return
-	}
-	if err := misdirected(ci, r); err != nil {
-		fail(err)
-		return
-	}
-	if r.Method == http.MethodConnect {
-		fail(methodError{reason: "CONNECT inside an intercepted connection"})
-		return
-	}
-	if !isToken(r.Method) {
-		// The request line is written as the method reads.
-		fail(badRequestError{"malformed method"})
-		return
-	}
-	st.grants = ci.attempt.task.grantsUnder(p.cfg.Policy.Current())
-
-	if err := st.checkMethod(ix, r.Method); err != nil {
-		fail(err)
-		return
-	}
-	sent := headBytes(r, ci)
-	if err := st.rewriteHeaders(ix, r.Header); err != nil {
-		fail(err)
-		return
-	}
-	if err := st.rewriteURL(ix, r.URL); err != nil {
-		fail(err)
-		return
-	}
-	if err := st.checkHead(r, sent); err != nil {
-		fail(err)
-		return
-	}
-	if r.Body != nil && r.Body != http.NoBody {
-		st.bodyIn = &countingReader{r: r.Body}
-		r.Body = st.bodyIn
-		if err := st.prepareBody(ix, r, p.cfg.BodyBufferLimit); err != nil {
-			fail(err)
-			return
-		}
 	}
 	st.upStart = p.cfg.Clock.Now()
 	defer st.settle() // also when the answer is aborted (a panic on HTTP/2)
 	p.forward(r, st)
+}
+
+// prepare decides r and readies it for the upstream: the attempt still
+// live, the authority the CONNECT's, the method one that may be sent, and
+// the placeholders in its head, URL and body substituted as the policy
+// allows, within the bounds of limits.go. nil when it may go.
+func (p *Proxy) prepare(st *requestState, ix *index, r *http.Request) *refusal {
+	ci := st.ci
+	if !ci.attempt.live() {
+		return refuseCredentials("the attempt ended")
+	}
+	if refused := misdirected(ci, r); refused != nil {
+		return refused
+	}
+	if r.Method == http.MethodConnect {
+		return refuseMethod("CONNECT inside an intercepted connection", "")
+	}
+	if !http1.IsToken(r.Method) {
+		// The request line is written as the method reads.
+		return refuseBadRequest("malformed method")
+	}
+	st.grants = ci.attempt.task.grantsUnder(p.cfg.Policy.Current())
+	if refused := st.checkMethod(ix, r.Method); refused != nil {
+		return refused
+	}
+	sent := headBytes(r, ci)
+	if err := st.rewriteHeaders(ix, r.Header); err != nil {
+		return st.refusal(err)
+	}
+	if refused := st.rewriteURL(ix, r.URL); refused != nil {
+		return refused
+	}
+	if refused := st.checkHead(r, sent); refused != nil {
+		return refused
+	}
+	if r.Body != nil && r.Body != http.NoBody {
+		st.bodyIn = &countingReader{r: r.Body}
+		r.Body = st.bodyIn
+		return st.prepareBody(ix, r, p.cfg.BodyBufferLimit)
+	}
+	return nil
+}
+
+// refuse answers a request refused before anything reached the upstream,
+// and ends the connection.
+func (p *Proxy) refuse(st *requestState, refused *refusal) {
+	entry := &st.entry
+	if refused.key != (policy.KeyRef{}) {
+		entry.Keys = []string{refused.key.String()}
+	}
+	p.logFault(refused, entry.Task, st.ci.logHost)
+	entry.Action, entry.Status, entry.Reason = refused.action, refused.status, refused.reason
+	h := st.out.Header()
+	for k, vs := range refused.header {
+		h[k] = vs
+	}
+	h.Set("Connection", "close")
+	respond(&st.out, refused.status, refused.reason)
 }
 
 // settle completes the audit entry of a request that was forwarded: the
@@ -307,10 +319,10 @@ func (st *requestState) settle() {
 	entry.Upstream = st.upstream
 	entry.Keys = st.usedKeys()
 	switch {
-	case st.fail != nil:
-		_, entry.Action, entry.Reason = st.p.classify(st.fail)
-		if st.failKey != (policy.KeyRef{}) {
-			entry.Keys = []string{st.failKey.String()}
+	case st.refused != nil:
+		entry.Action, entry.Reason = st.refused.action, st.refused.reason
+		if st.refused.key != (policy.KeyRef{}) {
+			entry.Keys = []string{st.refused.key.String()}
 		}
 	case entry.Action != "":
 	case len(entry.Keys) > 0:
@@ -336,43 +348,39 @@ func (p *Proxy) record(st *requestState) {
 	p.cfg.Audit.Record(*e)
 }
 
-// misdirected says why a request does not name the CONNECT's authority, or
-// nil when it does: the TLS server name, an absolute-form URL and the Host
-// (HTTP/2's :authority) must all name it.
-func misdirected(ci *connInfo, r *http.Request) error {
+// misdirected refuses a request that does not name the CONNECT's
+// authority, saying why; nil when it does: the TLS server name, an
+// absolute-form URL and the Host (HTTP/2's :authority) must all name it.
+func misdirected(ci *connInfo, r *http.Request) *refusal {
 	if !ci.sniOK {
-		return misdirectedError{"the TLS server name does not name the CONNECT's host"}
+		return refuseMisdirected("the TLS server name does not name the CONNECT's host")
 	}
 	if r.URL.Host != "" || r.URL.Scheme != "" {
 		if r.URL.Scheme != "https" {
-			return misdirectedError{"an absolute URL must be https"}
+			return refuseMisdirected("an absolute URL must be https")
 		}
 		if !ci.names(r.URL.Host) {
-			return misdirectedError{"the request URL names another authority than the CONNECT"}
+			return refuseMisdirected("the request URL names another authority than the CONNECT")
 		}
 	}
 	if r.Host == "" {
-		return misdirectedError{"no Host"}
+		return refuseMisdirected("no Host")
 	}
 	if !ci.names(r.Host) {
-		return misdirectedError{"the Host names another authority than the CONNECT"}
+		return refuseMisdirected("the Host names another authority than the CONNECT")
 	}
 	return nil
 }
 
 // checkMethod blocks a placeholder sent as the method (in any case): no key
 // is substituted there, and it would reach the upstream as it is.
-func (st *requestState) checkMethod(ix *index, method string) error {
+func (st *requestState) checkMethod(ix *index, method string) *refusal {
 	ms := findFolded(ix, method, st.ms)
 	st.ms = ms
 	if len(ms) == 0 {
 		return nil
 	}
-	err := &blockedError{reason: "a placeholder in the method", ref: ms[0].owner.ref}
-	st.mu.Lock()
-	st.failLocked(err, ms[0].owner.ref)
-	st.mu.Unlock()
-	return err
+	return refuseBlocked("a placeholder in the method", ms[0].owner.ref)
 }
 
 // rewriteHeaders substitutes placeholders in header values (Basic
@@ -383,11 +391,9 @@ func (st *requestState) rewriteHeaders(ix *index, h http.Header) error {
 		// in): a placeholder in one is found in any case.
 		if ms := findFolded(ix, name, st.ms); len(ms) > 0 {
 			st.ms = ms
-			err := &blockedError{reason: "a placeholder in a header name", ref: ms[0].owner.ref}
 			st.mu.Lock()
-			st.failLocked(err, ms[0].owner.ref)
-			st.mu.Unlock()
-			return err
+			defer st.mu.Unlock()
+			return st.refuseLocked(refuseBlocked("a placeholder in a header name", ms[0].owner.ref))
 		}
 		for i, v := range values {
 			out, n, err := ix.rewriteString(v, policy.InHeader, st.substitute, &st.ms)
@@ -431,19 +437,19 @@ func rewriteBasic(ix *index, v string, sub substituter) (string, error) {
 // rewriteURL substitutes in the path and the query, escaping the value for
 // where it goes. A placeholder that appears only once percent-decoded is
 // decided too, so an encoded one cannot slip past a block.
-func (st *requestState) rewriteURL(ix *index, u *url.URL) error {
+func (st *requestState) rewriteURL(ix *index, u *url.URL) *refusal {
 	escaped := u.EscapedPath()
 	path, n, err := ix.rewriteString(escaped, policy.InURL, func(o owner, loc policy.Location) (string, error) {
 		v, err := st.substitute(o, loc)
 		return url.PathEscape(v), err
 	}, &st.ms)
 	if err != nil {
-		return err
+		return st.refusal(err)
 	}
 	if n > 0 {
 		unescaped, err := url.PathUnescape(path)
 		if err != nil {
-			return &faultError{errors.New("substituted path does not unescape")}
+			return fault(errors.New("substituted path does not unescape"), policy.KeyRef{})
 		}
 		u.Path, u.RawPath = unescaped, path
 	}
@@ -452,7 +458,7 @@ func (st *requestState) rewriteURL(ix *index, u *url.URL) error {
 		return url.QueryEscape(v), err
 	}, &st.ms)
 	if err != nil {
-		return err
+		return st.refusal(err)
 	}
 	if n > 0 {
 		u.RawQuery = query
@@ -479,7 +485,7 @@ func (st *requestState) rewriteURL(ix *index, u *url.URL) error {
 			st.substituted = counted
 			st.mu.Unlock()
 			if err != nil {
-				return err
+				return st.refusal(err)
 			}
 		}
 	}
@@ -490,7 +496,7 @@ func (st *requestState) rewriteURL(ix *index, u *url.URL) error {
 // sends nothing), streamed through the bounded scanner otherwise. When a key
 // may be substituted in this body its length may change, so it is sent
 // without a length (chunked on HTTP/1.1).
-func (st *requestState) prepareBody(ix *index, r *http.Request, limit int64) error {
+func (st *requestState) prepareBody(ix *index, r *http.Request, limit int64) *refusal {
 	mayChange := false
 	if d, ok := st.ci.target.Domain(); ok {
 		for _, g := range st.grants.granted {
@@ -500,11 +506,11 @@ func (st *requestState) prepareBody(ix *index, r *http.Request, limit int64) err
 	if r.ContentLength > 0 && r.ContentLength <= limit {
 		buf := make([]byte, r.ContentLength)
 		if _, err := io.ReadFull(r.Body, buf); err != nil {
-			return &faultError{errors.New("request body shorter than its Content-Length")}
+			return fault(errors.New("request body shorter than its Content-Length"), policy.KeyRef{})
 		}
 		out, _, err := ix.rewrite(buf, policy.InBody, st.substitute)
 		if err != nil {
-			return err
+			return st.refusal(err)
 		}
 		st.body = out
 		r.Body = io.NopCloser(bytes.NewReader(out))
@@ -525,48 +531,51 @@ func (st *requestState) prepareBody(ix *index, r *http.Request, limit int64) err
 // answered records the upstream's answer, and refuses to pass on an answer
 // to a request the body scanner stopped: whatever the upstream made of a
 // body cut short is not the task's.
-func (st *requestState) answered(status int) error {
+func (st *requestState) answered(status int) *refusal {
 	st.mu.Lock()
 	defer st.mu.Unlock()
 	st.status = status
 	st.upstream = st.p.cfg.Clock.Now().Sub(st.upStart)
-	return st.fail
+	return st.refused
 }
 
-// upstreamError answers a request whose forwarding failed: the request's own
-// failure (a block found while the body streamed) if there is one, else the
-// upstream's.
+// upstreamError answers a request whose exchange with the upstream failed
+// with err (exchangeFailed).
 func (p *Proxy) upstreamError(st *requestState, err error) {
+	p.failForwarded(st, exchangeFailed(err))
+}
+
+// failForwarded answers a forwarded request that cannot be passed on: with
+// the request's own refusal if it has one (a block found while the body
+// streamed), else with refused.
+func (p *Proxy) failForwarded(st *requestState, refused *refusal) {
 	// A stopped task's request failed because of the stop, whatever the
 	// upstream side saw (its connection dropped, a read cut short): it is
 	// recorded as cancelled and its answer aborted, never sent.
 	stopped := !st.ci.attempt.live()
 	st.mu.Lock()
-	if st.fail != nil {
-		err = st.fail
+	if st.refused != nil {
+		refused = st.refused
 	} else if stopped {
-		err = context.Canceled
+		refused = exchangeFailed(context.Canceled)
 	}
-	st.mu.Unlock()
-	status, action, reason := p.classify(err)
-	st.mu.Lock()
-	st.status = status
-	if st.fail == nil && action != audit.Denied {
-		st.fail = err
+	st.status = refused.status
+	if st.refused == nil && refused.action != audit.Denied {
+		st.refused = refused
 	}
 	// The line keeps its action (a value that went upstream was
 	// substituted, whatever became of the exchange) and says why it
 	// failed.
-	st.entry.Reason = reason
+	st.entry.Reason = refused.reason
 	st.mu.Unlock()
-	p.logFault(status, err, st.runID(), st.ci.logHost)
-	if stopped || (status == http.StatusBadGateway && errors.Is(err, context.Canceled)) {
+	p.logFault(refused, st.runID(), st.ci.logHost)
+	if stopped || refused.cancelled {
 		// Nobody waits for an answer (the task stopped or went away); a
 		// handler that wrote nothing would otherwise answer 200.
 		abort(&st.out, st)
 		return
 	}
-	respond(&st.out, status, reason)
+	respond(&st.out, refused.status, refused.reason)
 }
 
 func respond(w http.ResponseWriter, status int, reason string) {

@@ -33,11 +33,17 @@
 // bounded alike on HTTP/1.1 and HTTP/2 (limits.go): at most
 // maxSubstitutions per request or WebSocket message, and a head of at most
 // 64 KiB as received and as sent. What the proxy does not see, by design: a
-// content-coded (compressed) request body, whose placeholders are neither
-// substituted nor blocked (the upstream gets them as they are, worthless);
+// content-coded (compressed) request body, scanned as the bytes it is and
+// never decoded, so placeholders compressed in it are neither substituted
+// nor blocked (the upstream gets the body byte for byte, the placeholders
+// in it worthless: TestCompressedRequestBodyPassesThroughUntouched);
 // and a value an upstream echoes in an encoded form (base64, escapes),
 // which the scrubber does not recognise. Request trailers are dropped,
 // never forwarded.
+//
+// HTTP/1.1 framing, toward tasks and toward upstreams, is package http1's;
+// this package runs the connections over it: the intercepted connection's
+// loop (h1conn.go) and the upstream pool (roundtrip.go).
 //
 // The runner (admission, env) calls Ready and CheckGrant (admission),
 // Register, StartAttempt (the task's HTTPS_PROXY), ServeNetwork, TaskKeys (one variable

@@ -8,14 +8,10 @@ import (
 	"io"
 	"net"
 	"net/http"
-	"net/http/httputil"
-	"net/url"
-	"strconv"
-	"strings"
 	"sync"
 	"time"
 
-	"golang.org/x/net/http/httpguts"
+	"github.com/runfleet/runfleet/edge/proxy/http1"
 )
 
 // roundTripper speaks HTTP/1.1 to upstreams over verified TLS, on the
@@ -186,19 +182,12 @@ func (rt *roundTripper) CloseIdleConnections() {
 
 // outbound is a decided request as the upstream gets it.
 type outbound struct {
-	req     *http.Request
-	host    string // the Host: the CONNECT's authority
-	upgrade string // the protocol asked for, "" for none
-	// length is the body's: > 0 exact, 0 none, -1 unknown (chunked).
-	length int64
+	http1.RequestHead
 	// inline is a body in memory, sent with the head; stream one read and
 	// sent on its own goroutine, so an upstream that answers before the
 	// whole body is read at once.
 	inline []byte
 	stream io.Reader
-	// identity asks for an uncoded answer (Accept-Encoding: identity), so
-	// it can be scrubbed of the values the request carries.
-	identity bool
 }
 
 // maxInline is the largest in-memory body sent with the head on the
@@ -209,26 +198,26 @@ const maxInline = 16 << 10
 // roundTrip writes out on uc and reads the first response head (perhaps an
 // interim 1xx). The request head and an inline body leave in one flush. On
 // error the connection is closed; the caller retries or gives up.
-func (uc *upConn) roundTrip(watch *cancelWatch, out *outbound) (upResponse, error) {
+func (uc *upConn) roundTrip(watch *cancelWatch, out *outbound) (http1.Response, error) {
 	uc.watch, uc.wrote = watch, nil
 	if !watch.begin(uc) {
 		uc.abandon()
-		return upResponse{}, context.Canceled
+		return http1.Response{}, context.Canceled
 	}
-	writeRequestHead(uc.bw, out)
+	http1.WriteRequestHead(uc.bw, &out.RequestHead)
 	uc.bw.Write(out.inline)
 	if out.stream != nil {
 		// The head goes now, whatever the body does; the body is written
 		// to the connection itself (writeBody).
 		if err := uc.bw.Flush(); err != nil {
 			uc.abandon()
-			return upResponse{}, err
+			return http1.Response{}, err
 		}
 		uc.wrote = make(chan error, 1)
-		go uc.writeBody(out.stream, out.length < 0)
+		go uc.writeBody(out.stream, out.Length < 0)
 	} else if err := uc.bw.Flush(); err != nil {
 		uc.abandon()
-		return upResponse{}, err
+		return http1.Response{}, err
 	}
 	res, err := uc.readResponse()
 	if err != nil {
@@ -239,52 +228,19 @@ func (uc *upConn) roundTrip(watch *cancelWatch, out *outbound) (upResponse, erro
 			uc.wrote = nil
 		}
 		uc.abandon()
-		return upResponse{}, err
+		return http1.Response{}, err
 	}
 	return res, nil
 }
 
-// writeBody streams a body to the upstream, each read sent as it comes (an
-// upload is not held back), chunked when its length is unknown: a chunk's
-// size line, data and CRLF leave in one write that fills two TLS records,
-// not a small record per piece. On failure the socket itself is closed,
-// without a TLS close_notify, which an upstream could take for a clean end
-// of a body cut short (a blocked placeholder) and answer; that also
-// unblocks the response reader.
+// writeBody streams a body to the upstream (http1.WriteBody). On failure
+// the socket itself is closed, without a TLS close_notify, which an
+// upstream could take for a clean end of a body cut short (a blocked
+// placeholder) and answer; that also unblocks the response reader.
 func (uc *upConn) writeBody(body io.Reader, chunked bool) {
 	bufp := copyBufferPool.Get().(*[]byte)
 	defer copyBufferPool.Put(bufp)
-	buf := *bufp
-	// Room for the size line before the data and the CRLF after it.
-	const sizeRoom, crlf = 18, 2
-	data := buf[sizeRoom : len(buf)-crlf]
-	var err error
-	for {
-		n, rerr := body.Read(data)
-		if n > 0 {
-			out := data[:n]
-			if chunked {
-				size := strconv.AppendInt(buf[:0], int64(n), 16)
-				start := sizeRoom - len(size) - crlf
-				copy(buf[start:], size)
-				copy(buf[sizeRoom-crlf:], "\r\n")
-				out = append(buf[start:sizeRoom+n], "\r\n"...)
-			}
-			if _, err = uc.conn.Write(out); err != nil {
-				break
-			}
-		}
-		if rerr == io.EOF {
-			if chunked {
-				_, err = io.WriteString(uc.conn, "0\r\n\r\n")
-			}
-			break
-		}
-		if rerr != nil {
-			err = rerr
-			break
-		}
-	}
+	err := http1.WriteBody(uc.conn, body, chunked, *bufp)
 	if err != nil {
 		uc.conn.NetConn().Close()
 	}
@@ -301,165 +257,19 @@ func (uc *upConn) abandon() {
 	}
 }
 
-// writeRequestHead writes the request line and fields as the upstream gets
-// them: the origin-form target, the CONNECT's authority as Host, the
-// end-to-end fields (hop-by-hop ones dropped, and X-Forwarded-*/Forwarded,
-// as httputil.ReverseProxy drops them) and the body's framing. Values are
-// written as they are: the HTTP/1.1 reader and x/net/http2 refuse a line
-// break in one, and a substituted value with one is refused.
-func writeRequestHead(bw *bufio.Writer, out *outbound) {
-	r := out.req
-	bw.WriteString(r.Method)
-	bw.WriteByte(' ')
-	writeRequestTarget(bw, r.URL)
-	bw.WriteString(" HTTP/1.1\r\nHost: ")
-	bw.WriteString(out.host)
-	bw.WriteString("\r\n")
-	connection := r.Header["Connection"]
-	for k, vs := range r.Header {
-		if !endToEnd(k, connection) || k == "Host" || k == "Content-Length" ||
-			k == "Forwarded" || k == "X-Forwarded-For" || k == "X-Forwarded-Host" || k == "X-Forwarded-Proto" ||
-			out.identity && k == "Accept-Encoding" {
-			continue
-		}
-		for _, v := range vs {
-			bw.WriteString(k)
-			bw.WriteString(": ")
-			bw.WriteString(v)
-			bw.WriteString("\r\n")
-		}
-	}
-	if out.identity {
-		bw.WriteString("Accept-Encoding: identity\r\n")
-	}
-	if httpguts.HeaderValuesContainsToken(r.Header["Te"], "trailers") {
-		bw.WriteString("Te: trailers\r\n")
-	}
-	if out.upgrade != "" {
-		bw.WriteString("Connection: Upgrade\r\nUpgrade: ")
-		bw.WriteString(out.upgrade)
-		bw.WriteString("\r\n")
-	}
-	switch {
-	case out.length > 0:
-		bw.WriteString("Content-Length: ")
-		bw.Write(strconv.AppendInt(bw.AvailableBuffer(), out.length, 10))
-		bw.WriteString("\r\n")
-	case out.length < 0:
-		bw.WriteString("Transfer-Encoding: chunked\r\n")
-	case r.Method == http.MethodPost || r.Method == http.MethodPut || r.Method == http.MethodPatch:
-		// What net/http sends for these methods without a body.
-		bw.WriteString("Content-Length: 0\r\n")
-	}
-	bw.WriteString("\r\n")
-}
-
-// writeRequestTarget writes u in origin form (url.URL.RequestURI, without
-// its allocation).
-func writeRequestTarget(bw *bufio.Writer, u *url.URL) {
-	if u.Opaque != "" {
-		bw.WriteString(u.RequestURI())
-		return
-	}
-	path := u.EscapedPath()
-	if path == "" {
-		path = "/"
-	}
-	bw.WriteString(path)
-	if u.ForceQuery || u.RawQuery != "" {
-		bw.WriteByte('?')
-		bw.WriteString(u.RawQuery)
-	}
-}
-
-// endToEnd reports whether a field goes on to the next hop: not one of the
-// hop-by-hop fields (RFC 9110 7.6.1), nor one the message's Connection
-// field names.
-func endToEnd(name string, connection []string) bool {
-	switch name {
-	case "Connection", "Proxy-Connection", "Keep-Alive", "Proxy-Authenticate", "Proxy-Authorization",
-		"Te", "Trailer", "Transfer-Encoding", "Upgrade":
-		return false
-	}
-	return len(connection) == 0 || !httpguts.HeaderValuesContainsToken(connection, name)
-}
-
-// upgradeType is the protocol a message asks to switch to (Connection:
-// upgrade), "" if none.
-func upgradeType(h http.Header) string {
-	if !httpguts.HeaderValuesContainsToken(h["Connection"], "Upgrade") {
-		return ""
-	}
-	if vs := h["Upgrade"]; len(vs) > 0 {
-		return vs[0]
-	}
-	return ""
-}
-
-// upResponse is an upstream's response head. header is the connection's:
-// valid until its next response; its value slices are this response's own.
-type upResponse struct {
-	status  int
-	header  http.Header
-	length  int64 // -1 when unknown
-	chunked bool
-	// close: the upstream closes the connection after this response.
-	close bool
-}
-
-var errMalformedResponse = errors.New("upstream: malformed response head")
-
-// readResponse reads the next response head. Its framing is checked as
-// strictly as a request's (parseFields), except that a Transfer-Encoding
-// beside a Content-Length is read as chunked (RFC 9112 6.3), the length
-// dropped and the connection not reused, and that equal Content-Lengths
-// count as one.
-func (uc *upConn) readResponse() (upResponse, error) {
-	head, err := readHeadInto(uc.br, uc.head[:0], maxHeadBytes)
+// readResponse reads the next response head (http1.ParseResponse) into
+// the connection's header map: valid until its next response.
+func (uc *upConn) readResponse() (http1.Response, error) {
+	head, refused, err := http1.ReadHead(uc.br, uc.head[:0], maxHeadBytes)
 	uc.head = head
-	if err != nil {
-		var he headError
-		if errors.As(err, &he) {
-			return upResponse{}, errMalformedResponse
-		}
-		return upResponse{}, err
-	}
-	s := string(head)
-	line, fieldLines, _ := strings.Cut(s, "\n")
-	line = strings.TrimSuffix(line, "\r")
-	proto, rest, _ := strings.Cut(line, " ")
-	code, _, _ := strings.Cut(rest, " ")
-	if proto != "HTTP/1.1" && proto != "HTTP/1.0" || len(code) != 3 {
-		return upResponse{}, errMalformedResponse
-	}
-	status, err := strconv.Atoi(code)
-	if err != nil || status < 100 {
-		return upResponse{}, errMalformedResponse
+	switch {
+	case refused.Refused():
+		return http1.Response{}, http1.ErrMalformedResponse
+	case err != nil:
+		return http1.Response{}, err
 	}
 	clear(uc.header)
-	strs := make([]string, strings.Count(fieldLines, "\n"))
-	f, err := parseFields(fieldLines, uc.header, strs)
-	if err != nil || f.lengthsDiffer {
-		return upResponse{}, errMalformedResponse
-	}
-	res := upResponse{status: status, header: uc.header, length: -1}
-	switch {
-	case f.codings > 0:
-		if !f.chunked {
-			return upResponse{}, errors.New("upstream: unsupported transfer coding") // the field may echo a value: not quoted
-		}
-		res.chunked = true
-		if f.lengths > 0 {
-			delete(uc.header, "Content-Length")
-			res.close = true
-		}
-	case f.lengths > 0:
-		res.length = f.contentLength
-	}
-	conn := uc.header["Connection"]
-	res.close = res.close || httpguts.HeaderValuesContainsToken(conn, "close") ||
-		(proto == "HTTP/1.0" && !httpguts.HeaderValuesContainsToken(conn, "keep-alive"))
-	return res, nil
+	return http1.ParseResponse(string(head), uc.header)
 }
 
 // upBody reads one response body off the connection. Read to its end, the
@@ -470,50 +280,32 @@ func (uc *upConn) readResponse() (upResponse, error) {
 // one's owner calls Close, which must then find this body finished.
 type upBody struct {
 	uc       *upConn
-	r        io.Reader // nil: no body
-	limited  io.LimitedReader
-	chunked  bool
-	trailer  http.Header
+	body     http1.ResponseBody
 	reusable bool
 	done     bool
 }
 
 // openBody readies b, the caller's, as the body of res, the final response
 // to a request with the given method.
-func (uc *upConn) openBody(res upResponse, method string, b *upBody) *upBody {
-	*b = upBody{uc: uc, reusable: !res.close}
-	switch {
-	case method == http.MethodHead || res.status == http.StatusNoContent || res.status == http.StatusNotModified:
-	case res.chunked:
-		b.r, b.chunked = httputil.NewChunkedReader(uc.br), true
-	case res.length >= 0:
-		b.limited = io.LimitedReader{R: uc.br, N: res.length}
-		b.r = &b.limited
-	default:
-		// Delimited by the connection's close.
-		b.r, b.reusable = uc.br, false
-	}
+func (uc *upConn) openBody(res http1.Response, method string, b *upBody) *upBody {
+	b.uc, b.done = uc, false
+	b.reusable = !b.body.Reset(uc.br, &res, method) && !res.Close
 	return b
 }
+
+// hasBody reports whether the response has a body at all.
+func (b *upBody) hasBody() bool { return !b.body.Empty() }
 
 func (b *upBody) Read(p []byte) (int, error) {
 	if b.done {
 		return 0, io.EOF
 	}
-	if b.r == nil {
+	if b.body.Empty() {
 		b.finish(true)
 		return 0, io.EOF
 	}
-	n, err := b.r.Read(p)
-	if err == io.EOF {
-		switch {
-		case b.r == &b.limited && b.limited.N > 0:
-			err = io.ErrUnexpectedEOF
-		case b.chunked:
-			if b.trailer, err = readTrailer(b.uc.br); err == nil {
-				err = io.EOF
-			}
-		}
+	n, err := b.body.Read(p)
+	if b.body.Ended() {
 		b.finish(err == io.EOF)
 	}
 	return n, err
@@ -550,21 +342,4 @@ func (b *upBody) finish(atEOF bool) {
 		return
 	}
 	uc.conn.Close()
-}
-
-// readTrailer reads the trailer section that ends a chunked body, up to its
-// empty line; nil when there is none.
-func readTrailer(br *bufio.Reader) (http.Header, error) {
-	lines, err := readTrailerLines(br)
-	if err != nil {
-		return nil, errMalformedResponse
-	}
-	if len(lines) == 0 {
-		return nil, nil
-	}
-	h := http.Header{}
-	if _, err := parseFields(string(lines), h, nil); err != nil {
-		return nil, errMalformedResponse
-	}
-	return h, nil
 }

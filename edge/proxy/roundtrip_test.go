@@ -12,6 +12,7 @@ import (
 	"time"
 
 	"github.com/runfleet/runfleet/edge/internal/edgetest"
+	"github.com/runfleet/runfleet/edge/proxy/http1"
 )
 
 // A request's answer body, read to its end, returns the upstream connection
@@ -35,7 +36,7 @@ func TestALateCloseOfAFinishedBodyLeavesTheNextExchangeAlone(t *testing.T) {
 		uc, _, err := rt.get(context.Background(), addr, "api.example.test", false)
 		must(t, err)
 		req, _ := http.NewRequest(http.MethodGet, "https://api.example.test"+path, nil)
-		res, err := uc.roundTrip(newCancelWatch(context.Background()), &outbound{req: req, host: "api.example.test"})
+		res, err := uc.roundTrip(newCancelWatch(context.Background()), &outbound{RequestHead: http1.RequestHead{Req: req, Host: "api.example.test"}})
 		must(t, err)
 		return uc, uc.openBody(res, req.Method, b)
 	}

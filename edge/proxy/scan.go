@@ -206,8 +206,9 @@ func replaceMatches(s string, ms []match) string {
 }
 
 // substituter decides one occurrence found at loc and returns the bytes to
-// put in its place, or an error that stops the request (blocked, withheld,
-// or a fault). It is the request pipeline's, bound to one request.
+// put in its place, or an error that stops the scan: the pipeline's returns
+// errRefused, its refusal (blocked, withheld, over a bound, or a fault)
+// kept in the request's state. It is bound to one request.
 type substituter func(o owner, loc policy.Location) (string, error)
 
 // decide asks sub about every occurrence in ms, overlapping ones included,

@@ -33,7 +33,7 @@ func allowOnlyT1A(o owner, loc policy.Location) (string, error) {
 	if o.task == "t1" && o.ref == refA && loc != policy.InURL {
 		return valueA, nil
 	}
-	return "", &blockedError{reason: "not allowed", ref: o.ref}
+	return "", errRefused
 }
 
 // chunkReader returns its data in the given chunk sizes.
@@ -92,8 +92,7 @@ func TestBodyScannerSplitReads(t *testing.T) {
 	// A blocked placeholder split across reads stops the stream before it.
 	s := newBodyScanner(&chunkReader{data: []byte("head " + phT2A + " tail"), sizes: []int{8, 9}}, ix, allowOnlyT1A)
 	got, err := io.ReadAll(s)
-	var blocked *blockedError
-	if !errors.As(err, &blocked) || bytes.Contains(got, []byte(phT2A[:12])) {
+	if !errors.Is(err, errRefused) || bytes.Contains(got, []byte(phT2A[:12])) {
 		t.Fatalf("got %q, %v", got, err)
 	}
 }

@@ -91,21 +91,12 @@ const wsMaxControl = 125
 // isWebSocket reports whether an Upgrade names RFC 6455's protocol.
 func isWebSocket(proto string) bool { return strings.EqualFold(proto, "websocket") }
 
-// upgradeRefusedError: a request asks to switch to a protocol the proxy
-// cannot parse on an intercepted connection (501, audited as blocked, as
-// an answer that cannot be scanned is: its bytes may carry a value).
-type upgradeRefusedError struct{}
-
-func (upgradeRefusedError) Error() string {
-	return "only websocket may be upgraded to on an intercepted connection"
-}
-
 // prepareUpgrade readies an intercepted request that asks for an upgrade:
 // anything but a WebSocket is refused, and a WebSocket's extensions
 // (permessage-deflate) are not offered, so its frames stay scannable.
-func prepareUpgrade(r *http.Request, proto string) error {
+func prepareUpgrade(r *http.Request, proto string) *refusal {
 	if !isWebSocket(proto) {
-		return upgradeRefusedError{}
+		return refuseUpgrade()
 	}
 	delete(r.Header, "Sec-Websocket-Extensions")
 	return nil
@@ -388,16 +379,16 @@ func (r *wsRelay) taskToUpstream() error {
 				// The code is binary; only the reason may hold text.
 				reason, err := r.substitute(payload[2:])
 				if err != nil {
-					return r.block(err)
+					return r.block(r.st.refusal(err))
 				}
 				payload = append(payload[:2:2], reason...)
 			} else if f.opcode != wsClose {
 				if payload, err = r.substitute(payload); err != nil {
-					return r.block(err)
+					return r.block(r.st.refusal(err))
 				}
 			}
 			if len(payload) > wsMaxControl {
-				return r.block(&blockedError{reason: "a placeholder in a WebSocket control frame whose value does not fit 125 bytes"})
+				return r.block(refuseBlocked("a placeholder in a WebSocket control frame whose value does not fit 125 bytes", policy.KeyRef{}))
 			}
 			f.payload = payload
 			if err := r.write(&r.up, f); err != nil {
@@ -421,7 +412,7 @@ func (r *wsRelay) taskToUpstream() error {
 		}
 		out, err := r.substitute(msg)
 		if err != nil {
-			return r.block(err)
+			return r.block(r.st.refusal(err))
 		}
 		if err := r.write(&r.up, wsFrame{fin: true, opcode: op, payload: out}); err != nil {
 			return err
@@ -452,11 +443,10 @@ func (r *wsRelay) substitute(b []byte) ([]byte, error) {
 // task gets a close frame (1008 policy violation; 1011 for a fault of
 // ours), the upstream's connection is closed with nothing of the message
 // sent, and the block gets an audit line of its own.
-func (r *wsRelay) block(err error) error {
+func (r *wsRelay) block(refused *refusal) error {
 	st := r.st
 	code := uint16(wsCodePolicy)
-	var fault *faultError
-	if errors.As(err, &fault) {
+	if refused.isFault() {
 		code = wsCodeInternal
 	}
 	r.up.mu.Lock()
@@ -469,20 +459,18 @@ func (r *wsRelay) block(err error) error {
 	// The failure is this message's, not the handshake's: the handshake's
 	// line (recorded at the connection's end) keeps its own action.
 	st.mu.Lock()
-	key := st.failKey
-	st.fail, st.failKey = nil, policy.KeyRef{}
+	st.refused = nil
 	st.mu.Unlock()
-	status, action, reason := r.p.classify(err)
-	r.p.logFault(status, err, st.runID(), st.ci.logHost)
+	r.p.logFault(refused, st.runID(), st.ci.logHost)
 	e := audit.Entry{
-		TS: r.p.cfg.Clock.Now(), Task: st.runID(), Action: action, Reason: "websocket message " + reason,
+		TS: r.p.cfg.Clock.Now(), Task: st.runID(), Action: refused.action, Reason: "websocket message " + refused.reason,
 		Host: st.ci.logHost, Method: st.entry.Method, Path: st.entry.Path, Via: st.ci.via,
 	}
-	if key != (policy.KeyRef{}) {
-		e.Keys = []string{key.String()}
+	if refused.key != (policy.KeyRef{}) {
+		e.Keys = []string{refused.key.String()}
 	}
 	r.p.cfg.Audit.Record(e)
-	return err
+	return errRefused
 }
 
 // upstreamToTask passes the upstream's frames on, scrubbed. It returns nil

@@ -1,4 +1,4 @@
-package proxy
+package http1
 
 import (
 	"bufio"
@@ -30,17 +30,13 @@ func FuzzHTTP1Head(f *testing.F) {
 		f.Add([]byte(seed), uint8(3))
 	}
 	f.Fuzz(func(t *testing.T, data []byte, step uint8) {
-		whole, errWhole := readHeadInto(bufio.NewReaderSize(bytes.NewReader(data), 4096), nil, maxHeadBytes)
-		trickled, errTrickle := readHeadInto(bufio.NewReaderSize(&trickle{data: data, step: int(step%7) + 1}, 16), nil, maxHeadBytes)
-		if (errWhole == nil) != (errTrickle == nil) || errWhole == nil && !bytes.Equal(whole, trickled) {
-			t.Fatalf("the head read whole (%q, %v) differs from the head read in pieces (%q, %v)", whole, errWhole, trickled, errTrickle)
-		}
-		if errWhole != nil {
+		whole, ok := readHeadBothWays(t, data, step)
+		if !ok {
 			return
 		}
 		h := http.Header{}
 		req := new(http.Request)
-		if err := parseRequest(string(whole), req, h, make([]string, 4)); err != nil {
+		if ParseRequest(string(whole), req, h, make([]string, 4)).Refused() {
 			return
 		}
 		if len(h["Content-Length"]) > 1 || len(h["Transfer-Encoding"]) > 1 ||
@@ -50,16 +46,7 @@ func FuzzHTTP1Head(f *testing.F) {
 		if te := h["Transfer-Encoding"]; len(te) == 1 && (!strings.EqualFold(te[0], "chunked") || req.ContentLength != -1) {
 			t.Fatalf("transfer coding %q accepted as length %d", te, req.ContentLength)
 		}
-		for k, vs := range h {
-			if !isToken(k) {
-				t.Fatalf("field name %q accepted", k)
-			}
-			for _, v := range vs {
-				if strings.ContainsAny(v, "\r\n\x00") {
-					t.Fatalf("field %s value %q accepted", k, v)
-				}
-			}
-		}
+		checkFields(t, h)
 		ref, err := http.ReadRequest(bufio.NewReader(bytes.NewReader(whole)))
 		if err != nil {
 			t.Fatalf("accepted a head net/http refuses (%v): %q", err, whole)
@@ -70,6 +57,37 @@ func FuzzHTTP1Head(f *testing.F) {
 				req.Method, ref.Method, req.RequestURI, ref.RequestURI, req.Host, ref.Host, req.ContentLength, ref.ContentLength, req.Close, ref.Close)
 		}
 	})
+}
+
+// checkFields fails t unless every field name in h is a token and no value
+// holds a line break or a NUL.
+func checkFields(t *testing.T, h http.Header) {
+	t.Helper()
+	for k, vs := range h {
+		if !IsToken(k) {
+			t.Fatalf("field name %q accepted", k)
+		}
+		for _, v := range vs {
+			if strings.ContainsAny(v, "\r\n\x00") {
+				t.Fatalf("field %s value %q accepted", k, v)
+			}
+		}
+	}
+}
+
+// readHeadBothWays reads a head from data whole and a few bytes at a time,
+// and fails the test unless both reads agree; ok when a head was read.
+func readHeadBothWays(t *testing.T, data []byte, step uint8) (head []byte, ok bool) {
+	t.Helper()
+	whole, refWhole, errWhole := ReadHead(bufio.NewReaderSize(bytes.NewReader(data), 4096), nil, MaxHeadBytes)
+	trickled, refTrickle, errTrickle := ReadHead(bufio.NewReaderSize(&trickle{data: data, step: int(step%7) + 1}, 16), nil, MaxHeadBytes)
+	okWhole := errWhole == nil && !refWhole.Refused()
+	okTrickle := errTrickle == nil && !refTrickle.Refused()
+	if okWhole != okTrickle || refWhole != refTrickle || okWhole && !bytes.Equal(whole, trickled) {
+		t.Fatalf("the head read whole (%q, %v, %v) differs from the head read in pieces (%q, %v, %v)",
+			whole, refWhole, errWhole, trickled, refTrickle, errTrickle)
+	}
+	return whole, okWhole
 }
 
 // trickle returns its data a few bytes per read.

@@ -1,0 +1,168 @@
+package proxy
+
+import (
+	"bufio"
+	"context"
+	"io"
+	"net"
+	"net/http"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/runfleet/runfleet/edge/proxy/http1"
+)
+
+// maxHeadBytes bounds an intercepted request's head (431 past it), and
+// what edge reads of a head before any decision (a CONNECT, a plain HTTP
+// request it refuses): a head read whole would otherwise grow with
+// whatever a client sends until the handshake timeout.
+const maxHeadBytes = http1.MaxHeadBytes
+
+// maxDrain is how much of an unread request body is skipped to keep a
+// connection alive; past it the connection is closed.
+const maxDrain = 256 << 10
+
+// h1Conn is one intercepted HTTP/1.1 connection, served by its own loop
+// over package http1's framing rather than net/http's server (http1's doc
+// says why): the head is read into one string, its fields into a header map
+// and value slices the connection reuses, and the response writer and the
+// request body are the connection's too.
+type h1Conn struct {
+	p    *Proxy
+	ci   *connInfo
+	conn net.Conn
+	br   *bufio.Reader
+	// base carries the connection's context; each request is a copy.
+	base *http.Request
+	// watch follows the connection's context (its attempt's) for every
+	// request on it.
+	watch *cancelWatch
+
+	// idleSince is when the read deadline was last set to close the
+	// connection after IdleTimeout; zero when no deadline is set.
+	idleSince time.Time
+
+	head   []byte      // the head being read
+	header http.Header // the request's fields, cleared per request
+	// Reused request after request: nothing holds them once served.
+	req   http.Request
+	state requestState
+	w     http1.Writer
+	body  http1.Body
+}
+
+// h1ValueSlots is how many field values a request has room for in a
+// lent slab; more spill into their own slices.
+const h1ValueSlots = 24
+
+// valueSlabs lends requests the backing of their field values for as
+// long as they are served: an idle connection holds none
+// (BenchmarkIdleInterceptedConnMemory).
+var valueSlabs = sync.Pool{New: func() any { s := make([]string, h1ValueSlots); return &s }}
+
+// serveHTTP1 serves HTTP/1.1 requests on an intercepted connection.
+func (p *Proxy) serveHTTP1(ctx context.Context, ci *connInfo, c net.Conn) {
+	hc := &h1Conn{p: p, ci: ci, conn: c, br: bufio.NewReaderSize(c, 4096),
+		base:   (&http.Request{RemoteAddr: c.RemoteAddr().String()}).WithContext(ctx),
+		header: http.Header{}}
+	hc.watch = newCancelWatch(ctx)
+	defer hc.watch.release()
+	for hc.serveOne(ctx) {
+	}
+}
+
+// serveOne serves the next request; false when the connection is done.
+func (hc *h1Conn) serveOne(ctx context.Context) bool {
+	c := hc.conn
+	// The idle deadline is moved on at most once a second, not set and
+	// cleared around every request: the timer updates were a measurable
+	// part of a kept-alive request's cost. A request without a body does
+	// not read the connection again, so the deadline may stay.
+	if now := time.Now(); now.Sub(hc.idleSince) >= time.Second {
+		_ = c.SetReadDeadline(now.Add(hc.p.cfg.IdleTimeout))
+		hc.idleSince = now
+	}
+	head, refused, err := http1.ReadHead(hc.br, hc.head[:0], maxHeadBytes)
+	hc.head = head
+	if refused.Refused() {
+		writeStatus(c, refused.Status, refused.Reason, nil)
+		if refused.Status == http.StatusRequestHeaderFieldsTooLarge {
+			hc.p.auditHeadOverBound(hc.ci)
+		}
+	}
+	if refused.Refused() || err != nil {
+		return false
+	}
+	clear(hc.header)
+	slab := valueSlabs.Get().(*[]string)
+	defer func() {
+		clear(hc.header) // nothing idle points into the slab
+		clear(*slab)
+		valueSlabs.Put(slab)
+	}()
+	req := &hc.req
+	*req = *hc.base
+	if refused := http1.ParseRequest(string(head), req, hc.header, *slab); refused.Refused() {
+		writeStatus(c, refused.Status, refused.Reason, nil)
+		return false
+	}
+	bw := getWriter(c)
+	defer putWriter(bw)
+	w, body := &hc.w, &hc.body
+	hasBody := body.Reset(hc.br, req.ContentLength, w)
+	if hasBody {
+		// A body is read at the client's pace, however long it takes.
+		_ = c.SetReadDeadline(time.Time{})
+		hc.idleSince = time.Time{}
+		if strings.EqualFold(req.Header.Get("Expect"), "100-continue") {
+			body.ExpectContinue(bw)
+		}
+		req.Body = body
+	} else {
+		req.Body = http.NoBody
+	}
+	delete(req.Header, "Expect")
+	w.Reset(c, hc.br, bw, req)
+	hc.state.reset(hc.p, hc.ci, hc.watch, ctx)
+	hc.p.serve(&hc.state, w, req)
+	if w.Hijacked() {
+		return false
+	}
+	w.Finish()
+	if w.CloseAfter() || req.Close || ctx.Err() != nil {
+		return false
+	}
+	if hasBody && !body.EOF() {
+		// A client that asked for 100 Continue and never got it may or may
+		// not send its body (RFC 9110 10.1.1): which bytes come next is
+		// unknown, so the connection closes rather than wait for a body
+		// that may never come (or read the next request as one). Any other
+		// unread body is skipped, up to maxDrain, within the idle timeout.
+		if body.AwaitingContinue() {
+			return false
+		}
+		_ = c.SetReadDeadline(time.Now().Add(hc.p.cfg.IdleTimeout))
+		hc.idleSince = time.Time{}
+		if n, _ := io.CopyN(io.Discard, body, maxDrain+1); n > maxDrain || !body.EOF() {
+			return false
+		}
+	}
+	if cap(hc.head) > 4096 {
+		hc.head = nil // a large head's buffer is not kept while idle
+	}
+	return true
+}
+
+var writers = sync.Pool{New: func() any { return bufio.NewWriterSize(nil, 4096) }}
+
+func getWriter(c net.Conn) *bufio.Writer {
+	bw := writers.Get().(*bufio.Writer)
+	bw.Reset(c)
+	return bw
+}
+
+func putWriter(bw *bufio.Writer) {
+	bw.Reset(nil)
+	writers.Put(bw)
+}
