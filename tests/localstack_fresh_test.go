@@ -16,6 +16,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/runfleet/runfleet/tests/kit/await"
 	"github.com/runfleet/runfleet/tests/kit/syncbuf"
 )
 
@@ -88,7 +89,7 @@ func TestLocalStackOnAFreshClone(t *testing.T) {
 		must(t, cmd.Start())
 		// The run waits for its line until the stream has ended once with
 		// its retry hint (and the script reconnected).
-		waitFor(t, "a planned end of the stream", func() bool { return strings.Contains(out.String(), "\nretry: ") })
+		await.Cond(t, 30*time.Second, "a planned end of the stream", func() bool { return strings.Contains(out.String(), "\nretry: ") })
 		answer, _, _ := strings.Cut(out.String(), "\n")
 		var run dispatchAnswer
 		must(t, json.Unmarshal([]byte(answer), &run))
@@ -221,18 +222,6 @@ func (s *devStack) scriptRefused(t *testing.T, script, token, body string, statu
 	if !errors.As(err, &exit) || exit.ExitCode() != 1 || json.Unmarshal(out, &answer) != nil || answer.Code != code ||
 		!strings.Contains(stderr.String(), fmt.Sprintf("the dispatch was answered HTTP %d", status)) {
 		t.Fatalf("the script with %s: %v\n%s\nstderr: %s", body, err, out, stderr.String())
-	}
-}
-
-// waitFor polls cond until it holds, failing the test after 30s.
-func waitFor(t *testing.T, what string, cond func() bool) {
-	t.Helper()
-	deadline := time.Now().Add(30 * time.Second)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatalf("%s: not within 30s", what)
-		}
-		time.Sleep(20 * time.Millisecond)
 	}
 }
 

@@ -13,8 +13,8 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 
-	"github.com/runfleet/runfleet/edge/internal/edgetest"
 	"github.com/runfleet/runfleet/shared/clock"
+	"github.com/runfleet/runfleet/tests/kit/await"
 )
 
 func TestAuditLinesRotateAndCount(t *testing.T) {
@@ -37,7 +37,7 @@ func TestAuditLinesRotateAndCount(t *testing.T) {
 	}
 	fake.Advance(FlushEvery)
 	// The flush runs on the timer's goroutine: wait for it.
-	edgetest.WaitFor(t, 5*time.Second, "the timed flush to write the line", func() bool {
+	await.Cond(t, 5*time.Second, "the timed flush to write the line", func() bool {
 		b, _ := os.ReadFile(filepath.Join(dir, FileName))
 		return strings.Contains(string(b), "blocked")
 	})

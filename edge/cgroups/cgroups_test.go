@@ -11,8 +11,8 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/runfleet/runfleet/edge/internal/edgetest"
 	"github.com/runfleet/runfleet/tests/kit/await"
+	"github.com/runfleet/runfleet/tests/kit/edgetest"
 )
 
 // fakeProc writes a proc tree whose self/mountinfo and self/cgroup are

@@ -12,9 +12,9 @@ import (
 	"time"
 
 	"github.com/runfleet/runfleet/edge/audit"
-	"github.com/runfleet/runfleet/edge/internal/edgetest"
 	"github.com/runfleet/runfleet/edge/proxy"
 	"github.com/runfleet/runfleet/shared/hostproto"
+	"github.com/runfleet/runfleet/tests/kit/await"
 )
 
 // openDescriptors counts this process's open descriptors: edge's, since
@@ -272,7 +272,7 @@ func TestTransparentFrontHoldsAgainstATaskWithItsPlaceholder(t *testing.T) {
 		"[placeholder].example.com:443 denied 502 ",
 	}
 	var actions map[string]int
-	edgetest.WaitFor(t, 10*time.Second, fmt.Sprintf("the audit to hold %q", wantAudit), func() bool {
+	await.Cond(t, 10*time.Second, fmt.Sprintf("the audit to hold %q", wantAudit), func() bool {
 		actions = map[string]int{}
 		for _, l := range f.auditEntries() {
 			actions[fmt.Sprintf("%s %s %d %s", l.Host, l.Action, l.Status, l.Path)]++

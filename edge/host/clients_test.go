@@ -17,8 +17,8 @@ import (
 	"time"
 
 	"github.com/runfleet/runfleet/edge/audit"
-	"github.com/runfleet/runfleet/edge/internal/edgetest"
 	"github.com/runfleet/runfleet/shared/hostproto"
+	"github.com/runfleet/runfleet/tests/kit/await"
 )
 
 // taskClient is one kind of client a task runs against the granted
@@ -358,7 +358,7 @@ func TestClientsReachTheGrantedUpstreamWithAndWithoutProxyVariables(t *testing.T
 
 			// The audit writes its lines within audit.FlushEvery.
 			var lines []audit.Entry
-			edgetest.Within(10*time.Second, func() bool {
+			await.Within(10*time.Second, func() bool {
 				lines = auditLines(t, f, run.RunID)
 				return len(lines) >= len(saw)
 			})

@@ -20,9 +20,9 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/runfleet/runfleet/edge/audit"
-	"github.com/runfleet/runfleet/edge/internal/edgetest"
 	"github.com/runfleet/runfleet/edge/sandbox"
 	"github.com/runfleet/runfleet/shared/hostproto"
+	"github.com/runfleet/runfleet/tests/kit/await"
 )
 
 // tally listens on one address over TCP and UDP and counts what arrives
@@ -93,7 +93,7 @@ func (tl *tally) reach(t *testing.T, d *net.Dialer) {
 	_, err = c.Write([]byte("edge"))
 	c.Close()
 	must(t, err)
-	if !edgetest.Within(10*time.Second, func() bool { return tl.conns.Load() == 1 && tl.datagrams.Load() == 1 }) {
+	if !await.Within(10*time.Second, func() bool { return tl.conns.Load() == 1 && tl.datagrams.Load() == 1 }) {
 		t.Fatalf("%s got %d of edge's 1 connection and %d of its 1 datagram", tl.addr, tl.conns.Load(), tl.datagrams.Load())
 	}
 }
@@ -403,7 +403,7 @@ func (f *fixture) auditEntries() []audit.Entry {
 func (f *fixture) waitAudit(task string, want ...string) map[string]audit.Entry {
 	f.t.Helper()
 	var byHost map[string]audit.Entry
-	if !edgetest.Within(10*time.Second, func() bool {
+	if !await.Within(10*time.Second, func() bool {
 		byHost = map[string]audit.Entry{}
 		for _, e := range f.auditEntries() {
 			if e.Task == task {
@@ -479,7 +479,7 @@ func TestTaskReachesOnlyItsOwnLoopbackAndEdge(t *testing.T) {
 	res, err := http.Get("http://" + api + "/healthz")
 	must(t, err)
 	res.Body.Close()
-	edgetest.WaitFor(t, 10*time.Second, "the host API's line for edge's own request", func() bool { return e.apiRefusals() == 1 })
+	await.Cond(t, 10*time.Second, "the host API's line for edge's own request", func() bool { return e.apiRefusals() == 1 })
 
 	other := e.start(hostproto.StartRequest{Prompt: otherTaskServer, Secrets: apiToken})
 	// It runs until canceled: at the end, or sooner when the test stops

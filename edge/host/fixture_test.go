@@ -17,9 +17,10 @@ import (
 	"time"
 
 	"github.com/runfleet/runfleet/edge/config"
-	"github.com/runfleet/runfleet/edge/internal/edgetest"
 	"github.com/runfleet/runfleet/shared/clock"
 	"github.com/runfleet/runfleet/shared/hostproto"
+	"github.com/runfleet/runfleet/tests/kit/await"
+	"github.com/runfleet/runfleet/tests/kit/edgetest"
 	"github.com/runfleet/runfleet/tests/kit/syncbuf"
 )
 
@@ -241,7 +242,7 @@ func (e *edgeHost) waitEnd(runID string) hostproto.Run {
 func (e *edgeHost) waitFor(runID string, done func(hostproto.Run) bool) hostproto.Run {
 	e.f.t.Helper()
 	var run hostproto.Run
-	if !edgetest.Within(30*time.Second, func() bool {
+	if !await.Within(30*time.Second, func() bool {
 		var err error
 		run, err = e.client.Get(bg, runID)
 		must(e.f.t, err)
@@ -273,7 +274,7 @@ func (e *edgeHost) output(runID string) string { return edgetest.Output(e.events
 func (e *edgeHost) waitOutput(runID, want string) string {
 	e.f.t.Helper()
 	var out string
-	if !edgetest.Within(30*time.Second, func() bool { out = e.output(runID); return strings.Contains(out, want) }) {
+	if !await.Within(30*time.Second, func() bool { out = e.output(runID); return strings.Contains(out, want) }) {
 		e.f.t.Fatalf("run %s never printed %q; output %q", runID, want, out)
 	}
 	return out

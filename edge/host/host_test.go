@@ -16,9 +16,9 @@ import (
 
 	"github.com/runfleet/runfleet/edge/audit"
 	"github.com/runfleet/runfleet/edge/config"
-	"github.com/runfleet/runfleet/edge/internal/edgetest"
 	"github.com/runfleet/runfleet/shared/clock"
 	"github.com/runfleet/runfleet/shared/hostproto"
+	"github.com/runfleet/runfleet/tests/kit/await"
 )
 
 var apiToken = []hostproto.Secret{{ProjectID: "acme", Key: "API_TOKEN"}}
@@ -139,7 +139,7 @@ func TestRestartKeepsPlaceholdersAndTheCAAndPurgeDropsThem(t *testing.T) {
 	for hour := 1; hour <= 3; hour++ {
 		fake.Advance(time.Hour)
 		want := fmt.Sprint(hour)
-		if !edgetest.Within(10*time.Second, func() bool { passes = e.metric("edge_purge_passes_total"); return passes == want }) {
+		if !await.Within(10*time.Second, func() bool { passes = e.metric("edge_purge_passes_total"); return passes == want }) {
 			t.Fatalf("hour %d: edge_purge_passes_total = %q, want %s", hour, passes, want)
 		}
 		_, err := e.client.Get(bg, run.RunID)
@@ -339,7 +339,7 @@ func TestTrustFileFollowsTheCAsRotation(t *testing.T) {
 	// Into the successor window: the CA mints a successor and delivers the
 	// two-certificate bundle to every running task.
 	fake.Advance(7 * time.Minute)
-	edgetest.WaitFor(t, 20*time.Second, "the task's trust files to receive the new bundle", func() bool {
+	await.Cond(t, 20*time.Second, "the task's trust files to receive the new bundle", func() bool {
 		now, _ := os.ReadFile(bundlePath)
 		trust, _ := os.ReadFile(filepath.Join(f.dataDir, "work", run.RunID, "trust", "trust.pem"))
 		return strings.Count(string(now), "BEGIN CERTIFICATE") == 2 && string(now) == string(e.CABundle()) && strings.HasSuffix(string(trust), string(now))

@@ -11,9 +11,9 @@ import (
 	"testing"
 	"time"
 
-	"github.com/runfleet/runfleet/edge/internal/edgetest"
 	"github.com/runfleet/runfleet/shared/clock"
 	"github.com/runfleet/runfleet/shared/hostproto"
+	"github.com/runfleet/runfleet/tests/kit/await"
 )
 
 // A task with secrets trusts the proxy's CA through the system trust store
@@ -59,7 +59,7 @@ echo "again=$(sum < /etc/ssl/certs/ca-certificates.crt)"
 	// Into the successor window: the CA delivers the two-certificate
 	// bundle to every running task.
 	fake.Advance(7 * time.Minute)
-	edgetest.WaitFor(t, 20*time.Second, "the task's trust file to receive the successor", func() bool {
+	await.Cond(t, 20*time.Second, "the task's trust file to receive the successor", func() bool {
 		b, _ := os.ReadFile(trustPath)
 		return strings.HasSuffix(string(b), string(e.CABundle())) && strings.Count(string(e.CABundle()), "BEGIN CERTIFICATE") == 2
 	})

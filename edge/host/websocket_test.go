@@ -11,8 +11,8 @@ import (
 	"golang.org/x/net/websocket"
 
 	"github.com/runfleet/runfleet/edge/audit"
-	"github.com/runfleet/runfleet/edge/internal/edgetest"
 	"github.com/runfleet/runfleet/shared/hostproto"
+	"github.com/runfleet/runfleet/tests/kit/await"
 )
 
 // pythonWebSocketClient is a task's WebSocket client on Debian's
@@ -87,7 +87,7 @@ func TestPythonWebSocketClientSeesOnlyItsPlaceholder(t *testing.T) {
 	}
 	mu.Unlock()
 	var lines []audit.Entry
-	edgetest.Within(10*time.Second, func() bool {
+	await.Within(10*time.Second, func() bool {
 		lines = auditLines(t, f, run.RunID)
 		return len(lines) >= 2
 	})

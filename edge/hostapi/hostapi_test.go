@@ -20,11 +20,11 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/runfleet/runfleet/edge/config"
-	"github.com/runfleet/runfleet/edge/internal/edgetest"
 	"github.com/runfleet/runfleet/edge/runlog"
 	"github.com/runfleet/runfleet/edge/runner"
 	"github.com/runfleet/runfleet/shared/hostproto"
 	"github.com/runfleet/runfleet/tests/kit/await"
+	"github.com/runfleet/runfleet/tests/kit/edgetest"
 )
 
 const token = "host-credential-for-tests"
@@ -117,7 +117,7 @@ func (e *edge) start(prompt string) hostproto.Run {
 func (e *edge) waitStatus(runID string, done func(hostproto.Run) bool) hostproto.Run {
 	e.t.Helper()
 	var run hostproto.Run
-	if !edgetest.Within(20*time.Second, func() bool {
+	if !await.Within(20*time.Second, func() bool {
 		var err error
 		if run, err = e.client.Get(ctx, runID); err != nil {
 			e.t.Fatal(err)

@@ -12,9 +12,9 @@ import (
 	"time"
 
 	"github.com/runfleet/runfleet/edge/config"
-	"github.com/runfleet/runfleet/edge/internal/edgetest"
 	"github.com/runfleet/runfleet/shared/clock"
 	"github.com/runfleet/runfleet/shared/hostproto"
+	"github.com/runfleet/runfleet/tests/kit/await"
 	"github.com/runfleet/runfleet/tests/kit/syncbuf"
 )
 
@@ -199,7 +199,7 @@ func TestWatcherReloadsOnChangeAndKeepsOldOnError(t *testing.T) {
 	<-fake.WaitForTimers(1)
 	writeConfig(t, path, `"b.example", "c.example"`)
 	fake.Advance(2 * time.Second)
-	edgetest.WaitFor(t, 5*time.Second, "the poll to load b.example", func() bool { return w.Current().AllowsName("b.example") })
+	await.Cond(t, 5*time.Second, "the poll to load b.example", func() bool { return w.Current().AllowsName("b.example") })
 	if w.AllowName("a.example") {
 		t.Error("a.example should be gone after the reload")
 	}
@@ -208,7 +208,7 @@ func TestWatcherReloadsOnChangeAndKeepsOldOnError(t *testing.T) {
 	<-fake.WaitForTimers(1)
 	writeConfig(t, path, `"*.example"`)
 	fake.Advance(2 * time.Second)
-	edgetest.WaitFor(t, 5*time.Second, "the refusal to be logged", func() bool { return strings.Contains(logs.String(), "policy reload refused") })
+	await.Cond(t, 5*time.Second, "the refusal to be logged", func() bool { return strings.Contains(logs.String(), "policy reload refused") })
 	if !w.AllowName("b.example") {
 		t.Error("the old policy must stay after a refused reload")
 	}
@@ -220,7 +220,7 @@ func TestWatcherReloadsOnChangeAndKeepsOldOnError(t *testing.T) {
 	// not advanced again, so no poll runs and only SIGHUP can load it.
 	writeConfig(t, path, `"d.example"`)
 	hup <- syscall.SIGHUP
-	edgetest.WaitFor(t, 5*time.Second, "SIGHUP to load d.example", func() bool { return w.AllowName("d.example") })
+	await.Cond(t, 5*time.Second, "SIGHUP to load d.example", func() bool { return w.AllowName("d.example") })
 }
 
 // A new edge.json renamed into place with the same size and modification

@@ -15,7 +15,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/runfleet/runfleet/edge/internal/edgetest"
+	"github.com/runfleet/runfleet/tests/kit/edgetest"
 )
 
 // BenchmarkThreeProcesses measures what the bench harness measures

@@ -29,8 +29,8 @@ import (
 	logredact "github.com/runfleet/runfleet/edge/internal/redact"
 	"golang.org/x/net/http2"
 
-	"github.com/runfleet/runfleet/edge/internal/edgetest"
 	"github.com/runfleet/runfleet/shared/hostproto"
+	"github.com/runfleet/runfleet/tests/kit/edgetest"
 )
 
 // The benchmarks compare the same Go client going direct to an HTTPS

@@ -10,8 +10,8 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/runfleet/runfleet/edge/internal/edgetest"
 	"github.com/runfleet/runfleet/shared/hostproto"
+	"github.com/runfleet/runfleet/tests/kit/edgetest"
 )
 
 // goClientEnv makes this test binary act as a task's Go program: net/http's

@@ -11,9 +11,9 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/runfleet/runfleet/edge/internal/edgetest"
 	"github.com/runfleet/runfleet/edge/policy"
 	"github.com/runfleet/runfleet/shared/hostproto"
+	"github.com/runfleet/runfleet/tests/kit/edgetest"
 )
 
 // FuzzPipeline drives the request pipeline (the handler both HTTP/1.1 and

@@ -21,8 +21,8 @@ import (
 	"testing"
 	"time"
 
-	"github.com/runfleet/runfleet/edge/internal/edgetest"
 	"github.com/runfleet/runfleet/shared/hostproto"
+	"github.com/runfleet/runfleet/tests/kit/edgetest"
 )
 
 // h2specTool is where infra/scripts/test-deps.sh (make deps, which make

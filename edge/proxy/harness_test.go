@@ -28,12 +28,13 @@ import (
 
 	"github.com/runfleet/runfleet/edge/audit"
 	"github.com/runfleet/runfleet/edge/ca"
-	"github.com/runfleet/runfleet/edge/internal/edgetest"
 	logredact "github.com/runfleet/runfleet/edge/internal/redact"
 	"github.com/runfleet/runfleet/edge/policy"
 	"github.com/runfleet/runfleet/edge/secrets"
 	"github.com/runfleet/runfleet/edge/upstream"
 	"github.com/runfleet/runfleet/shared/hostproto"
+	"github.com/runfleet/runfleet/tests/kit/await"
+	"github.com/runfleet/runfleet/tests/kit/edgetest"
 	"github.com/runfleet/runfleet/tests/kit/syncbuf"
 )
 
@@ -235,7 +236,7 @@ func newEnv(t tb, o envOptions) *env {
 	})
 	must(t, err)
 	go e.proxy.Serve()
-	edgetest.WaitFor(t, 5*time.Second, "the proxy to serve", func() bool { return e.proxy.Ready() == nil })
+	await.Cond(t, 5*time.Second, "the proxy to serve", func() bool { return e.proxy.Ready() == nil })
 	t.Cleanup(func() {
 		e.proxy.Close()
 		e.authority.Close()
@@ -345,7 +346,7 @@ func (e *env) waitAudit(pred func(map[string]any) bool) map[string]any {
 	e.t.Helper()
 	var lines []map[string]any
 	var found map[string]any
-	if !edgetest.Within(5*time.Second, func() bool {
+	if !await.Within(5*time.Second, func() bool {
 		lines = e.auditLines()
 		for i := len(lines) - 1; i >= 0 && found == nil; i-- {
 			if pred(lines[i]) {

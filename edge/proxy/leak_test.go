@@ -23,10 +23,10 @@ import (
 	"golang.org/x/net/http2/hpack"
 
 	"github.com/runfleet/runfleet/edge/audit"
-	"github.com/runfleet/runfleet/edge/internal/edgetest"
 	logredact "github.com/runfleet/runfleet/edge/internal/redact"
 	"github.com/runfleet/runfleet/shared/hostproto"
 	"github.com/runfleet/runfleet/tests/kit/await"
+	"github.com/runfleet/runfleet/tests/kit/edgetest"
 	"github.com/runfleet/runfleet/tests/kit/syncbuf"
 )
 

@@ -14,8 +14,9 @@ import (
 	"golang.org/x/net/http2"
 	"golang.org/x/net/http2/hpack"
 
-	"github.com/runfleet/runfleet/edge/internal/edgetest"
 	"github.com/runfleet/runfleet/shared/hostproto"
+	"github.com/runfleet/runfleet/tests/kit/await"
+	"github.com/runfleet/runfleet/tests/kit/edgetest"
 )
 
 // send is one request through the fixture's proxy with a Go client, over
@@ -238,7 +239,7 @@ func TestHTTP2HeadOverTheBoundIsRefusedLikeHTTP1(t *testing.T) {
 	}
 	// Each is audited, alike: the task and host, nothing of the request.
 	var lines []map[string]any
-	edgetest.Within(5*time.Second, func() bool {
+	await.Within(5*time.Second, func() bool {
 		lines = lines[:0]
 		for _, m := range f.auditLines() {
 			if m["status"] == float64(http.StatusRequestHeaderFieldsTooLarge) {

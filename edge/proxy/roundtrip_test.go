@@ -11,8 +11,8 @@ import (
 	"testing"
 	"time"
 
-	"github.com/runfleet/runfleet/edge/internal/edgetest"
 	"github.com/runfleet/runfleet/edge/proxy/http1"
+	"github.com/runfleet/runfleet/tests/kit/edgetest"
 )
 
 // A request's answer body, read to its end, returns the upstream connection

@@ -15,9 +15,9 @@ import (
 	"testing"
 	"time"
 
-	"github.com/runfleet/runfleet/edge/internal/edgetest"
 	"github.com/runfleet/runfleet/edge/policy"
 	"github.com/runfleet/runfleet/shared/hostproto"
+	"github.com/runfleet/runfleet/tests/kit/await"
 )
 
 // dialTLS opens a TLS connection of the task to dst for sni, trusting the
@@ -79,7 +79,7 @@ func TestTransparentConnectionsOfATaskAreBounded(t *testing.T) {
 	}
 	held[0].Close()
 	var next *tls.Conn
-	if !edgetest.Within(5*time.Second, func() bool {
+	if !await.Within(5*time.Second, func() bool {
 		c, err := n.dialTLS(f.env, dst, "api.example.test")
 		next = c
 		return err == nil

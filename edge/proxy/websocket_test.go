@@ -14,8 +14,8 @@ import (
 	"testing"
 	"time"
 
-	"github.com/runfleet/runfleet/edge/internal/edgetest"
 	"github.com/runfleet/runfleet/shared/hostproto"
+	"github.com/runfleet/runfleet/tests/kit/edgetest"
 )
 
 // The frames of these tests are written and read by the helpers below,

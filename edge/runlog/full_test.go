@@ -8,8 +8,8 @@ import (
 	"syscall"
 	"testing"
 
-	"github.com/runfleet/runfleet/edge/internal/edgetest"
 	"github.com/runfleet/runfleet/shared/hostproto"
+	"github.com/runfleet/runfleet/tests/kit/edgetest"
 )
 
 // A commit that fails for want of space (bbolt rolls it back and reloads

@@ -9,8 +9,8 @@ import (
 	"testing"
 
 	"github.com/runfleet/runfleet/edge/config"
-	"github.com/runfleet/runfleet/edge/internal/edgetest"
 	"github.com/runfleet/runfleet/edge/runlog"
+	"github.com/runfleet/runfleet/tests/kit/edgetest"
 )
 
 func TestDecideEgress(t *testing.T) {

@@ -13,7 +13,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	dto "github.com/prometheus/client_model/go"
 
-	"github.com/runfleet/runfleet/edge/internal/edgetest"
+	"github.com/runfleet/runfleet/tests/kit/await"
 )
 
 func counterValue(t *testing.T, c prometheus.Counter) float64 {
@@ -98,7 +98,7 @@ func namespaceMembers(t *testing.T, ns string) []int {
 func waitNamespaceEmpty(t *testing.T, ns string) {
 	t.Helper()
 	var alive []int
-	if !edgetest.Within(5*time.Second, func() bool { alive = namespaceMembers(t, ns); return len(alive) == 0 }) {
+	if !await.Within(5*time.Second, func() bool { alive = namespaceMembers(t, ns); return len(alive) == 0 }) {
 		t.Fatalf("processes %v of the task's PID namespace %s still run", alive, ns)
 	}
 }

@@ -3,7 +3,7 @@ package runner
 import (
 	"testing"
 
-	"github.com/runfleet/runfleet/edge/internal/edgetest"
+	"github.com/runfleet/runfleet/tests/kit/edgetest"
 )
 
 func TestMain(m *testing.M) { edgetest.RunTests(m) }

@@ -11,7 +11,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/runfleet/runfleet/edge/internal/edgetest"
 	"github.com/runfleet/runfleet/shared/clock"
 	"github.com/runfleet/runfleet/shared/hostproto"
 	"github.com/runfleet/runfleet/tests/kit/await"
@@ -103,7 +102,7 @@ func TestResumeDuringShutdownKeepsTheHostDraining(t *testing.T) {
 	h = newHarness(t, func(c *Config) {
 		c.BeforeExec = func(string) {
 			go func() { shutDown <- h.r.Shutdown(context.Background(), time.Minute) }()
-			edgetest.WaitFor(t, 10*time.Second, "the shutdown to close the runner", func() bool {
+			await.Cond(t, 10*time.Second, "the shutdown to close the runner", func() bool {
 				h.r.mu.Lock()
 				defer h.r.mu.Unlock()
 				return h.r.closed
@@ -239,7 +238,7 @@ func TestACancelDuringARetrysReservationAnswersForTheNewAttempt(t *testing.T) {
 // reached the point it waits at.
 func waitBlockedIn(t *testing.T, what string, frames ...string) {
 	t.Helper()
-	edgetest.WaitFor(t, 10*time.Second, what, func() bool {
+	await.Cond(t, 10*time.Second, what, func() bool {
 		buf := make([]byte, 1<<20)
 		stacks := string(buf[:runtime.Stack(buf, true)])
 		for _, g := range strings.Split(stacks, "\n\n") {

@@ -15,11 +15,11 @@ import (
 	"time"
 
 	"github.com/runfleet/runfleet/edge/config"
-	"github.com/runfleet/runfleet/edge/internal/edgetest"
 	"github.com/runfleet/runfleet/edge/runlog"
 	"github.com/runfleet/runfleet/shared/clock"
 	"github.com/runfleet/runfleet/shared/hostproto"
 	"github.com/runfleet/runfleet/tests/kit/await"
+	"github.com/runfleet/runfleet/tests/kit/edgetest"
 )
 
 // sharedDir is a temp dir outside /tmp and /var/tmp, which a sandboxed
@@ -105,7 +105,7 @@ func (h *harness) start(prompt string, change func(*Spec)) Run {
 func (h *harness) waitEnd(runID string) Run {
 	h.t.Helper()
 	var run Run
-	if !edgetest.Within(20*time.Second, func() bool {
+	if !await.Within(20*time.Second, func() bool {
 		var err error
 		if run, err = h.r.Get(runID); err != nil {
 			h.t.Fatal(err)
@@ -121,7 +121,7 @@ func (h *harness) waitEnd(runID string) Run {
 func (h *harness) waitOutput(runID, want string) string {
 	h.t.Helper()
 	var out string
-	if !edgetest.Within(20*time.Second, func() bool { out = h.output(runID); return strings.Contains(out, want) }) {
+	if !await.Within(20*time.Second, func() bool { out = h.output(runID); return strings.Contains(out, want) }) {
 		h.t.Fatalf("run %s output never contained %q; it is %q", runID, want, out)
 	}
 	return out
@@ -369,7 +369,7 @@ func TestCancelSendsSIGTERMAndWaitsTheGraceBeforeSIGKILL(t *testing.T) {
 
 	fake.Advance(grace - time.Millisecond)
 	seen := len(h.output(run.RunID))
-	if !edgetest.Within(20*time.Second, func() bool { return strings.Count(h.output(run.RunID)[seen:], "tick") >= 2 }) {
+	if !await.Within(20*time.Second, func() bool { return strings.Count(h.output(run.RunID)[seen:], "tick") >= 2 }) {
 		t.Fatalf("the task stopped ticking before the grace passed; output %q", h.output(run.RunID))
 	}
 	if now, err := h.r.Get(run.RunID); err != nil || now.Status != hostproto.StatusRunning {

@@ -12,11 +12,11 @@ import (
 	"testing"
 	"time"
 
-	"github.com/runfleet/runfleet/edge/internal/edgetest"
 	"github.com/runfleet/runfleet/edge/internal/throttle"
 	"github.com/runfleet/runfleet/edge/runlog"
 	"github.com/runfleet/runfleet/shared/clock"
 	"github.com/runfleet/runfleet/shared/hostproto"
+	"github.com/runfleet/runfleet/tests/kit/edgetest"
 )
 
 // freeSpace is a Disk whose free space the test sets.

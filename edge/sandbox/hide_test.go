@@ -7,8 +7,8 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/runfleet/runfleet/edge/internal/edgetest"
 	"github.com/runfleet/runfleet/edge/sandbox"
+	"github.com/runfleet/runfleet/tests/kit/edgetest"
 )
 
 // A hidden directory is empty in the task and the task cannot add to it:

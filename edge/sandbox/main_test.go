@@ -15,8 +15,9 @@ import (
 
 	"github.com/creack/pty"
 
-	"github.com/runfleet/runfleet/edge/internal/edgetest"
 	"github.com/runfleet/runfleet/edge/sandbox"
+	"github.com/runfleet/runfleet/tests/kit/await"
+	"github.com/runfleet/runfleet/tests/kit/edgetest"
 	"github.com/runfleet/runfleet/tests/kit/syncbuf"
 )
 
@@ -150,7 +151,7 @@ func (tk *task) output() string { return strings.ReplaceAll(tk.out.String(), "\r
 func (tk *task) waitOutput(want string) string {
 	tk.t.Helper()
 	var out string
-	if !edgetest.Within(20*time.Second, func() bool { out = tk.output(); return strings.Contains(out, want) }) {
+	if !await.Within(20*time.Second, func() bool { out = tk.output(); return strings.Contains(out, want) }) {
 		tk.t.Fatalf("the task's output never held %q: %q", want, out)
 	}
 	return out

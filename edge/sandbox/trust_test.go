@@ -16,8 +16,8 @@ import (
 	"testing"
 
 	"github.com/runfleet/runfleet/edge/internal/atomicfile"
-	"github.com/runfleet/runfleet/edge/internal/edgetest"
 	"github.com/runfleet/runfleet/edge/sandbox"
+	"github.com/runfleet/runfleet/tests/kit/edgetest"
 )
 
 // debianStore is this machine's: the tests read it as the system roots.

@@ -15,7 +15,7 @@ import (
 
 	"golang.org/x/net/dns/dnsmessage"
 
-	"github.com/runfleet/runfleet/edge/internal/edgetest"
+	"github.com/runfleet/runfleet/tests/kit/await"
 )
 
 // serving is a Server on real loopback sockets, as edge hands them over.
@@ -396,7 +396,7 @@ func TestClosingTheListenerEndsServeStreamAndItsConnections(t *testing.T) {
 	for _, c := range conns {
 		connClosedByServer(t, c)
 	}
-	edgetest.WaitFor(t, 10*time.Second, "no serveConn goroutine left", func() bool { return !serveConnRunning() })
+	await.Cond(t, 10*time.Second, "no serveConn goroutine left", func() bool { return !serveConnRunning() })
 }
 
 func serveConnRunning() bool {

@@ -183,7 +183,7 @@ func TestDispatchInFlightIs409WithTheRunID(t *testing.T) {
 		defer wg.Done()
 		first, firstErr = e.f.Dispatch(ctx, caller("alice"), req, "k")
 	}()
-	waitFor(t, func() bool { return host.StartCalls() == 1 })
+	await.Cond(t, 10*time.Second, "the host to be asked to start the run", func() bool { return host.StartCalls() == 1 })
 
 	_, err := e.f.Dispatch(ctx, caller("alice"), req, "k")
 	var fe *Error
@@ -200,18 +200,6 @@ func TestDispatchInFlightIs409WithTheRunID(t *testing.T) {
 	}
 	if host.Created() != 1 {
 		t.Fatalf("host created %d runs", host.Created())
-	}
-}
-
-// waitFor polls a condition another goroutine makes true, with a deadline.
-func waitFor(t *testing.T, cond func() bool) {
-	t.Helper()
-	deadline := time.Now().Add(10 * time.Second)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatal("condition not reached in 10s")
-		}
-		time.Sleep(2 * time.Millisecond)
 	}
 }
 

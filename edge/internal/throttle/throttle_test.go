@@ -7,7 +7,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/runfleet/runfleet/edge/internal/edgetest"
 	"github.com/runfleet/runfleet/shared/clock"
 	"github.com/runfleet/runfleet/tests/kit/await"
 	"github.com/runfleet/runfleet/tests/kit/syncbuf"
@@ -32,7 +31,7 @@ func lines(t *testing.T, buf *syncbuf.Buffer) []map[string]any {
 func waitLines(t *testing.T, buf *syncbuf.Buffer, n int) []map[string]any {
 	t.Helper()
 	var got []map[string]any
-	if !edgetest.Within(5*time.Second, func() bool { got = lines(t, buf); return len(got) >= n }) {
+	if !await.Within(5*time.Second, func() bool { got = lines(t, buf); return len(got) >= n }) {
 		t.Fatalf("%d log lines, want %d: %s", len(got), n, buf.String())
 	}
 	return got
@@ -42,7 +41,7 @@ func waitLines(t *testing.T, buf *syncbuf.Buffer, n int) []map[string]any {
 // goroutine of its own).
 func closed(t *testing.T, l *Log, key string) {
 	t.Helper()
-	if !edgetest.Within(5*time.Second, func() bool {
+	if !await.Within(5*time.Second, func() bool {
 		l.mu.Lock()
 		defer l.mu.Unlock()
 		return l.windows[key] == nil

@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"runtime"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 )
@@ -55,5 +56,17 @@ func TestRecvAndGroupReturnWhatCame(t *testing.T) {
 	Group(t, "the worker", &wg)
 	if !ran {
 		t.Fatal("Group returned before the worker ended")
+	}
+}
+
+func TestWithin(t *testing.T) {
+	var written atomic.Bool
+	go func() { written.Store(true) }()
+	if !Within(5*time.Second, written.Load) {
+		t.Fatal("Within gave up on a condition that came true")
+	}
+	start := time.Now()
+	if Within(20*time.Millisecond, func() bool { return false }) || time.Since(start) < 20*time.Millisecond {
+		t.Fatal("Within held a condition that never came true, or gave up early")
 	}
 }

@@ -1,9 +1,8 @@
 // Package edgetest holds what edge's tests share, so each is written once:
-// a log sink a test reads while the code under test writes, a test CA for
-// loopback TLS servers, waiting on real time for another goroutine or
-// process, and what the tests that start tasks need (root, directories a
-// task can traverse, the test binary as the task's init, a run's output).
-// Tests only: no edge binary imports it.
+// a test CA for loopback TLS servers, and what the tests that start tasks
+// need (root, directories a task can traverse, the test binary as the
+// task's init, a run's output, a small filesystem to fill). Waiting on
+// another goroutine or process is package await's.
 package edgetest
 
 import (
@@ -15,7 +14,6 @@ import (
 	"path/filepath"
 	"syscall"
 	"testing"
-	"time"
 
 	"github.com/runfleet/runfleet/edge/sandbox"
 	"github.com/runfleet/runfleet/shared/hostproto"
@@ -28,32 +26,6 @@ type TB interface {
 	Fatal(args ...any)
 	Fatalf(format string, args ...any)
 	Cleanup(func())
-}
-
-// pollEvery is how often Within checks its condition.
-const pollEvery = 2 * time.Millisecond
-
-// Within checks cond until it holds (true) or timeout has passed (false),
-// on real time: for waiting on another goroutine or process. Where the
-// clock is a test's own, a fake clock's WaitForTimers is the way.
-func Within(timeout time.Duration, cond func() bool) bool {
-	deadline := time.Now().Add(timeout)
-	for !cond() {
-		if time.Now().After(deadline) {
-			return false
-		}
-		time.Sleep(pollEvery)
-	}
-	return true
-}
-
-// WaitFor is Within that fails the test on timeout, naming what it waited
-// for.
-func WaitFor(t TB, timeout time.Duration, what string, cond func() bool) {
-	t.Helper()
-	if !Within(timeout, cond) {
-		t.Fatalf("timed out after %s waiting for %s", timeout, what)
-	}
 }
 
 // RequireRoot fails a test that starts tasks as another user unless it runs

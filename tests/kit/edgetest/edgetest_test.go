@@ -5,9 +5,7 @@ import (
 	"crypto/x509"
 	"io"
 	"net/http"
-	"sync/atomic"
 	"testing"
-	"time"
 )
 
 // A leaf for a name and an IP serves TLS that a client trusting the CA
@@ -28,17 +26,5 @@ func TestCALeavesVerifyByNameAndIP(t *testing.T) {
 		if string(b) != "ok" {
 			t.Fatalf("%s: %q", sni, b)
 		}
-	}
-}
-
-func TestWithin(t *testing.T) {
-	var written atomic.Bool
-	go func() { written.Store(true) }()
-	if !Within(5*time.Second, written.Load) {
-		t.Fatal("Within gave up on a condition that came true")
-	}
-	start := time.Now()
-	if Within(20*time.Millisecond, func() bool { return false }) || time.Since(start) < 20*time.Millisecond {
-		t.Fatal("Within held a condition that never came true, or gave up early")
 	}
 }
