@@ -4,7 +4,8 @@
 // ServeNetwork), which intercept what a task's keys may reach under the same
 // rules, and the one request pipeline that HTTP/1.1 and HTTP/2 share, which
 // swaps a placeholder for its real value only where the policy allows and
-// blocks it everywhere else.
+// blocks it everywhere else. HTTP/1.1 framing, read and written, is package
+// http1's; this package runs the connections it frames.
 //
 // What a task is sent back never holds a value its request carried: an
 // upstream that echoes the request (an API quoting the key in an error) has

@@ -1,6 +1,7 @@
 // Package await bounds a test's waits on its other goroutines and
-// processes: a wait that does not end fails the test within Limit, naming
-// what it waited for, instead of hanging until go test's -timeout kills
+// processes (a channel, a WaitGroup, a condition polled on real time): a
+// wait that does not end fails the test within its limit, naming what it
+// waited for, instead of hanging until go test's -timeout kills
 // the whole binary with a dump of every goroutine.
 //
 // Call its functions on the test's goroutine (they fail the test).
