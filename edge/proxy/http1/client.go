@@ -47,10 +47,7 @@ func WriteRequestHead(bw *bufio.Writer, out *RequestHead) {
 			continue
 		}
 		for _, v := range vs {
-			bw.WriteString(k)
-			bw.WriteString(": ")
-			bw.WriteString(v)
-			bw.WriteString("\r\n")
+			writeField(bw, k, v)
 		}
 	}
 	if out.Identity {

@@ -205,10 +205,7 @@ func WriteFields(bw *bufio.Writer, h http.Header, framing bool) {
 			continue
 		}
 		for _, v := range vs {
-			bw.WriteString(k)
-			bw.WriteString(": ")
-			bw.WriteString(v)
-			bw.WriteString("\r\n")
+			writeField(bw, k, v)
 		}
 	}
 }
@@ -306,4 +303,12 @@ func (w *Writer) Finish() {
 	if err := w.bw.Flush(); err != nil {
 		w.closeAfter = true
 	}
+}
+
+// writeField writes one field line; the caller has decided the field goes.
+func writeField(bw *bufio.Writer, name, value string) {
+	bw.WriteString(name)
+	bw.WriteString(": ")
+	bw.WriteString(value)
+	bw.WriteString("\r\n")
 }
