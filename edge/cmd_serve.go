@@ -55,7 +55,7 @@ func serve(path string, stderr io.Writer) int {
 		return 1
 	}
 	// Every log line passes through the redactor that learns each real
-	// value the proxy reads: the last line of defence (issue 12).
+	// value the proxy reads: the last line of defence.
 	redactor := redact.NewSet(0)
 	log := newLogger(stderr, redactor)
 

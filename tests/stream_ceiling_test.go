@@ -16,7 +16,7 @@ import (
 	"github.com/runfleet/runfleet/tests/kit/ssetest"
 )
 
-// The stream's ceilings and the long-poll (issue 15 item 5), through the
+// The stream's ceilings and the long-poll, through the
 // stack's real handlers on bbolt and on DynamoDB (moto_server), with the
 // stack's fake clock.
 

@@ -882,7 +882,7 @@ func TestTemplateAlarmsWatchWhatExists(t *testing.T) {
 				}
 				covered[key+" "+queue] = true
 			case "Runfleet/SweepLagSeconds":
-				// The sweep's EMF line has no dimensions (issue 15's agreement):
+				// The sweep's EMF line has no dimensions:
 				// an alarm with any would watch a metric nobody publishes.
 				if len(m.dims) != 0 || jsonObj(p["Threshold"])["Ref"] != "SweepLagAlarmSeconds" || p["Statistic"] != "Maximum" {
 					t.Errorf("alarm %s: sweep lag with dimensions %v, threshold %v, statistic %v; want none, SweepLagAlarmSeconds, Maximum",

@@ -45,8 +45,7 @@ import (
 // the three share one Go runtime, scheduler and garbage collector: a
 // goroutine hand-off stands where the harness has a process waking up on
 // another's write, and one GC paces all three heaps. So their ratios need
-// not be the harness's (issue 14: keep-alive 0.61x direct here when the
-// harness measured about 0.45x). BenchmarkThreeProcesses
+// not be the harness's. BenchmarkThreeProcesses
 // (bench_process_test.go) runs the three as separate processes, the shape
 // of the bench harness (infra/bench/proxy-table.sh, ../shared/bench), so
 // its ratios are the ones to hold against the README's table and the

@@ -70,7 +70,7 @@ func outboundFor(r *http.Request, st *requestState, carries bool) (outbound, *re
 		out.Host = st.ci.target.HostHeader()
 	}
 	if out.Upgrade != "" && !printableASCII(out.Upgrade) {
-		// Never quoted: the field has been substituted (issue 12).
+		// Never quoted: the field has been substituted.
 		return out, refuseBadRequest("the Upgrade field names an invalid protocol")
 	}
 	if out.Upgrade != "" {

@@ -33,7 +33,7 @@ import (
 // A task that sends its placeholder in an Upgrade the proxy refuses (a
 // byte no protocol name holds) must not get the real value into edge's log:
 // the header is substituted before the upgrade is checked, and the refusal
-// once quoted it (issue 12).
+// once quoted it.
 func TestLeakInvalidUpgradeDoesNotLogTheValue(t *testing.T) {
 	for _, junk := range []string{"x\t", "\x80"} {
 		f := newFixture(t, "open")

@@ -20,7 +20,7 @@ import (
 // the processor to another thread when the kernel preempts this one
 // mid-write (to run the peer the write woke). Profiles of edge serve under
 // load put that bookkeeping and its context switches at a tenth to a
-// quarter of the proxy's CPU on a 2-core host (issue 14).
+// quarter of the proxy's CPU on a 2-core host.
 //
 // Reads (and writes) are serialized, as the descriptor's own lock would:
 // each way keeps the call in progress in the struct, for callbacks

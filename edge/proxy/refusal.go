@@ -150,7 +150,7 @@ func exchangeFailed(err error) *refusal {
 
 // logFault logs a 5xx's cause (its reason when it has none). No cause the
 // proxy makes quotes a request's fields, URL or body once substituted
-// (issue 12: an Upgrade refusal once did): its texts are static or name
+// (an Upgrade refusal once did): its texts are static or name
 // keys and hosts, and a real value is a secrets.Value, which prints as
 // [redacted]. A *url.Error is unwrapped: its URL may hold a substituted
 // value; any placeholder in the text is redacted. Edge's log writer redacts

@@ -182,7 +182,7 @@ func (sc *scrubber) find(b []byte, out []match) []match {
 // tail could begin a value: with an upstream that echoes what the task
 // sends, holding back only a possible start of a value told the task, by
 // when its echo came back, whether what it sent was a prefix of the value,
-// and so the value a character at a time (issue 12). What it does reveal:
+// and so the value a character at a time. What it does reveal:
 // the window's size (see answerWindow) and whether some value in this
 // request holds a line break.
 //

@@ -8,8 +8,8 @@ import (
 )
 
 // TestHostViewJSONIsUnchanged pins the host answer's bytes with every
-// probe field set: the probe's record and the answer's shape are apart
-// (issue 16), and a deployed client reads these names.
+// probe field set: the probe's record and the answer's shape are apart,
+// and a deployed client reads these names.
 func TestHostViewJSONIsUnchanged(t *testing.T) {
 	const want = `{"id":"h-stored","baseUrl":"https://h-stored.example.test:7070","credentialRef":"cred-h-stored",` +
 		`"labels":{"gpu":"a100","zone":"eu"},"localPaths":["/srv/work/h-stored","/srv/other"],` +

@@ -111,7 +111,7 @@ func TestAnOversizedEventOrPageDoesNotWedgeTheRun(t *testing.T) {
 
 // TestMirroredEventsKeepTheHostsShape pins the bytes of a mirrored event
 // as the events answer and the stream send it: the host's event as it came
-// (DESIGN.md), whatever the record the store keeps it in (issue 16).
+// (DESIGN.md), whatever the record the store keeps it in.
 func TestMirroredEventsKeepTheHostsShape(t *testing.T) {
 	e := newTestEnv(t, time.Second)
 	ev := storetest.StoredFormEvent()

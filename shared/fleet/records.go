@@ -8,7 +8,7 @@ import (
 )
 
 // The host protocol's types are the wire's and the store keeps records of
-// its own (issue 16), so a protocol change is never a data migration. This
+// its own, so a protocol change is never a data migration. This
 // file is the one place a wire type becomes a record and back; a run's
 // state is applyHostRun's (dispatch.go).
 

@@ -195,7 +195,7 @@ func TestStartFunctionNamesTheFunctionInItsErrors(t *testing.T) {
 	}
 }
 
-// TestRotatedAdminTokenStopsWorkingWithinTheTTL is issue 15's rotation: a
+// TestRotatedAdminTokenStopsWorkingWithinTheTTL is the admin token's rotation: a
 // warm api re-reads the admin token's secret once RUNFLEET_ADMIN_TOKEN_TTL
 // has passed, so the old token works until then and not after, and the new
 // one works from then on. While the secret cannot be read the admin gets a

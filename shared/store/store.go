@@ -420,7 +420,7 @@ type Store interface {
 	// Stream leases: the per-caller cap on open streams (see StreamLease).
 	StreamLeases
 
-	// Routing view and drain (issue 15 items 1 and 7).
+	// Routing view and drain.
 
 	RouteStore
 	// RecordDrain records on the host's probe what a drain or resume
@@ -429,7 +429,7 @@ type Store interface {
 	// ErrNotFound if the host is gone. The next probe overwrites both.
 	RecordDrain(ctx context.Context, id string, draining bool, idle *bool) (Host, error)
 
-	// Host pages: the registry read in bounded pages (issue 15), for
+	// Host pages: the registry read in bounded pages, for
 	// callers that must not read every host at once (the metrics rollup).
 
 	// ListHostsPage returns up to limit hosts (PageLimit applies) that
@@ -470,8 +470,8 @@ type SweepCursor struct {
 }
 
 // StreamLease is one of a caller's stream slots, held by one open stream
-// (issue 15 item 5: a per-caller cap on open streams, counted across the
-// stream function's instances). It lives in the idempotency table's
+// (a per-caller cap on open streams, counted across the stream
+// function's instances). It lives in the idempotency table's
 // keyspace as StreamLeaseKey(OwnerID, Slot): Fleet-internal ids begin with
 // "#", which no "<ownerId>#<key>" does.
 type StreamLease struct {
@@ -515,7 +515,7 @@ type StreamLeases interface {
 }
 
 // RouteShardsMax is how many shards a list of the routing view holds at
-// most: the hosts that do not fit are left out of it (issue 15 item 1).
+// most: the hosts that do not fit are left out of it.
 const RouteShardsMax = 3
 
 // RouteView is the routing view as the probe pass writes it: for each list
@@ -543,7 +543,7 @@ type RouteShard struct {
 }
 
 // RouteStore keeps the routing view: bounded reads for dispatch, in place
-// of a scan of every host (issue 15 item 1).
+// of a scan of every host.
 //
 // An entry keeps of a Host its ID, Enabled, Labels and LocalPaths and, of
 // its probe, Status, At, LatencyMs, Draining, Agents, Features and

@@ -14,7 +14,7 @@ import (
 )
 
 // The items as the store wrote them before its records had types of their
-// own (issue 16): the JSON is a contract with files already on disk.
+// own: the JSON is a contract with files already on disk.
 const (
 	storedHostJSON = `{"v":1,"id":"h-stored","baseUrl":"https://h-stored.example.test:7070","credentialRef":"cred-h-stored",` +
 		`"labels":{"gpu":"a100","zone":"eu"},"localPaths":["/srv/work/h-stored","/srv/other"],` +

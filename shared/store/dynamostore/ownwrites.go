@@ -11,7 +11,7 @@ import (
 	"github.com/aws/aws-sdk-go-v2/service/dynamodb/types"
 )
 
-// Own writes, recognised after a lost response (issue 15, item 4).
+// Own writes, recognised after a lost response.
 //
 // The SDK retries a call whose response never came (a reset connection, a
 // timeout: aws/retry.RetryableConnectionError) by sending the same request

@@ -106,7 +106,7 @@
 // setting allShard = "0" on each run that lacks it (a Scan with
 // attribute_not_exists(allShard)), run once after the deploy.
 //
-// # Routing without a scan (issue 15 item 1)
+// # Routing without a scan
 //
 // A routed dispatch once scanned the hosts table: ~40-118 RCU at 1,000
 // hosts, ~430-1,180 at 10,000. It now reads the routing view, which the

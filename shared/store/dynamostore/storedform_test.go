@@ -16,7 +16,7 @@ import (
 )
 
 // The items as the store wrote them before its records had types of their
-// own (issue 16): attribute names and value forms are a contract with
+// own: attribute names and value forms are a contract with
 // tables already in use.
 var (
 	storedHostItem = map[string]types.AttributeValue{

@@ -12,8 +12,8 @@ import (
 	"github.com/runfleet/runfleet/shared/store"
 )
 
-// routeViewTests are the routing view's and the drain's contract cases
-// (issue 15 items 1 and 7), run by Run.
+// routeViewTests are the routing view's and the drain's contract cases,
+// run by Run.
 var routeViewTests = []struct {
 	name string
 	fn   func(t *testing.T, s store.Store, clk *clock.Fake)
