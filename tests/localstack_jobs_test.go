@@ -110,8 +110,12 @@ func TestLocalStackRunsTheJobsAndServesTheStream(t *testing.T) {
 		return p != nil && p["status"] == "ok"
 	})
 
-	_, out := call("POST", "/fleet/runs", admin, `{"agent":"shell"}`)
-	id, child := out["fleetRunId"].(string), out["childRunId"].(string)
+	st, out := call("POST", "/fleet/runs", admin, `{"agent":"shell"}`)
+	id, okID := out["fleetRunId"].(string)
+	child, okChild := out["childRunId"].(string)
+	if st != 201 || !okID || !okChild {
+		t.Fatalf("dispatch to the probed host: %d %v", st, out)
+	}
 	host.AppendOutput(child, "from the host\n")
 	eventually("the timed sweep mirrors the run's events", func() bool {
 		_, out := call("GET", "/fleet/runs/"+id+"/events", admin, "")
