@@ -126,6 +126,7 @@ func BenchmarkMetricsPage(b *testing.B) {
 			s := newStack(b, "dynamodb", stackOptions{meter: &dynamostore.Meter{}})
 			host := s.addHost(b, "h1", fakehost.Config{}, nil)
 			host.SetMetrics("# TYPE edge_tasks_live gauge\nedge_tasks_live 1\n")
+			s.probe(b, "h1") // seedHosts copies h1's probe
 			seedHosts(b, s, "h1", nHosts-1)
 			var u dynamostore.Usage
 			scrapes := 0

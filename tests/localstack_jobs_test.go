@@ -109,9 +109,20 @@ func TestLocalStackRunsTheJobsAndServesTheStream(t *testing.T) {
 		p, _ := hosts[0].(map[string]any)["probe"].(map[string]any)
 		return p != nil && p["status"] == "ok"
 	})
+	// The pass records each probe before it writes the routing view
+	// dispatch reads (README: the view is at most one probe interval old),
+	// and logs its line after both: dispatch routes to the host once a
+	// pass that found it ok has logged.
+	eventually("a timed probe pass that found the host ok ends", func() bool {
+		return probePassFoundOK(stderr.String(), 1)
+	})
 
-	_, out := call("POST", "/fleet/runs", admin, `{"agent":"shell"}`)
-	id, child := out["fleetRunId"].(string), out["childRunId"].(string)
+	st, out := call("POST", "/fleet/runs", admin, `{"agent":"shell"}`)
+	id, okID := out["fleetRunId"].(string)
+	child, okChild := out["childRunId"].(string)
+	if st != 201 || !okID || !okChild {
+		t.Fatalf("dispatch to the probed host: %d %v", st, out)
+	}
 	host.AppendOutput(child, "from the host\n")
 	eventually("the timed sweep mirrors the run's events", func() bool {
 		_, out := call("GET", "/fleet/runs/"+id+"/events", admin, "")
@@ -173,4 +184,19 @@ func TestLocalStackRunsTheJobsAndServesTheStream(t *testing.T) {
 	if strings.Contains(log, admin) || strings.Contains(log, host.Token()) {
 		t.Fatal("a token reached the log")
 	}
+}
+
+// probePassFoundOK reports whether log (the local stack's JSON lines) has
+// a "scheduled probe" line that found n hosts ok.
+func probePassFoundOK(log string, n int) bool {
+	for _, line := range strings.Split(log, "\n") {
+		var l struct {
+			Msg    string
+			Status map[string]int
+		}
+		if json.Unmarshal([]byte(line), &l) == nil && l.Msg == "scheduled probe" && l.Status["ok"] == n {
+			return true
+		}
+	}
+	return false
 }
