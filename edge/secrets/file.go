@@ -51,7 +51,10 @@ type FileSource struct {
 // A poll may be the only one to see a change (the mount table reports one
 // to the first poll only), so such a poll sets reported before it leaves,
 // and a read trusts its own quiet poll only if no other was in flight
-// beside it and nothing is reported or being checked.
+// beside it and nothing is reported or being checked. A read that does not
+// trust it checks under the lock, where the watch has its own report of the
+// mount table: the poll that took the change may not have said so yet (a
+// descheduled thread can hold it for as long as the machine likes).
 // checking is set while a check runs, from before it drains the watch's
 // events until it has stored found.
 const (
@@ -135,7 +138,7 @@ func (f *FileSource) check() (map[string]Value, error) {
 	f.state.Or(checking)
 	defer f.state.And(^uint64(checking))
 	wasReported := f.state.And(^uint64(reported))&reported != 0
-	if f.watch != nil && !wasReported && !f.watch.changed(f.poll) {
+	if f.watch != nil && !wasReported && !f.watch.changed() {
 		return f.file.Reading()
 	}
 	f.disarm()

@@ -28,7 +28,13 @@ import (
 // error, reads as a change: the caller checks the file and arms a new
 // watch.
 type changeWatch struct {
-	in, mounts int
+	in int
+	// mounts and mountsLocked are two opens of the mount table, each
+	// reporting a change once (proc(5)): mounts to the first of the
+	// lock-free polls, which may be descheduled before it says so;
+	// mountsLocked only to changed, under the source's lock, so a check
+	// sees a change whichever poll took the other report.
+	mounts, mountsLocked int
 	// next maps a directory's watch to the entry in it the path goes
 	// through; the file's own watch maps to "".
 	next map[int32]string
@@ -59,12 +65,20 @@ func newChangeWatch(path string, p *poller) (_ *changeWatch, err error) {
 	if err != nil {
 		return nil, err
 	}
-	w := &changeWatch{in: -1, mounts: -1, next: map[int32]string{}}
+	w := &changeWatch{in: -1, mounts: -1, mountsLocked: -1, next: map[int32]string{}}
 	defer func() {
 		if err != nil {
 			w.close()
 		}
 	}()
+	// The mount table first: a mount made while the path is walked below is
+	// then reported, and one made before is what the walk sees. mountsLocked
+	// before mounts, so whatever mounts reports, mountsLocked does too.
+	for _, fd := range []*int{&w.mountsLocked, &w.mounts} {
+		if *fd, err = unix.Open("/proc/self/mountinfo", unix.O_RDONLY|unix.O_CLOEXEC, 0); err != nil {
+			return nil, err
+		}
+	}
 	if w.in, err = unix.InotifyInit1(unix.IN_NONBLOCK | unix.IN_CLOEXEC); err != nil {
 		return nil, fmt.Errorf("inotify: %w", err)
 	}
@@ -83,9 +97,6 @@ func newChangeWatch(path string, p *poller) (_ *changeWatch, err error) {
 		}
 	}
 	if err := w.add(abs, "", fileEvents); err != nil {
-		return nil, err
-	}
-	if w.mounts, err = unix.Open("/proc/self/mountinfo", unix.O_RDONLY|unix.O_CLOEXEC, 0); err != nil {
 		return nil, err
 	}
 	if err := unix.EpollCtl(p.ep, unix.EPOLL_CTL_ADD, w.in, &unix.EpollEvent{Events: unix.EPOLLIN, Fd: int32(w.in)}); err != nil {
@@ -116,23 +127,20 @@ func (w *changeWatch) add(path, next string, events uint32) error {
 }
 
 // changed reports whether anything the path goes through may have changed
-// since the watch was armed on p. Once true, the watch is spent: the caller
-// closes it and arms a new one.
-func (w *changeWatch) changed(p *poller) bool {
-	var ready [2]unix.EpollEvent
-	n, err := unix.EpollWait(p.ep, ready[:], 0)
-	if err != nil {
+// since the watch was armed. It is called under the source's lock only.
+// Once true, the watch is spent: the caller closes it and arms a new one.
+func (w *changeWatch) changed() bool {
+	fds := [2]unix.PollFd{
+		{Fd: int32(w.mountsLocked), Events: unix.POLLPRI},
+		{Fd: int32(w.in), Events: unix.POLLIN},
+	}
+	if _, err := unix.Poll(fds[:], 0); err != nil {
 		return true
 	}
-	for _, ev := range ready[:n] {
-		if ev.Fd != int32(w.in) {
-			return true // the mount table
-		}
-		if w.concerned() {
-			return true
-		}
+	if fds[0].Revents != 0 {
+		return true // the mount table
 	}
-	return false
+	return fds[1].Revents != 0 && w.concerned()
 }
 
 // concerned drains the inotify events and reports whether one concerns
@@ -165,12 +173,12 @@ func (w *changeWatch) concerned() bool {
 
 // close closes the watch's descriptors, which takes them off its poller.
 func (w *changeWatch) close() {
-	for _, fd := range []int{w.in, w.mounts} {
+	for _, fd := range []int{w.in, w.mounts, w.mountsLocked} {
 		if fd >= 0 {
 			unix.Close(fd)
 		}
 	}
-	w.in, w.mounts = -1, -1
+	w.in, w.mounts, w.mountsLocked = -1, -1, -1
 }
 
 // poller is the epoll instance a source's change watches report to, one for

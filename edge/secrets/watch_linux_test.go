@@ -283,3 +283,33 @@ func BenchmarkFileSourceValueParallel(b *testing.B) {
 		}
 	})
 }
+
+// A read's poll may be the only one to see a mount (the mount table reports
+// it to one poll) and then be descheduled before it says so: a read that
+// starts after the mount and its write have completed must still see them,
+// though its own poll is quiet and no report is published yet.
+func TestFileSourceSeesAMountAnotherPollTookUnreported(t *testing.T) {
+	if os.Geteuid() != 0 {
+		t.Fatal("this test mounts a tmpfs over a temporary directory: run it as root (as in CI)")
+	}
+	src, path := watchedSource(t, "one")
+	expectValue(t, src, "one")
+	dir := filepath.Dir(path)
+
+	// The descheduled read: in flight, its poll taken after the mount.
+	src.state.Add(inFlight)
+	if err := unix.Mount("tmpfs", dir, "tmpfs", 0, "size=1m"); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { unix.Unmount(dir, unix.MNT_DETACH) })
+	if ready, only := src.poll.poll(); !ready || !only {
+		t.Fatalf("the mount was not reported to the first poll (ready %v, only %v)", ready, only)
+	}
+	writeValue(t, path, "mounted")
+	expectValue(t, src, "mounted")
+
+	// The read resumes: it reports what it saw, and the watch holds again.
+	src.state.Or(reported)
+	src.state.Add(^uint64(inFlight - 1))
+	expectValue(t, src, "mounted")
+}

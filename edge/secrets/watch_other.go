@@ -12,8 +12,8 @@ func newChangeWatch(string, *poller) (*changeWatch, error) {
 	return nil, errors.New("no change watch on this system")
 }
 
-func (*changeWatch) changed(*poller) bool { return true }
-func (*changeWatch) close()               {}
+func (*changeWatch) changed() bool { return true }
+func (*changeWatch) close()        {}
 
 type poller struct{}
 
