@@ -18,13 +18,14 @@ import (
 // watch (inotify on the file and every directory of its path, and the mount
 // table) says whether anything changed, for one non-blocking poll per read
 // and no lock: the proxy reads a value per request, and a lock there stalls
-// every request behind a holder the machine has descheduled. Only when the
-// watch reports something, or where no watch can see everything (a symlink
-// on the path, a network filesystem), the file's stamp (filewatch: its
-// identity, size and modification time) is checked, under the lock, and it
-// is re-read when it differs. A file that does not parse fails every read
-// (closed) until it is fixed: serving stale values could keep a revoked key
-// alive.
+// every request behind a holder the machine has descheduled. When the watch
+// reports something, the file is re-read under the lock whatever its stamp:
+// a stamp cannot prove a file unchanged. Only where no watch can see
+// everything (a symlink on the path, a network filesystem) does every read
+// check the file's stamp (filewatch: its identity, size and modification
+// time) under the lock, and re-read it when it differs. A file that does
+// not parse fails every read (closed) until it is fixed: serving stale
+// values could keep a revoked key alive.
 type FileSource struct {
 	path string
 	// poll is the epoll instance the armed watch reports to. It lives as
@@ -162,12 +163,17 @@ func (f *FileSource) disarm() {
 	}
 }
 
-// checkLocked re-reads the file when its stamp changed since the last
-// read (filewatch decides).
+// checkLocked re-reads the file: with a watch armed always, for it is
+// called then only for the first reading or a change the watch reported,
+// which the stamp may not show (content of the same size written in place
+// with its modification time put back, as cp -p and rsync -t do, or within
+// one timestamp tick where the kernel keeps coarse timestamps); with none,
+// when its stamp changed since the last read (filewatch decides).
 func (f *FileSource) checkLocked() (map[string]Value, error) {
-	if _, err := f.file.Check(); err != nil {
-		f.disarm() // so the next read checks again
-		f.found.Store(nil)
+	if f.watch != nil {
+		f.file.Reload()
+	} else if _, err := f.file.Check(); err != nil {
+		f.found.Store(nil) // so the next read checks again
 		return nil, fmt.Errorf("secrets file: %w", err)
 	}
 	values, err := f.file.Reading()

@@ -313,3 +313,20 @@ func TestFileSourceSeesAMountAnotherPollTookUnreported(t *testing.T) {
 	src.state.Add(^uint64(inFlight - 1))
 	expectValue(t, src, "mounted")
 }
+
+// A file rewritten in place with content of the same size and its old
+// modification time put back (cp -p, rsync -t, a rotated key of the same
+// length) keeps its stamp: the change the watch reports is still read.
+func TestFileSourceSeesARewriteThatKeepsTheStamp(t *testing.T) {
+	src, path := watchedSource(t, "old-key")
+	expectValue(t, src, "old-key")
+	fi, err := os.Stat(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	writeValue(t, path, "new-key")
+	if err := os.Chtimes(path, fi.ModTime(), fi.ModTime()); err != nil {
+		t.Fatal(err)
+	}
+	expectValue(t, src, "new-key")
+}

@@ -44,7 +44,8 @@ func (f *File[T]) Check() (reread bool, err error) {
 	return true, nil
 }
 
-// Reload re-reads the file whatever its stamp (an operator's SIGHUP). A
+// Reload re-reads the file whatever its stamp (an operator's SIGHUP, a
+// change a watch reported: a stamp cannot prove a file unchanged). A
 // file that cannot be stamped is read all the same, so the reading carries
 // read's error, and the zero stamp it is kept with makes the next Check
 // read it again once it is back.
