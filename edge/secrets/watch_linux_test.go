@@ -165,18 +165,23 @@ func TestFileSourceThroughASymlinkChecksEveryRead(t *testing.T) {
 // A filesystem mounted over a directory of the path changes what the path
 // names without any inotify event: the mount table's change is seen.
 func TestFileSourceSeesAMountOverItsPath(t *testing.T) {
+	src, path := watchedSource(t, "one")
+	expectValue(t, src, "one")
+	mountTmpfs(t, filepath.Dir(path))
+	writeValue(t, path, "mounted")
+	expectValue(t, src, "mounted")
+}
+
+// mountTmpfs mounts a tmpfs over dir until the test ends.
+func mountTmpfs(t *testing.T, dir string) {
+	t.Helper()
 	if os.Geteuid() != 0 {
 		t.Fatal("this test mounts a tmpfs over a temporary directory: run it as root (as in CI)")
 	}
-	src, path := watchedSource(t, "one")
-	expectValue(t, src, "one")
-	dir := filepath.Dir(path)
 	if err := unix.Mount("tmpfs", dir, "tmpfs", 0, "size=1m"); err != nil {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { unix.Unmount(dir, unix.MNT_DETACH) })
-	writeValue(t, path, "mounted")
-	expectValue(t, src, "mounted")
 }
 
 // Reads racing each other share what one check found, without the lock,
@@ -289,19 +294,12 @@ func BenchmarkFileSourceValueParallel(b *testing.B) {
 // starts after the mount and its write have completed must still see them,
 // though its own poll is quiet and no report is published yet.
 func TestFileSourceSeesAMountAnotherPollTookUnreported(t *testing.T) {
-	if os.Geteuid() != 0 {
-		t.Fatal("this test mounts a tmpfs over a temporary directory: run it as root (as in CI)")
-	}
 	src, path := watchedSource(t, "one")
 	expectValue(t, src, "one")
-	dir := filepath.Dir(path)
 
 	// The descheduled read: in flight, its poll taken after the mount.
 	src.state.Add(inFlight)
-	if err := unix.Mount("tmpfs", dir, "tmpfs", 0, "size=1m"); err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { unix.Unmount(dir, unix.MNT_DETACH) })
+	mountTmpfs(t, filepath.Dir(path))
 	if ready, only := src.poll.poll(); !ready || !only {
 		t.Fatalf("the mount was not reported to the first poll (ready %v, only %v)", ready, only)
 	}
