@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/runfleet/runfleet/shared/fleet"
+	"github.com/runfleet/runfleet/shared/runspec"
 	"github.com/runfleet/runfleet/shared/store"
 	"github.com/runfleet/runfleet/tests/kit/await"
 	"github.com/runfleet/runfleet/tests/kit/fakehost"
@@ -200,7 +201,7 @@ func TestAnAnswerFleetLostIsRecovered(t *testing.T) {
 
 			dying := s.fleetOn(t, &losingTheAnswer{Store: s.app.Store})
 			alice := store.Caller{OwnerID: "alice", AllowedHosts: store.Scope{All: true}, AllowedProjects: store.Scope{All: true}}
-			if _, err := dying.Dispatch(context.Background(), alice, fleet.DispatchRequest{Agent: "shell"}, "k1"); err == nil {
+			if _, err := dying.Dispatch(context.Background(), alice, fleet.DispatchRequest{Run: runspec.Request{Agent: "shell"}}, "k1"); err == nil {
 				t.Fatal("the dispatch whose record failed reported success")
 			}
 			if host.Created() != 1 || host.StartCalls() != 1 || host.Starts()[0].ClientToken == "" {

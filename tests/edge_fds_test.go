@@ -6,6 +6,7 @@ import (
 	"testing"
 
 	"github.com/runfleet/runfleet/shared/hostproto"
+	"github.com/runfleet/runfleet/shared/runspec"
 )
 
 // Nothing edge's parent passes down beyond descriptors 0-2 reaches a
@@ -23,7 +24,7 @@ func TestEdgePassesNoInheritedDescriptorOn(t *testing.T) {
 	e.extraFiles = []*os.File{stray}
 	e.start()
 	// ls, a child, lists the shell's descriptors while the shell waits.
-	r := e.waitFor(e.run(hostproto.StartRequest{Prompt: "ls -m /proc/$$/fd; true"}).RunID, terminal)
+	r := e.waitFor(e.run(hostproto.StartRequest{Request: runspec.Request{Prompt: "ls -m /proc/$$/fd; true"}}).RunID, terminal)
 	if out, _ := e.output(r.RunID, 0); r.Status != hostproto.StatusSucceeded || strings.TrimSpace(out) != "0, 1, 2" {
 		t.Fatalf("the task ended %+v with descriptors %q, want 0, 1, 2", r, out)
 	}

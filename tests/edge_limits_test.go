@@ -16,6 +16,7 @@ import (
 	"time"
 
 	"github.com/runfleet/runfleet/shared/hostproto"
+	"github.com/runfleet/runfleet/shared/runspec"
 )
 
 // forkUntilRefused is a task that forks sleepers until the kernel refuses
@@ -85,7 +86,7 @@ func TestEdgeServeBoundsEachTask(t *testing.T) {
 	}
 
 	t.Run("pids", func(t *testing.T) {
-		bomb := e.run(hostproto.StartRequest{Prompt: forkUntilRefused})
+		bomb := e.run(hostproto.StartRequest{Request: runspec.Request{Prompt: forkUntilRefused}})
 		out := e.waitOutput(bomb.RunID, "refused after")
 		f := strings.Fields(out[strings.Index(out, "refused after"):])
 		forks, err := strconv.Atoi(f[2])
@@ -98,7 +99,7 @@ func TestEdgeServeBoundsEachTask(t *testing.T) {
 		if h, err := e.client.Health(ctx); err != nil || !h.OK {
 			t.Fatalf("health while the bomb holds its processes: %+v, %v", h, err)
 		}
-		beside := e.run(hostproto.StartRequest{Prompt: `echo beside-the-bomb`})
+		beside := e.run(hostproto.StartRequest{Request: runspec.Request{Prompt: `echo beside-the-bomb`}})
 		if end := e.waitFor(beside.RunID, terminal); end.Status != hostproto.StatusSucceeded {
 			t.Fatalf("the task beside the bomb: %+v", end)
 		}
@@ -114,9 +115,9 @@ func TestEdgeServeBoundsEachTask(t *testing.T) {
 	})
 
 	t.Run("memory", func(t *testing.T) {
-		beside := e.run(hostproto.StartRequest{Prompt: `echo waiting; read go; echo beside-the-hog`})
+		beside := e.run(hostproto.StartRequest{Request: runspec.Request{Prompt: `echo waiting; read go; echo beside-the-hog`}})
 		e.waitOutput(beside.RunID, "waiting")
-		hog := e.run(hostproto.StartRequest{Prompt: `echo allocating; exec python3 -c 'x = b"a" * (512 << 20); print("allocated")'`})
+		hog := e.run(hostproto.StartRequest{Request: runspec.Request{Prompt: `echo allocating; exec python3 -c 'x = b"a" * (512 << 20); print("allocated")'`}})
 		end := e.waitFor(hog.RunID, terminal)
 		if end.Status != hostproto.StatusFailed || end.Reason != hostproto.ReasonOOMKilled || !strings.Contains(end.Detail, "96.0 MiB") {
 			t.Fatalf("the hog ended %+v, want failed oom_killed", end)
@@ -140,7 +141,9 @@ func TestEdgeServeBoundsEachTask(t *testing.T) {
 	t.Run("cpu", func(t *testing.T) {
 		// Two spinners for 1.5 s of the task's own clock; it prints
 		// their CPU seconds and the wall seconds they took.
-		spin := e.run(hostproto.StartRequest{Prompt: `exec python3 -c '
+		spin := e.run(hostproto.StartRequest{
+			Request: runspec.Request{
+				Prompt: `exec python3 -c '
 import os, time
 begun = time.monotonic()
 end = begun + 1.5
@@ -154,7 +157,9 @@ for _ in range(2):
 for pid in kids: os.waitpid(pid, 0)
 t = os.times()
 print("cpu", t.children_user + t.children_system, "wall", time.monotonic() - begun)
-'`})
+'`,
+			},
+		})
 		if end := e.waitFor(spin.RunID, terminal); end.Status != hostproto.StatusSucceeded {
 			t.Fatalf("the spinner: %+v", end)
 		}
@@ -194,7 +199,7 @@ func TestEdgeServeWithoutCgroups(t *testing.T) {
 	if h.OK || h.Limits == nil || h.Limits.Enforced != hostproto.LimitsUnavailable || !strings.Contains(h.Limits.Detail, `set runner.limits to "none"`) {
 		t.Fatalf("health without cgroups: ok %v, limits %+v", h.OK, h.Limits)
 	}
-	refused := e.run(hostproto.StartRequest{Prompt: `echo unbounded`})
+	refused := e.run(hostproto.StartRequest{Request: runspec.Request{Prompt: `echo unbounded`}})
 	if refused.Status != hostproto.StatusFailed || refused.Reason != hostproto.ReasonHostUnavailable || !strings.Contains(refused.Detail, "cannot enforce runner.limits") {
 		t.Fatalf("a start without cgroups: %+v, want refused", refused)
 	}
@@ -208,7 +213,7 @@ func TestEdgeServeWithoutCgroups(t *testing.T) {
 	if !h.OK || h.Limits == nil || h.Limits.Enforced != hostproto.LimitsNone {
 		t.Fatalf("health with limits none: ok %v, limits %+v", h.OK, h.Limits)
 	}
-	run := e.run(hostproto.StartRequest{Prompt: `echo unbounded`})
+	run := e.run(hostproto.StartRequest{Request: runspec.Request{Prompt: `echo unbounded`}})
 	if end := e.waitFor(run.RunID, terminal); end.Status != hostproto.StatusSucceeded {
 		t.Fatalf("a run with limits none: %+v", end)
 	}
@@ -224,7 +229,7 @@ func TestEdgeServeCrashLeavesNoControlGroup(t *testing.T) {
 	e.runner = `{"user": "nobody", "limits": {"memory": "96MiB", "pids": 64, "cpu": 0.5}}`
 	e.writeConfig()
 	e.start()
-	run := e.run(hostproto.StartRequest{Prompt: `echo up; exec sleep 1000`})
+	run := e.run(hostproto.StartRequest{Request: runspec.Request{Prompt: `echo up; exec sleep 1000`}})
 	e.waitOutput(run.RunID, "up")
 	// Where the task's group is, as the task itself sees it.
 	self, err := os.ReadFile("/proc/self/cgroup")

@@ -9,6 +9,7 @@ import (
 	"testing"
 
 	"github.com/runfleet/runfleet/shared/hostproto"
+	"github.com/runfleet/runfleet/shared/runspec"
 )
 
 // edge serve's last line of defence: once the proxy has read a value, a
@@ -27,8 +28,13 @@ curl -sS -o /dev/null -w 'first=%{http_code}\n' -H "Authorization: Bearer $API_K
 curl -sS -o /dev/null -w 'path=%{http_code}\n' https://api.example.com/` + value + `
 curl -sS -o /dev/null -w 'host=%{http_code}\n' -H "X: $API_KEY" https://` + value + `.api.example.com:1/ 2>&1 | head -c 0
 true`
-	run := e.run(hostproto.StartRequest{Agent: "shell", Prompt: prompt,
-		Secrets: []hostproto.Secret{{ProjectID: "acme", Key: "API_KEY", Domains: []string{"api.example.com"}}}})
+	run := e.run(hostproto.StartRequest{
+		Request: runspec.Request{
+			Agent:   "shell",
+			Prompt:  prompt,
+			Secrets: []runspec.Secret{{ProjectID: "acme", Key: "API_KEY", Domains: []string{"api.example.com"}}},
+		},
+	})
 	end := e.waitFor(run.RunID, terminal)
 	out, _ := e.output(run.RunID, 0)
 	if end.Status != hostproto.StatusSucceeded || !strings.Contains(out, "first=502") || !strings.Contains(out, "path=502") {

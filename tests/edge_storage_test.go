@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"github.com/runfleet/runfleet/shared/hostproto"
+	"github.com/runfleet/runfleet/shared/runspec"
 )
 
 // mountTmpfs mounts a tmpfs of size bytes on dir (made if missing) until
@@ -57,7 +58,7 @@ func TestEdgeServeOnAFullDataDir(t *testing.T) {
 	}
 
 	began := time.Now()
-	flood := e.run(hostproto.StartRequest{Prompt: `echo before-the-flood; yes 0123456789abcdef`})
+	flood := e.run(hostproto.StartRequest{Request: runspec.Request{Prompt: `echo before-the-flood; yes 0123456789abcdef`}})
 	end := e.waitFor(flood.RunID, terminal)
 	took := time.Since(began)
 	t.Logf("the flood ended %s after its start: %+v", took.Round(time.Millisecond), end)
@@ -77,7 +78,7 @@ func TestEdgeServeOnAFullDataDir(t *testing.T) {
 	}
 	t.Logf("recorded %d bytes of the flood's output; %d were not", len(out), said[0].UnrecordedBytes)
 
-	refused := e.run(hostproto.StartRequest{Prompt: `echo never`})
+	refused := e.run(hostproto.StartRequest{Request: runspec.Request{Prompt: `echo never`}})
 	if refused.Status != hostproto.StatusFailed || refused.Reason != hostproto.ReasonHostStorageLow || !strings.Contains(refused.Detail, "under its reserve of 4.0 MiB (runner.minFreeBytes)") {
 		t.Fatalf("a start on the full data dir: %+v, want refused host_storage_low", refused)
 	}
@@ -119,7 +120,7 @@ func TestEdgeServeOnAFullDataDir(t *testing.T) {
 	if h, err = e.client.Health(ctx); err != nil || h.Storage == nil || h.Storage.Low {
 		t.Fatalf("health storage once space returned: %+v %v", h.Storage, err)
 	}
-	back := e.run(hostproto.StartRequest{Prompt: `echo back`})
+	back := e.run(hostproto.StartRequest{Request: runspec.Request{Prompt: `echo back`}})
 	if end := e.waitFor(back.RunID, terminal); end.Status != hostproto.StatusSucceeded {
 		t.Fatalf("a start once space returned ended %+v", end)
 	}
@@ -143,13 +144,13 @@ func TestEdgeServeOnADataDirOutOfInodes(t *testing.T) {
 	e.start()
 	ctx := context.Background()
 
-	hog := e.run(hostproto.StartRequest{Prompt: `i=0; while touch f$i 2>/dev/null; do i=$((i+1)); done; echo made $i files; read go`})
+	hog := e.run(hostproto.StartRequest{Request: runspec.Request{Prompt: `i=0; while touch f$i 2>/dev/null; do i=$((i+1)); done; echo made $i files; read go`}})
 	e.waitOutput(hog.RunID, "files")
 	h, err := e.client.Health(ctx)
 	if err != nil || h.Storage == nil || !h.Storage.Low || h.Storage.FreeBytes < 32<<20 {
 		t.Fatalf("health storage with no inode left: %+v %v", h.Storage, err)
 	}
-	refused := e.run(hostproto.StartRequest{Prompt: `echo never`})
+	refused := e.run(hostproto.StartRequest{Request: runspec.Request{Prompt: `echo never`}})
 	if refused.Status != hostproto.StatusFailed || refused.Reason != hostproto.ReasonHostStorageLow || !strings.Contains(refused.Detail, "free inodes") {
 		t.Fatalf("a start with no inode left: %+v, want refused host_storage_low", refused)
 	}
@@ -158,7 +159,7 @@ func TestEdgeServeOnADataDirOutOfInodes(t *testing.T) {
 	if end := e.waitFor(hog.RunID, terminal); end.Status != hostproto.StatusSucceeded {
 		t.Fatalf("the task making files: %+v", end)
 	}
-	back := e.run(hostproto.StartRequest{Prompt: `echo back`})
+	back := e.run(hostproto.StartRequest{Request: runspec.Request{Prompt: `echo back`}})
 	if end := e.waitFor(back.RunID, terminal); end.Status != hostproto.StatusSucceeded {
 		t.Fatalf("a start once the task making files ended: %+v", end)
 	}
@@ -178,7 +179,7 @@ func TestEdgeServeReclaimsWhatATaskLeftOnAFullDataDir(t *testing.T) {
 	e.start()
 	ctx := context.Background()
 
-	hog := e.run(hostproto.StartRequest{Prompt: `dd if=/dev/zero of=big bs=1M count=100 >/dev/null 2>&1; exit 0`})
+	hog := e.run(hostproto.StartRequest{Request: runspec.Request{Prompt: `dd if=/dev/zero of=big bs=1M count=100 >/dev/null 2>&1; exit 0`}})
 	if end := e.waitFor(hog.RunID, terminal); end.Status != hostproto.StatusSucceeded {
 		t.Fatalf("the task filling the data dir: %+v", end)
 	}
@@ -188,7 +189,7 @@ func TestEdgeServeReclaimsWhatATaskLeftOnAFullDataDir(t *testing.T) {
 	if h, err := e.client.Health(ctx); err != nil || h.Storage == nil || h.Storage.Low {
 		t.Fatalf("health storage once the filling run ended: %+v %v", h.Storage, err)
 	}
-	next := e.run(hostproto.StartRequest{Prompt: `echo next`})
+	next := e.run(hostproto.StartRequest{Request: runspec.Request{Prompt: `echo next`}})
 	if end := e.waitFor(next.RunID, terminal); end.Status != hostproto.StatusSucceeded {
 		t.Fatalf("the run after the filling one: %+v", end)
 	}
@@ -214,11 +215,11 @@ func TestEdgeServeWorkDirFullApart(t *testing.T) {
 	e.writeConfig()
 	e.start()
 
-	beside := e.run(hostproto.StartRequest{Prompt: `echo waiting; read go; echo beside-the-filler`})
+	beside := e.run(hostproto.StartRequest{Request: runspec.Request{Prompt: `echo waiting; read go; echo beside-the-filler`}})
 	e.waitOutput(beside.RunID, "waiting")
-	filler := e.run(hostproto.StartRequest{Prompt: `dd if=/dev/zero of=big bs=1M count=100 >/dev/null 2>&1; echo filled; read go`})
+	filler := e.run(hostproto.StartRequest{Request: runspec.Request{Prompt: `dd if=/dev/zero of=big bs=1M count=100 >/dev/null 2>&1; echo filled; read go`}})
 	e.waitOutput(filler.RunID, "filled")
-	refused := e.run(hostproto.StartRequest{Prompt: `echo never`})
+	refused := e.run(hostproto.StartRequest{Request: runspec.Request{Prompt: `echo never`}})
 	if refused.Status != hostproto.StatusFailed || refused.Reason != hostproto.ReasonHostStorageLow {
 		t.Fatalf("a start with the work dirs full: %+v, want refused host_storage_low", refused)
 	}

@@ -16,6 +16,7 @@ import (
 
 	"github.com/runfleet/runfleet/shared/filewatch"
 	"github.com/runfleet/runfleet/shared/hostproto"
+	"github.com/runfleet/runfleet/shared/runspec"
 	"github.com/runfleet/runfleet/tests/kit/syncbuf"
 )
 
@@ -351,8 +352,8 @@ func TestEdgeServeDrainsOnSIGTERMAndKeepsEventsAcrossRestarts(t *testing.T) {
 	e.runner = `{"user": "nobody", "drainTimeout": "3s", "cancelGrace": "2s"}`
 	e.writeConfig()
 	e.start()
-	quick := e.run(hostproto.StartRequest{Prompt: `echo quick-start; read go; echo quick-done`})
-	slow := e.run(hostproto.StartRequest{Prompt: `for i in 1 2 3 4 5; do echo slow-$i; done; sleep 1000`})
+	quick := e.run(hostproto.StartRequest{Request: runspec.Request{Prompt: `echo quick-start; read go; echo quick-done`}})
+	slow := e.run(hostproto.StartRequest{Request: runspec.Request{Prompt: `for i in 1 2 3 4 5; do echo slow-$i; done; sleep 1000`}})
 	e.waitFor(quick.RunID, func(r hostproto.Run) bool { return r.Status == hostproto.StatusRunning })
 	e.waitFor(slow.RunID, func(r hostproto.Run) bool { return r.Status == hostproto.StatusRunning })
 	firstOut, cursor := "", int64(0)
@@ -367,7 +368,7 @@ func TestEdgeServeDrainsOnSIGTERMAndKeepsEventsAcrossRestarts(t *testing.T) {
 	deadline := time.Now().Add(10 * time.Second)
 	for {
 		// Each try is a new run: a known clientToken would answer its run.
-		_, err := e.client.Start(context.Background(), hostproto.StartRequest{ClientToken: fmt.Sprintf("during-drain-%d", time.Now().UnixNano()), Agent: "shell", Prompt: "true"})
+		_, err := e.client.Start(context.Background(), hostproto.StartRequest{ClientToken: fmt.Sprintf("during-drain-%d", time.Now().UnixNano()), Request: runspec.Request{Agent: "shell", Prompt: "true"}})
 		var he *hostproto.Error
 		if asHostError(err, &he) && he.Code == hostproto.CodeDraining {
 			break
@@ -408,7 +409,7 @@ func TestEdgeServeDrainsOnSIGTERMAndKeepsEventsAcrossRestarts(t *testing.T) {
 	}
 
 	// A crash: the live run is failed host_restarted; its events stay.
-	crashed := e.run(hostproto.StartRequest{Prompt: `echo before-crash; sleep 1000`})
+	crashed := e.run(hostproto.StartRequest{Request: runspec.Request{Prompt: `echo before-crash; sleep 1000`}})
 	e.waitFor(crashed.RunID, func(r hostproto.Run) bool { return r.Status == hostproto.StatusRunning })
 	for out, _ := e.output(crashed.RunID, 0); !strings.Contains(out, "before-crash"); out, _ = e.output(crashed.RunID, 0) {
 		time.Sleep(5 * time.Millisecond)
@@ -440,8 +441,8 @@ func TestEdgeServeReloadsThePolicyOnSIGHUP(t *testing.T) {
 	e.policy = `{"acme": {"keys": {"API_KEY": {"domains": ["api.example.com"]}, ` + oldKey + `}}}`
 	e.writeConfig()
 	e.start()
-	declared := []hostproto.Secret{{ProjectID: "acme", Key: "NEW_KEY", Domains: []string{"api.new.example"}}}
-	if r := e.run(hostproto.StartRequest{Prompt: "true", Secrets: declared}); r.Reason != hostproto.ReasonKeyNotGranted {
+	declared := []runspec.Secret{{ProjectID: "acme", Key: "NEW_KEY", Domains: []string{"api.new.example"}}}
+	if r := e.run(hostproto.StartRequest{Request: runspec.Request{Prompt: "true", Secrets: declared}}); r.Reason != hostproto.ReasonKeyNotGranted {
 		t.Fatalf("a key outside the policy: %+v", r)
 	}
 
@@ -462,7 +463,7 @@ func TestEdgeServeReloadsThePolicyOnSIGHUP(t *testing.T) {
 	must(t, e.cmd.Process.Signal(syscall.SIGHUP))
 	deadline := time.Now().Add(20 * time.Second)
 	for {
-		r := e.run(hostproto.StartRequest{Prompt: "true", Secrets: declared})
+		r := e.run(hostproto.StartRequest{Request: runspec.Request{Prompt: "true", Secrets: declared}})
 		if r.Reason != hostproto.ReasonKeyNotGranted {
 			if r = e.waitFor(r.RunID, terminal); r.Status != hostproto.StatusSucceeded {
 				t.Fatalf("after the reload the run ended %+v", r)
@@ -560,7 +561,7 @@ func TestEdgeThatCannotSwitchUsers(t *testing.T) {
 	if err != nil || h.OK || h.InsecureSameUser || h.EgressConfined {
 		t.Fatalf("health of an edge that cannot switch users: %+v %v", h, err)
 	}
-	r := e.run(hostproto.StartRequest{Prompt: "echo ran"})
+	r := e.run(hostproto.StartRequest{Request: runspec.Request{Prompt: "echo ran"}})
 	if r.Status != hostproto.StatusFailed || r.Reason != hostproto.ReasonHostUnavailable {
 		t.Fatalf("a run on an edge that cannot switch users: %+v", r)
 	}
@@ -575,7 +576,7 @@ func TestEdgeThatCannotSwitchUsers(t *testing.T) {
 	if h, err = e.client.Health(context.Background()); err != nil || h.OK || h.Limits == nil || h.Limits.Enforced != hostproto.LimitsUnavailable {
 		t.Fatalf("health with insecureSameUser and limits: %+v %v", h, err)
 	}
-	if r = e.run(hostproto.StartRequest{Prompt: "echo ran"}); r.Status != hostproto.StatusFailed || r.Reason != hostproto.ReasonHostUnavailable || !strings.Contains(r.Detail, "runner.limits") {
+	if r = e.run(hostproto.StartRequest{Request: runspec.Request{Prompt: "echo ran"}}); r.Status != hostproto.StatusFailed || r.Reason != hostproto.ReasonHostUnavailable || !strings.Contains(r.Detail, "runner.limits") {
 		t.Fatalf("a run on an edge that cannot make control groups: %+v", r)
 	}
 	if code := e.stop(syscall.SIGTERM); code != 0 {
@@ -587,7 +588,7 @@ func TestEdgeThatCannotSwitchUsers(t *testing.T) {
 	if h, err = e.client.Health(context.Background()); err != nil || !h.OK || !h.InsecureSameUser || h.EgressConfined || h.Limits.Enforced != hostproto.LimitsNone {
 		t.Fatalf("health with insecureSameUser: %+v %v", h, err)
 	}
-	r = e.waitFor(e.run(hostproto.StartRequest{Prompt: "echo uid=$(id -u)"}).RunID, terminal)
+	r = e.waitFor(e.run(hostproto.StartRequest{Request: runspec.Request{Prompt: "echo uid=$(id -u)"}}).RunID, terminal)
 	if out, _ := e.output(r.RunID, 0); r.Status != hostproto.StatusSucceeded || !strings.Contains(out, fmt.Sprintf("uid=%d", nobody)) {
 		t.Fatalf("the run ended %+v with %q", r, out)
 	}

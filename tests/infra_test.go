@@ -25,6 +25,7 @@ import (
 	"github.com/runfleet/runfleet/edge/config"
 	"github.com/runfleet/runfleet/edge/policy"
 	"github.com/runfleet/runfleet/shared/hostproto"
+	"github.com/runfleet/runfleet/shared/runspec"
 	"github.com/runfleet/runfleet/tests/kit/syncbuf"
 )
 
@@ -353,7 +354,7 @@ func TestEdgeRunsTasksWithTheUnitsCapabilitiesAlone(t *testing.T) {
 	if h, err := e.client.Health(context.Background()); err != nil || !h.OK || !h.EgressConfined {
 		t.Fatalf("health of edge with the unit's capabilities: %+v %v", h, err)
 	}
-	r := e.waitFor(e.run(hostproto.StartRequest{Prompt: `echo kept > /tmp/x && cat /tmp/x && grep CapBnd /proc/$$/status`}).RunID, terminal)
+	r := e.waitFor(e.run(hostproto.StartRequest{Request: runspec.Request{Prompt: `echo kept > /tmp/x && cat /tmp/x && grep CapBnd /proc/$$/status`}}).RunID, terminal)
 	out, _ := e.output(r.RunID, 0)
 	if r.Status != hostproto.StatusSucceeded || !strings.Contains(out, "kept") {
 		t.Fatalf("a task under the unit's capabilities ended %+v: %q\n%s", r, out, e.logs.String())

@@ -13,6 +13,7 @@ import (
 	"github.com/runfleet/runfleet/edge/sandbox"
 	"github.com/runfleet/runfleet/shared/clock"
 	"github.com/runfleet/runfleet/shared/hostproto"
+	"github.com/runfleet/runfleet/shared/runspec"
 )
 
 // The runner knows the secrets proxy and the CA only as its Broker and
@@ -28,20 +29,10 @@ var _ runner.Broker = proxyBroker{}
 // Ready is the proxy's own readiness (up, not killed, its CA ready).
 func (b proxyBroker) Ready() error { return b.proxy.Ready() }
 
-// declared is a run's secrets as the proxy and its policy take them, in the
-// host protocol's shape (they parse what a run declared).
-func declared(secrets []runner.Secret) []hostproto.Secret {
-	out := make([]hostproto.Secret, 0, len(secrets))
-	for _, s := range secrets {
-		out = append(out, hostproto.Secret{ProjectID: s.ProjectID, Key: s.Key, Domains: s.Domains})
-	}
-	return out
-}
-
 // Ungranted asks the proxy whether the policy in force grants every
 // declared key, and names the first it does not.
-func (b proxyBroker) Ungranted(secrets []runner.Secret) (string, string) {
-	err := b.proxy.CheckGrant(declared(secrets))
+func (b proxyBroker) Ungranted(declared []runspec.Declared) (string, string) {
+	err := b.proxy.CheckGrant(declared)
 	var notGranted *policy.NotGrantedError
 	switch {
 	case err == nil:
@@ -55,8 +46,8 @@ func (b proxyBroker) Ungranted(secrets []runner.Secret) (string, string) {
 // Register registers the task and returns its placeholders by key name and
 // RUNFLEET_PROXIED_KEYS. A key the policy stopped granting since the
 // admission's check is a key_not_granted refusal.
-func (b proxyBroker) Register(runID string, secrets []runner.Secret) (runner.TaskSecrets, error) {
-	if err := b.proxy.Register(runID, declared(secrets)); err != nil {
+func (b proxyBroker) Register(runID string, declared []runspec.Declared) (runner.TaskSecrets, error) {
+	if err := b.proxy.Register(runID, declared); err != nil {
 		var notGranted *policy.NotGrantedError
 		if errors.As(err, &notGranted) {
 			return runner.TaskSecrets{}, &runner.Refusal{Reason: hostproto.ReasonKeyNotGranted, Detail: notGranted.Error()}

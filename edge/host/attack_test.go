@@ -14,6 +14,7 @@ import (
 	"github.com/runfleet/runfleet/edge/audit"
 	"github.com/runfleet/runfleet/edge/proxy"
 	"github.com/runfleet/runfleet/shared/hostproto"
+	"github.com/runfleet/runfleet/shared/runspec"
 	"github.com/runfleet/runfleet/tests/kit/await"
 )
 
@@ -58,7 +59,7 @@ signal.pause()
 EOF
 `, f.upstreamHost, opened)
 	before := openDescriptors(t)
-	run := e.start(hostproto.StartRequest{Prompt: prompt, Secrets: apiToken})
+	run := e.start(runspec.Request{Prompt: prompt, Secrets: e.apiToken()})
 	t.Cleanup(func() { e.client.Cancel(bg, run.RunID) })
 	out := e.waitOutput(run.RunID, "refused")
 	want := fmt.Sprintf("served %d refused %d", proxy.DefaultMaxTaskConns, opened-proxy.DefaultMaxTaskConns)
@@ -138,8 +139,8 @@ for label, addr in (('path', %q), ('abstract', '\0' + %q[1:])):
         print(label, errno.errorcode.get(e.errno, e))
 EOF
 `, path.addr, abstract.addr)
-	for _, secrets := range [][]hostproto.Secret{apiToken, nil} {
-		run := e.start(hostproto.StartRequest{Prompt: prompt, Secrets: secrets})
+	for _, secrets := range [][]runspec.Secret{e.apiToken(), nil} {
+		run := e.start(runspec.Request{Prompt: prompt, Secrets: secrets})
 		e.waitEnd(run.RunID)
 		out := e.output(run.RunID)
 		if !strings.Contains(out, "path ENOENT") || !strings.Contains(out, "abstract ECONNREFUSED") {
@@ -176,7 +177,7 @@ else:
     print('again', ip, 'read', len(s.recv(64)), flush=True)
 EOF
 `, host, port)
-	run := e.start(hostproto.StartRequest{Prompt: prompt, Secrets: apiToken})
+	run := e.start(runspec.Request{Prompt: prompt, Secrets: e.apiToken()})
 	e.waitEnd(run.RunID)
 	out := e.output(run.RunID)
 	var pin string
@@ -240,7 +241,7 @@ EOF
 func TestTransparentFrontHoldsAgainstATaskWithItsPlaceholder(t *testing.T) {
 	f := newFixture(t)
 	e := f.open(hostOptions{})
-	run := e.start(hostproto.StartRequest{Prompt: "export UPSTREAM=" + f.upstreamHost + " TUNNEL=" + f.tunnelHost + "\n" + transparentAttacks, Secrets: apiToken})
+	run := e.start(runspec.Request{Prompt: "export UPSTREAM=" + f.upstreamHost + " TUNNEL=" + f.tunnelHost + "\n" + transparentAttacks, Secrets: e.apiToken()})
 	e.waitEnd(run.RunID)
 	out := strings.ReplaceAll(e.output(run.RunID), "\r\n", "\n")
 	for _, want := range []string{

@@ -12,6 +12,7 @@ import (
 	"time"
 
 	"github.com/runfleet/runfleet/shared/hostproto"
+	"github.com/runfleet/runfleet/shared/runspec"
 )
 
 // BenchmarkHundredConcurrentRuns starts 100 runs at once through the host
@@ -103,7 +104,12 @@ func batch(b *testing.B, e *edgeHost, name string, runs int, prompt string) {
 		go func() {
 			defer wg.Done()
 			run, err := e.client.Start(bg, hostproto.StartRequest{
-				ClientToken: fmt.Sprintf("bench-%s-%d", name, j), Agent: "shell", Prompt: prompt, Secrets: apiToken,
+				ClientToken: fmt.Sprintf("bench-%s-%d", name, j),
+				Request: runspec.Request{
+					Agent:   "shell",
+					Prompt:  prompt,
+					Secrets: e.apiToken(),
+				},
 			})
 			if err != nil {
 				b.Error(err)

@@ -17,7 +17,7 @@ import (
 	"time"
 
 	"github.com/runfleet/runfleet/edge/audit"
-	"github.com/runfleet/runfleet/shared/hostproto"
+	"github.com/runfleet/runfleet/shared/runspec"
 	"github.com/runfleet/runfleet/tests/kit/await"
 )
 
@@ -302,7 +302,7 @@ func TestClientsReachTheGrantedUpstreamWithAndWithoutProxyVariables(t *testing.T
 		proxyVars bool
 	}{{"WithoutProxyVariables", false}, {"WithProxyVariables", true}} {
 		t.Run(mode.name, func(t *testing.T) {
-			run := e.start(hostproto.StartRequest{Prompt: clientsPrompt(clients, base, mode.proxyVars), Secrets: apiToken})
+			run := e.start(runspec.Request{Prompt: clientsPrompt(clients, base, mode.proxyVars), Secrets: e.apiToken()})
 			e.waitEnd(run.RunID)
 			out := e.output(run.RunID)
 			saw := up.take()

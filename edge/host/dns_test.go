@@ -11,6 +11,7 @@ import (
 
 	"github.com/runfleet/runfleet/edge/audit"
 	"github.com/runfleet/runfleet/shared/hostproto"
+	"github.com/runfleet/runfleet/shared/runspec"
 )
 
 // loopbackResolver is where a stub resolver of the host would listen:
@@ -51,8 +52,8 @@ func TestTaskDNSIsEdgesAndFollowsTheEgressSetting(t *testing.T) {
 					{Label: "resolver4-other", Addr: resolver.v4.addr, Say: other},
 				},
 			}
-			served := e.start(hostproto.StartRequest{Prompt: probeScript(spec), Secrets: apiToken})
-			bare := e.start(hostproto.StartRequest{Prompt: probeScript(spec)})
+			served := e.start(runspec.Request{Prompt: probeScript(spec), Secrets: e.apiToken()})
+			bare := e.start(runspec.Request{Prompt: probeScript(spec)})
 			e.waitEnd(served.RunID)
 			e.waitEnd(bare.RunID)
 
@@ -152,8 +153,8 @@ func TestTaskDNSNeverAnswersFromTheHostsHostsFile(t *testing.T) {
 	e := f.open(hostOptions{})
 	// Whatever the host's file lists, the task reads edge's, which knows
 	// the loopback alone.
-	for _, secrets := range [][]hostproto.Secret{apiToken, nil} {
-		run := e.start(hostproto.StartRequest{Prompt: "cat /etc/hosts", Secrets: secrets})
+	for _, secrets := range [][]runspec.Secret{e.apiToken(), nil} {
+		run := e.start(runspec.Request{Prompt: "cat /etc/hosts", Secrets: secrets})
 		e.waitEnd(run.RunID)
 		if got, want := strings.ReplaceAll(e.output(run.RunID), "\r\n", "\n"), "127.0.0.1\tlocalhost\n::1\tlocalhost ip6-localhost ip6-loopback\n"; got != want {
 			t.Errorf("the task with %d secrets reads /etc/hosts as %q, want %q", len(secrets), got, want)
@@ -170,8 +171,8 @@ func TestTaskDNSNeverAnswersFromTheHostsHostsFile(t *testing.T) {
 		Names: []probe{{Label: "hosts-file", Addr: name}},
 		DNS:   []probe{{Label: "hosts-file", Addr: "127.0.0.53:53", Say: name}},
 	}
-	for _, secrets := range [][]hostproto.Secret{apiToken, nil} {
-		run := e.start(hostproto.StartRequest{Prompt: probeScript(spec), Secrets: secrets})
+	for _, secrets := range [][]runspec.Secret{e.apiToken(), nil} {
+		run := e.start(runspec.Request{Prompt: probeScript(spec), Secrets: secrets})
 		e.waitEnd(run.RunID)
 		out := e.output(run.RunID)
 		got := probeResults(out)
@@ -187,7 +188,7 @@ func TestTaskDNSNeverAnswersFromTheHostsHostsFile(t *testing.T) {
 			}
 		}
 	}
-	run := e.start(hostproto.StartRequest{Prompt: "echo agent-ran", CloneURL: "http://" + name + ":1/repo.git"})
+	run := e.start(runspec.Request{Prompt: "echo agent-ran", CloneURL: "http://" + name + ":1/repo.git"})
 	if end := e.waitEnd(run.RunID); end.Reason != hostproto.ReasonCloneFailed || !strings.Contains(end.Detail, "Could not resolve host: "+name) {
 		t.Errorf("the clone of http://%s:1/ by a task without DNS ended %+v, want clone_failed for want of the name", name, end)
 	}

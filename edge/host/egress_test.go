@@ -22,6 +22,7 @@ import (
 	"github.com/runfleet/runfleet/edge/audit"
 	"github.com/runfleet/runfleet/edge/sandbox"
 	"github.com/runfleet/runfleet/shared/hostproto"
+	"github.com/runfleet/runfleet/shared/runspec"
 	"github.com/runfleet/runfleet/tests/kit/await"
 )
 
@@ -481,7 +482,7 @@ func TestTaskReachesOnlyItsOwnLoopbackAndEdge(t *testing.T) {
 	res.Body.Close()
 	await.Cond(t, 10*time.Second, "the host API's line for edge's own request", func() bool { return e.apiRefusals() == 1 })
 
-	other := e.start(hostproto.StartRequest{Prompt: otherTaskServer, Secrets: apiToken})
+	other := e.start(runspec.Request{Prompt: otherTaskServer, Secrets: e.apiToken()})
 	// It runs until canceled: at the end, or sooner when the test stops
 	// early, so that edge's shutdown need not wait it out.
 	t.Cleanup(func() { e.client.Cancel(bg, other.RunID) })
@@ -503,8 +504,8 @@ func TestTaskReachesOnlyItsOwnLoopbackAndEdge(t *testing.T) {
 		},
 	}
 	curl := fmt.Sprintf(`curl -sS --fail -H "Authorization: Bearer $API_TOKEN" https://%s/echo; echo`, f.upstreamHost)
-	served := e.start(hostproto.StartRequest{Prompt: probeScript(spec) + curl, Secrets: apiToken})
-	bare := e.start(hostproto.StartRequest{Prompt: probeScript(spec)})
+	served := e.start(runspec.Request{Prompt: probeScript(spec) + curl, Secrets: e.apiToken()})
+	bare := e.start(runspec.Request{Prompt: probeScript(spec)})
 	servedEnd, bareEnd := e.waitEnd(served.RunID), e.waitEnd(bare.RunID)
 	servedOut, bareOut := e.output(served.RunID), e.output(bare.RunID)
 
@@ -584,8 +585,8 @@ func TestTaskCloneRunsInTheTasksNetwork(t *testing.T) {
 	e := f.open(hostOptions{})
 	repo.reach(t, &net.Dialer{})
 	_, port, _ := net.SplitHostPort(repo.addr)
-	for _, secrets := range [][]hostproto.Secret{apiToken, nil} {
-		run := e.start(hostproto.StartRequest{Prompt: "echo agent-ran", CloneURL: "http://" + repo.addr + "/repo.git", Secrets: secrets})
+	for _, secrets := range [][]runspec.Secret{e.apiToken(), nil} {
+		run := e.start(runspec.Request{Prompt: "echo agent-ran", CloneURL: "http://" + repo.addr + "/repo.git", Secrets: secrets})
 		end := e.waitEnd(run.RunID)
 		if end.Status != hostproto.StatusFailed || end.Reason != hostproto.ReasonCloneFailed ||
 			!strings.Contains(end.Detail, "Failed to connect to 127.0.0.1 port "+port) {

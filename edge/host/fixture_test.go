@@ -19,6 +19,7 @@ import (
 	"github.com/runfleet/runfleet/edge/config"
 	"github.com/runfleet/runfleet/shared/clock"
 	"github.com/runfleet/runfleet/shared/hostproto"
+	"github.com/runfleet/runfleet/shared/runspec"
 	"github.com/runfleet/runfleet/tests/kit/await"
 	"github.com/runfleet/runfleet/tests/kit/edgetest"
 	"github.com/runfleet/runfleet/tests/kit/syncbuf"
@@ -220,15 +221,12 @@ func (e *edgeHost) shutdown() {
 
 var bg = context.Background()
 
-func (e *edgeHost) start(req hostproto.StartRequest) hostproto.Run {
+func (e *edgeHost) start(req runspec.Request) hostproto.Run {
 	e.f.t.Helper()
-	if req.ClientToken == "" {
-		req.ClientToken = fmt.Sprintf("ct-%d", time.Now().UnixNano())
-	}
 	if req.Agent == "" {
 		req.Agent = "shell"
 	}
-	run, err := e.client.Start(bg, req)
+	run, err := e.client.Start(bg, hostproto.StartRequest{ClientToken: fmt.Sprintf("ct-%d", time.Now().UnixNano()), Request: req})
 	must(e.f.t, err)
 	return run
 }

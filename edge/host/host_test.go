@@ -18,10 +18,15 @@ import (
 	"github.com/runfleet/runfleet/edge/config"
 	"github.com/runfleet/runfleet/shared/clock"
 	"github.com/runfleet/runfleet/shared/hostproto"
+	"github.com/runfleet/runfleet/shared/runspec"
 	"github.com/runfleet/runfleet/tests/kit/await"
 )
 
-var apiToken = []hostproto.Secret{{ProjectID: "acme", Key: "API_TOKEN"}}
+// apiToken declares the fixture's key for the one domain its policy grants
+// it.
+func (e *edgeHost) apiToken() []runspec.Secret {
+	return []runspec.Secret{{ProjectID: "acme", Key: "API_TOKEN", Domains: []string{e.f.upstreamHost}}}
+}
 
 func TestTaskGetsThePlaceholderAndTheUpstreamTheRealValue(t *testing.T) {
 	f := newFixture(t)
@@ -29,7 +34,7 @@ func TestTaskGetsThePlaceholderAndTheUpstreamTheRealValue(t *testing.T) {
 	prompt := fmt.Sprintf(`env
 curl -sS --fail -H "Authorization: Bearer $API_TOKEN" https://%s/echo; echo
 curl -sS --fail https://%s/; echo`, f.upstreamHost, f.tunnelHost)
-	run := e.start(hostproto.StartRequest{Prompt: prompt, Secrets: apiToken})
+	run := e.start(runspec.Request{Prompt: prompt, Secrets: e.apiToken()})
 	end := e.waitEnd(run.RunID)
 	out := e.output(run.RunID)
 	if end.Status != hostproto.StatusSucceeded {
@@ -90,7 +95,7 @@ curl -sS --fail https://%s/; echo`, f.upstreamHost, f.tunnelHost)
 func TestCleanShutdownWritesEveryAuditLine(t *testing.T) {
 	f := newFixture(t)
 	e := f.open(hostOptions{clock: clock.NewFake(time.Now())})
-	run := e.start(hostproto.StartRequest{Prompt: fmt.Sprintf(`curl -sS --fail -H "Authorization: Bearer $API_TOKEN" https://%s/echo`, f.upstreamHost), Secrets: apiToken})
+	run := e.start(runspec.Request{Prompt: fmt.Sprintf(`curl -sS --fail -H "Authorization: Bearer $API_TOKEN" https://%s/echo`, f.upstreamHost), Secrets: e.apiToken()})
 	if end := e.waitEnd(run.RunID); end.Status != hostproto.StatusSucceeded {
 		t.Fatalf("run ended %+v: %s", end, e.output(run.RunID))
 	}
@@ -107,7 +112,7 @@ func TestRestartKeepsPlaceholdersAndTheCAAndPurgeDropsThem(t *testing.T) {
 	f.runner = map[string]any{"retention": "2h"}
 	fake := clock.NewFake(time.Now())
 	e := f.open(hostOptions{clock: fake})
-	run := e.start(hostproto.StartRequest{Prompt: `echo "token=$API_TOKEN"`, Secrets: apiToken})
+	run := e.start(runspec.Request{Prompt: `echo "token=$API_TOKEN"`, Secrets: e.apiToken()})
 	e.waitEnd(run.RunID)
 	placeholder := envLine(e.output(run.RunID), "token")
 	bundle := string(e.CABundle())
@@ -166,7 +171,7 @@ func TestTaskUserCannotReadEdgesFilesOrAnotherTasksDir(t *testing.T) {
 	e := f.open(hostOptions{})
 	// Task A keeps a file in its work dir and runs on, its env holding its
 	// placeholder and proxy credential.
-	a := e.start(hostproto.StartRequest{Prompt: `echo private > mine.txt; echo "ns=$(readlink /proc/$$/ns/pid)"; sleep 1000`, Secrets: apiToken})
+	a := e.start(runspec.Request{Prompt: `echo private > mine.txt; echo "ns=$(readlink /proc/$$/ns/pid)"; sleep 1000`, Secrets: e.apiToken()})
 	outA := e.waitOutput(a.RunID, "]")
 	// Task A's shell as the host knows it: its id in A's own PID namespace
 	// means nothing outside.
@@ -194,7 +199,7 @@ func TestTaskUserCannotReadEdgesFilesOrAnotherTasksDir(t *testing.T) {
 	}
 	// The positive control: the same check reads the task's own file.
 	script.WriteString(`cat own.txt >/dev/null 2>&1 && echo "READ:own file" || echo "DENIED:own file"` + "\n")
-	b := e.start(hostproto.StartRequest{Prompt: script.String(), Secrets: apiToken})
+	b := e.start(runspec.Request{Prompt: script.String(), Secrets: e.apiToken()})
 	e.waitEnd(b.RunID)
 	out := e.output(b.RunID)
 	for name := range targets {
@@ -214,7 +219,7 @@ func TestTaskUserCannotReadEdgesFilesOrAnotherTasksDir(t *testing.T) {
 func TestCancelRevokesProxyAccessAtOnce(t *testing.T) {
 	f := newFixture(t)
 	e := f.open(hostOptions{})
-	run := e.start(hostproto.StartRequest{Prompt: `echo "proxy=$HTTPS_PROXY"; sleep 1000`, Secrets: apiToken})
+	run := e.start(runspec.Request{Prompt: `echo "proxy=$HTTPS_PROXY"; sleep 1000`, Secrets: e.apiToken()})
 	out := e.waitOutput(run.RunID, "proxy=")
 	proxyURL := strings.TrimSpace(strings.TrimPrefix(out[strings.Index(out, "proxy="):], "proxy="))
 	call := func() string {
@@ -247,14 +252,14 @@ func TestKillSwitchRefusesSecretsAndStillRunsTheRest(t *testing.T) {
 	}
 	marker := filepath.Join(f.dir, "spawned")
 	must(t, os.Chmod(f.dir, 0o777))
-	refused := e.start(hostproto.StartRequest{Prompt: "touch " + marker, Secrets: apiToken})
+	refused := e.start(runspec.Request{Prompt: "touch " + marker, Secrets: e.apiToken()})
 	if refused.Status != hostproto.StatusFailed || refused.Reason != hostproto.ReasonBrokerNotReady {
 		t.Fatalf("a run with secrets under the kill switch answered %+v", refused)
 	}
 	if e.metric("edge_task_processes_started_total") != "0" {
 		t.Fatal("a process was spawned")
 	}
-	plain := e.start(hostproto.StartRequest{Prompt: "echo plain-ok"})
+	plain := e.start(runspec.Request{Prompt: "echo plain-ok"})
 	if end := e.waitEnd(plain.RunID); end.Status != hostproto.StatusSucceeded || !strings.Contains(e.output(plain.RunID), "plain-ok") {
 		t.Fatalf("a run without secrets ended %+v", end)
 	}
@@ -266,7 +271,7 @@ func TestKillSwitchRefusesSecretsAndStillRunsTheRest(t *testing.T) {
 func TestKeyTheHostDoesNotGrantIsRefusedNamingIt(t *testing.T) {
 	f := newFixture(t)
 	e := f.open(hostOptions{})
-	run := e.start(hostproto.StartRequest{Prompt: "echo nope", Secrets: []hostproto.Secret{{ProjectID: "acme", Key: "API_TOKEN"}, {ProjectID: "acme", Key: "OTHER_KEY"}}})
+	run := e.start(runspec.Request{Prompt: "echo nope", Secrets: append(e.apiToken(), runspec.Secret{ProjectID: "acme", Key: "OTHER_KEY", Domains: []string{f.upstreamHost}})})
 	if run.Status != hostproto.StatusFailed || run.Reason != hostproto.ReasonKeyNotGranted {
 		t.Fatalf("answered %+v", run)
 	}
@@ -282,7 +287,7 @@ func TestKeyTheHostDoesNotGrantIsRefusedNamingIt(t *testing.T) {
 		t.Fatalf("the refusal does not name the key: %q", detail)
 	}
 	// A granted key asked for a domain the host policy does not give it.
-	wider := e.start(hostproto.StartRequest{Prompt: "echo nope", Secrets: []hostproto.Secret{{ProjectID: "acme", Key: "API_TOKEN", Domains: []string{"evil.example.test"}}}})
+	wider := e.start(runspec.Request{Prompt: "echo nope", Secrets: []runspec.Secret{{ProjectID: "acme", Key: "API_TOKEN", Domains: []string{"evil.example.test"}}}})
 	if wider.Status != hostproto.StatusFailed || wider.Reason != hostproto.ReasonKeyNotGranted {
 		t.Fatalf("a key declared for a domain outside the policy answered %+v", wider)
 	}
@@ -307,7 +312,7 @@ func TestCancelOrDrainBetweenAdmissionAndExecStartsNothing(t *testing.T) {
 			}})
 			marker := filepath.Join(f.dir, "spawned")
 			must(t, os.Chmod(f.dir, 0o777))
-			run := e.start(hostproto.StartRequest{Prompt: "touch " + marker, Secrets: apiToken})
+			run := e.start(runspec.Request{Prompt: "touch " + marker, Secrets: e.apiToken()})
 			err := e.Runner().WaitForStart(bg, run.RunID)
 			end := e.waitEnd(run.RunID)
 			want := map[string]string{"cancel": hostproto.ReasonCanceled, "drain": hostproto.ReasonHostUnavailable}[race]
@@ -329,7 +334,7 @@ func TestTrustFileFollowsTheCAsRotation(t *testing.T) {
 	f.caCfg = map[string]any{"lifetime": "10m", "successorWindow": "4m", "switchBefore": "1m", "leafLifetime": "2m"}
 	fake := clock.NewFake(time.Now())
 	e := f.open(hostOptions{clock: fake})
-	run := e.start(hostproto.StartRequest{Prompt: `echo up; sleep 1000`, Secrets: apiToken})
+	run := e.start(runspec.Request{Prompt: `echo up; sleep 1000`, Secrets: e.apiToken()})
 	e.waitOutput(run.RunID, "up")
 	bundlePath := filepath.Join(f.dataDir, "work", run.RunID, "trust", "ca-bundle.pem")
 	first, _ := os.ReadFile(bundlePath)

@@ -12,7 +12,7 @@ import (
 	"time"
 
 	"github.com/runfleet/runfleet/shared/clock"
-	"github.com/runfleet/runfleet/shared/hostproto"
+	"github.com/runfleet/runfleet/shared/runspec"
 	"github.com/runfleet/runfleet/tests/kit/await"
 )
 
@@ -38,7 +38,7 @@ echo "store=$(sum < /etc/ssl/certs/ca-certificates.crt)"
 read line
 echo "again=$(sum < /etc/ssl/certs/ca-certificates.crt)"
 `, f.upstreamHost)
-	run := e.start(hostproto.StartRequest{Prompt: prompt, Secrets: apiToken})
+	run := e.start(runspec.Request{Prompt: prompt, Secrets: e.apiToken()})
 	trustPath := filepath.Join(f.dataDir, "work", run.RunID, "trust", "trust.pem")
 	trustSum := func() string {
 		b, err := os.ReadFile(trustPath)

@@ -11,7 +11,7 @@ import (
 	"golang.org/x/net/websocket"
 
 	"github.com/runfleet/runfleet/edge/audit"
-	"github.com/runfleet/runfleet/shared/hostproto"
+	"github.com/runfleet/runfleet/shared/runspec"
 	"github.com/runfleet/runfleet/tests/kit/await"
 )
 
@@ -64,7 +64,7 @@ func TestPythonWebSocketClientSeesOnlyItsPlaceholder(t *testing.T) {
 	f.upstreamHost = "api.example.test:" + port(f.upstream)
 	e := f.open(hostOptions{})
 	prompt := fmt.Sprintf("echo \"placeholder=$API_TOKEN\"\nURL=wss://%s/ws\n%s", f.upstreamHost, pythonWebSocketClient)
-	run := e.start(hostproto.StartRequest{Prompt: prompt, Secrets: apiToken})
+	run := e.start(runspec.Request{Prompt: prompt, Secrets: e.apiToken()})
 	e.waitEnd(run.RunID)
 	out := e.output(run.RunID)
 	raw, _ := json.Marshal(e.events(run.RunID))

@@ -8,6 +8,7 @@
 package hostapi
 
 import (
+	"bytes"
 	"crypto/sha256"
 	"crypto/subtle"
 	"encoding/json"
@@ -16,6 +17,7 @@ import (
 	"io"
 	"log/slog"
 	"net/http"
+	"reflect"
 	"strconv"
 	"strings"
 	"time"
@@ -26,6 +28,7 @@ import (
 	"github.com/runfleet/runfleet/edge/runner"
 	"github.com/runfleet/runfleet/shared/clock"
 	"github.com/runfleet/runfleet/shared/hostproto"
+	"github.com/runfleet/runfleet/shared/runspec"
 	"github.com/runfleet/runfleet/shared/version"
 )
 
@@ -160,7 +163,11 @@ func (a *API) health(w http.ResponseWriter, _ *http.Request) {
 
 func (a *API) start(w http.ResponseWriter, r *http.Request) {
 	var req hostproto.StartRequest
-	if err := decodeBody(w, r, &req); err != nil {
+	body, err := decodeBody(w, r, &req)
+	if err == nil {
+		err = runspec.RefuseEmpty(body)
+	}
+	if err != nil {
 		a.fail(w, err)
 		return
 	}
@@ -216,7 +223,7 @@ func (a *API) events(w http.ResponseWriter, r *http.Request) {
 
 func (a *API) input(w http.ResponseWriter, r *http.Request) {
 	var in hostproto.InputRequest
-	if err := decodeBody(w, r, &in); err != nil {
+	if _, err := decodeBody(w, r, &in); err != nil {
 		a.fail(w, err)
 		return
 	}
@@ -279,6 +286,7 @@ func (a *API) fail(w http.ResponseWriter, err error) {
 // codes.
 func errorAnswer(err error) (int, hostproto.ErrorBody) {
 	var reqErr *runner.RequestError
+	var fieldErr *runspec.FieldError
 	var refusal *runner.Refusal
 	var tooBig *http.MaxBytesError
 	switch {
@@ -286,6 +294,9 @@ func errorAnswer(err error) (int, hostproto.ErrorBody) {
 		return http.StatusRequestEntityTooLarge, hostproto.ErrorBody{Error: fmt.Sprintf("the request body is larger than %d bytes", tooBig.Limit), Code: hostproto.CodeBadRequest}
 	case errors.As(err, &reqErr):
 		return http.StatusBadRequest, hostproto.ErrorBody{Error: reqErr.Error(), Code: hostproto.CodeBadRequest}
+	case errors.As(err, &fieldErr):
+		// The run request's own rules, worded as Fleet words them.
+		return http.StatusBadRequest, hostproto.ErrorBody{Error: fieldErr.Error(), Code: hostproto.CodeBadRequest}
 	case errors.Is(err, runner.ErrNotFound):
 		return http.StatusNotFound, hostproto.ErrorBody{Error: "no such run on this host", Code: hostproto.CodeRunNotFound}
 	case errors.Is(err, runner.ErrNotRunning):
@@ -304,22 +315,45 @@ func errorAnswer(err error) (int, hostproto.ErrorBody) {
 	return http.StatusInternalServerError, hostproto.ErrorBody{Error: "internal error"}
 }
 
-// decodeBody reads a JSON body of at most maxBodyBytes into v. Unknown
-// fields are allowed, so a newer Fleet can talk to this edge.
-func decodeBody(w http.ResponseWriter, r *http.Request, v any) error {
-	body := http.MaxBytesReader(w, r.Body, maxBodyBytes)
-	dec := json.NewDecoder(body)
-	if err := dec.Decode(v); err != nil {
-		var tooBig *http.MaxBytesError
-		if errors.As(err, &tooBig) {
-			return err
-		}
-		if errors.Is(err, io.EOF) {
-			return &runner.RequestError{Field: "body", Message: "is empty; a JSON object is required"}
-		}
-		return &runner.RequestError{Field: "body", Message: "is not the expected JSON: " + err.Error()}
+// decodeBody reads a JSON body of at most maxBodyBytes into v and returns
+// it. Unknown fields are allowed, so a newer Fleet can talk to this edge; a
+// value of the wrong type is refused naming its field.
+func decodeBody(w http.ResponseWriter, r *http.Request, v any) ([]byte, error) {
+	body, err := io.ReadAll(http.MaxBytesReader(w, r.Body, maxBodyBytes))
+	if err != nil {
+		return nil, err
 	}
-	return nil
+	if len(bytes.TrimSpace(body)) == 0 {
+		return nil, &runner.RequestError{Field: "body", Message: "is empty; a JSON object is required"}
+	}
+	if err := json.Unmarshal(body, v); err != nil {
+		var te *json.UnmarshalTypeError
+		if errors.As(err, &te) && te.Field != "" {
+			// The run request is inline in the start request: its fields
+			// are named as the JSON names them.
+			field := strings.TrimPrefix(te.Field, "Request.")
+			return nil, &runner.RequestError{Field: field, Message: fmt.Sprintf("want %s, got %s", jsonKind(te.Type), te.Value)}
+		}
+		return nil, &runner.RequestError{Field: "body", Message: "is not the expected JSON: " + strings.TrimPrefix(err.Error(), "json: ")}
+	}
+	return body, nil
+}
+
+// jsonKind names the JSON a Go type decodes from, for a message.
+func jsonKind(t reflect.Type) string {
+	switch t.Kind() {
+	case reflect.String:
+		return "a string"
+	case reflect.Bool:
+		return "true or false"
+	case reflect.Slice, reflect.Array:
+		return "an array"
+	case reflect.Map, reflect.Struct:
+		return "an object"
+	case reflect.Pointer:
+		return jsonKind(t.Elem())
+	}
+	return "a number"
 }
 
 // nonNegative reads an optional non-negative integer query parameter.

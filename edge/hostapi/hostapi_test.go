@@ -23,6 +23,7 @@ import (
 	"github.com/runfleet/runfleet/edge/runlog"
 	"github.com/runfleet/runfleet/edge/runner"
 	"github.com/runfleet/runfleet/shared/hostproto"
+	"github.com/runfleet/runfleet/shared/runspec"
 	"github.com/runfleet/runfleet/tests/kit/await"
 	"github.com/runfleet/runfleet/tests/kit/edgetest"
 )
@@ -105,7 +106,7 @@ var ctx = context.Background()
 
 func (e *edge) start(prompt string) hostproto.Run {
 	e.t.Helper()
-	run, err := e.client.Start(ctx, hostproto.StartRequest{ClientToken: fmt.Sprintf("t-%d", time.Now().UnixNano()), Agent: "shell", Prompt: prompt})
+	run, err := e.client.Start(ctx, hostproto.StartRequest{ClientToken: fmt.Sprintf("t-%d", time.Now().UnixNano()), Request: runspec.Request{Agent: "shell", Prompt: prompt}})
 	if err != nil {
 		e.t.Fatal(err)
 	}
@@ -301,7 +302,7 @@ func TestConcurrentStartsWithOneClientTokenStartOneProcess(t *testing.T) {
 	dir := edgetest.HostDir(t)
 	os.Chmod(dir, 0o777)
 	marker := filepath.Join(dir, "starts")
-	req := hostproto.StartRequest{ClientToken: "one-token", Agent: "shell", Prompt: "echo started >> " + marker}
+	req := hostproto.StartRequest{ClientToken: "one-token", Request: runspec.Request{Agent: "shell", Prompt: "echo started >> " + marker}}
 	var wg sync.WaitGroup
 	answers := make([]hostproto.Run, 20)
 	errs := make([]error, 20)
@@ -342,7 +343,7 @@ func TestConcurrentStartsWithOneClientTokenStartOneProcess(t *testing.T) {
 func TestStartAfterItsDeadlineIsRefused(t *testing.T) {
 	e := newEdge(t)
 	past := time.Now().Add(-time.Minute)
-	_, err := e.client.Start(ctx, hostproto.StartRequest{ClientToken: "late", Agent: "shell", Prompt: "true", Deadline: &past})
+	_, err := e.client.Start(ctx, hostproto.StartRequest{ClientToken: "late", Request: runspec.Request{Agent: "shell", Prompt: "true", Deadline: &past}})
 	if !hasCode(err, http.StatusConflict, hostproto.CodeDeadlinePassed) {
 		t.Fatalf("late start = %v, want 409 deadline_passed", err)
 	}
@@ -359,7 +360,7 @@ func TestDrainAndResume(t *testing.T) {
 	if st, err := e.client.Drain(ctx); err != nil || !st.Draining || st.Idle == nil || !*st.Idle {
 		t.Fatalf("drain = %+v, %v; want draining and idle", st, err)
 	}
-	_, err := e.client.Start(ctx, hostproto.StartRequest{ClientToken: "d", Agent: "shell", Prompt: "true"})
+	_, err := e.client.Start(ctx, hostproto.StartRequest{ClientToken: "d", Request: runspec.Request{Agent: "shell", Prompt: "true"}})
 	if !hasCode(err, http.StatusConflict, hostproto.CodeDraining) {
 		t.Fatalf("start while draining = %v", err)
 	}
@@ -423,7 +424,7 @@ func TestBadRequestsNameTheField(t *testing.T) {
 		{"GET", "/runs/" + run.RunID + "/events?limit=x", "", 400, "limit"},
 		{"GET", "/runs", "", 400, "clientToken"},
 		{"POST", "/runs", `{"clientToken": "a", "agent": "nope"}`, 400, "agent"},
-		{"POST", "/runs", `{"clientToken": 5}`, 400, "body"},
+		{"POST", "/runs", `{"clientToken": 5}`, 400, "clientToken: want a string"},
 		{"POST", "/runs", ``, 400, "body"},
 		{"POST", "/runs/" + run.RunID + "/input", `{}`, 400, "input"},
 		{"GET", "/runs/nope/events", "", 404, "no such run"},

@@ -10,16 +10,10 @@ import (
 // runner and its run log never see a wire type, so a change on the wire is a
 // change here, not a migration of what edge has stored.
 
-// specOf is the start a POST /runs body asks for.
+// specOf is the start a POST /runs body asks for: the run request as it
+// came, and its token.
 func specOf(req hostproto.StartRequest) runner.Spec {
-	s := runner.Spec{
-		ClientToken: req.ClientToken, Deadline: req.Deadline, Agent: req.Agent, Prompt: req.Prompt, Argv: req.Argv,
-		Repository: req.Repository, CloneURL: req.CloneURL, LocalPath: req.LocalPath, Env: req.Env,
-	}
-	for _, sec := range req.Secrets {
-		s.Secrets = append(s.Secrets, runner.Secret{ProjectID: sec.ProjectID, Key: sec.Key, Domains: sec.Domains})
-	}
-	return s
+	return runner.Spec{ClientToken: req.ClientToken, Request: req.Request}
 }
 
 // wireRun is a run as the protocol shows it.

@@ -8,6 +8,7 @@ import (
 	"github.com/runfleet/runfleet/edge/runlog"
 	"github.com/runfleet/runfleet/edge/runner"
 	"github.com/runfleet/runfleet/shared/hostproto"
+	"github.com/runfleet/runfleet/shared/runspec"
 )
 
 // A start with every field set is stored as the run log stored it when the
@@ -15,11 +16,11 @@ import (
 func TestAStartIsStoredAsTheWireRequestWas(t *testing.T) {
 	e := newEdge(t)
 	deadline := time.Now().Add(time.Hour).UTC().Truncate(time.Second)
-	req := hostproto.StartRequest{
-		ClientToken: "every-field", Deadline: &deadline, Agent: "shell", Prompt: "true", Argv: []string{"a", "é"},
+	req := hostproto.StartRequest{ClientToken: "every-field", Request: runspec.Request{
+		Deadline: &deadline, Agent: "shell", Prompt: "true", Argv: []string{"a", "é"},
 		Repository: "acme/app", CloneURL: "file:///nonexistent/app.git", Env: map[string]string{"B": "2", "A": "1"},
-		Secrets: []hostproto.Secret{{ProjectID: "acme", Key: "API_TOKEN", Domains: []string{"api.example"}}, {ProjectID: "acme", Key: "OTHER"}},
-	}
+		Secrets: []runspec.Secret{{ProjectID: "acme", Key: "API_TOKEN", Domains: []string{"api.example"}}, {ProjectID: "acme", Key: "OTHER", Domains: []string{"other.example"}}},
+	}}
 	run, err := e.client.Start(ctx, req)
 	if err != nil {
 		t.Fatal(err)

@@ -1,50 +1,12 @@
 package policy
 
 import (
-	"errors"
 	"fmt"
 	"slices"
 	"strings"
 
-	"github.com/runfleet/runfleet/shared/hostproto"
+	"github.com/runfleet/runfleet/shared/runspec"
 )
-
-// Declared is one secret a task declared, its domains canonical. Empty
-// Domains asks for every domain the host policy gives the key.
-type Declared struct {
-	Ref     KeyRef
-	Domains []Domain
-}
-
-// ParseDeclared canonicalises a task's declared secrets once, at
-// registration, so per-request grants compare plain values.
-func ParseDeclared(secrets []hostproto.Secret) ([]Declared, error) {
-	var errs []error
-	out := make([]Declared, 0, len(secrets))
-	for _, s := range secrets {
-		d := Declared{Ref: KeyRef{Project: s.ProjectID, Key: s.Key}}
-		if s.ProjectID == "" || s.Key == "" {
-			errs = append(errs, fmt.Errorf("secret %q/%q: projectId and key are required", s.ProjectID, s.Key))
-			continue
-		}
-		for _, raw := range s.Domains {
-			dom, err := ParseDomain(raw)
-			if err != nil {
-				errs = append(errs, fmt.Errorf("secret %s domain %q: %v", d.Ref, raw, err))
-				continue
-			}
-			if !slices.Contains(d.Domains, dom) {
-				d.Domains = append(d.Domains, dom)
-			}
-		}
-		if slices.ContainsFunc(out, func(o Declared) bool { return o.Ref == d.Ref }) {
-			errs = append(errs, fmt.Errorf("secret %s is declared twice", d.Ref))
-			continue
-		}
-		out = append(out, d)
-	}
-	return out, errors.Join(errs...)
-}
 
 // Granted is a key a task may use right now: the host's key, its domains
 // narrowed to those the task declared.
@@ -66,32 +28,36 @@ type Refusal struct {
 
 func (r Refusal) String() string { return r.Ref.String() + ": " + r.Reason }
 
-// Grant intersects declared secrets with the policy: a key is granted when
-// the policy has it and every domain the task declared is one of the key's.
-// The proxy calls it per request, so a reload applies to the next request.
-func (p *Policy) Grant(declared []Declared) (granted []Granted, refused []Refusal) {
+// Grant intersects a task's declared secrets (runspec.Request.Declare) with
+// the policy: a key is granted when the policy has it and every domain the
+// task declared is one of the key's, and it reaches only those. The proxy
+// calls it per request, so a reload applies to the next request.
+func (p *Policy) Grant(declared []runspec.Declared) (granted []Granted, refused []Refusal) {
 	for _, d := range declared {
-		k, ok := p.keys[d.Ref]
+		ref := KeyRef{Project: d.ProjectID, Key: d.Key}
+		k, ok := p.keys[ref]
 		if !ok {
-			refused = append(refused, Refusal{d.Ref, "this host's policy does not proxy this key"})
+			refused = append(refused, Refusal{ref, "this host's policy does not proxy this key"})
 			continue
 		}
-		domains := k.Domains
-		if len(d.Domains) > 0 {
-			domains = nil
-			for _, dom := range d.Domains {
-				if !k.Reaches(dom) {
-					refused = append(refused, Refusal{d.Ref, domainRefusal(dom, k.Domains)})
-					domains = nil
-					break
-				}
-				domains = append(domains, dom)
+		// A declaration names at least one domain (runspec): none would
+		// reach nothing.
+		domains := make([]Domain, 0, len(d.Domains))
+		for _, dom := range d.Domains {
+			if !k.Reaches(dom) {
+				refused = append(refused, Refusal{ref, domainRefusal(dom, k.Domains)})
+				domains = nil
+				break
 			}
-			if domains == nil {
-				continue
-			}
+			domains = append(domains, dom)
 		}
-		granted = append(granted, Granted{Ref: d.Ref, Domains: domains, In: k.In, Placeholder: k.Placeholder})
+		if len(domains) == 0 {
+			if len(d.Domains) == 0 {
+				refused = append(refused, Refusal{ref, "it declares no domain to reach"})
+			}
+			continue
+		}
+		granted = append(granted, Granted{Ref: ref, Domains: domains, In: k.In, Placeholder: k.Placeholder})
 	}
 	return granted, refused
 }

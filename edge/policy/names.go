@@ -2,134 +2,17 @@ package policy
 
 import (
 	"errors"
-	"fmt"
 	"net/netip"
 	"strconv"
 	"strings"
-	"unicode/utf8"
 
-	"golang.org/x/net/idna"
+	"github.com/runfleet/runfleet/shared/netname"
 )
 
-// DefaultPort is the port a domain without one names: the proxy intercepts HTTPS.
-const DefaultPort = 443
-
-// idnaProfile maps a name the way a lookup would (lower case, width folding,
-// IDNA 2008 with UTS 46 mapping) and checks label lengths, so two spellings of
-// one name always compare equal after canonicalisation.
-var idnaProfile = idna.New(
-	idna.MapForLookup(),
-	idna.BidiRule(),
-	idna.VerifyDNSLength(true),
-	idna.Transitional(false),
-)
-
-// CanonicalName returns the canonical form of a DNS name: ASCII (punycode for
-// an IDN), lower case, without a trailing dot. It refuses what can never be a
-// proxiable name: an IP address in any spelling, a single label, a wildcard,
-// a name whose last label is numeric (some resolvers read "127.1" as an
-// address).
-func CanonicalName(name string) (string, error) {
-	if name == "" {
-		return "", errors.New("empty name")
-	}
-	if strings.ContainsAny(name, "*") {
-		return "", errors.New("a wildcard is not allowed: list each name")
-	}
-	if strings.HasPrefix(name, "[") || isIP(name) {
-		return "", errors.New("an IP address is not allowed: use a name")
-	}
-	if !utf8.ValidString(name) {
-		return "", errors.New("not a valid DNS name: not UTF-8")
-	}
-	trimmed := strings.TrimSuffix(name, ".")
-	ascii, err := idnaProfile.ToASCII(trimmed)
-	if err != nil || ascii == "" {
-		return "", errors.New("not a valid DNS name")
-	}
-	ascii = strings.ToLower(ascii)
-	// Canonical means a fixed point: the form given back must map to itself
-	// (its punycode labels decode and validate).
-	if again, err := idnaProfile.ToASCII(ascii); err != nil || again != ascii {
-		return "", errors.New("not a valid DNS name")
-	}
-	if isIP(ascii) {
-		return "", errors.New("an IP address is not allowed: use a name")
-	}
-	labels := strings.Split(ascii, ".")
-	if len(labels) < 2 {
-		return "", errors.New("a single-label name is not allowed: use a fully qualified name")
-	}
-	for _, l := range labels {
-		if l == "" {
-			return "", errors.New("not a valid DNS name: empty label")
-		}
-		for _, r := range l {
-			if !(r >= 'a' && r <= 'z' || r >= '0' && r <= '9' || r == '-') {
-				return "", fmt.Errorf("not a valid DNS name: %q in a label", r)
-			}
-		}
-	}
-	if _, err := strconv.ParseUint(labels[len(labels)-1], 10, 64); err == nil {
-		return "", errors.New("a name whose last label is numeric is not allowed")
-	}
-	return ascii, nil
-}
-
-func isIP(s string) bool {
-	_, err := netip.ParseAddr(strings.TrimSuffix(s, "."))
-	return err == nil
-}
-
-// Domain is one place a key may reach: a canonical name and a port.
-type Domain struct {
-	Name string
-	Port int
-}
-
-// String is "name" for port 443 and "name:port" otherwise, the form the
-// policy is written in.
-func (d Domain) String() string {
-	if d.Port == DefaultPort {
-		return d.Name
-	}
-	return d.Name + ":" + strconv.Itoa(d.Port)
-}
-
-// ParseDomain reads a policy domain, "name" (port 443) or "name:port".
-func ParseDomain(s string) (Domain, error) {
-	host, port := s, DefaultPort
-	if i := strings.LastIndexByte(s, ':'); i >= 0 {
-		p, err := parsePort(s[i+1:])
-		if err != nil {
-			return Domain{}, err
-		}
-		host, port = s[:i], p
-	}
-	name, err := CanonicalName(host)
-	if err != nil {
-		return Domain{}, err
-	}
-	return Domain{Name: name, Port: port}, nil
-}
-
-// parsePort accepts only a plain decimal port in 1..65535: no sign, no
-// leading zero, so one port has one spelling.
-func parsePort(s string) (int, error) {
-	if s == "" || len(s) > 5 || (len(s) > 1 && s[0] == '0') {
-		return 0, fmt.Errorf("invalid port %q", s)
-	}
-	for i := 0; i < len(s); i++ {
-		if s[i] < '0' || s[i] > '9' {
-			return 0, fmt.Errorf("invalid port %q", s)
-		}
-	}
-	p, _ := strconv.Atoi(s)
-	if p < 1 || p > 65535 {
-		return 0, fmt.Errorf("invalid port %q", s)
-	}
-	return p, nil
-}
+// Domain is one place a key may reach: a canonical name and a port. It is
+// the run request's own (netname), so a domain Fleet accepted in a dispatch
+// is the domain the policy compares.
+type Domain = netname.Domain
 
 // Authority is where a request says it goes: a canonical name or an IP
 // literal, and a port. Exactly one of Name and IP is set.
@@ -167,7 +50,7 @@ func (a Authority) String() string {
 // HostHeader is the authority as an HTTPS Host header: the port only when it
 // is not 443.
 func (a Authority) HostHeader() string {
-	if a.Port == DefaultPort {
+	if a.Port == netname.DefaultPort {
 		if a.Name != "" {
 			return a.Name
 		}
@@ -228,7 +111,7 @@ func ParseAuthority(s string, requirePort bool) (Authority, error) {
 		}
 		return Authority{IP: ip, Port: port}, nil
 	}
-	name, err := CanonicalName(host)
+	name, err := netname.Canonical(host)
 	if err != nil {
 		return Authority{}, err
 	}
@@ -240,9 +123,9 @@ func authorityPort(text string, present, required bool) (int, error) {
 		if required {
 			return 0, errors.New("missing port")
 		}
-		return DefaultPort, nil
+		return netname.DefaultPort, nil
 	}
-	return parsePort(text)
+	return netname.ParsePort(text)
 }
 
 // SameAuthority reports whether two authorities name the same place.

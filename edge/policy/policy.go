@@ -16,6 +16,7 @@ import (
 	"strings"
 
 	"github.com/runfleet/runfleet/edge/config"
+	"github.com/runfleet/runfleet/shared/netname"
 )
 
 // Location is where in a request a placeholder may be substituted.
@@ -153,7 +154,7 @@ func compileKey(where string, ref KeyRef, kp config.KeyPolicy) (*Key, []error) {
 		errs = append(errs, fmt.Errorf("%s: domains: at least one is required", where))
 	}
 	for _, raw := range kp.Domains {
-		d, err := ParseDomain(raw)
+		d, err := netname.ParseDomain(raw)
 		if err != nil {
 			errs = append(errs, fmt.Errorf("%s domain %q: %v", where, raw, err))
 			continue

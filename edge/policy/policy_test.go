@@ -13,7 +13,7 @@ import (
 
 	"github.com/runfleet/runfleet/edge/config"
 	"github.com/runfleet/runfleet/shared/clock"
-	"github.com/runfleet/runfleet/shared/hostproto"
+	"github.com/runfleet/runfleet/shared/runspec"
 	"github.com/runfleet/runfleet/tests/kit/await"
 	"github.com/runfleet/runfleet/tests/kit/syncbuf"
 )
@@ -35,7 +35,7 @@ func TestCompile(t *testing.T) {
 	if !ok {
 		t.Fatal("key missing")
 	}
-	if len(k.Domains) != 2 || k.Domains[0] != (Domain{"api.openai.com", 443}) || k.Domains[1] != (Domain{"alt.example", 8443}) {
+	if len(k.Domains) != 2 || k.Domains[0] != (Domain{Name: "api.openai.com", Port: 443}) || k.Domains[1] != (Domain{Name: "alt.example", Port: 8443}) {
 		t.Errorf("domains = %v", k.Domains)
 	}
 	if k.In != InHeader {
@@ -82,20 +82,20 @@ func TestGrant(t *testing.T) {
 		t.Fatal(err)
 	}
 	for name, tc := range map[string]struct {
-		declared    []hostproto.Secret
+		declared    []runspec.Secret
 		wantDomains []Domain
 		wantRefused string
 	}{
-		"all domains":   {[]hostproto.Secret{{ProjectID: "acme", Key: "A"}}, []Domain{{"a.example", 443}, {"b.example", 443}}, ""},
-		"narrowed":      {[]hostproto.Secret{{ProjectID: "acme", Key: "A", Domains: []string{"B.example."}}}, []Domain{{"b.example", 443}}, ""},
-		"unknown key":   {[]hostproto.Secret{{ProjectID: "acme", Key: "Z"}}, nil, "does not proxy this key"},
-		"other project": {[]hostproto.Secret{{ProjectID: "other", Key: "A"}}, nil, "does not proxy this key"},
-		"domain too wide": {[]hostproto.Secret{{ProjectID: "acme", Key: "A", Domains: []string{"a.example", "c.example"}}}, nil,
+		"every domain":  {[]runspec.Secret{{ProjectID: "acme", Key: "A", Domains: []string{"a.example", "b.example"}}}, []Domain{{Name: "a.example", Port: 443}, {Name: "b.example", Port: 443}}, ""},
+		"narrowed":      {[]runspec.Secret{{ProjectID: "acme", Key: "A", Domains: []string{"B.example."}}}, []Domain{{Name: "b.example", Port: 443}}, ""},
+		"unknown key":   {[]runspec.Secret{{ProjectID: "acme", Key: "Z", Domains: []string{"a.example"}}}, nil, "does not proxy this key"},
+		"other project": {[]runspec.Secret{{ProjectID: "other", Key: "A", Domains: []string{"a.example"}}}, nil, "does not proxy this key"},
+		"domain too wide": {[]runspec.Secret{{ProjectID: "acme", Key: "A", Domains: []string{"a.example", "c.example"}}}, nil,
 			"it may not reach c.example (port 443); this host's policy lets it reach only a.example, b.example"},
-		"other port": {[]hostproto.Secret{{ProjectID: "acme", Key: "A", Domains: []string{"a.example:8443"}}}, nil,
+		"other port": {[]runspec.Secret{{ProjectID: "acme", Key: "A", Domains: []string{"a.example:8443"}}}, nil,
 			"it may not reach a.example:8443 (port 8443); this host's policy lets it reach only a.example, b.example"},
 	} {
-		declared, err := ParseDeclared(tc.declared)
+		declared, err := runspec.Request{Agent: "shell", Secrets: tc.declared}.Declare()
 		if err != nil {
 			t.Fatalf("%s: %v", name, err)
 		}
@@ -119,14 +119,19 @@ func TestGrant(t *testing.T) {
 			t.Errorf("%s: in = %v", name, granted[0].In)
 		}
 	}
-	if _, err := ParseDeclared([]hostproto.Secret{{ProjectID: "acme", Key: "A", Domains: []string{"*.x.example"}}}); err == nil {
+	if _, err := (runspec.Request{Agent: "shell", Secrets: []runspec.Secret{{ProjectID: "acme", Key: "A", Domains: []string{"*.x.example"}}}}).Declare(); err == nil {
 		t.Error("a wildcard declared domain must be refused")
+	}
+	// A declaration that names no domain reaches nothing: it is refused,
+	// never widened to the key's every domain.
+	if granted, refused := p.Grant([]runspec.Declared{{ProjectID: "acme", Key: "A"}}); len(granted) != 0 || len(refused) != 1 {
+		t.Errorf("a declaration without domains: granted %v refused %v", granted, refused)
 	}
 }
 
 func TestDecideSubstitution(t *testing.T) {
 	ref := KeyRef{"acme", "A"}
-	granted := []Granted{{Ref: ref, Domains: []Domain{{"a.example", 443}}, In: InHeader | InURL}}
+	granted := []Granted{{Ref: ref, Domains: []Domain{{Name: "a.example", Port: 443}}, In: InHeader | InURL}}
 	at := func(s string) Authority {
 		a, err := ParseAuthority(s, true)
 		if err != nil {

@@ -15,7 +15,7 @@ import (
 
 	"golang.org/x/net/http2"
 
-	"github.com/runfleet/runfleet/shared/hostproto"
+	"github.com/runfleet/runfleet/shared/runspec"
 	"github.com/runfleet/runfleet/tests/kit/edgetest"
 )
 
@@ -53,7 +53,7 @@ func newFixtureWith(t *testing.T, o envOptions) *fixture {
 			"B": {"domains": ["other.example.test:%d"], "in": ["header", "url", "body"], "placeholder": {"prefix": "pb_", "length": 40}}}}}`, up.port, up.port)
 	o.secrets = map[string]string{"acme/A": realA, "acme/B": realB}
 	e := newEnv(t, o)
-	u, phs := e.task("run-a", hostproto.Secret{ProjectID: "acme", Key: "A"}, hostproto.Secret{ProjectID: "acme", Key: "B"})
+	u, phs := e.task("run-a", runspec.Secret{ProjectID: "acme", Key: "A"}, runspec.Secret{ProjectID: "acme", Key: "B"})
 	f := &fixture{env: e, up: up, proxyURL: u, phA: phs["A"], phB: phs["B"],
 		api: "api.example.test:" + itoa(up.port), other: "other.example.test:" + itoa(up.port)}
 	t.Cleanup(func() { e.assertNoLeak(realA, realB, f.phA, f.phB) })
@@ -274,7 +274,7 @@ func TestAttackIDNDomains(t *testing.T) {
 		keys:    fmt.Sprintf(`{"acme": {"keys": {"K": {"domains": ["Bücher.example.test:%d"]}}}}`, up.port),
 		secrets: map[string]string{"acme/K": realA},
 	})
-	u, phs := e.task("run-idn", hostproto.Secret{ProjectID: "acme", Key: "K"})
+	u, phs := e.task("run-idn", runspec.Secret{ProjectID: "acme", Key: "K"})
 	res, err := e.goClient(u, false).Do(mustRequest(t, "https://xn--bcher-kva.example.test:"+itoa(up.port)+"/", "Bearer "+phs["K"]))
 	if err != nil {
 		t.Fatal(err)
@@ -313,10 +313,10 @@ func TestAttackUpstreamResolvingToInternalAddresses(t *testing.T) {
 		"mapped.example.test": "::ffff:127.0.0.1", "mapmeta.example.test": "::ffff:169.254.169.254",
 	}
 	var keys []string
-	var decl []hostproto.Secret
+	var decl []runspec.Secret
 	for _, n := range names {
 		keys = append(keys, fmt.Sprintf(`"K_%s": {"domains": ["%s.example.test:%d"]}`, n, n, up.port))
-		decl = append(decl, hostproto.Secret{ProjectID: "acme", Key: "K_" + n})
+		decl = append(decl, runspec.Secret{ProjectID: "acme", Key: "K_" + n})
 	}
 	sec := map[string]string{}
 	for _, n := range names {
@@ -358,7 +358,7 @@ func TestAttackUpstreamIsTheProxyItself(t *testing.T) {
 	port := e.listener.Addr().(*net.TCPAddr).Port
 	e.writePolicy(`{"self.example.test": "127.0.0.1"}`, fmt.Sprintf(`{"acme": {"keys": {"K": {"domains": ["self.example.test:%d"]}}}}`, port))
 	must(t, e.watcher.Reload())
-	u, phs := e.task("run-self", hostproto.Secret{ProjectID: "acme", Key: "K"})
+	u, phs := e.task("run-self", runspec.Secret{ProjectID: "acme", Key: "K"})
 	res, err := e.goClient(u, false).Do(mustRequest(t, "https://self.example.test:"+itoa(port)+"/", "Bearer "+phs["K"]))
 	if err != nil {
 		t.Fatal(err)
@@ -539,7 +539,7 @@ func TestAttackHTTP2AuthorityMismatch(t *testing.T) {
 
 func TestAttackAnotherTasksPlaceholder(t *testing.T) {
 	f := newFixture(t, "open")
-	_, other := f.task("run-b", hostproto.Secret{ProjectID: "acme", Key: "A"})
+	_, other := f.task("run-b", runspec.Secret{ProjectID: "acme", Key: "A"})
 	res, body := f.get(t, "https://"+f.api+"/", http.Header{"Authorization": {"Bearer " + other["A"]}})
 	if res.StatusCode != http.StatusForbidden || !strings.Contains(body, "another task") {
 		t.Fatalf("%d %q", res.StatusCode, body)
@@ -647,14 +647,16 @@ func TestPolicyChangeAppliesToTheNextRequest(t *testing.T) {
 	if res, _ := roundTrip(t, tc, br, "GET /before HTTP/1.1\r\nHost: "+f.api+"\r\nAuthorization: Bearer "+f.phA+"\r\n\r\n"); res.StatusCode != 200 {
 		t.Fatalf("before: %d", res.StatusCode)
 	}
-	// Key A now reaches only other.example.test.
+	// Key A now reaches only other.example.test, where the task never
+	// declared it: it is granted nowhere any more (a task gets a key only
+	// for every domain it declared). B is as it was.
 	f.writePolicy(`{"api.example.test": "127.0.0.1", "other.example.test": "127.0.0.1"}`, fmt.Sprintf(`{"acme": {"keys": {
-		"A": {"domains": ["other.example.test:%d"]}, "B": {"domains": ["other.example.test:%d"]}}}}`, f.up.port, f.up.port))
+		"A": {"domains": ["other.example.test:%d"]}, "B": {"domains": ["other.example.test:%d"], "in": ["header", "url", "body"], "placeholder": {"prefix": "pb_", "length": 40}}}}}`, f.up.port, f.up.port))
 	must(t, f.watcher.Reload())
 	// The next request on the very same connection is decided by the new
-	// policy: A may not reach api any more, so its placeholder blocks.
+	// policy: A is not granted any more, so its placeholder blocks.
 	res, body := roundTrip(t, tc, br, "GET /after HTTP/1.1\r\nHost: "+f.api+"\r\nAuthorization: Bearer "+f.phA+"\r\n\r\n")
-	if res.StatusCode != http.StatusForbidden || !strings.Contains(body, "may not reach api.example.test") {
+	if res.StatusCode != http.StatusForbidden || !strings.Contains(body, "key acme/A is not granted to this task") {
 		t.Fatalf("A on api on the kept-alive connection after the change: %d %q", res.StatusCode, body)
 	}
 	// A new connection to api is not intercepted any more (no key of the
@@ -670,12 +672,20 @@ func TestPolicyChangeAppliesToTheNextRequest(t *testing.T) {
 		t.Fatalf("A on api through a new connection: %d", res.StatusCode)
 	}
 	f.waitAudit(func(m map[string]any) bool { return m["action"] == "tunnelled" && m["host"] == f.api })
-	// And A is substituted for its new domain.
+	// A is not substituted where the policy moved it: the task did not
+	// declare that domain.
 	res, err = f.goClient(f.proxyURL, false).Do(mustRequest(t, "https://"+f.other+"/", "Bearer "+f.phA))
 	must(t, err)
 	res.Body.Close()
+	if res.StatusCode != http.StatusForbidden {
+		t.Fatalf("A on other after the change: %d, want it blocked", res.StatusCode)
+	}
+	// B, which the change left alone, still is.
+	res, err = f.goClient(f.proxyURL, false).Do(mustRequest(t, "https://"+f.other+"/b", "Bearer "+f.phB))
+	must(t, err)
+	res.Body.Close()
 	if res.StatusCode != 200 {
-		t.Fatalf("A on other after the change: %d", res.StatusCode)
+		t.Fatalf("B on other after the change: %d", res.StatusCode)
 	}
 	got := f.up.requests()
 	if len(got) != 3 {
@@ -687,8 +697,8 @@ func TestPolicyChangeAppliesToTheNextRequest(t *testing.T) {
 	if got[1].Path != "/tunnelled" || got[1].Header.Get("Authorization") != "Bearer "+f.phA {
 		t.Error("the tunnelled request did not reach api with the placeholder as it was")
 	}
-	if got[2].Host != f.other || got[2].Header.Get("Authorization") != "Bearer "+realA {
-		t.Error("A not substituted for its new domain")
+	if got[2].Path != "/b" || got[2].Header.Get("Authorization") != "Bearer "+realB {
+		t.Error("B not substituted on other after the change")
 	}
 }
 

@@ -26,10 +26,11 @@ import (
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
-	logredact "github.com/runfleet/runfleet/edge/internal/redact"
 	"golang.org/x/net/http2"
 
-	"github.com/runfleet/runfleet/shared/hostproto"
+	logredact "github.com/runfleet/runfleet/edge/internal/redact"
+	"github.com/runfleet/runfleet/shared/runspec"
+
 	"github.com/runfleet/runfleet/tests/kit/edgetest"
 )
 
@@ -84,7 +85,7 @@ func newBenchRig(b *testing.B) *benchRig {
 		keys:    fmt.Sprintf(`{"acme": {"keys": {"K": {"domains": ["api.example.test:%d"], "placeholder": {"prefix": "sk-"}}}}}`, up.port),
 		secrets: map[string]string{"acme/K": benchKey},
 	})
-	u, phs := e.task("run-bench", hostproto.Secret{ProjectID: "acme", Key: "K"})
+	u, phs := e.task("run-bench", runspec.Secret{ProjectID: "acme", Key: "K"})
 	// The recording upstream keeps every request; the benchmarks only need
 	// the answer, so stop recording.
 	up.noRecord = true
@@ -419,7 +420,7 @@ func benchChildMain() int {
 		keys:    keys,
 		secrets: map[string]string{"acme/K": benchKey},
 	})
-	u, phs := e.task("run-bench", hostproto.Secret{ProjectID: "acme", Key: "K"})
+	u, phs := e.task("run-bench", runspec.Secret{ProjectID: "acme", Key: "K"})
 	tn := newTaskNet(t)
 	// The parent's connections all go to one destination, known once the
 	// task's DNS has pinned the name: that is all conntrack would say.

@@ -10,7 +10,7 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/runfleet/runfleet/shared/hostproto"
+	"github.com/runfleet/runfleet/shared/runspec"
 	"github.com/runfleet/runfleet/tests/kit/edgetest"
 )
 
@@ -80,7 +80,7 @@ func TestRealClientsGetTheirPlaceholderSubstituted(t *testing.T) {
 		keys:    fmt.Sprintf(`{"acme": {"keys": {"OPENAI_API_KEY": {"domains": ["api.example.test:%d"], "in": ["header", "body"], "placeholder": {"prefix": "sk-"}}}}}`, up.port),
 		secrets: map[string]string{"acme/OPENAI_API_KEY": real},
 	})
-	proxyURL, phs := e.task("run-clients", hostproto.Secret{ProjectID: "acme", Key: "OPENAI_API_KEY"})
+	proxyURL, phs := e.task("run-clients", runspec.Secret{ProjectID: "acme", Key: "OPENAI_API_KEY"})
 	ph := phs["OPENAI_API_KEY"]
 	if !strings.HasPrefix(ph, "sk-") || len(ph) != 48 {
 		t.Fatalf("placeholder shape: %d chars", len(ph))

@@ -18,7 +18,7 @@ import (
 	"golang.org/x/net/websocket"
 
 	"github.com/runfleet/runfleet/edge/policy"
-	"github.com/runfleet/runfleet/shared/hostproto"
+	"github.com/runfleet/runfleet/shared/runspec"
 )
 
 func TestBasicCredentialsAreDecodedSubstitutedAndReencoded(t *testing.T) {
@@ -135,7 +135,7 @@ func TestPlaceholdersAreStableAcrossRestartsAndDroppedWithTheTask(t *testing.T) 
 	dir := t.TempDir()
 	opts := envOptions{dataDir: dir, keys: `{"acme": {"keys": {"A": {"domains": ["api.example.test"]}}}}`, secrets: map[string]string{}}
 	e := newEnv(t, opts)
-	_, first := e.task("run-r", hostproto.Secret{ProjectID: "acme", Key: "A"})
+	_, first := e.task("run-r", runspec.Secret{ProjectID: "acme", Key: "A"})
 	fi, err := os.Stat(filepath.Join(dir, "secrets-proxy", "placeholders", "run-r.json"))
 	if err != nil || fi.Mode().Perm() != 0o600 {
 		t.Fatalf("placeholder file: %v %v", fi, err)
@@ -156,11 +156,11 @@ func TestPlaceholdersAreStableAcrossRestartsAndDroppedWithTheTask(t *testing.T) 
 	if ms := e2.proxy.reg.index.Load().find([]byte(first["A"])); len(ms) != 1 || ms[0].owner.task != "run-r" {
 		t.Fatal("a persisted placeholder is not recognised after a restart")
 	}
-	_, again := e2.task("run-r", hostproto.Secret{ProjectID: "acme", Key: "A"})
+	_, again := e2.task("run-r", runspec.Secret{ProjectID: "acme", Key: "A"})
 	if again["A"] != first["A"] {
 		t.Fatal("the placeholder changed across a restart")
 	}
-	_, other := e2.task("run-s", hostproto.Secret{ProjectID: "acme", Key: "A"})
+	_, other := e2.task("run-s", runspec.Secret{ProjectID: "acme", Key: "A"})
 	if other["A"] == first["A"] {
 		t.Fatal("two tasks share a placeholder")
 	}
@@ -178,14 +178,14 @@ func TestPlaceholdersAreStableAcrossRestartsAndDroppedWithTheTask(t *testing.T) 
 
 func TestRegisterRefusesKeysThePolicyDoesNotGrant(t *testing.T) {
 	e := newEnv(t, envOptions{keys: `{"acme": {"keys": {"A": {"domains": ["api.example.test"]}}}}`, secrets: map[string]string{}})
-	err := e.proxy.Register("run-n", []hostproto.Secret{{ProjectID: "acme", Key: "A"}, {ProjectID: "acme", Key: "NOPE"}})
+	err := e.proxy.Register("run-n", e.declare(runspec.Secret{ProjectID: "acme", Key: "A"}, runspec.Secret{ProjectID: "acme", Key: "NOPE"}))
 	if err == nil || !strings.Contains(err.Error(), "acme/NOPE") {
 		t.Fatalf("err = %v", err)
 	}
 	if _, err := e.proxy.TaskKeys("run-n"); err == nil {
 		t.Fatal("a refused task was registered")
 	}
-	must(t, e.proxy.Register("run-n", []hostproto.Secret{{ProjectID: "acme", Key: "A", Domains: []string{"API.example.test."}}}))
+	must(t, e.proxy.Register("run-n", e.declare(runspec.Secret{ProjectID: "acme", Key: "A", Domains: []string{"API.example.test."}})))
 	keys, err := e.proxy.ProxiedKeys("run-n")
 	if err != nil || len(keys) != 1 || keys[0].Key != "A" || fmt.Sprint(keys[0].Domains) != "[api.example.test]" {
 		t.Fatalf("%+v %v", keys, err)
@@ -289,10 +289,10 @@ func TestAuditAndLogsNeverHoldAValueOrPlaceholder(t *testing.T) {
 
 func TestCheckGrantForAdmission(t *testing.T) {
 	e := newEnv(t, envOptions{keys: `{"acme": {"keys": {"A": {"domains": ["api.example.test"]}}}}`, secrets: map[string]string{}})
-	if err := e.proxy.CheckGrant([]hostproto.Secret{{ProjectID: "acme", Key: "A"}}); err != nil {
+	if err := e.proxy.CheckGrant(e.declare(runspec.Secret{ProjectID: "acme", Key: "A"})); err != nil {
 		t.Fatal(err)
 	}
-	err := e.proxy.CheckGrant([]hostproto.Secret{{ProjectID: "acme", Key: "A", Domains: []string{"evil.example.test"}}})
+	err := e.proxy.CheckGrant(e.declare(runspec.Secret{ProjectID: "acme", Key: "A", Domains: []string{"evil.example.test"}}))
 	var ng *policy.NotGrantedError
 	if !errors.As(err, &ng) || len(ng.Refused) != 1 || !strings.Contains(err.Error(), "evil.example.test") {
 		t.Fatalf("err = %v", err)

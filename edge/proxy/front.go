@@ -19,6 +19,7 @@ import (
 
 	"github.com/runfleet/runfleet/edge/audit"
 	"github.com/runfleet/runfleet/edge/policy"
+	"github.com/runfleet/runfleet/shared/netname"
 )
 
 // connInfo is what the pipeline knows about an intercepted connection.
@@ -302,7 +303,7 @@ func sameName(sni, name string) bool {
 	if sni == "" {
 		return false
 	}
-	canon, err := policy.CanonicalName(sni)
+	canon, err := netname.Canonical(sni)
 	return err == nil && canon == name
 }
 

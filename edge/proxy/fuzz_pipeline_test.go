@@ -12,7 +12,7 @@ import (
 	"testing"
 
 	"github.com/runfleet/runfleet/edge/policy"
-	"github.com/runfleet/runfleet/shared/hostproto"
+	"github.com/runfleet/runfleet/shared/runspec"
 	"github.com/runfleet/runfleet/tests/kit/edgetest"
 )
 
@@ -34,8 +34,8 @@ func FuzzPipeline(f *testing.F) {
 			"B": {"domains": ["other.example.test:%d"], "in": ["header", "url", "body"], "placeholder": {"prefix": "pb_", "length": 24}}}}}`, up.port, up.port),
 		secrets: map[string]string{"acme/A": realA, "acme/B": realB},
 	})
-	_, phs := e.task("run-f", hostproto.Secret{ProjectID: "acme", Key: "A"}, hostproto.Secret{ProjectID: "acme", Key: "B"})
-	_, other := e.task("run-g", hostproto.Secret{ProjectID: "acme", Key: "A"})
+	_, phs := e.task("run-f", runspec.Secret{ProjectID: "acme", Key: "A"}, runspec.Secret{ProjectID: "acme", Key: "B"})
+	_, other := e.task("run-g", runspec.Secret{ProjectID: "acme", Key: "A"})
 	pa, pb, pg := phs["A"], phs["B"], other["A"]
 	e.proxy.reg.mu.Lock()
 	att := e.proxy.reg.tasks["run-f"].attempt

@@ -21,7 +21,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/runfleet/runfleet/shared/hostproto"
+	"github.com/runfleet/runfleet/shared/runspec"
 	"github.com/runfleet/runfleet/tests/kit/edgetest"
 )
 
@@ -66,7 +66,7 @@ func TestH2specAgainstTheInterceptingFront(t *testing.T) {
 	e := newEnv(t, envOptions{uca: uca, pins: map[string]string{h2specName: "127.0.0.2"},
 		keys:    fmt.Sprintf(`{"acme": {"keys": {"A": {"domains": [%q], "in": ["header"]}}}}`, target),
 		secrets: map[string]string{"acme/A": realA}, quiet: true})
-	proxyURL, _ := e.task("run-h2spec", hostproto.Secret{ProjectID: "acme", Key: "A"})
+	proxyURL, _ := e.task("run-h2spec", runspec.Secret{ProjectID: "acme", Key: "A"})
 	go forwardThrough(fwdLn, proxyURL.Host, target, proxyURL.User.Username(), password(proxyURL.User))
 
 	report := filepath.Join(t.TempDir(), "h2spec.xml")

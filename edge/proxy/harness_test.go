@@ -9,7 +9,6 @@ import (
 	"encoding/base64"
 	"encoding/json"
 	"fmt"
-	"github.com/prometheus/client_golang/prometheus"
 	"io"
 	"log/slog"
 	"net"
@@ -20,11 +19,14 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
 	"testing"
 	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/runfleet/runfleet/edge/audit"
 	"github.com/runfleet/runfleet/edge/ca"
@@ -32,7 +34,7 @@ import (
 	"github.com/runfleet/runfleet/edge/policy"
 	"github.com/runfleet/runfleet/edge/secrets"
 	"github.com/runfleet/runfleet/edge/upstream"
-	"github.com/runfleet/runfleet/shared/hostproto"
+	"github.com/runfleet/runfleet/shared/runspec"
 	"github.com/runfleet/runfleet/tests/kit/await"
 	"github.com/runfleet/runfleet/tests/kit/edgetest"
 	"github.com/runfleet/runfleet/tests/kit/syncbuf"
@@ -289,9 +291,9 @@ func (e *env) writePolicy(pins, keys string) {
 
 // task registers a run with declared secrets and starts its attempt; it
 // returns the proxy URL with credentials and the placeholders by key.
-func (e *env) task(runID string, declared ...hostproto.Secret) (*url.URL, map[string]string) {
+func (e *env) task(runID string, declared ...runspec.Secret) (*url.URL, map[string]string) {
 	e.t.Helper()
-	must(e.t, e.proxy.Register(runID, declared))
+	must(e.t, e.proxy.Register(runID, e.declare(declared...)))
 	u, err := e.proxy.StartAttempt(runID)
 	must(e.t, err)
 	keys, err := e.proxy.TaskKeys(runID)
@@ -301,6 +303,31 @@ func (e *env) task(runID string, declared ...hostproto.Secret) (*url.URL, map[st
 		phs[k.Key] = k.Placeholder
 	}
 	return u, phs
+}
+
+// declare reads secrets as a host reads a run's (runspec), a secret that
+// names no domain taken as declared for every domain the policy in force
+// gives its key (most tests want a key wherever it may go; a key the policy
+// lacks is declared for a domain of its own, and refused by name).
+func (e *env) declare(secrets ...runspec.Secret) []runspec.Declared {
+	e.t.Helper()
+	secrets = slices.Clone(secrets)
+	for i, s := range secrets {
+		if len(s.Domains) > 0 {
+			continue
+		}
+		k, ok := e.watcher.Current().Key(policy.KeyRef{Project: s.ProjectID, Key: s.Key})
+		if !ok {
+			secrets[i].Domains = []string{"not-in-the-policy.example"}
+			continue
+		}
+		for _, d := range k.Domains {
+			secrets[i].Domains = append(secrets[i].Domains, d.String())
+		}
+	}
+	declared, err := runspec.Request{Agent: "test", Secrets: secrets}.Declare()
+	must(e.t, err)
+	return declared
 }
 
 // goClient is a net/http client configured the way a task's Go program is:

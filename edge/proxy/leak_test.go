@@ -24,7 +24,7 @@ import (
 
 	"github.com/runfleet/runfleet/edge/audit"
 	logredact "github.com/runfleet/runfleet/edge/internal/redact"
-	"github.com/runfleet/runfleet/shared/hostproto"
+	"github.com/runfleet/runfleet/shared/runspec"
 	"github.com/runfleet/runfleet/tests/kit/await"
 	"github.com/runfleet/runfleet/tests/kit/edgetest"
 	"github.com/runfleet/runfleet/tests/kit/syncbuf"
@@ -101,9 +101,9 @@ func newLeakRig(t *testing.T) *leakRig {
 		"W": {"domains": ["api.example.test:%[1]d"], "in": ["header"]}}}}`, up.port, deadPort)
 	o.secrets = map[string]string{"acme/A": realA, "acme/B": realB, "acme/C": realC, "acme/D": realD, "acme/E": realE}
 	r.env = newEnv(t, o)
-	var declared []hostproto.Secret
+	var declared []runspec.Secret
 	for _, k := range []string{"A", "B", "C", "D", "E", "W"} {
-		declared = append(declared, hostproto.Secret{ProjectID: "acme", Key: k})
+		declared = append(declared, runspec.Secret{ProjectID: "acme", Key: k})
 	}
 	r.proxyURL, r.ph = r.task("run-a", declared...)
 	r.api, r.other = "api.example.test:"+itoa(up.port), "other.example.test:"+itoa(up.port)

@@ -14,7 +14,7 @@ import (
 	"golang.org/x/net/http2"
 	"golang.org/x/net/http2/hpack"
 
-	"github.com/runfleet/runfleet/shared/hostproto"
+	"github.com/runfleet/runfleet/shared/runspec"
 	"github.com/runfleet/runfleet/tests/kit/await"
 	"github.com/runfleet/runfleet/tests/kit/edgetest"
 )
@@ -153,7 +153,7 @@ func TestValueLongerThanTheHeadAllowanceIsRefusedInTheHead(t *testing.T) {
 	e := newEnv(t, envOptions{uca: uca, pins: map[string]string{"api.example.test": "127.0.0.1"},
 		keys:    fmt.Sprintf(`{"acme": {"keys": {"L": {"domains": ["api.example.test:%d"], "in": ["header", "body"]}}}}`, up.port),
 		secrets: map[string]string{"acme/L": long}})
-	u, phs := e.task("run-long", hostproto.Secret{ProjectID: "acme", Key: "L"})
+	u, phs := e.task("run-long", runspec.Secret{ProjectID: "acme", Key: "L"})
 	f := &fixture{env: e, up: up, proxyURL: u, api: "api.example.test:" + itoa(up.port)}
 	t.Cleanup(func() { e.assertNoLeak(long, phs["L"]) })
 	for _, h2 := range []bool{false, true} {

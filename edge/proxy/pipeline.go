@@ -19,6 +19,7 @@ import (
 	"github.com/runfleet/runfleet/edge/policy"
 	"github.com/runfleet/runfleet/edge/proxy/http1"
 	"github.com/runfleet/runfleet/edge/secrets"
+	"github.com/runfleet/runfleet/shared/runspec"
 )
 
 // pipeline is the one request handler of intercepted connections, HTTP/1.1
@@ -195,7 +196,7 @@ func (st *requestState) usedKeys() []string {
 // applies to the next request.
 type grants struct {
 	policy   *policy.Policy
-	declared []policy.Declared
+	declared []runspec.Declared
 	granted  []policy.Granted
 	names    []string // granted[i].Ref.String(), for audit lines
 }
@@ -227,7 +228,7 @@ func (t *task) grantsUnder(pol *policy.Policy) *grants {
 
 // sameSlice: the very same declaration, not an equal one (Register replaces
 // the slice; it never changes one in place).
-func sameSlice(a, b []policy.Declared) bool {
+func sameSlice(a, b []runspec.Declared) bool {
 	return len(a) == len(b) && (len(a) == 0 || &a[0] == &b[0])
 }
 

@@ -10,12 +10,13 @@ import (
 	"io"
 	"net"
 	"net/url"
+	"slices"
 	"sort"
 	"sync"
 	"sync/atomic"
 
 	"github.com/runfleet/runfleet/edge/policy"
-	"github.com/runfleet/runfleet/shared/hostproto"
+	"github.com/runfleet/runfleet/shared/runspec"
 )
 
 // ErrUnknownTask is a run id the registry does not hold.
@@ -24,7 +25,7 @@ var ErrUnknownTask = errors.New("proxy: unknown task")
 // task is one registered run across its attempts.
 type task struct {
 	runID    string
-	declared []policy.Declared
+	declared []runspec.Declared
 
 	// Guarded by registry.mu.
 	attempt *attempt
@@ -118,22 +119,20 @@ func (r *registry) reindexLocked() {
 	r.index.Store(newIndex(all))
 }
 
-// Register records a task and its declared secrets, and mints (or, after a
-// restart, reloads) a placeholder for each. Every declared key must be
-// granted by the policy in force, else a *policy.NotGrantedError (the run's
-// reason is key_not_granted) and nothing is registered. Registering a known
-// run id again with the same secrets is a no-op.
-func (p *Proxy) Register(runID string, declared []hostproto.Secret) error {
+// Register records a task and its declared secrets (as
+// runspec.Request.Declare reads them), and mints (or, after a restart,
+// reloads) a placeholder for each. Every declared key must be granted by the
+// policy in force, else a *policy.NotGrantedError (the run's reason is
+// key_not_granted) and nothing is registered. Registering a known run id
+// again with the same secrets is a no-op.
+func (p *Proxy) Register(runID string, declared []runspec.Declared) error {
 	if p.cfg.Disabled {
 		return ErrDisabled
 	}
 	if err := checkRunID(runID); err != nil {
 		return err
 	}
-	decl, err := policy.ParseDeclared(declared)
-	if err != nil {
-		return fmt.Errorf("proxy: task %s: %w", runID, err)
-	}
+	decl := slices.Clone(declared)
 	pol := p.cfg.Policy.Current()
 	granted, refused := pol.Grant(decl)
 	if len(refused) > 0 {
@@ -179,16 +178,12 @@ func (p *Proxy) Register(runID string, declared []hostproto.Secret) error {
 
 // CheckGrant is admission's question: would the policy in force grant every
 // declared key? nil, or a *policy.NotGrantedError naming each refused key
-// (reason key_not_granted), or an error naming a malformed declaration.
-func (p *Proxy) CheckGrant(declared []hostproto.Secret) error {
+// (reason key_not_granted).
+func (p *Proxy) CheckGrant(declared []runspec.Declared) error {
 	if p.cfg.Disabled {
 		return ErrDisabled
 	}
-	decl, err := policy.ParseDeclared(declared)
-	if err != nil {
-		return fmt.Errorf("proxy: %w", err)
-	}
-	if _, refused := p.cfg.Policy.Current().Grant(decl); len(refused) > 0 {
+	if _, refused := p.cfg.Policy.Current().Grant(declared); len(refused) > 0 {
 		return &policy.NotGrantedError{Refused: refused}
 	}
 	return nil
@@ -215,8 +210,8 @@ func (p *Proxy) TaskKeys(runID string) ([]TaskKey, error) {
 	}
 	var out []TaskKey
 	for _, d := range t.declared {
-		if ph, ok := r.placeholders[runID][d.Ref]; ok {
-			out = append(out, TaskKey{ProjectID: d.Ref.Project, Key: d.Ref.Key, Placeholder: ph})
+		if ph, ok := r.placeholders[runID][policy.KeyRef{Project: d.ProjectID, Key: d.Key}]; ok {
+			out = append(out, TaskKey{ProjectID: d.ProjectID, Key: d.Key, Placeholder: ph})
 		}
 	}
 	return out, nil

@@ -16,7 +16,7 @@ import (
 	"time"
 
 	"github.com/runfleet/runfleet/edge/policy"
-	"github.com/runfleet/runfleet/shared/hostproto"
+	"github.com/runfleet/runfleet/shared/runspec"
 	"github.com/runfleet/runfleet/tests/kit/await"
 )
 
@@ -152,7 +152,7 @@ func TestARefusedTargetsReasonIsRedacted(t *testing.T) {
 // only inside its own task's network.
 func TestATaskNetworksExplicitProxyServesThatTaskAlone(t *testing.T) {
 	f := newFixture(t, policy.EgressOpen)
-	other, _ := f.task("run-b", hostproto.Secret{ProjectID: "acme", Key: "A"})
+	other, _ := f.task("run-b", runspec.Secret{ProjectID: "acme", Key: "A"})
 	l, err := net.Listen("tcp", "127.0.0.1:0")
 	must(t, err)
 	must(t, f.proxy.ServeNetwork("run-a", TaskNetwork{Explicit: l}))

@@ -22,7 +22,7 @@ import (
 	"golang.org/x/net/dns/dnsmessage"
 	"golang.org/x/net/http2"
 
-	"github.com/runfleet/runfleet/shared/hostproto"
+	"github.com/runfleet/runfleet/shared/runspec"
 	"github.com/runfleet/runfleet/tests/kit/edgetest"
 )
 
@@ -463,7 +463,7 @@ func TestTransparentTunnelToAPrivateAddressIsRefusedByTheGuard(t *testing.T) {
 	e := newEnv(t, envOptions{uca: uca, egress: "open", noAllowPrivate: true,
 		pins: map[string]string{"ten.example.test": "10.1.2.3", "meta.example.test": "169.254.169.254", "loop.example.test": "127.0.0.1"},
 		keys: `{"acme": {"keys": {"K": {"domains": ["api.example.test"]}}}}`, secrets: map[string]string{"acme/K": realA}})
-	e.task("run-g", hostproto.Secret{ProjectID: "acme", Key: "K"})
+	e.task("run-g", runspec.Secret{ProjectID: "acme", Key: "K"})
 	tn := e.network("run-g")
 	type target struct {
 		dst  netip.AddrPort

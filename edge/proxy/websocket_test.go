@@ -14,7 +14,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/runfleet/runfleet/shared/hostproto"
+	"github.com/runfleet/runfleet/shared/runspec"
 	"github.com/runfleet/runfleet/tests/kit/edgetest"
 )
 
@@ -289,7 +289,7 @@ func TestWebSocketTaskControlFrameTooLongOnceSubstituted(t *testing.T) {
 	e := newEnv(t, envOptions{uca: uca, pins: map[string]string{"api.example.test": "127.0.0.1"},
 		keys:    fmt.Sprintf(`{"acme": {"keys": {"L": {"domains": ["api.example.test:%d"], "in": ["header", "body"]}}}}`, upstream.port),
 		secrets: map[string]string{"acme/L": long}})
-	u, phs := e.task("run-l", hostproto.Secret{ProjectID: "acme", Key: "L"})
+	u, phs := e.task("run-l", runspec.Secret{ProjectID: "acme", Key: "L"})
 	f := &fixture{env: e, up: upstream, proxyURL: u, api: "api.example.test:" + itoa(upstream.port)}
 	up, recorded, _ := f.wsRecorder(t)
 	conn, br, res := f.wsDial(t, f.api, "api.example.test", "")

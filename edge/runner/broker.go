@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 
 	"github.com/runfleet/runfleet/edge/sandbox"
+	"github.com/runfleet/runfleet/shared/runspec"
 )
 
 // Broker is the secrets proxy as the runner needs it: its readiness, the
@@ -17,11 +18,11 @@ type Broker interface {
 	// Ungranted returns the first declared secret the host policy does not
 	// grant right now, as "project/KEY", with the policy's reason; "" when it
 	// grants them all. A reload of the policy applies to the next call.
-	Ungranted(secrets []Secret) (key, reason string)
+	Ungranted(declared []runspec.Declared) (key, reason string)
 	// Register declares the run's secrets to the proxy (again, for a retry)
 	// and returns the task's view of them. Registering a known run keeps its
 	// placeholders.
-	Register(runID string, secrets []Secret) (TaskSecrets, error)
+	Register(runID string, declared []runspec.Declared) (TaskSecrets, error)
 	// Registered reports whether the run is registered and none of its keys
 	// has been revoked since.
 	Registered(runID string) bool

@@ -9,6 +9,7 @@ import (
 	"testing"
 
 	"github.com/runfleet/runfleet/shared/hostproto"
+	"github.com/runfleet/runfleet/tests/kit/await"
 )
 
 // hostPIDs are the host's ids of the processes in PID namespace ns whose
@@ -39,7 +40,9 @@ echo "ns=$(readlink /proc/$$/ns/pid) tmpdir=$TMPDIR"; exec sleep 1001`, nil)
 	if !strings.Contains(outA, "tmpdir=/tmp") {
 		t.Fatalf("task A's TMPDIR: %q", outA)
 	}
-	pidsA := hostPIDs(t, nsA, "sleep 1001")
+	// The output comes before the shell execs sleep: wait for the exec.
+	var pidsA []int
+	await.Within(await.Limit, func() bool { pidsA = hostPIDs(t, nsA, "sleep 1001"); return len(pidsA) == 1 })
 	if len(pidsA) != 1 {
 		t.Fatalf("task A's sleep in its namespace %s: %v", nsA, pidsA)
 	}

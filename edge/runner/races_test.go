@@ -13,6 +13,7 @@ import (
 
 	"github.com/runfleet/runfleet/shared/clock"
 	"github.com/runfleet/runfleet/shared/hostproto"
+	"github.com/runfleet/runfleet/shared/runspec"
 	"github.com/runfleet/runfleet/tests/kit/await"
 	"github.com/runfleet/runfleet/tests/kit/syncbuf"
 )
@@ -108,7 +109,7 @@ func TestResumeDuringShutdownKeepsTheHostDraining(t *testing.T) {
 				return h.r.closed
 			})
 			h.r.Resume() // POST /host/resume
-			_, err := h.r.Start(Spec{ClientToken: "during-shutdown", Agent: "shell", Prompt: "true"})
+			_, err := h.r.Start(Spec{ClientToken: "during-shutdown", Request: runspec.Request{Agent: "shell", Prompt: "true"}})
 			got <- seen{draining: h.r.Draining(), startErr: err}
 		}
 	})

@@ -443,7 +443,8 @@ func (r *Runner) Idle() bool {
 // stored and admitted at once: the answer carries admission's refusal as the
 // run's state, or status admitted while its process starts in the background.
 func (r *Runner) Start(req Spec) (Run, error) {
-	if err := r.validateStart(req); err != nil {
+	declared, err := r.validateStart(req)
+	if err != nil {
 		return Run{}, err
 	}
 	if rec, found, err := r.log.ByClientToken(req.ClientToken); err != nil {
@@ -474,6 +475,7 @@ func (r *Runner) Start(req Spec) (Run, error) {
 	if err != nil {
 		return Run{}, err
 	}
+	t.declared = declared
 	rec, created, err := r.log.Create(rec)
 	if err != nil || !created {
 		r.unreserve(t)
@@ -507,6 +509,9 @@ func (r *Runner) Retry(runID string) (Run, error) {
 	if err != nil {
 		return Run{}, err
 	}
+	// A record stored before the run request's rules tightened may hold
+	// what Start now refuses: admission refuses it (key_not_granted).
+	t.declared, t.declareErr = t.spec.Declare()
 	now := r.clock.Now()
 	rec, err = r.log.Update(runID, func(rec *runlog.Record) error {
 		// Another retry may have begun, and even ended, between the read

@@ -18,6 +18,7 @@ import (
 	"github.com/runfleet/runfleet/edge/runlog"
 	"github.com/runfleet/runfleet/shared/clock"
 	"github.com/runfleet/runfleet/shared/hostproto"
+	"github.com/runfleet/runfleet/shared/runspec"
 	"github.com/runfleet/runfleet/tests/kit/await"
 	"github.com/runfleet/runfleet/tests/kit/edgetest"
 )
@@ -89,7 +90,7 @@ var tokens atomic.Int64
 
 func (h *harness) start(prompt string, change func(*Spec)) Run {
 	h.t.Helper()
-	req := Spec{ClientToken: fmt.Sprintf("tok-%d", tokens.Add(1)), Agent: "shell", Prompt: prompt}
+	req := Spec{ClientToken: fmt.Sprintf("tok-%d", tokens.Add(1)), Request: runspec.Request{Agent: "shell", Prompt: prompt}}
 	if change != nil {
 		change(&req)
 	}
@@ -519,7 +520,7 @@ func TestDeadlinePassedIsRefusedAndStoredNowhere(t *testing.T) {
 	fake := clock.NewFake(time.Date(2026, 11, 30, 12, 0, 0, 0, time.UTC))
 	h := newHarness(t, func(c *Config) { c.Clock = fake })
 	past := fake.Now().Add(-time.Second)
-	_, err := h.r.Start(Spec{ClientToken: "late", Agent: "shell", Prompt: "true", Deadline: &past})
+	_, err := h.r.Start(Spec{ClientToken: "late", Request: runspec.Request{Agent: "shell", Prompt: "true", Deadline: &past}})
 	if !isRefusal(err, hostproto.ReasonDeadlinePassed) {
 		t.Fatalf("late start = %v, want deadline_passed", err)
 	}
@@ -531,7 +532,7 @@ func TestDeadlinePassedIsRefusedAndStoredNowhere(t *testing.T) {
 func TestDrainRefusesNewStartsAndResumeAdmitsAgain(t *testing.T) {
 	h := newHarness(t, nil)
 	h.r.Drain()
-	if _, err := h.r.Start(Spec{ClientToken: "d1", Agent: "shell", Prompt: "true"}); !errors.Is(err, ErrDraining) {
+	if _, err := h.r.Start(Spec{ClientToken: "d1", Request: runspec.Request{Agent: "shell", Prompt: "true"}}); !errors.Is(err, ErrDraining) {
 		t.Fatalf("start while draining = %v", err)
 	}
 	h.r.Resume()
@@ -636,20 +637,30 @@ func TestBadRequests(t *testing.T) {
 		field string
 		req   Spec
 	}{
-		{"clientToken", Spec{Agent: "shell"}},
-		{"agent", Spec{ClientToken: "a", Agent: "nope"}},
-		{"env", Spec{ClientToken: "a", Agent: "shell", Env: map[string]string{"HTTPS_PROXY": "x"}}},
-		{"env", Spec{ClientToken: "a", Agent: "shell", Env: map[string]string{"RUNFLEET_X": "x"}}},
-		{"env", Spec{ClientToken: "a", Agent: "shell", Env: map[string]string{"K": "v"}, Secrets: []Secret{{ProjectID: "p", Key: "K"}}}},
-		{"secrets", Spec{ClientToken: "a", Agent: "shell", Secrets: []Secret{{Key: "K"}}}},
-		{"localPath", Spec{ClientToken: "a", Agent: "shell", LocalPath: outside}},
-		{"localPath", Spec{ClientToken: "a", Agent: "shell", LocalPath: "relative"}},
+		{"clientToken", Spec{Request: runspec.Request{Agent: "shell"}}},
+		{"agent", Spec{ClientToken: "a", Request: runspec.Request{Agent: "nope"}}},
+		{"env", Spec{ClientToken: "a", Request: runspec.Request{Agent: "shell", Env: map[string]string{"HTTPS_PROXY": "x"}}}},
+		{"env", Spec{ClientToken: "a", Request: runspec.Request{Agent: "shell", Env: map[string]string{"RUNFLEET_X": "x"}}}},
+		{"env", Spec{ClientToken: "a", Request: runspec.Request{Agent: "shell", Env: map[string]string{"K": "v"}, Secrets: []runspec.Secret{{ProjectID: "p", Key: "K", Domains: []string{"api.example.com"}}}}}},
+		{"secrets", Spec{ClientToken: "a", Request: runspec.Request{Agent: "shell", Secrets: []runspec.Secret{{Key: "K"}}}}},
+		{"localPath", Spec{ClientToken: "a", Request: runspec.Request{Agent: "shell", LocalPath: outside}}},
+		{"localPath", Spec{ClientToken: "a", Request: runspec.Request{Agent: "shell", LocalPath: "relative"}}},
 	}
 	for _, tt := range tests {
 		_, err := h.r.Start(tt.req)
+		// The host's own checks name a field (RequestError); the run
+		// request's rules name the field's path (runspec.FieldError).
+		field := ""
 		var re *RequestError
-		if !errors.As(err, &re) || re.Field != tt.field {
-			t.Errorf("start %+v = %v, want a request error on %s", tt.req, err, tt.field)
+		var fe *runspec.FieldError
+		switch {
+		case errors.As(err, &re):
+			field = re.Field
+		case errors.As(err, &fe):
+			field = fe.Field
+		}
+		if field != tt.field && !strings.HasPrefix(field, tt.field+".") && !strings.HasPrefix(field, tt.field+"[") {
+			t.Errorf("start %+v = %v (field %q), want a request error on %s", tt.req, err, field, tt.field)
 		}
 	}
 }

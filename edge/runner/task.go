@@ -20,6 +20,7 @@ import (
 	"github.com/runfleet/runfleet/edge/sandbox"
 	"github.com/runfleet/runfleet/shared/clock"
 	"github.com/runfleet/runfleet/shared/hostproto"
+	"github.com/runfleet/runfleet/shared/runspec"
 )
 
 // The size of the pseudo-terminal every task gets.
@@ -61,6 +62,11 @@ type task struct {
 	spec  Spec
 	ident taskIdentity
 	dirs  taskDirs
+	// declared is spec's secrets as the broker grants from them, read once
+	// per attempt (Start's validation, or a retry's read of the stored
+	// request); declareErr is why a stored request could not be read so.
+	declared   []runspec.Declared
+	declareErr error
 
 	// ctx ends when the attempt is canceled; it stops a clone in progress.
 	ctx  context.Context
@@ -292,8 +298,11 @@ func (r *Runner) brokerFacts(t *task, f *Facts) {
 		f.Proxy = errors.New("this edge has no secrets proxy")
 	} else {
 		f.Proxy = r.broker.Ready()
-		if f.Proxy == nil {
-			f.Ungranted, f.UngrantedReason = r.broker.Ungranted(t.spec.Secrets)
+		switch {
+		case t.declareErr != nil:
+			f.Ungranted, f.UngrantedReason = "the declared secrets", t.declareErr.Error()
+		case f.Proxy == nil:
+			f.Ungranted, f.UngrantedReason = r.broker.Ungranted(t.declared)
 		}
 	}
 	if r.trust == nil {
@@ -311,7 +320,7 @@ func (r *Runner) prepare(t *task) error {
 		r.logger.Error("preparing a task's directories", fieldRun, t.runID, fieldError, err.Error())
 		return errors.New("the host could not prepare the task's directories")
 	}
-	secrets, err := r.broker.Register(t.runID, t.spec.Secrets)
+	secrets, err := r.broker.Register(t.runID, t.declared)
 	if err != nil {
 		return fmt.Errorf("registering the task with the proxy: %w", err)
 	}

@@ -8,6 +8,7 @@ import (
 
 	"github.com/runfleet/runfleet/edge/runlog"
 	"github.com/runfleet/runfleet/shared/hostproto"
+	"github.com/runfleet/runfleet/shared/runspec"
 )
 
 // ticket is one admitted attempt's permission to exec. check runs just
@@ -72,7 +73,7 @@ type admissionData struct {
 	Keys     []string `json:"keys,omitempty"`
 }
 
-func admissionEntry(ts time.Time, attempt int, d Decision, secrets []Secret) runlog.Entry {
+func admissionEntry(ts time.Time, attempt int, d Decision, secrets []runspec.Secret) runlog.Entry {
 	a := admissionData{Attempt: attempt, Admitted: d.Verdict == Admit, Reason: d.Reason, Detail: d.Detail}
 	for _, s := range secrets {
 		a.Keys = append(a.Keys, s.ProjectID+"/"+s.Key)

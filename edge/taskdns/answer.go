@@ -6,7 +6,7 @@ import (
 
 	"golang.org/x/net/dns/dnsmessage"
 
-	"github.com/runfleet/runfleet/edge/policy"
+	"github.com/runfleet/runfleet/shared/netname"
 )
 
 const (
@@ -75,12 +75,12 @@ func (s *Server) respond(query []byte, limit int) []byte {
 // resolve decides one IN question: an rcode and the answer records.
 func (s *Server) resolve(q dnsmessage.Question) (dnsmessage.RCode, []dnsmessage.Resource) {
 	raw := q.Name.String()
-	// localhost is a single label, which CanonicalName refuses; RFC 6761 6.3
+	// localhost is a single label, which netname.Canonical refuses; RFC 6761 6.3
 	// reserves it and every name under it for loopback.
 	if strings.EqualFold(strings.TrimSuffix(raw, "."), "localhost") {
 		return dnsmessage.RCodeSuccess, s.loopback(q)
 	}
-	name, err := policy.CanonicalName(raw)
+	name, err := netname.Canonical(raw)
 	if err != nil {
 		return dnsmessage.RCodeNameError, nil
 	}

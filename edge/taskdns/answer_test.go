@@ -119,7 +119,7 @@ func TestAnswerFollowsThePolicyPerNameAndType(t *testing.T) {
 		{"db.svc.localhost.", dnsmessage.TypeA, dnsmessage.RCodeSuccess, []string{"127.0.0.1"}},
 		{"db.svc.localhost.", dnsmessage.TypeAAAA, dnsmessage.RCodeSuccess, []string{"::1"}},
 		{"localhost.", dnsmessage.TypeMX, dnsmessage.RCodeSuccess, nil},
-		// What CanonicalName refuses is no name at all.
+		// What netname.Canonical refuses is no name at all.
 		{"intranet.", dnsmessage.TypeA, dnsmessage.RCodeNameError, nil},
 		{"10.0.0.1.", dnsmessage.TypeA, dnsmessage.RCodeNameError, nil},
 		{"host.123.", dnsmessage.TypeA, dnsmessage.RCodeNameError, nil},

@@ -24,7 +24,7 @@ const DefaultMaxPins = 4096
 // A pin is not a grant: it only says which name a task resolved to get an
 // address, and whoever receives a connection to a pin applies the policy to
 // that name at that moment (the policy may have changed since the answer).
-// Pins does not canonicalise: the Server pins the policy.CanonicalName form.
+// Pins does not canonicalise: the Server pins the netname.Canonical form.
 type Pins struct {
 	first uint32 // the address of names[0], as a number
 	max   int

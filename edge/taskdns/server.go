@@ -60,7 +60,7 @@ const (
 // Config configures a Server. One Server serves one task.
 type Config struct {
 	// Decide is asked per query with the canonical name
-	// (policy.CanonicalName of the question's name), on the goroutine
+	// (netname.Canonical of the question's name), on the goroutine
 	// serving the query, possibly on several at once; it must not block
 	// (no I/O). The proxy answers Resolve for a name a task's key may
 	// reach, and for any name when proxy.egress is open. Any verdict but

@@ -41,7 +41,7 @@ func TestDecodeObjectIsStrictAndNamesTheField(t *testing.T) {
 	if err := decodeObject([]byte(`{"agent":"shell","env":{"A":"1"},"secrets":[{"projectId":"p","key":"K","domains":["a.b"]}]}`), &b); err != nil {
 		t.Fatalf("a good body: %v", err)
 	}
-	if *b.Agent != "shell" || b.Env["A"] != "1" || b.Secrets[0].Domains[0] != "a.b" {
+	if b.Agent != "shell" || b.Env["A"] != "1" || b.Secrets[0].Domains[0] != "a.b" {
 		t.Fatalf("decoded %+v", b)
 	}
 }

@@ -6,7 +6,7 @@ import (
 	"net/http"
 
 	"github.com/runfleet/runfleet/shared/fleet"
-	"github.com/runfleet/runfleet/shared/hostproto"
+	"github.com/runfleet/runfleet/shared/runspec"
 	"github.com/runfleet/runfleet/shared/store"
 	"github.com/runfleet/runfleet/shared/version"
 )
@@ -237,20 +237,21 @@ func (h *Handler) revokeCaller(ctx context.Context, rq *request) (int, any, erro
 	return http.StatusOK, map[string]any{"revoked": owner}, nil
 }
 
-// dispatchBody is POST /fleet/runs (DESIGN.md's dispatch body). Optional
-// strings are pointers so that an empty one is refused rather than taken
-// for absent.
+// dispatchBody is POST /fleet/runs (DESIGN.md, section "The run request"):
+// the run request's caller fields, and Fleet's own (host, labels,
+// idempotency). An empty optional string is refused rather than taken for
+// absent (runspec.RefuseEmpty; host and idempotency here).
 type dispatchBody struct {
-	Host        *string            `json:"host"`
-	Agent       *string            `json:"agent"`
-	Prompt      *string            `json:"prompt"`
-	Argv        []string           `json:"argv"`
-	Labels      map[string]string  `json:"labels"`
-	Repository  *string            `json:"repository"`
-	LocalPath   *string            `json:"localPath"`
-	Env         map[string]string  `json:"env"`
-	Secrets     []hostproto.Secret `json:"secrets"`
-	Idempotency *string            `json:"idempotency"`
+	Host        *string           `json:"host"`
+	Agent       string            `json:"agent"`
+	Prompt      string            `json:"prompt"`
+	Argv        []string          `json:"argv"`
+	Labels      map[string]string `json:"labels"`
+	Repository  string            `json:"repository"`
+	LocalPath   string            `json:"localPath"`
+	Env         map[string]string `json:"env"`
+	Secrets     []runspec.Secret  `json:"secrets"`
+	Idempotency *string           `json:"idempotency"`
 }
 
 func (h *Handler) dispatch(ctx context.Context, rq *request) (int, any, error) {
@@ -258,25 +259,16 @@ func (h *Handler) dispatch(ctx context.Context, rq *request) (int, any, error) {
 	if err := decodeObject(rq.body, &b); err != nil {
 		return 0, nil, err
 	}
-	req := fleet.DispatchRequest{Argv: b.Argv, Labels: b.Labels, Env: b.Env, Secrets: b.Secrets}
+	if err := runspec.RefuseEmpty(rq.body); err != nil {
+		return 0, nil, badRequest("%s", err.Error())
+	}
+	req := fleet.DispatchRequest{Labels: b.Labels, Run: runspec.Request{
+		Agent: b.Agent, Prompt: b.Prompt, Argv: b.Argv, Repository: b.Repository, LocalPath: b.LocalPath,
+		Env: b.Env, Secrets: b.Secrets,
+	}}
 	var err error
-	if req.Agent, err = requiredString("agent", b.Agent); err != nil {
+	if req.Host, err = optionalString("host", b.Host); err != nil {
 		return 0, nil, err
-	}
-	for _, f := range []struct {
-		name string
-		src  *string
-		dst  *string
-	}{
-		{"host", b.Host, &req.Host}, {"prompt", b.Prompt, &req.Prompt},
-		{"repository", b.Repository, &req.Repository}, {"localPath", b.LocalPath, &req.LocalPath},
-	} {
-		if *f.dst, err = optionalString(f.name, f.src); err != nil {
-			return 0, nil, err
-		}
-	}
-	if b.Argv != nil && len(b.Argv) == 0 {
-		return 0, nil, badRequest("argv must not be empty (omit it instead)")
 	}
 	key, err := idempotencyKey(rq, b.Idempotency)
 	if err != nil {

@@ -9,14 +9,12 @@ import (
 	"errors"
 	"fmt"
 	"io"
-	"path"
-	"regexp"
 	"slices"
-	"strings"
 	"time"
 
 	"github.com/runfleet/runfleet/shared/auth"
 	"github.com/runfleet/runfleet/shared/hostproto"
+	"github.com/runfleet/runfleet/shared/runspec"
 	"github.com/runfleet/runfleet/shared/store"
 )
 
@@ -24,30 +22,36 @@ import (
 // idempotency key. Empty fields are absent.
 type DispatchRequest struct {
 	// Host names the host; empty lets routing choose.
-	Host       string
-	Agent      string
-	Prompt     string
-	Argv       []string
-	Labels     map[string]string
-	Repository string
-	LocalPath  string
-	Env        map[string]string
-	Secrets    []hostproto.Secret
+	Host string
+	// Labels must all be present, with equal values, on the host.
+	Labels map[string]string
+	// Run is what the run asks, as every side checks it (runspec); Fleet
+	// sets its Deadline and CloneURL, and a caller's are refused.
+	Run runspec.Request
 }
 
-// canonicalRequest is the hashed form of a DispatchRequest. Its field set
-// and names are a contract with stored idempotency items: changing them
-// makes a retried request look like another payload (409) for up to 24 h.
+// canonicalRequest is the hashed form of a DispatchRequest. Its field set,
+// names and order are a contract with stored idempotency items: changing
+// them makes a retried request look like another payload (409) for up to
+// 24 h. It is mapped from the request here and nowhere else, so a change to
+// the run request is never a change of the hash.
 type canonicalRequest struct {
-	Host       string             `json:"host,omitempty"`
-	Agent      string             `json:"agent"`
-	Prompt     string             `json:"prompt,omitempty"`
-	Argv       []string           `json:"argv,omitempty"`
-	Labels     map[string]string  `json:"labels,omitempty"`
-	Repository string             `json:"repository,omitempty"`
-	LocalPath  string             `json:"localPath,omitempty"`
-	Env        map[string]string  `json:"env,omitempty"`
-	Secrets    []hostproto.Secret `json:"secrets,omitempty"`
+	Host       string            `json:"host,omitempty"`
+	Agent      string            `json:"agent"`
+	Prompt     string            `json:"prompt,omitempty"`
+	Argv       []string          `json:"argv,omitempty"`
+	Labels     map[string]string `json:"labels,omitempty"`
+	Repository string            `json:"repository,omitempty"`
+	LocalPath  string            `json:"localPath,omitempty"`
+	Env        map[string]string `json:"env,omitempty"`
+	Secrets    []canonicalSecret `json:"secrets,omitempty"`
+}
+
+// canonicalSecret is a declared secret in the hashed form.
+type canonicalSecret struct {
+	ProjectID string   `json:"projectId"`
+	Key       string   `json:"key"`
+	Domains   []string `json:"domains"`
 }
 
 // Hash is the request's identity for idempotency: "v1:" and the hex SHA-256
@@ -60,7 +64,15 @@ func (r DispatchRequest) Hash() string {
 }
 
 func (r DispatchRequest) canonicalJSON() []byte {
-	b, err := json.Marshal(canonicalRequest(r))
+	run := r.Run
+	c := canonicalRequest{
+		Host: r.Host, Agent: run.Agent, Prompt: run.Prompt, Argv: run.Argv, Labels: r.Labels,
+		Repository: run.Repository, LocalPath: run.LocalPath, Env: run.Env,
+	}
+	for _, s := range run.Secrets {
+		c.Secrets = append(c.Secrets, canonicalSecret{ProjectID: s.ProjectID, Key: s.Key, Domains: s.Domains})
+	}
+	b, err := json.Marshal(c)
 	if err != nil {
 		// Strings, slices and maps of strings always marshal.
 		panic(fmt.Sprintf("fleet: marshaling a canonical request: %v", err))
@@ -68,23 +80,9 @@ func (r DispatchRequest) canonicalJSON() []byte {
 	return b
 }
 
-var (
-	envNamePattern = regexp.MustCompile(`^[A-Za-z_][A-Za-z0-9_]{0,255}$`)
-	keyPattern     = regexp.MustCompile(`^[A-Za-z0-9._~!$&'()*+,;=:@/-]{1,255}$`)
-)
-
-// reservedEnv are variables a run's env may not set: the proxy and trust
-// variables edge sets for the task (overriding them would route around the
-// secrets proxy or change what the task trusts), compared without case.
-var reservedEnv = map[string]bool{
-	"HTTPS_PROXY": true, "HTTP_PROXY": true, "ALL_PROXY": true, "NO_PROXY": true,
-	"SSL_CERT_FILE": true, "SSL_CERT_DIR": true, "REQUESTS_CA_BUNDLE": true, "CURL_CA_BUNDLE": true,
-	"GIT_SSL_CAINFO": true, "GIT_SSL_CAPATH": true, "GIT_SSL_NO_VERIFY": true,
-	"NODE_EXTRA_CA_CERTS": true, "NODE_TLS_REJECT_UNAUTHORIZED": true,
-}
-
 // CheckDispatch validates r for caller c: 400 (*Error KindInvalid) for a
-// malformed field, 403 (KindForbidden) for a project outside c's
+// malformed field, the run request's by its own rules (runspec, the same
+// that every host applies), 403 (KindForbidden) for a project outside c's
 // allowedProjects.
 func CheckDispatch(c store.Caller, r DispatchRequest) error {
 	if r.Host != "" {
@@ -92,100 +90,23 @@ func CheckDispatch(c store.Caller, r DispatchRequest) error {
 			return err
 		}
 	}
-	if r.Agent == "" {
-		return invalid("agent is required")
+	switch {
+	case r.Run.Deadline != nil:
+		return invalid("deadline is Fleet's to set: the end of its call to the host")
+	case r.Run.CloneURL != "":
+		return invalid("cloneUrl is Fleet's to set, from its repository map")
 	}
-	if err := checkID("agent", r.Agent); err != nil {
-		return err
-	}
-	if len(r.Argv) > MaxArgv {
-		return invalid("argv: %d entries; at most %d", len(r.Argv), MaxArgv)
-	}
-	argvBytes := 0
-	for i, a := range r.Argv {
-		if strings.ContainsRune(a, 0) {
-			return invalid("argv[%d] contains a NUL byte", i)
+	if err := r.Run.Validate(); err != nil {
+		var fe *runspec.FieldError
+		if errors.As(err, &fe) {
+			return invalid("%s", fe.Error())
 		}
-		argvBytes += len(a)
-	}
-	if argvBytes > MaxArgvBytes {
-		return invalid("argv: %d bytes in all; at most %d", argvBytes, MaxArgvBytes)
-	}
-	if len(r.Prompt) > MaxPromptBytes {
-		return invalid("prompt: %d bytes; at most %d", len(r.Prompt), MaxPromptBytes)
-	}
-	if strings.ContainsRune(r.Prompt, 0) {
-		return invalid("prompt contains a NUL byte")
+		return err
 	}
 	if err := checkLabels(r.Labels); err != nil {
 		return err
 	}
-	if len(r.Repository) > MaxPathBytes || strings.ContainsAny(r.Repository, "\x00\n\r") {
-		return invalid("repository is not a repository name or URL of at most %d bytes", MaxPathBytes)
-	}
-	if r.LocalPath != "" && (!path.IsAbs(r.LocalPath) || len(r.LocalPath) > MaxPathBytes || strings.ContainsRune(r.LocalPath, 0)) {
-		return invalid("localPath %s: want an absolute path of at most %d bytes", quoted(r.LocalPath), MaxPathBytes)
-	}
-	if len(r.Secrets) > MaxSecrets {
-		return invalid("secrets: %d secrets; at most %d", len(r.Secrets), MaxSecrets)
-	}
-	granted := map[string]bool{}
-	for i, s := range r.Secrets {
-		switch {
-		case s.ProjectID == "":
-			return invalid("secrets[%d].projectId is required", i)
-		case s.Key == "":
-			return invalid("secrets[%d].key is required", i)
-		case len(s.Domains) == 0:
-			return invalid("secrets[%d].domains must list at least one domain", i)
-		case len(s.Domains) > MaxDomains:
-			return invalid("secrets[%d].domains: %d domains; at most %d", i, len(s.Domains), MaxDomains)
-		}
-		if err := checkID(fmt.Sprintf("secrets[%d].projectId", i), s.ProjectID); err != nil {
-			return err
-		}
-		if !envNamePattern.MatchString(s.Key) {
-			return invalid("secrets[%d].key %q: want an environment variable name", i, s.Key)
-		}
-		for j, d := range s.Domains {
-			if d == "" || len(d) > 253 || strings.ContainsAny(d, " /\x00") {
-				return invalid("secrets[%d].domains[%d] %q is not a domain", i, j, d)
-			}
-		}
-		if granted[strings.ToUpper(s.Key)] {
-			return invalid("secrets[%d].key %q is declared twice", i, s.Key)
-		}
-		granted[strings.ToUpper(s.Key)] = true
-	}
-	if len(r.Env) > MaxEnv {
-		return invalid("env: %d variables; at most %d", len(r.Env), MaxEnv)
-	}
-	envBytes := 0
-	for name, v := range r.Env {
-		envBytes += len(name) + len(v)
-		upper := strings.ToUpper(name)
-		switch {
-		case !envNamePattern.MatchString(name):
-			return invalid("env name %q: want letters, digits and _ not starting with a digit", name)
-		case strings.HasPrefix(upper, "RUNFLEET_"):
-			return invalid("env %s: RUNFLEET_* variables are set by runfleet only", name)
-		case reservedEnv[upper]:
-			return invalid("env %s: proxy and trust variables are set by the host for the secrets proxy", name)
-		case granted[upper]:
-			return invalid("env %s: names a key declared in secrets; the task gets its placeholder there", name)
-		case strings.ContainsRune(v, 0):
-			return invalid("env %s: the value contains a NUL byte", name)
-		}
-	}
-	if envBytes > MaxEnvBytes {
-		return invalid("env: %d bytes of names and values; at most %d", envBytes, MaxEnvBytes)
-	}
-	// Each field within its bound can still encode larger than the host
-	// takes (JSON escapes control characters six times over).
-	if n := len(r.canonicalJSON()); n > MaxStartRequestBytes {
-		return invalid("prompt, argv, env and secrets together encode to %d bytes of JSON; at most %d", n, MaxStartRequestBytes)
-	}
-	for i, s := range r.Secrets {
+	for i, s := range r.Run.Secrets {
 		if !auth.CanUseProject(c, s.ProjectID) {
 			return forbidden("secrets[%d]: project %q is not in this caller's allowedProjects", i, s.ProjectID)
 		}
@@ -271,7 +192,7 @@ func (f *Fleet) Dispatch(ctx context.Context, c store.Caller, r DispatchRequest,
 		OwnerID:          c.OwnerID,
 		HostID:           host.ID,
 		Status:           store.StatusDispatching,
-		Agent:            r.Agent,
+		Agent:            r.Run.Agent,
 		IdempotencyKey:   key,
 		RewroteLocalPath: decision.RewroteLocalPath,
 		CreatedAt:        now,
@@ -366,21 +287,17 @@ func (f *Fleet) createDispatched(ctx context.Context, run store.Run, k dispatchK
 }
 
 // startRequest is the host's start of run: the run id as clientToken, its
-// deadline, and r as routing decided it (a clone URL or local path).
+// deadline, and r as routing decided it: the local path when the host has
+// it, else the clone URL the repository map gives.
 func startRequest(run store.Run, r DispatchRequest, d Decision) hostproto.StartRequest {
 	deadline := run.Deadline
-	return hostproto.StartRequest{
-		ClientToken: run.FleetRunID,
-		Deadline:    &deadline,
-		Agent:       r.Agent,
-		Prompt:      r.Prompt,
-		Argv:        r.Argv,
-		Repository:  r.Repository,
-		CloneURL:    d.CloneURL,
-		LocalPath:   d.LocalPath,
-		Env:         r.Env,
-		Secrets:     r.Secrets,
+	start := r.Run
+	start.Deadline = &deadline
+	start.LocalPath = d.LocalPath
+	if d.LocalPath == "" {
+		start.CloneURL = d.CloneURL
 	}
+	return hostproto.StartRequest{ClientToken: run.FleetRunID, Request: start}
 }
 
 // startOnHost calls run's host with start and records its answer on run
@@ -552,11 +469,11 @@ func inFlight(fleetRunID string) *Error {
 // probe has written one does it fall back to a scan of every host.
 func (f *Fleet) route(ctx context.Context, c store.Caller, r DispatchRequest) (Decision, error) {
 	in := RouteInput{
-		Agent:        r.Agent,
+		Agent:        r.Run.Agent,
 		Labels:       r.Labels,
-		Repository:   r.Repository,
-		LocalPath:    r.LocalPath,
-		NeedsSecrets: len(r.Secrets) > 0,
+		Repository:   r.Run.Repository,
+		LocalPath:    r.Run.LocalPath,
+		NeedsSecrets: len(r.Run.Secrets) > 0,
 		RepoURLs:     f.cfg.RepoURLs,
 		Now:          f.clock.Now(),
 		MaxProbeAge:  f.cfg.ProbeMaxAge,

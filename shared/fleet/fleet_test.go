@@ -18,6 +18,7 @@ import (
 	"github.com/runfleet/runfleet/shared/clock"
 	"github.com/runfleet/runfleet/shared/credentials"
 	"github.com/runfleet/runfleet/shared/hostproto"
+	"github.com/runfleet/runfleet/shared/runspec"
 	"github.com/runfleet/runfleet/shared/store"
 	"github.com/runfleet/runfleet/shared/store/boltstore"
 	"github.com/runfleet/runfleet/tests/kit/await"
@@ -124,7 +125,7 @@ func TestDispatchStartsOnceAndReusesPerOwnerAndKey(t *testing.T) {
 	host := e.addHost(t, "h1", fakehost.Config{})
 	ctx := context.Background()
 	alice := caller("alice")
-	req := DispatchRequest{Agent: "shell", Prompt: "echo hi", Env: map[string]string{"FOO": "bar"}}
+	req := DispatchRequest{Run: runspec.Request{Agent: "shell", Prompt: "echo hi", Env: map[string]string{"FOO": "bar"}}}
 
 	first, err := e.f.Dispatch(ctx, alice, req, "key-1")
 	if err != nil {
@@ -149,7 +150,7 @@ func TestDispatchStartsOnceAndReusesPerOwnerAndKey(t *testing.T) {
 	}
 
 	other := req
-	other.Prompt = "echo bye"
+	other.Run.Prompt = "echo bye"
 	_, err = e.f.Dispatch(ctx, alice, other, "key-1")
 	if k, code := kindOf(err); k != KindConflict || code != CodeIdempotencyMismatch {
 		t.Fatalf("other payload: %v, want 409 %s", err, CodeIdempotencyMismatch)
@@ -173,7 +174,7 @@ func TestDispatchInFlightIs409WithTheRunID(t *testing.T) {
 	host := e.addHost(t, "h1", fakehost.Config{})
 	host.FaultStarts(fakehost.HangBeforeAccept, 1)
 	ctx := context.Background()
-	req := DispatchRequest{Agent: "shell"}
+	req := DispatchRequest{Run: runspec.Request{Agent: "shell"}}
 
 	var wg sync.WaitGroup
 	var first DispatchResult
@@ -208,7 +209,7 @@ func TestHostDyingAfterAcceptIsRecoveredWithoutASecondStart(t *testing.T) {
 	host := e.addHost(t, "h1", fakehost.Config{})
 	host.FaultStarts(fakehost.DieAfterAccept, 1)
 	ctx := context.Background()
-	req := DispatchRequest{Agent: "shell", Prompt: "build"}
+	req := DispatchRequest{Run: runspec.Request{Agent: "shell", Prompt: "build"}}
 
 	res, err := e.f.Dispatch(ctx, caller("alice"), req, "k")
 	if err != nil {
@@ -256,7 +257,7 @@ func TestUnansweredDispatchIsLostOnlyAMinutePastItsDeadline(t *testing.T) {
 	host.FaultStarts(fakehost.HangBeforeAccept, 1)
 	ctx := context.Background()
 
-	res, err := e.f.Dispatch(ctx, caller("alice"), DispatchRequest{Agent: "shell"}, "")
+	res, err := e.f.Dispatch(ctx, caller("alice"), DispatchRequest{Run: runspec.Request{Agent: "shell"}}, "")
 	if err != nil || res.Run.Status != store.StatusDispatching {
 		t.Fatalf("dispatch = %+v, %v", res, err)
 	}
@@ -275,7 +276,7 @@ func TestUnansweredDispatchIsLostOnlyAMinutePastItsDeadline(t *testing.T) {
 	// The start cannot arrive any more: the host refuses it after the deadline.
 	c := hostClientFor(t, e, "h1")
 	deadline := res.Run.Deadline
-	if _, err := c.Start(ctx, hostproto.StartRequest{ClientToken: id, Agent: "shell", Deadline: &deadline}); !isHostCode(err, hostproto.CodeDeadlinePassed) {
+	if _, err := c.Start(ctx, hostproto.StartRequest{ClientToken: id, Request: runspec.Request{Agent: "shell", Deadline: &deadline}}); !isHostCode(err, hostproto.CodeDeadlinePassed) {
 		t.Fatalf("late start: %v, want deadline_passed", err)
 	}
 	e.clk.Advance(time.Millisecond)
@@ -313,14 +314,14 @@ func TestDispatchRecordsRefusalsAndUnreachableHosts(t *testing.T) {
 	ctx := context.Background()
 
 	host.RefuseStarts(http.StatusConflict, hostproto.CodeDraining)
-	res, err := e.f.Dispatch(ctx, caller("alice"), DispatchRequest{Agent: "shell"}, "")
+	res, err := e.f.Dispatch(ctx, caller("alice"), DispatchRequest{Run: runspec.Request{Agent: "shell"}}, "")
 	if err != nil || res.Run.Status != hostproto.StatusFailed || res.Run.Reason != hostproto.CodeDraining || !strings.Contains(res.Note, "refused") {
 		t.Fatalf("refused: %+v, %v", res, err)
 	}
 	host.RefuseStarts(0, "")
 
 	host.Close() // probed ok a moment ago, gone now
-	res, err = e.f.Dispatch(ctx, caller("alice"), DispatchRequest{Agent: "shell"}, "")
+	res, err = e.f.Dispatch(ctx, caller("alice"), DispatchRequest{Run: runspec.Request{Agent: "shell"}}, "")
 	if err != nil || res.Run.Status != hostproto.StatusFailed || res.Run.Reason != hostproto.ReasonHostUnavailable {
 		t.Fatalf("unreachable: %+v, %v", res, err)
 	}
@@ -333,17 +334,17 @@ func TestDispatchNamedHostAndScope(t *testing.T) {
 	ctx := context.Background()
 	onlyH1 := caller("alice", "h1")
 
-	_, err := e.f.Dispatch(ctx, onlyH1, DispatchRequest{Host: "nope", Agent: "shell"}, "")
+	_, err := e.f.Dispatch(ctx, onlyH1, DispatchRequest{Host: "nope", Run: runspec.Request{Agent: "shell"}}, "")
 	if k, _ := kindOf(err); k != KindNotFound {
 		t.Fatalf("unknown host: %v", err)
 	}
-	_, err = e.f.Dispatch(ctx, onlyH1, DispatchRequest{Host: "h2", Agent: "shell"}, "")
+	_, err = e.f.Dispatch(ctx, onlyH1, DispatchRequest{Host: "h2", Run: runspec.Request{Agent: "shell"}}, "")
 	if k, _ := kindOf(err); k != KindForbidden || !strings.Contains(err.Error(), `"h2"`) {
 		t.Fatalf("out of scope: %v", err)
 	}
 	// Unnamed: routing only ever sees h1, even though h2 is lower in id order... and both healthy.
 	for i := 0; i < 3; i++ {
-		res, err := e.f.Dispatch(ctx, onlyH1, DispatchRequest{Agent: "shell"}, "")
+		res, err := e.f.Dispatch(ctx, onlyH1, DispatchRequest{Run: runspec.Request{Agent: "shell"}}, "")
 		if err != nil || res.Run.HostID != "h1" {
 			t.Fatalf("routed = %+v, %v", res, err)
 		}
@@ -351,8 +352,12 @@ func TestDispatchNamedHostAndScope(t *testing.T) {
 	// A project outside allowedProjects is 403 naming it.
 	limited := caller("carol")
 	limited.AllowedProjects = store.Scope{IDs: []string{"acme"}}
-	_, err = e.f.Dispatch(ctx, limited, DispatchRequest{Agent: "shell",
-		Secrets: []hostproto.Secret{{ProjectID: "globex", Key: "API_KEY", Domains: []string{"api.example.com"}}}}, "")
+	_, err = e.f.Dispatch(ctx, limited, DispatchRequest{
+		Run: runspec.Request{
+			Agent:   "shell",
+			Secrets: []runspec.Secret{{ProjectID: "globex", Key: "API_KEY", Domains: []string{"api.example.com"}}},
+		},
+	}, "")
 	if k, _ := kindOf(err); k != KindForbidden || !strings.Contains(err.Error(), "globex") {
 		t.Fatalf("project out of scope: %v", err)
 	}
@@ -366,7 +371,7 @@ func TestDispatchRefusalListsExcludedHosts(t *testing.T) {
 	if _, err := e.f.ProbeHost(context.Background(), "h2"); err != nil {
 		t.Fatal(err)
 	}
-	_, err := e.f.Dispatch(context.Background(), caller("alice"), DispatchRequest{Agent: "claude"}, "")
+	_, err := e.f.Dispatch(context.Background(), caller("alice"), DispatchRequest{Run: runspec.Request{Agent: "claude"}}, "")
 	var fe *Error
 	if !errors.As(err, &fe) || fe.Kind != KindConflict || fe.Code != CodeNoEligibleHost {
 		t.Fatalf("refusal: %v", err)
@@ -386,7 +391,7 @@ func TestDispatchTakesOverAKeyWhoseRunWasNeverWritten(t *testing.T) {
 	e := newTestEnv(t, 10*time.Second)
 	host := e.addHost(t, "h1", fakehost.Config{})
 	ctx := context.Background()
-	req := DispatchRequest{Agent: "shell"}
+	req := DispatchRequest{Run: runspec.Request{Agent: "shell"}}
 	// A dispatcher wrote the key, then died before writing the run.
 	if _, err := e.st.PutIdempotency(ctx, store.Idempotency{Key: "alice#k", FleetRunID: "fr-orphan", RequestHash: req.Hash(),
 		CreatedAt: t0, ExpiresAt: t0.Add(IdempotencyTTL)}); err != nil {
@@ -411,7 +416,7 @@ func TestRunIsRefreshedFromTheHost(t *testing.T) {
 	host := e.addHost(t, "h1", fakehost.Config{})
 	ctx := context.Background()
 	alice := caller("alice")
-	res, err := e.f.Dispatch(ctx, alice, DispatchRequest{Agent: "shell"}, "")
+	res, err := e.f.Dispatch(ctx, alice, DispatchRequest{Run: runspec.Request{Agent: "shell"}}, "")
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -437,7 +442,7 @@ func TestRunIsRefreshedFromTheHost(t *testing.T) {
 	}
 
 	// A run the host denies is lost.
-	res2, _ := e.f.Dispatch(ctx, alice, DispatchRequest{Agent: "shell"}, "")
+	res2, _ := e.f.Dispatch(ctx, alice, DispatchRequest{Run: runspec.Request{Agent: "shell"}}, "")
 	host.Forget(res2.Run.ChildRunID)
 	st, err = e.f.Run(ctx, alice, res2.Run.FleetRunID)
 	if err != nil || st.Run.Status != store.StatusLost || st.Run.Live() {
@@ -445,7 +450,7 @@ func TestRunIsRefreshedFromTheHost(t *testing.T) {
 	}
 
 	// An unreachable host leaves the last known state, with a note.
-	res3, _ := e.f.Dispatch(ctx, alice, DispatchRequest{Agent: "shell"}, "")
+	res3, _ := e.f.Dispatch(ctx, alice, DispatchRequest{Run: runspec.Request{Agent: "shell"}}, "")
 	host.Close()
 	st, err = e.f.Run(ctx, alice, res3.Run.FleetRunID)
 	if err != nil || st.Refreshed || st.Run.Status != hostproto.StatusPending || st.Note == "" {
@@ -463,7 +468,7 @@ func TestRunsListsOwnRunsAndAllForAdmin(t *testing.T) {
 	e.addHost(t, "h1", fakehost.Config{})
 	ctx := context.Background()
 	for _, owner := range []string{"alice", "bob", "alice"} {
-		if _, err := e.f.Dispatch(ctx, caller(owner), DispatchRequest{Agent: "shell"}, ""); err != nil {
+		if _, err := e.f.Dispatch(ctx, caller(owner), DispatchRequest{Run: runspec.Request{Agent: "shell"}}, ""); err != nil {
 			t.Fatal(err)
 		}
 		e.clk.Advance(time.Second)
@@ -496,7 +501,7 @@ func TestRunsLeavesOutRunsOnHostsOutOfScope(t *testing.T) {
 	both := caller("alice", "h1", "h2")
 	var ids []string
 	for _, h := range []string{"h1", "h2", "h2", "h1", "h2"} {
-		res, err := e.f.Dispatch(ctx, both, DispatchRequest{Host: h, Agent: "shell"}, "")
+		res, err := e.f.Dispatch(ctx, both, DispatchRequest{Host: h, Run: runspec.Request{Agent: "shell"}}, "")
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -649,7 +654,7 @@ func TestDeleteHostRefusesWhileReferenced(t *testing.T) {
 	e := newTestEnv(t, 10*time.Second)
 	e.addHost(t, "h1", fakehost.Config{})
 	ctx := context.Background()
-	res, err := e.f.Dispatch(ctx, caller("alice"), DispatchRequest{Agent: "shell"}, "")
+	res, err := e.f.Dispatch(ctx, caller("alice"), DispatchRequest{Run: runspec.Request{Agent: "shell"}}, "")
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -669,32 +674,32 @@ func TestDeleteHostRefusesWhileReferenced(t *testing.T) {
 
 func TestCheckDispatchRefusesForbiddenEnv(t *testing.T) {
 	c := caller("alice")
-	secret := []hostproto.Secret{{ProjectID: "acme", Key: "OPENAI_API_KEY", Domains: []string{"api.openai.com"}}}
+	secret := []runspec.Secret{{ProjectID: "acme", Key: "OPENAI_API_KEY", Domains: []string{"api.openai.com"}}}
 	for name, req := range map[string]DispatchRequest{
-		"granted key":     {Agent: "shell", Secrets: secret, Env: map[string]string{"OPENAI_API_KEY": "x"}},
-		"granted key lc":  {Agent: "shell", Secrets: secret, Env: map[string]string{"openai_api_key": "x"}},
-		"proxy":           {Agent: "shell", Env: map[string]string{"HTTPS_PROXY": "http://evil"}},
-		"proxy lowercase": {Agent: "shell", Env: map[string]string{"https_proxy": "http://evil"}},
-		"no proxy":        {Agent: "shell", Env: map[string]string{"NO_PROXY": "*"}},
-		"trust":           {Agent: "shell", Env: map[string]string{"SSL_CERT_FILE": "/tmp/ca"}},
-		"node trust":      {Agent: "shell", Env: map[string]string{"NODE_EXTRA_CA_CERTS": "/tmp/ca"}},
-		"runfleet":        {Agent: "shell", Env: map[string]string{"RUNFLEET_PROXIED_KEYS": "{}"}},
-		"bad name":        {Agent: "shell", Env: map[string]string{"1X": "y"}},
-		"nul value":       {Agent: "shell", Env: map[string]string{"X": "a\x00b"}},
+		"granted key":     {Run: runspec.Request{Agent: "shell", Secrets: secret, Env: map[string]string{"OPENAI_API_KEY": "x"}}},
+		"granted key lc":  {Run: runspec.Request{Agent: "shell", Secrets: secret, Env: map[string]string{"openai_api_key": "x"}}},
+		"proxy":           {Run: runspec.Request{Agent: "shell", Env: map[string]string{"HTTPS_PROXY": "http://evil"}}},
+		"proxy lowercase": {Run: runspec.Request{Agent: "shell", Env: map[string]string{"https_proxy": "http://evil"}}},
+		"no proxy":        {Run: runspec.Request{Agent: "shell", Env: map[string]string{"NO_PROXY": "*"}}},
+		"trust":           {Run: runspec.Request{Agent: "shell", Env: map[string]string{"SSL_CERT_FILE": "/tmp/ca"}}},
+		"node trust":      {Run: runspec.Request{Agent: "shell", Env: map[string]string{"NODE_EXTRA_CA_CERTS": "/tmp/ca"}}},
+		"runfleet":        {Run: runspec.Request{Agent: "shell", Env: map[string]string{"RUNFLEET_PROXIED_KEYS": "{}"}}},
+		"bad name":        {Run: runspec.Request{Agent: "shell", Env: map[string]string{"1X": "y"}}},
+		"nul value":       {Run: runspec.Request{Agent: "shell", Env: map[string]string{"X": "a\x00b"}}},
 	} {
 		err := CheckDispatch(c, req)
 		if !isKind(err, KindInvalid) || !strings.Contains(err.Error(), "env") {
 			t.Errorf("%s: %v, want 400 naming env", name, err)
 		}
 	}
-	if err := CheckDispatch(c, DispatchRequest{Agent: "shell", Secrets: secret, Env: map[string]string{"FOO": "1"}}); err != nil {
+	if err := CheckDispatch(c, DispatchRequest{Run: runspec.Request{Agent: "shell", Secrets: secret, Env: map[string]string{"FOO": "1"}}}); err != nil {
 		t.Fatalf("a fine request: %v", err)
 	}
 }
 
 func TestDispatchHashIsCanonical(t *testing.T) {
-	a := DispatchRequest{Agent: "shell", Env: map[string]string{"A": "1", "B": "2"}, Labels: map[string]string{"x": "y"}}
-	b := DispatchRequest{Agent: "shell", Env: map[string]string{"B": "2", "A": "1"}, Labels: map[string]string{"x": "y"}, Argv: []string{}}
+	a := DispatchRequest{Labels: map[string]string{"x": "y"}, Run: runspec.Request{Agent: "shell", Env: map[string]string{"A": "1", "B": "2"}}}
+	b := DispatchRequest{Labels: map[string]string{"x": "y"}, Run: runspec.Request{Agent: "shell", Env: map[string]string{"B": "2", "A": "1"}, Argv: []string{}}}
 	if a.Hash() != b.Hash() || !strings.HasPrefix(a.Hash(), "v1:") {
 		t.Fatalf("equal requests hash differently: %s %s", a.Hash(), b.Hash())
 	}
@@ -702,6 +707,29 @@ func TestDispatchHashIsCanonical(t *testing.T) {
 	c.Host = "h1"
 	if c.Hash() == a.Hash() {
 		t.Fatal("naming a host must change the hash")
+	}
+}
+
+// The hash is a contract with stored idempotency items: these values were
+// taken from the code before the run request had a type of its own, so a
+// retried dispatch of a request stored then is still the same payload.
+func TestDispatchHashIsStable(t *testing.T) {
+	full := DispatchRequest{Host: "h-1", Labels: map[string]string{"pool": "a", "gpu": "1"}, Run: runspec.Request{
+		Agent: "shell", Prompt: "make test", Argv: []string{"-x", "é"}, Repository: "acme/app", LocalPath: "/srv/work/app",
+		Env: map[string]string{"B": "2", "A": "1"},
+		Secrets: []runspec.Secret{{ProjectID: "acme", Key: "API_KEY", Domains: []string{"api.example.com", "b.example:8443"}},
+			{ProjectID: "acme", Key: "OTHER", Domains: []string{"c.example"}}},
+	}}
+	for name, c := range map[string]struct {
+		req  DispatchRequest
+		want string
+	}{
+		"full": {full, "v1:6b53267b6f99fe35ca8564a36c5d42a76f1f52bfef6e410667abc41bf3dbcd33"},
+		"bare": {DispatchRequest{Run: runspec.Request{Agent: "shell"}}, "v1:05350565aa251a39418aa0ec77b1a52c48ac36919e0df1bcb4d8530ce1749ecd"},
+	} {
+		if got := c.req.Hash(); got != c.want {
+			t.Errorf("%s: hash %s, want %s (canonical %s)", name, got, c.want, c.req.canonicalJSON())
+		}
 	}
 }
 

@@ -7,7 +7,6 @@ import (
 	"net"
 	"net/url"
 	"path"
-	"regexp"
 	"sort"
 	"strings"
 	"time"
@@ -15,16 +14,15 @@ import (
 	"github.com/runfleet/runfleet/shared/auth"
 	"github.com/runfleet/runfleet/shared/credentials"
 	"github.com/runfleet/runfleet/shared/hostproto"
+	"github.com/runfleet/runfleet/shared/runspec"
 	"github.com/runfleet/runfleet/shared/store"
 )
 
-// idPattern is the shape of host ids, project ids and label keys: short,
-// printable and safe in a URL path segment and a DynamoDB key.
-var idPattern = regexp.MustCompile(`^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$`)
-
+// checkID refuses an id without runspec.IDPattern's shape: host ids and
+// label keys have the shape of the agents and projects a run names.
 func checkID(field, id string) *Error {
-	if !idPattern.MatchString(id) {
-		return invalid("%s %s: want 1-64 letters, digits and ._- starting with a letter or digit", field, quoted(id))
+	if err := runspec.CheckID(field, id); err != nil {
+		return invalid("%s", err.Error())
 	}
 	return nil
 }
@@ -82,8 +80,8 @@ func (f *Fleet) RegisterHost(ctx context.Context, spec HostSpec) (store.Host, er
 	}
 	paths := make([]string, 0, len(spec.LocalPaths))
 	for i, p := range spec.LocalPaths {
-		if !path.IsAbs(p) || len(p) > MaxPathBytes || strings.ContainsRune(p, 0) {
-			return store.Host{}, invalid("localPaths[%d] %s: want an absolute path of at most %d bytes", i, quoted(p), MaxPathBytes)
+		if !path.IsAbs(p) || len(p) > runspec.MaxPathBytes || strings.ContainsRune(p, 0) {
+			return store.Host{}, invalid("localPaths[%d] %s: want an absolute path of at most %d bytes", i, runspec.Quoted(p), runspec.MaxPathBytes)
 		}
 		paths = append(paths, path.Clean(p))
 	}
@@ -115,19 +113,19 @@ func checkBaseURL(raw string) (*url.URL, *Error) {
 	}
 	u, err := url.Parse(raw)
 	if err != nil || u.Host == "" || u.Opaque != "" {
-		return nil, invalid("baseUrl %s: want an absolute URL such as https://host:7070", quoted(raw))
+		return nil, invalid("baseUrl %s: want an absolute URL such as https://host:7070", runspec.Quoted(raw))
 	}
 	if u.User != nil || u.RawQuery != "" || u.Fragment != "" {
-		return nil, invalid("baseUrl %s: must not carry credentials, a query or a fragment", quoted(raw))
+		return nil, invalid("baseUrl %s: must not carry credentials, a query or a fragment", runspec.Quoted(raw))
 	}
 	switch u.Scheme {
 	case "https":
 	case "http":
 		if !loopbackHost(u.Hostname()) {
-			return nil, invalid("baseUrl %s: http:// is allowed only on loopback; use https://", quoted(raw))
+			return nil, invalid("baseUrl %s: http:// is allowed only on loopback; use https://", runspec.Quoted(raw))
 		}
 	default:
-		return nil, invalid("baseUrl %s: want https:// (or http:// on loopback)", quoted(raw))
+		return nil, invalid("baseUrl %s: want https:// (or http:// on loopback)", runspec.Quoted(raw))
 	}
 	return u, nil
 }

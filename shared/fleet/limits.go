@@ -2,11 +2,11 @@ package fleet
 
 import (
 	"encoding/pem"
-	"fmt"
 	"regexp"
 	"unicode/utf8"
 
 	"github.com/runfleet/runfleet/shared/auth"
+	"github.com/runfleet/runfleet/shared/runspec"
 )
 
 // What Fleet accepts. Every record is stored as one item, and DynamoDB
@@ -17,16 +17,16 @@ import (
 // a host at most ~150 KB (labels ~20 KB, localPaths 64 KiB, caPem 64 KiB),
 // each of a caller's two items at most ~130 KB (both scopes, 1000 ids of at
 // most 64 bytes each), a run ~1 KB (a run item keeps none of the prompt,
-// argv or env). The start request Fleet sends a host is bounded by
-// MaxStartRequestBytes, under edge's 1 MiB request limit.
+// argv or env). What a run asks is bounded by the run request's own limits
+// (runspec), the same on every side.
 const (
 	// MaxLabels bounds a host's or a dispatch's labels; keys have the id
 	// shape, values MaxLabelValue bytes.
 	MaxLabels     = 64
 	MaxLabelValue = 256
-	// MaxLocalPaths bounds a host's localPaths, each at most MaxPathBytes.
+	// MaxLocalPaths bounds a host's localPaths, each at most
+	// runspec.MaxPathBytes.
 	MaxLocalPaths = 64
-	MaxPathBytes  = 1024
 	// MaxBaseURLBytes bounds a host's baseUrl.
 	MaxBaseURLBytes = 2048
 	// MaxCAPEMBytes bounds a host's caPem (a bundle of a few CA
@@ -34,21 +34,6 @@ const (
 	MaxCAPEMBytes = 64 << 10
 	// MaxScopeIDs bounds a caller's allowedHosts and allowedProjects.
 	MaxScopeIDs = 1000
-	// MaxPromptBytes bounds a dispatch's prompt.
-	MaxPromptBytes = 256 << 10
-	// MaxArgv bounds a dispatch's argv entries, MaxArgvBytes their sum.
-	MaxArgv      = 256
-	MaxArgvBytes = 256 << 10
-	// MaxEnv bounds a dispatch's env variables, MaxEnvBytes the sum of
-	// their names and values.
-	MaxEnv      = 256
-	MaxEnvBytes = 256 << 10
-	// MaxSecrets bounds a dispatch's secrets, MaxDomains each one's domains.
-	MaxSecrets = 64
-	MaxDomains = 64
-	// MaxStartRequestBytes bounds the start request as JSON (escaping can
-	// make it larger than the fields' bytes): edge refuses a body over 1 MiB.
-	MaxStartRequestBytes = 768 << 10
 	// maxProbeAgents, maxProbeVersion and maxProbeLimits (limits' enforced
 	// and detail together) bound what a probe records of a host's /healthz
 	// answer (the host, not a caller, writes it).
@@ -69,15 +54,15 @@ var runIDPattern = regexp.MustCompile(`^fr-[a-z2-7]{26}$`)
 // runPathID refuses a run id that newRunID could not have made.
 func runPathID(id string) *Error {
 	if !runIDPattern.MatchString(id) {
-		return notFound("run %s does not exist", quoted(id))
+		return notFound("run %s does not exist", runspec.Quoted(id))
 	}
 	return nil
 }
 
 // hostPathID refuses a host id that registration would have refused.
 func hostPathID(id string) *Error {
-	if !idPattern.MatchString(id) {
-		return notFound("host %s is not registered", quoted(id))
+	if !runspec.IDPattern.MatchString(id) {
+		return notFound("host %s is not registered", runspec.Quoted(id))
 	}
 	return nil
 }
@@ -85,13 +70,11 @@ func hostPathID(id string) *Error {
 // ownerPathID refuses an ownerId that a mint would have refused.
 func ownerPathID(id string) *Error {
 	if !auth.WellFormedOwnerID(id) {
-		return notFound("caller %s does not exist", quoted(id))
+		return notFound("caller %s does not exist", runspec.Quoted(id))
 	}
 	return nil
 }
 
-// quoted quotes a caller's value for a message, cut short when long: a
-// message names what was wrong, it does not echo kilobytes.
 // boundDetail cuts a detail to MaxDetailBytes on a UTF-8 boundary.
 func boundDetail(s string) string {
 	if len(s) <= MaxDetailBytes {
@@ -103,14 +86,6 @@ func boundDetail(s string) string {
 		keep--
 	}
 	return s[:keep] + more
-}
-
-func quoted(s string) string {
-	const keep = 80
-	if len(s) > keep {
-		return fmt.Sprintf("%q... (%d bytes)", s[:keep], len(s))
-	}
-	return fmt.Sprintf("%q", s)
 }
 
 // checkCAPEM accepts a PEM bundle of CERTIFICATE blocks only, at most

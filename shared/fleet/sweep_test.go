@@ -16,6 +16,7 @@ import (
 
 	"github.com/runfleet/runfleet/shared/clock"
 	"github.com/runfleet/runfleet/shared/hostproto"
+	"github.com/runfleet/runfleet/shared/runspec"
 	"github.com/runfleet/runfleet/shared/store"
 	"github.com/runfleet/runfleet/tests/kit/await"
 	"github.com/runfleet/runfleet/tests/kit/fakehost"
@@ -25,7 +26,7 @@ import (
 // dispatched starts a run on host h1 of e and returns it.
 func dispatched(t *testing.T, e *testEnv, owner string) store.Run {
 	t.Helper()
-	res, err := e.f.Dispatch(context.Background(), caller(owner), DispatchRequest{Agent: "shell"}, "")
+	res, err := e.f.Dispatch(context.Background(), caller(owner), DispatchRequest{Run: runspec.Request{Agent: "shell"}}, "")
 	if err != nil || res.Run.ChildRunID == "" {
 		t.Fatalf("dispatch = %+v, %v", res, err)
 	}
@@ -229,12 +230,12 @@ func TestSweepResolvesDispatchesPastTheirDeadline(t *testing.T) {
 	host := e.addHost(t, "h1", fakehost.Config{})
 	ctx := context.Background()
 	host.FaultStarts(fakehost.DieAfterAccept, 1)
-	known, err := e.f.Dispatch(ctx, caller("alice"), DispatchRequest{Agent: "shell"}, "")
+	known, err := e.f.Dispatch(ctx, caller("alice"), DispatchRequest{Run: runspec.Request{Agent: "shell"}}, "")
 	if err != nil || known.Run.Status != store.StatusDispatching {
 		t.Fatalf("dispatch = %+v, %v", known, err)
 	}
 	host.FaultStarts(fakehost.HangBeforeAccept, 1)
-	unknown, err := e.f.Dispatch(ctx, caller("alice"), DispatchRequest{Agent: "shell"}, "")
+	unknown, err := e.f.Dispatch(ctx, caller("alice"), DispatchRequest{Run: runspec.Request{Agent: "shell"}}, "")
 	if err != nil || unknown.Run.Status != store.StatusDispatching {
 		t.Fatalf("dispatch = %+v, %v", unknown, err)
 	}
@@ -548,7 +549,7 @@ func TestVerbsOnARunNotOnItsHostAre409(t *testing.T) {
 	e := newTestEnv(t, 200*time.Millisecond)
 	host := e.addHost(t, "h1", fakehost.Config{})
 	host.FaultStarts(fakehost.HangBeforeAccept, 1)
-	res, err := e.f.Dispatch(context.Background(), caller("alice"), DispatchRequest{Agent: "shell"}, "")
+	res, err := e.f.Dispatch(context.Background(), caller("alice"), DispatchRequest{Run: runspec.Request{Agent: "shell"}}, "")
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -582,7 +583,7 @@ func TestASweepStartsNoHostCallPastItsBudget(t *testing.T) {
 	}})
 	ctx := context.Background()
 	host.FaultStarts(fakehost.DieAfterAccept, 1)
-	res, err := e.f.Dispatch(ctx, caller("alice"), DispatchRequest{Agent: "shell"}, "")
+	res, err := e.f.Dispatch(ctx, caller("alice"), DispatchRequest{Run: runspec.Request{Agent: "shell"}}, "")
 	if err != nil || res.Run.Status != store.StatusDispatching {
 		t.Fatalf("dispatch = %+v, %v", res, err)
 	}

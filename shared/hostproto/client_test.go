@@ -19,6 +19,7 @@ import (
 	"time"
 
 	"github.com/runfleet/runfleet/shared/hostproto"
+	"github.com/runfleet/runfleet/shared/runspec"
 	"github.com/runfleet/runfleet/tests/kit/fakehost"
 )
 
@@ -47,7 +48,7 @@ func TestClientSpeaksTheProtocolOverTLSTrustingOnlyTheHostCA(t *testing.T) {
 	}
 
 	deadline := time.Now().Add(time.Minute)
-	req := hostproto.StartRequest{ClientToken: "fr-1", Deadline: &deadline, Agent: "shell", Prompt: "echo hi"}
+	req := hostproto.StartRequest{ClientToken: "fr-1", Request: runspec.Request{Deadline: &deadline, Agent: "shell", Prompt: "echo hi"}}
 	first, err := c.Start(ctx, req)
 	if err != nil {
 		t.Fatal(err)
@@ -111,7 +112,7 @@ func TestClientSendsTheCredentialOnEveryRoute(t *testing.T) {
 	calls := map[string]func() error{
 		"health": func() error { _, err := wrong.Health(ctx); return err },
 		"start": func() error {
-			_, err := wrong.Start(ctx, hostproto.StartRequest{ClientToken: "x", Agent: "shell"})
+			_, err := wrong.Start(ctx, hostproto.StartRequest{ClientToken: "x", Request: runspec.Request{Agent: "shell"}})
 			return err
 		},
 		"find": func() error { _, _, err := wrong.FindByClientToken(ctx, "x"); return err },
@@ -155,7 +156,7 @@ func TestClientTellsNoAnswerFromUnreachableFromRefused(t *testing.T) {
 		defer host.Close()
 		host.FaultStarts(fakehost.DieAfterAccept, 1)
 		c := newClient(t, hostproto.ClientConfig{BaseURL: host.URL, Token: host.Token()})
-		_, err := c.Start(ctx, hostproto.StartRequest{ClientToken: "fr-d", Agent: "shell"})
+		_, err := c.Start(ctx, hostproto.StartRequest{ClientToken: "fr-d", Request: runspec.Request{Agent: "shell"}})
 		if !errors.Is(err, hostproto.ErrNoAnswer) || errors.Is(err, hostproto.ErrUnreachable) {
 			t.Fatalf("died after accepting: %v, want ErrNoAnswer but not ErrUnreachable", err)
 		}
@@ -172,7 +173,7 @@ func TestClientTellsNoAnswerFromUnreachableFromRefused(t *testing.T) {
 		defer host.Close()
 		host.FaultStarts(fakehost.HangBeforeAccept, 1)
 		c := newClient(t, hostproto.ClientConfig{BaseURL: host.URL, Token: host.Token(), Timeout: 50 * time.Millisecond})
-		_, err := c.Start(ctx, hostproto.StartRequest{ClientToken: "fr-t", Agent: "shell"})
+		_, err := c.Start(ctx, hostproto.StartRequest{ClientToken: "fr-t", Request: runspec.Request{Agent: "shell"}})
 		if !errors.Is(err, hostproto.ErrTimeout) || errors.Is(err, hostproto.ErrUnreachable) {
 			t.Fatalf("hung host: %v, want ErrTimeout", err)
 		}
@@ -186,7 +187,7 @@ func TestClientTellsNoAnswerFromUnreachableFromRefused(t *testing.T) {
 		defer host.Close()
 		c := newClient(t, hostproto.ClientConfig{BaseURL: host.URL, Token: host.Token()})
 		host.RefuseStarts(http.StatusConflict, hostproto.CodeDraining)
-		_, err := c.Start(ctx, hostproto.StartRequest{ClientToken: "fr-r", Agent: "shell"})
+		_, err := c.Start(ctx, hostproto.StartRequest{ClientToken: "fr-r", Request: runspec.Request{Agent: "shell"}})
 		var he *hostproto.Error
 		if !errors.As(err, &he) || he.Status != 409 || he.Code != hostproto.CodeDraining {
 			t.Fatalf("refused start: %v", err)
@@ -195,7 +196,7 @@ func TestClientTellsNoAnswerFromUnreachableFromRefused(t *testing.T) {
 			t.Fatalf("outcome = %+v", o)
 		}
 		host.RefuseStarts(http.StatusServiceUnavailable, "overloaded")
-		_, err = c.Start(ctx, hostproto.StartRequest{ClientToken: "fr-r", Agent: "shell"})
+		_, err = c.Start(ctx, hostproto.StartRequest{ClientToken: "fr-r", Request: runspec.Request{Agent: "shell"}})
 		if o := hostproto.OutcomeOf(err); o.Accepted != hostproto.Unknown || o.HostStatus != 503 {
 			t.Fatalf("503 outcome = %+v", o)
 		}

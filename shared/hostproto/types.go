@@ -9,6 +9,8 @@ package hostproto
 import (
 	"encoding/json"
 	"time"
+
+	"github.com/runfleet/runfleet/shared/runspec"
 )
 
 // Run statuses as a host reports them.
@@ -179,27 +181,12 @@ type CAInfo struct {
 	SuccessorNotAfter *time.Time `json:"successorNotAfter,omitempty"`
 }
 
-// Secret declares one key a run needs: the host grants it when its policy
-// allows projectId/key, and the task gets a placeholder for it.
-type Secret struct {
-	ProjectID string   `json:"projectId"`
-	Key       string   `json:"key"`
-	Domains   []string `json:"domains"`
-}
-
-// StartRequest is POST /runs. ClientToken makes the start idempotent; a start
-// arriving after Deadline is refused with CodeDeadlinePassed.
+// StartRequest is POST /runs: the run request (runspec.Request, its JSON
+// inline) and the token that makes its start idempotent. A start arriving
+// after Deadline is refused with CodeDeadlinePassed.
 type StartRequest struct {
-	ClientToken string            `json:"clientToken"`
-	Deadline    *time.Time        `json:"deadline,omitempty"`
-	Agent       string            `json:"agent"`
-	Prompt      string            `json:"prompt,omitempty"`
-	Argv        []string          `json:"argv,omitempty"`
-	Repository  string            `json:"repository,omitempty"`
-	CloneURL    string            `json:"cloneUrl,omitempty"`
-	LocalPath   string            `json:"localPath,omitempty"`
-	Env         map[string]string `json:"env,omitempty"`
-	Secrets     []Secret          `json:"secrets,omitempty"`
+	ClientToken string `json:"clientToken"`
+	runspec.Request
 }
 
 // Run is a host's view of one run. POST /runs answers 201 with it, or 200

@@ -16,6 +16,7 @@ import (
 	"github.com/runfleet/runfleet/shared/clock"
 	"github.com/runfleet/runfleet/shared/credentials"
 	"github.com/runfleet/runfleet/shared/fleet"
+	"github.com/runfleet/runfleet/shared/runspec"
 	"github.com/runfleet/runfleet/shared/store"
 	"github.com/runfleet/runfleet/shared/store/boltstore"
 	"github.com/runfleet/runfleet/tests/kit/fakehost"
@@ -112,7 +113,7 @@ func TestSweepKeepsRoomForAHostCallBeforeTheDeadline(t *testing.T) {
 	if _, err := e.f.ProbeAll(context.Background(), true); err != nil {
 		t.Fatal(err)
 	}
-	res, err := e.f.Dispatch(context.Background(), c, fleet.DispatchRequest{Host: "h0", Agent: "shell"}, "")
+	res, err := e.f.Dispatch(context.Background(), c, fleet.DispatchRequest{Host: "h0", Run: runspec.Request{Agent: "shell"}}, "")
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -149,7 +150,7 @@ func TestSweepWritesItsLagAsOneEMFLine(t *testing.T) {
 	if _, err := e.f.ProbeAll(context.Background(), true); err != nil {
 		t.Fatal(err)
 	}
-	if _, err := e.f.Dispatch(context.Background(), c, fleet.DispatchRequest{Host: "h0", Agent: "shell"}, ""); err != nil {
+	if _, err := e.f.Dispatch(context.Background(), c, fleet.DispatchRequest{Host: "h0", Run: runspec.Request{Agent: "shell"}}, ""); err != nil {
 		t.Fatal(err)
 	}
 	var metrics syncbuf.Buffer

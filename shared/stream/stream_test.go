@@ -27,6 +27,7 @@ import (
 	"github.com/runfleet/runfleet/shared/credentials"
 	"github.com/runfleet/runfleet/shared/fleet"
 	"github.com/runfleet/runfleet/shared/hostproto"
+	"github.com/runfleet/runfleet/shared/runspec"
 	"github.com/runfleet/runfleet/shared/store"
 	"github.com/runfleet/runfleet/shared/store/boltstore"
 	"github.com/runfleet/runfleet/tests/kit/await"
@@ -131,7 +132,7 @@ func newEnv(t *testing.T, opts envOptions) *env {
 func (e *env) dispatch(t *testing.T, owner string) store.Run {
 	t.Helper()
 	c := store.Caller{OwnerID: owner, AllowedHosts: store.Scope{All: true}, AllowedProjects: store.Scope{All: true}}
-	res, err := e.f.Dispatch(context.Background(), c, fleet.DispatchRequest{Agent: "shell"}, "")
+	res, err := e.f.Dispatch(context.Background(), c, fleet.DispatchRequest{Run: runspec.Request{Agent: "shell"}}, "")
 	if err != nil || res.Run.ChildRunID == "" {
 		t.Fatalf("dispatch = %+v, %v", res, err)
 	}

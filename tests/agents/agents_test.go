@@ -29,6 +29,7 @@ import (
 	"time"
 
 	"github.com/runfleet/runfleet/shared/hostproto"
+	"github.com/runfleet/runfleet/shared/runspec"
 	"github.com/runfleet/runfleet/tests/kit/syncbuf"
 )
 
@@ -228,8 +229,12 @@ func (e *edge) runAgent(t *testing.T, c agentCase) {
 	tag := "e2e-" + randomHex(t, 8)
 	auditFrom := len(e.auditLines(t))
 	run, err := e.client.Start(context.Background(), hostproto.StartRequest{
-		ClientToken: tag, Agent: c.agent, Prompt: "Answer with one short sentence. (" + tag + ")",
-		Secrets: []hostproto.Secret{{ProjectID: project, Key: c.key, Domains: domains}},
+		ClientToken: tag,
+		Request: runspec.Request{
+			Agent:   c.agent,
+			Prompt:  "Answer with one short sentence. (" + tag + ")",
+			Secrets: []runspec.Secret{{ProjectID: project, Key: c.key, Domains: domains}},
+		},
 	})
 	must(t, err)
 	if run.Status == hostproto.StatusFailed {

@@ -14,7 +14,7 @@ import (
 
 	"github.com/runfleet/runfleet/edge/config"
 	"github.com/runfleet/runfleet/edge/policy"
-	"github.com/runfleet/runfleet/shared/hostproto"
+	"github.com/runfleet/runfleet/shared/runspec"
 )
 
 func TestUpstreamAnswersWhetherTheCredentialWasRightNeverWhatItWas(t *testing.T) {
@@ -92,7 +92,7 @@ func TestEdgeConfigLoadsAndGrantsTheDemoKeyForTheUpstreamOnly(t *testing.T) {
 		t.Fatal(err)
 	}
 	for domain, want := range map[string]bool{u.Domain(): true, UpstreamName: false, "api.example.com": false} {
-		declared, err := policy.ParseDeclared([]hostproto.Secret{{ProjectID: Project, Key: Key, Domains: []string{domain}}})
+		declared, err := runspec.Request{Agent: Agent, Secrets: []runspec.Secret{{ProjectID: Project, Key: Key, Domains: []string{domain}}}}.Declare()
 		if err != nil {
 			t.Fatal(err)
 		}
