@@ -17,6 +17,8 @@ import (
 	"strconv"
 	"strings"
 	"time"
+
+	"github.com/runfleet/runfleet/edge/runner"
 )
 
 // Duration is a time.Duration written as a Go duration string ("24h", "90s").
@@ -104,15 +106,12 @@ type Limits struct {
 	CPU float64 `json:"cpu,omitempty"`
 }
 
-// LimitsNone is the value of runner.limits that turns limits off.
-const LimitsNone = "none"
-
 // UnmarshalJSON reads "none" or an object of limits.
 func (l *Limits) UnmarshalJSON(data []byte) error {
 	var s string
 	if err := json.Unmarshal(data, &s); err == nil {
-		if s != LimitsNone {
-			return fmt.Errorf("limits must be %q or an object with memory, pids and cpu, not %q", LimitsNone, s)
+		if s != runner.LimitsNone {
+			return fmt.Errorf("limits must be %q or an object with memory, pids and cpu, not %q", runner.LimitsNone, s)
 		}
 		*l = Limits{None: true}
 		return nil
@@ -133,7 +132,7 @@ func (l *Limits) UnmarshalJSON(data []byte) error {
 // MarshalJSON writes "none" or the object.
 func (l Limits) MarshalJSON() ([]byte, error) {
 	if l.None {
-		return json.Marshal(LimitsNone)
+		return json.Marshal(runner.LimitsNone)
 	}
 	type plain Limits
 	return json.Marshal(plain(l))
@@ -179,17 +178,6 @@ func (t TLS) Enabled() bool { return t.CertFile != "" && t.KeyFile != "" }
 const (
 	EgressOpen   = "open"
 	EgressStrict = "strict"
-)
-
-// Task egress modes (runner.egress): where a task's own sockets may go.
-const (
-	// TaskEgressConfined: each task has a network of its own whose one way
-	// off its loopback is edge (its DNS, its redirected connections, its
-	// explicit proxy). Needs root and nftables. The default.
-	TaskEgressConfined = "confined"
-	// TaskEgressInsecureOpen: tasks reach the network directly, the cloud
-	// metadata service (and an instance role's credentials) included.
-	TaskEgressInsecureOpen = "insecureOpen"
 )
 
 // Resolver kinds for upstream names.
@@ -307,10 +295,12 @@ type Runner struct {
 	// switch users. Off by default; /healthz reports it. Tasks that run as
 	// edge cannot be confined, so it needs Egress insecureOpen too.
 	InsecureSameUser bool `json:"insecureSameUser"`
-	// Egress is "confined" (each task in a network of its own whose one way
-	// off its loopback is edge; the default: edge refuses to start where it
-	// cannot make one) or "insecureOpen" (tasks reach the network, the
-	// cloud metadata service included). /healthz reports egressConfined.
+	// Egress is runner.TaskEgressConfined, "confined" (each task in a
+	// network of its own whose one way off its loopback is edge; the
+	// default: edge refuses to start where it cannot make one), or
+	// runner.TaskEgressInsecureOpen, "insecureOpen" (tasks reach the
+	// network, the cloud metadata service included). /healthz reports
+	// egressConfined.
 	Egress string `json:"egress"`
 	// Roots are the directories a localPath must lie under.
 	Roots []string `json:"roots"`
@@ -335,26 +325,12 @@ type Runner struct {
 	// MinFreeBytes is the data dir's reserve, in bytes: with less free
 	// space, admission refuses new runs (host_storage_low), and a running
 	// run's output stops being recorded (storage_full) before the space
-	// kept for recording runs' ends is touched. Default DefaultMinFreeBytes
-	// (1 GiB); at least MinMinFreeBytes. There is no "off": a reserve is
-	// what lets a full disk end runs with a reason instead of losing them.
+	// kept for recording runs' ends is touched. Default
+	// runner.DefaultMinFreeBytes; at least runner.MinMinFreeBytes. There is
+	// no "off": a reserve is what lets a full disk end runs with a reason
+	// instead of losing them.
 	MinFreeBytes Bytes `json:"minFreeBytes"`
 }
-
-// Storage reserve bounds (runner.minFreeBytes).
-const (
-	// DefaultMinFreeBytes: what the runs a host admits at its defaults can
-	// write into the run log, twice over: 8 runs (runner.maxConcurrent) at
-	// 64 MiB of output each (runner.maxOutputBytes) is 512 MiB, and the run
-	// log (bbolt: copy-on-write pages, JSON-escaped events) takes up to
-	// about twice what it stores. Buildkite's elastic stack refuses jobs
-	// under 5 GB free, for builds and images; our tasks' work dirs are
-	// shallow clones, so this is a floor to raise for heavy repositories.
-	DefaultMinFreeBytes = 1 << 30
-	// MinMinFreeBytes: a smaller reserve cannot hold the space kept for
-	// recording runs' ends (a part of the reserve; package runner).
-	MinMinFreeBytes = 1 << 20
-)
 
 // Load reads, defaults and validates the config at path.
 func Load(path string) (*Config, error) {
@@ -461,7 +437,7 @@ func (c *Config) Defaults() {
 		c.Secrets.AWSSecretsManager.CacheTTL = Duration(30 * time.Second)
 	}
 	setS(&c.Runner.User, "nobody")
-	setS(&c.Runner.Egress, TaskEgressConfined)
+	setS(&c.Runner.Egress, runner.DefaultEgress)
 	if c.Runner.MaxConcurrent == 0 {
 		c.Runner.MaxConcurrent = 8
 	}
@@ -487,7 +463,7 @@ func (c *Config) Defaults() {
 		}
 	}
 	if c.Runner.MinFreeBytes == 0 {
-		c.Runner.MinFreeBytes = DefaultMinFreeBytes
+		c.Runner.MinFreeBytes = runner.DefaultMinFreeBytes
 	}
 }
 
@@ -578,8 +554,8 @@ func (c *Config) Validate() error {
 	if c.Runner.User == "" && !c.Runner.InsecureSameUser {
 		bad("runner.user", "is required")
 	}
-	if e := c.Runner.Egress; e != TaskEgressConfined && e != TaskEgressInsecureOpen {
-		bad("runner.egress", "must be %q or %q, not %q", TaskEgressConfined, TaskEgressInsecureOpen, e)
+	if e := c.Runner.Egress; e != runner.TaskEgressConfined && e != runner.TaskEgressInsecureOpen {
+		bad("runner.egress", "must be %q or %q, not %q", runner.TaskEgressConfined, runner.TaskEgressInsecureOpen, e)
 	}
 	for _, r := range c.Runner.Roots {
 		if !filepath.IsAbs(r) {
@@ -609,8 +585,8 @@ func (c *Config) Validate() error {
 			bad("runner.limits.cpu", "%g cores is under the kernel's minimum; give at least 0.01", l.CPU)
 		}
 	}
-	if n := c.Runner.MinFreeBytes; n < MinMinFreeBytes {
-		bad("runner.minFreeBytes", "%d is under the smallest reserve, %d bytes (1 MiB): the reserve keeps room to record runs' ends when the data dir fills; leave it unset for the default (1 GiB)", n, MinMinFreeBytes)
+	if n := c.Runner.MinFreeBytes; n < runner.MinMinFreeBytes {
+		bad("runner.minFreeBytes", "%d is under the smallest reserve, %d bytes (1 MiB): the reserve keeps room to record runs' ends when the data dir fills; leave it unset for the default (1 GiB)", n, runner.MinMinFreeBytes)
 	}
 	for field, d := range map[string]Duration{
 		"runner.maxDuration": c.Runner.MaxDuration, "runner.drainTimeout": c.Runner.DrainTimeout,
