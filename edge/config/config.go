@@ -98,11 +98,12 @@ type Limits struct {
 	// None is runner.limits: "none": tasks are bounded only by the host.
 	// Only an explicit "none" turns limits off.
 	None bool `json:"-"`
-	// Memory per task; default 4GiB.
+	// Memory per task; default runner.DefaultLimitMemoryBytes.
 	Memory Bytes `json:"memory,omitempty"`
-	// Pids: processes and threads per task at once; default 4096.
+	// Pids: processes and threads per task at once; default
+	// runner.DefaultLimitPids.
 	Pids int64 `json:"pids,omitempty"`
-	// CPU per task, in cores; default 4.
+	// CPU per task, in cores; default runner.DefaultLimitCPU.
 	CPU float64 `json:"cpu,omitempty"`
 }
 
@@ -289,7 +290,7 @@ type Agent struct {
 
 // Runner governs task processes.
 type Runner struct {
-	// User runs tasks; default "nobody". Never edge's own uid.
+	// User runs tasks; default runner.DefaultUser. Never edge's own uid.
 	User string `json:"user"`
 	// InsecureSameUser lets tasks run as edge's own user where edge cannot
 	// switch users. Off by default; /healthz reports it. Tasks that run as
@@ -306,17 +307,21 @@ type Runner struct {
 	Roots []string `json:"roots"`
 	// WorkDir holds fresh and cloned working dirs; default <dataDir>/work.
 	WorkDir string `json:"workDir"`
-	// MaxConcurrent runs at once; default 8.
+	// MaxConcurrent runs at once; default runner.DefaultMaxConcurrent.
 	MaxConcurrent int `json:"maxConcurrent"`
-	// MaxDuration of one attempt; default 2h.
+	// MaxDuration of one attempt; default runner.DefaultMaxDuration.
 	MaxDuration Duration `json:"maxDuration"`
-	// MaxOutputBytes of one run's output; default 64 MiB.
+	// MaxOutputBytes of one run's output; default
+	// runner.DefaultMaxOutputBytes.
 	MaxOutputBytes int64 `json:"maxOutputBytes"`
-	// DrainTimeout bounds the wait for idle on SIGTERM; default 5m.
+	// DrainTimeout bounds the wait for idle on SIGTERM; default
+	// runner.DefaultDrainTimeout.
 	DrainTimeout Duration `json:"drainTimeout"`
-	// Retention: a run is purged this long after it ends; default 168h.
+	// Retention: a run is purged this long after it ends; default
+	// runner.DefaultRetention.
 	Retention Duration `json:"retention"`
-	// CancelGrace between SIGTERM and SIGKILL on cancel; default 10s.
+	// CancelGrace between SIGTERM and SIGKILL on cancel; default
+	// runner.DefaultCancelGrace.
 	CancelGrace Duration `json:"cancelGrace"`
 	// Limits bound each task's memory, processes and CPU through a control
 	// group of its own; "none" turns them off. A host that cannot enforce
@@ -436,30 +441,27 @@ func (c *Config) Defaults() {
 	if c.Secrets.AWSSecretsManager != nil && c.Secrets.AWSSecretsManager.CacheTTL == 0 {
 		c.Secrets.AWSSecretsManager.CacheTTL = Duration(30 * time.Second)
 	}
-	setS(&c.Runner.User, "nobody")
+	setS(&c.Runner.User, runner.DefaultUser)
 	setS(&c.Runner.Egress, runner.DefaultEgress)
 	if c.Runner.MaxConcurrent == 0 {
-		c.Runner.MaxConcurrent = 8
+		c.Runner.MaxConcurrent = runner.DefaultMaxConcurrent
 	}
-	setD(&c.Runner.MaxDuration, 2*time.Hour)
+	setD(&c.Runner.MaxDuration, runner.DefaultMaxDuration)
 	if c.Runner.MaxOutputBytes == 0 {
-		c.Runner.MaxOutputBytes = 64 << 20
+		c.Runner.MaxOutputBytes = runner.DefaultMaxOutputBytes
 	}
-	setD(&c.Runner.DrainTimeout, 5*time.Minute)
-	setD(&c.Runner.Retention, 168*time.Hour)
-	setD(&c.Runner.CancelGrace, 10*time.Second)
+	setD(&c.Runner.DrainTimeout, runner.DefaultDrainTimeout)
+	setD(&c.Runner.Retention, runner.DefaultRetention)
+	setD(&c.Runner.CancelGrace, runner.DefaultCancelGrace)
 	if !c.Runner.Limits.None {
-		// Sized like a hosted CI runner's share (GitHub's Linux runners
-		// have 4 cores): room for a build, while maxConcurrent of them
-		// cannot take a host down. Operators size them to their hosts.
 		if c.Runner.Limits.Memory == 0 {
-			c.Runner.Limits.Memory = 4 << 30
+			c.Runner.Limits.Memory = runner.DefaultLimitMemoryBytes
 		}
 		if c.Runner.Limits.Pids == 0 {
-			c.Runner.Limits.Pids = 4096
+			c.Runner.Limits.Pids = runner.DefaultLimitPids
 		}
 		if c.Runner.Limits.CPU == 0 {
-			c.Runner.Limits.CPU = 4
+			c.Runner.Limits.CPU = runner.DefaultLimitCPU
 		}
 	}
 	if c.Runner.MinFreeBytes == 0 {

@@ -92,6 +92,12 @@ const (
 	MinMinFreeBytes = 1 << 20
 )
 
+// DefaultDrainTimeout is how long Shutdown waits for idle before it cancels
+// what still runs, unless runner.drainTimeout says otherwise. Shutdown takes
+// the wait as its argument (zero cancels at once), so Config has no field
+// for it: edge/config fills runner.drainTimeout with this.
+const DefaultDrainTimeout = 5 * time.Minute
+
 // Agent is one entry of the agent table: how to start an agent.
 type Agent struct {
 	// Argv starts the agent; an element "{prompt}" becomes the prompt, as
@@ -117,6 +123,17 @@ type Limits struct {
 
 // LimitsNone is how runner.limits is written to set Limits.None.
 const LimitsNone = "none"
+
+// Each task's limits unless runner.limits says otherwise: edge.json's
+// defaults (edge/config fills them), not Config's, whose zero Limits sets
+// none. Sized like a hosted CI runner's share (GitHub's Linux runners have
+// 4 cores): room for a build, while DefaultMaxConcurrent of them cannot
+// take a host down. Operators size them to their hosts.
+const (
+	DefaultLimitMemoryBytes = 4 << 30
+	DefaultLimitPids        = 4096
+	DefaultLimitCPU         = 4
+)
 
 // Config configures a Runner. New fills zero values with the defaults named.
 type Config struct {
