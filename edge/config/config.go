@@ -18,6 +18,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/runfleet/runfleet/edge/audit"
 	"github.com/runfleet/runfleet/edge/runner"
 )
 
@@ -217,9 +218,10 @@ type Upstream struct {
 
 // Audit is the proxy's decision log under <dataDir>/logs.
 type Audit struct {
-	// MaxBytes rotates the audit file past this size; default 64 MiB.
+	// MaxBytes rotates the audit file past this size; default
+	// audit.DefaultMaxBytes.
 	MaxBytes int64 `json:"maxBytes"`
-	// Keep is how many rotated files are kept; default 5.
+	// Keep is how many rotated files are kept; default audit.DefaultKeep.
 	Keep int `json:"keep"`
 }
 
@@ -425,10 +427,10 @@ func (c *Config) Defaults() {
 	setS(&c.Proxy.Egress, EgressOpen)
 	setS(&c.Proxy.Upstream.Resolver, ResolverUplink)
 	if c.Proxy.Audit.MaxBytes == 0 {
-		c.Proxy.Audit.MaxBytes = 64 << 20
+		c.Proxy.Audit.MaxBytes = audit.DefaultMaxBytes
 	}
 	if c.Proxy.Audit.Keep == 0 {
-		c.Proxy.Audit.Keep = 5
+		c.Proxy.Audit.Keep = audit.DefaultKeep
 	}
 	setD(&c.CA.Lifetime, 8760*time.Hour)
 	setD(&c.CA.SuccessorWindow, 2160*time.Hour)
