@@ -19,7 +19,9 @@ import (
 	"time"
 
 	"github.com/runfleet/runfleet/edge/audit"
+	"github.com/runfleet/runfleet/edge/ca"
 	"github.com/runfleet/runfleet/edge/runner"
+	"github.com/runfleet/runfleet/edge/secrets"
 )
 
 // Duration is a time.Duration written as a Go duration string ("24h", "90s").
@@ -227,13 +229,16 @@ type Audit struct {
 
 // CA is the proxy's certificate authority.
 type CA struct {
-	// Lifetime of each CA certificate; default 8760h (a year).
+	// Lifetime of each CA certificate; default ca.DefaultLifetime.
 	Lifetime Duration `json:"lifetime"`
-	// SuccessorWindow: a successor is minted this long before the signer ends; default 2160h (90 days).
+	// SuccessorWindow: a successor is minted this long before the signer
+	// ends; default ca.DefaultSuccessorWindow.
 	SuccessorWindow Duration `json:"successorWindow"`
-	// SwitchBefore: the signer switches to the successor this long before its end; default 24h.
+	// SwitchBefore: the signer switches to the successor this long before
+	// its end; default ca.DefaultSwitchBefore.
 	SwitchBefore Duration `json:"switchBefore"`
-	// LeafLifetime of a leaf, never past the signer's end; default 168h.
+	// LeafLifetime of a leaf, never past the signer's end; default
+	// ca.DefaultLeafLifetime.
 	LeafLifetime Duration `json:"leafLifetime"`
 	// SealKeyFile holds the AES-256 key sealing the CA keys; default <dataDir>/seal.key, made 0600.
 	SealKeyFile string `json:"sealKeyFile"`
@@ -278,7 +283,8 @@ type Secrets struct {
 // AWSSecretsManager reads a value from the secret "<prefix><project>/<KEY>".
 type AWSSecretsManager struct {
 	Prefix string `json:"prefix"`
-	// CacheTTL bounds how long a value is reused; default 30s.
+	// CacheTTL bounds how long a value is reused; default
+	// secrets.DefaultCacheTTL.
 	CacheTTL Duration `json:"cacheTtl"`
 }
 
@@ -432,16 +438,16 @@ func (c *Config) Defaults() {
 	if c.Proxy.Audit.Keep == 0 {
 		c.Proxy.Audit.Keep = audit.DefaultKeep
 	}
-	setD(&c.CA.Lifetime, 8760*time.Hour)
-	setD(&c.CA.SuccessorWindow, 2160*time.Hour)
-	setD(&c.CA.SwitchBefore, 24*time.Hour)
-	setD(&c.CA.LeafLifetime, 168*time.Hour)
+	setD(&c.CA.Lifetime, ca.DefaultLifetime)
+	setD(&c.CA.SuccessorWindow, ca.DefaultSuccessorWindow)
+	setD(&c.CA.SwitchBefore, ca.DefaultSwitchBefore)
+	setD(&c.CA.LeafLifetime, ca.DefaultLeafLifetime)
 	if c.DataDir != "" {
 		setS(&c.CA.SealKeyFile, filepath.Join(c.DataDir, "seal.key"))
 		setS(&c.Runner.WorkDir, filepath.Join(c.DataDir, "work"))
 	}
-	if c.Secrets.AWSSecretsManager != nil && c.Secrets.AWSSecretsManager.CacheTTL == 0 {
-		c.Secrets.AWSSecretsManager.CacheTTL = Duration(30 * time.Second)
+	if c.Secrets.AWSSecretsManager != nil {
+		setD(&c.Secrets.AWSSecretsManager.CacheTTL, secrets.DefaultCacheTTL)
 	}
 	setS(&c.Runner.User, runner.DefaultUser)
 	setS(&c.Runner.Egress, runner.DefaultEgress)
