@@ -22,6 +22,7 @@ import (
 	"github.com/runfleet/runfleet/edge/ca"
 	"github.com/runfleet/runfleet/edge/runner"
 	"github.com/runfleet/runfleet/edge/secrets"
+	"github.com/runfleet/runfleet/edge/upstream"
 )
 
 // Duration is a time.Duration written as a Go duration string ("24h", "90s").
@@ -184,12 +185,6 @@ const (
 	EgressStrict = "strict"
 )
 
-// Resolver kinds for upstream names.
-const (
-	ResolverUplink = "uplink"
-	ResolverSystem = "system"
-)
-
 // Proxy is the secrets proxy.
 type Proxy struct {
 	// Listen is the proxy's address; default 127.0.0.1:7071.
@@ -206,8 +201,9 @@ type Proxy struct {
 
 // Upstream governs how the proxy reaches the real servers.
 type Upstream struct {
-	// Resolver is "uplink" (the default: resolv.conf's servers that are not on
-	// this host, never the hosts file) or "system".
+	// Resolver is upstream.ResolverUplink, "uplink" (the default,
+	// upstream.DefaultResolver: resolv.conf's servers that are not on this
+	// host, never the hosts file), or upstream.ResolverSystem, "system".
 	Resolver string `json:"resolver"`
 	// Resolve pins names to addresses, ahead of the resolver (tests, demos).
 	Resolve map[string]string `json:"resolve"`
@@ -431,7 +427,7 @@ func (c *Config) Defaults() {
 	setS(&c.API.Listen, "127.0.0.1:7070")
 	setS(&c.Proxy.Listen, "127.0.0.1:7071")
 	setS(&c.Proxy.Egress, EgressOpen)
-	setS(&c.Proxy.Upstream.Resolver, ResolverUplink)
+	setS(&c.Proxy.Upstream.Resolver, upstream.DefaultResolver)
 	if c.Proxy.Audit.MaxBytes == 0 {
 		c.Proxy.Audit.MaxBytes = audit.DefaultMaxBytes
 	}
@@ -528,8 +524,8 @@ func (c *Config) Validate() error {
 	if c.Proxy.Egress != EgressOpen && c.Proxy.Egress != EgressStrict {
 		bad("proxy.egress", "must be %q or %q, not %q", EgressOpen, EgressStrict, c.Proxy.Egress)
 	}
-	if r := c.Proxy.Upstream.Resolver; r != ResolverUplink && r != ResolverSystem {
-		bad("proxy.upstream.resolver", "must be %q or %q, not %q", ResolverUplink, ResolverSystem, r)
+	if r := c.Proxy.Upstream.Resolver; r != upstream.ResolverUplink && r != upstream.ResolverSystem {
+		bad("proxy.upstream.resolver", "must be %q or %q, not %q", upstream.ResolverUplink, upstream.ResolverSystem, r)
 	}
 	for name, addr := range c.Proxy.Upstream.Resolve {
 		if net.ParseIP(addr) == nil {

@@ -431,7 +431,8 @@ func (h *Host) newProxy(ctx context.Context, trust caTrust) (*proxy.Proxy, error
 		return nil, err
 	}
 	src = secrets.Observed(src, h.opts.Redactor.Add)
-	resolver, err := upstream.NewResolver(h.cfg.Proxy.Upstream, nil)
+	u := h.cfg.Proxy.Upstream
+	resolver, err := upstream.NewResolver(u.Resolver, u.Resolve, nil)
 	if err != nil {
 		return nil, fmt.Errorf("host: %w", err)
 	}
