@@ -162,7 +162,7 @@ type Config struct {
 
 // API is the host API Fleet calls.
 type API struct {
-	// Listen is the host API address; default 127.0.0.1:7070.
+	// Listen is the host API address; default DefaultAPIListen.
 	Listen string `json:"listen"`
 	// TokenFile holds the bearer token Fleet presents. Required.
 	TokenFile string `json:"tokenFile"`
@@ -185,11 +185,27 @@ const (
 	EgressStrict = "strict"
 )
 
+// The defaults that are edge.json's own: every other default is named by
+// the component that applies it (runner, ca, secrets, audit, upstream).
+const (
+	// DefaultAPIListen is api.listen's default: loopback only, so the host
+	// API needs no TLS.
+	DefaultAPIListen = "127.0.0.1:7070"
+	// DefaultProxyListen is proxy.listen's default (loopback only, as
+	// Validate requires).
+	DefaultProxyListen = "127.0.0.1:7071"
+	// DefaultProxyEgress is proxy.egress's default: a connection no key
+	// intercepts is tunnelled through the upstream guard. A proxy.Config
+	// whose Egress is empty refuses it instead: only edge.json opens it.
+	DefaultProxyEgress = EgressOpen
+)
+
 // Proxy is the secrets proxy.
 type Proxy struct {
-	// Listen is the proxy's address; default 127.0.0.1:7071.
+	// Listen is the proxy's address; default DefaultProxyListen.
 	Listen string `json:"listen"`
-	// Egress is "open" (tunnel what is not intercepted; the default) or "strict" (refuse it).
+	// Egress is "open" (tunnel what is not intercepted; DefaultProxyEgress)
+	// or "strict" (refuse it).
 	Egress   string   `json:"egress"`
 	Upstream Upstream `json:"upstream"`
 	Audit    Audit    `json:"audit"`
@@ -424,9 +440,9 @@ func (c *Config) Defaults() {
 			*p = Duration(v)
 		}
 	}
-	setS(&c.API.Listen, "127.0.0.1:7070")
-	setS(&c.Proxy.Listen, "127.0.0.1:7071")
-	setS(&c.Proxy.Egress, EgressOpen)
+	setS(&c.API.Listen, DefaultAPIListen)
+	setS(&c.Proxy.Listen, DefaultProxyListen)
+	setS(&c.Proxy.Egress, DefaultProxyEgress)
 	setS(&c.Proxy.Upstream.Resolver, upstream.DefaultResolver)
 	if c.Proxy.Audit.MaxBytes == 0 {
 		c.Proxy.Audit.MaxBytes = audit.DefaultMaxBytes
