@@ -77,8 +77,8 @@ const ViaTransparent = "transparent"
 const FileName = "proxy-audit.jsonl"
 
 // Rotation defaults (Config.MaxBytes and Keep; edge.json's proxy.audit):
-// the live file and the rotated ones hold about DefaultMaxBytes*(DefaultKeep+1)
-// of audit lines.
+// the live file and the rotated ones hold about
+// DefaultMaxBytes*(DefaultKeep+1) of audit lines.
 const (
 	DefaultMaxBytes = 64 << 20
 	DefaultKeep     = 5

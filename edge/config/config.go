@@ -1,7 +1,10 @@
 // Package config owns edge's configuration file: its JSON shape (the names in
 // DESIGN.md, which operators and tests rely on), its defaults and its
 // validation. It holds wire types only; the policy section is compiled and
-// checked by package policy, and each component reads its own section.
+// checked by package policy, and edge/host maps every other section onto
+// its component's Config. A default that a component applies is that
+// component's constant, named here (runner, ca, secrets, audit, upstream);
+// this package imports them, and they never import it.
 package config
 
 import (
