@@ -76,13 +76,22 @@ const ViaTransparent = "transparent"
 // FileName is the live audit file under Dir; rotated files add ".1", ".2"...
 const FileName = "proxy-audit.jsonl"
 
+// Rotation defaults (Config.MaxBytes and Keep; edge.json's proxy.audit):
+// the live file and the rotated ones hold about
+// DefaultMaxBytes*(DefaultKeep+1) of audit lines.
+const (
+	DefaultMaxBytes = 64 << 20
+	DefaultKeep     = 5
+)
+
 // Config configures a Log.
 type Config struct {
 	// Dir is <dataDir>/logs, created 0700. Required.
 	Dir string
-	// MaxBytes rotates the file before it passes this size; zero means 64 MiB.
+	// MaxBytes rotates the file before it passes this size; zero means
+	// DefaultMaxBytes.
 	MaxBytes int64
-	// Keep is how many rotated files stay; zero means 5.
+	// Keep is how many rotated files stay; zero means DefaultKeep.
 	Keep int
 	// Registerer receives the metrics; nil means none are registered.
 	Registerer prometheus.Registerer
@@ -148,10 +157,10 @@ func Open(cfg Config) (*Log, error) {
 		return nil, errors.New("audit: Logger is required")
 	}
 	if cfg.MaxBytes == 0 {
-		cfg.MaxBytes = 64 << 20
+		cfg.MaxBytes = DefaultMaxBytes
 	}
 	if cfg.Keep == 0 {
-		cfg.Keep = 5
+		cfg.Keep = DefaultKeep
 	}
 	if cfg.Clock == nil {
 		cfg.Clock = clock.Real{}

@@ -11,10 +11,10 @@ import (
 	"github.com/runfleet/runfleet/shared/clock"
 )
 
-// The DESIGN defaults (edge.json's ca section).
+// The defaults of Config's timing, and of edge.json's ca section.
 const (
-	DefaultLifetime        = 8760 * time.Hour
-	DefaultSuccessorWindow = 2160 * time.Hour
+	DefaultLifetime        = 8760 * time.Hour // a year
+	DefaultSuccessorWindow = 2160 * time.Hour // 90 days
 	DefaultSwitchBefore    = 24 * time.Hour
 	DefaultLeafLifetime    = 168 * time.Hour
 	DefaultReviewInterval  = time.Hour
@@ -27,17 +27,19 @@ type Config struct {
 	// created 0700. Required.
 	Dir string
 
-	// Lifetime of each CA certificate; zero = 8760h.
+	// Lifetime of each CA certificate; zero = DefaultLifetime.
 	Lifetime time.Duration
 	// SuccessorWindow: inside the signer's last SuccessorWindow a successor
-	// is minted and joins the bundle; zero = 2160h. Shorter than Lifetime.
+	// is minted and joins the bundle; zero = DefaultSuccessorWindow.
+	// Shorter than Lifetime.
 	SuccessorWindow time.Duration
 	// SwitchBefore: the signer hands over to its successor this long before
-	// its end; zero = 24h. Shorter than SuccessorWindow, so every task that
-	// installed a bundle in the last SuccessorWindow-SwitchBefore trusts the
-	// new signer when it takes over.
+	// its end; zero = DefaultSwitchBefore. Shorter than SuccessorWindow, so
+	// every task that installed a bundle in the last
+	// SuccessorWindow-SwitchBefore trusts the new signer when it takes over.
 	SwitchBefore time.Duration
-	// LeafLifetime of a leaf, never past its signer's NotAfter; zero = 168h.
+	// LeafLifetime of a leaf, never past its signer's NotAfter; zero =
+	// DefaultLeafLifetime.
 	LeafLifetime time.Duration
 
 	// Sealer seals the CA private keys at rest. Required.

@@ -1,7 +1,10 @@
 // Package config owns edge's configuration file: its JSON shape (the names in
 // DESIGN.md, which operators and tests rely on), its defaults and its
 // validation. It holds wire types only; the policy section is compiled and
-// checked by package policy, and each component reads its own section.
+// checked by package policy, and edge/host maps every other section onto
+// its component's Config. A default that a component applies is that
+// component's constant, named here (runner, ca, secrets, audit, upstream);
+// this package imports them, and they never import it.
 package config
 
 import (
@@ -17,6 +20,12 @@ import (
 	"strconv"
 	"strings"
 	"time"
+
+	"github.com/runfleet/runfleet/edge/audit"
+	"github.com/runfleet/runfleet/edge/ca"
+	"github.com/runfleet/runfleet/edge/runner"
+	"github.com/runfleet/runfleet/edge/secrets"
+	"github.com/runfleet/runfleet/edge/upstream"
 )
 
 // Duration is a time.Duration written as a Go duration string ("24h", "90s").
@@ -96,23 +105,21 @@ type Limits struct {
 	// None is runner.limits: "none": tasks are bounded only by the host.
 	// Only an explicit "none" turns limits off.
 	None bool `json:"-"`
-	// Memory per task; default 4GiB.
+	// Memory per task; default runner.DefaultLimitMemoryBytes.
 	Memory Bytes `json:"memory,omitempty"`
-	// Pids: processes and threads per task at once; default 4096.
+	// Pids: processes and threads per task at once; default
+	// runner.DefaultLimitPids.
 	Pids int64 `json:"pids,omitempty"`
-	// CPU per task, in cores; default 4.
+	// CPU per task, in cores; default runner.DefaultLimitCPU.
 	CPU float64 `json:"cpu,omitempty"`
 }
-
-// LimitsNone is the value of runner.limits that turns limits off.
-const LimitsNone = "none"
 
 // UnmarshalJSON reads "none" or an object of limits.
 func (l *Limits) UnmarshalJSON(data []byte) error {
 	var s string
 	if err := json.Unmarshal(data, &s); err == nil {
-		if s != LimitsNone {
-			return fmt.Errorf("limits must be %q or an object with memory, pids and cpu, not %q", LimitsNone, s)
+		if s != runner.LimitsNone {
+			return fmt.Errorf("limits must be %q or an object with memory, pids and cpu, not %q", runner.LimitsNone, s)
 		}
 		*l = Limits{None: true}
 		return nil
@@ -133,7 +140,7 @@ func (l *Limits) UnmarshalJSON(data []byte) error {
 // MarshalJSON writes "none" or the object.
 func (l Limits) MarshalJSON() ([]byte, error) {
 	if l.None {
-		return json.Marshal(LimitsNone)
+		return json.Marshal(runner.LimitsNone)
 	}
 	type plain Limits
 	return json.Marshal(plain(l))
@@ -158,7 +165,7 @@ type Config struct {
 
 // API is the host API Fleet calls.
 type API struct {
-	// Listen is the host API address; default 127.0.0.1:7070.
+	// Listen is the host API address; default DefaultAPIListen.
 	Listen string `json:"listen"`
 	// TokenFile holds the bearer token Fleet presents. Required.
 	TokenFile string `json:"tokenFile"`
@@ -181,28 +188,27 @@ const (
 	EgressStrict = "strict"
 )
 
-// Task egress modes (runner.egress): where a task's own sockets may go.
+// The defaults that are edge.json's own: every other default is named by
+// the component that applies it (runner, ca, secrets, audit, upstream).
 const (
-	// TaskEgressConfined: each task has a network of its own whose one way
-	// off its loopback is edge (its DNS, its redirected connections, its
-	// explicit proxy). Needs root and nftables. The default.
-	TaskEgressConfined = "confined"
-	// TaskEgressInsecureOpen: tasks reach the network directly, the cloud
-	// metadata service (and an instance role's credentials) included.
-	TaskEgressInsecureOpen = "insecureOpen"
-)
-
-// Resolver kinds for upstream names.
-const (
-	ResolverUplink = "uplink"
-	ResolverSystem = "system"
+	// DefaultAPIListen is api.listen's default: loopback only, so the host
+	// API needs no TLS.
+	DefaultAPIListen = "127.0.0.1:7070"
+	// DefaultProxyListen is proxy.listen's default (loopback only, as
+	// Validate requires).
+	DefaultProxyListen = "127.0.0.1:7071"
+	// DefaultProxyEgress is proxy.egress's default: a connection no key
+	// intercepts is tunnelled through the upstream guard. A proxy.Config
+	// whose Egress is empty refuses it instead: only edge.json opens it.
+	DefaultProxyEgress = EgressOpen
 )
 
 // Proxy is the secrets proxy.
 type Proxy struct {
-	// Listen is the proxy's address; default 127.0.0.1:7071.
+	// Listen is the proxy's address; default DefaultProxyListen.
 	Listen string `json:"listen"`
-	// Egress is "open" (tunnel what is not intercepted; the default) or "strict" (refuse it).
+	// Egress is "open" (tunnel what is not intercepted; DefaultProxyEgress)
+	// or "strict" (refuse it).
 	Egress   string   `json:"egress"`
 	Upstream Upstream `json:"upstream"`
 	Audit    Audit    `json:"audit"`
@@ -214,8 +220,9 @@ type Proxy struct {
 
 // Upstream governs how the proxy reaches the real servers.
 type Upstream struct {
-	// Resolver is "uplink" (the default: resolv.conf's servers that are not on
-	// this host, never the hosts file) or "system".
+	// Resolver is upstream.ResolverUplink, "uplink" (the default,
+	// upstream.DefaultResolver: resolv.conf's servers that are not on this
+	// host, never the hosts file), or upstream.ResolverSystem, "system".
 	Resolver string `json:"resolver"`
 	// Resolve pins names to addresses, ahead of the resolver (tests, demos).
 	Resolve map[string]string `json:"resolve"`
@@ -228,21 +235,25 @@ type Upstream struct {
 
 // Audit is the proxy's decision log under <dataDir>/logs.
 type Audit struct {
-	// MaxBytes rotates the audit file past this size; default 64 MiB.
+	// MaxBytes rotates the audit file past this size; default
+	// audit.DefaultMaxBytes.
 	MaxBytes int64 `json:"maxBytes"`
-	// Keep is how many rotated files are kept; default 5.
+	// Keep is how many rotated files are kept; default audit.DefaultKeep.
 	Keep int `json:"keep"`
 }
 
 // CA is the proxy's certificate authority.
 type CA struct {
-	// Lifetime of each CA certificate; default 8760h (a year).
+	// Lifetime of each CA certificate; default ca.DefaultLifetime.
 	Lifetime Duration `json:"lifetime"`
-	// SuccessorWindow: a successor is minted this long before the signer ends; default 2160h (90 days).
+	// SuccessorWindow: a successor is minted this long before the signer
+	// ends; default ca.DefaultSuccessorWindow.
 	SuccessorWindow Duration `json:"successorWindow"`
-	// SwitchBefore: the signer switches to the successor this long before its end; default 24h.
+	// SwitchBefore: the signer switches to the successor this long before
+	// its end; default ca.DefaultSwitchBefore.
 	SwitchBefore Duration `json:"switchBefore"`
-	// LeafLifetime of a leaf, never past the signer's end; default 168h.
+	// LeafLifetime of a leaf, never past the signer's end; default
+	// ca.DefaultLeafLifetime.
 	LeafLifetime Duration `json:"leafLifetime"`
 	// SealKeyFile holds the AES-256 key sealing the CA keys; default <dataDir>/seal.key, made 0600.
 	SealKeyFile string `json:"sealKeyFile"`
@@ -287,7 +298,8 @@ type Secrets struct {
 // AWSSecretsManager reads a value from the secret "<prefix><project>/<KEY>".
 type AWSSecretsManager struct {
 	Prefix string `json:"prefix"`
-	// CacheTTL bounds how long a value is reused; default 30s.
+	// CacheTTL bounds how long a value is reused; default
+	// secrets.DefaultCacheTTL.
 	CacheTTL Duration `json:"cacheTtl"`
 }
 
@@ -301,32 +313,38 @@ type Agent struct {
 
 // Runner governs task processes.
 type Runner struct {
-	// User runs tasks; default "nobody". Never edge's own uid.
+	// User runs tasks; default runner.DefaultUser. Never edge's own uid.
 	User string `json:"user"`
 	// InsecureSameUser lets tasks run as edge's own user where edge cannot
 	// switch users. Off by default; /healthz reports it. Tasks that run as
 	// edge cannot be confined, so it needs Egress insecureOpen too.
 	InsecureSameUser bool `json:"insecureSameUser"`
-	// Egress is "confined" (each task in a network of its own whose one way
-	// off its loopback is edge; the default: edge refuses to start where it
-	// cannot make one) or "insecureOpen" (tasks reach the network, the
-	// cloud metadata service included). /healthz reports egressConfined.
+	// Egress is runner.TaskEgressConfined, "confined" (each task in a
+	// network of its own whose one way off its loopback is edge; the
+	// default: edge refuses to start where it cannot make one), or
+	// runner.TaskEgressInsecureOpen, "insecureOpen" (tasks reach the
+	// network, the cloud metadata service included). /healthz reports
+	// egressConfined.
 	Egress string `json:"egress"`
 	// Roots are the directories a localPath must lie under.
 	Roots []string `json:"roots"`
 	// WorkDir holds fresh and cloned working dirs; default <dataDir>/work.
 	WorkDir string `json:"workDir"`
-	// MaxConcurrent runs at once; default 8.
+	// MaxConcurrent runs at once; default runner.DefaultMaxConcurrent.
 	MaxConcurrent int `json:"maxConcurrent"`
-	// MaxDuration of one attempt; default 2h.
+	// MaxDuration of one attempt; default runner.DefaultMaxDuration.
 	MaxDuration Duration `json:"maxDuration"`
-	// MaxOutputBytes of one run's output; default 64 MiB.
+	// MaxOutputBytes of one run's output; default
+	// runner.DefaultMaxOutputBytes.
 	MaxOutputBytes int64 `json:"maxOutputBytes"`
-	// DrainTimeout bounds the wait for idle on SIGTERM; default 5m.
+	// DrainTimeout bounds the wait for idle on SIGTERM; default
+	// runner.DefaultDrainTimeout.
 	DrainTimeout Duration `json:"drainTimeout"`
-	// Retention: a run is purged this long after it ends; default 168h.
+	// Retention: a run is purged this long after it ends; default
+	// runner.DefaultRetention.
 	Retention Duration `json:"retention"`
-	// CancelGrace between SIGTERM and SIGKILL on cancel; default 10s.
+	// CancelGrace between SIGTERM and SIGKILL on cancel; default
+	// runner.DefaultCancelGrace.
 	CancelGrace Duration `json:"cancelGrace"`
 	// Limits bound each task's memory, processes and CPU through a control
 	// group of its own; "none" turns them off. A host that cannot enforce
@@ -335,26 +353,12 @@ type Runner struct {
 	// MinFreeBytes is the data dir's reserve, in bytes: with less free
 	// space, admission refuses new runs (host_storage_low), and a running
 	// run's output stops being recorded (storage_full) before the space
-	// kept for recording runs' ends is touched. Default DefaultMinFreeBytes
-	// (1 GiB); at least MinMinFreeBytes. There is no "off": a reserve is
-	// what lets a full disk end runs with a reason instead of losing them.
+	// kept for recording runs' ends is touched. Default
+	// runner.DefaultMinFreeBytes; at least runner.MinMinFreeBytes. There is
+	// no "off": a reserve is what lets a full disk end runs with a reason
+	// instead of losing them.
 	MinFreeBytes Bytes `json:"minFreeBytes"`
 }
-
-// Storage reserve bounds (runner.minFreeBytes).
-const (
-	// DefaultMinFreeBytes: what the runs a host admits at its defaults can
-	// write into the run log, twice over: 8 runs (runner.maxConcurrent) at
-	// 64 MiB of output each (runner.maxOutputBytes) is 512 MiB, and the run
-	// log (bbolt: copy-on-write pages, JSON-escaped events) takes up to
-	// about twice what it stores. Buildkite's elastic stack refuses jobs
-	// under 5 GB free, for builds and images; our tasks' work dirs are
-	// shallow clones, so this is a floor to raise for heavy repositories.
-	DefaultMinFreeBytes = 1 << 30
-	// MinMinFreeBytes: a smaller reserve cannot hold the space kept for
-	// recording runs' ends (a part of the reserve; package runner).
-	MinMinFreeBytes = 1 << 20
-)
 
 // Load reads, defaults and validates the config at path.
 func Load(path string) (*Config, error) {
@@ -439,55 +443,52 @@ func (c *Config) Defaults() {
 			*p = Duration(v)
 		}
 	}
-	setS(&c.API.Listen, "127.0.0.1:7070")
-	setS(&c.Proxy.Listen, "127.0.0.1:7071")
-	setS(&c.Proxy.Egress, EgressOpen)
-	setS(&c.Proxy.Upstream.Resolver, ResolverUplink)
+	setS(&c.API.Listen, DefaultAPIListen)
+	setS(&c.Proxy.Listen, DefaultProxyListen)
+	setS(&c.Proxy.Egress, DefaultProxyEgress)
+	setS(&c.Proxy.Upstream.Resolver, upstream.DefaultResolver)
 	if c.Proxy.Audit.MaxBytes == 0 {
-		c.Proxy.Audit.MaxBytes = 64 << 20
+		c.Proxy.Audit.MaxBytes = audit.DefaultMaxBytes
 	}
 	if c.Proxy.Audit.Keep == 0 {
-		c.Proxy.Audit.Keep = 5
+		c.Proxy.Audit.Keep = audit.DefaultKeep
 	}
-	setD(&c.CA.Lifetime, 8760*time.Hour)
-	setD(&c.CA.SuccessorWindow, 2160*time.Hour)
-	setD(&c.CA.SwitchBefore, 24*time.Hour)
-	setD(&c.CA.LeafLifetime, 168*time.Hour)
+	setD(&c.CA.Lifetime, ca.DefaultLifetime)
+	setD(&c.CA.SuccessorWindow, ca.DefaultSuccessorWindow)
+	setD(&c.CA.SwitchBefore, ca.DefaultSwitchBefore)
+	setD(&c.CA.LeafLifetime, ca.DefaultLeafLifetime)
 	if c.DataDir != "" {
 		setS(&c.CA.SealKeyFile, filepath.Join(c.DataDir, "seal.key"))
 		setS(&c.Runner.WorkDir, filepath.Join(c.DataDir, "work"))
 	}
-	if c.Secrets.AWSSecretsManager != nil && c.Secrets.AWSSecretsManager.CacheTTL == 0 {
-		c.Secrets.AWSSecretsManager.CacheTTL = Duration(30 * time.Second)
+	if c.Secrets.AWSSecretsManager != nil {
+		setD(&c.Secrets.AWSSecretsManager.CacheTTL, secrets.DefaultCacheTTL)
 	}
-	setS(&c.Runner.User, "nobody")
-	setS(&c.Runner.Egress, TaskEgressConfined)
+	setS(&c.Runner.User, runner.DefaultUser)
+	setS(&c.Runner.Egress, runner.DefaultEgress)
 	if c.Runner.MaxConcurrent == 0 {
-		c.Runner.MaxConcurrent = 8
+		c.Runner.MaxConcurrent = runner.DefaultMaxConcurrent
 	}
-	setD(&c.Runner.MaxDuration, 2*time.Hour)
+	setD(&c.Runner.MaxDuration, runner.DefaultMaxDuration)
 	if c.Runner.MaxOutputBytes == 0 {
-		c.Runner.MaxOutputBytes = 64 << 20
+		c.Runner.MaxOutputBytes = runner.DefaultMaxOutputBytes
 	}
-	setD(&c.Runner.DrainTimeout, 5*time.Minute)
-	setD(&c.Runner.Retention, 168*time.Hour)
-	setD(&c.Runner.CancelGrace, 10*time.Second)
+	setD(&c.Runner.DrainTimeout, runner.DefaultDrainTimeout)
+	setD(&c.Runner.Retention, runner.DefaultRetention)
+	setD(&c.Runner.CancelGrace, runner.DefaultCancelGrace)
 	if !c.Runner.Limits.None {
-		// Sized like a hosted CI runner's share (GitHub's Linux runners
-		// have 4 cores): room for a build, while maxConcurrent of them
-		// cannot take a host down. Operators size them to their hosts.
 		if c.Runner.Limits.Memory == 0 {
-			c.Runner.Limits.Memory = 4 << 30
+			c.Runner.Limits.Memory = runner.DefaultLimitMemoryBytes
 		}
 		if c.Runner.Limits.Pids == 0 {
-			c.Runner.Limits.Pids = 4096
+			c.Runner.Limits.Pids = runner.DefaultLimitPids
 		}
 		if c.Runner.Limits.CPU == 0 {
-			c.Runner.Limits.CPU = 4
+			c.Runner.Limits.CPU = runner.DefaultLimitCPU
 		}
 	}
 	if c.Runner.MinFreeBytes == 0 {
-		c.Runner.MinFreeBytes = DefaultMinFreeBytes
+		c.Runner.MinFreeBytes = runner.DefaultMinFreeBytes
 	}
 }
 
@@ -542,8 +543,8 @@ func (c *Config) Validate() error {
 	if c.Proxy.Egress != EgressOpen && c.Proxy.Egress != EgressStrict {
 		bad("proxy.egress", "must be %q or %q, not %q", EgressOpen, EgressStrict, c.Proxy.Egress)
 	}
-	if r := c.Proxy.Upstream.Resolver; r != ResolverUplink && r != ResolverSystem {
-		bad("proxy.upstream.resolver", "must be %q or %q, not %q", ResolverUplink, ResolverSystem, r)
+	if r := c.Proxy.Upstream.Resolver; r != upstream.ResolverUplink && r != upstream.ResolverSystem {
+		bad("proxy.upstream.resolver", "must be %q or %q, not %q", upstream.ResolverUplink, upstream.ResolverSystem, r)
 	}
 	for name, addr := range c.Proxy.Upstream.Resolve {
 		if net.ParseIP(addr) == nil {
@@ -578,8 +579,8 @@ func (c *Config) Validate() error {
 	if c.Runner.User == "" && !c.Runner.InsecureSameUser {
 		bad("runner.user", "is required")
 	}
-	if e := c.Runner.Egress; e != TaskEgressConfined && e != TaskEgressInsecureOpen {
-		bad("runner.egress", "must be %q or %q, not %q", TaskEgressConfined, TaskEgressInsecureOpen, e)
+	if e := c.Runner.Egress; e != runner.TaskEgressConfined && e != runner.TaskEgressInsecureOpen {
+		bad("runner.egress", "must be %q or %q, not %q", runner.TaskEgressConfined, runner.TaskEgressInsecureOpen, e)
 	}
 	for _, r := range c.Runner.Roots {
 		if !filepath.IsAbs(r) {
@@ -609,8 +610,8 @@ func (c *Config) Validate() error {
 			bad("runner.limits.cpu", "%g cores is under the kernel's minimum; give at least 0.01", l.CPU)
 		}
 	}
-	if n := c.Runner.MinFreeBytes; n < MinMinFreeBytes {
-		bad("runner.minFreeBytes", "%d is under the smallest reserve, %d bytes (1 MiB): the reserve keeps room to record runs' ends when the data dir fills; leave it unset for the default (1 GiB)", n, MinMinFreeBytes)
+	if n := c.Runner.MinFreeBytes; n < runner.MinMinFreeBytes {
+		bad("runner.minFreeBytes", "%d is under the smallest reserve, %d bytes (1 MiB): the reserve keeps room to record runs' ends when the data dir fills; leave it unset for the default (1 GiB)", n, runner.MinMinFreeBytes)
 	}
 	for field, d := range map[string]Duration{
 		"runner.maxDuration": c.Runner.MaxDuration, "runner.drainTimeout": c.Runner.DrainTimeout,

@@ -44,7 +44,7 @@ func TestLoadDesignExample(t *testing.T) {
 	if got, want := c.Proxy.Upstream.ExtraRootsFile, filepath.Join(dir, "upstream-ca.pem"); got != want {
 		t.Fatalf("relative extraRootsFile resolved to %q, want %q", got, want)
 	}
-	if c.Runner.CancelGrace.D() != 10*time.Second || c.Proxy.Audit.Keep != 5 || c.Runner.Egress != TaskEgressConfined || c.Runner.MinFreeBytes != 1<<30 {
+	if c.Runner.CancelGrace.D() != 10*time.Second || c.Proxy.Audit.Keep != 5 || c.Runner.Egress != "confined" || c.Runner.MinFreeBytes != 1<<30 {
 		t.Fatalf("defaults not applied: %+v %+v", c.Runner, c.Proxy.Audit)
 	}
 	if got := c.Policy.Projects["acme"].Keys["OPENAI_API_KEY"].Placeholder; got.Prefix != "sk-" || got.Length != 48 {

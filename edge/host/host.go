@@ -253,7 +253,7 @@ func (h *Host) openParts(ctx context.Context, trust caTrust, undo *closers) erro
 	}
 	undo.add(func() { h.proxy.Close() })
 
-	rc := runner.FromConfig(h.cfg)
+	rc := runnerConfig(h.cfg)
 	rc.Clock, rc.Rand, rc.Logger = h.clock, h.opts.Rand, h.log
 	rc.SystemRootsFile, rc.BeforeExec = h.opts.SystemRootsFile, h.opts.BeforeExec
 	var broker runner.Broker
@@ -266,6 +266,30 @@ func (h *Host) openParts(ctx context.Context, trust caTrust, undo *closers) erro
 	undo.add(func() { h.runner.Shutdown(context.Background(), 0) })
 	h.registry.MustRegister(h.runner.Collectors()...)
 	return nil
+}
+
+// runnerConfig takes the runner's settings from edge.json, defaulted.
+func runnerConfig(c *config.Config) runner.Config {
+	agents := make(map[string]runner.Agent, len(c.Agents))
+	for name, a := range c.Agents {
+		agents[name] = runner.Agent{Argv: a.Argv, Env: a.Env}
+	}
+	r := c.Runner
+	return runner.Config{
+		Agents:           agents,
+		User:             r.User,
+		InsecureSameUser: r.InsecureSameUser,
+		Egress:           r.Egress,
+		Roots:            r.Roots,
+		WorkDir:          r.WorkDir,
+		MaxConcurrent:    r.MaxConcurrent,
+		MaxDuration:      r.MaxDuration.D(),
+		MaxOutputBytes:   r.MaxOutputBytes,
+		CancelGrace:      r.CancelGrace.D(),
+		Retention:        r.Retention.D(),
+		MinFreeBytes:     int64(r.MinFreeBytes),
+		Limits:           runner.Limits{None: r.Limits.None, MemoryBytes: int64(r.Limits.Memory), Pids: r.Limits.Pids, CPU: r.Limits.CPU},
+	}
 }
 
 // openAPI builds the host API's server over the runner, on TLS when
@@ -407,7 +431,8 @@ func (h *Host) newProxy(ctx context.Context, trust caTrust) (*proxy.Proxy, error
 		return nil, err
 	}
 	src = secrets.Observed(src, h.opts.Redactor.Add)
-	resolver, err := upstream.NewResolver(h.cfg.Proxy.Upstream, nil)
+	u := h.cfg.Proxy.Upstream
+	resolver, err := upstream.NewResolver(u.Resolver, u.Resolve, nil)
 	if err != nil {
 		return nil, fmt.Errorf("host: %w", err)
 	}

@@ -19,7 +19,6 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 
-	"github.com/runfleet/runfleet/edge/config"
 	"github.com/runfleet/runfleet/edge/runlog"
 	"github.com/runfleet/runfleet/edge/runner"
 	"github.com/runfleet/runfleet/shared/hostproto"
@@ -58,7 +57,7 @@ func (e *edge) up() {
 		e.t.Fatal(err)
 	}
 	r, err := runner.New(runner.Config{
-		Agents:  map[string]config.Agent{"shell": {Argv: []string{"sh", "-c", "{prompt}"}}},
+		Agents:  map[string]runner.Agent{"shell": {Argv: []string{"sh", "-c", "{prompt}"}}},
 		WorkDir: e.work,
 		Disk:    e.disk,
 	}, runs, nil, nil)
@@ -215,7 +214,7 @@ func TestHealthReportsStorageAndStartsAreRefusedUnderTheReserve(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if h.Storage == nil || h.Storage.Low || h.Storage.FreeBytes != 5<<30 || h.Storage.MinFreeBytes != config.DefaultMinFreeBytes {
+	if h.Storage == nil || h.Storage.Low || h.Storage.FreeBytes != 5<<30 || h.Storage.MinFreeBytes != runner.DefaultMinFreeBytes {
 		t.Fatalf("health storage %+v, want 5 GiB free of a 1 GiB reserve, not low", h.Storage)
 	}
 

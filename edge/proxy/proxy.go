@@ -58,7 +58,7 @@
 //
 //	watcher, _ := policy.NewWatcher(policy.WatcherConfig{Path: cfgPath, Logger: log})
 //	authority, _ := ca.Open(ctx, ca.Config{..., AllowName: watcher.AllowName})
-//	resolver, _ := upstream.NewResolver(cfg.Proxy.Upstream, nil)
+//	resolver, _ := upstream.NewResolver(cfg.Proxy.Upstream.Resolver, cfg.Proxy.Upstream.Resolve, nil)
 //	allow, _ := upstream.ParseAllowPrivate(cfg.Proxy.Upstream.AllowPrivate)
 //	guard, _ := upstream.NewGuard(upstream.GuardConfig{Resolver: resolver, AllowPrivate: allow,
 //		Own: []netip.AddrPort{proxyAddr, apiAddr}})

@@ -8,7 +8,6 @@ import (
 	"net/url"
 	"strconv"
 
-	"github.com/runfleet/runfleet/edge/config"
 	"github.com/runfleet/runfleet/edge/sandbox"
 )
 
@@ -65,14 +64,14 @@ type egressDecision struct {
 // network, and the metadata service, around the proxy.
 func decideEgress(f egressFacts) egressDecision {
 	switch {
-	case f.Mode == config.TaskEgressInsecureOpen:
+	case f.Mode == TaskEgressInsecureOpen:
 		return egressDecision{egressOpen, "runner.egress is insecureOpen: tasks reach the network directly, the cloud metadata service included"}
-	case f.Mode != config.TaskEgressConfined:
-		return egressDecision{egressRefuse, "runner.egress " + f.Mode + " is neither " + config.TaskEgressConfined + " nor " + config.TaskEgressInsecureOpen}
+	case f.Mode != TaskEgressConfined:
+		return egressDecision{egressRefuse, "runner.egress " + f.Mode + " is neither " + TaskEgressConfined + " nor " + TaskEgressInsecureOpen}
 	case f.OwnGroups:
 		return egressDecision{egressConfine, "each task runs in a network of its own whose one way out is edge"}
 	case f.SameUser:
-		return egressDecision{egressRefuse, "tasks run as edge's own user (runner.insecureSameUser), so their sockets cannot be told from edge's and confined; set runner.egress to " + config.TaskEgressInsecureOpen + " as well to run them with open network access"}
+		return egressDecision{egressRefuse, "tasks run as edge's own user (runner.insecureSameUser), so their sockets cannot be told from edge's and confined; set runner.egress to " + TaskEgressInsecureOpen + " as well to run them with open network access"}
 	}
 	return egressDecision{egressNoTasks, "edge is not root, so it runs no task (runs are refused host_unavailable) and has no task to confine; run edge as root"}
 }
@@ -108,12 +107,12 @@ func (r *Runner) confineEgress() error {
 		// rather than every task.
 		n, err := sandbox.NewNetwork(sandbox.NetworkConfig{Serve: true, ExplicitPort: probePort, NFT: r.cfg.NFT})
 		if err != nil {
-			return fmt.Errorf("runner: runner.egress %s: creating a task's network: %w (set runner.egress to %s to start without confinement)", r.cfg.Egress, err, config.TaskEgressInsecureOpen)
+			return fmt.Errorf("runner: runner.egress %s: creating a task's network: %w (set runner.egress to %s to start without confinement)", r.cfg.Egress, err, TaskEgressInsecureOpen)
 		}
 		n.Close()
 		g := r.cfg.TaskGroups
 		if err := r.cfg.Confiner.Install(g.First, g.First+g.Count-1); err != nil {
-			return fmt.Errorf("runner: runner.egress %s: confining tasks' egress: %w (set runner.egress to %s to start without confinement)", r.cfg.Egress, err, config.TaskEgressInsecureOpen)
+			return fmt.Errorf("runner: runner.egress %s: confining tasks' egress: %w (set runner.egress to %s to start without confinement)", r.cfg.Egress, err, TaskEgressInsecureOpen)
 		}
 		r.egressConfined.Store(true)
 		r.logger.Info("each task runs in a network of its own", "firstGid", g.First, "lastGid", g.First+g.Count-1)

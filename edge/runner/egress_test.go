@@ -8,7 +8,6 @@ import (
 	"sync"
 	"testing"
 
-	"github.com/runfleet/runfleet/edge/config"
 	"github.com/runfleet/runfleet/edge/runlog"
 	"github.com/runfleet/runfleet/tests/kit/edgetest"
 )
@@ -21,11 +20,11 @@ func TestDecideEgress(t *testing.T) {
 		reason  string
 	}{
 		{"nothing known refuses (deny by default)", egressFacts{}, egressRefuse, "neither"},
-		{"tasks with groups of their own are confined", egressFacts{Mode: config.TaskEgressConfined, OwnGroups: true}, egressConfine, ""},
-		{"insecureOpen leaves them open, saying so", egressFacts{Mode: config.TaskEgressInsecureOpen, OwnGroups: true}, egressOpen, "metadata"},
-		{"tasks as edge itself cannot be confined", egressFacts{Mode: config.TaskEgressConfined, SameUser: true}, egressRefuse, "runner.insecureSameUser"},
-		{"tasks as edge itself run open where declared", egressFacts{Mode: config.TaskEgressInsecureOpen, SameUser: true}, egressOpen, ""},
-		{"an edge that is not root runs no task, so starts with nothing to confine", egressFacts{Mode: config.TaskEgressConfined}, egressNoTasks, "not root"},
+		{"tasks with groups of their own are confined", egressFacts{Mode: TaskEgressConfined, OwnGroups: true}, egressConfine, ""},
+		{"insecureOpen leaves them open, saying so", egressFacts{Mode: TaskEgressInsecureOpen, OwnGroups: true}, egressOpen, "metadata"},
+		{"tasks as edge itself cannot be confined", egressFacts{Mode: TaskEgressConfined, SameUser: true}, egressRefuse, "runner.insecureSameUser"},
+		{"tasks as edge itself run open where declared", egressFacts{Mode: TaskEgressInsecureOpen, SameUser: true}, egressOpen, ""},
+		{"an edge that is not root runs no task, so starts with nothing to confine", egressFacts{Mode: TaskEgressConfined}, egressNoTasks, "not root"},
 		{"an unknown mode refuses", egressFacts{Mode: "open", OwnGroups: true}, egressRefuse, "neither"},
 	}
 	for _, tt := range tests {
@@ -34,7 +33,7 @@ func TestDecideEgress(t *testing.T) {
 			if d.Verdict != tt.verdict || !strings.Contains(d.Reason, tt.reason) {
 				t.Fatalf("decideEgress(%+v) = %+v, want verdict %d with a reason mentioning %q", tt.facts, d, tt.verdict, tt.reason)
 			}
-			if d.Verdict == egressRefuse && !strings.Contains(d.Reason, config.TaskEgressInsecureOpen) {
+			if d.Verdict == egressRefuse && !strings.Contains(d.Reason, TaskEgressInsecureOpen) {
 				t.Fatalf("the refusal %q does not say how to start anyway", d.Reason)
 			}
 		})
@@ -93,7 +92,7 @@ func TestNewRefusesToStartWhereItCannotConfine(t *testing.T) {
 	defer l.Close()
 	cfg := Config{WorkDir: filepath.Join(edgetest.TraversableDir(t), "work"), Confiner: c}
 	_, err = New(cfg, l, nil, nil)
-	if err == nil || !strings.Contains(err.Error(), "nft: no such file") || !strings.Contains(err.Error(), "runner.egress") || !strings.Contains(err.Error(), config.TaskEgressInsecureOpen) {
+	if err == nil || !strings.Contains(err.Error(), "nft: no such file") || !strings.Contains(err.Error(), "runner.egress") || !strings.Contains(err.Error(), TaskEgressInsecureOpen) {
 		t.Fatalf("New without a working confiner = %v, want a refusal naming runner.egress and the way out", err)
 	}
 
@@ -102,12 +101,12 @@ func TestNewRefusesToStartWhereItCannotConfine(t *testing.T) {
 	cfg.NFT = "/nonexistent/nft"
 	_, err = New(cfg, l, nil, nil)
 	if err == nil || !strings.Contains(err.Error(), "creating a task's network") || !strings.Contains(err.Error(), "/nonexistent/nft") ||
-		!strings.Contains(err.Error(), config.TaskEgressInsecureOpen) {
+		!strings.Contains(err.Error(), TaskEgressInsecureOpen) {
 		t.Fatalf("New where a task's network cannot be made = %v, want a refusal naming why and the way out", err)
 	}
 
 	cfg.Confiner = c
-	cfg.Egress = config.TaskEgressInsecureOpen
+	cfg.Egress = TaskEgressInsecureOpen
 	r, err := New(cfg, l, nil, nil)
 	if err != nil {
 		t.Fatal(err)

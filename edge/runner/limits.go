@@ -6,7 +6,6 @@ import (
 	"time"
 
 	"github.com/runfleet/runfleet/edge/cgroups"
-	"github.com/runfleet/runfleet/edge/config"
 	"github.com/runfleet/runfleet/edge/runlog"
 	"github.com/runfleet/runfleet/shared/hostproto"
 )
@@ -25,7 +24,7 @@ func (r *Runner) openLimits() {
 	}
 	h, err := cgroups.Open(cgroups.Options{Name: "runfleet-edge-" + edgeID(r.cfg.WorkDir)})
 	if err != nil {
-		r.limitsErr = fmt.Errorf("the host cannot enforce runner.limits (%v): give edge a writable cgroup v2 with the memory, pids and cpu controllers delegated, or the v1 ones, or set runner.limits to %q to run tasks bounded only by the host", err, config.LimitsNone)
+		r.limitsErr = fmt.Errorf("the host cannot enforce runner.limits (%v): give edge a writable cgroup v2 with the memory, pids and cpu controllers delegated, or the v1 ones, or set runner.limits to %q to run tasks bounded only by the host", err, LimitsNone)
 		r.logger.Warn("runner refuses every run", fieldError, r.limitsErr.Error())
 		return
 	}
@@ -59,7 +58,7 @@ func (r *Runner) Limits() LimitsReport {
 	if r.cgroups.Version() == cgroups.V1 {
 		enforced = hostproto.LimitsCgroup1
 	}
-	return LimitsReport{Enforced: enforced, MemoryBytes: int64(l.Memory), Pids: l.Pids, CPU: l.CPU}
+	return LimitsReport{Enforced: enforced, MemoryBytes: l.MemoryBytes, Pids: l.Pids, CPU: l.CPU}
 }
 
 // openGroup makes the attempt's control group, where limits are enforced;
@@ -70,7 +69,7 @@ func (r *Runner) openGroup(t *task) error {
 		return nil
 	}
 	l := r.cfg.Limits
-	g, err := r.cgroups.New(fmt.Sprintf("%s-%d", t.runID, t.attempt), cgroups.Limits{MemoryBytes: int64(l.Memory), Pids: l.Pids, CPU: l.CPU})
+	g, err := r.cgroups.New(fmt.Sprintf("%s-%d", t.runID, t.attempt), cgroups.Limits{MemoryBytes: l.MemoryBytes, Pids: l.Pids, CPU: l.CPU})
 	if err != nil {
 		return err
 	}
@@ -152,11 +151,11 @@ func (r *Runner) checkLimits(t *task, kill bool) bool {
 			Detail: fmt.Sprintf("the task reached its limit of %d processes (runner.limits.pids): a fork or thread past it fails with EAGAIN", l.Pids)}))
 	}
 	oom := ev.OOMKills > 0 && !t.saidMemory
-	detail := fmt.Sprintf("the task went past its memory limit of %s (runner.limits.memory) and the kernel killed its process", humanBytes(int64(l.Memory)))
+	detail := fmt.Sprintf("the task went past its memory limit of %s (runner.limits.memory) and the kernel killed its process", humanBytes(l.MemoryBytes))
 	if oom {
 		t.saidMemory = true
-		said = append(said, r.limitEntry(hostproto.LimitReached{Limit: hostproto.LimitMemory, Value: int64(l.Memory),
-			Detail: fmt.Sprintf("the task went past its memory limit of %s (runner.limits.memory): the kernel killed a process of it, and the task ends", humanBytes(int64(l.Memory)))}))
+		said = append(said, r.limitEntry(hostproto.LimitReached{Limit: hostproto.LimitMemory, Value: l.MemoryBytes,
+			Detail: fmt.Sprintf("the task went past its memory limit of %s (runner.limits.memory): the kernel killed a process of it, and the task ends", humanBytes(l.MemoryBytes))}))
 		// The reason is set with the flag: a supervise whose own read
 		// finds the flag set already (this poll is still recording the
 		// event) must still end the attempt oom_killed.

@@ -32,7 +32,6 @@ import (
 	"time"
 
 	"github.com/runfleet/runfleet/edge/cgroups"
-	"github.com/runfleet/runfleet/edge/config"
 	"github.com/runfleet/runfleet/edge/internal/throttle"
 	"github.com/runfleet/runfleet/edge/runlog"
 	"github.com/runfleet/runfleet/edge/sandbox"
@@ -50,6 +49,7 @@ type GroupRange struct {
 // Defaults of Config.
 const (
 	DefaultUser           = "nobody"
+	DefaultEgress         = TaskEgressConfined
 	DefaultMaxConcurrent  = 8
 	DefaultMaxDuration    = 2 * time.Hour
 	DefaultMaxOutputBytes = 64 << 20
@@ -65,18 +65,88 @@ const (
 	MaxEventPage     = 1000
 )
 
+// Task egress modes (Config.Egress, runner.egress): where a task's own
+// sockets may go.
+const (
+	// TaskEgressConfined: each task has a network of its own whose one way
+	// off its loopback is edge (its DNS, its redirected connections, its
+	// explicit proxy). Needs root and nftables. The default.
+	TaskEgressConfined = "confined"
+	// TaskEgressInsecureOpen: tasks reach the network directly, the cloud
+	// metadata service (and an instance role's credentials) included.
+	TaskEgressInsecureOpen = "insecureOpen"
+)
+
+// Storage reserve bounds (Config.MinFreeBytes, runner.minFreeBytes).
+const (
+	// DefaultMinFreeBytes: what the runs a host admits at its defaults can
+	// write into the run log, twice over: DefaultMaxConcurrent (8) runs at
+	// DefaultMaxOutputBytes (64 MiB) of output each is 512 MiB, and the run
+	// log (bbolt: copy-on-write pages, JSON-escaped events) takes up to
+	// about twice what it stores. Buildkite's elastic stack refuses jobs
+	// under 5 GB free, for builds and images; our tasks' work dirs are
+	// shallow clones, so this is a floor to raise for heavy repositories.
+	DefaultMinFreeBytes = 1 << 30
+	// MinMinFreeBytes: a smaller reserve cannot hold the space kept for
+	// recording runs' ends (a part of the reserve: endReserveBytes).
+	MinMinFreeBytes = 1 << 20
+)
+
+// DefaultDrainTimeout is how long Shutdown waits for idle before it cancels
+// what still runs, unless runner.drainTimeout says otherwise. Shutdown takes
+// the wait as its argument (zero cancels at once), so Config has no field
+// for it: edge/config fills runner.drainTimeout with this.
+const DefaultDrainTimeout = 5 * time.Minute
+
+// Agent is one entry of the agent table: how to start an agent.
+type Agent struct {
+	// Argv starts the agent; an element "{prompt}" becomes the prompt, as
+	// one argument. Required.
+	Argv []string
+	// Env adds fixed variables to the task's env; nil adds none.
+	Env map[string]string
+}
+
+// Limits bound each task attempt's resources through a control group of
+// its own (runner.limits).
+type Limits struct {
+	// None makes no control groups: tasks are bounded only by the host
+	// (runner.limits "none"). Off by default.
+	None bool
+	// MemoryBytes per task; zero sets no memory limit.
+	MemoryBytes int64
+	// Pids: processes and threads per task at once; zero sets no limit.
+	Pids int64
+	// CPU per task, in cores; zero sets no limit.
+	CPU float64
+}
+
+// LimitsNone is how runner.limits is written to set Limits.None.
+const LimitsNone = "none"
+
+// Each task's limits unless runner.limits says otherwise: edge.json's
+// defaults (edge/config fills them), not Config's, whose zero Limits sets
+// none. Sized like a hosted CI runner's share (GitHub's Linux runners have
+// 4 cores): room for a build, while DefaultMaxConcurrent of them cannot
+// take a host down. Operators size them to their hosts.
+const (
+	DefaultLimitMemoryBytes = 4 << 30
+	DefaultLimitPids        = 4096
+	DefaultLimitCPU         = 4
+)
+
 // Config configures a Runner. New fills zero values with the defaults named.
 type Config struct {
 	// Agents is the agent table; a run names one. Empty: no run can start.
-	Agents map[string]config.Agent
-	// User runs tasks; default "nobody". Never edge's own uid.
+	Agents map[string]Agent
+	// User runs tasks; default DefaultUser. Never edge's own uid.
 	User string
 	// InsecureSameUser lets tasks run as edge itself where edge cannot switch
 	// users (it is not root). Ignored where edge can switch. Off by default.
 	InsecureSameUser bool
-	// Egress is runner.egress: config.TaskEgressConfined (the default:
-	// New installs the Confiner, and fails where it cannot) or
-	// config.TaskEgressInsecureOpen.
+	// Egress is runner.egress: TaskEgressConfined (DefaultEgress: New
+	// installs the Confiner, and fails where it cannot) or
+	// TaskEgressInsecureOpen.
 	Egress string
 	// Confiner confines tasks' egress; default sandbox.NFTables with a
 	// table named for WorkDir. Shutdown removes it.
@@ -89,27 +159,31 @@ type Config struct {
 	// WorkDir holds each run's directories. Required. It is made 0711 (enter,
 	// not list), so it may lie in a data dir that tasks otherwise cannot read.
 	WorkDir string
-	// MaxConcurrent attempts starting or running at once; default 8.
+	// MaxConcurrent attempts starting or running at once; default
+	// DefaultMaxConcurrent.
 	MaxConcurrent int
-	// MaxDuration of an attempt's process; default 2h (timed_out).
+	// MaxDuration of an attempt's process (timed_out); default
+	// DefaultMaxDuration.
 	MaxDuration time.Duration
-	// MaxOutputBytes of an attempt's output; default 64 MiB (output_limit).
+	// MaxOutputBytes of an attempt's output (output_limit); default
+	// DefaultMaxOutputBytes.
 	MaxOutputBytes int64
-	// CancelGrace between SIGTERM and SIGKILL; default 10s.
+	// CancelGrace between SIGTERM and SIGKILL; default DefaultCancelGrace.
 	CancelGrace time.Duration
-	// Retention: a run is purged this long after it ends; default 168h.
+	// Retention: a run is purged this long after it ends; default
+	// DefaultRetention.
 	Retention time.Duration
 	// MinFreeBytes is the reserve of free space where runs are recorded
 	// (runner.minFreeBytes): under it admission refuses host_storage_low,
 	// and under the part of it kept for ends a run's output stops being
 	// recorded and the run ends storage_full (see storage.go). Default
-	// config.DefaultMinFreeBytes; negative is invalid.
+	// DefaultMinFreeBytes; negative is invalid.
 	MinFreeBytes int64
 	// Limits bound each task's resources through a control group of its
 	// own per attempt (runner.limits): a zero field sets no such limit;
 	// None makes no groups. Where groups cannot be made, and None is not
 	// set, the runner refuses every run.
-	Limits config.Limits
+	Limits Limits
 	// Disk reads that free space; default StatFS of the run log's
 	// directory and WorkDir (output is then weighed against the run log's
 	// filesystem alone).
@@ -143,31 +217,12 @@ type Config struct {
 	BeforeExec func(runID string)
 }
 
-// FromConfig takes the runner's settings from edge.json.
-func FromConfig(c *config.Config) Config {
-	return Config{
-		Agents:           c.Agents,
-		User:             c.Runner.User,
-		InsecureSameUser: c.Runner.InsecureSameUser,
-		Egress:           c.Runner.Egress,
-		Roots:            c.Runner.Roots,
-		WorkDir:          c.Runner.WorkDir,
-		MaxConcurrent:    c.Runner.MaxConcurrent,
-		MaxDuration:      c.Runner.MaxDuration.D(),
-		MaxOutputBytes:   c.Runner.MaxOutputBytes,
-		CancelGrace:      c.Runner.CancelGrace.D(),
-		Retention:        c.Runner.Retention.D(),
-		MinFreeBytes:     int64(c.Runner.MinFreeBytes),
-		Limits:           c.Runner.Limits,
-	}
-}
-
 func (c *Config) defaults() {
 	if c.User == "" {
 		c.User = DefaultUser
 	}
 	if c.Egress == "" {
-		c.Egress = config.TaskEgressConfined
+		c.Egress = DefaultEgress
 	}
 	if c.TaskInit == "" {
 		c.TaskInit = DefaultTaskInit
@@ -194,7 +249,7 @@ func (c *Config) defaults() {
 		c.Retention = DefaultRetention
 	}
 	if c.MinFreeBytes == 0 {
-		c.MinFreeBytes = config.DefaultMinFreeBytes
+		c.MinFreeBytes = DefaultMinFreeBytes
 	}
 	if c.TaskGroups == (GroupRange{}) {
 		c.TaskGroups = GroupRange{First: DefaultTaskGroupFirst, Count: DefaultTaskGroupCount}
@@ -224,8 +279,8 @@ func (c Config) Validate() error {
 	bad := func(field, format string, args ...any) {
 		errs = append(errs, fmt.Errorf("runner: %s: %s", field, fmt.Sprintf(format, args...)))
 	}
-	if c.Egress != config.TaskEgressConfined && c.Egress != config.TaskEgressInsecureOpen {
-		bad("Egress", "must be %q or %q, not %q", config.TaskEgressConfined, config.TaskEgressInsecureOpen, c.Egress)
+	if c.Egress != TaskEgressConfined && c.Egress != TaskEgressInsecureOpen {
+		bad("Egress", "must be %q or %q, not %q", TaskEgressConfined, TaskEgressInsecureOpen, c.Egress)
 	}
 	if !filepath.IsAbs(c.TaskInit) {
 		bad("TaskInit", "must be an absolute path, not %q", c.TaskInit)

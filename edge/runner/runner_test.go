@@ -14,7 +14,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/runfleet/runfleet/edge/config"
 	"github.com/runfleet/runfleet/edge/runlog"
 	"github.com/runfleet/runfleet/shared/clock"
 	"github.com/runfleet/runfleet/shared/hostproto"
@@ -47,7 +46,7 @@ func newHarness(t *testing.T, change func(*Config)) *harness {
 	t.Helper()
 	edgetest.RequireRoot(t)
 	cfg := Config{
-		Agents: map[string]config.Agent{
+		Agents: map[string]Agent{
 			"shell": {Argv: []string{"sh", "-c", "{prompt}"}},
 		},
 		WorkDir: filepath.Join(edgetest.TraversableDir(t), "work"),

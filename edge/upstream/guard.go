@@ -12,8 +12,6 @@ import (
 	"strconv"
 	"strings"
 	"time"
-
-	"github.com/runfleet/runfleet/edge/config"
 )
 
 // ErrRefused marks a dial the guard refused: every address the name resolved
@@ -139,35 +137,51 @@ func ParseAllowPrivate(cidrs []string) ([]netip.Prefix, error) {
 	return out, nil
 }
 
-// NewResolver builds the resolver upstream.resolver and upstream.resolve
-// describe: the pins first, then "uplink" or "system". Pinned names are
-// canonicalised by the caller's config (they are matched as written, lower
-// case, without a trailing dot).
-func NewResolver(c config.Upstream, uplink *UplinkResolver) (Resolver, error) {
+// Resolver kinds (proxy.upstream.resolver): what answers the names no pin
+// covers.
+const (
+	// ResolverUplink: the machine's uplink DNS servers, never a stub on
+	// this host nor the hosts file (UplinkResolver).
+	ResolverUplink = "uplink"
+	// ResolverSystem: Go's own resolver, as the system configures it
+	// (net.DefaultResolver).
+	ResolverSystem = "system"
+	// DefaultResolver is the kind NewResolver takes for "".
+	DefaultResolver = ResolverUplink
+)
+
+// NewResolver builds the resolver proxy.upstream.resolver (kind) and
+// proxy.upstream.resolve (pins: name to IP) describe: the pins first, then
+// the kind's resolver. Pinned names are canonicalised by the caller's
+// config (they are matched as written, lower case, without a trailing dot).
+func NewResolver(kind string, pins map[string]string, uplink *UplinkResolver) (Resolver, error) {
+	if kind == "" {
+		kind = DefaultResolver
+	}
 	var next Resolver
-	switch c.Resolver {
-	case config.ResolverUplink, "":
+	switch kind {
+	case ResolverUplink:
 		if uplink == nil {
 			uplink = &UplinkResolver{}
 		}
 		next = uplink
-	case config.ResolverSystem:
+	case ResolverSystem:
 		next = net.DefaultResolver
 	default:
-		return nil, fmt.Errorf("upstream.resolver: %q is not %q or %q", c.Resolver, config.ResolverUplink, config.ResolverSystem)
+		return nil, fmt.Errorf("upstream.resolver: %q is not %q or %q", kind, ResolverUplink, ResolverSystem)
 	}
-	if len(c.Resolve) == 0 {
+	if len(pins) == 0 {
 		return next, nil
 	}
-	pins := make(map[string]netip.Addr, len(c.Resolve))
-	for name, addr := range c.Resolve {
+	pinned := make(map[string]netip.Addr, len(pins))
+	for name, addr := range pins {
 		ip, err := netip.ParseAddr(addr)
 		if err != nil {
 			return nil, fmt.Errorf("upstream.resolve: %q maps to %q, which is not an IP address", name, addr)
 		}
-		pins[strings.ToLower(strings.TrimSuffix(name, "."))] = ip
+		pinned[strings.ToLower(strings.TrimSuffix(name, "."))] = ip
 	}
-	return &PinnedResolver{Pins: pins, Next: next}, nil
+	return &PinnedResolver{Pins: pinned, Next: next}, nil
 }
 
 // ClientTLSConfig is the upstream TLS configuration: always verified,

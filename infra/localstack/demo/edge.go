@@ -6,6 +6,7 @@ import (
 	"time"
 
 	"github.com/runfleet/runfleet/edge/config"
+	"github.com/runfleet/runfleet/edge/runner"
 )
 
 // Edge is what the demo edge host's edge.json is made of.
@@ -96,9 +97,9 @@ func (e Edge) Config() *config.Config {
 // confined, so they run with open egress, declared; others are confined.
 func taskEgress(sameUser bool) string {
 	if sameUser {
-		return config.TaskEgressInsecureOpen
+		return runner.TaskEgressInsecureOpen
 	}
-	return config.TaskEgressConfined
+	return runner.TaskEgressConfined
 }
 
 // taskLimits is runner.limits: an edge that is not root can make no
