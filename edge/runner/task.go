@@ -1005,35 +1005,6 @@ func (t *task) closeTerminal(ptmx *os.File) {
 	ptmx.Close()
 }
 
-func (r *Runner) taskEnv(t *task) []string {
-	req := t.spec
-	in := envInput{User: t.ident.User, Home: t.dirs.Home, Tmp: t.dirs.Tmp, AgentEnv: r.cfg.Agents[req.Agent].Env, RunEnv: req.Env}
-	if t.ident.Switch {
-		in.Tmp = "/tmp" // its own, in its sandbox
-	}
-	if t.needsBroker {
-		t.mu.Lock()
-		in.Broker = &brokerEnv{
-			Placeholders: t.secrets.Placeholders,
-			ProxyURL:     t.proxyURL,
-			ProxiedKeys:  string(t.secrets.ProxiedKeys),
-			TrustFile:    t.dirs.trustFile(),
-			CABundle:     t.dirs.caBundle(),
-		}
-		t.mu.Unlock()
-	}
-	return buildEnv(in)
-}
-
-func envValue(env []string, name string) string {
-	for _, kv := range env {
-		if v, ok := strings.CutPrefix(kv, name+"="); ok {
-			return v
-		}
-	}
-	return ""
-}
-
 func (r *Runner) currentRun(runID string) Run {
 	rec, err := r.log.Get(runID)
 	if err != nil {
