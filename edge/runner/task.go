@@ -15,7 +15,12 @@ import (
 	"github.com/runfleet/runfleet/shared/hostproto"
 )
 
-// task is one attempt of a run, from its reservation of a slot until it ends.
+// A task: one attempt of a run, its state, and its place in Runner.live,
+// from its reservation (reserve) to its end (finish, end.go) or its giving
+// up (unreserve). A run has at most one live attempt not yet ended
+// (task.ended).
+
+// task is one attempt of a run, from its reservation until it ends.
 type task struct {
 	// runID, attempt and needsBroker are fixed before the task is published
 	// in Runner.live, so a cancel may read them at any time.
@@ -32,13 +37,14 @@ type task struct {
 	ident taskIdentity
 	dirs  taskDirs
 
-	// ctx ends when the attempt is canceled; it stops a clone in progress.
+	// ctx ends once the attempt is canceled or ends; it stops a clone in
+	// progress.
 	ctx  context.Context
 	stop context.CancelFunc
 
 	mu        sync.Mutex
 	canceled  bool
-	endReason string // the first of canceled, host_shutdown, timed_out, output_limit
+	endReason string // the first of canceled, host_shutdown, timed_out, output_limit, storage_full, oom_killed
 	endDetail string
 	proc      *os.Process
 	pty       *os.File
@@ -74,7 +80,7 @@ type task struct {
 	recordedOnce sync.Once
 
 	// inputMu keeps an input's write and its event together, and the
-	// terminal open meanwhile: supervise takes it to close the terminal,
+	// terminal open meanwhile: closeTerminal takes it to close the terminal,
 	// so an input is either written and recorded before the attempt's
 	// end, or refused and not recorded.
 	inputMu sync.Mutex
@@ -104,6 +110,8 @@ func (t *task) markRecorded(ok bool) {
 	})
 }
 
+// resolveStart answers WaitForStart with err, nil once the process runs.
+// Only the first call counts.
 func (t *task) resolveStart(err error) {
 	t.startOnce.Do(func() {
 		t.startErr = err
@@ -111,6 +119,8 @@ func (t *task) resolveStart(err error) {
 	})
 }
 
+// addTimer keeps tm for finish to stop; one added after finish is stopped
+// at once.
 func (t *task) addTimer(tm clock.Timer) {
 	t.mu.Lock()
 	defer t.mu.Unlock()
@@ -161,6 +171,8 @@ func (r *Runner) unreserve(t *task) {
 	r.wg.Done()
 }
 
+// stateEntry is a state event: the run's status as an attempt moves through
+// admitted, running and its end.
 func stateEntry(ts time.Time, s hostproto.StateChange) runlog.Entry {
 	data, _ := json.Marshal(s)
 	return runlog.Entry{Type: hostproto.EventState, Data: data, TS: ts}
