@@ -2,7 +2,12 @@ package runner
 
 import (
 	"sort"
+	"strings"
 )
+
+// A task's env, built from scratch for each attempt: nothing of edge's own
+// environment reaches it, and the variables the runner owns (placeholders,
+// proxy, trust) win over the agent's and the run's.
 
 // taskPath is the PATH a task starts with: the system's directories only.
 const taskPath = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
@@ -67,4 +72,37 @@ func buildEnv(in envInput) []string {
 	}
 	sort.Strings(out)
 	return out
+}
+
+// taskEnv is the attempt's env: its user and directories, its agent's and
+// run's variables and, for a run that declares secrets, its placeholders,
+// proxy and trust files.
+func (r *Runner) taskEnv(t *task) []string {
+	req := t.spec
+	in := envInput{User: t.ident.User, Home: t.dirs.Home, Tmp: t.dirs.Tmp, AgentEnv: r.cfg.Agents[req.Agent].Env, RunEnv: req.Env}
+	if t.ident.Switch {
+		in.Tmp = "/tmp" // its own, in its sandbox
+	}
+	if t.needsBroker {
+		t.mu.Lock()
+		in.Broker = &brokerEnv{
+			Placeholders: t.secrets.Placeholders,
+			ProxyURL:     t.proxyURL,
+			ProxiedKeys:  string(t.secrets.ProxiedKeys),
+			TrustFile:    t.dirs.trustFile(),
+			CABundle:     t.dirs.caBundle(),
+		}
+		t.mu.Unlock()
+	}
+	return buildEnv(in)
+}
+
+// envValue is name's value in env, "" when it has none.
+func envValue(env []string, name string) string {
+	for _, kv := range env {
+		if v, ok := strings.CutPrefix(kv, name+"="); ok {
+			return v
+		}
+	}
+	return ""
 }
