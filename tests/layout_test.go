@@ -19,6 +19,8 @@ var sharedWithEdge = map[string]bool{
 	"shared/clock":       true,
 	"shared/filewatch":   true, // one way to tell a re-read file changed (edge's policy and secrets, Fleet's credentials)
 	"shared/hostproto":   true,
+	"shared/netname":     true, // one rule for a name and a domain (a policy's, a run's, a CONNECT's)
+	"shared/runspec":     true, // the one run request and its validation, which Fleet and edge share
 	"shared/secretcache": true, // one Secrets Manager cache (edge's real values, Fleet's credentials)
 	"shared/version":     true,
 }
@@ -45,7 +47,7 @@ func TestTheFoldersAreTheArchitecture(t *testing.T) {
 				crossings = append(crossings, pkg+" (Fleet) imports the host's "+imp)
 			case strings.HasPrefix(pkg, "edge") && strings.HasPrefix(imp, "shared/") && !sharedWithEdge[imp]:
 				crossings = append(crossings, pkg+" (edge) imports Fleet's "+imp)
-			case (pkg == "edge/runlog" || strings.HasPrefix(pkg, "shared/store")) && imp == "shared/hostproto":
+			case (pkg == "edge/runlog" || strings.HasPrefix(pkg, "shared/store")) && (imp == "shared/hostproto" || imp == "shared/runspec"):
 				// Records apart from the wire: a protocol change must
 				// never be a data migration, on either side.
 				crossings = append(crossings, pkg+" (stored records) imports the wire types "+imp)

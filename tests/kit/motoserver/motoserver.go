@@ -342,8 +342,9 @@ func (s *Server) AWSConfig() aws.Config {
 }
 
 // LoadAWSConfig is AWSConfig through config.LoadDefaultConfig, for code
-// under test that takes its options that way (the form NOTES.md records);
-// the static credentials and region override anything in the environment.
+// under test that takes its options that way (config.WithRegion and a
+// static credentials provider); the static credentials and region override
+// anything in the environment.
 func (s *Server) LoadAWSConfig(ctx context.Context) (aws.Config, error) {
 	cfg, err := config.LoadDefaultConfig(ctx,
 		config.WithRegion(Region),
