@@ -4,7 +4,9 @@ import (
 	"bytes"
 	"encoding/base64"
 	"errors"
+	"fmt"
 	"io"
+	"math/rand/v2"
 	"strings"
 	"testing"
 
@@ -173,4 +175,97 @@ func FuzzScanner(f *testing.F) {
 			t.Fatal("a placeholder was allowed in the URL")
 		}
 	})
+}
+
+// benchIndex is an index as a busy host holds it: the fixture's
+// placeholders among a thousand others of a hundred tasks.
+func benchIndex(b *testing.B) *index {
+	all := map[string]owner{phT1A: {task: "t1", ref: refA}, phT1B: {task: "t1", ref: refB}, phT2A: {task: "t2", ref: refA}}
+	r := rand.NewChaCha8([32]byte{4})
+	for i := 0; len(all) < 1003; i++ {
+		ph, err := mintPlaceholder(r, policy.Shape{Prefix: "sk-", Length: 40})
+		if err != nil {
+			b.Fatal(err)
+		}
+		all[ph] = owner{task: fmt.Sprintf("task-%d", i%100), ref: policy.KeyRef{Project: "p", Key: fmt.Sprint(i)}}
+	}
+	return newIndex(all)
+}
+
+// BenchmarkFind: the scanner's per-byte loop over what a request holds:
+// header values and a URL without a placeholder (the common case, which
+// must cost no allocation) and with one, and a 32 KiB read of a body.
+func BenchmarkFind(b *testing.B) {
+	ix := benchIndex(b)
+	header := "Mozilla/5.0 (X11; Linux x86_64) AppleWebKit/537.36 (KHTML, like Gecko) Chrome/126.0 Safari/537.36"
+	body := bytes.Repeat([]byte(`{"model":"m","messages":[{"role":"user","content":"lorem ipsum dolor"}]}`+"\n"), 500)[:32<<10]
+	copy(body[len(body)/2:], phT1A)
+	for _, c := range []struct {
+		name string
+		s    string
+		b    []byte
+	}{
+		{"header-miss", header, nil},
+		{"header-hit", "Bearer " + phT1A, nil},
+		{"body-32KiB", "", body},
+	} {
+		b.Run(c.name, func(b *testing.B) {
+			b.SetBytes(int64(len(c.s) + len(c.b)))
+			b.ReportAllocs()
+			var ms []match
+			for b.Loop() {
+				if c.b != nil {
+					ms = findIn(ix, c.b, ms)
+				} else {
+					ms = findIn(ix, c.s, ms)
+				}
+			}
+		})
+	}
+	b.Run("folded-miss", func(b *testing.B) {
+		b.SetBytes(int64(len(header)))
+		b.ReportAllocs()
+		var ms []match
+		for b.Loop() {
+			ms = findFolded(ix, header, ms)
+		}
+	})
+}
+
+// BenchmarkRewriteString: a header value rewritten as the pipeline does,
+// with its scratch: without a placeholder it comes back as it is, with no
+// allocation.
+func BenchmarkRewriteString(b *testing.B) {
+	ix := benchIndex(b)
+	for _, c := range []struct{ name, s string }{
+		{"miss", "application/json; charset=utf-8"},
+		{"hit", "Bearer " + phT1A},
+	} {
+		b.Run(c.name, func(b *testing.B) {
+			b.ReportAllocs()
+			var scratch []match
+			for b.Loop() {
+				if _, _, err := ix.rewriteString(c.s, policy.InHeader, allowOnlyT1A, &scratch); err != nil {
+					b.Fatal(err)
+				}
+			}
+		})
+	}
+}
+
+// BenchmarkScanRequestBody: a streamed request body through the scanner,
+// 32 KiB reads of text with a placeholder every 32 reads, substituted.
+func BenchmarkScanRequestBody(b *testing.B) {
+	ix := benchIndex(b)
+	bulk := bytes.Repeat([]byte("lorem ipsum dolor sit amet, consectetur adipiscing elit\n"), 600)[:32<<10]
+	const total = 64 << 20
+	b.SetBytes(total)
+	b.ReportAllocs()
+	for b.Loop() {
+		s := newBodyScanner(&repeatReader{read: bulk, every: 32, value: []byte(phT1A), left: total}, ix, allowOnlyT1A)
+		n, err := io.Copy(io.Discard, struct{ io.Reader }{s})
+		if err != nil || s.n == 0 {
+			b.Fatalf("%d bytes, %d substituted, %v", n, s.n, err)
+		}
+	}
 }
