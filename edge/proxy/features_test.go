@@ -153,7 +153,7 @@ func TestPlaceholdersAreStableAcrossRestartsAndDroppedWithTheTask(t *testing.T) 
 	if _, err := os.Stat(stale); !os.IsNotExist(err) {
 		t.Fatalf("a crash's temp file is still there: %v", err)
 	}
-	if ms := e2.proxy.reg.index.Load().find([]byte(first["A"])); len(ms) != 1 || ms[0].owner.task != "run-r" {
+	if ms := e2.proxy.reg.index.Load().FindString(first["A"], nil); len(ms) != 1 || ms[0].Owner.Task != "run-r" {
 		t.Fatal("a persisted placeholder is not recognised after a restart")
 	}
 	_, again := e2.task("run-r", runspec.Secret{ProjectID: "acme", Key: "A"})
@@ -168,7 +168,7 @@ func TestPlaceholdersAreStableAcrossRestartsAndDroppedWithTheTask(t *testing.T) 
 	if _, err := os.Stat(filepath.Join(dir, "secrets-proxy", "placeholders", "run-r.json")); !os.IsNotExist(err) {
 		t.Fatalf("dropped task's placeholders still on disk: %v", err)
 	}
-	if ms := e2.proxy.reg.index.Load().find([]byte(first["A"])); len(ms) != 0 {
+	if ms := e2.proxy.reg.index.Load().FindString(first["A"], nil); len(ms) != 0 {
 		t.Fatal("a dropped task's placeholder is still recognised")
 	}
 	if _, err := e2.proxy.TaskKeys("run-r"); err == nil {

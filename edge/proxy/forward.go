@@ -12,6 +12,7 @@ import (
 	"time"
 
 	"github.com/runfleet/runfleet/edge/proxy/http1"
+	"github.com/runfleet/runfleet/edge/proxy/placeholder"
 )
 
 // forward sends a decided request to the CONNECT's authority and passes the
@@ -34,10 +35,10 @@ func (p *Proxy) forward(r *http.Request, st *requestState) {
 		return
 	}
 	// The answer to a request that carried a real value is scrubbed of it.
-	var scrub *scrubber
+	var scrub *placeholder.Scrubber
 	if carries {
 		scrub = &st.scrub
-		scrub.reset(st)
+		scrub.Reset(st)
 	}
 	if res, err = st.passInterim(scrub, uc, res); err != nil {
 		uc.abandon()
@@ -120,7 +121,7 @@ func retryOnNewConn(reused, hasBody bool, try int, cancelled error) bool {
 
 // passInterim passes each interim (1xx) answer on to the task as it is,
 // scrubbed, and returns the final one (or a 101).
-func (st *requestState) passInterim(scrub *scrubber, uc *upConn, res http1.Response) (http1.Response, error) {
+func (st *requestState) passInterim(scrub *placeholder.Scrubber, uc *upConn, res http1.Response) (http1.Response, error) {
 	w := &st.out
 	for res.Status < 200 && res.Status != http.StatusSwitchingProtocols {
 		h := w.Header()
@@ -140,7 +141,7 @@ func (st *requestState) passInterim(scrub *scrubber, uc *upConn, res http1.Respo
 
 // passAnswer passes the final answer's head and body on to the task,
 // scrubbed of the request's values when scrub is set, then its trailers.
-func (p *Proxy) passAnswer(st *requestState, scrub *scrubber, res http1.Response, body *upBody) {
+func (p *Proxy) passAnswer(st *requestState, scrub *placeholder.Scrubber, res http1.Response, body *upBody) {
 	w := &st.out
 	if scrub != nil && body.hasBody() && contentCoded(res.Header) {
 		// Asked for identity, the upstream still compressed it: what it
@@ -166,10 +167,10 @@ func (p *Proxy) passAnswer(st *requestState, scrub *scrubber, res http1.Response
 		// Scrubbing may change the length: the answer goes without one
 		// (chunked on HTTP/1.1).
 		delete(h, "Content-Length")
-		sc := newPooledScanner(body, scrub)
+		sc := scrub.Stream(body)
 		defer func() {
-			st.scrubbed += sc.n
-			sc.release()
+			st.scrubbed += sc.Replaced()
+			sc.Release()
 		}()
 		src = sc
 	}
@@ -219,7 +220,7 @@ func answerPassage(scrubbing, flush bool, length int64) passage {
 
 // passScrubbedWhole passes on a sized answer that fits one copy buffer:
 // read whole, scrubbed, and sent with its exact length.
-func (p *Proxy) passScrubbedWhole(st *requestState, scrub *scrubber, body *upBody, res http1.Response) {
+func (p *Proxy) passScrubbedWhole(st *requestState, scrub *placeholder.Scrubber, body *upBody, res http1.Response) {
 	w := &st.out
 	bufp := copyBufferPool.Get().(*[]byte)
 	defer copyBufferPool.Put(bufp)
@@ -236,7 +237,7 @@ func (p *Proxy) passScrubbedWhole(st *requestState, scrub *scrubber, body *upBod
 		p.upstreamError(st, err)
 		return
 	}
-	out, n := scrub.whole(b)
+	out, n := scrub.Whole(b)
 	if n > 0 {
 		st.scrubbed += n
 		w.Header()["Content-Length"] = []string{strconv.Itoa(len(out))}
@@ -247,9 +248,9 @@ func (p *Proxy) passScrubbedWhole(st *requestState, scrub *scrubber, body *upBod
 
 // scrubHeader takes the request's values out of an answer's fields (no-op
 // without a scrubber).
-func (st *requestState) scrubHeader(scrub *scrubber, h http.Header) {
+func (st *requestState) scrubHeader(scrub *placeholder.Scrubber, h http.Header) {
 	if scrub != nil && len(h) > 0 {
-		st.scrubbed += scrub.header(h)
+		st.scrubbed += scrub.Header(h)
 	}
 }
 
@@ -372,6 +373,10 @@ func isEventStream(contentType []string) bool {
 	mt, _, _ := strings.Cut(contentType[0], ";")
 	return strings.EqualFold(strings.TrimSpace(mt), "text/event-stream")
 }
+
+// bodyChunk is how much of a body a copy reads at a time, and the most an
+// answer read whole may hold (answerPassage).
+const bodyChunk = 32 << 10
 
 // copyBufferPool lends the body copies their 32 KiB buffers.
 var copyBufferPool = sync.Pool{New: func() any { b := make([]byte, bodyChunk); return &b }}

@@ -19,6 +19,7 @@ import (
 
 	"github.com/runfleet/runfleet/edge/audit"
 	"github.com/runfleet/runfleet/edge/policy"
+	"github.com/runfleet/runfleet/edge/proxy/placeholder"
 	"github.com/runfleet/runfleet/shared/netname"
 )
 
@@ -39,9 +40,9 @@ type connInfo struct {
 	via string
 }
 
-func newConnInfo(a *attempt, target policy.Authority, ix *index) *connInfo {
+func newConnInfo(a *attempt, target policy.Authority, ix *placeholder.Index) *connInfo {
 	addr := target.String()
-	return &connInfo{attempt: a, target: target, addr: addr, hostHeader: target.HostHeader(), logHost: redacted(ix, addr)}
+	return &connInfo{attempt: a, target: target, addr: addr, hostHeader: target.HostHeader(), logHost: ix.Redacted(addr)}
 }
 
 // address is the CONNECT's authority as host:port.
@@ -117,9 +118,9 @@ func (p *Proxy) serveFrontFor(c net.Conn, only *attempt) {
 	// credentials or not.
 	ix := p.reg.index.Load()
 	target, targetErr := policy.ParseAuthority(req.RequestURI, true)
-	entry := audit.Entry{TS: start, Method: redacted(ix, req.Method), Host: fmt.Sprintf("unparseable (%d bytes)", len(req.RequestURI))}
+	entry := audit.Entry{TS: start, Method: ix.Redacted(req.Method), Host: fmt.Sprintf("unparseable (%d bytes)", len(req.RequestURI))}
 	if targetErr == nil {
-		entry.Host = redacted(ix, target.String())
+		entry.Host = ix.Redacted(target.String())
 	}
 	deny := func(r *refusal) {
 		writeStatus(c, r.status, r.reason, r.header)
@@ -146,14 +147,14 @@ func (p *Proxy) serveFrontFor(c net.Conn, only *attempt) {
 	}
 	if targetErr != nil {
 		// The parser may quote what it refused (a port): redacted.
-		deny(refuseBadRequest("CONNECT target: " + redacted(ix, targetErr.Error())))
+		deny(refuseBadRequest("CONNECT target: " + ix.Redacted(targetErr.Error())))
 		return
 	}
 	granted := a.task.grantsUnder(p.cfg.Policy.Current()).granted
 	decision := policy.DecideConnect(policy.ConnectInput{Target: target, Granted: granted, Egress: p.cfg.Egress})
 	if decision.Action == policy.Refuse {
 		// The reason names the target, which the task chose.
-		deny(refuseTarget(redacted(ix, decision.Reason)))
+		deny(refuseTarget(ix.Redacted(decision.Reason)))
 		return
 	}
 	if !a.track(c) {
@@ -257,7 +258,7 @@ func closeWrite(c net.Conn) {
 // intercept terminates TLS with a leaf for the connection's authority (the
 // CONNECT's, or a transparent connection's pin) and serves the connection's
 // requests through the pipeline (HTTP/2 when ALPN picks it).
-func (p *Proxy) intercept(a *attempt, c *bufferedConn, ci *connInfo, ix *index) {
+func (p *Proxy) intercept(a *attempt, c *bufferedConn, ci *connInfo, ix *placeholder.Index) {
 	c.Conn = newRawConn(c.Conn)
 	target := ci.target
 	tc := tls.Server(c, &tls.Config{
@@ -277,7 +278,7 @@ func (p *Proxy) intercept(a *attempt, c *bufferedConn, ci *connInfo, ix *index) 
 	cancel()
 	if err != nil {
 		p.cfg.Logger.Debug("intercepted handshake failed", slog.String("task", a.task.runID), slog.String("host", ci.logHost),
-			slog.String("error", redacted(ix, err.Error())))
+			slog.String("error", ix.Redacted(err.Error())))
 		return
 	}
 	_ = c.SetDeadline(time.Time{})
@@ -313,7 +314,7 @@ func sameName(sni, name string) bool {
 type redactingLog struct{ p *Proxy }
 
 func (l redactingLog) Write(b []byte) (int, error) {
-	msg := redacted(l.p.reg.index.Load(), strings.TrimSuffix(string(b), "\n"))
+	msg := l.p.reg.index.Load().Redacted(strings.TrimSuffix(string(b), "\n"))
 	l.p.cfg.Logger.Debug(msg)
 	return len(b), nil
 }

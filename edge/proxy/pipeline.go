@@ -3,7 +3,6 @@ package proxy
 import (
 	"bytes"
 	"context"
-	"encoding/base64"
 	"errors"
 	"fmt"
 	"io"
@@ -18,6 +17,7 @@ import (
 	"github.com/runfleet/runfleet/edge/audit"
 	"github.com/runfleet/runfleet/edge/policy"
 	"github.com/runfleet/runfleet/edge/proxy/http1"
+	"github.com/runfleet/runfleet/edge/proxy/placeholder"
 	"github.com/runfleet/runfleet/edge/secrets"
 	"github.com/runfleet/runfleet/shared/runspec"
 )
@@ -54,7 +54,7 @@ type requestState struct {
 	// forwarder writes it with the head, on this goroutine.
 	body []byte
 	// ms is scratch for the scanner's matches.
-	ms []match
+	ms []placeholder.Match
 	// entry is the request's audit line, recorded by record; bodyIn counts
 	// the request body read.
 	entry  audit.Entry
@@ -67,7 +67,7 @@ type requestState struct {
 	upBody upBody
 	// scrub takes the request's values out of the answer; scrubbed counts
 	// the values it replaced.
-	scrub    scrubber
+	scrub    placeholder.Scrubber
 	scrubbed int
 
 	mu      sync.Mutex
@@ -109,41 +109,59 @@ func (st *requestState) carriesValues() bool {
 	return len(st.subs) > 0 || st.streamSubs
 }
 
+// AppendValues is the values substituted so far, for the answer's
+// scrubber: substitute records each before it is spliced into what goes
+// upstream, under mu, so the scrubber knows it before an upstream can echo
+// it.
+func (st *requestState) AppendValues(dst []placeholder.Pair, seen int) ([]placeholder.Pair, int) {
+	st.mu.Lock()
+	defer st.mu.Unlock()
+	if len(st.subs) == seen {
+		return dst, seen
+	}
+	for _, s := range st.subs {
+		dst = append(dst, placeholder.Pair{Value: s.value, Placeholder: s.placeholder})
+	}
+	return dst, len(st.subs)
+}
+
+var _ placeholder.Source = (*requestState)(nil)
+
 func (st *requestState) runID() string { return st.ci.attempt.task.runID }
 
 // substitute decides one occurrence (policy.DecideSubstitution) and returns
 // the real value, read once per request from the secrets source.
-func (st *requestState) substitute(o owner, loc policy.Location) (string, error) {
+func (st *requestState) substitute(o placeholder.Owner, loc policy.Location) (string, error) {
 	d := policy.DecideSubstitution(policy.SubstituteInput{
 		Task: st.runID(), Authority: st.ci.target, Granted: st.grants.granted,
-		Occurrence: policy.Occurrence{Owner: o.task, Ref: o.ref, Location: loc},
+		Occurrence: policy.Occurrence{Owner: o.Task, Ref: o.Ref, Location: loc},
 	})
 	st.mu.Lock()
 	defer st.mu.Unlock()
 	if !d.Allow {
-		return "", st.refuseLocked(refuseBlocked(d.Reason, o.ref))
+		return "", st.refuseLocked(refuseBlocked(d.Reason, o.Ref))
 	}
-	if r := st.countSubstitution(loc, o.ref); r != nil {
+	if r := st.countSubstitution(loc, o.Ref); r != nil {
 		return "", st.refuseLocked(r)
 	}
 	i := 0
-	for i < len(st.subs) && st.subs[i].ref != o.ref {
+	for i < len(st.subs) && st.subs[i].ref != o.Ref {
 		i++
 	}
 	if i == len(st.subs) {
-		v, err := st.p.cfg.Secrets.Value(st.ctx, o.ref.Project, o.ref.Key)
+		v, err := st.p.cfg.Secrets.Value(st.ctx, o.Ref.Project, o.Ref.Key)
 		switch {
 		case errors.Is(err, secrets.ErrNotFound):
-			return "", st.refuseLocked(refuseWithheld(o.ref))
+			return "", st.refuseLocked(refuseWithheld(o.Ref))
 		case err != nil:
-			return "", st.refuseLocked(fault(fmt.Errorf("reading %s: %w", o.ref, err), o.ref))
+			return "", st.refuseLocked(fault(fmt.Errorf("reading %s: %w", o.Ref, err), o.Ref))
 		}
-		st.subs = append(st.subs, substitution{ref: o.ref, value: v, placeholder: o.placeholder})
+		st.subs = append(st.subs, substitution{ref: o.Ref, value: v, placeholder: o.Placeholder})
 	}
 	// The value leaves its type here, to be spliced into what goes upstream.
 	v := st.subs[i].value.Reveal()
 	if loc == policy.InHeader && strings.ContainsAny(v, "\r\n\x00") {
-		return "", st.refuseLocked(fault(fmt.Errorf("the value of %s cannot be sent in a header", o.ref), o.ref))
+		return "", st.refuseLocked(fault(fmt.Errorf("the value of %s cannot be sent in a header", o.Ref), o.Ref))
 	}
 	st.subs[i].used = true
 	return v, nil
@@ -164,7 +182,7 @@ func (st *requestState) refusal(err error) *refusal {
 	st.mu.Lock()
 	defer st.mu.Unlock()
 	if st.refused == nil {
-		// Every substituter error is a kept refusal; a fault otherwise.
+		// Every Substituter error is a kept refusal; a fault otherwise.
 		return fault(err, policy.KeyRef{})
 	}
 	return st.refused
@@ -241,7 +259,7 @@ func (p *Proxy) serve(st *requestState, w http.ResponseWriter, r *http.Request) 
 	ci := st.ci
 	st.out.ResponseWriter = w
 	entry := &st.entry
-	*entry = audit.Entry{TS: p.cfg.Clock.Now(), Task: st.runID(), Host: ci.logHost, Method: redacted(ix, r.Method), Path: redact(ix, r.URL.Path, &st.ms), Via: ci.via}
+	*entry = audit.Entry{TS: p.cfg.Clock.Now(), Task: st.runID(), Host: ci.logHost, Method: ix.Redacted(r.Method), Path: ix.RedactedExact(r.URL.Path, &st.ms), Via: ci.via}
 	defer p.record(st) // also when the answer is aborted (a panic on HTTP/2)
 	if refused := p.prepare(st, ix, r); refused != nil {
 		p.refuse(st, refused)
@@ -256,7 +274,7 @@ func (p *Proxy) serve(st *requestState, w http.ResponseWriter, r *http.Request) 
 // live, the authority the CONNECT's, the method one that may be sent, and
 // the placeholders in its head, URL and body substituted as the policy
 // allows, within the bounds of limits.go. nil when it may go.
-func (p *Proxy) prepare(st *requestState, ix *index, r *http.Request) *refusal {
+func (p *Proxy) prepare(st *requestState, ix *placeholder.Index, r *http.Request) *refusal {
 	ci := st.ci
 	if !ci.attempt.live() {
 		return refuseCredentials("the attempt ended")
@@ -375,29 +393,29 @@ func misdirected(ci *connInfo, r *http.Request) *refusal {
 
 // checkMethod blocks a placeholder sent as the method (in any case): no key
 // is substituted there, and it would reach the upstream as it is.
-func (st *requestState) checkMethod(ix *index, method string) *refusal {
-	ms := findFolded(ix, method, st.ms)
+func (st *requestState) checkMethod(ix *placeholder.Index, method string) *refusal {
+	ms := ix.FindFolded(method, st.ms)
 	st.ms = ms
 	if len(ms) == 0 {
 		return nil
 	}
-	return refuseBlocked("a placeholder in the method", ms[0].owner.ref)
+	return refuseBlocked("a placeholder in the method", ms[0].Owner.Ref)
 }
 
 // rewriteHeaders substitutes placeholders in header values (Basic
 // credentials decoded and re-encoded); one in a header name blocks.
-func (st *requestState) rewriteHeaders(ix *index, h http.Header) error {
+func (st *requestState) rewriteHeaders(ix *placeholder.Index, h http.Header) error {
 	for name, values := range h {
 		// Field names are case-insensitive (and canonicalised on the way
 		// in): a placeholder in one is found in any case.
-		if ms := findFolded(ix, name, st.ms); len(ms) > 0 {
+		if ms := ix.FindFolded(name, st.ms); len(ms) > 0 {
 			st.ms = ms
 			st.mu.Lock()
 			defer st.mu.Unlock()
-			return st.refuseLocked(refuseBlocked("a placeholder in a header name", ms[0].owner.ref))
+			return st.refuseLocked(refuseBlocked("a placeholder in a header name", ms[0].Owner.Ref))
 		}
 		for i, v := range values {
-			out, n, err := ix.rewriteString(v, policy.InHeader, st.substitute, &st.ms)
+			out, n, err := ix.RewriteString(v, policy.InHeader, st.substitute, &st.ms)
 			if err != nil {
 				return err
 			}
@@ -406,7 +424,7 @@ func (st *requestState) rewriteHeaders(ix *index, h http.Header) error {
 				v = out
 			}
 			if name == "Authorization" || name == "Proxy-Authorization" {
-				if nv, err := rewriteBasic(ix, v, st.substitute); err != nil {
+				if nv, err := ix.RewriteBasic(v, st.substitute); err != nil {
 					return err
 				} else if nv != "" {
 					values[i] = nv
@@ -417,30 +435,12 @@ func (st *requestState) rewriteHeaders(ix *index, h http.Header) error {
 	return nil
 }
 
-// rewriteBasic substitutes inside "Basic base64(user:password)"; "" when
-// there was nothing to replace.
-func rewriteBasic(ix *index, v string, sub substituter) (string, error) {
-	scheme, b64, ok := strings.Cut(v, " ")
-	if !ok || !strings.EqualFold(scheme, "Basic") {
-		return "", nil
-	}
-	raw, err := base64.StdEncoding.DecodeString(strings.TrimSpace(b64))
-	if err != nil {
-		return "", nil
-	}
-	out, n, err := ix.rewrite(raw, policy.InHeader, sub)
-	if err != nil || n == 0 {
-		return "", err
-	}
-	return scheme + " " + base64.StdEncoding.EncodeToString(out), nil
-}
-
 // rewriteURL substitutes in the path and the query, escaping the value for
 // where it goes. A placeholder that appears only once percent-decoded is
 // decided too, so an encoded one cannot slip past a block.
-func (st *requestState) rewriteURL(ix *index, u *url.URL) *refusal {
+func (st *requestState) rewriteURL(ix *placeholder.Index, u *url.URL) *refusal {
 	escaped := u.EscapedPath()
-	path, n, err := ix.rewriteString(escaped, policy.InURL, func(o owner, loc policy.Location) (string, error) {
+	path, n, err := ix.RewriteString(escaped, policy.InURL, func(o placeholder.Owner, loc policy.Location) (string, error) {
 		v, err := st.substitute(o, loc)
 		return url.PathEscape(v), err
 	}, &st.ms)
@@ -454,7 +454,7 @@ func (st *requestState) rewriteURL(ix *index, u *url.URL) *refusal {
 		}
 		u.Path, u.RawPath = unescaped, path
 	}
-	query, n, err := ix.rewriteString(u.RawQuery, policy.InURL, func(o owner, loc policy.Location) (string, error) {
+	query, n, err := ix.RewriteString(u.RawQuery, policy.InURL, func(o placeholder.Owner, loc policy.Location) (string, error) {
 		v, err := st.substitute(o, loc)
 		return url.QueryEscape(v), err
 	}, &st.ms)
@@ -466,7 +466,7 @@ func (st *requestState) rewriteURL(ix *index, u *url.URL) *refusal {
 	}
 	for _, encoded := range [2]string{escaped, u.RawQuery} {
 		if decoded, err := url.QueryUnescape(encoded); err == nil && decoded != encoded {
-			st.ms = findIn(ix, decoded, st.ms)
+			st.ms = ix.FindString(decoded, st.ms)
 			if len(st.ms) == 0 {
 				continue
 			}
@@ -478,7 +478,7 @@ func (st *requestState) rewriteURL(ix *index, u *url.URL) *refusal {
 			st.substituted = 0
 			st.mu.Unlock()
 			for _, m := range st.ms {
-				if _, err = st.substitute(m.owner, policy.InURL); err != nil {
+				if _, err = st.substitute(m.Owner, policy.InURL); err != nil {
 					break
 				}
 			}
@@ -497,7 +497,7 @@ func (st *requestState) rewriteURL(ix *index, u *url.URL) *refusal {
 // sends nothing), streamed through the bounded scanner otherwise. When a key
 // may be substituted in this body its length may change, so it is sent
 // without a length (chunked on HTTP/1.1).
-func (st *requestState) prepareBody(ix *index, r *http.Request, limit int64) *refusal {
+func (st *requestState) prepareBody(ix *placeholder.Index, r *http.Request, limit int64) *refusal {
 	mayChange := false
 	if d, ok := st.ci.target.Domain(); ok {
 		for _, g := range st.grants.granted {
@@ -509,7 +509,7 @@ func (st *requestState) prepareBody(ix *index, r *http.Request, limit int64) *re
 		if _, err := io.ReadFull(r.Body, buf); err != nil {
 			return fault(errors.New("request body shorter than its Content-Length"), policy.KeyRef{})
 		}
-		out, _, err := ix.rewrite(buf, policy.InBody, st.substitute)
+		out, _, err := ix.Rewrite(buf, policy.InBody, st.substitute)
 		if err != nil {
 			return st.refusal(err)
 		}
@@ -521,7 +521,7 @@ func (st *requestState) prepareBody(ix *index, r *http.Request, limit int64) *re
 	r.Body = struct {
 		io.Reader
 		io.Closer
-	}{newBodyScanner(r.Body, ix, st.substitute), r.Body}
+	}{placeholder.NewScanner(r.Body, ix, st.substitute), r.Body}
 	if mayChange {
 		r.ContentLength = -1
 		st.streamSubs = true
@@ -584,13 +584,6 @@ func respond(w http.ResponseWriter, status int, reason string) {
 	w.Header().Set("X-Content-Type-Options", "nosniff")
 	w.WriteHeader(status)
 	io.WriteString(w, "runfleet edge: "+reason+"\n")
-}
-
-// redact replaces every known placeholder in a path for the audit log.
-func redact(ix *index, path string, scratch *[]match) string {
-	ms := findIn(ix, path, *scratch)
-	*scratch = ms
-	return replaceMatches(path, ms)
 }
 
 // countingWriter counts what the task is sent and the status it is given.

@@ -4,7 +4,6 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
-	"io"
 	"os"
 	"path/filepath"
 	"regexp"
@@ -22,33 +21,6 @@ func checkRunID(runID string) error {
 		return fmt.Errorf("proxy: run id %q: letters, digits, '.', '_' and '-' only, at most 128", runID)
 	}
 	return nil
-}
-
-const alphabet = "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789"
-
-// mintPlaceholder draws shape.Length-len(prefix) letters and digits
-// uniformly from r (rejection sampling: no modulo bias).
-func mintPlaceholder(r io.Reader, shape policy.Shape) (string, error) {
-	n := shape.Length - len(shape.Prefix)
-	var b strings.Builder
-	b.Grow(shape.Length)
-	b.WriteString(shape.Prefix)
-	buf := make([]byte, 64)
-	for n > 0 {
-		if _, err := io.ReadFull(r, buf); err != nil {
-			return "", fmt.Errorf("proxy: minting a placeholder: %w", err)
-		}
-		for _, c := range buf {
-			if n == 0 {
-				break
-			}
-			if int(c) < 256-256%len(alphabet) {
-				b.WriteByte(alphabet[int(c)%len(alphabet)])
-				n--
-			}
-		}
-	}
-	return b.String(), nil
 }
 
 // placeholderFile is one task's placeholders on disk (0600, under the data

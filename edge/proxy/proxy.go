@@ -1,71 +1,32 @@
 // Package proxy owns the secrets proxy: the task registry (tasks, attempts
-// and their proxy credentials, placeholders), its two fronts (the explicit
-// CONNECT listener, and each task network's redirected connections and DNS:
-// ServeNetwork), which intercept what a task's keys may reach under the same
-// rules, and the one request pipeline that HTTP/1.1 and HTTP/2 share, which
-// swaps a placeholder for its real value only where the policy allows and
-// blocks it everywhere else. HTTP/1.1 framing, read and written, is package
-// http1's; this package runs the connections it frames.
+// and their proxy credentials, and the placeholders minted for them, kept on
+// disk for each task's life), its two fronts (the explicit CONNECT listener,
+// and each task network's redirected connections and DNS: ServeNetwork),
+// which intercept what a task's keys may reach under the same rules, and the
+// one request pipeline that HTTP/1.1 and HTTP/2 share, WebSockets included.
+// Package placeholder finds and rewrites placeholders and values in bytes,
+// asking the pipeline about each occurrence; package http1 frames HTTP/1.1;
+// decisions are package policy's pure functions.
 //
-// What a task is sent back never holds a value its request carried: an
-// upstream that echoes the request (an API quoting the key in an error) has
-// each value substituted into that request replaced by its placeholder in
-// the answer's fields, body and trailers (scrubber). A sized answer that
-// fits one copy buffer is read whole and sent with its new length; any
-// other streams through the bounded window without a length (chunked on
-// HTTP/1.1): its last 256 bytes (more for a value over 257 bytes) are held
-// back until more come or it ends, whatever they are, except that every
-// complete line goes on at once when no value holds a line break (so
-// server-sent events stay interactive). When an answer's bytes reach the
-// task never depends on whether they partially match a value, which would
-// tell a task whose upstream echoes it a value a character at a time. Such
-// a request asks the upstream for an uncoded answer (Accept-Encoding:
-// identity); a compressed answer cannot be scanned, so one that comes
-// anyway is refused (502, audited as blocked) rather than passed on: the
-// request has reached the upstream, but the task never gets what may be
-// the value.
+// Its contracts:
+//   - A placeholder becomes its real value only where the policy in force
+//     lets the task's key go (the domain, the part of the request);
+//     anywhere else, or another task's, it blocks the request whole.
+//     Substitution is bounded per request and message (limits.go).
+//   - What a task is sent back never holds, byte for byte, a value its
+//     request carried; an answer that cannot be scanned is refused.
+//   - Every decision has its audit line, recorded before the task has the
+//     whole answer. The audit and the log hold no value, and what a task
+//     chose to send (a target, a method, a path) only with its
+//     placeholders redacted.
 //
-// Every part of a request a placeholder can stand in is scanned: the
-// method (never substituted: a placeholder there blocks), field names (in
-// any case: likewise) and values, the path and query (also percent-decoded)
-// and the body. A WebSocket's frames are parsed both ways after its
-// upgrade, a task's messages scanned like bodies and the upstream's
-// scrubbed (websocket.go); no other upgrade is relayed. Substitution is
-// bounded alike on HTTP/1.1 and HTTP/2 (limits.go): at most
-// maxSubstitutions per request or WebSocket message, and a head of at most
-// 64 KiB as received and as sent. What the proxy does not see, by design: a
-// content-coded (compressed) request body, scanned as the bytes it is and
-// never decoded, so placeholders compressed in it are neither substituted
-// nor blocked (the upstream gets the body byte for byte, the placeholders
-// in it worthless: TestCompressedRequestBodyPassesThroughUntouched);
-// and a value an upstream echoes in an encoded form (base64, escapes),
-// which the scrubber does not recognise. Request trailers are dropped,
-// never forwarded.
+// The runner calls Ready and CheckGrant (admission), Register, StartAttempt
+// (the task's HTTPS_PROXY), ServeNetwork, TaskKeys, ProxiedKeys, EndAttempt,
+// Stop and Drop; edge serve builds it (New, Serve, Close). A Proxy's methods
+// are safe for concurrent use.
 //
-// HTTP/1.1 framing, toward tasks and toward upstreams, is package http1's;
-// this package runs the connections over it: the intercepted connection's
-// loop (h1conn.go) and the upstream pool (roundtrip.go).
-//
-// The runner (admission, env) calls Ready and CheckGrant (admission),
-// Register, StartAttempt (the task's HTTPS_PROXY), ServeNetwork, TaskKeys (one variable
-// per key holding its placeholder), ProxiedKeys (RUNFLEET_PROXIED_KEYS),
-// EndAttempt, Stop and Drop. The CA (package ca) supplies leaves through
-// LeafSource; policy decisions are the pure functions of package policy;
-// upstream connections go through package upstream's guard.
-//
-// Wiring, as edge serve does it: bind proxy.listen first (the guard must know
-// the proxy's own address), then
-//
-//	watcher, _ := policy.NewWatcher(policy.WatcherConfig{Path: cfgPath, Logger: log})
-//	authority, _ := ca.Open(ctx, ca.Config{..., AllowName: watcher.AllowName})
-//	resolver, _ := upstream.NewResolver(cfg.Proxy.Upstream.Resolver, cfg.Proxy.Upstream.Resolve, nil)
-//	allow, _ := upstream.ParseAllowPrivate(cfg.Proxy.Upstream.AllowPrivate)
-//	guard, _ := upstream.NewGuard(upstream.GuardConfig{Resolver: resolver, AllowPrivate: allow,
-//		Own: []netip.AddrPort{proxyAddr, apiAddr}})
-//	tlsCfg, _ := upstream.ClientTLSConfig(cfg.Proxy.Upstream.ExtraRootsFile)
-//	off, err := proxy.KillSwitch(os.Getenv) // an unknown value refuses the start
-//	p, _ := proxy.New(proxy.Config{Disabled: off, Listener: ln, ...})
-//	go p.Serve(); go watcher.Run(ctx, sighup)
+// See DESIGN.md, section "The secrets proxy", for what is scanned and what
+// is not, how answers are scrubbed and streamed, and how edge wires it.
 package proxy
 
 import (

@@ -171,7 +171,7 @@ func (p *Proxy) logFault(r *refusal, task, host string) {
 		}
 		text = err.Error()
 	}
-	cause := redacted(p.reg.index.Load(), text)
+	cause := p.reg.index.Load().Redacted(text)
 	p.faults.Error(fmt.Sprintf("%d %s %s %s", r.status, task, host, cause), "secrets proxy request failed",
 		slog.String("task", task), slog.String("host", host), slog.Int("status", r.status), slog.String("error", cause))
 }

@@ -16,6 +16,7 @@ import (
 	"sync/atomic"
 
 	"github.com/runfleet/runfleet/edge/policy"
+	"github.com/runfleet/runfleet/edge/proxy/placeholder"
 	"github.com/runfleet/runfleet/shared/runspec"
 )
 
@@ -96,7 +97,7 @@ type registry struct {
 	mu           sync.Mutex
 	tasks        map[string]*task
 	placeholders map[string]map[policy.KeyRef]string // by run id, registered or not
-	index        atomic.Pointer[index]
+	index        atomic.Pointer[placeholder.Index]
 }
 
 func newRegistry(store placeholderStore, rand io.Reader) (*registry, error) {
@@ -110,13 +111,13 @@ func newRegistry(store placeholderStore, rand io.Reader) (*registry, error) {
 }
 
 func (r *registry) reindexLocked() {
-	all := map[string]owner{}
+	all := map[string]placeholder.Owner{}
 	for runID, m := range r.placeholders {
 		for ref, ph := range m {
-			all[ph] = owner{task: runID, ref: ref}
+			all[ph] = placeholder.Owner{Task: runID, Ref: ref}
 		}
 	}
-	r.index.Store(newIndex(all))
+	r.index.Store(placeholder.NewIndex(all))
 }
 
 // Register records a task and its declared secrets (as
@@ -149,7 +150,7 @@ func (p *Proxy) Register(runID string, declared []runspec.Declared) error {
 			m[g.Ref] = ph
 			continue
 		}
-		ph, err := mintPlaceholder(r.rand, g.Placeholder)
+		ph, err := placeholder.Mint(r.rand, g.Placeholder)
 		if err != nil {
 			return err
 		}

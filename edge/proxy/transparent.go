@@ -14,6 +14,7 @@ import (
 
 	"github.com/runfleet/runfleet/edge/audit"
 	"github.com/runfleet/runfleet/edge/policy"
+	"github.com/runfleet/runfleet/edge/proxy/placeholder"
 	"github.com/runfleet/runfleet/edge/taskdns"
 )
 
@@ -243,12 +244,12 @@ func (p *Proxy) serveTransparent(a *attempt, originalDst func(net.Conn) (netip.A
 		refuse(http.StatusBadRequest, audit.Denied, err.Error())
 		return
 	}
-	entry.Host = redacted(ix, target.String())
+	entry.Host = ix.Redacted(target.String())
 	granted := a.task.grantsUnder(p.cfg.Policy.Current()).granted
 	decision := policy.DecideConnect(policy.ConnectInput{Target: target, Granted: granted, Egress: p.cfg.Egress})
 	if decision.Action == policy.Refuse {
 		// The reason names the target, which the task chose.
-		refuse(http.StatusForbidden, audit.Denied, redacted(ix, decision.Reason))
+		refuse(http.StatusForbidden, audit.Denied, ix.Redacted(decision.Reason))
 		return
 	}
 	if !a.track(c) {
@@ -285,12 +286,12 @@ const tlsHandshakeRecord = 0x16
 // refusePlainHTTP answers a plain HTTP request to an authority a key of the
 // task may reach: 403, audited as blocked, nothing sent upstream. Anything
 // that is not HTTP, or whose head passes maxHeadBytes, is just closed.
-func (p *Proxy) refusePlainHTTP(c net.Conn, br *bufio.Reader, target policy.Authority, ix *index, entry audit.Entry) {
+func (p *Proxy) refusePlainHTTP(c net.Conn, br *bufio.Reader, target policy.Authority, ix *placeholder.Index, entry audit.Entry) {
 	req, err := http.ReadRequest(bufio.NewReader(&io.LimitedReader{R: br, N: maxHeadBytes}))
 	reason := "plain HTTP to " + target.String() + ", which a key of this task may reach: placeholders are substituted over HTTPS only"
 	if err == nil {
-		entry.Method = redacted(ix, req.Method)
-		entry.Path = redacted(ix, req.URL.Path)
+		entry.Method = ix.Redacted(req.Method)
+		entry.Path = ix.Redacted(req.URL.Path)
 		writeStatus(c, http.StatusForbidden, reason, nil)
 	} else {
 		reason = "neither TLS nor HTTP to " + target.String() + ", which a key of this task may reach"

@@ -14,6 +14,7 @@ import (
 
 	"github.com/runfleet/runfleet/edge/audit"
 	"github.com/runfleet/runfleet/edge/policy"
+	"github.com/runfleet/runfleet/edge/proxy/placeholder"
 )
 
 // WebSockets on intercepted connections (RFC 6455). After a 101 the proxy
@@ -290,7 +291,7 @@ type wsRelay struct {
 	upR   *bufio.Reader
 	// scrub holds the values substituted so far on the connection; only
 	// the upstream-to-task direction reads frames through it.
-	scrub *scrubber
+	scrub *placeholder.Scrubber
 	// in counts the payload bytes of the task's frames.
 	in int64
 }
@@ -332,7 +333,7 @@ func (p *Proxy) relayWebSocket(st *requestState, conn net.Conn, taskR *bufio.Rea
 	r := &wsRelay{p: p, st: st, taskR: taskR, upR: uc.br, scrub: &st.scrub}
 	r.task.conn = conn
 	r.up.conn, r.up.masked = uc.conn, true
-	r.scrub.reset(st)
+	r.scrub.Reset(st)
 	teardown := sync.OnceFunc(func() {
 		conn.Close()
 		uc.conn.Close()
@@ -432,7 +433,7 @@ func (r *wsRelay) substitute(b []byte) ([]byte, error) {
 	r.st.mu.Lock()
 	r.st.substituted = 0
 	r.st.mu.Unlock()
-	out, _, err := r.p.reg.index.Load().rewrite(b, policy.InBody, r.st.substitute)
+	out, _, err := r.p.reg.index.Load().Rewrite(b, policy.InBody, r.st.substitute)
 	if err != nil {
 		return nil, err
 	}
@@ -477,10 +478,7 @@ func (r *wsRelay) block(refused *refusal) error {
 // once it has passed a close frame.
 func (r *wsRelay) upstreamToTask() error {
 	rd := wsReader{r: r.upR}
-	var rw rewriter = r.scrub
 	var held, out []byte
-	var ms []match
-	var values []string
 	for {
 		f, err := rd.next()
 		if err != nil {
@@ -503,17 +501,11 @@ func (r *wsRelay) upstreamToTask() error {
 			}
 			continue
 		}
-		// As bodyScanner.scan: decide and replace up to what more bytes of
-		// this message could not change; a message's end releases all.
+		// As a streamed answer: replace up to what more bytes of this
+		// message could not change; a message's end releases all.
 		held = append(held, f.payload...)
-		limit := len(held)
-		if !f.fin {
-			limit = rw.settled(held)
-		}
-		ms = rw.find(held, ms)
-		values, _ = rw.replace(ms, values)
 		var pos, n int
-		out, pos, n = release(out[:0], held, limit, ms, values)
+		out, pos, n = r.scrub.Pass(out[:0], held, f.fin)
 		r.st.scrubbed += n
 		held = held[:copy(held, held[pos:])]
 		f.payload = out
@@ -533,7 +525,7 @@ func (r *wsRelay) scrubControl(f wsFrame) []byte {
 	if f.opcode == wsClose && len(text) >= 2 {
 		code, text = text[:2], text[2:]
 	}
-	out, n := r.scrub.whole(text)
+	out, n := r.scrub.Whole(text)
 	r.st.scrubbed += n
 	if len(code)+len(out) > wsMaxControl {
 		out = nil

@@ -1,0 +1,74 @@
+// Package placeholder owns the secrets proxy's placeholders as bytes:
+// minting them, finding every known one in what a task sends, putting in
+// what the caller decides for each occurrence, and taking real values back
+// out of what a task is sent. It decides nothing: every occurrence goes to
+// the caller's Substituter (policy, grants, audit and refusals are package
+// proxy's), and it knows no task beyond the run id an Owner names, no
+// connection and no registry.
+//
+//   - Mint draws a placeholder of a policy.Shape.
+//   - An Index (NewIndex) finds every task's placeholders, spelt exactly
+//     (Find, FindString) or in any case (FindFolded), and redacts them from
+//     text to be recorded (Redacted). It is immutable and safe for
+//     concurrent use; the proxy builds a new one when placeholders change.
+//   - Rewrite, RewriteString and RewriteBasic replace the placeholders in a
+//     request's parts, a Scanner (NewScanner) in a body as it streams,
+//     holding back at most the longest placeholder less one byte. Every
+//     occurrence in what is at hand is decided before any of it is
+//     replaced or passed on, so a refused one stops it all.
+//   - A Scrubber replaces each value substituted into one request (its
+//     Source) by its placeholder in the answer: fields (Header), bodies
+//     read whole (Whole) or streamed (Stream), WebSocket frames (Pass).
+//     When streamed bytes go on depends on their number and line breaks
+//     alone, never on whether they partially match a value.
+//
+// Finding allocates nothing when the caller's scratch has room and the text
+// holds no placeholder, the common case on every request (BenchmarkFind,
+// BenchmarkRewriteString). A Scanner or a Scrubber is for one goroutine at
+// a time. See DESIGN.md, section "The secrets proxy", for the rest.
+package placeholder
+
+import (
+	"fmt"
+	"io"
+	"strings"
+
+	"github.com/runfleet/runfleet/edge/policy"
+)
+
+// Owner is whose a placeholder is: the task (its run id) and the key it
+// stands for, and the placeholder itself (what a scrubbed answer gets back
+// in place of the key's value).
+type Owner struct {
+	Task        string
+	Ref         policy.KeyRef
+	Placeholder string
+}
+
+const alphabet = "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789"
+
+// Mint draws a placeholder of shape: its prefix, then
+// shape.Length-len(shape.Prefix) letters and digits drawn uniformly from r
+// (rejection sampling: no modulo bias). r is read 64 bytes at a time.
+func Mint(r io.Reader, shape policy.Shape) (string, error) {
+	n := shape.Length - len(shape.Prefix)
+	var b strings.Builder
+	b.Grow(shape.Length)
+	b.WriteString(shape.Prefix)
+	buf := make([]byte, 64)
+	for n > 0 {
+		if _, err := io.ReadFull(r, buf); err != nil {
+			return "", fmt.Errorf("placeholder: minting one: %w", err)
+		}
+		for _, c := range buf {
+			if n == 0 {
+				break
+			}
+			if int(c) < 256-256%len(alphabet) {
+				b.WriteByte(alphabet[int(c)%len(alphabet)])
+				n--
+			}
+		}
+	}
+	return b.String(), nil
+}
