@@ -1,14 +1,51 @@
 package store
 
-import "time"
-
-// Probe statuses.
-const (
-	ProbeOK          = "ok"
-	ProbeAuthFail    = "auth_fail"
-	ProbeUnreachable = "unreachable"
-	ProbeBadResponse = "bad_response"
+import (
+	"context"
+	"time"
 )
+
+// Hosts is the registry of runner hosts, each with its last probe. A write
+// to one part of a host (its probe, its drain, Enabled) leaves the rest as
+// it is, and never creates a host that is absent. GetHost may read
+// eventually consistent under EventualRead.
+type Hosts interface {
+	// CreateHost adds h; ErrExists if the id is taken.
+	CreateHost(ctx context.Context, h Host) error
+	// GetHost returns the host with its last probe; ErrNotFound.
+	GetHost(ctx context.Context, id string) (Host, error)
+	// ListHosts returns every host, ordered by id.
+	ListHosts(ctx context.Context) ([]Host, error)
+	// ListHostsPage reads the registry in bounded pages, for callers that
+	// must not read every host at once (the metrics rollup). It returns up
+	// to limit hosts (PageLimit applies) that follow the host id after in
+	// the store's own order (dynamostore: the table's, which is not sorted;
+	// boltstore: by id), and in Next the id to continue after, empty when
+	// no host follows. after "" starts at the first. A page may hold fewer
+	// than limit hosts while Next is set.
+	ListHostsPage(ctx context.Context, after string, limit int) (HostPage, error)
+	// SetHostEnabled flips enabled; ErrNotFound.
+	SetHostEnabled(ctx context.Context, id string, enabled bool) (Host, error)
+	// RecordProbe stores p as the host's last probe; ErrNotFound if the host is gone.
+	RecordProbe(ctx context.Context, id string, p Probe) error
+	// RecordDrain records on the host's probe what a drain or resume
+	// answered, at once: draining, and idle when the host said (nil: it
+	// did not). A host never probed keeps no probe, and none is made.
+	// ErrNotFound if the host is gone. The next probe overwrites both.
+	RecordDrain(ctx context.Context, id string, draining bool, idle *bool) (Host, error)
+	// DeleteHost removes a host with the runs that reference it (the Runs
+	// role's records) and their events (the Events role's), in bounded,
+	// resumable steps. One call deletes at most DeleteHostRunsPerStep of
+	// the host's runs, each with its events (a store may stop sooner:
+	// dynamostore after about DeleteHostEventsPerStep events), and answers
+	// Done false while runs remain; the call that finds none left removes
+	// the host too and answers Done true. A run's events go before the run
+	// and the host goes last, so a call cut short anywhere loses nothing a
+	// repeat cannot finish. Without force it fails with ErrInUse while an
+	// unexpired run references the host (expired runs never block it and
+	// are deleted like the others). ErrNotFound if absent.
+	DeleteHost(ctx context.Context, id string, force bool) (HostDeletion, error)
+}
 
 // Host is a registered runner host.
 type Host struct {
@@ -48,6 +85,14 @@ type Probe struct {
 	// Detail explains a status other than ok; never carries a credential.
 	Detail string `json:"detail,omitempty"`
 }
+
+// Probe statuses.
+const (
+	ProbeOK          = "ok"
+	ProbeAuthFail    = "auth_fail"
+	ProbeUnreachable = "unreachable"
+	ProbeBadResponse = "bad_response"
+)
 
 // Features are what a host can do for a run that declares secrets; routing
 // sends such a run only where both are true.

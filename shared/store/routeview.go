@@ -5,6 +5,29 @@ import (
 	"time"
 )
 
+// RouteStore keeps the routing view: bounded reads for dispatch, in place
+// of a scan of every host.
+//
+// An entry keeps of a Host its ID, Enabled, Labels and LocalPaths and, of
+// its probe, Status, At, LatencyMs, Draining, Agents, Features and
+// Storage.Low (a Storage holding only Low, nil when not low); a probe that
+// is not ok keeps Status and At only. Everything else is left out.
+type RouteStore interface {
+	// PutRouteView replaces the view: each list's hosts, in order, are
+	// packed into at most RouteShardsMax shards of at most 4 KB each (a
+	// DynamoDB item an eventually consistent GetItem reads for half a
+	// unit); the hosts that do not fit are left out, and so is a host
+	// whose entry alone outgrows a shard. Lists of the previous
+	// view that v lacks are deleted, and so are shards a list no longer
+	// fills. It returns, per list, how many hosts were kept. Lists are
+	// written one after the other: a reader may see a list of the new view
+	// beside one of the old.
+	PutRouteView(ctx context.Context, v RouteView) (map[string]int, error)
+	// RouteShard reads shard n of list, eventually consistent; ErrNotFound
+	// when the view has no such list or shard.
+	RouteShard(ctx context.Context, list string, n int) (RouteShard, error)
+}
+
 // RouteShardsMax is how many shards a list of the routing view holds at
 // most: the hosts that do not fit are left out of it.
 const RouteShardsMax = 3
@@ -31,27 +54,4 @@ type RouteShard struct {
 	Shards, Kept, Total int
 	// At is when the view was built.
 	At time.Time
-}
-
-// RouteStore keeps the routing view: bounded reads for dispatch, in place
-// of a scan of every host.
-//
-// An entry keeps of a Host its ID, Enabled, Labels and LocalPaths and, of
-// its probe, Status, At, LatencyMs, Draining, Agents, Features and
-// Storage.Low (a Storage holding only Low, nil when not low); a probe that
-// is not ok keeps Status and At only. Everything else is left out.
-type RouteStore interface {
-	// PutRouteView replaces the view: each list's hosts, in order, are
-	// packed into at most RouteShardsMax shards of at most 4 KB each (a
-	// DynamoDB item an eventually consistent GetItem reads for half a
-	// unit); the hosts that do not fit are left out, and so is a host
-	// whose entry alone outgrows a shard. Lists of the previous
-	// view that v lacks are deleted, and so are shards a list no longer
-	// fills. It returns, per list, how many hosts were kept. Lists are
-	// written one after the other: a reader may see a list of the new view
-	// beside one of the old.
-	PutRouteView(ctx context.Context, v RouteView) (map[string]int, error)
-	// RouteShard reads shard n of list, eventually consistent; ErrNotFound
-	// when the view has no such list or shard.
-	RouteShard(ctx context.Context, list string, n int) (RouteShard, error)
 }

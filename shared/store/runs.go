@@ -1,6 +1,35 @@
 package store
 
-import "time"
+import (
+	"context"
+	"time"
+)
+
+// Runs are Fleet's runs, each bound to a host, and the live index: the
+// runs not ended, or ended with events still to mirror (Run.Live), which
+// the store keeps in step with every write and the sweep walks without
+// scanning the rest. GetRun may read eventually consistent under
+// EventualRead.
+type Runs interface {
+	// CreateRun writes a new run (Version 1, whatever r.Version says);
+	// ErrExists. FleetRunID, OwnerID, HostID and CreatedAt are required.
+	CreateRun(ctx context.Context, r Run) error
+	// GetRun reads a run; ErrNotFound.
+	GetRun(ctx context.Context, id string) (Run, error)
+	// UpdateRun replaces the run if its stored Version still equals r.Version,
+	// storing Version+1 and returning what it stored; ErrConflict when the
+	// version moved on, ErrNotFound when the run is gone. The store keeps the
+	// live index in step with r.Live(). OwnerID, HostID, CreatedAt and
+	// IdempotencyKey are fixed at creation: the stored ones are kept.
+	UpdateRun(ctx context.Context, r Run) (Run, error)
+	// ListRuns pages runs newest first (CreatedAt, then FleetRunID, descending).
+	ListRuns(ctx context.Context, q RunQuery) (RunPage, error)
+	// ListLive pages the ids of live runs only, never scanning the rest.
+	ListLive(ctx context.Context, cursor string, limit int) (LivePage, error)
+	// LiveCursorAfter is the ListLive cursor that continues after the run
+	// id, live or not (the sweep resumes from a run id it stored).
+	LiveCursorAfter(fleetRunID string) string
+}
 
 // Run statuses: the host's, recorded as the host reports them (the host
 // protocol's names), then Fleet's own.

@@ -1,6 +1,29 @@
 package store
 
-import "time"
+import (
+	"context"
+	"time"
+)
+
+// SweepCursorStore keeps the sweep cursor: where the sweep's walk of the
+// live index stands between invocations, and the lease that lets one sweep
+// at a time move it (SweepCursor). One item, SweepCursorKey in the
+// idempotency table.
+type SweepCursorStore interface {
+	// ClaimSweepCursor takes the lease for holder until leaseUntil, in one
+	// conditional write, when no lease is held or the held one has expired
+	// at the store's now (or holder already holds it); a first claim
+	// creates the cursor at lap 1, starting now. It returns the cursor as
+	// stored. When another holder's lease is current it changes nothing
+	// and returns that cursor with ErrConflict.
+	ClaimSweepCursor(ctx context.Context, holder string, leaseUntil time.Time) (SweepCursor, error)
+	// SaveSweepCursor replaces the cursor if its stored Version still
+	// equals c.Version (only the lease holder's writes move it, so a
+	// holder whose lease was taken over fails), storing Version+1 and
+	// returning what it stored; ErrConflict otherwise, ErrNotFound if
+	// there is no cursor. Clearing Holder releases the lease.
+	SaveSweepCursor(ctx context.Context, c SweepCursor) (SweepCursor, error)
+}
 
 // SweepCursorKey is the sweep cursor's id in the idempotency table: "#"
 // never begins an idempotency key, so it cannot collide with one.
