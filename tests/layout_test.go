@@ -1,7 +1,11 @@
 package tests
 
 import (
+	"maps"
+	"os"
 	"os/exec"
+	"path/filepath"
+	"slices"
 	"sort"
 	"strings"
 	"testing"
@@ -47,6 +51,16 @@ func TestTheFoldersAreTheArchitecture(t *testing.T) {
 				crossings = append(crossings, pkg+" (Fleet) imports the host's "+imp)
 			case strings.HasPrefix(pkg, "edge") && strings.HasPrefix(imp, "shared/") && !sharedWithEdge[imp]:
 				crossings = append(crossings, pkg+" (edge) imports Fleet's "+imp)
+			case pkg == "edge/ca" && (inFolder(imp, "edge/proxy") || inFolder(imp, "edge/runner")):
+				// edge/host wires the CA, the proxy and the runner
+				// together: the CA issues the proxy's leaves and the
+				// bundle tasks trust through what edge/host hands it,
+				// knowing neither.
+				crossings = append(crossings, pkg+" (the CA) imports "+imp)
+			case inFolder(pkg, "edge/proxy") && inFolder(imp, "edge/runner"):
+				// The proxy knows a task by what edge/host registers
+				// with it, never by the runner that starts it.
+				crossings = append(crossings, pkg+" (the proxy) imports "+imp)
 			case (pkg == "edge/runlog" || strings.HasPrefix(pkg, "shared/store")) && (imp == "shared/hostproto" || imp == "shared/runspec"):
 				// Records apart from the wire: a protocol change must
 				// never be a data migration, on either side.
@@ -58,4 +72,102 @@ func TestTheFoldersAreTheArchitecture(t *testing.T) {
 	for _, c := range crossings {
 		t.Error(c)
 	}
+}
+
+// inFolder reports whether pkg is the package folder or one below it.
+func inFolder(pkg, folder string) bool { return pkg == folder || strings.HasPrefix(pkg, folder+"/") }
+
+// lambdaMustNotLink says why a Lambda function may not link a package (or
+// module) path: bbolt and boltstore are the local stack's store, edge/ is
+// the runner host. A function runs on DynamoDB only, and whatever it links
+// it loads on every cold start. "" for any other path.
+func lambdaMustNotLink(path string) string {
+	const module = "github.com/runfleet/runfleet/"
+	switch {
+	case path == "go.etcd.io/bbolt" || strings.HasPrefix(path, "go.etcd.io/bbolt/"):
+		return "bbolt, the local stack's store"
+	case path == module+"shared/store/boltstore":
+		return "the local stack's store"
+	case path == module+"edge" || strings.HasPrefix(path, module+"edge/"):
+		return "the runner host's"
+	}
+	return ""
+}
+
+// TestNoLambdaFunctionLinksBoltOrEdge builds every function of
+// template.yaml as it ships (the Makefile's -tags lambda.norpc -trimpath,
+// static; for this machine, as the emulator tests run it) and checks the
+// two records of what it links: the packages of that build (go list's
+// Deps, with the same tags and platform, and for linux/arm64 as make build
+// ships it) hold no bbolt, no boltstore and nothing of edge/, and the
+// modules the binary names (go version -m) hold no bbolt.
+func TestNoLambdaFunctionLinksBoltOrEdge(t *testing.T) {
+	var fns []string
+	for _, pkg := range templateFunctions {
+		fns = append(fns, pkg)
+	}
+	sort.Strings(fns)
+	for _, platform := range []struct {
+		name string
+		env  []string
+	}{
+		{"this machine", nil},
+		{"linux/arm64", []string{"GOOS=linux", "GOARCH=arm64"}},
+	} {
+		t.Run("packages/"+platform.name, func(t *testing.T) {
+			args := []string{"list", "-tags", "lambda.norpc", "-f", "{{.ImportPath}}{{range .Deps}} {{.}}{{end}}"}
+			for _, pkg := range fns {
+				args = append(args, "./"+pkg)
+			}
+			cmd := exec.Command("go", args...)
+			cmd.Dir = ".."
+			cmd.Env = append(append(os.Environ(), "CGO_ENABLED=0"), platform.env...)
+			out, err := cmd.CombinedOutput()
+			if err != nil {
+				t.Fatalf("go list: %v\n%s", err, out)
+			}
+			lines := strings.Split(strings.TrimSpace(string(out)), "\n")
+			if len(lines) != len(fns) {
+				t.Fatalf("go list answered for %d packages, want %d:\n%s", len(lines), len(fns), out)
+			}
+			for _, line := range lines {
+				fields := strings.Fields(line)
+				if !slices.Contains(fields[1:], "github.com/runfleet/runfleet/shared/fleetapp") {
+					t.Fatalf("%s's packages lack fleetapp: not the list of its build", fields[0])
+				}
+				linked := map[string][]string{}
+				for _, dep := range fields[1:] {
+					if why := lambdaMustNotLink(dep); why != "" {
+						linked[why] = append(linked[why], dep)
+					}
+				}
+				for _, why := range slices.Sorted(maps.Keys(linked)) {
+					t.Errorf("%s links %s: %s", fields[0], why, strings.Join(linked[why], ", "))
+				}
+			}
+		})
+	}
+	t.Run("modules", func(t *testing.T) {
+		for _, pkg := range fns {
+			bin := functionBootstrap(t, filepath.Base(pkg))
+			out, err := exec.Command("go", "version", "-m", bin).CombinedOutput()
+			if err != nil {
+				t.Fatalf("go version -m %s: %v\n%s", bin, err, out)
+			}
+			var deps int
+			for _, line := range strings.Split(string(out), "\n") {
+				fields := strings.Fields(line)
+				if len(fields) < 2 || (fields[0] != "dep" && fields[0] != "=>") {
+					continue
+				}
+				deps++
+				if why := lambdaMustNotLink(fields[1]); why != "" {
+					t.Errorf("%s's bootstrap links the module %s: %s", pkg, fields[1], why)
+				}
+			}
+			if deps == 0 || !strings.Contains(string(out), "build\t-tags=lambda.norpc\n") || !strings.Contains(string(out), "build\tCGO_ENABLED=0\n") {
+				t.Fatalf("go version -m %s names no module, or not the build that ships:\n%s", bin, out)
+			}
+		}
+	})
 }

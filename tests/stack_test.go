@@ -24,6 +24,7 @@ import (
 	"github.com/runfleet/runfleet/shared/clock"
 	"github.com/runfleet/runfleet/shared/config"
 	"github.com/runfleet/runfleet/shared/fleetapp"
+	"github.com/runfleet/runfleet/shared/store/boltstore"
 	"github.com/runfleet/runfleet/shared/store/dynamostore"
 	"github.com/runfleet/runfleet/tests/kit/fakehost"
 	"github.com/runfleet/runfleet/tests/kit/motoserver"
@@ -145,6 +146,7 @@ func newStack(t testing.TB, kind string, opts stackOptions) *stack {
 	}
 	app, err := fleetapp.New(context.Background(), cfg, fleetapp.Deps{
 		Logger: log, Clock: fleetClock, CreateTables: true, Meter: opts.meter, DialContext: dialLoopbackOnly,
+		OpenBolt: openBolt,
 		LoadAWS: func(context.Context) (aws.Config, error) {
 			if opts.aws != nil {
 				return opts.aws(moto.AWSConfig()), nil
@@ -164,6 +166,12 @@ func newStack(t testing.TB, kind string, opts stackOptions) *stack {
 	srv := httptest.NewServer(handler)
 	t.Cleanup(srv.Close)
 	return &stack{app: app, srv: srv, clk: clk, meter: opts.meter, parked: parked}
+}
+
+// openBolt is the local stack's bolt opener (fleetapp.Deps.OpenBolt), for
+// the stacks on bbolt.
+func openBolt(path string, clk clock.Clock) (fleetapp.StoreCloser, error) {
+	return boltstore.Open(path, boltstore.WithClock(clk))
 }
 
 // dialLoopbackOnly is Fleet's host dialer in tests: no test leaves

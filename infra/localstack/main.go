@@ -58,6 +58,7 @@ import (
 	"github.com/runfleet/runfleet/shared/credentials"
 	"github.com/runfleet/runfleet/shared/fleetapp"
 	"github.com/runfleet/runfleet/shared/lambdahttp"
+	"github.com/runfleet/runfleet/shared/store/boltstore"
 	"github.com/runfleet/runfleet/shared/stream"
 )
 
@@ -87,6 +88,12 @@ func main() {
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
 	os.Exit(run(ctx, os.Getenv, os.Stdout, os.Stderr))
+}
+
+// openBolt opens the local stack's store, a bbolt file (fleetapp's
+// Deps.OpenBolt: the local stack links bbolt, the Lambda functions do not).
+func openBolt(path string, clk clock.Clock) (fleetapp.StoreCloser, error) {
+	return boltstore.Open(path, boltstore.WithClock(clk))
 }
 
 func run(ctx context.Context, getenv func(string) string, stdout, stderr io.Writer) int {
@@ -141,7 +148,7 @@ func run(ctx context.Context, getenv func(string) string, stdout, stderr io.Writ
 	}
 
 	log := fleetapp.NewLogger(stderr, cfg.LogLevel)
-	app, err := fleetapp.New(ctx, cfg, fleetapp.Deps{Logger: log, CreateTables: true})
+	app, err := fleetapp.New(ctx, cfg, fleetapp.Deps{Logger: log, CreateTables: true, OpenBolt: openBolt})
 	if err != nil {
 		fmt.Fprintln(stderr, "localstack:", err)
 		return 1

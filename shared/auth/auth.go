@@ -51,7 +51,9 @@ const (
 	errUnknownToken   = unauthenticated("the bearer token is unknown or revoked")
 )
 
-// CallerLookup finds a caller by token hash; store.Store satisfies it.
+// CallerLookup finds a caller by token hash: the one read authentication
+// makes of the store's callers (store.Callers, whose contract it keeps:
+// strongly consistent, so a revoked token stops working at once).
 type CallerLookup interface {
 	// CallerByTokenHash returns the caller, or an error wrapping
 	// store.ErrNotFound.

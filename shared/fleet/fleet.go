@@ -10,7 +10,7 @@
 // in records.go: each is mapped to the other in one place.
 //
 // Routing reads the routing view the probe writes (BuildRouteView; its
-// bound, cost and staleness are in package dynamostore's doc), re-reading
+// bound, cost and staleness: DESIGN.md, section "Routing"), re-reading
 // the host it chose, so a dispatch's reads do not grow with the fleet.
 //
 // Errors a caller can act on are *Error with a Kind; anything else is a fault.

@@ -1,8 +1,11 @@
 // Package fleetapp assembles Fleet from its configuration: the store
-// (DynamoDB or bbolt), the credential source, the admin token, the domain,
-// and its four handlers (the API, the stream, the scheduled probe and
-// sweep). The Lambda functions and the local stack build Fleet only through
-// it, so both run the same thing.
+// (DynamoDB, or bbolt through Deps.OpenBolt), the credential source, the
+// admin token, the domain, and its four handlers (the API, the stream, the
+// scheduled probe and sweep). The Lambda functions and the local stack
+// build Fleet only through it, so both run the same thing.
+//
+// No Lambda function links bbolt: the bolt store is opened by a function
+// the local stack (and tests) pass in, never by this package.
 package fleetapp
 
 import (
@@ -30,7 +33,6 @@ import (
 	"github.com/runfleet/runfleet/shared/lambdahttp"
 	"github.com/runfleet/runfleet/shared/scheduled"
 	"github.com/runfleet/runfleet/shared/store"
-	"github.com/runfleet/runfleet/shared/store/boltstore"
 	"github.com/runfleet/runfleet/shared/store/dynamostore"
 	"github.com/runfleet/runfleet/shared/stream"
 )
@@ -48,6 +50,12 @@ type Deps struct {
 	// DefaultStore applies when RUNFLEET_STORE is unset: "dynamodb" in
 	// Lambda, "bolt:<path>" in the local stack. Empty means "dynamodb".
 	DefaultStore string
+	// OpenBolt opens the bbolt store at path (RUNFLEET_STORE=bolt:<path>),
+	// reading the time from clk; Close closes what it opened. The local
+	// stack and tests set it (boltstore.Open); the Lambda functions leave
+	// it nil, so that none links bbolt. Nil: a bolt store fails the start,
+	// naming RUNFLEET_STORE.
+	OpenBolt func(path string, clk clock.Clock) (StoreCloser, error)
 	// CreateTables creates missing DynamoDB tables at start: for stacks
 	// that own their tables (moto, DynamoDB Local); never in AWS, where
 	// template.yaml owns them.
@@ -69,6 +77,13 @@ type Deps struct {
 	// missed. False (the api, the stream, the local stack): it is read,
 	// and its absence is logged.
 	Scheduled bool
+}
+
+// StoreCloser is a store that holds something until it is closed: the
+// bbolt file, and its lock.
+type StoreCloser interface {
+	store.Store
+	io.Closer
 }
 
 // App is an assembled Fleet.
@@ -187,12 +202,17 @@ func (c *awsClients) secretsManager() (*secretsmanager.Client, error) {
 	return c.sm, nil
 }
 
-// openStore opens the store kind names: the bolt file (closed by Close),
-// or DynamoDB's tables (created first when deps says the stack owns them).
+// openStore opens the store kind names: the bolt file through
+// deps.OpenBolt (closed by Close), or DynamoDB's tables (created first when
+// deps says the stack owns them).
 func (a *App) openStore(ctx context.Context, kind, boltPath string, deps Deps, clients *awsClients) error {
 	switch kind {
 	case config.StoreBolt:
-		st, err := boltstore.Open(boltPath, boltstore.WithClock(orReal(deps.Clock)))
+		if deps.OpenBolt == nil {
+			return fmt.Errorf("fleetapp: %s=%q: this process opens no bolt store (only the local stack links one): set %s=%s",
+				config.EnvStore, a.Config.Store, config.EnvStore, config.StoreDynamoDB)
+		}
+		st, err := deps.OpenBolt(boltPath, orReal(deps.Clock))
 		if err != nil {
 			return err
 		}

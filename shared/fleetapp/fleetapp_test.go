@@ -41,6 +41,11 @@ func fromEnv(t *testing.T, env map[string]string) config.Fleet {
 	return cfg
 }
 
+// openBolt is the local stack's bolt opener (Deps.OpenBolt).
+func openBolt(path string, clk clock.Clock) (StoreCloser, error) {
+	return boltstore.Open(path, boltstore.WithClock(clk))
+}
+
 func get(t *testing.T, app *App, path, token string) events.APIGatewayV2HTTPResponse {
 	t.Helper()
 	ev := events.APIGatewayV2HTTPRequest{RawPath: path, Headers: map[string]string{"authorization": "Bearer " + token}}
@@ -117,7 +122,7 @@ func TestBoltWiring(t *testing.T) {
 		config.EnvRepoURLs: "file:" + repos,
 	})
 	ctx := context.Background()
-	app, err := New(ctx, cfg, Deps{Logger: discard(), DefaultStore: "bolt:" + filepath.Join(dir, "fleet.db")})
+	app, err := New(ctx, cfg, Deps{Logger: discard(), OpenBolt: openBolt, DefaultStore: "bolt:" + filepath.Join(dir, "fleet.db")})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -134,7 +139,7 @@ func TestBoltWiring(t *testing.T) {
 		t.Fatal(err)
 	}
 	// Closed means the file lock is released: a second open works.
-	again, err := New(ctx, cfg, Deps{Logger: discard(), DefaultStore: "bolt:" + filepath.Join(dir, "fleet.db")})
+	again, err := New(ctx, cfg, Deps{Logger: discard(), OpenBolt: openBolt, DefaultStore: "bolt:" + filepath.Join(dir, "fleet.db")})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -142,11 +147,37 @@ func TestBoltWiring(t *testing.T) {
 
 	// A malformed repository map fails the start.
 	os.WriteFile(repos, []byte(`["not a map"]`), 0o600)
-	if _, err := New(ctx, cfg, Deps{Logger: discard(), DefaultStore: "bolt:" + filepath.Join(dir, "fleet2.db")}); err == nil {
+	if _, err := New(ctx, cfg, Deps{Logger: discard(), OpenBolt: openBolt, DefaultStore: "bolt:" + filepath.Join(dir, "fleet2.db")}); err == nil {
 		t.Fatal("a malformed repository map was accepted")
 	}
 	if _, err := New(ctx, cfg, Deps{}); err == nil {
 		t.Fatal("no logger accepted")
+	}
+}
+
+// TestBoltOnlyWhereItIsLinked: a process given no bolt opener (a Lambda
+// function: none links bbolt) refuses a bolt store at its start, naming
+// the setting and what to set instead, and opens no file.
+func TestBoltOnlyWhereItIsLinked(t *testing.T) {
+	dir := t.TempDir()
+	creds := filepath.Join(dir, "creds.json")
+	os.WriteFile(creds, []byte(`{}`), 0o600)
+	db := filepath.Join(dir, "fleet.db")
+	cfg := fromEnv(t, map[string]string{config.EnvStore: "bolt:" + db, config.EnvCredentials: "file:" + creds})
+	_, err := New(context.Background(), cfg, Deps{Logger: discard()})
+	want := config.EnvStore + `="bolt:` + db + `": this process opens no bolt store`
+	if err == nil || !strings.Contains(err.Error(), want) || !strings.Contains(err.Error(), config.EnvStore+"="+config.StoreDynamoDB) {
+		t.Fatalf("a bolt store without an opener: %v, want it to name %s and %s=%s", err, want, config.EnvStore, config.StoreDynamoDB)
+	}
+
+	_, err = StartFunction(func(k string) string {
+		return map[string]string{config.EnvStore: "bolt:" + db, config.EnvCredentials: "file:" + creds}[k]
+	}, io.Discard, Function{Name: "api"})
+	if err == nil || !strings.HasPrefix(err.Error(), "api: start: ") || !strings.Contains(err.Error(), want) {
+		t.Fatalf("a Lambda function on bolt: %v", err)
+	}
+	if _, err := os.Stat(db); !os.IsNotExist(err) {
+		t.Fatalf("the refused bolt store's file: %v, want none", err)
 	}
 }
 
@@ -163,7 +194,7 @@ func TestOnlyCallerFacingProcessesMissTheAdminToken(t *testing.T) {
 		// A secret that does not exist: reading it would fail the start.
 		cfg := fromEnv(t, map[string]string{config.EnvCredentials: "file:" + creds})
 		app, err := New(context.Background(), cfg, Deps{Logger: NewLogger(&logs, slog.LevelInfo), Scheduled: scheduled,
-			DefaultStore: "bolt:" + filepath.Join(dir, "fleet.db")})
+			OpenBolt: openBolt, DefaultStore: "bolt:" + filepath.Join(dir, "fleet.db")})
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -173,7 +204,7 @@ func TestOnlyCallerFacingProcessesMissTheAdminToken(t *testing.T) {
 		}
 	}
 	cfg := fromEnv(t, map[string]string{config.EnvCredentials: "file:" + creds, config.EnvAdminTokenSecret: "no/such/secret"})
-	deps := Deps{Logger: discard(), DefaultStore: "bolt:" + filepath.Join(dir, "fleet.db"), Scheduled: true,
+	deps := Deps{Logger: discard(), OpenBolt: openBolt, DefaultStore: "bolt:" + filepath.Join(dir, "fleet.db"), Scheduled: true,
 		LoadAWS: func(context.Context) (aws.Config, error) { return moto.AWSConfig(), nil }}
 	app, err := New(context.Background(), cfg, deps)
 	if err != nil {

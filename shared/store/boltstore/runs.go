@@ -261,6 +261,9 @@ func (s *Store) ListLive(ctx context.Context, cur string, limit int) (store.Live
 	return page, nil
 }
 
+// LiveCursorAfter is the ListLive cursor continuing after fleetRunID.
+func (s *Store) LiveCursorAfter(fleetRunID string) string { return cursor.EncodeLive(fleetRunID) }
+
 // PutEvents mirrors events in one transaction; a sequence already stored
 // (and unexpired) is left untouched.
 func (s *Store) PutEvents(ctx context.Context, events []store.Event) error {

@@ -64,7 +64,19 @@ type Store struct {
 	clock clock.Clock
 }
 
-var _ store.Store = (*Store)(nil)
+// Store plays every role of the store (store.Store is their union); each
+// is checked here so that a role's contract names its implementation.
+var (
+	_ store.Store            = (*Store)(nil)
+	_ store.Hosts            = (*Store)(nil)
+	_ store.Callers          = (*Store)(nil)
+	_ store.IdempotencyKeys  = (*Store)(nil)
+	_ store.Runs             = (*Store)(nil)
+	_ store.Events           = (*Store)(nil)
+	_ store.SweepCursorStore = (*Store)(nil)
+	_ store.StreamLeases     = (*Store)(nil)
+	_ store.RouteStore       = (*Store)(nil)
+)
 
 // Option configures Open.
 type Option func(*Store)

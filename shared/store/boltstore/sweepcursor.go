@@ -9,7 +9,6 @@ import (
 	bolt "go.etcd.io/bbolt"
 
 	"github.com/runfleet/runfleet/shared/store"
-	"github.com/runfleet/runfleet/shared/store/internal/cursor"
 )
 
 // sweepCursorItem is the sweep cursor, stored under store.SweepCursorKey in
@@ -118,6 +117,3 @@ func (s *Store) SaveSweepCursor(ctx context.Context, c store.SweepCursor) (store
 	}
 	return next.record(), nil
 }
-
-// LiveCursorAfter is the ListLive cursor continuing after fleetRunID.
-func (s *Store) LiveCursorAfter(fleetRunID string) string { return cursor.EncodeLive(fleetRunID) }

@@ -305,6 +305,9 @@ func (s *Store) ListLive(ctx context.Context, cur string, limit int) (store.Live
 	return page, nil
 }
 
+// LiveCursorAfter is the ListLive cursor continuing after fleetRunID.
+func (s *Store) LiveCursorAfter(fleetRunID string) string { return cursor.EncodeLive(fleetRunID) }
+
 // runKey is a run's entry in the byOwner or byHost index.
 type runKey struct {
 	fleetRunID string

@@ -11,7 +11,6 @@ import (
 	"github.com/aws/aws-sdk-go-v2/service/dynamodb/types"
 
 	"github.com/runfleet/runfleet/shared/store"
-	"github.com/runfleet/runfleet/shared/store/internal/cursor"
 )
 
 // The sweep cursor item (store.SweepCursorKey in the idempotency table),
@@ -116,9 +115,6 @@ func (s *Store) SaveSweepCursor(ctx context.Context, c store.SweepCursor) (store
 	}
 	return sweepCursorFromItem(it)
 }
-
-// LiveCursorAfter is the ListLive cursor continuing after fleetRunID.
-func (s *Store) LiveCursorAfter(fleetRunID string) string { return cursor.EncodeLive(fleetRunID) }
 
 // getSweepCursor reads the cursor, strongly consistent; ErrNotFound.
 func (s *Store) getSweepCursor(ctx context.Context) (store.SweepCursor, error) {

@@ -13,9 +13,25 @@ import (
 	"github.com/runfleet/runfleet/tests/kit/await"
 )
 
+// hostDeletionContract is store.Hosts' DeleteHost, which removes a host
+// with its runs and their events: its cases take the three roles.
+var hostDeletionContract = []contractCase{
+	roleCase("Hosts/DeleteInUseAndForce", testHostsDeleteInUse),
+	roleCase("Hosts/DeleteIgnoresExpiredRuns", testHostsDeleteExpiredRuns),
+	roleCase("Hosts/DeleteInBoundedSteps", testHostsDeleteInSteps),
+}
+
+// hostsRunsAndEvents is a host with its runs and their events, which
+// DeleteHost removes together.
+type hostsRunsAndEvents interface {
+	store.Hosts
+	store.Runs
+	store.Events
+}
+
 // deleteHost repeats DeleteHost until it is done or fails, checking that
 // every step stays within its bound.
-func deleteHost(s store.Store, id string, force bool) error {
+func deleteHost(s store.Hosts, id string, force bool) error {
 	for steps := 0; steps < 1000; steps++ {
 		res, err := s.DeleteHost(bg, id, force)
 		if err != nil {
@@ -31,12 +47,70 @@ func deleteHost(s store.Store, id string, force bool) error {
 	return errors.New("DeleteHost never finished")
 }
 
+func testHostsDeleteInUse(t *testing.T, s hostsRunsAndEvents, clk *clock.Fake) {
+	now := clk.Now()
+	noErr(t, "CreateHost h1", s.CreateHost(bg, host("h1", now)))
+	noErr(t, "CreateHost h2", s.CreateHost(bg, host("h2", now)))
+	r1 := createRun(t, s, run("r1", "alice", "h1", now))
+	r2 := createRun(t, s, run("r2", "bob", "h1", now.Add(time.Second)))
+	createRun(t, s, run("r3", "alice", "h2", now.Add(2*time.Second)))
+	noErr(t, "PutEvents", s.PutEvents(bg, []store.Event{event("r1", 1, now, "a"), event("r2", 1, now, "b"), event("r3", 1, now, "c")}))
+	// A terminal, drained run still references its host.
+	_, err := s.UpdateRun(bg, ended(r2, store.StatusSucceeded, now, true, time.Hour))
+	noErr(t, "UpdateRun r2", err)
+
+	wantErr(t, "DeleteHost in use", deleteHost(s, "h1", false), store.ErrInUse)
+	_, err = s.GetHost(bg, "h1")
+	noErr(t, "host after refused delete", err)
+	_, err = s.GetRun(bg, r1.FleetRunID)
+	noErr(t, "run after refused delete", err)
+
+	noErr(t, "DeleteHost force", deleteHost(s, "h1", true))
+	_, err = s.GetHost(bg, "h1")
+	wantErr(t, "GetHost after force delete", err, store.ErrNotFound)
+	for _, id := range []string{"r1", "r2"} {
+		_, err = s.GetRun(bg, id)
+		wantErr(t, "GetRun "+id+" after force delete", err, store.ErrNotFound)
+		page, err := s.ListEvents(bg, id, 0, 10)
+		noErr(t, "ListEvents", err)
+		if len(page.Events) != 0 {
+			t.Fatalf("events of %s survive the force delete: %v", id, seqs(page.Events))
+		}
+	}
+	sameIDs(t, "ListRuns all after force delete", allRuns(t, s, store.RunQuery{}, 10), []string{"r3"})
+	sameIDs(t, "ListRuns host h1", allRuns(t, s, store.RunQuery{HostID: "h1"}, 10), nil)
+	sameIDs(t, "ListRuns alice", allRuns(t, s, store.RunQuery{OwnerID: "alice"}, 10), []string{"r3"})
+	sameIDs(t, "ListLive after force delete", allLive(t, s, 10), []string{"r3"})
+	page, err := s.ListEvents(bg, "r3", 0, 10)
+	noErr(t, "ListEvents r3", err)
+	if len(page.Events) != 1 {
+		t.Fatalf("events of another host's run: %v", seqs(page.Events))
+	}
+
+	noErr(t, "DeleteHost h2 force", deleteHost(s, "h2", true))
+	wantErr(t, "DeleteHost twice", deleteHost(s, "h2", false), store.ErrNotFound)
+
+	noErr(t, "CreateHost h3", s.CreateHost(bg, host("h3", now)))
+	noErr(t, "DeleteHost unused", deleteHost(s, "h3", false))
+}
+
+func testHostsDeleteExpiredRuns(t *testing.T, s hostsAndRuns, clk *clock.Fake) {
+	now := clk.Now()
+	noErr(t, "CreateHost", s.CreateHost(bg, host("h1", now)))
+	r := createRun(t, s, run("r1", "alice", "h1", now))
+	_, err := s.UpdateRun(bg, ended(r, store.StatusFailed, now, true, time.Hour))
+	noErr(t, "UpdateRun", err)
+	wantErr(t, "DeleteHost before expiry", deleteHost(s, "h1", false), store.ErrInUse)
+	clk.Advance(2 * time.Hour)
+	noErr(t, "DeleteHost after the run expired", deleteHost(s, "h1", false))
+}
+
 // testHostsDeleteInSteps: a host with more runs than one step takes is
 // deleted over several calls; between them nothing is lost (every run is
 // either still listed, whole with its events, or counted as deleted), the
 // host stays registered, a delete without force is refused, and another
 // host's run is untouched.
-func testHostsDeleteInSteps(t *testing.T, s store.Store, clk *clock.Fake) {
+func testHostsDeleteInSteps(t *testing.T, s hostsRunsAndEvents, clk *clock.Fake) {
 	now := clk.Now()
 	noErr(t, "CreateHost h1", s.CreateHost(bg, host("h1", now)))
 	noErr(t, "CreateHost h2", s.CreateHost(bg, host("h2", now)))

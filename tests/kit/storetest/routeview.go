@@ -12,23 +12,25 @@ import (
 	"github.com/runfleet/runfleet/shared/store"
 )
 
-// routeViewTests are the routing view's and the drain's contract cases,
-// run by Run.
-var routeViewTests = []struct {
-	name string
-	fn   func(t *testing.T, s store.Store, clk *clock.Fake)
-}{
-	{"RouteView/PutRead", testRouteViewPutRead},
-	{"RouteView/ReplacesLists", testRouteViewReplaces},
-	{"RouteView/TruncatesToShards", testRouteViewTruncates},
-	{"RouteView/LeavesOutAHostLargerThanAShard", testRouteViewFatHost},
-	{"Hosts/RecordDrain", testHostsRecordDrain},
+// routeViewContract is store.RouteStore's contract.
+var routeViewContract = []contractCase{
+	roleCase("RouteView/PutRead", testRouteViewPutRead),
+	roleCase("RouteView/ReplacesLists", testRouteViewReplaces),
+	roleCase("RouteView/TruncatesToShards", testRouteViewTruncates),
+	roleCase("RouteView/LeavesOutAHostLargerThanAShard", testRouteViewFatHost),
+}
+
+// routesAndHosts: the routing view lives beside the hosts (dynamostore:
+// in their table) and is never listed as one.
+type routesAndHosts interface {
+	store.RouteStore
+	store.Hosts
 }
 
 // testRouteViewPutRead: a list reads back in its order, each entry holding
 // exactly what routing decides from, and nothing of the address,
 // credential or CA.
-func testRouteViewPutRead(t *testing.T, s store.Store, clk *clock.Fake) {
+func testRouteViewPutRead(t *testing.T, s store.RouteStore, clk *clock.Fake) {
 	now := clk.Now()
 	ok := host("b-ok", now)
 	p := probe(now, store.ProbeOK)
@@ -68,7 +70,7 @@ func testRouteViewPutRead(t *testing.T, s store.Store, clk *clock.Fake) {
 // testRouteViewReplaces: a new view drops the lists the previous one had
 // and it lacks; an empty list is one shard of no host; the view is never
 // listed as a host.
-func testRouteViewReplaces(t *testing.T, s store.Store, clk *clock.Fake) {
+func testRouteViewReplaces(t *testing.T, s routesAndHosts, clk *clock.Fake) {
 	now := clk.Now()
 	noErr(t, "CreateHost", s.CreateHost(bg, host("h1", now)))
 	_, err := s.PutRouteView(bg, store.RouteView{Lists: map[string][]store.Host{"a:shell": {host("h1", now)}, "any": {host("h1", now)}}, Total: 1, At: now})
@@ -92,7 +94,7 @@ func testRouteViewReplaces(t *testing.T, s store.Store, clk *clock.Fake) {
 // testRouteViewTruncates: a list larger than RouteShardsMax shards keeps
 // its leading hosts, in order, across exactly that many shards; a smaller
 // one later leaves no shard of the larger behind.
-func testRouteViewTruncates(t *testing.T, s store.Store, clk *clock.Fake) {
+func testRouteViewTruncates(t *testing.T, s store.RouteStore, clk *clock.Fake) {
 	now := clk.Now()
 	var many []store.Host
 	for i := 0; i < 3000; i++ {
@@ -131,44 +133,10 @@ func testRouteViewTruncates(t *testing.T, s store.Store, clk *clock.Fake) {
 	wantErr(t, "RouteShard of a shard the list no longer fills", err, store.ErrNotFound)
 }
 
-// testHostsRecordDrain: a drain is recorded on the probe at once and a
-// resume clears it; a host never probed gets no probe; a gone host is
-// ErrNotFound.
-func testHostsRecordDrain(t *testing.T, s store.Store, clk *clock.Fake) {
-	now := clk.Now()
-	noErr(t, "CreateHost", s.CreateHost(bg, host("h1", now)))
-	p := probe(now, store.ProbeOK)
-	p.Draining = false
-	noErr(t, "RecordProbe", s.RecordProbe(bg, "h1", p))
-	busy := false
-	h, err := s.RecordDrain(bg, "h1", true, &busy)
-	noErr(t, "RecordDrain", err)
-	want := p
-	want.Draining, want.Idle = true, &busy
-	sameJSON(t, "probe after the drain", h.Probe, want)
-	got, err := s.GetHost(bg, "h1")
-	noErr(t, "GetHost", err)
-	sameJSON(t, "stored probe after the drain", got.Probe, want)
-
-	h, err = s.RecordDrain(bg, "h1", false, nil)
-	noErr(t, "RecordDrain resume", err)
-	want.Draining, want.Idle = false, nil
-	sameJSON(t, "probe after the resume", h.Probe, want)
-
-	noErr(t, "CreateHost h2", s.CreateHost(bg, host("h2", now)))
-	h, err = s.RecordDrain(bg, "h2", true, nil)
-	noErr(t, "RecordDrain of a host never probed", err)
-	if h.Probe != nil || h.ID != "h2" {
-		t.Fatalf("a host never probed: %+v, want it as it was, without a probe", h)
-	}
-	_, err = s.RecordDrain(bg, "gone", true, nil)
-	wantErr(t, "RecordDrain of an unknown host", err, store.ErrNotFound)
-}
-
 // testRouteViewFatHost: a host whose entry alone outgrows a shard (labels
 // at their bounds, which do not compress) is left out; the hosts after it
 // are kept, in order.
-func testRouteViewFatHost(t *testing.T, s store.Store, clk *clock.Fake) {
+func testRouteViewFatHost(t *testing.T, s store.RouteStore, clk *clock.Fake) {
 	now := clk.Now()
 	fat := store.Host{ID: "fat", Enabled: true, Labels: map[string]string{}}
 	for i := 0; i < 64; i++ {

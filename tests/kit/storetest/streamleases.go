@@ -12,23 +12,27 @@ import (
 	"github.com/runfleet/runfleet/tests/kit/await"
 )
 
-// streamLeaseTests are the contract of store.StreamLeases.
-var streamLeaseTests = []struct {
-	name string
-	fn   func(t *testing.T, s store.Store, clk *clock.Fake)
-}{
-	{"StreamLeases/CapAndRelease", testLeasesCapAndRelease},
-	{"StreamLeases/Expiry", testLeasesExpiry},
-	{"StreamLeases/RenewOnlyMine", testLeasesRenew},
-	{"StreamLeases/Concurrent", testLeasesConcurrent},
-	{"StreamLeases/ApartFromIdempotency", testLeasesApart},
+// streamLeasesContract is store.StreamLeases' contract.
+var streamLeasesContract = []contractCase{
+	roleCase("StreamLeases/CapAndRelease", testLeasesCapAndRelease),
+	roleCase("StreamLeases/Expiry", testLeasesExpiry),
+	roleCase("StreamLeases/RenewOnlyMine", testLeasesRenew),
+	roleCase("StreamLeases/Concurrent", testLeasesConcurrent),
+	roleCase("StreamLeases/ApartFromIdempotency", testLeasesApart),
+}
+
+// leasesAndIdempotency: stream leases share the idempotency items'
+// keyspace.
+type leasesAndIdempotency interface {
+	store.StreamLeases
+	store.IdempotencyKeys
 }
 
 func lease(owner, holder string, exp time.Time) store.StreamLease {
 	return store.StreamLease{OwnerID: owner, Holder: holder, ExpiresAt: exp}
 }
 
-func testLeasesCapAndRelease(t *testing.T, s store.Store, clk *clock.Fake) {
+func testLeasesCapAndRelease(t *testing.T, s store.StreamLeases, clk *clock.Fake) {
 	now := clk.Now()
 	var held []store.StreamLease
 	for i := 0; i < 3; i++ {
@@ -62,7 +66,7 @@ func testLeasesCapAndRelease(t *testing.T, s store.Store, clk *clock.Fake) {
 	}
 }
 
-func testLeasesExpiry(t *testing.T, s store.Store, clk *clock.Fake) {
+func testLeasesExpiry(t *testing.T, s store.StreamLeases, clk *clock.Fake) {
 	now := clk.Now()
 	_, err := s.AcquireStreamLease(bg, lease("alice", "crashed", now.Add(time.Minute)), 1)
 	noErr(t, "acquire", err)
@@ -80,7 +84,7 @@ func testLeasesExpiry(t *testing.T, s store.Store, clk *clock.Fake) {
 	wantErr(t, "renewal by the former holder", err, store.ErrExists)
 }
 
-func testLeasesRenew(t *testing.T, s store.Store, clk *clock.Fake) {
+func testLeasesRenew(t *testing.T, s store.StreamLeases, clk *clock.Fake) {
 	now := clk.Now()
 	l, err := s.AcquireStreamLease(bg, lease("alice", "me", now.Add(time.Minute)), 1)
 	noErr(t, "acquire", err)
@@ -98,7 +102,7 @@ func testLeasesRenew(t *testing.T, s store.Store, clk *clock.Fake) {
 	wantErr(t, "acquire after the renewal", err, store.ErrExists)
 }
 
-func testLeasesConcurrent(t *testing.T, s store.Store, clk *clock.Fake) {
+func testLeasesConcurrent(t *testing.T, s store.StreamLeases, clk *clock.Fake) {
 	const slots, tries = 3, 12
 	var mu sync.Mutex
 	won := map[int]string{}
@@ -127,7 +131,7 @@ func testLeasesConcurrent(t *testing.T, s store.Store, clk *clock.Fake) {
 
 // testLeasesApart: lease items share the idempotency keyspace but never
 // read as, or collide with, an idempotency item.
-func testLeasesApart(t *testing.T, s store.Store, clk *clock.Fake) {
+func testLeasesApart(t *testing.T, s leasesAndIdempotency, clk *clock.Fake) {
 	now := clk.Now()
 	_, err := s.PutIdempotency(bg, idem("alice#k", "run-1", now))
 	noErr(t, "put idempotency", err)

@@ -12,19 +12,15 @@ import (
 	"github.com/runfleet/runfleet/tests/kit/await"
 )
 
-// sweepCursorCases are the contract of the sweep cursor (Run adds them).
-var sweepCursorCases = []struct {
-	name string
-	fn   func(t *testing.T, s store.Store, clk *clock.Fake)
-}{
-	{"SweepCursor/FirstClaimStartsLapOne", testSweepCursorFirstClaim},
-	{"SweepCursor/LeaseExcludesOthersUntilReleasedOrLapsed", testSweepCursorLease},
-	{"SweepCursor/SaveIsConditionalOnVersion", testSweepCursorSave},
-	{"SweepCursor/ConcurrentClaimsOneWins", testSweepCursorConcurrentClaims},
-	{"SweepCursor/LiveCursorAfterAnyID", testSweepCursorLiveAfter},
+// sweepCursorContract is store.SweepCursorStore's contract.
+var sweepCursorContract = []contractCase{
+	roleCase("SweepCursor/FirstClaimStartsLapOne", testSweepCursorFirstClaim),
+	roleCase("SweepCursor/LeaseExcludesOthersUntilReleasedOrLapsed", testSweepCursorLease),
+	roleCase("SweepCursor/SaveIsConditionalOnVersion", testSweepCursorSave),
+	roleCase("SweepCursor/ConcurrentClaimsOneWins", testSweepCursorConcurrentClaims),
 }
 
-func testSweepCursorFirstClaim(t *testing.T, s store.Store, clk *clock.Fake) {
+func testSweepCursorFirstClaim(t *testing.T, s store.SweepCursorStore, clk *clock.Fake) {
 	now := clk.Now()
 	_, err := s.SaveSweepCursor(bg, store.SweepCursor{Lap: 1, Holder: "a"})
 	wantErr(t, "SaveSweepCursor before any claim", err, store.ErrNotFound)
@@ -45,7 +41,7 @@ func testSweepCursorFirstClaim(t *testing.T, s store.Store, clk *clock.Fake) {
 	}
 }
 
-func testSweepCursorLease(t *testing.T, s store.Store, clk *clock.Fake) {
+func testSweepCursorLease(t *testing.T, s store.SweepCursorStore, clk *clock.Fake) {
 	now := clk.Now()
 	a, err := s.ClaimSweepCursor(bg, "a", now.Add(time.Minute))
 	noErr(t, "ClaimSweepCursor a", err)
@@ -82,7 +78,7 @@ func testSweepCursorLease(t *testing.T, s store.Store, clk *clock.Fake) {
 	wantErr(t, "SaveSweepCursor by b after c took over", err, store.ErrConflict)
 }
 
-func testSweepCursorSave(t *testing.T, s store.Store, clk *clock.Fake) {
+func testSweepCursorSave(t *testing.T, s store.SweepCursorStore, clk *clock.Fake) {
 	now := clk.Now()
 	c, err := s.ClaimSweepCursor(bg, "a", now.Add(time.Minute))
 	noErr(t, "ClaimSweepCursor", err)
@@ -104,7 +100,7 @@ func testSweepCursorSave(t *testing.T, s store.Store, clk *clock.Fake) {
 	wantErr(t, "SaveSweepCursor at a stale version", err, store.ErrConflict)
 }
 
-func testSweepCursorConcurrentClaims(t *testing.T, s store.Store, clk *clock.Fake) {
+func testSweepCursorConcurrentClaims(t *testing.T, s store.SweepCursorStore, clk *clock.Fake) {
 	const n = 8
 	var (
 		wg   sync.WaitGroup
@@ -131,17 +127,5 @@ func testSweepCursorConcurrentClaims(t *testing.T, s store.Store, clk *clock.Fak
 	await.Group(t, "the concurrent ClaimSweepCursors", &wg)
 	if len(errs) > 0 || len(won) != 1 {
 		t.Fatalf("%d concurrent claims: won by %v, errors %v", n, won, errs)
-	}
-}
-
-func testSweepCursorLiveAfter(t *testing.T, s store.Store, clk *clock.Fake) {
-	now := clk.Now()
-	for _, id := range []string{"r1", "r3", "r5"} {
-		createRun(t, s, run(id, "alice", "h1", now))
-	}
-	for after, want := range map[string][]string{"r1": {"r3", "r5"}, "r2": {"r3", "r5"}, "r5": nil, "r0": {"r1", "r3", "r5"}} {
-		p, err := s.ListLive(bg, s.LiveCursorAfter(after), 10)
-		noErr(t, "ListLive after "+after, err)
-		sameIDs(t, "ListLive after "+after, p.FleetRunIDs, want)
 	}
 }
