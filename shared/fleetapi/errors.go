@@ -1,0 +1,43 @@
+package fleetapi
+
+import "encoding/json"
+
+// Error is every error answer of the API and of the stream's refusals:
+// {error, code?, details?}. Error names the field or cause for a person;
+// Code is the machine code a client branches on.
+type Error struct {
+	Error string `json:"error"`
+	Code  string `json:"code,omitempty"`
+	// Details are extra facts for Code, as JSON: a NoEligibleHost for
+	// no_eligible_host; {"fleetRunId"} for idempotency_key_reused and
+	// dispatch_in_flight; {"reason", "status"} for run_not_on_host.
+	// Decode them with json.Unmarshal into the type the code names.
+	Details json.RawMessage `json:"details,omitempty"`
+}
+
+// CodeNoEligibleHost is the code of a dispatch that routing refused:
+// Details is a NoEligibleHost.
+const CodeNoEligibleHost = "no_eligible_host"
+
+// NoEligibleHost is the Details of a no_eligible_host refusal: every host
+// routing left out with every reason that applied. Considered (and, for a
+// caller that may use every host, Hosts) is set when routing read only
+// part of a fleet larger than its routing view: how many hosts it
+// considered, of how many. Its keys are in the order Fleet writes them.
+type NoEligibleHost struct {
+	Considered *int        `json:"considered,omitempty"`
+	Excluded   []Exclusion `json:"excluded"`
+	Hosts      *int        `json:"hosts,omitempty"`
+}
+
+// Exclusion is one host routing left out.
+type Exclusion struct {
+	HostID string `json:"hostId"`
+	// Reasons are every reason that applied (disabled, never_probed,
+	// stale_probe, unhealthy, draining, storage_low, agent_unsupported,
+	// label_missing, repository_unavailable, secrets_unsupported).
+	Reasons []string `json:"reasons"`
+	// Agents are what the host offers, when it was left out for
+	// agent_unsupported: what the caller could ask for instead.
+	Agents []string `json:"agents,omitempty"`
+}

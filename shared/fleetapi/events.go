@@ -1,0 +1,102 @@
+package fleetapi
+
+import (
+	"encoding/json"
+	"time"
+)
+
+// Event types.
+const (
+	EventOutput    = "output"
+	EventState     = "state"
+	EventInput     = "input"
+	EventAdmission = "admission"
+	EventLimit     = "limit"
+)
+
+// Event is one entry of a run's event sequence, as its host recorded it:
+// sequences start at 1 and run on across attempts. Data is a JSON string
+// for output, the value sent for input, and an object for state ({status,
+// attempt, exitCode?, reason?, detail?}), admission and limit.
+type Event struct {
+	Sequence int64           `json:"sequence"`
+	Type     string          `json:"type"`
+	Data     json.RawMessage `json:"data"`
+	TS       time.Time       `json:"ts"`
+}
+
+// EventPage is GET /fleet/runs/{id}/events: the mirrored events after the
+// asked sequence. NextCursor is the last event's sequence (the asked one
+// when none came): the next page's after. Live: more may come (false once
+// the run is over and every event is mirrored and read). Its keys are in
+// the order Fleet writes them.
+type EventPage struct {
+	Events     []Event `json:"events"`
+	HasMore    bool    `json:"hasMore"`
+	Live       bool    `json:"live"`
+	NextCursor int64   `json:"nextCursor"`
+}
+
+// The stream's SSE event names (GET /fleet/runs/{id}/stream). An "event"
+// message's id is the event's sequence and its data an Event; "snapshot",
+// "done" and "idle" carry a StreamSnapshot, a StreamDone and a StreamIdle.
+const (
+	SSEEvent    = "event"
+	SSESnapshot = "snapshot"
+	SSEDone     = "done"
+	SSEIdle     = "idle"
+)
+
+// StreamSnapshot is a "snapshot" message's data, sent once the backlog is: where
+// the stream stands.
+type StreamSnapshot struct {
+	// Cursor is the last event sent (the resume point when none was).
+	Cursor  int64  `json:"cursor"`
+	Status  string `json:"status"`
+	Attempt int    `json:"attempt"`
+	// Live: more may come (done follows otherwise).
+	Live bool `json:"live"`
+}
+
+// StreamDone is a "done" message's data, the stream's last: the run is over and
+// every event was sent.
+type StreamDone struct {
+	Cursor   int64  `json:"cursor"`
+	Status   string `json:"status"`
+	Attempt  int    `json:"attempt"`
+	ExitCode *int   `json:"exitCode,omitempty"`
+	Reason   string `json:"reason,omitempty"`
+	// Detail says what Reason means for this run, and what to change.
+	Detail string `json:"detail,omitempty"`
+}
+
+// StreamIdle is an "idle" message's data: the run was silent for IdleSeconds,
+// so the stream ends; reconnect after RetryMs to Resume (this stream's path
+// with ?after=Cursor), or with Last-Event-ID (the message's id is Cursor).
+type StreamIdle struct {
+	Cursor      int64  `json:"cursor"`
+	Status      string `json:"status"`
+	IdleSeconds int64  `json:"idleSeconds"`
+	RetryMs     int64  `json:"retryMs"`
+	Resume      string `json:"resume"`
+}
+
+// CodeTooManyStreams is the code of the stream's 429: the caller holds
+// its cap of open streams already.
+const CodeTooManyStreams = "too_many_streams"
+
+// TooManyStreams is the stream's 429 (too_many_streams), with the
+// Retry-After header: an Error whose Details are a StreamCap. Its keys
+// are in the order Fleet writes them (it decodes as an Error too).
+type TooManyStreams struct {
+	Code    string    `json:"code"`
+	Details StreamCap `json:"details"`
+	Error   string    `json:"error"`
+}
+
+// StreamCap is the Details of too_many_streams: the cap, and the seconds
+// until the caller's earliest stream slot would lapse.
+type StreamCap struct {
+	MaxStreamsPerCaller int   `json:"maxStreamsPerCaller"`
+	RetryAfterSeconds   int64 `json:"retryAfterSeconds"`
+}

@@ -1,0 +1,26 @@
+// Package fleetapi is Fleet's HTTP API as its callers see it: every request
+// body and every answer of the API's routes and of a run's stream (its SSE
+// frames' data), and the error body they all share. A client (the CLI, the
+// dashboard, a CI job) imports it to speak to Fleet without importing Fleet:
+// it holds tagged structs only, no I/O, and depends on nothing but the
+// standard library and the run request (shared/runspec).
+//
+// The JSON is a contract with deployed callers: fields are added, never
+// renamed or removed, and a field's omission rule never changes. Each
+// answer's keys come in the order Fleet has always written them, and a
+// list Fleet writes as [] is never null. The api handler and the stream
+// encode these types (shared/api's views.go converts Fleet's records into
+// them), and tests/openapi_test.go decodes real answers into them against
+// infra/openapi.yaml. Routes, statuses and rules: DESIGN.md, section
+// "Fleet's HTTP API" for the rest.
+package fleetapi
+
+import "time"
+
+// Health is GET /healthz. Its keys are in the order Fleet writes them.
+type Health struct {
+	OK      bool      `json:"ok"`
+	Product string    `json:"product"`
+	TS      time.Time `json:"ts"`
+	Version string    `json:"version"`
+}

@@ -1,0 +1,150 @@
+package fleetapi
+
+import (
+	"encoding/json"
+	"time"
+
+	"github.com/runfleet/runfleet/shared/runspec"
+)
+
+// A run's statuses: the host's, and Fleet's own dispatching (the host has
+// not answered yet) and lost (the host denies the run). Succeeded, failed,
+// canceled and lost are terminal.
+const (
+	StatusDispatching = "dispatching"
+	StatusPending     = "pending"
+	StatusAdmitted    = "admitted"
+	StatusRunning     = "running"
+	StatusSucceeded   = "succeeded"
+	StatusFailed      = "failed"
+	StatusCanceled    = "canceled"
+	StatusLost        = "lost"
+)
+
+// DispatchRequest is POST /fleet/runs' body: the run request's caller
+// fields (RunRequest) and Fleet's own: Host (route to it only), Labels
+// (the host must carry them; routing only, never sent to the host) and
+// Idempotency (the key, or the Idempotency-Key header). Fleet refuses an
+// optional string given empty and an empty Argv rather than take them for
+// absent, so a client leaves a field zero to omit it.
+type DispatchRequest struct {
+	Host        string            `json:"host,omitempty"`
+	Agent       string            `json:"agent"`
+	Prompt      string            `json:"prompt,omitempty"`
+	Argv        []string          `json:"argv,omitempty"`
+	Labels      map[string]string `json:"labels,omitempty"`
+	Repository  string            `json:"repository,omitempty"`
+	LocalPath   string            `json:"localPath,omitempty"`
+	Env         map[string]string `json:"env,omitempty"`
+	Secrets     []runspec.Secret  `json:"secrets,omitempty"`
+	Idempotency string            `json:"idempotency,omitempty"`
+}
+
+// RunRequest is the run request the dispatch asks for, as Fleet validates
+// it (runspec.Request.Validate) and sends it on: Fleet's own fields left
+// out, and what Fleet sets (the deadline, a clone URL) unset.
+func (d DispatchRequest) RunRequest() runspec.Request {
+	return runspec.Request{
+		Agent: d.Agent, Prompt: d.Prompt, Argv: d.Argv, Repository: d.Repository, LocalPath: d.LocalPath,
+		Env: d.Env, Secrets: d.Secrets,
+	}
+}
+
+// RunLinks are a run's own URLs, absolute: follow them rather than build
+// paths. Stream is on the stream function's URL in AWS, on the API's
+// address locally.
+type RunLinks struct {
+	// Self is the run (GET); Self + "/input", "/cancel", "/retry" are its
+	// verbs (POST).
+	Self string `json:"self"`
+	// Events is the run's mirrored events (GET, ?after=&limit=&wait=).
+	Events string `json:"events"`
+	// Stream is the run's Server-Sent Events.
+	Stream string `json:"stream"`
+}
+
+// DispatchAnswer is POST /fleet/runs' answer: 201 for a new run, 200 for
+// the first run of a reused idempotency key. Reason and Detail say why a
+// run ended at once; Pending: still dispatching (the host did not answer).
+type DispatchAnswer struct {
+	FleetRunID       string   `json:"fleetRunId"`
+	HostID           string   `json:"hostId"`
+	ChildRunID       string   `json:"childRunId,omitempty"`
+	Status           string   `json:"status"`
+	Pending          bool     `json:"pending"`
+	Reused           bool     `json:"reused"`
+	RewroteLocalPath bool     `json:"rewroteLocalPath,omitempty"`
+	Reason           string   `json:"reason,omitempty"`
+	Detail           string   `json:"detail,omitempty"`
+	Note             string   `json:"note,omitempty"`
+	Links            RunLinks `json:"links"`
+}
+
+// DispatchRefused is POST /fleet/runs' 409 when the chosen host refused
+// the run or could not be reached: nothing started, the run is recorded
+// failed, and Code is its reason. It is an Error (error, code) and the
+// dispatch answer in one object, so a client reading either finds it. (A
+// 409 without fleetRunId is an Error: no_eligible_host, a key in use.)
+type DispatchRefused struct {
+	Error string `json:"error"`
+	Code  string `json:"code"`
+	DispatchAnswer
+}
+
+// Run is a Fleet run. Reason is a typed cause (the host's, or Fleet's
+// dispatch_lost or run_not_found) and Detail says what it means and what
+// to change. Deadline is set while dispatching.
+type Run struct {
+	FleetRunID       string     `json:"fleetRunId"`
+	OwnerID          string     `json:"ownerId"`
+	HostID           string     `json:"hostId"`
+	ChildRunID       string     `json:"childRunId,omitempty"`
+	Status           string     `json:"status"`
+	Pending          bool       `json:"pending"`
+	Attempt          int        `json:"attempt"`
+	ExitCode         *int       `json:"exitCode,omitempty"`
+	Reason           string     `json:"reason,omitempty"`
+	Detail           string     `json:"detail,omitempty"`
+	Agent            string     `json:"agent"`
+	IdempotencyKey   string     `json:"idempotencyKey,omitempty"`
+	RewroteLocalPath bool       `json:"rewroteLocalPath,omitempty"`
+	CreatedAt        time.Time  `json:"createdAt"`
+	UpdatedAt        time.Time  `json:"updatedAt"`
+	Deadline         *time.Time `json:"deadline,omitempty"`
+	EndedAt          *time.Time `json:"endedAt,omitempty"`
+	Links            RunLinks   `json:"links"`
+}
+
+// RunPage is GET /fleet/runs: the caller's runs, newest first. NextCursor
+// (empty on the last page) is the next page's cursor. Its keys are in the
+// order Fleet writes them.
+type RunPage struct {
+	HasMore    bool   `json:"hasMore"`
+	NextCursor string `json:"nextCursor"`
+	Runs       []Run  `json:"runs"`
+}
+
+// RunAnswer is GET /fleet/runs/{id}: the run, Refreshed when its host was
+// asked just now, with a Note when the host could not be. Its keys are in
+// the order Fleet writes them.
+type RunAnswer struct {
+	Note      string `json:"note,omitempty"`
+	Refreshed bool   `json:"refreshed"`
+	Run       Run    `json:"run"`
+}
+
+// InputRequest is POST /fleet/runs/{id}/input's body in its wrapped form:
+// Input is sent to the task as it is (null included). Any other JSON
+// value than an object with "input" alone is sent as the input itself.
+type InputRequest struct {
+	Input json.RawMessage `json:"input"`
+}
+
+// Interaction is the answer of the run verbs (POST
+// /fleet/runs/{id}/input, /cancel, /retry): the host's outcome and the
+// run as recorded after.
+type Interaction struct {
+	FleetRunID string `json:"fleetRunId"`
+	Outcome
+	Run Run `json:"run"`
+}
