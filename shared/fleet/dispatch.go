@@ -487,31 +487,29 @@ func (f *Fleet) route(ctx context.Context, c store.Caller, r DispatchRequest) (D
 			return Decision{}, forbidden("host %q is not in this caller's allowedHosts", h.ID)
 		}
 		in.Hosts = []store.Host{h}
-		return refuseUnrouted(Route(in), nil)
+		return refuseUnrouted(Route(in), Unrouted{})
 	}
-	d, details, found, err := f.routeByView(ctx, c, in)
+	d, part, found, err := f.routeByView(ctx, c, in)
 	switch {
 	case err != nil:
 		return Decision{}, err
 	case found:
-		return refuseUnrouted(d, details)
+		return refuseUnrouted(d, part)
 	}
 	if in.Hosts, err = f.Hosts(ctx, c); err != nil {
 		return Decision{}, err
 	}
-	return refuseUnrouted(Route(in), nil)
+	return refuseUnrouted(Route(in), Unrouted{})
 }
 
-// refuseUnrouted turns a decision without a host into the 409.
-func refuseUnrouted(d Decision, details map[string]any) (Decision, error) {
+// refuseUnrouted turns a decision without a host into the 409, its details
+// u with the decision's exclusions.
+func refuseUnrouted(d Decision, u Unrouted) (Decision, error) {
 	if d.Host != nil {
 		return d, nil
 	}
-	if details == nil {
-		details = map[string]any{}
-	}
-	details["excluded"] = d.Excluded
-	return Decision{}, conflict(CodeNoEligibleHost, details, "%s", d.Reason)
+	u.Excluded = d.Excluded
+	return Decision{}, conflict(CodeNoEligibleHost, u, "%s", d.Reason)
 }
 
 // maxRouteRechecks bounds the strong re-reads of chosen hosts per dispatch.
@@ -529,7 +527,7 @@ const maxRouteRechecks = 3
 // (the probe has not written one yet). For a fleet whose list fits one
 // shard the decision is Route's over every host, as a scan would give it;
 // past that, the refusal says how many hosts were considered of how many.
-func (f *Fleet) routeByView(ctx context.Context, c store.Caller, in RouteInput) (d Decision, details map[string]any, found bool, err error) {
+func (f *Fleet) routeByView(ctx context.Context, c store.Caller, in RouteInput) (d Decision, part Unrouted, found bool, err error) {
 	list := RouteList(in.Agent)
 	sh, err := f.store.RouteShard(ctx, list, 0)
 	// An agent list older than a probe's life was left by a pass that lost
@@ -540,10 +538,10 @@ func (f *Fleet) routeByView(ctx context.Context, c store.Caller, in RouteInput) 
 		sh, err = f.store.RouteShard(ctx, list, 0)
 	}
 	if errors.Is(err, store.ErrNotFound) {
-		return Decision{}, nil, false, nil
+		return Decision{}, Unrouted{}, false, nil
 	}
 	if err != nil {
-		return Decision{}, nil, false, fmt.Errorf("fleet: reading the routing view: %w", err)
+		return Decision{}, Unrouted{}, false, fmt.Errorf("fleet: reading the routing view: %w", err)
 	}
 	seen := map[string]bool{}
 	add := func(hosts []store.Host) {
@@ -568,7 +566,7 @@ func (f *Fleet) routeByView(ctx context.Context, c store.Caller, in RouteInput) 
 					// The list shrank since shard 0 was read: nothing more.
 					shards = read - 1
 				case err != nil:
-					return Decision{}, nil, true, fmt.Errorf("fleet: reading the routing view: %w", err)
+					return Decision{}, Unrouted{}, true, fmt.Errorf("fleet: reading the routing view: %w", err)
 				default:
 					add(next.Hosts)
 				}
@@ -579,21 +577,21 @@ func (f *Fleet) routeByView(ctx context.Context, c store.Caller, in RouteInput) 
 				// others, their number included.
 				if c.Admin || c.AllowedHosts.All {
 					d.Reason += fmt.Sprintf("; %d of %d hosts considered (the routing view keeps those most likely to take agent %q)", len(seen), total, in.Agent)
-					details = map[string]any{"considered": len(seen), "hosts": total}
+					part = Unrouted{Considered: new(len(seen)), Hosts: new(total)}
 				} else {
 					d.Reason += fmt.Sprintf("; %d of your hosts considered (the routing view keeps those most likely to take agent %q)", len(in.Hosts), in.Agent)
-					details = map[string]any{"considered": len(in.Hosts)}
+					part = Unrouted{Considered: new(len(in.Hosts))}
 				}
 			}
-			return d, details, true, nil
+			return d, part, true, nil
 		}
 		if rechecked[d.Host.ID] {
-			return d, nil, true, nil
+			return d, Unrouted{}, true, nil
 		}
 		if len(rechecked) == maxRouteRechecks {
 			d.Host = nil
 			d.Reason = fmt.Sprintf("no eligible host: the %d hosts chosen in turn had changed since the routing view was written; retry", maxRouteRechecks)
-			return d, nil, true, nil
+			return d, Unrouted{}, true, nil
 		}
 		rechecked[d.Host.ID] = true
 		i := slices.IndexFunc(in.Hosts, func(h store.Host) bool { return h.ID == d.Host.ID })
@@ -602,7 +600,7 @@ func (f *Fleet) routeByView(ctx context.Context, c store.Caller, in RouteInput) 
 		case errors.Is(err, store.ErrNotFound):
 			in.Hosts = slices.Delete(in.Hosts, i, i+1)
 		case err != nil:
-			return Decision{}, nil, true, fmt.Errorf("fleet: reading host %q: %w", d.Host.ID, err)
+			return Decision{}, Unrouted{}, true, fmt.Errorf("fleet: reading host %q: %w", d.Host.ID, err)
 		default:
 			in.Hosts[i] = h
 		}

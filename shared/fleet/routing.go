@@ -60,6 +60,18 @@ type Exclusion struct {
 	Agents []string `json:"agents,omitempty"`
 }
 
+// Unrouted is the Details of a CodeNoEligibleHost refusal: every host
+// routing excluded, and, when routing read only part of the routing view
+// of a larger fleet, how many hosts it considered (Considered) of how many
+// (Hosts, only for a caller that may use every host: others learn nothing
+// of hosts outside their scope). The api shows it as
+// fleetapi.NoEligibleHost.
+type Unrouted struct {
+	Considered *int        `json:"considered,omitempty"`
+	Excluded   []Exclusion `json:"excluded"`
+	Hosts      *int        `json:"hosts,omitempty"`
+}
+
 // Decision is routing's answer. Host is nil when every candidate was
 // excluded; Excluded lists each excluded host either way.
 type Decision struct {
