@@ -12,6 +12,8 @@ import (
 	"slices"
 	"strconv"
 	"strings"
+
+	"github.com/runfleet/runfleet/shared/fleetapi"
 )
 
 // decodeObject decodes body, which must be one JSON object, into dst (a
@@ -36,12 +38,41 @@ func decodeObject(body []byte, dst any) error {
 	dec.DisallowUnknownFields()
 	if err := dec.Decode(dst); err != nil {
 		var te *json.UnmarshalTypeError
-		if errors.As(err, &te) {
+		switch {
+		case errors.As(err, &te) && te.Type == reflect.TypeFor[fleetapi.Scope]():
+			// Value quotes a string other than "*"; for another kind it
+			// would say only what is already plain.
+			if strings.HasPrefix(te.Value, "string ") {
+				return badRequest(`%s: want "*" or an array of ids, got the %s`, fieldName(te.Field), te.Value)
+			}
+			return badRequest(`%s: want "*" or an array of ids`, fieldName(te.Field))
+		case errors.As(err, &te):
 			return badRequest("%s: want %s, got %s", fieldName(te.Field), typeName(te.Type), te.Value)
 		}
 		return badRequest("the request body is not valid: %s", strings.TrimPrefix(err.Error(), "json: "))
 	}
 	return nil
+}
+
+// givenValue is field's value in body, a JSON object decodeObject
+// accepted, when body gives it other than null: what a pointer field would
+// have told (a field given twice is its last value, as decoding takes).
+func givenValue(body []byte, field string) (json.RawMessage, bool) {
+	var obj map[string]json.RawMessage
+	if json.Unmarshal(body, &obj) != nil {
+		return nil, false
+	}
+	v, ok := obj[field]
+	if !ok || string(v) == "null" {
+		return nil, false
+	}
+	return v, true
+}
+
+// given reports whether body gives field, other than null.
+func given(body []byte, field string) bool {
+	_, ok := givenValue(body, field)
+	return ok
 }
 
 // invalidJSON names what is wrong with a non-empty body that is not valid

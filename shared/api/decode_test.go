@@ -4,6 +4,8 @@ import (
 	"errors"
 	"strings"
 	"testing"
+
+	"github.com/runfleet/runfleet/shared/fleetapi"
 )
 
 func TestDecodeObjectIsStrictAndNamesTheField(t *testing.T) {
@@ -30,19 +32,42 @@ func TestDecodeObjectIsStrictAndNamesTheField(t *testing.T) {
 		`{"secrets": [{"domains": "a.b"}]}`: "secrets.domains: want an array of string, got string",
 		`{"secrets": ["x"]}`:                "secrets[0]: want an object, got a string",
 	} {
-		var b dispatchBody
+		var b fleetapi.DispatchRequest
 		err := decodeObject([]byte(body), &b)
 		var re *requestError
 		if !errors.As(err, &re) || re.status != 400 || !strings.Contains(re.message, want) {
 			t.Errorf("%s: %v, want a 400 containing %q", body, err, want)
 		}
 	}
-	var b dispatchBody
+	var b fleetapi.DispatchRequest
 	if err := decodeObject([]byte(`{"agent":"shell","env":{"A":"1"},"secrets":[{"projectId":"p","key":"K","domains":["a.b"]}]}`), &b); err != nil {
 		t.Fatalf("a good body: %v", err)
 	}
 	if b.Agent != "shell" || b.Env["A"] != "1" || b.Secrets[0].Domains[0] != "a.b" {
 		t.Fatalf("decoded %+v", b)
+	}
+}
+
+// TestDecodeObjectNamesAScopeField: a scope that is neither "*" nor a
+// list of ids is refused in the words the API always used.
+func TestDecodeObjectNamesAScopeField(t *testing.T) {
+	for body, want := range map[string]string{
+		`{"allowedHosts":"all"}`:                                  `allowedHosts: want "*" or an array of ids, got the string "all"`,
+		`{"allowedProjects":[1]}`:                                 `allowedProjects: want "*" or an array of ids`,
+		`{"allowedHosts":{"h1":true}}`:                            `allowedHosts: want "*" or an array of ids`,
+		`{"allowedHosts":` + `"` + strings.Repeat("x", 50) + `"}`: `allowedHosts: want "*" or an array of ids, got the string "` + strings.Repeat("x", 40) + `..."`,
+	} {
+		var b fleetapi.MintCaller
+		err := decodeObject([]byte(body), &b)
+		var re *requestError
+		if !errors.As(err, &re) || re.status != 400 || re.message != want {
+			t.Errorf("%s: %v, want a 400 saying %q", body, err, want)
+		}
+	}
+	var b fleetapi.MintCaller
+	if err := decodeObject([]byte(`{"ownerId":"o","allowedHosts":"*","allowedProjects":[]}`), &b); err != nil ||
+		!b.AllowedHosts.All || b.AllowedProjects == nil || b.AllowedProjects.IDs == nil {
+		t.Fatalf("a good body: %+v, %v", b, err)
 	}
 }
 
@@ -89,7 +114,7 @@ func FuzzDecodeObject(f *testing.F) {
 		f.Add([]byte(seed))
 	}
 	f.Fuzz(func(t *testing.T, body []byte) {
-		var b dispatchBody
+		var b fleetapi.DispatchRequest
 		err := decodeObject(body, &b)
 		if err == nil {
 			return

@@ -8,7 +8,7 @@ import (
 
 	"github.com/runfleet/runfleet/shared/auth"
 	"github.com/runfleet/runfleet/shared/fleet"
-	"github.com/runfleet/runfleet/shared/hostproto"
+	"github.com/runfleet/runfleet/shared/fleetapi"
 )
 
 // requestError is a failure the API itself finds in a request (decoding,
@@ -52,20 +52,24 @@ const (
 // that does so, for the API and the stream handler alike: a kind it does
 // not know is a fault, answered 500 with a generic message (the caller
 // logs it), never with its text.
-func ErrorStatus(err error) (int, hostproto.ErrorBody, bool) {
+func ErrorStatus(err error) (int, fleetapi.Error, bool) {
 	var re *requestError
 	var fe *fleet.Error
 	switch {
 	case errors.As(err, &re):
-		return re.status, hostproto.ErrorBody{Error: re.message, Code: re.code}, false
+		return re.status, fleetapi.Error{Error: re.message, Code: re.code}, false
 	case errors.As(err, &fe) && fleetStatus(fe.Kind) != 0:
-		return fleetStatus(fe.Kind), hostproto.ErrorBody{Error: fe.Message, Code: fe.Code, Details: fe.Details}, false
+		details, derr := toErrorDetails(fe.Details)
+		if derr != nil {
+			break // details without a view: a fault, never shown as they are
+		}
+		return fleetStatus(fe.Kind), fleetapi.Error{Error: fe.Message, Code: fe.Code, Details: details}, false
 	case errors.Is(err, auth.ErrUnauthenticated):
-		return http.StatusUnauthorized, hostproto.ErrorBody{Error: err.Error(), Code: codeUnauthenticated}, false
+		return http.StatusUnauthorized, fleetapi.Error{Error: err.Error(), Code: codeUnauthenticated}, false
 	case errors.Is(err, context.DeadlineExceeded):
-		return http.StatusServiceUnavailable, hostproto.ErrorBody{Error: "the request ran out of time; retry it", Code: "timeout"}, true
+		return http.StatusServiceUnavailable, fleetapi.Error{Error: "the request ran out of time; retry it", Code: "timeout"}, true
 	}
-	return http.StatusInternalServerError, hostproto.ErrorBody{Error: "internal error", Code: codeInternal}, true
+	return http.StatusInternalServerError, fleetapi.Error{Error: "internal error", Code: codeInternal}, true
 }
 
 func fleetStatus(k fleet.Kind) int {

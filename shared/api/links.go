@@ -6,27 +6,23 @@ import (
 	"strings"
 
 	"github.com/aws/aws-lambda-go/events"
+
+	"github.com/runfleet/runfleet/shared/fleetapi"
 )
 
-// runLinks are a run's own URLs, absolute, so a client follows them rather
-// than assembling paths from templates. Stream is on the stream function's
-// URL in AWS (API Gateway cannot stream), on the API's address locally.
-type runLinks struct {
-	Self   string `json:"self"`
-	Events string `json:"events"`
-	Stream string `json:"stream"`
-}
-
-// linker makes a run's links from the API's public base URL (as the
-// request reached it) and the stream's.
+// linker makes a run's links (fleetapi.RunLinks: absolute, so a client
+// follows them rather than assembling paths from templates) from the API's
+// public base URL (as the request reached it) and the stream's: the stream
+// is on the stream function's URL in AWS (API Gateway cannot stream), on
+// the API's address locally.
 type linker struct {
 	api    string
 	stream string
 }
 
-func (l linker) run(fleetRunID string) runLinks {
+func (l linker) run(fleetRunID string) fleetapi.RunLinks {
 	self := l.api + "/fleet/runs/" + url.PathEscape(fleetRunID)
-	return runLinks{Self: self, Events: self + "/events", Stream: l.stream + "/fleet/runs/" + url.PathEscape(fleetRunID) + "/stream"}
+	return fleetapi.RunLinks{Self: self, Events: self + "/events", Stream: l.stream + "/fleet/runs/" + url.PathEscape(fleetRunID) + "/stream"}
 }
 
 // requestBase is the API's base URL as the caller reached it: the scheme

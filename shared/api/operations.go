@@ -28,7 +28,7 @@ func (h *Handler) input(ctx context.Context, rq *request) (int, any, error) {
 	if err != nil {
 		return 0, nil, err
 	}
-	return http.StatusOK, toInteractionAnswer(res, rq.links), nil
+	return http.StatusOK, toInteraction(res, rq.links), nil
 }
 
 func (h *Handler) cancel(ctx context.Context, rq *request) (int, any, error) {
@@ -39,7 +39,7 @@ func (h *Handler) cancel(ctx context.Context, rq *request) (int, any, error) {
 	if err != nil {
 		return 0, nil, err
 	}
-	return http.StatusOK, toInteractionAnswer(res, rq.links), nil
+	return http.StatusOK, toInteraction(res, rq.links), nil
 }
 
 func (h *Handler) retry(ctx context.Context, rq *request) (int, any, error) {
@@ -50,7 +50,7 @@ func (h *Handler) retry(ctx context.Context, rq *request) (int, any, error) {
 	if err != nil {
 		return 0, nil, err
 	}
-	return http.StatusOK, toInteractionAnswer(res, rq.links), nil
+	return http.StatusOK, toInteraction(res, rq.links), nil
 }
 
 // inputValue reads POST /fleet/runs/{id}/input's body: {"input": v} sends v
@@ -131,11 +131,10 @@ func (h *Handler) events(ctx context.Context, rq *request) (int, any, error) {
 	if err != nil {
 		return 0, nil, err
 	}
-	// Mirrored events are the host's, as they came (hostproto.Event is
-	// DESIGN.md's event shape on both APIs). live: more events may come
-	// (a long-poll on a run that is not live answers at once).
-	return http.StatusOK, map[string]any{"events": page.Events, "nextCursor": page.NextCursor, "hasMore": page.HasMore,
-		"live": run.Live() || page.HasMore}, nil
+	// Mirrored events are the host's, as they came (DESIGN.md's event
+	// shape on both APIs). live: more events may come (a long-poll on a
+	// run that is not live answers at once).
+	return http.StatusOK, toEventPage(page, run.Live() || page.HasMore), nil
 }
 
 // waitForEvents is the events route's read, as a long-poll when wait > 0:

@@ -2,10 +2,9 @@ package api
 
 import (
 	"context"
-	"encoding/json"
 	"net/http"
 
-	"github.com/runfleet/runfleet/shared/fleet"
+	"github.com/runfleet/runfleet/shared/fleetapi"
 	"github.com/runfleet/runfleet/shared/runspec"
 	"github.com/runfleet/runfleet/shared/store"
 	"github.com/runfleet/runfleet/shared/version"
@@ -43,9 +42,7 @@ func (h *Handler) routeTable() []route {
 }
 
 func (h *Handler) healthz(context.Context, *request) (int, any, error) {
-	return http.StatusOK, map[string]any{
-		"ok": true, "ts": h.now(), "product": version.Product, "version": version.Version,
-	}, nil
+	return http.StatusOK, fleetapi.Health{OK: true, TS: h.now(), Product: version.Product, Version: version.Version}, nil
 }
 
 func (h *Handler) listHosts(ctx context.Context, rq *request) (int, any, error) {
@@ -53,71 +50,42 @@ func (h *Handler) listHosts(ctx context.Context, rq *request) (int, any, error) 
 	if err != nil {
 		return 0, nil, err
 	}
-	views := make([]hostView, len(hosts))
-	for i, x := range hosts {
-		views[i] = toHostView(x, rq.caller.Admin)
-	}
-	return http.StatusOK, map[string]any{"hosts": views}, nil
-}
-
-// registerBody is POST /fleet/hosts.
-type registerBody struct {
-	ID            *string           `json:"id"`
-	BaseURL       *string           `json:"baseUrl"`
-	CredentialRef *string           `json:"credentialRef"`
-	Labels        map[string]string `json:"labels"`
-	LocalPaths    []string          `json:"localPaths"`
-	CAPEM         *string           `json:"caPem"`
-	Enabled       *bool             `json:"enabled"`
+	return http.StatusOK, fleetapi.HostList{Hosts: toHostViews(hosts, rq.caller.Admin)}, nil
 }
 
 func (h *Handler) registerHost(ctx context.Context, rq *request) (int, any, error) {
-	var b registerBody
+	var b fleetapi.RegisterHost
 	if err := decodeObject(rq.body, &b); err != nil {
 		return 0, nil, err
 	}
-	id, err := requiredString("id", b.ID)
+	for _, f := range []struct{ name, value string }{{"id", b.ID}, {"baseUrl", b.BaseURL}, {"credentialRef", b.CredentialRef}} {
+		if err := requiredString(f.name, f.value); err != nil {
+			return 0, nil, err
+		}
+	}
+	if err := optionalString(rq.body, "caPem"); err != nil {
+		return 0, nil, err
+	}
+	host, err := h.fleet.RegisterHost(ctx, toHostSpec(b))
 	if err != nil {
 		return 0, nil, err
 	}
-	base, err := requiredString("baseUrl", b.BaseURL)
-	if err != nil {
-		return 0, nil, err
-	}
-	ref, err := requiredString("credentialRef", b.CredentialRef)
-	if err != nil {
-		return 0, nil, err
-	}
-	ca, err := optionalString("caPem", b.CAPEM)
-	if err != nil {
-		return 0, nil, err
-	}
-	host, err := h.fleet.RegisterHost(ctx, fleet.HostSpec{
-		ID: id, BaseURL: base, CredentialRef: ref, Labels: b.Labels, LocalPaths: b.LocalPaths, CAPEM: ca, Enabled: b.Enabled,
-	})
-	if err != nil {
-		return 0, nil, err
-	}
-	return http.StatusCreated, map[string]any{"host": toHostView(host, true)}, nil
-}
-
-type enableBody struct {
-	Enabled *bool `json:"enabled"`
+	return http.StatusCreated, fleetapi.HostAnswer{Host: toHostView(host, true)}, nil
 }
 
 func (h *Handler) enableHost(ctx context.Context, rq *request) (int, any, error) {
-	var b enableBody
+	var b fleetapi.SetEnabled
 	if err := decodeObject(rq.body, &b); err != nil {
 		return 0, nil, err
 	}
-	if b.Enabled == nil {
+	if !given(rq.body, "enabled") {
 		return 0, nil, badRequest("enabled is required: true or false")
 	}
-	host, err := h.fleet.SetHostEnabled(ctx, rq.params["id"], *b.Enabled)
+	host, err := h.fleet.SetHostEnabled(ctx, rq.params["id"], b.Enabled)
 	if err != nil {
 		return 0, nil, err
 	}
-	return http.StatusOK, map[string]any{"host": toHostView(host, true)}, nil
+	return http.StatusOK, fleetapi.HostAnswer{Host: toHostView(host, true)}, nil
 }
 
 func (h *Handler) deleteHost(ctx context.Context, rq *request) (int, any, error) {
@@ -131,15 +99,11 @@ func (h *Handler) deleteHost(ctx context.Context, rq *request) (int, any, error)
 		return 0, nil, err
 	}
 	if !res.Done {
-		// One call does a bounded step; the client repeats it (202: accepted,
-		// not finished). runsDeleted counts this step only: counting what is
-		// left would read every remaining run's key.
-		return http.StatusAccepted, map[string]any{
-			"id": id, "deleting": true, "forced": force, "runsDeleted": res.RunsDeleted,
-			"note": "runs of this host remain: repeat this DELETE to continue",
-		}, nil
+		// One call does a bounded step; the client repeats it (202:
+		// accepted, not finished).
+		return http.StatusAccepted, toHostDeleting(id, force, res), nil
 	}
-	return http.StatusOK, map[string]any{"removed": id, "forced": force, "runsDeleted": res.RunsDeleted}, nil
+	return http.StatusOK, toHostDeleted(id, force, res), nil
 }
 
 // noBody accepts an absent body or an empty object, for POST routes that
@@ -160,7 +124,7 @@ func (h *Handler) probeHost(ctx context.Context, rq *request) (int, any, error) 
 	if err != nil {
 		return 0, nil, err
 	}
-	return http.StatusOK, map[string]any{"probe": toProbeView(p)}, nil
+	return http.StatusOK, fleetapi.ProbeAnswer{Probe: toProbeView(p)}, nil
 }
 
 func (h *Handler) probeAll(ctx context.Context, rq *request) (int, any, error) {
@@ -175,46 +139,25 @@ func (h *Handler) probeAll(ctx context.Context, rq *request) (int, any, error) {
 	if err != nil {
 		return 0, nil, err
 	}
-	views := make([]hostView, len(hosts))
-	for i, x := range hosts {
-		views[i] = toHostView(x, true)
-	}
-	return http.StatusOK, map[string]any{"probed": len(results), "hosts": views}, nil
+	return http.StatusOK, fleetapi.ProbeAll{Probed: len(results), Hosts: toHostViews(hosts, true)}, nil
 }
 
-// mintBody is POST /fleet/callers. The scopes are "*" or a list, read by
-// parseScope so the message names the field.
-type mintBody struct {
-	OwnerID         *string         `json:"ownerId"`
-	AllowedHosts    json.RawMessage `json:"allowedHosts"`
-	AllowedProjects json.RawMessage `json:"allowedProjects"`
-	Admin           *bool           `json:"admin"`
-}
-
+// mintCaller reads POST /fleet/callers. A scope that is neither "*" nor a
+// list of ids is refused while decoding (fleetapi.Scope's UnmarshalJSON),
+// the message naming the field.
 func (h *Handler) mintCaller(ctx context.Context, rq *request) (int, any, error) {
-	var b mintBody
+	var b fleetapi.MintCaller
 	if err := decodeObject(rq.body, &b); err != nil {
 		return 0, nil, err
 	}
-	owner, err := requiredString("ownerId", b.OwnerID)
+	if err := requiredString("ownerId", b.OwnerID); err != nil {
+		return 0, nil, err
+	}
+	c, token, err := h.fleet.MintCaller(ctx, toCallerSpec(b))
 	if err != nil {
 		return 0, nil, err
 	}
-	hosts, err := parseScope("allowedHosts", b.AllowedHosts)
-	if err != nil {
-		return 0, nil, err
-	}
-	projects, err := parseScope("allowedProjects", b.AllowedProjects)
-	if err != nil {
-		return 0, nil, err
-	}
-	c, token, err := h.fleet.MintCaller(ctx, fleet.CallerSpec{
-		OwnerID: owner, AllowedHosts: hosts, AllowedProjects: projects, Admin: b.Admin != nil && *b.Admin,
-	})
-	if err != nil {
-		return 0, nil, err
-	}
-	return http.StatusCreated, map[string]any{"ownerId": c.OwnerID, "token": token}, nil
+	return http.StatusCreated, fleetapi.Minted{OwnerID: c.OwnerID, Token: token}, nil
 }
 
 func (h *Handler) listCallers(ctx context.Context, _ *request) (int, any, error) {
@@ -222,11 +165,7 @@ func (h *Handler) listCallers(ctx context.Context, _ *request) (int, any, error)
 	if err != nil {
 		return 0, nil, err
 	}
-	views := make([]callerView, len(cs))
-	for i, c := range cs {
-		views[i] = toCallerView(c)
-	}
-	return http.StatusOK, map[string]any{"callers": views}, nil
+	return http.StatusOK, fleetapi.CallerList{Callers: toCallerViews(cs)}, nil
 }
 
 func (h *Handler) revokeCaller(ctx context.Context, rq *request) (int, any, error) {
@@ -234,56 +173,31 @@ func (h *Handler) revokeCaller(ctx context.Context, rq *request) (int, any, erro
 	if err := h.fleet.RevokeCaller(ctx, owner); err != nil {
 		return 0, nil, err
 	}
-	return http.StatusOK, map[string]any{"revoked": owner}, nil
+	return http.StatusOK, fleetapi.Revoked{Revoked: owner}, nil
 }
 
-// dispatchBody is POST /fleet/runs (DESIGN.md, section "The run request"):
+// dispatch reads POST /fleet/runs (DESIGN.md, section "The run request"):
 // the run request's caller fields, and Fleet's own (host, labels,
-// idempotency). An empty optional string is refused rather than taken for
-// absent (runspec.RefuseEmpty; host and idempotency here).
-type dispatchBody struct {
-	Host        *string           `json:"host"`
-	Agent       string            `json:"agent"`
-	Prompt      string            `json:"prompt"`
-	Argv        []string          `json:"argv"`
-	Labels      map[string]string `json:"labels"`
-	Repository  string            `json:"repository"`
-	LocalPath   string            `json:"localPath"`
-	Env         map[string]string `json:"env"`
-	Secrets     []runspec.Secret  `json:"secrets"`
-	Idempotency *string           `json:"idempotency"`
-}
-
+// idempotency). An optional string given empty is refused rather than
+// taken for absent (runspec.RefuseEmpty; host and idempotency here).
 func (h *Handler) dispatch(ctx context.Context, rq *request) (int, any, error) {
-	var b dispatchBody
+	var b fleetapi.DispatchRequest
 	if err := decodeObject(rq.body, &b); err != nil {
 		return 0, nil, err
 	}
 	if err := runspec.RefuseEmpty(rq.body); err != nil {
 		return 0, nil, badRequest("%s", err.Error())
 	}
-	req := fleet.DispatchRequest{Labels: b.Labels, Run: runspec.Request{
-		Agent: b.Agent, Prompt: b.Prompt, Argv: b.Argv, Repository: b.Repository, LocalPath: b.LocalPath,
-		Env: b.Env, Secrets: b.Secrets,
-	}}
-	var err error
-	if req.Host, err = optionalString("host", b.Host); err != nil {
+	if err := optionalString(rq.body, "host"); err != nil {
 		return 0, nil, err
 	}
 	key, err := idempotencyKey(rq, b.Idempotency)
 	if err != nil {
 		return 0, nil, err
 	}
-	res, err := h.fleet.Dispatch(ctx, rq.caller, req, key)
+	res, err := h.fleet.Dispatch(ctx, rq.caller, toDispatchRequest(b), key)
 	if err != nil {
 		return 0, nil, err
-	}
-	r := res.Run
-	answer := dispatchAnswer{
-		FleetRunID: r.FleetRunID, HostID: r.HostID, ChildRunID: r.ChildRunID, Status: r.Status,
-		Pending: r.Status == store.StatusDispatching, Reused: res.Reused,
-		RewroteLocalPath: r.RewroteLocalPath, Reason: r.Reason, Detail: r.Detail, Note: res.Note,
-		Links: rq.links.run(r.FleetRunID),
 	}
 	switch {
 	case res.Refused:
@@ -291,48 +205,30 @@ func (h *Handler) dispatch(ctx context.Context, rq *request) (int, any, error) {
 		// 2xx would tell a client that checks statuses it did. 409, as for
 		// a dispatch routing refuses: the fleet's state (the host's policy,
 		// broker or capacity) refuses the request; code is the reason.
-		return http.StatusConflict, refusedAnswer{Error: refusalMessage(r), Code: r.Reason, dispatchAnswer: answer}, nil
+		return http.StatusConflict, toDispatchRefused(res, rq.links), nil
 	case res.Reused:
-		return http.StatusOK, answer, nil
+		return http.StatusOK, toDispatchAnswer(res, rq.links), nil
 	}
-	return http.StatusCreated, answer, nil
+	return http.StatusCreated, toDispatchAnswer(res, rq.links), nil
 }
 
-// refusedAnswer is a dispatch the host refused: an error body (error, code)
-// and the dispatch answer in one object, so a generic error handler and a
-// client that follows the run both find what they read.
-type refusedAnswer struct {
-	Error string `json:"error"`
-	Code  string `json:"code"`
-	dispatchAnswer
-}
-
-func refusalMessage(r store.Run) string {
-	msg := "host " + r.HostID + " refused the run (" + r.Reason + ")"
-	if r.Detail != "" {
-		msg += ": " + r.Detail
-	}
-	return msg
-}
-
-// idempotencyKey takes the key from the Idempotency-Key header or the body's
-// idempotency field; both, and different, is a 400.
-func idempotencyKey(rq *request, fromBody *string) (string, error) {
+// idempotencyKey takes the key from the Idempotency-Key header or the
+// body's idempotency field (fromBody); both, and different, is a 400.
+func idempotencyKey(rq *request, fromBody string) (string, error) {
 	header, inHeader := rq.header("idempotency-key")
-	body, err := optionalString("idempotency", fromBody)
-	if err != nil {
+	if err := optionalString(rq.body, "idempotency"); err != nil {
 		return "", err
 	}
 	if inHeader && header == "" {
 		return "", badRequest("the Idempotency-Key header is empty")
 	}
-	if inHeader && fromBody != nil && header != body {
+	if inHeader && fromBody != "" && header != fromBody {
 		return "", badRequest("the Idempotency-Key header and the idempotency field differ; send one")
 	}
 	if inHeader {
 		return header, nil
 	}
-	return body, nil
+	return fromBody, nil
 }
 
 func (h *Handler) listRuns(ctx context.Context, rq *request) (int, any, error) {
@@ -351,11 +247,7 @@ func (h *Handler) listRuns(ctx context.Context, rq *request) (int, any, error) {
 	if err != nil {
 		return 0, nil, err
 	}
-	views := make([]runView, len(page.Runs))
-	for i, r := range page.Runs {
-		views[i] = toRunView(r, rq.links)
-	}
-	return http.StatusOK, map[string]any{"runs": views, "nextCursor": page.NextCursor, "hasMore": page.NextCursor != ""}, nil
+	return http.StatusOK, toRunPage(page, rq.links), nil
 }
 
 func (h *Handler) getRun(ctx context.Context, rq *request) (int, any, error) {
@@ -363,26 +255,22 @@ func (h *Handler) getRun(ctx context.Context, rq *request) (int, any, error) {
 	if err != nil {
 		return 0, nil, err
 	}
-	answer := map[string]any{"run": toRunView(st.Run, rq.links), "refreshed": st.Refreshed}
-	if st.Note != "" {
-		answer["note"] = st.Note
-	}
-	return http.StatusOK, answer, nil
+	return http.StatusOK, toRunAnswer(st, rq.links), nil
 }
 
-func requiredString(field string, v *string) (string, error) {
-	if v == nil || *v == "" {
-		return "", badRequest("%s is required and must be a non-empty string", field)
+// requiredString refuses a required string absent, null or empty.
+func requiredString(field, v string) error {
+	if v == "" {
+		return badRequest("%s is required and must be a non-empty string", field)
 	}
-	return *v, nil
+	return nil
 }
 
-func optionalString(field string, v *string) (string, error) {
-	if v == nil {
-		return "", nil
+// optionalString refuses an optional string the body gives empty: omitting
+// it is how to leave it out.
+func optionalString(body []byte, field string) error {
+	if v, ok := givenValue(body, field); ok && string(v) == `""` {
+		return badRequest("%s must not be empty (omit it instead)", field)
 	}
-	if *v == "" {
-		return "", badRequest("%s must not be empty (omit it instead)", field)
-	}
-	return *v, nil
+	return nil
 }

@@ -1,52 +1,29 @@
 package api
 
 import (
+	"bytes"
 	"encoding/json"
+	"fmt"
+	"net/url"
+	"strconv"
 	"time"
 
 	"github.com/runfleet/runfleet/shared/fleet"
+	"github.com/runfleet/runfleet/shared/fleetapi"
 	"github.com/runfleet/runfleet/shared/hostproto"
 	"github.com/runfleet/runfleet/shared/store"
 )
 
-// The API's JSON shapes. They are converted explicitly from the store's
-// records so a stored field never leaks into an answer by accident.
-
-type hostView struct {
-	ID            string            `json:"id"`
-	BaseURL       string            `json:"baseUrl"`
-	CredentialRef string            `json:"credentialRef,omitempty"`
-	Labels        map[string]string `json:"labels"`
-	LocalPaths    []string          `json:"localPaths"`
-	CAPEM         string            `json:"caPem,omitempty"`
-	Enabled       bool              `json:"enabled"`
-	CreatedAt     time.Time         `json:"createdAt"`
-	// Probe is null until the host is first probed.
-	Probe *probeView `json:"probe"`
-}
-
-type probeView struct {
-	Status    string             `json:"status"`
-	At        time.Time          `json:"at"`
-	LatencyMs int64              `json:"latencyMs"`
-	Version   string             `json:"version,omitempty"`
-	Agents    []string           `json:"agents"`
-	Features  hostproto.Features `json:"features"`
-	CA        *hostproto.CAInfo  `json:"ca,omitempty"`
-	Draining  bool               `json:"draining"`
-	// Idle: the host runs no task (absent when it does not say). A
-	// draining host that is idle can be suspended.
-	Idle *bool `json:"idle,omitempty"`
-	// Storage and Limits are absent for a host older than the fields.
-	Storage *hostproto.Storage `json:"storage,omitempty"`
-	Limits  *hostproto.Limits  `json:"limits,omitempty"`
-	Detail  string             `json:"detail,omitempty"`
-}
+// The one place Fleet's records and results become the API's shapes
+// (package fleetapi) and its request bodies become Fleet's inputs. Each
+// conversion is explicit, field by field, so a stored or host-protocol
+// field never leaks into an answer by accident, and a field of an answer
+// is never something Fleet did not mean to show.
 
 // toHostView shows admins how the host is reached (credentialRef, caPem);
 // other callers see what routing uses.
-func toHostView(h store.Host, admin bool) hostView {
-	v := hostView{
+func toHostView(h store.Host, admin bool) fleetapi.Host {
+	v := fleetapi.Host{
 		ID: h.ID, BaseURL: h.BaseURL, Labels: h.Labels, LocalPaths: h.LocalPaths,
 		Enabled: h.Enabled, CreatedAt: h.CreatedAt,
 	}
@@ -66,42 +43,74 @@ func toHostView(h store.Host, admin bool) hostView {
 	return v
 }
 
-func toProbeView(p store.Probe) probeView {
-	h := fleet.HealthOf(p) // what the host reported, in the protocol's shapes
-	v := probeView{
-		Status: p.Status, At: p.At, LatencyMs: p.LatencyMs, Detail: p.Detail,
-		Version: h.Version, Agents: h.Agents, Features: h.Features, CA: h.CA, Draining: h.Draining, Idle: h.Idle,
-		Storage: h.Storage, Limits: h.Limits,
+func toHostViews(hosts []store.Host, admin bool) []fleetapi.Host {
+	views := make([]fleetapi.Host, len(hosts))
+	for i, x := range hosts {
+		views[i] = toHostView(x, admin)
+	}
+	return views
+}
+
+// toProbeView is a probe as recorded: what the host reported of its
+// features, CA, storage and limits.
+func toProbeView(p store.Probe) fleetapi.Probe {
+	v := fleetapi.Probe{
+		Status: p.Status, At: p.At, LatencyMs: p.LatencyMs, Version: p.Version, Agents: p.Agents,
+		Features: fleetapi.Features{SecretsProxy: p.Features.SecretsProxy, ExecRequire: p.Features.ExecRequire},
+		Draining: p.Draining, Idle: p.Idle, Detail: p.Detail,
 	}
 	if v.Agents == nil {
 		v.Agents = []string{}
 	}
+	if ca := p.CA; ca != nil {
+		v.CA = &fleetapi.CAInfo{NotAfter: ca.NotAfter, SuccessorNotAfter: ca.SuccessorNotAfter}
+	}
+	if st := p.Storage; st != nil {
+		v.Storage = &fleetapi.Storage{FreeBytes: st.FreeBytes, MinFreeBytes: st.MinFreeBytes, Low: st.Low}
+	}
+	if l := p.Limits; l != nil {
+		v.Limits = &fleetapi.Limits{Enforced: l.Enforced, MemoryBytes: l.MemoryBytes, Pids: l.Pids, CPU: l.CPU, Detail: l.Detail}
+	}
 	return v
 }
 
-type runView struct {
-	FleetRunID       string     `json:"fleetRunId"`
-	OwnerID          string     `json:"ownerId"`
-	HostID           string     `json:"hostId"`
-	ChildRunID       string     `json:"childRunId,omitempty"`
-	Status           string     `json:"status"`
-	Pending          bool       `json:"pending"`
-	Attempt          int        `json:"attempt"`
-	ExitCode         *int       `json:"exitCode,omitempty"`
-	Reason           string     `json:"reason,omitempty"`
-	Detail           string     `json:"detail,omitempty"`
-	Agent            string     `json:"agent"`
-	IdempotencyKey   string     `json:"idempotencyKey,omitempty"`
-	RewroteLocalPath bool       `json:"rewroteLocalPath,omitempty"`
-	CreatedAt        time.Time  `json:"createdAt"`
-	UpdatedAt        time.Time  `json:"updatedAt"`
-	Deadline         *time.Time `json:"deadline,omitempty"`
-	EndedAt          *time.Time `json:"endedAt,omitempty"`
-	Links            runLinks   `json:"links"`
+// toHostDrain is a drain or resume: the host's state as it answered when
+// it took the verb, else as last recorded.
+func toHostDrain(d fleet.HostDrain) fleetapi.HostDrain {
+	a := fleetapi.HostDrain{HostID: d.Host.ID, Outcome: toOutcome(d.Outcome), Host: toHostView(d.Host, true)}
+	if p := d.Host.Probe; p != nil {
+		a.Draining, a.Idle = p.Draining, p.Idle
+	}
+	if d.Outcome.Accepted == hostproto.Accepted {
+		a.Draining, a.Idle = d.State.Draining, d.State.Idle
+	}
+	return a
 }
 
-func toRunView(r store.Run, l linker) runView {
-	v := runView{
+// toHostDeleting is a host delete's bounded step, when runs of the host
+// remain; runsDeleted counts this step only (counting what is left would
+// read every remaining run's key).
+func toHostDeleting(id string, force bool, res store.HostDeletion) fleetapi.HostDeleting {
+	return fleetapi.HostDeleting{
+		ID: id, Deleting: true, Forced: force, RunsDeleted: res.RunsDeleted,
+		Note: "runs of this host remain: repeat this DELETE to continue",
+	}
+}
+
+func toHostDeleted(id string, force bool, res store.HostDeletion) fleetapi.HostDeleted {
+	return fleetapi.HostDeleted{Removed: id, Forced: force, RunsDeleted: res.RunsDeleted}
+}
+
+// toHostSpec is a register body as Fleet takes it (checked by the handler).
+func toHostSpec(b fleetapi.RegisterHost) fleet.HostSpec {
+	return fleet.HostSpec{
+		ID: b.ID, BaseURL: b.BaseURL, CredentialRef: b.CredentialRef, Labels: b.Labels, LocalPaths: b.LocalPaths,
+		CAPEM: b.CAPEM, Enabled: b.Enabled,
+	}
+}
+
+func toRunView(r store.Run, l linker) fleetapi.Run {
+	v := fleetapi.Run{
 		FleetRunID: r.FleetRunID, OwnerID: r.OwnerID, HostID: r.HostID, ChildRunID: r.ChildRunID,
 		Status: r.Status, Pending: r.Status == store.StatusDispatching, Attempt: r.Attempt,
 		ExitCode: r.ExitCode, Reason: r.Reason, Detail: r.Detail, Agent: r.Agent, IdempotencyKey: r.IdempotencyKey,
@@ -115,82 +124,171 @@ func toRunView(r store.Run, l linker) runView {
 	return v
 }
 
-// dispatchAnswer is POST /fleet/runs' answer (DESIGN.md), with the run's
-// end when it ended at once (reason, detail) and its links.
-type dispatchAnswer struct {
-	FleetRunID       string   `json:"fleetRunId"`
-	HostID           string   `json:"hostId"`
-	ChildRunID       string   `json:"childRunId,omitempty"`
-	Status           string   `json:"status"`
-	Pending          bool     `json:"pending"`
-	Reused           bool     `json:"reused"`
-	RewroteLocalPath bool     `json:"rewroteLocalPath,omitempty"`
-	Reason           string   `json:"reason,omitempty"`
-	Detail           string   `json:"detail,omitempty"`
-	Note             string   `json:"note,omitempty"`
-	Links            runLinks `json:"links"`
+func toRunPage(page store.RunPage, l linker) fleetapi.RunPage {
+	views := make([]fleetapi.Run, len(page.Runs))
+	for i, r := range page.Runs {
+		views[i] = toRunView(r, l)
+	}
+	return fleetapi.RunPage{Runs: views, NextCursor: page.NextCursor, HasMore: page.NextCursor != ""}
 }
 
-type callerView struct {
-	OwnerID         string    `json:"ownerId"`
-	Admin           bool      `json:"admin"`
-	AllowedHosts    scopeJSON `json:"allowedHosts"`
-	AllowedProjects scopeJSON `json:"allowedProjects"`
-	CreatedAt       time.Time `json:"createdAt"`
+func toRunAnswer(st fleet.RunState, l linker) fleetapi.RunAnswer {
+	return fleetapi.RunAnswer{Run: toRunView(st.Run, l), Refreshed: st.Refreshed, Note: st.Note}
 }
 
-func toCallerView(c store.Caller) callerView {
-	return callerView{
-		OwnerID: c.OwnerID, Admin: c.Admin, AllowedHosts: scopeJSON(c.AllowedHosts),
-		AllowedProjects: scopeJSON(c.AllowedProjects), CreatedAt: c.CreatedAt,
+// toDispatchRequest is a dispatch body as Fleet takes it: the run request,
+// and Fleet's routing fields (the key is the handler's: header or body).
+func toDispatchRequest(b fleetapi.DispatchRequest) fleet.DispatchRequest {
+	return fleet.DispatchRequest{Host: b.Host, Labels: b.Labels, Run: b.RunRequest()}
+}
+
+// toDispatchAnswer is POST /fleet/runs' answer, with the run's end when it
+// ended at once (reason, detail) and its links.
+func toDispatchAnswer(res fleet.DispatchResult, l linker) fleetapi.DispatchAnswer {
+	r := res.Run
+	return fleetapi.DispatchAnswer{
+		FleetRunID: r.FleetRunID, HostID: r.HostID, ChildRunID: r.ChildRunID, Status: r.Status,
+		Pending: r.Status == store.StatusDispatching, Reused: res.Reused,
+		RewroteLocalPath: r.RewroteLocalPath, Reason: r.Reason, Detail: r.Detail, Note: res.Note,
+		Links: l.run(r.FleetRunID),
 	}
 }
 
-// scopeJSON is a scope on the wire: "*" or a list of ids.
-type scopeJSON store.Scope
-
-func (s scopeJSON) MarshalJSON() ([]byte, error) {
-	if s.All {
-		return []byte(`"*"`), nil
+// toDispatchRefused is a dispatch the host refused: an error body (error,
+// code) and the dispatch answer in one object, so a generic error handler
+// and a client that follows the run both find what they read.
+func toDispatchRefused(res fleet.DispatchResult, l linker) fleetapi.DispatchRefused {
+	r := res.Run
+	msg := "host " + r.HostID + " refused the run (" + r.Reason + ")"
+	if r.Detail != "" {
+		msg += ": " + r.Detail
 	}
-	ids := s.IDs
-	if ids == nil {
-		ids = []string{}
-	}
-	return json.Marshal(ids)
+	return fleetapi.DispatchRefused{Error: msg, Code: r.Reason, DispatchAnswer: toDispatchAnswer(res, l)}
 }
 
-// parseScope reads a scope field of a request: "*" or an array of strings.
-func parseScope(field string, raw json.RawMessage) (*store.Scope, error) {
-	if len(raw) == 0 || string(raw) == "null" {
-		return nil, nil
+func toCallerView(c store.Caller) fleetapi.Caller {
+	return fleetapi.Caller{
+		OwnerID: c.OwnerID, Admin: c.Admin, AllowedHosts: toScope(c.AllowedHosts),
+		AllowedProjects: toScope(c.AllowedProjects), CreatedAt: c.CreatedAt,
 	}
-	var star string
-	if json.Unmarshal(raw, &star) == nil {
-		if star != "*" {
-			return nil, badRequest(`%s: want "*" or an array of ids, got the string %q`, field, truncate(star, 40))
+}
+
+func toCallerViews(cs []store.Caller) []fleetapi.Caller {
+	views := make([]fleetapi.Caller, len(cs))
+	for i, c := range cs {
+		views[i] = toCallerView(c)
+	}
+	return views
+}
+
+func toScope(s store.Scope) fleetapi.Scope { return fleetapi.Scope{All: s.All, IDs: s.IDs} }
+
+// toStoreScope is a scope a request gave; nil when it gave none.
+func toStoreScope(s *fleetapi.Scope) *store.Scope {
+	if s == nil {
+		return nil
+	}
+	return &store.Scope{All: s.All, IDs: s.IDs}
+}
+
+// toCallerSpec is a mint body as Fleet takes it (checked by the handler).
+func toCallerSpec(b fleetapi.MintCaller) fleet.CallerSpec {
+	return fleet.CallerSpec{
+		OwnerID: b.OwnerID, AllowedHosts: toStoreScope(b.AllowedHosts), AllowedProjects: toStoreScope(b.AllowedProjects), Admin: b.Admin,
+	}
+}
+
+// toOutcome is a forwarded verb's outcome (hostproto.OutcomeOf's mapping).
+func toOutcome(o hostproto.Outcome) fleetapi.Outcome {
+	v := fleetapi.Outcome{HostStatus: o.HostStatus, Code: o.Code, Detail: o.Detail}
+	switch o.Accepted {
+	case hostproto.Accepted:
+		v.Accepted = fleetapi.Accepted
+	case hostproto.Refused:
+		v.Accepted = fleetapi.Refused
+	default:
+		v.Accepted = fleetapi.Unknown
+	}
+	return v
+}
+
+// toInteraction is the answer of the verbs (input, cancel, retry): the
+// outcome, and the run as recorded after.
+func toInteraction(i fleet.Interaction, l linker) fleetapi.Interaction {
+	return fleetapi.Interaction{FleetRunID: i.Run.FleetRunID, Outcome: toOutcome(i.Outcome), Run: toRunView(i.Run, l)}
+}
+
+// EventOf is a mirrored event as the API shows it, on the events route
+// and the stream alike (DESIGN.md, section "The event shape": the host's
+// event as it came).
+func EventOf(e hostproto.Event) fleetapi.Event {
+	return fleetapi.Event{Sequence: e.Sequence, Type: e.Type, Data: e.Data, TS: e.TS}
+}
+
+// toEventPage is a page of the mirror; live: more events may come.
+func toEventPage(page fleet.EventsPage, live bool) fleetapi.EventPage {
+	var events []fleetapi.Event // null when the mirror's page is, as always
+	if page.Events != nil {
+		events = make([]fleetapi.Event, len(page.Events))
+		for i, e := range page.Events {
+			events[i] = EventOf(e)
 		}
-		return &store.Scope{All: true}, nil
 	}
-	var ids []string
-	if err := json.Unmarshal(raw, &ids); err != nil {
-		return nil, badRequest(`%s: want "*" or an array of ids`, field)
-	}
-	if ids == nil {
-		ids = []string{}
-	}
-	return &store.Scope{IDs: ids}, nil
+	return fleetapi.EventPage{Events: events, NextCursor: page.NextCursor, HasMore: page.HasMore, Live: live}
 }
 
-// interactionAnswer is the answer of the verbs (input, cancel, retry):
-// accepted true, false or "unknown", with the host's status, code and the
-// detail when it was not plainly accepted, and the run as recorded after.
-type interactionAnswer struct {
-	FleetRunID string `json:"fleetRunId"`
-	hostproto.Outcome
-	Run runView `json:"run"`
+// StreamSnapshotOf is the stream's snapshot data: where the stream stands
+// (cursor: the last event sent) and whether more may come.
+func StreamSnapshotOf(r store.Run, cursor int64, live bool) fleetapi.StreamSnapshot {
+	return fleetapi.StreamSnapshot{Cursor: cursor, Status: r.Status, Attempt: r.Attempt, Live: live}
 }
 
-func toInteractionAnswer(i fleet.Interaction, l linker) interactionAnswer {
-	return interactionAnswer{FleetRunID: i.Run.FleetRunID, Outcome: i.Outcome, Run: toRunView(i.Run, l)}
+// StreamDoneOf is the stream's done data: the run's end.
+func StreamDoneOf(r store.Run, cursor int64) fleetapi.StreamDone {
+	return fleetapi.StreamDone{Cursor: cursor, Status: r.Status, Attempt: r.Attempt, ExitCode: r.ExitCode, Reason: r.Reason, Detail: r.Detail}
+}
+
+// StreamIdleOf is the stream's idle data: silent for idle, the stream
+// ends; resume at cursor after retry.
+func StreamIdleOf(r store.Run, cursor int64, idle, retry time.Duration) fleetapi.StreamIdle {
+	return fleetapi.StreamIdle{
+		Cursor: cursor, Status: r.Status, IdleSeconds: int64(idle.Seconds()), RetryMs: retry.Milliseconds(),
+		Resume: "/fleet/runs/" + url.PathEscape(r.FleetRunID) + "/stream?after=" + strconv.FormatInt(cursor, 10),
+	}
+}
+
+// toErrorDetails is a fleet.Error's details as the API shows them. Fleet's
+// kinds of details each have their shape here; one this function does not
+// know is a fault (as an error kind ErrorStatus does not know is), never
+// shown as it is.
+func toErrorDetails(d any) (json.RawMessage, error) {
+	var v any
+	switch d := d.(type) {
+	case nil:
+		return nil, nil
+	case fleet.Unrouted:
+		v = toNoEligibleHost(d)
+	case map[string]string:
+		// The ids and statuses a conflict names ({fleetRunId}, {status,
+		// reason}): strings, shown as they are.
+		v = d
+	default:
+		return nil, fmt.Errorf("api: error details of type %T have no view", d)
+	}
+	b, err := EncodeJSON(v)
+	if err != nil {
+		return nil, err
+	}
+	return bytes.TrimSuffix(b, []byte("\n")), nil
+}
+
+func toNoEligibleHost(u fleet.Unrouted) fleetapi.NoEligibleHost {
+	v := fleetapi.NoEligibleHost{Considered: u.Considered, Hosts: u.Hosts}
+	if u.Excluded != nil {
+		v.Excluded = make([]fleetapi.Exclusion, len(u.Excluded))
+		for i, e := range u.Excluded {
+			v.Excluded[i] = fleetapi.Exclusion{HostID: e.HostID, Reasons: e.Reasons, Agents: e.Agents}
+		}
+	}
+	return v
 }

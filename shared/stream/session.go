@@ -6,12 +6,13 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
-	"net/url"
 	"strconv"
 	"sync/atomic"
 	"time"
 
+	"github.com/runfleet/runfleet/shared/api"
 	"github.com/runfleet/runfleet/shared/clock"
+	"github.com/runfleet/runfleet/shared/fleetapi"
 	"github.com/runfleet/runfleet/shared/hostproto"
 	"github.com/runfleet/runfleet/shared/store"
 )
@@ -192,12 +193,12 @@ func (s *session) poll(ctx context.Context) (endReason, bool) {
 	}
 	if !s.snapshotSent {
 		s.snapshotSent = true
-		if err := s.send(frame("snapshot", "", snapshotData{Cursor: s.cursor, Status: run.Status, Attempt: run.Attempt, Live: !isDone(run, s.cursor)})); err != nil {
+		if err := s.send(frame(fleetapi.SSESnapshot, "", api.StreamSnapshotOf(run, s.cursor, !isDone(run, s.cursor)))); err != nil {
 			return s.writeEnd(err), true
 		}
 	}
 	if isDone(run, s.cursor) {
-		if err := s.send(frame("done", "", doneData{Cursor: s.cursor, Status: run.Status, Attempt: run.Attempt, ExitCode: run.ExitCode, Reason: run.Reason, Detail: run.Detail})); err != nil {
+		if err := s.send(frame(fleetapi.SSEDone, "", api.StreamDoneOf(run, s.cursor))); err != nil {
 			return s.writeEnd(err), true
 		}
 		return endDone, true
@@ -255,10 +256,8 @@ func (s *session) release(ctx context.Context) {
 func (s *session) idleEnd() error {
 	h := s.h
 	cursor := strconv.FormatInt(s.cursor, 10)
-	data := idleData{Cursor: s.cursor, Status: s.run.Status, IdleSeconds: int64(h.cfg.IdleTimeout.Seconds()),
-		RetryMs: h.cfg.IdleRetry.Milliseconds(),
-		Resume:  "/fleet/runs/" + url.PathEscape(s.run.FleetRunID) + "/stream?after=" + cursor}
-	if err := s.send(frame("idle", cursor, data)); err != nil {
+	data := api.StreamIdleOf(s.run, s.cursor, h.cfg.IdleTimeout, h.cfg.IdleRetry)
+	if err := s.send(frame(fleetapi.SSEIdle, cursor, data)); err != nil {
 		return err
 	}
 	why := fmt.Sprintf("no new event for %s: reconnect with Last-Event-ID: %s (or ?after=%s) to resume", h.cfg.IdleTimeout, cursor, cursor)
@@ -309,44 +308,14 @@ func (s *session) writeEnd(err error) endReason {
 	return endGone
 }
 
-type snapshotData struct {
-	// Cursor is the sequence of the last event sent (the resume point when
-	// none was).
-	Cursor  int64  `json:"cursor"`
-	Status  string `json:"status"`
-	Attempt int    `json:"attempt"`
-	// Live: more may come (done follows otherwise).
-	Live bool `json:"live"`
-}
-
-type idleData struct {
-	// Cursor is the resume point (the last event sent, or where the
-	// client asked to start).
-	Cursor      int64  `json:"cursor"`
-	Status      string `json:"status"`
-	IdleSeconds int64  `json:"idleSeconds"`
-	RetryMs     int64  `json:"retryMs"`
-	// Resume is the stream's path resuming at Cursor.
-	Resume string `json:"resume"`
-}
-
-type doneData struct {
-	Cursor   int64  `json:"cursor"`
-	Status   string `json:"status"`
-	Attempt  int    `json:"attempt"`
-	ExitCode *int   `json:"exitCode,omitempty"`
-	Reason   string `json:"reason,omitempty"`
-	Detail   string `json:"detail,omitempty"`
-}
-
-// writeEvent frames one mirrored event.
+// writeEvent frames one mirrored event, in the events route's shape.
 func writeEvent(buf *bytes.Buffer, e hostproto.Event) {
-	buf.Write(frame("event", strconv.FormatInt(e.Sequence, 10), e))
+	buf.Write(frame(fleetapi.SSEEvent, strconv.FormatInt(e.Sequence, 10), api.EventOf(e)))
 }
 
 // frame is one SSE message: its event name, its id when not empty, and
-// data as one line of JSON (JSON escapes newlines, so it cannot break the
-// framing).
+// data (a fleetapi type) as one line of JSON (JSON escapes newlines, so it
+// cannot break the framing).
 func frame(event, id string, data any) []byte {
 	b, err := json.Marshal(data)
 	if err != nil {

@@ -77,6 +77,7 @@ import (
 	"github.com/runfleet/runfleet/shared/auth"
 	"github.com/runfleet/runfleet/shared/clock"
 	"github.com/runfleet/runfleet/shared/fleet"
+	"github.com/runfleet/runfleet/shared/fleetapi"
 	"github.com/runfleet/runfleet/shared/store"
 )
 
@@ -108,7 +109,7 @@ const (
 )
 
 // CodeTooManyStreams is the code of the 429 beyond the per-caller cap.
-const CodeTooManyStreams = "too_many_streams"
+const CodeTooManyStreams = fleetapi.CodeTooManyStreams
 
 // Log field names.
 const (
@@ -410,11 +411,11 @@ func (h *Handler) refuseFull(ctx context.Context, req request, full *capReached)
 	secs := int64(math.Ceil(full.retryAfter.Seconds()))
 	h.log.InfoContext(ctx, "stream refused", logRequestID, req.requestID, logPath, req.rawPath,
 		logQuery, redactedQuery(req.rawQuery), logStatus, http.StatusTooManyRequests)
-	body, _ := api.EncodeJSON(map[string]any{
-		"error": fmt.Sprintf("this caller already has %d streams open, the most allowed per caller: close one, "+
+	body, _ := api.EncodeJSON(fleetapi.TooManyStreams{
+		Error: fmt.Sprintf("this caller already has %d streams open, the most allowed per caller: close one, "+
 			"follow the run with GET /fleet/runs/{id}/events?after=<cursor>&wait=<seconds> instead, or retry after %d s", full.max, secs),
-		"code":    CodeTooManyStreams,
-		"details": map[string]any{"maxStreamsPerCaller": full.max, "retryAfterSeconds": secs},
+		Code:    CodeTooManyStreams,
+		Details: fleetapi.StreamCap{MaxStreamsPerCaller: full.max, RetryAfterSeconds: secs},
 	})
 	return &refusal{status: http.StatusTooManyRequests, body: body, retryAfter: strconv.FormatInt(secs, 10)}
 }
