@@ -2,6 +2,7 @@ package tests
 
 import (
 	"bufio"
+	"bytes"
 	"encoding/json"
 	"fmt"
 	"io"
@@ -11,12 +12,14 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"reflect"
 	"regexp"
 	"sort"
 	"strings"
 	"testing"
 
 	"github.com/runfleet/runfleet/shared/api"
+	"github.com/runfleet/runfleet/shared/fleetapi"
 	"github.com/runfleet/runfleet/shared/hostproto"
 	"github.com/runfleet/runfleet/shared/stream"
 	"github.com/runfleet/runfleet/tests/kit/fakehost"
@@ -157,6 +160,11 @@ type apiSample struct {
 	Response    any    `json:"response,omitempty"`
 	// SSE holds a stream's frames as (event, data JSON) pairs.
 	SSE [][2]string `json:"sse,omitempty"`
+
+	// body and raw are the request and answer as sent, for the check
+	// against fleetapi's types.
+	body string
+	raw  []byte
 }
 
 // sampler sends requests to a stack and keeps each exchange.
@@ -187,7 +195,7 @@ func (s *sampler) do(method, template, path, token, body string, want int, heade
 	if resp.StatusCode != want {
 		s.t.Fatalf("%s %s: %d %s, want %d", method, path, resp.StatusCode, raw, want)
 	}
-	sm := apiSample{Method: method, Path: template, Status: resp.StatusCode, ContentType: resp.Header.Get("Content-Type")}
+	sm := apiSample{Method: method, Path: template, Status: resp.StatusCode, ContentType: resp.Header.Get("Content-Type"), body: body, raw: raw}
 	if body != "" {
 		must(s.t, json.Unmarshal([]byte(body), &sm.Request))
 	}
@@ -390,6 +398,10 @@ func TestOpenAPIDescribesRealAnswers(t *testing.T) {
 		}
 	}
 
+	for _, x := range sm.samples {
+		checkAPITypes(t, x)
+	}
+
 	path := filepath.Join(t.TempDir(), "samples.json")
 	b, _ := json.Marshal(sm.samples)
 	must(t, os.WriteFile(path, b, 0o600))
@@ -397,4 +409,131 @@ func TestOpenAPIDescribesRealAnswers(t *testing.T) {
 	if err != nil {
 		t.Fatalf("answers the document does not describe (%v):\n%s", err, out)
 	}
+}
+
+// apiRequestTypes are the fleetapi types of the routes' request bodies, by
+// "METHOD path template". A route that takes no fields takes struct{}.
+var apiRequestTypes = map[string]func() any{
+	"POST /fleet/hosts":             func() any { return new(fleetapi.RegisterHost) },
+	"POST /fleet/hosts/{id}/enable": func() any { return new(fleetapi.SetEnabled) },
+	"POST /fleet/hosts/{id}/probe":  func() any { return new(struct{}) },
+	"POST /fleet/probe":             func() any { return new(struct{}) },
+	"POST /fleet/hosts/{id}/drain":  func() any { return new(struct{}) },
+	"POST /fleet/hosts/{id}/resume": func() any { return new(struct{}) },
+	"POST /fleet/callers":           func() any { return new(fleetapi.MintCaller) },
+	"POST /fleet/runs":              func() any { return new(fleetapi.DispatchRequest) },
+	"POST /fleet/runs/{id}/input":   func() any { return new(fleetapi.InputRequest) },
+	"POST /fleet/runs/{id}/cancel":  func() any { return new(struct{}) },
+	"POST /fleet/runs/{id}/retry":   func() any { return new(struct{}) },
+}
+
+// apiAnswerTypes are the fleetapi types of the answers, by "METHOD path
+// template status". Any other status of 400 and above is a fleetapi.Error
+// (a dispatch's 409 that names its run is a DispatchRefused; the stream's
+// 429 a TooManyStreams).
+var apiAnswerTypes = map[string]func() any{
+	"GET /healthz 200":                    func() any { return new(fleetapi.Health) },
+	"GET /fleet/hosts 200":                func() any { return new(fleetapi.HostList) },
+	"POST /fleet/hosts 201":               func() any { return new(fleetapi.HostAnswer) },
+	"POST /fleet/hosts/{id}/enable 200":   func() any { return new(fleetapi.HostAnswer) },
+	"DELETE /fleet/hosts/{id} 200":        func() any { return new(fleetapi.HostDeleted) },
+	"DELETE /fleet/hosts/{id} 202":        func() any { return new(fleetapi.HostDeleting) },
+	"POST /fleet/hosts/{id}/probe 200":    func() any { return new(fleetapi.ProbeAnswer) },
+	"POST /fleet/probe 200":               func() any { return new(fleetapi.ProbeAll) },
+	"POST /fleet/hosts/{id}/drain 200":    func() any { return new(fleetapi.HostDrain) },
+	"POST /fleet/hosts/{id}/resume 200":   func() any { return new(fleetapi.HostDrain) },
+	"POST /fleet/callers 201":             func() any { return new(fleetapi.Minted) },
+	"GET /fleet/callers 200":              func() any { return new(fleetapi.CallerList) },
+	"DELETE /fleet/callers/{ownerId} 200": func() any { return new(fleetapi.Revoked) },
+	"POST /fleet/runs 200":                func() any { return new(fleetapi.DispatchAnswer) },
+	"POST /fleet/runs 201":                func() any { return new(fleetapi.DispatchAnswer) },
+	"GET /fleet/runs 200":                 func() any { return new(fleetapi.RunPage) },
+	"GET /fleet/runs/{id} 200":            func() any { return new(fleetapi.RunAnswer) },
+	"POST /fleet/runs/{id}/input 200":     func() any { return new(fleetapi.Interaction) },
+	"POST /fleet/runs/{id}/cancel 200":    func() any { return new(fleetapi.Interaction) },
+	"POST /fleet/runs/{id}/retry 200":     func() any { return new(fleetapi.Interaction) },
+	"GET /fleet/runs/{id}/events 200":     func() any { return new(fleetapi.EventPage) },
+	"GET " + streamPath + " 429":          func() any { return new(fleetapi.TooManyStreams) },
+}
+
+// apiStreamTypes are the data types of the stream's SSE events.
+var apiStreamTypes = map[string]func() any{
+	fleetapi.SSEEvent:    func() any { return new(fleetapi.Event) },
+	fleetapi.SSESnapshot: func() any { return new(fleetapi.StreamSnapshot) },
+	fleetapi.SSEDone:     func() any { return new(fleetapi.StreamDone) },
+	fleetapi.SSEIdle:     func() any { return new(fleetapi.StreamIdle) },
+}
+
+// checkAPITypes decodes a sample's request body, answer and stream data
+// into their fleetapi types, strictly, and re-encodes them: a field the
+// types lack fails the decoding, one they would add or drop (or a value
+// they would change) fails the comparison. An answer must come back to its
+// very bytes, as the API encodes it (so its keys' order is pinned too); a
+// request, which the test wrote, to the same JSON.
+func checkAPITypes(t *testing.T, x apiSample) {
+	t.Helper()
+	route := x.Method + " " + x.Path
+	name := fmt.Sprintf("%s %d", route, x.Status)
+	if x.body != "" && x.Status != http.StatusBadRequest && x.Status != http.StatusRequestEntityTooLarge {
+		// A 400's body is malformed on purpose.
+		newReq, ok := apiRequestTypes[route]
+		if !ok {
+			t.Errorf("%s: the request has no fleetapi type", name)
+		} else if out, err := roundTrip([]byte(x.body), newReq(), json.Marshal); err != nil {
+			t.Errorf("%s request: %v", name, err)
+		} else if !sameJSON([]byte(x.body), out) {
+			t.Errorf("%s request: fleetapi re-encodes\n%s\nas\n%s", name, x.body, out)
+		}
+	}
+	for _, f := range x.SSE {
+		newData, ok := apiStreamTypes[f[0]]
+		if !ok {
+			t.Errorf("%s: stream event %q has no fleetapi type", name, f[0])
+			continue
+		}
+		// The stream writes data with encoding/json's defaults.
+		if out, err := roundTrip([]byte(f[1]), newData(), json.Marshal); err != nil || !bytes.Equal(out, []byte(f[1])) {
+			t.Errorf("%s event %s: fleetapi re-encodes\n%s\nas\n%s (%v)", name, f[0], f[1], out, err)
+		}
+	}
+	if !strings.HasPrefix(x.ContentType, "application/json") {
+		return
+	}
+	newAnswer, ok := apiAnswerTypes[name]
+	switch {
+	case ok:
+	case x.Status == http.StatusConflict && route == "POST /fleet/runs" && bytes.Contains(x.raw, []byte(`"fleetRunId"`)):
+		newAnswer = func() any { return new(fleetapi.DispatchRefused) }
+	case x.Status >= 400:
+		newAnswer = func() any { return new(fleetapi.Error) }
+	default:
+		t.Errorf("%s: the answer has no fleetapi type", name)
+		return
+	}
+	v := newAnswer()
+	if out, err := roundTrip(x.raw, v, api.EncodeJSON); err != nil || !bytes.Equal(out, x.raw) {
+		t.Errorf("%s answer: fleetapi re-encodes\n%s\nas\n%s (%v)", name, x.raw, out, err)
+	}
+	if e, ok := v.(*fleetapi.Error); ok && e.Code == fleetapi.CodeNoEligibleHost {
+		var d fleetapi.NoEligibleHost
+		if out, err := roundTrip(e.Details, &d, json.Marshal); err != nil || !bytes.Equal(out, e.Details) || len(d.Excluded) == 0 {
+			t.Errorf("%s details: fleetapi.NoEligibleHost re-encodes\n%s\nas\n%s (%v)", name, e.Details, out, err)
+		}
+	}
+}
+
+// roundTrip decodes raw into v, refusing unknown fields, and encodes it again.
+func roundTrip(raw []byte, v any, encode func(any) ([]byte, error)) ([]byte, error) {
+	dec := json.NewDecoder(bytes.NewReader(raw))
+	dec.DisallowUnknownFields()
+	if err := dec.Decode(v); err != nil {
+		return nil, fmt.Errorf("decoding into %T: %w", v, err)
+	}
+	return encode(v)
+}
+
+// sameJSON reports whether a and b are the same JSON value.
+func sameJSON(a, b []byte) bool {
+	var va, vb any
+	return json.Unmarshal(a, &va) == nil && json.Unmarshal(b, &vb) == nil && reflect.DeepEqual(va, vb)
 }
