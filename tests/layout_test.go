@@ -171,3 +171,47 @@ func TestNoLambdaFunctionLinksBoltOrEdge(t *testing.T) {
 		}
 	})
 }
+
+// fleetAPIMustNotDependOn says why shared/fleetapi may not depend on a
+// package path: its callers (the CLI, the dashboard) import it to speak to
+// Fleet, and must get the API's types without Fleet itself, its store, the
+// AWS SDK, the host protocol or edge. "" for any other path.
+func fleetAPIMustNotDependOn(path string) string {
+	const module = "github.com/runfleet/runfleet/"
+	switch {
+	case strings.HasPrefix(path, "github.com/aws/"):
+		return "the AWS SDK"
+	case inFolder(path, module+"shared/store"):
+		return "Fleet's store"
+	case path == module+"shared/hostproto":
+		return "the host protocol (its types are not the API's)"
+	case path == module+"shared/fleet":
+		return "Fleet's domain"
+	case inFolder(path, module+"edge"):
+		return "the runner host's"
+	}
+	return ""
+}
+
+// TestFleetAPIStandsAlone: shared/fleetapi's whole dependency graph (go
+// list -deps) holds none of fleetAPIMustNotDependOn's packages.
+func TestFleetAPIStandsAlone(t *testing.T) {
+	const pkg = "github.com/runfleet/runfleet/shared/fleetapi"
+	out, err := exec.Command("go", "list", "-deps", pkg).CombinedOutput()
+	if err != nil {
+		t.Fatalf("go list -deps: %v\n%s", err, out)
+	}
+	deps := strings.Fields(string(out))
+	if !slices.Contains(deps, pkg) || !slices.Contains(deps, "github.com/runfleet/runfleet/shared/runspec") {
+		t.Fatalf("go list -deps %s does not list it and the run request:\n%s", pkg, out)
+	}
+	found := map[string][]string{}
+	for _, dep := range deps {
+		if why := fleetAPIMustNotDependOn(dep); why != "" {
+			found[why] = append(found[why], dep)
+		}
+	}
+	for _, why := range slices.Sorted(maps.Keys(found)) {
+		t.Errorf("shared/fleetapi depends on %s: %s", why, strings.Join(found[why], ", "))
+	}
+}
