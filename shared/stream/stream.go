@@ -5,56 +5,23 @@
 // sink; two adapters give it one: HandleLambda (a pipe read by the Lambda
 // runtime) and ServeHTTP (a flushed http.ResponseWriter).
 //
-// # Framing
+// Its contracts with a client: each mirrored event is "event: event", its
+// sequence the id, its data the events route's shape; once the backlog is
+// sent, one "snapshot"; then live events, and "done" once the run is over
+// and every event sent (each data a fleetapi type, converted by package
+// api). Resuming (?after=, or Last-Event-ID, which wins) neither loses nor
+// repeats an event: events are read only up to the run's mirror cursor.
+// Each poll first pulls the run through from its host (fleet.SyncRun). A
+// planned end sends "retry:" first; a write not taken within WriteTimeout
+// cuts the client off; a run silent for IdleTimeout ends with "event:
+// idle". A caller holds at most MaxPerCaller streams across instances (a
+// lease each, store.StreamLeases), beyond which the answer is 429
+// too_many_streams with Retry-After. Any other refusal is the API's error
+// body (api.ErrorStatus). The token, in Authorization or ?token= (for
+// EventSource), is never logged.
 //
-// Each mirrored event is "event: event", "id: <sequence>", "data: <event
-// JSON>" (the events API's shape). Once the backlog (the mirror after the
-// resume point) is sent, one "event: snapshot" says where the stream
-// stands; then live events follow as they are mirrored. A run that is
-// terminal and drained, with every event sent, ends with "event: done". A
-// ": keep-alive" comment goes out when nothing else was written for
-// KeepAlive. A planned end (MaxDuration, the invocation's deadline, a
-// shutdown) sends "retry: <ms>" first, so EventSource reconnects with
-// Last-Event-ID.
-//
-// # Resuming
-//
-// ?after=<sequence> starts after that event; a Last-Event-ID header (what
-// EventSource sends on reconnecting) wins over it. Events are only ever
-// read up to the run's mirror cursor, so a resumed stream neither loses nor
-// repeats one.
-//
-// # Pull-through
-//
-// Each poll first brings the run up to date from its host (fleet.SyncRun:
-// state and events, as the sweep does), then serves from the mirror: a
-// watched run does not wait for the minute's sweep.
-//
-// # Ends
-//
-// A write (with its flush) that does not complete within WriteTimeout means
-// the client stopped reading: the stream is cut off at once (the sink is
-// aborted), rather than buffering for a reader that is gone.
-//
-// A stream whose run produced no new event for IdleTimeout ends early, so
-// a client that walked away stops costing a Lambda: "event: idle" (id: the
-// cursor, so EventSource's Last-Event-ID is the resume point; data: the
-// cursor, the status and the resume path), then "retry: <IdleRetry ms>".
-//
-// # Ceilings
-//
-// A caller holds at most MaxPerCaller streams open at once, across every
-// instance of the stream function: each open stream holds a lease (a slot
-// in the store, store.StreamLeases) from its start to its end, renewed
-// every LeaseTTL/3 while it runs; a crashed stream's slot frees itself
-// LeaseTTL after its last renewal. Beyond the cap the answer is 429
-// "too_many_streams" with Retry-After (seconds until the earliest slot
-// would lapse) and the cap in the body. The stream function's reserved
-// concurrency (template.yaml) bounds all streams together.
-//
-// The token comes in Authorization or, for EventSource (which cannot set
-// headers), a token query parameter; it is never logged (the logged query
-// has it redacted).
+// The framing, the ends and the ceilings in full:
+// DESIGN.md, section "The stream" for the rest.
 package stream
 
 import (
