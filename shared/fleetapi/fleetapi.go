@@ -11,8 +11,8 @@
 // list Fleet writes as [] is never null. The api handler and the stream
 // encode these types (shared/api's views.go converts Fleet's records into
 // them), and tests/openapi_test.go decodes real answers into them against
-// infra/openapi.yaml. Routes, statuses and rules: DESIGN.md, section
-// "Fleet's HTTP API" for the rest.
+// infra/openapi.yaml. Routes, statuses and scoping:
+// DESIGN.md, section "Fleet's HTTP API" for the rest.
 package fleetapi
 
 import "time"
