@@ -241,7 +241,8 @@ type InputRequest struct {
 	Input json.RawMessage `json:"input"`
 }
 
-// ErrorBody is every error answer, on the host protocol and the Fleet API alike.
+// ErrorBody is every error answer of the host protocol. (Fleet's API answers
+// the same shape as its own type, fleetapi.Error.)
 type ErrorBody struct {
 	Error   string `json:"error"`
 	Code    string `json:"code,omitempty"`
