@@ -193,9 +193,9 @@ func fleetAPIMustNotDependOn(path string) string {
 	return ""
 }
 
-// TestFleetAPIStandsAlone: shared/fleetapi's whole dependency graph (go
+// TestFleetapiStandsAlone: shared/fleetapi's whole dependency graph (go
 // list -deps) holds none of fleetAPIMustNotDependOn's packages.
-func TestFleetAPIStandsAlone(t *testing.T) {
+func TestFleetapiStandsAlone(t *testing.T) {
 	const pkg = "github.com/runfleet/runfleet/shared/fleetapi"
 	out, err := exec.Command("go", "list", "-deps", pkg).CombinedOutput()
 	if err != nil {
