@@ -20,8 +20,8 @@
 // body (api.ErrorStatus). The token, in Authorization or ?token= (for
 // EventSource), is never logged.
 //
-// The framing, the ends and the ceilings in full:
-// DESIGN.md, section "The stream" for the rest.
+// DESIGN.md, section "The stream" for the rest: framing, resuming,
+// pull-through, the ends and the ceilings in full.
 package stream
 
 import (
