@@ -23,7 +23,7 @@ import (
 // and the answer copied on this goroutine (profiles in issue 4: the copy and
 // net/http's parsing were most of the proxy's time per request).
 func (p *Proxy) forward(r *http.Request, st *requestState) {
-	carries := st.carriesValues()
+	carries := st.scrubsAnswer()
 	out, refused := outboundFor(r, st, carries)
 	if refused != nil {
 		p.failForwarded(st, refused)
@@ -34,7 +34,7 @@ func (p *Proxy) forward(r *http.Request, st *requestState) {
 		p.upstreamError(st, err)
 		return
 	}
-	// The answer to a request that carried a real value is scrubbed of it.
+	// The answer is scrubbed of every value the run knows.
 	var scrub *placeholder.Scrubber
 	if carries {
 		scrub = &st.scrub
