@@ -149,7 +149,7 @@ func (st *requestState) substitute(o placeholder.Owner, loc policy.Location) (st
 			return "", st.refuseLocked(fault(fmt.Errorf("reading %s: %w", o.Ref, err), o.Ref))
 		}
 		if g := st.grants.index(o.Ref); g >= 0 {
-			st.ci.attempt.task.values.learn(&st.grants.granted[g], o.Placeholder, v)
+			st.ci.attempt.task.values.learn(learnt{granted: &st.grants.granted[g], placeholder: o.Placeholder, value: v})
 		}
 		st.subs = append(st.subs, substitution{ref: o.Ref, value: v, placeholder: o.Placeholder})
 	}

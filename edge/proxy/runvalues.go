@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"log/slog"
+	"slices"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -20,9 +21,15 @@ import (
 // log) and hand it to any later request, so a value once known stays for
 // the run's life, a rotated one too.
 type runValues struct {
-	mu    sync.Mutex
+	mu    sync.Mutex // serialises adding
+	state atomic.Pointer[runValuesState]
+}
+
+// runValuesState is immutable: every request of the run reads it without
+// a lock.
+type runValuesState struct {
 	known []knownValue
-	set   atomic.Pointer[placeholder.Set]
+	set   *placeholder.Set
 }
 
 type knownValue struct {
@@ -31,33 +38,77 @@ type knownValue struct {
 }
 
 // Set is the run's values now; nil before any is known.
-func (rv *runValues) Set() *placeholder.Set { return rv.set.Load() }
+func (rv *runValues) Set() *placeholder.Set {
+	if st := rv.state.Load(); st != nil {
+		return st.set
+	}
+	return nil
+}
 
-// learn puts ref's value v in the set unless it is there: the set is built
-// again, once per new value. The caller learns a value before it is sent
-// upstream (placeholder.Source's contract).
-func (rv *runValues) learn(g *policy.Granted, ph string, v secrets.Value) {
-	real := v.Reveal()
-	if real == "" {
+// learnt is a key's value and its placeholder, for runValues.learn.
+type learnt struct {
+	granted     *policy.Granted
+	placeholder string
+	value       secrets.Value
+}
+
+// learn puts each value in the set unless it is there: the set is built
+// again once for all that are new. The caller learns a value before it is
+// sent upstream (placeholder.Source's contract).
+func (rv *runValues) learn(values ...learnt) {
+	if rv.knowsAll(rv.state.Load(), values) {
 		return
 	}
 	rv.mu.Lock()
 	defer rv.mu.Unlock()
-	for _, k := range rv.known {
-		if k.ref == g.Ref && k.secret.Value.Reveal() == real {
-			return
+	old := rv.state.Load()
+	var known []knownValue
+	if old != nil {
+		known = old.known
+	}
+	known = slices.Clip(known) // appending never writes what readers hold
+	added := false
+	for _, l := range values {
+		real := l.value.Reveal()
+		if real == "" || knows(known, l.granted.Ref, real) {
+			continue
 		}
+		public := 0
+		if prefix := l.granted.Placeholder.Prefix; strings.HasPrefix(real, prefix) {
+			public = len(prefix)
+		}
+		known = append(known, knownValue{ref: l.granted.Ref, secret: placeholder.Secret{Value: l.value, Placeholder: l.placeholder, Public: public}})
+		added = true
 	}
-	public := 0
-	if prefix := g.Placeholder.Prefix; strings.HasPrefix(real, prefix) {
-		public = len(prefix)
+	if !added {
+		return
 	}
-	rv.known = append(rv.known, knownValue{ref: g.Ref, secret: placeholder.Secret{Value: v, Placeholder: ph, Public: public}})
-	all := make([]placeholder.Secret, len(rv.known))
-	for i, k := range rv.known {
+	all := make([]placeholder.Secret, len(known))
+	for i, k := range known {
 		all[i] = k.secret
 	}
-	rv.set.Store(placeholder.NewSet(all))
+	rv.state.Store(&runValuesState{known: known, set: placeholder.NewSet(all)})
+}
+
+func (rv *runValues) knowsAll(st *runValuesState, values []learnt) bool {
+	if st == nil {
+		return false
+	}
+	for _, l := range values {
+		if real := l.value.Reveal(); real != "" && !knows(st.known, l.granted.Ref, real) {
+			return false
+		}
+	}
+	return true
+}
+
+func knows(known []knownValue, ref policy.KeyRef, real string) bool {
+	for _, k := range known {
+		if k.ref == ref && k.secret.Value.Reveal() == real {
+			return true
+		}
+	}
+	return false
 }
 
 // learnGranted reads the value of every key the task is granted now and
@@ -70,6 +121,8 @@ func (p *Proxy) learnGranted(ctx context.Context, t *task, g *grants) {
 	if phs == nil {
 		return
 	}
+	var batch [4]learnt
+	values := batch[:0]
 	for i := range g.granted {
 		gr := &g.granted[i]
 		ph, ok := (*phs)[gr.Ref]
@@ -84,6 +137,7 @@ func (p *Proxy) learnGranted(ctx context.Context, t *task, g *grants) {
 			}
 			continue
 		}
-		t.values.learn(gr, ph, v)
+		values = append(values, learnt{granted: gr, placeholder: ph, value: v})
 	}
+	t.values.learn(values...)
 }

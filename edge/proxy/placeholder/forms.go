@@ -40,7 +40,7 @@ func (s *spelling) covered(a, b, secretFrom int) int {
 }
 
 // byteForm spells a value a byte (or, for JSON, a character) at a time.
-type byteForm func(dst []byte, r rune, raw []byte) []byte
+type byteForm func(dst []byte, r rune, raw string) []byte
 
 // spellings are the forms of v an answer may carry: those the proxy itself
 // writes (the bytes as they are, path and query escaping, JSON escaping,
@@ -64,15 +64,10 @@ func spellings(v string, public int) []spelling {
 		}
 		out = append(out, s)
 	}
-	for _, f := range []byteForm{
-		literal, hexLower, hexUpper, percentUpper, percentLower, unicodeLower, unicodeUpper,
-		escapeWith(url.QueryEscape, false), escapeWith(url.QueryEscape, true),
-		escapeWith(url.PathEscape, false), escapeWith(url.PathEscape, true),
-		escapeWith(uriComponent, false), escapeWith(uriComponent, true),
-	} {
+	for _, f := range byteForms {
 		add(spellBytes(v, f, false))
 	}
-	for _, f := range []byteForm{jsonForm(true, false, false), jsonForm(false, false, false), jsonForm(false, true, false), jsonForm(false, true, true)} {
+	for _, f := range jsonForms {
 		add(spellBytes(v, f, true))
 	}
 	if hexLike(v[public:]) {
@@ -87,6 +82,16 @@ func spellings(v string, public int) []spelling {
 	return out
 }
 
+var (
+	byteForms = []byteForm{
+		literal, hexLower, hexUpper, percentUpper, percentLower, unicodeLower, unicodeUpper,
+		escapeWith(url.QueryEscape, false), escapeWith(url.QueryEscape, true),
+		escapeWith(url.PathEscape, false), escapeWith(url.PathEscape, true),
+		escapeWith(uriComponent, false), escapeWith(uriComponent, true),
+	}
+	jsonForms = []byteForm{jsonForm(true, false, false), jsonForm(false, false, false), jsonForm(false, true, false), jsonForm(false, true, true)}
+)
+
 // spellBytes spells v through f a byte at a time, or a character at a
 // time (byRune: JSON escapes a character, not a byte): each character's
 // bytes are spelt by what f wrote for it, each byte by itself when f wrote
@@ -99,7 +104,7 @@ func spellBytes(v string, f byteForm, byRune bool) spelling {
 			r, size = utf8.DecodeRuneInString(v[j:])
 		}
 		start := len(s.text)
-		s.text = f(s.text, r, []byte(v[j:j+size]))
+		s.text = f(s.text, r, v[j:j+size])
 		verbatim := string(s.text[start:]) == v[j:j+size]
 		for k := j; k < j+size; k++ {
 			s.lo[k], s.hi[k] = int32(start), int32(len(s.text))
@@ -140,27 +145,28 @@ func spellBase64(v string, enc *base64.Encoding, phase int) spelling {
 	return s
 }
 
-func literal(dst []byte, _ rune, raw []byte) []byte { return append(dst, raw...) }
+func literal(dst []byte, _ rune, raw string) []byte { return append(dst, raw...) }
 
 const lowerHex, upperHex = "0123456789abcdef", "0123456789ABCDEF"
 
-func hexLower(dst []byte, _ rune, raw []byte) []byte { return appendHex(dst, raw, "", lowerHex) }
-func hexUpper(dst []byte, _ rune, raw []byte) []byte { return appendHex(dst, raw, "", upperHex) }
-func percentUpper(dst []byte, _ rune, raw []byte) []byte {
+func hexLower(dst []byte, _ rune, raw string) []byte { return appendHex(dst, raw, "", lowerHex) }
+func hexUpper(dst []byte, _ rune, raw string) []byte { return appendHex(dst, raw, "", upperHex) }
+func percentUpper(dst []byte, _ rune, raw string) []byte {
 	return appendHex(dst, raw, "%", upperHex)
 }
-func percentLower(dst []byte, _ rune, raw []byte) []byte {
+func percentLower(dst []byte, _ rune, raw string) []byte {
 	return appendHex(dst, raw, "%", lowerHex)
 }
-func unicodeLower(dst []byte, _ rune, raw []byte) []byte {
+func unicodeLower(dst []byte, _ rune, raw string) []byte {
 	return appendHex(dst, raw, `\u00`, lowerHex)
 }
-func unicodeUpper(dst []byte, _ rune, raw []byte) []byte {
+func unicodeUpper(dst []byte, _ rune, raw string) []byte {
 	return appendHex(dst, raw, `\u00`, upperHex)
 }
 
-func appendHex(dst, raw []byte, lead, digits string) []byte {
-	for _, c := range raw {
+func appendHex(dst []byte, raw string, lead, digits string) []byte {
+	for i := 0; i < len(raw); i++ {
+		c := raw[i]
 		dst = append(dst, lead...)
 		dst = append(dst, digits[c>>4], digits[c&15])
 	}
@@ -168,15 +174,20 @@ func appendHex(dst, raw []byte, lead, digits string) []byte {
 }
 
 // escapeWith spells each byte as escape does (both of Go's escapers work a
-// byte at a time), its %XX in lower case when lower.
+// byte at a time), its %XX in lower case when lower. The 256 answers are
+// worked out once.
 func escapeWith(escape func(string) string, lower bool) byteForm {
-	return func(dst []byte, _ rune, raw []byte) []byte {
-		for _, c := range raw {
-			e := escape(string([]byte{c}))
-			if lower && len(e) == 3 && e[0] == '%' {
-				e = strings.ToLower(e)
-			}
-			dst = append(dst, e...)
+	var table [256]string
+	for c := range table {
+		e := escape(string([]byte{byte(c)}))
+		if lower && len(e) == 3 && e[0] == '%' {
+			e = strings.ToLower(e)
+		}
+		table[c] = e
+	}
+	return func(dst []byte, _ rune, raw string) []byte {
+		for i := 0; i < len(raw); i++ {
+			dst = append(dst, table[raw[i]]...)
 		}
 		return dst
 	}
@@ -196,7 +207,7 @@ func uriComponent(s string) string {
 // encoders (Python's json.dumps, PHP's json_encode with slash: "\/") that
 // write every other character as \uXXXX, a pair of them past the BMP.
 func jsonForm(html, ascii, slash bool) byteForm {
-	return func(dst []byte, r rune, raw []byte) []byte {
+	return func(dst []byte, r rune, raw string) []byte {
 		switch {
 		case r == '"' || r == '\\':
 			return append(dst, '\\', byte(r))
