@@ -1,0 +1,263 @@
+package proxy
+
+import (
+	"bytes"
+	"crypto/tls"
+	"encoding/base64"
+	"encoding/json"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"net/http/httptest"
+	"net/url"
+	"slices"
+	"strings"
+	"sync"
+	"testing"
+
+	"github.com/runfleet/runfleet/shared/runspec"
+	"github.com/runfleet/runfleet/tests/kit/edgetest"
+)
+
+// Issue 27's red team, as regression tests: a task, with real clients over
+// HTTP/1.1 and HTTP/2 (and WebSocket), against upstreams its keys may reach
+// that echo, quote, store and re-encode what they were sent. Whatever the
+// upstream does, the task gets its placeholder or a scrubbed answer, never
+// a real value in any form (forms, findValue), and the answer still
+// arrives: its status and the rest of its body, so that no test passes by
+// the proxy breaking everything.
+
+// attackKey is one key of an attack rig: the name it reaches, the
+// locations it may be put in, its placeholders' prefix (none: the default
+// shape) and its real value.
+type attackKey struct {
+	key, host string
+	in        []string
+	prefix    string
+	value     string
+}
+
+func (k attackKey) real() realValue { return realValue{key: k.key, value: k.value, prefix: k.prefix} }
+
+// tunnelHost is a name the rig's upstream answers as that no key reaches:
+// under egress open the proxy tunnels it today.
+const tunnelHost = "third.example.test"
+
+// attackRig is one HTTPS upstream on loopback answering as every key's
+// host and tunnelHost (all pinned to 127.0.0.1) with the test's handler,
+// and one task holding every key, under egress open.
+type attackRig struct {
+	*fixture // env and proxyURL; its up is unused (see attackUpstream)
+	up       *attackUpstream
+	ph       map[string]string // placeholders, by key
+}
+
+// attackUpstream is the rig's HTTPS server. Unlike testUpstream it hands
+// its handler the request body (kept in got as well), which an echoing or
+// storing upstream needs; an Upgrade request goes to the handler as it
+// came (not kept).
+type attackUpstream struct {
+	port int
+	mu   sync.Mutex
+	got  []seen
+}
+
+func (u *attackUpstream) requests() []seen {
+	u.mu.Lock()
+	defer u.mu.Unlock()
+	return slices.Clone(u.got)
+}
+
+func newAttackRig(t *testing.T, handler http.HandlerFunc, keys ...attackKey) *attackRig {
+	t.Helper()
+	uca := edgetest.NewCA(t)
+	names := []string{tunnelHost}
+	pins := map[string]string{tunnelHost: "127.0.0.1"}
+	for _, k := range keys {
+		if !slices.Contains(names, k.host) {
+			names = append(names, k.host)
+		}
+		pins[k.host] = "127.0.0.1"
+	}
+	up := &attackUpstream{}
+	srv := httptest.NewUnstartedServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if r.Header.Get("Upgrade") == "" {
+			body, err := io.ReadAll(r.Body)
+			if err != nil {
+				http.Error(w, "reading the body: "+err.Error(), http.StatusBadRequest)
+				return
+			}
+			r.Body = io.NopCloser(bytes.NewReader(body))
+			up.mu.Lock()
+			up.got = append(up.got, seen{Method: r.Method, Host: r.Host, Path: r.URL.Path, RawQuery: r.URL.RawQuery, Header: r.Header.Clone(), Body: body, Proto: r.Proto})
+			up.mu.Unlock()
+		}
+		handler(w, r)
+	}))
+	srv.EnableHTTP2 = true
+	srv.TLS = &tls.Config{Certificates: []tls.Certificate{uca.Certificate(t, names...)}}
+	srv.StartTLS()
+	t.Cleanup(srv.Close)
+	up.port = srv.Listener.Addr().(*net.TCPAddr).Port
+
+	policyKeys := map[string]any{}
+	secretValues := map[string]string{}
+	var declared []runspec.Secret
+	var leakable []string
+	for _, k := range keys {
+		kp := map[string]any{"domains": []string{k.host + ":" + itoa(up.port)}, "in": k.in}
+		if k.prefix != "" {
+			kp["placeholder"] = map[string]any{"prefix": k.prefix, "length": 48}
+		}
+		policyKeys[k.key] = kp
+		secretValues["acme/"+k.key] = k.value
+		declared = append(declared, runspec.Secret{ProjectID: "acme", Key: k.key})
+		leakable = append(leakable, k.value)
+	}
+	policy, err := json.Marshal(map[string]any{"acme": map[string]any{"keys": policyKeys}})
+	must(t, err)
+	e := newEnv(t, envOptions{egress: "open", uca: uca, pins: pins, keys: string(policy), secrets: secretValues})
+	u, phs := e.task("run-attack", declared...)
+	for _, ph := range phs {
+		leakable = append(leakable, ph)
+	}
+	t.Cleanup(func() { e.assertNoLeak(leakable...) })
+	return &attackRig{fixture: &fixture{env: e, proxyURL: u}, up: up, ph: phs}
+}
+
+// addr is host:port of the rig's upstream as host.
+func (r *attackRig) addr(host string) string { return host + ":" + itoa(r.up.port) }
+
+// do sends req with client, checks it was answered over the protocol the
+// client speaks, and returns the response and its whole body.
+func do(t *testing.T, client *http.Client, req *http.Request, h2 bool) (*http.Response, []byte) {
+	t.Helper()
+	res, err := client.Do(req)
+	if err != nil {
+		t.Fatalf("%s %s: %v", req.Method, req.URL.Path, err)
+	}
+	defer res.Body.Close()
+	body, err := io.ReadAll(res.Body)
+	if err != nil {
+		t.Fatalf("%s %s: reading the answer: %v", req.Method, req.URL.Path, err)
+	}
+	if want := map[bool]int{false: 1, true: 2}[h2]; res.ProtoMajor != want {
+		t.Fatalf("%s %s: answered over HTTP/%d, want HTTP/%d", req.Method, req.URL.Path, res.ProtoMajor, want)
+	}
+	return res, body
+}
+
+func newRequest(t *testing.T, method, rawURL, body string) *http.Request {
+	t.Helper()
+	var rd io.Reader
+	if body != "" {
+		rd = strings.NewReader(body)
+	}
+	req, err := http.NewRequest(method, rawURL, rd)
+	must(t, err)
+	return req
+}
+
+// Re-encoded echo. The proxy decodes a task's Basic credentials, puts the
+// value in and encodes them again; an upstream that echoes the
+// Authorization it got (in its body, a field, and re-encoded URL-safe as a
+// session token would be) hands back base64(user:value). With users of 1,
+// 2 and 3 characters the value stands at each of the three base64
+// alignments.
+func TestAnswerAttackReencodedBasicEcho(t *testing.T) {
+	key := attackKey{key: "BASIC", host: "basic.example.test", in: []string{"header"}, prefix: "bs_",
+		value: "bs_" + randomText(11, alnum+"-_.", 37)}
+	for _, h2 := range []bool{false, true} {
+		t.Run(fmt.Sprintf("h2=%v", h2), func(t *testing.T) {
+			r := newAttackRig(t, func(w http.ResponseWriter, req *http.Request) {
+				auth := req.Header.Get("Authorization")
+				user, pass, _ := req.BasicAuth()
+				w.Header().Set("X-Echo", auth)
+				fmt.Fprintf(w, "you sent: %s\nsession: %s\nend\n", auth, base64.RawURLEncoding.EncodeToString([]byte(user+":"+pass)))
+			}, key)
+			client := r.goClient(r.proxyURL, h2)
+			for _, user := range []string{"u", "us", "usr"} {
+				req := newRequest(t, http.MethodGet, "https://"+r.addr(key.host)+"/me", "")
+				req.SetBasicAuth(user, r.ph[key.key])
+				res, body := do(t, client, req, h2)
+				if res.StatusCode != http.StatusOK || !bytes.HasPrefix(body, []byte("you sent: Basic ")) ||
+					!bytes.HasSuffix(body, []byte("\nend\n")) || !strings.HasPrefix(res.Header.Get("X-Echo"), "Basic ") {
+					t.Errorf("user %q: the answer did not arrive whole: %d, %d bytes", user, res.StatusCode, len(body))
+				}
+				assertNoFragment(t, "user "+user, answerText(res, body), key.real())
+			}
+			got := r.up.requests()
+			for _, g := range got {
+				if _, pass, ok := (&http.Request{Header: g.Header}).BasicAuth(); !ok || pass != key.value {
+					t.Fatal("the upstream did not get the real value in the Basic credentials: the attack tests nothing")
+				}
+			}
+			if len(got) != 3 {
+				t.Fatalf("the upstream got %d requests, want 3", len(got))
+			}
+		})
+	}
+}
+
+// Escaped echo. A key allowed in the URL is put in the path (path-escaped)
+// and the query (query-escaped); its value holds characters escaping
+// changes. An upstream echoes its request target: in a 404 page (as sent,
+// with its escapes in lower case, and decoded), in a redirect's Location,
+// and in "bad request: GET /...".
+func TestAnswerAttackEscapedEcho(t *testing.T) {
+	key := attackKey{key: "URLKEY", host: "url.example.test", in: []string{"url"},
+		value: "Zq/7+Kx=Lm 4&Rt/9+Wv=Np%2&Hs/5+Jc=Bd?e#Q"}
+	handler := func(w http.ResponseWriter, req *http.Request) {
+		target := req.RequestURI
+		switch {
+		case strings.HasPrefix(req.URL.Path, "/missing/"):
+			w.WriteHeader(http.StatusNotFound)
+			fmt.Fprintf(w, "404 page not found: %s\nnormalised: %s\npath: %s\nkey: %s\nend\n",
+				target, lowerEscapes(target), req.URL.Path, req.URL.Query().Get("key"))
+		case strings.HasPrefix(req.URL.Path, "/moved/"):
+			w.Header().Set("Location", "https://"+req.Host+req.URL.EscapedPath()+"/?"+req.URL.RawQuery)
+			w.Header().Set("Content-Location", lowerEscapes(target))
+			w.WriteHeader(http.StatusFound)
+			fmt.Fprintf(w, "moved: %s/\nend\n", target)
+		default:
+			w.WriteHeader(http.StatusBadRequest)
+			fmt.Fprintf(w, "bad request: %s %s %s\nend\n", req.Method, target, req.Proto)
+		}
+	}
+	for _, h2 := range []bool{false, true} {
+		t.Run(fmt.Sprintf("h2=%v", h2), func(t *testing.T) {
+			r := newAttackRig(t, handler, key)
+			client := r.goClient(r.proxyURL, h2)
+			client.CheckRedirect = func(*http.Request, []*http.Request) error { return http.ErrUseLastResponse }
+			ph := r.ph[key.key]
+			for _, c := range []struct {
+				path   string
+				status int
+				start  string
+			}{
+				{"/missing/", http.StatusNotFound, "404 page not found: /missing/"},
+				{"/moved/", http.StatusFound, "moved: /moved/"},
+				{"/bad/", http.StatusBadRequest, "bad request: GET /bad/"},
+			} {
+				req := newRequest(t, http.MethodGet, "https://"+r.addr(key.host)+c.path+ph+"/info?key="+ph+"&page=2", "")
+				res, body := do(t, client, req, h2)
+				if res.StatusCode != c.status || !bytes.HasPrefix(body, []byte(c.start)) || !bytes.HasSuffix(body, []byte("\nend\n")) ||
+					(c.status == http.StatusFound && res.Header.Get("Location") == "") {
+					t.Errorf("%s: the answer did not arrive whole: %d, %d bytes", c.path, res.StatusCode, len(body))
+				}
+				assertNoFragment(t, c.path, answerText(res, body), key.real())
+			}
+			got := r.up.requests()
+			if len(got) != 3 {
+				t.Fatalf("the upstream got %d requests, want 3", len(got))
+			}
+			for _, g := range got {
+				q, _ := url.ParseQuery(g.RawQuery)
+				if !strings.Contains(g.Path, key.value) || q.Get("key") != key.value {
+					t.Fatal("the upstream did not get the real value in the path and the query: the attack tests nothing")
+				}
+			}
+		})
+	}
+}
