@@ -261,3 +261,101 @@ func TestAnswerAttackEscapedEcho(t *testing.T) {
 		})
 	}
 }
+
+// Partial echo, then the scrubber as an oracle. An upstream quotes the
+// credential it got cut short (all but its last character; its first 20
+// characters): the task must not get 12 consecutive bytes of its secret
+// part. Then the attack that confirms the rest: for each of the 62 letters
+// and digits the last character can be, the task sends what it learned and
+// the candidate to an echoing upstream (in the body, with no placeholder;
+// and again with its placeholder in the request, which today arms the
+// scrubber for the value). Every echo must be scrubbed alike: none of the
+// 62 answers may differ from the others but by the candidate it echoes, so
+// the attack learns nothing.
+func TestAnswerAttackPartialEchoOracle(t *testing.T) {
+	key := attackKey{key: "TOKEN", host: "oracle.example.test", in: []string{"header"}, prefix: "tok_",
+		value: "tok_" + randomText(13, alnum, 36)}
+	handler := func(w http.ResponseWriter, req *http.Request) {
+		switch req.URL.Path {
+		case "/whoami":
+			cred := strings.TrimPrefix(req.Header.Get("Authorization"), "Bearer ")
+			if len(cred) < 21 {
+				http.Error(w, "no key", http.StatusUnauthorized)
+				return
+			}
+			w.Header().Set("X-Key-Hint", cred[:20])
+			w.WriteHeader(http.StatusUnauthorized)
+			fmt.Fprintf(w, "error: key %s is revoked\nhint: your key starts %s\nend\n", cred[:len(cred)-1], cred[:20])
+		case "/echo":
+			body, _ := io.ReadAll(req.Body)
+			fmt.Fprintf(w, "you said: %s\nend\n", body)
+		}
+	}
+	for _, h2 := range []bool{false, true} {
+		t.Run(fmt.Sprintf("h2=%v", h2), func(t *testing.T) {
+			r := newAttackRig(t, handler, key)
+			client := r.goClient(r.proxyURL, h2)
+			ph := r.ph[key.key]
+			base := "https://" + r.addr(key.host)
+
+			req := newRequest(t, http.MethodGet, base+"/whoami", "")
+			req.Header.Set("Authorization", "Bearer "+ph)
+			res, body := do(t, client, req, h2)
+			before, rest, ok := strings.Cut(string(body), "error: key ")
+			learned, _, ok2 := strings.Cut(rest, " is revoked\n")
+			if res.StatusCode != http.StatusUnauthorized || before != "" || !ok || !ok2 || !bytes.HasSuffix(body, []byte("\nend\n")) {
+				t.Fatalf("the quoting answer did not arrive whole: %d, %d bytes", res.StatusCode, len(body))
+			}
+			if g := r.up.requests(); len(g) != 1 || g[0].Header.Get("Authorization") != "Bearer "+key.value {
+				t.Fatal("the upstream did not get the real value: the attack tests nothing")
+			}
+			assertNoFragment(t, "the quoted credential", answerText(res, body), key.real())
+			// What the task learned, less its own placeholder, whole or
+			// all but its last character at the end (worthless; and a
+			// guess that completed it would be refused in a body, which
+			// tells nothing of the value).
+			learned = strings.TrimSuffix(strings.ReplaceAll(learned, ph, ""), ph[:len(ph)-1])
+
+			for _, armed := range []bool{false, true} {
+				kinds := map[string][]byte{} // answers told apart, and their candidates
+				holding, first := 0, ""
+				for i := range len(alnum) {
+					guess := "guess=" + learned + alnum[i:i+1] + ";"
+					req := newRequest(t, http.MethodPost, base+"/echo", guess)
+					if armed {
+						req.Header.Set("Authorization", "Bearer "+ph)
+					}
+					res, body := do(t, client, req, h2)
+					if res.StatusCode != http.StatusOK || !bytes.HasPrefix(body, []byte("you said: ")) || !bytes.HasSuffix(body, []byte("\nend\n")) {
+						t.Fatalf("armed=%v: an echo did not arrive whole: %d, %d bytes", armed, res.StatusCode, len(body))
+					}
+					if found := findValue(answerText(res, body), key.real()); len(found) > 0 {
+						if holding++; first == "" {
+							first = strings.Join(found, "; ")
+						}
+					}
+					// The answer as the attacker compares them: its echo
+					// of this guess (if unchanged) made the same for all.
+					h := res.Header.Clone()
+					h.Del("Date")
+					var kind bytes.Buffer
+					fmt.Fprintf(&kind, "%d\n", res.StatusCode)
+					h.Write(&kind)
+					kind.Write(bytes.Replace(body, []byte(guess), []byte("<the guess>"), 1))
+					kinds[kind.String()] = append(kinds[kind.String()], alnum[i])
+				}
+				if holding > 0 {
+					t.Errorf("armed=%v: %d of the 62 echoes gave the task the real value, e.g. %s", armed, holding, first)
+				}
+				if len(kinds) != 1 {
+					sizes := []int{}
+					for _, cs := range kinds {
+						sizes = append(sizes, len(cs))
+					}
+					slices.Sort(sizes)
+					t.Errorf("armed=%v: the 62 guesses' echoes come back in %d kinds (of %v guesses): the scrubber tells candidates apart", armed, len(kinds), sizes)
+				}
+			}
+		})
+	}
+}
