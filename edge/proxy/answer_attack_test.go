@@ -2,7 +2,10 @@ package proxy
 
 import (
 	"bytes"
+	"context"
+	"crypto/sha1"
 	"crypto/tls"
+	"crypto/x509"
 	"encoding/base64"
 	"encoding/json"
 	"fmt"
@@ -10,11 +13,14 @@ import (
 	"net"
 	"net/http"
 	"net/http/httptest"
+	"net/http/httptrace"
 	"net/url"
 	"slices"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
+	"time"
 
 	"github.com/runfleet/runfleet/shared/runspec"
 	"github.com/runfleet/runfleet/tests/kit/edgetest"
@@ -355,6 +361,221 @@ func TestAnswerAttackPartialEchoOracle(t *testing.T) {
 					slices.Sort(sizes)
 					t.Errorf("armed=%v: the 62 guesses' echoes come back in %d kinds (of %v guesses): the scrubber tells candidates apart", armed, len(kinds), sizes)
 				}
+			}
+		})
+	}
+}
+
+// notesUpstream stores what is POSTed to /notes and returns the latest
+// note to a GET of /notes/latest, under every name it answers as (as text
+// and in JSON), and over a WebSocket to an Upgrade (the note as one message,
+// then split inside itself over two fragments of another).
+func notesUpstream(t *testing.T) (http.HandlerFunc, func() []string) {
+	var mu sync.Mutex
+	var notes []string
+	latest := func() string {
+		mu.Lock()
+		defer mu.Unlock()
+		if len(notes) == 0 {
+			return ""
+		}
+		return notes[len(notes)-1]
+	}
+	handler := func(w http.ResponseWriter, req *http.Request) {
+		switch {
+		case req.Header.Get("Upgrade") == "websocket":
+			serveNoteOverWebSocket(t, w, req, latest())
+		case req.Method == http.MethodPost && req.URL.Path == "/notes":
+			body, _ := io.ReadAll(req.Body)
+			mu.Lock()
+			notes = append(notes, string(body))
+			n := len(notes)
+			mu.Unlock()
+			w.WriteHeader(http.StatusCreated)
+			fmt.Fprintf(w, "stored note %d\n", n)
+		case req.URL.Path == "/notes/latest":
+			note := latest()
+			doc, _ := json.Marshal(map[string]string{"note": note, "via": req.Host})
+			fmt.Fprintf(w, "note: %s\n%s\nend\n", note, doc)
+		default:
+			http.NotFound(w, req)
+		}
+	}
+	return handler, func() []string {
+		mu.Lock()
+		defer mu.Unlock()
+		return slices.Clone(notes)
+	}
+}
+
+// serveNoteOverWebSocket answers an Upgrade with a 101 and sends note over
+// the WebSocket (frames written as websocket_test.go's are), then a close,
+// and waits for the task's.
+func serveNoteOverWebSocket(t *testing.T, w http.ResponseWriter, req *http.Request, note string) {
+	conn, brw, err := w.(http.Hijacker).Hijack()
+	if err != nil {
+		t.Errorf("hijack: %v", err)
+		return
+	}
+	defer conn.Close()
+	_ = conn.SetDeadline(time.Now().Add(20 * time.Second))
+	sum := sha1.Sum([]byte(req.Header.Get("Sec-WebSocket-Key") + "258EAFA5-E914-47DA-95CA-C5AB0DC85B11"))
+	fmt.Fprintf(conn, "HTTP/1.1 101 Switching Protocols\r\nUpgrade: websocket\r\nConnection: Upgrade\r\nSec-WebSocket-Accept: %s\r\n\r\n",
+		base64.StdEncoding.EncodeToString(sum[:]))
+	msg := []byte("note: " + note)
+	conn.Write(rawFrame(true, 0, 0x1, nil, msg))
+	cut := len(msg) / 2
+	conn.Write(rawFrame(false, 0, 0x1, nil, msg[:cut]))
+	conn.Write(rawFrame(true, 0, 0x0, nil, msg[cut:]))
+	conn.Write(rawFrame(true, 0, 0x8, nil, []byte{0x03, 0xe8}))
+	readTestFrame(brw.Reader) // the task's close
+}
+
+// Store, then fetch. A key allowed in the body is put into a note an
+// upstream stores; a later request that carries no placeholder fetches it
+// back: on the same HTTP/1.1 connection or another HTTP/2 stream of the
+// same connection, on another connection, through another granted domain
+// of the task (another key's, answered by the same service), and through a
+// name no key reaches, which egress open tunnels today (there the proxy
+// may refuse instead: then the task gets nothing, which is fine).
+func TestAnswerAttackStoreThenFetch(t *testing.T) {
+	note := attackKey{key: "NOTE", host: "notes.example.test", in: []string{"body"}, prefix: "nt_",
+		value: "nt_" + randomText(21, alnum+"-_.~", 37)}
+	feed := attackKey{key: "FEED", host: "feed.example.test", in: []string{"header"}, value: randomText(22, alnum, 40)}
+	for _, h2 := range []bool{false, true} {
+		t.Run(fmt.Sprintf("h2=%v", h2), func(t *testing.T) {
+			handler, stored := notesUpstream(t)
+			r := newAttackRig(t, handler, note, feed)
+			notes := r.addr(note.host)
+			post := "remember: " + r.ph[note.key] + "\n"
+			fetched := func(t *testing.T, res *http.Response, body []byte) {
+				t.Helper()
+				if res.StatusCode != http.StatusOK || !bytes.HasPrefix(body, []byte("note: remember: ")) || !bytes.HasSuffix(body, []byte("\nend\n")) {
+					t.Errorf("the fetch did not arrive whole: %d, %d bytes", res.StatusCode, len(body))
+				}
+				assertNoFragment(t, "the fetched note", answerText(res, body), note.real())
+			}
+
+			// The store, and the fetch on the same connection.
+			var sameConn func(t *testing.T)
+			if !h2 {
+				tc, br := r.dialIntercepted(r.proxyURL, notes, note.host, "http/1.1")
+				t.Cleanup(func() { tc.Close() })
+				_ = tc.SetDeadline(time.Now().Add(20 * time.Second))
+				res, body := roundTrip(t, tc, br, fmt.Sprintf("POST /notes HTTP/1.1\r\nHost: %s\r\nContent-Type: text/plain\r\nContent-Length: %d\r\n\r\n%s", notes, len(post), post))
+				if res.StatusCode != http.StatusCreated {
+					t.Fatalf("the store: %d %q", res.StatusCode, body)
+				}
+				sameConn = func(t *testing.T) {
+					res, body := roundTrip(t, tc, br, "GET /notes/latest HTTP/1.1\r\nHost: "+notes+"\r\n\r\n")
+					fetched(t, res, []byte(body))
+				}
+			} else {
+				client := r.goClient(r.proxyURL, true)
+				res, body := do(t, client, newRequest(t, http.MethodPost, "https://"+notes+"/notes", post), true)
+				if res.StatusCode != http.StatusCreated {
+					t.Fatalf("the store: %d %q", res.StatusCode, body)
+				}
+				sameConn = func(t *testing.T) {
+					var reused atomic.Bool
+					trace := &httptrace.ClientTrace{GotConn: func(i httptrace.GotConnInfo) { reused.Store(i.Reused) }}
+					req := newRequest(t, http.MethodGet, "https://"+notes+"/notes/latest", "")
+					req = req.WithContext(httptrace.WithClientTrace(context.Background(), trace))
+					res, body := do(t, client, req, true)
+					if !reused.Load() {
+						t.Error("the fetch went on another connection, not another stream")
+					}
+					fetched(t, res, body)
+				}
+			}
+			if s := stored(); len(s) != 1 || !strings.Contains(s[0], note.value) {
+				t.Fatal("the upstream did not store the real value: the attack tests nothing")
+			}
+
+			t.Run("same connection", sameConn)
+			t.Run("another connection", func(t *testing.T) {
+				res, body := do(t, r.goClient(r.proxyURL, h2), newRequest(t, http.MethodGet, "https://"+notes+"/notes/latest", ""), h2)
+				fetched(t, res, body)
+			})
+			t.Run("another granted domain", func(t *testing.T) {
+				res, body := do(t, r.goClient(r.proxyURL, h2), newRequest(t, http.MethodGet, "https://"+r.addr(feed.host)+"/notes/latest", ""), h2)
+				fetched(t, res, body)
+			})
+			t.Run("a name no key reaches", func(t *testing.T) {
+				// A task's client trusts the proxy's CA and the public
+				// roots (here the upstream's test CA).
+				pool := x509.NewCertPool()
+				pool.AppendCertsFromPEM(r.authority.Bundle())
+				pool.AppendCertsFromPEM(r.uca.PEM)
+				client := &http.Client{Timeout: 20 * time.Second, Transport: &http.Transport{
+					Proxy: http.ProxyURL(r.proxyURL), TLSClientConfig: &tls.Config{RootCAs: pool}, ForceAttemptHTTP2: h2,
+				}}
+				res, err := client.Get("https://" + r.addr(tunnelHost) + "/notes/latest")
+				if err != nil {
+					t.Logf("refused: %v", err)
+					return
+				}
+				body, err := io.ReadAll(res.Body)
+				res.Body.Close()
+				if err != nil {
+					t.Logf("cut short: %v", err)
+				}
+				assertNoFragment(t, "the note fetched through "+tunnelHost, answerText(res, body), note.real())
+			})
+		})
+	}
+}
+
+// Store, then fetch over a WebSocket: the upstream sends the stored note
+// as WebSocket messages (whole, and split inside itself over two
+// fragments), to a connection whose handshake and messages carried no
+// placeholder, through the key's own domain and through another granted
+// domain.
+func TestAnswerAttackStoreThenFetchOverWebSocket(t *testing.T) {
+	note := attackKey{key: "NOTE", host: "notes.example.test", in: []string{"body"}, prefix: "nt_",
+		value: "nt_" + randomText(23, alnum+"-_.~", 37)}
+	feed := attackKey{key: "FEED", host: "feed.example.test", in: []string{"header"}, value: randomText(24, alnum, 40)}
+	handler, stored := notesUpstream(t)
+	r := newAttackRig(t, handler, note, feed)
+	res, body := do(t, r.goClient(r.proxyURL, false), newRequest(t, http.MethodPost, "https://"+r.addr(note.host)+"/notes", "remember: "+r.ph[note.key]), false)
+	if res.StatusCode != http.StatusCreated {
+		t.Fatalf("the store: %d %q", res.StatusCode, body)
+	}
+	if s := stored(); len(s) != 1 || !strings.Contains(s[0], note.value) {
+		t.Fatal("the upstream did not store the real value: the attack tests nothing")
+	}
+	for _, host := range []string{note.host, feed.host} {
+		t.Run(host, func(t *testing.T) {
+			tc, br, res := r.wsDial(t, r.addr(host), host, "")
+			if res.StatusCode != http.StatusSwitchingProtocols {
+				t.Fatalf("handshake: %d", res.StatusCode)
+			}
+			var msgs [][]byte
+			var cur []byte
+			closed := 0
+			for closed == 0 {
+				fr, err := readTestFrame(br)
+				if err != nil {
+					t.Fatalf("reading the upstream's messages: %v", err)
+				}
+				switch fr.op {
+				case 0x8:
+					closed = fr.closeCode()
+				case 0x1, 0x0:
+					if cur = append(cur, fr.payload...); fr.fin {
+						msgs, cur = append(msgs, cur), nil
+					}
+				}
+			}
+			tc.Write(rawFrame(true, 0, 0x8, testMask, []byte{0x03, 0xe8}))
+			if len(msgs) != 2 || closed != 1000 {
+				t.Fatalf("%d messages and a close %d, want 2 and 1000", len(msgs), closed)
+			}
+			for i, m := range msgs {
+				if !bytes.HasPrefix(m, []byte("note: remember: ")) {
+					t.Errorf("message %d did not arrive whole (%d bytes)", i, len(m))
+				}
+				assertNoFragment(t, fmt.Sprintf("message %d", i), m, note.real())
 			}
 		})
 	}
