@@ -7,6 +7,7 @@ import (
 	"crypto/tls"
 	"crypto/x509"
 	"encoding/base64"
+	"encoding/hex"
 	"encoding/json"
 	"fmt"
 	"io"
@@ -576,6 +577,160 @@ func TestAnswerAttackStoreThenFetchOverWebSocket(t *testing.T) {
 					t.Errorf("message %d did not arrive whole (%d bytes)", i, len(m))
 				}
 				assertNoFragment(t, fmt.Sprintf("message %d", i), m, note.real())
+			}
+		})
+	}
+}
+
+// formLines is how the upstream of TestAnswerAttackEveryFormAcrossBoundaries
+// writes the value v (named name) in every form of issue 27, each on a
+// line of its own with a label, inside the text an upstream would have
+// around it (so base64 stands at each alignment of its stream), and three
+// fragments of it (20 bytes: literal, base64, hex). It is written apart
+// from forms on purpose: the same code writing and checking could hide a
+// mistake.
+func formLines(name, v string) [][2]string {
+	pre := "~~"
+	var lines [][2]string
+	add := func(label, text string) { lines = append(lines, [2]string{name + " " + label, text}) }
+	add("literal", v)
+	for p := range 3 {
+		stream := []byte(pre[:p] + v + "!")
+		add(fmt.Sprintf("base64/%d", p), base64.StdEncoding.EncodeToString(stream))
+		add(fmt.Sprintf("base64url/%d", p), base64.URLEncoding.EncodeToString(stream))
+		add(fmt.Sprintf("base64url-raw/%d", p), base64.RawURLEncoding.EncodeToString(stream))
+	}
+	add("basic", "Basic "+base64.StdEncoding.EncodeToString([]byte("user:"+v)))
+	add("hex", hex.EncodeToString([]byte(v)))
+	add("HEX", strings.ToUpper(hex.EncodeToString([]byte(v))))
+	var upper, lower, uLower, uUpper strings.Builder
+	for _, c := range []byte(v) {
+		fmt.Fprintf(&upper, "%%%02X", c)
+		fmt.Fprintf(&lower, "%%%02x", c)
+		fmt.Fprintf(&uLower, `\u%04x`, c)
+		fmt.Fprintf(&uUpper, `\u%04X`, c)
+	}
+	add("percent", upper.String())
+	add("percent-lower", lower.String())
+	add("query", url.QueryEscape(v))
+	add("form", url.Values{"v": {v}}.Encode())
+	add("path", url.PathEscape(v))
+	doc, _ := json.Marshal(map[string]string{"v": v})
+	add("json", string(doc))
+	var raw bytes.Buffer
+	enc := json.NewEncoder(&raw)
+	enc.SetEscapeHTML(false)
+	_ = enc.Encode(map[string]string{"v": v})
+	add("json-raw", strings.TrimSpace(raw.String()))
+	add(`\u00xx`, `"`+uLower.String()+`"`)
+	add(`\u00XX`, `"`+uUpper.String()+`"`)
+	if hexLike.MatchString(v) {
+		add("upper", strings.ToUpper(v))
+		add("lower", strings.ToLower(v))
+	}
+	if len(v) >= 30 {
+		add("fragment", v[3:23])
+		add("fragment-base64", base64.StdEncoding.EncodeToString([]byte(v[5:25])))
+		add("fragment-hex", hex.EncodeToString([]byte(v[10:30])))
+	}
+	return lines
+}
+
+// byteFlusher writes one byte at a time, each flushed: one chunk per byte
+// (the proxy reads its upstreams over HTTP/1.1).
+type byteFlusher struct {
+	w  io.Writer
+	rc *http.ResponseController
+}
+
+func (b byteFlusher) Write(p []byte) (int, error) {
+	for i := range p {
+		if _, err := b.w.Write(p[i : i+1]); err != nil {
+			return i, err
+		}
+		if err := b.rc.Flush(); err != nil {
+			return i, err
+		}
+	}
+	return len(p), nil
+}
+
+// Every form echoed across chunk and frame boundaries. A task puts two
+// values into a body (one of 40 characters drawn with quotes, slashes,
+// escapes, spaces and a tab among them; one hex-like); the upstream writes
+// each in every form of issue 27 one byte per chunk (the proxy reads its
+// upstreams over HTTP/1.1: a chunked answer of one-byte chunks), and the
+// task reads the answer over HTTP/1.1 (chunked) and HTTP/2 (DATA frames).
+// The task never gets a form, nor a 12-byte run of one, and every line
+// still arrives.
+func TestAnswerAttackEveryFormAcrossBoundaries(t *testing.T) {
+	special := attackKey{key: "SPECIAL", host: "forms.example.test", in: []string{"body"},
+		value: randomText(31, alnum+`/+=&% "\<>'?#{}:;,`+"\t", 36) + `"/\ `}
+	hexKey := attackKey{key: "HEXKEY", host: "forms.example.test", in: []string{"body"}, value: randomText(32, "0123456789abcdef", 40)}
+	for _, h2 := range []bool{false, true} {
+		t.Run(fmt.Sprintf("h2=%v", h2), func(t *testing.T) {
+			var mu sync.Mutex
+			var received [][]string
+			handler := func(w http.ResponseWriter, req *http.Request) {
+				body, _ := io.ReadAll(req.Body)
+				parts := strings.Split(string(body), "\n")
+				if len(parts) < 4 {
+					http.Error(w, "want name\\nvalue\\nname\\nvalue", http.StatusBadRequest)
+					return
+				}
+				mu.Lock()
+				received = append(received, parts)
+				mu.Unlock()
+				w.Header().Set("Content-Type", "text/plain")
+				w.WriteHeader(http.StatusOK)
+				rc := http.NewResponseController(w)
+				out := byteFlusher{w, rc}
+				for _, nv := range [][2]string{{parts[0], parts[1]}, {parts[2], parts[3]}} {
+					for _, l := range formLines(nv[0], nv[1]) {
+						fmt.Fprintf(out, "%s: %s\n", l[0], l[1])
+					}
+				}
+				io.WriteString(out, "end\n")
+			}
+			r := newAttackRig(t, handler, special, hexKey)
+			post := "SPECIAL\n" + r.ph[special.key] + "\nHEXKEY\n" + r.ph[hexKey.key] + "\n"
+			res, body := do(t, r.goClient(r.proxyURL, h2), newRequest(t, http.MethodPost, "https://"+r.addr(special.host)+"/forms", post), h2)
+			mu.Lock()
+			got := slices.Clone(received)
+			mu.Unlock()
+			if len(got) != 1 || got[0][1] != special.value || got[0][3] != hexKey.value {
+				t.Fatal("the upstream did not get the real values: the attack tests nothing")
+			}
+			if res.StatusCode != http.StatusOK || !bytes.HasSuffix(body, []byte("\nend\n")) {
+				t.Errorf("the answer did not arrive whole: %d, %d bytes", res.StatusCode, len(body))
+			}
+			lines := map[string]string{}
+			for _, l := range strings.Split(string(body), "\n") {
+				label, text, _ := strings.Cut(l, ": ")
+				lines[label] = text
+			}
+			for _, k := range []attackKey{special, hexKey} {
+				written := formLines(k.key, k.value)
+				var leaked []string
+				example := ""
+				for _, l := range written {
+					text, ok := lines[l[0]]
+					if !ok {
+						t.Errorf("the line %q did not arrive", l[0])
+						continue
+					}
+					if found := findValue([]byte(text), k.real()); len(found) > 0 {
+						leaked = append(leaked, strings.TrimPrefix(l[0], k.key+" "))
+						if example == "" {
+							example = l[0] + ": " + strings.Join(found, "; ")
+						}
+					}
+				}
+				if len(leaked) > 0 {
+					t.Errorf("%s: %d of the %d forms written reached the task: %s (e.g. %s)", k.key, len(leaked), len(written), strings.Join(leaked, ", "), example)
+					continue
+				}
+				assertNoFragment(t, "the whole answer", answerText(res, body), k.real())
 			}
 		})
 	}
