@@ -253,12 +253,18 @@ func findRuns[T ~string | ~[]byte](s *Set, b T, out []Match) []Match {
 }
 
 // mergeRuns sorts ms by start and merges the runs that overlap, each merged
-// run keeping the first one's placeholder.
+// run keeping the placeholder of its first run (the longest of those that
+// start first).
 func mergeRuns(ms []Match) []Match {
 	if len(ms) < 2 {
 		return ms
 	}
-	slices.SortFunc(ms, func(x, y Match) int { return x.Start - y.Start })
+	slices.SortFunc(ms, func(x, y Match) int {
+		if x.Start != y.Start {
+			return x.Start - y.Start
+		}
+		return y.End - x.End
+	})
 	k := 0
 	for _, m := range ms[1:] {
 		if m.Start < ms[k].End {
