@@ -79,11 +79,19 @@ type PolicySource interface {
 
 var _ PolicySource = (*policy.Watcher)(nil)
 
-// LeafSource issues the certificate for an intercepted name. It is called
-// from the handshake's goroutine with ServerName set to the CONNECT's
-// canonical name (never the client's SNI). *ca.Authority satisfies it.
+// LeafSource issues the certificate for an intercepted name.
+// *ca.Authority satisfies it.
 type LeafSource interface {
+	// GetCertificate is called from the handshake's goroutine with
+	// ServerName set to the CONNECT's canonical name (never the client's
+	// SNI). It issues only for a name the policy lists, or one AdmitName
+	// holds now.
 	GetCertificate(hello *tls.ClientHelloInfo) (*tls.Certificate, error)
+	// AdmitName lets name, which the policy need not list, get a leaf
+	// until release is called. The proxy calls it only for a connection
+	// decided policy.InterceptToScrub, from that connection's goroutine,
+	// and releases it as soon as the handshake ends.
+	AdmitName(name string) (release func())
 }
 
 // Dialer reaches upstreams; *upstream.Guard satisfies it. It must resolve
