@@ -2,8 +2,10 @@
 // and their proxy credentials, and the placeholders minted for them, kept on
 // disk for each task's life), its two fronts (the explicit CONNECT listener,
 // and each task network's redirected connections and DNS: ServeNetwork),
-// which intercept what a task's keys may reach under the same rules, and the
-// one request pipeline that HTTP/1.1 and HTTP/2 share, WebSockets included.
+// which intercept what a task's keys may reach under the same rules (and,
+// under open egress, every other name for a run holding a url or body key:
+// egress.go), and the one request pipeline that HTTP/1.1 and HTTP/2 share,
+// WebSockets included.
 // Package placeholder finds and rewrites placeholders and values in bytes,
 // asking the pipeline about each occurrence; package http1 frames HTTP/1.1;
 // decisions are package policy's pure functions.
