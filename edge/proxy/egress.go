@@ -31,7 +31,9 @@ func (p *Proxy) interceptToScrub(a *attempt, c *bufferedConn, ci *connInfo, ix *
 		entry.Duration = p.cfg.Clock.Now().Sub(entry.TS)
 		p.cfg.Audit.Record(entry)
 	}
-	host := ci.target.String()
+	// The name is whatever the task connected to, so it may hold a
+	// placeholder: reasons name it redacted, as the audit's Host does.
+	host := ci.logHost
 	first, err := c.peekByte()
 	if err != nil {
 		var ne net.Error

@@ -232,6 +232,13 @@ func TestAuditAndLogsNeverHoldAValueOrPlaceholder(t *testing.T) {
 			}
 		},
 		func() { c, _, _ := f.connect(f.proxyURL, "api.example.test:1"); c.Close() },
+		func() {
+			// A name of the task's choosing, intercepted to scrub (run-a
+			// holds a body key) and refused: its reason names it.
+			c, br, _ := f.connect(f.proxyURL, f.phA+".example.test:443")
+			defer c.Close()
+			roundTrip(t, c, br, "GET /plain HTTP/1.1\r\nHost: "+f.phA+".example.test\r\n\r\n")
+		},
 	}
 	pw, _ := f.proxyURL.User.Password()
 	front := func(auth bool, requestLine string) int {
@@ -290,6 +297,9 @@ func TestAuditAndLogsNeverHoldAValueOrPlaceholder(t *testing.T) {
 		return m["host"] == "[placeholder].example.test:443" && m["status"] == float64(http.StatusProxyAuthRequired)
 	})
 	f.waitAudit(func(m map[string]any) bool { return m["method"] == "[placeholder]" && m["host"] == f.api })
+	f.waitAudit(func(m map[string]any) bool {
+		return m["reason"] == "plain HTTP to [placeholder].example.test:443; "+policy.StorableEgressRule
+	})
 	if rotated, _ := filepath.Glob(filepath.Join(f.auditDir, "*.jsonl.*")); len(rotated) == 0 {
 		t.Error("the audit file never rotated: the rotated files went unchecked")
 	}
