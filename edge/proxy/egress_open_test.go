@@ -2,6 +2,8 @@ package proxy
 
 import (
 	"bufio"
+	"bytes"
+	"compress/gzip"
 	"crypto/tls"
 	"crypto/x509"
 	"fmt"
@@ -24,7 +26,8 @@ import (
 // fixture's one upstream answers as api, other and third.example.test.
 
 // storeAndFetch makes the fixture's upstream a store: POST /store keeps
-// the body it received, GET /fetch answers it.
+// the body it received, GET /fetch answers it, gzipped when the request
+// accepts gzip (as servers do, whatever edge would prefer).
 func storeAndFetch(f *fixture) {
 	var mu sync.Mutex
 	var stored []byte
@@ -39,7 +42,14 @@ func storeAndFetch(f *fixture) {
 		case "/fetch":
 			mu.Lock()
 			defer mu.Unlock()
-			w.Write(stored)
+			if !strings.Contains(r.Header.Get("Accept-Encoding"), "gzip") {
+				w.Write(stored)
+				return
+			}
+			w.Header().Set("Content-Encoding", "gzip")
+			zw := gzip.NewWriter(w)
+			zw.Write(stored)
+			zw.Close()
 		default:
 			http.NotFound(w, r)
 		}
@@ -58,6 +68,16 @@ func storeB(t *testing.T, f *fixture, client *http.Client) {
 	if res.StatusCode != 200 || len(got) == 0 || string(got[len(got)-1].Body) != realB {
 		t.Fatalf("storing through other: %d; the upstream did not store the real value", res.StatusCode)
 	}
+}
+
+// identity is a GET asking for the answer uncompressed (Go's client asks
+// for gzip otherwise, and the store answers gzipped when asked).
+func identity(t *testing.T, rawURL string) *http.Request {
+	t.Helper()
+	req, err := http.NewRequest(http.MethodGet, rawURL, nil)
+	must(t, err)
+	req.Header.Set("Accept-Encoding", "identity")
+	return req
 }
 
 // verifiesAgainst reports whether cert is a valid leaf for name under the
@@ -97,7 +117,7 @@ func TestEgressOpenBodyKeyRunIsInterceptedAndScrubbedElsewhere(t *testing.T) {
 			client := f.goClient(f.proxyURL, h2)
 			storeB(t, f, client)
 			third := "third.example.test:" + itoa(f.up.port)
-			res, err := client.Get("https://" + third + "/fetch")
+			res, err := client.Do(identity(t, "https://"+third+"/fetch"))
 			must(t, err)
 			body, _ := io.ReadAll(res.Body)
 			res.Body.Close()
@@ -120,6 +140,23 @@ func TestEgressOpenBodyKeyRunIsInterceptedAndScrubbedElsewhere(t *testing.T) {
 				t.Error("the CA still issues third.example.test's leaf once the handshake that needed it is over")
 			}
 			fetchedScrubbed(t, f, string(body))
+
+			// Asked gzipped, which no scrubber can read: refused, or the
+			// placeholder once decompressed, never the value.
+			req, _ := http.NewRequest(http.MethodGet, "https://"+third+"/fetch", nil)
+			req.Header.Set("Accept-Encoding", "gzip")
+			res, err = client.Do(req)
+			must(t, err)
+			body, _ = io.ReadAll(res.Body)
+			res.Body.Close()
+			if res.Header.Get("Content-Encoding") == "gzip" {
+				zr, err := gzip.NewReader(bytes.NewReader(body))
+				must(t, err)
+				body, _ = io.ReadAll(zr)
+			}
+			if res.StatusCode != http.StatusBadGateway {
+				fetchedScrubbed(t, f, string(body))
+			}
 		})
 	}
 }
@@ -273,7 +310,7 @@ func TestEgressOpenTransparentFrontDecidesTheSame(t *testing.T) {
 	t.Run("intercepted and scrubbed", func(t *testing.T) {
 		client := tn.client(f.authority.Bundle(), false)
 		storeB(t, f, client)
-		res, err := client.Get("https://" + third + "/fetch")
+		res, err := client.Do(identity(t, "https://"+third+"/fetch"))
 		must(t, err)
 		body, _ := io.ReadAll(res.Body)
 		res.Body.Close()
