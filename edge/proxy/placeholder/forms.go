@@ -44,7 +44,8 @@ type byteForm func(dst []byte, r rune, raw string) []byte
 
 // spellings are the forms of v an answer may carry: those the proxy itself
 // writes (the bytes as they are, path and query escaping, JSON escaping,
-// Basic's base64 of user:value at whatever offset the value sits) and those
+// Basic's base64 of user:value at whatever offset the value sits, and an
+// escaped path escaped again as a query value) and those
 // upstreams commonly apply (hex, every byte percent-encoded, \u00XX
 // escapes, standard and URL-safe base64 at each of the three offsets a
 // value can sit at, the other case of a hex-like value). Spellings with the
@@ -88,6 +89,10 @@ var (
 		escapeWith(url.QueryEscape, false), escapeWith(url.QueryEscape, true),
 		escapeWith(url.PathEscape, false), escapeWith(url.PathEscape, true),
 		escapeWith(uriComponent, false), escapeWith(uriComponent, true),
+		// An escaped URL escaped again as a query value: a login redirect's
+		// "?next=" quoting the path it was asked for.
+		escapeWith(func(s string) string { return url.QueryEscape(url.PathEscape(s)) }, false),
+		escapeWith(func(s string) string { return url.QueryEscape(url.QueryEscape(s)) }, false),
 	}
 	jsonForms = []byteForm{jsonForm(true, false, false), jsonForm(false, false, false), jsonForm(false, true, false), jsonForm(false, true, true)}
 )
