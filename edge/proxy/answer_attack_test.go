@@ -11,11 +11,13 @@ import (
 	"encoding/json"
 	"fmt"
 	"io"
+	"math/rand/v2"
 	"net"
 	"net/http"
 	"net/http/httptest"
 	"net/http/httptrace"
 	"net/url"
+	"regexp"
 	"slices"
 	"strings"
 	"sync"
@@ -25,15 +27,16 @@ import (
 
 	"github.com/runfleet/runfleet/shared/runspec"
 	"github.com/runfleet/runfleet/tests/kit/edgetest"
+	"github.com/runfleet/runfleet/tests/kit/leakcheck"
 )
 
 // Issue 27's red team, as regression tests: a task, with real clients over
 // HTTP/1.1 and HTTP/2 (and WebSocket), against upstreams its keys may reach
 // that echo, quote, store and re-encode what they were sent. Whatever the
 // upstream does, the task gets its placeholder or a scrubbed answer, never
-// a real value in any form (forms, findValue), and the answer still
-// arrives: its status and the rest of its body, so that no test passes by
-// the proxy breaking everything.
+// a real value in any form (leakcheck reads what it got as the task
+// would), and the answer still arrives: its status and the rest of its
+// body, so that no test passes by the proxy breaking everything.
 
 // attackKey is one key of an attack rig: the name it reaches, the
 // locations it may be put in, its placeholders' prefix (none: the default
@@ -45,7 +48,16 @@ type attackKey struct {
 	value     string
 }
 
-func (k attackKey) real() realValue { return realValue{key: k.key, value: k.value, prefix: k.prefix} }
+// real is the key's value as leakcheck looks for it: its secret part is
+// what follows the placeholders' prefix when the value starts with it
+// (sk_live_... keeps its sk_live_ public), else all of it.
+func (k attackKey) real() leakcheck.Real {
+	r := leakcheck.Real{Key: k.key, Value: k.value, Fragment: leakcheck.Bound}
+	if k.prefix != "" && strings.HasPrefix(k.value, k.prefix) {
+		r.Public = len(k.prefix)
+	}
+	return r
+}
 
 // tunnelHost is a name the rig's upstream answers as that no key reaches:
 // under egress open the proxy tunnels it today.
@@ -192,7 +204,7 @@ func TestAnswerAttackReencodedBasicEcho(t *testing.T) {
 					!bytes.HasSuffix(body, []byte("\nend\n")) || !strings.HasPrefix(res.Header.Get("X-Echo"), "Basic ") {
 					t.Errorf("user %q: the answer did not arrive whole: %d, %d bytes", user, res.StatusCode, len(body))
 				}
-				assertNoFragment(t, "user "+user, answerText(res, body), key.real())
+				leakcheck.AssertClean(t, "user "+user, answerText(res, body), key.real())
 			}
 			got := r.up.requests()
 			for _, g := range got {
@@ -253,7 +265,7 @@ func TestAnswerAttackEscapedEcho(t *testing.T) {
 					(c.status == http.StatusFound && res.Header.Get("Location") == "") {
 					t.Errorf("%s: the answer did not arrive whole: %d, %d bytes", c.path, res.StatusCode, len(body))
 				}
-				assertNoFragment(t, c.path, answerText(res, body), key.real())
+				leakcheck.AssertClean(t, c.path, answerText(res, body), key.real())
 			}
 			got := r.up.requests()
 			if len(got) != 3 {
@@ -316,7 +328,7 @@ func TestAnswerAttackPartialEchoOracle(t *testing.T) {
 			if g := r.up.requests(); len(g) != 1 || g[0].Header.Get("Authorization") != "Bearer "+key.value {
 				t.Fatal("the upstream did not get the real value: the attack tests nothing")
 			}
-			assertNoFragment(t, "the quoted credential", answerText(res, body), key.real())
+			leakcheck.AssertClean(t, "the quoted credential", answerText(res, body), key.real())
 			// What the task learned, less its own placeholder, whole or
 			// all but its last character at the end (worthless; and a
 			// guess that completed it would be refused in a body, which
@@ -336,7 +348,7 @@ func TestAnswerAttackPartialEchoOracle(t *testing.T) {
 					if res.StatusCode != http.StatusOK || !bytes.HasPrefix(body, []byte("you said: ")) || !bytes.HasSuffix(body, []byte("\nend\n")) {
 						t.Fatalf("armed=%v: an echo did not arrive whole: %d, %d bytes", armed, res.StatusCode, len(body))
 					}
-					if found := findValue(answerText(res, body), key.real()); len(found) > 0 {
+					if found := leakcheck.Find(answerText(res, body), key.real()); len(found) > 0 {
 						if holding++; first == "" {
 							first = strings.Join(found, "; ")
 						}
@@ -454,7 +466,7 @@ func TestAnswerAttackStoreThenFetch(t *testing.T) {
 				if res.StatusCode != http.StatusOK || !bytes.HasPrefix(body, []byte("note: remember: ")) || !bytes.HasSuffix(body, []byte("\nend\n")) {
 					t.Errorf("the fetch did not arrive whole: %d, %d bytes", res.StatusCode, len(body))
 				}
-				assertNoFragment(t, "the fetched note", answerText(res, body), note.real())
+				leakcheck.AssertClean(t, "the fetched note", answerText(res, body), note.real())
 			}
 
 			// The store, and the fetch on the same connection.
@@ -521,7 +533,7 @@ func TestAnswerAttackStoreThenFetch(t *testing.T) {
 				if err != nil {
 					t.Logf("cut short: %v", err)
 				}
-				assertNoFragment(t, "the note fetched through "+tunnelHost, answerText(res, body), note.real())
+				leakcheck.AssertClean(t, "the note fetched through "+tunnelHost, answerText(res, body), note.real())
 			})
 		})
 	}
@@ -576,7 +588,7 @@ func TestAnswerAttackStoreThenFetchOverWebSocket(t *testing.T) {
 				if !bytes.HasPrefix(m, []byte("note: remember: ")) {
 					t.Errorf("message %d did not arrive whole (%d bytes)", i, len(m))
 				}
-				assertNoFragment(t, fmt.Sprintf("message %d", i), m, note.real())
+				leakcheck.AssertClean(t, fmt.Sprintf("message %d", i), m, note.real())
 			}
 		})
 	}
@@ -587,8 +599,8 @@ func TestAnswerAttackStoreThenFetchOverWebSocket(t *testing.T) {
 // line of its own with a label, inside the text an upstream would have
 // around it (so base64 stands at each alignment of its stream), and three
 // fragments of it (20 bytes: literal, base64, hex). It is written apart
-// from forms on purpose: the same code writing and checking could hide a
-// mistake.
+// from leakcheck.Forms on purpose: the same code writing and checking
+// could hide a mistake.
 func formLines(name, v string) [][2]string {
 	pre := "~~"
 	var lines [][2]string
@@ -624,7 +636,7 @@ func formLines(name, v string) [][2]string {
 	add("json-raw", strings.TrimSpace(raw.String()))
 	add(`\u00xx`, `"`+uLower.String()+`"`)
 	add(`\u00XX`, `"`+uUpper.String()+`"`)
-	if hexLike.MatchString(v) {
+	if strings.Trim(v, "0123456789abcdefABCDEF") == "" {
 		add("upper", strings.ToUpper(v))
 		add("lower", strings.ToLower(v))
 	}
@@ -719,7 +731,7 @@ func TestAnswerAttackEveryFormAcrossBoundaries(t *testing.T) {
 						t.Errorf("the line %q did not arrive", l[0])
 						continue
 					}
-					if found := findValue([]byte(text), k.real()); len(found) > 0 {
+					if found := leakcheck.Find([]byte(text), k.real()); len(found) > 0 {
 						leaked = append(leaked, strings.TrimPrefix(l[0], k.key+" "))
 						if example == "" {
 							example = l[0] + ": " + strings.Join(found, "; ")
@@ -730,8 +742,38 @@ func TestAnswerAttackEveryFormAcrossBoundaries(t *testing.T) {
 					t.Errorf("%s: %d of the %d forms written reached the task: %s (e.g. %s)", k.key, len(leaked), len(written), strings.Join(leaked, ", "), example)
 					continue
 				}
-				assertNoFragment(t, "the whole answer", answerText(res, body), k.real())
+				leakcheck.AssertClean(t, "the whole answer", answerText(res, body), k.real())
 			}
 		})
 	}
 }
+
+// answerText is what a task's client received: the status line, the
+// fields, the body and the trailers, as one text to search.
+func answerText(res *http.Response, body []byte) []byte {
+	var b bytes.Buffer
+	fmt.Fprintf(&b, "%s %s\n", res.Proto, res.Status)
+	res.Header.Write(&b)
+	b.Write(body)
+	res.Trailer.Write(&b)
+	return b.Bytes()
+}
+
+// randomText draws n characters of alphabet from a fixed seed: the values
+// are the same on every run, so a failure can be reproduced.
+func randomText(seed uint64, alphabet string, n int) string {
+	r := rand.New(rand.NewPCG(seed, 27))
+	b := make([]byte, n)
+	for i := range b {
+		b[i] = alphabet[r.IntN(len(alphabet))]
+	}
+	return string(b)
+}
+
+const alnum = "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789"
+
+var escapeHex = regexp.MustCompile(`%[0-9A-F]{2}`)
+
+// lowerEscapes writes the %XX escapes of s in lower case, as an upstream
+// that normalises a request target does.
+func lowerEscapes(s string) string { return escapeHex.ReplaceAllStringFunc(s, strings.ToLower) }

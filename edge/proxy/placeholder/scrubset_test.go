@@ -4,7 +4,6 @@ import (
 	"bytes"
 	"encoding/base64"
 	"encoding/hex"
-	"encoding/json"
 	"fmt"
 	"io"
 	"math/rand/v2"
@@ -28,55 +27,8 @@ func trickySet() *Set {
 	return NewSet([]Secret{{Value: secrets.NewValue(tricky), Placeholder: trickyPh, Public: len(trickyPrefix)}})
 }
 
-// forms are the value's forms as an echoing upstream would write them,
-// each computed with the library that writes it, not with the scrubber's
-// own spellings.
-func forms(v string) map[string]string {
-	jsonGo, _ := json.Marshal(v)
-	var plain bytes.Buffer
-	enc := json.NewEncoder(&plain)
-	enc.SetEscapeHTML(false)
-	_ = enc.Encode(v)
-	var pct, pctLower, uEsc, uUpper strings.Builder
-	for i := 0; i < len(v); i++ {
-		fmt.Fprintf(&pct, "%%%02X", v[i])
-		fmt.Fprintf(&pctLower, "%%%02x", v[i])
-		fmt.Fprintf(&uEsc, `\u%04x`, v[i])
-		fmt.Fprintf(&uUpper, `\u%04X`, v[i])
-	}
-	var ascii strings.Builder
-	for _, r := range v {
-		if r < 0x80 && r != '"' && r != '\\' {
-			ascii.WriteRune(r)
-		} else {
-			fmt.Fprintf(&ascii, `\u%04x`, r)
-		}
-	}
-	out := map[string]string{
-		"literal":             v,
-		"Basic":               "Basic " + base64.StdEncoding.EncodeToString([]byte("user:"+v)),
-		"Basic, long user":    "Basic " + base64.StdEncoding.EncodeToString([]byte("someone-else:"+v)),
-		"Basic, no user":      base64.StdEncoding.EncodeToString([]byte(":" + v)),
-		"query escape":        url.QueryEscape(v),
-		"path escape":         url.PathEscape(v),
-		"form":                url.Values{"token": {v}}.Encode(),
-		"JSON":                string(jsonGo),
-		"JSON without HTML":   plain.String(),
-		"JSON, ASCII only":    ascii.String(),
-		"hex":                 hex.EncodeToString([]byte(v)),
-		"HEX":                 strings.ToUpper(hex.EncodeToString([]byte(v))),
-		"percent, every byte": pct.String(),
-		"percent, lower":      pctLower.String(),
-		"\\u00XX every byte":  uEsc.String(),
-		"\\u00XX upper":       uUpper.String(),
-	}
-	for lead := range 3 {
-		pad := strings.Repeat("x", lead)
-		out[fmt.Sprintf("base64 after %d bytes", lead)] = base64.StdEncoding.EncodeToString([]byte(pad + v))
-		out[fmt.Sprintf("base64url after %d bytes", lead)] = base64.RawURLEncoding.EncodeToString([]byte(pad + v + "tail"))
-	}
-	return out
-}
+// trickyReal is tricky as leakcheck looks for it.
+var trickyReal = leakcheck.Real{Key: "tricky", Value: tricky, Public: len(trickyPrefix), Fragment: FragmentBytes}
 
 // Every form an upstream may echo a value in is scrubbed, wherever in the
 // answer it sits, and nothing of it can be read back: the leakcheck reader
@@ -85,18 +37,18 @@ func TestSetScrubsEveryForm(t *testing.T) {
 	set := trickySet()
 	var sc Scrubber
 	sc.Reset(fixedSource{set})
-	for name, f := range forms(tricky) {
+	for _, f := range leakcheck.Forms(tricky) {
 		for lead := range 5 {
-			answer := []byte(strings.Repeat("a", lead) + "echo: " + f + " end")
-			if got := leakcheck.Find(answer, tricky, len(trickyPrefix), FragmentBytes); got == "" {
-				t.Fatalf("%s: the check itself finds nothing in the unscrubbed answer", name)
+			answer := []byte(strings.Repeat("a", lead) + "echo: " + f.Text + " end")
+			if got := leakcheck.Find(answer, trickyReal); len(got) == 0 {
+				t.Fatalf("%s: the check itself finds nothing in the unscrubbed answer", f.Name)
 			}
 			out, n := sc.Whole(answer)
-			if got := leakcheck.Find(out, tricky, len(trickyPrefix), FragmentBytes); got != "" || n == 0 {
-				t.Errorf("%s at %d: %d replaced, and %s of the answer holds the value: %q", name, lead, n, got, out)
+			if got := leakcheck.Find(out, trickyReal); len(got) > 0 || n == 0 {
+				t.Errorf("%s at %d: %d replaced, and the answer holds the value: %s: %q", f.Name, lead, n, strings.Join(got, "; "), out)
 			}
 			if !bytes.Contains(out, []byte(trickyPh)) || !bytes.HasSuffix(out, []byte(" end")) {
-				t.Errorf("%s at %d: the placeholder is not in its place: %q", name, lead, out)
+				t.Errorf("%s at %d: the placeholder is not in its place: %q", f.Name, lead, out)
 			}
 		}
 	}
@@ -110,8 +62,8 @@ func TestSetScrubsAHexValueInEitherCase(t *testing.T) {
 	sc.Reset(fixedSource{set})
 	for _, s := range []string{v, strings.ToUpper(v), strings.ToUpper(v[:20])} {
 		out, _ := sc.Whole([]byte("sha: " + s))
-		if got := leakcheck.Find(out, v, 0, FragmentBytes); got != "" {
-			t.Errorf("%q: %s holds it: %q", s, got, out)
+		if got := leakcheck.Find(out, leakcheck.Real{Key: "hex", Value: v, Fragment: FragmentBytes}); len(got) > 0 {
+			t.Errorf("%q: it holds %s: %q", s, strings.Join(got, "; "), out)
 		}
 	}
 }
@@ -157,8 +109,8 @@ func TestSetConfirmsNoGuess(t *testing.T) {
 	var sc Scrubber
 	sc.Reset(fixedSource{set})
 	quote, _ := sc.Whole([]byte(`{"error":"invalid key ` + tricky[:len(tricky)-1] + `"}`))
-	if got := leakcheck.Find(quote, tricky, len(trickyPrefix), FragmentBytes); got != "" {
-		t.Fatalf("the cut quote reached the task: %q", quote)
+	if got := leakcheck.Find(quote, trickyReal); len(got) > 0 {
+		t.Fatalf("the cut quote reached the task (%s): %q", strings.Join(got, "; "), quote)
 	}
 	learned := bytes.TrimSuffix(bytes.TrimPrefix(quote, []byte(`{"error":"invalid key `)), []byte(`"}`))
 	shapes := map[string]string{}
@@ -187,8 +139,8 @@ func TestSetStreamsEveryFormAcrossReads(t *testing.T) {
 	var sc Scrubber
 	sc.Reset(fixedSource{set})
 	var body bytes.Buffer
-	for _, f := range forms(tricky) {
-		body.WriteString("<" + f + ">\n")
+	for _, f := range leakcheck.Forms(tricky) {
+		body.WriteString("<" + f.Text + ">\n")
 	}
 	whole, _ := sc.Whole(body.Bytes())
 	for _, size := range []int{1, 2, 3, 7, 13, 64} {
@@ -198,8 +150,8 @@ func TestSetStreamsEveryFormAcrossReads(t *testing.T) {
 		if err != nil || !bytes.Equal(got, whole) {
 			t.Fatalf("reads of %d: differs from the whole answer scrubbed (%v)", size, err)
 		}
-		if f := leakcheck.Find(got, tricky, len(trickyPrefix), FragmentBytes); f != "" {
-			t.Fatalf("reads of %d: %s holds the value", size, f)
+		if f := leakcheck.Find(got, trickyReal); len(f) > 0 {
+			t.Fatalf("reads of %d: it holds the value: %s", size, strings.Join(f, "; "))
 		}
 	}
 }
