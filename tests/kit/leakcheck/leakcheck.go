@@ -178,6 +178,9 @@ func Forms(s string) []Form {
 		Form{"JSON", jsonString(s, true)},
 		Form{"JSON (HTML left alone)", jsonString(s, false)},
 		Form{"JSON, ASCII only", jsonASCII(s)},
+		Form{`JSON, "/" as "\/" (PHP)`, strings.ReplaceAll(jsonASCII(s), "/", `\/`)},
+		Form{"path, escaped again as a query value (?next=)", "/login?next=" + url.QueryEscape("/notes/"+path)},
+		Form{"query value, escaped again", url.QueryEscape(query)},
 	)
 	if hexDigits.MatchString(s) {
 		out = append(out, Form{"upper case", strings.ToUpper(s)}, Form{"lower case", strings.ToLower(s)})
