@@ -13,7 +13,7 @@ import (
 // interceptToScrub serves a connection decided policy.InterceptToScrub: a
 // name no key of the task reaches, under open egress, for a run holding a
 // key an upstream may store. A tunnel there would hand the task back
-// whatever an upstream kept of a value (issue 27 item 4), so the connection
+// whatever an upstream kept of a value, so the connection
 // goes through the pipeline like a granted one, answers scrubbed, and what
 // the proxy cannot read does not leave: a connection whose first byte is
 // not TLS (plain HTTP, SSH), one that says nothing within the handshake
