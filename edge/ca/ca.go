@@ -66,6 +66,11 @@ type Authority struct {
 
 	state atomic.Pointer[caState]
 
+	// admitted counts, by name, the holds AdmitName gave out that are not
+	// released yet.
+	admitMu  sync.Mutex
+	admitted map[string]int
+
 	// mu guards trust delivery and the review timer.
 	mu          sync.Mutex
 	watchers    map[*watcher]struct{}
@@ -151,14 +156,15 @@ func open(ctx context.Context, cfg Config, lock *os.File) (*Authority, error) {
 	}
 	removeStaleTemps(cfg.Dir)
 	a := &Authority{
-		cfg: cfg,
-		policy: leafPolicy{
-			now: cfg.Clock.Now, random: cfg.Rand, lifetime: cfg.LeafLifetime, allow: cfg.AllowName,
-		},
+		cfg:      cfg,
 		log:      cfg.Logger,
 		lock:     lock,
 		stored:   stored,
 		watchers: map[*watcher]struct{}{},
+		admitted: map[string]int{},
+	}
+	a.policy = leafPolicy{
+		now: cfg.Clock.Now, random: cfg.Rand, lifetime: cfg.LeafLifetime, allow: a.mayIssue, maxLeaves: maxLeaves,
 	}
 	st, err := a.rotate(ctx, cfg.Clock.Now(), nil)
 	if st == nil {
@@ -356,7 +362,8 @@ func (a *Authority) timerDelay(st *caState) time.Duration {
 // GetCertificate returns a leaf for the handshake's server name, signed by
 // the current signer and fresh at the clock's now; it is a
 // tls.Config.GetCertificate. It reviews the CA first when a transition is
-// due. A name AllowName refuses gets an error and no leaf.
+// due. A name AllowName refuses, and no AdmitName holds, gets an error and
+// no leaf, even one cached earlier.
 func (a *Authority) GetCertificate(hello *tls.ClientHelloInfo) (*tls.Certificate, error) {
 	if a.closed.Load() {
 		return nil, ErrClosed
@@ -379,7 +386,7 @@ func (a *Authority) GetCertificate(hello *tls.ClientHelloInfo) (*tls.Certificate
 	if name == "" {
 		return nil, errors.New("ca: the client sent no server name (SNI); no leaf without one")
 	}
-	if err := allowed(a.cfg.AllowName, name); err != nil {
+	if err := allowed(a.policy.allow, name); err != nil {
 		return nil, err
 	}
 	ctx := hello.Context()
@@ -387,6 +394,46 @@ func (a *Authority) GetCertificate(hello *tls.ClientHelloInfo) (*tls.Certificate
 		ctx = context.Background()
 	}
 	return st.leaves.get(ctx, name, now)
+}
+
+// AdmitName lets name get a leaf although AllowName refuses it, until
+// release is called. It is the secrets proxy's gate for a name it decided
+// to intercept only to scrub the answers (policy.InterceptToScrub: under
+// open egress, a run holding a key an upstream may store has its other
+// names intercepted), and the proxy holds it around that one connection's
+// handshake: no other caller, and no handshake outside one the proxy
+// decided, gets a leaf for a name the policy does not list. Holds are
+// counted per name (concurrent connections to one name each hold their
+// own); release may be called more than once. Such leaves are cached like
+// the policy's, the cache bounded (maxLeaves), and a cached one is served
+// only while its name is admitted again.
+func (a *Authority) AdmitName(name string) (release func()) {
+	name = normalizeServerName(name)
+	a.admitMu.Lock()
+	a.admitted[name]++
+	a.admitMu.Unlock()
+	var once sync.Once
+	return func() {
+		once.Do(func() {
+			a.admitMu.Lock()
+			defer a.admitMu.Unlock()
+			if a.admitted[name]--; a.admitted[name] <= 0 {
+				delete(a.admitted, name)
+			}
+		})
+	}
+}
+
+// mayIssue is the one name gate of the handshake, the on-demand decision
+// and the Issuer: a name the policy lists (AllowName), or one AdmitName
+// holds now.
+func (a *Authority) mayIssue(name string) bool {
+	if a.cfg.AllowName != nil && a.cfg.AllowName(name) {
+		return true
+	}
+	a.admitMu.Lock()
+	defer a.admitMu.Unlock()
+	return a.admitted[name] > 0
 }
 
 // ServerTLSConfig is a server tls.Config on GetCertificate: TLS 1.2 at

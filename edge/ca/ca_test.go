@@ -77,6 +77,39 @@ func TestNameNotAllowedGetsNoLeaf(t *testing.T) {
 	}
 }
 
+// A name the policy does not list gets a leaf only while AdmitName holds
+// it (the proxy's hold around one handshake it decided to intercept to
+// scrub): before, and after the last hold is released, none, not even
+// the one cached meanwhile. Issue 27 item 4.
+func TestAdmitNameIsTheOnlyWayToALeafForAnUnlistedName(t *testing.T) {
+	clk := clock.NewFake(epoch)
+	a := mustOpen(t, testConfig(t, t.TempDir(), clk))
+	const name = "elsewhere.example.com"
+	if _, err := leafFor(a, name); err == nil {
+		t.Fatal("an unlisted name got a leaf without a hold")
+	}
+	first := a.AdmitName("Elsewhere.Example.com.") // held as leaves are keyed
+	second := a.AdmitName(name)
+	if err := handshake(t, a, name, a.Bundle(), clk.Now()); err != nil {
+		t.Fatalf("a handshake for an admitted name: %v", err)
+	}
+	if _, err := leafFor(a, "other.example.com"); err == nil {
+		t.Error("a hold on one name let another get a leaf")
+	}
+	first()
+	first() // a second release changes nothing: the other hold stands
+	if _, err := leafFor(a, name); err != nil {
+		t.Fatalf("the name lost its leaf while a hold remained: %v", err)
+	}
+	second()
+	if _, err := leafFor(a, name); err == nil {
+		t.Fatal("the cached leaf was served after the last hold was released")
+	}
+	if _, err := leafFor(a, proxiedName); err != nil {
+		t.Fatalf("the policy's name: %v", err)
+	}
+}
+
 func TestNoNameAllowedWithoutAllowName(t *testing.T) {
 	cfg := testConfig(t, t.TempDir(), clock.NewFake(epoch))
 	cfg.AllowName = nil

@@ -57,7 +57,8 @@ type Config struct {
 	// AllowName reports which server names may get a leaf (the proxy
 	// supplies it: the names some task's keys may reach). It is called on
 	// every handshake and on every issuance, from the handshake's goroutine,
-	// so it must be fast and safe for concurrent use. Nil = no name.
+	// so it must be fast and safe for concurrent use. Nil = no name (but
+	// those Authority.AdmitName holds).
 	AllowName func(name string) bool
 
 	// ReviewInterval is how often the CA dates are reviewed and a failed

@@ -42,8 +42,19 @@ type leafPolicy struct {
 	now      func() time.Time
 	random   io.Reader
 	lifetime time.Duration
-	allow    func(name string) bool
+	// allow is the name gate (Authority.mayIssue).
+	allow func(name string) bool
+	// maxLeaves bounds the leaves cached; zero means no bound.
+	maxLeaves int
 }
+
+// maxLeaves bounds one signer's leaf cache. The policy's names are few,
+// but names a run intercepts only to scrub (Authority.AdmitName) are any
+// the task connects to, so without a bound a task naming random hosts
+// would grow edge's memory a leaf at a time (a few KiB each). Past it
+// certmagic evicts a leaf at random, which costs a reissue (one P-256 key
+// and signature) at the next handshake for that name, nothing more.
+const maxLeaves = 4096
 
 func newLeafIssuer(signer *authority, policy leafPolicy) *leafIssuer {
 	li := &leafIssuer{
@@ -53,6 +64,7 @@ func newLeafIssuer(signer *authority, policy leafPolicy) *leafIssuer {
 	}
 	li.cache = certmagic.NewCache(certmagic.CacheOptions{
 		GetConfigForCert: func(certmagic.Certificate) (*certmagic.Config, error) { return li.magic, nil },
+		Capacity:         policy.maxLeaves,
 		Logger:           zap.NewNop(),
 	})
 	li.magic = certmagic.New(li.cache, certmagic.Config{
@@ -88,6 +100,9 @@ func (li *leafIssuer) get(ctx context.Context, name string, now time.Time) (*tls
 			return nil, fmt.Errorf("ca: issuing a leaf for %q: %w", name, err)
 		}
 		cached, err := li.magic.CacheManagedCertificate(ctx, name)
+		// The cache holds the leaf now; the storage's copy would outlive
+		// its eviction from the bounded cache (maxLeaves), so it goes.
+		_ = li.storage.Delete(ctx, certmagic.StorageKeys.CertsSitePrefix(li.issuer.IssuerKey(), name))
 		if err != nil {
 			return nil, fmt.Errorf("ca: loading the leaf issued for %q: %w", name, err)
 		}

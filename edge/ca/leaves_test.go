@@ -10,6 +10,7 @@ import (
 	"crypto/x509/pkix"
 	"encoding/pem"
 	"errors"
+	"fmt"
 	"path/filepath"
 	"strings"
 	"testing"
@@ -247,6 +248,44 @@ func TestConcurrentHandshakesForANewNameShareOneIssuance(t *testing.T) {
 	for range cap(serials) - 1 {
 		if s := await.Recv(t, "a concurrent leaf's serial", serials); s != first {
 			t.Fatalf("concurrent handshakes got different leaves (%s, %s)", first, s)
+		}
+	}
+}
+
+// Names intercepted only to scrub are any a task connects to, so the
+// leaves are bounded: the cache keeps at most maxLeaves, and nothing stays
+// in the storage once a leaf is cached (its copy there would outlive the
+// cache's eviction). An evicted name is issued again at its next handshake.
+func TestLeafCacheIsBounded(t *testing.T) {
+	signer := testSigner(t, t0, 100*time.Hour)
+	li := newLeafIssuer(signer, leafPolicy{
+		now: func() time.Time { return t0 }, random: rand.Reader, lifetime: time.Hour,
+		allow: func(string) bool { return true }, maxLeaves: 4,
+	})
+	defer li.stop()
+	names := make([]string, 10)
+	for i := range names {
+		names[i] = fmt.Sprintf("n%d.example.test", i)
+		if _, err := li.get(context.Background(), names[i], t0); err != nil {
+			t.Fatal(err)
+		}
+	}
+	cached := 0
+	for _, n := range names {
+		cached += len(li.cache.AllMatchingCertificates(n))
+	}
+	if cached > 4 {
+		t.Errorf("the cache holds %d leaves, past its bound of 4", cached)
+	}
+	li.storage.mu.Lock()
+	nodes := len(li.storage.nodes)
+	li.storage.mu.Unlock()
+	if nodes != 1 {
+		t.Errorf("the storage holds %d nodes besides its root once the leaves are cached", nodes-1)
+	}
+	for _, n := range names {
+		if cert, err := li.get(context.Background(), n, t0); err != nil || cert.Leaf.DNSNames[0] != n {
+			t.Fatalf("%s after eviction: %v", n, err)
 		}
 	}
 }

@@ -13,8 +13,9 @@ import (
 )
 
 // memoryStorage is a certmagic.Storage in memory (certmagic ships none):
-// leaves and their keys live exactly as long as the signer's leaf cache and
-// never touch disk. Keys are slash-separated paths kept as a tree, so a
+// leaves and their keys pass through it on their way into the signer's
+// leaf cache (leafIssuer.get deletes them once cached) and never touch
+// disk. Keys are slash-separated paths kept as a tree, so a
 // lookup or a delete costs the same with ten names as with ten thousand; a
 // key with keys below it acts as a directory. Safe for concurrent use.
 type memoryStorage struct {

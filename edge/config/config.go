@@ -207,8 +207,10 @@ const (
 type Proxy struct {
 	// Listen is the proxy's address; default DefaultProxyListen.
 	Listen string `json:"listen"`
-	// Egress is "open" (tunnel what is not intercepted; DefaultProxyEgress)
-	// or "strict" (refuse it).
+	// Egress is "open" (tunnel what is not intercepted, but for a run
+	// holding a url or body key, which has it intercepted to scrub its
+	// answers: policy.DecideConnect; DefaultProxyEgress) or "strict"
+	// (refuse it).
 	Egress   string   `json:"egress"`
 	Upstream Upstream `json:"upstream"`
 	Audit    Audit    `json:"audit"`

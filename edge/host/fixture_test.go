@@ -55,6 +55,8 @@ type fixture struct {
 	runner map[string]any // overrides of the runner section
 	// egress is proxy.egress; empty means open.
 	egress string
+	// keyIn is API_TOKEN's "in"; empty means header alone.
+	keyIn []string
 	// pprof is proxy.pprof; empty means off.
 	pprof string
 	caCfg map[string]any
@@ -139,6 +141,10 @@ func (f *fixture) writeConfig() {
 	if egress == "" {
 		egress = "open"
 	}
+	keyIn := f.keyIn
+	if len(keyIn) == 0 {
+		keyIn = []string{"header"}
+	}
 	api := map[string]any{"listen": "127.0.0.1:0", "tokenFile": f.tokenPath}
 	if f.apiTLS != nil {
 		api["tls"] = f.apiTLS
@@ -157,7 +163,7 @@ func (f *fixture) writeConfig() {
 		"proxy":   proxy,
 		"ca":      caCfg,
 		"policy": map[string]any{"projects": map[string]any{"acme": map[string]any{"keys": map[string]any{
-			"API_TOKEN": map[string]any{"domains": []string{f.upstreamHost}, "in": []string{"header"}, "placeholder": map[string]any{"prefix": "ph-", "length": 40}},
+			"API_TOKEN": map[string]any{"domains": []string{f.upstreamHost}, "in": keyIn, "placeholder": map[string]any{"prefix": "ph-", "length": 40}},
 		}}}},
 		"secrets": map[string]any{"file": f.secretsPath},
 		"agents":  map[string]any{"shell": map[string]any{"argv": []string{"sh", "-c", "{prompt}"}}},

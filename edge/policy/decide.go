@@ -17,17 +17,48 @@ type ConnectAction int
 // Connect actions; the zero value refuses.
 const (
 	Refuse ConnectAction = iota
+	// Intercept serves a target a key of the task may reach: its requests
+	// are scanned and substituted, its answers scrubbed.
 	Intercept
+	// Tunnel relays a target no key of the task reaches, untouched.
 	Tunnel
+	// InterceptToScrub serves a target no key of the task reaches through
+	// the pipeline all the same, so that its answers are scrubbed: the task
+	// holds a key an upstream may store (HoldsStorable), which it could
+	// otherwise fetch back through a tunnel. Nothing is substituted there
+	// (no key reaches it); a placeholder sent there blocks the request.
+	// What cannot be read (not TLS, a client that refuses the proxy's leaf)
+	// is refused, for the reason StorableEgressRule.
+	InterceptToScrub
 )
 
 func (a ConnectAction) String() string {
-	return [...]string{"refuse", "intercept", "tunnel"}[a]
+	return [...]string{"refuse", "intercept", "tunnel", "intercept to scrub"}[a]
 }
+
+// Storable is the locations whose values an upstream may keep and hand
+// back later: a URL or a body is what services store (a gist, a note, a
+// request log, a saved conversation), whereas a header carries the
+// credential the upstream checks. Issue 27 item 4.
+const Storable = InURL | InBody
+
+// HoldsStorable reports whether any of the keys may be substituted in a
+// Storable location.
+func HoldsStorable(granted []Granted) bool {
+	return slices.ContainsFunc(granted, func(g Granted) bool { return g.In&Storable != 0 })
+}
+
+// StorableEgressRule is why a connection of a task that HoldsStorable is
+// refused under open egress when the proxy cannot read it: a connection
+// that is not TLS, a client that refuses the proxy's leaf, an IP address
+// (no name to issue a leaf for).
+const StorableEgressRule = "this run holds keys an upstream may store (in a url or body); only TLS the proxy can read may leave under open egress"
 
 // ConnectInput is everything the CONNECT decision looks at.
 type ConnectInput struct {
-	Target  Authority
+	Target Authority
+	// Granted is the task's keys under the policy in force; whether one of
+	// them HoldsStorable decides what open egress does elsewhere.
 	Granted []Granted
 	Egress  string
 }
@@ -40,7 +71,10 @@ type ConnectDecision struct {
 
 // DecideConnect decides a CONNECT before anything is resolved: intercept a
 // target one of the task's keys may reach; refuse a name a key reaches but on
-// another port; tunnel anything else when egress is open; refuse otherwise.
+// another port; refuse anything else when egress is strict. With egress
+// open, anything else is tunnelled, unless the task holds a key an upstream
+// may store (HoldsStorable): then a name is intercepted to scrub its answers
+// and an IP address, which has no name to intercept, is refused.
 func DecideConnect(in ConnectInput) ConnectDecision {
 	if d, ok := in.Target.Domain(); ok {
 		nameKnown := false
@@ -54,10 +88,16 @@ func DecideConnect(in ConnectInput) ConnectDecision {
 			return ConnectDecision{Refuse, fmt.Sprintf("no key of this task names port %d of %s", d.Port, d.Name)}
 		}
 	}
-	if in.Egress == EgressOpen {
-		return ConnectDecision{Tunnel, "no key of this task reaches " + in.Target.String() + "; egress is open"}
+	nowhere := "no key of this task reaches " + in.Target.String()
+	switch {
+	case in.Egress != EgressOpen:
+		return ConnectDecision{Refuse, nowhere + "; egress is strict"}
+	case !HoldsStorable(in.Granted):
+		return ConnectDecision{Tunnel, nowhere + "; egress is open"}
+	case in.Target.Name == "":
+		return ConnectDecision{Refuse, nowhere + " and an IP address cannot be intercepted; " + StorableEgressRule}
 	}
-	return ConnectDecision{Refuse, "no key of this task reaches " + in.Target.String() + "; egress is strict"}
+	return ConnectDecision{InterceptToScrub, nowhere + "; egress is open, and this run holds keys an upstream may store (in a url or body), so its answers are scrubbed"}
 }
 
 // Occurrence is one placeholder found in a request: whose it is, which key it

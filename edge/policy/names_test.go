@@ -77,6 +77,7 @@ func FuzzHostMatcher(f *testing.F) {
 	}
 	allowed := Domain{Name: "allowed.example", Port: 443}
 	granted := []Granted{{Ref: KeyRef{"p", "K"}, Domains: []Domain{allowed}, In: InHeader}}
+	storable := []Granted{{Ref: KeyRef{"p", "K"}, Domains: []Domain{allowed}, In: InHeader | InBody}}
 	f.Fuzz(func(t *testing.T, s string) {
 		a, err := ParseAuthority(s, true)
 		if err != nil {
@@ -91,6 +92,15 @@ func FuzzHostMatcher(f *testing.F) {
 		// Invariant: only the exact canonical domain is intercepted.
 		if (d.Action == Intercept) != (a.Name == allowed.Name && a.Port == allowed.Port) {
 			t.Fatalf("%q (%+v) decided %v", s, a, d.Action)
+		}
+		// Invariant: a task holding a key an upstream may store never
+		// tunnels, and one holding header keys alone never intercepts
+		// what no key reaches.
+		if d := DecideConnect(ConnectInput{Target: a, Granted: storable, Egress: EgressOpen}); d.Action == Tunnel {
+			t.Fatalf("%q (%+v) tunnelled for a task with a body key", s, a)
+		}
+		if d := DecideConnect(ConnectInput{Target: a, Granted: granted, Egress: EgressOpen}); d.Action == InterceptToScrub {
+			t.Fatalf("%q (%+v) intercepted to scrub for a task with a header key", s, a)
 		}
 		dec := DecideSubstitution(SubstituteInput{Task: "t", Authority: a, Granted: granted,
 			Occurrence: Occurrence{Owner: "t", Ref: KeyRef{"p", "K"}, Location: InHeader}})

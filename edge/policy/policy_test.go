@@ -174,6 +174,76 @@ func TestDecideConnectEgress(t *testing.T) {
 	}
 }
 
+// Under open egress, a task holding a key that may go in a url or body
+// (one whose value an upstream may store and hand back) has its other
+// names intercepted to scrub their answers, and its IP literals refused;
+// a task with header keys alone tunnels them as before. Strict egress and
+// the names keys reach are decided as they always were. Issue 27 item 4.
+func TestDecideConnectStorableKeysUnderOpenEgress(t *testing.T) {
+	at := func(s string) Authority {
+		a, err := ParseAuthority(s, true)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return a
+	}
+	keyIn := func(name string, in Location) Granted {
+		return Granted{Ref: KeyRef{"acme", name}, Domains: []Domain{{Name: "a.example", Port: 443}}, In: in}
+	}
+	header := []Granted{keyIn("H", InHeader)}
+	url := []Granted{keyIn("H", InHeader), keyIn("U", InHeader|InURL)}
+	body := []Granted{keyIn("B", InBody)}
+	for name, tc := range map[string]struct {
+		target  string
+		granted []Granted
+		egress  string
+		want    ConnectAction
+		why     string
+	}{
+		"header only, open":           {"elsewhere.example:443", header, EgressOpen, Tunnel, "egress is open"},
+		"no keys, open":               {"elsewhere.example:443", nil, EgressOpen, Tunnel, "egress is open"},
+		"url key, open":               {"elsewhere.example:443", url, EgressOpen, InterceptToScrub, "may store"},
+		"body key, open":              {"elsewhere.example:443", body, EgressOpen, InterceptToScrub, "its answers are scrubbed"},
+		"body key, open, other port":  {"elsewhere.example:8443", body, EgressOpen, InterceptToScrub, "elsewhere.example:8443"},
+		"body key, open, IPv4":        {"203.0.113.7:443", body, EgressOpen, Refuse, "an IP address cannot be intercepted; " + StorableEgressRule},
+		"body key, open, IPv6":        {"[2001:db8::1]:443", body, EgressOpen, Refuse, StorableEgressRule},
+		"header only, open, IP":       {"203.0.113.7:443", header, EgressOpen, Tunnel, "egress is open"},
+		"body key, strict":            {"elsewhere.example:443", body, EgressStrict, Refuse, "egress is strict"},
+		"body key, unset egress":      {"elsewhere.example:443", body, "", Refuse, "egress is strict"},
+		"body key, its own domain":    {"a.example:443", body, EgressOpen, Intercept, "may reach a.example"},
+		"header key, its own domain":  {"a.example:443", header, EgressOpen, Intercept, "may reach a.example"},
+		"body key, its name, no port": {"a.example:8443", body, EgressOpen, Refuse, "names port 8443 of a.example"},
+	} {
+		got := DecideConnect(ConnectInput{Target: at(tc.target), Granted: tc.granted, Egress: tc.egress})
+		if got.Action != tc.want || !strings.Contains(got.Reason, tc.why) {
+			t.Errorf("%s: %v (%s), want %v (%s)", name, got.Action, got.Reason, tc.want, tc.why)
+		}
+	}
+}
+
+func TestHoldsStorable(t *testing.T) {
+	for _, tc := range []struct {
+		in   []Location
+		want bool
+	}{
+		{nil, false},
+		{[]Location{InHeader}, false},
+		{[]Location{InHeader, InHeader}, false},
+		{[]Location{InURL}, true},
+		{[]Location{InBody}, true},
+		{[]Location{InHeader, InHeader | InBody}, true},
+		{[]Location{InHeader | InURL | InBody}, true},
+	} {
+		var granted []Granted
+		for _, l := range tc.in {
+			granted = append(granted, Granted{In: l})
+		}
+		if got := HoldsStorable(granted); got != tc.want {
+			t.Errorf("HoldsStorable(%v) = %v", tc.in, got)
+		}
+	}
+}
+
 const edgeJSON = `{"dataDir": "/tmp/d", "api": {"tokenFile": "/tmp/t"},
  "policy": {"projects": {"acme": {"keys": {"K": {"domains": [%s]}}}}}}`
 

@@ -60,6 +60,16 @@ func newFixtureWith(t *testing.T, o envOptions) *fixture {
 	return f
 }
 
+// headerOnlyTask registers run-h, holding key A alone (in: header), and
+// returns its proxy URL and placeholder. Under open egress its connections
+// to names no key of it reaches are tunnelled; run-a's are intercepted to
+// scrub their answers instead, since run-a holds B, which may go in a url
+// or body (a value an upstream may store: issue 27 item 4).
+func (f *fixture) headerOnlyTask() (*url.URL, string) {
+	u, phs := f.task("run-h", runspec.Secret{ProjectID: "acme", Key: "A"})
+	return u, phs["A"]
+}
+
 // get sends one request through the proxy with a Go client.
 func (f *fixture) get(t *testing.T, rawURL string, header http.Header) (*http.Response, string) {
 	t.Helper()
@@ -106,23 +116,38 @@ func TestAttackPlaceholderToAnotherKeysHost(t *testing.T) {
 
 func TestAttackPlaceholderToNonAllowedHostIsNeverSubstituted(t *testing.T) {
 	f := newFixture(t, "open")
-	// third.example.test: no key reaches it, so it is tunnelled untouched:
-	// the placeholder travels as it is, worthless, and the value never.
+	// third.example.test: no key reaches it. For a run with header keys
+	// alone it is tunnelled untouched: the placeholder travels as it is,
+	// worthless, and the value never.
+	proxyURL, phA := f.headerOnlyTask()
 	pool := x509.NewCertPool()
 	pool.AppendCertsFromPEM(f.uca.PEM)
-	client := &http.Client{Transport: &http.Transport{Proxy: http.ProxyURL(f.proxyURL), TLSClientConfig: &tls.Config{RootCAs: pool}}}
-	res, err := client.Get("https://third.example.test:" + itoa(f.up.port) + "/x?key=" + f.phA)
+	client := &http.Client{Transport: &http.Transport{Proxy: http.ProxyURL(proxyURL), TLSClientConfig: &tls.Config{RootCAs: pool}}}
+	res, err := client.Get("https://third.example.test:" + itoa(f.up.port) + "/x?key=" + phA)
 	if err != nil {
 		t.Fatal(err)
 	}
 	res.Body.Close()
 	got := f.up.requests()
-	if res.StatusCode != 200 || len(got) != 1 || !strings.Contains(got[0].RawQuery, f.phA) {
+	if res.StatusCode != 200 || len(got) != 1 || !strings.Contains(got[0].RawQuery, phA) {
 		t.Fatalf("status %d, upstream got %v", res.StatusCode, got)
 	}
 	f.upstreamNeverSaw(t, realA, realB)
 	f.waitAudit(func(m map[string]any) bool {
-		return m["action"] == "tunnelled" && m["host"] == "third.example.test:"+itoa(f.up.port)
+		return m["action"] == "tunnelled" && m["host"] == "third.example.test:"+itoa(f.up.port) && m["task"] == "run-h"
+	})
+	// For run-a, which holds a body key, it is intercepted to scrub its
+	// answers: there the placeholder blocks the request, as anywhere its
+	// key may not reach.
+	res, body := f.get(t, "https://third.example.test:"+itoa(f.up.port)+"/y?key="+f.phA, nil)
+	if res.StatusCode != http.StatusForbidden || !strings.Contains(body, "key acme/A may not reach third.example.test") {
+		t.Fatalf("run-a: %d %q", res.StatusCode, body)
+	}
+	if len(f.up.requests()) != 1 {
+		t.Fatal("a blocked request reached the upstream")
+	}
+	f.waitAudit(func(m map[string]any) bool {
+		return m["action"] == "blocked" && m["path"] == "/y" && m["task"] == "run-a"
 	})
 }
 
@@ -659,19 +684,18 @@ func TestPolicyChangeAppliesToTheNextRequest(t *testing.T) {
 	if res.StatusCode != http.StatusForbidden || !strings.Contains(body, "key acme/A is not granted to this task") {
 		t.Fatalf("A on api on the kept-alive connection after the change: %d %q", res.StatusCode, body)
 	}
-	// A new connection to api is not intercepted any more (no key of the
-	// task reaches it): it is tunnelled, and the upstream gets the
-	// placeholder, never the value.
-	pool := x509.NewCertPool()
-	pool.AppendCertsFromPEM(f.uca.PEM)
-	tunnelClient := &http.Client{Transport: &http.Transport{Proxy: http.ProxyURL(f.proxyURL), TLSClientConfig: &tls.Config{RootCAs: pool}}}
-	res, err := tunnelClient.Do(mustRequest(t, "https://"+f.api+"/tunnelled", "Bearer "+f.phA))
+	// A new connection to api is no longer one a key of the task reaches.
+	// The task still holds B, which may go in a url or body, so under open
+	// egress api is intercepted to scrub its answers rather than tunnelled
+	// (issue 27 item 4), and A's placeholder blocks there too: the
+	// upstream gets neither it nor the value.
+	res, err := f.goClient(f.proxyURL, false).Do(mustRequest(t, "https://"+f.api+"/after-new", "Bearer "+f.phA))
 	must(t, err)
 	res.Body.Close()
-	if res.StatusCode != 200 {
-		t.Fatalf("A on api through a new connection: %d", res.StatusCode)
+	if res.StatusCode != http.StatusForbidden {
+		t.Fatalf("A on api through a new connection: %d, want it blocked", res.StatusCode)
 	}
-	f.waitAudit(func(m map[string]any) bool { return m["action"] == "tunnelled" && m["host"] == f.api })
+	f.waitAudit(func(m map[string]any) bool { return m["action"] == "blocked" && m["path"] == "/after-new" })
 	// A is not substituted where the policy moved it: the task did not
 	// declare that domain.
 	res, err = f.goClient(f.proxyURL, false).Do(mustRequest(t, "https://"+f.other+"/", "Bearer "+f.phA))
@@ -688,16 +712,13 @@ func TestPolicyChangeAppliesToTheNextRequest(t *testing.T) {
 		t.Fatalf("B on other after the change: %d", res.StatusCode)
 	}
 	got := f.up.requests()
-	if len(got) != 3 {
-		t.Fatalf("upstream got %d requests, want 3", len(got))
+	if len(got) != 2 {
+		t.Fatalf("upstream got %d requests, want 2", len(got))
 	}
 	if got[0].Path != "/before" || got[0].Header.Get("Authorization") != "Bearer "+realA {
 		t.Error("A not substituted on api before the change")
 	}
-	if got[1].Path != "/tunnelled" || got[1].Header.Get("Authorization") != "Bearer "+f.phA {
-		t.Error("the tunnelled request did not reach api with the placeholder as it was")
-	}
-	if got[2].Path != "/b" || got[2].Header.Get("Authorization") != "Bearer "+realB {
+	if got[1].Path != "/b" || got[1].Header.Get("Authorization") != "Bearer "+realB {
 		t.Error("B not substituted on other after the change")
 	}
 }

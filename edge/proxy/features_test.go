@@ -9,6 +9,7 @@ import (
 	"io"
 	"net"
 	"net/http"
+	"net/url"
 	"os"
 	"path/filepath"
 	"strings"
@@ -210,19 +211,34 @@ func TestAuditAndLogsNeverHoldAValueOrPlaceholder(t *testing.T) {
 	f := newFixtureWith(t, envOptions{egress: "open", auditMaxBytes: 1500})
 	pool := x509.NewCertPool()
 	pool.AppendCertsFromPEM(f.uca.PEM)
-	tunnelClient := &http.Client{Transport: &http.Transport{Proxy: http.ProxyURL(f.proxyURL), TLSClientConfig: &tls.Config{RootCAs: pool}}}
+	// run-a holds a body key, so its connection elsewhere is intercepted
+	// to scrub and, trusting only the upstream's CA, refused; run-h holds
+	// a header key alone, so its is tunnelled.
+	headerOnlyURL, phH := f.headerOnlyTask()
+	tunnelClient := func(proxyURL *url.URL) *http.Client {
+		return &http.Client{Transport: &http.Transport{Proxy: http.ProxyURL(proxyURL), TLSClientConfig: &tls.Config{RootCAs: pool}}}
+	}
 	steps := []func(){
 		func() { f.get(t, "https://"+f.api+"/ok", http.Header{"Authorization": {"Bearer " + f.phA}}) },
 		func() { f.get(t, "https://"+f.other+"/p/"+f.phB+"?k="+f.phB, nil) },
 		func() { f.get(t, "https://"+f.other+"/x", http.Header{"Authorization": {"Bearer " + f.phA}}) },
 		func() { f.get(t, "https://"+f.api+"/q?k="+f.phA, nil) },
 		func() {
-			res, err := tunnelClient.Get("https://third.example.test:" + itoa(f.up.port) + "/t?k=" + f.phA)
-			if err == nil {
-				res.Body.Close()
+			for _, u := range []*url.URL{f.proxyURL, headerOnlyURL} {
+				res, err := tunnelClient(u).Get("https://third.example.test:" + itoa(f.up.port) + "/t?k=" + f.phA + "&h=" + phH)
+				if err == nil {
+					res.Body.Close()
+				}
 			}
 		},
 		func() { c, _, _ := f.connect(f.proxyURL, "api.example.test:1"); c.Close() },
+		func() {
+			// A name of the task's choosing, intercepted to scrub (run-a
+			// holds a body key) and refused: its reason names it.
+			c, br, _ := f.connect(f.proxyURL, f.phA+".example.test:443")
+			defer c.Close()
+			roundTrip(t, c, br, "GET /plain HTTP/1.1\r\nHost: "+f.phA+".example.test\r\n\r\n")
+		},
 	}
 	pw, _ := f.proxyURL.User.Password()
 	front := func(auth bool, requestLine string) int {
@@ -281,10 +297,13 @@ func TestAuditAndLogsNeverHoldAValueOrPlaceholder(t *testing.T) {
 		return m["host"] == "[placeholder].example.test:443" && m["status"] == float64(http.StatusProxyAuthRequired)
 	})
 	f.waitAudit(func(m map[string]any) bool { return m["method"] == "[placeholder]" && m["host"] == f.api })
+	f.waitAudit(func(m map[string]any) bool {
+		return m["reason"] == "plain HTTP to [placeholder].example.test:443; "+policy.StorableEgressRule
+	})
 	if rotated, _ := filepath.Glob(filepath.Join(f.auditDir, "*.jsonl.*")); len(rotated) == 0 {
 		t.Error("the audit file never rotated: the rotated files went unchecked")
 	}
-	f.assertNoLeak(realA, realB, f.phA, f.phB, pw)
+	f.assertNoLeak(realA, realB, f.phA, f.phB, phH, pw)
 }
 
 func TestCheckGrantForAdmission(t *testing.T) {

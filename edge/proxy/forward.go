@@ -23,8 +23,8 @@ import (
 // and the answer copied on this goroutine (profiles in issue 4: the copy and
 // net/http's parsing were most of the proxy's time per request).
 func (p *Proxy) forward(r *http.Request, st *requestState) {
-	carries := st.carriesValues()
-	out, refused := outboundFor(r, st, carries)
+	scrubs := st.scrubsAnswer()
+	out, refused := outboundFor(r, st, scrubs)
 	if refused != nil {
 		p.failForwarded(st, refused)
 		return
@@ -34,9 +34,9 @@ func (p *Proxy) forward(r *http.Request, st *requestState) {
 		p.upstreamError(st, err)
 		return
 	}
-	// The answer to a request that carried a real value is scrubbed of it.
+	// The answer is scrubbed of every value the run knows.
 	var scrub *placeholder.Scrubber
-	if carries {
+	if scrubs {
 		scrub = &st.scrub
 		scrub.Reset(st)
 	}
@@ -62,11 +62,11 @@ func (p *Proxy) forward(r *http.Request, st *requestState) {
 
 // outboundFor decides how r goes upstream: its Host, the upgrade it asks
 // for (refused unless a WebSocket's), and whether its body goes with the
-// head (read whole and small), streams, or is none. carries asks for an
+// head (read whole and small), streams, or is none. scrubs asks for an
 // uncoded answer, so it can be scrubbed.
-func outboundFor(r *http.Request, st *requestState, carries bool) (outbound, *refusal) {
+func outboundFor(r *http.Request, st *requestState, scrubs bool) (outbound, *refusal) {
 	out := outbound{RequestHead: http1.RequestHead{Req: r, Host: st.ci.hostHeader, Upgrade: http1.UpgradeType(r.Header),
-		Length: r.ContentLength, Identity: carries}}
+		Length: r.ContentLength, Identity: scrubs}}
 	if out.Host == "" {
 		out.Host = st.ci.target.HostHeader()
 	}

@@ -175,6 +175,10 @@ func (p *Proxy) serveFrontFor(c net.Conn, only *attempt) {
 	if _, err := io.WriteString(c, "HTTP/1.1 200 Connection established\r\n\r\n"); err != nil {
 		return
 	}
+	if decision.Action == policy.InterceptToScrub {
+		p.interceptToScrub(a, conn, newConnInfo(a, target, ix), ix, entry)
+		return
+	}
 	p.intercept(a, conn, newConnInfo(a, target, ix), ix)
 }
 
@@ -257,8 +261,22 @@ func closeWrite(c net.Conn) {
 
 // intercept terminates TLS with a leaf for the connection's authority (the
 // CONNECT's, or a transparent connection's pin) and serves the connection's
-// requests through the pipeline (HTTP/2 when ALPN picks it).
+// requests through the pipeline (HTTP/2 when ALPN picks it). A failed
+// handshake is logged (debug): the authority is one a key reaches, and the
+// client that failed it is the task's own business.
 func (p *Proxy) intercept(a *attempt, c *bufferedConn, ci *connInfo, ix *placeholder.Index) {
+	tc, err := p.handshake(a, c, ci)
+	if err != nil {
+		p.cfg.Logger.Debug("intercepted handshake failed", slog.String("task", a.task.runID), slog.String("host", ci.logHost),
+			slog.String("error", ix.Redacted(err.Error())))
+		return
+	}
+	p.serveIntercepted(a, tc, ci)
+}
+
+// handshake terminates the intercepted connection's TLS with a leaf for
+// its authority, within the handshake timeout.
+func (p *Proxy) handshake(a *attempt, c *bufferedConn, ci *connInfo) (*tls.Conn, error) {
 	c.Conn = newRawConn(c.Conn)
 	target := ci.target
 	tc := tls.Server(c, &tls.Config{
@@ -274,14 +292,17 @@ func (p *Proxy) intercept(a *attempt, c *bufferedConn, ci *connInfo, ix *placeho
 		},
 	})
 	ctx, cancel := context.WithTimeout(a.ctx, p.cfg.HandshakeTimeout)
-	err := tc.HandshakeContext(ctx)
-	cancel()
-	if err != nil {
-		p.cfg.Logger.Debug("intercepted handshake failed", slog.String("task", a.task.runID), slog.String("host", ci.logHost),
-			slog.String("error", ix.Redacted(err.Error())))
-		return
+	defer cancel()
+	if err := tc.HandshakeContext(ctx); err != nil {
+		return nil, err
 	}
 	_ = c.SetDeadline(time.Time{})
+	return tc, nil
+}
+
+// serveIntercepted serves an intercepted connection's requests, its TLS
+// established, through the pipeline (HTTP/2 when ALPN picked it).
+func (p *Proxy) serveIntercepted(a *attempt, tc *tls.Conn, ci *connInfo) {
 	connCtx := context.WithValue(a.ctx, connInfoKey{}, ci)
 	if tc.ConnectionState().NegotiatedProtocol == "h2" {
 		in := newH2Inbound(tc)

@@ -152,6 +152,8 @@ type envOptions struct {
 	auditMaxBytes int64
 	// maxTaskConns is Config.MaxTaskConns (0: the default).
 	maxTaskConns int
+	// handshakeTimeout is Config.HandshakeTimeout (0: the default).
+	handshakeTimeout time.Duration
 	// redactor, when set, is wired as edge serve wires it: it learns every
 	// value read from the source and filters the log (e.logs) and the audit
 	// lines; rawLogs and rawAudit then get the lines before the filter.
@@ -234,7 +236,7 @@ func newEnv(t tb, o envOptions) *env {
 	e.proxy, err = New(Config{
 		Listener: e.listener, Egress: o.egress, DataDir: dir, Policy: e.watcher, Leaves: e.authority,
 		Secrets: source, Upstream: guard, UpstreamTLS: tlsCfg, Audit: al, Logger: logger, Rand: o.rand,
-		MaxTaskConns: o.maxTaskConns,
+		MaxTaskConns: o.maxTaskConns, HandshakeTimeout: o.handshakeTimeout,
 	})
 	must(t, err)
 	go e.proxy.Serve()

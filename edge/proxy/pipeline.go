@@ -101,29 +101,21 @@ func (st *requestState) reset(p *Proxy, ci *connInfo, watch *cancelWatch, ctx co
 	st.subs = st.subsBuf[:0]
 }
 
-// carriesValues reports whether the answer may hold a real value the
-// request carried: one was put in, or the streamed body may still get one.
-func (st *requestState) carriesValues() bool {
+// scrubsAnswer reports whether the answer may hold a real value: the run
+// knows one, or the streamed body may still put one in.
+func (st *requestState) scrubsAnswer() bool {
+	if st.Set().Len() > 0 {
+		return true
+	}
 	st.mu.Lock()
 	defer st.mu.Unlock()
-	return len(st.subs) > 0 || st.streamSubs
+	return st.streamSubs
 }
 
-// AppendValues is the values substituted so far, for the answer's
-// scrubber: substitute records each before it is spliced into what goes
-// upstream, under mu, so the scrubber knows it before an upstream can echo
-// it.
-func (st *requestState) AppendValues(dst []placeholder.Pair, seen int) ([]placeholder.Pair, int) {
-	st.mu.Lock()
-	defer st.mu.Unlock()
-	if len(st.subs) == seen {
-		return dst, seen
-	}
-	for _, s := range st.subs {
-		dst = append(dst, placeholder.Pair{Value: s.value, Placeholder: s.placeholder})
-	}
-	return dst, len(st.subs)
-}
+// Set is the run's values, for the answer's scrubber: substitute learns
+// each before it is spliced into what goes upstream, so the scrubber knows
+// it before an upstream can echo it.
+func (st *requestState) Set() *placeholder.Set { return st.ci.attempt.task.values.Set() }
 
 var _ placeholder.Source = (*requestState)(nil)
 
@@ -155,6 +147,9 @@ func (st *requestState) substitute(o placeholder.Owner, loc policy.Location) (st
 			return "", st.refuseLocked(refuseWithheld(o.Ref))
 		case err != nil:
 			return "", st.refuseLocked(fault(fmt.Errorf("reading %s: %w", o.Ref, err), o.Ref))
+		}
+		if g := st.grants.index(o.Ref); g >= 0 {
+			st.ci.attempt.task.values.learn(learnt{granted: &st.grants.granted[g], placeholder: o.Placeholder, value: v})
 		}
 		st.subs = append(st.subs, substitution{ref: o.Ref, value: v, placeholder: o.Placeholder})
 	}
@@ -290,6 +285,7 @@ func (p *Proxy) prepare(st *requestState, ix *placeholder.Index, r *http.Request
 		return refuseBadRequest("malformed method")
 	}
 	st.grants = ci.attempt.task.grantsUnder(p.cfg.Policy.Current())
+	p.learnGranted(st.ctx, ci.attempt.task, st.grants)
 	if refused := st.checkMethod(ix, r.Method); refused != nil {
 		return refused
 	}

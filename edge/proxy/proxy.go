@@ -2,8 +2,10 @@
 // and their proxy credentials, and the placeholders minted for them, kept on
 // disk for each task's life), its two fronts (the explicit CONNECT listener,
 // and each task network's redirected connections and DNS: ServeNetwork),
-// which intercept what a task's keys may reach under the same rules, and the
-// one request pipeline that HTTP/1.1 and HTTP/2 share, WebSockets included.
+// which intercept what a task's keys may reach under the same rules (and,
+// under open egress, every other name for a run holding a url or body key:
+// egress.go), and the one request pipeline that HTTP/1.1 and HTTP/2 share,
+// WebSockets included.
 // Package placeholder finds and rewrites placeholders and values in bytes,
 // asking the pipeline about each occurrence; package http1 frames HTTP/1.1;
 // decisions are package policy's pure functions.
@@ -79,11 +81,19 @@ type PolicySource interface {
 
 var _ PolicySource = (*policy.Watcher)(nil)
 
-// LeafSource issues the certificate for an intercepted name. It is called
-// from the handshake's goroutine with ServerName set to the CONNECT's
-// canonical name (never the client's SNI). *ca.Authority satisfies it.
+// LeafSource issues the certificate for an intercepted name.
+// *ca.Authority satisfies it.
 type LeafSource interface {
+	// GetCertificate is called from the handshake's goroutine with
+	// ServerName set to the CONNECT's canonical name (never the client's
+	// SNI). It issues only for a name the policy lists, or one AdmitName
+	// holds now.
 	GetCertificate(hello *tls.ClientHelloInfo) (*tls.Certificate, error)
+	// AdmitName lets name, which the policy need not list, get a leaf
+	// until release is called. The proxy calls it only for a connection
+	// decided policy.InterceptToScrub, from that connection's goroutine,
+	// and releases it as soon as the handshake ends.
+	AdmitName(name string) (release func())
 }
 
 // Dialer reaches upstreams; *upstream.Guard satisfies it. It must resolve

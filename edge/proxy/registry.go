@@ -33,6 +33,11 @@ type task struct {
 
 	// grants caches the grant under the policy in force (grantsUnder).
 	grants atomic.Pointer[grants]
+	// placeholders is the task's placeholder for each key, as Register
+	// last left it.
+	placeholders atomic.Pointer[map[policy.KeyRef]string]
+	// values is what the run's answers are scrubbed of.
+	values runValues
 }
 
 // attempt is one attempt's proxy credential and the connections made with it.
@@ -169,11 +174,15 @@ func (p *Proxy) Register(runID string, declared []runspec.Declared) error {
 		r.placeholders[runID] = m
 		r.reindexLocked()
 	}
+	phs := r.placeholders[runID]
 	if t, ok := r.tasks[runID]; ok {
 		t.declared = decl
+		t.placeholders.Store(&phs)
 		return nil
 	}
-	r.tasks[runID] = &task{runID: runID, declared: decl}
+	t := &task{runID: runID, declared: decl}
+	t.placeholders.Store(&phs)
+	r.tasks[runID] = t
 	return nil
 }
 

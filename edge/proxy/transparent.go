@@ -261,21 +261,21 @@ func (p *Proxy) serveTransparent(a *attempt, originalDst func(net.Conn) (netip.A
 		p.tunnel(a, &bufferedConn{Conn: c}, target, entry, false)
 		return
 	}
-	// One byte tells TLS from the rest. Reading only that byte, not
-	// buffering the ClientHello, keeps an idle intercepted connection as
-	// small as a CONNECT's: what a bufferedConn replays stays referenced
-	// for the connection's life (BenchmarkIdleInterceptedConnMemory).
-	first := make([]byte, 1)
-	if _, err := io.ReadFull(c, first); err != nil {
-		return // closed before saying anything
-	}
-	conn := &bufferedConn{Conn: c, pending: first}
-	if first[0] != tlsHandshakeRecord {
-		p.refusePlainHTTP(conn, bufio.NewReader(conn), target, ix, entry)
-		return
-	}
+	conn := &bufferedConn{Conn: c}
 	ci := newConnInfo(a, target, ix)
 	ci.via = audit.ViaTransparent
+	if decision.Action == policy.InterceptToScrub {
+		p.interceptToScrub(a, conn, ci, ix, entry)
+		return
+	}
+	first, err := conn.peekByte()
+	if err != nil {
+		return // closed before saying anything
+	}
+	if first != tlsHandshakeRecord {
+		p.refusePlainHTTP(conn, target, ix, entry)
+		return
+	}
 	p.intercept(a, conn, ci, ix)
 }
 
@@ -283,20 +283,48 @@ func (p *Proxy) serveTransparent(a *attempt, originalDst func(net.Conn) (netip.A
 // record type).
 const tlsHandshakeRecord = 0x16
 
+// peekByte returns the connection's first byte, reading it into pending
+// when nothing is pending yet. One byte tells TLS from the rest. Reading
+// only that byte, not buffering the ClientHello, keeps an idle
+// intercepted connection as small as a CONNECT's: what a bufferedConn
+// replays stays referenced for the connection's life
+// (BenchmarkIdleInterceptedConnMemory).
+func (c *bufferedConn) peekByte() (byte, error) {
+	if len(c.pending) == 0 {
+		first := make([]byte, 1)
+		if _, err := io.ReadFull(c.Conn, first); err != nil {
+			return 0, err
+		}
+		c.pending = first
+	}
+	return c.pending[0], nil
+}
+
 // refusePlainHTTP answers a plain HTTP request to an authority a key of the
 // task may reach: 403, audited as blocked, nothing sent upstream. Anything
 // that is not HTTP, or whose head passes maxHeadBytes, is just closed.
-func (p *Proxy) refusePlainHTTP(c net.Conn, br *bufio.Reader, target policy.Authority, ix *placeholder.Index, entry audit.Entry) {
-	req, err := http.ReadRequest(bufio.NewReader(&io.LimitedReader{R: br, N: maxHeadBytes}))
-	reason := "plain HTTP to " + target.String() + ", which a key of this task may reach: placeholders are substituted over HTTPS only"
+func (p *Proxy) refusePlainHTTP(c net.Conn, target policy.Authority, ix *placeholder.Index, entry audit.Entry) {
+	entry.Action = audit.Blocked
+	p.refuseNotTLS(c, ix, entry,
+		"plain HTTP to "+target.String()+", which a key of this task may reach: placeholders are substituted over HTTPS only",
+		"neither TLS nor HTTP to "+target.String()+", which a key of this task may reach")
+}
+
+// refuseNotTLS refuses a connection whose first byte is not TLS, audited
+// as entry.Action with status 403: a plain HTTP request is answered 403
+// with httpReason (its method and path audited, redacted); anything else,
+// or a head past maxHeadBytes, is closed unanswered and audited with
+// otherReason. Nothing is sent upstream.
+func (p *Proxy) refuseNotTLS(c net.Conn, ix *placeholder.Index, entry audit.Entry, httpReason, otherReason string) {
+	req, err := http.ReadRequest(bufio.NewReader(&io.LimitedReader{R: c, N: maxHeadBytes}))
+	reason := otherReason
 	if err == nil {
+		reason = httpReason
 		entry.Method = ix.Redacted(req.Method)
 		entry.Path = ix.Redacted(req.URL.Path)
 		writeStatus(c, http.StatusForbidden, reason, nil)
-	} else {
-		reason = "neither TLS nor HTTP to " + target.String() + ", which a key of this task may reach"
 	}
-	entry.Action, entry.Status, entry.Reason = audit.Blocked, http.StatusForbidden, reason
+	entry.Status, entry.Reason = http.StatusForbidden, reason
 	entry.Duration = p.cfg.Clock.Now().Sub(entry.TS)
 	p.cfg.Audit.Record(entry)
 }

@@ -358,28 +358,31 @@ func TestTransparentPlainHTTPToAGrantedAuthorityIsRefused(t *testing.T) {
 	}
 }
 
-// With egress open, a name no key reaches resolves to a pin too, and a
-// connection to it is tunnelled untouched: the task speaks TLS with the
-// upstream itself (its certificate, not the proxy's), and a placeholder
-// it sends arrives as it is, worthless.
+// With egress open, a name no key reaches resolves to a pin too, and for a
+// task whose keys go in headers alone a connection to it is tunnelled
+// untouched: the task speaks TLS with the upstream itself (its
+// certificate, not the proxy's), and a placeholder it sends arrives as it
+// is, worthless. (A task holding a url or body key has it intercepted to
+// scrub instead: egress_open_test.go.)
 func TestTransparentTunnelsANonGrantedNameWithEgressOpen(t *testing.T) {
 	f := newFixture(t, "open")
-	tn := f.network("run-a")
+	_, phA := f.headerOnlyTask()
+	tn := f.network("run-h")
 	tn.pin("third.example.test")
 	third := "third.example.test:" + itoa(f.up.port)
 	client := tn.client(f.uca.PEM, false)
-	res, err := client.Do(mustRequest(t, "https://"+third+"/t?key="+f.phA, "Bearer "+f.phA))
+	res, err := client.Do(mustRequest(t, "https://"+third+"/t?key="+phA, "Bearer "+phA))
 	must(t, err)
 	io.Copy(io.Discard, res.Body)
 	res.Body.Close()
 	client.CloseIdleConnections() // the tunnel's line is written when it closes
 	got := f.up.requests()
-	if res.StatusCode != 200 || len(got) != 1 || got[0].Header.Get("Authorization") != "Bearer "+f.phA || !strings.Contains(got[0].RawQuery, f.phA) {
+	if res.StatusCode != 200 || len(got) != 1 || got[0].Header.Get("Authorization") != "Bearer "+phA || !strings.Contains(got[0].RawQuery, phA) {
 		t.Fatalf("status %d; the upstream did not get the placeholder untouched (%d requests)", res.StatusCode, len(got))
 	}
 	f.upstreamNeverSaw(t, realA, realB)
 	line := f.waitAudit(func(m map[string]any) bool { return m["action"] == "tunnelled" && m["host"] == third })
-	if !viaTransparent(line) || line["status"] != float64(200) || line["task"] != "run-a" || line["bytesIn"] == float64(0) || line["bytesOut"] == float64(0) {
+	if !viaTransparent(line) || line["status"] != float64(200) || line["task"] != "run-h" || line["bytesIn"] == float64(0) || line["bytesOut"] == float64(0) {
 		t.Errorf("audit %v", line)
 	}
 }
@@ -548,13 +551,16 @@ func (tn *taskNet) assertClosed(t *testing.T, which string) {
 func TestTransparentNetworkClosesWhenTheAttemptEnds(t *testing.T) {
 	for _, end := range []string{"EndAttempt", "Stop", "StartAttempt"} {
 		t.Run(end, func(t *testing.T) {
+			// run-h holds key A alone (header), so third.example.test is
+			// tunnelled for it: both kinds of connection are cut.
 			f := newFixture(t, "open")
-			tn := f.network("run-a")
+			_, phA := f.headerOnlyTask()
+			tn := f.network("run-h")
 			pool := x509.NewCertPool()
 			pool.AppendCertsFromPEM(f.authority.Bundle())
 			intercepted := tn.tlsDial(authorityOf(tn.pin("api.example.test"), f.up.port), &tls.Config{RootCAs: pool, ServerName: "api.example.test", NextProtos: []string{"http/1.1"}})
 			ibr := bufio.NewReader(intercepted)
-			if res, _ := roundTrip(t, intercepted, ibr, "GET /before HTTP/1.1\r\nHost: "+f.api+"\r\nAuthorization: Bearer "+f.phA+"\r\n\r\n"); res.StatusCode != 200 {
+			if res, _ := roundTrip(t, intercepted, ibr, "GET /before HTTP/1.1\r\nHost: "+f.api+"\r\nAuthorization: Bearer "+phA+"\r\n\r\n"); res.StatusCode != 200 {
 				t.Fatalf("before: %d", res.StatusCode)
 			}
 			upstreamPool := x509.NewCertPool()
@@ -569,11 +575,11 @@ func TestTransparentNetworkClosesWhenTheAttemptEnds(t *testing.T) {
 
 			switch end {
 			case "EndAttempt":
-				f.proxy.EndAttempt("run-a")
+				f.proxy.EndAttempt("run-h")
 			case "Stop":
-				f.proxy.Stop("run-a")
+				f.proxy.Stop("run-h")
 			case "StartAttempt":
-				_, err := f.proxy.StartAttempt("run-a")
+				_, err := f.proxy.StartAttempt("run-h")
 				must(t, err)
 			}
 
@@ -596,11 +602,11 @@ func TestTransparentNetworkClosesWhenTheAttemptEnds(t *testing.T) {
 			}
 
 			late := newTaskNet(t)
-			err = f.proxy.ServeNetwork("run-a", late.network)
+			err = f.proxy.ServeNetwork("run-h", late.network)
 			if end == "StartAttempt" {
 				// The new attempt has a network of its own, served afresh.
 				must(t, err)
-				res, err := late.client(f.authority.Bundle(), false).Do(mustRequest(t, "https://"+f.api+"/after", "Bearer "+f.phA))
+				res, err := late.client(f.authority.Bundle(), false).Do(mustRequest(t, "https://"+f.api+"/after", "Bearer "+phA))
 				must(t, err)
 				res.Body.Close()
 				if res.StatusCode != 200 {

@@ -289,7 +289,7 @@ type wsRelay struct {
 	up    wsSide
 	taskR *bufio.Reader
 	upR   *bufio.Reader
-	// scrub holds the values substituted so far on the connection; only
+	// scrub takes the run's values out of what the upstream sends; only
 	// the upstream-to-task direction reads frames through it.
 	scrub *placeholder.Scrubber
 	// in counts the payload bytes of the task's frames.

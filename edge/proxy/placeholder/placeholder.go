@@ -16,11 +16,14 @@
 //     holding back at most the longest placeholder less one byte. Every
 //     occurrence in what is at hand is decided before any of it is
 //     replaced or passed on, so a refused one stops it all.
-//   - A Scrubber replaces each value substituted into one request (its
-//     Source) by its placeholder in the answer: fields (Header), bodies
-//     read whole (Whole) or streamed (Stream), WebSocket frames (Pass).
-//     When streamed bytes go on depends on their number and line breaks
-//     alone, never on whether they partially match a value.
+//   - A Set (NewSet) indexes a run's real values in every form an answer
+//     may carry them (spellings) to find any of them, or any fragment of
+//     FragmentBytes secret bytes, in one pass. A Scrubber replaces what
+//     its Source's Set finds by the placeholder in what a task is sent:
+//     fields (Header), bodies read whole (Whole) or streamed (Stream),
+//     WebSocket frames (Pass). When streamed bytes go on depends on their
+//     number and line breaks alone, never on whether they partially match
+//     a value.
 //
 // Finding allocates nothing when the caller's scratch has room and the text
 // holds no placeholder, the common case on every request (BenchmarkFind,

@@ -166,7 +166,7 @@ func (s *Scanner) scan() {
 		return
 	}
 	s.values = values
-	out, pos, n := release(s.outBuf[:0], s.buf, limit, ms, values)
+	out, pos, n := release(s.outBuf[:0], s.buf, limit, s.err == nil, ms, values)
 	s.n += n
 	s.out, s.outBuf = out, out
 	rest := copy(s.buf, s.buf[pos:])
@@ -177,11 +177,21 @@ func (s *Scanner) scan() {
 // occurrences that start there replaced (values by match; one reaching past
 // limit goes whole, one overlapping a replaced one is skipped), and returns
 // where in buf it stopped and how many it replaced. The rest of buf, from
-// pos, waits for more bytes.
-func release(out, buf []byte, limit int, ms []Match, values []string) (_ []byte, pos, n int) {
+// pos, waits for more bytes. While more may come (open), an occurrence
+// that reaches past limit may still grow (a run of a value continuing in
+// the next read, or one it overlaps not yet read whole): it stops the
+// release before it, and goes whole once settled. An occurrence longer
+// than what limit holds back (only overlapping runs of a value that
+// repeats itself make one) goes whole at once: it cannot pin a stream's
+// memory, nor make each read scan more than twice the window.
+func release(out, buf []byte, limit int, open bool, ms []Match, values []string) (_ []byte, pos, n int) {
 	for i, m := range ms {
 		if m.Start >= limit {
 			break // decided; replaced when its turn comes
+		}
+		if open && m.End > limit && m.End-m.Start <= len(buf)-limit+1 {
+			limit = m.Start
+			break
 		}
 		if m.Start < pos {
 			continue

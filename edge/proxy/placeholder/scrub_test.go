@@ -11,26 +11,25 @@ import (
 	"github.com/runfleet/runfleet/edge/secrets"
 )
 
-// ledger is a request's substituted values as the proxy keeps them: a
-// Source, to which another goroutine may add while the answer streams.
+// ledger is a run's values as the proxy keeps them: a Source, to which
+// another goroutine may add while the answer streams.
 type ledger struct {
-	mu    sync.Mutex
-	pairs []Pair
+	mu      sync.Mutex
+	secrets []Secret
+	set     *Set
 }
 
 func (v *ledger) add(value, placeholder string) {
 	v.mu.Lock()
 	defer v.mu.Unlock()
-	v.pairs = append(v.pairs, Pair{Value: secrets.NewValue(value), Placeholder: placeholder})
+	v.secrets = append(v.secrets, Secret{Value: secrets.NewValue(value), Placeholder: placeholder})
+	v.set = NewSet(v.secrets)
 }
 
-func (v *ledger) AppendValues(dst []Pair, seen int) ([]Pair, int) {
+func (v *ledger) Set() *Set {
 	v.mu.Lock()
 	defer v.mu.Unlock()
-	if len(v.pairs) == seen {
-		return dst, seen
-	}
-	return append(dst, v.pairs...), len(v.pairs)
+	return v.set
 }
 
 // realA is a value as long as a real credential.
@@ -47,7 +46,8 @@ func TestScrubberSplitReads(t *testing.T) {
 	var sc Scrubber
 	sc.Reset(st)
 	body := "head VALUE-one-1234 V2 VALUE-one-123 VVALUE-one-1234V2 tail VALUE-one-1234"
-	want := strings.NewReplacer("VALUE-one-1234", "ph-one-Qm7vR2Qm7vR2Qm7v", "V2", "ph-two-Hw4sLpHw4sLpHw4sLpHw4").Replace(body)
+	// "VALUE-one-123" is 13 of the value's bytes: a fragment, scrubbed too.
+	want := strings.NewReplacer("VALUE-one-1234", "ph-one-Qm7vR2Qm7vR2Qm7v", "VALUE-one-123", "ph-one-Qm7vR2Qm7vR2Qm7v", "V2", "ph-two-Hw4sLpHw4sLpHw4sLpHw4").Replace(body)
 	for cut := 1; cut < len(body); cut++ {
 		for _, sizes := range [][]int{{cut}, {cut, 1, 1, 1, 2}, {1, cut}} {
 			src := &chunkReader{data: []byte(body), sizes: append([]int(nil), sizes...)}

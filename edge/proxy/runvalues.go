@@ -1,0 +1,143 @@
+package proxy
+
+import (
+	"context"
+	"errors"
+	"log/slog"
+	"slices"
+	"strings"
+	"sync"
+	"sync/atomic"
+
+	"github.com/runfleet/runfleet/edge/policy"
+	"github.com/runfleet/runfleet/edge/proxy/placeholder"
+	"github.com/runfleet/runfleet/edge/secrets"
+)
+
+// runValues is every real value a run's keys have held while it ran, and
+// the placeholder.Set that scrubs them: the Source of every Scrubber of the
+// run's answers, whichever request, stream, connection or WebSocket they
+// come on. An upstream may keep what it was sent (a note, a gist, a request
+// log) and hand it to any later request, so a value once known stays for
+// the run's life, a rotated one too.
+type runValues struct {
+	mu    sync.Mutex // serialises adding
+	state atomic.Pointer[runValuesState]
+}
+
+// runValuesState is immutable: every request of the run reads it without
+// a lock.
+type runValuesState struct {
+	known []knownValue
+	set   *placeholder.Set
+}
+
+type knownValue struct {
+	ref    policy.KeyRef
+	secret placeholder.Secret
+}
+
+// Set is the run's values now; nil before any is known.
+func (rv *runValues) Set() *placeholder.Set {
+	if st := rv.state.Load(); st != nil {
+		return st.set
+	}
+	return nil
+}
+
+// learnt is a key's value and its placeholder, for runValues.learn.
+type learnt struct {
+	granted     *policy.Granted
+	placeholder string
+	value       secrets.Value
+}
+
+// learn puts each value in the set unless it is there: the set is built
+// again once for all that are new. The caller learns a value before it is
+// sent upstream (placeholder.Source's contract).
+func (rv *runValues) learn(values ...learnt) {
+	if rv.knowsAll(rv.state.Load(), values) {
+		return
+	}
+	rv.mu.Lock()
+	defer rv.mu.Unlock()
+	old := rv.state.Load()
+	var known []knownValue
+	if old != nil {
+		known = old.known
+	}
+	known = slices.Clip(known) // appending never writes what readers hold
+	added := false
+	for _, l := range values {
+		real := l.value.Reveal()
+		if real == "" || knows(known, l.granted.Ref, real) {
+			continue
+		}
+		public := 0
+		if prefix := l.granted.Placeholder.Prefix; strings.HasPrefix(real, prefix) {
+			public = len(prefix)
+		}
+		known = append(known, knownValue{ref: l.granted.Ref, secret: placeholder.Secret{Value: l.value, Placeholder: l.placeholder, Public: public}})
+		added = true
+	}
+	if !added {
+		return
+	}
+	all := make([]placeholder.Secret, len(known))
+	for i, k := range known {
+		all[i] = k.secret
+	}
+	rv.state.Store(&runValuesState{known: known, set: placeholder.NewSet(all)})
+}
+
+func (rv *runValues) knowsAll(st *runValuesState, values []learnt) bool {
+	if st == nil {
+		return false
+	}
+	for _, l := range values {
+		if real := l.value.Reveal(); real != "" && !knows(st.known, l.granted.Ref, real) {
+			return false
+		}
+	}
+	return true
+}
+
+func knows(known []knownValue, ref policy.KeyRef, real string) bool {
+	for _, k := range known {
+		if k.ref == ref && k.secret.Value.Reveal() == real {
+			return true
+		}
+	}
+	return false
+}
+
+// learnGranted reads the value of every key the task is granted now and
+// learns each: an answer may carry the value of a key the request never
+// used (stored upstream by an earlier request, or by anyone). A key whose
+// value cannot be read is skipped: the proxy cannot send it either, and a
+// value read before stays known.
+func (p *Proxy) learnGranted(ctx context.Context, t *task, g *grants) {
+	phs := t.placeholders.Load()
+	if phs == nil {
+		return
+	}
+	var batch [4]learnt
+	values := batch[:0]
+	for i := range g.granted {
+		gr := &g.granted[i]
+		ph, ok := (*phs)[gr.Ref]
+		if !ok {
+			continue
+		}
+		v, err := p.cfg.Secrets.Value(ctx, gr.Ref.Project, gr.Ref.Key)
+		if err != nil {
+			if !errors.Is(err, secrets.ErrNotFound) && ctx.Err() == nil {
+				p.cfg.Logger.Warn("secrets proxy: reading a granted key's value, to scrub answers of it",
+					slog.String("task", t.runID), slog.String("key", gr.Ref.String()), slog.String("error", err.Error()))
+			}
+			continue
+		}
+		values = append(values, learnt{granted: gr, placeholder: ph, value: v})
+	}
+	t.values.learn(values...)
+}
