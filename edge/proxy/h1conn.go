@@ -6,6 +6,7 @@ import (
 	"io"
 	"net"
 	"net/http"
+	"net/url"
 	"strings"
 	"sync"
 	"time"
@@ -47,6 +48,7 @@ type h1Conn struct {
 	header http.Header // the request's fields, cleared per request
 	// Reused request after request: nothing holds them once served.
 	req   http.Request
+	url   url.URL // req.URL for a plain origin-form target
 	state requestState
 	w     http1.Writer
 	body  http1.Body
@@ -103,7 +105,7 @@ func (hc *h1Conn) serveOne(ctx context.Context) bool {
 	}()
 	req := &hc.req
 	*req = *hc.base
-	if refused := http1.ParseRequest(string(head), req, hc.header, *slab); refused.Refused() {
+	if refused := http1.ParseRequest(string(head), req, &hc.url, hc.header, *slab); refused.Refused() {
 		writeStatus(c, refused.Status, refused.Reason, nil)
 		return false
 	}
