@@ -259,7 +259,7 @@ func closeWrite(c net.Conn) {
 // CONNECT's, or a transparent connection's pin) and serves the connection's
 // requests through the pipeline (HTTP/2 when ALPN picks it).
 func (p *Proxy) intercept(a *attempt, c *bufferedConn, ci *connInfo, ix *placeholder.Index) {
-	c.Conn = newRawConn(c.Conn)
+	c.Conn = newRawConn(c.Conn, p.busy)
 	target := ci.target
 	tc := tls.Server(c, &tls.Config{
 		MinVersion: tls.VersionTLS12,
