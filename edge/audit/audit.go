@@ -110,10 +110,11 @@ type Config struct {
 
 // Log writes audit lines and keeps the metrics. Safe for concurrent use.
 //
-// Record counts an entry and queues it; the batch is encoded and written by
-// the flush FlushEvery later (or by Flush, rotation and Close), so a
-// request pays neither the encoding nor a write (issue 4's profile put both
-// on the proxy's critical path). Nothing is dropped: past maxPending queued
+// Record queues an entry; the batch is encoded, written and counted by the
+// flush FlushEvery later (or by Flush, a scrape of the metrics, rotation and
+// Close), so a request pays neither the encoding nor a write (issue 4's
+// profile put both on the proxy's critical path) nor the metrics' atomics,
+// which every request's goroutine contended for (issue 27's). Nothing is dropped: past maxPending queued
 // entries, the recording goroutine writes the batch itself.
 //
 // What a crash can lose: a clean shutdown (Close) writes every recorded line
@@ -168,12 +169,12 @@ func Open(cfg Config) (*Log, error) {
 	if err := os.MkdirAll(cfg.Dir, 0o700); err != nil {
 		return nil, fmt.Errorf("audit: %w", err)
 	}
-	m, err := newMetrics(cfg.Registerer)
-	if err != nil {
+	l := &Log{cfg: cfg, metrics: newMetrics()}
+	if err := l.openLocked(); err != nil {
 		return nil, err
 	}
-	l := &Log{cfg: cfg, metrics: m}
-	if err := l.openLocked(); err != nil {
+	if err := l.metrics.register(cfg.Registerer, l); err != nil {
+		l.file.Close()
 		return nil, err
 	}
 	return l, nil
@@ -220,8 +221,10 @@ func clip(s string, n int) string {
 	return s[:n] + "…"
 }
 
-// Record queues e to be written and counts it. The proxy calls it once per
-// request, so its common path is a few counters and an append under a lock.
+// Record queues e to be written and counted. The proxy calls it once per
+// request, so its common path is an append under a lock: the flush writes
+// the line and counts it in the metrics (a scrape flushes first, so it
+// counts every decision recorded before it).
 func (l *Log) Record(e Entry) {
 	if e.TS.IsZero() {
 		e.TS = l.cfg.Clock.Now()
@@ -229,7 +232,6 @@ func (l *Log) Record(e Entry) {
 	e.TS = e.TS.UTC()
 	e.Method, e.Host = clip(e.Method, MaxMethodBytes), clip(e.Host, MaxHostBytes)
 	e.Path, e.Reason = clip(e.Path, MaxPathBytes), clip(e.Reason, MaxReasonBytes)
-	l.metrics.observe(&e)
 	l.mu.Lock()
 	l.pending = append(l.pending, e)
 	full := len(l.pending) >= maxPending
@@ -260,6 +262,7 @@ func (l *Log) flush() {
 		l.writeLocked(&batch[i])
 	}
 	l.flushFileLocked()
+	l.metrics.observeBatch(batch)
 	clear(batch) // no strings held until the next batch
 	l.spare = batch[:0]
 }

@@ -135,3 +135,67 @@ func TestRedactFiltersEveryLine(t *testing.T) {
 		t.Fatalf("Redact saw %q", seen)
 	}
 }
+
+// Decisions are counted by the flush, off the request's path; a scrape
+// flushes first, so it counts every decision recorded before it, though no
+// timed flush has run (the fake clock never moves here).
+func TestScrapeCountsEveryRecordedDecision(t *testing.T) {
+	reg := prometheus.NewRegistry()
+	l, err := Open(Config{Dir: t.TempDir(), Registerer: reg, Clock: clock.NewFake(time.Unix(1_800_000_000, 0)),
+		Logger: slog.New(slog.DiscardHandler)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer l.Close()
+	for i := 0; i < 3; i++ {
+		l.Record(Entry{Action: Substituted, Host: "a.test:443", BytesIn: 5, BytesOut: 7, Duration: time.Millisecond, Upstream: time.Millisecond})
+	}
+	l.Record(Entry{Action: Blocked, Host: "a.test:443"})
+	families, err := reg.Gather()
+	if err != nil {
+		t.Fatal(err)
+	}
+	got := map[string]float64{}
+	for _, fam := range families {
+		for _, m := range fam.GetMetric() {
+			name := fam.GetName()
+			for _, lp := range m.GetLabel() {
+				name += "/" + lp.GetValue()
+			}
+			switch {
+			case m.GetCounter() != nil:
+				got[name] = m.GetCounter().GetValue()
+			case m.GetHistogram() != nil:
+				got[name] = float64(m.GetHistogram().GetSampleCount())
+			}
+		}
+	}
+	want := map[string]float64{
+		"edge_proxy_decisions_total/substituted": 3, "edge_proxy_decisions_total/blocked": 1,
+		"edge_proxy_request_duration_seconds/substituted": 3, "edge_proxy_request_duration_seconds/blocked": 1,
+		"edge_proxy_upstream_duration_seconds": 3, "edge_proxy_bytes_total/in": 15, "edge_proxy_bytes_total/out": 21,
+	}
+	for k, v := range want {
+		if got[k] != v {
+			t.Errorf("%s = %v, want %v (all: %v)", k, got[k], v, got)
+		}
+	}
+}
+
+// BenchmarkRecordParallel: what recording a decision costs the proxy's
+// goroutines, recording from every processor at once as requests do.
+func BenchmarkRecordParallel(b *testing.B) {
+	l, err := Open(Config{Dir: b.TempDir(), Registerer: prometheus.NewRegistry(), Logger: slog.New(slog.DiscardHandler)})
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer l.Close()
+	e := Entry{TS: time.Unix(1_800_000_000, 0), Task: "run-1", Action: Substituted, Keys: []string{"acme/K"},
+		Host: "api.example.test:443", Method: "GET", Path: "/v1/x", Status: 200, BytesOut: 12,
+		Duration: 1500 * time.Microsecond, Upstream: time.Millisecond}
+	b.RunParallel(func(pb *testing.PB) {
+		for pb.Next() {
+			l.Record(e)
+		}
+	})
+}

@@ -277,7 +277,7 @@ func (p *Proxy) intercept(a *attempt, c *bufferedConn, ci *connInfo, ix *placeho
 // handshake terminates the intercepted connection's TLS with a leaf for
 // its authority, within the handshake timeout.
 func (p *Proxy) handshake(a *attempt, c *bufferedConn, ci *connInfo) (*tls.Conn, error) {
-	c.Conn = newRawConn(c.Conn)
+	c.Conn = newRawConn(c.Conn, p.busy)
 	target := ci.target
 	tc := tls.Server(c, &tls.Config{
 		MinVersion: tls.VersionTLS12,

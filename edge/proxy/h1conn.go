@@ -6,6 +6,7 @@ import (
 	"io"
 	"net"
 	"net/http"
+	"net/url"
 	"strings"
 	"sync"
 	"time"
@@ -26,8 +27,8 @@ const maxDrain = 256 << 10
 // h1Conn is one intercepted HTTP/1.1 connection, served by its own loop
 // over package http1's framing rather than net/http's server (http1's doc
 // says why): the head is read into one string, its fields into a header map
-// and value slices the connection reuses, and the response writer and the
-// request body are the connection's too.
+// and value slices that an h1Exchange lends with the request, the response
+// writer and the request body for as long as the request is served.
 type h1Conn struct {
 	p    *Proxy
 	ci   *connInfo
@@ -43,29 +44,50 @@ type h1Conn struct {
 	// connection after IdleTimeout; zero when no deadline is set.
 	idleSince time.Time
 
-	head   []byte      // the head being read
-	header http.Header // the request's fields, cleared per request
-	// Reused request after request: nothing holds them once served.
-	req   http.Request
-	state requestState
-	w     http1.Writer
-	body  http1.Body
+	head []byte // the head being read
 }
 
 // h1ValueSlots is how many field values a request has room for in a
 // lent slab; more spill into their own slices.
 const h1ValueSlots = 24
 
-// valueSlabs lends requests the backing of their field values for as
-// long as they are served: an idle connection holds none
-// (BenchmarkIdleInterceptedConnMemory).
-var valueSlabs = sync.Pool{New: func() any { s := make([]string, h1ValueSlots); return &s }}
+// h1Exchange is what serving one request takes beyond its head: lent for
+// as long as the request is served, then to the next request of any
+// connection. An idle connection holds none
+// (BenchmarkIdleInterceptedConnMemory), and the request finds it warm in
+// the processor's cache from the last request served there, where the
+// connection's own copy had gone cold among 64 connections' (issue 27).
+type h1Exchange struct {
+	header http.Header // the request's fields
+	req    http.Request
+	url    url.URL // req.URL for a plain origin-form target
+	state  requestState
+	w      http1.Writer
+	body   http1.Body
+	bw     *bufio.Writer
+	slab   [h1ValueSlots]string // the fields' values
+}
+
+var exchanges = sync.Pool{New: func() any {
+	return &h1Exchange{header: http.Header{}, bw: bufio.NewWriterSize(nil, 4096)}
+}}
+
+// release returns x to the pool holding nothing of its request.
+func (x *h1Exchange) release() {
+	clear(x.header)
+	clear(x.slab[:])
+	x.req, x.url = http.Request{}, url.URL{}
+	x.state.reset(nil, nil, nil, nil)
+	x.w.Reset(nil, nil, nil, nil)
+	x.body = http1.Body{}
+	x.bw.Reset(nil)
+	exchanges.Put(x)
+}
 
 // serveHTTP1 serves HTTP/1.1 requests on an intercepted connection.
 func (p *Proxy) serveHTTP1(ctx context.Context, ci *connInfo, c net.Conn) {
 	hc := &h1Conn{p: p, ci: ci, conn: c, br: bufio.NewReaderSize(c, 4096),
-		base:   (&http.Request{RemoteAddr: c.RemoteAddr().String()}).WithContext(ctx),
-		header: http.Header{}}
+		base: (&http.Request{RemoteAddr: c.RemoteAddr().String()}).WithContext(ctx)}
 	hc.watch = newCancelWatch(ctx)
 	defer hc.watch.release()
 	for hc.serveOne(ctx) {
@@ -94,22 +116,17 @@ func (hc *h1Conn) serveOne(ctx context.Context) bool {
 	if refused.Refused() || err != nil {
 		return false
 	}
-	clear(hc.header)
-	slab := valueSlabs.Get().(*[]string)
-	defer func() {
-		clear(hc.header) // nothing idle points into the slab
-		clear(*slab)
-		valueSlabs.Put(slab)
-	}()
-	req := &hc.req
+	x := exchanges.Get().(*h1Exchange)
+	defer x.release()
+	req := &x.req
 	*req = *hc.base
-	if refused := http1.ParseRequest(string(head), req, hc.header, *slab); refused.Refused() {
+	if refused := http1.ParseRequest(string(head), req, &x.url, x.header, x.slab[:]); refused.Refused() {
 		writeStatus(c, refused.Status, refused.Reason, nil)
 		return false
 	}
-	bw := getWriter(c)
-	defer putWriter(bw)
-	w, body := &hc.w, &hc.body
+	bw := x.bw
+	bw.Reset(c)
+	w, body := &x.w, &x.body
 	hasBody := body.Reset(hc.br, req.ContentLength, w)
 	if hasBody {
 		// A body is read at the client's pace, however long it takes.
@@ -124,8 +141,8 @@ func (hc *h1Conn) serveOne(ctx context.Context) bool {
 	}
 	delete(req.Header, "Expect")
 	w.Reset(c, hc.br, bw, req)
-	hc.state.reset(hc.p, hc.ci, hc.watch, ctx)
-	hc.p.serve(&hc.state, w, req)
+	x.state.reset(hc.p, hc.ci, hc.watch, ctx)
+	hc.p.serve(&x.state, w, req)
 	if w.Hijacked() {
 		return false
 	}
@@ -152,17 +169,4 @@ func (hc *h1Conn) serveOne(ctx context.Context) bool {
 		hc.head = nil // a large head's buffer is not kept while idle
 	}
 	return true
-}
-
-var writers = sync.Pool{New: func() any { return bufio.NewWriterSize(nil, 4096) }}
-
-func getWriter(c net.Conn) *bufio.Writer {
-	bw := writers.Get().(*bufio.Writer)
-	bw.Reset(c)
-	return bw
-}
-
-func putWriter(bw *bufio.Writer) {
-	bw.Reset(nil)
-	writers.Put(bw)
 }

@@ -250,6 +250,8 @@ func sameSlice(a, b []runspec.Declared) bool {
 // serve returns, so before the task has the whole answer: a decision is on
 // record before its effect is seen.
 func (p *Proxy) serve(st *requestState, w http.ResponseWriter, r *http.Request) {
+	p.inFlight.Add(1)
+	defer p.inFlight.Add(-1)
 	ix := p.reg.index.Load()
 	ci := st.ci
 	st.out.ResponseWriter = w

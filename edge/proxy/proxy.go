@@ -212,6 +212,11 @@ type Proxy struct {
 	transport *roundTripper
 	h2        *http2.Server
 
+	// inFlight counts the requests being served (serve); with more than
+	// one the proxy is busy, and intercepted sockets are read and written
+	// with net.Conn's calls rather than raw ones (rawConn).
+	inFlight atomic.Int64
+
 	serving atomic.Bool
 	closed  atomic.Bool
 	// spawnMu orders goServe against Close's setting closed.
@@ -257,9 +262,16 @@ func New(cfg Config) (*Proxy, error) {
 	}
 	p.reg = reg
 	p.transport = newRoundTripper(cfg.Upstream.DialContext, cfg.UpstreamTLS, 90*time.Second)
+	p.transport.busy = p.busy
 	p.h2 = &http2.Server{IdleTimeout: cfg.IdleTimeout, MaxReadFrameSize: h2MaxFrameSize}
 	return p, nil
 }
+
+// busy reports whether another request than the caller's may be in flight:
+// then a raw system call the kernel preempts may strand goroutines queued
+// behind it (rawConn). Requests waiting for a processor to read their head
+// are not counted yet, so the count runs low under load, whence one.
+func (p *Proxy) busy() bool { return p.inFlight.Load() > 1 }
 
 // Serve accepts CONNECTs until Close. With the kill switch on it returns
 // ErrDisabled at once.

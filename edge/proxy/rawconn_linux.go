@@ -12,22 +12,38 @@ import (
 )
 
 // rawConn reads and writes an intercepted TCP connection's socket with raw
-// system calls, waiting on the runtime's poller between them as net.Conn
-// does (syscall.RawConn), deadlines included. The socket is non-blocking,
-// so neither call ever blocks; made as plain system calls (net.Conn's
-// way), each one enters the scheduler's syscall state, which wakes the
-// runtime's monitor thread whenever the process was idle and lets it hand
-// the processor to another thread when the kernel preempts this one
-// mid-write (to run the peer the write woke). Profiles of edge serve under
-// load put that bookkeeping and its context switches at a tenth to a
-// quarter of the proxy's CPU on a 2-core host.
+// system calls while the proxy is not busy, and with net.Conn's own calls
+// when it is (Proxy.busy: more than one request in flight). Raw calls wait
+// on the runtime's poller between them as net.Conn's do
+// (syscall.RawConn), deadlines included; the socket is non-blocking, so a
+// raw call never blocks.
 //
-// Reads (and writes) are serialized, as the descriptor's own lock would:
-// each way keeps the call in progress in the struct, for callbacks
+// A call made net.Conn's way enters the scheduler's syscall state, which
+// wakes the runtime's monitor thread (sysmon) whenever the process was
+// idle, and lets it hand the processor to another thread when the kernel
+// preempts this one mid-call (to run the peer a write woke). With one
+// request at a time the process idles between every read and write, and
+// that bookkeeping was a quarter of edge's CPU at one connection (177 ->
+// 118 µs per request with raw calls). Under load the trade turns: a raw
+// call the kernel preempts keeps its processor, and the goroutines queued
+// on it, until the kernel runs the thread again (often a whole time slice
+// given to the peer the write woke), where sysmon would have handed them to
+// another thread; the task and the upstream, waiting on those stalled
+// requests, go idle and wake up more often, at a cost per request of their
+// own. Under make bench-proxy at 64 connections (2 cores), raw calls
+// throughout had edge's p99 at 1.5-1.6x the relay's; net.Conn's calls under
+// load brought it to 1.2x, and edge's requests/s from 0.81 to 0.86x the
+// relay's (issue 27).
+//
+// Raw reads (and writes) are serialized, as the descriptor's own lock
+// would: each way keeps the call in progress in the struct, for callbacks
 // bound once (a closure made per call would be allocated).
 type rawConn struct {
 	net.Conn
 	rc syscall.RawConn
+	// busy reports whether net.Conn's calls are to be made instead of raw
+	// ones; nil never.
+	busy func() bool
 
 	rmu, wmu        sync.Mutex
 	rbuf, wbuf      []byte
@@ -37,8 +53,8 @@ type rawConn struct {
 }
 
 // newRawConn wraps c when it is a TCP connection, and returns c as it is
-// otherwise.
-func newRawConn(c net.Conn) net.Conn {
+// otherwise. busy (nil: never) is asked before each read and write.
+func newRawConn(c net.Conn, busy func() bool) net.Conn {
 	tc, ok := c.(*net.TCPConn)
 	if !ok {
 		return c
@@ -47,12 +63,15 @@ func newRawConn(c net.Conn) net.Conn {
 	if err != nil {
 		return c
 	}
-	r := &rawConn{Conn: c, rc: rc}
+	r := &rawConn{Conn: c, rc: rc, busy: busy}
 	r.readFn, r.writeFn = r.readOnce, r.writeOnce
 	return r
 }
 
 func (r *rawConn) Read(p []byte) (int, error) {
+	if r.busy != nil && r.busy() {
+		return r.Conn.Read(p)
+	}
 	if len(p) == 0 {
 		return 0, nil
 	}
@@ -93,6 +112,9 @@ func (r *rawConn) readOnce(fd uintptr) bool {
 }
 
 func (r *rawConn) Write(p []byte) (int, error) {
+	if r.busy != nil && r.busy() {
+		return r.Conn.Write(p)
+	}
 	if len(p) == 0 {
 		return 0, nil
 	}

@@ -6,4 +6,4 @@ import "net"
 
 // newRawConn is Linux's (rawconn_linux.go); elsewhere connections are used
 // as they are.
-func newRawConn(c net.Conn) net.Conn { return c }
+func newRawConn(c net.Conn, _ func() bool) net.Conn { return c }

@@ -27,6 +27,8 @@ type roundTripper struct {
 	maxIdle     int
 	idleTimeout time.Duration
 	handshake   time.Duration
+	// busy is the proxy's (rawConn); nil: raw system calls always.
+	busy func() bool
 
 	mu   sync.Mutex
 	idle map[string][]*upConn
@@ -130,7 +132,7 @@ func (rt *roundTripper) get(ctx context.Context, key, serverName string, check b
 	if err != nil {
 		return nil, false, err
 	}
-	raw = newRawConn(raw)
+	raw = newRawConn(raw, rt.busy)
 	cfg := rt.tls.Clone()
 	cfg.ServerName = serverName
 	tc := tls.Client(raw, cfg)

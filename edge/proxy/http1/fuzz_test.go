@@ -5,6 +5,8 @@ import (
 	"bytes"
 	"io"
 	"net/http"
+	"net/url"
+	"reflect"
 	"strings"
 	"testing"
 )
@@ -36,7 +38,7 @@ func FuzzHTTP1Head(f *testing.F) {
 		}
 		h := http.Header{}
 		req := new(http.Request)
-		if ParseRequest(string(whole), req, h, make([]string, 4)).Refused() {
+		if ParseRequest(string(whole), req, new(url.URL), h, make([]string, 4)).Refused() {
 			return
 		}
 		if len(h["Content-Length"]) > 1 || len(h["Transfer-Encoding"]) > 1 ||
@@ -55,6 +57,9 @@ func FuzzHTTP1Head(f *testing.F) {
 			ref.ContentLength != req.ContentLength || ref.Close != req.Close {
 			t.Fatalf("read differently from net/http: method %q/%q target %q/%q host %q/%q length %d/%d close %v/%v",
 				req.Method, ref.Method, req.RequestURI, ref.RequestURI, req.Host, ref.Host, req.ContentLength, ref.ContentLength, req.Close, ref.Close)
+		}
+		if !reflect.DeepEqual(req.URL, ref.URL) {
+			t.Fatalf("URL %#v, net/http's %#v", req.URL, ref.URL)
 		}
 	})
 }

@@ -125,11 +125,13 @@ var chunkedCoding = []string{"chunked"}
 
 // ParseRequest reads a request head into req (whose context is already
 // set) with h as its Header, strs lending its field values their slices
-// (ParseFields). It refuses, with the status to answer, a malformed request
-// line or field (see ParseFields) and ambiguous body framing: both
+// (ParseFields) and u, when not nil, its URL when the target is a plain
+// origin-form one (parseOriginForm); any other target's URL is
+// url.ParseRequestURI's. It refuses, with the status to answer, a malformed
+// request line or field (see ParseFields) and ambiguous body framing: both
 // Transfer-Encoding and Content-Length, more than one of either, a transfer
 // coding other than chunked, or one on HTTP/1.0.
-func ParseRequest(head string, req *http.Request, h http.Header, strs []string) Refusal {
+func ParseRequest(head string, req *http.Request, u *url.URL, h http.Header, strs []string) Refusal {
 	line, fieldLines, _ := strings.Cut(head, "\n")
 	line = strings.TrimSuffix(line, "\r")
 	method, rest, ok1 := strings.Cut(line, " ")
@@ -163,6 +165,8 @@ func ParseRequest(head string, req *http.Request, h http.Header, strs []string) 
 		}
 		u.Scheme = ""
 		req.URL = u
+	} else if u != nil && parseOriginForm(target, u) {
+		req.URL = u
 	} else if req.URL, err = url.ParseRequestURI(target); err != nil {
 		return Refusal{http.StatusBadRequest, "malformed request target"}
 	}
@@ -182,6 +186,43 @@ func ParseRequest(head string, req *http.Request, h http.Header, strs []string) 
 		(req.ProtoMinor == 0 && !httpguts.HeaderValuesContainsToken(conn, "keep-alive"))
 	return Refusal{}
 }
+
+// parseOriginForm parses target into u as url.ParseRequestURI does, without
+// allocating a URL, when it is an origin-form target ("/path" and perhaps
+// "?query") whose path neither unescaping nor escaping changes: Path is
+// then the target's path itself and RawPath empty. It reports false, u
+// untouched, for any other target (a "%" or any byte a path escapes, an
+// absolute form, "*"), which url.ParseRequestURI parses. A request's URL
+// was one allocation of every kept-alive request (issue 27's profile).
+func parseOriginForm(target string, u *url.URL) bool {
+	if target == "" || target[0] != '/' {
+		return false
+	}
+	path, query, hasQuery := strings.Cut(target, "?")
+	for i := 0; i < len(path); i++ {
+		if !plainPathByte[path[i]] {
+			return false
+		}
+	}
+	for i := 0; i < len(query); i++ {
+		if c := query[i]; c < ' ' || c == 0x7f {
+			return false // url.ParseRequestURI refuses a control byte
+		}
+	}
+	// A lone "?" at the end is ForceQuery; any other "?" starts the query.
+	*u = url.URL{Path: path, RawQuery: query, ForceQuery: hasQuery && query == ""}
+	return true
+}
+
+// plainPathByte: the bytes url.URL keeps as they are in a path, unescaped
+// and unescaping to themselves (RFC 3986's unreserved characters and the
+// sub-delimiters, ':', '@' and '/' that Go does not escape in a path).
+var plainPathByte = func() (t [256]bool) {
+	for _, c := range []byte("ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789-._~$&+,/:;=@") {
+		t[c] = true
+	}
+	return t
+}()
 
 // requestFraming refuses a request whose body framing is ambiguous
 // (request smuggling) or that names more than one Host.
