@@ -75,7 +75,21 @@ type snapshot struct {
 	byPrefix map[uint32][][]byte
 	seen     *[filterWords]uint64
 	short    [][]byte
+	// minLen is the shortest form of 4 bytes or more, and shift says how
+	// far a window of minLen bytes may move on when its last two bytes hash
+	// to a slot (Wu-Manber): by as much as no form's first minLen bytes
+	// could hold them nearer its end, 0 where they end them, so only a
+	// window that may start a form is looked at.
+	minLen int
+	shift  *[shiftSlots]uint8
 }
+
+// shiftSlots sizes the shift table: 4 KiB, one slot per hashed pair of
+// bytes (colliding pairs share the smaller shift, which is always safe).
+const shiftSlots = 1 << 12
+
+// pairSlot hashes the two bytes that end a window to a shift slot.
+func pairSlot(a, b byte) uint32 { return (uint32(a)<<8 | uint32(b)) * 0x9E3779B1 >> (32 - 12) }
 
 // filterWords sizes the prefix filter: 64 Kibit (8 KiB), so a line without
 // a value costs one bit test per byte.
@@ -137,9 +151,34 @@ func (s *Set) Add(v secrets.Value) {
 			next.byPrefix[p] = append(next.byPrefix[p], f)
 			bit := filterBit(p)
 			next.seen[bit/64] |= 1 << (bit % 64)
+			if next.minLen == 0 || len(f) < next.minLen {
+				next.minLen = len(f)
+			}
 		}
 	}
+	next.shift = shiftTable(next.byPrefix, next.minLen)
 	s.snap.Store(next)
+}
+
+// shiftTable is the shift table for windows of m bytes over forms (all of
+// m bytes or more): a pair of bytes ending at index j of a form's first m
+// bytes allows a shift of m-1-j at most; a pair no form's first m bytes
+// hold, m-1 (capped to fit a byte: a smaller shift is always safe).
+func shiftTable(forms map[uint32][][]byte, m int) *[shiftSlots]uint8 {
+	t := new([shiftSlots]uint8)
+	for i := range t {
+		t[i] = uint8(min(m-1, 255))
+	}
+	for _, fs := range forms {
+		for _, f := range fs {
+			for j := 1; j < m; j++ {
+				if h := pairSlot(f[j-1], f[j]); int(t[h]) > m-1-j {
+					t[h] = uint8(m - 1 - j)
+				}
+			}
+		}
+	}
+	return t
 }
 
 // Len is how many values the Set holds.
@@ -205,16 +244,24 @@ func (s *Set) Redact(line []byte) []byte {
 	for _, f := range snap.short {
 		spans = appendAll(spans, line, f)
 	}
-	if len(snap.byPrefix) > 0 {
-		for i := 0; i+4 <= len(line); i++ {
-			p := prefixOf(line[i:])
+	if m := snap.minLen; m > 0 {
+		// i is the last byte of a window of m bytes that may start a form
+		// (snapshot.shift); most windows move on by nearly m bytes at once.
+		for i := m - 1; i < len(line); {
+			if d := snap.shift[pairSlot(line[i-1], line[i])]; d > 0 {
+				i += int(d)
+				continue
+			}
+			start := i - m + 1
+			i++
+			p := prefixOf(line[start:])
 			bit := filterBit(p)
 			if snap.seen[bit/64]&(1<<(bit%64)) == 0 {
 				continue
 			}
 			for _, f := range snap.byPrefix[p] {
-				if bytes.HasPrefix(line[i:], f) {
-					spans = append(spans, [2]int{i, i + len(f)})
+				if bytes.HasPrefix(line[start:], f) {
+					spans = append(spans, [2]int{start, start + len(f)})
 				}
 			}
 		}

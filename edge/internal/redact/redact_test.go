@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"log/slog"
+	"slices"
 	"strings"
 	"testing"
 
@@ -174,4 +175,59 @@ func BenchmarkAddHeld(b *testing.B) {
 	for b.Loop() {
 		s.Add(v)
 	}
+}
+
+// Redact skips through a line by windows (snapshot.shift) yet finds and
+// replaces what a search for every form at every byte would: values of any
+// length and alphabet, lines built of their pieces and of whole forms.
+func FuzzRedactFindsWhatEveryPositionWould(f *testing.F) {
+	f.Add("sk-live-0123456789abcdefghij", "abab", "x", "a sk-live-0123456789abcdefghij b ababab", uint8(3))
+	f.Add("AKIA08AbCdEfGhIj", "p\"w<d>", "abcd", "{\"path\":\"/v1/AKIA08AbCdEfGhIj\"} abcdabcd p\\\"w", uint8(7))
+	f.Fuzz(func(t *testing.T, v1, v2, v3, line string, cut uint8) {
+		s := set(v1, v2, v3)
+		snap := s.snap.Load()
+		// The line, then with every form of each value spliced in at cut.
+		lines := []string{line}
+		for _, e := range snap.order {
+			for _, form := range e.forms {
+				i := int(cut) % (len(line) + 1)
+				lines = append(lines, line[:i]+string(form)+line[i:], string(form)+string(form[:len(form)/2]))
+			}
+		}
+		for _, l := range lines {
+			if got, want := string(s.Redact([]byte(l))), string(redactEveryPosition(snap, []byte(l))); got != want {
+				t.Fatalf("Redact(%q) = %q, want %q", l, got, want)
+			}
+		}
+	})
+}
+
+// redactEveryPosition is Redact without the windows: every form looked for
+// at every byte, overlapping occurrences merged into one Mark.
+func redactEveryPosition(snap *snapshot, line []byte) []byte {
+	var spans [][2]int
+	for _, e := range snap.order {
+		for _, f := range e.forms {
+			for i := 0; i+len(f) <= len(line); i++ {
+				if bytes.HasPrefix(line[i:], f) {
+					spans = append(spans, [2]int{i, i + len(f)})
+				}
+			}
+		}
+	}
+	if len(spans) == 0 {
+		return line
+	}
+	slices.SortFunc(spans, func(a, b [2]int) int { return a[0] - b[0] })
+	var out []byte
+	pos := 0
+	for i := 0; i < len(spans); {
+		start, end := spans[i][0], spans[i][1]
+		for i++; i < len(spans) && spans[i][0] < end; i++ {
+			end = max(end, spans[i][1])
+		}
+		out = append(append(out, line[pos:start]...), Mark...)
+		pos = end
+	}
+	return append(out, line[pos:]...)
 }
