@@ -210,7 +210,8 @@ func uriComponent(s string) string {
 // jsonForm spells characters as JSON string encoders do: Go's
 // encoding/json (html: <, > and & as \u003c...), and the ASCII-only
 // encoders (Python's json.dumps, PHP's json_encode with slash: "\/") that
-// write every other character as \uXXXX, a pair of them past the BMP.
+// write every other character as a \u escape of four hex digits
+// (\u00e9), a surrogate pair of them past the BMP.
 func jsonForm(html, ascii, slash bool) byteForm {
 	return func(dst []byte, r rune, raw string) []byte {
 		switch {

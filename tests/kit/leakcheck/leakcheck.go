@@ -219,8 +219,8 @@ func jsonString(s string, escapeHTML bool) string {
 }
 
 // jsonASCII is s as a JSON string with every character that is not
-// printable ASCII, and the quote and the backslash, as \uXXXX (a pair of
-// them past U+FFFF): how an encoder that keeps to ASCII writes it.
+// printable ASCII, and the quote and the backslash, as a \u escape of four
+// hex digits (\u00e9; a surrogate pair of them past U+FFFF): how an encoder that keeps to ASCII writes it.
 func jsonASCII(s string) string {
 	var b strings.Builder
 	b.WriteByte('"')
@@ -268,8 +268,8 @@ var (
 
 // readings decodes received as a task would hunt for a value in it:
 // percent escapes (with and without '+' for a space; once, and twice as
-// in a URL inside a URL), JSON escapes (a \uXXXX as UTF-8, or a \u00XX as
-// the byte XX), and both in either order,
+// in a URL inside a URL), JSON escapes (a \u escape such as \u00e9 as
+// UTF-8, or, read byte-wise, \u00e9 as the byte 0xe9), and both in either order,
 // then every base64 run (standard or URL-safe, at each of the four
 // starting characters) and every hex run (at both starting digits) in
 // received and in each of those.
@@ -339,8 +339,8 @@ func percentDecode(b []byte, form bool) []byte {
 	})
 }
 
-// jsonUnescape decodes every JSON escape in b as encoding/json does (a
-// \uXXXX, or a surrogate pair of them, as UTF-8).
+// jsonUnescape decodes every JSON escape in b as encoding/json does (a \u
+// escape of four hex digits, or a surrogate pair of them, as UTF-8).
 func jsonUnescape(b []byte) []byte {
 	return jsonEscape.ReplaceAllFunc(b, func(m []byte) []byte {
 		var s string
