@@ -71,8 +71,8 @@ type requestState struct {
 	scrubbed int
 
 	mu      sync.Mutex
-	subs    []substitution // keys met in this request, values read once
-	subsBuf [2]substitution
+	subs    []substitution // the request's keys, each value read once (learnGranted)
+	subsBuf [4]substitution
 	// refused is the request's first refusal of a substitution, or of the
 	// exchange once forwarded; nil while none.
 	refused  *refusal
@@ -84,9 +84,9 @@ type requestState struct {
 	substituted int
 }
 
-// substitution is one key a request met: its real value, read from the
-// secrets source once per request, the task's placeholder for it, and
-// whether it was put in.
+// substitution is one key of a request (a granted one, or one it met): its
+// real value, read from the secrets source once per request, the task's
+// placeholder for it, and whether it was put in.
 type substitution struct {
 	ref         policy.KeyRef
 	value       secrets.Value
@@ -287,7 +287,7 @@ func (p *Proxy) prepare(st *requestState, ix *placeholder.Index, r *http.Request
 		return refuseBadRequest("malformed method")
 	}
 	st.grants = ci.attempt.task.grantsUnder(p.cfg.Policy.Current())
-	p.learnGranted(st.ctx, ci.attempt.task, st.grants)
+	st.learnGranted()
 	if refused := st.checkMethod(ix, r.Method); refused != nil {
 		return refused
 	}

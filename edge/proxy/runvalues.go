@@ -1,7 +1,6 @@
 package proxy
 
 import (
-	"context"
 	"errors"
 	"log/slog"
 	"slices"
@@ -115,29 +114,35 @@ func knows(known []knownValue, ref policy.KeyRef, real string) bool {
 // learns each: an answer may carry the value of a key the request never
 // used (stored upstream by an earlier request, or by anyone). A key whose
 // value cannot be read is skipped: the proxy cannot send it either, and a
-// value read before stays known.
-func (p *Proxy) learnGranted(ctx context.Context, t *task, g *grants) {
+// value read before stays known. Each value read is kept as the request's
+// (st.subs, not yet used), so substitute does not read the key again: a
+// request puts in the values its keys held when it began.
+func (st *requestState) learnGranted() {
+	t := st.ci.attempt.task
 	phs := t.placeholders.Load()
 	if phs == nil {
 		return
 	}
 	var batch [4]learnt
 	values := batch[:0]
-	for i := range g.granted {
-		gr := &g.granted[i]
+	st.mu.Lock()
+	defer st.mu.Unlock()
+	for i := range st.grants.granted {
+		gr := &st.grants.granted[i]
 		ph, ok := (*phs)[gr.Ref]
 		if !ok {
 			continue
 		}
-		v, err := p.cfg.Secrets.Value(ctx, gr.Ref.Project, gr.Ref.Key)
+		v, err := st.p.cfg.Secrets.Value(st.ctx, gr.Ref.Project, gr.Ref.Key)
 		if err != nil {
-			if !errors.Is(err, secrets.ErrNotFound) && ctx.Err() == nil {
-				p.cfg.Logger.Warn("secrets proxy: reading a granted key's value, to scrub answers of it",
+			if !errors.Is(err, secrets.ErrNotFound) && st.ctx.Err() == nil {
+				st.p.cfg.Logger.Warn("secrets proxy: reading a granted key's value, to scrub answers of it",
 					slog.String("task", t.runID), slog.String("key", gr.Ref.String()), slog.String("error", err.Error()))
 			}
 			continue
 		}
 		values = append(values, learnt{granted: gr, placeholder: ph, value: v})
+		st.subs = append(st.subs, substitution{ref: gr.Ref, value: v, placeholder: ph})
 	}
 	t.values.learn(values...)
 }
