@@ -243,8 +243,7 @@ func TestTransparentFrontHoldsAgainstATaskWithItsPlaceholder(t *testing.T) {
 	e := f.open(hostOptions{})
 	run := e.start(runspec.Request{Prompt: "export UPSTREAM=" + f.upstreamHost + " TUNNEL=" + f.tunnelHost + "\n" + transparentAttacks, Secrets: e.apiToken()})
 	e.waitEnd(run.RunID)
-	out := strings.ReplaceAll(e.output(run.RunID), "\r\n", "\n")
-	for _, want := range []string{
+	e.wantOutput(run.RunID,
 		"legit HTTP/1.1 200 OK\n",
 		"sni-of-another HTTP/1.1 421 Misdirected Request\n",
 		"host-of-another HTTP/1.1 421 Misdirected Request\n",
@@ -254,11 +253,7 @@ func TestTransparentFrontHoldsAgainstATaskWithItsPlaceholder(t *testing.T) {
 		"plain HTTP/1.1 403 Forbidden\n",
 		// Nothing resolves the name upstream, so edge closes.
 		"placeholder-name 0\n",
-	} {
-		if !strings.Contains(out, want) {
-			t.Errorf("the task's output lacks %q:\n%s", want, out)
-		}
-	}
+	)
 	saw := f.upstreamSaw()
 	if len(saw) != 2 || saw[0] != "Bearer "+realSecret || !strings.HasPrefix(saw[1], "Bearer ph-") {
 		t.Errorf("the upstream saw %q, want the real value for the legitimate request and the placeholder through the tunnel", saw)

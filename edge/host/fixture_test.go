@@ -284,6 +284,18 @@ func (e *edgeHost) waitOutput(runID, want string) string {
 	return out
 }
 
+// wantOutput checks that the ended run's output (line ends as "\n") holds
+// each of wants.
+func (e *edgeHost) wantOutput(runID string, wants ...string) {
+	e.f.t.Helper()
+	out := strings.ReplaceAll(e.output(runID), "\r\n", "\n")
+	for _, want := range wants {
+		if !strings.Contains(out, want) {
+			e.f.t.Errorf("the task's output lacks %q:\n%s", want, out)
+		}
+	}
+}
+
 func (e *edgeHost) metric(name string) string {
 	e.f.t.Helper()
 	m, err := e.client.Metrics(bg)
