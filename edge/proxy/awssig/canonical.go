@@ -17,9 +17,9 @@ import (
 //	canonical URI:   s3 family: the path as it goes on the wire
 //	                 (url.URL.EscapedPath, or Opaque's path); other services:
 //	                 that path URI-encoded once more ("%" becomes "%25"),
-//	                 as the SDKs and botocore do. Neither removes dot
-//	                 segments or repeated slashes (botocore does for non-S3;
-//	                 such a request fails closed).
+//	                 as the SDKs and botocore do. Dot segments and repeated
+//	                 slashes are kept (botocore removes them for non-S3
+//	                 services: such a request fails closed).
 //	canonical query: every name and value decoded ('+' is a space), then
 //	                 RFC 3986-encoded (unreserved kept, %XX uppercase),
 //	                 sorted by encoded name then encoded value; a presigned
