@@ -64,10 +64,25 @@ type Entry struct {
 	// asking (a connection redirected from the task's network), empty for
 	// the explicit proxy.
 	Via string `json:"via,omitempty"`
+	// AWS is the SigV4 signing of a request re-signed with an AWS key
+	// (the key is Keys' one), or refused before it was.
+	AWS *AWSSigning `json:"aws,omitempty"`
 	// Duration is the whole decision; Upstream the part spent waiting for
 	// the upstream's response head.
 	Duration time.Duration `json:"-"`
 	Upstream time.Duration `json:"-"`
+}
+
+// AWSSigning is a SigV4 request's credential scope and payload mode, as
+// the task signed it.
+type AWSSigning struct {
+	Region  string `json:"region"`
+	Service string `json:"service"`
+	// Payload is how the signature covers the body: "literal" (a hash),
+	// "UNSIGNED-PAYLOAD", or one of the STREAMING-* modes; "presigned" is
+	// not a mode, so a presigned URL says so apart.
+	Payload   string `json:"payload"`
+	Presigned bool   `json:"presigned,omitempty"`
 }
 
 // ViaTransparent is Entry.Via for a redirected connection.

@@ -70,6 +70,18 @@ func appendLine(b []byte, e *Entry) []byte {
 		b = append(b, `,"via":`...)
 		b = appendString(b, e.Via)
 	}
+	if a := e.AWS; a != nil {
+		b = append(b, `,"aws":{"region":`...)
+		b = appendString(b, a.Region)
+		b = append(b, `,"service":`...)
+		b = appendString(b, a.Service)
+		b = append(b, `,"payload":`...)
+		b = appendString(b, a.Payload)
+		if a.Presigned {
+			b = append(b, `,"presigned":true`...)
+		}
+		b = append(b, '}')
+	}
 	b = append(b, `,"durationMs":`...)
 	b = appendMillis(b, e.Duration.Microseconds())
 	if up := e.Upstream.Microseconds(); up != 0 {

@@ -35,6 +35,10 @@ func TestLineIsWhatEncodingJSONWrites(t *testing.T) {
 		{TS: ts, Action: Action("other"), Host: "", Keys: []string{}},
 		{TS: ts, Action: Forwarded, Host: "h:2", Duration: 1<<50*time.Microsecond + 7*time.Microsecond, Upstream: -(1<<50 - 1) * time.Microsecond},
 		{TS: ts, Action: Forwarded, Host: "h:3", Duration: 1000 * time.Microsecond, Upstream: 10*time.Microsecond + 999},
+		{TS: ts, Task: "run-4", Action: Substituted, Keys: []string{"acme/AWS"}, Host: "s3.us-east-1.amazonaws.com:443", Method: "PUT", Status: 200,
+			AWS: &AWSSigning{Region: "us-east-1", Service: "s3", Payload: "STREAMING-AWS4-HMAC-SHA256-PAYLOAD"}},
+		{TS: ts, Task: "run-5", Action: Blocked, Reason: "signature_mismatch", Host: "s3.amazonaws.com:443",
+			AWS: &AWSSigning{Region: "<eu>", Service: `s"3`, Payload: "literal", Presigned: true}},
 	} {
 		if got, want := string(appendLine(nil, &e)), referenceLine(t, e); got != want {
 			t.Errorf("line\n got %s\nwant %s", got, want)
@@ -48,6 +52,9 @@ func FuzzLine(f *testing.F) {
 	f.Fuzz(func(t *testing.T, task, reason, key, host, method, path string, status int, in, out, dur int64) {
 		e := Entry{TS: time.Unix(1_800_000_000, dur).UTC(), Task: task, Action: Action(reason + "!"), Reason: reason, Keys: []string{key, task},
 			Host: host, Method: method, Path: path, Status: status, BytesIn: in, BytesOut: out, Scrubbed: status / 3, Via: path, Duration: time.Duration(dur), Upstream: time.Duration(in)}
+		if status%2 == 0 {
+			e.AWS = &AWSSigning{Region: reason, Service: method, Payload: path, Presigned: status%4 == 0}
+		}
 		if got, want := string(appendLine(nil, &e)), referenceLine(t, e); got != want {
 			t.Fatalf("line\n got %s\nwant %s", got, want)
 		}

@@ -275,11 +275,49 @@ type ProjectPolicy struct {
 
 // KeyPolicy is what one key may reach and where it may be substituted.
 type KeyPolicy struct {
+	// Kind is what the key is: "" for a value sent as it is (a token, a
+	// password), "aws" for an AWS access key, which never travels: the
+	// proxy re-signs the task's SigV4 requests with it (AWS).
+	Kind string `json:"kind,omitempty"`
 	// Domains the key may reach: "name" (port 443) or "name:port".
 	Domains []string `json:"domains"`
-	// In lists where substitution happens: "header" (the default), "url", "body".
-	In          []string         `json:"in"`
+	// In lists where substitution happens: "header" (the default), "url",
+	// "body". Not for kind "aws".
+	In []string `json:"in,omitempty"`
+	// Placeholder shapes the task's placeholder. Not for kind "aws", whose
+	// placeholders have the shapes of real AWS credentials.
 	Placeholder PlaceholderShape `json:"placeholder"`
+	// AWS bounds a key of kind "aws"; required for that kind only.
+	AWS *AWSKey `json:"aws,omitempty"`
+}
+
+// AWSKey bounds what an AWS key may sign and says where its real
+// credentials come from: the secrets source's value for the key (JSON
+// {"accessKeyId", "secretAccessKey", "sessionToken"?}), or AssumeRole.
+type AWSKey struct {
+	// Regions and Services bound the credential scopes the proxy signs for
+	// ("us-east-1"; "s3", "sts", "dynamodb"). Both required.
+	Regions  []string `json:"regions"`
+	Services []string `json:"services"`
+	// EnvPrefix names the task's variables: <prefix>ACCESS_KEY_ID,
+	// <prefix>SECRET_ACCESS_KEY and <prefix>SESSION_TOKEN; default "AWS_",
+	// the names every AWS tool reads. Two keys a task is granted must not
+	// share it.
+	EnvPrefix string `json:"envPrefix,omitempty"`
+	// AssumeRole, when set, makes the real credentials a per-run STS
+	// session of the role, minted with edge's own AWS credentials.
+	AssumeRole *AssumeRole `json:"assumeRole,omitempty"`
+}
+
+// AssumeRole is the role a key's runs each get their own session of.
+type AssumeRole struct {
+	RoleARN    string `json:"roleArn"`
+	ExternalID string `json:"externalId,omitempty"`
+	// SessionPolicy, a JSON IAM policy, narrows the session below the role.
+	SessionPolicy json.RawMessage `json:"sessionPolicy,omitempty"`
+	// Duration of each session, 15m to 12h; default 1h. A session is
+	// renewed before it ends while its run lives.
+	Duration Duration `json:"duration,omitempty"`
 }
 
 // PlaceholderShape shapes a key's placeholders.

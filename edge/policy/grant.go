@@ -15,6 +15,8 @@ type Granted struct {
 	Domains     []Domain
 	In          Location
 	Placeholder Shape
+	// AWS is the key's bounds when it is of kind aws, nil otherwise.
+	AWS *AWSKey
 }
 
 // Reaches reports whether the key may be sent to d.
@@ -30,7 +32,8 @@ func (r Refusal) String() string { return r.Ref.String() + ": " + r.Reason }
 
 // Grant intersects a task's declared secrets (runspec.Request.Declare) with
 // the policy: a key is granted when the policy has it and every domain the
-// task declared is one of the key's, and it reaches only those. The proxy
+// task declared is one of the key's, and it reaches only those, unless it
+// would set a variable a key granted before it sets (refuseEnvClashes). The proxy
 // calls it per request, so a reload applies to the next request.
 func (p *Policy) Grant(declared []runspec.Declared) (granted []Granted, refused []Refusal) {
 	for _, d := range declared {
@@ -57,9 +60,9 @@ func (p *Policy) Grant(declared []runspec.Declared) (granted []Granted, refused 
 			}
 			continue
 		}
-		granted = append(granted, Granted{Ref: ref, Domains: domains, In: k.In, Placeholder: k.Placeholder})
+		granted = append(granted, Granted{Ref: ref, Domains: domains, In: k.In, Placeholder: k.Placeholder, AWS: k.AWS})
 	}
-	return granted, refused
+	return refuseEnvClashes(granted, refused)
 }
 
 // domainRefusal names the domain refused with its port (a name alone is

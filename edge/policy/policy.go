@@ -73,10 +73,13 @@ func (k KeyRef) String() string { return k.Project + "/" + k.Key }
 
 // Key is one proxiable key of the host policy.
 type Key struct {
-	Ref         KeyRef
+	Ref KeyRef
+	// Kind is "" or KindAWS; AWS is set for the latter only.
+	Kind        string
 	Domains     []Domain
 	In          Location
 	Placeholder Shape
+	AWS         *AWSKey
 }
 
 // Reaches reports whether the key may be sent to d.
@@ -162,6 +165,10 @@ func compileKey(where string, ref KeyRef, kp config.KeyPolicy) (*Key, []error) {
 		if !slices.Contains(k.Domains, d) {
 			k.Domains = append(k.Domains, d)
 		}
+	}
+	if kp.Kind != "" || kp.AWS != nil {
+		// An AWS key is never substituted: no location, no shape.
+		return k, append(errs, compileAWS(where, k, kp)...)
 	}
 	if len(kp.In) == 0 {
 		k.In = InHeader
