@@ -8,6 +8,8 @@ import (
 	"crypto/x509"
 	"crypto/x509/pkix"
 	"encoding/pem"
+	"errors"
+	"fmt"
 	"math/big"
 	"net"
 	"net/http"
@@ -29,9 +31,19 @@ type CA struct {
 // NewCA makes a CA.
 func NewCA(t TB) *CA {
 	t.Helper()
-	key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
+	c, err := MakeCA()
 	if err != nil {
 		t.Fatal(err)
+	}
+	return c
+}
+
+// MakeCA is NewCA for code that holds no test (a TestMain, a kit's Start):
+// it returns the error instead of failing a test.
+func MakeCA() (*CA, error) {
+	key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
+	if err != nil {
+		return nil, fmt.Errorf("edgetest: CA key: %w", err)
 	}
 	tmpl := &x509.Certificate{
 		SerialNumber: big.NewInt(1), Subject: pkix.Name{CommonName: "runfleet test CA"},
@@ -40,22 +52,34 @@ func NewCA(t TB) *CA {
 	}
 	der, err := x509.CreateCertificate(rand.Reader, tmpl, tmpl, &key.PublicKey, key)
 	if err != nil {
-		t.Fatal(err)
+		return nil, fmt.Errorf("edgetest: CA certificate: %w", err)
 	}
 	cert, err := x509.ParseCertificate(der)
 	if err != nil {
-		t.Fatal(err)
+		return nil, fmt.Errorf("edgetest: CA certificate: %w", err)
 	}
-	return &CA{Cert: cert, Key: key, PEM: pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: der})}
+	return &CA{Cert: cert, Key: key, PEM: pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: der})}, nil
 }
 
 // Leaf mints a server certificate for names (an IP literal goes in the IP
 // addresses, anything else in the DNS names), in PEM with its key.
 func (c *CA) Leaf(t TB, names ...string) (certPEM, keyPEM []byte) {
 	t.Helper()
-	key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
+	certPEM, keyPEM, err := c.MintLeaf(names...)
 	if err != nil {
 		t.Fatal(err)
+	}
+	return certPEM, keyPEM
+}
+
+// MintLeaf is Leaf returning its error, for code that holds no test.
+func (c *CA) MintLeaf(names ...string) (certPEM, keyPEM []byte, err error) {
+	if len(names) == 0 {
+		return nil, nil, errors.New("edgetest: a leaf needs at least one name")
+	}
+	key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
+	if err != nil {
+		return nil, nil, fmt.Errorf("edgetest: leaf key: %w", err)
 	}
 	tmpl := &x509.Certificate{
 		SerialNumber: big.NewInt(time.Now().UnixNano()), Subject: pkix.Name{CommonName: names[0]},
@@ -71,23 +95,37 @@ func (c *CA) Leaf(t TB, names ...string) (certPEM, keyPEM []byte) {
 	}
 	der, err := x509.CreateCertificate(rand.Reader, tmpl, c.Cert, &key.PublicKey, c.Key)
 	if err != nil {
-		t.Fatal(err)
+		return nil, nil, fmt.Errorf("edgetest: leaf certificate for %v: %w", names, err)
 	}
 	kb, err := x509.MarshalECPrivateKey(key)
 	if err != nil {
-		t.Fatal(err)
+		return nil, nil, fmt.Errorf("edgetest: leaf key: %w", err)
 	}
-	return pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: der}), pem.EncodeToMemory(&pem.Block{Type: "EC PRIVATE KEY", Bytes: kb})
+	return pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: der}), pem.EncodeToMemory(&pem.Block{Type: "EC PRIVATE KEY", Bytes: kb}), nil
 }
 
 // Certificate is Leaf as a tls.Certificate, for a server's tls.Config.
 func (c *CA) Certificate(t TB, names ...string) tls.Certificate {
 	t.Helper()
-	cert, err := tls.X509KeyPair(c.Leaf(t, names...))
+	cert, err := c.MintCertificate(names...)
 	if err != nil {
 		t.Fatal(err)
 	}
 	return cert
+}
+
+// MintCertificate is Certificate returning its error, for code that holds
+// no test.
+func (c *CA) MintCertificate(names ...string) (tls.Certificate, error) {
+	certPEM, keyPEM, err := c.MintLeaf(names...)
+	if err != nil {
+		return tls.Certificate{}, err
+	}
+	cert, err := tls.X509KeyPair(certPEM, keyPEM)
+	if err != nil {
+		return tls.Certificate{}, fmt.Errorf("edgetest: leaf for %v: %w", names, err)
+	}
+	return cert, nil
 }
 
 // TLSServer starts an HTTPS server on loopback answering as names with a
