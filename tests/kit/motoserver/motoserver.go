@@ -117,17 +117,31 @@ type Server struct {
 	stopErr  error
 }
 
+// Options tune a server that Start would start with none: the zero value
+// is Start's server.
+type Options struct {
+	// Env is added to moto_server's environment, each "KEY=value", after
+	// this process's own (so it wins). Nil adds nothing. A test that needs
+	// moto to check signatures sets INITIAL_NO_AUTH_ACTION_COUNT here, on
+	// a server of its own: it changes how every later request is treated,
+	// so it must never be the server other tests share.
+	Env []string
+}
+
 // Start launches moto_server on a free loopback port and returns once it
 // answers GET /moto-api/. ctx bounds the start only; the server runs until
 // Stop. The caller must call Stop.
-func Start(ctx context.Context) (*Server, error) {
+func Start(ctx context.Context) (*Server, error) { return StartWith(ctx, Options{}) }
+
+// StartWith is Start with options.
+func StartWith(ctx context.Context, o Options) (*Server, error) {
 	bin, err := Lookup()
 	if err != nil {
 		return nil, err
 	}
 	var lastErr error
 	for attempt := 0; attempt < startAttempts; attempt++ {
-		s, err := start(ctx, bin)
+		s, err := start(ctx, bin, o)
 		if err == nil {
 			return s, nil
 		}
@@ -188,7 +202,7 @@ func Run(m *testing.M, use func(*Server)) int {
 	return code
 }
 
-func start(ctx context.Context, bin string) (*Server, error) {
+func start(ctx context.Context, bin string, o Options) (*Server, error) {
 	port, err := freePort()
 	if err != nil {
 		return nil, err
@@ -199,6 +213,9 @@ func start(ctx context.Context, bin string) (*Server, error) {
 	cmd := exec.Command(bin, "-H", "127.0.0.1", "-p", strconv.Itoa(port))
 	cmd.Stdout = out
 	cmd.Stderr = out
+	if o.Env != nil {
+		cmd.Env = append(os.Environ(), o.Env...)
+	}
 	// Its own process group, so Stop reaches the Python process behind the
 	// pyenv shim and anything it forks.
 	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}

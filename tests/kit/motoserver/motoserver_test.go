@@ -191,3 +191,27 @@ func TestMissingMotoServerSaysHowToInstall(t *testing.T) {
 		t.Fatalf("error does not say how to install: %v", err)
 	}
 }
+
+// TestEnvReachesMoto: Options.Env is how a test turns on moto's signature
+// checks; with no unauthenticated calls allowed, the harness's own
+// credentials (no IAM user holds them) are refused.
+func TestEnvReachesMoto(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), readyTimeout)
+	defer cancel()
+	s, err := StartWith(ctx, Options{Env: []string{"INITIAL_NO_AUTH_ACTION_COUNT=0"}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		if err := s.Stop(); err != nil {
+			t.Errorf("stop: %v", err)
+		}
+	})
+	_, err = s.DynamoDB().ListTables(ctx, &dynamodb.ListTablesInput{})
+	if err == nil {
+		t.Fatal("ListTables with credentials no IAM user holds succeeded: the environment did not reach moto")
+	}
+	if !strings.Contains(err.Error(), "403") {
+		t.Fatalf("ListTables: want a 403 refusal, got %v", err)
+	}
+}
