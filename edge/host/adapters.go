@@ -68,7 +68,7 @@ func (b proxyBroker) Register(runID string, declared []runspec.Declared) (runner
 	}
 	ts := runner.TaskSecrets{Placeholders: make(map[string]string, len(keys)), ProxiedKeys: raw}
 	for _, k := range keys {
-		ts.Placeholders[k.Key] = k.Placeholder
+		ts.Placeholders[k.Var] = k.Placeholder
 	}
 	return ts, nil
 }

@@ -38,6 +38,7 @@ import (
 	"github.com/runfleet/runfleet/edge/runlog"
 	"github.com/runfleet/runfleet/edge/runner"
 	"github.com/runfleet/runfleet/edge/secrets"
+	"github.com/runfleet/runfleet/edge/stssession"
 	"github.com/runfleet/runfleet/edge/upstream"
 	"github.com/runfleet/runfleet/shared/clock"
 	"github.com/runfleet/runfleet/shared/hostproto"
@@ -61,8 +62,10 @@ type Options struct {
 	Clock clock.Clock
 	// Rand; default crypto/rand.
 	Rand io.Reader
-	// AWS loads the AWS configuration, asked only when ca.kmsKeyId or
-	// secrets.awsSecretsManager is set; nil uses the SDK's default chain.
+	// AWS loads edge's own AWS configuration: for ca.kmsKeyId,
+	// secrets.awsSecretsManager, and the STS sessions of aws keys that
+	// name a role (loaded at start; the SDK asks for credentials only when
+	// a call needs them). Nil uses the SDK's default chain.
 	AWS func(context.Context) (aws.Config, error)
 	// SystemRootsFile overrides where tasks' trust files take the system
 	// roots from (runner.Config.SystemRootsFile).
@@ -457,8 +460,22 @@ func (h *Host) newProxy(ctx context.Context, trust caTrust) (*proxy.Proxy, error
 	return proxy.New(proxy.Config{
 		Listener: h.proxyListener, Egress: h.cfg.Proxy.Egress, DataDir: h.cfg.DataDir,
 		Policy: h.watcher, Leaves: h.authority, CAReady: trust.Valid, Secrets: src,
+		AWSSessions: h.awsSessions(ctx), Observe: h.opts.Redactor.Add,
 		Upstream: guard, UpstreamTLS: upstreamTLS, Audit: h.auditLog, Logger: h.log, Clock: h.clock, Rand: h.opts.Rand,
 	})
+}
+
+// awsSessions mints the STS sessions of aws keys that name a role, with
+// edge's own AWS configuration. It is made whatever the policy holds now
+// (a reload may add such a key); when the configuration cannot be loaded,
+// the runs of such keys are refused broker_not_ready, saying so.
+func (h *Host) awsSessions(ctx context.Context) *stssession.Sessions {
+	ac, err := h.opts.AWS(ctx)
+	if err != nil {
+		h.log.Warn("aws keys with aws.assumeRole cannot be used: loading edge's AWS configuration failed", slog.String("error", err.Error()))
+		return nil
+	}
+	return stssession.New(stssession.NewClient(ac), h.clock)
 }
 
 func (h *Host) caInfo() *hostproto.CAInfo {

@@ -48,7 +48,7 @@ curl -sS --fail https://%s/; echo`, f.upstreamHost, f.tunnelHost)
 		t.Fatal("the task saw the real value")
 	}
 	trust := envLine(out, "SSL_CERT_FILE")
-	for _, v := range []string{"REQUESTS_CA_BUNDLE", "CURL_CA_BUNDLE", "GIT_SSL_CAINFO"} {
+	for _, v := range []string{"REQUESTS_CA_BUNDLE", "CURL_CA_BUNDLE", "GIT_SSL_CAINFO", "AWS_CA_BUNDLE"} {
 		if envLine(out, v) != trust {
 			t.Errorf("%s = %q, want the trust file %q", v, envLine(out, v), trust)
 		}

@@ -64,8 +64,9 @@ var (
 	// An env prefix joined to ACCESS_KEY_ID makes a variable name.
 	envPrefixPattern = regexp.MustCompile(`^[A-Za-z_][A-Za-z0-9_]{0,63}$`)
 	roleARNPattern   = regexp.MustCompile(`^arn:aws[a-z-]*:iam::[0-9]{12}:role/[\w+=,.@/-]{1,512}$`)
-	// STS's ExternalId: 2 to 1224 of these.
-	externalIDPattern = regexp.MustCompile(`^[\w+=,.@:/-]{2,1224}$`)
+	// STS's ExternalId: 2 to 1224 of these (the length is checked apart:
+	// RE2 counts to 1000).
+	externalIDPattern = regexp.MustCompile(`^[\w+=,.@:/-]+$`)
 )
 
 // compileAWS checks the parts of a key that its kind governs. Domains are
@@ -140,7 +141,7 @@ func compileAssumeRole(w *config.AssumeRole) (*AssumeRole, error) {
 	if !roleARNPattern.MatchString(ar.RoleARN) {
 		return nil, fmt.Errorf("roleArn %q is not a role's ARN (arn:aws:iam::<account>:role/<name>)", ar.RoleARN)
 	}
-	if ar.ExternalID != "" && !externalIDPattern.MatchString(ar.ExternalID) {
+	if ar.ExternalID != "" && (len(ar.ExternalID) < 2 || len(ar.ExternalID) > 1224 || !externalIDPattern.MatchString(ar.ExternalID)) {
 		return nil, fmt.Errorf("externalId: 2 to 1224 letters, digits and +=,.@:/-")
 	}
 	if ar.Duration == 0 {

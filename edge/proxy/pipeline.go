@@ -73,6 +73,9 @@ type requestState struct {
 	mu      sync.Mutex
 	subs    []substitution // the request's keys, each value read once (learnGranted)
 	subsBuf [4]substitution
+	// aws is the real credentials of the task's aws keys, read once
+	// (learnGranted).
+	aws []awsRead
 	// refused is the request's first refusal of a substitution, or of the
 	// exchange once forwarded; nil while none.
 	refused  *refusal
@@ -149,7 +152,7 @@ func (st *requestState) substitute(o placeholder.Owner, loc policy.Location) (st
 			return "", st.refuseLocked(fault(fmt.Errorf("reading %s: %w", o.Ref, err), o.Ref))
 		}
 		if g := st.grants.index(o.Ref); g >= 0 {
-			st.ci.attempt.task.values.learn(learnt{granted: &st.grants.granted[g], placeholder: o.Placeholder, value: v})
+			st.ci.attempt.task.values.learn(learntGranted(&st.grants.granted[g], o.Placeholder, v))
 		}
 		st.subs = append(st.subs, substitution{ref: o.Ref, value: v, placeholder: o.Placeholder})
 	}
@@ -292,6 +295,12 @@ func (p *Proxy) prepare(st *requestState, ix *placeholder.Index, r *http.Request
 		return refused
 	}
 	sent := headBytes(r, ci)
+	if handled, refused := st.resignAWS(r); handled || refused != nil {
+		if refused != nil {
+			return refused
+		}
+		return st.checkHead(r, sent)
+	}
 	if err := st.rewriteHeaders(ix, r.Header); err != nil {
 		return st.refusal(err)
 	}

@@ -51,6 +51,7 @@ import (
 	"github.com/runfleet/runfleet/edge/internal/throttle"
 	"github.com/runfleet/runfleet/edge/policy"
 	"github.com/runfleet/runfleet/edge/secrets"
+	"github.com/runfleet/runfleet/edge/stssession"
 	"github.com/runfleet/runfleet/shared/clock"
 )
 
@@ -123,6 +124,13 @@ type Config struct {
 	CAReady func() error
 	// Secrets gives real values. Required.
 	Secrets secrets.Source
+	// AWSSessions mints the STS sessions of aws keys that name a role
+	// (aws.assumeRole); nil refuses the runs of such keys.
+	AWSSessions *stssession.Sessions
+	// Observe, if set, is handed every real value the proxy derives from
+	// what Secrets gave (an AWS key's parts) or mints (an STS session's),
+	// before it is used: edge's log redaction learns them there.
+	Observe func(secrets.Value)
 	// Upstream dials upstreams (tunnels and intercepted requests). Required.
 	Upstream Dialer
 	// UpstreamTLS verifies upstreams (upstream.ClientTLSConfig). Required.

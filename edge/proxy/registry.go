@@ -14,9 +14,11 @@ import (
 	"sort"
 	"sync"
 	"sync/atomic"
+	"time"
 
 	"github.com/runfleet/runfleet/edge/policy"
 	"github.com/runfleet/runfleet/edge/proxy/placeholder"
+	"github.com/runfleet/runfleet/edge/secrets"
 	"github.com/runfleet/runfleet/shared/runspec"
 )
 
@@ -103,6 +105,8 @@ type registry struct {
 	tasks        map[string]*task
 	placeholders map[string]map[policy.KeyRef]string // by run id, registered or not
 	index        atomic.Pointer[placeholder.Index]
+	// aws finds an aws key's placeholders by their access key id.
+	aws atomic.Pointer[map[string]awsOwner]
 }
 
 func newRegistry(store placeholderStore, rand io.Reader) (*registry, error) {
@@ -117,13 +121,23 @@ func newRegistry(store placeholderStore, rand io.Reader) (*registry, error) {
 
 func (r *registry) reindexLocked() {
 	all := map[string]placeholder.Owner{}
+	aws := map[string]awsOwner{}
 	for runID, m := range r.placeholders {
 		for ref, ph := range m {
+			if a, ok := storedAWS(ph); ok {
+				aws[a.AccessKeyID] = awsOwner{task: runID, ref: ref, ph: a}
+				continue
+			}
 			all[ph] = placeholder.Owner{Task: runID, Ref: ref}
 		}
 	}
 	r.index.Store(placeholder.NewIndex(all))
+	r.aws.Store(&aws)
 }
+
+// awsStartTimeout bounds the calls that ready a run's aws keys at
+// registration (an STS AssumeRole): admission waits on them.
+const awsStartTimeout = 30 * time.Second
 
 // Register records a task and its declared secrets (as
 // runspec.Request.Declare reads them), and mints (or, after a restart,
@@ -144,6 +158,27 @@ func (p *Proxy) Register(runID string, declared []runspec.Declared) error {
 	if len(refused) > 0 {
 		return &policy.NotGrantedError{Refused: refused}
 	}
+	// An aws key's real credentials are read (or its STS session minted)
+	// now, outside the lock: a run whose credentials cannot be had is
+	// refused, never started without them, and the placeholders take
+	// their shape (temporary or not).
+	temporary := map[policy.KeyRef]bool{}
+	for i := range granted {
+		g := &granted[i]
+		if g.AWS == nil {
+			continue
+		}
+		ctx, cancel := context.WithTimeout(context.Background(), awsStartTimeout)
+		creds, err := p.awsCredentials(ctx, runID, g)
+		cancel()
+		if errors.Is(err, secrets.ErrNotFound) {
+			return fmt.Errorf("aws key %s: the secrets source holds no value for it", g.Ref)
+		}
+		if err != nil {
+			return fmt.Errorf("aws key %s: %w", g.Ref, err)
+		}
+		temporary[g.Ref] = creds.SessionToken != ""
+	}
 	r := p.reg
 	r.mu.Lock()
 	defer r.mu.Unlock()
@@ -151,11 +186,20 @@ func (p *Proxy) Register(runID string, declared []runspec.Declared) error {
 	m := make(map[policy.KeyRef]string, len(granted))
 	changed := false
 	for _, g := range granted {
-		if ph, ok := existing[g.Ref]; ok {
+		ph, ok := existing[g.Ref]
+		if _, isAWS := storedAWS(ph); ok && isAWS == (g.AWS != nil) {
 			m[g.Ref] = ph
 			continue
 		}
-		ph, err := placeholder.Mint(r.rand, g.Placeholder)
+		// New, or the key changed kind since (a policy reload).
+		var err error
+		if g.AWS != nil {
+			var a placeholder.AWSPlaceholders
+			a, err = placeholder.MintAWS(r.rand, temporary[g.Ref])
+			ph = storeAWS(a)
+		} else {
+			ph, err = placeholder.Mint(r.rand, g.Placeholder)
+		}
 		if err != nil {
 			return err
 		}
@@ -199,18 +243,23 @@ func (p *Proxy) CheckGrant(declared []runspec.Declared) error {
 	return nil
 }
 
-// TaskKey is what the runner puts in a task's env for one key.
+// TaskKey is one variable the runner puts in a task's env for a key: the
+// key's own name holding its placeholder, or for an aws key each of its
+// credentials' variables (policy.AWSKey.Env).
 type TaskKey struct {
 	ProjectID   string
 	Key         string
+	Var         string
 	Placeholder string
 }
 
-// TaskKeys returns the task's placeholder for each key it declared.
+// TaskKeys returns the task's placeholder variables for each key it
+// declared.
 func (p *Proxy) TaskKeys(runID string) ([]TaskKey, error) {
 	if p.cfg.Disabled {
 		return nil, ErrDisabled
 	}
+	pol := p.cfg.Policy.Current()
 	r := p.reg
 	r.mu.Lock()
 	defer r.mu.Unlock()
@@ -220,8 +269,26 @@ func (p *Proxy) TaskKeys(runID string) ([]TaskKey, error) {
 	}
 	var out []TaskKey
 	for _, d := range t.declared {
-		if ph, ok := r.placeholders[runID][policy.KeyRef{Project: d.ProjectID, Key: d.Key}]; ok {
-			out = append(out, TaskKey{ProjectID: d.ProjectID, Key: d.Key, Placeholder: ph})
+		ref := policy.KeyRef{Project: d.ProjectID, Key: d.Key}
+		ph, ok := r.placeholders[runID][ref]
+		if !ok {
+			continue
+		}
+		a, isAWS := storedAWS(ph)
+		if !isAWS {
+			out = append(out, TaskKey{ProjectID: d.ProjectID, Key: d.Key, Var: d.Key, Placeholder: ph})
+			continue
+		}
+		k, ok := pol.Key(ref)
+		if !ok || k.AWS == nil {
+			continue // no longer an aws key: Register mints it again
+		}
+		env := k.AWS.Env()
+		out = append(out,
+			TaskKey{ProjectID: d.ProjectID, Key: d.Key, Var: env.AccessKeyID, Placeholder: a.AccessKeyID},
+			TaskKey{ProjectID: d.ProjectID, Key: d.Key, Var: env.SecretAccessKey, Placeholder: a.SecretAccessKey})
+		if a.SessionToken != "" {
+			out = append(out, TaskKey{ProjectID: d.ProjectID, Key: d.Key, Var: env.SessionToken, Placeholder: a.SessionToken})
 		}
 	}
 	return out, nil
@@ -330,6 +397,9 @@ func (p *Proxy) Drop(runID string) error {
 		return nil
 	}
 	p.revoke(runID)
+	if p.cfg.AWSSessions != nil {
+		p.cfg.AWSSessions.Drop(runID)
+	}
 	r := p.reg
 	r.mu.Lock()
 	defer r.mu.Unlock()

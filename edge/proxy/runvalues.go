@@ -44,11 +44,19 @@ func (rv *runValues) Set() *placeholder.Set {
 	return nil
 }
 
-// learnt is a key's value and its placeholder, for runValues.learn.
+// learnt is a key's value and its placeholder, for runValues.learn. A
+// value that starts with prefix (the placeholder's own, such as "sk-" or
+// AWS's "AKIA") may keep it when scrubbed: it tells nothing.
 type learnt struct {
-	granted     *policy.Granted
+	ref         policy.KeyRef
+	prefix      string
 	placeholder string
 	value       secrets.Value
+}
+
+// learntGranted is a granted key's value as learnt.
+func learntGranted(g *policy.Granted, placeholder string, v secrets.Value) learnt {
+	return learnt{ref: g.Ref, prefix: g.Placeholder.Prefix, placeholder: placeholder, value: v}
 }
 
 // learn puts each value in the set unless it is there: the set is built
@@ -69,14 +77,14 @@ func (rv *runValues) learn(values ...learnt) {
 	added := false
 	for _, l := range values {
 		real := l.value.Reveal()
-		if real == "" || knows(known, l.granted.Ref, real) {
+		if real == "" || knows(known, l.ref, real) {
 			continue
 		}
 		public := 0
-		if prefix := l.granted.Placeholder.Prefix; strings.HasPrefix(real, prefix) {
-			public = len(prefix)
+		if strings.HasPrefix(real, l.prefix) {
+			public = len(l.prefix)
 		}
-		known = append(known, knownValue{ref: l.granted.Ref, secret: placeholder.Secret{Value: l.value, Placeholder: l.placeholder, Public: public}})
+		known = append(known, knownValue{ref: l.ref, secret: placeholder.Secret{Value: l.value, Placeholder: l.placeholder, Public: public}})
 		added = true
 	}
 	if !added {
@@ -94,7 +102,7 @@ func (rv *runValues) knowsAll(st *runValuesState, values []learnt) bool {
 		return false
 	}
 	for _, l := range values {
-		if real := l.value.Reveal(); real != "" && !knows(st.known, l.granted.Ref, real) {
+		if real := l.value.Reveal(); real != "" && !knows(st.known, l.ref, real) {
 			return false
 		}
 	}
@@ -133,6 +141,10 @@ func (st *requestState) learnGranted() {
 		if !ok {
 			continue
 		}
+		if gr.AWS != nil {
+			st.learnAWSGranted(gr, ph)
+			continue
+		}
 		v, err := st.p.cfg.Secrets.Value(st.ctx, gr.Ref.Project, gr.Ref.Key)
 		if err != nil {
 			if !errors.Is(err, secrets.ErrNotFound) && st.ctx.Err() == nil {
@@ -141,7 +153,7 @@ func (st *requestState) learnGranted() {
 			}
 			continue
 		}
-		values = append(values, learnt{granted: gr, placeholder: ph, value: v})
+		values = append(values, learntGranted(gr, ph, v))
 		st.subs = append(st.subs, substitution{ref: gr.Ref, value: v, placeholder: ph})
 	}
 	t.values.learn(values...)

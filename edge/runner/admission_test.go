@@ -99,7 +99,7 @@ func TestBuildEnvIsFromScratchAndRunnerOwnedVariablesWin(t *testing.T) {
 		"OPENAI_API_KEY": "sk-placeholder", "HTTPS_PROXY": "http://run-1:pw@127.0.0.1:7071", "https_proxy": "http://run-1:pw@127.0.0.1:7071",
 		"RUNFLEET_PROXIED_KEYS": `{"OPENAI_API_KEY":["api.openai.com"]}`,
 		"SSL_CERT_FILE":         "/w/trust/trust.pem", "REQUESTS_CA_BUNDLE": "/w/trust/trust.pem", "CURL_CA_BUNDLE": "/w/trust/trust.pem",
-		"GIT_SSL_CAINFO": "/w/trust/trust.pem", "NODE_EXTRA_CA_CERTS": "/w/trust/ca-bundle.pem",
+		"GIT_SSL_CAINFO": "/w/trust/trust.pem", "AWS_CA_BUNDLE": "/w/trust/trust.pem", "NODE_EXTRA_CA_CERTS": "/w/trust/ca-bundle.pem",
 	}
 	got := map[string]string{}
 	for _, kv := range env {

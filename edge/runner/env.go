@@ -61,7 +61,7 @@ func buildEnv(in envInput) []string {
 		env["HTTPS_PROXY"] = b.ProxyURL
 		env["https_proxy"] = b.ProxyURL
 		env["RUNFLEET_PROXIED_KEYS"] = b.ProxiedKeys
-		for _, k := range []string{"SSL_CERT_FILE", "REQUESTS_CA_BUNDLE", "CURL_CA_BUNDLE", "GIT_SSL_CAINFO"} {
+		for _, k := range []string{"SSL_CERT_FILE", "REQUESTS_CA_BUNDLE", "CURL_CA_BUNDLE", "GIT_SSL_CAINFO", "AWS_CA_BUNDLE"} {
 			env[k] = b.TrustFile
 		}
 		env["NODE_EXTRA_CA_CERTS"] = b.CABundle

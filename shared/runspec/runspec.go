@@ -329,7 +329,7 @@ var reservedEnv = []string{
 	"HTTPS_PROXY", "HTTP_PROXY", "ALL_PROXY", "NO_PROXY",
 	"SSL_CERT_FILE", "SSL_CERT_DIR", "REQUESTS_CA_BUNDLE", "CURL_CA_BUNDLE",
 	"GIT_SSL_CAINFO", "GIT_SSL_CAPATH", "GIT_SSL_NO_VERIFY",
-	"NODE_EXTRA_CA_CERTS", "NODE_TLS_REJECT_UNAUTHORIZED",
+	"NODE_EXTRA_CA_CERTS", "NODE_TLS_REJECT_UNAUTHORIZED", "AWS_CA_BUNDLE",
 }
 
 // Reserved reports whether a run may not set the variable name, compared

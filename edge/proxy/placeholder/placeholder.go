@@ -54,10 +54,55 @@ const alphabet = "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789
 // shape.Length-len(shape.Prefix) letters and digits drawn uniformly from r
 // (rejection sampling: no modulo bias). r is read 64 bytes at a time.
 func Mint(r io.Reader, shape policy.Shape) (string, error) {
-	n := shape.Length - len(shape.Prefix)
+	return mint(r, shape.Prefix, shape.Length-len(shape.Prefix), alphabet)
+}
+
+// AWS credentials' own alphabets: an access key id's characters after its
+// four-letter prefix are base32's, a secret's and a token's base64's.
+const (
+	awsIDAlphabet     = "ABCDEFGHIJKLMNOPQRSTUVWXYZ234567"
+	awsSecretAlphabet = "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/"
+	// AWSTokenLength: real session tokens run to hundreds of characters;
+	// a task's tools only carry this one.
+	AWSTokenLength = 128
+)
+
+// AWSPlaceholders are the placeholder credentials of a key of kind aws,
+// shaped as real ones are (SDKs check the shapes): an access key id of 20
+// characters, "AKIA" for a long-term key or "ASIA" for a temporary one
+// followed by 16 drawn (80 bits), a secret of 40 (240 bits) and, for a
+// temporary key, a session token.
+type AWSPlaceholders struct {
+	AccessKeyID, SecretAccessKey, SessionToken string
+}
+
+// MintAWS draws AWS placeholder credentials from r; temporary adds the
+// session token and makes the id an "ASIA" one.
+func MintAWS(r io.Reader, temporary bool) (AWSPlaceholders, error) {
+	prefix := "AKIA"
+	if temporary {
+		prefix = "ASIA"
+	}
+	var a AWSPlaceholders
+	var err error
+	if a.AccessKeyID, err = mint(r, prefix, 16, awsIDAlphabet); err != nil {
+		return a, err
+	}
+	if a.SecretAccessKey, err = mint(r, "", 40, awsSecretAlphabet); err != nil {
+		return a, err
+	}
+	if temporary {
+		a.SessionToken, err = mint(r, "", AWSTokenLength, awsSecretAlphabet)
+	}
+	return a, err
+}
+
+// mint draws n characters of alphabet (whose length divides 256 or not:
+// rejection sampling leaves no bias) after prefix.
+func mint(r io.Reader, prefix string, n int, alphabet string) (string, error) {
 	var b strings.Builder
-	b.Grow(shape.Length)
-	b.WriteString(shape.Prefix)
+	b.Grow(len(prefix) + n)
+	b.WriteString(prefix)
 	buf := make([]byte, 64)
 	for n > 0 {
 		if _, err := io.ReadFull(r, buf); err != nil {

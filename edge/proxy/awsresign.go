@@ -1,0 +1,293 @@
+package proxy
+
+import (
+	"bytes"
+	"crypto/sha256"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"net/http"
+	"strings"
+	"time"
+
+	"github.com/runfleet/runfleet/edge/audit"
+	"github.com/runfleet/runfleet/edge/policy"
+	"github.com/runfleet/runfleet/edge/proxy/awssig"
+	"github.com/runfleet/runfleet/edge/secrets"
+)
+
+// AWSClockSkew is how far a SigV4 request's X-Amz-Date may be from edge's
+// clock, as AWS itself allows: a request outside it is refused before the
+// real secret signs anything.
+const AWSClockSkew = 15 * time.Minute
+
+// Audit reasons of the AWS path, each followed by ": " and what was wrong.
+// Those of awssig's UnsupportedError and MalformedError (sigv2_unsupported,
+// chunk_malformed...) are used as they are.
+const (
+	reasonSignatureMismatch   = "signature_mismatch"
+	reasonStaleDate           = "stale_date"
+	reasonPayloadUnverifiable = "payload_unverifiable"
+)
+
+// refuseAWS: a request signed with an aws key's placeholder that the proxy
+// will not sign again (403, audited blocked); reason starts with its code.
+func refuseAWS(reason string, key policy.KeyRef) *refusal {
+	return &refusal{status: http.StatusForbidden, action: audit.Blocked, reason: reason, key: key}
+}
+
+// awsRead is an aws key's real credentials as read once for a request
+// (learnGranted).
+type awsRead struct {
+	ref   policy.KeyRef
+	creds awssig.Credentials
+}
+
+// mayBeAWSSigned is the cheap test that keeps every other request off the
+// AWS path: an AWS scheme in Authorization, or a signing parameter in the
+// query. Parse decides the rest.
+func mayBeAWSSigned(r *http.Request) bool {
+	if a := r.Header["Authorization"]; len(a) > 0 && strings.HasPrefix(a[0], "AWS") {
+		return true
+	}
+	q := r.URL.RawQuery
+	return strings.Contains(q, "X-Amz-") || strings.Contains(q, "AWSAccessKeyId") || r.Header["X-Amz-Region-Set"] != nil
+}
+
+// resignAWS owns a request that an aws key of the task concerns: one
+// signed with an aws placeholder access key id, or signed in a scheme the
+// proxy cannot re-sign and sent where a task's aws key reaches or naming
+// its placeholder. It checks the task's signature with the placeholder
+// secret and signs the same request again with the real credentials
+// (awssig); a streamed aws-chunked body is re-signed chunk by chunk as it
+// goes. Nothing else of such a request is substituted: the signature covers
+// the bytes the task sent. handled is false for any other request, which
+// prepare goes on with as usual.
+func (st *requestState) resignAWS(r *http.Request) (handled bool, refused *refusal) {
+	if !mayBeAWSSigned(r) {
+		return false, nil
+	}
+	sig, err := awssig.Parse(r)
+	if errors.Is(err, awssig.ErrNotSigned) {
+		return false, nil
+	}
+	owners := *st.p.reg.aws.Load()
+	if err != nil {
+		ref, ours := st.awsConcerned(r, owners)
+		if !ours {
+			return false, nil
+		}
+		var unsupported *awssig.UnsupportedError
+		var malformed *awssig.MalformedError
+		switch {
+		case errors.As(err, &unsupported):
+			return true, refuseAWS(unsupported.Reason+": "+strings.TrimPrefix(err.Error(), "awssig: ")+"; the proxy re-signs AWS Signature Version 4 (AWS4-HMAC-SHA256) only", ref)
+		case errors.As(err, &malformed):
+			return true, refuseAWS(malformed.Reason+": "+strings.TrimPrefix(err.Error(), "awssig: "), ref)
+		}
+		return true, fault(err, ref)
+	}
+	o, ok := owners[sig.AccessKeyID]
+	if !ok {
+		return false, nil // not a placeholder: the task's own signature, its business
+	}
+	st.entry.AWS = &audit.AWSSigning{Region: sig.Region, Service: sig.Service, Payload: sig.Payload.String(), Presigned: sig.Presigned}
+	d, g := policy.DecideAWSSigning(policy.AWSSigningInput{
+		Task: st.runID(), Authority: st.ci.target, Granted: st.grants.granted,
+		Owner: o.task, Ref: o.ref, Region: sig.Region, Service: sig.Service,
+	})
+	switch {
+	case !d.Allow && strings.HasPrefix(d.Reason, policy.ScopeRefused):
+		return true, refuseAWS(d.Reason, o.ref)
+	case !d.Allow:
+		return true, refuseBlocked(d.Reason, o.ref)
+	}
+	if sig.CheckTime(st.p.cfg.Clock.Now(), AWSClockSkew) != nil {
+		what := "X-Amz-Date is more than 15 minutes from edge's clock"
+		if sig.Presigned {
+			what = "the presigned URL is not valid now (its X-Amz-Date and X-Amz-Expires)"
+		}
+		return true, refuseAWS(reasonStaleDate+": "+what, o.ref)
+	}
+	creds, refused := st.awsCredentialsFor(g)
+	if refused != nil {
+		return true, refused
+	}
+	if r.Body != nil && r.Body != http.NoBody {
+		st.bodyIn = &countingReader{r: r.Body}
+		r.Body = st.bodyIn
+	}
+	bodyHash := ""
+	if sig.Payload == awssig.Literal && sig.PayloadHash == "" {
+		// Most services send no x-amz-content-sha256: the signature
+		// covers the body's hash, so the body is read to check it.
+		if bodyHash, refused = st.hashAWSBody(r, o.ref); refused != nil {
+			return true, refused
+		}
+	}
+	switch err := awssig.Verify(r, sig, o.ph.SecretAccessKey, bodyHash); {
+	case errors.Is(err, awssig.ErrMismatch):
+		return true, refuseAWS(reasonSignatureMismatch+": the request's SigV4 signature is not the one the task's placeholder secret gives", o.ref)
+	case err != nil:
+		return true, awsRefusal(err, o.ref)
+	}
+	// Learnt before the real credentials go anywhere: an answer that
+	// echoes them (AWS error bodies name the access key id) is scrubbed.
+	st.ci.attempt.task.learnAWS(o.ref, o.ph, creds)
+	seed, err := awssig.Resign(r, sig, creds, bodyHash)
+	if err != nil {
+		return true, awsRefusal(err, o.ref)
+	}
+	if sig.Payload == awssig.Streaming || sig.Payload == awssig.StreamingTrailer {
+		cr, err := awssig.NewChunkResigner(r.Body, sig, o.ph.SecretAccessKey, creds, seed)
+		if err != nil {
+			return true, awsRefusal(err, o.ref)
+		}
+		r.Body = &resignedBody{r: cr, c: r.Body, st: st, ref: o.ref}
+	}
+	st.mu.Lock()
+	st.markUsed(o.ref)
+	st.mu.Unlock()
+	return true, nil
+}
+
+// awsRefusal maps an awssig error met after Parse: a malformed part names
+// itself; anything else is ours.
+func awsRefusal(err error, ref policy.KeyRef) *refusal {
+	var malformed *awssig.MalformedError
+	if errors.As(err, &malformed) {
+		return refuseAWS(malformed.Reason+": "+strings.TrimPrefix(err.Error(), "awssig: "), ref)
+	}
+	return fault(err, ref)
+}
+
+// awsConcerned reports whether a request whose signature cannot be
+// re-signed concerns one of the task's aws keys, and which: it names an
+// aws placeholder access key id, or goes where an aws key of the task
+// reaches. Such a request is refused, never sent on with a placeholder.
+func (st *requestState) awsConcerned(r *http.Request, owners map[string]awsOwner) (policy.KeyRef, bool) {
+	signing := r.URL.RawQuery + " " + strings.Join(r.Header["Authorization"], " ")
+	for id, o := range owners {
+		if strings.Contains(signing, id) {
+			return o.ref, true
+		}
+	}
+	if d, ok := st.ci.target.Domain(); ok {
+		for i := range st.grants.granted {
+			if g := &st.grants.granted[i]; g.AWS != nil && g.Reaches(d) {
+				return g.Ref, true
+			}
+		}
+	}
+	return policy.KeyRef{}, false
+}
+
+// awsCredentialsFor is the real credentials of g for this request: those
+// learnGranted read, else read now.
+func (st *requestState) awsCredentialsFor(g *policy.Granted) (awssig.Credentials, *refusal) {
+	st.mu.Lock()
+	for _, a := range st.aws {
+		if a.ref == g.Ref {
+			st.mu.Unlock()
+			return a.creds, nil
+		}
+	}
+	st.mu.Unlock()
+	creds, err := st.p.awsCredentials(st.ctx, st.runID(), g)
+	switch {
+	case errors.Is(err, secrets.ErrNotFound):
+		return creds, refuseWithheld(g.Ref)
+	case err != nil:
+		return creds, fault(fmt.Errorf("reading %s: %w", g.Ref, err), g.Ref)
+	}
+	return creds, nil
+}
+
+// hashAWSBody reads the whole body of a request whose signature covers its
+// hash without stating it, and returns the hash; the body is then
+// forwarded from memory. It must have a length, within the buffer limit.
+func (st *requestState) hashAWSBody(r *http.Request, ref policy.KeyRef) (string, *refusal) {
+	var body []byte
+	if r.Body != nil && r.Body != http.NoBody {
+		limit := st.p.cfg.BodyBufferLimit
+		if r.ContentLength < 0 || r.ContentLength > limit {
+			return "", refuseAWS(fmt.Sprintf("%s: a request signed over its body's hash without x-amz-content-sha256 must have a Content-Length of at most %d bytes", reasonPayloadUnverifiable, limit), ref)
+		}
+		body = make([]byte, r.ContentLength)
+		if _, err := io.ReadFull(r.Body, body); err != nil {
+			return "", fault(errors.New("request body shorter than its Content-Length"), ref)
+		}
+		st.body = body
+		r.Body = io.NopCloser(bytes.NewReader(body))
+	}
+	sum := sha256.Sum256(body)
+	return hex.EncodeToString(sum[:]), nil
+}
+
+// markUsed records that ref's value went into the request, for its audit
+// line. st.mu is held.
+func (st *requestState) markUsed(ref policy.KeyRef) {
+	for i := range st.subs {
+		if st.subs[i].ref == ref {
+			st.subs[i].used = true
+			return
+		}
+	}
+	st.subs = append(st.subs, substitution{ref: ref, used: true})
+}
+
+// resignedBody is a re-signed aws-chunked body on its way upstream: a chunk
+// whose signature does not verify stops it, and the request keeps the
+// refusal, so whatever the upstream makes of the cut body is not passed on
+// (answered).
+type resignedBody struct {
+	r   io.Reader
+	c   io.Closer
+	st  *requestState
+	ref policy.KeyRef
+}
+
+func (b *resignedBody) Read(p []byte) (int, error) {
+	n, err := b.r.Read(p)
+	if err != nil && err != io.EOF {
+		var refused *refusal
+		var malformed *awssig.MalformedError
+		switch {
+		case errors.Is(err, awssig.ErrMismatch):
+			refused = refuseAWS(reasonSignatureMismatch+": a chunk's signature in the aws-chunked body is not the one the task's placeholder secret gives", b.ref)
+		case errors.As(err, &malformed):
+			refused = refuseAWS(malformed.Reason+": "+strings.TrimPrefix(err.Error(), "awssig: "), b.ref)
+		}
+		if refused != nil {
+			b.st.mu.Lock()
+			b.st.refuseLocked(refused)
+			b.st.mu.Unlock()
+		}
+	}
+	return n, err
+}
+
+func (b *resignedBody) Close() error { return b.c.Close() }
+
+// learnAWSGranted reads the real credentials of each aws key the task is
+// granted, keeps them as the request's (st.aws), and has the run's answers
+// scrubbed of them. st.mu is held.
+func (st *requestState) learnAWSGranted(g *policy.Granted, stored string) {
+	ph, ok := storedAWS(stored)
+	if !ok {
+		return // the key became an aws key after the run registered
+	}
+	t := st.ci.attempt.task
+	creds, err := st.p.awsCredentials(st.ctx, t.runID, g)
+	if err != nil {
+		if !errors.Is(err, secrets.ErrNotFound) && st.ctx.Err() == nil {
+			st.p.cfg.Logger.Warn("secrets proxy: reading a granted aws key's credentials, to scrub answers of them",
+				slog.String("task", t.runID), slog.String("key", g.Ref.String()), slog.String("error", err.Error()))
+		}
+		return
+	}
+	t.learnAWS(g.Ref, ph, creds)
+	st.aws = append(st.aws, awsRead{ref: g.Ref, creds: creds})
+}
