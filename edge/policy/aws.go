@@ -1,6 +1,7 @@
 package policy
 
 import (
+	"bytes"
 	"encoding/json"
 	"fmt"
 	"regexp"
@@ -105,8 +106,9 @@ func compileAWS(where string, k *Key, kp config.KeyPolicy) []error {
 	a.Regions, errs = compileNames(where, "aws.regions", kp.AWS.Regions, regionPattern, "a region such as us-east-1", errs)
 	a.Services, errs = compileNames(where, "aws.services", kp.AWS.Services, servicePattern, "a signing name such as s3, sts or dynamodb", errs)
 	if ar := kp.AWS.AssumeRole; ar != nil {
-		var err error
-		if a.AssumeRole, err = compileAssumeRole(ar); err != nil {
+		var arErrs []error
+		a.AssumeRole, arErrs = compileAssumeRole(ar)
+		for _, err := range arErrs {
 			errs = append(errs, fmt.Errorf("%s: aws.assumeRole: %v", where, err))
 		}
 	}
@@ -136,32 +138,38 @@ func compileNames(where, field string, names []string, pattern *regexp.Regexp, w
 	return out, errs
 }
 
-func compileAssumeRole(w *config.AssumeRole) (*AssumeRole, error) {
+// compileAssumeRole checks the role block, reporting every problem. The
+// external id is not quoted back: it is the role owner's shared check.
+func compileAssumeRole(w *config.AssumeRole) (*AssumeRole, []error) {
+	var errs []error
 	ar := &AssumeRole{RoleARN: w.RoleARN, ExternalID: w.ExternalID, Duration: w.Duration.D()}
 	if !roleARNPattern.MatchString(ar.RoleARN) {
-		return nil, fmt.Errorf("roleArn %q is not a role's ARN (arn:aws:iam::<account>:role/<name>)", ar.RoleARN)
+		errs = append(errs, fmt.Errorf("roleArn %q is not a role's ARN (arn:aws:iam::<account>:role/<name>)", ar.RoleARN))
 	}
 	if ar.ExternalID != "" && (len(ar.ExternalID) < 2 || len(ar.ExternalID) > 1224 || !externalIDPattern.MatchString(ar.ExternalID)) {
-		return nil, fmt.Errorf("externalId: 2 to 1224 letters, digits and +=,.@:/-")
+		errs = append(errs, fmt.Errorf("externalId: 2 to 1224 letters, digits and +=,.@:/-"))
 	}
 	if ar.Duration == 0 {
 		ar.Duration = DefaultSessionDuration
 	}
 	if ar.Duration < MinSessionDuration || ar.Duration > MaxSessionDuration {
-		return nil, fmt.Errorf("duration %s is outside STS's %s to %s", ar.Duration, MinSessionDuration, MaxSessionDuration)
+		errs = append(errs, fmt.Errorf("duration %s is outside STS's %s to %s", ar.Duration, MinSessionDuration, MaxSessionDuration))
 	}
 	if len(w.SessionPolicy) > 0 {
+		// Compacted as written (json.Compact keeps key order and escapes),
+		// so the length checked is what STS is sent.
 		var doc map[string]any
-		if json.Unmarshal(w.SessionPolicy, &doc) != nil {
-			return nil, fmt.Errorf("sessionPolicy is not a JSON object (an IAM policy document)")
+		var compact bytes.Buffer
+		switch {
+		case json.Unmarshal(w.SessionPolicy, &doc) != nil || len(doc) == 0 || json.Compact(&compact, w.SessionPolicy) != nil:
+			errs = append(errs, fmt.Errorf("sessionPolicy is not a non-empty JSON object (an IAM policy document)"))
+		case compact.Len() > MaxSessionPolicy:
+			errs = append(errs, fmt.Errorf("sessionPolicy is %d characters compacted; STS takes at most %d", compact.Len(), MaxSessionPolicy))
+		default:
+			ar.SessionPolicy = compact.String()
 		}
-		compact, _ := json.Marshal(doc)
-		if len(compact) > MaxSessionPolicy {
-			return nil, fmt.Errorf("sessionPolicy is %d characters compacted; STS takes at most %d", len(compact), MaxSessionPolicy)
-		}
-		ar.SessionPolicy = string(compact)
 	}
-	return ar, nil
+	return ar, errs
 }
 
 // checkDomain refuses at load an AWS name the key could never sign for:
@@ -227,6 +235,8 @@ func ParseAWSHost(name string) (AWSHost, bool) {
 			region = "us-east-1"
 		case strings.HasPrefix(l, "s3-") && regionPattern.MatchString(l[3:]):
 			region = l[3:]
+		case strings.HasPrefix(l, "s3-fips-") && regionPattern.MatchString(l[8:]):
+			region = l[8:]
 		default:
 			continue
 		}
@@ -360,7 +370,8 @@ func refuseEnvClashes(granted []Granted, refused []Refusal) ([]Granted, []Refusa
 		names := g.envNames()
 		clash := ""
 		for _, n := range names {
-			if o, ok := owner[n]; ok {
+			// Compared without case, as runspec compares declared names.
+			if o, ok := owner[strings.ToUpper(n)]; ok {
 				clash = fmt.Sprintf("it would set %s, which key %s sets for the task too; give one of them its own aws.envPrefix in the host policy, or declare only one", n, o)
 				break
 			}
@@ -370,7 +381,7 @@ func refuseEnvClashes(granted []Granted, refused []Refusal) ([]Granted, []Refusa
 			continue
 		}
 		for _, n := range names {
-			owner[n] = g.Ref
+			owner[strings.ToUpper(n)] = g.Ref
 		}
 		kept = append(kept, g)
 	}

@@ -217,9 +217,17 @@ func TestCompileAWSRefusesWithAClearMessage(t *testing.T) {
 		"negative session": {awsKey(withRole(func(r *config.AssumeRole) { r.Duration = config.Duration(-time.Hour) })),
 			[]string{`duration -1h0m0s is outside`}},
 		"session policy an array": {awsKey(withRole(func(r *config.AssumeRole) { r.SessionPolicy = json.RawMessage(`[{"Effect":"Allow"}]`) })),
-			[]string{`aws.assumeRole: sessionPolicy is not a JSON object (an IAM policy document)`}},
+			[]string{`aws.assumeRole: sessionPolicy is not a non-empty JSON object (an IAM policy document)`}},
 		"session policy a string": {awsKey(withRole(func(r *config.AssumeRole) { r.SessionPolicy = json.RawMessage(`"{\"Version\":\"2012-10-17\"}"`) })),
-			[]string{`sessionPolicy is not a JSON object`}},
+			[]string{`sessionPolicy is not a non-empty JSON object`}},
+		"role and duration both wrong": {awsKey(withRole(func(r *config.AssumeRole) {
+			r.RoleARN = "arn:aws:iam::1:user/x"
+			r.Duration = config.Duration(time.Minute)
+		})), []string{`roleArn "arn:aws:iam::1:user/x" is not a role's ARN`, `duration 1m0s is outside`}},
+		"session policy null": {awsKey(withRole(func(r *config.AssumeRole) { r.SessionPolicy = json.RawMessage(`null`) })),
+			[]string{`sessionPolicy is not a non-empty JSON object`}},
+		"session policy empty": {awsKey(withRole(func(r *config.AssumeRole) { r.SessionPolicy = json.RawMessage(`{}`) })),
+			[]string{`sessionPolicy is not a non-empty JSON object`}},
 		"session policy too long": {awsKey(withRole(func(r *config.AssumeRole) { r.SessionPolicy = json.RawMessage(tooLong) })),
 			[]string{fmt.Sprintf("aws.assumeRole: sessionPolicy is %d characters compacted; STS takes at most 2048", len(tooLong))}},
 		"domain in a region outside": {awsKey(func(k *config.KeyPolicy, a *config.AWSKey) {
@@ -348,6 +356,8 @@ func TestParseAWSHost(t *testing.T) {
 		{"s3-fips.dualstack.us-gov-west-1.amazonaws.com", "us-gov-west-1", []string{"s3"}},
 		{"s3.us-gov-west-1.amazonaws.com", "us-gov-west-1", []string{"s3"}},
 		{"s3-us-gov-west-1.amazonaws.com", "us-gov-west-1", []string{"s3"}},
+		{"s3-fips-us-gov-west-1.amazonaws.com", "us-gov-west-1", []string{"s3"}},
+		{"bucket.s3-fips-us-gov-west-1.amazonaws.com", "us-gov-west-1", []string{"s3"}},
 		// S3, virtual-hosted: the bucket's labels come first.
 		{"bucket.s3.eu-west-1.amazonaws.com", "eu-west-1", []string{"s3"}},
 		{"my.dotted.bucket.s3.us-east-1.amazonaws.com", "us-east-1", []string{"s3"}},
