@@ -368,8 +368,15 @@ func (p *Proxy) StartAttempt(runID string) (*url.URL, error) {
 }
 
 // EndAttempt revokes the current attempt's password and closes the
-// connections made with it.
-func (p *Proxy) EndAttempt(runID string) { p.revoke(runID) }
+// connections made with it, and forgets the run's STS sessions: nothing
+// signs with them once the task is gone (a retry's registration mints its
+// own).
+func (p *Proxy) EndAttempt(runID string) {
+	p.revoke(runID)
+	if p.cfg.AWSSessions != nil && !p.cfg.Disabled {
+		p.cfg.AWSSessions.Drop(runID)
+	}
+}
 
 // Stop closes the task's connections at once; nothing is served for it until
 // a new attempt starts. Its placeholders stay.
