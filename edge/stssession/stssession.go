@@ -1,8 +1,8 @@
 // Package stssession owns the per-run AWS sessions behind keys of kind aws
 // that name a role (aws.assumeRole): one STS AssumeRole session per run and
 // key, named after the run so CloudTrail attributes every call to it,
-// renewed before it ends while the run lives, and forgotten when the run is
-// dropped. The sessions are minted with edge's own AWS credentials; a task
+// renewed before it ends while the run lives, and forgotten when its
+// attempt ends (Drop). The sessions are minted with edge's own AWS credentials; a task
 // never sees them (the proxy signs with them).
 package stssession
 
