@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"io"
 	"strings"
 
 	"github.com/runfleet/runfleet/edge/policy"
@@ -69,7 +70,7 @@ func parseAWSValue(ref policy.KeyRef, v secrets.Value) (awssig.Credentials, erro
 	var c awsCredentialsJSON
 	dec := json.NewDecoder(strings.NewReader(v.Reveal()))
 	dec.DisallowUnknownFields()
-	if dec.Decode(&c) != nil {
+	if dec.Decode(&c) != nil || dec.Decode(&struct{}{}) != io.EOF {
 		return awssig.Credentials{}, &errAWSValue{ref, "not a JSON object of those fields"}
 	}
 	switch {
@@ -115,7 +116,7 @@ func (p *Proxy) awsCredentials(ctx context.Context, runID string, g *policy.Gran
 		if err != nil {
 			return creds, err
 		}
-		creds = awssig.Credentials{AccessKeyID: s.AccessKeyID, SecretAccessKey: s.SecretAccessKey, SessionToken: s.SessionToken}
+		creds = awssig.Credentials{AccessKeyID: s.AccessKeyID.Reveal(), SecretAccessKey: s.SecretAccessKey.Reveal(), SessionToken: s.SessionToken.Reveal()}
 	} else {
 		v, err := p.cfg.Secrets.Value(ctx, g.Ref.Project, g.Ref.Key)
 		if err != nil {

@@ -8,14 +8,20 @@ package stssession
 
 import (
 	"context"
+	"crypto/sha256"
+	"encoding/hex"
+	"encoding/json"
 	"errors"
 	"fmt"
+	"log/slog"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/aws/aws-sdk-go-v2/aws"
 	"github.com/aws/aws-sdk-go-v2/service/sts"
 	"github.com/runfleet/runfleet/edge/policy"
+	"github.com/runfleet/runfleet/edge/secrets"
 	"github.com/runfleet/runfleet/shared/clock"
 )
 
@@ -25,18 +31,27 @@ type Request struct {
 	SessionName string
 }
 
-// Credentials are a session's. They print as redacted: a value never
-// reaches a log by accident.
+// Credentials are a session's. Each part is a secrets.Value, and the whole
+// prints, logs and encodes as redacted: a value never reaches a log by
+// accident, even inside something else printed.
 type Credentials struct {
-	AccessKeyID, SecretAccessKey, SessionToken string
+	AccessKeyID, SecretAccessKey, SessionToken secrets.Value
 	Expires                                    time.Time
 }
 
-func (Credentials) String() string   { return "stssession.Credentials(REDACTED)" }
-func (Credentials) GoString() string { return "stssession.Credentials(REDACTED)" }
+const redactedCredentials = "stssession.Credentials(REDACTED)"
+
+func (Credentials) String() string   { return redactedCredentials }
+func (Credentials) GoString() string { return redactedCredentials }
 
 // Format keeps every verb, %+v and %#v included, from printing a field.
-func (c Credentials) Format(f fmt.State, _ rune) { fmt.Fprint(f, c.String()) }
+func (Credentials) Format(f fmt.State, _ rune) { fmt.Fprint(f, redactedCredentials) }
+
+// LogValue is what slog records.
+func (Credentials) LogValue() slog.Value { return slog.StringValue(redactedCredentials) }
+
+// MarshalJSON keeps encoders (and slog's JSON handler) from writing a field.
+func (Credentials) MarshalJSON() ([]byte, error) { return json.Marshal(redactedCredentials) }
 
 // AssumeRoler calls STS. Errors name the role, never a credential.
 type AssumeRoler interface {
@@ -45,11 +60,15 @@ type AssumeRoler interface {
 
 // SessionName is the RoleSessionName of runID's sessions: "runfleet-"
 // followed by the run id, cut to STS's 64 characters (a run id is letters,
-// digits, '.', '_' and '-', all of which STS takes).
+// digits, '.', '_' and '-', all of which STS takes); a longer one keeps
+// its first 46 characters and a hash of the whole.
 func SessionName(runID string) string {
 	name := "runfleet-" + runID
 	if len(name) > 64 {
-		name = name[:64]
+		// Cut, then told apart from other ids cut alike by a hash of the
+		// whole id.
+		sum := sha256.Sum256([]byte(runID))
+		name = name[:55] + "-" + hex.EncodeToString(sum[:4])
 	}
 	return name
 }
@@ -79,7 +98,7 @@ type session struct {
 	mu      sync.Mutex
 	creds   Credentials
 	minted  bool
-	dropped bool
+	dropped atomic.Bool // set by Drop without waiting for mu
 }
 
 // New returns an empty set of sessions minted through sts.
@@ -109,21 +128,38 @@ func (s *Sessions) Get(ctx context.Context, runID string, ref policy.KeyRef, rol
 
 	se.mu.Lock()
 	defer se.mu.Unlock()
-	if se.dropped {
+	if se.dropped.Load() {
 		return Credentials{}, ErrDropped
 	}
 	if se.minted && s.clock.Now().Before(se.creds.Expires.Add(-RefreshBefore)) {
 		return se.creds, nil
 	}
 	creds, err := s.sts.AssumeRole(ctx, Request{Role: role, SessionName: SessionName(runID)})
+	if err == nil && (creds.AccessKeyID.IsZero() || creds.SecretAccessKey.IsZero() || creds.SessionToken.IsZero() || creds.Expires.IsZero()) {
+		err = fmt.Errorf("stssession: AssumeRole of %s answered without complete credentials", role.RoleARN)
+	}
 	if err != nil {
+		if !se.minted {
+			s.forget(k, se) // a session that never was is not held
+		}
 		return Credentials{}, err
 	}
-	if creds.AccessKeyID == "" || creds.SecretAccessKey == "" || creds.SessionToken == "" {
-		return Credentials{}, fmt.Errorf("stssession: AssumeRole of %s answered without complete credentials", role.RoleARN)
+	// Drop marks the session before it waits for this call: a session
+	// minted for a run dropped meanwhile is never handed out.
+	if se.dropped.Load() {
+		return Credentials{}, ErrDropped
 	}
 	se.creds, se.minted = creds, true
 	return creds, nil
+}
+
+// forget removes se from the map unless another has taken its place.
+func (s *Sessions) forget(k sessionKey, se *session) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.sessions[k] == se {
+		delete(s.sessions, k)
+	}
 }
 
 // Drop forgets every session of the run: nothing signs with them again.
@@ -140,8 +176,9 @@ func (s *Sessions) Drop(runID string) {
 	}
 	s.mu.Unlock()
 	for _, se := range dropped {
+		se.dropped.Store(true)
 		se.mu.Lock()
-		se.dropped, se.creds = true, Credentials{}
+		se.creds = Credentials{}
 		se.mu.Unlock()
 	}
 }
@@ -191,7 +228,7 @@ func (c *Client) AssumeRole(ctx context.Context, req Request) (Credentials, erro
 		return Credentials{}, fmt.Errorf("sts:AssumeRole of %s answered no credentials", req.Role.RoleARN)
 	}
 	return Credentials{
-		AccessKeyID: aws.ToString(cr.AccessKeyId), SecretAccessKey: aws.ToString(cr.SecretAccessKey),
-		SessionToken: aws.ToString(cr.SessionToken), Expires: aws.ToTime(cr.Expiration),
+		AccessKeyID: secrets.NewValue(aws.ToString(cr.AccessKeyId)), SecretAccessKey: secrets.NewValue(aws.ToString(cr.SecretAccessKey)),
+		SessionToken: secrets.NewValue(aws.ToString(cr.SessionToken)), Expires: aws.ToTime(cr.Expiration),
 	}, nil
 }
