@@ -350,6 +350,10 @@ type childSpec struct {
 	// LeafCert and LeafKey (PEM) are the upstream's certificate and key.
 	LeafCert string `json:"leafCert,omitempty"`
 	LeafKey  string `json:"leafKey,omitempty"`
+	// Secrets are the proxy's secrets source; empty means acme/K's
+	// benchKey. Pins are pinned to 127.0.0.1 besides api.example.test.
+	Secrets map[string]string `json:"secrets,omitempty"`
+	Pins    []string          `json:"pins,omitempty"`
 }
 
 type childHello struct {
@@ -359,6 +363,9 @@ type childHello struct {
 	Transparent string `json:"transparent"`
 	Placeholder string `json:"placeholder"`
 	Bundle      string `json:"bundle"`
+	// TaskKeys is every placeholder variable of the task (TaskKeys), by
+	// name: an aws key has several.
+	TaskKeys map[string]string `json:"taskKeys"`
 }
 
 // childCPU is the proxy child's CPU time so far (user and system).
@@ -411,16 +418,30 @@ func benchChildMain() int {
 	if keys == "" {
 		keys = fmt.Sprintf(`{"acme": {"keys": {"K": {"domains": ["api.example.test:%d"], "in": ["header", "body"], "placeholder": {"prefix": "sk-"}}}}}`, spec.UpstreamPort)
 	}
+	pins := map[string]string{"api.example.test": "127.0.0.1"}
+	for _, name := range spec.Pins {
+		pins[name] = "127.0.0.1"
+	}
+	secretValues := spec.Secrets
+	if len(secretValues) == 0 {
+		secretValues = map[string]string{"acme/K": benchKey}
+	}
 	// Wired as newBenchRig wires it, as edge serve does.
 	e := newEnv(t, envOptions{
 		uca: &edgetest.CA{PEM: []byte(spec.UpstreamCA)}, quiet: true,
 		redactor: logredact.NewSet(0), rawLogs: io.Discard, rawAudit: io.Discard,
 		metrics: prometheus.NewRegistry(),
-		pins:    map[string]string{"api.example.test": "127.0.0.1"},
+		pins:    pins,
 		keys:    keys,
-		secrets: map[string]string{"acme/K": benchKey},
+		secrets: secretValues,
 	})
 	u, phs := e.task("run-bench", runspec.Secret{ProjectID: "acme", Key: "K"})
+	taskKeys, err := e.proxy.TaskKeys("run-bench")
+	must(t, err)
+	vars := map[string]string{}
+	for _, k := range taskKeys {
+		vars[k.Var] = k.Placeholder
+	}
 	tn := newTaskNet(t)
 	// The parent's connections all go to one destination, known once the
 	// task's DNS has pinned the name: that is all conntrack would say.
@@ -429,7 +450,7 @@ func benchChildMain() int {
 	must(t, e.proxy.ServeNetwork("run-bench", tn.network))
 	pinned := netip.AddrPortFrom(tn.pin("api.example.test"), uint16(spec.UpstreamPort))
 	dst.Store(&pinned)
-	json.NewEncoder(os.Stdout).Encode(childHello{ProxyURL: u.String(), Transparent: tn.transparent.Addr().String(), Placeholder: phs["K"], Bundle: string(e.authority.Bundle())})
+	json.NewEncoder(os.Stdout).Encode(childHello{ProxyURL: u.String(), Transparent: tn.transparent.Addr().String(), Placeholder: phs["K"], Bundle: string(e.authority.Bundle()), TaskKeys: vars})
 	// Commands on stdin, one a line, each answered with one JSON line; the
 	// child ends at anything else or at the end of its stdin.
 	sc := bufio.NewScanner(os.Stdin)
