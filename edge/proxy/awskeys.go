@@ -98,6 +98,13 @@ func validAccessKeyID(s string) bool {
 	return true
 }
 
+// parsedAWSValue is an aws key's value as last read and parsed
+// (Proxy.awsParsed, by key).
+type parsedAWSValue struct {
+	raw   string
+	creds awssig.Credentials
+}
+
 // errNoSTS: a key names a role, and edge was started without an STS client.
 var errNoSTS = errors.New("edge has no AWS credentials of its own to call STS with (Config.AWSSessions is nil)")
 
@@ -122,9 +129,16 @@ func (p *Proxy) awsCredentials(ctx context.Context, runID string, g *policy.Gran
 		if err != nil {
 			return creds, err
 		}
+		// The value is read at every request (a rotation applies at once)
+		// but parsed, and observed, only when it changed.
+		raw := v.Reveal()
+		if last, ok := p.awsParsed.Load(g.Ref); ok && last.(*parsedAWSValue).raw == raw {
+			return last.(*parsedAWSValue).creds, nil
+		}
 		if creds, err = parseAWSValue(g.Ref, v); err != nil {
 			return creds, err
 		}
+		defer p.awsParsed.Store(g.Ref, &parsedAWSValue{raw: raw, creds: creds})
 	}
 	if p.cfg.Observe != nil {
 		for _, s := range [...]string{creds.AccessKeyID, creds.SecretAccessKey, creds.SessionToken} {

@@ -111,7 +111,7 @@ func (st *requestState) resignAWS(r *http.Request) (handled bool, refused *refus
 		}
 		return true, refuseAWS(reasonStaleDate+": "+what, o.ref)
 	}
-	creds, refused := st.awsCredentialsFor(g)
+	creds, learnt, refused := st.awsCredentialsFor(g)
 	if refused != nil {
 		return true, refused
 	}
@@ -135,7 +135,9 @@ func (st *requestState) resignAWS(r *http.Request) (handled bool, refused *refus
 	}
 	// Learnt before the real credentials go anywhere: an answer that
 	// echoes them (AWS error bodies name the access key id) is scrubbed.
-	st.ci.attempt.task.learnAWS(o.ref, o.ph, creds)
+	if !learnt {
+		st.ci.attempt.task.learnAWS(o.ref, o.ph, creds)
+	}
 	seed, err := awssig.Resign(r, sig, creds, bodyHash)
 	if err != nil {
 		return true, awsRefusal(err, o.ref)
@@ -185,24 +187,24 @@ func (st *requestState) awsConcerned(r *http.Request, owners map[string]awsOwner
 }
 
 // awsCredentialsFor is the real credentials of g for this request: those
-// learnGranted read, else read now.
-func (st *requestState) awsCredentialsFor(g *policy.Granted) (awssig.Credentials, *refusal) {
+// learnGranted read (and had the run learn: learnt), else read now.
+func (st *requestState) awsCredentialsFor(g *policy.Granted) (creds awssig.Credentials, learnt bool, refused *refusal) {
 	st.mu.Lock()
 	for _, a := range st.aws {
 		if a.ref == g.Ref {
 			st.mu.Unlock()
-			return a.creds, nil
+			return a.creds, true, nil
 		}
 	}
 	st.mu.Unlock()
 	creds, err := st.p.awsCredentials(st.ctx, st.runID(), g)
 	switch {
 	case errors.Is(err, secrets.ErrNotFound):
-		return creds, refuseWithheld(g.Ref)
+		return creds, false, refuseWithheld(g.Ref)
 	case err != nil:
-		return creds, fault(fmt.Errorf("reading %s: %w", g.Ref, err), g.Ref)
+		return creds, false, fault(fmt.Errorf("reading %s: %w", g.Ref, err), g.Ref)
 	}
-	return creds, nil
+	return creds, false, nil
 }
 
 // hashAWSBody reads the whole body of a request whose signature covers its

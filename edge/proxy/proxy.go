@@ -212,6 +212,9 @@ var (
 type Proxy struct {
 	cfg Config
 	reg *registry
+	// awsParsed keeps each aws key's value as last parsed
+	// (awsCredentials).
+	awsParsed sync.Map
 	// faults rate-limits the log lines of failed requests (logFault): a
 	// task sending request after request to an upstream that fails costs
 	// edge's log a line a minute (the audit keeps each).

@@ -8,6 +8,7 @@ import (
 	"net/http"
 	"slices"
 	"strings"
+	"sync"
 	"time"
 )
 
@@ -15,13 +16,44 @@ import (
 const emptyHash = "e3b0c44298fc1c149afbf4c8996fb92427ae41e4649b934ca495991b7852b855"
 
 // signingKey is SigV4's derived key: HMAC chained over the scope, so it
-// signs for one day, region and service only.
+// signs for one day, region and service only. Four HMACs are a third of a
+// re-signed request's signing cost, and a key serves a whole day, so keys
+// are kept (derivedKeys). The result is shared: callers only read it.
 func signingKey(secret, date, region, service string) []byte {
-	k := hmacSum([]byte("AWS4"+secret), date)
+	id := derivedKeyID{secret, date, region, service}
+	derivedKeys.mu.Lock()
+	k, ok := derivedKeys.m[id]
+	derivedKeys.mu.Unlock()
+	if ok {
+		return k
+	}
+	k = hmacSum([]byte("AWS4"+secret), date)
 	k = hmacSum(k, region)
 	k = hmacSum(k, service)
-	return hmacSum(k, scopeTerminal)
+	k = hmacSum(k, scopeTerminal)
+	derivedKeys.mu.Lock()
+	if len(derivedKeys.m) >= maxDerivedKeys {
+		// Days pass and secrets rotate: rather than track age, start
+		// over; the next request of each scope derives its key again.
+		clear(derivedKeys.m)
+	}
+	derivedKeys.m[id] = k
+	derivedKeys.mu.Unlock()
+	return k
 }
+
+type derivedKeyID struct{ secret, date, region, service string }
+
+// maxDerivedKeys bounds the cache: far above the live runs' keys times
+// their scopes on one host.
+const maxDerivedKeys = 4096
+
+// derivedKeys is held in edge's memory only, beside the secrets it is
+// derived from.
+var derivedKeys = struct {
+	mu sync.Mutex
+	m  map[derivedKeyID][]byte
+}{m: map[derivedKeyID][]byte{}}
 
 func hmacSum(key []byte, msg string) []byte {
 	m := hmac.New(sha256.New, key)
