@@ -19,12 +19,13 @@
 // (it answers 500 without an Authorization header), chunk or trailer
 // signatures or trailing checksums of an aws-chunked body, nor a body
 // against a literal x-amz-content-sha256; and it misreads S3 URLs with
-// many characters a key or list prefix may hold (motoview.go). The front
+// many characters a key or list prefix may hold, and drops some headers
+// older clients sign (motoview.go). The front
 // checks those itself, with its own SigV4 verifier (not edge's), refusing
 // as S3 does with an XML error: presigned URLs with their expiry,
 // aws-chunked bodies in all three streaming modes, literal payload
-// digests, and the signature of a URL moto would misread. A presigned or
-// misread request goes on signed again by the front with the same key
+// digests, and the signature of a request moto would misread. A presigned
+// or misread request goes on signed again by the front with the same key
 // (Record.Resigned), which moto checks as usual. Bodies stream both ways;
 // the front holds one chunk at a time.
 //
@@ -543,7 +544,8 @@ func (f *Front) checkHeader(r *http.Request, s signature, rec *Record) (plan, er
 	// other service moto hashes the body itself, which the front would
 	// have to hold to sign.
 	misread := s.service == "s3" && mode != "" &&
-		motoView(r.URL.EscapedPath(), r.URL.RawQuery, s.service) != clientView(r.URL.EscapedPath(), r.URL.RawQuery, s.service, false)
+		(motoView(r.URL.EscapedPath(), r.URL.RawQuery, s.service) != clientView(r.URL.EscapedPath(), r.URL.RawQuery, s.service, false) ||
+			len(motoSigned(s.signedHeaders)) != len(s.signedHeaders))
 	if streaming || misread {
 		rec.FrontChecked = true
 		creds, err := f.keys.lookup(s.accessKeyID, r.Header.Get("X-Amz-Security-Token"))

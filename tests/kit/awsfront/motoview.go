@@ -14,15 +14,40 @@ package awsfront
 // space, and list queries with a delimiter or prefix containing "/",
 // fail against moto under signature checks whoever signs them.
 //
+// Nor does moto sign every header the client signed: its botocore leaves
+// out hop-by-hop headers, Expect, User-Agent and X-Amzn-Trace-Id
+// (auth.py SIGNED_HEADERS_BLACKLIST), while older botocore (Debian's
+// 1.29, behind python3-boto3) signs Transfer-Encoding on the chunked
+// uploads it sends. moto refuses those too.
+//
 // The front therefore checks such a request itself and forwards it signed
-// again, with the same key and signed headers, over moto's reading
-// (Record.Resigned). moto still checks the key, the token and the policy.
+// again, with the same key, over moto's reading of the URL and of the
+// signed headers (Record.Resigned). moto still checks the key, the token
+// and the policy.
 
 import (
 	"sort"
 	"strings"
 	"unicode/utf8"
 )
+
+// motoUnsigned are the headers moto's botocore never signs, whatever the
+// client signed (botocore 1.43, moto's, auth.py SIGNED_HEADERS_BLACKLIST).
+var motoUnsigned = map[string]bool{
+	"connection": true, "expect": true, "keep-alive": true, "proxy-authenticate": true, "proxy-authorization": true,
+	"te": true, "trailer": true, "transfer-encoding": true, "upgrade": true, "user-agent": true, "x-amzn-trace-id": true,
+}
+
+// motoSigned is the part of signed that moto signs.
+func motoSigned(signed []string) []string {
+	var out []string
+	for _, h := range signed {
+		if !motoUnsigned[h] {
+			out = append(out, h)
+		}
+	}
+	return out
+}
 
 // view is the URL part of a canonical request: its path and query lines.
 type view struct{ uri, query string }

@@ -86,8 +86,10 @@ func (f *Front) resignPresigned(out *http.Request, s signature, creds aws.Creden
 }
 
 // signForMoto sets out's Authorization to s (its key, scope, date and
-// signed headers) signed with secret over moto's reading of out's URL.
+// signed headers) signed with secret over moto's reading of out's URL and
+// of the headers it signs.
 func (f *Front) signForMoto(out *http.Request, s signature, secret, payloadHash string) {
+	s.signedHeaders = motoSigned(s.signedHeaders)
 	sig := signatureOver(out, s, motoView(out.URL.EscapedPath(), out.URL.RawQuery, s.service), secret, payloadHash)
 	out.Header.Set("Authorization", algorithm+" Credential="+s.accessKeyID+"/"+s.scope()+
 		", SignedHeaders="+strings.Join(s.signedHeaders, ";")+", Signature="+sig)
