@@ -33,6 +33,11 @@ if [ "$mode" = test ]; then
 	[ -x /usr/bin/wget ] || need_apt+=(wget)
 	[ -x /usr/bin/openssl ] || need_apt+=(openssl)
 	[ -x /usr/bin/node ] || need_apt+=(nodejs)
+	# The AWS clients a task runs through edge's SigV4 re-signing
+	# (tests/kit/awsfront is their AWS): Debian's, since the task user
+	# cannot run the pyenv Python's packages under root's home.
+	[ -x /usr/bin/aws ] || need_apt+=(awscli)
+	/usr/bin/python3 -c 'import boto3' 2>/dev/null || need_apt+=(python3-boto3)
 	# The tests build network namespaces with ip (iproute2).
 	[ -x /usr/sbin/ip ] || need_apt+=(iproute2)
 	# systemd-analyze verifies infra/systemd's unit (no running systemd needed).
