@@ -63,9 +63,10 @@ import (
 // Region is the region every name of the front is in.
 const Region = "us-east-1"
 
-// DefaultNames are the AWS names the front's certificate covers; Config.Names
-// adds more. Wildcards cover virtual-hosted buckets (bucket.s3...).
-var DefaultNames = []string{
+// defaultNames are the AWS names the front's certificate always covers
+// (Front.Names lists them with Config.Names); the wildcards cover
+// virtual-hosted buckets (bucket.s3...).
+var defaultNames = []string{
 	"sts.amazonaws.com",
 	"sts.us-east-1.amazonaws.com",
 	"s3.amazonaws.com",
@@ -101,8 +102,8 @@ type Config struct {
 	// Close removes. The file is 0644: it holds only a certificate, and a
 	// task running as another user may have to read it.
 	Dir string
-	// Names are added to DefaultNames in the certificate, e.g. a name a
-	// test uses that no wildcard covers.
+	// Names are added to the certificate's default names (Front.Names),
+	// e.g. a name a test uses that no wildcard covers.
 	Names []string
 	// Now is the front's clock: presigned URLs expire by it and forwarded
 	// presigned requests are re-signed at it. Nil means time.Now. Tests
@@ -173,7 +174,7 @@ type Front struct {
 // must Close it.
 func Start(ctx context.Context, cfg Config) (f *Front, err error) {
 	cfg = cfg.withDefaults()
-	f = &Front{cfg: cfg, names: append(append([]string(nil), DefaultNames...), cfg.Names...)}
+	f = &Front{cfg: cfg, names: append(append([]string(nil), defaultNames...), cfg.Names...)}
 	defer func() {
 		if err != nil {
 			err = errors.Join(err, f.Close())

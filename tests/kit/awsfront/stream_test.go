@@ -37,7 +37,7 @@ func fakeFront(t *testing.T, upstream http.Handler) *httptest.Server {
 	if err != nil {
 		t.Fatal(err)
 	}
-	f := &Front{cfg: Config{}.withDefaults(), names: DefaultNames, motoURL: u, transport: &http.Transport{DisableCompression: true}}
+	f := &Front{cfg: Config{}.withDefaults(), names: defaultNames, motoURL: u, transport: &http.Transport{DisableCompression: true}}
 	f.keys.add(testCreds)
 	t.Cleanup(f.transport.CloseIdleConnections)
 	srv := httptest.NewServer(f)
