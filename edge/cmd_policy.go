@@ -39,6 +39,17 @@ func checkPolicy(path string, stdout, stderr io.Writer) int {
 		for i, d := range k.Domains {
 			domains[i] = d.String()
 		}
+		if a := k.AWS; a != nil {
+			source := "the secrets source's value"
+			if a.AssumeRole != nil {
+				source = fmt.Sprintf("a per-run session of %s (%s)", a.AssumeRole.RoleARN, a.AssumeRole.Duration)
+			}
+			env := a.Env()
+			fmt.Fprintf(stdout, "%s: aws; domains %s; signs for regions %s, services %s; task variables %s, %s[, %s]; credentials from %s\n",
+				k.Ref, strings.Join(domains, ", "), strings.Join(a.Regions, ", "), strings.Join(a.Services, ", "),
+				env.AccessKeyID, env.SecretAccessKey, env.SessionToken, source)
+			continue
+		}
 		fmt.Fprintf(stdout, "%s: domains %s; substituted in %s; placeholder %q + %d letters and digits\n",
 			k.Ref, strings.Join(domains, ", "), k.In, k.Placeholder.Prefix, k.Placeholder.Length-len(k.Placeholder.Prefix))
 	}

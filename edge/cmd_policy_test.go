@@ -13,7 +13,9 @@ func TestPolicyCheck(t *testing.T) {
 	good := filepath.Join(dir, "good.json")
 	bad := filepath.Join(dir, "bad.json")
 	os.WriteFile(good, []byte(`{"dataDir": "/d", "api": {"tokenFile": "/t"}, "policy": {"projects": {"acme": {"keys": {
-		"OPENAI_API_KEY": {"domains": ["API.openai.com."], "placeholder": {"prefix": "sk-"}}}}}}}`), 0o600)
+		"OPENAI_API_KEY": {"domains": ["API.openai.com."], "placeholder": {"prefix": "sk-"}},
+		"DEPLOY": {"kind": "aws", "domains": ["s3.us-east-1.amazonaws.com"], "aws": {"regions": ["us-east-1"], "services": ["s3"],
+			"assumeRole": {"roleArn": "arn:aws:iam::123456789012:role/deploy"}}}}}}}}`), 0o600)
 	os.WriteFile(bad, []byte(`{"dataDir": "/d", "api": {"tokenFile": "/t"}, "policy": {"projects": {"acme": {"keys": {
 		"OPENAI_API_KEY": {"domains": ["*.openai.com", "10.0.0.1"]}}}}}}`), 0o600)
 
@@ -22,6 +24,9 @@ func TestPolicyCheck(t *testing.T) {
 		t.Fatalf("exit %d: %s", code, errOut.String())
 	}
 	if want := "acme/OPENAI_API_KEY: domains api.openai.com; substituted in header; placeholder \"sk-\" + 45 letters and digits"; !strings.Contains(out.String(), want) {
+		t.Errorf("output %q lacks %q", out.String(), want)
+	}
+	if want := "acme/DEPLOY: aws; domains s3.us-east-1.amazonaws.com; signs for regions us-east-1, services s3; task variables AWS_ACCESS_KEY_ID, AWS_SECRET_ACCESS_KEY[, AWS_SESSION_TOKEN]; credentials from a per-run session of arn:aws:iam::123456789012:role/deploy (1h0m0s)"; !strings.Contains(out.String(), want) {
 		t.Errorf("output %q lacks %q", out.String(), want)
 	}
 	out.Reset()
