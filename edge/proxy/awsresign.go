@@ -133,6 +133,12 @@ func (st *requestState) resignAWS(r *http.Request) (handled bool, refused *refus
 	case err != nil:
 		return true, awsRefusal(err, o.ref)
 	}
+	// The answer comes uncoded, to be scrubbed: forward asks for it with
+	// "Accept-Encoding: identity" in place of the task's value, so the
+	// real signature covers that value when the task signed the field.
+	if _, ok := r.Header["Accept-Encoding"]; ok {
+		r.Header["Accept-Encoding"] = []string{"identity"}
+	}
 	// Learnt before the real credentials go anywhere: an answer that
 	// echoes them (AWS error bodies name the access key id) is scrubbed.
 	if !learnt {

@@ -24,6 +24,14 @@ const maxHeadBytes = http1.MaxHeadBytes
 // connection alive; past it the connection is closed.
 const maxDrain = 256 << 10
 
+// maxLinger and lingerTimeout bound what is read of a body after an answer
+// that closes the connection (a refusal), so the client reads the answer
+// rather than a reset: a bulk upload's worth, for a few seconds at most.
+const (
+	maxLinger     = 64 << 20
+	lingerTimeout = 5 * time.Second
+)
+
 // h1Conn is one intercepted HTTP/1.1 connection, served by its own loop
 // over package http1's framing rather than net/http's server (http1's doc
 // says why): the head is read into one string, its fields into a header map
@@ -148,6 +156,14 @@ func (hc *h1Conn) serveOne(ctx context.Context) bool {
 	}
 	w.Finish()
 	if w.CloseAfter() || req.Close || ctx.Err() != nil {
+		if hasBody && ctx.Err() == nil && !body.EOF() && !body.AwaitingContinue() {
+			// The answer is out (a refusal, with its reason) while the
+			// client may still be sending its body: closing now would
+			// reset the connection, and the client would lose the answer
+			// with the rest. Read on, bounded in bytes and time, first.
+			_ = c.SetReadDeadline(time.Now().Add(lingerTimeout))
+			_, _ = io.CopyN(io.Discard, body, maxLinger)
+		}
 		return false
 	}
 	if hasBody && !body.EOF() {
