@@ -9,6 +9,8 @@ import (
 	"io"
 	"log/slog"
 	"net/http"
+	"os"
+	"path/filepath"
 	"strings"
 	"time"
 
@@ -215,23 +217,85 @@ func (st *requestState) awsCredentialsFor(g *policy.Granted) (creds awssig.Crede
 
 // hashAWSBody reads the whole body of a request whose signature covers its
 // hash without stating it, and returns the hash; the body is then
-// forwarded from memory. It must have a length, within the buffer limit.
+// forwarded from what was read: memory up to the body buffer, an unlinked
+// file in the spool beyond, up to AWSBodyLimit. A body of no stated length
+// is read the same way and sent with the length found.
 func (st *requestState) hashAWSBody(r *http.Request, ref policy.KeyRef) (string, *refusal) {
-	var body []byte
-	if r.Body != nil && r.Body != http.NoBody {
-		limit := st.p.cfg.BodyBufferLimit
-		if r.ContentLength < 0 || r.ContentLength > limit {
-			return "", refuseAWS(fmt.Sprintf("%s: a request signed over its body's hash without x-amz-content-sha256 must have a Content-Length of at most %d bytes", reasonPayloadUnverifiable, limit), ref)
-		}
-		body = make([]byte, r.ContentLength)
+	if r.Body == nil || r.Body == http.NoBody {
+		return emptySHA256, nil
+	}
+	limit := st.p.cfg.AWSBodyLimit
+	tooLarge := func() (string, *refusal) {
+		return "", refuseAWS(fmt.Sprintf("%s: a request signed over its body's hash without x-amz-content-sha256 is read whole to check it, and its body is over %d bytes; send x-amz-content-sha256 (S3's UNSIGNED-PAYLOAD or a streaming mode) for larger bodies", reasonPayloadUnverifiable, limit), ref)
+	}
+	if r.ContentLength > limit {
+		return tooLarge()
+	}
+	h := sha256.New()
+	if r.ContentLength >= 0 && r.ContentLength <= st.p.cfg.BodyBufferLimit {
+		body := make([]byte, r.ContentLength)
 		if _, err := io.ReadFull(r.Body, body); err != nil {
 			return "", fault(errors.New("request body shorter than its Content-Length"), ref)
 		}
+		h.Write(body)
 		st.body = body
 		r.Body = io.NopCloser(bytes.NewReader(body))
+		return hex.EncodeToString(h.Sum(nil)), nil
 	}
-	sum := sha256.Sum256(body)
-	return hex.EncodeToString(sum[:]), nil
+	f, err := st.p.spoolFile()
+	if err != nil {
+		return "", fault(fmt.Errorf("spooling a request body: %w", err), ref)
+	}
+	n, err := io.Copy(io.MultiWriter(f, h), io.LimitReader(r.Body, limit+1))
+	switch {
+	case err != nil:
+		f.Close()
+		return "", fault(fmt.Errorf("spooling a request body: %w", err), ref)
+	case n > limit:
+		f.Close()
+		return tooLarge()
+	case r.ContentLength >= 0 && n != r.ContentLength:
+		f.Close()
+		return "", fault(errors.New("request body shorter than its Content-Length"), ref)
+	}
+	if _, err := f.Seek(0, io.SeekStart); err != nil {
+		f.Close()
+		return "", fault(fmt.Errorf("spooling a request body: %w", err), ref)
+	}
+	st.spool = f
+	r.Body, r.ContentLength = io.NopCloser(f), n
+	r.TransferEncoding = nil
+	return hex.EncodeToString(h.Sum(nil)), nil
+}
+
+// closeSpool closes the request's spooled body, if any, once the request
+// is done (serve): the file was unlinked when made, so it is gone.
+func (st *requestState) closeSpool() {
+	if st.spool != nil {
+		st.spool.Close()
+		st.spool = nil
+	}
+}
+
+// emptySHA256 is hex(sha256("")).
+const emptySHA256 = "e3b0c44298fc1c149afbf4c8996fb92427ae41e4649b934ca495991b7852b855"
+
+// spoolFile is a new file for a request body, already unlinked: it holds
+// the body only while the request does, whatever becomes of edge.
+func (p *Proxy) spoolFile() (*os.File, error) {
+	dir := filepath.Join(p.cfg.DataDir, "secrets-proxy", "spool")
+	if err := os.MkdirAll(dir, 0o700); err != nil {
+		return nil, err
+	}
+	f, err := os.CreateTemp(dir, "body-")
+	if err != nil {
+		return nil, err
+	}
+	if err := os.Remove(f.Name()); err != nil {
+		f.Close()
+		return nil, err
+	}
+	return f, nil
 }
 
 // markUsed records that ref's value went into the request, for its audit

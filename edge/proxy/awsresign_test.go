@@ -14,6 +14,7 @@ import (
 	"net/http"
 	"net/netip"
 	"net/url"
+	"os"
 	"path/filepath"
 	"sort"
 	"strconv"
@@ -138,6 +139,10 @@ func newSigRig(t *testing.T) *sigRig {
 	return g
 }
 
+// testAWSBodyLimit is the rig's Config.AWSBodyLimit: small, so a body
+// past it is cheap to send.
+const testAWSBodyLimit = 1 << 20
+
 // useClock replaces the env's proxy by one wired the same (newEnv's
 // listener, guard, upstream trust, secrets file, audit and log) whose
 // Config.Clock is clk: newEnv has no clock option. Nothing is registered
@@ -159,6 +164,7 @@ func (e *env) useClock(t *testing.T, clk clock.Clock) {
 	p, err := New(Config{
 		Listener: ln, Egress: policy.EgressOpen, DataDir: e.dir, Policy: e.watcher, Leaves: e.authority,
 		Secrets: src, Upstream: guard, UpstreamTLS: tlsCfg, Audit: e.audit, Logger: logger, Clock: clk,
+		AWSBodyLimit: testAWSBodyLimit,
 	})
 	must(t, err)
 	e.proxy, e.listener = p, ln // newEnv's cleanup closes e.proxy: this one
@@ -1030,7 +1036,7 @@ func TestAWSResignRefusals(t *testing.T) {
 	amzNow := now.UTC().Format("20060102T150405Z")
 	wrong := k.deploy
 	wrong.SecretAccessKey = "wRoNgSeCrEtwRoNgSeCrEtwRoNgSeCrEtwRoNgSe"
-	big := bytes.Repeat([]byte("Action=GetCallerIdentity&Version=2011-06-15&Pad="), 1500) // > BodyBufferLimit (64 KiB)
+	big := bytes.Repeat([]byte("Action=GetCallerIdentity&Version=2011-06-15&Pad="), testAWSBodyLimit/48+1) // > AWSBodyLimit
 	form := []byte("Action=GetCallerIdentity&Version=2011-06-15")
 
 	for _, c := range []struct {
@@ -1118,16 +1124,16 @@ func TestAWSResignRefusals(t *testing.T) {
 		{"placeholder sent where a plain key of the task reaches", func(p string) *http.Request {
 			return signed(t, k.deploy, http.MethodGet, "https://"+g.api+p, nil, literalHeader, "s3", "us-east-1", now, nil)
 		}, "acme/DEPLOY", "blocked: ", "acme/DEPLOY may not reach " + g.api, false},
-		{"literal body of no length", func(p string) *http.Request {
-			req := signed(t, k.deploy, http.MethodPost, "https://"+g.sts+p, form, literalNoHeader, "sts", "us-east-1", now,
-				http.Header{"Content-Type": {"application/x-www-form-urlencoded"}})
-			req.Body, req.ContentLength = io.NopCloser(io.MultiReader(bytes.NewReader(form))), -1 // sent chunked
-			return req
-		}, "acme/DEPLOY", "payload_unverifiable: ", "Content-Length", false},
-		{"literal body over the buffer", func(p string) *http.Request {
+		{"literal body over the limit", func(p string) *http.Request {
 			return signed(t, k.deploy, http.MethodPost, "https://"+g.sts+p, big, literalNoHeader, "sts", "us-east-1", now,
 				http.Header{"Content-Type": {"application/x-www-form-urlencoded"}})
-		}, "acme/DEPLOY", "payload_unverifiable: ", "Content-Length", true},
+		}, "acme/DEPLOY", "payload_unverifiable: ", "x-amz-content-sha256", true},
+		{"literal body of no length over the limit", func(p string) *http.Request {
+			req := signed(t, k.deploy, http.MethodPost, "https://"+g.sts+p, big, literalNoHeader, "sts", "us-east-1", now,
+				http.Header{"Content-Type": {"application/x-www-form-urlencoded"}})
+			req.Body, req.ContentLength = io.NopCloser(io.MultiReader(bytes.NewReader(big))), -1 // sent chunked
+			return req
+		}, "acme/DEPLOY", "payload_unverifiable: ", "x-amz-content-sha256", true},
 	} {
 		t.Run(c.name, func(t *testing.T) {
 			path := "/refused-" + strings.NewReplacer(" ", "-", ",", "", "'", "").Replace(c.name)
@@ -1170,6 +1176,42 @@ func TestAWSResignRefusals(t *testing.T) {
 	g.assertResigned(t, path, realAWSID)
 	g.assertNoPlaceholderReached(t, k)
 	g.assertNoPlaceholderReached(t, other)
+}
+
+// A body signed over its hash without x-amz-content-sha256 (every service
+// but S3) is read whole to check it: past the body buffer (64 KiB) it is
+// spooled to a file, and one of no stated length too; each is verified,
+// re-signed and reaches the upstream byte for byte with its length.
+func TestAWSResignSpoolsLargeHashedBodies(t *testing.T) {
+	g := newSigRig(t)
+	k := g.newTask(t, "run-spool", false)
+	now := g.clk.Now()
+	large := bytes.Repeat([]byte("Action=GetCallerIdentity&Version=2011-06-15&Pad="), 3000) // 144 KiB
+	for _, c := range []struct {
+		name    string
+		chunked bool
+	}{{"sized", false}, {"of no length", true}} {
+		t.Run(c.name, func(t *testing.T) {
+			path := "/spooled-" + strings.ReplaceAll(c.name, " ", "-")
+			req := signed(t, k.deploy, http.MethodPost, "https://"+g.sts+path, large, literalNoHeader, "sts", "us-east-1", now,
+				http.Header{"Content-Type": {"application/x-www-form-urlencoded"}})
+			if c.chunked {
+				req.Body, req.ContentLength = io.NopCloser(io.MultiReader(bytes.NewReader(large))), -1
+			}
+			if status, body := k.do(t, req); status != http.StatusOK {
+				t.Fatalf("a %d-byte body %s: %d %q", len(large), c.name, status, body)
+			}
+			got := g.reached(path)
+			if len(got) != 1 || !bytes.Equal(got[0].Body, large) {
+				t.Fatalf("the upstream got %d requests, want one with the body as sent", len(got))
+			}
+			g.assertResigned(t, path, realAWSID)
+		})
+	}
+	entries, err := os.ReadDir(filepath.Join(g.dir, "secrets-proxy", "spool"))
+	if err != nil || len(entries) != 0 {
+		t.Errorf("the spool holds %d files (%v): a spooled body must not outlive its request, nor be named on disk", len(entries), err)
+	}
 }
 
 // X-Amz-Date is judged by edge's clock (Config.Clock), not the wall's: the

@@ -8,6 +8,7 @@ import (
 	"io"
 	"net/http"
 	"net/url"
+	"os"
 	"sort"
 	"strings"
 	"sync"
@@ -76,6 +77,9 @@ type requestState struct {
 	// aws is the real credentials of the task's aws keys, read once
 	// (learnGranted).
 	aws []awsRead
+	// spool holds a SigV4 request's body read whole to check its hash
+	// (hashAWSBody); closed when the request is done.
+	spool *os.File
 	// refused is the request's first refusal of a substitution, or of the
 	// exchange once forwarded; nil while none.
 	refused  *refusal
@@ -261,6 +265,7 @@ func (p *Proxy) serve(st *requestState, w http.ResponseWriter, r *http.Request) 
 	entry := &st.entry
 	*entry = audit.Entry{TS: p.cfg.Clock.Now(), Task: st.runID(), Host: ci.logHost, Method: ix.Redacted(r.Method), Path: ix.RedactedExact(r.URL.Path, &st.ms), Via: ci.via}
 	defer p.record(st) // also when the answer is aborted (a panic on HTTP/2)
+	defer st.closeSpool()
 	if refused := p.prepare(st, ix, r); refused != nil {
 		p.refuse(st, refused)
 		return

@@ -127,6 +127,12 @@ type Config struct {
 	// AWSSessions mints the STS sessions of aws keys that name a role
 	// (aws.assumeRole); nil refuses the runs of such keys.
 	AWSSessions *stssession.Sessions
+	// AWSBodyLimit bounds the body of a SigV4 request whose signature
+	// covers the body's hash without stating it (most services but S3):
+	// such a body is read whole to check it before anything is sent, to
+	// memory up to BodyBufferLimit and beyond that to an unlinked file
+	// under <DataDir>/secrets-proxy/spool. Zero means DefaultAWSBodyLimit.
+	AWSBodyLimit int64
 	// Observe, if set, is handed every real value the proxy derives from
 	// what Secrets gave (an AWS key's parts) or mints (an STS session's),
 	// before it is used: edge's log redaction learns them there.
@@ -164,6 +170,11 @@ type Config struct {
 	// DefaultMaxTaskConns.
 	MaxTaskConns int
 }
+
+// DefaultAWSBodyLimit is Config.AWSBodyLimit's default: DynamoDB's
+// largest request (BatchWriteItem, 16 MB) and Lambda's synchronous
+// payload (6 MB) fit, with room.
+const DefaultAWSBodyLimit = 64 << 20
 
 // DefaultMaxTaskConns is Config.MaxTaskConns's default: far above what a
 // task's tools open at once (a package manager's tens of parallel
@@ -266,6 +277,9 @@ func New(cfg Config) (*Proxy, error) {
 	p := &Proxy{cfg: cfg, done: make(chan struct{}), faults: throttle.New(cfg.Logger, cfg.Clock, time.Minute)}
 	if cfg.Disabled {
 		return p, nil
+	}
+	if cfg.AWSBodyLimit == 0 {
+		cfg.AWSBodyLimit = DefaultAWSBodyLimit
 	}
 	reg, err := newRegistry(placeholderStore{dir: filepath.Join(cfg.DataDir, "secrets-proxy", "placeholders")}, cfg.Rand)
 	if err != nil {
