@@ -256,6 +256,9 @@ func New(cfg Config) (*Proxy, error) {
 	if cfg.Clock == nil {
 		cfg.Clock = clock.Real{}
 	}
+	if cfg.AWSBodyLimit == 0 {
+		cfg.AWSBodyLimit = DefaultAWSBodyLimit
+	}
 	if cfg.Rand == nil {
 		cfg.Rand = rand.Reader
 	}
@@ -277,9 +280,6 @@ func New(cfg Config) (*Proxy, error) {
 	p := &Proxy{cfg: cfg, done: make(chan struct{}), faults: throttle.New(cfg.Logger, cfg.Clock, time.Minute)}
 	if cfg.Disabled {
 		return p, nil
-	}
-	if cfg.AWSBodyLimit == 0 {
-		cfg.AWSBodyLimit = DefaultAWSBodyLimit
 	}
 	reg, err := newRegistry(placeholderStore{dir: filepath.Join(cfg.DataDir, "secrets-proxy", "placeholders")}, cfg.Rand)
 	if err != nil {

@@ -171,6 +171,11 @@ func (p *Proxy) Register(runID string, declared []runspec.Declared) error {
 		ctx, cancel := context.WithTimeout(context.Background(), awsStartTimeout)
 		creds, err := p.awsCredentials(ctx, runID, g)
 		cancel()
+		if err != nil && p.cfg.AWSSessions != nil {
+			// The run is refused: a session minted for another of its
+			// keys is not kept for it.
+			p.cfg.AWSSessions.Drop(runID)
+		}
 		if errors.Is(err, secrets.ErrNotFound) {
 			return fmt.Errorf("aws key %s: the secrets source holds no value for it", g.Ref)
 		}
