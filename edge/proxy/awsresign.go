@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"crypto/sha256"
 	"encoding/hex"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
@@ -11,6 +12,7 @@ import (
 	"net/http"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"time"
 
@@ -68,6 +70,14 @@ func mayBeAWSSigned(r *http.Request) bool {
 // the bytes the task sent. handled is false for any other request, which
 // prepare goes on with as usual.
 func (st *requestState) resignAWS(r *http.Request) (handled bool, refused *refusal) {
+	handled, refused = st.resignAWSRequest(r)
+	if refused != nil && !refused.isFault() {
+		refused.awsShape = awsErrorShapeOf(r, st.ci.target.Name)
+	}
+	return handled, refused
+}
+
+func (st *requestState) resignAWSRequest(r *http.Request) (handled bool, refused *refusal) {
 	if !mayBeAWSSigned(r) {
 		return false, nil
 	}
@@ -333,6 +343,7 @@ func (b *resignedBody) Read(p []byte) (int, error) {
 			refused = refuseAWS(malformed.Reason+": "+strings.TrimPrefix(err.Error(), "awssig: "), b.ref)
 		}
 		if refused != nil {
+			refused.awsShape = awsErrS3 // aws-chunked bodies are S3's
 			b.st.mu.Lock()
 			b.st.refuseLocked(refused)
 			b.st.mu.Unlock()
@@ -363,3 +374,67 @@ func (st *requestState) learnAWSGranted(g *policy.Granted, stored string) {
 	t.learnAWS(g.Ref, ph, creds)
 	st.aws = append(st.aws, awsRead{ref: g.Ref, creds: creds})
 }
+
+// awsErrorShape is how an AWS service's clients read its errors.
+type awsErrorShape uint8
+
+const (
+	awsErrNone awsErrorShape = iota
+	// awsErrS3: S3's <Error><Code/><Message/></Error>.
+	awsErrS3
+	// awsErrQuery: the query protocol's (STS, IAM, EC2...)
+	// <ErrorResponse><Error>...</Error></ErrorResponse>.
+	awsErrQuery
+	// awsErrJSON: the JSON protocols' {"__type", "message"} (DynamoDB,
+	// most newer services), which send an application/x-amz-json body.
+	awsErrJSON
+)
+
+// awsErrorShapeOf picks the error shape r's client reads: JSON for a JSON
+// protocol's request, S3's for S3 and for names that are not AWS's (an
+// S3-compatible store), the query protocol's otherwise.
+func awsErrorShapeOf(r *http.Request, host string) awsErrorShape {
+	if strings.HasPrefix(r.Header.Get("Content-Type"), "application/x-amz-json") {
+		return awsErrJSON
+	}
+	if h, ok := policy.ParseAWSHost(host); !ok || slices.Contains(h.Services, "s3") {
+		return awsErrS3
+	}
+	return awsErrQuery
+}
+
+// respondAWS answers a refused SigV4 request as its service would an
+// error: a client shows the message, "runfleet edge: <reason>". A wrong
+// signature is SignatureDoesNotMatch, as AWS names it (no client retries
+// it); anything else AccessDenied.
+func respondAWS(w http.ResponseWriter, refused *refusal) {
+	code := "AccessDenied"
+	if strings.HasPrefix(refused.reason, reasonSignatureMismatch) {
+		code = "SignatureDoesNotMatch"
+	}
+	msg := "runfleet edge: " + refused.reason
+	var body []byte
+	h := w.Header()
+	switch refused.awsShape {
+	case awsErrJSON:
+		body, _ = json.Marshal(struct {
+			Type    string `json:"__type"`
+			Message string `json:"message"`
+		}{code, msg})
+		h.Set("Content-Type", "application/x-amz-json-1.0")
+		h.Set("X-Amzn-Errortype", code)
+	case awsErrQuery:
+		body = fmt.Appendf(nil, "<ErrorResponse><Error><Type>Sender</Type><Code>%s</Code><Message>%s</Message></Error><RequestId>runfleet-edge</RequestId></ErrorResponse>\n", code, xmlEscaped(msg))
+		h.Set("Content-Type", "text/xml")
+	default:
+		body = fmt.Appendf(nil, "<?xml version=\"1.0\" encoding=\"UTF-8\"?>\n<Error><Code>%s</Code><Message>%s</Message><RequestId>runfleet-edge</RequestId></Error>\n", code, xmlEscaped(msg))
+		h.Set("Content-Type", "application/xml")
+	}
+	h.Set("X-Content-Type-Options", "nosniff")
+	w.WriteHeader(refused.status)
+	w.Write(body)
+}
+
+// xmlEscaped escapes what element text must not hold as it is; quotes
+// need no escaping there, and stay readable in a client's message.
+var xmlEscaped = strings.NewReplacer("&", "&amp;", "<", "&lt;", ">", "&gt;").Replace

@@ -6,8 +6,11 @@ import (
 	"crypto/hmac"
 	"crypto/sha256"
 	"encoding/hex"
+	"encoding/json"
+	"encoding/xml"
 	"errors"
 	"fmt"
+	"github.com/aws/smithy-go"
 	"io"
 	"log/slog"
 	"net"
@@ -137,6 +140,34 @@ func newSigRig(t *testing.T) *sigRig {
 		e.assertNoLeak(realAWSID, realAWSSecret, realASIAID, realASIASec, realASIAToken, realA)
 	})
 	return g
+}
+
+// awsErrorOf reads a refusal as an AWS client does: S3's <Error>, the
+// query protocol's <ErrorResponse><Error>, or the JSON protocols'
+// {"__type", "message"}; it fails the test for any other body.
+func awsErrorOf(t *testing.T, body string) (code, message string) {
+	t.Helper()
+	var e struct {
+		Code    string `xml:"Code" json:"__type"`
+		Message string `xml:"Message" json:"message"`
+		Error   *struct {
+			Code    string `xml:"Code"`
+			Message string `xml:"Message"`
+		} `xml:"Error" json:"-"`
+	}
+	if strings.HasPrefix(body, "{") {
+		if err := json.Unmarshal([]byte(body), &e); err != nil {
+			t.Fatalf("a refusal that is no AWS JSON error: %q", body)
+		}
+		return e.Code, e.Message
+	}
+	if err := xml.Unmarshal([]byte(body), &e); err != nil {
+		t.Fatalf("a refusal that is no AWS XML error: %q", body)
+	}
+	if e.Error != nil {
+		return e.Error.Code, e.Error.Message
+	}
+	return e.Code, e.Message
 }
 
 // testAWSBodyLimit is the rig's Config.AWSBodyLimit: small, so a body
@@ -1144,8 +1175,9 @@ func TestAWSResignRefusals(t *testing.T) {
 				via = k.overH2(t, g)
 			}
 			status, body := via.do(t, req)
-			if status != http.StatusForbidden || !strings.HasPrefix(body, "runfleet edge: "+c.reason) || !strings.Contains(body, c.has) {
-				t.Errorf("answer %d %q, want 403 %q... holding %q", status, body, c.reason, c.has)
+			if code, msg := awsErrorOf(t, body); status != http.StatusForbidden || !strings.HasPrefix(msg, "runfleet edge: "+c.reason) || !strings.Contains(msg, c.has) ||
+				code != map[bool]string{true: "SignatureDoesNotMatch", false: "AccessDenied"}[c.reason == "signature_mismatch: "] {
+				t.Errorf("answer %d %q (code %q, message %q), want 403 %q... holding %q", status, body, code, msg, c.reason, c.has)
 			}
 			line := g.auditOf(host, path)
 			reason := fmt.Sprint(line["reason"])
@@ -1333,7 +1365,7 @@ func TestAWSResignStreamedChunks(t *testing.T) {
 
 			path := "/acme-artifacts/streamed-tampered.bin"
 			_, status, answer := upload(path, k.deploy, 1)
-			if status != http.StatusForbidden || !strings.HasPrefix(answer, "runfleet edge: signature_mismatch: ") {
+			if code, msg := awsErrorOf(t, answer); status != http.StatusForbidden || code != "SignatureDoesNotMatch" || !strings.HasPrefix(msg, "runfleet edge: signature_mismatch: ") {
 				t.Errorf("a chunk tampered in the middle: %d %q, want 403 signature_mismatch", status, answer)
 			}
 			line := g.auditOf(s3Host, path)
@@ -1412,5 +1444,34 @@ func TestAWSResignRefusalOfALargeBodyReachesTheClient(t *testing.T) {
 	}
 	if n := len(g.checksOf("/")); n != 0 {
 		t.Errorf("the upstream got %d of the refused requests", n)
+	}
+}
+
+// A refusal reaches each SDK as its service's own error, so the task's
+// tool shows edge's reason: DynamoDB's JSON, STS's query XML and S3's XML,
+// each read by aws-sdk-go-v2 into an error code and message.
+func TestAWSResignRefusalsReadAsServiceErrors(t *testing.T) {
+	g := newSigRig(t)
+	k := g.newTask(t, "run-errors", false)
+	wrong := k.deploy
+	wrong.SecretAccessKey = "wRoNgSeCrEtwRoNgSeCrEtwRoNgSeCrEtwRoNgSe"
+	ctx := context.Background()
+	_, ddbErr := g.ddbClient(k, wrong).ListTables(ctx, &dynamodb.ListTablesInput{})
+	_, stsErr := g.stsClient(k, wrong).GetCallerIdentity(ctx, &sts.GetCallerIdentityInput{})
+	_, s3Err := g.s3Client(k, wrong).HeadBucket(ctx, &s3.HeadBucketInput{Bucket: aws.String("acme-artifacts")})
+	_, s3GetErr := g.s3Client(k, wrong).GetObject(ctx, &s3.GetObjectInput{Bucket: aws.String("acme-artifacts"), Key: aws.String("k")})
+	for name, err := range map[string]error{"dynamodb": ddbErr, "sts": stsErr, "s3 GetObject": s3GetErr} {
+		var api smithy.APIError
+		if !errors.As(err, &api) || api.ErrorCode() != "SignatureDoesNotMatch" || !strings.HasPrefix(api.ErrorMessage(), "runfleet edge: signature_mismatch: ") {
+			t.Errorf("%s: the SDK read %v, want SignatureDoesNotMatch with edge's reason", name, err)
+		}
+	}
+	// HEAD answers carry no body: the status is all a client gets.
+	var re *awshttp.ResponseError
+	if !errors.As(s3Err, &re) || re.HTTPStatusCode() != http.StatusForbidden {
+		t.Errorf("s3 HeadBucket: %v, want a 403", s3Err)
+	}
+	if n := len(g.reached("/")) + len(g.reached("/acme-artifacts")) + len(g.reached("/acme-artifacts/k")); n != 0 {
+		t.Errorf("the upstream got %d refused requests", n)
 	}
 }

@@ -337,7 +337,7 @@ func (p *Proxy) refuse(st *requestState, refused *refusal) {
 		h[k] = vs
 	}
 	h.Set("Connection", "close")
-	respond(&st.out, refused.status, refused.reason)
+	respondRefusal(&st.out, refused)
 }
 
 // settle completes the audit entry of a request that was forwarded: the
@@ -588,7 +588,18 @@ func (p *Proxy) failForwarded(st *requestState, refused *refusal) {
 		abort(&st.out, st)
 		return
 	}
-	respond(&st.out, refused.status, refused.reason)
+	respondRefusal(&st.out, refused)
+}
+
+// respondRefusal answers refused: as an AWS service answers an error when
+// the refusal is of a SigV4 request (so the task's AWS tool shows its
+// reason), in plain text otherwise.
+func respondRefusal(w http.ResponseWriter, refused *refusal) {
+	if refused.awsShape != awsErrNone {
+		respondAWS(w, refused)
+		return
+	}
+	respond(w, refused.status, refused.reason)
 }
 
 func respond(w http.ResponseWriter, status int, reason string) {

@@ -34,6 +34,9 @@ type refusal struct {
 	cause error
 	// cancelled: the request was cancelled, so nobody waits for an answer.
 	cancelled bool
+	// awsShape: the refusal of a SigV4 request, answered as its service
+	// answers errors (respondAWS); awsErrNone otherwise.
+	awsShape awsErrorShape
 }
 
 // errRefused stops a scan or a body stream whose substitution was refused;
