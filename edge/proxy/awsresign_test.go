@@ -11,6 +11,7 @@ import (
 	"errors"
 	"fmt"
 	"github.com/aws/smithy-go"
+	"github.com/runfleet/runfleet/tests/kit/awsfront"
 	"io"
 	"log/slog"
 	"net"
@@ -19,7 +20,6 @@ import (
 	"net/url"
 	"os"
 	"path/filepath"
-	"sort"
 	"strconv"
 	"strings"
 	"sync"
@@ -53,8 +53,8 @@ import (
 // its CA as their trust, against one loopback TLS upstream standing for
 // AWS (sts, s3 and dynamodb in us-east-1 pinned to it). The upstream lets
 // in only what the REAL credentials signed, checked twice: with awssig's
-// Parse and Verify, and by a SigV4 recomputation written here from the
-// specification (sigRecompute), so that a canonicalisation the proxy's
+// Parse and Verify, and by the verifier of tests/kit/awsfront, written from
+// the specification apart from awssig, so that a canonicalisation the proxy's
 // signer and verifier share cannot pass unseen; an aws-chunked body's
 // chain is checked chunk by chunk with the real secret. It answers as AWS
 // does (XML and JSON, an error quoting the key id). The proxy's clock is
@@ -109,7 +109,7 @@ type sigCheck struct {
 	// err: nil when the signature verifies (awssig.Verify) with the
 	// secret of id, the token is id's, and the body is the one signed.
 	err error
-	// indep: nil when sigRecompute agrees.
+	// indep: nil when awsfront.VerifySignature agrees.
 	indep error
 	// chunks and data: an aws-chunked body's chunks whose real-chain
 	// signature checked, and their data.
@@ -309,7 +309,7 @@ func sigVerify(r *http.Request, body []byte) *sigCheck {
 		bodyHash = sigSHA(body)
 	}
 	c.err = awssig.Verify(r, sig, k.secret, bodyHash)
-	c.indep = sigRecompute(r, body, k.secret)
+	c.indep = awsfront.VerifySignature(r, k.secret, body)
 	switch {
 	case c.err != nil:
 	case sig.Payload == awssig.Literal && sig.PayloadHash != "" && sig.PayloadHash != sigSHA(body):
@@ -329,109 +329,6 @@ func sigHMAC(key []byte, msg string) []byte {
 	m := hmac.New(sha256.New, key)
 	m.Write([]byte(msg))
 	return m.Sum(nil)
-}
-
-// sigEscape is SigV4's URI encoding: every byte but A-Z a-z 0-9 - _ . ~
-// as %XX in capitals.
-func sigEscape(s string) string {
-	var b strings.Builder
-	for i := 0; i < len(s); i++ {
-		c := s[i]
-		if 'A' <= c && c <= 'Z' || 'a' <= c && c <= 'z' || '0' <= c && c <= '9' || c == '-' || c == '_' || c == '.' || c == '~' {
-			b.WriteByte(c)
-		} else {
-			fmt.Fprintf(&b, "%%%02X", c)
-		}
-	}
-	return b.String()
-}
-
-// sigRecompute computes a request's SigV4 signature from the
-// specification (docs.aws.amazon.com, "Create a signed AWS API request"),
-// by string concatenation, independently of awssig, and compares it with
-// the one the request carries. It covers what these tests send: paths of
-// unreserved characters (so S3's single encoding and other services'
-// double encoding agree), any query.
-func sigRecompute(r *http.Request, body []byte, secret string) error {
-	q := r.URL.Query()
-	presigned := q.Has("X-Amz-Signature")
-	var cred, signed, got, amzDate string
-	if presigned {
-		cred, signed, got, amzDate = q.Get("X-Amz-Credential"), q.Get("X-Amz-SignedHeaders"), q.Get("X-Amz-Signature"), q.Get("X-Amz-Date")
-	} else {
-		rest, ok := strings.CutPrefix(r.Header.Get("Authorization"), "AWS4-HMAC-SHA256 ")
-		if !ok {
-			return errors.New("no SigV4 Authorization")
-		}
-		for _, part := range strings.Split(rest, ",") {
-			k, v, _ := strings.Cut(strings.TrimSpace(part), "=")
-			switch k {
-			case "Credential":
-				cred = v
-			case "SignedHeaders":
-				signed = v
-			case "Signature":
-				got = v
-			}
-		}
-		amzDate = r.Header.Get("X-Amz-Date")
-	}
-	_, scope, _ := strings.Cut(cred, "/")
-	sp := strings.Split(scope, "/")
-	if len(sp) != 4 || sp[3] != "aws4_request" {
-		return fmt.Errorf("credential scope %q", scope)
-	}
-	type pair struct{ k, v string }
-	var pairs []pair
-	for k, vs := range q {
-		if presigned && k == "X-Amz-Signature" {
-			continue
-		}
-		for _, v := range vs {
-			pairs = append(pairs, pair{sigEscape(k), sigEscape(v)})
-		}
-	}
-	sort.Slice(pairs, func(i, j int) bool {
-		if pairs[i].k != pairs[j].k {
-			return pairs[i].k < pairs[j].k
-		}
-		return pairs[i].v < pairs[j].v
-	})
-	query := make([]string, len(pairs))
-	for i, p := range pairs {
-		query[i] = p.k + "=" + p.v
-	}
-	var headers strings.Builder
-	for _, name := range strings.Split(signed, ";") {
-		var v string
-		switch name {
-		case "host":
-			v = r.Host
-		case "content-length":
-			v = strconv.FormatInt(r.ContentLength, 10)
-		default:
-			vals := r.Header.Values(name)
-			for i := range vals {
-				vals[i] = strings.Join(strings.Fields(vals[i]), " ")
-			}
-			v = strings.Join(vals, ",")
-		}
-		headers.WriteString(name + ":" + v + "\n")
-	}
-	payload := r.Header.Get("X-Amz-Content-Sha256")
-	if payload == "" {
-		payload = sigSHA(body)
-		if presigned && sp[2] == "s3" {
-			payload = "UNSIGNED-PAYLOAD"
-		}
-	}
-	canonical := r.Method + "\n" + r.URL.EscapedPath() + "\n" + strings.Join(query, "&") + "\n" + headers.String() + "\n" + signed + "\n" + payload
-	toSign := "AWS4-HMAC-SHA256\n" + amzDate + "\n" + scope + "\n" + sigSHA([]byte(canonical))
-	key := sigHMAC(sigHMAC(sigHMAC(sigHMAC([]byte("AWS4"+secret), sp[0]), sp[1]), sp[2]), "aws4_request")
-	if want := hex.EncodeToString(sigHMAC(key, toSign)); want != got {
-		return errors.New("the signature is not the one the specification gives")
-	}
-	return nil
 }
 
 // sigEncodeChunked writes chunks as an aws-chunked body, each signed in

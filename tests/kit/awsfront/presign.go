@@ -26,6 +26,9 @@ const presignSkew = 15 * time.Minute
 // checkPresigned verifies a presigned request with the secret of the key
 // it names, and that it is within its validity by the front's clock.
 func (f *Front) checkPresigned(r *http.Request, s signature) (aws.Credentials, error) {
+	if s.expires == 0 {
+		return aws.Credentials{}, fmt.Errorf("awsfront: a presigned S3 URL needs X-Amz-Expires: %w", ErrMalformed)
+	}
 	creds, err := f.keys.lookup(s.accessKeyID, r.URL.Query().Get("X-Amz-Security-Token"))
 	if err != nil {
 		return aws.Credentials{}, err
