@@ -277,7 +277,9 @@ type ProjectPolicy struct {
 type KeyPolicy struct {
 	// Kind is what the key is: "" for a value sent as it is (a token, a
 	// password), "aws" for an AWS access key, which never travels: the
-	// proxy re-signs the task's SigV4 requests with it (AWS).
+	// proxy re-signs the task's SigV4 requests with it (AWS); "ssh" for an
+	// SSH private key, which never travels either: edge terminates the
+	// task's SSH and runs the git commands SSH allows upstream with it.
 	Kind string `json:"kind,omitempty"`
 	// Domains the key may reach: "name" (port 443) or "name:port".
 	Domains []string `json:"domains"`
@@ -289,6 +291,27 @@ type KeyPolicy struct {
 	Placeholder PlaceholderShape `json:"placeholder"`
 	// AWS bounds a key of kind "aws"; required for that kind only.
 	AWS *AWSKey `json:"aws,omitempty"`
+	// SSH bounds a key of kind "ssh"; required for that kind only.
+	SSH *SSHKey `json:"ssh,omitempty"`
+}
+
+// SSHKey bounds what an SSH key may run upstream. Its real value, in the
+// secrets source, is the private key (OpenSSH or PEM; ed25519, ECDSA or
+// RSA; unencrypted).
+type SSHKey struct {
+	// User is the upstream login; default "git".
+	User string `json:"user,omitempty"`
+	// KnownHosts are the upstreams' host keys in known_hosts form (one
+	// line each, or whole files' text): an upstream whose key is not
+	// listed for its name is refused. Required.
+	KnownHosts []string `json:"knownHosts"`
+	// Allow lists the commands the key may run: git-upload-pack (fetch,
+	// clone), git-receive-pack (push), git-upload-archive,
+	// git-lfs-authenticate. Required.
+	Allow []string `json:"allow"`
+	// Repositories, when set, are the path patterns ("org/repo",
+	// "org/*", "group/**") a command's repository must match.
+	Repositories []string `json:"repositories,omitempty"`
 }
 
 // AWSKey bounds what an AWS key may sign and says where its real

@@ -84,7 +84,7 @@ func compileAWS(where string, k *Key, kp config.KeyPolicy) []error {
 		return errs
 	case KindAWS:
 	default:
-		return append(errs, fmt.Errorf(`%s: kind: %q is not a kind; leave it out for a value sent as it is, or "aws"`, where, kp.Kind))
+		return append(errs, fmt.Errorf(`%s: kind: %q is not a kind; leave it out for a value sent as it is, or "aws" or "ssh"`, where, kp.Kind))
 	}
 	k.Kind = KindAWS
 	if len(kp.In) > 0 {
@@ -346,8 +346,12 @@ func DecideAWSScope(in AWSScopeInput) SubstituteDecision {
 	return SubstituteDecision{true, "allowed"}
 }
 
-// envNames are the variables a granted key gives the task.
+// envNames are the variables a granted key gives the task: none for an
+// ssh key, which the task uses without holding anything.
 func (g *Granted) envNames() []string {
+	if g.SSH != nil {
+		return nil
+	}
 	if g.AWS == nil {
 		return []string{g.Ref.Key}
 	}

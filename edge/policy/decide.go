@@ -30,10 +30,14 @@ const (
 	// What cannot be read (not TLS, a client that refuses the proxy's leaf)
 	// is refused, for the reason StorableEgressRule.
 	InterceptToScrub
+	// TerminateSSH serves a target an ssh key of the task reaches: edge's
+	// SSH front answers the task and runs, with the real key, each git
+	// command DecideSSHExec allows.
+	TerminateSSH
 )
 
 func (a ConnectAction) String() string {
-	return [...]string{"refuse", "intercept", "tunnel", "intercept to scrub"}[a]
+	return [...]string{"refuse", "intercept", "tunnel", "intercept to scrub", "terminate ssh"}[a]
 }
 
 // Storable is the locations whose values an upstream may keep and hand
@@ -70,7 +74,8 @@ type ConnectDecision struct {
 }
 
 // DecideConnect decides a CONNECT before anything is resolved: intercept a
-// target one of the task's keys may reach; refuse a name a key reaches but on
+// target one of the task's keys may reach (terminate SSH there for an ssh
+// key; Compile keeps a domain SSH for every key or for none); refuse a name a key reaches but on
 // another port; refuse anything else when egress is strict. With egress
 // open, anything else is tunnelled, unless the task holds a key an upstream
 // may store (HoldsStorable): then a name is intercepted to scrub its answers
@@ -80,6 +85,9 @@ func DecideConnect(in ConnectInput) ConnectDecision {
 		nameKnown := false
 		for i := range in.Granted {
 			if in.Granted[i].Reaches(d) {
+				if in.Granted[i].SSH != nil {
+					return ConnectDecision{TerminateSSH, "an ssh key of this task may reach " + d.String()}
+				}
 				return ConnectDecision{Intercept, "a key of this task may reach " + d.String()}
 			}
 			nameKnown = nameKnown || slices.ContainsFunc(in.Granted[i].Domains, func(x Domain) bool { return x.Name == d.Name })

@@ -17,6 +17,8 @@ type Granted struct {
 	Placeholder Shape
 	// AWS is the key's bounds when it is of kind aws, nil otherwise.
 	AWS *AWSKey
+	// SSH is the key's bounds when it is of kind ssh, nil otherwise.
+	SSH *SSHKey
 }
 
 // Reaches reports whether the key may be sent to d.
@@ -60,7 +62,7 @@ func (p *Policy) Grant(declared []runspec.Declared) (granted []Granted, refused 
 			}
 			continue
 		}
-		granted = append(granted, Granted{Ref: ref, Domains: domains, In: k.In, Placeholder: k.Placeholder, AWS: k.AWS})
+		granted = append(granted, Granted{Ref: ref, Domains: domains, In: k.In, Placeholder: k.Placeholder, AWS: k.AWS, SSH: k.SSH})
 	}
 	return refuseEnvClashes(granted, refused)
 }

@@ -74,12 +74,14 @@ func (k KeyRef) String() string { return k.Project + "/" + k.Key }
 // Key is one proxiable key of the host policy.
 type Key struct {
 	Ref KeyRef
-	// Kind is "" or KindAWS; AWS is set for the latter only.
+	// Kind is "", KindAWS or KindSSH; AWS and SSH are set for their kind
+	// only.
 	Kind        string
 	Domains     []Domain
 	In          Location
 	Placeholder Shape
 	AWS         *AWSKey
+	SSH         *SSHKey
 }
 
 // Reaches reports whether the key may be sent to d.
@@ -144,10 +146,37 @@ func Compile(written config.Policy) (*Policy, error) {
 			}
 		}
 	}
+	errs = append(errs, p.refuseSharedSSHDomains()...)
 	if err := errors.Join(errs...); err != nil {
 		return nil, err
 	}
 	return p, nil
+}
+
+// refuseSharedSSHDomains refuses a domain named both by an ssh key and by
+// a key of another kind: a connection there is either SSH edge terminates
+// or TLS it intercepts, and which one must not depend on the task's keys.
+func (p *Policy) refuseSharedSSHDomains() []error {
+	ssh := map[Domain]KeyRef{}
+	for _, k := range p.Keys() {
+		if k.SSH != nil {
+			for _, d := range k.Domains {
+				ssh[d] = k.Ref
+			}
+		}
+	}
+	var errs []error
+	for _, k := range p.Keys() {
+		if k.SSH != nil {
+			continue
+		}
+		for _, d := range k.Domains {
+			if o, ok := ssh[d]; ok {
+				errs = append(errs, fmt.Errorf("policy: key %s domain %q: ssh key %s names it too; a domain is SSH for every key or for none", k.Ref, d, o))
+			}
+		}
+	}
+	return errs
 }
 
 func compileKey(where string, ref KeyRef, kp config.KeyPolicy) (*Key, []error) {
@@ -165,6 +194,12 @@ func compileKey(where string, ref KeyRef, kp config.KeyPolicy) (*Key, []error) {
 		if !slices.Contains(k.Domains, d) {
 			k.Domains = append(k.Domains, d)
 		}
+	}
+	if kp.Kind == KindSSH {
+		return k, append(errs, compileSSH(where, k, kp)...)
+	}
+	if kp.SSH != nil {
+		errs = append(errs, fmt.Errorf(`%s: ssh: only a key of "kind": "ssh" takes it`, where))
 	}
 	if kp.Kind != "" || kp.AWS != nil {
 		// An AWS key is never substituted: no location, no shape.
