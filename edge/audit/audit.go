@@ -67,6 +67,9 @@ type Entry struct {
 	// AWS is the SigV4 signing of a request re-signed with an AWS key
 	// (the key is Keys' one), or refused before it was.
 	AWS *AWSSigning `json:"aws,omitempty"`
+	// SSH is what a task asked of edge's SSH front: a command it ran or
+	// was refused, or another request refused.
+	SSH *SSHCommand `json:"ssh,omitempty"`
 	// Duration is the whole decision; Upstream the part spent waiting for
 	// the upstream's response head.
 	Duration time.Duration `json:"-"`
@@ -83,6 +86,21 @@ type AWSSigning struct {
 	// not a mode, so a presigned URL says so apart.
 	Payload   string `json:"payload"`
 	Presigned bool   `json:"presigned,omitempty"`
+}
+
+// SSHCommand is one request on a task's SSH connection.
+type SSHCommand struct {
+	// Request is the SSH request: "exec", "shell", "subsystem sftp",
+	// "pty-req", "channel direct-tcpip"...
+	Request string `json:"request"`
+	// Command and Repository are an exec's git command and its
+	// repository, normalised, when it parsed as one (a refused line's first
+	// word otherwise, quoted).
+	Command    string `json:"command,omitempty"`
+	Repository string `json:"repository,omitempty"`
+	// ExitStatus is the command's, nil when it sent none (a signal ended
+	// it).
+	ExitStatus *int `json:"exitStatus,omitempty"`
 }
 
 // ViaTransparent is Entry.Via for a redirected connection.

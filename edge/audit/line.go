@@ -82,6 +82,23 @@ func appendLine(b []byte, e *Entry) []byte {
 		}
 		b = append(b, '}')
 	}
+	if c := e.SSH; c != nil {
+		b = append(b, `,"ssh":{"request":`...)
+		b = appendString(b, c.Request)
+		if c.Command != "" {
+			b = append(b, `,"command":`...)
+			b = appendString(b, c.Command)
+		}
+		if c.Repository != "" {
+			b = append(b, `,"repository":`...)
+			b = appendString(b, c.Repository)
+		}
+		if c.ExitStatus != nil {
+			b = append(b, `,"exitStatus":`...)
+			b = strconv.AppendInt(b, int64(*c.ExitStatus), 10)
+		}
+		b = append(b, '}')
+	}
 	b = append(b, `,"durationMs":`...)
 	b = appendMillis(b, e.Duration.Microseconds())
 	if up := e.Upstream.Microseconds(); up != 0 {

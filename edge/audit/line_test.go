@@ -39,6 +39,10 @@ func TestLineIsWhatEncodingJSONWrites(t *testing.T) {
 			AWS: &AWSSigning{Region: "us-east-1", Service: "s3", Payload: "STREAMING-AWS4-HMAC-SHA256-PAYLOAD"}},
 		{TS: ts, Task: "run-5", Action: Blocked, Reason: "signature_mismatch", Host: "s3.amazonaws.com:443",
 			AWS: &AWSSigning{Region: "<eu>", Service: `s"3`, Payload: "literal", Presigned: true}},
+		{TS: ts, Task: "run-5", Action: Substituted, Keys: []string{"acme/GIT_SSH"}, Host: "github.com:22", Status: 200,
+			SSH: &SSHCommand{Request: "exec", Command: "git-upload-pack", Repository: "org/<repo>", ExitStatus: new(0)}},
+		{TS: ts, Task: "run-6", Action: Blocked, Host: "github.com:22", Status: 403, Reason: "a shell is not allowed",
+			SSH: &SSHCommand{Request: "shell"}},
 	} {
 		if got, want := string(appendLine(nil, &e)), referenceLine(t, e); got != want {
 			t.Errorf("line\n got %s\nwant %s", got, want)
@@ -54,6 +58,12 @@ func FuzzLine(f *testing.F) {
 			Host: host, Method: method, Path: path, Status: status, BytesIn: in, BytesOut: out, Scrubbed: status / 3, Via: path, Duration: time.Duration(dur), Upstream: time.Duration(in)}
 		if status%2 == 0 {
 			e.AWS = &AWSSigning{Region: reason, Service: method, Payload: path, Presigned: status%4 == 0}
+		}
+		if status%3 == 0 {
+			e.SSH = &SSHCommand{Request: method, Command: path, Repository: reason}
+			if status%9 == 0 {
+				e.SSH.ExitStatus = new(status)
+			}
 		}
 		if got, want := string(appendLine(nil, &e)), referenceLine(t, e); got != want {
 			t.Fatalf("line\n got %s\nwant %s", got, want)
