@@ -175,6 +175,12 @@ func (p *Proxy) serveFrontFor(c net.Conn, only *attempt) {
 	if _, err := io.WriteString(c, "HTTP/1.1 200 Connection established\r\n\r\n"); err != nil {
 		return
 	}
+	if decision.Action == policy.TerminateSSH {
+		// An ssh ProxyCommand through the explicit proxy meets the same
+		// front as a redirected connection.
+		p.serveSSH(a, conn, target, ix, entry)
+		return
+	}
 	if decision.Action == policy.InterceptToScrub {
 		p.interceptToScrub(a, conn, newConnInfo(a, target, ix), ix, entry)
 		return

@@ -51,6 +51,7 @@ import (
 	"github.com/runfleet/runfleet/edge/internal/throttle"
 	"github.com/runfleet/runfleet/edge/policy"
 	"github.com/runfleet/runfleet/edge/secrets"
+	"github.com/runfleet/runfleet/edge/sshfront"
 	"github.com/runfleet/runfleet/edge/stssession"
 	"github.com/runfleet/runfleet/shared/clock"
 )
@@ -137,6 +138,9 @@ type Config struct {
 	// what Secrets gave (an AWS key's parts) or mints (an STS session's),
 	// before it is used: edge's log redaction learns them there.
 	Observe func(secrets.Value)
+	// SSH is edge's SSH front, which serves the connections to an ssh key's
+	// domains; nil refuses the runs of such keys.
+	SSH *sshfront.Front
 	// Upstream dials upstreams (tunnels and intercepted requests). Required.
 	Upstream Dialer
 	// UpstreamTLS verifies upstreams (upstream.ClientTLSConfig). Required.

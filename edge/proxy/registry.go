@@ -162,6 +162,9 @@ func (p *Proxy) Register(runID string, declared []runspec.Declared) error {
 	// now, outside the lock: a run whose credentials cannot be had is
 	// refused, never started without them, and the placeholders take
 	// their shape (temporary or not).
+	if err := p.checkSSHKeys(granted); err != nil {
+		return err
+	}
 	temporary := map[policy.KeyRef]bool{}
 	for i := range granted {
 		g := &granted[i]
@@ -191,6 +194,9 @@ func (p *Proxy) Register(runID string, declared []runspec.Declared) error {
 	m := make(map[policy.KeyRef]string, len(granted))
 	changed := false
 	for _, g := range granted {
+		if g.SSH != nil {
+			continue // the task uses an ssh key holding nothing
+		}
 		ph, ok := existing[g.Ref]
 		if _, isAWS := storedAWS(ph); ok && isAWS == (g.AWS != nil) {
 			m[g.Ref] = ph
@@ -280,6 +286,9 @@ func (p *Proxy) TaskKeys(runID string) ([]TaskKey, error) {
 			continue
 		}
 		a, isAWS := storedAWS(ph)
+		if k, ok := pol.Key(ref); ok && k.SSH != nil {
+			continue // an ssh key since (a reload): the task holds nothing for it
+		}
 		if !isAWS {
 			out = append(out, TaskKey{ProjectID: d.ProjectID, Key: d.Key, Var: d.Key, Placeholder: ph})
 			continue

@@ -261,6 +261,10 @@ func (p *Proxy) serveTransparent(a *attempt, originalDst func(net.Conn) (netip.A
 		p.tunnel(a, &bufferedConn{Conn: c}, target, entry, false)
 		return
 	}
+	if decision.Action == policy.TerminateSSH {
+		p.serveSSH(a, c, target, ix, entry)
+		return
+	}
 	conn := &bufferedConn{Conn: c}
 	ci := newConnInfo(a, target, ix)
 	ci.via = audit.ViaTransparent
