@@ -66,7 +66,11 @@ func (b proxyBroker) Register(runID string, declared []runspec.Declared) (runner
 	if err != nil {
 		return runner.TaskSecrets{}, fmt.Errorf("encoding RUNFLEET_PROXIED_KEYS: %w", err)
 	}
-	ts := runner.TaskSecrets{Placeholders: make(map[string]string, len(keys)), ProxiedKeys: raw}
+	knownHosts, err := b.proxy.SSHKnownHosts(runID)
+	if err != nil {
+		return runner.TaskSecrets{}, err
+	}
+	ts := runner.TaskSecrets{Placeholders: make(map[string]string, len(keys)), ProxiedKeys: raw, SSHKnownHosts: knownHosts}
 	for _, k := range keys {
 		ts.Placeholders[k.Var] = k.Placeholder
 	}

@@ -27,6 +27,7 @@ import (
 	"github.com/aws/aws-sdk-go-v2/service/secretsmanager"
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/collectors"
+	"golang.org/x/crypto/ssh"
 
 	"github.com/runfleet/runfleet/edge/audit"
 	"github.com/runfleet/runfleet/edge/ca"
@@ -38,6 +39,7 @@ import (
 	"github.com/runfleet/runfleet/edge/runlog"
 	"github.com/runfleet/runfleet/edge/runner"
 	"github.com/runfleet/runfleet/edge/secrets"
+	"github.com/runfleet/runfleet/edge/sshfront"
 	"github.com/runfleet/runfleet/edge/stssession"
 	"github.com/runfleet/runfleet/edge/upstream"
 	"github.com/runfleet/runfleet/shared/clock"
@@ -85,9 +87,11 @@ type Host struct {
 	runs      *runlog.Log
 	watcher   *policy.Watcher
 	authority *ca.Authority
-	auditLog  *audit.Log
-	proxy     *proxy.Proxy
-	runner    *runner.Runner
+	// sshHostKey is edge's SSH host key, sealed beside the CA.
+	sshHostKey ssh.Signer
+	auditLog   *audit.Log
+	proxy      *proxy.Proxy
+	runner     *runner.Runner
 
 	apiListener   net.Listener
 	proxyListener net.Listener
@@ -211,6 +215,9 @@ func (h *Host) openStores(ctx context.Context, undo *closers) (caTrust, error) {
 		return caTrust{}, err
 	}
 	undo.add(func() { h.authority.Close() })
+	if h.sshHostKey, err = sshfront.LoadHostKey(ctx, h.cfg.DataDir, sealer, h.opts.Rand); err != nil {
+		return caTrust{}, fmt.Errorf("host: %w", err)
+	}
 	return caTrust{ca: h.authority, clock: h.clock}, nil
 }
 
@@ -457,9 +464,13 @@ func (h *Host) newProxy(ctx context.Context, trust caTrust) (*proxy.Proxy, error
 	if err != nil {
 		return nil, fmt.Errorf("host: %w", err)
 	}
+	sshFront, err := sshfront.New(sshfront.Config{HostKey: h.sshHostKey, Secrets: src, Upstream: guard, Audit: h.auditLog, Logger: h.log, Clock: h.clock})
+	if err != nil {
+		return nil, fmt.Errorf("host: %w", err)
+	}
 	return proxy.New(proxy.Config{
 		Listener: h.proxyListener, Egress: h.cfg.Proxy.Egress, DataDir: h.cfg.DataDir,
-		Policy: h.watcher, Leaves: h.authority, CAReady: trust.Valid, Secrets: src,
+		Policy: h.watcher, Leaves: h.authority, CAReady: trust.Valid, Secrets: src, SSH: sshFront,
 		AWSSessions: h.awsSessions(ctx), Observe: h.opts.Redactor.Add,
 		Upstream: guard, UpstreamTLS: upstreamTLS, Audit: h.auditLog, Logger: h.log, Clock: h.clock, Rand: h.opts.Rand,
 	})

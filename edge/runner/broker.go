@@ -48,6 +48,9 @@ type TaskSecrets struct {
 	// ProxiedKeys is RUNFLEET_PROXIED_KEYS: JSON, each key with the domains
 	// it may reach.
 	ProxiedKeys json.RawMessage
+	// SSHKnownHosts is the task's /etc/ssh/ssh_known_hosts (edge's SSH
+	// host key under its ssh keys' domains); nil when it has none.
+	SSHKnownHosts []byte
 }
 
 // TrustSource is the proxy's CA as tasks need it.

@@ -129,7 +129,10 @@ func (r *Runner) prepareNetwork(t *task) *startFailure {
 		return hostFault("the host could not create the task's network")
 	}
 	t.net = n
-	if t.netFiles, err = networkFiles(t.dirs); err != nil {
+	t.mu.Lock()
+	knownHosts := t.secrets.SSHKnownHosts
+	t.mu.Unlock()
+	if t.netFiles, err = networkFiles(t.dirs, knownHosts); err != nil {
 		r.logger.Error("writing a task's resolver files", fieldRun, t.runID, fieldError, err.Error())
 		return hostFault("the host could not create the task's network")
 	}

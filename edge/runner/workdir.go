@@ -326,17 +326,28 @@ const (
 	taskHosts      = "127.0.0.1\tlocalhost\n::1\tlocalhost ip6-localhost ip6-loopback\n"
 )
 
-// networkFiles writes the task's resolver files and returns how its
-// sandbox mounts them.
-func networkFiles(d taskDirs) ([]sandbox.Mount, error) {
-	files := []struct{ target, content string }{{"/etc/resolv.conf", taskResolvConf}, {"/etc/hosts", taskHosts}}
+// networkFiles writes the task's resolver files and, when it has ssh keys,
+// its /etc/ssh/ssh_known_hosts (edge's host key under each of their
+// domains, so the task's ssh trusts edge there and nowhere else), and
+// returns how its sandbox mounts them.
+func networkFiles(d taskDirs, sshKnownHosts []byte) ([]sandbox.Mount, error) {
+	files := []struct {
+		target, content string
+		make            bool
+	}{{"/etc/resolv.conf", taskResolvConf, false}, {"/etc/hosts", taskHosts, false}}
+	if len(sshKnownHosts) > 0 {
+		files = append(files, struct {
+			target, content string
+			make            bool
+		}{"/etc/ssh/ssh_known_hosts", string(sshKnownHosts), true})
+	}
 	var mounts []sandbox.Mount
 	for _, f := range files {
 		src := filepath.Join(d.Etc, filepath.Base(f.target))
 		if err := atomicfile.Write(src, []byte(f.content), 0o644); err != nil {
 			return nil, err
 		}
-		mounts = append(mounts, sandbox.Mount{Target: f.target, Source: src})
+		mounts = append(mounts, sandbox.Mount{Target: f.target, Source: src, Make: f.make})
 	}
 	return mounts, nil
 }

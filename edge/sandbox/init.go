@@ -72,7 +72,9 @@ type Spec struct {
 	// /etc/hosts), each Source mounted read-only over its Target where the
 	// Target exists (through its links: a resolv.conf linking to a stub's
 	// file is replaced where it lies, made afresh where that is under a
-	// Hide directory).
+	// Hide directory). A Make file is also mounted where the host has none
+	// but has its directory: that directory is rebuilt as a trust store's
+	// is (rebuildDir), with the file added (/etc/ssh/ssh_known_hosts).
 	Files []Mount `json:"files,omitempty"`
 	// Dir is the agent's working dir.
 	Dir string `json:"dir"`
@@ -88,10 +90,12 @@ type Spec struct {
 	NoTerminal bool `json:"noTerminal,omitempty"`
 }
 
-// Mount is a directory mounted over another.
+// Mount is a directory or file mounted over another.
 type Mount struct {
 	Target string `json:"target"`
 	Source string `json:"source"`
+	// Make: for a file of Files, made where the host has none.
+	Make bool `json:"make,omitempty"`
 }
 
 // Tmpfs is a private tmpfs mounted over a shared directory.
@@ -437,6 +441,8 @@ func isolate(spec Spec) error {
 	// Where each file's Target leads on the host, "" where nowhere:
 	// resolved before a Hide directory hides where its links go.
 	fileTargets := make([]string, len(spec.Files))
+	// made[i]: file i's target is new, in a directory rebuilt to hold it.
+	made := make([]bool, len(spec.Files))
 	for i, m := range spec.Files {
 		fd, err := unix.Open(m.Source, unix.O_PATH|unix.O_NOFOLLOW|unix.O_CLOEXEC, 0)
 		if err != nil {
@@ -445,6 +451,13 @@ func isolate(spec Spec) error {
 		files[i] = fd
 		fds = append(fds, fd)
 		real, err := filepath.EvalSymlinks(m.Target)
+		if errors.Is(err, fs.ErrNotExist) && m.Make {
+			if dir, derr := filepath.EvalSymlinks(filepath.Dir(m.Target)); derr == nil {
+				fileTargets[i] = filepath.Join(dir, filepath.Base(m.Target))
+				made[i] = true
+			}
+			continue
+		}
 		if errors.Is(err, fs.ErrNotExist) {
 			continue // nothing of the host's to replace
 		}
@@ -519,9 +532,14 @@ func isolate(spec Spec) error {
 		if target == "" {
 			continue
 		}
-		if underAny(target, targets) {
+		switch {
+		case underAny(target, targets):
 			if err := mkfileNoFollow(target); err != nil {
 				return fmt.Errorf("making %s: %w", target, err)
+			}
+		case made[i]:
+			if err := rebuildDir(filepath.Dir(target), nil, []string{filepath.Base(target)}); err != nil {
+				return err
 			}
 		}
 		if err := bindFD(files[i], target, private|unix.MS_RDONLY); err != nil {

@@ -35,7 +35,7 @@ var TrustStoreFiles = []string{
 // mount of a file pins the inode it found: the bundle is a symbolic link
 // to trust.File instead, which every open resolves afresh. Its directory
 // is rebuilt on a tmpfs of its own for that, since the host's must not
-// change (see rebuildTrustDir).
+// change (see rebuildDir).
 func replaceTrustStore(trust Trust) error {
 	var st unix.Stat_t
 	if err := unix.Stat(trust.File, &st); err != nil {
@@ -73,47 +73,54 @@ func replaceTrustStore(trust Trust) error {
 	// A directory before those inside it (a prefix sorts first): rebuilt,
 	// it binds them back, and they are rebuilt over that.
 	for _, dir := range slices.Sorted(maps.Keys(bundles)) {
-		if err := rebuildTrustDir(dir, bundles[dir], trust.File); err != nil {
+		links := map[string]string{}
+		for name := range bundles[dir] {
+			links[name] = trust.File
+		}
+		if err := rebuildDir(dir, links, nil); err != nil {
 			return err
 		}
 	}
 	return nil
 }
 
-// trustEntry is an entry of a trust store directory as rebuilt: a
-// symbolic link to link, or the file or directory open as fd bound back.
-type trustEntry struct {
-	name string
-	link string
-	fd   int // -1 for a link
-	dir  bool
+// dirEntry is an entry of a directory as rebuilt: a symbolic link to
+// link, the file or directory open as fd bound back, or an empty file.
+type dirEntry struct {
+	name  string
+	link  string
+	fd    int // -1 for a link or an empty file
+	dir   bool
+	empty bool
 }
 
-// rebuildTrustDir mounts a fresh tmpfs over dir holding what dir holds:
-// each of bundles a symbolic link to trustFile, every other symbolic link
-// as it is (OpenSSL's hash links, /etc/ssl/certs' links into
+// rebuildDir mounts a fresh tmpfs over dir holding what dir holds: each
+// name of links a symbolic link to its target (a trust store's bundles,
+// to the task's trust file), every other symbolic link as it is
+// (OpenSSL's hash links, /etc/ssl/certs' links into
 // /usr/share/ca-certificates), every file and directory bound back from
 // the original, opened before the tmpfs hides it (java/cacerts, a local
-// CA's file). Other kinds of file (a socket, a device), which no trust
-// store holds, are left out. The tmpfs is then read-only, nosuid and
-// nodev: the task changes nothing there, and the host's directory is never
-// written.
-func rebuildTrustDir(dir string, bundles map[string]bool, trustFile string) error {
+// CA's file, ssh_config), and each of add an empty file, a mount point
+// for a file of the task's (Spec.Files' Make). Other kinds of file (a
+// socket, a device), which none of these directories holds, are left out.
+// The tmpfs is then read-only, nosuid and nodev: the task changes nothing
+// there, and the host's directory is never written.
+func rebuildDir(dir string, links map[string]string, add []string) error {
 	d, err := os.Open(dir)
 	if err != nil {
-		return fmt.Errorf("opening the trust store %s: %w", dir, err)
+		return fmt.Errorf("opening %s to rebuild it: %w", dir, err)
 	}
 	defer d.Close()
 	names, err := d.Readdirnames(-1)
 	if err != nil {
-		return fmt.Errorf("listing the trust store %s: %w", dir, err)
+		return fmt.Errorf("listing %s: %w", dir, err)
 	}
 	dfd := int(d.Fd())
 	var st unix.Stat_t
 	if err := unix.Fstat(dfd, &st); err != nil {
-		return fmt.Errorf("the trust store %s: %w", dir, err)
+		return fmt.Errorf("%s: %w", dir, err)
 	}
-	entries := make([]trustEntry, 0, len(names))
+	entries := make([]dirEntry, 0, len(names))
 	defer func() {
 		for _, e := range entries {
 			if e.fd >= 0 {
@@ -124,23 +131,30 @@ func rebuildTrustDir(dir string, bundles map[string]bool, trustFile string) erro
 	for _, name := range names {
 		var est unix.Stat_t
 		if err := unix.Fstatat(dfd, name, &est, unix.AT_SYMLINK_NOFOLLOW); err != nil {
-			return fmt.Errorf("the trust store's %s/%s: %w", dir, name, err)
+			return fmt.Errorf("%s/%s: %w", dir, name, err)
+		}
+		if target, ok := links[name]; ok {
+			entries = append(entries, dirEntry{name: name, link: target, fd: -1})
+			continue
 		}
 		switch kind := est.Mode & unix.S_IFMT; {
-		case bundles[name]:
-			entries = append(entries, trustEntry{name: name, link: trustFile, fd: -1})
 		case kind == unix.S_IFLNK:
 			link, err := readlinkat(dfd, name)
 			if err != nil {
-				return fmt.Errorf("the trust store's %s/%s: %w", dir, name, err)
+				return fmt.Errorf("%s/%s: %w", dir, name, err)
 			}
-			entries = append(entries, trustEntry{name: name, link: link, fd: -1})
+			entries = append(entries, dirEntry{name: name, link: link, fd: -1})
 		case kind == unix.S_IFREG || kind == unix.S_IFDIR:
 			fd, err := unix.Openat(dfd, name, unix.O_PATH|unix.O_NOFOLLOW|unix.O_CLOEXEC, 0)
 			if err != nil {
-				return fmt.Errorf("the trust store's %s/%s: %w", dir, name, err)
+				return fmt.Errorf("%s/%s: %w", dir, name, err)
 			}
-			entries = append(entries, trustEntry{name: name, fd: fd, dir: kind == unix.S_IFDIR})
+			entries = append(entries, dirEntry{name: name, fd: fd, dir: kind == unix.S_IFDIR})
+		}
+	}
+	for _, name := range add {
+		if !slices.ContainsFunc(entries, func(e dirEntry) bool { return e.name == name }) {
+			entries = append(entries, dirEntry{name: name, fd: -1, empty: true})
 		}
 	}
 
@@ -150,26 +164,33 @@ func rebuildTrustDir(dir string, bundles map[string]bool, trustFile string) erro
 	opts := fmt.Sprintf("mode=%o,uid=%d,gid=%d,size=%d,nr_inodes=%d",
 		st.Mode&0o7777, st.Uid, st.Gid, (len(entries)+1)*page, len(entries)+16)
 	if err := unix.Mount("tmpfs", dir, "tmpfs", unix.MS_NOSUID|unix.MS_NODEV, opts); err != nil {
-		return fmt.Errorf("mounting over the trust store %s: %w", dir, err)
+		return fmt.Errorf("mounting over %s: %w", dir, err)
 	}
 	fresh, err := unix.Open(dir, unix.O_PATH|unix.O_DIRECTORY|unix.O_NOFOLLOW|unix.O_CLOEXEC, 0)
 	if err != nil {
-		return fmt.Errorf("opening the rebuilt trust store %s: %w", dir, err)
+		return fmt.Errorf("opening the rebuilt %s: %w", dir, err)
 	}
 	defer unix.Close(fresh)
 	for _, e := range entries {
 		if err := rebuildEntry(fresh, dir, e); err != nil {
-			return fmt.Errorf("rebuilding the trust store's %s/%s: %w", dir, e.name, err)
+			return fmt.Errorf("rebuilding %s/%s: %w", dir, e.name, err)
 		}
 	}
 	if err := unix.Mount("", dir, "", unix.MS_REMOUNT|unix.MS_BIND|unix.MS_RDONLY|unix.MS_NOSUID|unix.MS_NODEV, ""); err != nil {
-		return fmt.Errorf("making the trust store %s read-only: %w", dir, err)
+		return fmt.Errorf("making the rebuilt %s read-only: %w", dir, err)
 	}
 	return nil
 }
 
 // rebuildEntry makes e in the fresh directory fresh (dir's path).
-func rebuildEntry(fresh int, dir string, e trustEntry) error {
+func rebuildEntry(fresh int, dir string, e dirEntry) error {
+	if e.empty {
+		fd, err := unix.Openat(fresh, e.name, unix.O_CREAT|unix.O_EXCL|unix.O_RDONLY|unix.O_NOFOLLOW|unix.O_CLOEXEC, 0o644)
+		if err != nil {
+			return err
+		}
+		return unix.Close(fd)
+	}
 	if e.fd < 0 {
 		return unix.Symlinkat(e.link, fresh, e.name)
 	}
