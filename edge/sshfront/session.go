@@ -23,6 +23,14 @@ import (
 // refused command ends the channel with a reason and exit status 1.
 func (cn *conn) session(ch ssh.Channel, reqs <-chan *ssh.Request) {
 	defer ch.Close()
+	relayed := false
+	// Requests still coming on a channel ended here are answered no: left
+	// unread, they would stall the connection's other channels.
+	defer func() {
+		if !relayed {
+			go ssh.DiscardRequests(reqs)
+		}
+	}()
 	for r := range reqs {
 		start := cn.front.cfg.Clock.Now()
 		switch r.Type {
@@ -33,7 +41,7 @@ func (cn *conn) session(ch ssh.Channel, reqs <-chan *ssh.Request) {
 				cn.refuseCommand(ch, start, nil, "", "the exec request is malformed")
 				return
 			}
-			cn.exec(ch, reqs, start, line)
+			relayed = cn.exec(ch, reqs, start, line)
 			return
 		case "shell":
 			_ = r.Reply(true, nil)
@@ -81,8 +89,9 @@ func sendExitStatus(ch ssh.Channel, code uint32) {
 	_, _ = ch.SendRequest("exit-status", false, binary.BigEndian.AppendUint32(nil, code))
 }
 
-// exec decides a command line and, allowed, runs it upstream.
-func (cn *conn) exec(ch ssh.Channel, reqs <-chan *ssh.Request, start time.Time, line string) {
+// exec decides a command line and, allowed, runs it upstream; true when
+// the relay took the channel's requests.
+func (cn *conn) exec(ch ssh.Channel, reqs <-chan *ssh.Request, start time.Time, line string) bool {
 	d := policy.DecideSSHExec(policy.SSHExecInput{Authority: cn.s.Authority, Granted: cn.s.Granted(), Line: line})
 	cmd := &audit.SSHCommand{Request: "exec", Command: d.Command.Name, Repository: cn.s.Redact(d.Command.Repository)}
 	if d.Command.Name == "" {
@@ -96,7 +105,7 @@ func (cn *conn) exec(ch ssh.Channel, reqs <-chan *ssh.Request, start time.Time, 
 	}
 	if !d.Allow {
 		cn.refuseCommand(ch, start, cmd, key, cn.s.Redact(d.Reason))
-		return
+		return false
 	}
 	client, err := cn.dial(d.Key)
 	if err != nil {
@@ -110,7 +119,7 @@ func (cn *conn) exec(ch ssh.Channel, reqs <-chan *ssh.Request, start time.Time, 
 		one := 1
 		cmd.ExitStatus = &one
 		cn.front.record(cn.s, start, audit.Entry{Action: audit.Denied, Status: 502, Reason: reason, Keys: []string{key}, SSH: cmd})
-		return
+		return false
 	}
 	r := relay{task: ch, taskReqs: reqs}
 	status, err := r.run(client, d.Command.Line())
@@ -120,11 +129,12 @@ func (cn *conn) exec(ch ssh.Channel, reqs <-chan *ssh.Request, start time.Time, 
 		_, _ = fmt.Fprintf(ch.Stderr(), "runfleet: %s\n", reason)
 		sendExitStatus(ch, 1)
 		cn.front.record(cn.s, start, audit.Entry{Action: audit.Denied, Status: 502, Reason: reason, Keys: []string{key}, SSH: cmd})
-		return
+		return false // run fails before it reads the channel's requests
 	}
 	cmd.ExitStatus = status
 	cn.front.record(cn.s, start, audit.Entry{Action: audit.Substituted, Status: 200, Keys: []string{key}, SSH: cmd,
 		BytesIn: r.in.Load(), BytesOut: r.out.Load()})
+	return true
 }
 
 // relay joins a task's session channel to an upstream session running one
