@@ -50,6 +50,19 @@ func checkPolicy(path string, stdout, stderr io.Writer) int {
 				env.AccessKeyID, env.SecretAccessKey, env.SessionToken, source)
 			continue
 		}
+		if sk := k.SSH; sk != nil {
+			repos := "any repository"
+			if len(sk.Repositories) > 0 {
+				texts := make([]string, len(sk.Repositories))
+				for i, r := range sk.Repositories {
+					texts[i] = r.Text
+				}
+				repos = "repositories " + strings.Join(texts, ", ")
+			}
+			fmt.Fprintf(stdout, "%s: ssh; domains %s; logs in as %s; runs %s on %s; %d known host key(s); no task variable\n",
+				k.Ref, strings.Join(domains, ", "), sk.User, strings.Join(sk.Allow, ", "), repos, len(sk.KnownHosts))
+			continue
+		}
 		fmt.Fprintf(stdout, "%s: domains %s; substituted in %s; placeholder %q + %d letters and digits\n",
 			k.Ref, strings.Join(domains, ", "), k.In, k.Placeholder.Prefix, k.Placeholder.Length-len(k.Placeholder.Prefix))
 	}
