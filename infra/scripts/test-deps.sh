@@ -38,6 +38,11 @@ if [ "$mode" = test ]; then
 	# cannot run the pyenv Python's packages under root's home.
 	[ -x /usr/bin/aws ] || need_apt+=(awscli)
 	/usr/bin/python3 -c 'import boto3' 2>/dev/null || need_apt+=(python3-boto3)
+	# Git over SSH: tasks run Debian's ssh, sftp and git (openssh-client),
+	# and tests/kit/gitsshd runs Debian's sshd (openssh-server) as their
+	# upstream, started by the tests alone (see below).
+	[ -x /usr/bin/ssh ] && [ -x /usr/bin/sftp ] || need_apt+=(openssh-client)
+	[ -x /usr/sbin/sshd ] || need_apt+=(openssh-server)
 	# The tests build network namespaces with ip (iproute2).
 	[ -x /usr/sbin/ip ] || need_apt+=(iproute2)
 	# systemd-analyze verifies infra/systemd's unit (no running systemd needed).
@@ -48,6 +53,15 @@ if [ ${#need_apt[@]} -gt 0 ]; then
 	if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null; then
 		echo "installing Debian packages: ${need_apt[*]}"
 		export DEBIAN_FRONTEND=noninteractive
+		# A package's service (openssh-server's sshd on port 22) must not
+		# start on this machine: where no policy-rc.d says so already, one
+		# refuses every start (exit 101) for the install's length.
+		policy_rc=/usr/sbin/policy-rc.d
+		if [ ! -e "$policy_rc" ]; then
+			printf '#!/bin/sh\nexit 101\n' >"$policy_rc"
+			chmod 0755 "$policy_rc"
+			trap 'rm -f "$policy_rc"' EXIT
+		fi
 		apt-get update -qq >/dev/null
 		apt-get install -y -qq "${need_apt[@]}" >/dev/null
 	else
