@@ -167,9 +167,13 @@ func (f *Front) Serve(c net.Conn, s Session) {
 	}
 	_ = c.SetDeadline(time.Time{})
 	cn := &conn{front: f, s: s, sc: sc, upstream: map[policy.KeyRef]*upstreamConn{}}
-	defer cn.closeUpstreams()
 	go cn.globalRequests(reqs)
 	cn.channels(chans)
+	// The task's side is gone: its upstream connections go too, which ends
+	// any relay still waiting on an idle upstream, and only then are the
+	// sessions waited for.
+	cn.closeUpstreams()
+	cn.wg.Wait()
 }
 
 func (f *Front) acquire(task string) bool {
@@ -207,7 +211,8 @@ type conn struct {
 
 	mu       sync.Mutex
 	upstream map[policy.KeyRef]*upstreamConn
-	open     int // session channels open
+	closed   bool // the task's side ended: no upstream is dialled or kept
+	open     int  // session channels open
 	wg       sync.WaitGroup
 }
 
@@ -236,7 +241,6 @@ func (cn *conn) globalRequests(reqs <-chan *ssh.Request) {
 }
 
 func (cn *conn) channels(chans <-chan ssh.NewChannel) {
-	defer cn.wg.Wait()
 	for nc := range chans {
 		start := cn.front.cfg.Clock.Now()
 		switch nc.ChannelType() {
@@ -296,13 +300,28 @@ func (cn *conn) dial(g *policy.Granted) (*ssh.Client, error) {
 		cn.upstream[g.Ref] = u
 	}
 	cn.mu.Unlock()
-	u.once.Do(func() { u.client, u.err = cn.front.dialUpstream(cn.s.Authority, g) })
+	u.once.Do(func() {
+		u.client, u.err = cn.front.dialUpstream(cn.s.Authority, g)
+		cn.mu.Lock()
+		defer cn.mu.Unlock()
+		if cn.closed && u.client != nil {
+			// Dialled while the task's side ended: closeUpstreams has
+			// passed it by.
+			u.client.Close()
+			u.client, u.err = nil, errTaskGone
+		}
+	})
 	return u.client, u.err
 }
 
+// errTaskGone is a dial that completed after the task's connection ended.
+var errTaskGone = &upstreamError{reason: "the task's connection ended"}
+
+// closeUpstreams closes every upstream connection, dialled or not yet.
 func (cn *conn) closeUpstreams() {
 	cn.mu.Lock()
 	defer cn.mu.Unlock()
+	cn.closed = true
 	for _, u := range cn.upstream {
 		if u.client != nil {
 			u.client.Close()
