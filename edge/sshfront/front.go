@@ -301,15 +301,16 @@ func (cn *conn) dial(g *policy.Granted) (*ssh.Client, error) {
 	}
 	cn.mu.Unlock()
 	u.once.Do(func() {
-		u.client, u.err = cn.front.dialUpstream(cn.s.Authority, g)
+		client, err := cn.front.dialUpstream(cn.s.Authority, g)
 		cn.mu.Lock()
 		defer cn.mu.Unlock()
-		if cn.closed && u.client != nil {
+		if cn.closed && client != nil {
 			// Dialled while the task's side ended: closeUpstreams has
 			// passed it by.
-			u.client.Close()
-			u.client, u.err = nil, errTaskGone
+			client.Close()
+			client, err = nil, errTaskGone
 		}
+		u.client, u.err = client, err
 	})
 	return u.client, u.err
 }
