@@ -192,8 +192,10 @@ func (r *relay) run(client *ssh.Client, line string) (*int, error) {
 		}
 	}()
 	go func() {
-		n, _ := io.Copy(up, r.task)
-		r.in.Add(n)
+		// Counted as it goes, not when the copy ends: the task's stdin
+		// often stays open past the command's end (git sends its wants,
+		// then waits for the pack), and the audit line is written then.
+		_, _ = io.Copy(countingWriter{up, &r.in}, r.task)
 		_ = up.CloseWrite()
 	}()
 	go func() {
@@ -220,6 +222,18 @@ func (r *relay) run(client *ssh.Client, line string) (*int, error) {
 	// The task's side ends with its channel, closed by the caller: a task
 	// still sending once the command ended is cut off there.
 	return status, nil
+}
+
+// countingWriter adds what each Write passed on to n.
+type countingWriter struct {
+	w io.Writer
+	n *atomic.Int64
+}
+
+func (c countingWriter) Write(p []byte) (int, error) {
+	n, err := c.w.Write(p)
+	c.n.Add(int64(n))
+	return n, err
 }
 
 // stringPayload reads an SSH string (a uint32 length, then the bytes) that
