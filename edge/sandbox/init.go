@@ -392,6 +392,9 @@ func readSpec(f *os.File) (Spec, error) {
 		if !clean(m.Target) || !filepath.IsAbs(m.Source) {
 			return Spec{}, fmt.Errorf("the spec's file %q is not absolute and clean", m.Target)
 		}
+		if m.Make && filepath.Dir(m.Target) == "/" {
+			return Spec{}, fmt.Errorf("the spec's file %q would be made in /, which cannot be rebuilt", m.Target)
+		}
 	}
 	for _, m := range spec.Private {
 		if !clean(m.Target) || !filepath.IsAbs(m.Source) {

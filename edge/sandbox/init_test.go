@@ -35,6 +35,8 @@ func TestReadSpecRefusesWhatWouldRunAsRootOrOffPath(t *testing.T) {
 		{"a trust file with dot-dots", with(func(s *Spec) { s.Trust = &Trust{File: "/srv/work/../etc/passwd"} }), "absolute and clean"},
 		{"a relative trust store", with(func(s *Spec) { s.Trust = &Trust{File: "/srv/t.pem", Replace: []string{"cert.pem"}} }), "absolute and clean"},
 		{"a private dir with dot-dots", with(func(s *Spec) { s.Private = []Mount{{Target: "/tmp/../etc", Source: "/srv"}} }), "absolute and clean"},
+		{"a file made in /", with(func(s *Spec) { s.Files = []Mount{{Target: "/known_hosts", Source: "/srv/k", Make: true}} }), "cannot be rebuilt"},
+		{"a file made in /etc/ssh", with(func(s *Spec) { s.Files = []Mount{{Target: "/etc/ssh/ssh_known_hosts", Source: "/srv/k", Make: true}} }), ""},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {

@@ -106,6 +106,11 @@ type dirEntry struct {
 // The tmpfs is then read-only, nosuid and nodev: the task changes nothing
 // there, and the host's directory is never written.
 func rebuildDir(dir string, links map[string]string, add []string) error {
+	if dir == "/" {
+		// A tmpfs over / hides the root the entries would be bound back
+		// from.
+		return errors.New("/ cannot be rebuilt")
+	}
 	d, err := os.Open(dir)
 	if err != nil {
 		return fmt.Errorf("opening %s to rebuild it: %w", dir, err)
@@ -132,6 +137,12 @@ func rebuildDir(dir string, links map[string]string, add []string) error {
 		var est unix.Stat_t
 		if err := unix.Fstatat(dfd, name, &est, unix.AT_SYMLINK_NOFOLLOW); err != nil {
 			return fmt.Errorf("%s/%s: %w", dir, name, err)
+		}
+		if slices.Contains(add, name) {
+			// A dangling link where a file is added (the host's points
+			// nowhere): the file takes its place.
+			entries = append(entries, dirEntry{name: name, fd: -1, empty: true})
+			continue
 		}
 		if target, ok := links[name]; ok {
 			entries = append(entries, dirEntry{name: name, link: target, fd: -1})
