@@ -172,7 +172,7 @@ func (p *Policy) refuseSharedSSHDomains() []error {
 		}
 		for _, d := range k.Domains {
 			if o, ok := ssh[d]; ok {
-				errs = append(errs, fmt.Errorf("policy: key %s domain %q: ssh key %s names it too; a domain is SSH for every key or for none", k.Ref, d, o))
+				errs = append(errs, fmt.Errorf("policy: project %q key %q domain %q: ssh key %s names it too; a domain is SSH for every key or for none", k.Ref.Project, k.Ref.Key, d, o))
 			}
 		}
 	}

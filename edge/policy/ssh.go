@@ -13,6 +13,8 @@ import (
 	"slices"
 	"strconv"
 	"strings"
+	"unicode"
+	"unicode/utf8"
 
 	"golang.org/x/crypto/ssh"
 
@@ -44,9 +46,11 @@ const DefaultSSHUser = "git"
 // brackets.
 const SSHPort = 22
 
-// Bounds of what a task sends as an exec request.
+// Bounds of what a task sends as an exec request. A line holds at least
+// twice the longest path, so what Line rebuilds (git's quoting turns a '
+// or ! into four bytes) always parses back.
 const (
-	MaxGitCommandLine = 4096
+	MaxGitCommandLine = 8192
 	MaxRepositoryPath = 1024
 )
 
@@ -165,8 +169,8 @@ func ParseKnownHosts(text string) ([]KnownHost, error) {
 			return nil, fmt.Errorf("entry %d: @%s lines are not supported: list the host keys themselves", line, marker)
 		}
 		for _, h := range hosts {
-			if strings.HasPrefix(h, "|") {
-				if _, _, err := hashedHost(h); err != nil {
+			if p := strings.TrimPrefix(h, "!"); strings.HasPrefix(p, "|") {
+				if _, _, err := hashedHost(p); err != nil {
 					return nil, fmt.Errorf("entry %d: host %q: %v", line, h, err)
 				}
 			}
@@ -502,9 +506,14 @@ func normalizeRepositoryPath(p string) (string, error) {
 	if len(p) > MaxRepositoryPath {
 		return "", fmt.Errorf("path is %d bytes; at most %d", len(p), MaxRepositoryPath)
 	}
+	if !utf8.ValidString(p) {
+		return "", errors.New("path is not UTF-8")
+	}
 	for _, r := range p {
-		if r < 0x20 || r == 0x7f {
-			return "", errors.New("path holds a control character")
+		// C0 and C1 controls, and format characters (bidi overrides):
+		// the repository is written in reasons and the audit.
+		if unicode.IsControl(r) || unicode.Is(unicode.Cf, r) {
+			return "", errors.New("path holds a control or format character")
 		}
 	}
 	s := strings.TrimLeft(p, "/")
