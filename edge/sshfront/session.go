@@ -164,17 +164,27 @@ func (r *relay) run(client *ssh.Client, line string) (*int, error) {
 	if !ok {
 		return nil, errors.New("the upstream refused the exec request")
 	}
+	// A copy to the task fails when the task's channel or connection is
+	// gone: the upstream's session is closed then, or the upstream, its
+	// window full, would wait with its command for a reader forever, and
+	// this relay, its session and its connection's Serve with it.
 	var data sync.WaitGroup
 	data.Add(2)
 	go func() {
 		defer data.Done()
-		n, _ := io.Copy(r.task, up)
+		n, err := io.Copy(r.task, up)
 		r.out.Add(n)
+		if err != nil {
+			_ = up.Close()
+		}
 	}()
 	go func() {
 		defer data.Done()
-		n, _ := io.Copy(r.task.Stderr(), up.Stderr())
+		n, err := io.Copy(r.task.Stderr(), up.Stderr())
 		r.out.Add(n)
+		if err != nil {
+			_ = up.Close()
+		}
 	}()
 	// The upstream's end (exit-status, exit-signal) is passed on after its
 	// output and EOF, as sshd itself orders them.
