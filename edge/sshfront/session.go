@@ -187,14 +187,24 @@ func (r *relay) run(client *ssh.Client, line string) (*int, error) {
 		}
 	}()
 	// The upstream's end (exit-status, exit-signal) is passed on after its
-	// output and EOF, as sshd itself orders them.
+	// output but before the task's EOF: a client whose own input has
+	// ended (an ssh ControlMaster's session) closes its channel once EOF
+	// has gone both ways, and a status sent after that is lost. ended
+	// closes at the first end request, or when the upstream's channel
+	// closes without one.
+	var endsMu sync.Mutex
 	var ends []*ssh.Request
-	endsDone := make(chan struct{})
+	ended := make(chan struct{})
 	go func() {
-		defer close(endsDone)
+		var once sync.Once
+		end := func() { once.Do(func() { close(ended) }) }
+		defer end()
 		for req := range upReqs {
 			if req.Type == "exit-status" || req.Type == "exit-signal" {
+				endsMu.Lock()
 				ends = append(ends, req)
+				endsMu.Unlock()
+				end()
 			}
 			if req.WantReply {
 				_ = req.Reply(false, nil)
@@ -219,9 +229,9 @@ func (r *relay) run(client *ssh.Client, line string) (*int, error) {
 		}
 	}()
 	data.Wait()
-	_ = r.task.CloseWrite()
-	<-endsDone
+	<-ended
 	var status *int
+	endsMu.Lock()
 	for _, req := range ends {
 		if req.Type == "exit-status" && len(req.Payload) == 4 {
 			code := int(binary.BigEndian.Uint32(req.Payload))
@@ -229,6 +239,8 @@ func (r *relay) run(client *ssh.Client, line string) (*int, error) {
 		}
 		_, _ = r.task.SendRequest(req.Type, false, req.Payload)
 	}
+	endsMu.Unlock()
+	_ = r.task.CloseWrite()
 	// The task's side ends with its channel, closed by the caller: a task
 	// still sending once the command ended is cut off there.
 	return status, nil
