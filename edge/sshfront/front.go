@@ -167,8 +167,7 @@ func (f *Front) Serve(c net.Conn, s Session) {
 	}
 	_ = c.SetDeadline(time.Time{})
 	cn := &conn{front: f, s: s, sc: sc, upstream: map[policy.KeyRef]*upstreamConn{}}
-	go cn.globalRequests(reqs)
-	cn.channels(chans)
+	cn.serve(chans, reqs)
 	// The task's side is gone: its upstream connections go too, which ends
 	// any relay still waiting on an idle upstream, and only then are the
 	// sessions waited for.
@@ -221,63 +220,83 @@ type conn struct {
 // every later command of the key is refused the same way.
 type upstreamConn struct {
 	once   sync.Once
-	client *ssh.Client
+	client ssh.Conn
 	err    error
 }
 
-// globalRequests refuses every connection-wide request: remote forwarding
-// (-R) is audited; keep-alives and the like are answered no, which OpenSSH
-// counts as alive.
-func (cn *conn) globalRequests(reqs <-chan *ssh.Request) {
-	for r := range reqs {
-		switch r.Type {
-		case "tcpip-forward", "streamlocal-forward@openssh.com":
-			cn.blocked(cn.front.cfg.Clock.Now(), "request "+r.Type, "remote port forwarding (ssh -R) is not allowed: only git commands run over SSH here")
-		}
-		if r.WantReply {
-			_ = r.Reply(false, nil)
+// serve answers the connection's channel opens and its global requests
+// until the connection ends: one goroutine for both, since an idle
+// connection's goroutines are most of what it costs.
+func (cn *conn) serve(chans <-chan ssh.NewChannel, reqs <-chan *ssh.Request) {
+	for chans != nil || reqs != nil {
+		select {
+		case nc, ok := <-chans:
+			if !ok {
+				chans = nil
+				continue
+			}
+			cn.channel(nc)
+		case r, ok := <-reqs:
+			if !ok {
+				reqs = nil
+				continue
+			}
+			cn.globalRequest(r)
 		}
 	}
 }
 
-func (cn *conn) channels(chans <-chan ssh.NewChannel) {
-	for nc := range chans {
-		start := cn.front.cfg.Clock.Now()
-		switch nc.ChannelType() {
-		case "session":
-		case "direct-tcpip", "direct-streamlocal@openssh.com":
-			reason := "port forwarding (ssh -L, -D) is not allowed: only git commands run over SSH here"
-			_ = nc.Reject(ssh.Prohibited, "runfleet: "+reason)
-			cn.blocked(start, "channel "+nc.ChannelType(), reason)
-			continue
-		default:
-			_ = nc.Reject(ssh.UnknownChannelType, "runfleet: only sessions running git commands are served here")
-			cn.blocked(start, "channel "+cn.s.Redact(nc.ChannelType()), "only sessions running git commands are served here")
-			continue
-		}
-		cn.mu.Lock()
-		full := cn.open >= cn.front.cfg.MaxChannels
-		if !full {
-			cn.open++
-		}
-		cn.mu.Unlock()
-		if full {
-			_ = nc.Reject(ssh.ResourceShortage, fmt.Sprintf("runfleet: at most %d sessions at once on one connection", cn.front.cfg.MaxChannels))
-			cn.blocked(start, "channel session", fmt.Sprintf("the connection has %d sessions open, its bound", cn.front.cfg.MaxChannels))
-			continue
-		}
-		ch, reqs, err := nc.Accept()
-		if err != nil {
-			cn.closeChannel()
-			continue
-		}
-		cn.wg.Add(1)
-		go func() {
-			defer cn.wg.Done()
-			defer cn.closeChannel()
-			cn.session(ch, reqs)
-		}()
+// globalRequest refuses a connection-wide request: remote forwarding (-R)
+// is audited; keep-alives and the like are answered no, which OpenSSH
+// counts as alive.
+func (cn *conn) globalRequest(r *ssh.Request) {
+	switch r.Type {
+	case "tcpip-forward", "streamlocal-forward@openssh.com":
+		cn.blocked(cn.front.cfg.Clock.Now(), "request "+r.Type, "remote port forwarding (ssh -R) is not allowed: only git commands run over SSH here")
 	}
+	if r.WantReply {
+		_ = r.Reply(false, nil)
+	}
+}
+
+// channel accepts a session, up to MaxChannels open at once, and refuses
+// any other channel.
+func (cn *conn) channel(nc ssh.NewChannel) {
+	start := cn.front.cfg.Clock.Now()
+	switch nc.ChannelType() {
+	case "session":
+	case "direct-tcpip", "direct-streamlocal@openssh.com":
+		reason := "port forwarding (ssh -L, -D) is not allowed: only git commands run over SSH here"
+		_ = nc.Reject(ssh.Prohibited, "runfleet: "+reason)
+		cn.blocked(start, "channel "+nc.ChannelType(), reason)
+		return
+	default:
+		_ = nc.Reject(ssh.UnknownChannelType, "runfleet: only sessions running git commands are served here")
+		cn.blocked(start, "channel "+cn.s.Redact(nc.ChannelType()), "only sessions running git commands are served here")
+		return
+	}
+	cn.mu.Lock()
+	full := cn.open >= cn.front.cfg.MaxChannels
+	if !full {
+		cn.open++
+	}
+	cn.mu.Unlock()
+	if full {
+		_ = nc.Reject(ssh.ResourceShortage, fmt.Sprintf("runfleet: at most %d sessions at once on one connection", cn.front.cfg.MaxChannels))
+		cn.blocked(start, "channel session", fmt.Sprintf("the connection has %d sessions open, its bound", cn.front.cfg.MaxChannels))
+		return
+	}
+	ch, reqs, err := nc.Accept()
+	if err != nil {
+		cn.closeChannel()
+		return
+	}
+	cn.wg.Add(1)
+	go func() {
+		defer cn.wg.Done()
+		defer cn.closeChannel()
+		cn.session(ch, reqs)
+	}()
 }
 
 func (cn *conn) closeChannel() {
@@ -292,7 +311,7 @@ func (cn *conn) blocked(start time.Time, what, reason string) {
 }
 
 // dial returns the key's upstream client, dialling it on first use.
-func (cn *conn) dial(g *policy.Granted) (*ssh.Client, error) {
+func (cn *conn) dial(g *policy.Granted) (ssh.Conn, error) {
 	cn.mu.Lock()
 	u, ok := cn.upstream[g.Ref]
 	if !ok {
@@ -343,7 +362,7 @@ func (e *upstreamError) Error() string { return e.reason }
 // dialUpstream dials the authority through the guard, checks its host key
 // against the key's knownHosts and authenticates as its user with the
 // real private key, read now.
-func (f *Front) dialUpstream(a policy.Authority, g *policy.Granted) (*ssh.Client, error) {
+func (f *Front) dialUpstream(a policy.Authority, g *policy.Granted) (ssh.Conn, error) {
 	ctx, cancel := context.WithTimeout(context.Background(), upstreamTimeout)
 	defer cancel()
 	d, _ := a.Domain()
@@ -385,5 +404,34 @@ func (f *Front) dialUpstream(a policy.Authority, g *policy.Granted) (*ssh.Client
 		return nil, &upstreamError{reason: fmt.Sprintf("%s refused key %s, or its SSH handshake failed", a, g.Ref.Key)}
 	}
 	_ = raw.SetDeadline(time.Time{})
-	return ssh.NewClient(c, chans, reqs), nil
+	// Not ssh.NewClient, whose three goroutines an idle connection would
+	// keep: the front opens sessions on the connection itself, and one
+	// goroutine refuses what the upstream asks.
+	go refuseUpstream(chans, reqs)
+	return c, nil
+}
+
+// refuseUpstream answers what an upstream asks of edge until its
+// connection ends, as x/crypto's client does: a channel it opens is
+// refused (edge asks for no forwarding), a global request
+// (hostkeys-00@openssh.com, a keep-alive) is answered no.
+func refuseUpstream(chans <-chan ssh.NewChannel, reqs <-chan *ssh.Request) {
+	for chans != nil || reqs != nil {
+		select {
+		case nc, ok := <-chans:
+			if !ok {
+				chans = nil
+				continue
+			}
+			_ = nc.Reject(ssh.UnknownChannelType, "unknown channel type")
+		case r, ok := <-reqs:
+			if !ok {
+				reqs = nil
+				continue
+			}
+			if r.WantReply {
+				_ = r.Reply(false, nil)
+			}
+		}
+	}
 }

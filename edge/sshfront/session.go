@@ -151,7 +151,7 @@ type relay struct {
 // run runs line upstream and relays until the upstream's channel closes;
 // the exit status is nil when the upstream sent none (a signal ended it,
 // or the connection dropped).
-func (r *relay) run(client *ssh.Client, line string) (*int, error) {
+func (r *relay) run(client ssh.Conn, line string) (*int, error) {
 	up, upReqs, err := client.OpenChannel("session", nil)
 	if err != nil {
 		return nil, err
