@@ -10,9 +10,11 @@
 // Contracts a caller may rely on:
 //   - A refused command is answered on its own channel (a "runfleet: ..."
 //     line on stderr, exit status 1) and the connection stays usable.
-//   - The upstream is dialled at the first allowed command, once per key
-//     and connection, so a connection that only asks for what is refused
-//     never reaches it; its host key must be one knownHosts lists.
+//   - The upstream is dialled at an allowed command, one connection per
+//     key at a time, kept for the connection's next commands until none
+//     has used it for UpstreamIdle: a connection that only asks for what
+//     is refused never reaches it, and one left idle holds none. Its host
+//     key must be one knownHosts lists.
 //   - Every decision is one audit line; none holds a value, and what the
 //     task chose to send passes through the session's Redact first.
 package sshfront
@@ -39,6 +41,7 @@ const (
 	DefaultHandshakeTimeout = 10 * time.Second
 	DefaultMaxChannels      = 8
 	DefaultMaxConns         = 32
+	DefaultUpstreamIdle     = 10 * time.Second
 	// upstreamTimeout bounds dialling an upstream and its SSH handshake.
 	upstreamTimeout = 20 * time.Second
 )
@@ -78,6 +81,11 @@ type Config struct {
 	// MaxConns bounds the SSH connections one task holds at once; zero is
 	// DefaultMaxConns.
 	MaxConns int
+	// UpstreamIdle is how long an upstream connection no command uses is
+	// kept for the task connection's next command of its key; zero is
+	// DefaultUpstreamIdle. An idle task connection then costs its own
+	// memory alone, about half of what it costs with its upstream.
+	UpstreamIdle time.Duration
 }
 
 // Front serves tasks' SSH connections. Safe for concurrent use.
@@ -113,6 +121,9 @@ func New(cfg Config) (*Front, error) {
 	}
 	if cfg.MaxConns <= 0 {
 		cfg.MaxConns = DefaultMaxConns
+	}
+	if cfg.UpstreamIdle <= 0 {
+		cfg.UpstreamIdle = DefaultUpstreamIdle
 	}
 	server := &ssh.ServerConfig{
 		// The connection's origin is the task's identity (its own network
@@ -202,7 +213,8 @@ func (f *Front) record(s Session, start time.Time, e audit.Entry) {
 }
 
 // conn is one task connection: its sessions, and its upstream connections
-// by key, dialled at the first command each key runs.
+// by key, each dialled at a command of its key when none is open and
+// closed once no command has used it for UpstreamIdle.
 type conn struct {
 	front *Front
 	s     Session
@@ -222,6 +234,10 @@ type upstreamConn struct {
 	once   sync.Once
 	client ssh.Conn
 	err    error
+	// Under the conn's mu: the commands using it now, and the timer that
+	// closes it once none has for UpstreamIdle.
+	users int
+	idle  clock.Timer
 }
 
 // serve answers the connection's channel opens and its global requests
@@ -310,13 +326,23 @@ func (cn *conn) blocked(start time.Time, what, reason string) {
 	cn.front.record(cn.s, start, audit.Entry{Action: audit.Blocked, Status: 403, Reason: reason, SSH: &audit.SSHCommand{Request: what}})
 }
 
-// dial returns the key's upstream client, dialling it on first use.
-func (cn *conn) dial(g *policy.Granted) (ssh.Conn, error) {
+// dial returns the key's upstream client, dialling it when none is open,
+// and done, which the command calls when it has ended.
+func (cn *conn) dial(g *policy.Granted) (ssh.Conn, func(), error) {
 	cn.mu.Lock()
+	if cn.closed {
+		cn.mu.Unlock()
+		return nil, nil, errTaskGone
+	}
 	u, ok := cn.upstream[g.Ref]
 	if !ok {
 		u = &upstreamConn{}
 		cn.upstream[g.Ref] = u
+	}
+	u.users++
+	if u.idle != nil {
+		u.idle.Stop()
+		u.idle = nil
 	}
 	cn.mu.Unlock()
 	u.once.Do(func() {
@@ -331,7 +357,34 @@ func (cn *conn) dial(g *policy.Granted) (ssh.Conn, error) {
 		}
 		u.client, u.err = client, err
 	})
-	return u.client, u.err
+	done := func() { cn.release(g.Ref, u) }
+	if u.err != nil {
+		done()
+		return nil, nil, u.err
+	}
+	return u.client, done, nil
+}
+
+// release ends a command's use of u; the last one out leaves it idle, to
+// be closed once UpstreamIdle has passed with no command using it (a
+// failed dial stays, so that the key's next commands are refused the same
+// way).
+func (cn *conn) release(ref policy.KeyRef, u *upstreamConn) {
+	cn.mu.Lock()
+	defer cn.mu.Unlock()
+	if u.users--; u.users > 0 || u.client == nil || cn.closed {
+		return
+	}
+	u.idle = cn.front.cfg.Clock.AfterFunc(cn.front.cfg.UpstreamIdle, func() {
+		cn.mu.Lock()
+		if u.users > 0 || cn.closed || cn.upstream[ref] != u {
+			cn.mu.Unlock()
+			return
+		}
+		delete(cn.upstream, ref)
+		cn.mu.Unlock()
+		u.client.Close()
+	})
 }
 
 // errTaskGone is a dial that completed after the task's connection ended.
@@ -343,6 +396,9 @@ func (cn *conn) closeUpstreams() {
 	defer cn.mu.Unlock()
 	cn.closed = true
 	for _, u := range cn.upstream {
+		if u.idle != nil {
+			u.idle.Stop()
+		}
 		if u.client != nil {
 			u.client.Close()
 		}

@@ -107,7 +107,7 @@ func (cn *conn) exec(ch ssh.Channel, reqs <-chan *ssh.Request, start time.Time, 
 		cn.refuseCommand(ch, start, cmd, key, cn.s.Redact(d.Reason))
 		return false
 	}
-	client, err := cn.dial(d.Key)
+	client, done, err := cn.dial(d.Key)
 	if err != nil {
 		var ue *upstreamError
 		reason := "the upstream could not be used"
@@ -121,6 +121,7 @@ func (cn *conn) exec(ch ssh.Channel, reqs <-chan *ssh.Request, start time.Time, 
 		cn.front.record(cn.s, start, audit.Entry{Action: audit.Denied, Status: 502, Reason: reason, Keys: []string{key}, SSH: cmd})
 		return false
 	}
+	defer done()
 	r := relay{task: ch, taskReqs: reqs}
 	status, err := r.run(client, d.Command.Line())
 	if err != nil {
