@@ -16,6 +16,7 @@ import (
 
 	"github.com/runfleet/runfleet/edge/audit"
 	"github.com/runfleet/runfleet/edge/policy"
+	"github.com/runfleet/runfleet/shared/clock"
 	"github.com/runfleet/runfleet/tests/kit/await"
 	"github.com/runfleet/runfleet/tests/kit/gitsshd"
 )
@@ -375,5 +376,58 @@ func TestAHandshakeThatNeverStartsIsClosed(t *testing.T) {
 	c := e.dial()
 	if _, _, err := c.SendRequest("keepalive@openssh.com", true, nil); err != nil {
 		t.Fatal(err)
+	}
+}
+
+// TestAnIdleUpstreamIsClosedAndDialledAgain: an upstream connection is
+// kept for the task connection's next commands while they come, never
+// closed under a command, and closed once none has used it for
+// UpstreamIdle; the next command dials again.
+func TestAnIdleUpstreamIsClosedAndDialledAgain(t *testing.T) {
+	t.Parallel()
+	fake := clock.NewFake(time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC))
+	e := newEnv(t, options{config: func(c *Config) { c.Clock, c.UpstreamIdle = fake, time.Minute }})
+	e.up.NewRepo(t, "org/repo.git")
+	c := e.dial()
+
+	// A command under way keeps its upstream however long it takes.
+	s, err := c.NewSession()
+	if err != nil {
+		t.Fatal(err)
+	}
+	stdin, _ := s.StdinPipe()
+	stdout, _ := s.StdoutPipe()
+	if err := s.Start("git-upload-pack 'org/repo.git'"); err != nil {
+		t.Fatal(err)
+	}
+	readPktLines(t, bufio.NewReader(stdout))
+	fake.Advance(time.Hour)
+	if n := fake.Timers(); n != 0 {
+		t.Errorf("%d timers pending while a command runs", n)
+	}
+	io.WriteString(stdin, flush)
+	stdin.Close()
+	if err := s.Wait(); err != nil {
+		t.Fatalf("the command: %v", err)
+	}
+
+	// Idle, its timer runs; a command before it fires uses it again.
+	await.Recv(t, "the idle upstream's timer", fake.WaitForTimers(1))
+	if r := execOn(t, c, "git-upload-pack 'org/repo.git'", flush); r.code != 0 {
+		t.Fatal(r)
+	}
+	await.Recv(t, "the idle upstream's timer", fake.WaitForTimers(1))
+	fake.Advance(time.Minute - time.Second)
+	if n := e.up.Connections(); n != 1 {
+		t.Errorf("%d upstream connections for two commands in a row", n)
+	}
+	// UpstreamIdle passed: the upstream connection ends, the task's stays.
+	fake.Advance(time.Second)
+	e.up.WaitIdle(t)
+	if r := execOn(t, c, "git-upload-pack 'org/repo.git'", flush); r.code != 0 || !strings.Contains(r.stdout, "refs/heads/main") {
+		t.Fatalf("the command after the upstream closed: %s", r)
+	}
+	if n := e.up.Connections(); n != 2 {
+		t.Errorf("%d upstream connections, want 2: the second dialled once the first was closed", n)
 	}
 }
