@@ -346,7 +346,7 @@ func (cn *conn) dial(g *policy.Granted) (ssh.Conn, func(), error) {
 	}
 	cn.mu.Unlock()
 	u.once.Do(func() {
-		client, err := cn.front.dialUpstream(cn.s.Authority, g)
+		client, err := cn.front.dialUpstream(cn.s.Authority, g, func() { cn.forget(g.Ref, u) })
 		cn.mu.Lock()
 		defer cn.mu.Unlock()
 		if cn.closed && client != nil {
@@ -387,6 +387,21 @@ func (cn *conn) release(ref policy.KeyRef, u *upstreamConn) {
 	})
 }
 
+// forget drops u once its connection has ended, whoever ended it (the
+// upstream, the network, edge): the key's next command dials again
+// instead of failing on a connection that is gone.
+func (cn *conn) forget(ref policy.KeyRef, u *upstreamConn) {
+	cn.mu.Lock()
+	defer cn.mu.Unlock()
+	if cn.upstream[ref] == u {
+		delete(cn.upstream, ref)
+	}
+	if u.idle != nil {
+		u.idle.Stop()
+		u.idle = nil
+	}
+}
+
 // errTaskGone is a dial that completed after the task's connection ended.
 var errTaskGone = &upstreamError{reason: "the task's connection ended"}
 
@@ -417,8 +432,9 @@ func (e *upstreamError) Error() string { return e.reason }
 
 // dialUpstream dials the authority through the guard, checks its host key
 // against the key's knownHosts and authenticates as its user with the
-// real private key, read now.
-func (f *Front) dialUpstream(a policy.Authority, g *policy.Granted) (ssh.Conn, error) {
+// real private key, read now; ended is called once the connection has
+// ended.
+func (f *Front) dialUpstream(a policy.Authority, g *policy.Granted, ended func()) (ssh.Conn, error) {
 	ctx, cancel := context.WithTimeout(context.Background(), upstreamTimeout)
 	defer cancel()
 	d, _ := a.Domain()
@@ -463,7 +479,10 @@ func (f *Front) dialUpstream(a policy.Authority, g *policy.Granted) (ssh.Conn, e
 	// Not ssh.NewClient, whose three goroutines an idle connection would
 	// keep: the front opens sessions on the connection itself, and one
 	// goroutine refuses what the upstream asks.
-	go refuseUpstream(chans, reqs)
+	go func() {
+		refuseUpstream(chans, reqs)
+		ended()
+	}()
 	return c, nil
 }
 
