@@ -9,6 +9,8 @@ import (
 	"runtime"
 	"slices"
 	"strings"
+	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -429,5 +431,109 @@ func TestAnIdleUpstreamIsClosedAndDialledAgain(t *testing.T) {
 	}
 	if n := e.up.Connections(); n != 2 {
 		t.Errorf("%d upstream connections, want 2: the second dialled once the first was closed", n)
+	}
+}
+
+// droppingUpstream is an SSH server that runs each exec as "ok" with exit
+// status 0, then ends the whole connection, as an upstream restarting or
+// timing idle connections out does.
+type droppingUpstream struct {
+	ln       net.Listener
+	key      ssh.Signer
+	accepted atomic.Int64
+	dropped  atomic.Int64
+}
+
+func startDroppingUpstream(t *testing.T, client ssh.PublicKey) *droppingUpstream {
+	t.Helper()
+	hostKey, _ := gitsshd.NewClientKey(t)
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	u := &droppingUpstream{ln: ln, key: hostKey}
+	cfg := &ssh.ServerConfig{PublicKeyCallback: func(_ ssh.ConnMetadata, k ssh.PublicKey) (*ssh.Permissions, error) {
+		if string(k.Marshal()) != string(client.Marshal()) {
+			return nil, errors.New("not the key")
+		}
+		return nil, nil
+	}}
+	cfg.AddHostKey(hostKey)
+	var wg sync.WaitGroup
+	t.Cleanup(func() {
+		ln.Close()
+		wg.Wait()
+	})
+	wg.Go(func() {
+		for {
+			c, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			u.accepted.Add(1)
+			wg.Go(func() {
+				defer c.Close()
+				sc, chans, reqs, err := ssh.NewServerConn(c, cfg)
+				if err != nil {
+					return
+				}
+				go ssh.DiscardRequests(reqs)
+				for nc := range chans {
+					ch, creqs, err := nc.Accept()
+					if err != nil {
+						continue
+					}
+					for r := range creqs {
+						r.Reply(r.Type == "exec", nil)
+						if r.Type == "exec" {
+							io.WriteString(ch, "ok\n")
+							ch.SendRequest("exit-status", false, ssh.Marshal(struct{ Status uint32 }{0}))
+							ch.Close()
+							break
+						}
+					}
+					sc.Close()
+					u.dropped.Add(1)
+				}
+			})
+		}
+	})
+	return u
+}
+
+// TestAnUpstreamThatDropsItsConnectionIsDialledAgain: once an upstream
+// has ended its connection, the key's next command on the same task
+// connection dials again instead of failing on the connection gone.
+func TestAnUpstreamThatDropsItsConnectionIsDialledAgain(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t, options{})
+	signer, err := ParsePrivateKey(keyRef, secretsValue(string(e.clientPEM)))
+	if err != nil {
+		t.Fatal(err)
+	}
+	up := startDroppingUpstream(t, signer.PublicKey())
+	e.dialer.set(hostName+":22", up.ln.Addr().String())
+	e.setPolicy(options{knownHosts: []string{hostName + " " + strings.TrimSpace(string(ssh.MarshalAuthorizedKey(up.key.PublicKey())))}})
+
+	c := e.dial()
+	if r := execOn(t, c, "git-upload-pack 'org/repo.git'", ""); r.code != 0 || r.stdout != "ok\n" {
+		t.Fatalf("the first command: %s", r)
+	}
+	await.Cond(t, await.Limit, "the upstream to drop its connection", func() bool { return up.dropped.Load() == 1 })
+	// The front learns of the drop as its read of the connection ends: a
+	// command sent in that moment may still fail, never one after it.
+	var failed int
+	await.Cond(t, await.Limit, "a command after the drop to run", func() bool {
+		r := execOn(t, c, "git-upload-pack 'org/repo.git'", "")
+		if r.code != 0 {
+			failed++
+		}
+		return r.code == 0 && r.stdout == "ok\n"
+	})
+	if failed > 1 {
+		t.Errorf("%d commands failed after the drop", failed)
+	}
+	if n := up.accepted.Load(); n != 2 {
+		t.Errorf("%d upstream connections, want 2", n)
 	}
 }
