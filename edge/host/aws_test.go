@@ -216,11 +216,9 @@ out=$(mktemp -d)
 
 // awsRun is an AWS task's run, ended.
 type awsRun struct {
-	host     *edgeHost
-	id       string
-	out      string
-	sections map[string]clientSection
-	akid     string // the task's placeholder access key id
+	stepsRun
+	host *edgeHost
+	akid string // the task's placeholder access key id
 }
 
 // awsRuns starts AWS tasks and keeps every run, for the leak checks.
@@ -241,7 +239,7 @@ func (a *awsRuns) run(t *testing.T, e *edgeHost, key string, d time.Duration, pr
 		return hostproto.TerminalStatus(end.Status)
 	})
 	out := strings.ReplaceAll(e.output(run.RunID), "\r\n", "\n")
-	r := awsRun{host: e, id: run.RunID, out: out, sections: clientSections(out), akid: envLine(out, "akid")}
+	r := awsRun{stepsRun: newStepsRun(run.RunID, out), host: e, akid: envLine(out, "akid")}
 	a.mu.Lock()
 	a.runs = append(a.runs, r)
 	a.mu.Unlock()
@@ -256,32 +254,6 @@ func (a *awsRuns) all() []awsRun {
 	a.mu.Lock()
 	defer a.mu.Unlock()
 	return slices.Clone(a.runs)
-}
-
-// step is the output of a step that must have succeeded.
-func (r awsRun) step(t *testing.T, name string) string {
-	t.Helper()
-	s, ok := r.sections[name]
-	switch {
-	case !ok:
-		t.Fatalf("run %s printed no section %s:\n%s", r.id, name, r.out)
-	case s.exit != "0":
-		t.Fatalf("run %s: %s exited %s:\n%s", r.id, name, s.exit, s.text)
-	}
-	return s.text
-}
-
-// failed is the output of a step that must have failed.
-func (r awsRun) failed(t *testing.T, name string) string {
-	t.Helper()
-	s, ok := r.sections[name]
-	switch {
-	case !ok:
-		t.Errorf("run %s printed no section %s:\n%s", r.id, name, r.out)
-	case s.exit == "0":
-		t.Errorf("run %s: %s succeeded, want it refused:\n%s", r.id, name, s.text)
-	}
-	return s.text
 }
 
 // lineValue is the value after "name=" on a line of text.

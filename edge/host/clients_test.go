@@ -118,6 +118,61 @@ type clientSection struct {
 	text string
 }
 
+// stepsRun is an ended run whose output is clientsPrompt's sections, read
+// step by step.
+type stepsRun struct {
+	id       string
+	out      string
+	sections map[string]clientSection
+}
+
+func newStepsRun(id, out string) stepsRun {
+	return stepsRun{id: id, out: out, sections: clientSections(out)}
+}
+
+// step is the output of a step that must have succeeded.
+func (r stepsRun) step(t *testing.T, name string) string {
+	t.Helper()
+	s, ok := r.sections[name]
+	switch {
+	case !ok:
+		t.Fatalf("run %s printed no section %s:\n%s", r.id, name, r.out)
+	case s.exit != "0":
+		t.Fatalf("run %s: %s exited %s:\n%s", r.id, name, s.exit, s.text)
+	}
+	return s.text
+}
+
+// failed is the output of a step that must have failed, by itself: not
+// ended by a timeout (124).
+func (r stepsRun) failed(t *testing.T, name string) string {
+	t.Helper()
+	s, ok := r.sections[name]
+	switch {
+	case !ok:
+		t.Errorf("run %s printed no section %s:\n%s", r.id, name, r.out)
+	case s.exit == "0":
+		t.Errorf("run %s: %s succeeded, want it refused:\n%s", r.id, name, s.text)
+	case s.exit == "124":
+		t.Errorf("run %s: %s hung until its timeout:\n%s", r.id, name, s.text)
+	}
+	return s.text
+}
+
+// ended is the output of a step that must have ended by itself (whatever
+// its status), not by a timeout.
+func (r stepsRun) ended(t *testing.T, name string) string {
+	t.Helper()
+	s, ok := r.sections[name]
+	switch {
+	case !ok:
+		t.Errorf("run %s printed no section %s:\n%s", r.id, name, r.out)
+	case s.exit == "124":
+		t.Errorf("run %s: %s hung until its timeout:\n%s", r.id, name, s.text)
+	}
+	return s.text
+}
+
 // clientSections splits a clientsPrompt run's output by client.
 func clientSections(out string) map[string]clientSection {
 	sections := map[string]clientSection{}

@@ -225,11 +225,9 @@ func sshPrompt(steps ...sshStep) string {
 
 // sshRun is a task's run, ended.
 type sshRun struct {
-	g        *gitSSH
-	id       string
-	end      hostproto.Run
-	out      string
-	sections map[string]clientSection
+	stepsRun
+	g   *gitSSH
+	end hostproto.Run
 }
 
 // run runs a task declaring project's GIT_SSH for github.com:22 to its end.
@@ -244,7 +242,7 @@ func (g *gitSSH) run(t *testing.T, project, prompt string) sshRun {
 		return hostproto.TerminalStatus(end.Status)
 	})
 	out := strings.ReplaceAll(g.e.output(run.RunID), "\r\n", "\n")
-	r := sshRun{g: g, id: run.RunID, end: end, out: out, sections: clientSections(out)}
+	r := sshRun{stepsRun: newStepsRun(run.RunID, out), g: g, end: end}
 	g.mu.Lock()
 	g.runs = append(g.runs, r)
 	g.mu.Unlock()
@@ -252,49 +250,6 @@ func (g *gitSSH) run(t *testing.T, project, prompt string) sshRun {
 		t.Fatalf("run %s ended %+v:\n%s", r.id, end, out)
 	}
 	return r
-}
-
-// step is the output of a step that must have succeeded.
-func (r sshRun) step(t *testing.T, name string) string {
-	t.Helper()
-	s, ok := r.sections[name]
-	switch {
-	case !ok:
-		t.Fatalf("run %s printed no section %s:\n%s", r.id, name, r.out)
-	case s.exit != "0":
-		t.Fatalf("run %s: %s exited %s:\n%s", r.id, name, s.exit, s.text)
-	}
-	return s.text
-}
-
-// failed is the output of a step that must have failed, by itself: not
-// ended by its timeout (124).
-func (r sshRun) failed(t *testing.T, name string) string {
-	t.Helper()
-	s, ok := r.sections[name]
-	switch {
-	case !ok:
-		t.Errorf("run %s printed no section %s:\n%s", r.id, name, r.out)
-	case s.exit == "0":
-		t.Errorf("run %s: %s succeeded, want it refused:\n%s", r.id, name, s.text)
-	case s.exit == "124":
-		t.Errorf("run %s: %s hung until its timeout:\n%s", r.id, name, s.text)
-	}
-	return s.text
-}
-
-// ended is the output of a step that must have ended by itself (whatever
-// its status), not by its timeout.
-func (r sshRun) ended(t *testing.T, name string) string {
-	t.Helper()
-	s, ok := r.sections[name]
-	switch {
-	case !ok:
-		t.Errorf("run %s printed no section %s:\n%s", r.id, name, r.out)
-	case s.exit == "124":
-		t.Errorf("run %s: %s hung until its timeout:\n%s", r.id, name, s.text)
-	}
-	return s.text
 }
 
 // audit waits until the run's audit lines satisfy done, and returns them.
@@ -952,7 +907,7 @@ git push git@github.com:org/repo.git HEAD:refs/heads/main`}))
 				run := g.e.start(runspec.Request{Prompt: "echo started", Secrets: []runspec.Secret{{ProjectID: project, Key: "GIT_SSH", Domains: []string{sshTaskDomain}}}})
 				end := g.e.waitEnd(run.RunID)
 				g.mu.Lock()
-				g.runs = append(g.runs, sshRun{g: g, id: run.RunID, end: end})
+				g.runs = append(g.runs, sshRun{stepsRun: stepsRun{id: run.RunID}, g: g, end: end})
 				g.mu.Unlock()
 				if end.Status != hostproto.StatusFailed || end.Reason != hostproto.ReasonBrokerNotReady || !strings.Contains(end.Detail, want) {
 					t.Errorf("a run declaring %s/GIT_SSH ended %+v, want failed %s saying %q", project, end, hostproto.ReasonBrokerNotReady, want)
