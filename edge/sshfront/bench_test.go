@@ -18,6 +18,7 @@ import (
 	"golang.org/x/crypto/ssh"
 
 	"github.com/runfleet/runfleet/tests/kit/await"
+	"github.com/runfleet/runfleet/tests/kit/gitsshd"
 )
 
 // BenchmarkClone50MiB: a clone of a repository of 50 MiB (incompressible,
@@ -32,7 +33,7 @@ func BenchmarkClone50MiB(b *testing.B) {
 	e := newEnv(b, options{})
 	e.up.NewRepoOfSize(b, "org/big.git", size)
 	root := b.TempDir()
-	directEnv := gitEnv(b, e.up.DirectGitEnv(b, e.clientPEM)...)
+	directEnv := gitsshd.GitEnv(b, e.up.DirectGitEnv(b, e.clientPEM)...)
 	edgeEnv := e.gitEnv()
 	n := 0
 	clone := func(b *testing.B, edge bool) time.Duration {

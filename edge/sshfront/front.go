@@ -241,25 +241,9 @@ type upstreamConn struct {
 }
 
 // serve answers the connection's channel opens and its global requests
-// until the connection ends: one goroutine for both, since an idle
-// connection's goroutines are most of what it costs.
+// until the connection ends.
 func (cn *conn) serve(chans <-chan ssh.NewChannel, reqs <-chan *ssh.Request) {
-	for chans != nil || reqs != nil {
-		select {
-		case nc, ok := <-chans:
-			if !ok {
-				chans = nil
-				continue
-			}
-			cn.channel(nc)
-		case r, ok := <-reqs:
-			if !ok {
-				reqs = nil
-				continue
-			}
-			cn.globalRequest(r)
-		}
-	}
+	serveBoth(chans, reqs, cn.channel, cn.globalRequest)
 }
 
 // globalRequest refuses a connection-wide request: remote forwarding (-R)
@@ -491,6 +475,20 @@ func (f *Front) dialUpstream(a policy.Authority, g *policy.Granted, ended func()
 // refused (edge asks for no forwarding), a global request
 // (hostkeys-00@openssh.com, a keep-alive) is answered no.
 func refuseUpstream(chans <-chan ssh.NewChannel, reqs <-chan *ssh.Request) {
+	serveBoth(chans, reqs,
+		func(nc ssh.NewChannel) { _ = nc.Reject(ssh.UnknownChannelType, "unknown channel type") },
+		func(r *ssh.Request) {
+			if r.WantReply {
+				_ = r.Reply(false, nil)
+			}
+		})
+}
+
+// serveBoth hands each channel open and each global request of one
+// connection to its function, on the calling goroutine, until both
+// streams end: x/crypto needs both read, and one goroutine for both is
+// half of what a second would cost an idle connection.
+func serveBoth(chans <-chan ssh.NewChannel, reqs <-chan *ssh.Request, onChannel func(ssh.NewChannel), onRequest func(*ssh.Request)) {
 	for chans != nil || reqs != nil {
 		select {
 		case nc, ok := <-chans:
@@ -498,15 +496,13 @@ func refuseUpstream(chans <-chan ssh.NewChannel, reqs <-chan *ssh.Request) {
 				chans = nil
 				continue
 			}
-			_ = nc.Reject(ssh.UnknownChannelType, "unknown channel type")
+			onChannel(nc)
 		case r, ok := <-reqs:
 			if !ok {
 				reqs = nil
 				continue
 			}
-			if r.WantReply {
-				_ = r.Reply(false, nil)
-			}
+			onRequest(r)
 		}
 	}
 }

@@ -420,20 +420,7 @@ func (e *env) gitSSHEnv() string {
 
 // gitEnv is a git client's environment with nothing of the host's
 // configuration, reaching git.example through the front.
-func (e *env) gitEnv() []string { return gitEnv(e.t, e.gitSSHEnv()) }
-
-func gitEnv(t testing.TB, extra ...string) []string {
-	return append([]string{
-		"PATH=" + os.Getenv("PATH"),
-		"HOME=" + t.TempDir(),
-		"GIT_CONFIG_NOSYSTEM=1",
-		"GIT_CONFIG_GLOBAL=/dev/null",
-		"GIT_AUTHOR_NAME=test",
-		"GIT_AUTHOR_EMAIL=test@example.invalid",
-		"GIT_COMMITTER_NAME=test",
-		"GIT_COMMITTER_EMAIL=test@example.invalid",
-	}, extra...)
-}
+func (e *env) gitEnv() []string { return gitsshd.GitEnv(e.t, e.gitSSHEnv()) }
 
 // url is the repository's URL as the task's git names it.
 func url(repo string) string { return "git@" + hostName + ":" + repo }

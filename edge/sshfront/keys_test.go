@@ -236,7 +236,7 @@ func TestTheRealKeyIsShownNowhere(t *testing.T) {
 	told = append(told, r.stdout, r.stderr)
 	r = run(t, "", env, "git", "clone", url("org/missing.git"), filepath.Join(t.TempDir(), "missing"))
 	told = append(told, r.stdout, r.stderr)
-	r = run(t, "", gitEnv(t), append(e.sshArgs(), "git@"+hostName)...)
+	r = run(t, "", gitsshd.GitEnv(t), append(e.sshArgs(), "git@"+hostName)...)
 	told = append(told, r.stdout, r.stderr)
 	c := e.dial()
 	for _, line := range []string{"id", "git-upload-pack 'org/repo.git'", "git-receive-pack 'org/repo.git'"} {

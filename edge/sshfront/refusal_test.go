@@ -142,7 +142,7 @@ func TestAShellAndOtherCommandsAreRefused(t *testing.T) {
 		{append(e.sshArgs(), "-s", dest, "sftp"),
 			`runfleet: the "sftp" subsystem is not allowed: only git commands run over SSH here` + "\n", entryRequest(`subsystem sftp`)},
 	} {
-		r := run(t, "", gitEnv(t), c.argv...)
+		r := run(t, "", gitsshd.GitEnv(t), c.argv...)
 		if r.code != 1 || r.stdout != "" || !strings.Contains(r.stderr, c.refusal) {
 			t.Errorf("%q: %s; want exit 1 and %q", c.argv[len(c.argv)-2:], r, c.refusal)
 		}
@@ -159,7 +159,7 @@ func TestAShellAndOtherCommandsAreRefused(t *testing.T) {
 			sftp = append(sftp, "-o", e.sshArgs()[i+1])
 		}
 	}
-	r := run(t, "", gitEnv(t), append(sftp, dest)...)
+	r := run(t, "", gitsshd.GitEnv(t), append(sftp, dest)...)
 	if want := `runfleet: the "sftp" subsystem is not allowed`; r.code == 0 || !strings.Contains(r.stderr, want) {
 		t.Errorf("sftp: %s; want a failure saying %q", r, want)
 	}
@@ -207,12 +207,12 @@ func TestForwardingIsRefused(t *testing.T) {
 	}
 
 	// OpenSSH's -W: the channel fails with the reason.
-	r := run(t, "", gitEnv(t), append(e.sshArgs(), "-W", "127.0.0.1:9", "git@"+hostName)...)
+	r := run(t, "", gitsshd.GitEnv(t), append(e.sshArgs(), "-W", "127.0.0.1:9", "git@"+hostName)...)
 	if r.code == 0 || !strings.Contains(r.stderr, "administratively prohibited: "+reason) {
 		t.Errorf("ssh -W: %s", r)
 	}
 	// OpenSSH's -R, made to fail when refused.
-	r = run(t, "", gitEnv(t), append(e.sshArgs(), "-N", "-o", "ExitOnForwardFailure=yes", "-R", "0:127.0.0.1:9", "git@"+hostName)...)
+	r = run(t, "", gitsshd.GitEnv(t), append(e.sshArgs(), "-N", "-o", "ExitOnForwardFailure=yes", "-R", "0:127.0.0.1:9", "git@"+hostName)...)
 	if r.code == 0 || !strings.Contains(r.stderr, "remote port forwarding failed") {
 		t.Errorf("ssh -R: %s", r)
 	}
@@ -227,7 +227,7 @@ func TestForwardingIsRefused(t *testing.T) {
 	ln.Close()
 	argv := append(e.sshArgs(), "-N", "-o", "ExitOnForwardFailure=yes", "-L", "127.0.0.1:"+port+":"+e.up.Addr().String(), "git@"+hostName)
 	cmd := exec.Command(argv[0], argv[1:]...)
-	cmd.Env = gitEnv(t)
+	cmd.Env = gitsshd.GitEnv(t)
 	var stderr syncBuffer
 	cmd.Stderr = &stderr
 	if err := cmd.Start(); err != nil {
@@ -332,7 +332,7 @@ func TestAgentForwardingAPtyAndTheEnvironmentAreRefused(t *testing.T) {
 	}
 	argv = append(argv, "git@"+hostName, "git-upload-pack 'org/repo.git'")
 	cmd := exec.Command(argv[0], argv[1:]...)
-	cmd.Env, cmd.Stdin = append(gitEnv(t), "SSH_AUTH_SOCK="+sock), strings.NewReader(flush)
+	cmd.Env, cmd.Stdin = append(gitsshd.GitEnv(t), "SSH_AUTH_SOCK="+sock), strings.NewReader(flush)
 	if out, err := cmd.CombinedOutput(); err != nil || !strings.Contains(string(out), "refs/heads/main") {
 		t.Errorf("ssh -A: %v\n%s", err, out)
 	}
@@ -342,7 +342,7 @@ func TestAgentForwardingAPtyAndTheEnvironmentAreRefused(t *testing.T) {
 
 	// OpenSSH's -t: a terminal it asked for and did not get ends its
 	// session (OpenSSH's own rule); a refusal all the same.
-	r := run(t, "", gitEnv(t), append(e.sshArgs(), "-t", "-t", "git@"+hostName, "git-upload-pack 'org/repo.git'")...)
+	r := run(t, "", gitsshd.GitEnv(t), append(e.sshArgs(), "-t", "-t", "git@"+hostName, "git-upload-pack 'org/repo.git'")...)
 	if r.code == 0 || !strings.Contains(r.stderr, "PTY allocation request failed") {
 		t.Errorf("ssh -tt: %s", r)
 	}

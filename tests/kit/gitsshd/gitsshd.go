@@ -728,6 +728,23 @@ func (s *Server) SSHArgs(t testing.TB, privatePEM []byte) []string {
 	}
 }
 
+// GitEnv is a git client's environment with nothing of the host's
+// configuration (a fresh HOME, no system or global config, a fixed
+// author), plus extra: what the tests' own git runs with, so a setting of
+// the machine's never decides a result.
+func GitEnv(t testing.TB, extra ...string) []string {
+	return append([]string{
+		"PATH=" + os.Getenv("PATH"),
+		"HOME=" + t.TempDir(),
+		"GIT_CONFIG_NOSYSTEM=1",
+		"GIT_CONFIG_GLOBAL=/dev/null",
+		"GIT_AUTHOR_NAME=test",
+		"GIT_AUTHOR_EMAIL=test@example.invalid",
+		"GIT_COMMITTER_NAME=test",
+		"GIT_COMMITTER_EMAIL=test@example.invalid",
+	}, extra...)
+}
+
 // DirectGitEnv is the environment (GIT_SSH_COMMAND, SSHArgs quoted) to add
 // to a git command that reaches the server directly, not through edge, at
 // URL(path) or git@ip:path.

@@ -20,21 +20,6 @@ import (
 	"github.com/runfleet/runfleet/tests/kit/await"
 )
 
-// gitEnv is a git client's environment with nothing of the host's
-// configuration, plus extra.
-func gitEnv(t *testing.T, extra ...string) []string {
-	return append([]string{
-		"PATH=" + os.Getenv("PATH"),
-		"HOME=" + t.TempDir(),
-		"GIT_CONFIG_NOSYSTEM=1",
-		"GIT_CONFIG_GLOBAL=/dev/null",
-		"GIT_AUTHOR_NAME=test",
-		"GIT_AUTHOR_EMAIL=test@example.invalid",
-		"GIT_COMMITTER_NAME=test",
-		"GIT_COMMITTER_EMAIL=test@example.invalid",
-	}, extra...)
-}
-
 // run runs a command, returning its stdout and stderr and whether it
 // succeeded.
 func run(t *testing.T, dir string, env []string, argv ...string) (stdout, stderr string, ok bool) {
@@ -74,7 +59,7 @@ func TestCloneLsRemoteAndPushDirectly(t *testing.T) {
 	if len(first) != 40 {
 		t.Fatalf("Head of main: %q", first)
 	}
-	env := gitEnv(t, s.DirectGitEnv(t, key)...)
+	env := GitEnv(t, s.DirectGitEnv(t, key)...)
 	url := s.URL("org/repo.git")
 	if want := "git@" + s.Addr().Addr().String() + ":org/repo.git"; url != want {
 		t.Fatalf("URL %q, want %q", url, want)
@@ -144,7 +129,7 @@ func TestAKeyNotAuthorizedIsRefusedUntilAuthorized(t *testing.T) {
 	other, otherKey := NewClientKey(t)
 	s := Start(t, Options{AuthorizedKeys: []ssh.PublicKey{authorized.PublicKey()}})
 	s.NewRepo(t, "repo.git")
-	env := gitEnv(t, s.DirectGitEnv(t, otherKey)...)
+	env := GitEnv(t, s.DirectGitEnv(t, otherKey)...)
 
 	dest := filepath.Join(t.TempDir(), "clone")
 	_, errOut, ok := run(t, "", env, "git", "clone", "-q", s.URL("repo.git"), dest)
@@ -192,7 +177,7 @@ func TestAShellAndOtherCommandsAreRefusedByGitShell(t *testing.T) {
 		{[]string{"git-upload-pack 'repo.git'; id"}, "bad argument"},
 		{[]string{"git-upload-pack 'missing.git'"}, "'missing.git' does not appear to be a git repository"},
 	} {
-		out, errOut, ok := run(t, "", gitEnv(t), append(slices.Clone(ssh), c.command...)...)
+		out, errOut, ok := run(t, "", GitEnv(t), append(slices.Clone(ssh), c.command...)...)
 		if ok || out != "" || !strings.Contains(errOut, c.refusal) {
 			t.Errorf("ssh %q: succeeded %v, stdout %q, stderr %q; want a failure saying %q", c.command, ok, out, errOut, c.refusal)
 		}
@@ -209,7 +194,7 @@ func TestForwardingIsRefused(t *testing.T) {
 	client, key := NewClientKey(t)
 	s := Start(t, Options{AuthorizedKeys: []ssh.PublicKey{client.PublicKey()}})
 	args := append(s.SSHArgs(t, key), "-W", s.Addr().String(), s.User()+"@"+s.Addr().Addr().String())
-	if _, errOut, ok := run(t, "", gitEnv(t), args...); ok || !strings.Contains(errOut, "administratively prohibited") {
+	if _, errOut, ok := run(t, "", GitEnv(t), args...); ok || !strings.Contains(errOut, "administratively prohibited") {
 		t.Errorf("ssh -W: succeeded %v, stderr %q", ok, errOut)
 	}
 	s.WaitIdle(t)
@@ -246,7 +231,7 @@ func TestAGivenAddressAndHostKey(t *testing.T) {
 	if want := "ssh://gituser@127.0.0.1:" + strconv.Itoa(port) + "/a/b/c.git"; url != want {
 		t.Errorf("URL %q, want %q", url, want)
 	}
-	must(t, "", gitEnv(t, s.DirectGitEnv(t, key)...), "git", "clone", "-q", url, filepath.Join(t.TempDir(), "c"))
+	must(t, "", GitEnv(t, s.DirectGitEnv(t, key)...), "git", "clone", "-q", url, filepath.Join(t.TempDir(), "c"))
 }
 
 func TestCloseEndsEverySession(t *testing.T) {
@@ -338,7 +323,7 @@ func TestCloneOf50MiB(t *testing.T) {
 	s.NewRepoOfSize(t, "big.git", size)
 	made := time.Since(began)
 	dest := filepath.Join(t.TempDir(), "big")
-	must(t, "", gitEnv(t, s.DirectGitEnv(t, key)...), "git", "clone", "-q", s.URL("big.git"), dest)
+	must(t, "", GitEnv(t, s.DirectGitEnv(t, key)...), "git", "clone", "-q", s.URL("big.git"), dest)
 	t.Logf("made the repository in %s, cloned it in %s", made, time.Since(began)-made)
 	fi, err := os.Stat(filepath.Join(dest, "data"))
 	if err != nil {
