@@ -819,11 +819,17 @@ git push git@github.com:org/repo.git HEAD:refs/heads/main`}))
 		t.Run("NotGitCommands", func(t *testing.T) {
 			t.Parallel()
 			const notGit = "only git commands run over SSH here"
-			forward := func(flag, client string) string {
-				// LocalCommand runs once the forwarding listens: the client
-				// goes through it, and ssh (-N would wait forever) ends
-				// when the client has its answer.
-				return `ssh -N -o ExitOnForwardFailure=yes -o PermitLocalCommand=yes -o LocalCommand='(` + client + `; kill $PPID) &' ` + flag + ` git@github.com`
+			forward := func(name, flag, client string) string {
+				// With ExitOnForwardFailure, -f backgrounds ssh only once
+				// its forwarding listens: the client goes through it then,
+				// and the master's control socket ends it, with no race.
+				// A backgrounded ssh writes its messages to -E's file, not
+				// stderr.
+				cm, log := `"$HOME/`+name+`.cm"`, `"$HOME/`+name+`.log"`
+				return `ssh -f -N -M -S ` + cm + ` -E ` + log + ` -o ExitOnForwardFailure=yes ` + flag + ` git@github.com
+` + client + ` || true
+ssh -S ` + cm + ` -O exit git@github.com
+cat ` + log
 			}
 			r := g.run(t, "acme", sshPrompt(
 				sshStep{"outside-repositories", "git ls-remote git@github.com:evil/repo.git"},
@@ -834,8 +840,8 @@ git push git@github.com:org/repo.git HEAD:refs/heads/main`}))
 				sshStep{"shell-syntax", `ssh git@github.com "git-upload-pack 'org/repo.git'; id"`},
 				sshStep{"sftp", "sftp -b /dev/null git@github.com"},
 				sshStep{"subsystem", "ssh -s git@github.com sftp"},
-				sshStep{"local-forward", forward("-L 127.0.0.1:2222:127.0.0.1:80", "curl -sS http://127.0.0.1:2222/")},
-				sshStep{"dynamic-forward", forward("-D 127.0.0.1:2223", "curl -sS --socks5-hostname 127.0.0.1:2223 http://example.test/")},
+				sshStep{"local-forward", forward("lf", "-L 127.0.0.1:2222:127.0.0.1:80", "curl -sS http://127.0.0.1:2222/")},
+				sshStep{"dynamic-forward", forward("df", "-D 127.0.0.1:2223", "curl -sS --socks5-hostname 127.0.0.1:2223 http://example.test/")},
 				sshStep{"stdio-forward", "ssh -W 127.0.0.1:80 git@github.com"},
 				sshStep{"remote-forward", "ssh -N -o ExitOnForwardFailure=yes -R 127.0.0.1:2224:127.0.0.1:80 git@github.com"},
 				sshStep{"ungranted-name", "git ls-remote git@gitlab.com:x/y.git"},
