@@ -449,6 +449,30 @@ func TestARevokedKeyRefusesTheNextCommand(t *testing.T) {
 	}
 }
 
+// startUploadPack starts git-upload-pack of repo on a session of c and
+// reads its ref advertisement: the session, its stdin, its stdout as read
+// so far, and the advertised refs.
+func startUploadPack(t *testing.T, c *ssh.Client, repo string) (*ssh.Session, io.WriteCloser, *bufio.Reader, []string) {
+	t.Helper()
+	s, err := c.NewSession()
+	if err != nil {
+		t.Fatal(err)
+	}
+	stdin, err := s.StdinPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	stdout, err := s.StdoutPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := s.Start("git-upload-pack '" + repo + "'"); err != nil {
+		t.Fatal(err)
+	}
+	br := bufio.NewReader(stdout)
+	return s, stdin, br, readPktLines(t, br)
+}
+
 // readPktLines reads git pkt-lines up to and including a flush.
 func readPktLines(t *testing.T, r *bufio.Reader) []string {
 	t.Helper()

@@ -1,7 +1,6 @@
 package sshfront
 
 import (
-	"bufio"
 	"errors"
 	"fmt"
 	"io"
@@ -73,17 +72,8 @@ func TestASignalIsForwarded(t *testing.T) {
 	e := newEnv(t, options{})
 	e.up.NewRepo(t, "org/repo.git")
 	c := e.dial()
-	s, err := c.NewSession()
-	if err != nil {
-		t.Fatal(err)
-	}
+	s, stdin, _, _ := startUploadPack(t, c, "org/repo.git")
 	defer s.Close()
-	stdin, _ := s.StdinPipe()
-	stdout, _ := s.StdoutPipe()
-	if err := s.Start("git-upload-pack 'org/repo.git'"); err != nil {
-		t.Fatal(err)
-	}
-	readPktLines(t, bufio.NewReader(stdout))
 	if err := s.Signal(ssh.SIGTERM); err != nil {
 		t.Fatal(err)
 	}
@@ -110,17 +100,7 @@ func TestATaskThatLeavesMidCloneEndsItsUpstream(t *testing.T) {
 			e := newEnv(t, options{})
 			e.up.NewRepoOfSize(t, "org/big.git", 16<<20)
 			c := e.dial()
-			s, err := c.NewSession()
-			if err != nil {
-				t.Fatal(err)
-			}
-			stdin, _ := s.StdinPipe()
-			stdout, _ := s.StdoutPipe()
-			if err := s.Start("git-upload-pack 'org/big.git'"); err != nil {
-				t.Fatal(err)
-			}
-			br := bufio.NewReader(stdout)
-			refs := readPktLines(t, br)
+			s, stdin, br, refs := startUploadPack(t, c, "org/big.git")
 			want := strings.Fields(refs[0])[0]
 			io.WriteString(stdin, pkt("want "+want+"\n")+flush+pkt("done\n"))
 			if _, err := io.ReadFull(br, make([]byte, 64<<10)); err != nil {
@@ -393,16 +373,7 @@ func TestAnIdleUpstreamIsClosedAndDialledAgain(t *testing.T) {
 	c := e.dial()
 
 	// A command under way keeps its upstream however long it takes.
-	s, err := c.NewSession()
-	if err != nil {
-		t.Fatal(err)
-	}
-	stdin, _ := s.StdinPipe()
-	stdout, _ := s.StdoutPipe()
-	if err := s.Start("git-upload-pack 'org/repo.git'"); err != nil {
-		t.Fatal(err)
-	}
-	readPktLines(t, bufio.NewReader(stdout))
+	s, stdin, _, _ := startUploadPack(t, c, "org/repo.git")
 	fake.Advance(time.Hour)
 	if n := fake.Timers(); n != 0 {
 		t.Errorf("%d timers pending while a command runs", n)
