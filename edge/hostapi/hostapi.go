@@ -138,6 +138,7 @@ func (a *API) authorized(r *http.Request) bool {
 func (a *API) health(w http.ResponseWriter, _ *http.Request) {
 	limits := wireLimits(a.cfg.Runner.Limits())
 	idle := a.cfg.Runner.Idle()
+	active, maxConcurrent := a.cfg.Runner.Load()
 	h := hostproto.Health{
 		OK:               a.cfg.Runner.Usable() == nil,
 		Draining:         a.cfg.Runner.Draining(),
@@ -148,6 +149,7 @@ func (a *API) health(w http.ResponseWriter, _ *http.Request) {
 		EgressConfined:   a.cfg.Runner.EgressConfined(),
 		Storage:          wireStorage(a.cfg.Runner.Storage()),
 		Limits:           &limits,
+		Load:             &hostproto.Load{Active: active, MaxConcurrent: maxConcurrent},
 		Features: hostproto.Features{
 			SecretsProxy: a.cfg.SecretsProxy != nil && a.cfg.SecretsProxy() == nil,
 			// Admission always enforces the broker for a run that declares

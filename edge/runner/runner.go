@@ -484,6 +484,15 @@ func (r *Runner) Resume() {
 	r.mu.Unlock()
 }
 
+// Load reports the attempts starting or running, each holding a slot, and
+// runner.maxConcurrent: what admission compares for host_busy, at one
+// moment.
+func (r *Runner) Load() (active, maxConcurrent int) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return r.slots, r.cfg.MaxConcurrent
+}
+
 // Idle reports whether no attempt is starting or running.
 func (r *Runner) Idle() bool {
 	r.mu.Lock()

@@ -71,6 +71,9 @@ func toProbeView(p store.Probe) fleetapi.Probe {
 	if l := p.Limits; l != nil {
 		v.Limits = &fleetapi.Limits{Enforced: l.Enforced, MemoryBytes: l.MemoryBytes, Pids: l.Pids, CPU: l.CPU, Detail: l.Detail}
 	}
+	if l := p.Load; l != nil {
+		v.Load = &fleetapi.Load{Active: l.Active, MaxConcurrent: l.MaxConcurrent}
+	}
 	return v
 }
 
@@ -150,8 +153,24 @@ func toDispatchAnswer(res fleet.DispatchResult, l linker) fleetapi.DispatchAnswe
 		FleetRunID: r.FleetRunID, HostID: r.HostID, ChildRunID: r.ChildRunID, Status: r.Status,
 		Pending: r.Status == store.StatusDispatching, Reused: res.Reused,
 		RewroteLocalPath: r.RewroteLocalPath, Reason: r.Reason, Detail: r.Detail, Note: res.Note,
-		Links: l.run(r.FleetRunID),
+		Links: l.run(r.FleetRunID), Details: toDispatchDetails(res.Excluded),
 	}
+}
+
+// toDispatchDetails is the hosts a dispatch went past; nil when none.
+func toDispatchDetails(excluded []fleet.Exclusion) *fleetapi.DispatchDetails {
+	if len(excluded) == 0 {
+		return nil
+	}
+	return &fleetapi.DispatchDetails{Excluded: toExclusions(excluded)}
+}
+
+func toExclusions(excluded []fleet.Exclusion) []fleetapi.Exclusion {
+	out := make([]fleetapi.Exclusion, len(excluded))
+	for i, e := range excluded {
+		out[i] = fleetapi.Exclusion{HostID: e.HostID, Reasons: e.Reasons, Agents: e.Agents, Detail: e.Detail}
+	}
+	return out
 }
 
 // toDispatchRefused is a dispatch the host refused: an error body (error,
@@ -285,10 +304,7 @@ func toErrorDetails(d any) (json.RawMessage, error) {
 func toNoEligibleHost(u fleet.Unrouted) fleetapi.NoEligibleHost {
 	v := fleetapi.NoEligibleHost{Considered: u.Considered, Hosts: u.Hosts}
 	if u.Excluded != nil {
-		v.Excluded = make([]fleetapi.Exclusion, len(u.Excluded))
-		for i, e := range u.Excluded {
-			v.Excluded[i] = fleetapi.Exclusion{HostID: e.HostID, Reasons: e.Reasons, Agents: e.Agents}
-		}
+		v.Excluded = toExclusions(u.Excluded)
 	}
 	return v
 }

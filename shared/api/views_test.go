@@ -18,7 +18,7 @@ func TestHostViewJSONIsUnchanged(t *testing.T) {
 		`"features":{"secretsProxy":true,"execRequire":true},` +
 		`"ca":{"notAfter":"2027-05-04T03:02:01.123456789Z","successorNotAfter":"2026-08-02T03:02:01.123456789Z"},` +
 		`"draining":true,"idle":true,"storage":{"freeBytes":3221225472,"minFreeBytes":1073741824,"low":true},` +
-		`"limits":{"enforced":"cgroup2","memoryBytes":2147483648,"pids":512,"cpu":1.5,"detail":"per task"},"detail":"ok after 1 retry"}}`
+		`"limits":{"enforced":"cgroup2","memoryBytes":2147483648,"pids":512,"cpu":1.5,"detail":"per task"},"load":{"active":0,"maxConcurrent":4},"detail":"ok after 1 retry"}}`
 	got, err := json.Marshal(toHostView(storetest.StoredFormHost(), true))
 	if err != nil {
 		t.Fatal(err)

@@ -142,7 +142,27 @@ type DispatchResult struct {
 	// Detail say why. Never set on a reused answer, which shows the run as
 	// it stands.
 	Refused bool
+	// Excluded are the hosts this dispatch tried that refused it with a
+	// transient reason, in the order tried, each with its reason and what
+	// it said: the dispatch went on to the next host, or, when the last of
+	// them refused, the run ended with that refusal. Empty otherwise.
+	Excluded []Exclusion
 }
+
+// MaxDispatchHosts bounds the hosts one dispatch tries: each try is a host
+// call of up to HostTimeout, and the whole dispatch answers within one API
+// request. Hosts whose probe showed them full come last (preferLoad), so
+// the bound is reached only when most of the fleet is busy.
+const MaxDispatchHosts = 4
+
+// fallbackMargin is the time a dispatch keeps beyond one host call before
+// it tries another host: the writes that record the answer, and the
+// answer itself, inside the caller's deadline.
+const fallbackMargin = 2 * time.Second
+
+// transientReasons are the refusals that say a host cannot take a run now,
+// not that the run is wrong: routing goes on to the next candidate.
+var transientReasons = []string{hostproto.ReasonHostBusy, hostproto.ReasonHostStorageLow, hostproto.ReasonHostUnavailable, hostproto.CodeDraining}
 
 // Dispatch routes r and starts it on the chosen host, idempotently per
 // (caller, key) when key is not empty. In order, with no transaction: the
@@ -153,6 +173,17 @@ type DispatchResult struct {
 // one update recording the answer. Of concurrent duplicates exactly one
 // passes the conditional puts and calls the host; the others answer the
 // first run, or 409 while it is dispatching before its deadline.
+//
+// When routing chose the host (r.Host empty) and it refuses with a
+// transient reason (busy, storage low, unavailable or draining, or it
+// could not be reached, so nothing started there), the run, still
+// dispatching, is moved to the next host routing gives without the ones
+// that refused, with a fresh deadline, by a versioned update, and started
+// there under the same clientToken: at most MaxDispatchHosts hosts, while
+// the caller's deadline leaves room for another call. The run is on one
+// host at a time in the store, so recovery and a retried request always
+// ask the host that may have it; an answer whose outcome is unknown (a
+// timeout) is never moved past.
 func (f *Fleet) Dispatch(ctx context.Context, c store.Caller, r DispatchRequest, key string) (DispatchResult, error) {
 	if err := CheckDispatch(c, r); err != nil {
 		return DispatchResult{}, err
@@ -203,7 +234,99 @@ func (f *Fleet) Dispatch(ctx context.Context, c store.Caller, r DispatchRequest,
 		return res, err
 	}
 	run.Version = 1
-	return f.startOnHost(ctx, client, run, startRequest(run, r, decision))
+	var refusals []Exclusion
+	for {
+		answer, callErr := f.callStart(ctx, client, startRequest(run, r, decision))
+		refusal, transient := transientRefusal(run.HostID, answer, callErr)
+		if transient && r.Host == "" && len(refusals)+1 < MaxDispatchHosts && roomForAnotherHost(ctx, f.cfg.HostTimeout) {
+			next, nextClient, moved, ok := f.moveToNextHost(ctx, c, r, run, append(refusals, refusal))
+			if ok {
+				refusals = append(refusals, refusal)
+				run, decision, client = moved, next, nextClient
+				continue
+			}
+		}
+		res, err := f.recordStartAnswer(ctx, run, answer, callErr)
+		if transient {
+			refusals = append(refusals, refusal)
+		}
+		res.Excluded = refusals
+		return res, err
+	}
+}
+
+// transientRefusal reports whether a start's answer is a transient
+// refusal by host, with the exclusion that records it: the host's refusal
+// (at its door, or admission's terminal answer) with a reason in
+// transientReasons, or the host could not be reached (never delivered).
+func transientRefusal(host string, answer hostproto.Run, err error) (Exclusion, bool) {
+	var he *hostproto.Error
+	switch {
+	case err == nil && hostproto.TerminalStatus(answer.Status) && answer.ExitCode == nil && slices.Contains(transientReasons, answer.Reason):
+		return Exclusion{HostID: host, Reasons: []string{answer.Reason}, Detail: boundDetail(answer.Detail)}, true
+	case errors.As(err, &he) && he.Refused() && slices.Contains(transientReasons, he.Code):
+		return Exclusion{HostID: host, Reasons: []string{he.Code}, Detail: boundDetail(he.Message)}, true
+	case errors.Is(err, hostproto.ErrUnreachable):
+		return Exclusion{HostID: host, Reasons: []string{hostproto.ReasonHostUnavailable},
+			Detail: "the host could not be reached; nothing was started there"}, true
+	}
+	return Exclusion{}, false
+}
+
+// roomForAnotherHost: the caller's deadline, if any, leaves time for one
+// more host call and the writes around it.
+func roomForAnotherHost(ctx context.Context, hostTimeout time.Duration) bool {
+	deadline, ok := ctx.Deadline()
+	return !ok || time.Until(deadline) > hostTimeout+fallbackMargin
+}
+
+// moveToNextHost routes r again without the hosts that refused it and, if
+// one is eligible, moves run (dispatching) to it: its host, local path
+// choice and a fresh deadline, by a versioned update. ok is false when no
+// host is left, the host cannot be called, or the run is no longer
+// dispatching (recovery settled it meanwhile): the caller then records the
+// refusal it has.
+func (f *Fleet) moveToNextHost(ctx context.Context, c store.Caller, r DispatchRequest, run store.Run, refusals []Exclusion) (Decision, *hostproto.Client, store.Run, bool) {
+	refused := make(map[string]string, len(refusals))
+	for _, e := range refusals {
+		refused[e.HostID] = e.Reasons[0]
+	}
+	next, err := f.routeExcept(ctx, c, r, refused)
+	if err != nil {
+		var fe *Error
+		if !errors.As(err, &fe) {
+			f.log.Warn("dispatch: routing past a refusal failed", logRun, run.FleetRunID, logErr, err.Error())
+		}
+		return Decision{}, nil, store.Run{}, false
+	}
+	client, err := f.HostClient(ctx, *next.Host, 0)
+	if err != nil {
+		f.log.Warn("dispatch: no client for the next host", logRun, run.FleetRunID, logHost, next.Host.ID, logErr, err.Error())
+		return Decision{}, nil, store.Run{}, false
+	}
+	moved := false
+	stored, err := f.settle(context.WithoutCancel(ctx), run, func(cur *store.Run) bool {
+		if cur.Status != store.StatusDispatching || cur.HostID != run.HostID {
+			moved = false
+			return false
+		}
+		now := f.clock.Now().UTC()
+		cur.HostID = next.Host.ID
+		cur.RewroteLocalPath = next.RewroteLocalPath
+		cur.Deadline = now.Add(f.cfg.HostTimeout)
+		cur.UpdatedAt = now
+		moved = true
+		return true
+	})
+	if err != nil || !moved {
+		if err != nil {
+			f.log.Warn("dispatch: moving the run to the next host failed", logRun, run.FleetRunID, logHost, next.Host.ID, logErr, err.Error())
+		}
+		return Decision{}, nil, store.Run{}, false
+	}
+	f.log.Info("dispatch: host refused, trying the next", logRun, run.FleetRunID, logHost, next.Host.ID,
+		"refusedBy", refusals[len(refusals)-1].HostID, "reason", refusals[len(refusals)-1].Reasons[0])
+	return next, client, stored, true
 }
 
 // dispatchKey is a dispatch's idempotency, as far as it is known.
@@ -300,16 +423,20 @@ func startRequest(run store.Run, r DispatchRequest, d Decision) hostproto.StartR
 	return hostproto.StartRequest{ClientToken: run.FleetRunID, Request: start}
 }
 
-// startOnHost calls run's host with start and records its answer on run
-// (stored as dispatching). The host call and the record of its answer
-// outlive a caller that hangs up: abandoning them would only leave more
-// for recovery. The call is bounded by HostTimeout (the client's timeout
-// too); the deadline the host checks is on the injected clock.
-func (f *Fleet) startOnHost(ctx context.Context, client *hostproto.Client, run store.Run, start hostproto.StartRequest) (DispatchResult, error) {
+// callStart calls a host with start. The host call outlives a caller that
+// hangs up: abandoning it would only leave more for recovery. It is bounded
+// by HostTimeout (the client's timeout too); the deadline the host checks
+// is on the injected clock.
+func (f *Fleet) callStart(ctx context.Context, client *hostproto.Client, start hostproto.StartRequest) (hostproto.Run, error) {
 	callCtx, cancel := context.WithTimeout(context.WithoutCancel(ctx), f.cfg.HostTimeout)
-	answer, callErr := client.Start(callCtx, start)
-	cancel()
+	defer cancel()
+	return client.Start(callCtx, start)
+}
 
+// recordStartAnswer records a host's answer to a start (callStart's) on
+// run, stored as dispatching; like the call, it outlives a caller that
+// hangs up.
+func (f *Fleet) recordStartAnswer(ctx context.Context, run store.Run, answer hostproto.Run, callErr error) (DispatchResult, error) {
 	var outcome startAnswer
 	stored, err := f.settle(context.WithoutCancel(ctx), run, func(cur *store.Run) bool {
 		if cur.Status != store.StatusDispatching {
@@ -468,7 +595,14 @@ func inFlight(fleetRunID string) *Error {
 // candidates come from the routing view (routeByView); only before the
 // probe has written one does it fall back to a scan of every host.
 func (f *Fleet) route(ctx context.Context, c store.Caller, r DispatchRequest) (Decision, error) {
+	return f.routeExcept(ctx, c, r, nil)
+}
+
+// routeExcept is route with the hosts in refused (host -> reason)
+// excluded for the reason they gave.
+func (f *Fleet) routeExcept(ctx context.Context, c store.Caller, r DispatchRequest, refused map[string]string) (Decision, error) {
 	in := RouteInput{
+		Refused:      refused,
 		Agent:        r.Run.Agent,
 		Labels:       r.Labels,
 		Repository:   r.Run.Repository,

@@ -34,6 +34,9 @@ func probeFromWire(p *store.Probe, h hostproto.Health) {
 	}
 	p.Draining = h.Draining
 	p.Idle = h.Idle
+	if l := h.Load; l != nil {
+		p.Load = &store.Load{Active: l.Active, MaxConcurrent: l.MaxConcurrent}
+	}
 	if st := h.Storage; st != nil {
 		p.Storage = &store.Storage{FreeBytes: st.FreeBytes, MinFreeBytes: st.MinFreeBytes, Low: st.Low}
 	}
@@ -60,6 +63,9 @@ func HealthOf(p store.Probe) hostproto.Health {
 	}
 	if l := p.Limits; l != nil {
 		h.Limits = &hostproto.Limits{Enforced: l.Enforced, MemoryBytes: l.MemoryBytes, Pids: l.Pids, CPU: l.CPU, Detail: l.Detail}
+	}
+	if l := p.Load; l != nil {
+		h.Load = &hostproto.Load{Active: l.Active, MaxConcurrent: l.MaxConcurrent}
 	}
 	return h
 }

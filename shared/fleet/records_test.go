@@ -37,6 +37,7 @@ func TestWireAndRecordsRoundTrip(t *testing.T) {
 		CA:       &hostproto.CAInfo{NotAfter: at, SuccessorNotAfter: &succ},
 		Storage:  &hostproto.Storage{FreeBytes: 3 << 30, MinFreeBytes: 1 << 30, Low: true},
 		Limits:   &hostproto.Limits{Enforced: hostproto.LimitsCgroup2, MemoryBytes: 2 << 30, Pids: 512, CPU: 1.5, Detail: "d"},
+		Load:     &hostproto.Load{Active: 3, MaxConcurrent: 8},
 	}
 	var p store.Probe
 	probeFromWire(&p, health)

@@ -49,6 +49,9 @@ type RouteInput struct {
 	// Now and MaxProbeAge judge staleness.
 	Now         time.Time
 	MaxProbeAge time.Duration
+	// Refused are the hosts that refused this very dispatch already, each
+	// with the reason it gave: they are excluded for it.
+	Refused map[string]string
 }
 
 // Exclusion is one host routing left out, with every reason that applied.
@@ -58,6 +61,9 @@ type Exclusion struct {
 	// Agents are the agents the host offers, when it was excluded for
 	// agent_unsupported: what the caller could ask for instead.
 	Agents []string `json:"agents,omitempty"`
+	// Detail is what the host said, when it refused the dispatch itself
+	// (a transient refusal the dispatch went past).
+	Detail string `json:"detail,omitempty"`
 }
 
 // Unrouted is the Details of a CodeNoEligibleHost refusal: every host
@@ -90,8 +96,8 @@ type Decision struct {
 
 // Route picks a host for a run. A host is eligible when no exclusion reason
 // applies; among eligible hosts it prefers one that has the local path (no
-// rewrite), then the lowest probe latency, then the smallest id, so the
-// choice is deterministic. Deny by default: no candidates, no host.
+// rewrite), then as preferLoad orders them (free slots, load, latency, id),
+// so the choice is deterministic. Deny by default: no candidates, no host.
 func Route(in RouteInput) Decision {
 	type candidate struct {
 		host    store.Host
@@ -125,10 +131,7 @@ func Route(in RouteInput) Decision {
 		if a.rewrite != b.rewrite {
 			return !a.rewrite
 		}
-		if a.host.Probe.LatencyMs != b.host.Probe.LatencyMs {
-			return a.host.Probe.LatencyMs < b.host.Probe.LatencyMs
-		}
-		return a.host.ID < b.host.ID
+		return preferLoad(a.host, b.host)
 	})
 	best := eligible[0]
 	d.Host = &best.host
@@ -142,9 +145,49 @@ func Route(in RouteInput) Decision {
 	return d
 }
 
+// preferLoad reports whether routing should try a before b, both with an ok
+// probe: first the hosts whose last probe showed a free slot, then those
+// that did not say (older than the field), then those it showed full (a
+// probe is up to a minute old: a full host may have room by now, so it is
+// tried last, not left out); within each, the lower share of slots in use,
+// then more free slots, then the lower probe latency, then the smaller id.
+func preferLoad(a, b store.Host) bool {
+	ta, tb := loadTier(a.Probe.Load), loadTier(b.Probe.Load)
+	if ta != tb {
+		return ta < tb
+	}
+	if la, lb := a.Probe.Load, b.Probe.Load; la != nil && lb != nil && la.MaxConcurrent > 0 && lb.MaxConcurrent > 0 {
+		// active/max compared without division.
+		if x, y := la.Active*lb.MaxConcurrent, lb.Active*la.MaxConcurrent; x != y {
+			return x < y
+		}
+		if fa, fb := la.MaxConcurrent-la.Active, lb.MaxConcurrent-lb.Active; fa != fb {
+			return fa > fb
+		}
+	}
+	if a.Probe.LatencyMs != b.Probe.LatencyMs {
+		return a.Probe.LatencyMs < b.Probe.LatencyMs
+	}
+	return a.ID < b.ID
+}
+
+// loadTier: 0 a free slot, 1 load unknown, 2 full.
+func loadTier(l *store.Load) int {
+	switch {
+	case l == nil:
+		return 1
+	case l.Active < l.MaxConcurrent:
+		return 0
+	}
+	return 2
+}
+
 // exclusions lists every reason h cannot take the run, and whether it can
 // only take it by cloning instead of using the local path.
 func exclusions(in RouteInput, h store.Host, cloneURL string) (reasons []string, rewrite bool) {
+	if reason, ok := in.Refused[h.ID]; ok {
+		reasons = append(reasons, reason)
+	}
 	if !h.Enabled {
 		reasons = append(reasons, ExcludedDisabled)
 	}
@@ -289,8 +332,7 @@ func RouteList(agent string) string { return "a:" + agent }
 // BuildRouteView orders every host for each list: first the hosts routable
 // for the list's agent (enabled, an ok probe no older than maxProbeAge at
 // now, not draining, storage not low, offering the agent; for "any", any
-// agent), by probe latency then id, as Route prefers them; then all the
-// others by id. Routing reads a list's leading shards only, so the hosts
+// agent), as Route prefers them (preferLoad); then all the others by id. Routing reads a list's leading shards only, so the hosts
 // most likely to take a run come first. Pure: the probe pass calls it with
 // the hosts it holds.
 func BuildRouteView(hosts []store.Host, now time.Time, maxProbeAge time.Duration) store.RouteView {
@@ -336,8 +378,8 @@ func orderFor(hosts []store.Host, agent string, now time.Time, maxProbeAge time.
 		if routable[a.ID] != routable[b.ID] {
 			return routable[a.ID]
 		}
-		if routable[a.ID] && a.Probe.LatencyMs != b.Probe.LatencyMs {
-			return a.Probe.LatencyMs < b.Probe.LatencyMs
+		if routable[a.ID] {
+			return preferLoad(a, b)
 		}
 		return a.ID < b.ID
 	})

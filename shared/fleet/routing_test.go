@@ -279,3 +279,72 @@ func TestBuildRouteViewBoundsLists(t *testing.T) {
 		t.Fatal("the last agent by name kept a list past the bound")
 	}
 }
+
+// TestRoutePrefersFreeSlots: among eligible hosts, those whose probe showed
+// a free slot come first (the lower share in use, then more free slots),
+// then those that did not say, then full ones, which are still candidates
+// (the probe is up to a minute old); latency and id only break ties. The
+// routing view orders its lists the same way.
+func TestRoutePrefersFreeSlots(t *testing.T) {
+	withLoad := func(id string, latency int64, load *store.Load) store.Host {
+		h := healthyHost(id)
+		h.Probe.LatencyMs = latency
+		h.Probe.Load = load
+		return h
+	}
+	hosts := []store.Host{
+		withLoad("a-full", 1, &store.Load{Active: 4, MaxConcurrent: 4}),
+		withLoad("b-unknown", 1, nil),
+		withLoad("c-half", 1, &store.Load{Active: 2, MaxConcurrent: 4}),
+		withLoad("d-quarter-slow", 9, &store.Load{Active: 1, MaxConcurrent: 4}),
+		withLoad("e-quarter-big", 9, &store.Load{Active: 2, MaxConcurrent: 8}),
+		withLoad("f-idle", 20, &store.Load{Active: 0, MaxConcurrent: 1}),
+		withLoad("g-none", 1, &store.Load{Active: 0, MaxConcurrent: 0}),
+	}
+	want := []string{"f-idle", "e-quarter-big", "d-quarter-slow", "c-half", "b-unknown", "a-full", "g-none"}
+	in := RouteInput{Agent: "shell", Now: routeNow, MaxProbeAge: 5 * time.Minute}
+	var got []string
+	for left := hosts; len(left) > 0; {
+		in.Hosts = left
+		d := Route(in)
+		if d.Host == nil {
+			t.Fatalf("no host among %d", len(left))
+		}
+		got = append(got, d.Host.ID)
+		next := []store.Host{}
+		for _, h := range left {
+			if h.ID != d.Host.ID {
+				next = append(next, h)
+			}
+		}
+		left = next
+	}
+	if !reflect.DeepEqual(got, want) {
+		t.Errorf("Route's order %v\nwant          %v", got, want)
+	}
+	view := BuildRouteView(hosts, routeNow, 5*time.Minute)
+	var listed []string
+	for _, h := range view.Lists[RouteList("shell")] {
+		listed = append(listed, h.ID)
+	}
+	if !reflect.DeepEqual(listed, want) {
+		t.Errorf("the view's order %v\nwant            %v", listed, want)
+	}
+}
+
+// TestRouteExcludesHostsThatRefusedTheDispatch: a host that refused this
+// dispatch is excluded with the reason it gave, beside any other reason.
+func TestRouteExcludesHostsThatRefusedTheDispatch(t *testing.T) {
+	h1, h2 := healthyHost("h1"), healthyHost("h2")
+	h2.Probe.Draining = true
+	in := RouteInput{Hosts: []store.Host{h1, h2}, Agent: "shell", Now: routeNow, MaxProbeAge: 5 * time.Minute,
+		Refused: map[string]string{"h1": "host_busy"}}
+	d := Route(in)
+	if d.Host != nil {
+		t.Fatalf("routed to %s", d.Host.ID)
+	}
+	want := []Exclusion{{HostID: "h1", Reasons: []string{"host_busy"}}, {HostID: "h2", Reasons: []string{ExcludedDraining}}}
+	if !reflect.DeepEqual(d.Excluded, want) {
+		t.Errorf("excluded %+v\nwant     %+v", d.Excluded, want)
+	}
+}

@@ -40,4 +40,7 @@ type Exclusion struct {
 	// Agents are what the host offers, when it was left out for
 	// agent_unsupported: what the caller could ask for instead.
 	Agents []string `json:"agents,omitempty"`
+	// Detail is what the host said when it refused the dispatch itself
+	// (DispatchDetails), as the run's detail would.
+	Detail string `json:"detail,omitempty"`
 }

@@ -42,6 +42,10 @@ type Probe struct {
 	// Storage and Limits are absent for a host older than the fields.
 	Storage *Storage `json:"storage,omitempty"`
 	Limits  *Limits  `json:"limits,omitempty"`
+	// Load is the host's runs against its capacity when probed; absent
+	// for a host older than the field. Routing prefers hosts with free
+	// slots.
+	Load *Load `json:"load,omitempty"`
 	// Detail says why, when the status is not ok.
 	Detail string `json:"detail,omitempty"`
 }
@@ -67,6 +71,13 @@ type Storage struct {
 	// Low: under the reserve; the host refuses new runs and routing
 	// excludes it (storage_low).
 	Low bool `json:"low"`
+}
+
+// Load is a host's attempts starting or running (active) against its
+// runner.maxConcurrent; at it, the host refuses a start with host_busy.
+type Load struct {
+	Active        int `json:"active"`
+	MaxConcurrent int `json:"maxConcurrent"`
 }
 
 // Limits are how the host bounds each task's resources.

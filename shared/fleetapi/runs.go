@@ -78,6 +78,18 @@ type DispatchAnswer struct {
 	Detail           string   `json:"detail,omitempty"`
 	Note             string   `json:"note,omitempty"`
 	Links            RunLinks `json:"links"`
+	// Details are present when a host routing chose refused the dispatch
+	// with a transient reason (host_busy, host_storage_low,
+	// host_unavailable, draining, or unreachable): the dispatch went on to
+	// the next eligible host, and the run is where it landed.
+	Details *DispatchDetails `json:"details,omitempty"`
+}
+
+// DispatchDetails lists the hosts a dispatch tried that refused it, in the
+// order tried, each with its one reason and what it said. On a refused
+// dispatch (409) the last of them is the run's own refusal.
+type DispatchDetails struct {
+	Excluded []Exclusion `json:"excluded"`
 }
 
 // DispatchRefused is POST /fleet/runs' 409 when the chosen host refused

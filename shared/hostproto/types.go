@@ -125,6 +125,20 @@ type Health struct {
 	// Limits says how each task's resources are bounded; nil from a host
 	// older than the field.
 	Limits *Limits `json:"limits,omitempty"`
+	// Load is how many runs the host holds against how many it admits at
+	// once; nil from a host older than the field. Fleet orders routing
+	// candidates by it.
+	Load *Load `json:"load,omitempty"`
+}
+
+// Load is a host's runs against its capacity at one moment.
+type Load struct {
+	// Active is the attempts starting or running: each holds one of the
+	// host's slots.
+	Active int `json:"active"`
+	// MaxConcurrent is runner.maxConcurrent: with Active at it, the host
+	// refuses a start with host_busy.
+	MaxConcurrent int `json:"maxConcurrent"`
 }
 
 // DrainState is the answer of POST /host/drain and /host/resume: whether

@@ -82,8 +82,18 @@ type Probe struct {
 	// Limits is how the host bounds each task's resources; nil from a host
 	// older than the field. Never an empty Limits: the probe records nil.
 	Limits *Limits `json:"limits,omitempty"`
+	// Load is the host's runs against its capacity when probed; nil from a
+	// host older than the field. Routing prefers hosts with free slots.
+	Load *Load `json:"load,omitempty"`
 	// Detail explains a status other than ok; never carries a credential.
 	Detail string `json:"detail,omitempty"`
+}
+
+// Load is a host's attempts starting or running (Active) against its
+// runner.maxConcurrent, as last probed.
+type Load struct {
+	Active        int `json:"active"`
+	MaxConcurrent int `json:"maxConcurrent"`
 }
 
 // Probe statuses.

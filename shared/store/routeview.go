@@ -9,7 +9,7 @@ import (
 // of a scan of every host.
 //
 // An entry keeps of a Host its ID, Enabled, Labels and LocalPaths and, of
-// its probe, Status, At, LatencyMs, Draining, Agents, Features and
+// its probe, Status, At, LatencyMs, Draining, Agents, Features, Load and
 // Storage.Low (a Storage holding only Low, nil when not low); a probe that
 // is not ok keeps Status and At only. Everything else is left out.
 type RouteStore interface {

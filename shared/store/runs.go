@@ -19,8 +19,11 @@ type Runs interface {
 	// UpdateRun replaces the run if its stored Version still equals r.Version,
 	// storing Version+1 and returning what it stored; ErrConflict when the
 	// version moved on, ErrNotFound when the run is gone. The store keeps the
-	// live index in step with r.Live(). OwnerID, HostID, CreatedAt and
+	// live index in step with r.Live(). OwnerID, CreatedAt and
 	// IdempotencyKey are fixed at creation: the stored ones are kept.
+	// HostID changes only on a run stored dispatching (a dispatch moving
+	// it past a host that refused it); on any other run a different HostID
+	// is ErrConflict. The by-host listing follows the change.
 	UpdateRun(ctx context.Context, r Run) (Run, error)
 	// ListRuns pages runs newest first (CreatedAt, then FleetRunID, descending).
 	ListRuns(ctx context.Context, q RunQuery) (RunPage, error)

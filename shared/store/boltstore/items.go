@@ -42,7 +42,13 @@ type probeItem struct {
 	Idle      *bool        `json:"idle,omitempty"`
 	Storage   *storageItem `json:"storage,omitempty"`
 	Limits    *limitsItem  `json:"limits,omitempty"`
+	Load      *loadItem    `json:"load,omitempty"`
 	Detail    string       `json:"detail,omitempty"`
+}
+
+type loadItem struct {
+	Active        int `json:"active"`
+	MaxConcurrent int `json:"maxConcurrent"`
 }
 
 type featuresItem struct {
@@ -212,6 +218,10 @@ func toProbeItem(p store.Probe) probeItem {
 		l := limitsItem(*p.Limits)
 		it.Limits = &l
 	}
+	if p.Load != nil {
+		l := loadItem(*p.Load)
+		it.Load = &l
+	}
 	return it
 }
 
@@ -243,6 +253,10 @@ func (it probeItem) record() store.Probe {
 	if it.Limits != nil {
 		l := store.Limits(*it.Limits)
 		p.Limits = &l
+	}
+	if it.Load != nil {
+		l := store.Load(*it.Load)
+		p.Load = &l
 	}
 	return p
 }

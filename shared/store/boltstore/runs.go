@@ -152,15 +152,42 @@ func (s *Store) UpdateRun(ctx context.Context, r store.Run) (store.Run, error) {
 			return fmt.Errorf("boltstore: run %q is at version %d, not %d: %w", r.FleetRunID, old.Version, r.Version, store.ErrConflict)
 		}
 		it := toRunItem(r)
-		it.OwnerID, it.HostID, it.CreatedAt, it.IdempotencyKey = old.OwnerID, old.HostID, old.CreatedAt, old.IdempotencyKey
+		it.OwnerID, it.CreatedAt, it.IdempotencyKey = old.OwnerID, old.CreatedAt, old.IdempotencyKey
+		if it.HostID == "" {
+			it.HostID = old.HostID
+		}
+		if it.HostID != old.HostID && old.Status != store.StatusDispatching {
+			return fmt.Errorf("boltstore: run %q is %s: its host is fixed: %w", r.FleetRunID, old.Status, store.ErrConflict)
+		}
 		it.Version = old.Version + 1
 		if err := putItem(tx.Bucket(bucketRuns), []byte(it.FleetRunID), it); err != nil {
 			return err
+		}
+		if it.HostID != old.HostID {
+			if err := moveByHost(tx, old.CreatedAt, old.FleetRunID, old.HostID, it.HostID); err != nil {
+				return err
+			}
 		}
 		stored = it.record()
 		return setLive(tx, it)
 	})
 	return stored, wrap("update run", err)
+}
+
+// moveByHost moves run id's by-host entry from host from to host to.
+func moveByHost(tx *bolt.Tx, createdAt time.Time, id, from, to string) error {
+	key := orderKey(createdAt, id)
+	byHost := tx.Bucket(bucketRunsByHost)
+	if b := byHost.Bucket([]byte(from)); b != nil {
+		if err := b.Delete(key); err != nil {
+			return err
+		}
+	}
+	dst, err := byHost.CreateBucketIfNotExists([]byte(to))
+	if err != nil {
+		return err
+	}
+	return dst.Put(key, []byte(id))
 }
 
 // ListRuns pages runs newest first within the query's scope.

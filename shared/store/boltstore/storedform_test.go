@@ -23,7 +23,7 @@ const (
 		`"features":{"secretsProxy":true,"execRequire":true},` +
 		`"ca":{"notAfter":"2027-05-04T03:02:01.123456789Z","successorNotAfter":"2026-08-02T03:02:01.123456789Z"},` +
 		`"draining":true,"idle":true,"storage":{"freeBytes":3221225472,"minFreeBytes":1073741824,"low":true},` +
-		`"limits":{"enforced":"cgroup2","memoryBytes":2147483648,"pids":512,"cpu":1.5,"detail":"per task"},"detail":"ok after 1 retry"}}`
+		`"limits":{"enforced":"cgroup2","memoryBytes":2147483648,"pids":512,"cpu":1.5,"detail":"per task"},"load":{"active":0,"maxConcurrent":4},"detail":"ok after 1 retry"}}`
 	storedEventJSON = `{"v":1,"fleetRunId":"r-stored","sequence":7,"type":"output","data":"hello","ts":"2026-05-04T03:02:01.123456789Z","expiresAt":1780455721}`
 )
 

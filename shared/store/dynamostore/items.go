@@ -51,6 +51,9 @@ const (
 	attrMemoryBytes       = "memoryBytes"
 	attrPids              = "pids"
 	attrCPU               = "cpu"
+	attrLoad              = "load"
+	attrActive            = "active"
+	attrMaxConcurrent     = "maxConcurrent"
 
 	attrTokenHash       = "tokenHash"
 	attrAdmin           = "admin"
@@ -205,6 +208,14 @@ func probeItem(p store.Probe) item {
 		l.putS(attrDetail, p.Limits.Detail)
 		it.putMap(attrLimits, l)
 	}
+	if p.Load != nil {
+		// Both always: a Load of zeros (an idle host that admits nothing)
+		// is kept, not dropped as an empty map.
+		l := item{}
+		l.putNAlways(attrActive, int64(p.Load.Active))
+		l.putNAlways(attrMaxConcurrent, int64(p.Load.MaxConcurrent))
+		it.putMap(attrLoad, l)
+	}
 	it.putS(attrDetail, p.Detail)
 	return it
 }
@@ -218,7 +229,7 @@ func hostFromItem(it item) (store.Host, error) {
 		Enabled: r.bool(attrEnabled), CreatedAt: r.time(attrCreatedAt),
 	}
 	p := r.sub(attrProbe)
-	var f, ca, st, l *reader
+	var f, ca, st, l, ld *reader
 	if p != nil {
 		probe := store.Probe{
 			Status: p.s(attrStatus), At: p.time(attrAt), LatencyMs: p.n(attrLatencyMs),
@@ -244,9 +255,12 @@ func hostFromItem(it item) (store.Host, error) {
 				CPU: l.float(attrCPU), Detail: l.s(attrDetail),
 			}
 		}
+		if ld = p.sub(attrLoad); ld != nil {
+			probe.Load = &store.Load{Active: int(ld.n(attrActive)), MaxConcurrent: int(ld.n(attrMaxConcurrent))}
+		}
 		h.Probe = &probe
 	}
-	if err := r.done(p, f, ca, st, l); err != nil {
+	if err := r.done(p, f, ca, st, l, ld); err != nil {
 		return store.Host{}, fmt.Errorf("host item: %w", err)
 	}
 	return h, nil

@@ -204,6 +204,16 @@ func (s *Store) UpdateRun(ctx context.Context, r store.Run) (store.Run, error) {
 	names["#version"] = attrRunVersion
 	names["#wt"] = attrWriteToken
 	sets := []string{"#wt = :wt"}
+	cond := condPresentUnexpired + " AND #version = :expect"
+	if r.HostID != "" {
+		// The host moves only from a run stored dispatching. Setting it to
+		// the value it has changes no index key: no index write.
+		names["#host"], names["#st"] = attrHostID, attrStatus
+		values[":host"] = &types.AttributeValueMemberS{Value: r.HostID}
+		values[":dispatching"] = &types.AttributeValueMemberS{Value: store.StatusDispatching}
+		sets = append(sets, "#host = :host")
+		cond += " AND (#host = :host OR #st = :dispatching)"
+	}
 	var removes []string
 	for i, name := range runMutableNames {
 		ph := "#a" + strconv.Itoa(i)
@@ -224,7 +234,7 @@ func (s *Store) UpdateRun(ctx context.Context, r store.Run) (store.Run, error) {
 		TableName:                           aws.String(s.tables.Runs),
 		Key:                                 strKey(attrFleetRunID, r.FleetRunID),
 		UpdateExpression:                    aws.String(expr),
-		ConditionExpression:                 aws.String(condPresentUnexpired + " AND #version = :expect"),
+		ConditionExpression:                 aws.String(cond),
 		ExpressionAttributeNames:            names,
 		ExpressionAttributeValues:           values,
 		ReturnValues:                        types.ReturnValueAllNew,
@@ -243,6 +253,9 @@ func (s *Store) UpdateRun(ctx context.Context, r store.Run) (store.Run, error) {
 		}
 		if stored.Version == r.Version && wroteBy(old, token) {
 			return stored, nil
+		}
+		if stored.Version == expect {
+			return store.Run{}, fmt.Errorf("dynamostore: run %q is %s: its host is fixed: %w", r.FleetRunID, stored.Status, store.ErrConflict)
 		}
 		return store.Run{}, fmt.Errorf("dynamostore: run %q is at version %d, not %d: %w", r.FleetRunID, stored.Version, expect, store.ErrConflict)
 	}

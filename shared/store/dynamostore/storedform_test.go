@@ -47,6 +47,9 @@ var (
 			"limits": &types.AttributeValueMemberM{Value: map[string]types.AttributeValue{
 				"enforced": s("cgroup2"), "memoryBytes": n("2147483648"), "pids": n("512"), "cpu": n("1.5"), "detail": s("per task"),
 			}},
+			"load": &types.AttributeValueMemberM{Value: map[string]types.AttributeValue{
+				"active": n("0"), "maxConcurrent": n("4"),
+			}},
 			"detail": s("ok after 1 retry"),
 		}},
 	}

@@ -257,6 +257,19 @@ func (h *Host) SetLimits(l *hostproto.Limits) {
 	}
 }
 
+// SetLoad sets the load /healthz reports (nil: a host older than the
+// field). It only reports: starts are not refused for it (RefuseStarts
+// does that).
+func (h *Host) SetLoad(l *hostproto.Load) {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	h.health.Load = nil
+	if l != nil {
+		c := *l
+		h.health.Load = &c
+	}
+}
+
 // FailHealth makes /healthz answer status (0 restores normal answers).
 func (h *Host) FailHealth(status int) {
 	h.mu.Lock()

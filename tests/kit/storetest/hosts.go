@@ -47,6 +47,7 @@ func probe(at time.Time, status string) store.Probe {
 		Draining:  true,
 		Storage:   &store.Storage{FreeBytes: 3 << 30, MinFreeBytes: 1 << 30},
 		Limits:    &store.Limits{Enforced: "cgroup1", MemoryBytes: 2 << 30, Pids: 512, CPU: 1.5},
+		Load:      &store.Load{Active: 0, MaxConcurrent: 4},
 		Detail:    "ok after 1 retry",
 	}
 }

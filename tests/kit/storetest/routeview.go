@@ -55,6 +55,7 @@ func testRouteViewPutRead(t *testing.T, s store.RouteStore, clk *clock.Fake) {
 	wantOK := store.Host{ID: "b-ok", Enabled: true, Labels: ok.Labels, LocalPaths: ok.LocalPaths, Probe: &store.Probe{
 		Status: store.ProbeOK, At: now, LatencyMs: 42, Draining: true, Agents: []string{"claude", "shell"},
 		Features: store.Features{SecretsProxy: true, ExecRequire: true}, Storage: &store.Storage{Low: true},
+		Load: &store.Load{Active: 0, MaxConcurrent: 4},
 	}}
 	wantSick := store.Host{ID: "a-sick", Enabled: true, Labels: sick.Labels, LocalPaths: sick.LocalPaths,
 		Probe: &store.Probe{Status: store.ProbeUnreachable, At: now.Add(-time.Minute)}}

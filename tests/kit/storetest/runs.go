@@ -24,6 +24,7 @@ var runsContract = []contractCase{
 	roleCase("Runs/ConcurrentCreate", testRunsConcurrentCreate),
 	roleCase("Runs/NotFound", testRunsNotFound),
 	roleCase("Runs/UpdateVersion", testRunsUpdateVersion),
+	roleCase("Runs/HostMovesOnlyWhileDispatching", testRunsHostMoves),
 	roleCase("Runs/ConcurrentUpdate", testRunsConcurrentUpdate),
 	roleCase("Runs/LiveFollowsLive", testRunsLiveIndex),
 	roleCase("Runs/ListLivePages", testRunsListLivePages),
@@ -228,7 +229,7 @@ func testRunsUpdateVersion(t *testing.T, s store.Runs, clk *clock.Fake) {
 	next := r
 	next.Status, next.ChildRunID, next.Attempt, next.UpdatedAt = store.StatusRunning, "child-1", 1, clk.Now()
 	// Fields fixed at creation cannot be moved by an update.
-	next.OwnerID, next.HostID, next.CreatedAt, next.IdempotencyKey = "mallory", "h9", clk.Now(), "other"
+	next.OwnerID, next.CreatedAt, next.IdempotencyKey = "mallory", clk.Now(), "other"
 	got, err := s.UpdateRun(bg, next)
 	noErr(t, "UpdateRun", err)
 	want := r
@@ -255,6 +256,35 @@ func testRunsUpdateVersion(t *testing.T, s store.Runs, clk *clock.Fake) {
 	if got.Version != 3 || got.Status != store.StatusSucceeded {
 		t.Fatalf("second update stored version %d status %s", got.Version, got.Status)
 	}
+}
+
+// testRunsHostMoves: a dispatching run moves to another host (a dispatch
+// going past a refusal), listed under the new host only; once it left
+// dispatching its host is fixed, and an update that would move it is
+// ErrConflict and changes nothing.
+func testRunsHostMoves(t *testing.T, s store.Runs, clk *clock.Fake) {
+	r := createRun(t, s, run("r1", "alice", "h1", clk.Now()))
+	moved := r
+	moved.HostID, moved.Deadline = "h2", clk.Now().Add(time.Minute)
+	got, err := s.UpdateRun(bg, moved)
+	noErr(t, "UpdateRun moving the host", err)
+	moved.Version = 2
+	sameJSON(t, "moved run", got, moved)
+	sameIDs(t, "listed under the new host", allRuns(t, s, store.RunQuery{HostID: "h2"}, 10), []string{"r1"})
+	sameIDs(t, "not under the old", allRuns(t, s, store.RunQuery{HostID: "h1"}, 10), nil)
+
+	running := got
+	running.Status, running.ChildRunID = store.StatusRunning, "child-1"
+	running, err = s.UpdateRun(bg, running)
+	noErr(t, "UpdateRun to running", err)
+	away := running
+	away.HostID = "h3"
+	_, err = s.UpdateRun(bg, away)
+	wantErr(t, "UpdateRun moving a running run", err, store.ErrConflict)
+	read, err := s.GetRun(bg, "r1")
+	noErr(t, "GetRun", err)
+	sameJSON(t, "run after the refused move", read, running)
+	sameIDs(t, "still under h2", allRuns(t, s, store.RunQuery{HostID: "h2"}, 10), []string{"r1"})
 }
 
 func testRunsConcurrentUpdate(t *testing.T, s store.Runs, clk *clock.Fake) {

@@ -47,6 +47,8 @@ type probe struct {
 	Agents       []string `json:"a,omitempty"`
 	SecretsProxy bool     `json:"x,omitempty"`
 	ExecRequire  bool     `json:"q,omitempty"`
+	// Load is [active, maxConcurrent]; absent when the host did not say.
+	Load []int `json:"o,omitempty"`
 }
 
 func toEntry(h store.Host) entry {
@@ -60,6 +62,9 @@ func toEntry(h store.Host) entry {
 			e.Probe.Agents = p.Agents
 			e.Probe.SecretsProxy = p.Features.SecretsProxy
 			e.Probe.ExecRequire = p.Features.ExecRequire
+			if p.Load != nil {
+				e.Probe.Load = []int{p.Load.Active, p.Load.MaxConcurrent}
+			}
 		}
 	}
 	return e
@@ -74,6 +79,9 @@ func (e entry) host() store.Host {
 		}
 		if p.StorageLow {
 			h.Probe.Storage = &store.Storage{Low: true}
+		}
+		if len(p.Load) == 2 {
+			h.Probe.Load = &store.Load{Active: p.Load[0], MaxConcurrent: p.Load[1]}
 		}
 	}
 	return h
