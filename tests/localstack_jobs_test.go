@@ -35,7 +35,10 @@ func TestLocalStackRunsTheJobsAndServesTheStream(t *testing.T) {
 	cmd := exec.Command(bin)
 	// Fleet alone, with a fake host of the test's own.
 	cmd.Env = append(cleanEnv(), "RUNFLEET_ADDR=127.0.0.1:0", "RUNFLEET_DATA_DIR="+dataDir, "RUNFLEET_CREDENTIALS=file:"+creds, "RUNFLEET_EDGE=off",
-		"RUNFLEET_PROBE_INTERVAL=200ms", "RUNFLEET_SWEEP_INTERVAL=200ms", "RUNFLEET_STREAM_POLL_INTERVAL=100ms")
+		"RUNFLEET_PROBE_INTERVAL=200ms", "RUNFLEET_SWEEP_INTERVAL=200ms", "RUNFLEET_STREAM_POLL_INTERVAL=100ms",
+		// A probe pass that changes nothing logs at DEBUG; the test waits
+		// for one.
+		"RUNFLEET_LOG_LEVEL=debug")
 	stdout, _ := cmd.StdoutPipe()
 	var stderr syncbuf.Buffer
 	cmd.Stderr = &stderr

@@ -94,7 +94,7 @@ func New(cfg Config) (*API, error) {
 		cfg.Gatherer = prometheus.NewRegistry()
 	}
 	a := &API{cfg: cfg, tokenHash: sha256.Sum256([]byte(cfg.Token)), mux: http.NewServeMux(), log: cfg.Logger, clock: cfg.Clock}
-	a.mux.HandleFunc("GET /healthz", a.health)
+	a.mux.HandleFunc(routeHealth, a.health)
 	a.mux.HandleFunc("POST /runs", a.start)
 	a.mux.HandleFunc("GET /runs", a.find)
 	a.mux.HandleFunc("GET /runs/{id}", a.get)
@@ -111,6 +111,9 @@ func New(cfg Config) (*API, error) {
 	return a, nil
 }
 
+// routeHealth is the probe's route.
+const routeHealth = "GET /healthz"
+
 // ServeHTTP checks the bearer token, then routes; it logs one line per
 // request.
 func (a *API) ServeHTTP(w http.ResponseWriter, r *http.Request) {
@@ -122,7 +125,13 @@ func (a *API) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		writeJSON(rec, http.StatusUnauthorized, hostproto.ErrorBody{Error: "missing or wrong host credential", Code: hostproto.CodeUnauthorized})
 	}
 	_, route := a.mux.Handler(r)
-	a.log.Info("host api", fieldMethod, r.Method, fieldRoute, route, fieldStatus, rec.status, fieldCode, rec.code,
+	// Fleet probes every host every minute: an answered probe is routine,
+	// and at INFO it would bury the lines that matter.
+	level := slog.LevelInfo
+	if route == routeHealth && rec.status == http.StatusOK {
+		level = slog.LevelDebug
+	}
+	a.log.Log(r.Context(), level, "host api", fieldMethod, r.Method, fieldRoute, route, fieldStatus, rec.status, fieldCode, rec.code,
 		fieldDuration, a.clock.Now().Sub(begun).Milliseconds())
 }
 

@@ -2,8 +2,11 @@ package fleet
 
 import (
 	"context"
+	"encoding/json"
+	"log/slog"
 	"net/http"
 	"reflect"
+	"strings"
 	"testing"
 	"time"
 
@@ -11,6 +14,7 @@ import (
 	"github.com/runfleet/runfleet/shared/runspec"
 	"github.com/runfleet/runfleet/shared/store"
 	"github.com/runfleet/runfleet/tests/kit/fakehost"
+	"github.com/runfleet/runfleet/tests/kit/syncbuf"
 )
 
 var shellRun = DispatchRequest{Run: runspec.Request{Agent: "shell"}}
@@ -159,5 +163,48 @@ func TestDispatchOrdersHostsByTheirProbedLoad(t *testing.T) {
 	res, err := e.f.Dispatch(context.Background(), caller("alice"), shellRun, "")
 	if err != nil || res.Run.HostID != "h2" || len(res.Excluded) != 0 || h1.StartCalls() != 0 {
 		t.Fatalf("dispatch: %+v, %v; h1 called %d times", res, err, h1.StartCalls())
+	}
+}
+
+// TestProbeLogsChangesNotRoutine: a healthy host's probes log at DEBUG
+// only; a host that stops answering logs one WARN however many probes find
+// it so, and one INFO when it answers again.
+func TestProbeLogsChangesNotRoutine(t *testing.T) {
+	e := newTestEnv(t, 10*time.Second)
+	h1 := e.addHost(t, "h1", fakehost.Config{})
+	var logs syncbuf.Buffer
+	f, err := New(Config{Store: e.st, Credentials: e.f.cfg.Credentials, Clock: e.clk,
+		Logger: slog.New(slog.NewJSONHandler(&logs, &slog.HandlerOptions{Level: slog.LevelDebug}))})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx := context.Background()
+	probeLines := func() map[string]int {
+		counts := map[string]int{}
+		for _, line := range strings.Split(strings.TrimSpace(logs.String()), "\n") {
+			var l struct{ Level, Msg, Host string }
+			if err := json.Unmarshal([]byte(line), &l); err != nil {
+				t.Fatalf("log line %q: %v", line, err)
+			}
+			if strings.HasPrefix(l.Msg, "probe") && l.Host == "h1" {
+				counts[l.Level+" "+l.Msg]++
+			}
+		}
+		return counts
+	}
+	for range 3 {
+		if _, err := f.ProbeAll(ctx, true); err != nil {
+			t.Fatal(err)
+		}
+	}
+	h1.FailHealth(http.StatusServiceUnavailable)
+	for range 3 {
+		f.ProbeAll(ctx, true)
+	}
+	h1.FailHealth(0)
+	f.ProbeAll(ctx, true)
+	want := map[string]int{"DEBUG probe": 5, "WARN probe: host unhealthy": 1, "INFO probe: host healthy": 1}
+	if got := probeLines(); !reflect.DeepEqual(got, want) {
+		t.Errorf("probe log lines %v\nwant            %v", got, want)
 	}
 }

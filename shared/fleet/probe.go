@@ -25,6 +25,7 @@ func (f *Fleet) ProbeHost(ctx context.Context, id string) (store.Probe, error) {
 		return store.Probe{}, err
 	}
 	p := f.probe(ctx, h)
+	f.logProbe(h, p)
 	if err := f.store.RecordProbe(ctx, id, p); err != nil {
 		if errors.Is(err, store.ErrNotFound) {
 			return store.Probe{}, notFound("host %q was deleted while being probed", id)
@@ -120,6 +121,7 @@ func (f *Fleet) probeHosts(ctx context.Context, enabledOnly bool, until time.Tim
 				return
 			}
 			p := f.probe(ctx, h)
+			f.logProbe(h, p)
 			switch err := f.store.RecordProbe(ctx, h.ID, p); {
 			case errors.Is(err, store.ErrNotFound):
 			case err != nil:
@@ -154,6 +156,50 @@ func (f *Fleet) probeHosts(ctx context.Context, enabledOnly bool, until time.Tim
 		errs = append(errs, err)
 	}
 	return rep, errors.Join(errs...)
+}
+
+// logProbe logs probe p of h against the probe h holds: a host that
+// becomes unreachable, unhealthy or low on storage at WARN, once, when it
+// changes; one that recovers at INFO; every probe that changes nothing
+// worth a person's attention at DEBUG, so a healthy fleet's log is quiet.
+func (f *Fleet) logProbe(h store.Host, p store.Probe) {
+	was, is := probeCondition(h.Probe), probeCondition(&p)
+	attrs := []any{logHost, h.ID, logStatus, p.Status, logLatencyMs, p.LatencyMs}
+	switch {
+	case is == was:
+		f.log.Debug("probe", attrs...)
+	case is != conditionOK:
+		if p.Detail != "" {
+			attrs = append(attrs, logDetail, p.Detail)
+		}
+		f.log.Warn("probe: host "+is, append(attrs, logWas, was)...)
+	default:
+		f.log.Info("probe: host healthy", append(attrs, logWas, was)...)
+	}
+}
+
+// Probe conditions, as logProbe names a change.
+const (
+	conditionOK          = "healthy"
+	conditionNever       = "never probed"
+	conditionUnreachable = "unreachable"
+	conditionUnhealthy   = "unhealthy"
+	conditionStorageLow  = "low on storage"
+)
+
+// probeCondition is what a probe says of its host, for a person.
+func probeCondition(p *store.Probe) string {
+	switch {
+	case p == nil:
+		return conditionNever
+	case p.Status == store.ProbeUnreachable:
+		return conditionUnreachable
+	case p.Status != store.ProbeOK:
+		return conditionUnhealthy
+	case p.Storage != nil && p.Storage.Low:
+		return conditionStorageLow
+	}
+	return conditionOK
 }
 
 // probedAt is when h was last probed; never is the zero time (first).
@@ -231,9 +277,12 @@ func outOfBounds(h hostproto.Health) string {
 	return ""
 }
 
-// Log fields of the routing view's lines.
+// Log fields of the routing view's and the probe's lines.
 const (
 	logRouteList = "routeList"
 	logKept      = "kept"
 	logHosts     = "hosts"
+	logLatencyMs = "latencyMs"
+	logDetail    = "detail"
+	logWas       = "was"
 )

@@ -132,7 +132,9 @@ func (j *Jobs) Probe(ctx context.Context, _ events.EventBridgeEvent) (ProbeSumma
 	if len(sum.Skipped) > 0 {
 		j.log.WarnContext(ctx, "scheduled probe ran out of budget", append(attrs, logSkippedHosts, sum.Skipped)...)
 	} else {
-		j.log.InfoContext(ctx, "scheduled probe", attrs...)
+		// A pass is routine: the hosts whose condition changed are logged
+		// by the probe itself, at WARN or INFO.
+		j.log.DebugContext(ctx, "scheduled probe", attrs...)
 	}
 	return sum, nil
 }
