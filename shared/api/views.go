@@ -179,6 +179,10 @@ func toExclusions(excluded []fleet.Exclusion) []fleetapi.Exclusion {
 func toDispatchRefused(res fleet.DispatchResult, l linker) fleetapi.DispatchRefused {
 	r := res.Run
 	msg := "host " + r.HostID + " refused the run (" + r.Reason + ")"
+	if n := len(res.Excluded); n > 1 {
+		// Routing went past the others first: details.excluded has each.
+		msg = fmt.Sprintf("all %d hosts tried refused the run; the last, %s, with %s", n, r.HostID, r.Reason)
+	}
 	if r.Detail != "" {
 		msg += ": " + r.Detail
 	}
