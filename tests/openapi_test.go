@@ -302,6 +302,7 @@ func TestOpenAPIDescribesRealAnswers(t *testing.T) {
 	host := s.addHost(t, "edge-1", fakehost.Config{Features: fakeFeatures, TLS: true}, map[string]any{"labels": map[string]string{"pool": "a"}})
 	host.SetStorage(&hostproto.Storage{FreeBytes: 10 << 30, MinFreeBytes: 256 << 20})
 	host.SetLimits(&hostproto.Limits{Enforced: hostproto.LimitsCgroup1, MemoryBytes: 2 << 30, Pids: 1024, CPU: 1.5})
+	host.SetLoad(&hostproto.Load{Active: 1, MaxConcurrent: 8})
 	adm := adminToken
 
 	sm.do("GET", "/healthz", "/healthz", "", "", 200)
