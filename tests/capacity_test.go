@@ -317,3 +317,35 @@ func TestListRefreshCapacityOnDynamoDB(t *testing.T) {
 		t.Errorf("run writes %g WCU, want 2 (one per run that ended)", u.WCU["runs"])
 	}
 }
+
+// TestFallbackDispatchCapacity: a dispatch that goes past one busy host
+// costs, beside a plain dispatch's units, one more routing: the view's
+// shard again (0.5 RCU) and the next host strongly (1 RCU); and one more
+// write of the run moving it (1 WCU on the table, 2 on byHost, whose key
+// changes: out of one host's entries, into the other's). Every other
+// index's key and projection is unchanged by the move.
+func TestFallbackDispatchCapacity(t *testing.T) {
+	meter := &dynamostore.Meter{}
+	s := newStack(t, "dynamodb", stackOptions{meter: meter})
+	busy := s.addHost(t, "h00", fakehost.Config{}, nil)
+	s.addHost(t, "h01", fakehost.Config{}, nil)
+	s.probe(t, "h00")
+	s.probe(t, "h01")
+	token := s.mint(t, "alice", "*", "*")
+	busy.RefuseStarts(http.StatusConflict, "host_busy")
+
+	meter.Reset()
+	a := s.must(t, http.StatusCreated, "POST", "/fleet/runs", token, `{"agent":"shell"}`, "Idempotency-Key", "fb-1")
+	u := meter.Snapshot()
+	t.Logf("dispatch past one busy host: %s", u)
+	if a.str("hostId") != "h01" {
+		t.Fatalf("landed on %s: %s", a.str("hostId"), a.raw)
+	}
+	wantRCU := map[string]float64{"callers": 1, "idempotency": 0.5, "hosts": 3}
+	wantWCU := maps.Clone(newDispatchWCU)
+	wantWCU["runs"]++
+	wantWCU["runs/byHost"] += 2
+	if !sameUnits(u.RCU, wantRCU) || !sameUnits(u.WCU, wantWCU) {
+		t.Errorf("dispatch past a busy host: RCU %v, WCU %v; want RCU %v and WCU %v", u.RCU, u.WCU, wantRCU, wantWCU)
+	}
+}
