@@ -40,9 +40,10 @@ func TestPolicyCheck(t *testing.T) {
 	if code := run([]string{"policy", "check", bad}, &out, &errOut); code != 1 {
 		t.Fatalf("exit %d for a bad policy", code)
 	}
-	for _, want := range []string{`domain "*.openai.com": a wildcard is not allowed`, `domain "10.0.0.1": an IP address is not allowed`,
-		`key "GIT_SSH" domain "github.com": an ssh key's domain names its port (github.com:22, or ssh.github.com:443): without one it means 443`,
-		`ssh.knownHosts lists no host key for github.com (as "[github.com]:443")`} {
+	for _, want := range []string{`policy.projects.acme.keys.OPENAI_API_KEY.domains[0]: "*.openai.com": a wildcard is not allowed`,
+		`policy.projects.acme.keys.OPENAI_API_KEY.domains[1]: "10.0.0.1": an IP address is not allowed`,
+		`policy.projects.acme.keys.GIT_SSH.domains[0]: "github.com": an ssh key's domain names its port (github.com:22, or ssh.github.com:443): without one it means 443`,
+		`policy.projects.acme.keys.GIT_SSH.ssh.knownHosts: lists no host key for github.com (as "[github.com]:443")`} {
 		if !strings.Contains(errOut.String(), want) {
 			t.Errorf("stderr %q lacks %q", errOut.String(), want)
 		}
