@@ -10,6 +10,8 @@ import (
 	"os"
 	"path/filepath"
 	"slices"
+	"strings"
+	"syscall"
 
 	"golang.org/x/sys/unix"
 
@@ -29,6 +31,8 @@ type Report struct {
 	// Open will make (the data dir, the seal key) and a part that will not
 	// work as configured (an agent whose binary is missing).
 	Notes config.Problems
+	// Policy is the config's policy compiled, nil when it does not compile.
+	Policy *policy.Policy
 }
 
 // Check finds every reason Open would refuse o that can be found without
@@ -59,7 +63,8 @@ type checker struct {
 	o      Options
 	cfg    *config.Config
 	report Report
-	pol    *policy.Policy
+	// dataDirRefused: what lies inside the data dir is not checked apart.
+	dataDirRefused bool
 	// awsLoaded: edge's AWS configuration was loaded, failing with awsErr.
 	awsLoaded bool
 	awsErr    error
@@ -83,17 +88,17 @@ func (c *checker) policy() {
 	case err != nil:
 		c.problem("policy", "%v", err)
 	}
-	c.pol = p
+	c.report.Policy = p
 }
 
 // dirs checks the directories Open and the runner make where they are
 // missing and give their modes.
 func (c *checker) dirs() {
 	if c.cfg.DataDir != "" {
-		c.dir("dataDir", c.cfg.DataDir, dataDirMode(c.cfg))
+		c.dataDirRefused = !c.dir("dataDir", c.cfg.DataDir, dataDirMode(c.cfg))
 	}
-	if c.cfg.Runner.WorkDir != "" {
-		c.dir("runner.workDir", c.cfg.Runner.WorkDir, runnerWorkDirMode)
+	if w := c.cfg.Runner.WorkDir; w != "" && !c.inRefusedDataDir(w) {
+		c.dir("runner.workDir", w, runnerWorkDirMode)
 	}
 	for i, root := range c.cfg.Runner.Roots {
 		if fi, err := os.Stat(root); err != nil || !fi.IsDir() {
@@ -105,9 +110,21 @@ func (c *checker) dirs() {
 // runnerWorkDirMode is the mode runner.New gives the work dir.
 const runnerWorkDirMode = 0o711
 
+// inRefusedDataDir reports whether path lies in a data dir already
+// refused, which names the problem once.
+func (c *checker) inRefusedDataDir(path string) bool {
+	return c.dataDirRefused && within(c.cfg.DataDir, path)
+}
+
+// within reports whether path is dir or lies under it.
+func within(dir, path string) bool {
+	rel, err := filepath.Rel(dir, path)
+	return err == nil && rel != ".." && !strings.HasPrefix(rel, "../")
+}
+
 // dir checks a directory that serve makes (with its parents) when missing
-// and then sets to mode.
-func (c *checker) dir(field, path string, mode os.FileMode) {
+// and then sets to mode; ok is false when it is refused.
+func (c *checker) dir(field, path string, mode os.FileMode) (ok bool) {
 	fi, err := os.Stat(path)
 	switch {
 	case err == nil && !fi.IsDir():
@@ -116,48 +133,49 @@ func (c *checker) dir(field, path string, mode os.FileMode) {
 		c.problem(field, "%s is not writable by edge (uid %d)", path, os.Geteuid())
 	case err == nil && fi.Mode().Perm() != mode:
 		c.note(field, "%s has mode %04o: edge serve sets it to %04o", path, fi.Mode().Perm(), mode)
+		return true
 	case err == nil:
-	case errors.Is(err, fs.ErrNotExist):
+		return true
+	case errors.Is(err, fs.ErrNotExist) || errors.Is(err, syscall.ENOTDIR):
+		// MkdirAll starts from the nearest entry that exists.
 		parent := filepath.Dir(path)
-		for {
-			if _, err := os.Stat(parent); !errors.Is(err, fs.ErrNotExist) || parent == filepath.Dir(parent) {
+		for parent != filepath.Dir(parent) {
+			if _, err := os.Lstat(parent); err == nil {
 				break
 			}
 			parent = filepath.Dir(parent)
 		}
 		if pi, err := os.Stat(parent); err != nil || !pi.IsDir() || !writable(parent) {
 			c.problem(field, "%s does not exist and cannot be made: %s is not a directory edge (uid %d) may write in", path, parent, os.Geteuid())
-			return
+			return false
 		}
 		c.note(field, "%s does not exist: edge serve makes it (mode %04o)", path, mode)
+		return true
 	default:
 		c.problem(field, "%v", err)
 	}
+	return false
 }
 
 // writable reports whether edge may create entries in the directory dir.
 func writable(dir string) bool { return unix.Access(dir, unix.W_OK|unix.X_OK) == nil }
 
-// files checks the files Open reads at start: the private ones' modes, the
-// host token, the host API's TLS pair and the upstream roots.
+// files checks the files Open reads at start: the host token, the host
+// API's TLS pair and the upstream roots. The token and the TLS key, like
+// the secrets file (secretsSource), must be private: in a task's hands
+// they are the host's API and the host's identity toward Fleet.
 func (c *checker) files() {
-	private := map[string]bool{}
-	for _, f := range privateFiles(c.cfg) {
-		if err := checkPrivate(f.path); err != nil {
-			c.problem(f.field, "%v", err)
-			continue
-		}
-		private[f.field] = true
-	}
-	if private["api.tokenFile"] {
-		if _, err := readToken(c.cfg.API.TokenFile); err != nil {
+	if f := c.cfg.API.TokenFile; f != "" && c.private("api.tokenFile", f) {
+		if _, err := readToken(f); err != nil {
 			c.problem("api.tokenFile", "%v", err)
 		}
 	}
 	if t := c.cfg.API.TLS; t.Enabled() {
-		if err := exists(t.CertFile); err != nil {
-			c.problem("api.tls.certFile", "%v", err)
-		} else if private["api.tls.keyFile"] {
+		certErr := exists(t.CertFile)
+		if certErr != nil {
+			c.problem("api.tls.certFile", "%v", certErr)
+		}
+		if c.private("api.tls.keyFile", t.KeyFile) && certErr == nil {
 			if _, err := tls.LoadX509KeyPair(t.CertFile, t.KeyFile); err != nil {
 				c.problem("api.tls", "the certificate and key do not load as a pair: %v", err)
 			}
@@ -172,6 +190,16 @@ func (c *checker) files() {
 	}
 }
 
+// private checks a file tasks must not read (checkPrivate); ok is false
+// when it is refused, at field.
+func (c *checker) private(field, path string) (ok bool) {
+	if err := checkPrivate(path); err != nil {
+		c.problem(field, "%v", err)
+		return false
+	}
+	return true
+}
+
 // exists says, in the operator's words, why path cannot be read.
 func exists(path string) error {
 	_, err := os.Stat(path)
@@ -182,21 +210,22 @@ func exists(path string) error {
 }
 
 // secretsSource checks the source the proxy reads real values from, as
-// Open makes it; with the kill switch on, Open makes none.
+// Open makes it; with the kill switch on, Open makes none. The secrets
+// file must be private either way: it holds every real value.
 func (c *checker) secretsSource() {
 	s := c.cfg.Secrets
 	switch {
-	case c.o.KillSwitch:
 	case s.File != "":
-		if checkPrivate(s.File) != nil {
-			return // named by files
+		if !c.private("secrets.file", s.File) || c.o.KillSwitch {
+			break
 		}
 		src, err := secrets.NewFileSource(s.File)
 		if err != nil {
 			c.problem("secrets.file", "%v", err)
-			return
+			break
 		}
 		src.Close()
+	case c.o.KillSwitch:
 	case s.AWSSecretsManager != nil:
 		if err := c.loadAWS(); err != nil {
 			c.problem("secrets.awsSecretsManager", "loading edge's AWS configuration: %v", err)
@@ -204,7 +233,7 @@ func (c *checker) secretsSource() {
 	default:
 		c.problem("secrets", "%s", noSecretsSource)
 	}
-	if c.pol != nil && slices.ContainsFunc(c.pol.Keys(), func(k *policy.Key) bool { return k.AWS != nil && k.AWS.AssumeRole != nil }) {
+	if p := c.report.Policy; p != nil && slices.ContainsFunc(p.Keys(), func(k *policy.Key) bool { return k.AWS != nil && k.AWS.AssumeRole != nil }) {
 		if err := c.loadAWS(); err != nil {
 			c.note("policy", "aws keys with aws.assumeRole cannot be used: loading edge's AWS configuration failed: %v", err)
 		}
@@ -225,7 +254,7 @@ func (c *checker) sealer() {
 		return
 	}
 	path := c.cfg.CA.SealKeyFile
-	if path == "" {
+	if path == "" || c.inRefusedDataDir(path) {
 		return
 	}
 	if _, err := os.Stat(path); errors.Is(err, fs.ErrNotExist) {
@@ -264,9 +293,7 @@ func (c *checker) loadAWS() error {
 
 // checkPrivate refuses a file every user may read: tasks run as another
 // user (with no supplementary group), so only its "other" bits would let
-// them, and the host token, the secrets file or the host API's TLS key in
-// a task's hands is the host's API, every real value, or the host's
-// identity.
+// them.
 func checkPrivate(path string) error {
 	fi, err := os.Stat(path)
 	if err != nil {

@@ -334,24 +334,6 @@ func (h *Host) openAPI(token string) error {
 	return nil
 }
 
-// privateFile is a configured file tasks must not read: field names it in
-// edge.json.
-type privateFile struct{ field, path string }
-
-// privateFiles are the configured files that, in a task's hands, are the
-// host's API (its credential), every real value (the secrets file) or the
-// host's identity toward Fleet (the host API's TLS key).
-func privateFiles(cfg *config.Config) []privateFile {
-	files := []privateFile{{field: "api.tokenFile", path: cfg.API.TokenFile}}
-	if cfg.Secrets.File != "" {
-		files = append(files, privateFile{field: "secrets.file", path: cfg.Secrets.File})
-	}
-	if cfg.API.TLS.Enabled() {
-		files = append(files, privateFile{field: "api.tls.keyFile", path: cfg.API.TLS.KeyFile})
-	}
-	return files
-}
-
 // prepareDataDir creates the data dir and gives it dataDirMode.
 func prepareDataDir(cfg *config.Config) error {
 	if err := os.MkdirAll(cfg.DataDir, 0o700); err != nil {
@@ -368,7 +350,7 @@ func prepareDataDir(cfg *config.Config) error {
 // may pass through the data dir without listing it; everything else in it
 // stays 0700/0600.
 func dataDirMode(cfg *config.Config) os.FileMode {
-	if rel, err := filepath.Rel(cfg.DataDir, cfg.Runner.WorkDir); err == nil && !strings.HasPrefix(rel, "..") {
+	if within(cfg.DataDir, cfg.Runner.WorkDir) {
 		return 0o711
 	}
 	return 0o700
