@@ -30,7 +30,7 @@ const configCheckAbout = "It runs every check edge serve runs before it writes a
 func configCheckCommand(name string) *command {
 	c := &command{
 		name:        name,
-		purpose:     "Check a config with every check serve makes, changing nothing: every problem, or what each key may reach.",
+		purpose:     "Check a config with serve's checks, changing nothing: every problem, or what each key reaches.",
 		about:       configCheckAbout,
 		required:    []string{configFlag},
 		readsConfig: true,

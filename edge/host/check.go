@@ -42,7 +42,9 @@ type Report struct {
 // port and calls no AWS API (it loads edge's AWS configuration, as Open
 // does, which reads files only).
 //
-// Open runs it first and refuses on any problem, before it writes
+// o.Config is required; it may be one config.Read found problems in, and
+// a field it leaves empty is not checked here (config.Read names it).
+// Open runs Check first and refuses on any problem, before it writes
 // anything. What only doing it can tell is left to Open: binding the
 // listeners, opening the run log and the sealed CA and SSH host key, and
 // the runner's set-up of tasks' networks and control groups.
