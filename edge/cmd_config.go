@@ -110,7 +110,7 @@ func printProblems(w io.Writer, who, path string, ps config.Problems) {
 	if len(ps) == 1 {
 		noun = "problem"
 	}
-	fmt.Fprintf(w, "%s: config %s has %d %s; edge serve starts once each is fixed:\n", who, path, len(ps), noun)
+	fmt.Fprintf(w, "%s: config %s has %d %s; edge serve refuses it until each is fixed:\n", who, path, len(ps), noun)
 	for _, p := range ps {
 		fmt.Fprintf(w, "  %s\n", strings.ReplaceAll(p.Error(), "\n", "\n    "))
 	}

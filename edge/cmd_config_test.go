@@ -280,7 +280,7 @@ func TestBrokenConfigsAreRefusedByCheckAndServeAlike(t *testing.T) {
 			if len(tc.want) == 1 {
 				noun = "problem"
 			}
-			list := fmt.Sprintf(": config %s has %d %s; edge serve starts once each is fixed:\n  %s\n", path, len(tc.want), noun,
+			list := fmt.Sprintf(": config %s has %d %s; edge serve refuses it until each is fixed:\n  %s\n", path, len(tc.want), noun,
 				strings.ReplaceAll(strings.Join(tc.want, "\n  "), "<dir>", dir))
 			before := snapshot(t, dir)
 
