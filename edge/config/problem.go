@@ -14,7 +14,8 @@ import (
 // agents.claude.argv[0], proxy.upstream.resolve["api.example.test"].
 type Path []string
 
-// Key is the path of the member k of the object at p.
+// Key is the path of the member k of the object at p; several keys name
+// members nested in turn.
 func (p Path) Key(k ...string) Path { return append(p[:len(p):len(p)], k...) }
 
 // Index is the path of element i of the array at p.
