@@ -22,11 +22,11 @@ func caCommand(sub string) *command {
 	c := &command{
 		name:        "ca " + sub,
 		about:       caReadOnly,
-		required:    []string{"config"},
+		required:    []string{configFlag},
 		readsConfig: true,
 		flags: func(fs *flag.FlagSet) action {
-			path := fs.String("config", "", "read the config from `edge.json` (relative paths in it resolve against its folder)")
-			return func(_ []string, stdout, stderr io.Writer) int { return showCA(sub, *path, stdout, stderr) }
+			path := configFlagVar(fs)
+			return func(stdout, stderr io.Writer) int { return showCA(sub, *path, stdout, stderr) }
 		},
 	}
 	if sub == "bundle" {

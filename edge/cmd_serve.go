@@ -3,7 +3,6 @@ package main
 import (
 	"context"
 	"flag"
-	"fmt"
 	"io"
 	"log/slog"
 	"os"
@@ -11,7 +10,6 @@ import (
 	"syscall"
 	"time"
 
-	"github.com/runfleet/runfleet/edge/config"
 	"github.com/runfleet/runfleet/edge/host"
 	"github.com/runfleet/runfleet/edge/internal/redact"
 	"github.com/runfleet/runfleet/edge/proxy"
@@ -27,33 +25,32 @@ func serveCommand() *command {
 	return &command{
 		name:    "serve",
 		purpose: "Run this host: the host API, the secrets proxy, its CA and the runner, in one process.",
-		about: "SIGTERM or SIGINT drains: running tasks get runner.drainTimeout, then are cancelled; edge\n" +
+		about: "It first runs every check edge config check runs: a config with any problem is refused\n" +
+			"with all of them listed (exit 1) before anything is written: no data dir, no CA.\n\n" +
+			"SIGTERM or SIGINT drains: running tasks get runner.drainTimeout, then are cancelled; edge\n" +
 			"exits 0. SIGHUP reloads the policy, as does a change to the config file (an invalid new\n" +
 			"policy keeps the old one, logged). Logs are JSON lines on stderr.\n\n" +
 			proxy.KillSwitchEnv + "=off starts it with the secrets proxy down (runs that declare secrets\n" +
 			"are refused broker_not_ready); unset or on runs it; any other value refuses the start.",
-		required:    []string{"config"},
+		required:    []string{configFlag},
 		readsConfig: true,
 		flags: func(fs *flag.FlagSet) action {
-			path := fs.String("config", "", "read the config from `edge.json` (relative paths in it resolve against its folder)")
-			return func(_ []string, _, stderr io.Writer) int { return serve(*path, stderr) }
+			path := configFlagVar(fs)
+			return func(_, stderr io.Writer) int { return serve(*path, stderr) }
 		},
 	}
 }
 
 // serve runs the host from the config at path until a signal or a fault
-// stops it.
+// stops it. A config edge config check refuses it refuses the same way,
+// having written nothing.
 func serve(path string, stderr io.Writer) int {
-	killSwitch, err := proxy.KillSwitch(os.Getenv)
-	if err != nil {
-		fmt.Fprintln(stderr, "edge serve:", err)
+	checked := checkConfig(context.Background(), path, os.Getenv)
+	if len(checked.report.Problems) > 0 {
+		printProblems(stderr, "edge serve", path, checked.report.Problems)
 		return 1
 	}
-	cfg, err := config.Load(path)
-	if err != nil {
-		fmt.Fprintln(stderr, err)
-		return 1
-	}
+	cfg := checked.cfg
 	// Every log line passes through the redactor that learns each real
 	// value the proxy reads: the last line of defence.
 	redactor := redact.NewSet(0)
@@ -68,7 +65,7 @@ func serve(path string, stderr io.Writer) int {
 
 	h, err := host.Open(context.Background(), host.Options{
 		Config:     cfg,
-		KillSwitch: killSwitch,
+		KillSwitch: checked.killSwitch,
 		Logger:     log,
 		Redactor:   redactor,
 	})

@@ -19,7 +19,8 @@ var userCommands = []struct {
 	{[]string{"serve"}, []string{"--config edge.json"}},
 	{[]string{"ca", "bundle"}, []string{"--config edge.json"}},
 	{[]string{"ca", "status"}, []string{"--config edge.json"}},
-	{[]string{"policy", "check"}, nil},
+	{[]string{"config", "check"}, []string{"--config edge.json"}},
+	{[]string{"policy", "check"}, []string{"--config edge.json"}},
 	{[]string{"version"}, nil},
 }
 
@@ -123,11 +124,12 @@ func TestCommandUsageOnRequest(t *testing.T) {
 	}
 }
 
-// A group's commands (edge ca, edge policy) on request.
+// A group's commands (edge ca, edge config, edge policy) on request.
 func TestGroupUsageOnRequest(t *testing.T) {
 	for group, want := range map[string][]string{
 		"ca":     {"  edge ca bundle --config edge.json\n", "  edge ca status --config edge.json\n"},
-		"policy": {"  edge policy check edge.json\n"},
+		"config": {"  edge config check --config edge.json\n"},
+		"policy": {"  edge policy check --config edge.json\n"},
 	} {
 		code, usage, errOut := runCmd(t, "help", group)
 		if code != 0 || errOut != "" || !strings.HasPrefix(usage, "usage: edge "+group+" <command>") {
@@ -175,9 +177,16 @@ func TestWrongInvocationsGetTheUsage(t *testing.T) {
 		{[]string{"serve", "--config", "a.json", "b.json"}, `edge serve: unexpected argument "b.json"`, commandUsage("serve")},
 		{[]string{"ca", "status", "-x", "--config", "a.json"}, "edge ca status: flag provided but not defined: -x", commandUsage("ca", "status")},
 		{[]string{"ca", "bundle", "--config"}, "edge ca bundle: flag needs an argument: -config", commandUsage("ca", "bundle")},
-		{[]string{"policy", "check"}, "edge policy check: missing edge.json", commandUsage("policy", "check")},
-		{[]string{"policy", "check", "--config", "a.json"}, "edge policy check: flag provided but not defined: -config", commandUsage("policy", "check")},
-		{[]string{"policy", "check", "a.json", "b.json"}, `edge policy check: unexpected argument "b.json"`, commandUsage("policy", "check")},
+		{[]string{"config"}, "edge config: a command is missing", commandUsage("config")},
+		{[]string{"config", "check"}, "edge config check: --config is required", commandUsage("config", "check")},
+		{[]string{"config", "check", "--config", "a.json", "b.json"}, `edge config check: unexpected argument "b.json"`, commandUsage("config", "check")},
+		{[]string{"policy", "check"}, "edge policy check: --config is required", commandUsage("policy", "check")},
+		// A config as an operand, as edge policy check once took it: the
+		// spelling every command takes.
+		{[]string{"policy", "check", "a.json"}, "edge policy check: --config is required: write edge policy check --config a.json", commandUsage("policy", "check")},
+		{[]string{"config", "check", "a.json"}, "edge config check: --config is required: write edge config check --config a.json", commandUsage("config", "check")},
+		{[]string{"serve", "a.json"}, "edge serve: --config is required: write edge serve --config a.json", commandUsage("serve")},
+		{[]string{"policy", "check", "a.json", "b.json"}, "edge policy check: --config is required", commandUsage("policy", "check")},
 		{[]string{"version", "now"}, `edge version: unexpected argument "now"`, commandUsage("version")},
 		{[]string{"version", "--short"}, "edge version: flag provided but not defined: -short", commandUsage("version")},
 	}

@@ -3,7 +3,7 @@
 //
 //	edge serve --config edge.json
 //	edge ca bundle|status --config edge.json
-//	edge policy check edge.json
+//	edge config check --config edge.json (alias: edge policy check)
 //	edge version
 //	edge help [command]
 package main
@@ -23,6 +23,14 @@ import (
 // configDocs says where a user finds the config a command reads.
 const configDocs = `The config: README.md, "Configuration (edge)"; every key in an example: infra/edge.example.json.`
 
+// configFlag names the config file for every command that reads one.
+const configFlag = "config"
+
+// configFlagVar declares --config on fs.
+func configFlagVar(fs *flag.FlagSet) *string {
+	return fs.String(configFlag, "", "read the config from `edge.json` (relative paths in it resolve against its folder)")
+}
+
 // A command is one of edge's subcommands. Its flags live on a flag.FlagSet
 // that both parses them and generates the usage edge prints, so the usage
 // cannot drift from what the command accepts.
@@ -33,26 +41,24 @@ type command struct {
 	purpose string
 	// about, when set, says more in the command's own usage.
 	about string
-	// operands name what the command takes after its flags, exactly those
-	// (none when empty): "edge.json".
-	operands []string
 	// required are the flags that must be given.
 	required []string
 	// readsConfig points the usage at where the config is documented.
 	readsConfig bool
 	// flags declares the command's flags on fs and returns what runs once
-	// they are parsed, given the operands.
+	// they are parsed. A command takes no operands (checkGiven refuses them).
 	flags func(fs *flag.FlagSet) action
 }
 
 // action runs a command and returns edge's exit code.
-type action func(operands []string, stdout, stderr io.Writer) int
+type action func(stdout, stderr io.Writer) int
 
 // commands are edge's commands in the order its usage lists them. task-init
 // is not one: it is edge as a task's init (runner.DefaultTaskInit), never
 // typed by a user, and dispatched before these.
 func commands() []*command {
-	return []*command{serveCommand(), caCommand("bundle"), caCommand("status"), policyCheckCommand(), versionCommand()}
+	return []*command{serveCommand(), caCommand("bundle"), caCommand("status"),
+		configCheckCommand("config check"), configCheckCommand("policy check"), versionCommand()}
 }
 
 func main() {
@@ -153,9 +159,9 @@ func (c *command) flagSet() (*flag.FlagSet, action) {
 	return fs, c.flags(fs)
 }
 
-// run parses the command's flags and operands, then runs it: -h or --help
+// run parses the command's flags, then runs it: -h or --help
 // prints its usage to stdout (exit 0); a bad flag, a missing required flag or
-// the wrong operands print what is wrong and its usage to stderr (exit 2).
+// an operand print what is wrong and its usage to stderr (exit 2).
 func (c *command) run(args []string, stdout, stderr io.Writer) int {
 	fs, act := c.flagSet()
 	err := fs.Parse(args)
@@ -171,30 +177,32 @@ func (c *command) run(args []string, stdout, stderr io.Writer) int {
 		c.printUsage(stderr, fs)
 		return 2
 	}
-	return act(fs.Args(), stdout, stderr)
+	return act(stdout, stderr)
 }
 
-// checkGiven reports a required flag left out or operands other than the
-// command's.
+// checkGiven reports a required flag left out or an operand. A config
+// given as an operand, as edge policy check once took it, gets the
+// spelling every command takes.
 func (c *command) checkGiven(fs *flag.FlagSet) error {
 	set := map[string]bool{}
 	fs.Visit(func(f *flag.Flag) { set[f.Name] = true })
 	for _, name := range c.required {
-		if !set[name] {
-			return fmt.Errorf("--%s is required", name)
+		if set[name] {
+			continue
 		}
+		if name == configFlag && fs.NArg() == 1 {
+			return fmt.Errorf("--%s is required: write edge %s --%s %s", name, c.name, name, fs.Arg(0))
+		}
+		return fmt.Errorf("--%s is required", name)
 	}
-	switch n, want := fs.NArg(), len(c.operands); {
-	case n < want:
-		return fmt.Errorf("missing %s", strings.Join(c.operands[n:], " "))
-	case n > want:
-		return fmt.Errorf("unexpected argument %q", fs.Arg(want))
+	if fs.NArg() > 0 {
+		return fmt.Errorf("unexpected argument %q", fs.Arg(0))
 	}
 	return nil
 }
 
-// synopsis is the command line: required flags, [optional flags] and
-// operands, from the flag set.
+// synopsis is the command line: required flags and [optional flags], from
+// the flag set.
 func (c *command) synopsis(fs *flag.FlagSet) string {
 	parts := []string{"edge", c.name}
 	required := map[string]bool{}
@@ -211,7 +219,7 @@ func (c *command) synopsis(fs *flag.FlagSet) string {
 		}
 		parts = append(parts, s)
 	})
-	return strings.Join(append(parts, c.operands...), " ")
+	return strings.Join(parts, " ")
 }
 
 // printUsage is the command's usage: its synopsis, what it does, each flag.
@@ -270,7 +278,7 @@ func versionCommand() *command {
 		name:    "version",
 		purpose: "Print edge's version.",
 		flags: func(*flag.FlagSet) action {
-			return func(_ []string, stdout, _ io.Writer) int {
+			return func(stdout, _ io.Writer) int {
 				fmt.Fprintf(stdout, "%s edge %s\n", version.Product, version.Version)
 				return 0
 			}

@@ -8,15 +8,16 @@
 package config
 
 import (
-	"bytes"
 	"encoding/json"
-	"errors"
 	"fmt"
+	"maps"
 	"math"
 	"net"
 	"net/netip"
 	"os"
 	"path/filepath"
+	"reflect"
+	"slices"
 	"strconv"
 	"strings"
 	"time"
@@ -116,25 +117,28 @@ type Limits struct {
 
 // UnmarshalJSON reads "none" or an object of limits.
 func (l *Limits) UnmarshalJSON(data []byte) error {
+	var ps Problems
+	l.decodeAt(data, nil, &ps)
+	return ps.Err()
+}
+
+// decodeAt is UnmarshalJSON naming each problem by its path below at.
+func (l *Limits) decodeAt(raw []byte, at Path, ps *Problems) {
 	var s string
-	if err := json.Unmarshal(data, &s); err == nil {
+	if json.Unmarshal(raw, &s) == nil {
 		if s != runner.LimitsNone {
-			return fmt.Errorf("limits must be %q or an object with memory, pids and cpu, not %q", runner.LimitsNone, s)
+			ps.add(at, "must be %q or an object with memory, pids and cpu, not %q", runner.LimitsNone, s)
+			return
 		}
 		*l = Limits{None: true}
-		return nil
+		return
 	}
+	// Strict like Parse: a misspelt limit must not quietly take its
+	// default.
 	type plain Limits
 	var p plain
-	// Strict like Parse: the decoder's setting does not reach a custom
-	// unmarshaller, and a misspelt limit must not quietly take its default.
-	dec := json.NewDecoder(bytes.NewReader(data))
-	dec.DisallowUnknownFields()
-	if err := dec.Decode(&p); err != nil {
-		return fmt.Errorf("limits: %w", describeJSONError(err))
-	}
+	decodeValue(raw, reflect.ValueOf(&p).Elem(), at, ps)
 	*l = Limits(p)
-	return nil
 }
 
 // MarshalJSON writes "none" or the object.
@@ -423,57 +427,67 @@ type Runner struct {
 	MinFreeBytes Bytes `json:"minFreeBytes"`
 }
 
-// Load reads, defaults and validates the config at path.
+// Load reads, defaults and validates the config at path. Its error names
+// the file and lists every problem found (Problems).
 func Load(path string) (*Config, error) {
-	b, err := os.ReadFile(path)
-	if err != nil {
-		return nil, fmt.Errorf("config: %w", err)
-	}
-	c, err := Parse(b)
-	if err != nil {
-		return nil, fmt.Errorf("config %s: %w", path, err)
-	}
-	abs, err := filepath.Abs(path)
-	if err != nil {
-		return nil, fmt.Errorf("config: %w", err)
-	}
-	c.path = abs
-	c.resolvePaths(filepath.Dir(abs))
-	c.Defaults()
-	if err := c.Validate(); err != nil {
-		return nil, fmt.Errorf("config %s: %w", path, err)
+	c, ps := Read(path)
+	if len(ps) > 0 {
+		return nil, fmt.Errorf("config %s: %w", path, ps)
 	}
 	return c, nil
 }
 
-// Parse decodes a config strictly: an unknown field is an error naming it,
-// since a misspelt security setting must not silently take its default.
+// Read reads, defaults and validates the config at path as Load does, and
+// returns every problem found rather than failing: a field that cannot be
+// decoded keeps its default, so every other field is still checked. The
+// config is nil only when the file cannot be read or is not JSON; with
+// problems, it is what could be read, for further checks that name their
+// own fields.
+func Read(path string) (*Config, Problems) {
+	b, err := os.ReadFile(path)
+	if err != nil {
+		return nil, Problems{{Msg: err.Error()}}
+	}
+	c := new(Config)
+	ps := decodeStrict(b, c)
+	if len(ps) > 0 && ps[0].Path == "" {
+		return nil, ps
+	}
+	abs, err := filepath.Abs(path)
+	if err != nil {
+		return nil, append(ps, Problem{Msg: err.Error()})
+	}
+	c.path = abs
+	c.resolvePaths(filepath.Dir(abs))
+	c.Defaults()
+	// A field that did not decode is at its default, which may itself be
+	// refused (dataDir ""): it is named once, for what was written.
+	decoded := map[string]bool{}
+	for _, p := range ps {
+		decoded[p.Path] = true
+	}
+	for _, p := range c.problems() {
+		if !decoded[p.Path] {
+			ps = append(ps, p)
+		}
+	}
+	return c, ps
+}
+
+// Parse decodes a config strictly: an unknown field, a key given twice or
+// a value of the wrong type is an error naming it (every one found:
+// Problems), since a misspelt security setting must not silently take its
+// default.
 func Parse(b []byte) (*Config, error) {
-	dec := json.NewDecoder(bytes.NewReader(b))
-	dec.DisallowUnknownFields()
 	var c Config
-	if err := dec.Decode(&c); err != nil {
-		return nil, describeJSONError(err)
+	if ps := decodeStrict(b, &c); len(ps) > 0 {
+		return nil, ps
 	}
 	return &c, nil
 }
 
 // Path is the absolute path the config was loaded from, or "".
 func (c *Config) Path() string { return c.path }
-
-func describeJSONError(err error) error {
-	var typeErr *json.UnmarshalTypeError
-	var syntaxErr *json.SyntaxError
-	switch {
-	case errors.As(err, &typeErr):
-		return fmt.Errorf("field %q: expected %s", typeErr.Field, typeErr.Type)
-	case errors.As(err, &syntaxErr):
-		return fmt.Errorf("invalid JSON at byte %d: %w", syntaxErr.Offset, err)
-	case strings.HasPrefix(err.Error(), "json: unknown field"):
-		return fmt.Errorf("unknown field %s", strings.TrimPrefix(err.Error(), "json: unknown field "))
-	}
-	return err
-}
 
 func (c *Config) resolvePaths(dir string) {
 	abs := func(p *string) {
@@ -572,58 +586,77 @@ func loopback(addr string) bool {
 }
 
 // Validate checks everything but the policy section (package policy owns
-// that), naming the field at fault.
-func (c *Config) Validate() error {
-	var errs []error
+// that) and what lies outside the file (edge/host checks the files it
+// names): every problem, each naming its field (Problems).
+func (c *Config) Validate() error { return c.problems().Err() }
+
+func (c *Config) problems() Problems {
+	var ps Problems
 	bad := func(field, format string, args ...any) {
-		errs = append(errs, fmt.Errorf("%s: %s", field, fmt.Sprintf(format, args...)))
+		ps = append(ps, Problem{Path: field, Msg: fmt.Sprintf(format, args...)})
 	}
 	if c.DataDir == "" {
 		bad("dataDir", "is required")
 	}
+	if _, _, err := net.SplitHostPort(c.API.Listen); err != nil {
+		bad("api.listen", "%q is not host:port", c.API.Listen)
+	} else if !loopback(c.API.Listen) && !c.API.TLS.Enabled() {
+		bad("api.listen", "%q is not a loopback address and api.tls is not set: the host token would cross the network in cleartext; set api.tls.certFile and api.tls.keyFile, or listen on 127.0.0.1", c.API.Listen)
+	}
 	if c.API.TokenFile == "" {
 		bad("api.tokenFile", "is required")
 	}
-	if (c.API.TLS.CertFile == "") != (c.API.TLS.KeyFile == "") {
-		bad("api.tls", "certFile and keyFile must be set together")
-	}
-	for field, addr := range map[string]string{"api.listen": c.API.Listen, "proxy.listen": c.Proxy.Listen} {
-		if _, _, err := net.SplitHostPort(addr); err != nil {
-			bad(field, "%q is not host:port", addr)
-		}
+	switch t := c.API.TLS; {
+	case t.CertFile != "" && t.KeyFile == "":
+		bad("api.tls.keyFile", "is required with api.tls.certFile")
+	case t.CertFile == "" && t.KeyFile != "":
+		bad("api.tls.certFile", "is required with api.tls.keyFile")
 	}
 	// Tasks send their proxy credential in Basic form, in the clear: the
 	// proxy must never be reachable off this host.
-	if _, _, err := net.SplitHostPort(c.Proxy.Listen); err == nil && !loopback(c.Proxy.Listen) {
+	if _, _, err := net.SplitHostPort(c.Proxy.Listen); err != nil {
+		bad("proxy.listen", "%q is not host:port", c.Proxy.Listen)
+	} else if !loopback(c.Proxy.Listen) {
 		bad("proxy.listen", "%q is not a loopback address: tasks send their proxy credentials to it in cleartext, so it must listen on 127.0.0.1 or [::1] only", c.Proxy.Listen)
-	}
-	if _, _, err := net.SplitHostPort(c.API.Listen); err == nil && !loopback(c.API.Listen) && !c.API.TLS.Enabled() {
-		bad("api.listen", "%q is not a loopback address and api.tls is not set: the host token would cross the network in cleartext; set api.tls.certFile and api.tls.keyFile, or listen on 127.0.0.1", c.API.Listen)
-	}
-	if c.Proxy.Pprof != "" && !loopback(c.Proxy.Pprof) {
-		bad("proxy.pprof", "%q is not a loopback address: profiles show edge's internals, so it must listen on 127.0.0.1 or [::1] only", c.Proxy.Pprof)
 	}
 	if c.Proxy.Egress != EgressOpen && c.Proxy.Egress != EgressStrict {
 		bad("proxy.egress", "must be %q or %q, not %q", EgressOpen, EgressStrict, c.Proxy.Egress)
 	}
-	if r := c.Proxy.Upstream.Resolver; r != upstream.ResolverUplink && r != upstream.ResolverSystem {
-		bad("proxy.upstream.resolver", "must be %q or %q, not %q", upstream.ResolverUplink, upstream.ResolverSystem, r)
+	u := c.Proxy.Upstream
+	if u.Resolver != upstream.ResolverUplink && u.Resolver != upstream.ResolverSystem {
+		bad("proxy.upstream.resolver", "must be %q or %q, not %q", upstream.ResolverUplink, upstream.ResolverSystem, u.Resolver)
 	}
-	for name, addr := range c.Proxy.Upstream.Resolve {
-		if net.ParseIP(addr) == nil {
-			bad("proxy.upstream.resolve", "%q maps to %q, which is not an IP address", name, addr)
+	// Parsed as upstream.NewResolver and upstream.ParseAllowPrivate parse
+	// them, so what passes here passes there.
+	for _, name := range slices.Sorted(maps.Keys(u.Resolve)) {
+		if _, err := netip.ParseAddr(u.Resolve[name]); err != nil {
+			ps.add(Path{"proxy", "upstream", "resolve", name}, "%q is not an IP address", u.Resolve[name])
 		}
 	}
-	for _, cidr := range c.Proxy.Upstream.AllowPrivate {
-		if _, _, err := net.ParseCIDR(cidr); err != nil {
-			bad("proxy.upstream.allowPrivate", "%q is not a CIDR", cidr)
+	for i, cidr := range u.AllowPrivate {
+		if _, err := netip.ParsePrefix(cidr); err != nil {
+			ps.add(Path{"proxy", "upstream", "allowPrivate"}.Index(i), "%q is not a CIDR such as 10.0.0.0/8", cidr)
 		}
 	}
-	if c.Proxy.Audit.MaxBytes < 0 || c.Proxy.Audit.Keep < 0 {
-		bad("proxy.audit", "maxBytes and keep must not be negative")
+	if c.Proxy.Audit.MaxBytes < 0 {
+		bad("proxy.audit.maxBytes", "must not be negative")
 	}
-	if c.CA.Lifetime.D() <= 0 || c.CA.SuccessorWindow.D() <= 0 || c.CA.SwitchBefore.D() <= 0 || c.CA.LeafLifetime.D() <= 0 {
-		bad("ca", "lifetime, successorWindow, switchBefore and leafLifetime must be positive")
+	if c.Proxy.Audit.Keep < 0 {
+		bad("proxy.audit.keep", "must not be negative")
+	}
+	if c.Proxy.Pprof != "" && !loopback(c.Proxy.Pprof) {
+		bad("proxy.pprof", "%q is not a loopback address: profiles show edge's internals, so it must listen on 127.0.0.1 or [::1] only", c.Proxy.Pprof)
+	}
+	for _, d := range []struct {
+		field string
+		d     Duration
+	}{
+		{"ca.lifetime", c.CA.Lifetime}, {"ca.successorWindow", c.CA.SuccessorWindow},
+		{"ca.switchBefore", c.CA.SwitchBefore}, {"ca.leafLifetime", c.CA.LeafLifetime},
+	} {
+		if d.d.D() <= 0 {
+			bad(d.field, "must be positive")
+		}
 	}
 	if c.CA.SuccessorWindow.D() >= c.CA.Lifetime.D() {
 		bad("ca.successorWindow", "must be shorter than ca.lifetime")
@@ -634,9 +667,12 @@ func (c *Config) Validate() error {
 	if c.Secrets.File != "" && c.Secrets.AWSSecretsManager != nil {
 		bad("secrets", "set file or awsSecretsManager, not both")
 	}
-	for name, a := range c.Agents {
-		if len(a.Argv) == 0 {
-			bad("agents."+name+".argv", "is required")
+	if sm := c.Secrets.AWSSecretsManager; sm != nil && sm.CacheTTL.D() < 0 {
+		bad("secrets.awsSecretsManager.cacheTtl", "must be positive")
+	}
+	for _, name := range slices.Sorted(maps.Keys(c.Agents)) {
+		if len(c.Agents[name].Argv) == 0 {
+			ps.add(Path{"agents", name, "argv"}, "is required")
 		}
 	}
 	if c.Runner.User == "" && !c.Runner.InsecureSameUser {
@@ -645,13 +681,27 @@ func (c *Config) Validate() error {
 	if e := c.Runner.Egress; e != runner.TaskEgressConfined && e != runner.TaskEgressInsecureOpen {
 		bad("runner.egress", "must be %q or %q, not %q", runner.TaskEgressConfined, runner.TaskEgressInsecureOpen, e)
 	}
-	for _, r := range c.Runner.Roots {
+	for i, r := range c.Runner.Roots {
 		if !filepath.IsAbs(r) {
-			bad("runner.roots", "%q must be absolute", r)
+			ps.add(Path{"runner", "roots"}.Index(i), "%q must be absolute", r)
 		}
 	}
-	if c.Runner.MaxConcurrent < 0 || c.Runner.MaxOutputBytes < 0 {
-		bad("runner", "maxConcurrent and maxOutputBytes must not be negative")
+	if c.Runner.MaxConcurrent < 0 {
+		bad("runner.maxConcurrent", "must not be negative")
+	}
+	if c.Runner.MaxOutputBytes < 0 {
+		bad("runner.maxOutputBytes", "must not be negative")
+	}
+	for _, d := range []struct {
+		field string
+		d     Duration
+	}{
+		{"runner.maxDuration", c.Runner.MaxDuration}, {"runner.drainTimeout", c.Runner.DrainTimeout},
+		{"runner.retention", c.Runner.Retention}, {"runner.cancelGrace", c.Runner.CancelGrace},
+	} {
+		if d.d.D() <= 0 {
+			bad(d.field, "must be positive")
+		}
 	}
 	if l := c.Runner.Limits; !l.None {
 		switch {
@@ -676,13 +726,5 @@ func (c *Config) Validate() error {
 	if n := c.Runner.MinFreeBytes; n < runner.MinMinFreeBytes {
 		bad("runner.minFreeBytes", "%d is under the smallest reserve, %d bytes (1 MiB): the reserve keeps room to record runs' ends when the data dir fills; leave it unset for the default (1 GiB)", n, runner.MinMinFreeBytes)
 	}
-	for field, d := range map[string]Duration{
-		"runner.maxDuration": c.Runner.MaxDuration, "runner.drainTimeout": c.Runner.DrainTimeout,
-		"runner.retention": c.Runner.Retention, "runner.cancelGrace": c.Runner.CancelGrace,
-	} {
-		if d.D() <= 0 {
-			bad(field, "must be positive")
-		}
-	}
-	return errors.Join(errs...)
+	return ps
 }

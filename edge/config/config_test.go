@@ -4,6 +4,7 @@ import (
 	"encoding/json"
 	"os"
 	"path/filepath"
+	"reflect"
 	"strings"
 	"testing"
 	"time"
@@ -54,7 +55,7 @@ func TestLoadDesignExample(t *testing.T) {
 
 func TestBadConfigsNameTheField(t *testing.T) {
 	for name, tc := range map[string]struct{ json, want string }{
-		"unknown field":                {`{"dataDir":"/d","api":{"tokenFile":"/t"},"prxy":{}}`, `unknown field "prxy"`},
+		"unknown field":                {`{"dataDir":"/d","api":{"tokenFile":"/t"},"prxy":{}}`, `prxy: unknown field; did you mean "proxy"?`},
 		"wrong type":                   {`{"dataDir":"/d","api":{"tokenFile":"/t"},"runner":{"maxConcurrent":"8"}}`, "runner.maxConcurrent"},
 		"bad duration":                 {`{"dataDir":"/d","api":{"tokenFile":"/t"},"ca":{"lifetime":"a year"}}`, `invalid duration "a year"`},
 		"missing data dir":             {`{"api":{"tokenFile":"/t"}}`, "dataDir: is required"},
@@ -147,7 +148,7 @@ func TestRunnerLimits(t *testing.T) {
 	}
 	for _, tc := range []struct{ limits, want string }{
 		{`"off"`, `not "off"`},
-		{`{"memmory": "2GiB"}`, "memmory"},
+		{`{"memmory": "2GiB"}`, `runner.limits.memmory: unknown field; did you mean "memory"?`},
 		{`{"memory": "2 gigs"}`, `invalid size "2 gigs"`},
 		{`{"memory": "1MiB"}`, "runner.limits.memory"},
 		{`{"pids": -1}`, "runner.limits.pids"},
@@ -174,6 +175,96 @@ func TestBytes(t *testing.T) {
 		var b Bytes
 		if err := json.Unmarshal([]byte(in), &b); err == nil {
 			t.Errorf("%s: got %d, want an error", in, b)
+		}
+	}
+}
+
+// Read lists every problem of a config at once, each at its JSON path, in
+// the order written: what cannot be decoded, then what is refused.
+func TestReadListsEveryProblemAtItsPath(t *testing.T) {
+	for name, tc := range map[string]struct {
+		json string
+		want []string
+	}{
+		"schema and values": {`{
+			"dataDir": 7,
+			"api": {"tokenFile": "/t", "tls": {"certFile": "/c"}},
+			"proxy": {"egress": "wide", "upstream": {"allowPrivate": ["10.0.0.0/8", "10/8"], "resolve": {"api.example.test": "nowhere"}}},
+			"agents": {"shell": {"argv": ["sh"], "envv": {}}, "empty": {"argv": []}},
+			"runner": {"maxConcurrent": -1, "maxOutputBytes": "64MiB", "maxDurationn": "1h", "limits": {"cpu": 0.001, "memmory": "1GiB"}}
+		}`, []string{
+			"dataDir: must be a string",
+			`agents.shell.envv: unknown field; did you mean "env"?`,
+			"runner.maxOutputBytes: must be a whole number",
+			`runner.maxDurationn: unknown field; did you mean "maxDuration"?`,
+			`runner.limits.memmory: unknown field; did you mean "memory"?`,
+			"api.tls.keyFile: is required with api.tls.certFile",
+			`proxy.egress: must be "open" or "strict", not "wide"`,
+			`proxy.upstream.resolve["api.example.test"]: "nowhere" is not an IP address`,
+			`proxy.upstream.allowPrivate[1]: "10/8" is not a CIDR such as 10.0.0.0/8`,
+			"agents.empty.argv: is required",
+			"runner.maxConcurrent: must not be negative",
+			"runner.limits.cpu: 0.001 cores is under the kernel's minimum; give at least 0.01",
+		}},
+		"keys given twice": {`{"dataDir": "/d", "api": {"tokenFile": "/t"},
+			"agents": {"shell": {"argv": ["sh"]}, "shell": {"argv": ["bash"]}}}`, []string{
+			"agents.shell: the key is given more than once (JSON keys must be unique)",
+		}},
+		"a key twice in the policy": {`{"dataDir": "/d", "api": {"tokenFile": "/t"},
+			"policy": {"projects": {"acme": {"keys": {"K": {"domains": ["a.example"], "domains": ["b.example"]}}}}}}`, []string{
+			"policy.projects.acme.keys.K.domains: the key is given more than once (JSON keys must be unique)",
+		}},
+		"a field in other case": {`{"DataDir": "/d", "api": {"tokenFile": "/t"}}`, []string{
+			`DataDir: unknown field; did you mean "dataDir"?`,
+			"dataDir: is required",
+		}},
+		"not JSON": {"{\"dataDir\": \"/d\",\n  \"api\": {\"tokenFile\": \"/t\"}}}", []string{
+			"not valid JSON at line 2, column 30: invalid character '}' after top-level value",
+		}},
+		"not an object": {`["dataDir", "/d"]`, []string{"not a JSON object"}},
+		"trailing data": {`{"dataDir": "/d", "api": {"tokenFile": "/t"}} {}`, []string{
+			"not valid JSON at line 1, column 47: invalid character '{' after top-level value",
+		}},
+	} {
+		t.Run(name, func(t *testing.T) {
+			path := filepath.Join(t.TempDir(), "edge.json")
+			if err := os.WriteFile(path, []byte(tc.json), 0o600); err != nil {
+				t.Fatal(err)
+			}
+			_, ps := Read(path)
+			got := make([]string, len(ps))
+			for i, p := range ps {
+				got[i] = p.Error()
+			}
+			if strings.Join(got, "\n") != strings.Join(tc.want, "\n") {
+				t.Errorf("problems:\n%s\nwant:\n%s", strings.Join(got, "\n"), strings.Join(tc.want, "\n"))
+			}
+		})
+	}
+}
+
+// The strict decoder decodes what encoding/json decodes, for every example
+// config: it is stricter, never different.
+func TestStrictDecodingMatchesEncodingJSON(t *testing.T) {
+	examples := map[string][]byte{"design": []byte(designExample)}
+	b, err := os.ReadFile(filepath.Join("..", "..", "infra", "edge.example.json"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	examples["infra/edge.example.json"] = b
+	examples["limits none, nulls"] = []byte(`{"dataDir": "/d", "api": {"tokenFile": "/t", "tls": null}, "secrets": {"awsSecretsManager": {"prefix": "p/"}},
+		"agents": null, "runner": {"limits": "none", "roots": null}}`)
+	for name, b := range examples {
+		strict, err := Parse(b)
+		if err != nil {
+			t.Fatalf("%s: %v", name, err)
+		}
+		var plain Config
+		if err := json.Unmarshal(b, &plain); err != nil {
+			t.Fatalf("%s: %v", name, err)
+		}
+		if !reflect.DeepEqual(*strict, plain) {
+			t.Errorf("%s: the strict decoder read\n%+v\nencoding/json\n%+v", name, *strict, plain)
 		}
 	}
 }

@@ -106,8 +106,9 @@ type Host struct {
 	shutErr  error
 }
 
-// Open builds every part and binds both listeners; nothing is served until
-// Start. On error everything opened so far is closed again.
+// Open checks the config (Check) and refuses it, writing nothing, on any
+// problem; then it builds every part and binds both listeners; nothing is
+// served until Start. On error everything opened so far is closed again.
 func Open(ctx context.Context, o Options) (_ *Host, err error) {
 	if o.Config == nil || o.Config.Path() == "" {
 		return nil, errors.New("host: Options.Config must be loaded from a file (config.Load)")
@@ -126,7 +127,14 @@ func Open(ctx context.Context, o Options) (_ *Host, err error) {
 			Help: "Real values the log and audit redactor forgot past its bound (" + strconv.Itoa(redact.MaxValues) + " values): one it forgot and the proxy does not read again is no longer redacted.",
 		}, func() float64 { return float64(o.Redactor.Evicted()) }))
 
-	token, err := checkFiles(h.cfg)
+	report := Check(ctx, o)
+	if len(report.Problems) > 0 {
+		return nil, fmt.Errorf("host: %w", report.Problems)
+	}
+	for _, n := range report.Notes {
+		h.log.Info("edge config note", "field", n.Path, "note", n.Msg)
+	}
+	token, err := prepareFiles(h.cfg)
 	if err != nil {
 		return nil, err
 	}
@@ -174,18 +182,15 @@ func (c closers) close() {
 	}
 }
 
-// checkFiles prepares the data dir, refuses a private file tasks could
-// read, and reads the host credential.
-func checkFiles(cfg *config.Config) (token string, err error) {
+// prepareFiles prepares the data dir and reads the host credential.
+func prepareFiles(cfg *config.Config) (token string, err error) {
 	if err := prepareDataDir(cfg); err != nil {
 		return "", err
 	}
-	for _, f := range privateFiles(cfg) {
-		if err := checkPrivate(f.field, f.path); err != nil {
-			return "", err
-		}
+	if token, err = readToken(cfg.API.TokenFile); err != nil {
+		return "", fmt.Errorf("host: api.tokenFile: %w", err)
 	}
-	return readToken(cfg.API.TokenFile)
+	return token, nil
 }
 
 // openStores opens what the host keeps in its data dir: the run log, the
@@ -329,24 +334,6 @@ func (h *Host) openAPI(token string) error {
 	return nil
 }
 
-// privateFile is a configured file tasks must not read: field names it in
-// edge.json.
-type privateFile struct{ field, path string }
-
-// privateFiles are the configured files that, in a task's hands, are the
-// host's API (its credential), every real value (the secrets file) or the
-// host's identity toward Fleet (the host API's TLS key).
-func privateFiles(cfg *config.Config) []privateFile {
-	files := []privateFile{{field: "api.tokenFile", path: cfg.API.TokenFile}}
-	if cfg.Secrets.File != "" {
-		files = append(files, privateFile{field: "secrets.file", path: cfg.Secrets.File})
-	}
-	if cfg.API.TLS.Enabled() {
-		files = append(files, privateFile{field: "api.tls.keyFile", path: cfg.API.TLS.KeyFile})
-	}
-	return files
-}
-
 // prepareDataDir creates the data dir and gives it dataDirMode.
 func prepareDataDir(cfg *config.Config) error {
 	if err := os.MkdirAll(cfg.DataDir, 0o700); err != nil {
@@ -363,26 +350,10 @@ func prepareDataDir(cfg *config.Config) error {
 // may pass through the data dir without listing it; everything else in it
 // stays 0700/0600.
 func dataDirMode(cfg *config.Config) os.FileMode {
-	if rel, err := filepath.Rel(cfg.DataDir, cfg.Runner.WorkDir); err == nil && !strings.HasPrefix(rel, "..") {
+	if within(cfg.DataDir, cfg.Runner.WorkDir) {
 		return 0o711
 	}
 	return 0o700
-}
-
-// checkPrivate refuses a file every user may read: tasks run as another
-// user (with no supplementary group), so only its "other" bits would let
-// them, and the host token, the secrets file or the host API's TLS key in
-// a task's hands is the host's API, every real value, or the host's
-// identity.
-func checkPrivate(field, path string) error {
-	fi, err := os.Stat(path)
-	if err != nil {
-		return fmt.Errorf("host: %s: %w", field, err)
-	}
-	if fi.Mode().Perm()&0o004 != 0 {
-		return fmt.Errorf("host: %s %s is readable by every user (mode %04o), tasks included; make it private (chmod o-rwx)", field, path, fi.Mode().Perm())
-	}
-	return nil
 }
 
 // readToken reads the host credential: the file's content without
@@ -390,11 +361,11 @@ func checkPrivate(field, path string) error {
 func readToken(path string) (string, error) {
 	b, err := os.ReadFile(path)
 	if err != nil {
-		return "", fmt.Errorf("host: api.tokenFile: %w", err)
+		return "", err
 	}
 	token := strings.TrimSpace(string(b))
 	if token == "" {
-		return "", fmt.Errorf("host: api.tokenFile %s is empty", path)
+		return "", fmt.Errorf("%s is empty", path)
 	}
 	return token, nil
 }
@@ -428,7 +399,7 @@ func (h *Host) secretsSource(ctx context.Context) (secrets.Source, error) {
 			CacheTTL: s.AWSSecretsManager.CacheTTL.D(), Clock: h.clock,
 		})
 	}
-	return nil, errors.New("host: secrets: set secrets.file or secrets.awsSecretsManager (or keep the proxy down with EDGE_SECRETS_PROXY=off)")
+	return nil, errors.New("host: secrets: " + noSecretsSource)
 }
 
 func (h *Host) newProxy(ctx context.Context, trust caTrust) (*proxy.Proxy, error) {

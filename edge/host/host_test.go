@@ -4,6 +4,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"io/fs"
 	"net/http"
 	"net/url"
 	"os"
@@ -384,6 +385,10 @@ func TestOpenRefusesAHostTokenSecretsFileOrTLSKeyEveryoneCanRead(t *testing.T) {
 		_, err = Open(bg, Options{Config: cfg, SystemRootsFile: f.systemRoots})
 		if err == nil || !strings.Contains(err.Error(), field) || !strings.Contains(err.Error(), "readable by every user") {
 			t.Errorf("Open with a world-readable %s = %v", field, err)
+		}
+		// Refused before anything is written: no data dir, so no CA.
+		if _, err := os.Stat(f.dataDir); !errors.Is(err, fs.ErrNotExist) {
+			t.Errorf("Open refused a world-readable %s, but made %s (%v)", field, f.dataDir, err)
 		}
 		must(t, os.Chmod(path, 0o600))
 	}

@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/runfleet/runfleet/edge/config"
+	"github.com/runfleet/runfleet/shared/netname"
 )
 
 // KindAWS is the kind of a key that is an AWS access key: it never travels,
@@ -74,86 +75,88 @@ var (
 // explicit names, as for every key: a bucket's virtual host is listed by
 // its name (or reached path-style, on the regional s3 name), because a
 // wildcard would let a task sign for buckets of any account under the key.
-func compileAWS(where string, k *Key, kp config.KeyPolicy) []error {
-	var errs []error
+func compileAWS(at config.Path, k *Key, kp config.KeyPolicy) config.Problems {
+	var ps config.Problems
 	switch kp.Kind {
 	case "":
 		if kp.AWS != nil {
-			errs = append(errs, fmt.Errorf(`%s: aws: only a key of "kind": "aws" takes it`, where))
+			ps = append(ps, at.Key("aws").Problemf(`only a key of "kind": "aws" takes it`))
 		}
-		return errs
+		return ps
 	case KindAWS:
 	default:
-		return append(errs, fmt.Errorf(`%s: kind: %q is not a kind; leave it out for a value sent as it is, or "aws" or "ssh"`, where, kp.Kind))
+		return append(ps, at.Key("kind").Problemf(`%q is not a kind; leave it out for a value sent as it is, or "aws" or "ssh"`, kp.Kind))
 	}
 	k.Kind = KindAWS
 	if len(kp.In) > 0 {
-		errs = append(errs, fmt.Errorf(`%s: in: an aws key is never put into a request (the proxy signs with it); leave "in" out`, where))
+		ps = append(ps, at.Key("in").Problemf(`an aws key is never put into a request (the proxy signs with it); leave "in" out`))
 	}
 	if kp.Placeholder != (config.PlaceholderShape{}) {
-		errs = append(errs, fmt.Errorf(`%s: placeholder: an aws key's placeholders have the shapes of AWS credentials; leave "placeholder" out`, where))
+		ps = append(ps, at.Key("placeholder").Problemf(`an aws key's placeholders have the shapes of AWS credentials; leave "placeholder" out`))
 	}
 	if kp.AWS == nil {
-		return append(errs, fmt.Errorf(`%s: aws: a key of kind "aws" needs "aws": {"regions": [...], "services": [...]}`, where))
+		return append(ps, at.Key("aws").Problemf(`a key of kind "aws" needs "aws": {"regions": [...], "services": [...]}`))
 	}
 	a := &AWSKey{EnvPrefix: kp.AWS.EnvPrefix}
 	if a.EnvPrefix == "" {
 		a.EnvPrefix = DefaultAWSEnvPrefix
 	}
 	if !envPrefixPattern.MatchString(a.EnvPrefix) {
-		errs = append(errs, fmt.Errorf("%s: aws.envPrefix %q: letters, digits and '_', not starting with a digit", where, a.EnvPrefix))
+		ps = append(ps, at.Key("aws", "envPrefix").Problemf("%q: letters, digits and '_', not starting with a digit", a.EnvPrefix))
 	}
-	a.Regions, errs = compileNames(where, "aws.regions", kp.AWS.Regions, regionPattern, "a region such as us-east-1", errs)
-	a.Services, errs = compileNames(where, "aws.services", kp.AWS.Services, servicePattern, "a signing name such as s3, sts or dynamodb", errs)
+	a.Regions, ps = compileNames(at.Key("aws", "regions"), kp.AWS.Regions, regionPattern, "a region such as us-east-1", ps)
+	a.Services, ps = compileNames(at.Key("aws", "services"), kp.AWS.Services, servicePattern, "a signing name such as s3, sts or dynamodb", ps)
 	if ar := kp.AWS.AssumeRole; ar != nil {
-		var arErrs []error
-		a.AssumeRole, arErrs = compileAssumeRole(ar)
-		for _, err := range arErrs {
-			errs = append(errs, fmt.Errorf("%s: aws.assumeRole: %v", where, err))
-		}
+		var arps config.Problems
+		a.AssumeRole, arps = compileAssumeRole(at.Key("aws", "assumeRole"), ar)
+		ps = append(ps, arps...)
 	}
-	for _, d := range k.Domains {
+	for i, raw := range kp.Domains {
+		d, err := netname.ParseDomain(raw)
+		if err != nil {
+			continue // compileKey names it
+		}
 		if err := a.checkDomain(d); err != nil {
-			errs = append(errs, fmt.Errorf("%s domain %q: %v", where, d, err))
+			ps = append(ps, at.Key("domains").Index(i).Problemf("%q: %v", raw, err))
 		}
 	}
 	k.AWS = a
-	return errs
+	return ps
 }
 
-func compileNames(where, field string, names []string, pattern *regexp.Regexp, want string, errs []error) ([]string, []error) {
+func compileNames(at config.Path, names []string, pattern *regexp.Regexp, want string, ps config.Problems) ([]string, config.Problems) {
 	if len(names) == 0 {
-		return nil, append(errs, fmt.Errorf("%s: %s: at least one is required", where, field))
+		return nil, append(ps, at.Problemf("at least one is required"))
 	}
 	var out []string
-	for _, n := range names {
+	for i, n := range names {
 		if !pattern.MatchString(n) {
-			errs = append(errs, fmt.Errorf("%s: %s: %q is not %s", where, field, n, want))
+			ps = append(ps, at.Index(i).Problemf("%q is not %s", n, want))
 			continue
 		}
 		if !slices.Contains(out, n) {
 			out = append(out, n)
 		}
 	}
-	return out, errs
+	return out, ps
 }
 
-// compileAssumeRole checks the role block, reporting every problem. The
-// external id is not quoted back: it is the role owner's shared check.
-func compileAssumeRole(w *config.AssumeRole) (*AssumeRole, []error) {
-	var errs []error
+// compileAssumeRole checks the role block at at, reporting every problem.
+// The external id is not quoted back: it is the role owner's shared check.
+func compileAssumeRole(at config.Path, w *config.AssumeRole) (*AssumeRole, config.Problems) {
+	var ps config.Problems
 	ar := &AssumeRole{RoleARN: w.RoleARN, ExternalID: w.ExternalID, Duration: w.Duration.D()}
 	if !roleARNPattern.MatchString(ar.RoleARN) {
-		errs = append(errs, fmt.Errorf("roleArn %q is not a role's ARN (arn:aws:iam::<account>:role/<name>)", ar.RoleARN))
+		ps = append(ps, at.Key("roleArn").Problemf("%q is not a role's ARN (arn:aws:iam::<account>:role/<name>)", ar.RoleARN))
 	}
 	if ar.ExternalID != "" && (len(ar.ExternalID) < 2 || len(ar.ExternalID) > 1224 || !externalIDPattern.MatchString(ar.ExternalID)) {
-		errs = append(errs, fmt.Errorf("externalId: 2 to 1224 letters, digits and +=,.@:/-"))
+		ps = append(ps, at.Key("externalId").Problemf("2 to 1224 letters, digits and +=,.@:/-"))
 	}
 	if ar.Duration == 0 {
 		ar.Duration = DefaultSessionDuration
 	}
 	if ar.Duration < MinSessionDuration || ar.Duration > MaxSessionDuration {
-		errs = append(errs, fmt.Errorf("duration %s is outside STS's %s to %s", ar.Duration, MinSessionDuration, MaxSessionDuration))
+		ps = append(ps, at.Key("duration").Problemf("%s is outside STS's %s to %s", ar.Duration, MinSessionDuration, MaxSessionDuration))
 	}
 	if len(w.SessionPolicy) > 0 {
 		// Compacted as written (json.Compact keeps key order and escapes),
@@ -162,14 +165,14 @@ func compileAssumeRole(w *config.AssumeRole) (*AssumeRole, []error) {
 		var compact bytes.Buffer
 		switch {
 		case json.Unmarshal(w.SessionPolicy, &doc) != nil || len(doc) == 0 || json.Compact(&compact, w.SessionPolicy) != nil:
-			errs = append(errs, fmt.Errorf("sessionPolicy is not a non-empty JSON object (an IAM policy document)"))
+			ps = append(ps, at.Key("sessionPolicy").Problemf("is not a non-empty JSON object (an IAM policy document)"))
 		case compact.Len() > MaxSessionPolicy:
-			errs = append(errs, fmt.Errorf("sessionPolicy is %d characters compacted; STS takes at most %d", compact.Len(), MaxSessionPolicy))
+			ps = append(ps, at.Key("sessionPolicy").Problemf("is %d characters compacted; STS takes at most %d", compact.Len(), MaxSessionPolicy))
 		default:
 			ar.SessionPolicy = compact.String()
 		}
 	}
-	return ar, errs
+	return ar, ps
 }
 
 // checkDomain refuses at load an AWS name the key could never sign for:

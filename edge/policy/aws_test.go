@@ -171,91 +171,91 @@ func TestCompileAWSRefusesWithAClearMessage(t *testing.T) {
 		"no domains": {awsKey(func(k *config.KeyPolicy, _ *config.AWSKey) { k.Domains = nil }),
 			[]string{`domains: at least one is required`}},
 		"wildcard bucket host": {awsKey(func(k *config.KeyPolicy, _ *config.AWSKey) { k.Domains = []string{"*.s3.us-east-1.amazonaws.com"} }),
-			[]string{`domain "*.s3.us-east-1.amazonaws.com": a wildcard`}},
+			[]string{`domains[0]: "*.s3.us-east-1.amazonaws.com": a wildcard`}},
 		"no regions": {awsKey(func(_ *config.KeyPolicy, a *config.AWSKey) { a.Regions = nil }),
 			[]string{`aws.regions: at least one is required`}},
 		"empty regions": {awsKey(func(_ *config.KeyPolicy, a *config.AWSKey) { a.Regions = []string{} }),
 			[]string{`aws.regions: at least one is required`}},
 		"region in capitals": {awsKey(func(_ *config.KeyPolicy, a *config.AWSKey) { a.Regions = []string{"US-EAST-1"} }),
-			[]string{`aws.regions: "US-EAST-1" is not a region such as us-east-1`}},
+			[]string{`aws.regions[0]: "US-EAST-1" is not a region such as us-east-1`}},
 		"region without a number": {awsKey(func(_ *config.KeyPolicy, a *config.AWSKey) { a.Regions = []string{"us-east-1", "eu-west"} }),
-			[]string{`aws.regions: "eu-west" is not a region`}},
+			[]string{`aws.regions[1]: "eu-west" is not a region`}},
 		"region wildcard": {awsKey(func(_ *config.KeyPolicy, a *config.AWSKey) { a.Regions = []string{"*"} }),
-			[]string{`aws.regions: "*" is not a region`}},
+			[]string{`aws.regions[0]: "*" is not a region`}},
 		"empty region": {awsKey(func(_ *config.KeyPolicy, a *config.AWSKey) { a.Regions = []string{""} }),
-			[]string{`aws.regions: "" is not a region`}},
+			[]string{`aws.regions[0]: "" is not a region`}},
 		"no services": {awsKey(func(_ *config.KeyPolicy, a *config.AWSKey) { a.Services = nil }),
 			[]string{`aws.services: at least one is required`}},
 		"an action, not a service": {awsKey(func(_ *config.KeyPolicy, a *config.AWSKey) { a.Services = []string{"s3:GetObject"} }),
-			[]string{`aws.services: "s3:GetObject" is not a signing name such as s3, sts or dynamodb`}},
+			[]string{`aws.services[0]: "s3:GetObject" is not a signing name such as s3, sts or dynamodb`}},
 		"service in capitals": {awsKey(func(_ *config.KeyPolicy, a *config.AWSKey) { a.Services = []string{"s3", "STS"} }),
-			[]string{`aws.services: "STS" is not a signing name`}},
+			[]string{`aws.services[1]: "STS" is not a signing name`}},
 		"service wildcard": {awsKey(func(_ *config.KeyPolicy, a *config.AWSKey) { a.Services = []string{"*"} }),
-			[]string{`aws.services: "*" is not a signing name`}},
+			[]string{`aws.services[0]: "*" is not a signing name`}},
 		"envPrefix with a dash": {awsKey(func(_ *config.KeyPolicy, a *config.AWSKey) { a.EnvPrefix = "PROD-AWS_" }),
-			[]string{`aws.envPrefix "PROD-AWS_": letters, digits and '_', not starting with a digit`}},
+			[]string{`aws.envPrefix: "PROD-AWS_": letters, digits and '_', not starting with a digit`}},
 		"envPrefix starting with a digit": {awsKey(func(_ *config.KeyPolicy, a *config.AWSKey) { a.EnvPrefix = "2AWS_" }),
-			[]string{`aws.envPrefix "2AWS_"`}},
+			[]string{`aws.envPrefix: "2AWS_"`}},
 		"roleArn of a user": {awsKey(withRole(func(r *config.AssumeRole) { r.RoleARN = "arn:aws:iam::123456789012:user/deploy" })),
-			[]string{`aws.assumeRole: roleArn "arn:aws:iam::123456789012:user/deploy" is not a role's ARN`}},
+			[]string{`aws.assumeRole.roleArn: "arn:aws:iam::123456789012:user/deploy" is not a role's ARN`}},
 		"roleArn with a short account": {awsKey(withRole(func(r *config.AssumeRole) { r.RoleARN = "arn:aws:iam::1234:role/deploy" })),
-			[]string{`roleArn "arn:aws:iam::1234:role/deploy" is not a role's ARN`}},
+			[]string{`roleArn: "arn:aws:iam::1234:role/deploy" is not a role's ARN`}},
 		"roleArn missing": {awsKey(withRole(func(r *config.AssumeRole) { r.RoleARN = "" })),
-			[]string{`aws.assumeRole: roleArn "" is not a role's ARN`}},
+			[]string{`aws.assumeRole.roleArn: "" is not a role's ARN`}},
 		"roleArn of a name": {awsKey(withRole(func(r *config.AssumeRole) { r.RoleARN = "runfleet-deploy" })),
-			[]string{`roleArn "runfleet-deploy"`}},
+			[]string{`roleArn: "runfleet-deploy"`}},
 		"externalId of one character": {awsKey(withRole(func(r *config.AssumeRole) { r.ExternalID = "x" })),
-			[]string{`aws.assumeRole: externalId: 2 to 1224`}},
+			[]string{`aws.assumeRole.externalId: 2 to 1224`}},
 		"externalId with a space": {awsKey(withRole(func(r *config.AssumeRole) { r.ExternalID = "fleet 7f3a" })),
-			[]string{`aws.assumeRole: externalId: 2 to 1224`}},
+			[]string{`aws.assumeRole.externalId: 2 to 1224`}},
 		"externalId of 1225": {awsKey(withRole(func(r *config.AssumeRole) { r.ExternalID = strings.Repeat("e", 1225) })),
-			[]string{`aws.assumeRole: externalId: 2 to 1224`}},
+			[]string{`aws.assumeRole.externalId: 2 to 1224`}},
 		"session under 15m": {awsKey(withRole(func(r *config.AssumeRole) { r.Duration = config.Duration(14*time.Minute + 59*time.Second) })),
-			[]string{`aws.assumeRole: duration 14m59s is outside STS's 15m0s to 12h0m0s`}},
+			[]string{`aws.assumeRole.duration: 14m59s is outside STS's 15m0s to 12h0m0s`}},
 		"session over 12h": {awsKey(withRole(func(r *config.AssumeRole) { r.Duration = config.Duration(12*time.Hour + time.Second) })),
-			[]string{`aws.assumeRole: duration 12h0m1s is outside STS's 15m0s to 12h0m0s`}},
+			[]string{`aws.assumeRole.duration: 12h0m1s is outside STS's 15m0s to 12h0m0s`}},
 		"negative session": {awsKey(withRole(func(r *config.AssumeRole) { r.Duration = config.Duration(-time.Hour) })),
-			[]string{`duration -1h0m0s is outside`}},
+			[]string{`duration: -1h0m0s is outside`}},
 		"session policy an array": {awsKey(withRole(func(r *config.AssumeRole) { r.SessionPolicy = json.RawMessage(`[{"Effect":"Allow"}]`) })),
-			[]string{`aws.assumeRole: sessionPolicy is not a non-empty JSON object (an IAM policy document)`}},
+			[]string{`aws.assumeRole.sessionPolicy: is not a non-empty JSON object (an IAM policy document)`}},
 		"session policy a string": {awsKey(withRole(func(r *config.AssumeRole) { r.SessionPolicy = json.RawMessage(`"{\"Version\":\"2012-10-17\"}"`) })),
-			[]string{`sessionPolicy is not a non-empty JSON object`}},
+			[]string{`sessionPolicy: is not a non-empty JSON object`}},
 		"role and duration both wrong": {awsKey(withRole(func(r *config.AssumeRole) {
 			r.RoleARN = "arn:aws:iam::1:user/x"
 			r.Duration = config.Duration(time.Minute)
-		})), []string{`roleArn "arn:aws:iam::1:user/x" is not a role's ARN`, `duration 1m0s is outside`}},
+		})), []string{`roleArn: "arn:aws:iam::1:user/x" is not a role's ARN`, `duration: 1m0s is outside`}},
 		"session policy null": {awsKey(withRole(func(r *config.AssumeRole) { r.SessionPolicy = json.RawMessage(`null`) })),
-			[]string{`sessionPolicy is not a non-empty JSON object`}},
+			[]string{`sessionPolicy: is not a non-empty JSON object`}},
 		"session policy empty": {awsKey(withRole(func(r *config.AssumeRole) { r.SessionPolicy = json.RawMessage(`{}`) })),
-			[]string{`sessionPolicy is not a non-empty JSON object`}},
+			[]string{`sessionPolicy: is not a non-empty JSON object`}},
 		"session policy too long": {awsKey(withRole(func(r *config.AssumeRole) { r.SessionPolicy = json.RawMessage(tooLong) })),
-			[]string{fmt.Sprintf("aws.assumeRole: sessionPolicy is %d characters compacted; STS takes at most 2048", len(tooLong))}},
+			[]string{fmt.Sprintf("aws.assumeRole.sessionPolicy: is %d characters compacted; STS takes at most 2048", len(tooLong))}},
 		"domain in a region outside": {awsKey(func(k *config.KeyPolicy, a *config.AWSKey) {
 			k.Domains = []string{"dynamodb.eu-west-1.amazonaws.com"}
 			a.Regions, a.Services = []string{"us-east-1"}, []string{"dynamodb"}
-		}), []string{`domain "dynamodb.eu-west-1.amazonaws.com": its region eu-west-1 is not in aws.regions`}},
+		}), []string{`domains[0]: "dynamodb.eu-west-1.amazonaws.com": its region eu-west-1 is not in aws.regions`}},
 		"domain of a service outside": {awsKey(func(k *config.KeyPolicy, a *config.AWSKey) {
 			k.Domains = []string{"s3.us-east-1.amazonaws.com", "dynamodb.us-east-1.amazonaws.com"}
 			a.Services = []string{"s3"}
-		}), []string{`domain "dynamodb.us-east-1.amazonaws.com": its service (dynamodb) is not in aws.services`}},
+		}), []string{`domains[1]: "dynamodb.us-east-1.amazonaws.com": its service (dynamodb) is not in aws.services`}},
 		"global name outside the regions": {awsKey(func(k *config.KeyPolicy, a *config.AWSKey) {
 			k.Domains = []string{"sts.amazonaws.com"}
 			a.Regions = []string{"eu-west-1"}
-		}), []string{`domain "sts.amazonaws.com": its region us-east-1 is not in aws.regions`}},
+		}), []string{`domains[0]: "sts.amazonaws.com": its region us-east-1 is not in aws.regions`}},
 		"bucket host in a region outside": {awsKey(func(k *config.KeyPolicy, a *config.AWSKey) {
 			k.Domains = []string{"reports.s3.us-west-2.amazonaws.com"}
-		}), []string{`domain "reports.s3.us-west-2.amazonaws.com": its region us-west-2 is not in aws.regions`}},
+		}), []string{`domains[0]: "reports.s3.us-west-2.amazonaws.com": its region us-west-2 is not in aws.regions`}},
 		"endpoint of a signing name outside": {awsKey(func(k *config.KeyPolicy, a *config.AWSKey) {
 			k.Domains = []string{"email.eu-west-1.amazonaws.com"}
 			a.Services = []string{"email"}
-		}), []string{`domain "email.eu-west-1.amazonaws.com": its service (ses) is not in aws.services`}},
+		}), []string{`domains[0]: "email.eu-west-1.amazonaws.com": its service (ses) is not in aws.services`}},
 	} {
 		p, err := Compile(one("acme", "K", tc.kp))
 		if err == nil || p != nil {
 			t.Errorf("%s: compiled (%v), want a refusal", name, err)
 			continue
 		}
-		for _, want := range append([]string{`policy: project "acme" key "K"`}, tc.want...) {
+		for _, want := range append([]string{`policy.projects.acme.keys.K.`}, tc.want...) {
 			if !strings.Contains(err.Error(), want) {
 				t.Errorf("%s: error %q, want it to contain %q", name, err, want)
 			}
@@ -288,21 +288,21 @@ func TestCompileAWSReportsEveryProblemAtOnce(t *testing.T) {
 		t.Fatal("compiled")
 	}
 	for _, want := range []string{
-		`project "acme" key "DEPLOY": in: an aws key is never put`,
-		`project "acme" key "DEPLOY": placeholder: an aws key's placeholders`,
-		`project "acme" key "DEPLOY": aws.envPrefix "AWS-"`,
-		`project "acme" key "DEPLOY": aws.regions: "mars-1" is not a region`,
-		`project "acme" key "DEPLOY": aws.services: "S3 " is not a signing name`,
-		`project "acme" key "DEPLOY" domain "dynamodb.eu-west-1.amazonaws.com": its region eu-west-1`,
-		`project "beta" key "ROLE": aws.assumeRole: roleArn "arn:aws:iam::42:role/x"`,
-		`project "beta" key "NOKIND": kind: "azure" is not a kind`,
-		`project "beta" key "PLAIN": in: "cookie" is not one of`,
+		`policy.projects.acme.keys.DEPLOY.in: an aws key is never put`,
+		`policy.projects.acme.keys.DEPLOY.placeholder: an aws key's placeholders`,
+		`policy.projects.acme.keys.DEPLOY.aws.envPrefix: "AWS-"`,
+		`policy.projects.acme.keys.DEPLOY.aws.regions[1]: "mars-1" is not a region`,
+		`policy.projects.acme.keys.DEPLOY.aws.services[1]: "S3 " is not a signing name`,
+		`policy.projects.acme.keys.DEPLOY.domains[1]: "dynamodb.eu-west-1.amazonaws.com": its region eu-west-1`,
+		`policy.projects.beta.keys.ROLE.aws.assumeRole.roleArn: "arn:aws:iam::42:role/x"`,
+		`policy.projects.beta.keys.NOKIND.kind: "azure" is not a kind`,
+		`policy.projects.beta.keys.PLAIN.in[0]: "cookie" is not one of`,
 	} {
 		if !strings.Contains(err.Error(), want) {
 			t.Errorf("error %q\nwant it to contain %q", err, want)
 		}
 	}
-	if strings.Contains(err.Error(), `key "GOOD"`) {
+	if strings.Contains(err.Error(), `keys.GOOD`) {
 		t.Errorf("a valid key is reported: %v", err)
 	}
 }

@@ -8,8 +8,7 @@
 package policy
 
 import (
-	"errors"
-	"fmt"
+	"maps"
 	"regexp"
 	"slices"
 	"sort"
@@ -120,25 +119,29 @@ var (
 	prefixPattern = regexp.MustCompile(`^[A-Za-z0-9_.-]*$`)
 )
 
-// Compile checks the written policy and returns it compiled. Every problem
-// is reported, each naming its project, key and the offending value.
+// Compile checks the written policy and returns it compiled. Its error is
+// config.Problems: every problem, each at its path in edge.json
+// (policy.projects.acme.keys.API_KEY.domains[0]) with the offending value,
+// in the order of projects and keys by name.
 func Compile(written config.Policy) (*Policy, error) {
 	p := &Policy{keys: map[KeyRef]*Key{}, names: map[string]bool{}}
-	var errs []error
-	for project, pp := range written.Projects {
+	var ps config.Problems
+	for _, project := range slices.Sorted(maps.Keys(written.Projects)) {
+		at := config.Path{"policy", "projects", project}
 		if !projectPattern.MatchString(project) {
-			errs = append(errs, fmt.Errorf("policy: project %q: a project id is letters, digits, '.', '_' and '-'", project))
+			ps = append(ps, at.Problemf("a project id is letters, digits, '.', '_' and '-'"))
 			continue
 		}
-		for key, kp := range pp.Keys {
-			where := fmt.Sprintf("policy: project %q key %q", project, key)
+		keys := written.Projects[project].Keys
+		for _, key := range slices.Sorted(maps.Keys(keys)) {
+			at := at.Key("keys", key)
 			if !keyPattern.MatchString(key) {
-				errs = append(errs, fmt.Errorf("%s: a key must be a valid environment variable name", where))
+				ps = append(ps, at.Problemf("a key must be a valid environment variable name"))
 				continue
 			}
-			k, kerrs := compileKey(where, KeyRef{project, key}, kp)
-			errs = append(errs, kerrs...)
-			if len(kerrs) == 0 {
+			k, kps := compileKey(at, KeyRef{project, key}, keys[key])
+			ps = append(ps, kps...)
+			if len(kps) == 0 {
 				p.keys[k.Ref] = k
 				for _, d := range k.Domains {
 					p.names[d.Name] = true
@@ -146,17 +149,22 @@ func Compile(written config.Policy) (*Policy, error) {
 			}
 		}
 	}
-	errs = append(errs, p.refuseSharedSSHDomains()...)
-	if err := errors.Join(errs...); err != nil {
-		return nil, err
+	ps = append(ps, p.refuseSharedSSHDomains()...)
+	if len(ps) > 0 {
+		return nil, ps
 	}
 	return p, nil
+}
+
+// keyPath is where the key ref is written in edge.json.
+func keyPath(ref KeyRef) config.Path {
+	return config.Path{"policy", "projects", ref.Project, "keys", ref.Key}
 }
 
 // refuseSharedSSHDomains refuses a domain named both by an ssh key and by
 // a key of another kind: a connection there is either SSH edge terminates
 // or TLS it intercepts, and which one must not depend on the task's keys.
-func (p *Policy) refuseSharedSSHDomains() []error {
+func (p *Policy) refuseSharedSSHDomains() config.Problems {
 	ssh := map[Domain]KeyRef{}
 	for _, k := range p.Keys() {
 		if k.SSH != nil {
@@ -165,30 +173,30 @@ func (p *Policy) refuseSharedSSHDomains() []error {
 			}
 		}
 	}
-	var errs []error
+	var ps config.Problems
 	for _, k := range p.Keys() {
 		if k.SSH != nil {
 			continue
 		}
 		for _, d := range k.Domains {
 			if o, ok := ssh[d]; ok {
-				errs = append(errs, fmt.Errorf("policy: project %q key %q domain %q: ssh key %s names it too; a domain is SSH for every key or for none", k.Ref.Project, k.Ref.Key, d, o))
+				ps = append(ps, keyPath(k.Ref).Key("domains").Problemf("%q: ssh key %s names it too; a domain is SSH for every key or for none", d, o))
 			}
 		}
 	}
-	return errs
+	return ps
 }
 
-func compileKey(where string, ref KeyRef, kp config.KeyPolicy) (*Key, []error) {
-	var errs []error
+func compileKey(at config.Path, ref KeyRef, kp config.KeyPolicy) (*Key, config.Problems) {
+	var ps config.Problems
 	k := &Key{Ref: ref}
 	if len(kp.Domains) == 0 {
-		errs = append(errs, fmt.Errorf("%s: domains: at least one is required", where))
+		ps = append(ps, at.Key("domains").Problemf("at least one is required"))
 	}
-	for _, raw := range kp.Domains {
+	for i, raw := range kp.Domains {
 		d, err := netname.ParseDomain(raw)
 		if err != nil {
-			errs = append(errs, fmt.Errorf("%s domain %q: %v", where, raw, err))
+			ps = append(ps, at.Key("domains").Index(i).Problemf("%q: %v", raw, err))
 			continue
 		}
 		if !slices.Contains(k.Domains, d) {
@@ -196,31 +204,28 @@ func compileKey(where string, ref KeyRef, kp config.KeyPolicy) (*Key, []error) {
 		}
 	}
 	if kp.Kind == KindSSH {
-		return k, append(errs, compileSSH(where, k, kp)...)
+		return k, append(ps, compileSSH(at, k, kp)...)
 	}
 	if kp.SSH != nil {
-		errs = append(errs, fmt.Errorf(`%s: ssh: only a key of "kind": "ssh" takes it`, where))
+		ps = append(ps, at.Key("ssh").Problemf(`only a key of "kind": "ssh" takes it`))
 	}
 	if kp.Kind != "" || kp.AWS != nil {
 		// An AWS key is never substituted: no location, no shape.
-		return k, append(errs, compileAWS(where, k, kp)...)
+		return k, append(ps, compileAWS(at, k, kp)...)
 	}
 	if len(kp.In) == 0 {
 		k.In = InHeader
 	}
-	for _, in := range kp.In {
+	for i, in := range kp.In {
 		loc, ok := parseLocation(in)
 		if !ok {
-			errs = append(errs, fmt.Errorf("%s: in: %q is not one of header, url, body", where, in))
+			ps = append(ps, at.Key("in").Index(i).Problemf("%q is not one of header, url, body", in))
 		}
 		k.In |= loc
 	}
-	shape, err := compileShape(kp.Placeholder)
-	if err != nil {
-		errs = append(errs, fmt.Errorf("%s: placeholder: %v", where, err))
-	}
+	shape, sps := compileShape(at.Key("placeholder"), kp.Placeholder)
 	k.Placeholder = shape
-	return k, errs
+	return k, append(ps, sps...)
 }
 
 func parseLocation(s string) (Location, bool) {
@@ -232,20 +237,20 @@ func parseLocation(s string) (Location, bool) {
 	return 0, false
 }
 
-func compileShape(w config.PlaceholderShape) (Shape, error) {
+func compileShape(at config.Path, w config.PlaceholderShape) (Shape, config.Problems) {
 	s := Shape{Prefix: w.Prefix, Length: w.Length}
 	if s.Length == 0 {
 		s.Length = DefaultPlaceholderLength
 	}
 	switch {
 	case len(s.Prefix) > MaxPrefix:
-		return s, fmt.Errorf("prefix %q is longer than %d characters", s.Prefix, MaxPrefix)
+		return s, config.Problems{at.Key("prefix").Problemf("%q is longer than %d characters", s.Prefix, MaxPrefix)}
 	case !prefixPattern.MatchString(s.Prefix):
-		return s, fmt.Errorf("prefix %q may hold only letters, digits, '_', '.' and '-'", s.Prefix)
+		return s, config.Problems{at.Key("prefix").Problemf("%q may hold only letters, digits, '_', '.' and '-'", s.Prefix)}
 	case s.Length > MaxPlaceholderLength:
-		return s, fmt.Errorf("length %d is above %d", s.Length, MaxPlaceholderLength)
+		return s, config.Problems{at.Key("length").Problemf("%d is above %d", s.Length, MaxPlaceholderLength)}
 	case s.Length-len(s.Prefix) < MinRandom:
-		return s, fmt.Errorf("length %d leaves fewer than %d random characters after prefix %q (the length includes the prefix)", s.Length, MinRandom, s.Prefix)
+		return s, config.Problems{at.Key("length").Problemf("%d leaves fewer than %d random characters after prefix %q (the length includes the prefix)", s.Length, MinRandom, s.Prefix)}
 	}
 	return s, nil
 }

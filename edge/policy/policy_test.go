@@ -54,18 +54,18 @@ func TestCompileRefusesWithAClearMessage(t *testing.T) {
 		pol  config.Policy
 		want string
 	}{
-		"wildcard":     {one("acme", "K", key([]string{"*.openai.com"}, nil, "", 0)), `project "acme" key "K" domain "*.openai.com": a wildcard`},
-		"ip":           {one("acme", "K", key([]string{"10.0.0.1"}, nil, "", 0)), `domain "10.0.0.1": an IP address`},
-		"ipv6":         {one("acme", "K", key([]string{"[::1]:443"}, nil, "", 0)), `domain "[::1]:443": an IP address`},
-		"single label": {one("acme", "K", key([]string{"intranet"}, nil, "", 0)), `domain "intranet": a single-label`},
+		"wildcard":     {one("acme", "K", key([]string{"*.openai.com"}, nil, "", 0)), `policy.projects.acme.keys.K.domains[0]: "*.openai.com": a wildcard`},
+		"ip":           {one("acme", "K", key([]string{"10.0.0.1"}, nil, "", 0)), `domains[0]: "10.0.0.1": an IP address`},
+		"ipv6":         {one("acme", "K", key([]string{"[::1]:443"}, nil, "", 0)), `domains[0]: "[::1]:443": an IP address`},
+		"single label": {one("acme", "K", key([]string{"intranet"}, nil, "", 0)), `domains[0]: "intranet": a single-label`},
 		"bad port":     {one("acme", "K", key([]string{"a.example:0"}, nil, "", 0)), `invalid port "0"`},
-		"no domains":   {one("acme", "K", key(nil, nil, "", 0)), `key "K": domains: at least one`},
-		"bad in":       {one("acme", "K", key([]string{"a.example"}, []string{"cookie"}, "", 0)), `in: "cookie" is not one of`},
-		"short":        {one("acme", "K", key([]string{"a.example"}, nil, "sk-", 10)), "fewer than 16 random"},
-		"long":         {one("acme", "K", key([]string{"a.example"}, nil, "", 300)), "above 256"},
-		"prefix chars": {one("acme", "K", key([]string{"a.example"}, nil, "sk/", 0)), `prefix "sk/"`},
+		"no domains":   {one("acme", "K", key(nil, nil, "", 0)), `keys.K.domains: at least one`},
+		"bad in":       {one("acme", "K", key([]string{"a.example"}, []string{"cookie"}, "", 0)), `in[0]: "cookie" is not one of`},
+		"short":        {one("acme", "K", key([]string{"a.example"}, nil, "sk-", 10)), "placeholder.length: 10 leaves fewer than 16 random"},
+		"long":         {one("acme", "K", key([]string{"a.example"}, nil, "", 300)), "placeholder.length: 300 is above 256"},
+		"prefix chars": {one("acme", "K", key([]string{"a.example"}, nil, "sk/", 0)), `placeholder.prefix: "sk/"`},
 		"key name":     {one("acme", "K-1", key([]string{"a.example"}, nil, "", 0)), "environment variable"},
-		"project name": {one("ac/me", "K", key([]string{"a.example"}, nil, "", 0)), `project "ac/me"`},
+		"project name": {one("ac/me", "K", key([]string{"a.example"}, nil, "", 0)), `policy.projects["ac/me"]: a project id`},
 	} {
 		_, err := Compile(tc.pol)
 		if err == nil || !strings.Contains(err.Error(), tc.want) {
@@ -330,7 +330,7 @@ func TestNewWatcherRefusesABadPolicy(t *testing.T) {
 	path := filepath.Join(t.TempDir(), "edge.json")
 	writeConfig(t, path, `"intranet"`)
 	_, err := NewWatcher(WatcherConfig{Path: path, Logger: slog.New(slog.NewTextHandler(io.Discard, nil))})
-	if err == nil || !strings.Contains(err.Error(), `project "acme" key "K" domain "intranet"`) {
+	if err == nil || !strings.Contains(err.Error(), `policy.projects.acme.keys.K.domains[0]: "intranet"`) {
 		t.Fatalf("err = %v", err)
 	}
 }

@@ -84,64 +84,64 @@ var sshUserPattern = regexp.MustCompile(`^[A-Za-z0-9_][A-Za-z0-9_.-]{0,63}$`)
 // their port: a name alone is 443, which an SSH key rarely means, and
 // every domain needs a host key in knownHosts, so that the front never
 // meets an upstream it must trust on first use.
-func compileSSH(where string, k *Key, kp config.KeyPolicy) []error {
-	var errs []error
+func compileSSH(at config.Path, k *Key, kp config.KeyPolicy) config.Problems {
+	var ps config.Problems
 	k.Kind = KindSSH
 	if len(kp.In) > 0 {
-		errs = append(errs, fmt.Errorf(`%s: in: an ssh key is never put into a request (edge authenticates upstream with it); leave "in" out`, where))
+		ps = append(ps, at.Key("in").Problemf(`an ssh key is never put into a request (edge authenticates upstream with it); leave "in" out`))
 	}
 	if kp.Placeholder != (config.PlaceholderShape{}) {
-		errs = append(errs, fmt.Errorf(`%s: placeholder: an ssh key has no placeholder (the task needs nothing to use it); leave "placeholder" out`, where))
+		ps = append(ps, at.Key("placeholder").Problemf(`an ssh key has no placeholder (the task needs nothing to use it); leave "placeholder" out`))
 	}
 	if kp.AWS != nil {
-		errs = append(errs, fmt.Errorf(`%s: aws: only a key of "kind": "aws" takes it`, where))
+		ps = append(ps, at.Key("aws").Problemf(`only a key of "kind": "aws" takes it`))
 	}
-	for _, raw := range kp.Domains {
+	for i, raw := range kp.Domains {
 		if !strings.Contains(raw, ":") || strings.HasSuffix(raw, "]") {
-			errs = append(errs, fmt.Errorf("%s domain %q: an ssh key's domain names its port (%s:22, or ssh.github.com:443): without one it means 443", where, raw, raw))
+			ps = append(ps, at.Key("domains").Index(i).Problemf("%q: an ssh key's domain names its port (%s:22, or ssh.github.com:443): without one it means 443", raw, raw))
 		}
 	}
 	if kp.SSH == nil {
-		return append(errs, fmt.Errorf(`%s: ssh: a key of kind "ssh" needs "ssh": {"knownHosts": [...], "allow": [...]}`, where))
+		return append(ps, at.Key("ssh").Problemf(`a key of kind "ssh" needs "ssh": {"knownHosts": [...], "allow": [...]}`))
 	}
 	s := &SSHKey{User: kp.SSH.User}
 	if s.User == "" {
 		s.User = DefaultSSHUser
 	}
 	if !sshUserPattern.MatchString(s.User) {
-		errs = append(errs, fmt.Errorf("%s: ssh.user %q: letters, digits, '_', '.' and '-', up to 64", where, s.User))
+		ps = append(ps, at.Key("ssh", "user").Problemf("%q: letters, digits, '_', '.' and '-', up to 64", s.User))
 	}
 	var err error
 	if s.KnownHosts, err = ParseKnownHosts(strings.Join(kp.SSH.KnownHosts, "\n")); err != nil {
-		errs = append(errs, fmt.Errorf("%s: ssh.knownHosts: %v", where, err))
+		ps = append(ps, at.Key("ssh", "knownHosts").Problemf("%v", err))
 	}
 	for _, d := range k.Domains {
 		if err == nil && len(s.HostKeys(d)) == 0 {
-			errs = append(errs, fmt.Errorf("%s: ssh.knownHosts lists no host key for %s (as %q): add the upstream's keys (ssh-keyscan, or its published list)", where, d, knownHostsName(d)))
+			ps = append(ps, at.Key("ssh", "knownHosts").Problemf("lists no host key for %s (as %q): add the upstream's keys (ssh-keyscan, or its published list)", d, knownHostsName(d)))
 		}
 	}
 	if len(kp.SSH.Allow) == 0 {
-		errs = append(errs, fmt.Errorf("%s: ssh.allow: at least one of %s is required", where, strings.Join(GitCommands, ", ")))
+		ps = append(ps, at.Key("ssh", "allow").Problemf("at least one of %s is required", strings.Join(GitCommands, ", ")))
 	}
-	for _, c := range kp.SSH.Allow {
+	for i, c := range kp.SSH.Allow {
 		if !slices.Contains(GitCommands, c) {
-			errs = append(errs, fmt.Errorf("%s: ssh.allow: %q is not one of %s", where, c, strings.Join(GitCommands, ", ")))
+			ps = append(ps, at.Key("ssh", "allow").Index(i).Problemf("%q is not one of %s", c, strings.Join(GitCommands, ", ")))
 			continue
 		}
 		if !slices.Contains(s.Allow, c) {
 			s.Allow = append(s.Allow, c)
 		}
 	}
-	for _, text := range kp.SSH.Repositories {
+	for i, text := range kp.SSH.Repositories {
 		p, err := CompileRepositoryPattern(text)
 		if err != nil {
-			errs = append(errs, fmt.Errorf("%s: ssh.repositories: %q: %v", where, text, err))
+			ps = append(ps, at.Key("ssh", "repositories").Index(i).Problemf("%q: %v", text, err))
 			continue
 		}
 		s.Repositories = append(s.Repositories, p)
 	}
 	k.SSH = s
-	return errs
+	return ps
 }
 
 // ParseKnownHosts reads known_hosts text: plain, bracketed ("[name]:port")

@@ -165,8 +165,8 @@ func TestCompileSSHRefusesWithAClearMessage(t *testing.T) {
 		"domain without a port": {sshKey(t, func(k *config.KeyPolicy, s *config.SSHKey) {
 			k.Domains = []string{"github.com"}
 			s.KnownHosts = []string{"github.com " + keyText(hk)}
-		}), []string{`domain "github.com": an ssh key's domain names its port (github.com:22, or ssh.github.com:443): without one it means 443`,
-			`ssh.knownHosts lists no host key for github.com (as "[github.com]:443")`}},
+		}), []string{`domains[0]: "github.com": an ssh key's domain names its port (github.com:22, or ssh.github.com:443): without one it means 443`,
+			`ssh.knownHosts: lists no host key for github.com (as "[github.com]:443")`}},
 		"no ssh block": {sshKey(t, func(k *config.KeyPolicy, _ *config.SSHKey) { k.SSH = nil }),
 			[]string{`ssh: a key of kind "ssh" needs "ssh": {"knownHosts": [...], "allow": [...]}`}},
 		"in on an ssh key": {sshKey(t, func(k *config.KeyPolicy, _ *config.SSHKey) { k.In = []string{"header"} }),
@@ -179,19 +179,19 @@ func TestCompileSSHRefusesWithAClearMessage(t *testing.T) {
 			k.AWS = &config.AWSKey{Regions: []string{"us-east-1"}, Services: []string{"s3"}}
 		}), []string{`aws: only a key of "kind": "aws" takes it`}},
 		"user with an @": {sshKey(t, func(_ *config.KeyPolicy, s *config.SSHKey) { s.User = "git@github.com" }),
-			[]string{`ssh.user "git@github.com": letters, digits, '_', '.' and '-', up to 64`}},
+			[]string{`ssh.user: "git@github.com": letters, digits, '_', '.' and '-', up to 64`}},
 		"user like an option": {sshKey(t, func(_ *config.KeyPolicy, s *config.SSHKey) { s.User = "-oProxyCommand=x" }),
-			[]string{`ssh.user "-oProxyCommand=x"`}},
+			[]string{`ssh.user: "-oProxyCommand=x"`}},
 		"user of 65": {sshKey(t, func(_ *config.KeyPolicy, s *config.SSHKey) { s.User = strings.Repeat("g", 65) }),
-			[]string{`ssh.user "` + strings.Repeat("g", 65) + `": letters, digits`}},
+			[]string{`ssh.user: "` + strings.Repeat("g", 65) + `": letters, digits`}},
 		"no allow": {sshKey(t, func(_ *config.KeyPolicy, s *config.SSHKey) { s.Allow = nil }),
 			[]string{`ssh.allow: at least one of ` + allowList + ` is required`}},
 		"empty allow": {sshKey(t, func(_ *config.KeyPolicy, s *config.SSHKey) { s.Allow = []string{} }),
 			[]string{`ssh.allow: at least one of`}},
 		"allow sh": {sshKey(t, func(_ *config.KeyPolicy, s *config.SSHKey) { s.Allow = []string{GitUploadPack, "sh"} }),
-			[]string{`ssh.allow: "sh" is not one of ` + allowList}},
+			[]string{`ssh.allow[1]: "sh" is not one of ` + allowList}},
 		"allow git's other spelling": {sshKey(t, func(_ *config.KeyPolicy, s *config.SSHKey) { s.Allow = []string{"git upload-pack"} }),
-			[]string{`ssh.allow: "git upload-pack" is not one of`}},
+			[]string{`ssh.allow[0]: "git upload-pack" is not one of`}},
 		"no knownHosts": {sshKey(t, func(_ *config.KeyPolicy, s *config.SSHKey) { s.KnownHosts = nil }),
 			[]string{`ssh.knownHosts: at least one host key is required`}},
 		"knownHosts of comments": {sshKey(t, func(_ *config.KeyPolicy, s *config.SSHKey) { s.KnownHosts = []string{"# github.com", "", "  "} }),
@@ -208,13 +208,13 @@ func TestCompileSSHRefusesWithAClearMessage(t *testing.T) {
 			s.KnownHosts = append(s.KnownHosts, "@cert-authority *.github.com "+keyText(other))
 		}), []string{`ssh.knownHosts: entry 3: @cert-authority lines are not supported: list the host keys themselves`}},
 		"no line for one domain": {sshKey(t, func(_ *config.KeyPolicy, s *config.SSHKey) { s.KnownHosts = s.KnownHosts[:1] }),
-			[]string{`ssh.knownHosts lists no host key for ssh.github.com (as "[ssh.github.com]:443")`}},
+			[]string{`ssh.knownHosts: lists no host key for ssh.github.com (as "[ssh.github.com]:443")`}},
 		"a line for another port only": {sshKey(t, func(_ *config.KeyPolicy, s *config.SSHKey) {
 			s.KnownHosts = []string{"github.com " + keyText(hk), "ssh.github.com " + keyText(hk)}
-		}), []string{`ssh.knownHosts lists no host key for ssh.github.com (as "[ssh.github.com]:443")`}},
+		}), []string{`ssh.knownHosts: lists no host key for ssh.github.com (as "[ssh.github.com]:443")`}},
 		"every key revoked": {sshKey(t, func(_ *config.KeyPolicy, s *config.SSHKey) {
 			s.KnownHosts = append(s.KnownHosts, "@revoked * "+keyText(hk))
-		}), []string{`ssh.knownHosts lists no host key for github.com:22 (as "github.com")`, `no host key for ssh.github.com`}},
+		}), []string{`ssh.knownHosts: lists no host key for github.com:22 (as "github.com")`, `no host key for ssh.github.com`}},
 		"hashed host, bad salt": {sshKey(t, func(_ *config.KeyPolicy, s *config.SSHKey) {
 			s.KnownHosts = append(s.KnownHosts, "|1|not*base64|"+strings.Repeat("A", 27)+"= "+keyText(hk))
 		}), []string{`ssh.knownHosts: entry 3: host "|1|not*base64|` + strings.Repeat("A", 27) + `=": its salt is not base64`}},
@@ -225,23 +225,23 @@ func TestCompileSSHRefusesWithAClearMessage(t *testing.T) {
 			s.KnownHosts = append(s.KnownHosts, "|2|c2FsdA==|c2FsdA== "+keyText(hk))
 		}), []string{`entry 3: host "|2|c2FsdA==|c2FsdA==": a hashed host is "|1|salt|hash"`}},
 		"repository with ..": {sshKey(t, func(_ *config.KeyPolicy, s *config.SSHKey) { s.Repositories = []string{"a/../b"} }),
-			[]string{`ssh.repositories: "a/../b": path has a "." or ".." segment`}},
+			[]string{`ssh.repositories[0]: "a/../b": path has a "." or ".." segment`}},
 		"repository **": {sshKey(t, func(_ *config.KeyPolicy, s *config.SSHKey) { s.Repositories = []string{"**"} }),
-			[]string{`ssh.repositories: "**": "**" may only end a pattern, after at least one segment ("group/**")`}},
+			[]string{`ssh.repositories[0]: "**": "**" may only end a pattern, after at least one segment ("group/**")`}},
 		"repository **/x": {sshKey(t, func(_ *config.KeyPolicy, s *config.SSHKey) { s.Repositories = []string{"**/x"} }),
-			[]string{`ssh.repositories: "**/x": "**" may only end a pattern`}},
+			[]string{`ssh.repositories[0]: "**/x": "**" may only end a pattern`}},
 		"repository a/**/b": {sshKey(t, func(_ *config.KeyPolicy, s *config.SSHKey) { s.Repositories = []string{"a/**/b"} }),
-			[]string{`ssh.repositories: "a/**/b": "**" may only end a pattern`}},
+			[]string{`ssh.repositories[0]: "a/**/b": "**" may only end a pattern`}},
 		"repository a//b": {sshKey(t, func(_ *config.KeyPolicy, s *config.SSHKey) { s.Repositories = []string{"a//b"} }),
-			[]string{`ssh.repositories: "a//b": path has an empty segment`}},
+			[]string{`ssh.repositories[0]: "a//b": path has an empty segment`}},
 		"repository -x": {sshKey(t, func(_ *config.KeyPolicy, s *config.SSHKey) { s.Repositories = []string{"org/repo", "-x"} }),
-			[]string{`ssh.repositories: "-x": path has a segment starting with "-"`}},
+			[]string{`ssh.repositories[1]: "-x": path has a segment starting with "-"`}},
 		"repository empty": {sshKey(t, func(_ *config.KeyPolicy, s *config.SSHKey) { s.Repositories = []string{""} }),
-			[]string{`ssh.repositories: "": path names no repository`}},
+			[]string{`ssh.repositories[0]: "": path names no repository`}},
 		"repository bad class": {sshKey(t, func(_ *config.KeyPolicy, s *config.SSHKey) { s.Repositories = []string{"org/[a-"} }),
-			[]string{`ssh.repositories: "org/[a-": segment "[a-" is not a valid pattern`}},
+			[]string{`ssh.repositories[0]: "org/[a-": segment "[a-" is not a valid pattern`}},
 		"repository ~ inside": {sshKey(t, func(_ *config.KeyPolicy, s *config.SSHKey) { s.Repositories = []string{"org/~x"} }),
-			[]string{`ssh.repositories: "org/~x": path has "~" past its first segment`}},
+			[]string{`ssh.repositories[0]: "org/~x": path has "~" past its first segment`}},
 		"ssh block on a plain key": {config.KeyPolicy{Domains: []string{"api.github.com"}, SSH: &config.SSHKey{Allow: []string{GitUploadPack}}},
 			[]string{`ssh: only a key of "kind": "ssh" takes it`}},
 		"ssh block on an aws key": {awsKey(func(k *config.KeyPolicy, _ *config.AWSKey) { k.SSH = &config.SSHKey{Allow: []string{GitUploadPack}} }),
@@ -249,14 +249,14 @@ func TestCompileSSHRefusesWithAClearMessage(t *testing.T) {
 		"kind in capitals": {sshKey(t, func(k *config.KeyPolicy, _ *config.SSHKey) { k.Kind = "SSH" }),
 			[]string{`kind: "SSH" is not a kind`}},
 		"wildcard domain": {sshKey(t, func(k *config.KeyPolicy, _ *config.SSHKey) { k.Domains = []string{"*.github.com:22"} }),
-			[]string{`domain "*.github.com:22": a wildcard`}},
+			[]string{`domains[0]: "*.github.com:22": a wildcard`}},
 	} {
 		p, err := Compile(one("acme", "GIT_SSH", tc.kp))
 		if err == nil || p != nil {
 			t.Errorf("%s: compiled (%v), want a refusal", name, err)
 			continue
 		}
-		for _, want := range append([]string{`policy: project "acme" key "GIT_SSH"`}, tc.want...) {
+		for _, want := range append([]string{`policy.projects.acme.keys.GIT_SSH.`}, tc.want...) {
 			if !strings.Contains(err.Error(), want) {
 				t.Errorf("%s: error %q\nwant it to contain %q", name, err, want)
 			}
@@ -294,21 +294,21 @@ func TestCompileSSHReportsEveryProblemAtOnce(t *testing.T) {
 		t.Fatal("compiled")
 	}
 	for _, want := range []string{
-		`project "acme" key "GIT_SSH" domain "gitlab.com": an ssh key's domain names its port`,
-		`project "acme" key "GIT_SSH": ssh.knownHosts lists no host key for gitlab.com (as "[gitlab.com]:443")`,
-		`project "acme" key "GIT_SSH": in: an ssh key is never put into a request`,
-		`project "acme" key "GIT_SSH": ssh.user "git user"`,
-		`project "acme" key "GIT_SSH": ssh.allow: "scp" is not one of`,
-		`project "acme" key "GIT_SSH": ssh.repositories: "a//b": path has an empty segment`,
-		`project "acme" key "GIT_SSH": ssh.repositories: "**": "**" may only end a pattern`,
-		`project "beta" key "DEPLOY": ssh.knownHosts: entry 1: @cert-authority lines are not supported`,
-		`project "beta" key "PLAIN": in: "cookie" is not one of`,
+		`policy.projects.acme.keys.GIT_SSH.domains[2]: "gitlab.com": an ssh key's domain names its port`,
+		`policy.projects.acme.keys.GIT_SSH.ssh.knownHosts: lists no host key for gitlab.com (as "[gitlab.com]:443")`,
+		`policy.projects.acme.keys.GIT_SSH.in: an ssh key is never put into a request`,
+		`policy.projects.acme.keys.GIT_SSH.ssh.user: "git user"`,
+		`policy.projects.acme.keys.GIT_SSH.ssh.allow[1]: "scp" is not one of`,
+		`policy.projects.acme.keys.GIT_SSH.ssh.repositories[1]: "a//b": path has an empty segment`,
+		`policy.projects.acme.keys.GIT_SSH.ssh.repositories[2]: "**": "**" may only end a pattern`,
+		`policy.projects.beta.keys.DEPLOY.ssh.knownHosts: entry 1: @cert-authority lines are not supported`,
+		`policy.projects.beta.keys.PLAIN.in[0]: "cookie" is not one of`,
 	} {
 		if !strings.Contains(err.Error(), want) {
 			t.Errorf("error %q\nwant it to contain %q", err, want)
 		}
 	}
-	if strings.Contains(err.Error(), `key "GOOD"`) || strings.Contains(err.Error(), `"org/*"`) {
+	if strings.Contains(err.Error(), `keys.GOOD`) || strings.Contains(err.Error(), `"org/*"`) {
 		t.Errorf("a valid key or pattern is reported: %v", err)
 	}
 }
@@ -323,11 +323,11 @@ func TestCompileRefusesADomainSharedBySSHAndPlainKeys(t *testing.T) {
 		want  string // "" compiles
 	}{
 		"plain key on the ssh port": {key([]string{"github.com:22"}, nil, "", 0),
-			`policy: project "beta" key "TOKEN" domain "github.com:22": ssh key acme/GIT_SSH names it too; a domain is SSH for every key or for none`},
+			`policy.projects.beta.keys.TOKEN.domains: "github.com:22": ssh key acme/GIT_SSH names it too; a domain is SSH for every key or for none`},
 		"plain key on 443 of an ssh domain": {key([]string{"api.github.com", "ssh.github.com"}, nil, "", 0),
-			`policy: project "beta" key "TOKEN" domain "ssh.github.com": ssh key acme/GIT_SSH names it too`},
+			`policy.projects.beta.keys.TOKEN.domains: "ssh.github.com": ssh key acme/GIT_SSH names it too`},
 		"aws key on an ssh domain": {awsKey(func(k *config.KeyPolicy, _ *config.AWSKey) { k.Domains = []string{"github.com:22"} }),
-			`policy: project "beta" key "TOKEN" domain "github.com:22": ssh key acme/GIT_SSH names it too`},
+			`policy.projects.beta.keys.TOKEN.domains: "github.com:22": ssh key acme/GIT_SSH names it too`},
 		"plain key on another port of the name": {key([]string{"github.com", "github.com:8443"}, nil, "", 0), ""},
 		"another ssh key on the same domain":    {sshKey(t, func(k *config.KeyPolicy, _ *config.SSHKey) { k.Domains = []string{"github.com:22"} }), ""},
 	} {

@@ -11,6 +11,7 @@ import (
 	"sync/atomic"
 
 	"github.com/runfleet/runfleet/shared/filewatch"
+	"github.com/runfleet/runfleet/shared/jsonstrict"
 )
 
 // FileSource reads a JSON map {"<project>/<KEY>": "<value>"} and re-reads it
@@ -187,6 +188,11 @@ func readValues(path string) (map[string]Value, error) {
 	b, err := os.ReadFile(path)
 	if err != nil {
 		return nil, fmt.Errorf("secrets file: %w", err)
+	}
+	// A key given twice would mean whichever value encoding/json keeps;
+	// the error names the key alone, never a value.
+	if err := jsonstrict.CheckDuplicateKeys(b); err != nil {
+		return nil, fmt.Errorf("secrets file %s: %w", path, err)
 	}
 	var values map[string]string
 	if err := json.Unmarshal(b, &values); err != nil {

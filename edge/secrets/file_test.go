@@ -44,6 +44,12 @@ func TestFileSourceRereadsOnChangeAndFailsClosed(t *testing.T) {
 	if err == nil || errors.Is(err, ErrNotFound) || strings.Contains(err.Error(), "real-") {
 		t.Fatalf("malformed file: %v", err)
 	}
+	// So does a key given twice, naming the key and neither value.
+	write(`{"acme/OPENAI_API_KEY": "real-four", "acme/OPENAI_API_KEY": "real-five"}`)
+	_, err = src.Value(ctx, "acme", "OPENAI_API_KEY")
+	if err == nil || !strings.Contains(err.Error(), `["acme/OPENAI_API_KEY"]: the key is given more than once`) || strings.Contains(err.Error(), "real-") {
+		t.Fatalf("a key given twice: %v", err)
+	}
 	write(`{"acme/OPENAI_API_KEY": "real-four"}`)
 	if v, _ := src.Value(ctx, "acme", "OPENAI_API_KEY"); v.Reveal() != "real-four" {
 		t.Fatalf("after the fix: %q", v)
