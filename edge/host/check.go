@@ -19,6 +19,7 @@ import (
 	"github.com/runfleet/runfleet/edge/config"
 	"github.com/runfleet/runfleet/edge/policy"
 	"github.com/runfleet/runfleet/edge/proxy"
+	"github.com/runfleet/runfleet/edge/runner"
 	"github.com/runfleet/runfleet/edge/secrets"
 	"github.com/runfleet/runfleet/edge/upstream"
 )
@@ -47,7 +48,7 @@ type Report struct {
 // Open runs Check first and refuses on any problem, before it writes
 // anything. What only doing it can tell is left to Open: binding the
 // listeners, opening the run log and the sealed CA and SSH host key, and
-// the runner's set-up of tasks' networks and control groups.
+// the runner's making of a task's network and of control groups.
 func Check(ctx context.Context, o Options) Report {
 	o = withDefaults(o)
 	c := &checker{ctx: ctx, o: o, cfg: o.Config}
@@ -57,7 +58,16 @@ func Check(ctx context.Context, o Options) Report {
 	c.secretsSource()
 	c.sealer()
 	c.agents()
+	c.runner()
 	return c.report
+}
+
+// runner asks the runner what it would refuse at start on this host
+// (runner.Precheck): its egress as configured here, its system roots.
+func (c *checker) runner() {
+	for _, err := range runner.Precheck(runnerConfig(c.cfg)) {
+		c.problem("runner", "%v", err)
+	}
 }
 
 type checker struct {

@@ -6,7 +6,10 @@ import (
 	"errors"
 	"fmt"
 	"net/url"
+	"os"
+	"os/exec"
 	"strconv"
+	"strings"
 
 	"github.com/runfleet/runfleet/edge/sandbox"
 )
@@ -167,4 +170,42 @@ func (r *Runner) liftEgress() error {
 		return fmt.Errorf("runner: lifting the egress confinement: %w", err)
 	}
 	return nil
+}
+
+// Precheck finds, changing nothing, the reasons New would refuse cfg (one
+// Validate accepts) that do not need New's own work to find: no system
+// roots file, and tasks' egress as decideEgress decides it on this host (a
+// contradiction such as runner.insecureSameUser with egress confined, or
+// confinement without the nft executable). Each error names its setting.
+// What only making a task's network can tell (a kernel without network
+// namespaces) is left to New.
+func Precheck(cfg Config) []error {
+	cfg.defaults()
+	var errs []error
+	switch {
+	case cfg.SystemRootsFile == "":
+		errs = append(errs, fmt.Errorf("runner: no system roots file: edge looked for %s (install ca-certificates)", strings.Join(sandbox.TrustStoreFiles, ", ")))
+	default:
+		if _, err := os.Stat(cfg.SystemRootsFile); err != nil {
+			errs = append(errs, fmt.Errorf("runner: the system roots: %w", err))
+		}
+	}
+	ident, sameUser, identErr := resolveIdentity(cfg)
+	if identErr != nil || cfg.Egress != TaskEgressConfined && cfg.Egress != TaskEgressInsecureOpen {
+		// Without an identity edge starts and refuses every run (Usable
+		// says why): not a refusal of the start. Another mode is the
+		// config's to name (Validate).
+		return errs
+	}
+	d := decideEgress(egressFacts{Mode: cfg.Egress, OwnGroups: ident.Switch, SameUser: sameUser})
+	switch d.Verdict {
+	case egressRefuse:
+		errs = append(errs, errors.New("runner.egress: "+d.Reason))
+	case egressConfine:
+		if _, err := exec.LookPath(cfg.NFT); err != nil {
+			errs = append(errs, fmt.Errorf("runner.egress %s: the nft executable %s: %w (install nftables, or set runner.egress to %s to start without confinement)",
+				cfg.Egress, cfg.NFT, err, TaskEgressInsecureOpen))
+		}
+	}
+	return errs
 }

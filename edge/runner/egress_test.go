@@ -3,6 +3,7 @@ package runner
 import (
 	"errors"
 	"io/fs"
+	"os"
 	"path/filepath"
 	"strings"
 	"sync"
@@ -147,5 +148,35 @@ func TestNewThatFailsLeavesNoControlGroups(t *testing.T) {
 	})
 	if len(left) > 0 {
 		t.Fatalf("New failed and left its control groups: %v", left)
+	}
+}
+
+// TestPrecheckRefusesWhatNewWouldWithoutTouchingAnything: what New would
+// refuse for tasks' egress or the system roots, Precheck names without
+// making the work dir or installing anything.
+func TestPrecheckRefusesWhatNewWouldWithoutTouchingAnything(t *testing.T) {
+	if os.Geteuid() != 0 {
+		t.Fatal("tasks switch users only under root: run these tests as root (as in CI)")
+	}
+	work := filepath.Join(t.TempDir(), "work")
+	base := Config{WorkDir: work, Egress: TaskEgressConfined}
+	if errs := Precheck(base); len(errs) != 0 {
+		t.Fatalf("a config New accepts here: %v", errs)
+	}
+	broken := base
+	broken.NFT = filepath.Join(t.TempDir(), "no-nft")
+	broken.SystemRootsFile = filepath.Join(t.TempDir(), "no-roots.pem")
+	errs := Precheck(broken)
+	if len(errs) != 2 || !strings.Contains(errs[0].Error(), "system roots") ||
+		!strings.Contains(errs[1].Error(), "nft executable") || !strings.Contains(errs[1].Error(), TaskEgressInsecureOpen) {
+		t.Fatalf("Precheck: %v", errs)
+	}
+	open := broken
+	open.Egress = TaskEgressInsecureOpen
+	if errs := Precheck(open); len(errs) != 1 {
+		t.Fatalf("insecureOpen needs no nft: %v", errs)
+	}
+	if _, err := os.Stat(work); !os.IsNotExist(err) {
+		t.Fatalf("Precheck made the work dir: %v", err)
 	}
 }
