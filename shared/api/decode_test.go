@@ -107,6 +107,53 @@ func TestQueryParsing(t *testing.T) {
 	}
 }
 
+// TestJSONLevelProblemsAreInvalidJSON: a body that is not one JSON value,
+// or that gives a key twice, is 400 invalid_json wherever a body is read
+// (decodeObject, the input route's own reading); the duplicate is named by
+// its path, its values never quoted.
+func TestJSONLevelProblemsAreInvalidJSON(t *testing.T) {
+	for body, want := range map[string]string{
+		``:                              "the request body is empty",
+		`agent=shell`:                   "form-encoded",
+		`agent: shell`:                  "the request body is not JSON",
+		`{"agent": "shell"`:             "truncated JSON",
+		`{"agent" "shell"}`:             "malformed JSON at byte 10",
+		`{"agent":"shell","agent":"x"}`: "agent: the key is given more than once",
+		`{"agent":"shell","env":{"K":"sk-live-1","K":"sk-live-2"}}`:                        "env.K: the key is given more than once",
+		`{"agent":"shell","secrets":[{"projectId":"p","key":"A","domains":[],"key":"B"}]}`: "secrets[0].key: the key is given more than once",
+		`{"Agent":"shell","Agent":"x"}`:                                                    "Agent: the key is given more than once",
+	} {
+		var b fleetapi.DispatchRequest
+		err := decodeObject([]byte(body), &b)
+		var re *requestError
+		if !errors.As(err, &re) || re.status != 400 || re.code != fleetapi.CodeInvalidJSON || !strings.Contains(re.message, want) || strings.Contains(re.message, "sk-live") {
+			t.Errorf("%s: %v, want a 400 invalid_json containing %q", body, err, want)
+		}
+	}
+	for body, want := range map[string]string{
+		``:                               "a JSON body is required",
+		`{"input":"a","input":"b"}`:      "input: the key is given more than once",
+		`{"input":{"x":1,"x":2}}`:        "input.x: the key is given more than once",
+		`{"answer":1,"answer":2}`:        "answer: the key is given more than once",
+		`[{"k":1},{"k":1,"k":"secret"}]`: "[1].k: the key is given more than once",
+		`{"input":`:                      "truncated JSON",
+	} {
+		_, err := inputValue([]byte(body))
+		var re *requestError
+		if !errors.As(err, &re) || re.status != 400 || re.code != fleetapi.CodeInvalidJSON || !strings.Contains(re.message, want) || strings.Contains(re.message, "secret") {
+			t.Errorf("input %s: %v, want a 400 invalid_json containing %q", body, err, want)
+		}
+	}
+	// JSON that is not what the route takes stays invalid_request.
+	for _, body := range []string{`[]`, `{"agent":5}`, `{"agnet":"shell"}`} {
+		var b fleetapi.DispatchRequest
+		var re *requestError
+		if err := decodeObject([]byte(body), &b); !errors.As(err, &re) || re.code != "invalid_request" {
+			t.Errorf("%s: %v, want invalid_request", body, err)
+		}
+	}
+}
+
 // FuzzDecodeObject: any body decodes or is a 400 with a message; nothing
 // panics and no other error kind escapes.
 func FuzzDecodeObject(f *testing.F) {

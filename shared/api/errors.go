@@ -37,6 +37,13 @@ func badRequest(format string, args ...any) *requestError {
 	return &requestError{status: http.StatusBadRequest, code: fleet.CodeInvalid, message: fmt.Sprintf(format, args...)}
 }
 
+// jsonError is a 400 for a body that is not one well-formed JSON value or
+// gives a key twice (invalid_json); a body that is JSON but not what the
+// route takes is badRequest's (invalid_request).
+func jsonError(format string, args ...any) *requestError {
+	return &requestError{status: http.StatusBadRequest, code: fleetapi.CodeInvalidJSON, message: fmt.Sprintf(format, args...)}
+}
+
 // Machine codes the API adds to fleet's.
 const (
 	codeUnauthenticated  = "unauthenticated"

@@ -62,10 +62,13 @@ func (h *Handler) retry(ctx context.Context, rq *request) (int, any, error) {
 func inputValue(body []byte) (json.RawMessage, error) {
 	trimmed := bytes.TrimSpace(body)
 	if len(trimmed) == 0 {
-		return nil, badRequest(`a JSON body is required: {"input": <any JSON value>}, or the value itself`)
+		return nil, jsonError(`a JSON body is required: {"input": <any JSON value>}, or the value itself`)
 	}
-	if !json.Valid(trimmed) {
-		return nil, invalidJSON(trimmed)
+	// The value is the task's, not Fleet's, yet a key given twice in it is
+	// refused too: the host would refuse it (or read another value than a
+	// reviewer of the request did).
+	if err := checkJSON(trimmed); err != nil {
+		return nil, err
 	}
 	if trimmed[0] != '{' {
 		return json.RawMessage(trimmed), nil
