@@ -321,6 +321,25 @@ func parseQuery(raw string, allowed []string) (query, error) {
 func (q query) has(name string) bool   { return q.values.Has(name) }
 func (q query) get(name string) string { return q.values.Get(name) }
 
+// pageLimit reads a list route's optional limit parameter, the one rule
+// for every list of the API: absent is 0 (the route's default page);
+// given, it is an integer from 1 to max, digits only, and anything else
+// (0, -1, 2.5, max+1, "", a number beyond int64) is a 400 naming the
+// range. Neither 0 nor an excess is taken for something else: a client
+// asking for 5000 learns the bound rather than getting 1000 unawares.
+func (q query) pageLimit(max int) (int, error) {
+	const name = "limit"
+	if !q.has(name) {
+		return 0, nil
+	}
+	s := q.get(name)
+	n, err := strconv.Atoi(s)
+	if s == "" || strings.TrimLeft(s, "0123456789") != "" || err != nil || n < 1 || n > max {
+		return 0, badRequest("%s=%q: want an integer from 1 to %d (or omit it for the default page)", name, truncate(s, 40), max)
+	}
+	return n, nil
+}
+
 // nonNegativeInt reads an optional integer parameter: digits only, so
 // "Infinity", "2.5", "-1", "1e3", "+1" and "" are 400s naming it. A value
 // beyond int64 reads as math.MaxInt64 (callers clamp).

@@ -73,30 +73,31 @@ func TestDecodeObjectNamesAScopeField(t *testing.T) {
 
 func TestQueryParsing(t *testing.T) {
 	for raw, want := range map[string]string{
-		"limit=Infinity":  `limit="Infinity": want a non-negative integer`,
-		"limit=2.5":       `limit="2.5": want a non-negative integer`,
-		"limit=-1":        `limit="-1"`,
-		"limit=1e3":       `limit="1e3"`,
-		"limit=":          `limit=""`,
-		"limit=%2B5":      `limit="+5"`,
-		"limit=1&limit=2": `"limit" is given more than once`,
-		"after=-1":        `unknown query parameter "after"`,
+		"after=Infinity":  `after="Infinity": want a non-negative integer`,
+		"after=2.5":       `after="2.5": want a non-negative integer`,
+		"after=-1":        `after="-1"`,
+		"after=1e3":       `after="1e3"`,
+		"after=":          `after=""`,
+		"after=%2B5":      `after="+5"`,
+		"after=1&after=2": `"after" is given more than once`,
+		"limit=-1":        `unknown query parameter "limit"`,
 		"%zz":             "malformed query string",
 	} {
-		q, err := parseQuery(raw, []string{"cursor", "limit"})
+		q, err := parseQuery(raw, []string{"cursor", "after"})
 		if err == nil {
-			_, _, err = q.nonNegativeInt("limit")
+			_, _, err = q.nonNegativeInt("after")
 		}
-		if err == nil || !strings.Contains(err.Error(), want) {
-			t.Errorf("%q: %v, want %q", raw, err, want)
+		var re *requestError
+		if !errors.As(err, &re) || re.code != "invalid_request" || !strings.Contains(re.message, want) {
+			t.Errorf("%q: %v, want invalid_request %q", raw, err, want)
 		}
 	}
-	q, err := parseQuery("limit=99999999999999999999999", []string{"limit"})
+	q, err := parseQuery("after=99999999999999999999999", []string{"after"})
 	if err != nil {
 		t.Fatal(err)
 	}
-	if n, ok, err := q.nonNegativeInt("limit"); err != nil || !ok || n <= 1000 {
-		t.Fatalf("huge limit = %d %v %v, want a large value to clamp", n, ok, err)
+	if n, ok, err := q.nonNegativeInt("after"); err != nil || !ok || n <= 1000 {
+		t.Fatalf("huge after = %d %v %v, want a large value", n, ok, err)
 	}
 	if _, err := parseQuery("force=yes", []string{"force"}); err != nil {
 		t.Fatal(err)
@@ -104,6 +105,33 @@ func TestQueryParsing(t *testing.T) {
 	q, _ = parseQuery("force=yes", []string{"force"})
 	if _, err := q.boolFlag("force"); err == nil {
 		t.Fatal("force=yes accepted")
+	}
+}
+
+// TestPageLimit: a list's limit is absent (the default page, 0) or an
+// integer from 1 to the maximum; anything else is a 400 naming the range,
+// never clamped or taken for the default.
+func TestPageLimit(t *testing.T) {
+	const want = "want an integer from 1 to 1000"
+	for raw, n := range map[string]int{"": 0, "limit=1": 1, "limit=1000": 1000, "limit=0250": 250} {
+		q, err := parseQuery(raw, []string{"limit"})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if got, err := q.pageLimit(1000); err != nil || got != n {
+			t.Errorf("%q: %d, %v; want %d", raw, got, err, n)
+		}
+	}
+	for _, v := range []string{"0", "00", "-1", "1001", "5000", "99999999999999999999999", "2.5", "1e3", "%2B5", "Infinity", "", "x"} {
+		q, err := parseQuery("limit="+v, []string{"limit"})
+		if err != nil {
+			t.Fatal(err)
+		}
+		_, err = q.pageLimit(1000)
+		var re *requestError
+		if !errors.As(err, &re) || re.status != 400 || re.code != "invalid_request" || !strings.Contains(re.message, want) || !strings.HasPrefix(re.message, "limit=") {
+			t.Errorf("limit=%s: %v, want a 400 naming limit and %q", v, err, want)
+		}
 	}
 }
 

@@ -114,11 +114,10 @@ func (h *Handler) events(ctx context.Context, rq *request) (int, any, error) {
 	if err != nil {
 		return 0, nil, err
 	}
-	limit, _, err := rq.query.nonNegativeInt("limit")
+	limit, err := rq.query.pageLimit(fleet.MaxEventsLimit)
 	if err != nil {
 		return 0, nil, err
 	}
-	limit = min(limit, fleet.MaxEventsLimit)
 	wait, _, err := rq.query.nonNegativeInt("wait")
 	if err != nil {
 		return 0, nil, err
