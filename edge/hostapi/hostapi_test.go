@@ -141,7 +141,7 @@ func (e *edge) allEvents(runID string, pageSize int) []hostproto.Event {
 			e.t.Fatal(err)
 		}
 		all = append(all, page.Events...)
-		after = page.NextCursor
+		after = *page.NextCursor
 		if !page.HasMore {
 			return all
 		}
@@ -379,20 +379,20 @@ func TestEventsPageByCursorAcrossARestart(t *testing.T) {
 	before := e.allEvents(run.RunID, 7)
 	// Read part of the log, restart edge, and carry on from the cursor.
 	first, err := e.client.Events(ctx, run.RunID, 0, 5)
-	if err != nil || len(first.Events) != 5 || !first.HasMore || first.NextCursor != 5 {
+	if err != nil || len(first.Events) != 5 || !first.HasMore || first.NextCursor == nil || *first.NextCursor != 5 {
 		t.Fatalf("first page %+v %v", first, err)
 	}
 	e.down()
 	e.up()
 	rest := []hostproto.Event{}
-	after := first.NextCursor
+	after := *first.NextCursor
 	for {
 		page, err := e.client.Events(ctx, run.RunID, after, 4)
 		if err != nil {
 			t.Fatal(err)
 		}
 		rest = append(rest, page.Events...)
-		after = page.NextCursor
+		after = *page.NextCursor
 		if !page.HasMore {
 			break
 		}
@@ -445,6 +445,35 @@ func TestBadRequestsNameTheField(t *testing.T) {
 	page, err := e.client.Events(ctx, run.RunID, 0, 5000)
 	if err != nil || len(page.Events) > runner.MaxEventPage {
 		t.Fatalf("a limit above 1000 was not clamped: %d events, %v", len(page.Events), err)
+	}
+}
+
+// TestEventsPastTheEnd: a page asked after the run's last event is empty
+// with no nextCursor (no page continues from a place no event reached); at
+// the last event it is empty with nextCursor there, to poll from.
+func TestEventsPastTheEnd(t *testing.T) {
+	e := newEdge(t)
+	run := e.waitStatus(e.start("echo one; echo two").RunID, ended)
+	last := int64(len(e.allEvents(run.RunID, 0)))
+	for _, c := range []struct {
+		after int64
+		want  string
+	}{
+		{last, fmt.Sprintf(`{"events":[],"nextCursor":%d,"hasMore":false}`, last)},
+		{last + 1, `{"events":[],"hasMore":false}`},
+		{last + 100, `{"events":[],"hasMore":false}`},
+	} {
+		req, _ := http.NewRequest("GET", fmt.Sprintf("%s/runs/%s/events?after=%d", e.srv.URL, run.RunID, c.after), nil)
+		req.Header.Set("Authorization", "Bearer "+token)
+		resp, err := e.srv.Client().Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		b, _ := io.ReadAll(resp.Body)
+		resp.Body.Close()
+		if got := strings.TrimSpace(string(b)); resp.StatusCode != 200 || got != c.want {
+			t.Errorf("after=%d of %d events: %d %s, want %s", c.after, last, resp.StatusCode, got, c.want)
+		}
 	}
 }
 

@@ -129,14 +129,15 @@ func (h *Handler) events(ctx context.Context, rq *request) (int, any, error) {
 	if err != nil {
 		return 0, nil, err
 	}
-	page, run, err := h.waitForEvents(ctx, rq, run, after, int(limit), time.Duration(wait)*time.Second)
+	page, run, err := h.waitForEvents(ctx, rq, run, after, limit, time.Duration(wait)*time.Second)
 	if err != nil {
 		return 0, nil, err
 	}
 	// Mirrored events are the host's, as they came (DESIGN.md's event
-	// shape on both APIs). live: more events may come (a long-poll on a
-	// run that is not live answers at once).
-	return http.StatusOK, toEventPage(page, run.Live() || page.HasMore), nil
+	// shape on both APIs). live is the run's, not the page's: false once
+	// the run has ended and its every event is mirrored, even on a page
+	// with more after it (hasMore says that; issue 30).
+	return http.StatusOK, toEventPage(page, run.Live()), nil
 }
 
 // waitForEvents is the events route's read, as a long-poll when wait > 0:
@@ -145,8 +146,11 @@ func (h *Handler) events(ctx context.Context, rq *request) (int, any, error) {
 // as soon as that holds events, at once for a run that is over (no event
 // can come), and with the empty page when wait has passed (or the
 // invocation's deadline nears). Without wait it is one read of the mirror.
+// run is RunFor's strongly consistent read: an `after` past its cursor is
+// past the end for good (the cursor only grows), answered at once rather
+// than waited on, since the events up to `after` would never be shown.
 func (h *Handler) waitForEvents(ctx context.Context, rq *request, run store.Run, after int64, limit int, wait time.Duration) (fleet.EventsPage, store.Run, error) {
-	if wait == 0 {
+	if wait == 0 || after > run.EventCursor {
 		page, err := h.fleet.MirroredEvents(ctx, run, after, limit)
 		return page, run, err
 	}
@@ -164,10 +168,14 @@ func (h *Handler) waitForEvents(ctx context.Context, rq *request, run store.Run,
 		synced, err := h.fleet.SyncRun(syncCtx, run.FleetRunID)
 		cancel()
 		switch {
-		case err == nil:
-			run = synced
-		case synced.FleetRunID != "":
-			run = synced // the host could not be asked: serve the mirror
+		case err == nil || synced.FleetRunID != "":
+			// Served from the mirror either way (a host that could not be
+			// asked leaves the run as read). SyncRun may read eventually
+			// consistent: a record older than the one held is not taken,
+			// so the page is never judged against a cursor gone back.
+			if synced.Version >= run.Version {
+				run = synced
+			}
 		case ctx.Err() != nil:
 			return fleet.EventsPage{}, run, ctx.Err()
 		case errors.Is(err, store.ErrNotFound):

@@ -225,7 +225,9 @@ func EventOf(e hostproto.Event) fleetapi.Event {
 	return fleetapi.Event{Sequence: e.Sequence, Type: e.Type, Data: e.Data, TS: e.TS}
 }
 
-// toEventPage is a page of the mirror; live: more events may come.
+// toEventPage is a page of the mirror; live: the run may yet have events
+// the mirror lacks. A page past the run's last event has no nextCursor:
+// there is no place it continues from.
 func toEventPage(page fleet.EventsPage, live bool) fleetapi.EventPage {
 	var events []fleetapi.Event // null when the mirror's page is, as always
 	if page.Events != nil {
@@ -234,7 +236,12 @@ func toEventPage(page fleet.EventsPage, live bool) fleetapi.EventPage {
 			events[i] = EventOf(e)
 		}
 	}
-	return fleetapi.EventPage{Events: events, NextCursor: page.NextCursor, HasMore: page.HasMore, Live: live}
+	v := fleetapi.EventPage{Events: events, HasMore: page.HasMore, Live: live}
+	if !page.PastEnd {
+		next := page.NextCursor
+		v.NextCursor = &next
+	}
+	return v
 }
 
 // StreamSnapshotOf is the stream's snapshot data: where the stream stands

@@ -4,6 +4,8 @@ import (
 	"encoding/json"
 	"testing"
 
+	"github.com/runfleet/runfleet/shared/fleet"
+	"github.com/runfleet/runfleet/shared/hostproto"
 	"github.com/runfleet/runfleet/tests/kit/storetest"
 )
 
@@ -25,5 +27,22 @@ func TestHostViewJSONIsUnchanged(t *testing.T) {
 	}
 	if string(got) != want {
 		t.Errorf("host answer:\n got  %s\n want %s", got, want)
+	}
+}
+
+// TestEventPageCursor: nextCursor is there on every page but one past the
+// run's last event, where no page continues.
+func TestEventPageCursor(t *testing.T) {
+	for _, c := range []struct {
+		page fleet.EventsPage
+		want string
+	}{
+		{fleet.EventsPage{Events: []hostproto.Event{}, NextCursor: 0}, `{"events":[],"hasMore":false,"live":true,"nextCursor":0}`},
+		{fleet.EventsPage{Events: []hostproto.Event{}, NextCursor: 7}, `{"events":[],"hasMore":false,"live":true,"nextCursor":7}`},
+		{fleet.EventsPage{Events: []hostproto.Event{}, NextCursor: 100, PastEnd: true}, `{"events":[],"hasMore":false,"live":true}`},
+	} {
+		if b, _ := json.Marshal(toEventPage(c.page, true)); string(b) != c.want {
+			t.Errorf("%+v: %s, want %s", c.page, b, c.want)
+		}
 	}
 }

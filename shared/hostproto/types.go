@@ -229,10 +229,12 @@ type StateChange struct {
 }
 
 // EventPage is GET /runs/{id}/events?after=&limit=. NextCursor is the
-// sequence of the last event returned (or after, when none was).
+// sequence of the last event returned (or after, when none was); nil
+// (absent) when after is past the run's last event, a place from which no
+// page continues. limit is 1 to 1000 (absent: 100).
 type EventPage struct {
 	Events     []Event `json:"events"`
-	NextCursor int64   `json:"nextCursor"`
+	NextCursor *int64  `json:"nextCursor,omitempty"`
 	HasMore    bool    `json:"hasMore"`
 }
 
