@@ -16,8 +16,9 @@ import (
 	"github.com/runfleet/runfleet/shared/store"
 )
 
-// The routes that act on a run through its host (input, cancel, retry),
-// read its mirror (events) and roll up the hosts' metrics.
+// The routes that act on a run through its host (input, cancel, retry:
+// answered with outcomeStatus), read its mirror (events) and roll up the
+// hosts' metrics.
 
 func (h *Handler) input(ctx context.Context, rq *request) (int, any, error) {
 	value, err := inputValue(rq.body)
@@ -28,7 +29,8 @@ func (h *Handler) input(ctx context.Context, rq *request) (int, any, error) {
 	if err != nil {
 		return 0, nil, err
 	}
-	return http.StatusOK, toInteraction(res, rq.links), nil
+	status, answer := toInteraction("input", res, rq.links)
+	return status, answer, nil
 }
 
 func (h *Handler) cancel(ctx context.Context, rq *request) (int, any, error) {
@@ -39,7 +41,8 @@ func (h *Handler) cancel(ctx context.Context, rq *request) (int, any, error) {
 	if err != nil {
 		return 0, nil, err
 	}
-	return http.StatusOK, toInteraction(res, rq.links), nil
+	status, answer := toInteraction("cancel", res, rq.links)
+	return status, answer, nil
 }
 
 func (h *Handler) retry(ctx context.Context, rq *request) (int, any, error) {
@@ -50,7 +53,8 @@ func (h *Handler) retry(ctx context.Context, rq *request) (int, any, error) {
 	if err != nil {
 		return 0, nil, err
 	}
-	return http.StatusOK, toInteraction(res, rq.links), nil
+	status, answer := toInteraction("retry", res, rq.links)
+	return status, answer, nil
 }
 
 // inputValue reads POST /fleet/runs/{id}/input's body: {"input": v} sends v
