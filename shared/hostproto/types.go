@@ -62,6 +62,10 @@ const (
 	CodeNotRetryable   = "not_retryable"
 	CodeDraining       = "draining"
 	CodeDeadlinePassed = ReasonDeadlinePassed
+	// CodeInvalidJSON: the body is not one well-formed JSON value, or
+	// gives a key twice (the message names it by its path); a body that is
+	// JSON but wrong for the route is bad_request.
+	CodeInvalidJSON = "invalid_json"
 )
 
 // Event types.
