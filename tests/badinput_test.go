@@ -76,6 +76,7 @@ func badInputCorpus(t *testing.T, kind string) {
 		return jsonBody(fields)
 	}
 
+	const limitRange = "want an integer from 1 to 1000"
 	type tc struct {
 		name, method, path, token, body string
 		headers                         []string
@@ -196,6 +197,15 @@ func badInputCorpus(t *testing.T, kind string) {
 		{"list limit 2.5", "GET", "/fleet/runs?limit=2.5", acme, ``, nil, 400, "limit"},
 		{"list limit -1", "GET", "/fleet/runs?limit=-1", acme, ``, nil, 400, "limit"},
 		{"list limit twice", "GET", "/fleet/runs?limit=1&limit=2", acme, ``, nil, 400, "limit"},
+		{"list limit 0", "GET", "/fleet/runs?limit=0", acme, ``, nil, 400, `limit="0": ` + limitRange},
+		{"list limit -5", "GET", "/fleet/runs?limit=-5", acme, ``, nil, 400, `limit="-5": ` + limitRange},
+		{"list limit 1001", "GET", "/fleet/runs?limit=1001", acme, ``, nil, 400, `limit="1001": ` + limitRange},
+		{"list limit huge", "GET", "/fleet/runs?limit=99999999999999999999999", acme, ``, nil, 400, limitRange},
+		{"list limit text", "GET", "/fleet/runs?limit=ten", acme, ``, nil, 400, `limit="ten": ` + limitRange},
+		{"list limit empty", "GET", "/fleet/runs?limit=", acme, ``, nil, 400, `limit="": ` + limitRange},
+		// The other lists are not paged: a limit is a parameter they do not take.
+		{"hosts limit", "GET", "/fleet/hosts?limit=10", acme, ``, nil, 400, `unknown query parameter "limit"`},
+		{"callers limit", "GET", "/fleet/callers?limit=10", adminToken, ``, nil, 400, `unknown query parameter "limit"`},
 		{"list after -1", "GET", "/fleet/runs?after=-1", acme, ``, nil, 400, "after"},
 		{"list cursor garbage", "GET", "/fleet/runs?cursor=not-a-cursor", acme, ``, nil, 400, "cursor"},
 		{"list cursor empty", "GET", "/fleet/runs?cursor=", acme, ``, nil, 400, "cursor"},
@@ -228,8 +238,14 @@ func badInputCorpus(t *testing.T, kind string) {
 		{"events after 1e3", "GET", run + "/events?after=1e3", acme, ``, nil, 400, "after"},
 		{"events after empty", "GET", run + "/events?after=", acme, ``, nil, 400, "after"},
 		{"events limit 2.5", "GET", run + "/events?limit=2.5", acme, ``, nil, 400, "limit"},
-		{"events limit -5", "GET", run + "/events?limit=-5", acme, ``, nil, 400, "limit"},
+		{"events limit -5", "GET", run + "/events?limit=-5", acme, ``, nil, 400, `limit="-5": ` + limitRange},
 		{"events limit twice", "GET", run + "/events?limit=1&limit=2", acme, ``, nil, 400, "limit"},
+		{"events limit 0", "GET", run + "/events?limit=0", acme, ``, nil, 400, `limit="0": ` + limitRange},
+		{"events limit 1001", "GET", run + "/events?limit=1001", acme, ``, nil, 400, `limit="1001": ` + limitRange},
+		{"events limit huge", "GET", run + "/events?limit=99999999999999999999999", acme, ``, nil, 400, limitRange},
+		{"events limit text", "GET", run + "/events?limit=all", acme, ``, nil, 400, `limit="all": ` + limitRange},
+		{"events limit empty", "GET", run + "/events?limit=", acme, ``, nil, 400, `limit="": ` + limitRange},
+		{"events limit 0 waiting", "GET", run + "/events?limit=0&wait=5", acme, ``, nil, 400, `limit="0": ` + limitRange},
 		{"events cursor", "GET", run + "/events?cursor=abc", acme, ``, nil, 400, `"cursor"`},
 		{"events with a body", "GET", run + "/events", acme, `{"after":1}`, nil, 400, "no request body"},
 		{"events unknown run", "GET", "/fleet/runs/fr-unknown/events", acme, ``, nil, 404, "fr-unknown"},
@@ -249,7 +265,45 @@ func badInputCorpus(t *testing.T, kind string) {
 		{"stream POST", "POST", run + "/stream", acme, `{}`, nil, 405, "POST"},
 		{"stream unknown run", "GET", "/fleet/runs/fr-unknown/stream", acme, ``, nil, 404, "fr-unknown"},
 	}
-	for _, c := range cases {
+	// A key given twice, on every route that takes a body: refused before
+	// anything is done, invalid_json, the key named by its path and no
+	// value of it quoted (encoding/json alone would take the last value).
+	dupKey := "the key is given more than once"
+	dups := []tc{
+		{"hosts duplicate id", "POST", "/fleet/hosts", adminToken, `{"id":"dup-a","id":"dup-b","baseUrl":"https://h","credentialRef":"` + hostCredRef + `"}`, nil, 400, "id: " + dupKey},
+		{"hosts duplicate label", "POST", "/fleet/hosts", adminToken, reg(`,"labels":{"pool":"a","pool":"b"}`), nil, 400, "labels.pool: " + dupKey},
+		{"hosts duplicate odd label", "POST", "/fleet/hosts", adminToken, reg(`,"labels":{"k.8s":"a","k.8s":"b"}`), nil, 400, `labels["k.8s"]: ` + dupKey},
+		{"enable duplicate", "POST", "/fleet/hosts/h1/enable", adminToken, `{"enabled":true,"enabled":false}`, nil, 400, "enabled: " + dupKey},
+		{"probe duplicate", "POST", "/fleet/hosts/h1/probe", adminToken, `{"x":1,"x":2}`, nil, 400, "x: " + dupKey},
+		{"probe all duplicate", "POST", "/fleet/probe", adminToken, `{"x":1,"x":2}`, nil, 400, "x: " + dupKey},
+		{"drain duplicate", "POST", "/fleet/hosts/h1/drain", adminToken, `{"x":1,"x":2}`, nil, 400, "x: " + dupKey},
+		{"resume duplicate", "POST", "/fleet/hosts/h1/resume", adminToken, `{"x":1,"x":2}`, nil, 400, "x: " + dupKey},
+		{"mint duplicate admin", "POST", "/fleet/callers", adminToken, mint(scopes + `,"admin":false,"admin":true`), nil, 400, "admin: " + dupKey},
+		{"mint duplicate owner", "POST", "/fleet/callers", adminToken, `{"ownerId":"dup-a","ownerId":"dup-b"` + scopes + `}`, nil, 400, "ownerId: " + dupKey},
+		{"runs duplicate host", "POST", "/fleet/runs", acme, `{"agent":"shell","host":"h1","host":"h2"}`, nil, 400, "host: " + dupKey},
+		{"runs duplicate env", "POST", "/fleet/runs", acme, `{"agent":"shell","env":{"TOKEN":"sk-live-1","TOKEN":"sk-live-2"}}`, nil, 400, "env.TOKEN: " + dupKey},
+		{"runs duplicate secret key", "POST", "/fleet/runs", acme, `{"agent":"shell","secrets":[{"projectId":"acme","key":"A","key":"B","domains":["a.b"]}]}`, nil, 400, "secrets[0].key: " + dupKey},
+		{"runs duplicate idempotency", "POST", "/fleet/runs", acme, `{"agent":"shell","idempotency":"a","idempotency":"b"}`, nil, 400, "idempotency: " + dupKey},
+		{"input duplicate", "POST", run + "/input", acme, `{"input":"ls\n","input":"sk-live-rm"}`, nil, 400, "input: " + dupKey},
+		{"input duplicate inside", "POST", run + "/input", acme, `{"input":{"answer":"yes","answer":"no"}}`, nil, 400, "input.answer: " + dupKey},
+		{"input duplicate bare", "POST", run + "/input", acme, `{"answer":"yes","answer":"no"}`, nil, 400, "answer: " + dupKey},
+		{"cancel duplicate", "POST", run + "/cancel", acme, `{"x":1,"x":2}`, nil, 400, "x: " + dupKey},
+		{"retry duplicate", "POST", run + "/retry", acme, `{"x":1,"x":2}`, nil, 400, "x: " + dupKey},
+	}
+	// Codes: JSON that is not one well-formed value, or gives a key twice,
+	// is invalid_json; JSON that is not what the route takes, and a limit
+	// out of its range, invalid_request.
+	codes := map[string]string{
+		"hosts malformed": "invalid_json", "enable no body": "invalid_json", "enable malformed": "invalid_json",
+		"mint malformed": "invalid_json", "runs malformed": "invalid_json", "input no body": "invalid_json",
+		"input malformed": "invalid_json", "input not JSON": "invalid_json", "retry malformed": "invalid_json",
+		"hosts array": "invalid_request", "runs null": "invalid_request", "runs unknown field": "invalid_request",
+		"list limit 0": "invalid_request", "list limit 1001": "invalid_request", "events limit 0": "invalid_request",
+	}
+	for _, c := range dups {
+		codes[c.name] = "invalid_json"
+	}
+	for _, c := range append(cases, dups...) {
 		a := s.do(t, c.method, c.path, c.token, c.body, c.headers...)
 		if a.status >= 500 {
 			t.Errorf("%s: %d %s: a 5xx", c.name, a.status, a.raw)
@@ -258,10 +312,27 @@ func badInputCorpus(t *testing.T, kind string) {
 		if a.status != c.status || !strings.Contains(a.errorText(), c.mention) {
 			t.Errorf("%s: %d %s, want %d naming %q", c.name, a.status, truncate(a.raw), c.status, c.mention)
 		}
+		if code, ok := codes[c.name]; ok && a.str("code") != code {
+			t.Errorf("%s: code %q, want %q", c.name, a.str("code"), code)
+		}
+		if strings.Contains(a.raw, "sk-live") {
+			t.Errorf("%s: the answer quotes a value of the body: %s", c.name, a.raw)
+		}
+	}
+	// Nothing a refused body asked for was done.
+	if hosts := s.must(t, http.StatusOK, "GET", "/fleet/hosts", adminToken, "").raw; strings.Contains(hosts, "dup-") {
+		t.Errorf("a registration with a key given twice registered a host: %s", hosts)
+	}
+	if callers := s.must(t, http.StatusOK, "GET", "/fleet/callers", adminToken, "").raw; strings.Contains(callers, "dup-") {
+		t.Errorf("a mint with a key given twice minted a caller: %s", callers)
+	}
+	if got := host.Inputs(s.must(t, http.StatusOK, "GET", run, acme, "").body["run"].(map[string]any)["childRunId"].(string)); len(got) != 0 {
+		t.Errorf("inputs with a key given twice reached the host: %s", got)
 	}
 
-	// A limit above 1000 is clamped, not refused: with more than 1000 runs
-	// and events, one page holds 1000 of them and says there is more.
+	// A limit of 1000, the most a page holds, over more than 1000 runs and
+	// events: one page of 1000 that says there is more (1001 is refused
+	// above, not clamped).
 	ctx := context.Background()
 	var wg sync.WaitGroup
 	seeded := make(chan int)
@@ -284,9 +355,9 @@ func badInputCorpus(t *testing.T, kind string) {
 	}
 	close(seeded)
 	await.Group(t, "the seeding writers", &wg)
-	list := s.must(t, http.StatusOK, "GET", "/fleet/runs?limit=5000", acme, "")
+	list := s.must(t, http.StatusOK, "GET", "/fleet/runs?limit=1000", acme, "")
 	if runs, _ := list.body["runs"].([]any); len(runs) != 1000 || list.body["hasMore"] != true {
-		t.Errorf("limit=5000 over 1002 runs: %d runs, hasMore %v; want 1000 and true", len(runs), list.body["hasMore"])
+		t.Errorf("limit=1000 over 1002 runs: %d runs, hasMore %v; want 1000 and true", len(runs), list.body["hasMore"])
 	}
 	child := strings.TrimPrefix(run, "/fleet/runs/")
 	childRunID := s.must(t, http.StatusOK, "GET", run, acme, "").body["run"].(map[string]any)["childRunId"].(string)
@@ -296,9 +367,9 @@ func badInputCorpus(t *testing.T, kind string) {
 	if _, err := s.app.Fleet.SyncRun(ctx, child); err != nil {
 		t.Fatal(err)
 	}
-	page := s.must(t, http.StatusOK, "GET", run+"/events?limit=5000&after=0", acme, "")
+	page := s.must(t, http.StatusOK, "GET", run+"/events?limit=1000&after=0", acme, "")
 	if evs, _ := page.body["events"].([]any); len(evs) != 1000 || page.body["hasMore"] != true || page.body["nextCursor"] != 1000.0 {
-		t.Errorf("limit=5000 over 1002 events: %d events, hasMore %v, nextCursor %v; want 1000, true, 1000",
+		t.Errorf("limit=1000 over 1002 events: %d events, hasMore %v, nextCursor %v; want 1000, true, 1000",
 			len(evs), page.body["hasMore"], page.body["nextCursor"])
 	}
 }

@@ -148,7 +148,7 @@ func (e *e2eEdge) events(runID string) []hostproto.Event {
 		p, err := e.client.Events(context.Background(), runID, after, 1000)
 		must(e.t, err)
 		all = append(all, p.Events...)
-		after = p.NextCursor
+		after = *p.NextCursor
 		if !p.HasMore {
 			return all
 		}

@@ -232,7 +232,7 @@ func (e *edgeProc) events(runID string) []hostproto.Event {
 		p, err := e.client.Events(context.Background(), runID, after, 0)
 		must(e.t, err)
 		all = append(all, p.Events...)
-		after = p.NextCursor
+		after = *p.NextCursor
 		if !p.HasMore {
 			return all
 		}
@@ -271,7 +271,7 @@ func (e *edgeProc) output(runID string, after int64) (string, int64) {
 				b.WriteString(s)
 			}
 		}
-		after = p.NextCursor
+		after = *p.NextCursor
 		if !p.HasMore {
 			return b.String(), after
 		}

@@ -298,3 +298,69 @@ func TestDeleteHostInSteps(t *testing.T) {
 		})
 	}
 }
+
+// TestListsOfEventsTellTheTruth (issue 30): an events page's live is the
+// run's, not the page's, so a finished run's page says live false even
+// with more after it (hasMore says that); a page at the run's last event
+// names it as nextCursor, to poll from; one past it has no nextCursor (no
+// page continues from a place no event reached), at once even as a
+// long-poll, whose wait would otherwise hide events up to that place.
+func TestListsOfEventsTellTheTruth(t *testing.T) {
+	for _, kind := range storeKinds {
+		t.Run(kind, func(t *testing.T) {
+			s := newStack(t, kind, stackOptions{})
+			host, alice, id, child := s.aliceRun(t)
+			events := "/fleet/runs/" + id + "/events"
+			for i := range 5 {
+				host.AppendOutput(child, fmt.Sprintf("line %d\n", i))
+			}
+			s.sweep(t)
+
+			// Live: every page says so, and past the end is refused a
+			// cursor at once.
+			a := s.must(t, http.StatusOK, "GET", events+"?limit=1", alice, "")
+			if a.body["live"] != true || a.body["hasMore"] != true || a.body["nextCursor"] != 1.0 {
+				t.Fatalf("a live run's first page: %s", a.raw)
+			}
+			last := int64(a.body["nextCursor"].(float64))
+			for a.body["hasMore"] == true {
+				a = s.must(t, http.StatusOK, "GET", fmt.Sprintf("%s?after=%d&limit=2", events, last), alice, "")
+				last = int64(a.body["nextCursor"].(float64))
+			}
+			a, waited := s.longPoll(t, fmt.Sprintf("%s?after=%d&wait=20", events, last+50), alice, nil)
+			if _, has := a.body["nextCursor"]; a.status != 200 || has || a.body["live"] != true || a.body["hasMore"] != false || waited != 0 {
+				t.Fatalf("a long-poll past a live run's end: %d %s after %v; want an empty page without nextCursor, at once", a.status, a.raw, waited)
+			}
+
+			// Finished and mirrored to its end: live false on every page,
+			// the first of several included.
+			zero := 0
+			host.SetRun(child, hostproto.StatusSucceeded, &zero, "")
+			s.sweep(t)
+			a = s.must(t, http.StatusOK, "GET", events+"?limit=1", alice, "")
+			if a.body["live"] != false || a.body["hasMore"] != true || a.body["nextCursor"] != 1.0 {
+				t.Fatalf("a finished run's partial page: %s, want live false, hasMore true", a.raw)
+			}
+			for a.body["hasMore"] == true {
+				a = s.must(t, http.StatusOK, "GET", fmt.Sprintf("%s?after=%d&limit=3", events, int64(a.body["nextCursor"].(float64))), alice, "")
+				if a.body["live"] != false {
+					t.Fatalf("a finished run's page: %s, want live false", a.raw)
+				}
+			}
+			end := int64(a.body["nextCursor"].(float64))
+			if end <= last {
+				t.Fatalf("the finished run's last event %d, want past %d (its state event)", end, last)
+			}
+			a = s.must(t, http.StatusOK, "GET", fmt.Sprintf("%s?after=%d", events, end), alice, "")
+			if evs, _ := a.body["events"].([]any); len(evs) != 0 || a.body["nextCursor"] != float64(end) || a.body["live"] != false || a.body["hasMore"] != false {
+				t.Fatalf("a page at the finished run's end: %s, want empty with nextCursor %d", a.raw, end)
+			}
+			for _, after := range []int64{end + 1, 100, 1 << 40} {
+				a = s.must(t, http.StatusOK, "GET", fmt.Sprintf("%s?after=%d&wait=5", events, after), alice, "")
+				if _, has := a.body["nextCursor"]; has || a.raw != `{"events":[],"hasMore":false,"live":false}`+"\n" {
+					t.Fatalf("after=%d past the finished run's end (%d): %s, want an empty page without nextCursor", after, end, a.raw)
+				}
+			}
+		})
+	}
+}

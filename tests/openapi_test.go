@@ -343,15 +343,20 @@ func TestOpenAPIDescribesRealAnswers(t *testing.T) {
 	sm.do("GET", "/fleet/runs", "/fleet/runs", tok, "", 200)
 	sm.do("GET", "/fleet/runs", "/fleet/runs?limit=1", adm, "", 200)
 	sm.do("GET", "/fleet/runs", "/fleet/runs?limit=-1", tok, "", 400)
+	sm.do("GET", "/fleet/runs", "/fleet/runs?limit=0", tok, "", 400)
+	sm.do("POST", "/fleet/runs", "/fleet/runs", tok, `{"agent":"shell","agent":"shell"}`, 400)
 	sm.do("GET", "/fleet/runs/{id}", "/fleet/runs/"+id, tok, "", 200)
 	sm.do("GET", "/fleet/runs/{id}", "/fleet/runs/nope", tok, "", 404)
 	sm.do("POST", "/fleet/runs/{id}/input", "/fleet/runs/"+id+"/input", tok, `{"input":{"answer":"yes"}}`, 200)
 	host.AppendOutput(child, "building\n")
 	host.SetRun(child, "failed", new(int), "")
 	sm.do("POST", "/fleet/runs/{id}/retry", "/fleet/runs/"+id+"/retry", tok, "", 200)
+	sm.do("POST", "/fleet/runs/{id}/retry", "/fleet/runs/"+id+"/retry", tok, "", 409)
 	sm.do("POST", "/fleet/runs/{id}/cancel", "/fleet/runs/"+id+"/cancel", tok, "{}", 200)
+	sm.do("POST", "/fleet/runs/{id}/cancel", "/fleet/runs/"+id+"/cancel", tok, "", 409)
+	sm.do("POST", "/fleet/runs/{id}/input", "/fleet/runs/"+id+"/input", tok, `{"input":"late"}`, 409)
 	host.FaultVerbs(fakehost.VerbsFail)
-	sm.do("POST", "/fleet/runs/{id}/cancel", "/fleet/runs/"+id+"/cancel", tok, "", 200)
+	sm.do("POST", "/fleet/runs/{id}/cancel", "/fleet/runs/"+id+"/cancel", tok, "", 202)
 	host.FaultVerbs(fakehost.VerbsNormal)
 	sm.do("GET", "/metrics", "/metrics", tok, "", 200)
 
@@ -360,7 +365,9 @@ func TestOpenAPIDescribesRealAnswers(t *testing.T) {
 		t.Fatal(err)
 	}
 	sm.do("GET", "/fleet/runs/{id}/events", "/fleet/runs/"+id+"/events?after=0&limit=2", tok, "", 200)
+	sm.do("GET", "/fleet/runs/{id}/events", "/fleet/runs/"+id+"/events?after=1000", tok, "", 200)
 	sm.do("GET", "/fleet/runs/{id}/events", "/fleet/runs/"+id+"/events?after=x", tok, "", 400)
+	sm.do("GET", "/fleet/runs/{id}/events", "/fleet/runs/"+id+"/events?limit=1001", tok, "", 400)
 
 	// The stream, as the local stack serves it, of the run now ended.
 	handler, err := s.app.HTTPHandler(slog.New(slog.NewJSONHandler(io.Discard, nil)), s.clk)
@@ -381,6 +388,13 @@ func TestOpenAPIDescribesRealAnswers(t *testing.T) {
 	sm.do("POST", "/fleet/hosts/{id}/drain", "/fleet/hosts/nope/drain", adm, "", 404)
 	sm.do("POST", "/fleet/hosts/{id}/drain", "/fleet/hosts/edge-2/drain", tok, "", 403)
 	sm.do("POST", "/fleet/hosts/{id}/resume", "/fleet/hosts/edge-2/resume", adm, "{}", 200)
+	// A host that is gone: its drain and resume are refused (409), the
+	// drain recorded all the same.
+	gone := s.addHost(t, "edge-3", fakehost.Config{}, nil)
+	gone.Close()
+	sm.do("POST", "/fleet/hosts/{id}/drain", "/fleet/hosts/edge-3/drain", adm, "", 409)
+	sm.do("POST", "/fleet/hosts/{id}/resume", "/fleet/hosts/edge-3/resume", adm, `{"x":1,"x":2}`, 400)
+	sm.do("POST", "/fleet/hosts/{id}/resume", "/fleet/hosts/edge-3/resume", adm, "", 409)
 	sm.do("DELETE", "/fleet/hosts/{id}", "/fleet/hosts/edge-1", adm, "", 409)
 	sm.do("DELETE", "/fleet/hosts/{id}", "/fleet/hosts/edge-1?force=1", adm, "", 200)
 	sm.do("DELETE", "/fleet/callers/{ownerId}", "/fleet/callers/ci", adm, "", 200)
@@ -430,8 +444,9 @@ var apiRequestTypes = map[string]func() any{
 
 // apiAnswerTypes are the fleetapi types of the answers, by "METHOD path
 // template status". Any other status of 400 and above is a fleetapi.Error
-// (a dispatch's 409 that names its run is a DispatchRefused; the stream's
-// 429 a TooManyStreams).
+// (a dispatch's 409 that names its run is a DispatchRefused, a verb's 409
+// that says accepted an InteractionRefused or a HostDrainRefused; the
+// stream's 429 a TooManyStreams).
 var apiAnswerTypes = map[string]func() any{
 	"GET /healthz 200":                    func() any { return new(fleetapi.Health) },
 	"GET /fleet/hosts 200":                func() any { return new(fleetapi.HostList) },
@@ -453,8 +468,23 @@ var apiAnswerTypes = map[string]func() any{
 	"POST /fleet/runs/{id}/input 200":     func() any { return new(fleetapi.Interaction) },
 	"POST /fleet/runs/{id}/cancel 200":    func() any { return new(fleetapi.Interaction) },
 	"POST /fleet/runs/{id}/retry 200":     func() any { return new(fleetapi.Interaction) },
+	"POST /fleet/runs/{id}/input 202":     func() any { return new(fleetapi.Interaction) },
+	"POST /fleet/runs/{id}/cancel 202":    func() any { return new(fleetapi.Interaction) },
+	"POST /fleet/runs/{id}/retry 202":     func() any { return new(fleetapi.Interaction) },
+	"POST /fleet/hosts/{id}/drain 202":    func() any { return new(fleetapi.HostDrain) },
+	"POST /fleet/hosts/{id}/resume 202":   func() any { return new(fleetapi.HostDrain) },
 	"GET /fleet/runs/{id}/events 200":     func() any { return new(fleetapi.EventPage) },
 	"GET " + streamPath + " 429":          func() any { return new(fleetapi.TooManyStreams) },
+}
+
+// refusedVerbTypes are the types of a forwarded verb's 409 when the host
+// refused it (an error and the verb's answer in one object).
+var refusedVerbTypes = map[string]func() any{
+	"POST /fleet/runs/{id}/input":   func() any { return new(fleetapi.InteractionRefused) },
+	"POST /fleet/runs/{id}/cancel":  func() any { return new(fleetapi.InteractionRefused) },
+	"POST /fleet/runs/{id}/retry":   func() any { return new(fleetapi.InteractionRefused) },
+	"POST /fleet/hosts/{id}/drain":  func() any { return new(fleetapi.HostDrainRefused) },
+	"POST /fleet/hosts/{id}/resume": func() any { return new(fleetapi.HostDrainRefused) },
 }
 
 // apiStreamTypes are the data types of the stream's SSE events.
@@ -505,6 +535,8 @@ func checkAPITypes(t *testing.T, x apiSample) {
 	case ok:
 	case x.Status == http.StatusConflict && route == "POST /fleet/runs" && bytes.Contains(x.raw, []byte(`"fleetRunId"`)):
 		newAnswer = func() any { return new(fleetapi.DispatchRefused) }
+	case x.Status == http.StatusConflict && refusedVerbTypes[route] != nil && bytes.Contains(x.raw, []byte(`"accepted"`)):
+		newAnswer = refusedVerbTypes[route]
 	case x.Status >= 400:
 		newAnswer = func() any { return new(fleetapi.Error) }
 	default:

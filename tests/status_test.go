@@ -68,7 +68,7 @@ func endedEverywhere(t *testing.T, kind string) {
 	// shows the run ended.
 	inputID, inputChild := dispatch()
 	host.SetRun(inputChild, hostproto.StatusFailed, &one, "")
-	a := s.must(t, http.StatusOK, "POST", "/fleet/runs/"+inputID+"/input", alice, `{"input":"y\n"}`)
+	a := s.must(t, http.StatusConflict, "POST", "/fleet/runs/"+inputID+"/input", alice, `{"input":"y\n"}`)
 	if a.body["accepted"] != false || a.str("code") != hostproto.CodeNotRunning || status(a.body["run"].(map[string]any)) != "failed" {
 		t.Fatalf("input to an ended run: %s", a.raw)
 	}
@@ -83,7 +83,7 @@ func endedEverywhere(t *testing.T, kind string) {
 	// A cancel of a run that ended.
 	cancelID, cancelChild := dispatch()
 	host.SetRun(cancelChild, hostproto.StatusSucceeded, &zero, "")
-	a = s.must(t, http.StatusOK, "POST", "/fleet/runs/"+cancelID+"/cancel", alice, "")
+	a = s.must(t, http.StatusConflict, "POST", "/fleet/runs/"+cancelID+"/cancel", alice, "")
 	if a.body["accepted"] != false || status(a.body["run"].(map[string]any)) != "succeeded" {
 		t.Fatalf("cancel of an ended run: %s", a.raw)
 	}

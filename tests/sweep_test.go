@@ -523,7 +523,7 @@ func newSyncHost(t testing.TB, s *stack, id string) *syncHost {
 			return
 		}
 		after, _ := strconv.ParseInt(r.URL.Query().Get("after"), 10, 64)
-		writeJSONAnswer(w, hostproto.EventPage{Events: []hostproto.Event{}, NextCursor: after})
+		writeJSONAnswer(w, hostproto.EventPage{Events: []hostproto.Event{}, NextCursor: &after})
 	})
 	h.srv = httptest.NewServer(mux)
 	t.Cleanup(h.srv.Close)

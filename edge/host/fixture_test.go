@@ -265,7 +265,7 @@ func (e *edgeHost) events(runID string) []hostproto.Event {
 		p, err := e.client.Events(bg, runID, after, 1000)
 		must(e.f.t, err)
 		all = append(all, p.Events...)
-		after = p.NextCursor
+		after = *p.NextCursor
 		if !p.HasMore {
 			return all
 		}

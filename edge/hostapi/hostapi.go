@@ -17,6 +17,7 @@ import (
 	"io"
 	"log/slog"
 	"net/http"
+	"net/url"
 	"reflect"
 	"strconv"
 	"strings"
@@ -28,6 +29,7 @@ import (
 	"github.com/runfleet/runfleet/edge/runner"
 	"github.com/runfleet/runfleet/shared/clock"
 	"github.com/runfleet/runfleet/shared/hostproto"
+	"github.com/runfleet/runfleet/shared/jsonstrict"
 	"github.com/runfleet/runfleet/shared/runspec"
 	"github.com/runfleet/runfleet/shared/version"
 )
@@ -219,12 +221,12 @@ func (a *API) events(w http.ResponseWriter, r *http.Request) {
 		a.fail(w, err)
 		return
 	}
-	limit, err := nonNegative(q, "limit")
+	limit, err := pageLimit(q, runner.MaxEventPage)
 	if err != nil {
 		a.fail(w, err)
 		return
 	}
-	page, err := a.cfg.Runner.Events(r.PathValue("id"), after, int(min(limit, runner.MaxEventPage)))
+	page, err := a.cfg.Runner.Events(r.PathValue("id"), after, limit)
 	if err != nil {
 		a.fail(w, err)
 		return
@@ -246,19 +248,35 @@ func (a *API) input(w http.ResponseWriter, r *http.Request) {
 }
 
 func (a *API) cancel(w http.ResponseWriter, r *http.Request) {
+	if err := readNoFields(w, r); err != nil {
+		a.fail(w, err)
+		return
+	}
 	a.answerRun(w, http.StatusOK)(a.cfg.Runner.Cancel(r.PathValue("id")))
 }
 
 func (a *API) retry(w http.ResponseWriter, r *http.Request) {
+	if err := readNoFields(w, r); err != nil {
+		a.fail(w, err)
+		return
+	}
 	a.answerRun(w, http.StatusOK)(a.cfg.Runner.Retry(r.PathValue("id")))
 }
 
-func (a *API) drain(w http.ResponseWriter, _ *http.Request) {
+func (a *API) drain(w http.ResponseWriter, r *http.Request) {
+	if err := readNoFields(w, r); err != nil {
+		a.fail(w, err)
+		return
+	}
 	a.cfg.Runner.Drain()
 	writeJSON(w, http.StatusOK, a.drainState())
 }
 
-func (a *API) resume(w http.ResponseWriter, _ *http.Request) {
+func (a *API) resume(w http.ResponseWriter, r *http.Request) {
+	if err := readNoFields(w, r); err != nil {
+		a.fail(w, err)
+		return
+	}
 	a.cfg.Runner.Resume()
 	writeJSON(w, http.StatusOK, a.drainState())
 }
@@ -300,9 +318,12 @@ func errorAnswer(err error) (int, hostproto.ErrorBody) {
 	var fieldErr *runspec.FieldError
 	var refusal *runner.Refusal
 	var tooBig *http.MaxBytesError
+	var badJSON *jsonError
 	switch {
 	case errors.As(err, &tooBig):
 		return http.StatusRequestEntityTooLarge, hostproto.ErrorBody{Error: fmt.Sprintf("the request body is larger than %d bytes", tooBig.Limit), Code: hostproto.CodeBadRequest}
+	case errors.As(err, &badJSON):
+		return http.StatusBadRequest, hostproto.ErrorBody{Error: badJSON.Error(), Code: hostproto.CodeInvalidJSON}
 	case errors.As(err, &reqErr):
 		return http.StatusBadRequest, hostproto.ErrorBody{Error: reqErr.Error(), Code: hostproto.CodeBadRequest}
 	case errors.As(err, &fieldErr):
@@ -326,16 +347,65 @@ func errorAnswer(err error) (int, hostproto.ErrorBody) {
 	return http.StatusInternalServerError, hostproto.ErrorBody{Error: "internal error"}
 }
 
-// decodeBody reads a JSON body of at most maxBodyBytes into v and returns
-// it. Unknown fields are allowed, so a newer Fleet can talk to this edge; a
-// value of the wrong type is refused naming its field.
-func decodeBody(w http.ResponseWriter, r *http.Request, v any) ([]byte, error) {
+// jsonError is a body that is not one well-formed JSON value, or that
+// gives a key twice: 400 invalid_json (errorAnswer). Its message never
+// quotes the body, which may hold a secret meant for a field.
+type jsonError struct{ msg string }
+
+func (e *jsonError) Error() string { return e.msg }
+
+// readJSON reads a body of at most maxBodyBytes and checks it is one JSON
+// value that gives no key twice in an object: encoding/json would keep the
+// last value, so {"clientToken": "a", "clientToken": "b"} would mean b here
+// and perhaps a to what read it before (shared/jsonstrict; issue 30). A
+// blank body is refused when required, else returned as nil.
+func readJSON(w http.ResponseWriter, r *http.Request, required bool) ([]byte, error) {
 	body, err := io.ReadAll(http.MaxBytesReader(w, r.Body, maxBodyBytes))
 	if err != nil {
 		return nil, err
 	}
-	if len(bytes.TrimSpace(body)) == 0 {
-		return nil, &runner.RequestError{Field: "body", Message: "is empty; a JSON object is required"}
+	trimmed := bytes.TrimSpace(body)
+	switch {
+	case len(trimmed) == 0 && required:
+		return nil, &jsonError{msg: "body: is empty; a JSON object is required"}
+	case len(trimmed) == 0:
+		return nil, nil
+	case !json.Valid(trimmed):
+		// The decoder, unlike Unmarshal, tells a body cut short from a bad
+		// byte; only the offset is named, never the body.
+		var v any
+		if err := json.NewDecoder(bytes.NewReader(trimmed)).Decode(&v); errors.Is(err, io.ErrUnexpectedEOF) {
+			return nil, &jsonError{msg: "body: is truncated JSON: it ends before the value closes"}
+		}
+		var se *json.SyntaxError
+		if err := json.Unmarshal(trimmed, &v); errors.As(err, &se) {
+			return nil, &jsonError{msg: fmt.Sprintf("body: is not valid JSON (at byte %d)", se.Offset)}
+		}
+		return nil, &jsonError{msg: "body: is not valid JSON"}
+	}
+	if err := jsonstrict.CheckDuplicateKeys(trimmed); err != nil {
+		return nil, &jsonError{msg: err.Error()}
+	}
+	return body, nil
+}
+
+// readNoFields reads the body of a route that takes no fields (cancel,
+// retry, drain, resume): absent, or JSON (Fleet sends {}) checked as
+// readJSON checks it; its fields, if any, are ignored, so a newer Fleet
+// can send more.
+func readNoFields(w http.ResponseWriter, r *http.Request) error {
+	_, err := readJSON(w, r, false)
+	return err
+}
+
+// decodeBody reads a JSON body of at most maxBodyBytes into v and returns
+// it (readJSON's checks first). Unknown fields are allowed, so a newer
+// Fleet can talk to this edge; a value of the wrong type is refused naming
+// its field.
+func decodeBody(w http.ResponseWriter, r *http.Request, v any) ([]byte, error) {
+	body, err := readJSON(w, r, true)
+	if err != nil {
+		return nil, err
 	}
 	if err := json.Unmarshal(body, v); err != nil {
 		var te *json.UnmarshalTypeError
@@ -367,17 +437,45 @@ func jsonKind(t reflect.Type) string {
 	return "a number"
 }
 
-// nonNegative reads an optional non-negative integer query parameter.
-func nonNegative(q map[string][]string, name string) (int64, error) {
-	vals := q[name]
-	if len(vals) == 0 || vals[0] == "" {
+// nonNegative reads an optional non-negative integer query parameter:
+// absent is 0; given, digits only (empty, "+1", "-1" and "1e3" are
+// refused naming it).
+func nonNegative(q url.Values, name string) (int64, error) {
+	if !q.Has(name) {
 		return 0, nil
 	}
-	n, err := strconv.ParseInt(vals[0], 10, 64)
-	if err != nil || n < 0 {
-		return 0, &runner.RequestError{Field: name, Message: fmt.Sprintf("%q is not a non-negative integer", vals[0])}
+	s := q.Get(name)
+	n, err := strconv.ParseInt(s, 10, 64)
+	if s == "" || strings.TrimLeft(s, "0123456789") != "" || err != nil {
+		return 0, &runner.RequestError{Field: name, Message: fmt.Sprintf("%q is not a non-negative integer", quoted(s))}
 	}
 	return n, nil
+}
+
+// pageLimit reads the optional limit of a page, the one rule for the host
+// API's lists, as Fleet's API has it: absent is 0 (the runner's default
+// page); given, an integer from 1 to max, and anything else (0, -1, max+1,
+// not a number) is refused naming the range rather than taken for the
+// default or clamped.
+func pageLimit(q url.Values, max int) (int, error) {
+	const name = "limit"
+	if !q.Has(name) {
+		return 0, nil
+	}
+	s := q.Get(name)
+	n, err := strconv.Atoi(s)
+	if s == "" || strings.TrimLeft(s, "0123456789") != "" || err != nil || n < 1 || n > max {
+		return 0, &runner.RequestError{Field: name, Message: fmt.Sprintf("%q: want an integer from 1 to %d (or omit it for the default page)", quoted(s), max)}
+	}
+	return n, nil
+}
+
+// quoted bounds a query value a message repeats.
+func quoted(s string) string {
+	if len(s) > 40 {
+		return s[:40] + "..."
+	}
+	return s
 }
 
 func writeJSON(w http.ResponseWriter, status int, v any) {

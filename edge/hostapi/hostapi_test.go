@@ -141,7 +141,7 @@ func (e *edge) allEvents(runID string, pageSize int) []hostproto.Event {
 			e.t.Fatal(err)
 		}
 		all = append(all, page.Events...)
-		after = page.NextCursor
+		after = *page.NextCursor
 		if !page.HasMore {
 			return all
 		}
@@ -379,20 +379,20 @@ func TestEventsPageByCursorAcrossARestart(t *testing.T) {
 	before := e.allEvents(run.RunID, 7)
 	// Read part of the log, restart edge, and carry on from the cursor.
 	first, err := e.client.Events(ctx, run.RunID, 0, 5)
-	if err != nil || len(first.Events) != 5 || !first.HasMore || first.NextCursor != 5 {
+	if err != nil || len(first.Events) != 5 || !first.HasMore || first.NextCursor == nil || *first.NextCursor != 5 {
 		t.Fatalf("first page %+v %v", first, err)
 	}
 	e.down()
 	e.up()
 	rest := []hostproto.Event{}
-	after := first.NextCursor
+	after := *first.NextCursor
 	for {
 		page, err := e.client.Events(ctx, run.RunID, after, 4)
 		if err != nil {
 			t.Fatal(err)
 		}
 		rest = append(rest, page.Events...)
-		after = page.NextCursor
+		after = *page.NextCursor
 		if !page.HasMore {
 			break
 		}
@@ -414,20 +414,44 @@ func TestEventsPageByCursorAcrossARestart(t *testing.T) {
 func TestBadRequestsNameTheField(t *testing.T) {
 	e := newEdge(t)
 	run := e.start("true")
+	events := "/runs/" + run.RunID + "/events"
+	const inRange = "want an integer from 1 to 1000"
 	tests := []struct {
 		method, path, body string
 		status             int
-		mention            string
+		code, mention      string
 	}{
-		{"GET", "/runs/" + run.RunID + "/events?after=-1", "", 400, "after"},
-		{"GET", "/runs/" + run.RunID + "/events?limit=x", "", 400, "limit"},
-		{"GET", "/runs", "", 400, "clientToken"},
-		{"POST", "/runs", `{"clientToken": "a", "agent": "nope"}`, 400, "agent"},
-		{"POST", "/runs", `{"clientToken": 5}`, 400, "clientToken: want a string"},
-		{"POST", "/runs", ``, 400, "body"},
-		{"POST", "/runs/" + run.RunID + "/input", `{}`, 400, "input"},
-		{"GET", "/runs/nope/events", "", 404, "no such run"},
-		{"POST", "/runs", `{"clientToken": "big", "agent": "shell", "prompt": "` + strings.Repeat("x", maxBodyBytes) + `"}`, 413, "larger"},
+		{"GET", events + "?after=-1", "", 400, hostproto.CodeBadRequest, "after"},
+		{"GET", events + "?after=", "", 400, hostproto.CodeBadRequest, "after"},
+		{"GET", events + "?after=1e3", "", 400, hostproto.CodeBadRequest, "after"},
+		{"GET", events + "?limit=x", "", 400, hostproto.CodeBadRequest, `limit: "x": ` + inRange},
+		{"GET", events + "?limit=0", "", 400, hostproto.CodeBadRequest, `limit: "0": ` + inRange},
+		{"GET", events + "?limit=-1", "", 400, hostproto.CodeBadRequest, `limit: "-1": ` + inRange},
+		{"GET", events + "?limit=1001", "", 400, hostproto.CodeBadRequest, `limit: "1001": ` + inRange},
+		{"GET", events + "?limit=99999999999999999999", "", 400, hostproto.CodeBadRequest, inRange},
+		{"GET", events + "?limit=2.5", "", 400, hostproto.CodeBadRequest, inRange},
+		{"GET", events + "?limit=", "", 400, hostproto.CodeBadRequest, inRange},
+		{"GET", "/runs", "", 400, hostproto.CodeBadRequest, "clientToken"},
+		{"POST", "/runs", `{"clientToken": "a", "agent": "nope"}`, 400, hostproto.CodeBadRequest, "agent"},
+		{"POST", "/runs", `{"clientToken": 5}`, 400, hostproto.CodeBadRequest, "clientToken: want a string"},
+		{"POST", "/runs", ``, 400, hostproto.CodeInvalidJSON, "body: is empty"},
+		{"POST", "/runs", `{"clientToken": "a", "agent": "shell"`, 400, hostproto.CodeInvalidJSON, "body: is truncated JSON"},
+		{"POST", "/runs", `{"clientToken" "a"}`, 400, hostproto.CodeInvalidJSON, "body: is not valid JSON (at byte 16)"},
+		{"POST", "/runs/" + run.RunID + "/input", `{}`, 400, hostproto.CodeBadRequest, "input"},
+		{"GET", "/runs/nope/events", "", 404, hostproto.CodeRunNotFound, "no such run"},
+		{"POST", "/runs", `{"clientToken": "big", "agent": "shell", "prompt": "` + strings.Repeat("x", maxBodyBytes) + `"}`, 413, hostproto.CodeBadRequest, "larger"},
+		// A key given twice, on every route that reads a body: refused,
+		// named by its path, its values never quoted.
+		{"POST", "/runs", `{"clientToken": "dup-1", "agent": "shell", "agent": "sk-live-secret"}`, 400, hostproto.CodeInvalidJSON, "agent: the key is given more than once"},
+		{"POST", "/runs", `{"clientToken": "dup-2", "agent": "shell", "env": {"A": "1", "A": "sk-live-secret"}}`, 400, hostproto.CodeInvalidJSON, `env.A: the key is given more than once`},
+		{"POST", "/runs", `{"clientToken": "dup-3", "agent": "shell", "secrets": [{"projectId": "p", "key": "K", "domains": ["a.b"], "key": "L"}]}`, 400, hostproto.CodeInvalidJSON, "secrets[0].key"},
+		{"POST", "/runs/" + run.RunID + "/input", `{"input": "a", "input": "sk-live-secret"}`, 400, hostproto.CodeInvalidJSON, "input: the key is given more than once"},
+		{"POST", "/runs/" + run.RunID + "/input", `{"input": {"x": 1, "x": 2}}`, 400, hostproto.CodeInvalidJSON, "input.x"},
+		{"POST", "/runs/" + run.RunID + "/cancel", `{"why": 1, "why": 2}`, 400, hostproto.CodeInvalidJSON, "why"},
+		{"POST", "/runs/" + run.RunID + "/retry", `{"why": 1, "why": 2}`, 400, hostproto.CodeInvalidJSON, "why"},
+		{"POST", "/runs/" + run.RunID + "/retry", `{"why":`, 400, hostproto.CodeInvalidJSON, "truncated"},
+		{"POST", "/host/drain", `{"why": 1, "why": 2}`, 400, hostproto.CodeInvalidJSON, "why"},
+		{"POST", "/host/resume", `{"why": 1, "why": 2}`, 400, hostproto.CodeInvalidJSON, "why"},
 	}
 	for _, tt := range tests {
 		req, _ := http.NewRequest(tt.method, e.srv.URL+tt.path, strings.NewReader(tt.body))
@@ -438,13 +462,52 @@ func TestBadRequestsNameTheField(t *testing.T) {
 		}
 		b, _ := io.ReadAll(resp.Body)
 		resp.Body.Close()
-		if resp.StatusCode != tt.status || !strings.Contains(string(b), tt.mention) {
-			t.Errorf("%s %s answered %d %s; want %d mentioning %q", tt.method, tt.path[:min(len(tt.path), 60)], resp.StatusCode, b[:min(len(b), 200)], tt.status, tt.mention)
+		var body hostproto.ErrorBody
+		json.Unmarshal(b, &body)
+		if resp.StatusCode != tt.status || body.Code != tt.code || !strings.Contains(body.Error, tt.mention) || strings.Contains(string(b), "sk-live") {
+			t.Errorf("%s %s answered %d %s; want %d %s mentioning %q", tt.method, tt.path[:min(len(tt.path), 60)], resp.StatusCode, b[:min(len(b), 200)], tt.status, tt.code, tt.mention)
 		}
 	}
-	page, err := e.client.Events(ctx, run.RunID, 0, 5000)
-	if err != nil || len(page.Events) > runner.MaxEventPage {
-		t.Fatalf("a limit above 1000 was not clamped: %d events, %v", len(page.Events), err)
+	for _, token := range []string{"dup-1", "dup-2", "dup-3"} {
+		if _, ok, _ := e.client.FindByClientToken(ctx, token); ok {
+			t.Errorf("the start with a key given twice (%s) left a run", token)
+		}
+	}
+	if e.runner.Draining() {
+		t.Error("a drain with a key given twice drained the host")
+	}
+	page, err := e.client.Events(ctx, run.RunID, 0, runner.MaxEventPage)
+	if err != nil || len(page.Events) == 0 {
+		t.Fatalf("a limit of the maximum: %d events, %v", len(page.Events), err)
+	}
+}
+
+// TestEventsPastTheEnd: a page asked after the run's last event is empty
+// with no nextCursor (no page continues from a place no event reached); at
+// the last event it is empty with nextCursor there, to poll from.
+func TestEventsPastTheEnd(t *testing.T) {
+	e := newEdge(t)
+	run := e.waitStatus(e.start("echo one; echo two").RunID, ended)
+	last := int64(len(e.allEvents(run.RunID, 0)))
+	for _, c := range []struct {
+		after int64
+		want  string
+	}{
+		{last, fmt.Sprintf(`{"events":[],"nextCursor":%d,"hasMore":false}`, last)},
+		{last + 1, `{"events":[],"hasMore":false}`},
+		{last + 100, `{"events":[],"hasMore":false}`},
+	} {
+		req, _ := http.NewRequest("GET", fmt.Sprintf("%s/runs/%s/events?after=%d", e.srv.URL, run.RunID, c.after), nil)
+		req.Header.Set("Authorization", "Bearer "+token)
+		resp, err := e.srv.Client().Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		b, _ := io.ReadAll(resp.Body)
+		resp.Body.Close()
+		if got := strings.TrimSpace(string(b)); resp.StatusCode != 200 || got != c.want {
+			t.Errorf("after=%d of %d events: %d %s, want %s", c.after, last, resp.StatusCode, got, c.want)
+		}
 	}
 }
 

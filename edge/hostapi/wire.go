@@ -35,13 +35,19 @@ func wireRuns(runs []runner.Run) []hostproto.Run {
 
 // wirePage is a page of stored events as the protocol serves them. An
 // event's data is served as it was stored: the runner writes it in the
-// protocol's shapes (hostproto.StateChange, LimitReached).
+// protocol's shapes (hostproto.StateChange, LimitReached). A page past the
+// run's last event has no nextCursor: no page continues from there.
 func wirePage(page runlog.Page) hostproto.EventPage {
 	events := make([]hostproto.Event, 0, len(page.Events))
 	for _, e := range page.Events {
 		events = append(events, hostproto.Event{Sequence: e.Sequence, Type: e.Type, Data: e.Data, TS: e.TS})
 	}
-	return hostproto.EventPage{Events: events, NextCursor: page.NextCursor, HasMore: page.HasMore}
+	p := hostproto.EventPage{Events: events, HasMore: page.HasMore}
+	if !page.PastEnd {
+		next := page.NextCursor
+		p.NextCursor = &next
+	}
+	return p
 }
 
 // wireLimits is how the host bounds each task, as /healthz reports it.

@@ -184,6 +184,9 @@ type Page struct {
 	NextCursor int64
 	// HasMore tells whether a further event exists now.
 	HasMore bool
+	// PastEnd: after is past the run's last event (no event came, and
+	// NextCursor names a place no event has reached).
+	PastEnd bool
 }
 
 // Entry is an event to append; the log numbers it.
@@ -339,6 +342,10 @@ func (l *Log) Page(runID string, after int64, limit int) (Page, error) {
 			page.NextCursor = ev.Sequence
 		}
 		page.HasMore = k != nil
+		if len(page.Events) == 0 && after > 0 {
+			last, _ := c.Last()
+			page.PastEnd = last == nil || int64(binary.BigEndian.Uint64(last)) < after
+		}
 		return nil
 	})
 	if err != nil {

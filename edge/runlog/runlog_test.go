@@ -111,7 +111,11 @@ func TestPagingIsExactAndSurvivesReopen(t *testing.T) {
 		t.Fatalf("paged %v", first)
 	}
 	p, err := l.Page("r1", 25, 10)
-	if err != nil || len(p.Events) != 0 || p.HasMore || p.NextCursor != 25 {
+	if err != nil || len(p.Events) != 0 || p.HasMore || p.NextCursor != 25 || p.PastEnd {
+		t.Fatalf("page at the end = %+v, %v", p, err)
+	}
+	p, err = l.Page("r1", 26, 10)
+	if err != nil || len(p.Events) != 0 || p.HasMore || !p.PastEnd {
 		t.Fatalf("page past the end = %+v, %v", p, err)
 	}
 	l.Close()

@@ -14,19 +14,21 @@ import (
 	"strings"
 
 	"github.com/runfleet/runfleet/shared/fleetapi"
+	"github.com/runfleet/runfleet/shared/jsonstrict"
 )
 
 // decodeObject decodes body, which must be one JSON object, into dst (a
-// pointer to a struct) strictly: an unknown field, a field whose case does
-// not match, a value of the wrong type and trailing data are 400s that name
-// the field.
+// pointer to a struct) strictly: a body that is not JSON, or gives a key
+// twice, is a 400 invalid_json (checkJSON); an unknown field, a field
+// whose case does not match and a value of the wrong type are 400s
+// invalid_request that name the field.
 func decodeObject(body []byte, dst any) error {
 	trimmed := bytes.TrimSpace(body)
 	if len(trimmed) == 0 {
-		return badRequest("the request body is empty: a JSON object is required")
+		return jsonError("the request body is empty: a JSON object is required")
 	}
-	if !json.Valid(trimmed) {
-		return invalidJSON(trimmed)
+	if err := checkJSON(trimmed); err != nil {
+		return err
 	}
 	if trimmed[0] != '{' {
 		return badRequest("the request body must be a JSON object, not %s", jsonKind(trimmed[0]))
@@ -55,8 +57,8 @@ func decodeObject(body []byte, dst any) error {
 }
 
 // givenValue is field's value in body, a JSON object decodeObject
-// accepted, when body gives it other than null: what a pointer field would
-// have told (a field given twice is its last value, as decoding takes).
+// accepted (so no key is given twice), when body gives it other than null:
+// what a pointer field would have told.
 func givenValue(body []byte, field string) (json.RawMessage, bool) {
 	var obj map[string]json.RawMessage
 	if json.Unmarshal(body, &obj) != nil {
@@ -75,6 +77,22 @@ func given(body []byte, field string) bool {
 	return ok
 }
 
+// checkJSON refuses a non-empty body (trimmed) that is not one valid JSON
+// value, or that gives a key twice in one object: encoding/json would keep
+// the last value, so {"host": "a", "host": "b"} would mean b to Fleet and
+// perhaps a to whatever read it before (shared/jsonstrict; issue 30). Both
+// are 400 invalid_json, the duplicate named by its path and never its
+// value.
+func checkJSON(trimmed []byte) error {
+	if !json.Valid(trimmed) {
+		return invalidJSON(trimmed)
+	}
+	if err := jsonstrict.CheckDuplicateKeys(trimmed); err != nil {
+		return jsonError("%s", err.Error())
+	}
+	return nil
+}
+
 // invalidJSON names what is wrong with a non-empty body that is not valid
 // JSON: not JSON at all (a form-encoded body, as curl -d sends key=value,
 // named as such), cut short, or malformed at a byte. Nothing of the body is
@@ -82,9 +100,9 @@ func given(body []byte, field string) bool {
 func invalidJSON(body []byte) error {
 	switch {
 	case formEncoded(body):
-		return badRequest("the request body is form-encoded (key=value), not JSON: send a JSON object such as {\"agent\": \"shell\"}")
+		return jsonError("the request body is form-encoded (key=value), not JSON: send a JSON object such as {\"agent\": \"shell\"}")
 	case jsonKind(body[0]) == "not JSON":
-		return badRequest("the request body is not JSON")
+		return jsonError("the request body is not JSON")
 	}
 	return syntaxError(body)
 }
@@ -113,15 +131,15 @@ func syntaxError(body []byte) error {
 	// The decoder, unlike Unmarshal, tells a body cut short from a bad byte.
 	var v any
 	if err := json.NewDecoder(bytes.NewReader(body)).Decode(&v); errors.Is(err, io.ErrUnexpectedEOF) {
-		return badRequest("the request body is truncated JSON: it ends after %d bytes, before the value closes", len(body))
+		return jsonError("the request body is truncated JSON: it ends after %d bytes, before the value closes", len(body))
 	}
 	err := json.Unmarshal(body, &v)
 	var se *json.SyntaxError
 	switch {
 	case errors.As(err, &se):
-		return badRequest("malformed JSON at byte %d: %s", se.Offset, strings.TrimPrefix(se.Error(), "json: "))
+		return jsonError("malformed JSON at byte %d: %s", se.Offset, strings.TrimPrefix(se.Error(), "json: "))
 	}
-	return badRequest("malformed JSON: %v", err)
+	return jsonError("malformed JSON: %v", err)
 }
 
 // checkFields walks a JSON value against the Go type it decodes into and
@@ -302,6 +320,25 @@ func parseQuery(raw string, allowed []string) (query, error) {
 
 func (q query) has(name string) bool   { return q.values.Has(name) }
 func (q query) get(name string) string { return q.values.Get(name) }
+
+// pageLimit reads a list route's optional limit parameter, the one rule
+// for every list of the API: absent is 0 (the route's default page);
+// given, it is an integer from 1 to max, digits only, and anything else
+// (0, -1, 2.5, max+1, "", a number beyond int64) is a 400 naming the
+// range. Neither 0 nor an excess is taken for something else: a client
+// asking for 5000 learns the bound rather than getting 1000 unawares.
+func (q query) pageLimit(max int) (int, error) {
+	const name = "limit"
+	if !q.has(name) {
+		return 0, nil
+	}
+	s := q.get(name)
+	n, err := strconv.Atoi(s)
+	if s == "" || strings.TrimLeft(s, "0123456789") != "" || err != nil || n < 1 || n > max {
+		return 0, badRequest("%s=%q: want an integer from 1 to %d (or omit it for the default page)", name, truncate(s, 40), max)
+	}
+	return n, nil
+}
 
 // nonNegativeInt reads an optional integer parameter: digits only, so
 // "Infinity", "2.5", "-1", "1e3", "+1" and "" are 400s naming it. A value

@@ -37,6 +37,13 @@ func badRequest(format string, args ...any) *requestError {
 	return &requestError{status: http.StatusBadRequest, code: fleet.CodeInvalid, message: fmt.Sprintf(format, args...)}
 }
 
+// jsonError is a 400 for a body that is not one well-formed JSON value or
+// gives a key twice (invalid_json); a body that is JSON but not what the
+// route takes is badRequest's (invalid_request).
+func jsonError(format string, args ...any) *requestError {
+	return &requestError{status: http.StatusBadRequest, code: fleetapi.CodeInvalidJSON, message: fmt.Sprintf(format, args...)}
+}
+
 // Machine codes the API adds to fleet's.
 const (
 	codeUnauthenticated  = "unauthenticated"
@@ -70,6 +77,28 @@ func ErrorStatus(err error) (int, fleetapi.Error, bool) {
 		return http.StatusServiceUnavailable, fleetapi.Error{Error: "the request ran out of time; retry it", Code: "timeout"}, true
 	}
 	return http.StatusInternalServerError, fleetapi.Error{Error: "internal error", Code: codeInternal}, true
+}
+
+// outcomeStatus is the one mapping from a forwarded verb's outcome (the run
+// verbs', a host's drain and resume) to its status, as DESIGN.md's
+// forwarded verbs state it. 200: the host took it. 409: the host refused
+// it, or it certainly never reached the host, so nothing was done: an
+// error status with a code, as dispatch answers a host's refusal (the body
+// is both the error and the verb's answer). 202: the host did not answer in
+// time, or answered 5xx, so it may or may not have acted (RFC 9110's
+// Accepted: "might or might not eventually be acted upon"); not an error
+// status, because retrying blindly could act twice (an input would be
+// typed again), and not 200, because the host confirmed nothing. A
+// dispatch whose start goes unanswered is a 2xx with pending: true for the
+// same reason.
+func outcomeStatus(a fleetapi.Acceptance) int {
+	switch a {
+	case fleetapi.Accepted:
+		return http.StatusOK
+	case fleetapi.Refused:
+		return http.StatusConflict
+	}
+	return http.StatusAccepted
 }
 
 func fleetStatus(k fleet.Kind) int {

@@ -16,8 +16,9 @@ import (
 	"github.com/runfleet/runfleet/shared/store"
 )
 
-// The routes that act on a run through its host (input, cancel, retry),
-// read its mirror (events) and roll up the hosts' metrics.
+// The routes that act on a run through its host (input, cancel, retry:
+// answered with outcomeStatus), read its mirror (events) and roll up the
+// hosts' metrics.
 
 func (h *Handler) input(ctx context.Context, rq *request) (int, any, error) {
 	value, err := inputValue(rq.body)
@@ -28,7 +29,8 @@ func (h *Handler) input(ctx context.Context, rq *request) (int, any, error) {
 	if err != nil {
 		return 0, nil, err
 	}
-	return http.StatusOK, toInteraction(res, rq.links), nil
+	status, answer := toInteraction("input", res, rq.links)
+	return status, answer, nil
 }
 
 func (h *Handler) cancel(ctx context.Context, rq *request) (int, any, error) {
@@ -39,7 +41,8 @@ func (h *Handler) cancel(ctx context.Context, rq *request) (int, any, error) {
 	if err != nil {
 		return 0, nil, err
 	}
-	return http.StatusOK, toInteraction(res, rq.links), nil
+	status, answer := toInteraction("cancel", res, rq.links)
+	return status, answer, nil
 }
 
 func (h *Handler) retry(ctx context.Context, rq *request) (int, any, error) {
@@ -50,7 +53,8 @@ func (h *Handler) retry(ctx context.Context, rq *request) (int, any, error) {
 	if err != nil {
 		return 0, nil, err
 	}
-	return http.StatusOK, toInteraction(res, rq.links), nil
+	status, answer := toInteraction("retry", res, rq.links)
+	return status, answer, nil
 }
 
 // inputValue reads POST /fleet/runs/{id}/input's body: {"input": v} sends v
@@ -62,10 +66,13 @@ func (h *Handler) retry(ctx context.Context, rq *request) (int, any, error) {
 func inputValue(body []byte) (json.RawMessage, error) {
 	trimmed := bytes.TrimSpace(body)
 	if len(trimmed) == 0 {
-		return nil, badRequest(`a JSON body is required: {"input": <any JSON value>}, or the value itself`)
+		return nil, jsonError(`a JSON body is required: {"input": <any JSON value>}, or the value itself`)
 	}
-	if !json.Valid(trimmed) {
-		return nil, invalidJSON(trimmed)
+	// The value is the task's, not Fleet's, yet a key given twice in it is
+	// refused too: the host would refuse it (or read another value than a
+	// reviewer of the request did).
+	if err := checkJSON(trimmed); err != nil {
+		return nil, err
 	}
 	if trimmed[0] != '{' {
 		return json.RawMessage(trimmed), nil
@@ -111,11 +118,10 @@ func (h *Handler) events(ctx context.Context, rq *request) (int, any, error) {
 	if err != nil {
 		return 0, nil, err
 	}
-	limit, _, err := rq.query.nonNegativeInt("limit")
+	limit, err := rq.query.pageLimit(fleet.MaxEventsLimit)
 	if err != nil {
 		return 0, nil, err
 	}
-	limit = min(limit, fleet.MaxEventsLimit)
 	wait, _, err := rq.query.nonNegativeInt("wait")
 	if err != nil {
 		return 0, nil, err
@@ -127,14 +133,15 @@ func (h *Handler) events(ctx context.Context, rq *request) (int, any, error) {
 	if err != nil {
 		return 0, nil, err
 	}
-	page, run, err := h.waitForEvents(ctx, rq, run, after, int(limit), time.Duration(wait)*time.Second)
+	page, run, err := h.waitForEvents(ctx, rq, run, after, limit, time.Duration(wait)*time.Second)
 	if err != nil {
 		return 0, nil, err
 	}
 	// Mirrored events are the host's, as they came (DESIGN.md's event
-	// shape on both APIs). live: more events may come (a long-poll on a
-	// run that is not live answers at once).
-	return http.StatusOK, toEventPage(page, run.Live() || page.HasMore), nil
+	// shape on both APIs). live is the run's, not the page's: false once
+	// the run has ended and its every event is mirrored, even on a page
+	// with more after it (hasMore says that; issue 30).
+	return http.StatusOK, toEventPage(page, run.Live()), nil
 }
 
 // waitForEvents is the events route's read, as a long-poll when wait > 0:
@@ -143,8 +150,11 @@ func (h *Handler) events(ctx context.Context, rq *request) (int, any, error) {
 // as soon as that holds events, at once for a run that is over (no event
 // can come), and with the empty page when wait has passed (or the
 // invocation's deadline nears). Without wait it is one read of the mirror.
+// run is RunFor's strongly consistent read: an `after` past its cursor is
+// past the end for good (the cursor only grows), answered at once rather
+// than waited on, since the events up to `after` would never be shown.
 func (h *Handler) waitForEvents(ctx context.Context, rq *request, run store.Run, after int64, limit int, wait time.Duration) (fleet.EventsPage, store.Run, error) {
-	if wait == 0 {
+	if wait == 0 || after > run.EventCursor {
 		page, err := h.fleet.MirroredEvents(ctx, run, after, limit)
 		return page, run, err
 	}
@@ -162,10 +172,14 @@ func (h *Handler) waitForEvents(ctx context.Context, rq *request, run store.Run,
 		synced, err := h.fleet.SyncRun(syncCtx, run.FleetRunID)
 		cancel()
 		switch {
-		case err == nil:
-			run = synced
-		case synced.FleetRunID != "":
-			run = synced // the host could not be asked: serve the mirror
+		case err == nil || synced.FleetRunID != "":
+			// Served from the mirror either way (a host that could not be
+			// asked leaves the run as read). SyncRun may read eventually
+			// consistent: a record older than the one held is not taken,
+			// so the page is never judged against a cursor gone back.
+			if synced.Version >= run.Version {
+				run = synced
+			}
 		case ctx.Err() != nil:
 			return fleet.EventsPage{}, run, ctx.Err()
 		case errors.Is(err, store.ErrNotFound):

@@ -232,18 +232,15 @@ func idempotencyKey(rq *request, fromBody string) (string, error) {
 }
 
 func (h *Handler) listRuns(ctx context.Context, rq *request) (int, any, error) {
-	limit, _, err := rq.query.nonNegativeInt("limit")
+	limit, err := rq.query.pageLimit(store.MaxLimit)
 	if err != nil {
 		return 0, nil, err
-	}
-	if limit > store.MaxLimit {
-		limit = store.MaxLimit
 	}
 	cursor := rq.query.get("cursor")
 	if rq.query.has("cursor") && cursor == "" {
 		return 0, nil, badRequest("cursor is empty: omit it to start at the newest run")
 	}
-	page, err := h.fleet.Runs(ctx, rq.caller, cursor, int(limit))
+	page, err := h.fleet.Runs(ctx, rq.caller, cursor, limit)
 	if err != nil {
 		return 0, nil, err
 	}

@@ -77,9 +77,13 @@ func toProbeView(p store.Probe) fleetapi.Probe {
 	return v
 }
 
-// toHostDrain is a drain or resume: the host's state as it answered when
-// it took the verb, else as last recorded.
-func toHostDrain(d fleet.HostDrain) fleetapi.HostDrain {
+// toHostDrain is a drain or resume (verb), with its status
+// (outcomeStatus): the host's state as it answered when it took the verb,
+// else as last recorded. A refusal is also an error saying what Fleet
+// recorded all the same: a drain, whatever the host said (an operator
+// draining a host means Fleet to stop sending it work either way), and
+// nothing for a resume.
+func toHostDrain(verb string, d fleet.HostDrain) (int, any) {
 	a := fleetapi.HostDrain{HostID: d.Host.ID, Outcome: toOutcome(d.Outcome), Host: toHostView(d.Host, true)}
 	if p := d.Host.Probe; p != nil {
 		a.Draining, a.Idle = p.Draining, p.Idle
@@ -87,7 +91,15 @@ func toHostDrain(d fleet.HostDrain) fleetapi.HostDrain {
 	if d.Outcome.Accepted == hostproto.Accepted {
 		a.Draining, a.Idle = d.State.Draining, d.State.Idle
 	}
-	return a
+	status := outcomeStatus(a.Accepted)
+	if a.Accepted != fleetapi.Refused {
+		return status, a
+	}
+	msg := refusalMessage(d.Host.ID, "the "+verb, a.Outcome)
+	if a.Draining {
+		msg += "; Fleet has recorded the host draining all the same: routing sends it nothing new"
+	}
+	return status, fleetapi.HostDrainRefused{Error: msg, HostDrain: a}
 }
 
 // toHostDeleting is a host delete's bounded step, when runs of the host
@@ -221,7 +233,14 @@ func toCallerSpec(b fleetapi.MintCaller) fleet.CallerSpec {
 	}
 }
 
+// codeHostRefused is a refusal's code when the host gave none, as
+// dispatch names such a refusal's reason.
+const codeHostRefused = "host_refused"
+
 // toOutcome is a forwarded verb's outcome (hostproto.OutcomeOf's mapping).
+// A refusal always carries a code, since its answer is also an error: the
+// host's, host_unavailable (as dispatch names it) for a request that
+// certainly never reached the host, host_refused for a host that gave none.
 func toOutcome(o hostproto.Outcome) fleetapi.Outcome {
 	v := fleetapi.Outcome{HostStatus: o.HostStatus, Code: o.Code, Detail: o.Detail}
 	switch o.Accepted {
@@ -229,16 +248,42 @@ func toOutcome(o hostproto.Outcome) fleetapi.Outcome {
 		v.Accepted = fleetapi.Accepted
 	case hostproto.Refused:
 		v.Accepted = fleetapi.Refused
+		switch {
+		case v.Code != "":
+		case o.HostStatus == 0:
+			v.Code = hostproto.ReasonHostUnavailable
+		default:
+			v.Code = codeHostRefused
+		}
 	default:
 		v.Accepted = fleetapi.Unknown
 	}
 	return v
 }
 
-// toInteraction is the answer of the verbs (input, cancel, retry): the
-// outcome, and the run as recorded after.
-func toInteraction(i fleet.Interaction, l linker) fleetapi.Interaction {
-	return fleetapi.Interaction{FleetRunID: i.Run.FleetRunID, Outcome: toOutcome(i.Outcome), Run: toRunView(i.Run, l)}
+// refusalMessage is a refused verb's error: who refused what, the code, and
+// what the host said (its detail, shown as the Outcome shows it).
+func refusalMessage(hostID, what string, o fleetapi.Outcome) string {
+	msg := "host " + hostID + " refused " + what + " (" + o.Code + ")"
+	if o.Code == hostproto.ReasonHostUnavailable {
+		msg = "host " + hostID + " could not be reached for " + what + " (" + o.Code + ")"
+	}
+	if o.Detail != "" {
+		msg += ": " + o.Detail
+	}
+	return msg
+}
+
+// toInteraction is the answer of the verbs (input, cancel, retry), with
+// its status (outcomeStatus): the outcome and the run as recorded after;
+// a refusal is also an error naming the verb, the run and the host.
+func toInteraction(verb string, i fleet.Interaction, l linker) (int, any) {
+	v := fleetapi.Interaction{FleetRunID: i.Run.FleetRunID, Outcome: toOutcome(i.Outcome), Run: toRunView(i.Run, l)}
+	status := outcomeStatus(v.Accepted)
+	if v.Accepted == fleetapi.Refused {
+		return status, fleetapi.InteractionRefused{Error: refusalMessage(i.Run.HostID, "the "+verb+" of run "+i.Run.FleetRunID, v.Outcome), Interaction: v}
+	}
+	return status, v
 }
 
 // EventOf is a mirrored event as the API shows it, on the events route
@@ -248,7 +293,9 @@ func EventOf(e hostproto.Event) fleetapi.Event {
 	return fleetapi.Event{Sequence: e.Sequence, Type: e.Type, Data: e.Data, TS: e.TS}
 }
 
-// toEventPage is a page of the mirror; live: more events may come.
+// toEventPage is a page of the mirror; live: the run may yet have events
+// the mirror lacks. A page past the run's last event has no nextCursor:
+// there is no place it continues from.
 func toEventPage(page fleet.EventsPage, live bool) fleetapi.EventPage {
 	var events []fleetapi.Event // null when the mirror's page is, as always
 	if page.Events != nil {
@@ -257,7 +304,12 @@ func toEventPage(page fleet.EventsPage, live bool) fleetapi.EventPage {
 			events[i] = EventOf(e)
 		}
 	}
-	return fleetapi.EventPage{Events: events, NextCursor: page.NextCursor, HasMore: page.HasMore, Live: live}
+	v := fleetapi.EventPage{Events: events, HasMore: page.HasMore, Live: live}
+	if !page.PastEnd {
+		next := page.NextCursor
+		v.NextCursor = &next
+	}
+	return v
 }
 
 // StreamSnapshotOf is the stream's snapshot data: where the stream stands

@@ -2,8 +2,13 @@ package api
 
 import (
 	"encoding/json"
+	"strings"
 	"testing"
 
+	"github.com/runfleet/runfleet/shared/fleet"
+	"github.com/runfleet/runfleet/shared/fleetapi"
+	"github.com/runfleet/runfleet/shared/hostproto"
+	"github.com/runfleet/runfleet/shared/store"
 	"github.com/runfleet/runfleet/tests/kit/storetest"
 )
 
@@ -25,5 +30,94 @@ func TestHostViewJSONIsUnchanged(t *testing.T) {
 	}
 	if string(got) != want {
 		t.Errorf("host answer:\n got  %s\n want %s", got, want)
+	}
+}
+
+// TestVerbOutcomesAnswerTheirStatus: a forwarded verb the host took is 200;
+// one it refused, or that never reached it, is 409 and an error whose code
+// is never empty (the host's, host_unavailable, host_refused) with what the
+// host said kept; one whose outcome is unknown is 202 with its detail.
+func TestVerbOutcomesAnswerTheirStatus(t *testing.T) {
+	run := store.Run{FleetRunID: "fr-1", HostID: "h1", ChildRunID: "run-1", Status: hostproto.StatusSucceeded}
+	l := linker{api: "https://api.example", stream: "https://stream.example"}
+	for _, c := range []struct {
+		name    string
+		outcome hostproto.Outcome
+		status  int
+		want    string // the answer's JSON, less its run
+	}{
+		{"accepted", hostproto.Outcome{Accepted: hostproto.Accepted}, 200,
+			`{"fleetRunId":"fr-1","accepted":true}`},
+		{"refused", hostproto.Outcome{Accepted: hostproto.Refused, HostStatus: 409, Code: hostproto.CodeNotRunning, Detail: "the run has no live attempt"}, 409,
+			`{"error":"host h1 refused the cancel of run fr-1 (not_running): the run has no live attempt","fleetRunId":"fr-1","accepted":false,"hostStatus":409,"code":"not_running","detail":"the run has no live attempt"}`},
+		{"refused without a code", hostproto.Outcome{Accepted: hostproto.Refused, HostStatus: 403}, 409,
+			`{"error":"host h1 refused the cancel of run fr-1 (host_refused)","fleetRunId":"fr-1","accepted":false,"hostStatus":403,"code":"host_refused"}`},
+		{"never delivered", hostproto.OutcomeOf(&hostproto.TransportError{}), 409,
+			`{"error":"host h1 could not be reached for the cancel of run fr-1 (host_unavailable): the host is unreachable; the request was not delivered","fleetRunId":"fr-1","accepted":false,"code":"host_unavailable","detail":"the host is unreachable; the request was not delivered"}`},
+		{"unknown", hostproto.Outcome{Accepted: hostproto.Unknown, HostStatus: 500, Detail: "internal error"}, 202,
+			`{"fleetRunId":"fr-1","accepted":"unknown","hostStatus":500,"detail":"internal error"}`},
+	} {
+		status, answer := toInteraction("cancel", fleet.Interaction{Outcome: c.outcome, Run: run}, l)
+		b, err := json.Marshal(answer)
+		if err != nil {
+			t.Fatal(err)
+		}
+		var m map[string]json.RawMessage
+		json.Unmarshal(b, &m)
+		if _, ok := m["run"]; !ok {
+			t.Errorf("%s: no run in %s", c.name, b)
+		}
+		delete(m, "run")
+		got, _ := json.Marshal(m)
+		var want map[string]json.RawMessage
+		json.Unmarshal([]byte(c.want), &want)
+		wantJSON, _ := json.Marshal(want)
+		if status != c.status || string(got) != string(wantJSON) {
+			t.Errorf("%s: %d %s\nwant %d %s", c.name, status, got, c.status, wantJSON)
+		}
+	}
+}
+
+// TestRefusedDrainSaysWhatFleetRecorded: a drain the host did not take is
+// a 409 that says Fleet recorded the drain all the same; a resume's does
+// not (nothing changed).
+func TestRefusedDrainSaysWhatFleetRecorded(t *testing.T) {
+	never := hostproto.OutcomeOf(&hostproto.TransportError{})
+	drained := store.Host{ID: "h1", Probe: &store.Probe{Status: "ok", Draining: true}}
+	status, answer := toHostDrain("drain", fleet.HostDrain{Outcome: never, Host: drained})
+	r, ok := answer.(fleetapi.HostDrainRefused)
+	if status != 409 || !ok || r.Code != hostproto.ReasonHostUnavailable || !r.Draining || !strings.Contains(r.Error, "recorded the host draining") {
+		t.Errorf("a drain never delivered: %d %+v", status, answer)
+	}
+	status, answer = toHostDrain("resume", fleet.HostDrain{Outcome: never, Host: store.Host{ID: "h1"}})
+	if r, ok := answer.(fleetapi.HostDrainRefused); status != 409 || !ok || strings.Contains(r.Error, "recorded") {
+		t.Errorf("a resume never delivered: %d %+v", status, answer)
+	}
+	idle := true
+	status, answer = toHostDrain("drain", fleet.HostDrain{Outcome: hostproto.Outcome{Accepted: hostproto.Accepted},
+		State: hostproto.DrainState{Draining: true, Idle: &idle}, Host: drained})
+	if a, ok := answer.(fleetapi.HostDrain); status != 200 || !ok || !a.Draining || a.Idle == nil || !*a.Idle {
+		t.Errorf("an accepted drain: %d %+v", status, answer)
+	}
+	status, _ = toHostDrain("drain", fleet.HostDrain{Outcome: hostproto.Outcome{Accepted: hostproto.Unknown}, Host: drained})
+	if status != 202 {
+		t.Errorf("a drain whose outcome is unknown: %d, want 202", status)
+	}
+}
+
+// TestEventPageCursor: nextCursor is there on every page but one past the
+// run's last event, where no page continues.
+func TestEventPageCursor(t *testing.T) {
+	for _, c := range []struct {
+		page fleet.EventsPage
+		want string
+	}{
+		{fleet.EventsPage{Events: []hostproto.Event{}, NextCursor: 0}, `{"events":[],"hasMore":false,"live":true,"nextCursor":0}`},
+		{fleet.EventsPage{Events: []hostproto.Event{}, NextCursor: 7}, `{"events":[],"hasMore":false,"live":true,"nextCursor":7}`},
+		{fleet.EventsPage{Events: []hostproto.Event{}, NextCursor: 100, PastEnd: true}, `{"events":[],"hasMore":false,"live":true}`},
+	} {
+		if b, _ := json.Marshal(toEventPage(c.page, true)); string(b) != c.want {
+			t.Errorf("%+v: %s, want %s", c.page, b, c.want)
+		}
 	}
 }

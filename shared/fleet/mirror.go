@@ -56,10 +56,15 @@ const (
 // EventsPage is a page of a run's mirror: events after the asked cursor, in
 // sequence order. NextCursor is the last one's sequence (the asked cursor
 // when there is none); HasMore says more are mirrored beyond it now.
+// PastEnd: the asked cursor is past the run's EventCursor, a place no
+// reader was ever given (the cursor only grows, and is read strongly
+// consistent), so the page is empty and NextCursor names no place to go on
+// from; the API then answers no nextCursor (issue 30).
 type EventsPage struct {
 	Events     []hostproto.Event
 	NextCursor int64
 	HasMore    bool
+	PastEnd    bool
 }
 
 // Events returns the page of run id's mirror that c asked for: after a
@@ -84,6 +89,7 @@ func (f *Fleet) MirroredEvents(ctx context.Context, run store.Run, after int64, 
 	limit = min(limit, MaxEventsLimit)
 	page := EventsPage{Events: []hostproto.Event{}, NextCursor: after}
 	if after >= run.EventCursor {
+		page.PastEnd = after > run.EventCursor
 		return page, nil // nothing mirrored beyond it: no read
 	}
 	want := int(min(int64(limit), run.EventCursor-after))

@@ -19,6 +19,13 @@ type Error struct {
 // Details is a NoEligibleHost.
 const CodeNoEligibleHost = "no_eligible_host"
 
+// CodeInvalidJSON is the code of a 400 for a request body that is not one
+// well-formed JSON value (empty, form-encoded, cut short, malformed) or that
+// gives a key twice in one object (the error names the key by its path, as
+// runner.agents[2].argv). A body that is JSON but not what the route takes
+// (an unknown field, a wrong type) is invalid_request.
+const CodeInvalidJSON = "invalid_json"
+
 // NoEligibleHost is the Details of a no_eligible_host refusal: every host
 // routing left out with every reason that applied. Considered (and, for a
 // caller that may use every host, Hosts) is set when routing read only

@@ -26,15 +26,19 @@ type Event struct {
 }
 
 // EventPage is GET /fleet/runs/{id}/events: the mirrored events after the
-// asked sequence. NextCursor is the last event's sequence (the asked one
-// when none came): the next page's after. Live: more may come (false once
-// the run is over and every event is mirrored and read). Its keys are in
-// the order Fleet writes them.
+// asked sequence. HasMore: more are mirrored past this page now (ask again
+// at once). NextCursor is the last event's sequence (the asked one when
+// none came): the next page's after; nil (absent) when the asked sequence
+// is past the run's last mirrored event, a position Fleet never served,
+// from which no page continues. Live: the run may yet have events the
+// mirror lacks: false once the run has ended and the mirror holds every
+// event of it, whatever this page's place in them (HasMore says that). Its
+// keys are in the order Fleet writes them.
 type EventPage struct {
 	Events     []Event `json:"events"`
 	HasMore    bool    `json:"hasMore"`
 	Live       bool    `json:"live"`
-	NextCursor int64   `json:"nextCursor"`
+	NextCursor *int64  `json:"nextCursor,omitempty"`
 }
 
 // The stream's SSE event names (GET /fleet/runs/{id}/stream). An "event"

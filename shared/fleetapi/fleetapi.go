@@ -6,7 +6,9 @@
 // standard library and the run request (shared/runspec).
 //
 // The JSON is a contract with deployed callers: fields are added, never
-// renamed or removed, and a field's omission rule never changes. Each
+// renamed or removed, and a field's omission rule never changes (one
+// deliberate exception, issue 30: an events page past the run's end omits
+// nextCursor, which would otherwise name a place no event reached). Each
 // answer's keys come in the order Fleet has always written them, and a
 // list Fleet writes as [] is never null. The api handler and the stream
 // encode these types (shared/api's views.go converts Fleet's records into

@@ -157,11 +157,22 @@ type ProbeAll struct {
 
 // HostDrain is the answer of POST /fleet/hosts/{id}/drain and /resume: the
 // host's outcome as the run verbs show it, its state (Draining, and Idle
-// when it says) and the host as Fleet recorded it.
+// when it says) and the host as Fleet recorded it. 200 when the host took
+// the verb, 202 when its outcome is unknown; a refusal is a
+// HostDrainRefused.
 type HostDrain struct {
 	HostID string `json:"hostId"`
 	Outcome
 	Draining bool  `json:"draining"`
 	Idle     *bool `json:"idle,omitempty"`
 	Host     Host  `json:"host"`
+}
+
+// HostDrainRefused is a drain's or resume's 409: the host refused it, or
+// it certainly never reached the host. An Error (error, code: the
+// refusal's) and the HostDrain in one object. A drain is recorded in Fleet
+// all the same (Draining says so); a refused resume changes nothing.
+type HostDrainRefused struct {
+	Error string `json:"error"`
+	HostDrain
 }

@@ -53,9 +53,15 @@ var (
 )
 
 // Outcome is a host's answer to a verb Fleet forwarded (a run's input,
-// cancel and retry; a host's drain and resume). HostStatus and Code are
-// the host's when it answered outside 2xx; Detail says why for a refusal
-// or an unknown outcome.
+// cancel and retry; a host's drain and resume). HostStatus is the host's
+// when it answered outside 2xx. Code is the host's code; for a refusal it
+// is never empty: host_unavailable when the request certainly never
+// reached the host, host_refused when the host refused without one.
+// Detail says why for a refusal or an unknown outcome.
+//
+// The answer's status says the same: 200 accepted, 409 refused (the body
+// is then also an error: InteractionRefused, HostDrainRefused), 202
+// unknown (the host may or may not have acted).
 type Outcome struct {
 	Accepted   Acceptance `json:"accepted"`
 	HostStatus int        `json:"hostStatus,omitempty"`

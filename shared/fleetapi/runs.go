@@ -154,9 +154,20 @@ type InputRequest struct {
 
 // Interaction is the answer of the run verbs (POST
 // /fleet/runs/{id}/input, /cancel, /retry): the host's outcome and the
-// run as recorded after.
+// run as recorded after. 200 when the host took the verb, 202 when its
+// outcome is unknown; a refusal is an InteractionRefused.
 type Interaction struct {
 	FleetRunID string `json:"fleetRunId"`
 	Outcome
 	Run Run `json:"run"`
+}
+
+// InteractionRefused is a run verb's 409: the host refused it, or it
+// certainly never reached the host, so nothing was done. It is an Error
+// (error, and code: the refusal's, as Outcome says) and the Interaction in
+// one object, so a client reading either finds it. (A 409 without
+// "accepted" is an Error: run_not_on_host.)
+type InteractionRefused struct {
+	Error string `json:"error"`
+	Interaction
 }

@@ -62,6 +62,10 @@ const (
 	CodeNotRetryable   = "not_retryable"
 	CodeDraining       = "draining"
 	CodeDeadlinePassed = ReasonDeadlinePassed
+	// CodeInvalidJSON: the body is not one well-formed JSON value, or
+	// gives a key twice (the message names it by its path); a body that is
+	// JSON but wrong for the route is bad_request.
+	CodeInvalidJSON = "invalid_json"
 )
 
 // Event types.
@@ -243,10 +247,12 @@ type StateChange struct {
 }
 
 // EventPage is GET /runs/{id}/events?after=&limit=. NextCursor is the
-// sequence of the last event returned (or after, when none was).
+// sequence of the last event returned (or after, when none was); nil
+// (absent) when after is past the run's last event, a place from which no
+// page continues. limit is 1 to 1000 (absent: 100).
 type EventPage struct {
 	Events     []Event `json:"events"`
-	NextCursor int64   `json:"nextCursor"`
+	NextCursor *int64  `json:"nextCursor,omitempty"`
 	HasMore    bool    `json:"hasMore"`
 }
 

@@ -470,7 +470,7 @@ func (e *edge) output(t *testing.T, runID string) string {
 				b.WriteString(s)
 			}
 		}
-		after = p.NextCursor
+		after = *p.NextCursor
 		if !p.HasMore {
 			return b.String()
 		}

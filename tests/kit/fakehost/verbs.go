@@ -123,7 +123,7 @@ func (h *Host) handleEvents(w http.ResponseWriter, r *http.Request) {
 	h.mu.Lock()
 	_, known := h.runs[r.PathValue("id")]
 	all := h.events[r.PathValue("id")]
-	page := hostproto.EventPage{Events: []hostproto.Event{}, NextCursor: after}
+	page := hostproto.EventPage{Events: []hostproto.Event{}, NextCursor: &after}
 	for _, e := range all {
 		if e.Sequence <= after {
 			continue
@@ -133,7 +133,7 @@ func (h *Host) handleEvents(w http.ResponseWriter, r *http.Request) {
 			break
 		}
 		page.Events = append(page.Events, e)
-		page.NextCursor = e.Sequence
+		page.NextCursor = &e.Sequence
 	}
 	h.mu.Unlock()
 	if !known {
