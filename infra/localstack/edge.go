@@ -16,7 +16,6 @@ import (
 
 	"github.com/runfleet/runfleet/edge/config"
 	"github.com/runfleet/runfleet/edge/host"
-	"github.com/runfleet/runfleet/edge/proxy"
 	"github.com/runfleet/runfleet/infra/localstack/demo"
 	"github.com/runfleet/runfleet/shared/auth"
 	"github.com/runfleet/runfleet/shared/fleet"
@@ -178,8 +177,9 @@ type localEdge struct {
 }
 
 // startLocalEdge starts the demo upstream and the edge host (the demo
-// secret minted on first start), serving until stop.
-func startLocalEdge(ctx context.Context, f edgeFiles, addr, upstreamAddr string, getenv func(string) string, log *slog.Logger) (*localEdge, error) {
+// secret minted on first start), serving until stop; killSwitch keeps its
+// secrets proxy down, as edge's EDGE_SECRETS_PROXY=off does.
+func startLocalEdge(ctx context.Context, f edgeFiles, addr, upstreamAddr string, killSwitch bool, log *slog.Logger) (*localEdge, error) {
 	secret, err := demo.ReadSecretsFile(f.secrets)
 	if errors.Is(err, os.ErrNotExist) {
 		if secret, err = demo.NewSecret(nil); err == nil {
@@ -210,10 +210,6 @@ func startLocalEdge(ctx context.Context, f edgeFiles, addr, upstreamAddr string,
 		return nil, err
 	}
 	cfg, err := config.Load(f.config)
-	if err != nil {
-		return nil, err
-	}
-	killSwitch, err := proxy.KillSwitch(getenv)
 	if err != nil {
 		return nil, err
 	}
@@ -267,33 +263,33 @@ func (e *localEdge) stop(ctx context.Context) error {
 	return errors.Join(e.host.Shutdown(ctx), e.upstream.Close(ctx))
 }
 
-// demoCaller returns the demo caller's token: the one kept in the data
-// dir while Fleet still knows it, else a new caller minted (the old one
+// demoCaller makes sure path holds the demo caller's token: the one kept
+// there while Fleet still knows it, else a new caller minted (the old one
 // revoked first) and kept. The caller may use the local edge and the demo
 // project only.
-func demoCaller(ctx context.Context, app *fleetapp.App, path string) (string, error) {
+func demoCaller(ctx context.Context, app *fleetapp.App, path string) error {
 	if b, err := os.ReadFile(path); err == nil {
 		tok := strings.TrimSpace(string(b))
 		c, err := app.Store.CallerByTokenHash(ctx, auth.HashToken(tok))
 		if err == nil && c.OwnerID == demoOwner {
-			return tok, nil
+			return nil
 		}
 		if err != nil && !errors.Is(err, store.ErrNotFound) {
-			return "", err
+			return err
 		}
 	}
 	if err := app.Fleet.RevokeCaller(ctx, demoOwner); err != nil && !isFleetCode(err, fleet.CodeNotFound) {
-		return "", err
+		return err
 	}
 	_, tok, err := app.Fleet.MintCaller(ctx, fleet.CallerSpec{OwnerID: demoOwner,
 		AllowedHosts: &store.Scope{IDs: []string{localEdgeID}}, AllowedProjects: &store.Scope{IDs: []string{demo.Project}}})
 	if err != nil {
-		return "", err
+		return err
 	}
 	if err := writeFilePrivate(path, []byte(tok+"\n")); err != nil {
-		return "", fmt.Errorf("keeping the demo caller's token: %w", err)
+		return fmt.Errorf("keeping the demo caller's token: %w", err)
 	}
-	return tok, nil
+	return nil
 }
 
 func isFleetCode(err error, code string) bool {

@@ -51,7 +51,7 @@ fi
 
 if [ ${#need_apt[@]} -gt 0 ]; then
 	if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null; then
-		echo "installing Debian packages: ${need_apt[*]}"
+		echo "installing Debian packages: ${need_apt[*]}" >&2
 		export DEBIAN_FRONTEND=noninteractive
 		# A package's service (openssh-server's sshd on port 22) must not
 		# start on this machine: where no policy-rc.d says so already, one
