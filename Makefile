@@ -92,7 +92,7 @@ bench: deps
 ## bench-proxy: the proxy table: edge beside direct, goproxy and a zero-work TLS relay (root)
 # infra/bench/proxy-table.sh at 1, 8, 16 and 64 connections, keep-alive and a new connection per
 # request; it needs the harness's proxybench (PROXYBENCH, default ../shared/bench/proxybench).
-# About 5 minutes, and it loads every core: not part of `make test` nor `make bench`.
+# About 4 minutes, and it loads every core: not part of `make test` nor `make bench`.
 bench-proxy:
 	@./infra/bench/proxy-table.sh
 
