@@ -158,6 +158,12 @@ type readyRecord struct {
 		Stream          string `json:"stream"`
 		DemoRun         string `json:"demoRun"`
 	} `json:"demo"`
+	SecondEdge *struct {
+		ID            string `json:"id"`
+		Config        string `json:"config"`
+		API           string `json:"api"`
+		CredentialRef string `json:"credentialRef"`
+	} `json:"secondEdge"`
 	Try []string `json:"try"`
 }
 

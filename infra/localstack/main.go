@@ -151,15 +151,22 @@ func run(ctx context.Context, getenv func(string) string, out, human io.Writer) 
 		cfg.Store = config.StoreBolt + ":" + filepath.Join(dataDir, "fleet.db")
 	}
 	edgeFiles := filesIn(dataDir)
+	// ownCredentials: the credentials file is the stack's, so it can hold
+	// the second host's token too.
+	ownCredentials := false
 	if cfg.Credentials == (credentials.Spec{}) {
 		path := filepath.Join(dataDir, "credentials.json")
 		if err := writeIfMissing(path, "{}\n"); err != nil {
 			return stop(err)
 		}
 		if edgeOn {
-			if err := addLocalEdgeCredential(path, edgeFiles); err != nil {
+			if err := addCredential(path, localEdgeRef, edgeFiles.token); err != nil {
 				return stop(fmt.Errorf("the local edge's credential: %w", err))
 			}
+			if err := addCredential(path, secondEdgeID, edgeFiles.secondToken); err != nil {
+				return stop(fmt.Errorf("%s's credential: %w", secondEdgeID, err))
+			}
+			ownCredentials = true
 		}
 		cfg.Credentials = credentials.Spec{Kind: "file", Arg: path}
 	}
@@ -203,6 +210,11 @@ func run(ctx context.Context, getenv func(string) string, out, human io.Writer) 
 			}
 		}()
 		rep.Edge = edge.report(rep.Fleet, findDemoScript())
+		if ownCredentials {
+			if rep.SecondEdge, err = edge.writeSecondEdge(); err != nil {
+				return stop(err)
+			}
+		}
 	}
 
 	handler, err := app.HTTPHandler(log, nil)

@@ -30,7 +30,16 @@ type report struct {
 	adminToken             string
 	ProbeEvery, SweepEvery time.Duration
 	Edge                   *edgeReport // nil with RUNFLEET_EDGE=off
-	Try                    []string    // commands: /healthz, the hosts, a stream
+	// SecondEdge is the host the stack writes ready for `edge serve`; nil
+	// without the local edge or with RUNFLEET_CREDENTIALS of the user's.
+	SecondEdge *secondEdgeReport
+	Try        []string // commands: /healthz, the hosts, a stream
+}
+
+// secondEdgeReport is edge-1: where its edge.json is, the address it
+// serves on and the credentialRef to register it with.
+type secondEdgeReport struct {
+	ID, Config, API, CredentialRef string
 }
 
 // edgeReport is the local edge and its demo.
@@ -110,6 +119,9 @@ func (r report) log(log *slog.Logger) {
 				"secret", demo.SecretsRef, "secretsFile", e.SecretsFile, "caller", demoOwner, "callerTokenFile", e.CallerTokenFile,
 				"dispatch", e.Dispatch, "stream", e.Stream, "demoRun", e.DemoRun))
 	}
+	if e := r.SecondEdge; e != nil {
+		attrs = append(attrs, slog.Group("secondEdge", "id", e.ID, "config", e.Config, "api", e.API, "credentialRef", e.CredentialRef))
+	}
 	attrs = append(attrs, "try", r.Try)
 	log.Info("ready", attrs...)
 }
@@ -150,6 +162,10 @@ func (r report) print(w io.Writer) {
 			fmt.Fprintln(w, "or both in one go (prints the answer, follows its links.stream; exits 0 once the run succeeded):")
 			fmt.Fprintf(w, "  %s\n", e.DemoRun)
 		}
+	}
+	if e := r.SecondEdge; e != nil {
+		fmt.Fprintf(w, "another host, %s, to register yourself (README: The local stack): edge serve --config %s (API %s, credentialRef %s)\n",
+			e.ID, shellQuote(e.Config), e.API, e.CredentialRef)
 	}
 	fmt.Fprintln(w, "try:")
 	for _, c := range r.Try {
