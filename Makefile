@@ -1,7 +1,9 @@
 # runfleet: every command a developer or CI runs. `make dev` and `make test`
 # need nothing but this repository and a machine of the documented kind:
-# whatever else they need, they install (infra/scripts/test-deps.sh) or start
-# (moto_server, the runtime interface emulator) themselves.
+# whatever else they need, they install (Debian packages:
+# infra/scripts/test-deps.sh) or leave to the tests that use it, which build
+# (h2spec, the runtime interface emulator, from Go modules) and start
+# (moto_server, the emulator) it themselves, so a plain `go test` works too.
 
 SHELL     := /bin/bash
 GO        ?= go
