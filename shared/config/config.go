@@ -164,6 +164,10 @@ func FromEnv(getenv func(string) string) (Fleet, error) {
 		Idempotency: getenv(EnvTableIdempotency),
 	}
 	spec, err := credentials.ParseSpec(getenv(EnvCredentials))
+	if err != nil {
+		// Its kinds are a set: said as every enumerated variable says it.
+		err = notOneOf(EnvCredentials, getenv(EnvCredentials), "file:<path>", "secretsmanager:<prefix>")
+	}
 	errs = append(errs, err)
 	c.Credentials = spec
 	c.RepoURLs = getenv(EnvRepoURLs)
@@ -269,7 +273,7 @@ func (c Fleet) Validate() error {
 		errs = append(errs, fmt.Errorf("%s=%d: want at most %d", EnvStreamMaxPerCaller, c.StreamMaxPerCaller, store.MaxStreamSlots))
 	}
 	if c.RepoURLs != "" && !strings.HasPrefix(c.RepoURLs, "file:") || c.RepoURLs == "file:" {
-		errs = append(errs, fmt.Errorf("%s=%q: want file:<path>", EnvRepoURLs, c.RepoURLs))
+		errs = append(errs, notOneOf(EnvRepoURLs, c.RepoURLs, "file:<path>"))
 	}
 	return errors.Join(errs...)
 }
@@ -324,8 +328,12 @@ func Switch(getenv func(string) string, name string, def bool) (bool, error) {
 }
 
 // notOneOf is the error of an enumerated variable set to another value:
-// `RUNFLEET_X: "of" is not one of on, off`.
+// `RUNFLEET_X: "of" is not one of on, off` (`is not file:<path>` for a set
+// of one).
 func notOneOf(name, value string, allowed ...string) error {
+	if len(allowed) == 1 {
+		return fmt.Errorf("%s: %q is not %s", name, value, allowed[0])
+	}
 	return fmt.Errorf("%s: %q is not one of %s", name, value, strings.Join(allowed, ", "))
 }
 

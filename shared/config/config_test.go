@@ -115,6 +115,9 @@ func TestEnumeratedVariablesRefuseOtherValues(t *testing.T) {
 		{EnvStore, "sqlite:/x", `RUNFLEET_STORE: "sqlite:/x" is not one of dynamodb, bolt:<path>`},
 		{EnvStore, "bolt:", `RUNFLEET_STORE: "bolt:" is not one of dynamodb, bolt:<path>`},
 		{EnvStore, "DynamoDB", `RUNFLEET_STORE: "DynamoDB" is not one of dynamodb, bolt:<path>`},
+		{EnvCredentials, "vault:x", `RUNFLEET_CREDENTIALS: "vault:x" is not one of file:<path>, secretsmanager:<prefix>`},
+		{EnvCredentials, "file:", `RUNFLEET_CREDENTIALS: "file:" is not one of file:<path>, secretsmanager:<prefix>`},
+		{EnvRepoURLs, "/etc/repos.json", `RUNFLEET_REPO_URLS: "/etc/repos.json" is not file:<path>`},
 	} {
 		_, err := FromEnv(env(map[string]string{c.name: c.value}))
 		if err == nil || err.Error() != c.want {
