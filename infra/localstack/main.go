@@ -10,8 +10,11 @@
 // api.demo.test with its own CA, trusted by the proxy) that answers whether
 // the credential it got was the demo secret's real value, the secret
 // demo/DEMO_API_KEY granted for it alone, the demo agent that calls it with
-// curl and its placeholder, and a caller minted for it. It stops cleanly on
-// Ctrl-C or SIGTERM (open streams get their retry hint, the edge drains).
+// curl and its placeholder, and a caller minted for it. It keeps a second
+// host ready that it does not run: edge-1's edge.json and credential, for
+// `edge serve` and the README's "register another host". It stops cleanly
+// on Ctrl-C or SIGTERM (open streams get their retry hint, the edge
+// drains).
 //
 // Its stdout is its log, JSON lines only (Fleet's, the edge's and its own
 // records); the "ready" record says where everything is and carries the
