@@ -1,7 +1,9 @@
 # runfleet: every command a developer or CI runs. `make dev` and `make test`
 # need nothing but this repository and a machine of the documented kind:
-# whatever else they need, they install (infra/scripts/test-deps.sh) or start
-# (moto_server, the runtime interface emulator) themselves.
+# whatever else they need, they install (Debian packages:
+# infra/scripts/test-deps.sh) or leave to the tests that use it, which build
+# (h2spec, the runtime interface emulator, from Go modules) and start
+# (moto_server, the emulator) it themselves, so a plain `go test` works too.
 
 SHELL     := /bin/bash
 GO        ?= go
@@ -92,7 +94,7 @@ bench: deps
 ## bench-proxy: the proxy table: edge beside direct, goproxy and a zero-work TLS relay (root)
 # infra/bench/proxy-table.sh at 1, 8, 16 and 64 connections, keep-alive and a new connection per
 # request; it needs the harness's proxybench (PROXYBENCH, default ../shared/bench/proxybench).
-# About 5 minutes, and it loads every core: not part of `make test` nor `make bench`.
+# About 4 minutes, and it loads every core: not part of `make test` nor `make bench`.
 bench-proxy:
 	@./infra/bench/proxy-table.sh
 

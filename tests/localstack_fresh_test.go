@@ -5,16 +5,20 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"io"
 	"net"
 	"net/http"
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 	"syscall"
 	"testing"
 	"time"
+
+	"github.com/creack/pty"
 
 	"github.com/runfleet/runfleet/tests/kit/await"
 	"github.com/runfleet/runfleet/tests/kit/syncbuf"
@@ -24,10 +28,12 @@ import (
 // right after cloning: from the repository's folder (a copy of its tracked
 // files, nothing built, no data dir; its path has a space) with nothing set
 // but free addresses, so the data dir is the default, relative `.dev`. The
-// printed commands, pasted in another directory, reach /healthz and run
+// commands it gives, pasted in another directory, reach /healthz and run
 // the demo to its success (the one-go script following the dispatch
 // answer's links); after a restart (Ctrl-C, then start again) the commands
-// printed before still work. A relative RUNFLEET_DATA_DIR works the same.
+// given before still work. A relative RUNFLEET_DATA_DIR works the same. On
+// a terminal, the banner on stderr gives the same commands as the log's
+// ready record.
 func TestLocalStackOnAFreshClone(t *testing.T) {
 	bin := localStackBinary(t)
 	clone := cloneLike(t)
@@ -51,22 +57,59 @@ func TestLocalStackOnAFreshClone(t *testing.T) {
 		first.stop(t, syscall.SIGINT)
 
 		again := startDevStack(t, bin, clone, env, nil)
-		for _, c := range []struct {
-			heading string
-			n       int
-		}{{"dispatch a run of the demo agent", 0}, {"dispatch a run of the demo agent", 1}, {"or both in one go", 0}, {"try:", 0}} {
-			if was, is := first.printedAfter(t, c.heading, c.n), again.printedAfter(t, c.heading, c.n); was != is {
-				t.Fatalf("a restart changed a printed command:\nwas %s\nis  %s", was, is)
-			}
+		was, is := first.ready, again.ready
+		if *was.Demo != *is.Demo || !slices.Equal(was.Try, is.Try) {
+			t.Fatalf("a restart changed the commands:\nwas %+v %q\nis  %+v %q", *was.Demo, was.Try, *is.Demo, is.Try)
 		}
-		// The lines the first start printed, pasted against the restarted
+		// The commands the first start gave, pasted against the restarted
 		// stack.
 		before := *again
-		before.printed = first.printed
+		before.ready = first.ready
 		before.healthz(t)
 		before.oneGo(t)
 		before.dispatchAndFollow(t)
 		again.stop(t, syscall.SIGTERM)
+	})
+
+	t.Run("banner on a terminal", func(t *testing.T) {
+		env := append(cleanEnv(), append(stackAddrs(), "RUNFLEET_DATA_DIR="+filepath.Join(t.TempDir(), "data"))...)
+		s := newDevStack(t, bin, clone, env, nil)
+		terminal, tty, err := pty.Open()
+		must(t, err)
+		defer terminal.Close()
+		s.cmd.Stderr = tty
+		var banner syncbuf.Buffer
+		read := make(chan struct{})
+		go func() {
+			defer close(read)
+			io.Copy(&banner, terminal) // ends with EIO once the stack has exited
+		}()
+		s.start(t)
+		tty.Close() // the stack holds its own
+		await.Cond(t, 30*time.Second, "the banner's last line", func() bool { return strings.HasSuffix(banner.String(), "\r\nready\r\n") })
+		text := strings.ReplaceAll(banner.String(), "\r\n", "\n")
+		admin, err := os.ReadFile(s.ready.AdminTokenFile)
+		must(t, err)
+		for _, want := range append([]string{
+			"runfleet local stack listening on " + s.ready.Fleet + "\n",
+			"  admin token: " + strings.TrimSpace(string(admin)) + " (kept in " + s.ready.AdminTokenFile + ")\n",
+			"  tasks' dirs: " + s.ready.Edge.TaskDirs + "\n",
+			"\n  " + s.ready.Demo.Dispatch + "\n  " + s.ready.Demo.Stream + "\n",
+			"or both in one go (prints the answer, follows its links.stream; exits 0 once the run succeeded):\n  " + s.ready.Demo.DemoRun + "\n",
+		}, s.ready.Try...) {
+			if !strings.Contains(text, want) {
+				t.Errorf("the banner lacks %q:\n%s", want, text)
+			}
+		}
+		// Tokens go to the terminal alone: the log's commands read them
+		// from their files.
+		for what, tok := range map[string]string{"admin": strings.TrimSpace(string(admin)), "demo caller": s.callerToken()} {
+			if strings.Contains(s.log.String(), tok) {
+				t.Errorf("the %s token is in the log", what)
+			}
+		}
+		s.stop(t, syscall.SIGINT)
+		<-read
 	})
 
 	t.Run("relative data dir", func(t *testing.T) {
@@ -225,10 +268,10 @@ func (s *devStack) scriptRefused(t *testing.T, script, token, body string, statu
 	}
 }
 
-// healthz runs the printed /healthz command in a directory of its own.
+// healthz runs the stack's /healthz command in a directory of its own.
 func (s *devStack) healthz(t *testing.T) {
 	t.Helper()
-	line := s.printedAfter(t, "try:", 0)
+	line := s.ready.Try[0]
 	out, err := shellIn(context.Background(), t.TempDir(), line).Output()
 	var health struct {
 		OK bool `json:"ok"`

@@ -1,7 +1,6 @@
 package tests
 
 import (
-	"bufio"
 	"encoding/json"
 	"fmt"
 	"net/http"
@@ -13,6 +12,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/runfleet/runfleet/tests/kit/await"
 	"github.com/runfleet/runfleet/tests/kit/fakehost"
 	"github.com/runfleet/runfleet/tests/kit/ssetest"
 	"github.com/runfleet/runfleet/tests/kit/syncbuf"
@@ -45,6 +45,7 @@ func TestLocalStackRunsTheJobsAndServesTheStream(t *testing.T) {
 	if err := cmd.Start(); err != nil {
 		t.Fatal(err)
 	}
+	log := readStackLog(stdout)
 	exited := make(chan error, 1)
 	go func() { exited <- cmd.Wait() }()
 	defer func() {
@@ -52,26 +53,7 @@ func TestLocalStackRunsTheJobsAndServesTheStream(t *testing.T) {
 			cmd.Process.Kill()
 		}
 	}()
-	lines := make(chan string, 64)
-	go func() {
-		sc := bufio.NewScanner(stdout)
-		for sc.Scan() {
-			lines <- sc.Text()
-		}
-		close(lines)
-	}()
-	base := ""
-	for base == "" {
-		select {
-		case line, ok := <-lines:
-			if !ok {
-				t.Fatalf("exited before listening: %s", stderr.String())
-			}
-			base, _ = strings.CutPrefix(line, "runfleet local stack listening on ")
-		case <-time.After(30 * time.Second):
-			t.Fatal("no listening line in 30s")
-		}
-	}
+	base := log.awaitReady(t, 30*time.Second, stderr.String).Fleet
 	tokenBytes, _ := os.ReadFile(filepath.Join(dataDir, "admin-token"))
 	admin := strings.TrimSpace(string(tokenBytes))
 	call := func(method, path, token, body string) (int, map[string]any) {
@@ -88,15 +70,11 @@ func TestLocalStackRunsTheJobsAndServesTheStream(t *testing.T) {
 		json.NewDecoder(resp.Body).Decode(&out)
 		return resp.StatusCode, out
 	}
-	// eventually polls cond (the other process works on its own timers).
+	// eventually waits for cond (the other process works on its own timers).
 	eventually := func(what string, cond func() bool) {
 		t.Helper()
-		deadline := time.Now().Add(20 * time.Second)
-		for !cond() {
-			if time.Now().After(deadline) {
-				t.Fatalf("%s: not within 20s\nlog: %s", what, stderr.String())
-			}
-			time.Sleep(50 * time.Millisecond)
+		if !await.Within(20*time.Second, cond) {
+			t.Fatalf("%s: not within 20s\nlog: %s", what, log.String())
 		}
 	}
 
@@ -117,7 +95,7 @@ func TestLocalStackRunsTheJobsAndServesTheStream(t *testing.T) {
 	// and logs its line after both: dispatch routes to the host once a
 	// pass that found it ok has logged.
 	eventually("a timed probe pass that found the host ok ends", func() bool {
-		return probePassFoundOK(stderr.String(), 1)
+		return probePassFoundOK(log.String(), 1)
 	})
 
 	st, out := call("POST", "/fleet/runs", admin, `{"agent":"shell"}`)
@@ -180,11 +158,15 @@ func TestLocalStackRunsTheJobsAndServesTheStream(t *testing.T) {
 	case <-time.After(30 * time.Second):
 		t.Fatal("still running 30s after SIGTERM")
 	}
-	log := stderr.String()
-	if !strings.Contains(log, `"msg":"scheduled probe"`) || !strings.Contains(log, `"msg":"scheduled sweep"`) {
-		t.Fatalf("no job log lines:\n%s", log)
+	log.wait(t)
+	log.checkJSON(t)
+	if _, _, ok := log.find("scheduled probe", 0); !ok {
+		t.Fatalf("no probe log line:\n%s", log.String())
 	}
-	if strings.Contains(log, admin) || strings.Contains(log, host.Token()) {
+	if _, _, ok := log.find("scheduled sweep", 0); !ok {
+		t.Fatalf("no sweep log line:\n%s", log.String())
+	}
+	if text := log.String() + stderr.String(); strings.Contains(text, admin) || strings.Contains(text, host.Token()) {
 		t.Fatal("a token reached the log")
 	}
 }

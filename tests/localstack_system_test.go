@@ -1,10 +1,11 @@
 package tests
 
 import (
-	"bufio"
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
+	"io"
 	"net"
 	"os"
 	"os/exec"
@@ -21,8 +22,8 @@ import (
 
 // TestLocalStackRunsTheWholeSystem runs `make dev`'s program as it ships,
 // with nothing but its data dir and addresses set, as root and as an
-// ordinary user: it prints its commands; the printed dispatch curl starts a
-// run of the demo agent that uses the demo secret, and the printed stream
+// ordinary user: its ready record gives its commands; the dispatch curl
+// starts a run of the demo agent that uses the demo secret, and the stream
 // curl follows it to its end, where the upstream has said the credential
 // was right. The real value reaches no output of the stack, and the task
 // runs as nobody (root) or as the user itself, which the stack says.
@@ -36,7 +37,9 @@ func TestLocalStackRunsTheWholeSystem(t *testing.T) {
 		dataDir := filepath.Join(t.TempDir(), "data")
 		env := devEnv(dataDir, "")
 		first := startDevStack(t, bin, "", env, nil)
-		first.mustSay(t, "tasks run as nobody")
+		if got := first.ready.Edge.TasksRunAs; got != "nobody" {
+			t.Fatalf("tasks run as %q, want nobody", got)
+		}
 		first.dispatchAndFollow(t)
 		first.checkTaskUser(t, "65534")
 		first.stop(t, syscall.SIGTERM)
@@ -60,7 +63,12 @@ func TestLocalStackRunsTheWholeSystem(t *testing.T) {
 		must(t, os.Chown(home, nobody, nobody))
 		env := devEnv(filepath.Join(home, "data"), home)
 		s := startDevStack(t, bin, "", env, &syscall.Credential{Uid: nobody, Gid: nobody, Groups: []uint32{}})
-		s.mustSay(t, fmt.Sprintf("tasks run as you (uid %d): runner.insecureSameUser", nobody))
+		if got, want := s.ready.Edge.TasksRunAs, fmt.Sprintf("uid %d", nobody); got != want {
+			t.Fatalf("tasks run as %q, want %q", got, want)
+		}
+		if rec, _, ok := s.log.find("tasks run as this user, with open egress: runner.insecureSameUser is set because it cannot switch users; for this local stack only, never on a real host", 0); !ok || !strings.Contains(rec.line, `"level":"WARN"`) {
+			t.Fatalf("the stack does not warn that tasks run as its user:\n%s", s.log.String())
+		}
 		s.dispatchAndFollow(t)
 		s.checkTaskUser(t, "65534")
 		s.stop(t, syscall.SIGTERM)
@@ -89,21 +97,35 @@ func freeAddr() string {
 	return l.Addr().String()
 }
 
-// devStack is a running local stack and what it printed up to "ready".
+// devStack is a running local stack and its "ready" record.
 type devStack struct {
 	cmd     *exec.Cmd
 	dataDir string
-	printed []string
-	rest    chan string
+	ready   readyRecord
+	log     *stackLog
 	stderr  *syncbuf.Buffer
 	exited  chan error
+	// group: the stack is the command's process group (make dev's make
+	// and the stack it runs), signalled as a whole, as a terminal's Ctrl-C
+	// is.
+	group bool
 }
 
 // startDevStack starts the local stack in dir ("": the data dir's parent)
-// and waits for its "ready".
+// and waits for its "ready" record. Its stderr is no terminal, so it must
+// stay empty: the banner is for a terminal alone.
 func startDevStack(t *testing.T, bin, dir string, env []string, as *syscall.Credential) *devStack {
 	t.Helper()
-	s := &devStack{stderr: &syncbuf.Buffer{}, rest: make(chan string, 256), exited: make(chan error, 1)}
+	s := newDevStack(t, bin, dir, env, as)
+	s.cmd.Stderr = s.stderr
+	s.start(t)
+	return s
+}
+
+// newDevStack is the stack's command, to be started with start.
+func newDevStack(t *testing.T, bin, dir string, env []string, as *syscall.Credential) *devStack {
+	t.Helper()
+	s := &devStack{stderr: &syncbuf.Buffer{}, exited: make(chan error, 1)}
 	s.dataDir = ".dev"
 	for _, kv := range env {
 		if v, ok := strings.CutPrefix(kv, "RUNFLEET_DATA_DIR="); ok {
@@ -119,96 +141,78 @@ func startDevStack(t *testing.T, bin, dir string, env []string, as *syscall.Cred
 	s.cmd = exec.Command(bin)
 	s.cmd.Env = env
 	s.cmd.Dir = dir
-	s.cmd.Stderr = s.stderr
 	if as != nil {
 		s.cmd.SysProcAttr = &syscall.SysProcAttr{Credential: as}
 	}
+	return s
+}
+
+// start starts the stack and waits for its "ready" record.
+func (s *devStack) start(t *testing.T) {
+	t.Helper()
 	stdout, err := s.cmd.StdoutPipe()
 	must(t, err)
+	s.startLog(t, stdout, nil)
+}
+
+// startLog is start with the log read from r; w, when not nil, is the
+// test's copy of the write end of r's pipe, closed once the stack has its
+// own, so the log ends when the stack exits.
+func (s *devStack) startLog(t *testing.T, r io.Reader, w io.Closer) {
+	t.Helper()
+	if s.group {
+		if s.cmd.SysProcAttr == nil {
+			s.cmd.SysProcAttr = &syscall.SysProcAttr{}
+		}
+		s.cmd.SysProcAttr.Setpgid = true
+	}
 	must(t, s.cmd.Start())
+	if w != nil {
+		w.Close()
+	}
+	s.log = readStackLog(r)
 	go func() { s.exited <- s.cmd.Wait() }()
 	t.Cleanup(func() {
 		if s.cmd.ProcessState == nil {
-			s.cmd.Process.Kill()
+			s.signal(syscall.SIGKILL)
 			<-s.exited
 		}
 	})
-	go func() {
-		sc := bufio.NewScanner(stdout)
-		for sc.Scan() {
-			s.rest <- sc.Text()
-		}
-		close(s.rest)
-	}()
-	timeout := time.After(60 * time.Second)
-	for {
-		select {
-		case line, ok := <-s.rest:
-			if !ok {
-				t.Fatalf("the local stack exited before it was ready:\n%s\nstderr:\n%s", strings.Join(s.printed, "\n"), s.stderr.String())
-			}
-			s.printed = append(s.printed, line)
-			if line == "ready" {
-				t.Cleanup(func() { s.removeTaskDir(t) })
-				return s
-			}
-		case <-timeout:
-			t.Fatalf("not ready in 60s:\n%s\nstderr:\n%s", strings.Join(s.printed, "\n"), s.stderr.String())
-		}
+	s.ready = s.log.awaitReady(t, 60*time.Second, s.stderr.String)
+	if s.ready.Edge != nil {
+		t.Cleanup(func() { s.removeTaskDir(t) })
 	}
 }
 
-func (s *devStack) mustSay(t *testing.T, want string) {
-	t.Helper()
-	if !strings.Contains(strings.Join(s.printed, "\n"), want) {
-		t.Fatalf("the local stack does not say %q:\n%s", want, strings.Join(s.printed, "\n"))
-	}
-}
-
-// commands are the printed dispatch and stream commands.
+// commands are the dispatch and stream commands the stack gives.
 func (s *devStack) commands(t *testing.T) (dispatch, stream string) {
 	t.Helper()
-	return s.printedAfter(t, "dispatch a run of the demo agent", 0), s.printedAfter(t, "dispatch a run of the demo agent", 1)
+	if s.ready.Demo == nil {
+		t.Fatalf("the ready record has no demo: %+v", s.ready)
+	}
+	return s.ready.Demo.Dispatch, s.ready.Demo.Stream
 }
 
-// oneCommand is the printed command that dispatches and follows in one go.
+// oneCommand is the command that dispatches and follows in one go.
 func (s *devStack) oneCommand(t *testing.T) string {
 	t.Helper()
-	return s.printedAfter(t, "or both in one go", 0)
-}
-
-// printedAfter is the command printed n+1 lines after the line starting
-// with heading.
-func (s *devStack) printedAfter(t *testing.T, heading string, n int) string {
-	t.Helper()
-	for i, line := range s.printed {
-		if strings.HasPrefix(line, heading) && i+1+n < len(s.printed) {
-			return strings.TrimSpace(s.printed[i+1+n])
-		}
+	if s.ready.Demo == nil || s.ready.Demo.DemoRun == "" {
+		t.Fatalf("the ready record has no one-go command: %+v", s.ready.Demo)
 	}
-	t.Fatalf("no command under %q printed:\n%s", heading, strings.Join(s.printed, "\n"))
-	return ""
+	return s.ready.Demo.DemoRun
 }
 
+// callerToken is the demo caller's token, from the file the commands read.
 func (s *devStack) callerToken() string {
-	for _, line := range s.printed {
-		if _, rest, ok := strings.Cut(line, "curl -sS -N -H \"Authorization: Bearer "); ok {
-			tok, _, _ := strings.Cut(rest, "\"")
-			return tok
-		}
+	if s.ready.Demo == nil {
+		return ""
 	}
-	return ""
+	b, _ := os.ReadFile(s.ready.Demo.CallerTokenFile)
+	return strings.TrimSpace(string(b))
 }
 
 // base is the stack's address.
-func (s *devStack) base() string {
-	for _, line := range s.printed {
-		if b, ok := strings.CutPrefix(line, "runfleet local stack listening on "); ok {
-			return b
-		}
-	}
-	return ""
-}
+func (s *devStack) base() string { return s.ready.Fleet }
 
 // dispatchAnswer is the part of the dispatch answer the tests read.
 type dispatchAnswer struct {
@@ -222,15 +226,15 @@ type dispatchAnswer struct {
 	} `json:"links"`
 }
 
-// dispatchAndFollow runs the printed dispatch command, then the printed
-// stream command with the run's id, as a user would paste them, in a
+// dispatchAndFollow runs the stack's dispatch command, then its stream
+// command with the run's id, as a user would paste them, in a
 // directory of their own; the stream command is where the answer's
 // links.stream points.
 func (s *devStack) dispatchAndFollow(t *testing.T) {
 	t.Helper()
 	dispatch, stream := s.commands(t)
 	if !strings.HasPrefix(dispatch, "curl ") || !strings.HasPrefix(stream, "curl ") || !strings.Contains(stream, "<fleetRunId>") {
-		t.Fatalf("printed commands:\n%s\n%s", dispatch, stream)
+		t.Fatalf("the stack's commands:\n%s\n%s", dispatch, stream)
 	}
 	out, err := shellIn(context.Background(), t.TempDir(), dispatch).CombinedOutput()
 	if err != nil {
@@ -242,18 +246,18 @@ func (s *devStack) dispatchAndFollow(t *testing.T) {
 	}
 	stream = strings.ReplaceAll(stream, "<fleetRunId>", run.FleetRunID)
 	if !strings.HasSuffix(stream, " "+run.Links.Stream) {
-		t.Fatalf("the printed stream command %q does not follow the answer's links.stream %q", stream, run.Links.Stream)
+		t.Fatalf("the stream command %q does not follow the answer's links.stream %q", stream, run.Links.Stream)
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
 	defer cancel()
 	sse, err := shellIn(ctx, t.TempDir(), stream).Output()
 	if err != nil {
-		t.Fatalf("the stream command: %v\n%s\nstderr:\n%s", err, sse, s.stderr.String())
+		t.Fatalf("the stream command: %v\n%s\nlog:\n%s", err, sse, s.log.String())
 	}
 	s.checkDemoRan(t, string(sse))
 }
 
-// oneGo runs the printed one-go command in a directory of its own and
+// oneGo runs the stack's one-go command in a directory of its own and
 // checks it printed the dispatch answer, then followed the stream to the
 // demo run's success, exiting 0.
 func (s *devStack) oneGo(t *testing.T) {
@@ -266,7 +270,7 @@ func (s *devStack) oneGo(t *testing.T) {
 	cmd.Stderr = &stderr
 	out, err := cmd.Output()
 	if err != nil {
-		t.Fatalf("%s: %v\n%s\nstderr: %s\nthe stack's log:\n%s", line, err, out, stderr.String(), s.stderr.String())
+		t.Fatalf("%s: %v\n%s\nstderr: %s\nthe stack's log:\n%s", line, err, out, stderr.String(), s.log.String())
 	}
 	answer, sse, _ := strings.Cut(string(out), "\n")
 	var run dispatchAnswer
@@ -304,14 +308,14 @@ func (s *devStack) checkDemoRan(t *testing.T, sse string) {
 	}
 	secret, err := demo.ReadSecretsFile(filepath.Join(s.dataDir, "edge-secrets.json"))
 	must(t, err)
-	for what, text := range map[string]string{"printed": strings.Join(s.printed, "\n"), "log": s.stderr.String(), "stream": sse} {
+	for what, text := range map[string]string{"log": s.log.String(), "stderr": s.stderr.String(), "stream": sse} {
 		if strings.Contains(text, secret) {
 			t.Fatalf("the real value is in the stack's %s", what)
 		}
 	}
 }
 
-// shellIn is a printed command line as a shell runs it, in dir.
+// shellIn is a command line the stack gives, as a shell runs it, in dir.
 func shellIn(ctx context.Context, dir, line string) *exec.Cmd {
 	cmd := exec.CommandContext(ctx, "sh", "-c", line)
 	cmd.Dir = dir
@@ -346,36 +350,55 @@ func (s *devStack) checkTaskUser(t *testing.T, uid string) {
 }
 
 // stop sends sig (SIGTERM, or SIGINT as Ctrl-C does): the stack stops in
-// order and exits 0.
+// order and exits 0, its last record "stopped"; its stdout was JSON
+// throughout and, being no terminal, its stderr got nothing.
 func (s *devStack) stop(t *testing.T, sig syscall.Signal) {
 	t.Helper()
-	must(t, s.cmd.Process.Signal(sig))
+	must(t, s.signal(sig))
 	select {
 	case err := <-s.exited:
-		if err != nil {
-			t.Fatalf("exit after %v: %v\nstderr:\n%s", sig, err, s.stderr.String())
+		// make, signalled with the stack, dies of the signal once its
+		// recipe is done, as GNU make does: the stack's own clean end is
+		// its "stopped" record, below.
+		var exit *exec.ExitError
+		makeDied := s.group && errors.As(err, &exit) && exit.Sys().(syscall.WaitStatus).Signal() == sig
+		if err != nil && !makeDied {
+			t.Fatalf("exit after %v: %v\nlog:\n%s\nstderr:\n%s", sig, err, s.log.String(), s.stderr.String())
 		}
 	case <-time.After(60 * time.Second):
 		t.Fatalf("still running 60s after %v", sig)
 	}
-	var tail []string
-	for line := range s.rest {
-		tail = append(tail, line)
+	lines := s.log.wait(t)
+	s.log.checkJSON(t)
+	var last logRecord
+	if len(lines) > 0 {
+		json.Unmarshal([]byte(lines[len(lines)-1]), &last)
 	}
-	if len(tail) == 0 || tail[len(tail)-1] != "stopped" {
-		t.Fatalf("no clean stop: %q\nstderr:\n%s", tail, s.stderr.String())
+	if last.Msg != "stopped" {
+		t.Fatalf("no clean stop: the log ends %q", lines[max(0, len(lines)-3):])
 	}
-	if !strings.Contains(s.stderr.String(), `"msg":"edge stopped"`) {
-		t.Fatal("the local edge did not stop in order")
+	if s.ready.Edge != nil {
+		if _, _, ok := s.log.find("edge stopped", 0); !ok {
+			t.Fatal("the local edge did not stop in order")
+		}
 	}
+	if s.cmd.Stderr == s.stderr && s.stderr.String() != "" {
+		t.Fatalf("the stack wrote to its stderr, which is no terminal:\n%s", s.stderr.String())
+	}
+}
+
+// signal sends sig to the stack (its whole group when it is one).
+func (s *devStack) signal(sig syscall.Signal) error {
+	if s.group {
+		return syscall.Kill(-s.cmd.Process.Pid, sig)
+	}
+	return s.cmd.Process.Signal(sig)
 }
 
 // removeTaskDir removes the tasks' directory the stack made under the
 // temporary dir (it outlives the stack on purpose).
 func (s *devStack) removeTaskDir(t *testing.T) {
-	for _, line := range s.printed {
-		if dir, ok := strings.CutPrefix(line, "  tasks' dirs: "); ok && strings.HasPrefix(dir, os.TempDir()) {
-			os.RemoveAll(filepath.Dir(dir))
-		}
+	if dir := s.ready.Edge.TaskDirs; strings.HasPrefix(dir, os.TempDir()+string(filepath.Separator)) {
+		os.RemoveAll(filepath.Dir(dir))
 	}
 }

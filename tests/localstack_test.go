@@ -1,7 +1,6 @@
 package tests
 
 import (
-	"bufio"
 	"encoding/json"
 	"io"
 	"net/http"
@@ -16,7 +15,8 @@ import (
 
 // TestLocalStackStartsServesAndStopsOnSIGTERM builds `make dev`'s program,
 // runs it on a free port with its own data dir, reads /healthz and an admin
-// route with the token it printed, and stops it with SIGTERM.
+// route with the token its ready record names, and stops it with SIGTERM.
+// Its stdout is JSON lines throughout.
 func TestLocalStackStartsServesAndStopsOnSIGTERM(t *testing.T) {
 	dir := t.TempDir()
 	bin := localStackBinary(t)
@@ -33,6 +33,7 @@ func TestLocalStackStartsServesAndStopsOnSIGTERM(t *testing.T) {
 	if err := cmd.Start(); err != nil {
 		t.Fatal(err)
 	}
+	log := readStackLog(stdout)
 	exited := make(chan error, 1)
 	go func() { exited <- cmd.Wait() }()
 	defer func() {
@@ -40,31 +41,10 @@ func TestLocalStackStartsServesAndStopsOnSIGTERM(t *testing.T) {
 			cmd.Process.Kill()
 		}
 	}()
-
-	lines := make(chan string, 64)
-	go func() {
-		sc := bufio.NewScanner(stdout)
-		for sc.Scan() {
-			lines <- sc.Text()
-		}
-		close(lines)
-	}()
-	var base string
-	var printed []string
-	timeout := time.After(30 * time.Second)
-	for base == "" {
-		select {
-		case line, ok := <-lines:
-			if !ok {
-				t.Fatalf("the local stack exited before listening: %s\nstderr: %s", printed, stderr.String())
-			}
-			printed = append(printed, line)
-			if rest, ok := strings.CutPrefix(line, "runfleet local stack listening on "); ok {
-				base = rest
-			}
-		case <-timeout:
-			t.Fatalf("no listening line in 30s: %s", printed)
-		}
+	ready := log.awaitReady(t, 30*time.Second, stderr.String)
+	base := ready.Fleet
+	if ready.Edge != nil || ready.Demo != nil || ready.AdminTokenFile != filepath.Join(dataDir, "admin-token") {
+		t.Fatalf("the ready record of Fleet alone: %+v", ready)
 	}
 
 	resp, err := http.Get(base + "/healthz")
@@ -108,14 +88,16 @@ func TestLocalStackStartsServesAndStopsOnSIGTERM(t *testing.T) {
 	case <-time.After(30 * time.Second):
 		t.Fatal("still running 30s after SIGTERM")
 	}
-	for line := range lines {
-		printed = append(printed, line)
+	log.wait(t)
+	log.checkJSON(t)
+	if _, _, ok := log.find("stopped", 0); !ok {
+		t.Fatalf("no clean stop:\n%s", log.String())
 	}
-	if !strings.Contains(strings.Join(printed, "\n"), "stopped") {
-		t.Fatalf("no clean stop: %s", printed)
-	}
-	if strings.Contains(stderr.String(), strings.TrimSpace(string(token))) {
+	if strings.Contains(log.String(), strings.TrimSpace(string(token))) {
 		t.Fatal("the admin token reached the log")
+	}
+	if stderr.Len() > 0 {
+		t.Fatalf("the stack wrote to its stderr, which is no terminal:\n%s", stderr.String())
 	}
 	if _, err := http.Get(base + "/healthz"); err == nil {
 		t.Fatal("still answering after it stopped")

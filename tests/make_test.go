@@ -141,6 +141,62 @@ func TestMakeHelpListsEveryTarget(t *testing.T) {
 	t.Logf("make help lists %d entries for %d targets", len(order), len(targets))
 }
 
+// TestReadmeListsEveryMakeTarget holds the README's make-target table to
+// `make help`: a row for every entry it lists (a row's first cell names its
+// targets as `make <name>`), and no row for a target help does not list.
+func TestReadmeListsEveryMakeTarget(t *testing.T) {
+	out, err := makeIn(t, "help").Output()
+	if err != nil {
+		t.Fatalf("make help: %v", err)
+	}
+	blocks := strings.Split(string(out), "\n\n")
+	if len(blocks) < 2 {
+		t.Fatalf("make help printed\n%s", out)
+	}
+	help := map[string]bool{}
+	for _, line := range strings.Split(blocks[1], "\n") {
+		if m := helpEntry.FindStringSubmatch(line); m != nil {
+			help[m[1]] = true
+		}
+	}
+
+	readme, err := os.ReadFile("../README.md")
+	must(t, err)
+	_, section, ok := strings.Cut(string(readme), "\n## Make targets\n")
+	if !ok {
+		t.Fatal("README.md has no Make targets section")
+	}
+	section, _, _ = strings.Cut(section, "\n## ")
+	named := regexp.MustCompile("^`make ([^`\\s]+)`")
+	rows := map[string]bool{}
+	for _, line := range strings.Split(section, "\n") {
+		first, ok := strings.CutPrefix(line, "| ")
+		if !ok || strings.HasPrefix(first, "target ") || strings.HasPrefix(first, "---") {
+			continue
+		}
+		first, _, _ = strings.Cut(first, " | ")
+		m := named.FindStringSubmatch(first)
+		if m == nil {
+			t.Errorf("README.md's make-target row %q does not start with `make <target>`", line)
+			continue
+		}
+		rows[m[1]] = true
+	}
+	for name := range help {
+		if !rows[name] {
+			t.Errorf("make help lists %s; README.md's Make targets table has no `make %s` row", name, name)
+		}
+	}
+	for name := range rows {
+		if !help[name] {
+			t.Errorf("README.md's Make targets table has a row for %s, which make help does not list", name)
+		}
+	}
+	if len(rows) < 10 {
+		t.Fatalf("README.md's Make targets table: %d rows found", len(rows))
+	}
+}
+
 // TestMakefileSummariesSitOnTheirRules checks the source of make help: each
 // `##` line is one `## name: summary` (more goes in plain # comments), and
 // the first rule after it is the target it names, so a summary cannot drift

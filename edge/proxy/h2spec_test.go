@@ -2,6 +2,7 @@ package proxy
 
 import (
 	"bufio"
+	"bytes"
 	"crypto/tls"
 	"encoding/base64"
 	"encoding/xml"
@@ -25,9 +26,15 @@ import (
 	"github.com/runfleet/runfleet/tests/kit/edgetest"
 )
 
-// h2specTool is where infra/scripts/test-deps.sh (make deps, which make
-// test runs first) installs the pinned h2spec: the repository's .tools.
-const h2specTool = ".tools/h2spec"
+// h2spec is pinned by a module of its own (h2spec has no go.mod, so that
+// module's go.sum pins it and its dependencies, apart from runfleet's), and
+// built into the repository's git-ignored .tools beside a copy of the go.sum
+// it was built from (h2specTool + ".sum"): a change of the pin rebuilds it.
+const (
+	h2specTool    = ".tools/h2spec"
+	h2specModule  = "infra/tools/h2spec"
+	h2specPackage = "github.com/summerwind/h2spec/cmd/h2spec"
+)
 
 // h2specName is the authority h2spec tests, as the task's client would name it.
 const h2specName = "h2spec.example.test"
@@ -91,16 +98,40 @@ func TestH2specAgainstTheInterceptingFront(t *testing.T) {
 	}
 }
 
-// h2specPath is the installed h2spec; its absence fails the test (make deps
-// installs it), so a conformance regression can never pass as a skip.
+// h2specPath is the pinned h2spec, built first (from the Go module cache,
+// else the module proxy) when .tools lacks it or holds another pin's, so
+// `go test` on a fresh clone needs no step before. A build that fails fails
+// the test with the command it ran, so a conformance regression can never
+// pass as a skip.
 func h2specPath(t *testing.T) string {
 	t.Helper()
 	root, err := filepath.Abs("../..")
 	must(t, err)
 	path := filepath.Join(root, h2specTool)
-	if _, err := os.Stat(path); err != nil {
-		t.Fatalf("h2spec is not installed at %s: run make deps (infra/scripts/test-deps.sh)", path)
+	pin, err := os.ReadFile(filepath.Join(root, h2specModule, "go.sum"))
+	must(t, err)
+	if built, err := os.ReadFile(path + ".sum"); err == nil && bytes.Equal(built, pin) {
+		if _, err := os.Stat(path); err == nil {
+			return path
+		}
 	}
+	must(t, os.MkdirAll(filepath.Dir(path), 0o755))
+	// Built beside its place and renamed into it, the stamp after it: a
+	// test binary running at the same time never runs half a file, and at
+	// worst builds it again.
+	tmp := fmt.Sprintf("%s.%d.new", path, os.Getpid())
+	defer os.Remove(tmp)
+	cmd := exec.Command("go", "build", "-trimpath", "-o", tmp, h2specPackage)
+	cmd.Dir = filepath.Join(root, h2specModule)
+	cmd.Env = append(os.Environ(), "CGO_ENABLED=0")
+	start := time.Now()
+	if out, err := cmd.CombinedOutput(); err != nil {
+		t.Fatalf("building the pinned h2spec (cd %s && CGO_ENABLED=0 go build -trimpath -o %s %s): %v\n%s", cmd.Dir, path, h2specPackage, err, out)
+	}
+	must(t, os.Rename(tmp, path))
+	must(t, os.WriteFile(tmp, pin, 0o644))
+	must(t, os.Rename(tmp, path+".sum"))
+	t.Logf("built h2spec from %s into %s in %s", h2specModule, path, time.Since(start).Round(time.Millisecond))
 	return path
 }
 

@@ -16,7 +16,6 @@ import (
 
 	"github.com/runfleet/runfleet/edge/config"
 	"github.com/runfleet/runfleet/edge/host"
-	"github.com/runfleet/runfleet/edge/proxy"
 	"github.com/runfleet/runfleet/infra/localstack/demo"
 	"github.com/runfleet/runfleet/shared/auth"
 	"github.com/runfleet/runfleet/shared/fleet"
@@ -50,6 +49,14 @@ const (
 	localEdgeRef = "local-edge"
 	// demoOwner is the caller the local stack mints for the demo.
 	demoOwner = "demo"
+
+	// The second local host, which the stack never runs: it writes its
+	// edge.json, ready for `edge serve`, and its credential, so that the
+	// README's "register another host" asks for no file of the reader's.
+	// Its id is its credentialRef; its address is fixed, like the others,
+	// so what the README says of it holds.
+	secondEdgeID   = "edge-1"
+	secondEdgeAddr = "127.0.0.1:7171"
 )
 
 // edgeFiles are the local edge's files under the data dir.
@@ -60,6 +67,8 @@ type edgeFiles struct {
 	secrets    string // the demo secret's real value (0600)
 	upstreamCA string // the demo upstream's CA, for the proxy
 	caller     string // the demo caller's token (0600)
+	// The second host's, edge-1: its edge.json, data dir and host token.
+	secondConfig, secondDataDir, secondToken string
 }
 
 func filesIn(dataDir string) edgeFiles {
@@ -70,14 +79,18 @@ func filesIn(dataDir string) edgeFiles {
 		secrets:    filepath.Join(dataDir, "edge-secrets.json"),
 		upstreamCA: filepath.Join(dataDir, "demo-upstream-ca.pem"),
 		caller:     filepath.Join(dataDir, "demo-caller-token"),
+
+		secondConfig:  filepath.Join(dataDir, secondEdgeID+".json"),
+		secondDataDir: filepath.Join(dataDir, secondEdgeID),
+		secondToken:   filepath.Join(dataDir, secondEdgeID+"-host-token"),
 	}
 }
 
-// addLocalEdgeCredential puts the local edge's host token, minted on first
-// start, into the stack's own credentials file (credentialRef
-// localEdgeRef), keeping what else the file holds.
-func addLocalEdgeCredential(credsPath string, f edgeFiles) error {
-	token, err := localSecret(f.token)
+// addCredential puts a host token, minted on first start and kept in
+// tokenPath, into the stack's own credentials file under ref, keeping what
+// else the file holds.
+func addCredential(credsPath, ref, tokenPath string) error {
+	token, err := localSecret(tokenPath)
 	if err != nil {
 		return err
 	}
@@ -89,10 +102,10 @@ func addLocalEdgeCredential(credsPath string, f edgeFiles) error {
 	if err := json.Unmarshal(raw, &creds); err != nil {
 		return fmt.Errorf("%s is not a JSON object of strings", credsPath)
 	}
-	if creds[localEdgeRef] == token {
+	if creds[ref] == token {
 		return nil
 	}
-	creds[localEdgeRef] = token
+	creds[ref] = token
 	b, err := json.MarshalIndent(creds, "", "  ")
 	if err != nil {
 		return err
@@ -178,8 +191,9 @@ type localEdge struct {
 }
 
 // startLocalEdge starts the demo upstream and the edge host (the demo
-// secret minted on first start), serving until stop.
-func startLocalEdge(ctx context.Context, f edgeFiles, addr, upstreamAddr string, getenv func(string) string, log *slog.Logger) (*localEdge, error) {
+// secret minted on first start), serving until stop; killSwitch keeps its
+// secrets proxy down, as edge's EDGE_SECRETS_PROXY=off does.
+func startLocalEdge(ctx context.Context, f edgeFiles, addr, upstreamAddr string, killSwitch bool, log *slog.Logger) (*localEdge, error) {
 	secret, err := demo.ReadSecretsFile(f.secrets)
 	if errors.Is(err, os.ErrNotExist) {
 		if secret, err = demo.NewSecret(nil); err == nil {
@@ -189,31 +203,29 @@ func startLocalEdge(ctx context.Context, f edgeFiles, addr, upstreamAddr string,
 	if err != nil {
 		return nil, err
 	}
-	workDir, err := taskDir(filepath.Dir(f.config))
-	if err != nil {
-		return nil, fmt.Errorf("the tasks' directory: %w", err)
-	}
+	// The upstream's address first: one in use stops the start before
+	// anything is made under the temporary dir.
 	up, err := demo.StartUpstream(demo.UpstreamConfig{Secret: secret, Listen: upstreamAddr, Logger: log.With("component", "demo-upstream")})
 	if err != nil {
 		return nil, inUse(err, EnvDemoUpstreamAddr)
 	}
-	e := &localEdge{upstream: up, files: f, workDir: workDir, sameUser: os.Geteuid() != 0}
 	ok := false
 	defer func() {
 		if !ok {
 			up.Close(context.Background())
 		}
 	}()
+	workDir, err := taskDir(filepath.Dir(f.config))
+	if err != nil {
+		return nil, fmt.Errorf("the tasks' directory: %w", err)
+	}
+	e := &localEdge{upstream: up, files: f, workDir: workDir, sameUser: os.Geteuid() != 0}
 	spec := demo.Edge{DataDir: f.dataDir, WorkDir: workDir, TokenFile: f.token, SecretsFile: f.secrets,
 		UpstreamCAFile: f.upstreamCA, APIListen: addr, InsecureSameUser: e.sameUser, Upstream: up}
 	if err := spec.Write(f.config, spec.Config()); err != nil {
 		return nil, err
 	}
 	cfg, err := config.Load(f.config)
-	if err != nil {
-		return nil, err
-	}
-	killSwitch, err := proxy.KillSwitch(getenv)
 	if err != nil {
 		return nil, err
 	}
@@ -261,39 +273,53 @@ func (e *localEdge) register(ctx context.Context, f *fleet.Fleet) error {
 	return err
 }
 
+// writeSecondEdge writes edge-1's edge.json: the local edge's demo (its
+// policy, secrets file and upstream), its own data dir, token and host API
+// address (secondEdgeAddr), its tasks' dirs beside the local edge's. The
+// stack's credentials file must have its token (addCredential).
+func (e *localEdge) writeSecondEdge() (*secondEdgeReport, error) {
+	spec := demo.Edge{DataDir: e.files.secondDataDir, WorkDir: filepath.Join(filepath.Dir(e.workDir), secondEdgeID+"-work"),
+		TokenFile: e.files.secondToken, SecretsFile: e.files.secrets, UpstreamCAFile: e.files.upstreamCA,
+		APIListen: secondEdgeAddr, InsecureSameUser: e.sameUser, Upstream: e.upstream}
+	if err := spec.Write(e.files.secondConfig, spec.Config()); err != nil {
+		return nil, fmt.Errorf("%s's edge.json: %w", secondEdgeID, err)
+	}
+	return &secondEdgeReport{ID: secondEdgeID, Config: e.files.secondConfig, API: "http://" + secondEdgeAddr, CredentialRef: secondEdgeID}, nil
+}
+
 // stop drains the edge host (its runner.drainTimeout, then cancels) and
 // stops the upstream.
 func (e *localEdge) stop(ctx context.Context) error {
 	return errors.Join(e.host.Shutdown(ctx), e.upstream.Close(ctx))
 }
 
-// demoCaller returns the demo caller's token: the one kept in the data
-// dir while Fleet still knows it, else a new caller minted (the old one
+// demoCaller makes sure path holds the demo caller's token: the one kept
+// there while Fleet still knows it, else a new caller minted (the old one
 // revoked first) and kept. The caller may use the local edge and the demo
 // project only.
-func demoCaller(ctx context.Context, app *fleetapp.App, path string) (string, error) {
+func demoCaller(ctx context.Context, app *fleetapp.App, path string) error {
 	if b, err := os.ReadFile(path); err == nil {
 		tok := strings.TrimSpace(string(b))
 		c, err := app.Store.CallerByTokenHash(ctx, auth.HashToken(tok))
 		if err == nil && c.OwnerID == demoOwner {
-			return tok, nil
+			return nil
 		}
 		if err != nil && !errors.Is(err, store.ErrNotFound) {
-			return "", err
+			return err
 		}
 	}
 	if err := app.Fleet.RevokeCaller(ctx, demoOwner); err != nil && !isFleetCode(err, fleet.CodeNotFound) {
-		return "", err
+		return err
 	}
 	_, tok, err := app.Fleet.MintCaller(ctx, fleet.CallerSpec{OwnerID: demoOwner,
 		AllowedHosts: &store.Scope{IDs: []string{localEdgeID}}, AllowedProjects: &store.Scope{IDs: []string{demo.Project}}})
 	if err != nil {
-		return "", err
+		return err
 	}
 	if err := writeFilePrivate(path, []byte(tok+"\n")); err != nil {
-		return "", fmt.Errorf("keeping the demo caller's token: %w", err)
+		return fmt.Errorf("keeping the demo caller's token: %w", err)
 	}
-	return tok, nil
+	return nil
 }
 
 func isFleetCode(err error, code string) bool {

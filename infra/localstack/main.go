@@ -10,10 +10,17 @@
 // api.demo.test with its own CA, trusted by the proxy) that answers whether
 // the credential it got was the demo secret's real value, the secret
 // demo/DEMO_API_KEY granted for it alone, the demo agent that calls it with
-// curl and its placeholder, and a caller minted for it. It prints the admin
-// token and the curl commands that dispatch a run using the secret and
-// follow its stream, and stops cleanly on Ctrl-C or SIGTERM (open streams
-// get their retry hint, the edge drains).
+// curl and its placeholder, and a caller minted for it. It keeps a second
+// host ready that it does not run: edge-1's edge.json and credential, for
+// `edge serve` and the README's "register another host". It stops cleanly
+// on Ctrl-C or SIGTERM (open streams get their retry hint, the edge
+// drains).
+//
+// Its stdout is its log, JSON lines only (Fleet's, the edge's and its own
+// records); the "ready" record says where everything is and carries the
+// curl commands that dispatch a run using the secret and follow its
+// stream. The same, with the admin token, is printed as a banner on stderr
+// when stderr is a terminal; a start that fails says why on both.
 //
 // As root, tasks run as nobody; as an ordinary user, edge cannot switch
 // users and runs tasks as that user (runner.insecureSameUser, for this
@@ -47,10 +54,10 @@ import (
 	"time"
 
 	"github.com/aws/aws-lambda-go/events"
+	"golang.org/x/sys/unix"
 
 	"github.com/runfleet/runfleet/edge/proxy"
 	"github.com/runfleet/runfleet/edge/sandbox"
-	"github.com/runfleet/runfleet/infra/localstack/demo"
 
 	"github.com/runfleet/runfleet/shared/auth"
 	"github.com/runfleet/runfleet/shared/clock"
@@ -87,7 +94,20 @@ func main() {
 	}
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
-	os.Exit(run(ctx, os.Getenv, os.Stdout, os.Stderr))
+	// stdout is the log alone, so `make dev > log` and `make dev | jq` read
+	// JSON throughout; the banner is for a person, so it goes where one
+	// reads: stderr, when that is a terminal.
+	var human io.Writer
+	if isTerminal(os.Stderr) {
+		human = os.Stderr
+	}
+	os.Exit(run(ctx, os.Getenv, os.Stdout, human))
+}
+
+// isTerminal reports whether f is a terminal.
+func isTerminal(f *os.File) bool {
+	_, err := unix.IoctlGetTermios(int(f.Fd()), unix.TCGETS)
+	return err == nil
 }
 
 // openBolt opens the local stack's store, a bbolt file (fleetapp's
@@ -96,62 +116,76 @@ func openBolt(path string, clk clock.Clock) (fleetapp.StoreCloser, error) {
 	return boltstore.Open(path, boltstore.WithClock(clk))
 }
 
-func run(ctx context.Context, getenv func(string) string, stdout, stderr io.Writer) int {
+// run is the stack from start to stop. Its log, JSON lines, goes to out:
+// every record of Fleet, the local edge and the demo, and the stack's own
+// (the "ready" record carries what the banner says, commands included).
+// human, when not nil (main: stderr, when it is a terminal), gets the same
+// for a person: the banner at ready, and why a start failed. Tokens appear
+// only there, never in the log: the commands read them from their files.
+func run(ctx context.Context, getenv func(string) string, out, human io.Writer) int {
 	cfg, err := config.FromEnv(getenv)
-	if err != nil {
-		fmt.Fprintln(stderr, "localstack: configuration:", err)
+	edgeOn, edgeErr := config.Switch(getenv, EnvEdge, true)
+	upstreamAddr, upstreamErr := demoUpstreamAddr(getenv)
+	killSwitch, killSwitchErr := proxy.KillSwitch(getenv)
+	if !edgeOn {
+		// Read by the local edge and its demo alone.
+		upstreamErr, killSwitchErr = nil, nil
+	}
+	log := fleetapp.NewLogger(out, cfg.LogLevel)
+	stop := func(err error) int {
+		log.Error("localstack failed", "err", err.Error())
+		if human != nil {
+			fmt.Fprintln(human, "localstack:", err)
+		}
+		return 1
+	}
+	if err := errors.Join(err, edgeErr, upstreamErr, killSwitchErr); err != nil {
+		stop(fmt.Errorf("configuration: %w", err))
 		return 2
 	}
 	dataDir, err := absDataDir(getenv(EnvDataDir))
 	if err != nil {
-		fmt.Fprintln(stderr, "localstack:", err)
-		return 1
+		return stop(err)
 	}
 	if err := os.MkdirAll(dataDir, 0o700); err != nil {
-		fmt.Fprintln(stderr, "localstack:", err)
-		return 1
+		return stop(err)
 	}
 	if cfg.Store == "" {
 		cfg.Store = config.StoreBolt + ":" + filepath.Join(dataDir, "fleet.db")
 	}
-	edgeOn := !strings.EqualFold(getenv(EnvEdge), "off")
 	edgeFiles := filesIn(dataDir)
-	upstreamAddr, err := demoUpstreamAddr(getenv)
-	if err != nil && edgeOn {
-		fmt.Fprintln(stderr, "localstack: configuration:", err)
-		return 2
-	}
+	// ownCredentials: the credentials file is the stack's, so it can hold
+	// the second host's token too.
+	ownCredentials := false
 	if cfg.Credentials == (credentials.Spec{}) {
 		path := filepath.Join(dataDir, "credentials.json")
 		if err := writeIfMissing(path, "{}\n"); err != nil {
-			fmt.Fprintln(stderr, "localstack:", err)
-			return 1
+			return stop(err)
 		}
 		if edgeOn {
-			if err := addLocalEdgeCredential(path, edgeFiles); err != nil {
-				fmt.Fprintln(stderr, "localstack: the local edge's credential:", err)
-				return 1
+			if err := addCredential(path, localEdgeRef, edgeFiles.token); err != nil {
+				return stop(fmt.Errorf("the local edge's credential: %w", err))
 			}
+			if err := addCredential(path, secondEdgeID, edgeFiles.secondToken); err != nil {
+				return stop(fmt.Errorf("%s's credential: %w", secondEdgeID, err))
+			}
+			ownCredentials = true
 		}
 		cfg.Credentials = credentials.Spec{Kind: "file", Arg: path}
 	}
-	tokenFile := filepath.Join(dataDir, "admin-token")
-	tokenShown := "(from " + config.EnvAdminToken + ")"
-	tokenRef := "$" + config.EnvAdminToken
+	rep := report{Store: cfg.Store, Credentials: cfg.Credentials.Kind + ":" + cfg.Credentials.Arg,
+		ProbeEvery: cfg.ProbeInterval, SweepEvery: cfg.SweepInterval}
 	if cfg.AdminToken == "" {
-		if cfg.AdminToken, err = localAdminToken(tokenFile); err != nil {
-			fmt.Fprintln(stderr, "localstack:", err)
-			return 1
+		rep.AdminTokenFile = filepath.Join(dataDir, "admin-token")
+		if cfg.AdminToken, err = localAdminToken(rep.AdminTokenFile); err != nil {
+			return stop(err)
 		}
-		tokenShown = cfg.AdminToken + " (kept in " + tokenFile + ")"
-		tokenRef = "$(cat " + shellQuote(tokenFile) + ")"
 	}
+	rep.adminToken = cfg.AdminToken
 
-	log := fleetapp.NewLogger(stderr, cfg.LogLevel)
 	app, err := fleetapp.New(ctx, cfg, fleetapp.Deps{Logger: log, CreateTables: true, OpenBolt: openBolt})
 	if err != nil {
-		fmt.Fprintln(stderr, "localstack:", err)
-		return 1
+		return stop(err)
 	}
 	defer app.Close()
 
@@ -159,33 +193,36 @@ func run(ctx context.Context, getenv func(string) string, stdout, stderr io.Writ
 	// anything else is started.
 	ln, err := net.Listen("tcp", cfg.Addr)
 	if err != nil {
-		fmt.Fprintln(stderr, "localstack:", inUse(err, config.EnvAddr))
-		return 1
+		return stop(inUse(err, config.EnvAddr))
 	}
 	defer ln.Close()
+	rep.Fleet = "http://" + ln.Addr().String()
 
 	var edge *localEdge
-	var callerToken string
 	if edgeOn {
 		edgeAddr := getenv(EnvEdgeAddr)
 		if edgeAddr == "" {
 			edgeAddr = defaultEdgeAddr
 		}
-		if edge, callerToken, err = openLocalEdge(ctx, app, edgeFiles, edgeAddr, upstreamAddr, getenv, log); err != nil {
-			fmt.Fprintln(stderr, "localstack: the local edge:", err)
-			return 1
+		if edge, err = openLocalEdge(ctx, app, edgeFiles, edgeAddr, upstreamAddr, killSwitch, log); err != nil {
+			return stop(fmt.Errorf("the local edge: %w", err))
 		}
 		defer func() {
 			if edge != nil {
 				edge.stop(context.Background())
 			}
 		}()
+		rep.Edge = edge.report(rep.Fleet, findDemoScript())
+		if ownCredentials {
+			if rep.SecondEdge, err = edge.writeSecondEdge(); err != nil {
+				return stop(err)
+			}
+		}
 	}
 
 	handler, err := app.HTTPHandler(log, nil)
 	if err != nil {
-		fmt.Fprintln(stderr, "localstack:", err)
-		return 1
+		return stop(err)
 	}
 	// Open streams end (with their retry hint) when the stack stops, rather
 	// than holding the shutdown until its grace runs out.
@@ -213,35 +250,30 @@ func run(ctx context.Context, getenv func(string) string, stdout, stderr io.Writ
 		app.Jobs.Sweep(ctx, scheduledEvent("sweep"))
 	})
 
-	base := "http://" + ln.Addr().String()
-	fmt.Fprintf(stdout, "runfleet local stack listening on %s\n", base)
-	fmt.Fprintf(stdout, "  store:       %s\n", cfg.Store)
-	fmt.Fprintf(stdout, "  credentials: %s:%s (host credentialRef -> secret)\n", cfg.Credentials.Kind, cfg.Credentials.Arg)
-	fmt.Fprintf(stdout, "  admin token: %s\n", tokenShown)
-	fmt.Fprintf(stdout, "  probe every %s, sweep every %s\n", cfg.ProbeInterval, cfg.SweepInterval)
-	if edge != nil {
-		printLocalEdge(stdout, edge, base, callerToken, findDemoScript())
+	rep.Try = tryCommands(rep.Fleet, rep.AdminTokenFile)
+	if rep.Edge != nil && rep.Edge.SameUser {
+		log.Warn("tasks run as this user, with open egress: runner.insecureSameUser is set because it cannot switch users; for this local stack only, never on a real host", "uid", os.Getuid())
 	}
-	fmt.Fprintf(stdout, "try:\n  curl -s %s/healthz\n  curl -s -H \"Authorization: Bearer %s\" %s/fleet/hosts\n", base, tokenRef, base)
-	fmt.Fprintf(stdout, "  curl -N -H \"Authorization: Bearer %s\" %s/fleet/runs/<fleetRunId>/stream\n", tokenRef, base)
-	fmt.Fprintln(stdout, "ready")
+	rep.log(log)
+	if human != nil {
+		rep.print(human)
+	}
 
 	select {
 	case err := <-serving:
-		fmt.Fprintln(stderr, "localstack: serving:", err)
-		return 1
+		return stop(fmt.Errorf("serving: %w", err))
 	case <-ctx.Done():
 	}
-	fmt.Fprintln(stdout, "stopping")
+	log.Info("stopping")
 	stopJobs()
 	stopStreams()
 	shutdownCtx, cancel := context.WithTimeout(context.Background(), shutdownGrace)
 	defer cancel()
 	if err := srv.Shutdown(shutdownCtx); err != nil {
-		fmt.Fprintln(stderr, "localstack: shutdown:", err)
+		log.Error("shutdown", "err", err.Error())
 	}
 	if err := <-serving; err != nil && !errors.Is(err, http.ErrServerClosed) {
-		fmt.Fprintln(stderr, "localstack: serving:", err)
+		log.Error("serving", "err", err.Error())
 	}
 	jobs.Wait()
 	if edge != nil {
@@ -251,14 +283,14 @@ func run(ctx context.Context, getenv func(string) string, stdout, stderr io.Writ
 		cancel()
 		edge = nil
 		if err != nil {
-			fmt.Fprintln(stderr, "localstack: stopping the local edge:", err)
+			log.Error("stopping the local edge", "err", err.Error())
 		}
 	}
 	if err := app.Close(); err != nil {
-		fmt.Fprintln(stderr, "localstack: closing the store:", err)
+		log.Error("closing the store", "err", err.Error())
 		return 1
 	}
-	fmt.Fprintln(stdout, "stopped")
+	log.Info("stopped")
 	return 0
 }
 
@@ -266,19 +298,19 @@ func run(ctx context.Context, getenv func(string) string, stdout, stderr io.Writ
 // of cancel grace) and its shutdown.
 const edgeStopTimeout = 30 * time.Second
 
-// openLocalEdge starts the local edge, registers and probes it, and
-// returns it with the demo caller's token.
-func openLocalEdge(ctx context.Context, app *fleetapp.App, files edgeFiles, addr, upstreamAddr string, getenv func(string) string, log *slog.Logger) (*localEdge, string, error) {
+// openLocalEdge starts the local edge, registers and probes it, and makes
+// sure the demo caller exists.
+func openLocalEdge(ctx context.Context, app *fleetapp.App, files edgeFiles, addr, upstreamAddr string, killSwitch bool, log *slog.Logger) (*localEdge, error) {
 	if err := localEdgeToken(ctx, app, files); err != nil {
-		return nil, "", err
+		return nil, err
 	}
-	edge, err := startLocalEdge(ctx, files, addr, upstreamAddr, getenv, log)
+	edge, err := startLocalEdge(ctx, files, addr, upstreamAddr, killSwitch, log)
 	if err != nil {
-		return nil, "", err
+		return nil, err
 	}
-	fail := func(err error) (*localEdge, string, error) {
+	fail := func(err error) (*localEdge, error) {
 		edge.stop(context.Background())
-		return nil, "", err
+		return nil, err
 	}
 	if err := edge.register(ctx, app.Fleet); err != nil {
 		return fail(fmt.Errorf("registering it with Fleet: %w", err))
@@ -291,43 +323,10 @@ func openLocalEdge(ctx context.Context, app *fleetapp.App, files edgeFiles, addr
 		log.Warn("the local edge's first probe is not ok", "status", probe.Status, "detail", probe.Detail)
 	}
 	edge.probe = probe
-	token, err := demoCaller(ctx, app, files.caller)
-	if err != nil {
+	if err := demoCaller(ctx, app, files.caller); err != nil {
 		return fail(fmt.Errorf("the demo caller: %w", err))
 	}
-	return edge, token, nil
-}
-
-// printLocalEdge says what the local edge is and prints the commands that
-// dispatch a run using the demo secret and follow its stream: two curl
-// commands, and the script (its absolute path, "" when not found) that
-// does both in one go. Each works pasted as printed in any directory, and
-// still after a restart: every address in it is fixed (or set) and the
-// demo caller's token is kept.
-func printLocalEdge(w io.Writer, e *localEdge, base, callerToken, script string) {
-	p := e.probe
-	fmt.Fprintf(w, "edge host %s: API %s, secrets proxy %s, probe %s (secretsProxy %t, agents %s)\n",
-		localEdgeID, e.baseURL, orNone(e.host.ProxyAddr()), p.Status, p.Features.SecretsProxy, strings.Join(p.Agents, ", "))
-	fmt.Fprintf(w, "  data dir:    %s (edge.json: %s)\n", e.files.dataDir, e.files.config)
-	fmt.Fprintf(w, "  tasks' dirs: %s\n", e.workDir)
-	if e.sameUser {
-		fmt.Fprintf(w, "  tasks run as you (uid %d): runner.insecureSameUser is set because this user cannot switch users; for this local stack only, never on a real host\n", os.Getuid())
-	} else {
-		fmt.Fprintln(w, "  tasks run as nobody")
-	}
-	fmt.Fprintf(w, "demo upstream %s (%s, %s; its own CA in %s, trusted by the proxy)\n", e.upstream.URL(), e.upstream.Addr(), EnvDemoUpstreamAddr, e.files.upstreamCA)
-	fmt.Fprintf(w, "  answers {\"authorized\": true} only to the real value of the secret %s, which is in %s; tasks get a placeholder\n", demo.SecretsRef, e.files.secrets)
-	fmt.Fprintf(w, "  caller %q (hosts: %s; projects: %s), token kept in %s\n", demoOwner, localEdgeID, demo.Project, e.files.caller)
-	body := shellQuote(demo.DispatchBody(e.upstream, demo.Agent, "hello"))
-	fmt.Fprintln(w, "dispatch a run of the demo agent using the secret, then follow its stream (the fleetRunId is in the first answer):")
-	fmt.Fprintf(w, "  curl -sS -H \"Authorization: Bearer %s\" -H \"Content-Type: application/json\" -d %s %s/fleet/runs\n", callerToken, body, base)
-	fmt.Fprintf(w, "  curl -sS -N -H \"Authorization: Bearer %s\" %s/fleet/runs/<fleetRunId>/stream\n", callerToken, base)
-	if script == "" {
-		fmt.Fprintf(w, "(%s, which does both in one go, is not in this directory: run the stack from the repository to have it printed)\n", demoScript)
-		return
-	}
-	fmt.Fprintln(w, "or both in one go (prints the answer, follows its links.stream; exits 0 once the run succeeded):")
-	fmt.Fprintf(w, "  %s %s/fleet/runs %s %s\n", shellQuote(script), base, callerToken, body)
+	return edge, nil
 }
 
 // findDemoScript is demoScript's absolute path: in the working directory
@@ -383,12 +382,8 @@ func shellQuote(s string) string {
 	return "'" + strings.ReplaceAll(s, "'", `'\''`) + "'"
 }
 
-func orNone(s string) string {
-	if s == "" {
-		return "down (" + proxy.KillSwitchEnv + "=off)"
-	}
-	return s
-}
+// killSwitchEnv is edge's kill switch, which the local edge honours.
+const killSwitchEnv = proxy.KillSwitchEnv
 
 // every runs job now and then every interval until ctx ends, each run with
 // jobTimeout as its deadline (the jobs derive their budget from it), one at

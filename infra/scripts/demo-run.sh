@@ -8,7 +8,10 @@
 # the stream the answer links (links.stream: no path is assembled here),
 # printing it as it comes, and reconnects from the last event seen when the
 # stream ends with a retry hint (a planned end) before the run's done.
-# `make dev` prints this command with its arguments filled in.
+# `make dev` gives this command with its arguments filled in (its banner,
+# its log's "ready" record); the usage's example is the README quick
+# start's, which works as written from the repository's folder with
+# `make dev` running on its defaults.
 #
 # Exit status: 0 when the run ended succeeded; 1 when the dispatch was
 # answered with anything but 2xx (a refusal: the answer says why), when the
@@ -23,8 +26,12 @@
 set -u
 
 if [ $# -ne 3 ]; then
-	echo "usage: $0 DISPATCH_URL TOKEN BODY" >&2
-	echo "  e.g. $0 http://127.0.0.1:8080/fleet/runs rft_... '{\"agent\":\"demo\",\"prompt\":\"hello\"}'" >&2
+	cat >&2 <<-EOF
+	usage: $0 DISPATCH_URL TOKEN BODY
+	e.g., from the repository's folder with make dev running on its defaults: a run of the demo
+	agent, the demo caller's token read from the data dir, the demo secret declared for its domain:
+	  infra/scripts/demo-run.sh http://127.0.0.1:8080/fleet/runs "\$(cat .dev/demo-caller-token)" '{"agent":"demo","prompt":"hello","secrets":[{"projectId":"demo","key":"DEMO_API_KEY","domains":["api.demo.test:7443"]}]}'
+	EOF
 	exit 2
 fi
 dispatch_url=$1 token=$2 body=$3

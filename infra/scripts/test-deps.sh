@@ -51,7 +51,7 @@ fi
 
 if [ ${#need_apt[@]} -gt 0 ]; then
 	if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null; then
-		echo "installing Debian packages: ${need_apt[*]}"
+		echo "installing Debian packages: ${need_apt[*]}" >&2
 		export DEBIAN_FRONTEND=noninteractive
 		# A package's service (openssh-server's sshd on port 22) must not
 		# start on this machine: where no policy-rc.d says so already, one
@@ -80,22 +80,6 @@ for tool in cfn-lint openapi-spec-validator; do
 		exit 1
 	fi
 done
-
-# h2spec (HTTP/2 conformance), built from infra/tools/h2spec (its own module,
-# which pins it and its dependencies: h2spec has no go.mod) into the
-# repository's git-ignored .tools, where edge/proxy's
-# TestH2specAgainstTheInterceptingFront runs it (and fails without it). The
-# stamp beside it is the go.sum it was built from: a change rebuilds it.
-root="$(cd "$(dirname "$0")/../.." && pwd)"
-tools="$root/.tools"
-h2spec_src="$root/infra/tools/h2spec"
-if [ ! -x "$tools/h2spec" ] || ! cmp -s "$h2spec_src/go.sum" "$tools/h2spec.sum"; then
-	echo "building h2spec (infra/tools/h2spec) into $tools"
-	mkdir -p "$tools"
-	(cd "$h2spec_src" && CGO_ENABLED=0 ${GO:-go} build -trimpath -o "$tools/h2spec.new" github.com/summerwind/h2spec/cmd/h2spec)
-	mv "$tools/h2spec.new" "$tools/h2spec"
-	cp "$h2spec_src/go.sum" "$tools/h2spec.sum"
-fi
 
 # moto_server is installed on these machines; the tests start and stop it.
 if ! command -v moto_server >/dev/null && [ ! -x /root/.pyenv/shims/moto_server ]; then

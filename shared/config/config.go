@@ -8,6 +8,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"slices"
 	"strconv"
 	"strings"
 	"time"
@@ -163,6 +164,10 @@ func FromEnv(getenv func(string) string) (Fleet, error) {
 		Idempotency: getenv(EnvTableIdempotency),
 	}
 	spec, err := credentials.ParseSpec(getenv(EnvCredentials))
+	if err != nil {
+		// Its kinds are a set: said as every enumerated variable says it.
+		err = notOneOf(EnvCredentials, getenv(EnvCredentials), "file:<path>", "secretsmanager:<prefix>")
+	}
 	errs = append(errs, err)
 	c.Credentials = spec
 	c.RepoURLs = getenv(EnvRepoURLs)
@@ -192,10 +197,12 @@ func FromEnv(getenv func(string) string) (Fleet, error) {
 		*d.dst, err = positiveDuration(getenv, d.name)
 		errs = append(errs, err)
 	}
-	if v := getenv(EnvLogLevel); v != "" {
-		if err := c.LogLevel.UnmarshalText([]byte(v)); err != nil {
-			errs = append(errs, fmt.Errorf("%s=%q: want debug, info, warn or error", EnvLogLevel, v))
-		}
+	level, err := Enum(getenv, EnvLogLevel, LogLevels...)
+	errs = append(errs, err)
+	if level != "" {
+		// slog parses more than the four names ("WARN+2", "Debug"): the
+		// set above is what is accepted, this only converts it.
+		errs = append(errs, c.LogLevel.UnmarshalText([]byte(level)))
 	}
 	if err := errors.Join(errs...); err != nil {
 		return Fleet{}, err
@@ -266,7 +273,7 @@ func (c Fleet) Validate() error {
 		errs = append(errs, fmt.Errorf("%s=%d: want at most %d", EnvStreamMaxPerCaller, c.StreamMaxPerCaller, store.MaxStreamSlots))
 	}
 	if c.RepoURLs != "" && !strings.HasPrefix(c.RepoURLs, "file:") || c.RepoURLs == "file:" {
-		errs = append(errs, fmt.Errorf("%s=%q: want file:<path>", EnvRepoURLs, c.RepoURLs))
+		errs = append(errs, notOneOf(EnvRepoURLs, c.RepoURLs, "file:<path>"))
 	}
 	return errors.Join(errs...)
 }
@@ -285,7 +292,49 @@ func ParseStore(s string) (kind, path string, err error) {
 	if p, ok := strings.CutPrefix(s, StoreBolt+":"); ok && p != "" {
 		return StoreBolt, p, nil
 	}
-	return "", "", fmt.Errorf("%s=%q: want dynamodb or bolt:<path>", EnvStore, s)
+	return "", "", notOneOf(EnvStore, s, StoreDynamoDB, StoreBolt+":<path>")
+}
+
+// LogLevels are RUNFLEET_LOG_LEVEL's values (template.yaml's LogLevel
+// parameter allows the same).
+var LogLevels = []string{"debug", "info", "warn", "error"}
+
+// Enum reads an enumerated variable through getenv: "" when it is unset or
+// empty, else its value, which must be one of allowed exactly (case and
+// spaces included). Any other value is an error naming the variable and
+// every allowed value: a typo stops the start rather than passing as the
+// default.
+func Enum(getenv func(string) string, name string, allowed ...string) (string, error) {
+	v := getenv(name)
+	if v == "" || slices.Contains(allowed, v) {
+		return v, nil
+	}
+	return "", notOneOf(name, v, allowed...)
+}
+
+// Switch reads an on/off variable through getenv: def when it is unset or
+// empty, true for "on", false for "off", and an error for anything else
+// ("of", "0", "false", "OFF"), so a misspelt switch never passes as its
+// default.
+func Switch(getenv func(string) string, name string, def bool) (bool, error) {
+	switch v, err := Enum(getenv, name, "on", "off"); {
+	case err != nil:
+		return false, err
+	case v == "":
+		return def, nil
+	default:
+		return v == "on", nil
+	}
+}
+
+// notOneOf is the error of an enumerated variable set to another value:
+// `RUNFLEET_X: "of" is not one of on, off` (`is not file:<path>` for a set
+// of one).
+func notOneOf(name, value string, allowed ...string) error {
+	if len(allowed) == 1 {
+		return fmt.Errorf("%s: %q is not %s", name, value, allowed[0])
+	}
+	return fmt.Errorf("%s: %q is not one of %s", name, value, strings.Join(allowed, ", "))
 }
 
 // RepoURLsPath is the path of the repository map file, or "" for none.

@@ -1,6 +1,7 @@
 package config
 
 import (
+	"fmt"
 	"log/slog"
 	"strings"
 	"testing"
@@ -97,6 +98,60 @@ func TestFromEnvErrorsNameTheVariable(t *testing.T) {
 		}
 		if name == EnvAdminToken && strings.Contains(err.Error(), value) {
 			t.Errorf("the admin token error shows the token: %v", err)
+		}
+	}
+}
+
+// TestEnumeratedVariablesRefuseOtherValues: a variable that takes one of a
+// set of values refuses any other at start, naming itself and the whole
+// set, with the value as given (a typo, another case, a level slog alone
+// would parse).
+func TestEnumeratedVariablesRefuseOtherValues(t *testing.T) {
+	for _, c := range []struct{ name, value, want string }{
+		{EnvLogLevel, "loud", `RUNFLEET_LOG_LEVEL: "loud" is not one of debug, info, warn, error`},
+		{EnvLogLevel, "DEBUG", `RUNFLEET_LOG_LEVEL: "DEBUG" is not one of debug, info, warn, error`},
+		{EnvLogLevel, "warn+2", `RUNFLEET_LOG_LEVEL: "warn+2" is not one of debug, info, warn, error`},
+		{EnvLogLevel, " info", `RUNFLEET_LOG_LEVEL: " info" is not one of debug, info, warn, error`},
+		{EnvStore, "sqlite:/x", `RUNFLEET_STORE: "sqlite:/x" is not one of dynamodb, bolt:<path>`},
+		{EnvStore, "bolt:", `RUNFLEET_STORE: "bolt:" is not one of dynamodb, bolt:<path>`},
+		{EnvStore, "DynamoDB", `RUNFLEET_STORE: "DynamoDB" is not one of dynamodb, bolt:<path>`},
+		{EnvCredentials, "vault:x", `RUNFLEET_CREDENTIALS: "vault:x" is not one of file:<path>, secretsmanager:<prefix>`},
+		{EnvCredentials, "file:", `RUNFLEET_CREDENTIALS: "file:" is not one of file:<path>, secretsmanager:<prefix>`},
+		{EnvRepoURLs, "/etc/repos.json", `RUNFLEET_REPO_URLS: "/etc/repos.json" is not file:<path>`},
+	} {
+		_, err := FromEnv(env(map[string]string{c.name: c.value}))
+		if err == nil || err.Error() != c.want {
+			t.Errorf("%s=%q: %v\nwant %s", c.name, c.value, err, c.want)
+		}
+	}
+	for _, level := range LogLevels {
+		c, err := FromEnv(env(map[string]string{EnvLogLevel: level}))
+		if err != nil || c.LogLevel.String() != strings.ToUpper(level) {
+			t.Errorf("%s=%s: level %v, %v", EnvLogLevel, level, c.LogLevel, err)
+		}
+	}
+}
+
+func TestSwitch(t *testing.T) {
+	for _, c := range []struct {
+		value   string
+		def     bool
+		want    bool
+		wantErr string
+	}{
+		{"", true, true, ""},
+		{"", false, false, ""},
+		{"on", false, true, ""},
+		{"off", true, false, ""},
+		{"of", true, false, `RUNFLEET_X: "of" is not one of on, off`},
+		{"OFF", true, false, `RUNFLEET_X: "OFF" is not one of on, off`},
+		{"0", true, false, `RUNFLEET_X: "0" is not one of on, off`},
+		{"true", false, false, `RUNFLEET_X: "true" is not one of on, off`},
+		{"off ", true, false, `RUNFLEET_X: "off " is not one of on, off`},
+	} {
+		got, err := Switch(env(map[string]string{"RUNFLEET_X": c.value}), "RUNFLEET_X", c.def)
+		if gotErr := fmt.Sprint(err); c.wantErr != "" && gotErr != c.wantErr || c.wantErr == "" && err != nil || got != c.want {
+			t.Errorf("RUNFLEET_X=%q (default %t): %t, %v; want %t, %s", c.value, c.def, got, err, c.want, c.wantErr)
 		}
 	}
 }
