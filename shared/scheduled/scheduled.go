@@ -126,6 +126,12 @@ func (j *Jobs) Probe(ctx context.Context, _ events.EventBridgeEvent) (ProbeSumma
 	attrs := []any{logProbed, sum.Probed, logStatus, sum.Status, logSkipped, len(sum.Skipped),
 		logBudget, until.Sub(begun).Milliseconds(), logDuration, j.clock.Now().Sub(begun).Milliseconds()}
 	if err != nil {
+		if ctx.Err() != nil {
+			// Stopped from outside (the invocation's end, the local
+			// stack's shutdown): not a fault; the next pass probes again.
+			j.log.InfoContext(ctx, "scheduled probe stopped", append(attrs, logErr, err.Error())...)
+			return sum, err
+		}
 		j.log.ErrorContext(ctx, "scheduled probe failed", append(attrs, logErr, err.Error())...)
 		return sum, err
 	}
