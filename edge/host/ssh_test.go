@@ -885,12 +885,20 @@ cat ` + log
 			)
 			r.failed(t, "other-port")
 			// gitlab.com had no DNS answer, so no connection to audit;
-			// github.com:2222 is a port no key names.
+			// github.com:2222 is a port no key names. The proxy writes that
+			// refusal as it closes the connection, which the task may see
+			// first: wait for the line.
+			isOtherPort := func(l audit.Entry) bool {
+				return l.Host == "github.com:2222" && l.Reason == "no key of this task names port 2222 of github.com"
+			}
+			lines := r.audit(t, "the refusal of github.com:2222", func(ls []audit.Entry) bool {
+				return slices.ContainsFunc(ls, isOtherPort)
+			})
 			otherPort := 0
-			for _, l := range auditLines(t, g.f, r.id) {
+			for _, l := range lines {
 				switch {
 				case l.SSH != nil:
-				case l.Host == "github.com:2222" && l.Reason == "no key of this task names port 2222 of github.com":
+				case isOtherPort(l):
 					otherPort++
 				default:
 					t.Errorf("an unexpected audit line: %+v", l)
