@@ -186,7 +186,7 @@ func TestBrokenConfigsAreRefusedByCheckAndServeAlike(t *testing.T) {
 				writeFile(t, filepath.Join(dir, "secrets.json"), `{"acme/K": "`+realValue+`", "acme/K": "`+realValue+`"}`, 0o600)
 			},
 			want: []string{
-				"runner.maxOutputBytes: must be a whole number",
+				"runner.maxOutputBytes: must be an integer",
 				`runner.maxDurationn: unknown field; did you mean "maxDuration"?`,
 				`runner.limits: must be "none" or an object with memory, pids and cpu, not "off"`,
 				`proxy.egress: must be "open" or "strict", not "wide"`,

@@ -195,7 +195,7 @@ func TestReadListsEveryProblemAtItsPath(t *testing.T) {
 		}`, []string{
 			"dataDir: must be a string",
 			`agents.shell.envv: unknown field; did you mean "env"?`,
-			"runner.maxOutputBytes: must be a whole number",
+			"runner.maxOutputBytes: must be an integer",
 			`runner.maxDurationn: unknown field; did you mean "maxDuration"?`,
 			`runner.limits.memmory: unknown field; did you mean "memory"?`,
 			"api.tls.keyFile: is required with api.tls.certFile",

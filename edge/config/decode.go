@@ -128,7 +128,7 @@ func decodeValue(raw []byte, v reflect.Value, at Path, ps *Problems) {
 		// The value is never quoted: a field may hold what should have
 		// gone into another (a secret in a path).
 		if json.Unmarshal(raw, v.Addr().Interface()) != nil {
-			ps.add(at, "must be %s", jsonKind(v.Type()))
+			ps.add(at, "must be %s", jsonstrict.Want(v.Type()))
 		}
 	}
 }
@@ -229,21 +229,4 @@ func editDistance(a, b string) int {
 		prev = cur
 	}
 	return prev[len(b)]
-}
-
-// jsonKind is what a JSON value for t must be.
-func jsonKind(t reflect.Type) string {
-	switch t.Kind() {
-	case reflect.String:
-		return "a string"
-	case reflect.Bool:
-		return "true or false"
-	case reflect.Int, reflect.Int8, reflect.Int16, reflect.Int32, reflect.Int64:
-		return "a whole number"
-	case reflect.Uint, reflect.Uint8, reflect.Uint16, reflect.Uint32, reflect.Uint64:
-		return "a whole number, not negative"
-	case reflect.Float32, reflect.Float64:
-		return "a number"
-	}
-	return "a " + t.String()
 }

@@ -18,7 +18,6 @@ import (
 	"log/slog"
 	"net/http"
 	"net/url"
-	"reflect"
 	"strconv"
 	"strings"
 	"time"
@@ -413,28 +412,11 @@ func decodeBody(w http.ResponseWriter, r *http.Request, v any) ([]byte, error) {
 			// The run request is inline in the start request: its fields
 			// are named as the JSON names them.
 			field := strings.TrimPrefix(te.Field, "Request.")
-			return nil, &runner.RequestError{Field: field, Message: fmt.Sprintf("want %s, got %s", jsonKind(te.Type), te.Value)}
+			return nil, &runner.RequestError{Field: field, Message: fmt.Sprintf("want %s, got %s", jsonstrict.Want(te.Type), te.Value)}
 		}
 		return nil, &runner.RequestError{Field: "body", Message: "is not the expected JSON: " + strings.TrimPrefix(err.Error(), "json: ")}
 	}
 	return body, nil
-}
-
-// jsonKind names the JSON a Go type decodes from, for a message.
-func jsonKind(t reflect.Type) string {
-	switch t.Kind() {
-	case reflect.String:
-		return "a string"
-	case reflect.Bool:
-		return "true or false"
-	case reflect.Slice, reflect.Array:
-		return "an array"
-	case reflect.Map, reflect.Struct:
-		return "an object"
-	case reflect.Pointer:
-		return jsonKind(t.Elem())
-	}
-	return "a number"
 }
 
 // nonNegative reads an optional non-negative integer query parameter:

@@ -49,7 +49,7 @@ func decodeObject(body []byte, dst any) error {
 			}
 			return badRequest(`%s: want "*" or an array of ids`, fieldName(te.Field))
 		case errors.As(err, &te):
-			return badRequest("%s: want %s, got %s", fieldName(te.Field), typeName(te.Type), te.Value)
+			return badRequest("%s: want %s, got %s", fieldName(te.Field), jsonstrict.Want(te.Type), te.Value)
 		}
 		return badRequest("the request body is not valid: %s", strings.TrimPrefix(err.Error(), "json: "))
 	}
@@ -260,38 +260,6 @@ func jsonKind(first byte) string {
 		return "a number"
 	}
 	return "not JSON"
-}
-
-func typeName(t reflect.Type) string {
-	for t.Kind() == reflect.Pointer {
-		t = t.Elem()
-	}
-	switch t.Kind() {
-	case reflect.String:
-		return "a string"
-	case reflect.Bool:
-		return "true or false"
-	case reflect.Int, reflect.Int8, reflect.Int16, reflect.Int32, reflect.Int64,
-		reflect.Uint, reflect.Uint8, reflect.Uint16, reflect.Uint32, reflect.Uint64:
-		return "an integer"
-	case reflect.Float32, reflect.Float64:
-		return "a number"
-	case reflect.Slice, reflect.Array:
-		return "an array of " + bare(typeName(t.Elem()))
-	case reflect.Map:
-		return "an object of " + bare(typeName(t.Elem())) + " values"
-	case reflect.Struct:
-		return "an object"
-	}
-	return t.String()
-}
-
-// bare drops the article: "a string" -> "string".
-func bare(s string) string {
-	if rest, ok := strings.CutPrefix(s, "an "); ok {
-		return rest
-	}
-	return strings.TrimPrefix(s, "a ")
 }
 
 // query is a request's query string, checked against what the route takes.

@@ -1,5 +1,6 @@
 // Package jsonstrict finds what encoding/json accepts but a careful reader
-// must refuse: an object that names one key twice. encoding/json keeps the
+// must refuse, an object that names one key twice, and says in one way
+// where in a document a field is (Path) and what it wants (Want). encoding/json keeps the
 // last value, so {"host": "a", "host": "b"} would quietly mean "b" to Fleet
 // and perhaps "a" to a proxy or a reviewer in front of it; every JSON input
 // runfleet reads (Fleet's API, the host API, edge's config files) refuses
@@ -12,6 +13,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"reflect"
 	"strconv"
 	"strings"
 )
@@ -133,4 +135,40 @@ func plainKey(k string) bool {
 		}
 	}
 	return true
+}
+
+// Want names the JSON value a Go type decodes from, for a message that
+// says what a field wants: "a string", "an integer", "an array of
+// strings", "an object of string values". Pointers are looked through.
+func Want(t reflect.Type) string {
+	for t.Kind() == reflect.Pointer {
+		t = t.Elem()
+	}
+	switch t.Kind() {
+	case reflect.String:
+		return "a string"
+	case reflect.Bool:
+		return "true or false"
+	case reflect.Int, reflect.Int8, reflect.Int16, reflect.Int32, reflect.Int64:
+		return "an integer"
+	case reflect.Uint, reflect.Uint8, reflect.Uint16, reflect.Uint32, reflect.Uint64:
+		return "an integer, not negative"
+	case reflect.Float32, reflect.Float64:
+		return "a number"
+	case reflect.Slice, reflect.Array:
+		return "an array of " + bare(Want(t.Elem()))
+	case reflect.Map:
+		return "an object of " + bare(Want(t.Elem())) + " values"
+	case reflect.Struct:
+		return "an object"
+	}
+	return t.String()
+}
+
+// bare drops the article: "a string" -> "string".
+func bare(s string) string {
+	if rest, ok := strings.CutPrefix(s, "an "); ok {
+		return rest
+	}
+	return strings.TrimPrefix(s, "a ")
 }
