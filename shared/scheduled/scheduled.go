@@ -172,6 +172,9 @@ func (j *Jobs) Sweep(ctx context.Context, _ events.EventBridgeEvent) (fleet.Swee
 		j.log.InfoContext(ctx, "scheduled sweep: another sweep holds the cursor; nothing done", attrs...)
 	case rep.BudgetExhausted:
 		j.log.WarnContext(ctx, "scheduled sweep ran out of budget; the next sweep continues from the cursor", attrs...)
+	case rep.Live == 0:
+		// Nothing live: a quiet fleet's log stays quiet.
+		j.log.DebugContext(ctx, "scheduled sweep", attrs...)
 	default:
 		j.log.InfoContext(ctx, "scheduled sweep", attrs...)
 	}

@@ -231,3 +231,41 @@ func lastEMF(t *testing.T, buf *syncbuf.Buffer, n int, at time.Time, reported fl
 	}
 	return *doc.Lag
 }
+
+// TestSweepOfNothingLiveIsDebug: a sweep with no live run is routine
+// (DEBUG); one that walked live runs says so at INFO.
+func TestSweepOfNothingLiveIsDebug(t *testing.T) {
+	e := newEnv(t, 2)
+	var logs syncbuf.Buffer
+	jobs, err := New(Config{Fleet: e.f, Logger: slog.New(slog.NewJSONHandler(&logs, &slog.HandlerOptions{Level: slog.LevelDebug})), Clock: e.clk})
+	if err != nil {
+		t.Fatal(err)
+	}
+	sweepLevel := func() string {
+		t.Helper()
+		ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+		defer cancel()
+		if _, err := jobs.Sweep(ctx, events.EventBridgeEvent{}); err != nil {
+			t.Fatal(err)
+		}
+		lines := strings.Split(strings.TrimSpace(logs.String()), "\n")
+		var l struct{ Level, Msg string }
+		if err := json.Unmarshal([]byte(lines[len(lines)-1]), &l); err != nil || l.Msg != "scheduled sweep" {
+			t.Fatalf("the sweep's last log line %q: %v", lines[len(lines)-1], err)
+		}
+		return l.Level
+	}
+	if level := sweepLevel(); level != "DEBUG" {
+		t.Errorf("a sweep of nothing logs at %s, want DEBUG", level)
+	}
+	if _, err := e.f.ProbeAll(context.Background(), true); err != nil {
+		t.Fatal(err)
+	}
+	owner := store.Caller{OwnerID: "alice", AllowedHosts: store.Scope{All: true}, AllowedProjects: store.Scope{All: true}}
+	if _, err := e.f.Dispatch(context.Background(), owner, fleet.DispatchRequest{Run: runspec.Request{Agent: "shell"}}, ""); err != nil {
+		t.Fatal(err)
+	}
+	if level := sweepLevel(); level != "INFO" {
+		t.Errorf("a sweep of a live run logs at %s, want INFO", level)
+	}
+}
