@@ -313,6 +313,22 @@ func (s *devStack) checkDemoRan(t *testing.T, sse string) {
 			t.Fatalf("the real value is in the stack's %s", what)
 		}
 	}
+	// The ready record names the tokens' files and commands that read
+	// them; the tokens themselves reach no output (stderr is no terminal
+	// here, so no banner either).
+	for _, name := range []string{"admin-token", "demo-caller-token"} {
+		token, err := os.ReadFile(filepath.Join(s.dataDir, name))
+		must(t, err)
+		tok := strings.TrimSpace(string(token))
+		if tok == "" {
+			t.Fatalf("%s is empty", name)
+		}
+		for what, text := range map[string]string{"log": s.log.String(), "stderr": s.stderr.String()} {
+			if strings.Contains(text, tok) {
+				t.Fatalf("the token in %s is in the stack's %s", name, what)
+			}
+		}
+	}
 }
 
 // shellIn is a command line the stack gives, as a shell runs it, in dir.
