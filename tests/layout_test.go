@@ -24,6 +24,7 @@ var sharedWithEdge = map[string]bool{
 	"shared/filewatch":   true, // one way to tell a re-read file changed (edge's policy and secrets, Fleet's credentials)
 	"shared/hostproto":   true,
 	"shared/jsonstrict":  true, // one refusal of a key given twice (Fleet's API, the host API, edge's config)
+	"shared/egress":      true, // the egress ledger's record, chain and seal, which edge writes and Fleet verifies
 	"shared/netname":     true, // one rule for a name and a domain (a policy's, a run's, a CONNECT's)
 	"shared/runspec":     true, // the one run request and its validation, which Fleet and edge share
 	"shared/secretcache": true, // one Secrets Manager cache (edge's real values, Fleet's credentials)

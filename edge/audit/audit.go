@@ -34,6 +34,9 @@ const (
 	Withheld    Action = "withheld"
 	Tunnelled   Action = "tunnelled"
 	Denied      Action = "denied"
+	// Warned: a request a rule in warn mode would have refused, let
+	// through (Rule names the rule).
+	Warned Action = "warned"
 )
 
 // Entry is one audit line.
@@ -64,6 +67,18 @@ type Entry struct {
 	// asking (a connection redirected from the task's network), empty for
 	// the explicit proxy.
 	Via string `json:"via,omitempty"`
+	// Rule names the request rule that decided (policy's
+	// "projects.<p>.keys.<KEY>.rules[i]"): the one that refused, or, for
+	// Warned, the one that would have.
+	Rule string `json:"rule,omitempty"`
+	// Alert is an egress.Alert* kind when the decision shows a key
+	// escaping its bounds: another run's placeholder, a placeholder toward
+	// a domain its key does not reach, a real value sent by the task.
+	Alert string `json:"alert,omitempty"`
+	// Query is the request's query with every value masked
+	// (egress.MaskedValue) and placeholders redacted: the run's ledger
+	// keeps it with Path; the host-wide audit line does not.
+	Query string `json:"-"`
 	// AWS is the SigV4 signing of a request re-signed with an AWS key
 	// (the key is Keys' one), or refused before it was.
 	AWS *AWSSigning `json:"aws,omitempty"`

@@ -70,6 +70,14 @@ func appendLine(b []byte, e *Entry) []byte {
 		b = append(b, `,"via":`...)
 		b = appendString(b, e.Via)
 	}
+	if e.Rule != "" {
+		b = append(b, `,"rule":`...)
+		b = appendString(b, e.Rule)
+	}
+	if e.Alert != "" {
+		b = append(b, `,"alert":`...)
+		b = appendString(b, e.Alert)
+	}
 	if a := e.AWS; a != nil {
 		b = append(b, `,"aws":{"region":`...)
 		b = appendString(b, a.Region)

@@ -43,6 +43,9 @@ func TestLineIsWhatEncodingJSONWrites(t *testing.T) {
 			SSH: &SSHCommand{Request: "exec", Command: "git-upload-pack", Repository: "org/<repo>", ExitStatus: new(0)}},
 		{TS: ts, Task: "run-6", Action: Blocked, Host: "github.com:22", Status: 403, Reason: "a shell is not allowed",
 			SSH: &SSHCommand{Request: "shell"}},
+		{TS: ts, Task: "run-7", Action: Warned, Host: "github.com:443", Method: "POST", Path: "/o/r.git/git-receive-pack", Status: 200,
+			Rule: "projects.gh.keys.TOKEN.rules[0]", Query: "service=*"},
+		{TS: ts, Task: "run-8", Action: Blocked, Host: "x.test:443", Status: 403, Reason: "real_value_from_task", Alert: "real_value_from_task"},
 	} {
 		if got, want := string(appendLine(nil, &e)), referenceLine(t, e); got != want {
 			t.Errorf("line\n got %s\nwant %s", got, want)
@@ -55,7 +58,8 @@ func FuzzLine(f *testing.F) {
 	f.Add("run-1", "reason <&>", "acme/K", "host:443", "GET", "/p\u2028\xff", 200, int64(5), int64(-1), int64(1500000))
 	f.Fuzz(func(t *testing.T, task, reason, key, host, method, path string, status int, in, out, dur int64) {
 		e := Entry{TS: time.Unix(1_800_000_000, dur).UTC(), Task: task, Action: Action(reason + "!"), Reason: reason, Keys: []string{key, task},
-			Host: host, Method: method, Path: path, Status: status, BytesIn: in, BytesOut: out, Scrubbed: status / 3, Via: path, Duration: time.Duration(dur), Upstream: time.Duration(in)}
+			Host: host, Method: method, Path: path, Status: status, BytesIn: in, BytesOut: out, Scrubbed: status / 3, Via: path, Duration: time.Duration(dur), Upstream: time.Duration(in),
+			Rule: key, Alert: host, Query: path}
 		if status%2 == 0 {
 			e.AWS = &AWSSigning{Region: reason, Service: method, Payload: path, Presigned: status%4 == 0}
 		}

@@ -224,6 +224,18 @@ func (c *Client) Events(ctx context.Context, runID string, after int64, limit in
 	return p, err
 }
 
+// Egress asks GET /runs/{id}/egress: up to limit ledger records after
+// a sequence (limit 0: the host's default).
+func (c *Client) Egress(ctx context.Context, runID string, after int64, limit int) (EgressPage, error) {
+	q := url.Values{"after": {strconv.FormatInt(after, 10)}}
+	if limit > 0 {
+		q.Set("limit", strconv.Itoa(limit))
+	}
+	var p EgressPage
+	err := c.do(ctx, "list egress records", http.MethodGet, "/runs/"+url.PathEscape(runID)+"/egress", q, nil, &p, c.maxEvents)
+	return p, err
+}
+
 // Input asks POST /runs/{id}/input with any JSON value (nil sends null) and
 // returns the host's answer as it came.
 func (c *Client) Input(ctx context.Context, runID string, input json.RawMessage) (json.RawMessage, error) {

@@ -10,6 +10,7 @@ import (
 	"encoding/json"
 	"time"
 
+	"github.com/runfleet/runfleet/shared/egress"
 	"github.com/runfleet/runfleet/shared/runspec"
 )
 
@@ -133,6 +134,11 @@ type Health struct {
 	// once; nil from a host older than the field. Fleet orders routing
 	// candidates by it.
 	Load *Load `json:"load,omitempty"`
+	// LedgerKey is the public key that seals this host's egress ledgers
+	// (egress.FormatPublicKey); empty from a host older than the field.
+	// Fleet's probe records it, and verifies a ledger's seal only with
+	// the key it recorded for the host.
+	LedgerKey string `json:"ledgerKey,omitempty"`
 }
 
 // Load is a host's runs against its capacity at one moment.
@@ -254,6 +260,19 @@ type EventPage struct {
 	Events     []Event `json:"events"`
 	NextCursor *int64  `json:"nextCursor,omitempty"`
 	HasMore    bool    `json:"hasMore"`
+}
+
+// EgressPage is GET /runs/{id}/egress?after=&limit=: the run's ledger
+// records after a sequence, with the event pages' conventions (nextCursor
+// absent when after is past the ledger's end). Summary counts the whole
+// ledger, dropped records included; Seal is the host's latest seal over
+// it, nil while the run has not ended.
+type EgressPage struct {
+	Records    []egress.Record `json:"records"`
+	NextCursor *int64          `json:"nextCursor,omitempty"`
+	HasMore    bool            `json:"hasMore"`
+	Summary    egress.Summary  `json:"summary"`
+	Seal       *egress.Seal    `json:"seal,omitempty"`
 }
 
 // InputRequest is POST /runs/{id}/input. Input is any JSON value, null included.
