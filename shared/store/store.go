@@ -2,7 +2,7 @@
 // callers, idempotency items, runs and their mirrored events, the sweep's
 // cursor, stream leases and the routing view. For each kind it defines the
 // records and a role interface with its contract (Hosts, Callers,
-// IdempotencyKeys, Runs, Events, SweepCursorStore, StreamLeases,
+// IdempotencyKeys, Runs, Events, Egress, SweepCursorStore, StreamLeases,
 // RouteStore), one file per kind; Store is their union. dynamostore
 // (production) and boltstore (the local stack) implement every role, and
 // tests/kit/storetest is the contract both pass, role by role.
@@ -89,6 +89,7 @@ type Store interface {
 	IdempotencyKeys
 	Runs
 	Events
+	Egress
 	SweepCursorStore
 	StreamLeases
 	RouteStore
