@@ -81,6 +81,8 @@ type Key struct {
 	Placeholder Shape
 	AWS         *AWSKey
 	SSH         *SSHKey
+	// Rules decide the requests that carry the key; nil for none.
+	Rules *Rules
 }
 
 // Reaches reports whether the key may be sent to d.
@@ -204,8 +206,14 @@ func compileKey(at config.Path, ref KeyRef, kp config.KeyPolicy) (*Key, config.P
 		}
 	}
 	if kp.Kind == KindSSH {
+		if kp.Rules != nil || kp.Default != "" || kp.Mode != "" {
+			ps = append(ps, at.Key(sshRulesField(kp)).Problemf(`an ssh key makes no HTTPS request for rules to decide: its commands are ruled by "ssh": {"allow": [...], "repositories": [...]}`))
+		}
 		return k, append(ps, compileSSH(at, k, kp)...)
 	}
+	var rps config.Problems
+	k.Rules, rps = compileRules(at, kp)
+	ps = append(ps, rps...)
 	if kp.SSH != nil {
 		ps = append(ps, at.Key("ssh").Problemf(`only a key of "kind": "ssh" takes it`))
 	}
