@@ -342,7 +342,7 @@ func DecideRequest(rs *Rules, in RequestInput) RequestDecision {
 	if rs.namesPaths {
 		var why string
 		if segs, why = splitPath(in.Path); why != "" {
-			return rs.refuse(rs.Name+".rules", fmt.Sprintf("the rules of %s name paths, and the request's path is ambiguous: %s, which an upstream may read as another path", rs.Name, why))
+			return rs.refuse(rs.Name+".rules", fmt.Sprintf("%s.rules name paths, and the request's path is ambiguous: %s, which an upstream may read as another path", rs.Name, why))
 		}
 	}
 	i := rs.first(upperASCII(in.Method), segs)
@@ -355,6 +355,24 @@ func DecideRequest(rs *Rules, in RequestInput) RequestDecision {
 		}
 	}
 	return RequestDecision{Allow: true, Rule: rs.ruleName(i)}
+}
+
+// String is the rules as an operator reads them, in order: "enforce:
+// deny POST /**/git-receive-pack; else allow".
+func (rs *Rules) String() string {
+	mode := ModeEnforce
+	if rs.Warn {
+		mode = ModeWarn
+	}
+	parts := make([]string, 0, len(rs.List)+1)
+	for _, r := range rs.List {
+		parts = append(parts, r.Text)
+	}
+	dflt := RuleAllow
+	if !rs.DefaultAllow {
+		dflt = RuleDeny
+	}
+	return mode + ": " + strings.Join(append(parts, "else "+dflt), "; ")
 }
 
 // first is the index of the first rule matching method and path, -1 for
@@ -391,7 +409,7 @@ func (rs *Rules) ruleName(i int) string {
 
 func (rs *Rules) matched(i int, what string) string {
 	if i < 0 {
-		return fmt.Sprintf("no rule of %s matches %s, and its default is deny", rs.Name, what)
+		return fmt.Sprintf("no rule of %s matches %s, and %s is deny", rs.Name, what, rs.defaultName)
 	}
 	return fmt.Sprintf("%s (%s) matches %s", rs.List[i].Name, rs.List[i].Text, what)
 }
@@ -405,22 +423,8 @@ func (rs *Rules) refuse(rule, reason string) RequestDecision {
 // compileSSH.
 func compileRules(at config.Path, kp config.KeyPolicy) (*Rules, config.Problems) {
 	var ps config.Problems
-	rs := &Rules{Name: config.Path(at[1:]).String(), DefaultAllow: true}
+	rs := &Rules{Name: config.Path(at[1:]).String(), DefaultAllow: kp.Default != RuleDeny, Warn: kp.Mode == ModeWarn}
 	rs.defaultName = rs.Name + ".default"
-	switch kp.Default {
-	case "", RuleAllow:
-	case RuleDeny:
-		rs.DefaultAllow = false
-	default:
-		ps = append(ps, at.Key("default").Problemf("must be %q or %q, not %q", RuleAllow, RuleDeny, kp.Default))
-	}
-	switch kp.Mode {
-	case "", ModeEnforce:
-	case ModeWarn:
-		rs.Warn = true
-	default:
-		ps = append(ps, at.Key("mode").Problemf("must be %q or %q, not %q", ModeEnforce, ModeWarn, kp.Mode))
-	}
 	// usable[i]: rule i compiled and may match something, so whether
 	// another covers it is worth saying.
 	usable := make([]bool, len(kp.Rules))
@@ -441,13 +445,20 @@ func compileRules(at config.Path, kp config.KeyPolicy) (*Rules, config.Problems)
 			}
 		}
 	}
-	if kp.Default != "" {
+	switch kp.Default {
+	case "":
+	case RuleAllow, RuleDeny:
 		for i, r := range rs.List {
 			if usable[i] && r.Methods == nil && (r.Paths == nil || slices.ContainsFunc(r.Paths, func(p PathPattern) bool { return p.covers(anyPath) })) {
 				ps = append(ps, at.Key("default").Problemf("never applies: rules[%d] (%s) matches every request", i, r.Text))
 				break
 			}
 		}
+	default:
+		ps = append(ps, at.Key("default").Problemf("must be %q or %q, not %q", RuleAllow, RuleDeny, kp.Default))
+	}
+	if kp.Mode != "" && kp.Mode != ModeEnforce && kp.Mode != ModeWarn {
+		ps = append(ps, at.Key("mode").Problemf("must be %q or %q, not %q", ModeEnforce, ModeWarn, kp.Mode))
 	}
 	if len(rs.List) == 0 && rs.DefaultAllow {
 		return nil, ps

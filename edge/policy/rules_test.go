@@ -130,7 +130,7 @@ func TestDecideRequestMethodsOnly(t *testing.T) {
 			t.Errorf("%s %s (overrides %q): %+v, want allow %v by %s", tc.method, tc.path, tc.overrides, d, tc.allow, tc.rule)
 		}
 	}
-	if d := DecideRequest(rs, RequestInput{Method: "POST", Path: "/"}); d.Reason != "no rule of projects.gh.keys.TOKEN matches the request, and its default is deny" {
+	if d := DecideRequest(rs, RequestInput{Method: "POST", Path: "/"}); d.Reason != "no rule of projects.gh.keys.TOKEN matches the request, and projects.gh.keys.TOKEN.default is deny" {
 		t.Errorf("the default's reason: %q", d.Reason)
 	}
 	// What the task sent is never quoted: a method or an override may
