@@ -156,6 +156,44 @@ func TestRequestRulesRefuseWhatTheKeysRulesDenyOnH1AndH2(t *testing.T) {
 	}
 }
 
+// A transparent connection (a client that ignores HTTPS_PROXY) is decided
+// by the same rules in the same pipeline, on both protocols.
+func TestRequestRulesHoldOnTransparentConnections(t *testing.T) {
+	for _, h2 := range []bool{false, true} {
+		t.Run(fmt.Sprintf("h2=%v", h2), func(t *testing.T) {
+			f := newRulesFixture(t)
+			tn := f.network("run-r")
+			tn.pin("api.example.test")
+			c := tn.client(f.authority.Bundle(), h2)
+			for _, tc := range []struct {
+				path   string
+				status int
+				rule   string
+			}{
+				{"/org/repo.git/git-upload-pack", 200, ghRule + "rules[2]"},
+				{"/org/repo.git/git-receive-pack", 403, ghRule + "rules[0]"},
+			} {
+				req, _ := http.NewRequest(http.MethodPost, "https://"+f.api+tc.path, strings.NewReader("0000"))
+				req.Header.Set("Authorization", "Bearer "+f.ph["GH"])
+				res, err := c.Do(req)
+				must(t, err)
+				io.Copy(io.Discard, res.Body)
+				res.Body.Close()
+				if res.StatusCode != tc.status {
+					t.Errorf("%s: %d, want %d", tc.path, res.StatusCode, tc.status)
+				}
+				l := f.waitAudit(func(m map[string]any) bool { return m["path"] == tc.path })
+				if l["via"] != "transparent" || l["rule"] != tc.rule || l["status"] != float64(tc.status) {
+					t.Errorf("%s: audit %v, want via transparent, rule %s", tc.path, l, tc.rule)
+				}
+			}
+			if got := f.up.requests(); len(got) != 1 || got[0].Path != "/org/repo.git/git-upload-pack" {
+				t.Errorf("the upstream got %d requests, want the fetch alone", len(got))
+			}
+		})
+	}
+}
+
 // Warn mode on both protocols: the push goes with the real value, and
 // its audit line says warned, with the rule that would have refused it;
 // a request the rules allow is not a warning.
