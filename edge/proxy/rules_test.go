@@ -156,6 +156,31 @@ func TestRequestRulesRefuseWhatTheKeysRulesDenyOnH1AndH2(t *testing.T) {
 	}
 }
 
+// What a Go client would not send, written on the wire: each is refused
+// by GH's rules, nothing reaching the upstream.
+func TestRequestRulesRawHTTP1Attacks(t *testing.T) {
+	f := newRulesFixture(t)
+	auth := "Authorization: Bearer " + f.ph["GH"] + "\r\n"
+	for _, tc := range []struct{ name, head, rule string }{
+		{"a backslash", "POST /org/repo.git\\git-receive-pack HTTP/1.1\r\n", "rules"},
+		{"an override field in lower case", "GET /org/repo.git/git-receive-pack HTTP/1.1\r\nx-http-method-override: post\r\n", "rules[0]"},
+		{"X-HTTP-Method", "GET /org/repo.git/git-receive-pack HTTP/1.1\r\nX-HTTP-Method: GET, POST\r\n", "rules[0]"},
+		{"the absolute form", "POST https://" + f.api + "/org/repo.git/git-receive-pack HTTP/1.1\r\n", "rules[0]"},
+		{"the asterisk form", "OPTIONS * HTTP/1.1\r\n", "rules"},
+		{"a method in lower case", "post /org/repo.git/git-receive-pack HTTP/1.1\r\n", "rules[0]"},
+	} {
+		tc2, br := f.dialIntercepted(f.proxyURL, f.api, "api.example.test")
+		res, body := roundTrip(t, tc2, br, tc.head+"Host: "+f.api+"\r\n"+auth+"Content-Length: 0\r\n\r\n")
+		tc2.Close()
+		if res.StatusCode != http.StatusForbidden || !strings.Contains(body, "blocked: ") || !strings.Contains(body, ghRule+tc.rule) {
+			t.Errorf("%s: %d %q, want 403 naming %s", tc.name, res.StatusCode, body, ghRule+tc.rule)
+		}
+	}
+	if got := f.up.requests(); len(got) != 0 {
+		t.Errorf("the upstream got %d requests", len(got))
+	}
+}
+
 // A transparent connection (a client that ignores HTTPS_PROXY) is decided
 // by the same rules in the same pipeline, on both protocols.
 func TestRequestRulesHoldOnTransparentConnections(t *testing.T) {
