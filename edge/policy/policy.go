@@ -1,10 +1,11 @@
 // Package policy owns the host's secrets policy: which project keys may be
 // proxied, the canonical domains each may reach, where in a request each may
-// be substituted, and the shape of its placeholders. It compiles the wire
+// be substituted, the shape of its placeholders, and the request rules
+// (methods and paths) of the requests that carry it. It compiles the wire
 // form of edge.json (config.Policy) into that, refusing at load what could
 // never be enforced; intersects a task's declared secrets with it; keeps the
 // policy in force current as the config file changes; and holds the pure
-// host matcher and allow/block decision the proxy applies per request.
+// host matcher and allow/block decisions the proxy applies per request.
 package policy
 
 import (

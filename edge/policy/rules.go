@@ -111,7 +111,7 @@ func CompilePathPattern(text string) (PathPattern, error) {
 	return PathPattern{Text: text, segments: segs}, nil
 }
 
-// Match reports whether the pattern matches a path's segments (splitPath).
+// match reports whether the pattern matches a path's segments (splitPath).
 // It backtracks only to the last "**", so it takes at most
 // len(pattern)*len(path) steps whatever a task sends.
 func (p PathPattern) match(path []string) bool {
