@@ -89,6 +89,8 @@ type requestState struct {
 
 	// substituted counts the occurrences substituted (limits.go); under mu.
 	substituted int
+	// rules are the request rules' decisions (rules.go); under mu.
+	rules ruleState
 }
 
 // substitution is one key of a request (a granted one, or one it met): its
@@ -139,6 +141,9 @@ func (st *requestState) substitute(o placeholder.Owner, loc policy.Location) (st
 	defer st.mu.Unlock()
 	if !d.Allow {
 		return "", st.refuseLocked(refuseBlocked(d.Reason, o.Ref))
+	}
+	if r := st.ruleRefusalLocked(o.Ref); r != nil {
+		return "", st.refuseLocked(r)
 	}
 	if r := st.countSubstitution(loc, o.Ref); r != nil {
 		return "", st.refuseLocked(r)
@@ -296,6 +301,7 @@ func (p *Proxy) prepare(st *requestState, ix *placeholder.Index, r *http.Request
 	}
 	st.grants = ci.attempt.task.grantsUnder(p.cfg.Policy.Current())
 	st.learnGranted()
+	st.noteRuleInput(r)
 	if refused := st.checkMethod(ix, r.Method); refused != nil {
 		return refused
 	}
@@ -331,7 +337,7 @@ func (p *Proxy) refuse(st *requestState, refused *refusal) {
 		entry.Keys = []string{refused.key.String()}
 	}
 	p.logFault(refused, entry.Task, st.ci.logHost)
-	entry.Action, entry.Status, entry.Reason = refused.action, refused.status, refused.reason
+	entry.Action, entry.Status, entry.Reason, entry.Rule = refused.action, refused.status, refused.reason, refused.rule
 	h := st.out.Header()
 	for k, vs := range refused.header {
 		h[k] = vs
@@ -361,6 +367,7 @@ func (st *requestState) settle() {
 	default:
 		entry.Action = audit.Forwarded
 	}
+	st.ruleOutcomeLocked(entry)
 	if st.status == 0 {
 		entry.Status = st.out.status
 	}

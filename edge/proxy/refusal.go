@@ -29,6 +29,9 @@ type refusal struct {
 	header http.Header
 	// key is the key the refusal concerns, zero for none.
 	key policy.KeyRef
+	// rule names the request rule that refused (policy.DecideRequest),
+	// "" for none.
+	rule string
 	// cause is what failed, logged (logFault) and never shown: a fault of
 	// ours or the upstream exchange's error; nil for a decision.
 	cause error
