@@ -4,7 +4,7 @@
 //
 // Its contracts, beyond the store's:
 //
-//   - Five on-demand tables (TableNames, from RUNFLEET_TABLE_* in Fleet's
+//   - Six on-demand tables (TableNames, from RUNFLEET_TABLE_* in Fleet's
 //     config), every item carrying its format version in "v". New never
 //     touches them: CreateTables makes them where the stack owns them
 //     (tests, the local stack); template.yaml owns them in AWS.
@@ -63,9 +63,9 @@ type API interface {
 
 var _ API = (*dynamodb.Client)(nil)
 
-// TableNames names the five tables.
+// TableNames names the six tables.
 type TableNames struct {
-	Hosts, Runs, Events, Callers, Idempotency string
+	Hosts, Runs, Events, Egress, Callers, Idempotency string
 }
 
 // DefaultTableNames are the names used when Config.Tables is zero.
@@ -74,6 +74,7 @@ func DefaultTableNames() TableNames {
 		Hosts:       "runfleet-hosts",
 		Runs:        "runfleet-runs",
 		Events:      "runfleet-events",
+		Egress:      "runfleet-egress",
 		Callers:     "runfleet-callers",
 		Idempotency: "runfleet-idempotency",
 	}
@@ -84,13 +85,13 @@ func DefaultTableNames() TableNames {
 func Prefixed(prefix string) TableNames {
 	d := DefaultTableNames()
 	return TableNames{
-		Hosts: prefix + d.Hosts, Runs: prefix + d.Runs, Events: prefix + d.Events,
+		Hosts: prefix + d.Hosts, Runs: prefix + d.Runs, Events: prefix + d.Events, Egress: prefix + d.Egress,
 		Callers: prefix + d.Callers, Idempotency: prefix + d.Idempotency,
 	}
 }
 
 func (n TableNames) list() []string {
-	return []string{n.Hosts, n.Runs, n.Events, n.Callers, n.Idempotency}
+	return []string{n.Hosts, n.Runs, n.Events, n.Egress, n.Callers, n.Idempotency}
 }
 
 // Config configures the store.
@@ -148,6 +149,7 @@ var (
 	_ store.IdempotencyKeys  = (*Store)(nil)
 	_ store.Runs             = (*Store)(nil)
 	_ store.Events           = (*Store)(nil)
+	_ store.Egress           = (*Store)(nil)
 	_ store.SweepCursorStore = (*Store)(nil)
 	_ store.StreamLeases     = (*Store)(nil)
 	_ store.RouteStore       = (*Store)(nil)
