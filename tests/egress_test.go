@@ -1,15 +1,28 @@
 package tests
 
 import (
+	"bytes"
+	"compress/flate"
+	"context"
+	"crypto/ed25519"
+	"encoding/binary"
 	"encoding/json"
 	"fmt"
+	"io"
 	"net/http"
 	"reflect"
+	"strconv"
+	"strings"
 	"testing"
+
+	"github.com/aws/aws-sdk-go-v2/aws"
+	"github.com/aws/aws-sdk-go-v2/service/dynamodb"
+	"github.com/aws/aws-sdk-go-v2/service/dynamodb/types"
 
 	"github.com/runfleet/runfleet/shared/egress"
 	"github.com/runfleet/runfleet/shared/fleetapi"
 	"github.com/runfleet/runfleet/shared/hostproto"
+	"github.com/runfleet/runfleet/tests/kit/fakehost"
 )
 
 // Issue 31, item 3: a run's egress ledger through Fleet, on both stores:
@@ -128,5 +141,108 @@ func decodeAnswer(t *testing.T, a answer, v any) {
 	t.Helper()
 	if _, err := roundTrip([]byte(a.raw), v, json.Marshal); err != nil {
 		t.Fatalf("%v: %s", err, a.raw)
+	}
+}
+
+// rewriteChunk rewrites, in DynamoDB itself, the egress chunk of run id
+// that holds record seq (its stored form: raw DEFLATE of uvarint-length
+// JSON records, keyed by its last seq, first in "first"), as change gives
+// its records back: what an attacker with write access to the table does.
+func rewriteChunk(t *testing.T, table, id string, seq int64, change func([][]byte) [][]byte) {
+	t.Helper()
+	db, ctx := moto.DynamoDB(), context.Background()
+	out, err := db.Query(ctx, &dynamodb.QueryInput{TableName: aws.String(table), KeyConditionExpression: aws.String("fleetRunId = :id"),
+		ExpressionAttributeValues: map[string]types.AttributeValue{":id": &types.AttributeValueMemberS{Value: id}}, ConsistentRead: aws.Bool(true)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, it := range out.Items {
+		firstAttr, chunk := it["first"].(*types.AttributeValueMemberN)
+		if !chunk {
+			continue // the head
+		}
+		last, _ := strconv.ParseInt(it["seq"].(*types.AttributeValueMemberN).Value, 10, 64)
+		first, _ := strconv.ParseInt(firstAttr.Value, 10, 64)
+		if seq < first || seq > last {
+			continue
+		}
+		raw, err := io.ReadAll(flate.NewReader(bytes.NewReader(it["data"].(*types.AttributeValueMemberB).Value)))
+		if err != nil {
+			t.Fatal(err)
+		}
+		var recs [][]byte
+		for len(raw) > 0 {
+			n, w := binary.Uvarint(raw)
+			recs = append(recs, raw[w:w+int(n)])
+			raw = raw[w+int(n):]
+		}
+		recs = change(recs)
+		var packed []byte
+		for _, r := range recs {
+			packed = append(binary.AppendUvarint(packed, uint64(len(r))), r...)
+		}
+		var deflated bytes.Buffer
+		w, _ := flate.NewWriter(&deflated, flate.BestCompression)
+		w.Write(packed)
+		w.Close()
+		it["data"] = &types.AttributeValueMemberB{Value: deflated.Bytes()}
+		it["seq"] = &types.AttributeValueMemberN{Value: strconv.FormatInt(first+int64(len(recs))-1, 10)}
+		if _, err := db.DeleteItem(ctx, &dynamodb.DeleteItemInput{TableName: aws.String(table),
+			Key: map[string]types.AttributeValue{"fleetRunId": &types.AttributeValueMemberS{Value: id}, "seq": &types.AttributeValueMemberN{Value: strconv.FormatInt(last, 10)}}}); err != nil {
+			t.Fatal(err)
+		}
+		if _, err := db.PutItem(ctx, &dynamodb.PutItemInput{TableName: aws.String(table), Item: it}); err != nil {
+			t.Fatal(err)
+		}
+		return
+	}
+	t.Fatalf("no chunk of %s holds record %d", id, seq)
+}
+
+// TestEgressVerificationNamesTamperingInDynamoDB: one field of one record
+// altered in the egress table itself, a record dropped from it, or the
+// ledger sealed by another host's key: ?verify=true says which record
+// fails, or that the seal does.
+func TestEgressVerificationNamesTamperingInDynamoDB(t *testing.T) {
+	other := ed25519.NewKeyFromSeed(bytes.Repeat([]byte{7}, ed25519.SeedSize))
+	for _, c := range []struct {
+		name      string
+		onHost    func(h *fakehost.Host)
+		inTable   func(recs [][]byte) [][]byte
+		failedSeq float64
+		problem   string
+	}{
+		{name: "untouched"},
+		{name: "one field of one record altered", failedSeq: 3, problem: "record 3 does not match its hash",
+			inTable: func(recs [][]byte) [][]byte {
+				recs[2] = bytes.Replace(recs[2], []byte(`"status":201`), []byte(`"status":200`), 1) // record 3 was a 201
+				return recs
+			}},
+		{name: "a record dropped", failedSeq: 3, problem: "record 3 is missing",
+			inTable: func(recs [][]byte) [][]byte { return append(recs[:2:2], recs[3:]...) }},
+		{name: "sealed by another host's key", problem: "signature does not verify with the host's ledger key",
+			onHost: func(h *fakehost.Host) { h.SignLedgersWith(other) }},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			s := newStack(t, "dynamodb", stackOptions{})
+			host, alice, id, child := s.aliceRun(t)
+			host.AddEgress(child, ledgerRecords(0, 6)...)
+			if c.onHost != nil {
+				c.onHost(host)
+			}
+			host.SetRun(child, hostproto.StatusSucceeded, new(int), "")
+			if rep := s.sweep(t); rep.Drained != 1 {
+				t.Fatalf("sweep = %+v", rep)
+			}
+			if c.inTable != nil {
+				rewriteChunk(t, s.app.Config.Tables.Egress, id, 3, c.inTable)
+			}
+			v, _ := s.must(t, http.StatusOK, "GET", "/fleet/runs/"+id+"/egress?verify=true", alice, "").body["verification"].(map[string]any)
+			failed, _ := v["failedSeq"].(float64)
+			problem, _ := v["problem"].(string)
+			if (v["ok"] == true) != (c.problem == "") || failed != c.failedSeq || !strings.Contains(problem, c.problem) || v["ledgerKey"] != host.LedgerKey() {
+				t.Fatalf("verification %v; want failedSeq %v and a problem saying %q", v, c.failedSeq, c.problem)
+			}
+		})
 	}
 }
