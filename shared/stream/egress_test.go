@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/runfleet/runfleet/shared/egress"
 	"github.com/runfleet/runfleet/shared/fleetapi"
@@ -149,5 +150,28 @@ func TestStreamWithoutEgressKeepsPlainIDsAndRefusesALedgerCursor(t *testing.T) {
 		if resp.StatusCode != 400 || !strings.Contains(body.Error, c.mention) {
 			t.Errorf("%s %v: %d %+v, want 400 mentioning %q", c.query, c.headers, resp.StatusCode, body, c.mention)
 		}
+	}
+}
+
+// TestAnIdleStreamWithEgressResumesBothCursors: a quiet run's stream with
+// egress ends idle with the paired id and a resume path that carries the
+// ledger's cursor too.
+func TestAnIdleStreamWithEgressResumesBothCursors(t *testing.T) {
+	e := newEnv(t, envOptions{ticks: true, cfg: Config{IdleTimeout: 3 * time.Second, KeepAlive: time.Hour, MaxDuration: time.Hour}})
+	run := e.dispatch(t, "alice")
+	e.host.AddEgress(run.ChildRunID, ledgerCall("a.example.com:443"))
+	ch := ssetest.Read(e.open(t, run.FleetRunID, "?egress=true").Body)
+	egressStream(t, ch, fleetapi.SSESnapshot)
+	for range 3 {
+		e.tick(t)
+	}
+	idle := next(t, ch)
+	var data fleetapi.StreamIdle
+	if err := json.Unmarshal([]byte(idle.Data), &data); err != nil || idle.Event != fleetapi.SSEIdle || idle.ID != "1:1" ||
+		data.Resume != "/fleet/runs/"+run.FleetRunID+"/stream?after=1&egress=true&egressAfter=1" || data.EgressCursor == nil || *data.EgressCursor != 1 {
+		t.Fatalf("idle %+v (%v)", idle, err)
+	}
+	if hint := next(t, ch); len(hint.Comments) != 1 || !strings.Contains(hint.Comments[0], "Last-Event-ID: 1:1") {
+		t.Fatalf("after the idle event: %+v", hint)
 	}
 }
