@@ -225,7 +225,8 @@ func newIAMStack(t *testing.T) *iamStack {
 		}
 		r := newResolver(tpl, o)
 		for id, name := range map[string]string{"HostsTable": s.tables.Hosts, "RunsTable": s.tables.Runs,
-			"EventsTable": s.tables.Events, "CallersTable": s.tables.Callers, "IdempotencyTable": s.tables.Idempotency} {
+			"EventsTable": s.tables.Events, "EgressTable": s.tables.Egress, "CallersTable": s.tables.Callers,
+			"IdempotencyTable": s.tables.Idempotency} {
 			r.refs[id], r.attrs[id+".Arn"] = name, tableARN(name)
 		}
 		for _, id := range resourcesOfType(tpl, "AWS::IAM::Role") {

@@ -90,7 +90,8 @@ func Prefixed(prefix string) TableNames {
 	}
 }
 
-func (n TableNames) list() []string {
+// Names lists every table's name, in the order of the fields.
+func (n TableNames) Names() []string {
 	return []string{n.Hosts, n.Runs, n.Events, n.Egress, n.Callers, n.Idempotency}
 }
 
@@ -117,7 +118,7 @@ func (c Config) Validate() error {
 		return nil
 	}
 	seen := map[string]bool{}
-	for _, n := range c.Tables.list() {
+	for _, n := range c.Tables.Names() {
 		if n == "" {
 			return fmt.Errorf("dynamostore: config: every table needs a name (got %+v)", c.Tables)
 		}
