@@ -8,6 +8,7 @@ import (
 	"errors"
 	"fmt"
 	"net/http"
+	"sync"
 	"time"
 
 	"github.com/runfleet/runfleet/shared/egress"
@@ -27,7 +28,11 @@ import (
 // records, and a store packs records into items): while a run is live, the
 // sweep copies its ledger only once Config.EgressBatch records are pending
 // on the host (one host call a sweep tells how many), and at the run's end
-// whatever is left. A stream asked for egress (SyncRunEgress) copies at
+// whatever is left. To tell, the sweep asks the host after the cursor it
+// last knew for the run (ledgerCursors, kept by the process across sweeps)
+// and reads the head only to write, so an unwatched live run costs no
+// read of the store a sweep; a cursor it does not know (a cold start) is
+// read from the head once. A stream asked for egress (SyncRunEgress) copies at
 // every poll, however few: what watching a ledger live costs. Any other
 // pull-through (a stream without egress, the events' long-poll) copies the
 // ledger only once the run has ended, so that it may drain.
@@ -100,18 +105,33 @@ func (f *Fleet) pullEgress(ctx, hostCtx context.Context, client *hostproto.Clien
 	if pass.egress == egressAtEnd && !ended {
 		return egressPull{}
 	}
-	head, err := f.egressHead(ctx, run)
-	if err != nil {
-		f.log.Warn("sync failed", logRun, run.FleetRunID, logDoing, "reading the egress head", logErr, err.Error())
-		return egressPull{res: syncResult{outcome: syncFailed, err: err}}
-	}
 	var out egressPull
+	var head store.EgressHead
+	cursor, known := f.ledgers.get(run.FleetRunID)
+	headRead := false
+	readHead := func() bool {
+		var err error
+		if head, err = f.egressHead(ctx, run); err != nil {
+			f.log.Warn("sync failed", logRun, run.FleetRunID, logDoing, "reading the egress head", logErr, err.Error())
+			out.res = syncResult{outcome: syncFailed, err: err}
+			return false
+		}
+		headRead = true
+		f.ledgers.set(run.FleetRunID, head.Cursor)
+		return true
+	}
+	if !known || ended || pass.egress != egressBatched {
+		if !readHead() {
+			return out
+		}
+		cursor = head.Cursor
+	}
 	for limit := hostEgressPage; ; {
 		if f.spent(pass) || ctx.Err() != nil {
 			out.res = syncResult{outcome: syncPartial}
 			return out
 		}
-		page, err := client.Egress(hostCtx, run.ChildRunID, head.Cursor, limit)
+		page, err := client.Egress(hostCtx, run.ChildRunID, cursor, limit)
 		switch {
 		case errors.Is(err, hostproto.ErrRunNotFound):
 			// Its state was read a moment ago: the host holds no ledger
@@ -128,9 +148,18 @@ func (f *Fleet) pullEgress(ctx, hostCtx context.Context, client *hostproto.Clien
 			out.res = f.hostTrouble(run, pass.hosts, "reading the egress ledger", err)
 			return out
 		}
-		fresh := newAfter(page.Records, func(r egress.Record) int64 { return r.Seq }, head.Cursor)
+		fresh := newAfter(page.Records, func(r egress.Record) int64 { return r.Seq }, cursor)
 		if out.records == 0 && !ended && pass.egress == egressBatched && !page.HasMore && len(fresh) < f.cfg.EgressBatch {
 			return out // not a batch yet: left on the host for a later sweep
+		}
+		if !headRead {
+			if !readHead() {
+				return out
+			}
+			if head.Cursor != cursor {
+				cursor = head.Cursor // another mirror moved it: ask again from there
+				continue
+			}
 		}
 		if head, err = f.mirrorEgress(ctx, run, head, fresh, page); err != nil {
 			f.log.Warn("sync failed", logRun, run.FleetRunID, logDoing, "mirroring the egress ledger", logErr, err.Error())
@@ -138,6 +167,8 @@ func (f *Fleet) pullEgress(ctx, hostCtx context.Context, client *hostproto.Clien
 			return out
 		}
 		out.records += len(fresh)
+		cursor = head.Cursor
+		f.ledgers.set(run.FleetRunID, cursor)
 		if page.HasMore && len(fresh) > 0 {
 			continue
 		}
@@ -149,6 +180,43 @@ func (f *Fleet) pullEgress(ctx, hostCtx context.Context, client *hostproto.Clien
 		}
 		return out
 	}
+}
+
+// ledgerCursors remembers, in the process, the ledger cursor of the live
+// runs it mirrored or read last: a hint of where the head stands (never
+// ahead of it: set from a head read or written), which spares the sweep a
+// read of each live run's head. A hint behind the head costs a host page
+// asked again; the head is read before any write. Bounded: past
+// maxLedgerCursors runs it starts over. Safe for concurrent use.
+type ledgerCursors struct {
+	mu      sync.Mutex
+	cursors map[string]int64
+}
+
+// maxLedgerCursors bounds ledgerCursors (a few MB).
+const maxLedgerCursors = 100_000
+
+func (l *ledgerCursors) get(fleetRunID string) (int64, bool) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	c, ok := l.cursors[fleetRunID]
+	return c, ok
+}
+
+func (l *ledgerCursors) set(fleetRunID string, cursor int64) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if l.cursors == nil || len(l.cursors) >= maxLedgerCursors {
+		l.cursors = map[string]int64{}
+	}
+	l.cursors[fleetRunID] = cursor
+}
+
+// forget drops a drained run's cursor.
+func (l *ledgerCursors) forget(fleetRunID string) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	delete(l.cursors, fleetRunID)
 }
 
 // noLedgerRoute reports whether err is a host's 404 for the ledger's route

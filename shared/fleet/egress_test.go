@@ -194,10 +194,15 @@ func TestEgressRecordsAreReadOnlyUpToTheHead(t *testing.T) {
 	}
 }
 
-// egressWrites counts a store's ledger writes.
+// egressWrites counts a store's ledger writes, and its head reads.
 type egressWrites struct {
 	store.Store
-	records, puts, heads atomic.Int64
+	records, puts, heads, headReads atomic.Int64
+}
+
+func (s *egressWrites) GetEgressHead(ctx context.Context, id string) (store.EgressHead, error) {
+	s.headReads.Add(1)
+	return s.Store.GetEgressHead(ctx, id)
 }
 
 func (s *egressWrites) PutEgress(ctx context.Context, id string, recs []store.EgressRecord, expires time.Time) error {
@@ -213,9 +218,10 @@ func (s *egressWrites) PutEgressHead(ctx context.Context, h store.EgressHead) (s
 
 // TestEgressBatchingWritesNothingUntilABatchIsPending: an unwatched live
 // run's ledger costs no write until DefaultEgressBatch records are
-// pending; then one write of them and one of the head; its end flushes
-// the rest. SyncRun (a stream without egress) leaves a live run's ledger
-// alone; SyncRunEgress (a stream with it) copies every poll.
+// pending, and no read either once the sweep knows its cursor; then one
+// write of them and one of the head; its end flushes the rest. SyncRun (a
+// stream without egress) leaves a live run's ledger alone; SyncRunEgress
+// (a stream with it) copies every poll.
 func TestEgressBatchingWritesNothingUntilABatchIsPending(t *testing.T) {
 	e := newTestEnv(t, 10*time.Second)
 	host := e.addHost(t, "h1", fakehost.Config{})
@@ -231,8 +237,9 @@ func TestEgressBatchingWritesNothingUntilABatchIsPending(t *testing.T) {
 	if _, err := f.SyncRun(ctx, run.FleetRunID); err != nil {
 		t.Fatal(err)
 	}
-	if st.puts.Load()+st.heads.Load() != 0 {
-		t.Fatalf("%d record writes and %d head writes with %d records pending", st.puts.Load(), st.heads.Load(), DefaultEgressBatch-1)
+	if st.puts.Load()+st.heads.Load() != 0 || st.headReads.Load() != 1 {
+		t.Fatalf("%d record writes, %d head writes and %d head reads with %d records pending over 3 sweeps; want 1 read (the first sweep's)",
+			st.puts.Load(), st.heads.Load(), st.headReads.Load(), DefaultEgressBatch-1)
 	}
 	if got, err := f.Run(ctx, caller("alice"), run.FleetRunID); err != nil || got.Egress != nil {
 		t.Fatalf("GET before any mirror: egress %+v, %v", got.Egress, err)
@@ -602,4 +609,32 @@ func TestEgressRecordsKeepTheHostsBytes(t *testing.T) {
 	if string(again) != string(canonical) || back.Hash != r.Hash || stored.Seq != 7 {
 		t.Fatalf("read back\n%s\nwritten\n%s", again, canonical)
 	}
+}
+
+// TestTheSweepsCursorHintNeverSkipsOrRewritesRecords: the sweep's
+// remembered cursor falls behind when another mirror (a stream with
+// egress, another process) moves the head; the sweep then reads the head
+// and asks the host again from there: nothing rewritten, nothing skipped.
+func TestTheSweepsCursorHintNeverSkipsOrRewritesRecords(t *testing.T) {
+	e := newTestEnv(t, 10*time.Second)
+	host := e.addHost(t, "h1", fakehost.Config{})
+	st := &egressWrites{Store: e.st}
+	sweeper, streamer := e.fleetWith(t, st, 3), e.fleetWith(t, e.st, 3)
+	ctx := context.Background()
+	run := dispatched(t, e, "alice")
+	host.AddEgress(run.ChildRunID, calls(2, "api.example.com:443")...)
+	sweepWith(t, sweeper) // remembers cursor 0: two pending, under the batch
+	if _, err := streamer.SyncRunEgress(ctx, run.FleetRunID); err != nil {
+		t.Fatal(err)
+	}
+	host.AddEgress(run.ChildRunID, calls(2, "api.example.com:443")...)
+	if rep := sweepWith(t, sweeper); rep.Egress != 0 || st.records.Load() != 0 || headOf(t, e.st, run.FleetRunID).Cursor != 2 {
+		t.Fatalf("behind the stream's mirror: %+v, %d records written", rep, st.records.Load())
+	}
+	host.AddEgress(run.ChildRunID, call("api.example.com:443", egress.Forwarded))
+	if rep := sweepWith(t, sweeper); rep.Egress != 3 || st.records.Load() != 3 || headOf(t, e.st, run.FleetRunID).Cursor != 5 {
+		t.Fatalf("a batch past the stream's mirror: %+v, %d records written", rep, st.records.Load())
+	}
+	onHost, _ := host.Egress(run.ChildRunID)
+	sameLedger(t, mirroredLedger(t, e.st, run.FleetRunID), onHost)
 }

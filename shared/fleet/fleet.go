@@ -113,6 +113,9 @@ type Fleet struct {
 
 	mu         sync.Mutex
 	transports map[string]*http.Transport // by sha256(caPem); "" is the system roots
+
+	// ledgers remembers each live run's ledger cursor (egress.go).
+	ledgers ledgerCursors
 }
 
 // New checks cfg, fills its defaults and returns a Fleet.

@@ -450,6 +450,7 @@ func (f *Fleet) recordSync(ctx context.Context, hr hostproto.Run, p eventPull, p
 	}
 	if res.err == nil && res.outcome == syncCurrent && !stored.Live() {
 		res.outcome = syncDrained
+		f.ledgers.forget(stored.FleetRunID)
 	}
 	return stored, res
 }
