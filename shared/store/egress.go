@@ -19,9 +19,11 @@ import (
 // is invisible here.
 type Egress interface {
 	// PutEgress mirrors records of a run, which must have contiguous,
-	// ascending Seqs from 1 or more. A record whose Seq is already stored
-	// is left as it is (a re-run never duplicates or rewrites one, and a
-	// reader never sees a Seq twice).
+	// ascending Seqs from 1 or more, each Data a JSON value
+	// (CheckEgressRecords; otherwise nothing is stored). A record whose
+	// Seq is already stored is left as it is (a re-run never duplicates
+	// or rewrites one, and a reader never sees a Seq twice); one whose
+	// stored copy has expired is written afresh.
 	PutEgress(ctx context.Context, fleetRunID string, records []EgressRecord, expiresAt time.Time) error
 	// ListEgress returns the run's records with Seq > after, ascending, at
 	// most limit (PageLimit).

@@ -264,7 +264,7 @@ func (s *Store) PutEgress(ctx context.Context, fleetRunID string, records []stor
 	// Each lost race shrinks what is left to write, so this ends; the
 	// bound only guards against a store that keeps answering nonsense.
 	for rounds := 0; len(todo) > 0; rounds++ {
-		if rounds > len(records)+len(todo) {
+		if rounds > 2*len(records) {
 			return fault(fmt.Sprintf("put egress of run %q", fleetRunID), errors.New("chunks keep colliding"))
 		}
 		recs := todo[0]

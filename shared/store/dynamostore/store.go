@@ -12,7 +12,10 @@
 //     once); GetHost, GetRun and GetIdempotency read eventually consistent,
 //     for half the units, under store.EventualRead. Index queries (the
 //     listings, DeleteHost's in-use check) are eventually consistent, as
-//     every GSI is; events are read strongly consistent.
+//     every GSI is; events and egress ledgers are read strongly
+//     consistent.
+//   - A run's egress ledger is packed into compressed chunks of records
+//     (egress.go): a fraction of a write unit a record.
 //   - Every index is KEYS_ONLY, so an update costs its one write (plus one
 //     when a run enters or leaves the live index); a listing fetches its
 //     page with BatchGetItem.
