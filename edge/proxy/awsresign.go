@@ -114,7 +114,7 @@ func (st *requestState) resignAWSRequest(r *http.Request) (handled bool, refused
 	case !d.Allow && strings.HasPrefix(d.Reason, policy.ScopeRefused):
 		return true, refuseAWS(d.Reason, o.ref)
 	case !d.Allow:
-		return true, refuseBlocked(d.Reason, o.ref)
+		return true, st.blocked(d.Reason, o.task, o.ref)
 	}
 	if sig.CheckTime(st.p.cfg.Clock.Now(), AWSClockSkew) != nil {
 		what := "X-Amz-Date is more than 15 minutes from edge's clock"

@@ -29,6 +29,9 @@ type refusal struct {
 	header http.Header
 	// key is the key the refusal concerns, zero for none.
 	key policy.KeyRef
+	// alert is the egress alert kind the refusal raises (tripwire.go),
+	// empty for none.
+	alert string
 	// cause is what failed, logged (logFault) and never shown: a fault of
 	// ours or the upstream exchange's error; nil for a decision.
 	cause error
