@@ -108,7 +108,7 @@ type finder struct {
 	minLen int
 	shift  *[shiftSlots]uint8
 	// maxLen is the longest form; heads holds the first 1 to 3 bytes of
-	// every form (Pending).
+	// every form (Pending; found's alone).
 	maxLen int
 	heads  map[string]struct{}
 }
@@ -149,7 +149,7 @@ func NewSet(max int) *Set {
 		max = MaxValues
 	}
 	s := &Set{max: max}
-	s.snap.Store(&snapshot{known: map[string]struct{}{}, all: newFinder(nil, nil), found: newFinder(nil, nil)})
+	s.snap.Store(&snapshot{known: map[string]struct{}{}, all: newFinder(nil, nil, false), found: newFinder(nil, nil, true)})
 	return s
 }
 
@@ -179,14 +179,18 @@ func (s *Set) Add(v secrets.Value) {
 	for _, e := range order {
 		next.known[e.raw] = struct{}{}
 	}
-	next.all = newFinder(order, func(entry) bool { return true })
-	next.found = newFinder(order, func(e entry) bool { return len(e.raw) >= FindMinLen })
+	next.all = newFinder(order, func(entry) bool { return true }, false)
+	next.found = newFinder(order, func(e entry) bool { return len(e.raw) >= FindMinLen }, true)
 	s.snap.Store(next)
 }
 
-// newFinder indexes the forms of the entries of order that keep accepts.
-func newFinder(order []entry, keep func(entry) bool) finder {
-	f := finder{byPrefix: map[uint32][]form{}, seen: new([filterWords]uint64), heads: map[string]struct{}{}}
+// newFinder indexes the forms of the entries of order that keep accepts,
+// with their heads when asked (Pending).
+func newFinder(order []entry, keep func(entry) bool, heads bool) finder {
+	f := finder{byPrefix: map[uint32][]form{}, seen: new([filterWords]uint64)}
+	if heads {
+		f.heads = map[string]struct{}{}
+	}
 	for i, e := range order {
 		if !keep(e) {
 			continue
@@ -197,8 +201,10 @@ func newFinder(order []entry, keep func(entry) bool) finder {
 				f.short = append(f.short, b)
 				continue
 			}
-			for n := 1; n < 4; n++ {
-				f.heads[string(b[:n])] = struct{}{}
+			if heads {
+				for n := 1; n < 4; n++ {
+					f.heads[string(b[:n])] = struct{}{}
+				}
 			}
 			p := prefixOf(b)
 			f.byPrefix[p] = append(f.byPrefix[p], form{b, i})
