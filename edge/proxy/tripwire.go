@@ -272,9 +272,9 @@ func (p *Proxy) keyOf(v secrets.Value) policy.KeyRef {
 }
 
 // alerted completes the audit entry of a refusal with its alert; a real
-// value's refusal also has its host, method and path redacted of every
-// value in every form (the audit's writer redacts the forms of a log
-// only, and the run's ledger is written from the entry).
+// value's refusal also has its host, method, path and query redacted of
+// every value in every form here, where the value is known to be: the
+// run's ledger is written from the entry, not through edge's log writer.
 func (p *Proxy) alerted(e *audit.Entry, r *refusal) {
 	e.Alert = r.alert
 	if r.alert != egress.AlertRealValue || p.cfg.RealValues == nil {
