@@ -1,6 +1,7 @@
 package audit
 
 import (
+	"fmt"
 	"log/slog"
 	"testing"
 	"time"
@@ -41,7 +42,7 @@ func TestAlertsAreCountedByKind(t *testing.T) {
 	}
 	defer l.Close()
 	want := map[string]float64{egress.AlertForeignPlaceholder: 0, egress.AlertUngrantedDomain: 0, egress.AlertRealValue: 0}
-	if got := alertCounts(t, reg); len(got) != 3 || got[egress.AlertRealValue] != 0 || got[egress.AlertForeignPlaceholder] != 0 || got[egress.AlertUngrantedDomain] != 0 {
+	if got := alertCounts(t, reg); fmt.Sprint(got) != fmt.Sprint(want) {
 		t.Fatalf("before any alert: %v, want %v", got, want)
 	}
 	l.Record(Entry{Action: Blocked, Host: "a.test:443", Alert: egress.AlertRealValue})
@@ -51,13 +52,7 @@ func TestAlertsAreCountedByKind(t *testing.T) {
 	l.Record(Entry{Action: Blocked, Host: "b.test:443"})
 	l.Record(Entry{Action: Substituted, Host: "b.test:443"})
 	want = map[string]float64{egress.AlertForeignPlaceholder: 1, egress.AlertUngrantedDomain: 1, egress.AlertRealValue: 2}
-	got := alertCounts(t, reg)
-	for k, v := range want {
-		if got[k] != v {
-			t.Errorf("%s = %v, want %v (all: %v)", k, got[k], v, got)
-		}
-	}
-	if len(got) != len(want) {
-		t.Errorf("series %v, want %v", got, want)
+	if got := alertCounts(t, reg); fmt.Sprint(got) != fmt.Sprint(want) {
+		t.Errorf("after four alerts: %v, want %v", got, want)
 	}
 }

@@ -57,13 +57,13 @@ type tripRig struct {
 	got []tripSeen
 }
 
-// tripSeen is one request as the upstream read it: its head and every
-// body byte it got, read as they came (bodyRead counts them).
+// tripSeen is one request as the upstream read it: its path, its fields,
+// every body byte it got as they came, and how its body ended.
 type tripSeen struct {
-	path, query string
-	header      http.Header
-	body        *syncbuf.Buffer
-	err         error
+	path   string
+	header http.Header
+	body   *syncbuf.Buffer
+	err    error
 }
 
 func newTripRig(t *testing.T) *tripRig {
@@ -91,7 +91,7 @@ func newTripRig(t *testing.T) *tripRig {
 
 // record keeps what the upstream read of a request, the body as it comes.
 func (r *tripRig) record(w http.ResponseWriter, req *http.Request) {
-	s := &tripSeen{path: req.URL.Path, query: req.URL.RawQuery, header: req.Header.Clone(), body: &syncbuf.Buffer{}}
+	s := &tripSeen{path: req.URL.Path, header: req.Header.Clone(), body: &syncbuf.Buffer{}}
 	r.mu.Lock()
 	r.got = append(r.got, *s)
 	i := len(r.got) - 1
