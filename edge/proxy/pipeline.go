@@ -546,7 +546,7 @@ func (st *requestState) prepareBody(ix *placeholder.Index, r *http.Request, limi
 	r.Body = struct {
 		io.Reader
 		io.Closer
-	}{placeholder.NewScanner(st.tripStream(r.Body), ix, st.substitute), r.Body}
+	}{placeholder.NewScanner(st.tripStream(r.Body, awsErrNone), ix, st.substitute), r.Body}
 	if mayChange {
 		r.ContentLength = -1
 		st.streamSubs = true

@@ -126,9 +126,18 @@ func (st *requestState) tripHead(r *http.Request) *refusal {
 	}
 	st.tripBuf = b
 	if v, ok := values.Find(b); ok {
-		return refuseRealValue(st.p.keyOf(v))
+		return st.awsShaped(refuseRealValue(st.p.keyOf(v)), r)
 	}
 	return nil
+}
+
+// awsShaped has refused answered as r's AWS service answers errors when r
+// may be SigV4-signed (respondAWS), so the task's AWS tool shows why.
+func (st *requestState) awsShaped(refused *refusal, r *http.Request) *refusal {
+	if mayBeAWSSigned(r) {
+		refused.awsShape = awsErrorShapeOf(r, st.ci.target.Name)
+	}
+	return refused
 }
 
 func lowerASCII(b []byte) {
@@ -151,13 +160,15 @@ func (st *requestState) tripWhole(b []byte) *refusal {
 }
 
 // tripStream is body with the tripwire on it, for a body that streams: a
-// value found is the request's refusal, kept as a substitution's is.
-func (st *requestState) tripStream(body io.Reader) io.Reader {
+// value found is the request's refusal, kept as a substitution's is, and
+// answered in shape.
+func (st *requestState) tripStream(body io.Reader, shape awsErrorShape) io.Reader {
 	if st.p.cfg.RealValues == nil {
 		return body
 	}
 	return &tripReader{src: body, values: st.p.cfg.RealValues, found: func(v secrets.Value) error {
 		refused := refuseRealValue(st.p.keyOf(v))
+		refused.awsShape = shape
 		st.mu.Lock()
 		defer st.mu.Unlock()
 		return st.refuseLocked(refused)
@@ -170,13 +181,16 @@ func (st *requestState) tripStream(body io.Reader) io.Reader {
 // data as the task framed it, re-signed).
 func (st *requestState) tripAWSBody(r *http.Request) *refusal {
 	if st.body != nil {
-		return st.tripWhole(st.body)
+		if refused := st.tripWhole(st.body); refused != nil {
+			return st.awsShaped(refused, r)
+		}
+		return nil
 	}
 	if r.Body != nil && r.Body != http.NoBody {
 		r.Body = struct {
 			io.Reader
 			io.Closer
-		}{st.tripStream(r.Body), r.Body}
+		}{st.tripStream(r.Body, awsErrorShapeOf(r, st.ci.target.Name)), r.Body}
 	}
 	return nil
 }

@@ -16,6 +16,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/aws/aws-sdk-go-v2/aws"
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/runfleet/runfleet/edge/audit"
@@ -577,4 +578,65 @@ func (p *pieces) Read(b []byte) (int, error) {
 	n := copy(b, (*p)[0])
 	(*p)[0] = (*p)[0][n:]
 	return n, nil
+}
+
+// A request the proxy re-signs for an aws key (its signature the task's,
+// with the key's placeholders) is scanned as any other: a real value in
+// its body, read whole to check its hash or streamed unsigned, is
+// refused in the shape its AWS service answers errors, and the upstream
+// gets none of the value.
+func TestTripwireBlocksARealValueInAnAWSRequestBody(t *testing.T) {
+	uca := edgetest.NewCA(t)
+	up := startUpstream(t, uca, false, ddbHost, s3Host, apiHost)
+	r := &tripRig{up: up, rawLogs: &syncbuf.Buffer{}, rawAudit: &syncbuf.Buffer{}, metrics: prometheus.NewRegistry()}
+	up.noRecord = true
+	up.handler = r.record
+	r.env = newEnv(t, envOptions{uca: uca, redactor: logredact.NewSet(0), rawLogs: r.rawLogs, rawAudit: r.rawAudit, metrics: r.metrics,
+		pins: map[string]string{ddbHost: "127.0.0.1", s3Host: "127.0.0.1", apiHost: "127.0.0.1"},
+		keys: fmt.Sprintf(`{"acme": {"keys": {
+			"DEPLOY": {"kind": "aws", "domains": ["%[1]s:%[4]d", "%[2]s:%[4]d"], "aws": {"regions": ["us-east-1"], "services": ["s3", "dynamodb"]}},
+			"P": {"domains": ["%[3]s:%[4]d"], "in": ["header"]}}}}`, ddbHost, s3Host, apiHost, up.port),
+		secrets: map[string]string{"acme/DEPLOY": staticAWSValue, "acme/P": realP},
+	})
+	u, _ := r.task("run-aws", runspec.Secret{ProjectID: "acme", Key: "DEPLOY"}, runspec.Secret{ProjectID: "acme", Key: "P"})
+	keys, err := r.proxy.TaskKeys("run-aws")
+	must(t, err)
+	vars := map[string]string{}
+	for _, k := range keys {
+		vars[k.Var] = k.Placeholder
+	}
+	creds := aws.Credentials{AccessKeyID: vars["AWS_ACCESS_KEY_ID"], SecretAccessKey: vars["AWS_SECRET_ACCESS_KEY"]}
+	client := r.goClient(u, false)
+	send := func(req *http.Request) (int, string) {
+		res, err := client.Do(req)
+		must(t, err)
+		defer res.Body.Close()
+		b, _ := io.ReadAll(res.Body)
+		return res.StatusCode, string(b)
+	}
+	ddb := fmt.Sprintf("https://%s:%d/", ddbHost, up.port)
+	item, _ := json.Marshal(map[string]any{"TableName": "t", "Item": map[string]any{"token": map[string]string{"S": realP}}})
+	status, body := send(signed(t, creds, "POST", ddb, item, literalNoHeader, "dynamodb", "us-east-1", time.Now(),
+		http.Header{"Content-Type": {"application/x-amz-json-1.0"}, "X-Amz-Target": {"DynamoDB_20120810.PutItem"}}))
+	if code, msg := awsErrorOf(t, body); status != http.StatusForbidden || code != "AccessDenied" || msg != "runfleet edge: real_value_from_task" {
+		t.Errorf("PutItem: %d %s %q", status, code, msg)
+	}
+	if got := r.seen("/"); len(got) != 0 {
+		t.Errorf("the upstream got %d requests", len(got))
+	}
+	before := strings.Repeat("artifact bytes; ", 6000)
+	object := before + realP + "\n"
+	s3URL := fmt.Sprintf("https://%s:%d/bucket/leak.txt", s3Host, up.port)
+	status, body = send(signed(t, creds, "PUT", s3URL, []byte(object), "UNSIGNED-PAYLOAD", "s3", "us-east-1", time.Now(), nil))
+	if code, msg := awsErrorOf(t, body); status != http.StatusForbidden || code != "AccessDenied" || msg != "runfleet edge: real_value_from_task" {
+		t.Errorf("PutObject: %d %s %q", status, code, msg)
+	}
+	r.wantCutBefore(t, "/bucket/leak.txt", object, len(before))
+	for _, path := range []string{"/", "/bucket/leak.txt"} {
+		line := r.waitAudit(func(m map[string]any) bool { return m["path"] == path && m["action"] == "blocked" })
+		if line["reason"] != "real_value_from_task" || line["alert"] != egress.AlertRealValue || fmt.Sprint(line["keys"]) != "[acme/P]" {
+			t.Errorf("%s: audit %v", path, line)
+		}
+	}
+	r.assertNoValueAnywhere(t)
 }
