@@ -110,7 +110,9 @@ func (st *requestState) tripHead(r *http.Request) *refusal {
 	if values == nil {
 		return nil
 	}
-	b := append(st.tripBuf[:0], r.Method...)
+	// One allocation for a common head where the request's state is new
+	// (HTTP/2's); an HTTP/1.1 connection's requests reuse it.
+	b := append(slices.Grow(st.tripBuf[:0], 1024), r.Method...)
 	b = append(append(b, '\n'), r.Host...)
 	b = append(append(b, '\n'), r.RequestURI...)
 	b = append(append(b, '\n'), r.URL.Path...)
