@@ -129,9 +129,9 @@ func printKeys(w io.Writer, p *policy.Policy) {
 				source = fmt.Sprintf("a per-run session of %s (%s)", a.AssumeRole.RoleARN, a.AssumeRole.Duration)
 			}
 			env := a.Env()
-			fmt.Fprintf(w, "%s: aws; domains %s; signs for regions %s, services %s; task variables %s, %s[, %s]; credentials from %s\n",
+			fmt.Fprintf(w, "%s: aws; domains %s; signs for regions %s, services %s; task variables %s, %s[, %s]; credentials from %s%s\n",
 				k.Ref, strings.Join(domains, ", "), strings.Join(a.Regions, ", "), strings.Join(a.Services, ", "),
-				env.AccessKeyID, env.SecretAccessKey, env.SessionToken, source)
+				env.AccessKeyID, env.SecretAccessKey, env.SessionToken, source, rulesNote(k))
 			continue
 		}
 		if sk := k.SSH; sk != nil {
@@ -147,7 +147,16 @@ func printKeys(w io.Writer, p *policy.Policy) {
 				k.Ref, strings.Join(domains, ", "), sk.User, strings.Join(sk.Allow, ", "), repos, len(sk.KnownHosts))
 			continue
 		}
-		fmt.Fprintf(w, "%s: domains %s; substituted in %s; placeholder %q + %d letters and digits\n",
-			k.Ref, strings.Join(domains, ", "), k.In, k.Placeholder.Prefix, k.Placeholder.Length-len(k.Placeholder.Prefix))
+		fmt.Fprintf(w, "%s: domains %s; substituted in %s; placeholder %q + %d letters and digits%s\n",
+			k.Ref, strings.Join(domains, ", "), k.In, k.Placeholder.Prefix, k.Placeholder.Length-len(k.Placeholder.Prefix), rulesNote(k))
 	}
+}
+
+// rulesNote is what printKeys says of a key's request rules, in order,
+// "" for a key without.
+func rulesNote(k *policy.Key) string {
+	if k.Rules == nil {
+		return ""
+	}
+	return "; request rules, " + k.Rules.String()
 }

@@ -122,6 +122,14 @@ func authorizationMatrix(t *testing.T, kind string) {
 				t.Errorf("no events: %s", a.raw)
 			}
 		}},
+		{"GET", "/fleet/runs/" + aliceRun + "/egress?verify=true", nil, [6]int{401, 401, 404, 200, 404, 200}, func(t *testing.T, p int, a answer) {
+			if _, ok := a.body["verification"]; !ok {
+				t.Errorf("no verification: %s", a.raw)
+			}
+		}},
+		// The alerts listing spans every owner: admins only, refused as the
+		// admin routes are.
+		{"GET", "/fleet/runs?alerts=true", nil, adminOnly(200), nil},
 		// The stream: the same scope, on the stream handler.
 		{"GET", "/fleet/runs/" + aliceRun + "/stream", nil, [6]int{401, 401, 404, 200, 404, 200}, nil},
 	}
@@ -162,6 +170,9 @@ func authorizationMatrix(t *testing.T, kind string) {
 			if a.status == 401 && (a.errorText() == "" || a.body["code"] != "unauthenticated") {
 				t.Errorf("%s %s as %s: 401 body %s", r.method, path, pr.name, a.raw)
 			}
+			if a.status == 403 && r.want[admin] != 403 && r.want[with] == 403 && a.body["code"] != "admin_required" {
+				t.Errorf("%s %s as %s: 403 body %s, want admin_required", r.method, path, pr.name, a.raw)
+			}
 			if a.status < 300 && r.check != nil {
 				r.check(t, p, a)
 			}
@@ -177,7 +188,8 @@ func authorizationMatrix(t *testing.T, kind string) {
 	s.must(t, http.StatusOK, "DELETE", "/fleet/callers/carol", adminToken, "")
 	carol = s.mint(t, "carol", []string{"h1"}, "*")
 	for _, r := range []struct{ method, path, body string }{
-		{"GET", "", ""}, {"POST", "/input", `"y"`}, {"POST", "/cancel", ""}, {"POST", "/retry", ""}, {"GET", "/events", ""}, {"GET", "/stream", ""},
+		{"GET", "", ""}, {"POST", "/input", `"y"`}, {"POST", "/cancel", ""}, {"POST", "/retry", ""}, {"GET", "/events", ""},
+		{"GET", "/egress", ""}, {"GET", "/stream", ""},
 	} {
 		path := "/fleet/runs/" + onH2 + r.path
 		var a answer

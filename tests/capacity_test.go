@@ -2,19 +2,25 @@ package tests
 
 import (
 	"context"
+	"encoding/json"
 	"fmt"
 	"maps"
 	"net/http"
 	"sort"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/aws/aws-sdk-go-v2/service/dynamodb/types"
 
+	"github.com/runfleet/runfleet/shared/clock"
+	"github.com/runfleet/runfleet/shared/egress"
 	"github.com/runfleet/runfleet/shared/fleet"
 	"github.com/runfleet/runfleet/shared/store"
 	"github.com/runfleet/runfleet/shared/store/dynamostore"
 	"github.com/runfleet/runfleet/tests/kit/fakehost"
+	"github.com/runfleet/runfleet/tests/kit/motoserver"
+	"github.com/runfleet/runfleet/tests/kit/storetest"
 )
 
 // A dispatch's DynamoDB capacity, asserted exactly so that any regression
@@ -347,5 +353,116 @@ func TestFallbackDispatchCapacity(t *testing.T) {
 	wantWCU["runs/byHost"] += 2
 	if !sameUnits(u.RCU, wantRCU) || !sameUnits(u.WCU, wantWCU) {
 		t.Errorf("dispatch past a busy host: RCU %v, WCU %v; want RCU %v and WCU %v", u.RCU, u.WCU, wantRCU, wantWCU)
+	}
+}
+
+// egressCapacityStore is a metered DynamoDB store on tables of its own,
+// its clock at at.
+func egressCapacityStore(t *testing.T, at time.Time) (*dynamostore.Store, *dynamostore.Meter) {
+	meter := &dynamostore.Meter{}
+	st, err := dynamostore.New(moto.DynamoDB(), dynamostore.Config{
+		Tables: dynamostore.Prefixed(motoserver.Unique("egcap") + "-"), Meter: meter, Clock: clock.NewFake(at),
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := st.CreateTables(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	return st, meter
+}
+
+// TestEgressMirrorCapacityOnDynamoDB: what mirroring a run's egress ledger
+// costs, asserted exactly (README "Cost at scale", DESIGN "Costs"), on
+// records as edge writes them (storetest.LedgerRecords: ~330 bytes of
+// JSON each, its chain hash included). The issue's bounds: the mirror at
+// most 1 WCU per 10 records, a ledger page (100 records) at most 1 RCU per
+// 10 records.
+//
+// Writes: records are packed into chunks of at most 4 KB, DEFLATE
+// compressed (~80 bytes a record: the hash alone is 32 bytes of entropy),
+// 50 to a chunk: 4 WCU per 50 records, 0.08 a record, in batches of 50
+// (fleet.DefaultEgressBatch) or more. Each batch first reads which of its
+// seqs are stored (a strong Query finding none: 1 RCU). The head, under 1
+// KB with a few authorities in its summary, is 1 WCU a write, plus 1 on
+// the alerted index when its first alert comes. So the mirror of 50
+// records with its head is 5 WCU: 1 per 10 records.
+//
+// Reads: a page of 100 records reads the chunks keyed within the page (one
+// Query) and the next (another): 3 chunks, 3 RCU, 0.3 per 10 records.
+func TestEgressMirrorCapacityOnDynamoDB(t *testing.T) {
+	ctx := context.Background()
+	at := time.Date(2026, 3, 4, 5, 6, 7, 0, time.UTC)
+	const n = 1000
+	recs := storetest.LedgerRecords("r-cap", 1, n, at)
+	size := 0
+	for _, r := range recs {
+		size += len(r.Data)
+	}
+	t.Logf("%d records, %d bytes of JSON each on average", n, size/n)
+
+	for _, batch := range []int{50, 100} {
+		st, meter := egressCapacityStore(t, at)
+		for start := 0; start < n; start += batch {
+			if err := st.PutEgress(ctx, "r-cap", recs[start:start+batch], at.Add(time.Hour)); err != nil {
+				t.Fatal(err)
+			}
+		}
+		u := meter.Snapshot()
+		t.Logf("mirror of %d records in batches of %d: %s", n, batch, u)
+		if want := 0.08 * n; u.TotalWCU() != want || u.TotalRCU() != float64(n/batch) {
+			t.Errorf("batches of %d: %g WCU and %g RCU, want %g (0.08 a record) and %d (one Query a batch)", batch, u.TotalWCU(), u.TotalRCU(), want, n/batch)
+		}
+
+		if batch != 50 {
+			continue
+		}
+		var tally egress.Tally
+		for _, r := range recs[:50] {
+			var rec egress.Record
+			if err := json.Unmarshal(r.Data, &rec); err != nil {
+				t.Fatal(err)
+			}
+			tally.Add(rec)
+		}
+		summary, err := json.Marshal(tally.Summary())
+		if err != nil {
+			t.Fatal(err)
+		}
+		seal := `{"count":50,"lastHash":"` + strings.Repeat("ab", 32) + `","signature":"` + strings.Repeat("A", 86) +
+			`==","publicKey":"ed25519:11qYAYKxCrfVS/7TyWQHOg7hcvPapiMlrwIaaPcHURo=","sealedAt":"2026-03-04T05:16:07Z"}`
+		h := store.EgressHead{FleetRunID: "r-cap", Cursor: 50, Summary: summary, HostID: "h00", Alerts: 1, UpdatedAt: at, ExpiresAt: at.Add(time.Hour)}
+		meter.Reset()
+		stored, err := st.PutEgressHead(ctx, h)
+		if err != nil {
+			t.Fatal(err)
+		}
+		u = meter.Snapshot()
+		t.Logf("the first head (%d bytes of summary, an alert): %s", len(summary), u)
+		if !sameUnits(u.WCU, map[string]float64{"egress": 1, "egress/alerted": 1}) || u.TotalRCU() != 0 {
+			t.Errorf("the first head: WCU %v RCU %g, want 1 and 1 on the alerted index, no read", u.WCU, u.TotalRCU())
+		}
+		stored.Cursor, stored.Seal = 100, json.RawMessage(seal)
+		meter.Reset()
+		if _, err := st.PutEgressHead(ctx, stored); err != nil {
+			t.Fatal(err)
+		}
+		if u = meter.Snapshot(); !sameUnits(u.WCU, map[string]float64{"egress": 1}) || u.TotalRCU() != 0 {
+			t.Errorf("a head update with the seal: %s, want 1 WCU", u)
+		}
+
+		for _, after := range []int64{0, 100, 450, 900} {
+			meter.Reset()
+			p, err := st.ListEgress(ctx, "r-cap", after, 0)
+			if err != nil {
+				t.Fatal(err)
+			}
+			u := meter.Snapshot()
+			// The last page: two chunks, and a Query past the end finding
+			// none, which costs the minimum, 1 RCU.
+			if len(p.Records) != min(100, n-int(after)) || u.TotalRCU() != 3 || u.Calls["Query"] != 2 {
+				t.Errorf("the page after %d: %d records, %s; want 3 RCU in 2 Queries", after, len(p.Records), u)
+			}
+		}
 	}
 }

@@ -85,7 +85,7 @@ func emulatorEnv(t *testing.T, name string, tables dynamostore.TableNames, secre
 	_, tpl := templates(t)
 	r := newResolver(tpl, nil)
 	r.refs["HostsTable"], r.refs["RunsTable"], r.refs["EventsTable"] = tables.Hosts, tables.Runs, tables.Events
-	r.refs["CallersTable"], r.refs["IdempotencyTable"] = tables.Callers, tables.Idempotency
+	r.refs["EgressTable"], r.refs["CallersTable"], r.refs["IdempotencyTable"] = tables.Egress, tables.Callers, tables.Idempotency
 	env := functionEnv(t, r, tpl, templateFunction(name))
 	for _, secret := range []string{config.EnvCredentials, config.EnvAdminTokenSecret} {
 		v, set := env[secret]

@@ -22,8 +22,11 @@ import (
 
 	"github.com/runfleet/runfleet/shared/clock"
 	"github.com/runfleet/runfleet/shared/config"
+	"github.com/runfleet/runfleet/shared/egress"
+	"github.com/runfleet/runfleet/shared/fleet"
 	"github.com/runfleet/runfleet/shared/fleetapp"
 	"github.com/runfleet/runfleet/shared/store/dynamostore"
+	"github.com/runfleet/runfleet/tests/kit/await"
 	"github.com/runfleet/runfleet/tests/kit/fakehost"
 	"github.com/runfleet/runfleet/tests/kit/motoserver"
 )
@@ -225,7 +228,8 @@ func newIAMStack(t *testing.T) *iamStack {
 		}
 		r := newResolver(tpl, o)
 		for id, name := range map[string]string{"HostsTable": s.tables.Hosts, "RunsTable": s.tables.Runs,
-			"EventsTable": s.tables.Events, "CallersTable": s.tables.Callers, "IdempotencyTable": s.tables.Idempotency} {
+			"EventsTable": s.tables.Events, "EgressTable": s.tables.Egress, "CallersTable": s.tables.Callers,
+			"IdempotencyTable": s.tables.Idempotency} {
 			r.refs[id], r.attrs[id+".Arn"] = name, tableARN(name)
 		}
 		for _, id := range resourcesOfType(tpl, "AWS::IAM::Role") {
@@ -353,6 +357,11 @@ func TestEachFunctionsRoleAllowsExactlyTheCallsItMakes(t *testing.T) {
 	apiCall(t, apiApp, 200, "POST", "/fleet/runs/"+id1+"/retry", tok, "")
 	apiCall(t, apiApp, 200, "POST", "/fleet/runs/"+id1+"/cancel", tok, "")
 	apiCall(t, apiApp, 200, "GET", "/metrics", tok, "")
+	// Run 1's egress ledger, which its host seals late: the stream below
+	// mirrors its records (puts them and the head), then the seal (updates
+	// the head).
+	host.HoldSeals(true)
+	host.AddEgress(child1, iamLedger(3)...)
 	run2 := apiCall(t, apiApp, 201, "POST", "/fleet/runs", tok, `{"agent":"shell","prompt":"echo two"}`)
 	id2, child2 := fmt.Sprint(run2["fleetRunId"]), fmt.Sprint(run2["childRunId"])
 
@@ -361,21 +370,47 @@ func TestEachFunctionsRoleAllowsExactlyTheCallsItMakes(t *testing.T) {
 	streamApp := s.app(t, "StreamFunction", recs["StreamFunction"])
 	sctx, cancel := context.WithTimeout(ctx, 30*time.Second)
 	defer cancel()
-	fev := events.LambdaFunctionURLRequest{RawPath: "/fleet/runs/" + id1 + "/stream",
+	fev := events.LambdaFunctionURLRequest{RawPath: "/fleet/runs/" + id1 + "/stream", RawQueryString: "egress=true",
 		Headers: map[string]string{"authorization": "Bearer " + tok}}
 	fev.RequestContext.HTTP.Method = "GET"
 	resp, err := streamApp.Stream.HandleLambda(sctx, fev)
 	if err != nil || resp.StatusCode != 200 {
 		t.Fatalf("stream: %v %+v", err, resp)
 	}
-	sse, _ := io.ReadAll(resp.Body)
-	if !strings.Contains(string(sse), "event: done") || !strings.Contains(string(sse), `one\n`) {
+	body := make(chan []byte, 1)
+	go func() {
+		b, _ := io.ReadAll(resp.Body)
+		body <- b
+	}()
+	mirror, err := dynamostore.New(moto.DynamoDB(), dynamostore.Config{Tables: s.tables, Clock: clk})
+	if err != nil {
+		t.Fatal(err)
+	}
+	await.Cond(t, await.Limit, "the stream's mirror of run 1's ledger", func() bool {
+		_, err := mirror.GetEgressHead(ctx, id1)
+		return err == nil
+	})
+	host.SealEgress(child1)
+	host.HoldSeals(false)
+	// The stream's next polls, on the functions' clock, until it ends.
+	var sse []byte
+	await.Cond(t, await.Limit, "the stream's end after the seal", func() bool {
+		select {
+		case sse = <-body:
+			return true
+		default:
+			clk.Advance(100 * time.Millisecond)
+			return false
+		}
+	})
+	if !strings.Contains(string(sse), "event: done") || !strings.Contains(string(sse), `one\n`) || !strings.Contains(string(sse), "event: egress") {
 		t.Fatalf("stream of a canceled run:\n%s", sse)
 	}
 
 	// The sweep mirrors run 2's first events; eight days later (its host
 	// out of reach, say) it extends their expiry and brings the run up to
 	// date (its output, its end).
+	host.AddEgress(child2, iamLedger(fleet.DefaultEgressBatch)...) // a batch: the sweep mirrors it while the run is live
 	sweepApp := s.app(t, "SweepFunction", recs["SweepFunction"])
 	jctx, cancelJob := context.WithTimeout(ctx, 55*time.Second)
 	defer cancelJob()
@@ -384,6 +419,7 @@ func TestEachFunctionsRoleAllowsExactlyTheCallsItMakes(t *testing.T) {
 	}
 	clk.Advance(8 * 24 * time.Hour)
 	host.AppendOutput(child2, "two\n")
+	host.AddEgress(child2, iamLedger(2)...)
 	host.SetRun(child2, "succeeded", new(int), "")
 	rep, err := sweepApp.Jobs.Sweep(jctx, events.EventBridgeEvent{})
 	if err != nil || rep.Drained < 1 || rep.Events < 1 || rep.Extended != 1 {
@@ -400,6 +436,23 @@ func TestEachFunctionsRoleAllowsExactlyTheCallsItMakes(t *testing.T) {
 	if ev := apiCall(t, apiApp, 200, "GET", "/fleet/runs/"+id2+"/events", tok, ""); len(jsonList(ev["events"])) == 0 {
 		t.Fatalf("no mirrored events: %v", ev)
 	}
+	if eg := apiCall(t, apiApp, 200, "GET", "/fleet/runs/"+id2+"/egress?verify=true", tok, ""); len(jsonList(eg["records"])) != fleet.DefaultEgressBatch+2 {
+		t.Fatalf("the mirrored egress ledger: %v", eg)
+	}
+	if l := apiCall(t, apiApp, 200, "GET", "/fleet/runs?alerts=true", adminTok, ""); len(jsonList(l["runs"])) != 2 {
+		t.Fatalf("runs with egress alerts: %v", l)
+	}
+	// A fourth run's ledger, sealed late, mirrored by two pulls of its
+	// events: the api puts the head, then updates it with the seal.
+	run4 := apiCall(t, apiApp, 201, "POST", "/fleet/runs", tok, `{"agent":"shell","prompt":"echo four"}`)
+	id4, child4 := fmt.Sprint(run4["fleetRunId"]), fmt.Sprint(run4["childRunId"])
+	host.HoldSeals(true)
+	host.AddEgress(child4, iamLedger(2)...)
+	host.SetRun(child4, "succeeded", new(int), "")
+	apiCall(t, apiApp, 200, "GET", "/fleet/runs/"+id4+"/events?wait=1", tok, "")
+	host.SealEgress(child4)
+	host.HoldSeals(false)
+	apiCall(t, apiApp, 200, "GET", "/fleet/runs/"+id4+"/events?wait=1", tok, "")
 	// A long-poll of a third run mirrors its new output itself.
 	run3 := apiCall(t, apiApp, 201, "POST", "/fleet/runs", tok, `{"agent":"shell","prompt":"echo three"}`)
 	host.AppendOutput(fmt.Sprint(run3["childRunId"]), "three\n")
@@ -499,6 +552,20 @@ func TestRolesWithTheOptionalParameters(t *testing.T) {
 	if vpc := noVPC.mustResolve(t, jsonObj(s.tpl, "Resources", "ApiFunction", "Properties")["VpcConfig"]); vpc != noValue {
 		t.Errorf("VpcConfig without subnets: %v", vpc)
 	}
+}
+
+// iamLedger is n egress ledger records of a run's traffic, the first an
+// alert.
+func iamLedger(n int) []egress.Record {
+	recs := make([]egress.Record, n)
+	for i := range recs {
+		recs[i] = egress.Record{Via: egress.ViaProxy, Authority: "api.github.com:443", Method: "GET", Path: "/repos/acme/widgets",
+			Status: 200, BytesUp: 120, BytesDown: 4096, DurationUs: 5300, Keys: []string{"acme/GITHUB_TOKEN"}, Action: egress.Substituted}
+	}
+	if n > 0 {
+		recs[0].Action, recs[0].Status, recs[0].Reason, recs[0].Alert = egress.Blocked, 403, egress.AlertForeignPlaceholder, egress.AlertForeignPlaceholder
+	}
+	return recs
 }
 
 func (s *statement) conditionOrNil() map[string]any {

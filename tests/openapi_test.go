@@ -14,11 +14,13 @@ import (
 	"path/filepath"
 	"reflect"
 	"regexp"
+	"slices"
 	"sort"
 	"strings"
 	"testing"
 
 	"github.com/runfleet/runfleet/shared/api"
+	"github.com/runfleet/runfleet/shared/egress"
 	"github.com/runfleet/runfleet/shared/fleetapi"
 	"github.com/runfleet/runfleet/shared/hostproto"
 	"github.com/runfleet/runfleet/shared/stream"
@@ -285,7 +287,7 @@ for s in samples:
         errors += check(content[media]["schema"], s["response"], name + " response")
     for event, data in s.get("sse") or []:
         schema = {"event": {"$ref": "#/components/schemas/Event"}, "snapshot": {"$ref": "#/components/schemas/StreamSnapshot"},
-                  "done": {"$ref": "#/components/schemas/StreamDone"}}.get(event)
+                  "done": {"$ref": "#/components/schemas/StreamDone"}, "egress": {"$ref": "#/components/schemas/EgressRecord"}}.get(event)
         if schema is None:
             errors.append("%s: undocumented stream event %r" % (name, event)); continue
         errors += check(schema, json.loads(data), "%s event %s" % (name, event))
@@ -349,6 +351,11 @@ func TestOpenAPIDescribesRealAnswers(t *testing.T) {
 	sm.do("GET", "/fleet/runs/{id}", "/fleet/runs/nope", tok, "", 404)
 	sm.do("POST", "/fleet/runs/{id}/input", "/fleet/runs/"+id+"/input", tok, `{"input":{"answer":"yes"}}`, 200)
 	host.AppendOutput(child, "building\n")
+	leak := egress.Record{Via: egress.ViaProxy, Authority: "paste.example.com:443", Method: "POST", Path: "/upload?t=*",
+		Status: 403, BytesUp: 512, Keys: []string{"acme/API_KEY"}, Action: egress.Blocked, Reason: egress.AlertRealValue, Alert: egress.AlertRealValue}
+	host.AddEgress(child, egress.Record{Via: egress.ViaProxy, Authority: "api.example.com:443", Method: "GET", Path: "/v1/items?page=*",
+		Status: 200, BytesUp: 120, BytesDown: 2048, DurationUs: 3100, Keys: []string{"acme/API_KEY"}, Action: egress.Substituted}, leak,
+		egress.Record{Via: egress.ViaDNS, Authority: "exfil.example.net", Action: egress.Blocked, Reason: "name_not_granted"})
 	host.SetRun(child, "failed", new(int), "")
 	sm.do("POST", "/fleet/runs/{id}/retry", "/fleet/runs/"+id+"/retry", tok, "", 200)
 	sm.do("POST", "/fleet/runs/{id}/retry", "/fleet/runs/"+id+"/retry", tok, "", 409)
@@ -369,6 +376,19 @@ func TestOpenAPIDescribesRealAnswers(t *testing.T) {
 	sm.do("GET", "/fleet/runs/{id}/events", "/fleet/runs/"+id+"/events?after=x", tok, "", 400)
 	sm.do("GET", "/fleet/runs/{id}/events", "/fleet/runs/"+id+"/events?limit=1001", tok, "", 400)
 
+	// The egress ledger mirrored with the run's end, its summary on GET,
+	// the alerts listing.
+	sm.do("GET", "/fleet/runs/{id}", "/fleet/runs/"+id, tok, "", 200)
+	sm.do("GET", "/fleet/runs/{id}/egress", "/fleet/runs/"+id+"/egress?limit=2", tok, "", 200)
+	sm.do("GET", "/fleet/runs/{id}/egress", "/fleet/runs/"+id+"/egress?cursor=2&verify=true", tok, "", 200)
+	sm.do("GET", "/fleet/runs/{id}/egress", "/fleet/runs/"+id+"/egress?cursor=99", tok, "", 200)
+	sm.do("GET", "/fleet/runs/{id}/egress", "/fleet/runs/"+fmt.Sprint(refused["fleetRunId"])+"/egress?verify=1", tok, "", 200)
+	sm.do("GET", "/fleet/runs/{id}/egress", "/fleet/runs/"+id+"/egress?limit=0", tok, "", 400)
+	sm.do("GET", "/fleet/runs/{id}/egress", "/fleet/runs/"+id+"/egress?verify=maybe", tok, "", 400)
+	sm.do("GET", "/fleet/runs/{id}/egress", "/fleet/runs/nope/egress", tok, "", 404)
+	sm.do("GET", "/fleet/runs", "/fleet/runs?alerts=true", adm, "", 200)
+	sm.do("GET", "/fleet/runs", "/fleet/runs?alerts=true", tok, "", 403)
+
 	// The stream, as the local stack serves it, of the run now ended.
 	handler, err := s.app.HTTPHandler(slog.New(slog.NewJSONHandler(io.Discard, nil)), s.clk)
 	must(t, err)
@@ -377,10 +397,14 @@ func TestOpenAPIDescribesRealAnswers(t *testing.T) {
 	streams := &sampler{t: t, base: streamSrv.URL}
 	streams.do("GET", streamPath, "/fleet/runs/"+id+"/stream?token="+tok, "", "", 200)
 	streams.do("GET", streamPath, "/fleet/runs/"+id+"/stream?after=1", tok, "", 200, "Last-Event-ID", "2")
+	streams.do("GET", streamPath, "/fleet/runs/"+id+"/stream?egress=true", tok, "", 200, "Last-Event-ID", "3:1")
 	streams.do("GET", streamPath, "/fleet/runs/"+id+"/stream", "", "", 401)
 	streams.do("GET", streamPath, "/fleet/runs/nope/stream", tok, "", 404)
 	if f := streams.samples[0].SSE; len(f) < 3 || f[len(f)-1][0] != "done" {
 		t.Fatalf("stream frames %v", f)
+	}
+	if f := streams.samples[2].SSE; len(f) < 3 || !slices.ContainsFunc(f, func(x [2]string) bool { return x[0] == "egress" }) || f[len(f)-1][0] != "done" {
+		t.Fatalf("stream frames with egress %v", f)
 	}
 	sm.samples = append(sm.samples, streams.samples...)
 
@@ -474,6 +498,7 @@ var apiAnswerTypes = map[string]func() any{
 	"POST /fleet/hosts/{id}/drain 202":    func() any { return new(fleetapi.HostDrain) },
 	"POST /fleet/hosts/{id}/resume 202":   func() any { return new(fleetapi.HostDrain) },
 	"GET /fleet/runs/{id}/events 200":     func() any { return new(fleetapi.EventPage) },
+	"GET /fleet/runs/{id}/egress 200":     func() any { return new(fleetapi.EgressPage) },
 	"GET " + streamPath + " 429":          func() any { return new(fleetapi.TooManyStreams) },
 }
 
@@ -493,6 +518,7 @@ var apiStreamTypes = map[string]func() any{
 	fleetapi.SSESnapshot: func() any { return new(fleetapi.StreamSnapshot) },
 	fleetapi.SSEDone:     func() any { return new(fleetapi.StreamDone) },
 	fleetapi.SSEIdle:     func() any { return new(fleetapi.StreamIdle) },
+	fleetapi.SSEEgress:   func() any { return new(fleetapi.EgressRecord) },
 }
 
 // checkAPITypes decodes a sample's request body, answer and stream data

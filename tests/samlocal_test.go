@@ -61,7 +61,7 @@ func readSAMEnvFile(t testing.TB) map[string]map[string]string {
 // TestSAMLocalEnvFileMatchesTemplate: the env file names each function of
 // template.yaml and, for each, exactly the variables the template declares
 // for it (with the default parameters). Each value is the deployed one but
-// for the table names (the same five for every function), the endpoint
+// for the table names (the same six for every function), the endpoint
 // (a URL) and the stream's URL (none locally), and Fleet's configuration
 // accepts each function's set.
 func TestSAMLocalEnvFileMatchesTemplate(t *testing.T) {
@@ -78,7 +78,7 @@ func TestSAMLocalEnvFileMatchesTemplate(t *testing.T) {
 	for _, fn := range fns {
 		t.Run(fn, func(t *testing.T) {
 			r := newResolver(out, nil)
-			for _, table := range []string{"Hosts", "Runs", "Events", "Callers", "Idempotency"} {
+			for _, table := range stackTables {
 				r.refs[table+"Table"] = tableRef
 			}
 			want := functionEnv(t, r, out, fn)

@@ -116,7 +116,7 @@ func newStack(t testing.TB, kind string, opts stackOptions) *stack {
 		env[config.EnvDynamoDBEndpoint] = moto.URL
 		n := dynamostore.Prefixed(prefix)
 		env[config.EnvTableHosts], env[config.EnvTableRuns], env[config.EnvTableEvents] = n.Hosts, n.Runs, n.Events
-		env[config.EnvTableCallers], env[config.EnvTableIdempotency] = n.Callers, n.Idempotency
+		env[config.EnvTableEgress], env[config.EnvTableCallers], env[config.EnvTableIdempotency] = n.Egress, n.Callers, n.Idempotency
 	default:
 		t.Fatalf("unknown store %q", kind)
 	}

@@ -199,7 +199,7 @@ func TestStreamFunctionUnderTheEmulator(t *testing.T) {
 	env := map[string]string{
 		config.EnvStore: "dynamodb", config.EnvDynamoDBEndpoint: moto.URL, config.EnvCredentials: "file:" + creds,
 		config.EnvTableHosts: tables.Hosts, config.EnvTableRuns: tables.Runs, config.EnvTableEvents: tables.Events,
-		config.EnvTableCallers: tables.Callers, config.EnvTableIdempotency: tables.Idempotency,
+		config.EnvTableEgress: tables.Egress, config.EnvTableCallers: tables.Callers, config.EnvTableIdempotency: tables.Idempotency,
 		"AWS_REGION": "us-east-1", "AWS_ACCESS_KEY_ID": "test", "AWS_SECRET_ACCESS_KEY": "test",
 	}
 	fn := lambdatest.Start(t, functionBootstrap(t, "stream"), env, 30*time.Second)

@@ -224,12 +224,16 @@ func TestTemplateTransforms(t *testing.T) {
 	if fmt.Sprint(jsonObj(outputs, "StreamUrl", "Value")["Fn::GetAtt"]) != "[StreamFunctionUrl FunctionUrl]" {
 		t.Errorf("StreamUrl output %v", outputs["StreamUrl"])
 	}
-	for _, table := range []string{"Hosts", "Runs", "Events", "Callers", "Idempotency"} {
+	for _, table := range stackTables {
 		if jsonObj(outputs, table+"TableName", "Value")["Ref"] != table+"Table" {
 			t.Errorf("no output names the %s table", table)
 		}
 	}
 }
+
+// stackTables are the stack's tables, each "<name>Table" in template.yaml
+// and the field <name> of dynamostore.TableNames.
+var stackTables = []string{"Hosts", "Runs", "Events", "Egress", "Callers", "Idempotency"}
 
 // functionEnv resolves a transformed function's environment for the
 // default parameters, with refs for the tables.
@@ -250,14 +254,14 @@ func functionEnv(t *testing.T, r *cfnResolver, tpl map[string]any, fn string) ma
 // that authenticate callers read the admin token.
 func TestTemplateFunctionEnvironments(t *testing.T) {
 	_, out := templates(t)
-	allowed := []string{config.EnvStore, config.EnvTableHosts, config.EnvTableRuns, config.EnvTableEvents,
+	allowed := []string{config.EnvStore, config.EnvTableHosts, config.EnvTableRuns, config.EnvTableEvents, config.EnvTableEgress,
 		config.EnvTableCallers, config.EnvTableIdempotency, config.EnvCredentials, config.EnvRetentionDays,
 		config.EnvHostTimeout, config.EnvProbeMaxAge, config.EnvLogLevel, config.EnvAdminTokenSecret, config.EnvAdminTokenTTL,
 		config.EnvRepoURLs, config.EnvStreamMaxDuration, config.EnvStreamURL, config.EnvStreamMaxPerCaller, envAWSEndpoint}
 	for fn := range templateFunctions {
 		t.Run(fn, func(t *testing.T) {
 			r := newResolver(out, nil)
-			for _, table := range []string{"Hosts", "Runs", "Events", "Callers", "Idempotency"} {
+			for _, table := range stackTables {
 				r.refs[table+"Table"] = "runfleet-" + strings.ToLower(table) + "-generated"
 			}
 			env := functionEnv(t, r, out, fn)
@@ -270,7 +274,8 @@ func TestTemplateFunctionEnvironments(t *testing.T) {
 			if err != nil {
 				t.Fatalf("Fleet refuses the environment %v: %v", env, err)
 			}
-			if cfg.Store != config.StoreDynamoDB || cfg.Tables.Runs != "runfleet-runs-generated" || cfg.Tables.Idempotency != "runfleet-idempotency-generated" {
+			if cfg.Store != config.StoreDynamoDB || cfg.Tables.Runs != "runfleet-runs-generated" || cfg.Tables.Idempotency != "runfleet-idempotency-generated" ||
+				cfg.Tables.Egress != "runfleet-egress-generated" {
 				t.Errorf("store %q, tables %+v", cfg.Store, cfg.Tables)
 			}
 			if !cfg.Credentials.NeedsAWS() || env[config.EnvCredentials] != "secretsmanager:runfleet/hosts/" {
@@ -302,7 +307,7 @@ func TestTemplateFunctionEnvironments(t *testing.T) {
 
 	// The optional repository map reaches the api, as a file.
 	r := newResolver(out, map[string]any{"RepoUrlsPath": "/opt/repo-urls.json"})
-	for _, table := range []string{"Hosts", "Runs", "Events", "Callers", "Idempotency"} {
+	for _, table := range stackTables {
 		r.refs[table+"Table"] = table
 	}
 	if got := functionEnv(t, r, out, "ApiFunction")[config.EnvRepoURLs]; got != "file:/opt/repo-urls.json" {
@@ -339,7 +344,7 @@ func TestEmptyAWSEndpointURLIsAWS(t *testing.T) {
 func TestTemplateTimeoutsFitTheBudgets(t *testing.T) {
 	_, out := templates(t)
 	r := newResolver(out, nil)
-	for _, table := range []string{"Hosts", "Runs", "Events", "Callers", "Idempotency"} {
+	for _, table := range stackTables {
 		r.refs[table+"Table"] = table
 	}
 	timeout := func(fn string) time.Duration {
@@ -406,7 +411,8 @@ type cfnTable struct {
 
 // TestTemplateTablesMatchTheStore creates the tables with dynamostore on
 // moto_server and checks that template.yaml declares the same keys, indexes,
-// projections and TTLs, on demand, with point-in-time recovery on runs.
+// projections and TTLs, on demand, with point-in-time recovery on every
+// table but the idempotency keys'.
 func TestTemplateTablesMatchTheStore(t *testing.T) {
 	raw, _ := templates(t)
 	ctx := context.Background()
@@ -420,7 +426,7 @@ func TestTemplateTablesMatchTheStore(t *testing.T) {
 		t.Fatal(err)
 	}
 	tables := map[string]string{
-		"HostsTable": names.Hosts, "RunsTable": names.Runs, "EventsTable": names.Events,
+		"HostsTable": names.Hosts, "RunsTable": names.Runs, "EventsTable": names.Events, "EgressTable": names.Egress,
 		"CallersTable": names.Callers, "IdempotencyTable": names.Idempotency,
 	}
 	if got := resourcesOfType(raw, "AWS::DynamoDB::Table"); len(got) != len(tables) {
@@ -449,11 +455,16 @@ func TestTemplateTablesMatchTheStore(t *testing.T) {
 			t.Errorf("%s billing %q, want PAY_PER_REQUEST", resource, declared.BillingMode)
 		}
 	}
-	b, _ := json.Marshal(jsonObj(raw, "Resources", "RunsTable", "Properties"))
-	var runs cfnTable
-	json.Unmarshal(b, &runs)
-	if runs.PointInTimeRecoverySpecification == nil || !runs.PointInTimeRecoverySpecification.PointInTimeRecoveryEnabled {
-		t.Error("the runs table has no point-in-time recovery")
+	// What cannot be had again if lost: the runs, their events and egress
+	// ledgers (the hosts may since have purged theirs), the hosts and the
+	// callers.
+	for _, resource := range []string{"HostsTable", "RunsTable", "EventsTable", "EgressTable", "CallersTable"} {
+		b, _ := json.Marshal(jsonObj(raw, "Resources", resource, "Properties"))
+		var declared cfnTable
+		json.Unmarshal(b, &declared)
+		if p := declared.PointInTimeRecoverySpecification; p == nil || !p.PointInTimeRecoveryEnabled {
+			t.Errorf("%s has no point-in-time recovery", resource)
+		}
 	}
 }
 
@@ -671,7 +682,7 @@ func TestTemplateThrottlesEveryRouteByItsCost(t *testing.T) {
 func TestTemplateTablesAreDeletionProtected(t *testing.T) {
 	_, out := templates(t)
 	tables := resourcesOfType(out, "AWS::DynamoDB::Table")
-	if len(tables) != 5 {
+	if len(tables) != len(stackTables) {
 		t.Fatalf("tables %v", tables)
 	}
 	for _, id := range tables {

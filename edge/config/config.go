@@ -297,6 +297,37 @@ type KeyPolicy struct {
 	AWS *AWSKey `json:"aws,omitempty"`
 	// SSH bounds a key of kind "ssh"; required for that kind only.
 	SSH *SSHKey `json:"ssh,omitempty"`
+	// Rules decide the HTTPS requests that carry the key (its placeholder,
+	// or for kind "aws" its signature), in order, the first that matches
+	// deciding; none for a key of kind "ssh", whose ssh.allow rules its
+	// commands. Nil: every request the key may reach goes.
+	Rules []Rule `json:"rules,omitempty"`
+	// Default decides a request no rule matches: "allow" (the default) or
+	// "deny".
+	Default string `json:"default,omitempty"`
+	// Mode is "enforce" (the default: a request the rules refuse is
+	// refused) or "warn" (it goes, audited "warned" with the rule that
+	// would have refused it: to learn a policy before enforcing it).
+	Mode string `json:"mode,omitempty"`
+}
+
+// Rule is one request rule: exactly one of Allow and Deny.
+type Rule struct {
+	Allow *RuleMatch `json:"allow,omitempty"`
+	Deny  *RuleMatch `json:"deny,omitempty"`
+}
+
+// RuleMatch is what a rule matches: a request whose method is one of
+// Methods and whose path matches one of Paths. An absent (nil) list
+// matches any; an empty one matches nothing, which the policy refuses.
+type RuleMatch struct {
+	// Methods are HTTP methods, matched in upper case.
+	Methods []string `json:"methods,omitempty"`
+	// Paths are patterns starting with "/": segments split on "/", "*" a
+	// whole segment of any text, "**" any number of segments (none
+	// included); matched case-insensitively against the path as sent,
+	// percent-decoded (package policy, rules.go).
+	Paths []string `json:"paths,omitempty"`
 }
 
 // SSHKey bounds what an SSH key may run upstream. Its real value, in the

@@ -19,6 +19,9 @@ type Granted struct {
 	AWS *AWSKey
 	// SSH is the key's bounds when it is of kind ssh, nil otherwise.
 	SSH *SSHKey
+	// Rules decide the requests that carry the key (DecideRequest); nil
+	// for none.
+	Rules *Rules
 }
 
 // Reaches reports whether the key may be sent to d.
@@ -62,7 +65,7 @@ func (p *Policy) Grant(declared []runspec.Declared) (granted []Granted, refused 
 			}
 			continue
 		}
-		granted = append(granted, Granted{Ref: ref, Domains: domains, In: k.In, Placeholder: k.Placeholder, AWS: k.AWS, SSH: k.SSH})
+		granted = append(granted, Granted{Ref: ref, Domains: domains, In: k.In, Placeholder: k.Placeholder, AWS: k.AWS, SSH: k.SSH, Rules: k.Rules})
 	}
 	return refuseEnvClashes(granted, refused)
 }

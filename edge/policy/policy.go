@@ -1,10 +1,11 @@
 // Package policy owns the host's secrets policy: which project keys may be
 // proxied, the canonical domains each may reach, where in a request each may
-// be substituted, and the shape of its placeholders. It compiles the wire
+// be substituted, the shape of its placeholders, and the request rules
+// (methods and paths) of the requests that carry it. It compiles the wire
 // form of edge.json (config.Policy) into that, refusing at load what could
 // never be enforced; intersects a task's declared secrets with it; keeps the
 // policy in force current as the config file changes; and holds the pure
-// host matcher and allow/block decision the proxy applies per request.
+// host matcher and allow/block decisions the proxy applies per request.
 package policy
 
 import (
@@ -81,6 +82,8 @@ type Key struct {
 	Placeholder Shape
 	AWS         *AWSKey
 	SSH         *SSHKey
+	// Rules decide the requests that carry the key; nil for none.
+	Rules *Rules
 }
 
 // Reaches reports whether the key may be sent to d.
@@ -204,8 +207,14 @@ func compileKey(at config.Path, ref KeyRef, kp config.KeyPolicy) (*Key, config.P
 		}
 	}
 	if kp.Kind == KindSSH {
+		if kp.Rules != nil || kp.Default != "" || kp.Mode != "" {
+			ps = append(ps, at.Key(sshRulesField(kp)).Problemf(`an ssh key makes no HTTPS request for rules to decide: its commands are ruled by "ssh": {"allow": [...], "repositories": [...]}`))
+		}
 		return k, append(ps, compileSSH(at, k, kp)...)
 	}
+	var rps config.Problems
+	k.Rules, rps = compileRules(at, kp)
+	ps = append(ps, rps...)
 	if kp.SSH != nil {
 		ps = append(ps, at.Key("ssh").Problemf(`only a key of "kind": "ssh" takes it`))
 	}

@@ -116,6 +116,9 @@ func (st *requestState) resignAWSRequest(r *http.Request) (handled bool, refused
 	case !d.Allow:
 		return true, st.blocked(d.Reason, o.task, o.ref)
 	}
+	if refused := st.ruleRefusal(o.ref); refused != nil {
+		return true, refused
+	}
 	if sig.CheckTime(st.p.cfg.Clock.Now(), AWSClockSkew) != nil {
 		what := "X-Amz-Date is more than 15 minutes from edge's clock"
 		if sig.Presigned {

@@ -91,6 +91,8 @@ type requestState struct {
 
 	// substituted counts the occurrences substituted (limits.go); under mu.
 	substituted int
+	// rules are the request rules' decisions (rules.go); under mu.
+	rules ruleState
 }
 
 // substitution is one key of a request (a granted one, or one it met): its
@@ -141,6 +143,9 @@ func (st *requestState) substitute(o placeholder.Owner, loc policy.Location) (st
 	defer st.mu.Unlock()
 	if !d.Allow {
 		return "", st.refuseLocked(st.blocked(d.Reason, o.Task, o.Ref))
+	}
+	if r := st.ruleRefusalLocked(o.Ref); r != nil {
+		return "", st.refuseLocked(r)
 	}
 	if r := st.countSubstitution(loc, o.Ref); r != nil {
 		return "", st.refuseLocked(r)
@@ -301,6 +306,7 @@ func (p *Proxy) prepare(st *requestState, ix *placeholder.Index, r *http.Request
 	if refused := st.tripHead(r); refused != nil {
 		return refused
 	}
+	st.noteRuleInput(r)
 	if refused := st.checkMethod(ix, r.Method); refused != nil {
 		return refused
 	}
@@ -339,7 +345,7 @@ func (p *Proxy) refuse(st *requestState, refused *refusal) {
 		entry.Keys = []string{refused.key.String()}
 	}
 	p.logFault(refused, entry.Task, st.ci.logHost)
-	entry.Action, entry.Status, entry.Reason = refused.action, refused.status, refused.reason
+	entry.Action, entry.Status, entry.Reason, entry.Rule = refused.action, refused.status, refused.reason, refused.rule
 	p.alerted(entry, refused)
 	h := st.out.Header()
 	for k, vs := range refused.header {
@@ -371,6 +377,7 @@ func (st *requestState) settle() {
 	default:
 		entry.Action = audit.Forwarded
 	}
+	st.ruleOutcomeLocked(entry)
 	if st.status == 0 {
 		entry.Status = st.out.status
 	}

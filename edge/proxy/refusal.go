@@ -29,6 +29,9 @@ type refusal struct {
 	header http.Header
 	// key is the key the refusal concerns, zero for none.
 	key policy.KeyRef
+	// rule names the request rule that refused (policy.DecideRequest),
+	// "" for none.
+	rule string
 	// alert is the egress alert kind the refusal raises (tripwire.go),
 	// empty for none.
 	alert string

@@ -472,7 +472,7 @@ func (r *wsRelay) block(refused *refusal) error {
 	r.p.logFault(refused, st.runID(), st.ci.logHost)
 	e := audit.Entry{
 		TS: r.p.cfg.Clock.Now(), Task: st.runID(), Action: refused.action, Reason: "websocket message " + refused.reason,
-		Host: st.ci.logHost, Method: st.entry.Method, Path: st.entry.Path, Via: st.ci.via,
+		Host: st.ci.logHost, Method: st.entry.Method, Path: st.entry.Path, Via: st.ci.via, Rule: refused.rule,
 	}
 	r.p.alerted(&e, refused)
 	if refused.key != (policy.KeyRef{}) {

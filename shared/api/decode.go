@@ -368,6 +368,9 @@ func (q Query) Get(name string) string { return q.q.get(name) }
 // API does (digits only; beyond int64 reads as math.MaxInt64).
 func (q Query) NonNegativeInt(name string) (int64, bool, error) { return q.q.nonNegativeInt(name) }
 
+// BoolFlag reads an optional flag as the API does: 1/true or 0/false.
+func (q Query) BoolFlag(name string) (bool, error) { return q.q.boolFlag(name) }
+
 // NonNegativeInt parses a non-negative integer given outside the query (a
 // header such as Last-Event-ID) with the same rule, the error naming it.
 func NonNegativeInt(name, value string) (int64, error) {

@@ -37,6 +37,12 @@ func badRequest(format string, args ...any) *requestError {
 	return &requestError{status: http.StatusBadRequest, code: fleet.CodeInvalid, message: fmt.Sprintf(format, args...)}
 }
 
+// adminRequired is the 403 of an admin-only route or view asked for
+// without an admin token.
+func adminRequired(message string) *requestError {
+	return &requestError{status: http.StatusForbidden, code: codeAdminRequired, message: message}
+}
+
 // jsonError is a 400 for a body that is not one well-formed JSON value or
 // gives a key twice (invalid_json); a body that is JSON but not what the
 // route takes is badRequest's (invalid_request).

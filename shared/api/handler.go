@@ -270,7 +270,7 @@ func (h *Handler) prepare(ctx context.Context, ev events.APIGatewayV2HTTPRequest
 		}
 		rq.caller = c
 		if rt.access == adminOnly && !c.Admin {
-			return rt, rq, &requestError{status: http.StatusForbidden, code: codeAdminRequired, message: "this route requires an admin token"}
+			return rt, rq, adminRequired("this route requires an admin token")
 		}
 	}
 	q, err := parseQuery(ev.RawQueryString, rt.query)

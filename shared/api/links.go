@@ -22,7 +22,8 @@ type linker struct {
 
 func (l linker) run(fleetRunID string) fleetapi.RunLinks {
 	self := l.api + "/fleet/runs/" + url.PathEscape(fleetRunID)
-	return fleetapi.RunLinks{Self: self, Events: self + "/events", Stream: l.stream + "/fleet/runs/" + url.PathEscape(fleetRunID) + "/stream"}
+	return fleetapi.RunLinks{Self: self, Events: self + "/events", Stream: l.stream + "/fleet/runs/" + url.PathEscape(fleetRunID) + "/stream",
+		Egress: self + "/egress"}
 }
 
 // requestBase is the API's base URL as the caller reached it: the scheme

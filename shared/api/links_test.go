@@ -35,7 +35,7 @@ func TestRequestBaseIsWhereTheCallerReachedTheAPI(t *testing.T) {
 	l := linker{api: "https://api.example.com", stream: "https://s.lambda-url.eu-west-1.on.aws"}
 	got := l.run("fr-abc")
 	if got.Self != "https://api.example.com/fleet/runs/fr-abc" || got.Events != "https://api.example.com/fleet/runs/fr-abc/events" ||
-		got.Stream != "https://s.lambda-url.eu-west-1.on.aws/fleet/runs/fr-abc/stream" {
+		got.Stream != "https://s.lambda-url.eu-west-1.on.aws/fleet/runs/fr-abc/stream" || got.Egress != "https://api.example.com/fleet/runs/fr-abc/egress" {
 		t.Fatalf("links %+v", got)
 	}
 }

@@ -17,8 +17,8 @@ import (
 )
 
 // The routes that act on a run through its host (input, cancel, retry:
-// answered with outcomeStatus), read its mirror (events) and roll up the
-// hosts' metrics.
+// answered with outcomeStatus), read its mirror (events, the egress
+// ledger) and roll up the hosts' metrics.
 
 func (h *Handler) input(ctx context.Context, rq *request) (int, any, error) {
 	value, err := inputValue(rq.body)
@@ -200,6 +200,31 @@ func (h *Handler) waitForEvents(ctx context.Context, rq *request, run store.Run,
 			return fleet.EventsPage{}, run, ctx.Err()
 		}
 	}
+}
+
+// egress reads GET /fleet/runs/{id}/egress: a page of the run's ledger
+// mirror after cursor (the events pages' conventions), with the ledger's
+// summary and seal, and with verify=true the verification of the whole
+// mirrored ledger. No long-poll: a ledger is followed on the stream
+// (?egress=true) or by paging again.
+func (h *Handler) egress(ctx context.Context, rq *request) (int, any, error) {
+	after, _, err := rq.query.nonNegativeInt("cursor")
+	if err != nil {
+		return 0, nil, err
+	}
+	limit, err := rq.query.pageLimit(fleet.MaxEgressLimit)
+	if err != nil {
+		return 0, nil, err
+	}
+	verify, err := rq.query.boolFlag("verify")
+	if err != nil {
+		return 0, nil, err
+	}
+	page, err := h.fleet.Egress(ctx, rq.caller, rq.params["id"], after, limit, verify)
+	if err != nil {
+		return 0, nil, err
+	}
+	return http.StatusOK, toEgressPage(page), nil
 }
 
 // sleep waits d on the handler's clock; false when ctx ended first.

@@ -30,12 +30,13 @@ func (h *Handler) routeTable() []route {
 		{method: http.MethodDelete, pattern: "/fleet/callers/{ownerId}", access: adminOnly, handle: h.revokeCaller},
 
 		{method: http.MethodPost, pattern: "/fleet/runs", access: callerOnly, handle: h.dispatch},
-		{method: http.MethodGet, pattern: "/fleet/runs", access: callerOnly, query: []string{"cursor", "limit"}, handle: h.listRuns},
+		{method: http.MethodGet, pattern: "/fleet/runs", access: callerOnly, query: []string{"cursor", "limit", "alerts"}, handle: h.listRuns},
 		{method: http.MethodGet, pattern: "/fleet/runs/{id}", access: callerOnly, handle: h.getRun},
 		{method: http.MethodPost, pattern: "/fleet/runs/{id}/input", access: callerOnly, handle: h.input},
 		{method: http.MethodPost, pattern: "/fleet/runs/{id}/cancel", access: callerOnly, handle: h.cancel},
 		{method: http.MethodPost, pattern: "/fleet/runs/{id}/retry", access: callerOnly, handle: h.retry},
 		{method: http.MethodGet, pattern: "/fleet/runs/{id}/events", access: callerOnly, query: []string{"after", "limit", "wait"}, handle: h.events},
+		{method: http.MethodGet, pattern: "/fleet/runs/{id}/egress", access: callerOnly, query: []string{"cursor", "limit", "verify"}, handle: h.egress},
 
 		{method: http.MethodGet, pattern: "/metrics", access: callerOnly, query: []string{"host", "after"}, handle: h.metrics},
 	}
@@ -231,6 +232,9 @@ func idempotencyKey(rq *request, fromBody string) (string, error) {
 	return fromBody, nil
 }
 
+// listRuns reads GET /fleet/runs: the caller's runs, or with alerts=true
+// (admins only: it spans every owner) the runs whose egress ledgers hold
+// alerts.
 func (h *Handler) listRuns(ctx context.Context, rq *request) (int, any, error) {
 	limit, err := rq.query.pageLimit(store.MaxLimit)
 	if err != nil {
@@ -239,6 +243,20 @@ func (h *Handler) listRuns(ctx context.Context, rq *request) (int, any, error) {
 	cursor := rq.query.get("cursor")
 	if rq.query.has("cursor") && cursor == "" {
 		return 0, nil, badRequest("cursor is empty: omit it to start at the newest run")
+	}
+	alerts, err := rq.query.boolFlag("alerts")
+	if err != nil {
+		return 0, nil, err
+	}
+	if alerts {
+		if !rq.caller.Admin {
+			return 0, nil, adminRequired("alerts=true lists every owner's runs with egress alerts: it requires an admin token")
+		}
+		page, err := h.fleet.AlertedRuns(ctx, cursor, limit)
+		if err != nil {
+			return 0, nil, err
+		}
+		return http.StatusOK, toAlertedPage(page, rq.links), nil
 	}
 	page, err := h.fleet.Runs(ctx, rq.caller, cursor, limit)
 	if err != nil {

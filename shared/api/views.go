@@ -8,6 +8,7 @@ import (
 	"strconv"
 	"time"
 
+	"github.com/runfleet/runfleet/shared/egress"
 	"github.com/runfleet/runfleet/shared/fleet"
 	"github.com/runfleet/runfleet/shared/fleetapi"
 	"github.com/runfleet/runfleet/shared/hostproto"
@@ -57,7 +58,7 @@ func toProbeView(p store.Probe) fleetapi.Probe {
 	v := fleetapi.Probe{
 		Status: p.Status, At: p.At, LatencyMs: p.LatencyMs, Version: p.Version, Agents: p.Agents,
 		Features: fleetapi.Features{SecretsProxy: p.Features.SecretsProxy, ExecRequire: p.Features.ExecRequire},
-		Draining: p.Draining, Idle: p.Idle, Detail: p.Detail,
+		Draining: p.Draining, Idle: p.Idle, Detail: p.Detail, LedgerKey: p.LedgerKey,
 	}
 	if v.Agents == nil {
 		v.Agents = []string{}
@@ -147,8 +148,81 @@ func toRunPage(page store.RunPage, l linker) fleetapi.RunPage {
 	return fleetapi.RunPage{Runs: views, NextCursor: page.NextCursor, HasMore: page.NextCursor != ""}
 }
 
+// toRunAnswer is GET /fleet/runs/{id}: the run with its egress summary.
 func toRunAnswer(st fleet.RunState, l linker) fleetapi.RunAnswer {
-	return fleetapi.RunAnswer{Run: toRunView(st.Run, l), Refreshed: st.Refreshed, Note: st.Note}
+	v := toRunView(st.Run, l)
+	v.Egress = toEgressSummary(st.Egress)
+	return fleetapi.RunAnswer{Run: v, Refreshed: st.Refreshed, Note: st.Note}
+}
+
+// toAlertedPage is GET /fleet/runs?alerts=true: the runs with egress
+// alerts, each with its egress summary.
+func toAlertedPage(page fleet.AlertedPage, l linker) fleetapi.RunPage {
+	views := make([]fleetapi.Run, len(page.Runs))
+	for i, r := range page.Runs {
+		views[i] = toRunView(r.Run, l)
+		views[i].Egress = toEgressSummary(r.Egress)
+	}
+	return fleetapi.RunPage{Runs: views, NextCursor: page.NextCursor, HasMore: page.NextCursor != ""}
+}
+
+// EgressRecordOf is a mirrored ledger record as the API shows it, on the
+// egress route and the stream alike: the host's record, hash included,
+// field for field.
+func EgressRecordOf(r egress.Record) fleetapi.EgressRecord {
+	return fleetapi.EgressRecord{
+		Seq: r.Seq, TS: r.TS, Via: r.Via, Authority: r.Authority, Method: r.Method, Path: r.Path, Command: r.Command,
+		Status: r.Status, BytesUp: r.BytesUp, BytesDown: r.BytesDown, DurationUs: r.DurationUs, Keys: r.Keys,
+		Action: r.Action, Reason: r.Reason, Rule: r.Rule, Alert: r.Alert, Dropped: r.Dropped, Hash: r.Hash,
+	}
+}
+
+// toEgressSummary is a ledger's summary; nil stays nil (no ledger).
+func toEgressSummary(s *egress.Summary) *fleetapi.EgressSummary {
+	if s == nil {
+		return nil
+	}
+	v := &fleetapi.EgressSummary{
+		Requests: s.Requests, Blocked: s.Blocked, Warned: s.Warned, BytesUp: s.BytesUp, BytesDown: s.BytesDown,
+		Alerts: s.Alerts, Dropped: s.Dropped, Authorities: make([]fleetapi.EgressAuthority, len(s.Authorities)),
+		OtherAuthorities: s.OtherAuthorities,
+	}
+	for i, a := range s.Authorities {
+		keys := a.Keys
+		if keys == nil {
+			keys = []string{}
+		}
+		v.Authorities[i] = fleetapi.EgressAuthority{Authority: a.Authority, Requests: a.Requests, Blocked: a.Blocked, Keys: keys}
+	}
+	return v
+}
+
+// toEgressSeal is a ledger's seal; nil stays nil (not sealed).
+func toEgressSeal(s *egress.Seal) *fleetapi.EgressSeal {
+	if s == nil {
+		return nil
+	}
+	return &fleetapi.EgressSeal{Count: s.Count, LastHash: s.LastHash, Signature: s.Signature, PublicKey: s.PublicKey, SealedAt: s.SealedAt}
+}
+
+// toEgressPage is a page of the ledger mirror, as toEventPage shapes a
+// page of events: no nextCursor past the mirror's end.
+func toEgressPage(page fleet.EgressPage) fleetapi.EgressPage {
+	records := make([]fleetapi.EgressRecord, len(page.Records))
+	for i, r := range page.Records {
+		records[i] = EgressRecordOf(r)
+	}
+	v := fleetapi.EgressPage{Records: records, HasMore: page.HasMore, Live: page.Live,
+		Summary: toEgressSummary(page.Summary), Seal: toEgressSeal(page.Seal)}
+	if !page.PastEnd {
+		next := page.NextCursor
+		v.NextCursor = &next
+	}
+	if x := page.Verification; x != nil {
+		v.Verification = &fleetapi.EgressVerification{OK: x.OK, Records: x.Records, Sealed: x.Sealed, FailedSeq: x.FailedSeq,
+			Problem: x.Problem, HostID: x.HostID, LedgerKey: x.LedgerKey}
+	}
+	return v
 }
 
 // toDispatchRequest is a dispatch body as Fleet takes it: the run request,
@@ -313,22 +387,29 @@ func toEventPage(page fleet.EventsPage, live bool) fleetapi.EventPage {
 }
 
 // StreamSnapshotOf is the stream's snapshot data: where the stream stands
-// (cursor: the last event sent) and whether more may come.
-func StreamSnapshotOf(r store.Run, cursor int64, live bool) fleetapi.StreamSnapshot {
-	return fleetapi.StreamSnapshot{Cursor: cursor, Status: r.Status, Attempt: r.Attempt, Live: live}
+// (cursor: the last event sent; egressCursor: the last ledger record sent,
+// nil on a stream without egress) and whether more may come.
+func StreamSnapshotOf(r store.Run, cursor int64, egressCursor *int64, live bool) fleetapi.StreamSnapshot {
+	return fleetapi.StreamSnapshot{Cursor: cursor, Status: r.Status, Attempt: r.Attempt, Live: live, EgressCursor: egressCursor}
 }
 
 // StreamDoneOf is the stream's done data: the run's end.
-func StreamDoneOf(r store.Run, cursor int64) fleetapi.StreamDone {
-	return fleetapi.StreamDone{Cursor: cursor, Status: r.Status, Attempt: r.Attempt, ExitCode: r.ExitCode, Reason: r.Reason, Detail: r.Detail}
+func StreamDoneOf(r store.Run, cursor int64, egressCursor *int64) fleetapi.StreamDone {
+	return fleetapi.StreamDone{Cursor: cursor, Status: r.Status, Attempt: r.Attempt, ExitCode: r.ExitCode, Reason: r.Reason, Detail: r.Detail,
+		EgressCursor: egressCursor}
 }
 
 // StreamIdleOf is the stream's idle data: silent for idle, the stream
-// ends; resume at cursor after retry.
-func StreamIdleOf(r store.Run, cursor int64, idle, retry time.Duration) fleetapi.StreamIdle {
+// ends; resume at cursor (and egressCursor, on a stream with egress)
+// after retry.
+func StreamIdleOf(r store.Run, cursor int64, egressCursor *int64, idle, retry time.Duration) fleetapi.StreamIdle {
+	resume := "/fleet/runs/" + url.PathEscape(r.FleetRunID) + "/stream?after=" + strconv.FormatInt(cursor, 10)
+	if egressCursor != nil {
+		resume += "&egress=true&egressAfter=" + strconv.FormatInt(*egressCursor, 10)
+	}
 	return fleetapi.StreamIdle{
 		Cursor: cursor, Status: r.Status, IdleSeconds: int64(idle.Seconds()), RetryMs: retry.Milliseconds(),
-		Resume: "/fleet/runs/" + url.PathEscape(r.FleetRunID) + "/stream?after=" + strconv.FormatInt(cursor, 10),
+		Resume: resume, EgressCursor: egressCursor,
 	}
 }
 

@@ -2,9 +2,12 @@ package api
 
 import (
 	"encoding/json"
+	"reflect"
 	"strings"
 	"testing"
+	"time"
 
+	"github.com/runfleet/runfleet/shared/egress"
 	"github.com/runfleet/runfleet/shared/fleet"
 	"github.com/runfleet/runfleet/shared/fleetapi"
 	"github.com/runfleet/runfleet/shared/hostproto"
@@ -23,7 +26,8 @@ func TestHostViewJSONIsUnchanged(t *testing.T) {
 		`"features":{"secretsProxy":true,"execRequire":true},` +
 		`"ca":{"notAfter":"2027-05-04T03:02:01.123456789Z","successorNotAfter":"2026-08-02T03:02:01.123456789Z"},` +
 		`"draining":true,"idle":true,"storage":{"freeBytes":3221225472,"minFreeBytes":1073741824,"low":true},` +
-		`"limits":{"enforced":"cgroup2","memoryBytes":2147483648,"pids":512,"cpu":1.5,"detail":"per task"},"load":{"active":0,"maxConcurrent":4},"detail":"ok after 1 retry"}}`
+		`"limits":{"enforced":"cgroup2","memoryBytes":2147483648,"pids":512,"cpu":1.5,"detail":"per task"},"load":{"active":0,"maxConcurrent":4},"detail":"ok after 1 retry",` +
+		`"ledgerKey":"ed25519:11qYAYKxCrfVS/7TyWQHOg7hcvPapiMlrwIaaPcHURo="}}`
 	got, err := json.Marshal(toHostView(storetest.StoredFormHost(), true))
 	if err != nil {
 		t.Fatal(err)
@@ -117,6 +121,73 @@ func TestEventPageCursor(t *testing.T) {
 		{fleet.EventsPage{Events: []hostproto.Event{}, NextCursor: 100, PastEnd: true}, `{"events":[],"hasMore":false,"live":true}`},
 	} {
 		if b, _ := json.Marshal(toEventPage(c.page, true)); string(b) != c.want {
+			t.Errorf("%+v: %s, want %s", c.page, b, c.want)
+		}
+	}
+}
+
+// sameShape fails unless a and b (struct types) have the same fields, in
+// the same order, with the same JSON tags and field types' kinds: what
+// keeps fleetapi's copy of a shared/egress type its JSON twin.
+func sameShape(t *testing.T, a, b reflect.Type) {
+	t.Helper()
+	if a.NumField() != b.NumField() {
+		t.Fatalf("%v has %d fields, %v %d", a, a.NumField(), b, b.NumField())
+	}
+	for i := range a.NumField() {
+		fa, fb := a.Field(i), b.Field(i)
+		if fa.Name != fb.Name || fa.Tag.Get("json") != fb.Tag.Get("json") || fa.Type.Kind() != fb.Type.Kind() {
+			t.Errorf("field %d: %v %s `%s` vs %v %s `%s`", i, a, fa.Name, fa.Tag, b, fb.Name, fb.Tag)
+		}
+	}
+}
+
+// TestEgressTypesAreTheLedgersJSON: fleetapi's ledger record, summary and
+// seal are shared/egress's, field for field, so a client hashes a record
+// the API shows exactly as the host did; every field set, a record goes
+// through the API's view to the very bytes egress.Record writes.
+func TestEgressTypesAreTheLedgersJSON(t *testing.T) {
+	sameShape(t, reflect.TypeFor[egress.Record](), reflect.TypeFor[fleetapi.EgressRecord]())
+	sameShape(t, reflect.TypeFor[egress.Summary](), reflect.TypeFor[fleetapi.EgressSummary]())
+	sameShape(t, reflect.TypeFor[egress.AuthoritySummary](), reflect.TypeFor[fleetapi.EgressAuthority]())
+	sameShape(t, reflect.TypeFor[egress.Seal](), reflect.TypeFor[fleetapi.EgressSeal]())
+
+	r := egress.Record{Seq: 3, TS: time.Date(2026, 5, 4, 3, 2, 1, 5, time.UTC), Via: egress.ViaSSH, Authority: "github.com:22",
+		Method: "exec", Path: "/a?b=*&c=*", Command: "git-upload-pack 'acme/app.git'", Status: 200, BytesUp: 1, BytesDown: 2,
+		DurationUs: 3, Keys: []string{"acme/GIT"}, Action: egress.Warned, Reason: "rule", Rule: "projects.acme.keys.GIT.rules[0]",
+		Alert: egress.AlertForeignPlaceholder, Dropped: 4, Hash: strings.Repeat("ab", 32)}
+	want, _ := json.Marshal(r)
+	got, _ := json.Marshal(EgressRecordOf(r))
+	if string(got) != string(want) {
+		t.Fatalf("the API's record\n%s\nthe ledger's\n%s", got, want)
+	}
+	s := egress.Summary{Requests: 5, Blocked: 1, Warned: 1, BytesUp: 2, BytesDown: 3, Alerts: 1, Dropped: 1,
+		Authorities: []egress.AuthoritySummary{{Authority: "github.com:22", Requests: 5, Blocked: 1, Keys: []string{"acme/GIT"}}}, OtherAuthorities: 2}
+	want, _ = json.Marshal(s)
+	got, _ = json.Marshal(toEgressSummary(&s))
+	if string(got) != string(want) {
+		t.Fatalf("the API's summary\n%s\nthe ledger's\n%s", got, want)
+	}
+	seal := egress.Seal{Count: 5, LastHash: "ab", Signature: "c2ln", PublicKey: "ed25519:x", SealedAt: r.TS}
+	want, _ = json.Marshal(seal)
+	got, _ = json.Marshal(toEgressSeal(&seal))
+	if string(got) != string(want) {
+		t.Fatalf("the API's seal\n%s\nthe ledger's\n%s", got, want)
+	}
+}
+
+// TestEgressPageCursor: as an events page, nextCursor is there on every
+// page but one past the mirror's end; summary and seal are null without a
+// ledger, never left out.
+func TestEgressPageCursor(t *testing.T) {
+	for _, c := range []struct {
+		page fleet.EgressPage
+		want string
+	}{
+		{fleet.EgressPage{Records: []egress.Record{}, Live: true}, `{"records":[],"hasMore":false,"live":true,"nextCursor":0,"summary":null,"seal":null}`},
+		{fleet.EgressPage{Records: []egress.Record{}, NextCursor: 9, PastEnd: true}, `{"records":[],"hasMore":false,"live":false,"summary":null,"seal":null}`},
+	} {
+		if b, _ := json.Marshal(toEgressPage(c.page)); string(b) != c.want {
 			t.Errorf("%+v: %s, want %s", c.page, b, c.want)
 		}
 	}

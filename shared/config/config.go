@@ -31,6 +31,7 @@ const (
 	EnvTableHosts       = "RUNFLEET_TABLE_HOSTS"
 	EnvTableRuns        = "RUNFLEET_TABLE_RUNS"
 	EnvTableEvents      = "RUNFLEET_TABLE_EVENTS"
+	EnvTableEgress      = "RUNFLEET_TABLE_EGRESS"
 	EnvTableCallers     = "RUNFLEET_TABLE_CALLERS"
 	EnvTableIdempotency = "RUNFLEET_TABLE_IDEMPOTENCY"
 	EnvCredentials      = "RUNFLEET_CREDENTIALS"
@@ -160,6 +161,7 @@ func FromEnv(getenv func(string) string) (Fleet, error) {
 		Hosts:       getenv(EnvTableHosts),
 		Runs:        getenv(EnvTableRuns),
 		Events:      getenv(EnvTableEvents),
+		Egress:      getenv(EnvTableEgress),
 		Callers:     getenv(EnvTableCallers),
 		Idempotency: getenv(EnvTableIdempotency),
 	}
@@ -224,6 +226,7 @@ func (c *Fleet) fillDefaults() {
 	def(&c.Tables.Hosts, tables.Hosts)
 	def(&c.Tables.Runs, tables.Runs)
 	def(&c.Tables.Events, tables.Events)
+	def(&c.Tables.Egress, tables.Egress)
 	def(&c.Tables.Callers, tables.Callers)
 	def(&c.Tables.Idempotency, tables.Idempotency)
 	def(&c.Addr, DefaultAddr)

@@ -36,7 +36,7 @@ func TestFromEnvDefaults(t *testing.T) {
 func TestFromEnvReadsEveryName(t *testing.T) {
 	c, err := FromEnv(env(map[string]string{
 		EnvAdminToken: "0123456789abcdef0123", EnvStore: "bolt:/tmp/f.db", EnvDynamoDBEndpoint: "http://127.0.0.1:5000",
-		EnvTableHosts: "h", EnvTableRuns: "r", EnvTableEvents: "e", EnvTableCallers: "c", EnvTableIdempotency: "i",
+		EnvTableHosts: "h", EnvTableRuns: "r", EnvTableEvents: "e", EnvTableEgress: "x", EnvTableCallers: "c", EnvTableIdempotency: "i",
 		EnvCredentials: "file:/etc/c.json", EnvRepoURLs: "file:/etc/repos.json", EnvRetentionDays: "7",
 		EnvAddr: "127.0.0.1:9999", EnvHostTimeout: "3s", EnvProbeTimeout: "2s", EnvProbeMaxAge: "1m",
 		EnvProbeConcurrency: "2", EnvLogLevel: "debug",
@@ -50,7 +50,7 @@ func TestFromEnvReadsEveryName(t *testing.T) {
 	}
 	want := Fleet{
 		AdminToken: "0123456789abcdef0123", Store: "bolt:/tmp/f.db", DynamoDBEndpoint: "http://127.0.0.1:5000",
-		Tables:      Tables{Hosts: "h", Runs: "r", Events: "e", Callers: "c", Idempotency: "i"},
+		Tables:      Tables{Hosts: "h", Runs: "r", Events: "e", Egress: "x", Callers: "c", Idempotency: "i"},
 		Credentials: credentials.Spec{Kind: "file", Arg: "/etc/c.json"}, RepoURLs: "file:/etc/repos.json",
 		RetentionDays: 7, Addr: "127.0.0.1:9999", HostTimeout: 3 * time.Second, ProbeTimeout: 2 * time.Second,
 		ProbeMaxAge: time.Minute, ProbeConcurrency: 2, LogLevel: slog.LevelDebug,

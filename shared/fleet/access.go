@@ -23,6 +23,7 @@ const (
 	logDoing    = "doing"
 	logVerb     = "verb"
 	logSequence = "sequence"
+	logCursor   = "cursor"
 )
 
 // RunFor returns the run c may read and act on, as stored. It is the one

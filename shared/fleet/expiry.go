@@ -30,6 +30,13 @@ import (
 //     falls short, to the run's own expiry plus eventsLag (room for a retry
 //     just before the run expires to reach the next sweep's extension).
 //
+// A run's egress ledger mirror (egress.go) is kept exactly as its events
+// are: its records and head are written to expire as an event mirrored then
+// would, and every extension of the events extends them too
+// (ExtendEgressExpiry), so the ledger outlives its run as the events do.
+// Its records are mirrored no earlier than the run's first events (a run's
+// first event is its start's), so the run's events bound covers them.
+//
 // An extension reads the run's events and writes each one it extends: a
 // cost paid by runs live over a week and by retried runs, not by the rest.
 // Extending is the sweep's alone: the stream's pull-through leaves a run
@@ -71,11 +78,14 @@ func (f *Fleet) drainEventsShort(r store.Run) bool {
 	return r.EventCursor > 0 && f.eventsFloor(r).Before(r.ExpiresAt.Add(eventsLag))
 }
 
-// extendEvents extends run's events to expire no earlier than to, then
-// records the bound on the run.
+// extendEvents extends run's events and egress ledger to expire no
+// earlier than to, then records the bound on the run.
 func (f *Fleet) extendEvents(ctx context.Context, run store.Run, to time.Time) (store.Run, error) {
 	if err := f.store.ExtendEventsExpiry(ctx, run.FleetRunID, to); err != nil {
 		return run, fmt.Errorf("fleet: extending the expiry of the events of %s: %w", run.FleetRunID, err)
+	}
+	if err := f.store.ExtendEgressExpiry(ctx, run.FleetRunID, to); err != nil {
+		return run, fmt.Errorf("fleet: extending the expiry of the egress ledger of %s: %w", run.FleetRunID, err)
 	}
 	f.log.Info("events' expiry extended", logRun, run.FleetRunID, "to", to, logAttempt, run.Attempt, logStatus, run.Status)
 	stored, err := f.settle(ctx, run, func(cur *store.Run) bool {

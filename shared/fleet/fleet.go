@@ -1,7 +1,8 @@
 // Package fleet owns Fleet's domain: the host registry, probes, routing,
 // idempotent dispatch and the recovery of dispatches whose answer was lost,
-// the verbs forwarded to a run's host, the event mirror with the sweep that
-// keeps live runs current, and the scrape behind the metrics rollup, over a
+// the verbs forwarded to a run's host, the event and egress ledger mirror
+// with the sweep that keeps live runs current (and the ledger's
+// verification), and the scrape behind the metrics rollup, over a
 // store.Store and the host protocol client. The API handler (package api),
 // the stream (package stream) and the scheduled jobs (package scheduled)
 // call it; it knows nothing of HTTP.
@@ -78,10 +79,14 @@ type Config struct {
 	Retention time.Duration
 	// RepoURLs is the repository map (repository -> clone URL); nil is empty.
 	RepoURLs map[string]string
-	// MaxEventPageBytes bounds a host's answer to one events page; zero is
-	// hostproto.DefaultMaxEventPageBytes. A larger answer is asked again
-	// for fewer events (see the mirror).
+	// MaxEventPageBytes bounds a host's answer to one events page (and
+	// one egress ledger page); zero is hostproto.DefaultMaxEventPageBytes.
+	// A larger answer is asked again for fewer events (see the mirror).
 	MaxEventPageBytes int64
+	// EgressBatch is how many records must be pending on a live run's
+	// host before the sweep mirrors its egress ledger (egress.go); zero is
+	// DefaultEgressBatch.
+	EgressBatch int
 }
 
 // Validate reports a missing required field.
@@ -108,6 +113,9 @@ type Fleet struct {
 
 	mu         sync.Mutex
 	transports map[string]*http.Transport // by sha256(caPem); "" is the system roots
+
+	// ledgers remembers each live run's ledger cursor (egress.go).
+	ledgers ledgerCursors
 }
 
 // New checks cfg, fills its defaults and returns a Fleet.
@@ -135,6 +143,9 @@ func New(cfg Config) (*Fleet, error) {
 	}
 	if cfg.Retention <= 0 {
 		cfg.Retention = DefaultRetention
+	}
+	if cfg.EgressBatch <= 0 {
+		cfg.EgressBatch = DefaultEgressBatch
 	}
 	return &Fleet{
 		cfg:        cfg,

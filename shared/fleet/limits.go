@@ -34,13 +34,14 @@ const (
 	MaxCAPEMBytes = 64 << 10
 	// MaxScopeIDs bounds a caller's allowedHosts and allowedProjects.
 	MaxScopeIDs = 1000
-	// maxProbeAgents, maxProbeVersion and maxProbeLimits (limits' enforced
-	// and detail together) bound what a probe records of a host's /healthz
-	// answer (the host, not a caller, writes it).
+	// maxProbeAgents, maxProbeVersion, maxProbeLimits (limits' enforced
+	// and detail together) and maxProbeLedgerKey bound what a probe records
+	// of a host's /healthz answer (the host, not a caller, writes it).
 	maxProbeAgents    = 64
 	maxProbeAgentName = 256
 	maxProbeVersion   = 128
 	maxProbeLimits    = 1024
+	maxProbeLedgerKey = 128
 	// MaxDetailBytes bounds a run's detail (the human side of its reason):
 	// a host writes it, and it is kept in the run's item and shown.
 	MaxDetailBytes = 1024

@@ -112,11 +112,17 @@ func (f *Fleet) MirroredEvents(ctx context.Context, run store.Run, after int64, 
 }
 
 // SyncRun brings one run up to date from its host (state and events, as
-// the sweep does) and returns it as stored after; a run that is no longer
-// live is returned as stored, without asking the host. A host that cannot
-// be asked leaves the run as it was (with the error). The stream calls it
+// the sweep does, and its egress ledger once it has ended: see the egress
+// mirror) and returns it as stored after; a run that is no longer live is
+// returned as stored, without asking the host. A host that cannot be
+// asked leaves the run as it was (with the error). The stream calls it
 // before each read of the mirror (pull-through).
 func (f *Fleet) SyncRun(ctx context.Context, id string) (store.Run, error) {
+	return f.syncByID(ctx, id, egressAtEnd)
+}
+
+// syncByID is SyncRun with the ledger treated as mode says.
+func (f *Fleet) syncByID(ctx context.Context, id string, mode egressMode) (store.Run, error) {
 	run, err := f.store.GetRun(store.EventualRead(ctx), id)
 	if err == nil && !run.Live() {
 		// Its end is what a stream would announce, and a stale read may
@@ -127,7 +133,7 @@ func (f *Fleet) SyncRun(ctx context.Context, id string) (store.Run, error) {
 	if err != nil {
 		return store.Run{}, fmt.Errorf("fleet: reading run %s: %w", id, err)
 	}
-	stored, res := f.syncRun(ctx, run, syncPass{hosts: newHostClients(f)})
+	stored, res := f.syncRun(ctx, run, syncPass{hosts: newHostClients(f), egress: mode})
 	return stored, res.err
 }
 
@@ -140,6 +146,8 @@ type syncPass struct {
 	// extend lets the pass extend events' expiry (the sweep alone does: see
 	// expiry.go); without it a run that needs that is left live for it.
 	extend bool
+	// egress is how the pass treats a live run's ledger (egress.go).
+	egress egressMode
 }
 
 // syncOutcome is what syncRun did with a run.
@@ -160,6 +168,7 @@ type syncResult struct {
 	recovered bool // a dispatching run was resolved
 	extended  bool // its events' expiry was extended
 	events    int  // events mirrored
+	egress    int  // ledger records mirrored
 	err       error
 }
 
@@ -231,10 +240,11 @@ func (f *Fleet) syncDispatching(ctx, hostCtx context.Context, run store.Run, pas
 	return stored, res
 }
 
-// syncLive reads a live run's state from its host, then its events, and
-// records both (recordSync). The state comes first: a terminal state read
-// here means its state event is on the host already (see the mirror's
-// comment).
+// syncLive reads a live run's state from its host, then its events, then
+// its egress ledger (egress.go), and records them (recordSync). The state
+// comes first: a terminal state read here means its state event is on the
+// host already (see the mirror's comment), and its ledger sealed or soon
+// to be.
 func (f *Fleet) syncLive(ctx, hostCtx context.Context, run store.Run, pass syncPass) (store.Run, syncResult) {
 	res := syncResult{}
 	if pass.extend && !store.Terminal(run.Status) && f.liveEventsShort(run, f.clock.Now()) && !f.spent(pass) {
@@ -262,7 +272,15 @@ func (f *Fleet) syncLive(ctx, hostCtx context.Context, run store.Run, pass syncP
 	if err != nil {
 		return run, f.hostTrouble(run, pass.hosts, "reading the run's state", err)
 	}
-	return f.recordSync(ctx, hr, f.pullEvents(ctx, hostCtx, client, run, pass, res), pass)
+	p := f.pullEvents(ctx, hostCtx, client, run, pass, res)
+	if p.res.outcome == syncCurrent && p.res.err == nil {
+		eg := f.pullEgress(ctx, hostCtx, client, p.run, hr, pass)
+		p.ledgerDone, p.res.egress = eg.complete, eg.records
+		if eg.res.outcome != syncCurrent || eg.res.err != nil {
+			p.res.outcome, p.res.err = eg.res.outcome, eg.res.err
+		}
+	}
+	return f.recordSync(ctx, hr, p, pass)
 }
 
 // syncClient returns the client of run's host, or (ok false) the result a
@@ -313,6 +331,9 @@ type eventPull struct {
 	// firstFloor is the events' expiry bound to note when these are the
 	// run's first events (expiry.go); zero: it had some already.
 	firstFloor time.Time
+	// ledgerDone: the egress ledger has nothing left to wait for
+	// (pullEgress's complete).
+	ledgerDone bool
 	res        syncResult
 }
 
@@ -345,7 +366,7 @@ func (f *Fleet) pullEvents(ctx, hostCtx context.Context, client *hostproto.Clien
 			p.res = f.hostTrouble(run, pass.hosts, "reading events", err)
 			return p
 		}
-		fresh := newEvents(page.Events, p.cursor)
+		fresh := newAfter(page.Events, func(e hostproto.Event) int64 { return e.Sequence }, p.cursor)
 		if len(fresh) > 0 && fresh[0].Sequence != p.cursor+1 {
 			f.log.Warn("sync: the host's events skip sequences", logRun, run.FleetRunID, logHost, run.HostID,
 				"after", p.cursor, "first", fresh[0].Sequence)
@@ -429,15 +450,17 @@ func (f *Fleet) recordSync(ctx context.Context, hr hostproto.Run, p eventPull, p
 	}
 	if res.err == nil && res.outcome == syncCurrent && !stored.Live() {
 		res.outcome = syncDrained
+		f.ledgers.forget(stored.FleetRunID)
 	}
 	return stored, res
 }
 
 // drainable decides whether cur may be drained: the state read before the
-// events (hr) was terminal, of cur's attempt, and the events were read to
-// their end, all of them mirrored.
+// events (hr) was terminal, of cur's attempt, the events were read to
+// their end, all of them mirrored, and the egress ledger has nothing left
+// to wait for (egress.go).
 func drainable(cur store.Run, hr hostproto.Run, p eventPull) bool {
-	return p.reachedEnd && !cur.Drained && store.Terminal(cur.Status) && store.Terminal(hr.Status) &&
+	return p.reachedEnd && p.ledgerDone && !cur.Drained && store.Terminal(cur.Status) && store.Terminal(hr.Status) &&
 		cur.Attempt == hr.Attempt && cur.EventCursor >= p.cursor
 }
 
@@ -506,21 +529,22 @@ func hostAnswerApplies(cur store.Run, hr hostproto.Run) bool {
 	return cur.Status != hr.Status || cur.Reason != hr.Reason || !sameExit(cur.ExitCode, hr.ExitCode) || cur.ChildRunID != hr.RunID
 }
 
-// newEvents returns the events after cursor in sequence order, without
-// repeats (a host answers them so; a misbehaving one must not move the
-// cursor backwards or store one twice).
-func newEvents(events []hostproto.Event, cursor int64) []hostproto.Event {
-	out := make([]hostproto.Event, 0, len(events))
-	for _, e := range events {
-		if e.Sequence > cursor {
-			out = append(out, e)
+// newAfter returns the items (events, ledger records) whose sequence is
+// after cursor, in sequence order, without repeats (a host answers them
+// so; a misbehaving one must not move a cursor backwards or store one
+// twice).
+func newAfter[T any](items []T, seq func(T) int64, cursor int64) []T {
+	out := make([]T, 0, len(items))
+	for _, x := range items {
+		if seq(x) > cursor {
+			out = append(out, x)
 		}
 	}
-	sort.SliceStable(out, func(i, j int) bool { return out[i].Sequence < out[j].Sequence })
+	sort.SliceStable(out, func(i, j int) bool { return seq(out[i]) < seq(out[j]) })
 	dedup := out[:0]
-	for i, e := range out {
-		if i == 0 || e.Sequence != out[i-1].Sequence {
-			dedup = append(dedup, e)
+	for i, x := range out {
+		if i == 0 || seq(x) != seq(out[i-1]) {
+			dedup = append(dedup, x)
 		}
 	}
 	return dedup

@@ -253,6 +253,14 @@ func (f *Fleet) probe(ctx context.Context, h store.Host) store.Probe {
 	}
 	if err == nil {
 		probeFromWire(&p, health)
+		if was := h.Probe; was != nil && was.LedgerKey != "" && p.LedgerKey != was.LedgerKey {
+			// Ledgers it sealed before now fail verification: worth a look.
+			f.log.Warn("probe: the host's ledger key changed", logHost, h.ID, "was", was.LedgerKey, "now", p.LedgerKey)
+		}
+	} else if h.Probe != nil {
+		// The key is the host's, not this answer's: a probe that got none
+		// keeps it, so ledgers verify while the host is down.
+		p.LedgerKey = h.Probe.LedgerKey
 	}
 	return p
 }
@@ -273,6 +281,9 @@ func outOfBounds(h hostproto.Health) string {
 	}
 	if l := h.Limits; l != nil && len(l.Enforced)+len(l.Detail) > maxProbeLimits {
 		return fmt.Sprintf("the host reports limits of %d bytes; at most %d are recorded", len(l.Enforced)+len(l.Detail), maxProbeLimits)
+	}
+	if len(h.LedgerKey) > maxProbeLedgerKey {
+		return fmt.Sprintf("the host reports a ledger key of %d bytes; at most %d are recorded", len(h.LedgerKey), maxProbeLedgerKey)
 	}
 	return ""
 }

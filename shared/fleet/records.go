@@ -1,8 +1,10 @@
 package fleet
 
 import (
+	"encoding/json"
 	"time"
 
+	"github.com/runfleet/runfleet/shared/egress"
 	"github.com/runfleet/runfleet/shared/hostproto"
 	"github.com/runfleet/runfleet/shared/store"
 )
@@ -24,6 +26,30 @@ func eventToWire(e store.Event) hostproto.Event {
 	return hostproto.Event{Sequence: e.Sequence, Type: e.Type, Data: e.Data, TS: e.TS}
 }
 
+// egressRecordFromWire is the record of a host's ledger record: its JSON
+// as egress.Record writes it, hash included. The canonical form the chain
+// hashes is that JSON without the hash, so the record reads back as the
+// very record the host hashed (egressRecordToWire).
+func egressRecordFromWire(r egress.Record) (store.EgressRecord, error) {
+	data, err := json.Marshal(r)
+	if err != nil {
+		return store.EgressRecord{}, err
+	}
+	return store.EgressRecord{Seq: r.Seq, Data: data}, nil
+}
+
+// egressRecordToWire is a mirrored ledger record as its host sent it: the
+// shape the egress answer and the stream show, and Verify rehashes. A
+// record whose stored Seq differs from its own was moved in the store:
+// the record's own is kept, for verification to find out of place.
+func egressRecordToWire(r store.EgressRecord) (egress.Record, error) {
+	var out egress.Record
+	if err := json.Unmarshal(r.Data, &out); err != nil {
+		return egress.Record{}, err
+	}
+	return out, nil
+}
+
 // probeFromWire records on p what a probe keeps of a host's health answer.
 func probeFromWire(p *store.Probe, h hostproto.Health) {
 	p.Version = h.Version
@@ -34,6 +60,7 @@ func probeFromWire(p *store.Probe, h hostproto.Health) {
 	}
 	p.Draining = h.Draining
 	p.Idle = h.Idle
+	p.LedgerKey = h.LedgerKey
 	if l := h.Load; l != nil {
 		p.Load = &store.Load{Active: l.Active, MaxConcurrent: l.MaxConcurrent}
 	}
@@ -47,12 +74,12 @@ func probeFromWire(p *store.Probe, h hostproto.Health) {
 }
 
 // HealthOf is what a probe recorded of the host's health answer, in the
-// protocol's shapes: the Fleet API shows a probe's features, CA, storage
-// and limits as the host reported them. OK and what a probe does not keep
+// protocol's shapes: the Fleet API shows a probe's features, CA, storage,
+// limits and ledger key as the host reported them. OK and what a probe does not keep
 // (InsecureSameUser, EgressConfined) are left zero.
 func HealthOf(p store.Probe) hostproto.Health {
 	h := hostproto.Health{
-		Version: p.Version, Agents: p.Agents, Draining: p.Draining, Idle: p.Idle,
+		Version: p.Version, Agents: p.Agents, Draining: p.Draining, Idle: p.Idle, LedgerKey: p.LedgerKey,
 		Features: hostproto.Features{SecretsProxy: p.Features.SecretsProxy, ExecRequire: p.Features.ExecRequire},
 	}
 	if ca := p.CA; ca != nil {

@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/runfleet/runfleet/shared/auth"
+	"github.com/runfleet/runfleet/shared/egress"
 	"github.com/runfleet/runfleet/shared/hostproto"
 	"github.com/runfleet/runfleet/shared/store"
 )
@@ -20,38 +21,56 @@ type RunState struct {
 	Refreshed bool
 	// Note says why it was not refreshed, when it could not be.
 	Note string
+	// Egress is its egress ledger's summary as last mirrored; nil while
+	// none is.
+	Egress *egress.Summary
 }
 
 // Run returns the run c may see, refreshed from its host when it is live: a
 // dispatching run past its deadline is recovered, a live one is read from
 // the host (a host denying it makes it lost). A host that cannot be asked
 // leaves the stored state, with a note. Another owner's run is 404, as an
-// unknown one: its existence is not the caller's business.
+// unknown one: its existence is not the caller's business. Its egress
+// summary costs one more read (the ledger's head).
 func (f *Fleet) Run(ctx context.Context, c store.Caller, id string) (RunState, error) {
 	run, err := f.RunFor(ctx, c, id)
 	if err != nil {
 		return RunState{}, err
 	}
+	st := f.runState(ctx, run)
+	head, err := f.egressHead(ctx, run)
+	if err != nil {
+		return RunState{}, err
+	}
+	if st.Egress, _, err = headParts(head); err != nil {
+		return RunState{}, err
+	}
+	return st, nil
+}
+
+// runState is run as Run reports it, refreshed from its host when live.
+func (f *Fleet) runState(ctx context.Context, run store.Run) RunState {
+	id := run.FleetRunID
 	switch {
 	case run.Status == store.StatusDispatching:
 		if f.clock.Now().Before(run.Deadline) {
-			return RunState{Run: run, Note: "the dispatch is in flight"}, nil
+			return RunState{Run: run, Note: "the dispatch is in flight"}
 		}
 		recovered, err := f.recover(ctx, run)
 		if err != nil {
 			f.log.Warn("run: recovery failed", logRun, id, logErr, err.Error())
-			return RunState{Run: run, Note: "the host could not be asked about this dispatch"}, nil
+			return RunState{Run: run, Note: "the host could not be asked about this dispatch"}
 		}
-		return RunState{Run: recovered, Refreshed: recovered.Status != store.StatusDispatching}, nil
+		return RunState{Run: recovered, Refreshed: recovered.Status != store.StatusDispatching}
 	case store.Terminal(run.Status) || run.ChildRunID == "":
-		return RunState{Run: run}, nil
+		return RunState{Run: run}
 	}
 	refreshed, err := f.refresh(ctx, run)
 	if err != nil {
 		f.log.Warn("run: refresh failed", logRun, id, logHost, run.HostID, logErr, err.Error())
-		return RunState{Run: run, Note: "the host could not be asked; this is the last known state"}, nil
+		return RunState{Run: run, Note: "the host could not be asked; this is the last known state"}
 	}
-	return RunState{Run: refreshed, Refreshed: true}, nil
+	return RunState{Run: refreshed, Refreshed: true}
 }
 
 // refresh reads a live run's state from its host and records it; a host

@@ -17,7 +17,9 @@ import (
 // reach is about budget x concurrency / 0.2 s: at 8, ~1,300 runs in its
 // 40 s, short of the ~7,000 live runs a million dispatches a day keep
 // (runs living 10 minutes), which would put every run ~6 sweeps apart and
-// the lag over its alarm; at 32, ~5,000, each run every 2 sweeps.
+// the lag over its alarm; at 32, ~5,000, each run every 2 sweeps. (The
+// egress ledger's page is a third call, on a host that has ledgers: ~3,300
+// runs, each every 2 or 3 sweeps.)
 const DefaultSweepConcurrency = 32
 
 // DefaultSweepPageSize is the sweep's page of the live index: the largest,
@@ -79,7 +81,7 @@ type SweepReport struct {
 	// Current: up to date and still live (or already drained).
 	Current int `json:"current"`
 	// Drained: left the live index in this sweep (terminal, final event
-	// mirrored), dispatch_lost runs included.
+	// and egress ledger mirrored), dispatch_lost runs included.
 	Drained int `json:"drained"`
 	// Lost: the host denies the run.
 	Lost int `json:"lost"`
@@ -96,6 +98,8 @@ type SweepReport struct {
 	Failed int `json:"failed"`
 	// Events counts the events mirrored.
 	Events int `json:"events"`
+	// Egress counts the egress ledger records mirrored.
+	Egress int `json:"egress"`
 	// Extended counts the runs whose events' expiry was extended (a run
 	// live over a week, retried, or drained long after its first events).
 	Extended int `json:"extended"`
@@ -385,12 +389,13 @@ func (f *Fleet) sweepOne(ctx context.Context, id string, hosts *hostClients, unt
 		f.log.Error("sweep: reading a run", logRun, id, logErr, err.Error())
 		return syncResult{outcome: syncFailed, err: err}
 	}
-	_, res := f.syncRun(ctx, run, syncPass{hosts: hosts, until: until, extend: true})
+	_, res := f.syncRun(ctx, run, syncPass{hosts: hosts, until: until, extend: true, egress: egressBatched})
 	return res
 }
 
 func (r *SweepReport) count(res syncResult) {
 	r.Events += res.events
+	r.Egress += res.egress
 	if res.recovered {
 		r.Recovered++
 	}

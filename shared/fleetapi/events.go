@@ -44,11 +44,16 @@ type EventPage struct {
 // The stream's SSE event names (GET /fleet/runs/{id}/stream). An "event"
 // message's id is the event's sequence and its data an Event; "snapshot",
 // "done" and "idle" carry a StreamSnapshot, a StreamDone and a StreamIdle.
+// With ?egress=true the stream also carries "egress" messages, one per
+// ledger record (data: an EgressRecord), and every id is then
+// "<event sequence>:<ledger seq>", the two cursors after the message,
+// which Last-Event-ID gives back to resume both.
 const (
 	SSEEvent    = "event"
 	SSESnapshot = "snapshot"
 	SSEDone     = "done"
 	SSEIdle     = "idle"
+	SSEEgress   = "egress"
 )
 
 // StreamSnapshot is a "snapshot" message's data, sent once the backlog is: where
@@ -60,6 +65,9 @@ type StreamSnapshot struct {
 	Attempt int    `json:"attempt"`
 	// Live: more may come (done follows otherwise).
 	Live bool `json:"live"`
+	// EgressCursor is the last ledger record sent, on a stream with
+	// ?egress=true only.
+	EgressCursor *int64 `json:"egressCursor,omitempty"`
 }
 
 // StreamDone is a "done" message's data, the stream's last: the run is over and
@@ -72,17 +80,24 @@ type StreamDone struct {
 	Reason   string `json:"reason,omitempty"`
 	// Detail says what Reason means for this run, and what to change.
 	Detail string `json:"detail,omitempty"`
+	// EgressCursor is the last ledger record sent, on a stream with
+	// ?egress=true only: every record of the run's ledger was.
+	EgressCursor *int64 `json:"egressCursor,omitempty"`
 }
 
 // StreamIdle is an "idle" message's data: the run was silent for IdleSeconds,
 // so the stream ends; reconnect after RetryMs to Resume (this stream's path
-// with ?after=Cursor), or with Last-Event-ID (the message's id is Cursor).
+// with ?after=Cursor, and egress=true&egressAfter=EgressCursor on a stream
+// with egress), or with Last-Event-ID (the message's id).
 type StreamIdle struct {
 	Cursor      int64  `json:"cursor"`
 	Status      string `json:"status"`
 	IdleSeconds int64  `json:"idleSeconds"`
 	RetryMs     int64  `json:"retryMs"`
 	Resume      string `json:"resume"`
+	// EgressCursor is the last ledger record sent, on a stream with
+	// ?egress=true only.
+	EgressCursor *int64 `json:"egressCursor,omitempty"`
 }
 
 // CodeTooManyStreams is the code of the stream's 429: the caller holds

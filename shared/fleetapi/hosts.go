@@ -48,6 +48,11 @@ type Probe struct {
 	Load *Load `json:"load,omitempty"`
 	// Detail says why, when the status is not ok.
 	Detail string `json:"detail,omitempty"`
+	// LedgerKey is the public key that seals the host's egress ledgers
+	// (ed25519:<base64>), as the host last reported it (kept from the
+	// probe before when this one got no answer); absent for a host older
+	// than ledgers. Fleet verifies a ledger's seal with it only.
+	LedgerKey string `json:"ledgerKey,omitempty"`
 }
 
 // Features are what a host can do for a run that declares secrets; routing

@@ -61,6 +61,9 @@ type RunLinks struct {
 	Events string `json:"events"`
 	// Stream is the run's Server-Sent Events.
 	Stream string `json:"stream"`
+	// Egress is the run's egress ledger as Fleet mirrored it (GET,
+	// ?cursor=&limit=&verify=).
+	Egress string `json:"egress"`
 }
 
 // DispatchAnswer is POST /fleet/runs' answer: 201 for a new run, 200 for
@@ -125,9 +128,16 @@ type Run struct {
 	Deadline         *time.Time `json:"deadline,omitempty"`
 	EndedAt          *time.Time `json:"endedAt,omitempty"`
 	Links            RunLinks   `json:"links"`
+	// Egress is the summary of the run's egress ledger as last mirrored:
+	// on GET /fleet/runs/{id} and the alerts listing (GET
+	// /fleet/runs?alerts=true), absent elsewhere and while no ledger is
+	// mirrored.
+	Egress *EgressSummary `json:"egress,omitempty"`
 }
 
-// RunPage is GET /fleet/runs: the caller's runs, newest first. NextCursor
+// RunPage is GET /fleet/runs: the caller's runs, newest first; with
+// ?alerts=true (admin), the runs whose egress ledgers hold alerts, the
+// latest first alert first, each with its egress summary. NextCursor
 // (empty on the last page) is the next page's cursor. Its keys are in the
 // order Fleet writes them.
 type RunPage struct {

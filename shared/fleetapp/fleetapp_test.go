@@ -14,10 +14,12 @@ import (
 
 	"github.com/aws/aws-lambda-go/events"
 	"github.com/aws/aws-sdk-go-v2/aws"
+	"github.com/aws/aws-sdk-go-v2/service/dynamodb"
 	"github.com/aws/aws-sdk-go-v2/service/secretsmanager"
 
 	"github.com/runfleet/runfleet/shared/clock"
 	"github.com/runfleet/runfleet/shared/config"
+	"github.com/runfleet/runfleet/shared/store"
 	"github.com/runfleet/runfleet/shared/store/boltstore"
 	"github.com/runfleet/runfleet/shared/store/dynamostore"
 	"github.com/runfleet/runfleet/tests/kit/motoserver"
@@ -79,7 +81,7 @@ func TestAWSWiring(t *testing.T) {
 		config.EnvCredentials:      "secretsmanager:" + wiring + "hosts/",
 		config.EnvDynamoDBEndpoint: moto.URL,
 		config.EnvTableHosts:       names.Hosts, config.EnvTableRuns: names.Runs, config.EnvTableEvents: names.Events,
-		config.EnvTableCallers: names.Callers, config.EnvTableIdempotency: names.Idempotency,
+		config.EnvTableEgress: names.Egress, config.EnvTableCallers: names.Callers, config.EnvTableIdempotency: names.Idempotency,
 	})
 	app, err := New(ctx, cfg, Deps{
 		Logger: discard(), DefaultStore: config.StoreDynamoDB, CreateTables: true,
@@ -94,6 +96,15 @@ func TestAWSWiring(t *testing.T) {
 	}
 	if got, err := app.Credentials.Secret(ctx, "host-a"); err != nil || got != "host-a-credential" {
 		t.Fatalf("credential = %q, %v", got, err)
+	}
+	// The egress ledger mirror goes to the table RUNFLEET_TABLE_EGRESS names.
+	ledger := []store.EgressRecord{{Seq: 1, Data: json.RawMessage(`{"seq":1}`)}}
+	if err := app.Store.PutEgress(ctx, "r-wiring", ledger, time.Now().Add(time.Hour)); err != nil {
+		t.Fatal(err)
+	}
+	out, err := moto.DynamoDB().Scan(ctx, &dynamodb.ScanInput{TableName: aws.String(names.Egress)})
+	if err != nil || len(out.Items) != 1 {
+		t.Fatalf("the egress table %s after a mirrored record: %v, %v", names.Egress, out, err)
 	}
 	if r := get(t, app, "/fleet/callers", "admin-token-from-secrets-manager"); r.StatusCode != 200 {
 		t.Fatalf("admin with the secret's token: %d %s", r.StatusCode, r.Body)
@@ -250,7 +261,7 @@ func TestRotatedAdminTokenStopsWorkingWithinTheTTL(t *testing.T) {
 		config.EnvAdminTokenSecret: aws.ToString(desc.ARN), config.EnvAdminTokenTTL: "60s",
 		config.EnvDynamoDBEndpoint: moto.URL,
 		config.EnvTableHosts:       names.Hosts, config.EnvTableRuns: names.Runs, config.EnvTableEvents: names.Events,
-		config.EnvTableCallers: names.Callers, config.EnvTableIdempotency: names.Idempotency,
+		config.EnvTableEgress: names.Egress, config.EnvTableCallers: names.Callers, config.EnvTableIdempotency: names.Idempotency,
 	})
 	clk := clock.NewFake(time.Date(2026, 12, 1, 12, 0, 0, 0, time.UTC))
 	var logs syncbuf.Buffer

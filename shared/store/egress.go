@@ -3,6 +3,8 @@ package store
 import (
 	"context"
 	"encoding/json"
+	"errors"
+	"fmt"
 	"time"
 )
 
@@ -17,9 +19,11 @@ import (
 // is invisible here.
 type Egress interface {
 	// PutEgress mirrors records of a run, which must have contiguous,
-	// ascending Seqs from 1 or more. A record whose Seq is already stored
-	// is left as it is (a re-run never duplicates or rewrites one, and a
-	// reader never sees a Seq twice).
+	// ascending Seqs from 1 or more, each Data a JSON value
+	// (CheckEgressRecords; otherwise nothing is stored). A record whose
+	// Seq is already stored is left as it is (a re-run never duplicates
+	// or rewrites one, and a reader never sees a Seq twice); one whose
+	// stored copy has expired is written afresh.
 	PutEgress(ctx context.Context, fleetRunID string, records []EgressRecord, expiresAt time.Time) error
 	// ListEgress returns the run's records with Seq > after, ascending, at
 	// most limit (PageLimit).
@@ -30,7 +34,8 @@ type Egress interface {
 	// PutEgressHead writes h if the stored head's Version still equals
 	// h.Version (0: no head is stored), storing Version+1 and returning
 	// what it stored; ErrConflict otherwise. A head with Alerts above zero
-	// is listed by ListAlertedRuns from then on, by FirstAlertAt.
+	// is listed by ListAlertedRuns from then on, by FirstAlertAt, which
+	// the store keeps once set (KeptFirstAlertAt).
 	PutEgressHead(ctx context.Context, h EgressHead) (EgressHead, error)
 	// ExtendEgressExpiry makes every unexpired record and the head of the
 	// run whose ExpiresAt is before to (RoundExpiry(to)) expire at to; it
@@ -80,4 +85,41 @@ type EgressHead struct {
 type AlertedPage struct {
 	Heads      []EgressHead
 	NextCursor string
+}
+
+// CheckEgressRecords is PutEgress's precondition, the same in every store:
+// a run id, and records with contiguous, ascending Seqs from 1 or more,
+// each a JSON value.
+func CheckEgressRecords(fleetRunID string, records []EgressRecord) error {
+	if fleetRunID == "" {
+		return errors.New("egress records need a fleetRunId")
+	}
+	for i, r := range records {
+		switch {
+		case r.Seq < 1:
+			return fmt.Errorf("egress record seq %d: seqs start at 1", r.Seq)
+		case i > 0 && r.Seq != records[i-1].Seq+1:
+			return fmt.Errorf("egress record seq %d follows %d: seqs must be contiguous", r.Seq, records[i-1].Seq)
+		case !json.Valid(r.Data):
+			return fmt.Errorf("egress record seq %d: data is not JSON", r.Seq)
+		}
+	}
+	return nil
+}
+
+// KeptFirstAlertAt is the FirstAlertAt a store keeps when PutEgressHead
+// writes h over a head whose FirstAlertAt was stored (zero: none, or no
+// head): once set it never moves, so a run keeps its place in
+// ListAlertedRuns; the first head with Alerts above zero sets it to
+// h.FirstAlertAt, or to now when h leaves it zero.
+func KeptFirstAlertAt(stored time.Time, h EgressHead, now time.Time) time.Time {
+	switch {
+	case !stored.IsZero():
+		return stored.UTC()
+	case h.Alerts <= 0:
+		return time.Time{}
+	case h.FirstAlertAt.IsZero():
+		return now.UTC()
+	}
+	return h.FirstAlertAt.UTC()
 }

@@ -34,12 +34,13 @@ type Hosts interface {
 	// ErrNotFound if the host is gone. The next probe overwrites both.
 	RecordDrain(ctx context.Context, id string, draining bool, idle *bool) (Host, error)
 	// DeleteHost removes a host with the runs that reference it (the Runs
-	// role's records) and their events (the Events role's), in bounded,
-	// resumable steps. One call deletes at most DeleteHostRunsPerStep of
-	// the host's runs, each with its events (a store may stop sooner:
-	// dynamostore after about DeleteHostEventsPerStep events), and answers
-	// Done false while runs remain; the call that finds none left removes
-	// the host too and answers Done true. A run's events go before the run
+	// role's records), their events (the Events role's) and their ledger
+	// mirrors (the Egress role's), in bounded, resumable steps. One call
+	// deletes at most DeleteHostRunsPerStep of the host's runs, each with
+	// its events and ledger (a store may stop sooner: dynamostore after
+	// about DeleteHostEventsPerStep items), and answers Done false while
+	// runs remain; the call that finds none left removes the host too and
+	// answers Done true. A run's events and ledger go before the run
 	// and the host goes last, so a call cut short anywhere loses nothing a
 	// repeat cannot finish. Without force it fails with ErrInUse while an
 	// unexpired run references the host (expired runs never block it and
@@ -87,6 +88,11 @@ type Probe struct {
 	Load *Load `json:"load,omitempty"`
 	// Detail explains a status other than ok; never carries a credential.
 	Detail string `json:"detail,omitempty"`
+	// LedgerKey is the public key the host seals its egress ledgers with,
+	// as its health check gave it (egress.FormatPublicKey's form); empty
+	// from a host older than the field. Fleet verifies a ledger's seal
+	// only with the key recorded here for the ledger's host.
+	LedgerKey string `json:"ledgerKey,omitempty"`
 }
 
 // Load is a host's attempts starting or running (Active) against its
@@ -143,10 +149,10 @@ type Limits struct {
 const (
 	// DeleteHostRunsPerStep bounds the runs one DeleteHost call deletes.
 	DeleteHostRunsPerStep = 100
-	// DeleteHostEventsPerStep bounds, roughly, the events one call deletes
-	// in a store that deletes them one item at a time: a run whose events
-	// would take the step past it is left (its events partly deleted) for
-	// the next call.
+	// DeleteHostEventsPerStep bounds, roughly, the items (events, and
+	// the ledger mirror's) one call deletes in a store that deletes them
+	// one item at a time: a run whose items would take the step past it is
+	// left (its items partly deleted) for the next call.
 	DeleteHostEventsPerStep = 2000
 )
 

@@ -12,8 +12,8 @@ import (
 
 	"github.com/runfleet/runfleet/shared/api"
 	"github.com/runfleet/runfleet/shared/clock"
+	"github.com/runfleet/runfleet/shared/fleet"
 	"github.com/runfleet/runfleet/shared/fleetapi"
-	"github.com/runfleet/runfleet/shared/hostproto"
 	"github.com/runfleet/runfleet/shared/store"
 )
 
@@ -54,11 +54,18 @@ type session struct {
 	// after is where the client asked to resume; cursor is the sequence of
 	// the last event written.
 	after, cursor int64
-	snapshotSent  bool
-	sink          sink
-	lastWrite     time.Time
-	sent          int
-	fault         error
+	// egress: the stream carries the ledger too (?egress=true);
+	// egressCursor is the seq of the last record written, head the
+	// ledger's head as last read.
+	egress       bool
+	egressCursor int64
+	head         store.EgressHead
+	egressSent   int
+	snapshotSent bool
+	sink         sink
+	lastWrite    time.Time
+	sent         int
+	fault        error
 	// lastEvent is when an event was last sent (the start before any):
 	// the idle end counts from it.
 	lastEvent time.Time
@@ -135,7 +142,11 @@ func (s *session) poll(ctx context.Context) (endReason, bool) {
 	// pull-through gets half of one (its writes are conditional, so
 	// cutting one short is safe), then the mirror is served as it is.
 	syncCtx, cancel := clock.WithTimeout(ctx, s.h.clock, s.h.cfg.KeepAlive/2)
-	run, err := s.h.cfg.Fleet.SyncRun(syncCtx, s.run.FleetRunID)
+	sync := s.h.cfg.Fleet.SyncRun
+	if s.egress {
+		sync = s.h.cfg.Fleet.SyncRunEgress
+	}
+	run, err := sync(syncCtx, s.run.FleetRunID)
 	cancel()
 	switch {
 	case err == nil:
@@ -169,7 +180,7 @@ func (s *session) poll(ctx context.Context) (endReason, bool) {
 		if len(page.Events) > 0 {
 			var buf bytes.Buffer
 			for _, e := range page.Events {
-				writeEvent(&buf, e)
+				buf.Write(frame(fleetapi.SSEEvent, s.id(e.Sequence, s.egressCursor), api.EventOf(e)))
 			}
 			if err := s.send(buf.Bytes()); err != nil {
 				return s.writeEnd(err), true
@@ -191,19 +202,86 @@ func (s *session) poll(ctx context.Context) (endReason, bool) {
 			"from", s.cursor, "to", run.EventCursor)
 		s.cursor = run.EventCursor
 	}
+	if s.egress {
+		if reason, over := s.pollEgress(ctx); over {
+			return reason, true
+		}
+	}
 	if !s.snapshotSent {
 		s.snapshotSent = true
-		if err := s.send(frame(fleetapi.SSESnapshot, "", api.StreamSnapshotOf(run, s.cursor, !isDone(run, s.cursor)))); err != nil {
+		if err := s.send(frame(fleetapi.SSESnapshot, "", api.StreamSnapshotOf(run, s.cursor, s.egressCursorOf(), !s.isDone()))); err != nil {
 			return s.writeEnd(err), true
 		}
 	}
-	if isDone(run, s.cursor) {
-		if err := s.send(frame(fleetapi.SSEDone, "", api.StreamDoneOf(run, s.cursor))); err != nil {
+	if s.isDone() {
+		if err := s.send(frame(fleetapi.SSEDone, "", api.StreamDoneOf(run, s.cursor, s.egressCursorOf()))); err != nil {
 			return s.writeEnd(err), true
 		}
 		return endDone, true
 	}
 	return 0, false
+}
+
+// pollEgress sends the ledger records the mirror holds beyond the egress
+// cursor (up to the head's), after the poll's events. over reports the
+// end.
+func (s *session) pollEgress(ctx context.Context) (endReason, bool) {
+	fl := s.h.cfg.Fleet
+	head, err := fl.EgressHead(ctx, s.run)
+	for err == nil {
+		s.head = head
+		var page fleet.EgressPage
+		if page, err = fl.MirroredEgress(ctx, s.run, head, s.egressCursor, s.h.cfg.PageSize); err != nil {
+			break
+		}
+		if len(page.Records) > 0 {
+			var buf bytes.Buffer
+			for _, r := range page.Records {
+				buf.Write(frame(fleetapi.SSEEgress, s.id(s.cursor, r.Seq), api.EgressRecordOf(r)))
+			}
+			if err := s.send(buf.Bytes()); err != nil {
+				return s.writeEnd(err), true
+			}
+			s.egressCursor = page.NextCursor
+			s.egressSent += len(page.Records)
+			s.lastEvent = s.h.clock.Now()
+		}
+		if !page.HasMore {
+			if !s.run.Live() && s.egressCursor < head.Cursor {
+				// As events gone from the mirror: a page that moved
+				// nowhere on an ended run; done still goes out.
+				s.h.log.InfoContext(ctx, "stream: egress records gone from the mirror", logRun, s.run.FleetRunID,
+					"from", s.egressCursor, "to", head.Cursor)
+				s.egressCursor = head.Cursor
+			}
+			return 0, false
+		}
+	}
+	if ctx.Err() != nil {
+		return endCanceled, true
+	}
+	s.fault = err
+	s.goodbye("the stream hit a fault; reconnect to resume")
+	return endFault, true
+}
+
+// id is a message's id: the event sequence, or on a stream with egress
+// "<event seq>:<ledger seq>".
+func (s *session) id(events, ledger int64) string {
+	if !s.egress {
+		return strconv.FormatInt(events, 10)
+	}
+	return strconv.FormatInt(events, 10) + ":" + strconv.FormatInt(ledger, 10)
+}
+
+// egressCursorOf is the ledger cursor the snapshot, done and idle data
+// carry: nil on a stream without egress.
+func (s *session) egressCursorOf() *int64 {
+	if !s.egress {
+		return nil
+	}
+	c := s.egressCursor
+	return &c
 }
 
 // renew extends the stream's slot when due. A slot another stream took
@@ -255,12 +333,12 @@ func (s *session) release(ctx context.Context) {
 // sends back as Last-Event-ID), then the retry hint.
 func (s *session) idleEnd() error {
 	h := s.h
-	cursor := strconv.FormatInt(s.cursor, 10)
-	data := api.StreamIdleOf(s.run, s.cursor, h.cfg.IdleTimeout, h.cfg.IdleRetry)
-	if err := s.send(frame(fleetapi.SSEIdle, cursor, data)); err != nil {
+	id := s.id(s.cursor, s.egressCursor)
+	data := api.StreamIdleOf(s.run, s.cursor, s.egressCursorOf(), h.cfg.IdleTimeout, h.cfg.IdleRetry)
+	if err := s.send(frame(fleetapi.SSEIdle, id, data)); err != nil {
 		return err
 	}
-	why := fmt.Sprintf("no new event for %s: reconnect with Last-Event-ID: %s (or ?after=%s) to resume", h.cfg.IdleTimeout, cursor, cursor)
+	why := fmt.Sprintf("no new event for %s: reconnect with Last-Event-ID: %s (or %s) to resume", h.cfg.IdleTimeout, id, data.Resume)
 	return s.send([]byte(": " + why + "\nretry: " + strconv.FormatInt(h.cfg.IdleRetry.Milliseconds(), 10) + "\n\n"))
 }
 
@@ -306,11 +384,6 @@ func (s *session) writeEnd(err error) endReason {
 		return endCutOff
 	}
 	return endGone
-}
-
-// writeEvent frames one mirrored event, in the events route's shape.
-func writeEvent(buf *bytes.Buffer, e hostproto.Event) {
-	buf.Write(frame(fleetapi.SSEEvent, strconv.FormatInt(e.Sequence, 10), api.EventOf(e)))
 }
 
 // frame is one SSE message: its event name, its id when not empty, and

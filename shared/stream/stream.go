@@ -11,7 +11,14 @@
 // and every event sent (each data a fleetapi type, converted by package
 // api). Resuming (?after=, or Last-Event-ID, which wins) neither loses nor
 // repeats an event: events are read only up to the run's mirror cursor.
-// Each poll first pulls the run through from its host (fleet.SyncRun). A
+// With ?egress=true the stream also carries the run's egress ledger, one
+// "event: egress" per record after each poll's events, read only up to the
+// ledger head's cursor; every id is then "<event seq>:<ledger seq>" (the
+// two cursors after the message), which Last-Event-ID gives back to resume
+// both (?egressAfter= is the ledger's ?after=), and each poll mirrors the
+// whole ledger the host holds (fleet.SyncRunEgress), unbatched: the cost
+// of watching it. Each poll first pulls the run through from its host
+// (fleet.SyncRun). A
 // planned end sends "retry:" first; a write not taken within WriteTimeout
 // cuts the client off; a run silent for IdleTimeout ends with "event:
 // idle". A caller holds at most MaxPerCaller streams across instances (a
@@ -89,6 +96,7 @@ const (
 	logEnd       = "end"
 	logEvents    = "events"
 	logAfter     = "after"
+	logEgress    = "egressRecords"
 	logDuration  = "durationMs"
 	logErr       = "err"
 )
@@ -295,9 +303,16 @@ func (h *Handler) prepare(ctx context.Context, req request) (*session, error) {
 	if req.method != http.MethodGet {
 		return nil, api.NewRequestError(http.StatusMethodNotAllowed, api.CodeMethodNotAllowed, "method %s is not allowed here", req.method)
 	}
-	q, err := api.ParseQuery(req.rawQuery, "after", "token")
+	q, err := api.ParseQuery(req.rawQuery, "after", "token", "egress", "egressAfter")
 	if err != nil {
 		return nil, err
+	}
+	withEgress, err := q.BoolFlag("egress")
+	if err != nil {
+		return nil, err
+	}
+	if q.Has("egressAfter") && !withEgress {
+		return nil, api.NewRequestError(http.StatusBadRequest, fleet.CodeInvalid, "egressAfter is the ledger's cursor: it goes with egress=true")
 	}
 	authz, inHeader := req.header("authorization")
 	if q.Has("token") {
@@ -317,10 +332,14 @@ func (h *Handler) prepare(ctx context.Context, req request) (*session, error) {
 	if err != nil {
 		return nil, err
 	}
+	egressAfter, _, err := q.NonNegativeInt("egressAfter")
+	if err != nil {
+		return nil, err
+	}
 	if last, ok := req.header("last-event-id"); ok {
-		// EventSource's reconnection: the last event the client has,
-		// newer than the after it first asked for.
-		if after, err = api.NonNegativeInt("Last-Event-ID", strings.TrimSpace(last)); err != nil {
+		// EventSource's reconnection: the last message the client has,
+		// newer than where it first asked to start.
+		if after, egressAfter, err = lastEventID(strings.TrimSpace(last), withEgress, egressAfter); err != nil {
 			return nil, err
 		}
 	}
@@ -333,7 +352,39 @@ func (h *Handler) prepare(ctx context.Context, req request) (*session, error) {
 	if err != nil {
 		return nil, err
 	}
-	return &session{h: h, req: req, caller: caller, run: run, cursor: after, after: after, lease: lease}, nil
+	return &session{h: h, req: req, caller: caller, run: run, cursor: after, after: after, lease: lease,
+		egress: withEgress, egressCursor: egressAfter}, nil
+}
+
+// lastEventID reads a Last-Event-ID: an event sequence, or on a stream
+// with egress "<event seq>:<ledger seq>" (a plain sequence there resumes
+// the ledger at egressAfter, as asked). A ledger id on a stream without
+// egress is refused rather than half taken.
+func lastEventID(v string, withEgress bool, egressAfter int64) (int64, int64, error) {
+	events, ledger, paired := strings.Cut(v, ":")
+	if paired && !withEgress {
+		return 0, 0, api.NewRequestError(http.StatusBadRequest, fleet.CodeInvalid,
+			"Last-Event-ID %q is the id of a stream with egress: ask with egress=true", truncated(v))
+	}
+	if !paired {
+		after, err := api.NonNegativeInt("Last-Event-ID", events)
+		return after, egressAfter, err
+	}
+	after, err1 := api.NonNegativeInt("Last-Event-ID", events)
+	egressAfter, err2 := api.NonNegativeInt("Last-Event-ID", ledger)
+	if err1 != nil || err2 != nil {
+		return 0, 0, api.NewRequestError(http.StatusBadRequest, fleet.CodeInvalid,
+			"Last-Event-ID %q: want <event seq>:<ledger seq>, two non-negative integers", truncated(v))
+	}
+	return after, egressAfter, nil
+}
+
+// truncated bounds a client's value quoted in a refusal.
+func truncated(s string) string {
+	if len(s) > 40 {
+		return s[:40] + "..."
+	}
+	return s
 }
 
 // capReached: the caller holds MaxPerCaller streams already.
@@ -402,6 +453,9 @@ func (h *Handler) logEnd(ctx context.Context, s *session, begun time.Time, end e
 	attrs := []any{logRequestID, s.req.requestID, logPath, s.req.rawPath, logQuery, redactedQuery(s.req.rawQuery),
 		logRun, s.run.FleetRunID, logOwner, s.caller.OwnerID, logStatus, http.StatusOK, logAfter, s.after,
 		logEnd, end.String(), logEvents, s.sent, logDuration, h.clock.Now().Sub(begun).Milliseconds()}
+	if s.egress {
+		attrs = append(attrs, logEgress, s.egressSent)
+	}
 	if end == endFault {
 		h.log.ErrorContext(ctx, "stream ended on a fault", append(attrs, logErr, fmt.Sprint(s.fault))...)
 		return
@@ -412,7 +466,10 @@ func (h *Handler) logEnd(ctx context.Context, s *session, begun time.Time, end e
 // errCutOff: the client did not take a write within WriteTimeout.
 var errCutOff = errors.New("stream: the client stopped reading")
 
-// isDone reports whether run is over and every event is sent.
-func isDone(run store.Run, cursor int64) bool {
-	return store.Terminal(run.Status) && run.Drained && cursor >= run.EventCursor
+// isDone reports whether s's run is over and every event is sent, and on
+// a stream with egress every ledger record (a drained run's ledger is
+// mirrored whole: its head is final).
+func (s *session) isDone() bool {
+	run := s.run
+	return store.Terminal(run.Status) && run.Drained && s.cursor >= run.EventCursor && (!s.egress || s.egressCursor >= s.head.Cursor)
 }

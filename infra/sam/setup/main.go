@@ -143,8 +143,7 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 		app.Close()
 		if !tablesReady[cfg.Tables] {
 			tablesReady[cfg.Tables] = true
-			t := cfg.Tables
-			fmt.Fprintf(stdout, "  tables %s: ready\n", strings.Join([]string{t.Hosts, t.Runs, t.Events, t.Callers, t.Idempotency}, ", "))
+			fmt.Fprintf(stdout, "  tables %s: ready\n", strings.Join(cfg.Tables.Names(), ", "))
 		}
 		fmt.Fprintf(stdout, "  %s: starts\n", fn)
 	}

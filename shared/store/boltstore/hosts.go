@@ -83,7 +83,7 @@ func (s *Store) RecordProbe(ctx context.Context, id string, p store.Probe) error
 
 // DeleteHost removes a host in steps (store.Store), each one transaction:
 // at most store.DeleteHostRunsPerStep of its runs (newest first) with
-// their events, then, when none is left, the host. Without force,
+// their events and ledger mirrors, then, when none is left, the host. Without force,
 // ErrInUse while an unexpired run references it; expired runs never block
 // it and are removed with it.
 func (s *Store) DeleteHost(ctx context.Context, id string, force bool) (store.HostDeletion, error) {

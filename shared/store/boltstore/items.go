@@ -44,6 +44,7 @@ type probeItem struct {
 	Limits    *limitsItem  `json:"limits,omitempty"`
 	Load      *loadItem    `json:"load,omitempty"`
 	Detail    string       `json:"detail,omitempty"`
+	LedgerKey string       `json:"ledgerKey,omitempty"`
 }
 
 type loadItem struct {
@@ -205,7 +206,7 @@ func toProbeItem(p store.Probe) probeItem {
 	it := probeItem{
 		Status: p.Status, At: utc(p.At), LatencyMs: p.LatencyMs, Version: p.Version,
 		Agents: cloneStrings(p.Agents), Features: featuresItem(p.Features),
-		Draining: p.Draining, Idle: clonePtr(p.Idle), Detail: p.Detail,
+		Draining: p.Draining, Idle: clonePtr(p.Idle), Detail: p.Detail, LedgerKey: p.LedgerKey,
 	}
 	if p.CA != nil {
 		it.CA = &caItem{NotAfter: utc(p.CA.NotAfter), SuccessorNotAfter: utcPtr(p.CA.SuccessorNotAfter)}
@@ -241,7 +242,7 @@ func (it probeItem) record() store.Probe {
 	p := store.Probe{
 		Status: it.Status, At: utc(it.At), LatencyMs: it.LatencyMs, Version: it.Version,
 		Agents: it.Agents, Features: store.Features(it.Features), Draining: it.Draining, Idle: it.Idle,
-		Detail: it.Detail,
+		Detail: it.Detail, LedgerKey: it.LedgerKey,
 	}
 	if it.CA != nil {
 		p.CA = &store.CAInfo{NotAfter: utc(it.CA.NotAfter), SuccessorNotAfter: utcPtr(it.CA.SuccessorNotAfter)}

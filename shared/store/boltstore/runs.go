@@ -419,7 +419,8 @@ func setLive(tx *bolt.Tx, it runItem) error {
 	return b.Delete([]byte(it.FleetRunID))
 }
 
-// deleteRun removes a run, its index entries and its events.
+// deleteRun removes a run, its index entries, its events and its ledger
+// mirror.
 func deleteRun(tx *bolt.Tx, id string) error {
 	it, err := getRun(tx, id)
 	if err != nil {
@@ -446,6 +447,9 @@ func deleteRun(tx *bolt.Tx, id string) error {
 		if err := tx.Bucket(bucketEvents).DeleteBucket([]byte(id)); err != nil {
 			return err
 		}
+	}
+	if err := deleteEgress(tx, id); err != nil {
+		return err
 	}
 	return tx.Bucket(bucketRuns).Delete([]byte(id))
 }

@@ -19,9 +19,13 @@
 //	runsByOwner/<ownerId>: orderKey -> fleetRunId
 //	runsByHost/<hostId>:   orderKey -> fleetRunId
 //	events/<fleetRunId>:   sequence (8 bytes, big endian) -> eventItem
+//	egress/<fleetRunId>:   seq (8 bytes, big endian) -> egressItem
+//	egressHeads:           fleetRunId -> egressHeadItem
+//	egressAlerted:         alertKey -> fleetRunId
 //
 // orderKey is CreatedAt (8 bytes, order-preserving) followed by the run id,
-// so a bucket's byte order is ListRuns' order reversed.
+// so a bucket's byte order is ListRuns' order reversed; alertKey is the
+// same of FirstAlertAt and the run id (ListAlertedRuns' order reversed).
 package boltstore
 
 import (
@@ -37,20 +41,24 @@ import (
 )
 
 var (
-	bucketHosts        = []byte("hosts")
-	bucketCallers      = []byte("callers")
-	bucketCallerTokens = []byte("callerTokens")
-	bucketIdempotency  = []byte("idempotency")
-	bucketRuns         = []byte("runs")
-	bucketRunsLive     = []byte("runsLive")
-	bucketRunsCreated  = []byte("runsByCreated")
-	bucketRunsByOwner  = []byte("runsByOwner")
-	bucketRunsByHost   = []byte("runsByHost")
-	bucketEvents       = []byte("events")
+	bucketHosts         = []byte("hosts")
+	bucketCallers       = []byte("callers")
+	bucketCallerTokens  = []byte("callerTokens")
+	bucketIdempotency   = []byte("idempotency")
+	bucketRuns          = []byte("runs")
+	bucketRunsLive      = []byte("runsLive")
+	bucketRunsCreated   = []byte("runsByCreated")
+	bucketRunsByOwner   = []byte("runsByOwner")
+	bucketRunsByHost    = []byte("runsByHost")
+	bucketEvents        = []byte("events")
+	bucketEgress        = []byte("egress")
+	bucketEgressHeads   = []byte("egressHeads")
+	bucketEgressAlerted = []byte("egressAlerted")
 
 	allBuckets = [][]byte{
 		bucketHosts, bucketCallers, bucketCallerTokens, bucketIdempotency, bucketRuns,
 		bucketRunsLive, bucketRunsCreated, bucketRunsByOwner, bucketRunsByHost, bucketEvents,
+		bucketEgress, bucketEgressHeads, bucketEgressAlerted,
 	}
 )
 
@@ -73,6 +81,7 @@ var (
 	_ store.IdempotencyKeys  = (*Store)(nil)
 	_ store.Runs             = (*Store)(nil)
 	_ store.Events           = (*Store)(nil)
+	_ store.Egress           = (*Store)(nil)
 	_ store.SweepCursorStore = (*Store)(nil)
 	_ store.StreamLeases     = (*Store)(nil)
 	_ store.RouteStore       = (*Store)(nil)

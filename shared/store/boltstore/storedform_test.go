@@ -23,15 +23,22 @@ const (
 		`"features":{"secretsProxy":true,"execRequire":true},` +
 		`"ca":{"notAfter":"2027-05-04T03:02:01.123456789Z","successorNotAfter":"2026-08-02T03:02:01.123456789Z"},` +
 		`"draining":true,"idle":true,"storage":{"freeBytes":3221225472,"minFreeBytes":1073741824,"low":true},` +
-		`"limits":{"enforced":"cgroup2","memoryBytes":2147483648,"pids":512,"cpu":1.5,"detail":"per task"},"load":{"active":0,"maxConcurrent":4},"detail":"ok after 1 retry"}}`
+		`"limits":{"enforced":"cgroup2","memoryBytes":2147483648,"pids":512,"cpu":1.5,"detail":"per task"},"load":{"active":0,"maxConcurrent":4},"detail":"ok after 1 retry",` +
+		`"ledgerKey":"ed25519:11qYAYKxCrfVS/7TyWQHOg7hcvPapiMlrwIaaPcHURo="}}`
 	storedEventJSON = `{"v":1,"fleetRunId":"r-stored","sequence":7,"type":"output","data":"hello","ts":"2026-05-04T03:02:01.123456789Z","expiresAt":1780455721}`
+	// A ledger mirror's record keeps its data as a string: byte for byte.
+	storedEgressJSON     = `{"v":1,"seq":7,"data":"{\"seq\":7,\"path\":\"/a?q=*\"}","expiresAt":1780455721}`
+	storedEgressHeadJSON = `{"v":1,"fleetRunId":"r-stored","version":1,"cursor":8,"summary":"{\"requests\":8}","seal":"{\"count\":8}",` +
+		`"hostId":"h-stored","alerts":1,"firstAlertAt":1777863721123456789,"updatedAt":"2026-05-04T03:02:01.123456789Z","expiresAt":1780455721}`
 )
 
-// TestStoredFormUnchanged: the store writes a host with its probe, and an
-// event, as the JSON above, and reads that JSON back as the records.
+// TestStoredFormUnchanged: the store writes a host with its probe, an
+// event, and a ledger mirror's record and head as the JSON above, and
+// reads that JSON back as the records.
 func TestStoredFormUnchanged(t *testing.T) {
 	path := filepath.Join(t.TempDir(), "fleet.db")
 	h, ev := storetest.StoredFormHost(), storetest.StoredFormEvent()
+	recs, head := storetest.StoredFormEgress()
 	withStore(t, path, func(st *boltstore.Store) {
 		bare := h
 		bare.Probe = nil
@@ -42,6 +49,14 @@ func TestStoredFormUnchanged(t *testing.T) {
 			t.Fatal(err)
 		}
 		if err := st.PutEvents(t.Context(), []store.Event{ev}); err != nil {
+			t.Fatal(err)
+		}
+		if err := st.PutEgress(t.Context(), head.FleetRunID, recs, head.ExpiresAt); err != nil {
+			t.Fatal(err)
+		}
+		put := head
+		put.Version = 0
+		if _, err := st.PutEgressHead(t.Context(), put); err != nil {
 			t.Fatal(err)
 		}
 	})
@@ -58,6 +73,19 @@ func TestStoredFormUnchanged(t *testing.T) {
 		}
 		if got := string(events.Get(seq)); got != storedEventJSON {
 			t.Errorf("event written:\n got  %s\n want %s", got, storedEventJSON)
+		}
+		egress, heads := tx.Bucket([]byte("egress")).Bucket([]byte(head.FleetRunID)), tx.Bucket([]byte("egressHeads"))
+		if got := string(egress.Get(seq)); got != storedEgressJSON {
+			t.Errorf("egress record written:\n got  %s\n want %s", got, storedEgressJSON)
+		}
+		if got := string(heads.Get([]byte(head.FleetRunID))); got != storedEgressHeadJSON {
+			t.Errorf("egress head written:\n got  %s\n want %s", got, storedEgressHeadJSON)
+		}
+		if err := egress.Put(seq, []byte(storedEgressJSON)); err != nil {
+			return err
+		}
+		if err := heads.Put([]byte(head.FleetRunID), []byte(storedEgressHeadJSON)); err != nil {
+			return err
 		}
 		// Read back from the pinned JSON itself, not from what this store
 		// wrote.
@@ -84,6 +112,24 @@ func TestStoredFormUnchanged(t *testing.T) {
 			t.Fatal(err)
 		}
 		storetest.SameJSON(t, "events read", page.Events, []store.Event{ev})
+		ledger, err := st.ListEgress(t.Context(), head.FleetRunID, 0, 10)
+		if err != nil {
+			t.Fatal(err)
+		}
+		storetest.SameJSON(t, "egress records read", ledger.Records, recs)
+		if string(ledger.Records[0].Data) != string(recs[0].Data) {
+			t.Errorf("egress record read: %s, want %s byte for byte", ledger.Records[0].Data, recs[0].Data)
+		}
+		gotHead, err := st.GetEgressHead(t.Context(), head.FleetRunID)
+		if err != nil {
+			t.Fatal(err)
+		}
+		storetest.SameJSON(t, "egress head read", gotHead, head)
+		alerted, err := st.ListAlertedRuns(t.Context(), "", 10)
+		if err != nil {
+			t.Fatal(err)
+		}
+		storetest.SameJSON(t, "alerted runs read", alerted.Heads, []store.EgressHead{head})
 	})
 }
 

@@ -140,6 +140,19 @@ func (r *reader) number(name string) (string, bool) {
 	return n.Value, true
 }
 
+func (r *reader) b(name string) []byte {
+	v, ok := r.it[name]
+	if !ok {
+		return nil
+	}
+	b, ok := v.(*types.AttributeValueMemberB)
+	if !ok {
+		r.fail(name, "B", v)
+		return nil
+	}
+	return b.Value
+}
+
 func (r *reader) has(name string) bool {
 	_, ok := r.it[name]
 	return ok

@@ -112,15 +112,25 @@ func (s *Store) ListEvents(ctx context.Context, fleetRunID string, after int64, 
 	return page, nil
 }
 
-// ExtendEventsExpiry finds the run's unexpired events that expire before to
-// (a Query whose filter still reads, and is priced for, every event of the
-// run) and moves each one's expiry to to with an update conditional on it
-// still being earlier, so a concurrent extension is never undone.
+// ExtendEventsExpiry moves the expiry of the run's unexpired events that
+// expire before to (extendExpiry).
 func (s *Store) ExtendEventsExpiry(ctx context.Context, fleetRunID string, to time.Time) error {
+	if err := s.extendExpiry(ctx, s.tables.Events, attrSequence, fleetRunID, to); err != nil {
+		return fault(fmt.Sprintf("extend the expiry of the events of run %q", fleetRunID), err)
+	}
+	return nil
+}
+
+// extendExpiry finds the items of a run's partition in table (sort key
+// sortAttr) that are unexpired and expire before to (a Query whose filter
+// still reads, and is priced for, every item of the run) and moves each
+// one's expiry to to with an update conditional on it still being earlier,
+// so a concurrent extension is never undone.
+func (s *Store) extendExpiry(ctx context.Context, table, sortAttr, fleetRunID string, to time.Time) error {
 	toValue := &types.AttributeValueMemberN{Value: strconv.FormatInt(store.RoundExpiry(to).Unix(), 10)}
-	names := map[string]string{"#r": attrFleetRunID, "#s": attrSequence, "#e": attrExpiresAt}
+	names := map[string]string{"#r": attrFleetRunID, "#s": sortAttr, "#e": attrExpiresAt}
 	in := &dynamodb.QueryInput{
-		TableName:                aws.String(s.tables.Events),
+		TableName:                aws.String(table),
 		KeyConditionExpression:   aws.String("#r = :r"),
 		FilterExpression:         aws.String("#e < :to AND #e > :now"),
 		ProjectionExpression:     aws.String("#r, #s"),
@@ -134,10 +144,10 @@ func (s *Store) ExtendEventsExpiry(ctx context.Context, fleetRunID string, to ti
 	for {
 		out, err := s.api.Query(ctx, in)
 		if err != nil {
-			return fault("extend events' expiry: listing them", err)
+			return fmt.Errorf("listing them: %w", err)
 		}
 		for _, it := range out.Items {
-			keys = append(keys, item{attrFleetRunID: it[attrFleetRunID], attrSequence: it[attrSequence]})
+			keys = append(keys, item{attrFleetRunID: it[attrFleetRunID], sortAttr: it[sortAttr]})
 		}
 		if len(out.LastEvaluatedKey) == 0 {
 			break
@@ -156,7 +166,7 @@ func (s *Store) ExtendEventsExpiry(ctx context.Context, fleetRunID string, to ti
 		go func() {
 			defer func() { <-sem; wg.Done() }()
 			_, err := s.api.UpdateItem(ctx, &dynamodb.UpdateItemInput{
-				TableName:                 aws.String(s.tables.Events),
+				TableName:                 aws.String(table),
 				Key:                       key,
 				UpdateExpression:          aws.String("SET #e = :to"),
 				ConditionExpression:       aws.String("#e < :to"),
@@ -168,7 +178,7 @@ func (s *Store) ExtendEventsExpiry(ctx context.Context, fleetRunID string, to ti
 			}
 			mu.Lock()
 			if first == nil {
-				first = fault(fmt.Sprintf("extend the expiry of an event of run %q", fleetRunID), err)
+				first = err
 			}
 			mu.Unlock()
 		}()
@@ -177,18 +187,19 @@ func (s *Store) ExtendEventsExpiry(ctx context.Context, fleetRunID string, to ti
 	return first
 }
 
-// eventDeletesWithin reads the keys of up to budget events of a run (a
-// strong Query that stops at the budget) and returns their deletes; done
-// reports that these are all the run's events.
-func (s *Store) eventDeletesWithin(ctx context.Context, fleetRunID string, budget int) (deletes []types.WriteRequest, done bool, err error) {
+// deletesWithin reads the keys of up to budget items of a run's partition
+// in table (sort key sortAttr; a strong Query that stops at the budget)
+// and returns their deletes; done reports that these are all the run's
+// items there.
+func (s *Store) deletesWithin(ctx context.Context, table, sortAttr, fleetRunID string, budget int) (deletes []types.WriteRequest, done bool, err error) {
 	if budget <= 0 {
 		return nil, false, nil
 	}
 	in := &dynamodb.QueryInput{
-		TableName:                 aws.String(s.tables.Events),
+		TableName:                 aws.String(table),
 		KeyConditionExpression:    aws.String("#r = :r"),
 		ProjectionExpression:      aws.String("#r, #s"),
-		ExpressionAttributeNames:  map[string]string{"#r": attrFleetRunID, "#s": attrSequence},
+		ExpressionAttributeNames:  map[string]string{"#r": attrFleetRunID, "#s": sortAttr},
 		ExpressionAttributeValues: map[string]types.AttributeValue{":r": &types.AttributeValueMemberS{Value: fleetRunID}},
 		ConsistentRead:            aws.Bool(true),
 	}
@@ -200,7 +211,7 @@ func (s *Store) eventDeletesWithin(ctx context.Context, fleetRunID string, budge
 		}
 		for _, it := range out.Items {
 			deletes = append(deletes, types.WriteRequest{DeleteRequest: &types.DeleteRequest{Key: item{
-				attrFleetRunID: it[attrFleetRunID], attrSequence: it[attrSequence],
+				attrFleetRunID: it[attrFleetRunID], sortAttr: it[sortAttr],
 			}}})
 		}
 		// Without a continuation, these were the last; with one at the

@@ -147,9 +147,10 @@ func (s *Store) RecordProbe(ctx context.Context, id string, p store.Probe) error
 // the host (strong), one page of its byHost partition (at most
 // store.DeleteHostRunsPerStep keys) and, without force, those runs
 // (BatchGetItem) to refuse while one is unexpired; then, run by run, it
-// reads the keys of the run's events while the step's event budget lasts,
-// batch-deletes those events (25 a call), then the runs whose events were
-// all read. When the page was the partition's last and every run on it
+// reads the keys of the run's events, then of its egress ledger's items,
+// while the step's budget (store.DeleteHostEventsPerStep items) lasts,
+// batch-deletes those (25 a call), then the runs whose items were all
+// read. When the page was the partition's last and every run on it
 // went, the host is deleted too. A run's deletes within a batch may be
 // cut short (a failed call): the repeat finds the run and what is left.
 //
@@ -195,11 +196,12 @@ func (s *Store) DeleteHost(ctx context.Context, id string, force bool) (store.Ho
 			}
 		}
 	}
-	// Every event delete of the step goes before any run delete: a run is
-	// deleted only once all its events are.
-	var events, gone []types.WriteRequest
+	// Every event and egress delete of the step goes before any run
+	// delete: a run is deleted only once all its events and its ledger
+	// mirror's items are. The budget counts both.
+	var events, egress, gone []types.WriteRequest
 	for _, k := range keys {
-		dels, done, err := s.eventDeletesWithin(ctx, k.fleetRunID, store.DeleteHostEventsPerStep-len(events))
+		dels, done, err := s.deletesWithin(ctx, s.tables.Events, attrSequence, k.fleetRunID, store.DeleteHostEventsPerStep-len(events)-len(egress))
 		if err != nil {
 			return res, fault("delete host: listing the events of run "+k.fleetRunID, err)
 		}
@@ -207,10 +209,21 @@ func (s *Store) DeleteHost(ctx context.Context, id string, force bool) (store.Ho
 		if !done {
 			break
 		}
+		dels, done, err = s.deletesWithin(ctx, s.tables.Egress, attrSeq, k.fleetRunID, store.DeleteHostEventsPerStep-len(events)-len(egress))
+		if err != nil {
+			return res, fault("delete host: listing the egress ledger of run "+k.fleetRunID, err)
+		}
+		egress = append(egress, dels...)
+		if !done {
+			break
+		}
 		gone = append(gone, types.WriteRequest{DeleteRequest: &types.DeleteRequest{Key: strKey(attrFleetRunID, k.fleetRunID)}})
 	}
 	if err := s.batchWriteAll(ctx, s.tables.Events, events); err != nil {
 		return res, fault("delete host: deleting its runs' events", err)
+	}
+	if err := s.batchWriteAll(ctx, s.tables.Egress, egress); err != nil {
+		return res, fault("delete host: deleting its runs' egress ledgers", err)
 	}
 	if err := s.batchWriteAll(ctx, s.tables.Runs, gone); err != nil {
 		return res, fault("delete host: deleting its runs", err)

@@ -54,6 +54,7 @@ const (
 	attrLoad              = "load"
 	attrActive            = "active"
 	attrMaxConcurrent     = "maxConcurrent"
+	attrLedgerKey         = "ledgerKey"
 
 	attrTokenHash       = "tokenHash"
 	attrAdmin           = "admin"
@@ -81,8 +82,19 @@ const (
 	attrData = "data"
 	attrTS   = "ts"
 
+	// The egress table's: a chunk's first seq (its key is its last), and
+	// a head's.
+	attrFirst        = "first"
+	attrHeadVersion  = "version"
+	attrCursor       = "cursor"
+	attrSummary      = "summary"
+	attrSeal         = "seal"
+	attrAlerts       = "alerts"
+	attrFirstAlertAt = "firstAlertAt"
+
 	// attrWriteToken is the token of the call that last wrote the item
-	// (ownwrites.go): hosts, callers, idempotency items and runs.
+	// (ownwrites.go): hosts, callers, idempotency items, runs and egress
+	// heads.
 	attrWriteToken = "writeToken"
 )
 
@@ -217,6 +229,7 @@ func probeItem(p store.Probe) item {
 		it.putMap(attrLoad, l)
 	}
 	it.putS(attrDetail, p.Detail)
+	it.putS(attrLedgerKey, p.LedgerKey)
 	return it
 }
 
@@ -234,7 +247,7 @@ func hostFromItem(it item) (store.Host, error) {
 		probe := store.Probe{
 			Status: p.s(attrStatus), At: p.time(attrAt), LatencyMs: p.n(attrLatencyMs),
 			Version: p.s(attrHostVersion), Agents: p.strings(attrAgents),
-			Draining: p.bool(attrDraining), Detail: p.s(attrDetail),
+			Draining: p.bool(attrDraining), Detail: p.s(attrDetail), LedgerKey: p.s(attrLedgerKey),
 		}
 		if p.has(attrIdle) {
 			idle := p.bool(attrIdle)

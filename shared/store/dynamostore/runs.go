@@ -342,14 +342,41 @@ func runKeyFromItem(it item) (runKey, error) {
 // batchGetRuns reads runs by id (eventually consistent), in the order of
 // keys, nil where a run is gone. Expired runs are returned: callers decide.
 func (s *Store) batchGetRuns(ctx context.Context, keys []runKey) ([]*store.Run, error) {
-	byID := make(map[string]*store.Run, len(keys))
+	req := make([]item, len(keys))
+	for i, k := range keys {
+		req[i] = strKey(attrFleetRunID, k.fleetRunID)
+	}
+	items, err := s.batchGet(ctx, s.tables.Runs, req, false)
+	if err != nil {
+		return nil, err
+	}
+	byID := make(map[string]*store.Run, len(items))
+	for _, it := range items {
+		r, err := runFromItem(it)
+		if err != nil {
+			return nil, err
+		}
+		byID[r.FleetRunID] = &r
+	}
+	runs := make([]*store.Run, len(keys))
+	for i, k := range keys {
+		runs[i] = byID[k.fleetRunID]
+	}
+	return runs, nil
+}
+
+// batchGet reads the items at keys in table, batchGetMax a call,
+// re-asking for what DynamoDB left unprocessed after a growing pause. The
+// items come in no particular order; a missing one is simply absent.
+func (s *Store) batchGet(ctx context.Context, table string, keys []item, consistent bool) ([]item, error) {
+	var items []item
 	for start := 0; start < len(keys); start += batchGetMax {
 		chunk := keys[start:min(start+batchGetMax, len(keys))]
 		req := make([]map[string]types.AttributeValue, len(chunk))
 		for i, k := range chunk {
-			req[i] = strKey(attrFleetRunID, k.fleetRunID)
+			req[i] = k
 		}
-		pending := map[string]types.KeysAndAttributes{s.tables.Runs: {Keys: req}}
+		pending := map[string]types.KeysAndAttributes{table: {Keys: req, ConsistentRead: aws.Bool(consistent)}}
 		backoff := unprocessedBackoff
 		for attempt := 0; len(pending) > 0; attempt++ {
 			if attempt == unprocessedAttempts {
@@ -363,19 +390,11 @@ func (s *Store) batchGetRuns(ctx context.Context, keys []runKey) ([]*store.Run, 
 			if err != nil {
 				return nil, err
 			}
-			for _, it := range out.Responses[s.tables.Runs] {
-				r, err := runFromItem(it)
-				if err != nil {
-					return nil, err
-				}
-				byID[r.FleetRunID] = &r
+			for _, it := range out.Responses[table] {
+				items = append(items, it)
 			}
 			pending = out.UnprocessedKeys
 		}
 	}
-	runs := make([]*store.Run, len(keys))
-	for i, k := range keys {
-		runs[i] = byID[k.fleetRunID]
-	}
-	return runs, nil
+	return items, nil
 }

@@ -4,7 +4,7 @@
 //
 // Its contracts, beyond the store's:
 //
-//   - Five on-demand tables (TableNames, from RUNFLEET_TABLE_* in Fleet's
+//   - Six on-demand tables (TableNames, from RUNFLEET_TABLE_* in Fleet's
 //     config), every item carrying its format version in "v". New never
 //     touches them: CreateTables makes them where the stack owns them
 //     (tests, the local stack); template.yaml owns them in AWS.
@@ -12,7 +12,10 @@
 //     once); GetHost, GetRun and GetIdempotency read eventually consistent,
 //     for half the units, under store.EventualRead. Index queries (the
 //     listings, DeleteHost's in-use check) are eventually consistent, as
-//     every GSI is; events are read strongly consistent.
+//     every GSI is; events and egress ledgers are read strongly
+//     consistent.
+//   - A run's egress ledger is packed into compressed chunks of records
+//     (egress.go): a fraction of a write unit a record.
 //   - Every index is KEYS_ONLY, so an update costs its one write (plus one
 //     when a run enters or leaves the live index); a listing fetches its
 //     page with BatchGetItem.
@@ -63,9 +66,9 @@ type API interface {
 
 var _ API = (*dynamodb.Client)(nil)
 
-// TableNames names the five tables.
+// TableNames names the six tables.
 type TableNames struct {
-	Hosts, Runs, Events, Callers, Idempotency string
+	Hosts, Runs, Events, Egress, Callers, Idempotency string
 }
 
 // DefaultTableNames are the names used when Config.Tables is zero.
@@ -74,6 +77,7 @@ func DefaultTableNames() TableNames {
 		Hosts:       "runfleet-hosts",
 		Runs:        "runfleet-runs",
 		Events:      "runfleet-events",
+		Egress:      "runfleet-egress",
 		Callers:     "runfleet-callers",
 		Idempotency: "runfleet-idempotency",
 	}
@@ -84,13 +88,14 @@ func DefaultTableNames() TableNames {
 func Prefixed(prefix string) TableNames {
 	d := DefaultTableNames()
 	return TableNames{
-		Hosts: prefix + d.Hosts, Runs: prefix + d.Runs, Events: prefix + d.Events,
+		Hosts: prefix + d.Hosts, Runs: prefix + d.Runs, Events: prefix + d.Events, Egress: prefix + d.Egress,
 		Callers: prefix + d.Callers, Idempotency: prefix + d.Idempotency,
 	}
 }
 
-func (n TableNames) list() []string {
-	return []string{n.Hosts, n.Runs, n.Events, n.Callers, n.Idempotency}
+// Names lists every table's name, in the order of the fields.
+func (n TableNames) Names() []string {
+	return []string{n.Hosts, n.Runs, n.Events, n.Egress, n.Callers, n.Idempotency}
 }
 
 // Config configures the store.
@@ -116,7 +121,7 @@ func (c Config) Validate() error {
 		return nil
 	}
 	seen := map[string]bool{}
-	for _, n := range c.Tables.list() {
+	for _, n := range c.Tables.Names() {
 		if n == "" {
 			return fmt.Errorf("dynamostore: config: every table needs a name (got %+v)", c.Tables)
 		}
@@ -148,6 +153,7 @@ var (
 	_ store.IdempotencyKeys  = (*Store)(nil)
 	_ store.Runs             = (*Store)(nil)
 	_ store.Events           = (*Store)(nil)
+	_ store.Egress           = (*Store)(nil)
 	_ store.SweepCursorStore = (*Store)(nil)
 	_ store.StreamLeases     = (*Store)(nil)
 	_ store.RouteStore       = (*Store)(nil)

@@ -1,7 +1,11 @@
 package dynamostore_test
 
 import (
+	"bytes"
+	"compress/flate"
 	"context"
+	"io"
+	"maps"
 	"testing"
 
 	"github.com/aws/aws-sdk-go-v2/aws"
@@ -50,7 +54,8 @@ var (
 			"load": &types.AttributeValueMemberM{Value: map[string]types.AttributeValue{
 				"active": n("0"), "maxConcurrent": n("4"),
 			}},
-			"detail": s("ok after 1 retry"),
+			"detail":    s("ok after 1 retry"),
+			"ledgerKey": s("ed25519:11qYAYKxCrfVS/7TyWQHOg7hcvPapiMlrwIaaPcHURo="),
 		}},
 	}
 	storedEventItem = map[string]types.AttributeValue{
@@ -62,10 +67,40 @@ var (
 		"ts":         n("1777863721123456789"),
 		"expiresAt":  n("1780455721"),
 	}
+	// A chunk of the ledger mirror, keyed by its last seq; its data (raw
+	// DEFLATE of storedEgressRaw) is checked by inflating it, since the
+	// compressor's bytes are not a contract.
+	storedEgressChunk = map[string]types.AttributeValue{
+		"fleetRunId": s("r-stored"),
+		"seq":        n("8"),
+		"v":          n("1"),
+		"first":      n("7"),
+		"expiresAt":  n("1780455721"),
+	}
+	// storedEgressRaw is the chunk inflated: per record its length
+	// (uvarint) and its JSON.
+	storedEgressRaw  = "\x19" + `{"seq":7,"path":"/a?q=*"}` + "\x09" + `{"seq":8}`
+	storedEgressHead = map[string]types.AttributeValue{
+		"fleetRunId":   s("r-stored"),
+		"seq":          n("0"),
+		"v":            n("1"),
+		"version":      n("1"),
+		"cursor":       n("8"),
+		"summary":      s(`{"requests":8}`),
+		"seal":         s(`{"count":8}`),
+		"hostId":       s("h-stored"),
+		"alerts":       n("1"),
+		"firstAlertAt": n("1777863721123456789"),
+		"alerted":      s("1"),
+		"alertKey":     s("2026-05-04T03:02:01.123456789Z#r-stored"),
+		"updatedAt":    n("1777863721123456789"),
+		"expiresAt":    n("1780455721"),
+	}
 )
 
-// TestStoredFormUnchanged: the store writes a host with its probe, and an
-// event, as the items above, and reads those items back as the records.
+// TestStoredFormUnchanged: the store writes a host with its probe, an
+// event, and a ledger mirror's chunk and head as the items above, and
+// reads those items back as the records.
 func TestStoredFormUnchanged(t *testing.T) {
 	ctx := context.Background()
 	names := dynamostore.Prefixed(motoserver.Unique("form") + "-")
@@ -90,14 +125,52 @@ func TestStoredFormUnchanged(t *testing.T) {
 	if err := st.PutEvents(ctx, []store.Event{ev}); err != nil {
 		t.Fatal(err)
 	}
+	recs, head := storetest.StoredFormEgress()
+	if err := st.PutEgress(ctx, head.FleetRunID, recs, head.ExpiresAt); err != nil {
+		t.Fatal(err)
+	}
+	put := head
+	put.Version = 0
+	if _, err := st.PutEgressHead(ctx, put); err != nil {
+		t.Fatal(err)
+	}
 	written := rawItem(t, names.Hosts, map[string]types.AttributeValue{"id": s(h.ID)})
 	delete(written, "writeToken") // random per create (ownwrites.go)
 	sameItem(t, "host item written", written, storedHostItem)
 	sameItem(t, "event item written", rawItem(t, names.Events,
 		map[string]types.AttributeValue{"fleetRunId": s(ev.FleetRunID), "sequence": n("7")}), storedEventItem)
 
+	chunk := rawItem(t, names.Egress, map[string]types.AttributeValue{"fleetRunId": s(head.FleetRunID), "seq": n("8")})
+	data, ok := chunk["data"].(*types.AttributeValueMemberB)
+	if !ok {
+		t.Fatalf("chunk data: %T, want B", chunk["data"])
+	}
+	if raw, err := io.ReadAll(flate.NewReader(bytes.NewReader(data.Value))); err != nil || string(raw) != storedEgressRaw {
+		t.Errorf("chunk data inflated: %q (%v), want %q", raw, err, storedEgressRaw)
+	}
+	delete(chunk, "data")
+	sameItem(t, "egress chunk written", chunk, storedEgressChunk)
+	writtenHead := rawItem(t, names.Egress, map[string]types.AttributeValue{"fleetRunId": s(head.FleetRunID), "seq": n("0")})
+	delete(writtenHead, "writeToken")
+	sameItem(t, "egress head written", writtenHead, storedEgressHead)
+
 	// Read back from the pinned items themselves, not from what this
-	// store wrote.
+	// store wrote; the chunk's data compressed by another compressor.
+	var packed bytes.Buffer
+	fw, err := flate.NewWriter(&packed, flate.HuffmanOnly)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := io.WriteString(fw, storedEgressRaw); err != nil || fw.Close() != nil {
+		t.Fatal("deflating the pinned chunk")
+	}
+	pinnedChunk := maps.Clone(storedEgressChunk)
+	pinnedChunk["data"] = &types.AttributeValueMemberB{Value: packed.Bytes()}
+	for _, it := range []map[string]types.AttributeValue{pinnedChunk, storedEgressHead} {
+		if _, err := db.PutItem(ctx, &dynamodb.PutItemInput{TableName: aws.String(names.Egress), Item: it}); err != nil {
+			t.Fatal(err)
+		}
+	}
 	for table, it := range map[string]map[string]types.AttributeValue{names.Hosts: storedHostItem, names.Events: storedEventItem} {
 		if _, err := db.PutItem(ctx, &dynamodb.PutItemInput{TableName: aws.String(table), Item: it}); err != nil {
 			t.Fatal(err)
@@ -113,6 +186,21 @@ func TestStoredFormUnchanged(t *testing.T) {
 		t.Fatal(err)
 	}
 	storetest.SameJSON(t, "events read", page.Events, []store.Event{ev})
+	ledger, err := st.ListEgress(ctx, head.FleetRunID, 0, 10)
+	if err != nil {
+		t.Fatal(err)
+	}
+	storetest.SameJSON(t, "egress records read", ledger.Records, recs)
+	gotHead, err := st.GetEgressHead(ctx, head.FleetRunID)
+	if err != nil {
+		t.Fatal(err)
+	}
+	storetest.SameJSON(t, "egress head read", gotHead, head)
+	alerted, err := st.ListAlertedRuns(ctx, "", 10)
+	if err != nil {
+		t.Fatal(err)
+	}
+	storetest.SameJSON(t, "alerted runs read", alerted.Heads, []store.EgressHead{head})
 }
 
 func sameItem(t *testing.T, what string, got, want map[string]types.AttributeValue) {

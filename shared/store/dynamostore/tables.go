@@ -24,6 +24,9 @@ const (
 	attrLive       = "live"
 	attrExpiresAt  = "expiresAt"
 	attrAllShard   = "allShard"
+	attrSeq        = "seq"
+	attrAlerted    = "alerted"
+	attrAlertKey   = "alertKey"
 )
 
 // Index names on the runs table.
@@ -32,6 +35,14 @@ const (
 	indexByOwner = "byOwner"
 	indexByHost  = "byHost"
 	indexAll     = "all"
+)
+
+// indexAlerted is the egress table's sparse index of the heads of runs
+// with alerts, by first alert (ListAlertedRuns): one partition
+// (alertedValue), written once per alerted run, a trickle.
+const (
+	indexAlerted = "alerted"
+	alertedValue = "1"
 )
 
 // liveValue is the one value of the sparse live index's partition key. One
@@ -104,6 +115,13 @@ func schemaList(n TableNames) []tableSchema {
 			logical: "events", name: n.Events, keys: []string{attrFleetRunID, attrSequence}, ttl: attrExpiresAt,
 			attrTypes: map[string]types.ScalarAttributeType{attrFleetRunID: s, attrSequence: num},
 		},
+		{
+			logical: "egress", name: n.Egress, keys: []string{attrFleetRunID, attrSeq}, ttl: attrExpiresAt,
+			attrTypes: map[string]types.ScalarAttributeType{attrFleetRunID: s, attrSeq: num, attrAlerted: s, attrAlertKey: s},
+			indexes: []indexSchema{
+				{name: indexAlerted, keys: []string{attrAlerted, attrAlertKey}, projection: types.ProjectionTypeKeysOnly},
+			},
+		},
 		{logical: "callers", name: n.Callers, keys: []string{attrID}, attrTypes: map[string]types.ScalarAttributeType{attrID: s}},
 		{
 			logical: "idempotency", name: n.Idempotency, keys: []string{attrID}, ttl: attrExpiresAt,
@@ -133,7 +151,7 @@ func keySchema(keys []string) []types.KeySchemaElement {
 // active (DynamoDB: seconds; moto: at once).
 const tableWait = 5 * time.Minute
 
-// CreateTables creates the five tables with their indexes and turns on their
+// CreateTables creates the six tables with their indexes and turns on their
 // TTL. Tables that exist already are left as they are (their TTL is still
 // turned on if it is off), so it is safe to call on every start of the local
 // stack; production tables come from template.yaml instead.

@@ -6,6 +6,7 @@
 package fakehost
 
 import (
+	"crypto/ed25519"
 	"crypto/subtle"
 	"encoding/json"
 	"encoding/pem"
@@ -16,6 +17,7 @@ import (
 	"sync"
 
 	"github.com/runfleet/runfleet/shared/clock"
+	"github.com/runfleet/runfleet/shared/egress"
 	"github.com/runfleet/runfleet/shared/hostproto"
 )
 
@@ -37,6 +39,11 @@ type Config struct {
 	// MaxEventPage caps an events page below what Fleet asks for (a host
 	// may answer fewer, with hasMore); zero means 1000, edge's maximum.
 	MaxEventPage int
+	// MaxEgressPage caps an egress ledger page likewise; zero means 1000.
+	MaxEgressPage int
+	// NoLedger makes a host older than egress ledgers: no ledgerKey in
+	// /healthz, and no /runs/{id}/egress route (404 without a code).
+	NoLedger bool
 	// OnRequest, when set, is called with each authenticated request
 	// before it is served, on the request's goroutine, with no lock of the
 	// Host held: it may block, move a fake clock (a slow host) or call the
@@ -78,6 +85,9 @@ type Host struct {
 	clock   clock.Clock
 	maxPage int
 
+	maxEgressPage int
+	noLedger      bool
+
 	mu         sync.Mutex
 	health     hostproto.Health
 	healthFail int // answer /healthz with this status when non-zero
@@ -97,6 +107,10 @@ type Host struct {
 	metrics  string
 	verbs    VerbFault
 	requests map[string]int
+
+	ledgers   map[string]*ledger
+	signer    ed25519.PrivateKey
+	holdSeals bool
 }
 
 type refusal struct {
@@ -117,6 +131,8 @@ func New(cfg Config) *Host {
 		events:   map[string][]hostproto.Event{},
 		inputs:   map[string][]json.RawMessage{},
 		requests: map[string]int{},
+		ledgers:  map[string]*ledger{},
+		noLedger: cfg.NoLedger,
 	}
 	if h.token == "" {
 		h.token = "host-token"
@@ -127,6 +143,10 @@ func New(cfg Config) *Host {
 	h.maxPage = cfg.MaxEventPage
 	if h.maxPage <= 0 {
 		h.maxPage = maxEventPage
+	}
+	h.maxEgressPage = cfg.MaxEgressPage
+	if h.maxEgressPage <= 0 {
+		h.maxEgressPage = maxEventPage
 	}
 	agents := cfg.Agents
 	if agents == nil {
@@ -143,6 +163,9 @@ func New(cfg Config) *Host {
 	h.mux.HandleFunc("GET /runs", h.handleFind)
 	h.mux.HandleFunc("GET /runs/{id}", h.handleGet)
 	h.mux.HandleFunc("GET /runs/{id}/events", h.handleEvents)
+	if !cfg.NoLedger {
+		h.mux.HandleFunc("GET /runs/{id}/egress", h.handleEgress)
+	}
 	h.mux.HandleFunc("POST /runs/{id}/input", h.handleInput)
 	h.mux.HandleFunc("POST /runs/{id}/cancel", h.handleCancel)
 	h.mux.HandleFunc("POST /runs/{id}/retry", h.handleRetry)
@@ -171,6 +194,10 @@ func New(cfg Config) *Host {
 		h.srv.Start()
 	}
 	h.URL = h.srv.URL
+	if !cfg.NoLedger {
+		h.signer = ledgerKey(h.URL)
+		h.health.LedgerKey = egress.FormatPublicKey(h.signer.Public().(ed25519.PublicKey))
+	}
 	return h
 }
 
@@ -342,13 +369,15 @@ func (h *Host) Run(runID string) (hostproto.Run, bool) {
 
 // SetRun changes a run's status (and exit code, reason) as the runner would,
 // appending the state event in the same step (as edge does, so a terminal
-// status is never visible before its state event).
+// status is never visible before its state event), and sealing its egress
+// ledger when the status is terminal (unless HoldSeals).
 func (h *Host) SetRun(runID, status string, exitCode *int, reason string) {
 	h.mu.Lock()
 	defer h.mu.Unlock()
 	if r, ok := h.runs[runID]; ok {
 		r.Status, r.ExitCode, r.Reason = status, exitCode, reason
 		h.appendStateLocked(r)
+		h.endedLocked(r)
 	}
 }
 
@@ -360,6 +389,7 @@ func (h *Host) Forget(runID string) {
 		delete(h.byToken, r.ClientToken)
 		delete(h.runs, runID)
 		delete(h.events, runID)
+		delete(h.ledgers, runID)
 	}
 }
 

@@ -2,10 +2,7 @@ package fakehost
 
 import (
 	"encoding/json"
-	"errors"
-	"fmt"
 	"net/http"
-	"strconv"
 
 	"github.com/runfleet/runfleet/shared/hostproto"
 )
@@ -100,23 +97,8 @@ func (h *Host) appendStateLocked(r *hostproto.Run) {
 }
 
 func (h *Host) handleEvents(w http.ResponseWriter, r *http.Request) {
-	var after int64
-	var err1 error
-	if s := r.URL.Query().Get("after"); s != "" {
-		after, err1 = strconv.ParseInt(s, 10, 64)
-	}
-	limit := defaultEventPage
-	if s := r.URL.Query().Get("limit"); s != "" {
-		n, err := strconv.Atoi(s)
-		if err != nil || n < 0 {
-			err1 = errors.Join(err1, fmt.Errorf("limit %q", s))
-		}
-		if n > 0 {
-			limit = n
-		}
-	}
-	if err1 != nil || after < 0 {
-		writeJSON(w, http.StatusBadRequest, hostproto.ErrorBody{Error: "after and limit must be non-negative integers", Code: hostproto.CodeBadRequest})
+	after, limit, ok := pageQuery(w, r)
+	if !ok {
 		return
 	}
 	limit = min(limit, h.maxPage)
@@ -205,6 +187,7 @@ func (h *Host) handleCancel(w http.ResponseWriter, r *http.Request) {
 		}
 		run.Status, run.ExitCode, run.Reason = hostproto.StatusCanceled, nil, hostproto.ReasonCanceled
 		h.appendStateLocked(run)
+		h.endedLocked(run)
 		return nil
 	})
 }

@@ -14,19 +14,42 @@ import (
 )
 
 // hostDeletionContract is store.Hosts' DeleteHost, which removes a host
-// with its runs and their events: its cases take the three roles.
+// with its runs, their events and their ledger mirrors: its cases take the
+// four roles.
 var hostDeletionContract = []contractCase{
 	roleCase("Hosts/DeleteInUseAndForce", testHostsDeleteInUse),
 	roleCase("Hosts/DeleteIgnoresExpiredRuns", testHostsDeleteExpiredRuns),
 	roleCase("Hosts/DeleteInBoundedSteps", testHostsDeleteInSteps),
 }
 
-// hostsRunsAndEvents is a host with its runs and their events, which
-// DeleteHost removes together.
+// hostsRunsAndEvents is a host with its runs, their events and their
+// ledger mirrors, which DeleteHost removes together.
 type hostsRunsAndEvents interface {
 	store.Hosts
 	store.Runs
 	store.Events
+	store.Egress
+}
+
+// seedLedger gives a run a ledger mirror of n records and a head with an
+// alert.
+func seedLedger(t *testing.T, s store.Egress, runID string, n int, at time.Time) {
+	t.Helper()
+	noErr(t, "PutEgress "+runID, s.PutEgress(bg, runID, LedgerRecords(runID, 1, n, at), at.Add(time.Hour)))
+	_, err := s.PutEgressHead(bg, store.EgressHead{FleetRunID: runID, Cursor: int64(n), Alerts: 1, FirstAlertAt: at, ExpiresAt: at.Add(time.Hour)})
+	noErr(t, "PutEgressHead "+runID, err)
+}
+
+// ledgerGone fails unless the run has no ledger mirror left.
+func ledgerGone(t *testing.T, s store.Egress, runID string) {
+	t.Helper()
+	p, err := s.ListEgress(bg, runID, 0, 10)
+	noErr(t, "ListEgress", err)
+	if len(p.Records) != 0 {
+		t.Fatalf("the ledger of %s survives the deletion: %v", runID, egressSeqs(p.Records))
+	}
+	_, err = s.GetEgressHead(bg, runID)
+	wantErr(t, "GetEgressHead of "+runID, err, store.ErrNotFound)
 }
 
 // deleteHost repeats DeleteHost until it is done or fails, checking that
@@ -55,6 +78,8 @@ func testHostsDeleteInUse(t *testing.T, s hostsRunsAndEvents, clk *clock.Fake) {
 	r2 := createRun(t, s, run("r2", "bob", "h1", now.Add(time.Second)))
 	createRun(t, s, run("r3", "alice", "h2", now.Add(2*time.Second)))
 	noErr(t, "PutEvents", s.PutEvents(bg, []store.Event{event("r1", 1, now, "a"), event("r2", 1, now, "b"), event("r3", 1, now, "c")}))
+	seedLedger(t, s, "r1", 150, now)
+	seedLedger(t, s, "r3", 3, now)
 	// A terminal, drained run still references its host.
 	_, err := s.UpdateRun(bg, ended(r2, store.StatusSucceeded, now, true, time.Hour))
 	noErr(t, "UpdateRun r2", err)
@@ -76,6 +101,11 @@ func testHostsDeleteInUse(t *testing.T, s hostsRunsAndEvents, clk *clock.Fake) {
 		if len(page.Events) != 0 {
 			t.Fatalf("events of %s survive the force delete: %v", id, seqs(page.Events))
 		}
+		ledgerGone(t, s, id)
+	}
+	sameIDs(t, "alerted runs after force delete", alertedIDs(t, s, 10), []string{"r3"})
+	if got := wholeLedger(t, s, "r3", 0, 10); len(got) != 3 {
+		t.Fatalf("the ledger of another host's run: %v", egressSeqs(got))
 	}
 	sameIDs(t, "ListRuns all after force delete", allRuns(t, s, store.RunQuery{}, 10), []string{"r3"})
 	sameIDs(t, "ListRuns host h1", allRuns(t, s, store.RunQuery{HostID: "h1"}, 10), nil)
@@ -116,7 +146,7 @@ func testHostsDeleteInSteps(t *testing.T, s hostsRunsAndEvents, clk *clock.Fake)
 	noErr(t, "CreateHost h2", s.CreateHost(bg, host("h2", now)))
 	const n = 2*store.DeleteHostRunsPerStep + 17
 	var wg sync.WaitGroup
-	errs := make(chan error, n)
+	errs := make(chan error, 2*n)
 	sem := make(chan struct{}, 8)
 	for i := range n {
 		wg.Add(1)
@@ -130,6 +160,7 @@ func testHostsDeleteInSteps(t *testing.T, s hostsRunsAndEvents, clk *clock.Fake)
 			}
 			if i%10 == 0 {
 				errs <- s.PutEvents(bg, []store.Event{event(id, 1, now, "a"), event(id, 2, now, "b")})
+				errs <- s.PutEgress(bg, id, LedgerRecords(id, 1, 60, now), now.Add(time.Hour))
 			}
 		}()
 	}
@@ -171,6 +202,8 @@ func testHostsDeleteInSteps(t *testing.T, s hostsRunsAndEvents, clk *clock.Fake)
 				if len(page.Events) != 2 {
 					t.Fatalf("after step %d run %s, not deleted, has %d events, want 2", steps, id, len(page.Events))
 				}
+				sameRecords(t, fmt.Sprintf("after step %d the ledger of run %s, not deleted", steps, id),
+					wholeLedger(t, s, id, 0, 100), LedgerRecords(id, 1, 60, now))
 			}
 		}
 		wantErr(t, "DeleteHost without force between steps", deleteHost(s, "h1", false), store.ErrInUse)
@@ -190,6 +223,7 @@ func testHostsDeleteInSteps(t *testing.T, s hostsRunsAndEvents, clk *clock.Fake)
 	if len(page.Events) != 0 {
 		t.Fatalf("events of a deleted run survive: %v", seqs(page.Events))
 	}
+	ledgerGone(t, s, "r010")
 	page, err = s.ListEvents(bg, "other", 0, 10)
 	noErr(t, "ListEvents of another host's run", err)
 	if len(page.Events) != 1 {

@@ -49,6 +49,7 @@ func probe(at time.Time, status string) store.Probe {
 		Limits:    &store.Limits{Enforced: "cgroup1", MemoryBytes: 2 << 30, Pids: 512, CPU: 1.5},
 		Load:      &store.Load{Active: 0, MaxConcurrent: 4},
 		Detail:    "ok after 1 retry",
+		LedgerKey: "ed25519:11qYAYKxCrfVS/7TyWQHOg7hcvPapiMlrwIaaPcHURo=",
 	}
 }
 

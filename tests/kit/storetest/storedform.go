@@ -42,3 +42,16 @@ func SameJSON(t *testing.T, what string, got, want any) {
 	t.Helper()
 	sameJSON(t, what, got, want)
 }
+
+// StoredFormEgress is a run's ledger mirror, pinned like StoredFormHost:
+// its records (from seq 7) and its head as PutEgressHead stores it from
+// Version 0.
+func StoredFormEgress() (records []store.EgressRecord, head store.EgressHead) {
+	exp := StoredFormEvent().ExpiresAt
+	records = rawRecords(7, `{"seq":7,"path":"/a?q=*"}`, `{"seq":8}`)
+	head = store.EgressHead{
+		FleetRunID: "r-stored", Version: 1, Cursor: 8, Summary: []byte(`{"requests":8}`), Seal: []byte(`{"count":8}`),
+		HostID: "h-stored", Alerts: 1, FirstAlertAt: StoredFormAt, UpdatedAt: StoredFormAt, ExpiresAt: exp,
+	}
+	return records, head
+}

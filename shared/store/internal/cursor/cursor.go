@@ -1,5 +1,6 @@
 // Package cursor owns the opaque list cursors that both store
-// implementations issue: where a ListRuns or ListLive page ended, bound to
+// implementations issue: where a ListRuns, ListLive or ListAlertedRuns page
+// ended, bound to
 // the query it came from, so a cursor from another query (or made up) is
 // store.ErrBadCursor rather than a silently different listing.
 //
@@ -23,8 +24,9 @@ import (
 const version = 1
 
 const (
-	kindRuns = "runs"
-	kindLive = "live"
+	kindRuns    = "runs"
+	kindLive    = "live"
+	kindAlerted = "alerted"
 )
 
 // maxLen bounds what is decoded: a real cursor is well under this.
@@ -88,6 +90,28 @@ func DecodeLive(s string) (string, error) {
 		return "", err
 	}
 	return w.ID, nil
+}
+
+// Alerted is the position a ListAlertedRuns page ended at, in the order
+// (FirstAlertAt, FleetRunID) descending.
+type Alerted struct {
+	FirstAlertAt time.Time
+	FleetRunID   string
+}
+
+// EncodeAlerted makes the ListAlertedRuns cursor that continues after a.
+func EncodeAlerted(a Alerted) string {
+	return encode(wire{V: version, Kind: kindAlerted, Nanos: a.FirstAlertAt.UnixNano(), ID: a.FleetRunID})
+}
+
+// DecodeAlerted reads a ListAlertedRuns cursor; anything else is
+// store.ErrBadCursor.
+func DecodeAlerted(s string) (Alerted, error) {
+	w, err := decode(s, kindAlerted)
+	if err != nil {
+		return Alerted{}, err
+	}
+	return Alerted{FirstAlertAt: time.Unix(0, w.Nanos).UTC(), FleetRunID: w.ID}, nil
 }
 
 func encode(w wire) string {
