@@ -16,7 +16,8 @@ import (
 // task that sends that value itself (one that learned it) does not get it
 // into edge's log or audit file: the lines hold "[redacted]". The upstream
 // is pinned to a loopback port nothing listens on, so the requests go no
-// further than the proxy.
+// further than the proxy; those holding the value are refused by the
+// tripwire before that (403).
 func TestEdgeServeRedactsValuesFromItsLogAndAudit(t *testing.T) {
 	const value = "real-api-key-value"
 	e := newEdgeProc(t)
@@ -37,7 +38,7 @@ true`
 	})
 	end := e.waitFor(run.RunID, terminal)
 	out, _ := e.output(run.RunID, 0)
-	if end.Status != hostproto.StatusSucceeded || !strings.Contains(out, "first=502") || !strings.Contains(out, "path=502") {
+	if end.Status != hostproto.StatusSucceeded || !strings.Contains(out, "first=502") || !strings.Contains(out, "path=403") {
 		t.Fatalf("run ended %+v: %s", end, out)
 	}
 	// The redactor holds the one value: nothing was forgotten past its bound.

@@ -7,21 +7,32 @@ import (
 	"sync/atomic"
 
 	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/runfleet/runfleet/shared/egress"
 )
 
-// metrics are the proxy's Prometheus series, labelled by action only, so
-// their cardinality stays fixed whatever tasks and hosts come and go.
+// metrics are the proxy's Prometheus series, labelled by action (or alert
+// kind) only, so their cardinality stays fixed whatever tasks and hosts
+// come and go.
 type metrics struct {
 	decisions *prometheus.CounterVec
 	duration  *prometheus.HistogramVec
 	upstream  prometheus.Histogram
 	bytes     *prometheus.CounterVec
+	alerts    *prometheus.CounterVec
 
 	// Resolved once, so a decision costs no label lookup: by action (in
 	// the order of actions), and the byte counters.
 	byAction          [len(actions)]atomic.Pointer[actionMetrics]
 	bytesIn, bytesOut prometheus.Counter
+	// byAlert is alerts' series, by kind (in the order of alertKinds).
+	byAlert [len(alertKinds)]prometheus.Counter
 }
+
+// alertKinds are the alert kinds the proxy raises (Entry.Alert); each
+// series exists from the start at zero, so an alerting rule sees the
+// first alert as an increase.
+var alertKinds = [...]string{egress.AlertForeignPlaceholder, egress.AlertUngrantedDomain, egress.AlertRealValue}
 
 // actions are the known actions; others are counted too, looked up each time.
 var actions = [...]Action{Substituted, Forwarded, Blocked, Withheld, Tunnelled, Denied}
@@ -51,8 +62,15 @@ func newMetrics() *metrics {
 			Name: "edge_proxy_bytes_total",
 			Help: "Bytes through the proxy: in = from tasks, out = to tasks.",
 		}, []string{"direction"}),
+		alerts: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "edge_egress_alerts_total",
+			Help: "Decisions that show a key escaping its bounds, by kind: foreign_placeholder (another run's placeholder), ungranted_domain (a run's placeholder toward a domain its key does not reach), real_value_from_task (a real value sent by a task, blocked).",
+		}, []string{"kind"}),
 	}
 	m.bytesIn, m.bytesOut = m.bytes.WithLabelValues("in"), m.bytes.WithLabelValues("out")
+	for i, k := range alertKinds {
+		m.byAlert[i] = m.alerts.WithLabelValues(k)
+	}
 	return m
 }
 
@@ -64,7 +82,7 @@ func (m *metrics) register(reg prometheus.Registerer, l *Log) error {
 	if reg == nil {
 		return nil
 	}
-	err := reg.Register(scrape{l, []prometheus.Collector{m.decisions, m.duration, m.upstream, m.bytes}})
+	err := reg.Register(scrape{l, []prometheus.Collector{m.decisions, m.duration, m.upstream, m.bytes, m.alerts}})
 	var already prometheus.AlreadyRegisteredError
 	if err != nil && !errors.As(err, &already) {
 		return fmt.Errorf("audit: registering metrics: %w", err)
@@ -98,6 +116,7 @@ func (s scrape) Collect(ch chan<- prometheus.Metric) {
 // own (issue 27's profile at 64 connections).
 func (m *metrics) observeBatch(batch []Entry) {
 	var counts [len(actions)]int
+	var alerts [len(alertKinds)]int
 	var in, out int64
 	for i := range batch {
 		e := &batch[i]
@@ -114,6 +133,18 @@ func (m *metrics) observeBatch(batch []Entry) {
 		}
 		in += e.BytesIn
 		out += e.BytesOut
+		if e.Alert != "" {
+			if k := slices.Index(alertKinds[:], e.Alert); k >= 0 {
+				alerts[k]++
+			} else {
+				m.alerts.WithLabelValues(e.Alert).Inc()
+			}
+		}
+	}
+	for k, n := range alerts {
+		if n > 0 {
+			m.byAlert[k].Add(float64(n))
+		}
 	}
 	for j, n := range counts {
 		if n > 0 {

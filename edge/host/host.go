@@ -58,7 +58,8 @@ type Options struct {
 	Logger *slog.Logger
 	// Redactor learns every real value the secrets proxy reads and is
 	// applied to every audit line; main also passes Logger's output through
-	// it (redact.Set.Writer). Nil makes one for the audit alone.
+	// it (redact.Set.Writer); the proxy's tripwire looks for its values in
+	// what tasks send. Nil makes one for the audit and the tripwire.
 	Redactor *redact.Set
 	// Clock drives the CA's rotation and the runner; default the real clock.
 	Clock clock.Clock
@@ -442,7 +443,7 @@ func (h *Host) newProxy(ctx context.Context, trust caTrust) (*proxy.Proxy, error
 	return proxy.New(proxy.Config{
 		Listener: h.proxyListener, Egress: h.cfg.Proxy.Egress, DataDir: h.cfg.DataDir,
 		Policy: h.watcher, Leaves: h.authority, CAReady: trust.Valid, Secrets: src, SSH: sshFront,
-		AWSSessions: h.awsSessions(ctx), Observe: h.opts.Redactor.Add,
+		AWSSessions: h.awsSessions(ctx), Observe: h.opts.Redactor.Add, RealValues: h.opts.Redactor,
 		Upstream: guard, UpstreamTLS: upstreamTLS, Audit: h.auditLog, Logger: h.log, Clock: h.clock, Rand: h.opts.Rand,
 	})
 }

@@ -114,7 +114,7 @@ func (st *requestState) resignAWSRequest(r *http.Request) (handled bool, refused
 	case !d.Allow && strings.HasPrefix(d.Reason, policy.ScopeRefused):
 		return true, refuseAWS(d.Reason, o.ref)
 	case !d.Allow:
-		return true, refuseBlocked(d.Reason, o.ref)
+		return true, st.blocked(d.Reason, o.task, o.ref)
 	}
 	if refused := st.ruleRefusal(o.ref); refused != nil {
 		return true, refused

@@ -125,6 +125,10 @@ func (p *Proxy) serveFrontFor(c net.Conn, only *attempt) {
 	deny := func(r *refusal) {
 		writeStatus(c, r.status, r.reason, r.header)
 		entry.Action, entry.Status, entry.Reason = r.action, r.status, r.reason
+		if r.key != (policy.KeyRef{}) {
+			entry.Keys = []string{r.key.String()}
+		}
+		p.alerted(&entry, r)
 		entry.Duration = p.cfg.Clock.Now().Sub(start)
 		p.cfg.Audit.Record(entry)
 	}
@@ -143,6 +147,10 @@ func (p *Proxy) serveFrontFor(c net.Conn, only *attempt) {
 	entry.Task = a.task.runID
 	if req.Method != http.MethodConnect {
 		deny(refuseMethod("only CONNECT is proxied", http.MethodConnect))
+		return
+	}
+	if refused := p.tripTarget(req.RequestURI); refused != nil {
+		deny(refused)
 		return
 	}
 	if targetErr != nil {

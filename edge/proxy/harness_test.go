@@ -155,8 +155,9 @@ type envOptions struct {
 	// handshakeTimeout is Config.HandshakeTimeout (0: the default).
 	handshakeTimeout time.Duration
 	// redactor, when set, is wired as edge serve wires it: it learns every
-	// value read from the source and filters the log (e.logs) and the audit
-	// lines; rawLogs and rawAudit then get the lines before the filter.
+	// value read from the source, filters the log (e.logs) and the audit
+	// lines, and is the tripwire's index; rawLogs and rawAudit then get the
+	// lines before the filter.
 	redactor          *logredact.Set
 	rawLogs, rawAudit io.Writer
 	// metrics, when set, receives the audit's metrics, as edge serve's
@@ -223,7 +224,9 @@ func newEnv(t tb, o envOptions) *env {
 	e.auditDir = filepath.Join(dir, "logs")
 	var filter func([]byte) []byte
 	var source secrets.Source = src
+	var realValues RealValues // nil: no tripwire, unless wired as edge serve does
 	if o.redactor != nil {
+		realValues = o.redactor
 		source = secrets.Observed(src, o.redactor.Add)
 		filter = func(line []byte) []byte {
 			o.rawAudit.Write(line)
@@ -236,7 +239,7 @@ func newEnv(t tb, o envOptions) *env {
 	e.proxy, err = New(Config{
 		Listener: e.listener, Egress: o.egress, DataDir: dir, Policy: e.watcher, Leaves: e.authority,
 		Secrets: source, Upstream: guard, UpstreamTLS: tlsCfg, Audit: al, Logger: logger, Rand: o.rand,
-		MaxTaskConns: o.maxTaskConns, HandshakeTimeout: o.handshakeTimeout,
+		MaxTaskConns: o.maxTaskConns, HandshakeTimeout: o.handshakeTimeout, RealValues: realValues,
 	})
 	must(t, err)
 	go e.proxy.Serve()

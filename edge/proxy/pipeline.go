@@ -54,8 +54,10 @@ type requestState struct {
 	// body is the request body when it was read whole (and scanned): the
 	// forwarder writes it with the head, on this goroutine.
 	body []byte
-	// ms is scratch for the scanner's matches.
-	ms []placeholder.Match
+	// ms is scratch for the scanner's matches; tripBuf for the head the
+	// tripwire scans (tripHead).
+	ms      []placeholder.Match
+	tripBuf []byte
 	// entry is the request's audit line, recorded by record; bodyIn counts
 	// the request body read.
 	entry  audit.Entry
@@ -106,7 +108,7 @@ type substitution struct {
 // reset readies st for a request, keeping its scratch space: an HTTP/1.1
 // connection reuses one for all its requests.
 func (st *requestState) reset(p *Proxy, ci *connInfo, watch *cancelWatch, ctx context.Context) {
-	*st = requestState{p: p, ci: ci, ctx: ctx, watch: watch, ms: st.ms[:0]}
+	*st = requestState{p: p, ci: ci, ctx: ctx, watch: watch, ms: st.ms[:0], tripBuf: st.tripBuf[:0]}
 	st.subs = st.subsBuf[:0]
 }
 
@@ -140,7 +142,7 @@ func (st *requestState) substitute(o placeholder.Owner, loc policy.Location) (st
 	st.mu.Lock()
 	defer st.mu.Unlock()
 	if !d.Allow {
-		return "", st.refuseLocked(refuseBlocked(d.Reason, o.Ref))
+		return "", st.refuseLocked(st.blocked(d.Reason, o.Task, o.Ref))
 	}
 	if r := st.ruleRefusalLocked(o.Ref); r != nil {
 		return "", st.refuseLocked(r)
@@ -301,6 +303,9 @@ func (p *Proxy) prepare(st *requestState, ix *placeholder.Index, r *http.Request
 	}
 	st.grants = ci.attempt.task.grantsUnder(p.cfg.Policy.Current())
 	st.learnGranted()
+	if refused := st.tripHead(r); refused != nil {
+		return refused
+	}
 	st.noteRuleInput(r)
 	if refused := st.checkMethod(ix, r.Method); refused != nil {
 		return refused
@@ -308,6 +313,9 @@ func (p *Proxy) prepare(st *requestState, ix *placeholder.Index, r *http.Request
 	sent := headBytes(r, ci)
 	if handled, refused := st.resignAWS(r); handled || refused != nil {
 		if refused != nil {
+			return refused
+		}
+		if refused := st.tripAWSBody(r); refused != nil {
 			return refused
 		}
 		return st.checkHead(r, sent)
@@ -338,6 +346,7 @@ func (p *Proxy) refuse(st *requestState, refused *refusal) {
 	}
 	p.logFault(refused, entry.Task, st.ci.logHost)
 	entry.Action, entry.Status, entry.Reason, entry.Rule = refused.action, refused.status, refused.reason, refused.rule
+	p.alerted(entry, refused)
 	h := st.out.Header()
 	for k, vs := range refused.header {
 		h[k] = vs
@@ -358,6 +367,7 @@ func (st *requestState) settle() {
 	switch {
 	case st.refused != nil:
 		entry.Action, entry.Reason = st.refused.action, st.refused.reason
+		st.p.alerted(entry, st.refused)
 		if st.refused.key != (policy.KeyRef{}) {
 			entry.Keys = []string{st.refused.key.String()}
 		}
@@ -418,7 +428,7 @@ func (st *requestState) checkMethod(ix *placeholder.Index, method string) *refus
 	if len(ms) == 0 {
 		return nil
 	}
-	return refuseBlocked("a placeholder in the method", ms[0].Owner.Ref)
+	return st.blocked("a placeholder in the method", ms[0].Owner.Task, ms[0].Owner.Ref)
 }
 
 // rewriteHeaders substitutes placeholders in header values (Basic
@@ -431,7 +441,7 @@ func (st *requestState) rewriteHeaders(ix *placeholder.Index, h http.Header) err
 			st.ms = ms
 			st.mu.Lock()
 			defer st.mu.Unlock()
-			return st.refuseLocked(refuseBlocked("a placeholder in a header name", ms[0].Owner.Ref))
+			return st.refuseLocked(st.blocked("a placeholder in a header name", ms[0].Owner.Task, ms[0].Owner.Ref))
 		}
 		for i, v := range values {
 			out, n, err := ix.RewriteString(v, policy.InHeader, st.substitute, &st.ms)
@@ -528,6 +538,9 @@ func (st *requestState) prepareBody(ix *placeholder.Index, r *http.Request, limi
 		if _, err := io.ReadFull(r.Body, buf); err != nil {
 			return fault(errors.New("request body shorter than its Content-Length"), policy.KeyRef{})
 		}
+		if refused := st.tripWhole(buf); refused != nil {
+			return refused
+		}
 		out, _, err := ix.Rewrite(buf, policy.InBody, st.substitute)
 		if err != nil {
 			return st.refusal(err)
@@ -540,7 +553,7 @@ func (st *requestState) prepareBody(ix *placeholder.Index, r *http.Request, limi
 	r.Body = struct {
 		io.Reader
 		io.Closer
-	}{placeholder.NewScanner(r.Body, ix, st.substitute), r.Body}
+	}{placeholder.NewScanner(st.tripStream(r.Body, awsErrNone), ix, st.substitute), r.Body}
 	if mayChange {
 		r.ContentLength = -1
 		st.streamSubs = true

@@ -15,6 +15,9 @@
 //     lets the task's key go (the domain, the part of the request);
 //     anywhere else, or another task's, it blocks the request whole.
 //     Substitution is bounded per request and message (limits.go).
+//   - A real value edge holds, sent by a task itself, blocks its request
+//     before any of the value leaves; that and a placeholder escaping its
+//     bounds raise an alert (tripwire.go).
 //   - What a task is sent back never holds, byte for byte, a value its
 //     request carried; an answer that cannot be scanned is refused.
 //   - Every decision has its audit line, recorded before the task has the
@@ -138,6 +141,12 @@ type Config struct {
 	// what Secrets gave (an AWS key's parts) or mints (an STS session's),
 	// before it is used: edge's log redaction learns them there.
 	Observe func(secrets.Value)
+	// RealValues is the tripwire's index of the real values edge holds
+	// (tripwire.go): edge's log redactor, which learns every value read
+	// through Secrets and handed to Observe. A request from a task that
+	// carries one is blocked. nil turns the tripwire off (its alerts on
+	// placeholders stay).
+	RealValues RealValues
 	// SSH is edge's SSH front, which serves the connections to an ssh key's
 	// domains; nil refuses the runs of such keys.
 	SSH *sshfront.Front

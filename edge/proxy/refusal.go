@@ -32,6 +32,9 @@ type refusal struct {
 	// rule names the request rule that refused (policy.DecideRequest),
 	// "" for none.
 	rule string
+	// alert is the egress alert kind the refusal raises (tripwire.go),
+	// empty for none.
+	alert string
 	// cause is what failed, logged (logFault) and never shown: a fault of
 	// ours or the upstream exchange's error; nil for a decision.
 	cause error

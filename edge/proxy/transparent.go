@@ -245,6 +245,15 @@ func (p *Proxy) serveTransparent(a *attempt, originalDst func(net.Conn) (netip.A
 		return
 	}
 	entry.Host = ix.Redacted(target.String())
+	if r := p.tripTarget(target.String()); r != nil {
+		// The name the task resolved holds a real value (tripwire.go).
+		if r.key != (policy.KeyRef{}) {
+			entry.Keys = []string{r.key.String()}
+		}
+		p.alerted(&entry, r)
+		refuse(r.status, r.action, r.reason)
+		return
+	}
 	granted := a.task.grantsUnder(p.cfg.Policy.Current()).granted
 	decision := policy.DecideConnect(policy.ConnectInput{Target: target, Granted: granted, Egress: p.cfg.Egress})
 	if decision.Action == policy.Refuse {

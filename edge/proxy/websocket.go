@@ -24,7 +24,8 @@ import (
 //   - Task to upstream: a message is collected whole (its fragments joined,
 //     up to wsMaxPayload), scanned for placeholders like a request body
 //     (policy.InBody) and substituted where the key allows it; a placeholder
-//     that may not go there blocks the message: nothing of it goes upstream,
+//     that may not go there, or a real value the proxy holds (tripwire.go),
+//     blocks the message: nothing of it goes upstream,
 //     the task gets a close frame (1008) and the upstream connection is
 //     closed. Collecting it whole finds a placeholder split across
 //     fragments and keeps a blocked message's first fragments from leaving
@@ -429,7 +430,13 @@ func (r *wsRelay) taskToUpstream() error {
 // none. The index is the one in force now, as for a new request, and a
 // message counts as a request for maxSubstitutions: its count starts from
 // zero, so a long-lived socket is bounded per message, not over its life.
+// A real value the proxy holds blocks the message (tripwire.go).
 func (r *wsRelay) substitute(b []byte) ([]byte, error) {
+	if refused := r.st.tripWhole(b); refused != nil {
+		r.st.mu.Lock()
+		defer r.st.mu.Unlock()
+		return nil, r.st.refuseLocked(refused)
+	}
 	r.st.mu.Lock()
 	r.st.substituted = 0
 	r.st.mu.Unlock()
@@ -467,6 +474,7 @@ func (r *wsRelay) block(refused *refusal) error {
 		TS: r.p.cfg.Clock.Now(), Task: st.runID(), Action: refused.action, Reason: "websocket message " + refused.reason,
 		Host: st.ci.logHost, Method: st.entry.Method, Path: st.entry.Path, Via: st.ci.via, Rule: refused.rule,
 	}
+	r.p.alerted(&e, refused)
 	if refused.key != (policy.KeyRef{}) {
 		e.Keys = []string{refused.key.String()}
 	}

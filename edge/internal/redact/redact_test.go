@@ -2,10 +2,13 @@ package redact
 
 import (
 	"bytes"
+	"encoding/base64"
 	"encoding/json"
 	"fmt"
 	"log/slog"
+	"net/url"
 	"slices"
+	"strconv"
 	"strings"
 	"testing"
 
@@ -230,4 +233,212 @@ func redactEveryPosition(snap *snapshot, line []byte) []byte {
 		pos = end
 	}
 	return append(out, line[pos:]...)
+}
+
+// realisticValues are 20 values shaped as the credentials a host's policy
+// grants are: vendors' prefixes and alphabets, AWS's base64 secrets with
+// '+' and '/', a password with punctuation.
+func realisticValues() []string {
+	var out []string
+	for i := range 20 {
+		switch i % 5 {
+		case 0:
+			out = append(out, fmt.Sprintf("sk-proj-%02dT3BlbkFJq8Zr4mW2xYvN7pLkQ9sHdE1uGfAaBbCcDd", i))
+		case 1:
+			out = append(out, fmt.Sprintf("ghp_%02dR7mKq2ZxW9vN4bT6yL1pH8sD3fG5jA0cE", i))
+		case 2:
+			out = append(out, fmt.Sprintf("AKIA%02dQW3RT5YU7IO9PA", i), fmt.Sprintf("wJalrXUtnFEMI/K7MDENG+bPxRfiCY%02dEXAMPLEKEY", i))
+		case 3:
+			out = append(out, fmt.Sprintf("xoxb-%02d1234567890-0987654321-AbCdEfGhIjKlMnOpQrStUvWx", i))
+		case 4:
+			out = append(out, fmt.Sprintf("p@ss:w0rd!%02d-Zq#9", i))
+		}
+	}
+	return out[:20]
+}
+
+// body64K is 64 KiB of a JSON request body without a value.
+func body64K() []byte {
+	var b bytes.Buffer
+	b.WriteString(`{"model":"gpt-test","messages":[`)
+	for i := 0; b.Len() < 64<<10-200; i++ {
+		fmt.Fprintf(&b, `{"role":"user","content":"Line %d of the conversation: lorem ipsum dolor sit amet, consectetur adipiscing elit, sed do eiusmod tempor."},`, i)
+	}
+	b.WriteString(`{"role":"user","content":"end"}]}`)
+	for b.Len() < 64<<10 {
+		b.WriteByte(' ')
+	}
+	return b.Bytes()[:64<<10]
+}
+
+// BenchmarkFind64KiB: Find over a 64 KiB request body holding no value,
+// against 20 realistic values and an empty Set.
+func BenchmarkFind64KiB(b *testing.B) {
+	body := body64K()
+	for _, c := range []struct {
+		name string
+		s    *Set
+	}{{"empty", NewSet(0)}, {"20-values", set(realisticValues()...)}} {
+		b.Run(c.name, func(b *testing.B) {
+			b.SetBytes(int64(len(body)))
+			b.ReportAllocs()
+			for b.Loop() {
+				if _, ok := c.s.Find(body); ok {
+					b.Fatal("found")
+				}
+			}
+		})
+	}
+}
+
+// Find finds a value of FindMinLen bytes or more in every form a request
+// may carry it, returns which value it is, and finds nothing else: not a
+// shorter value, not a value cut short, not one it never held.
+func TestFindFindsEveryRequestForm(t *testing.T) {
+	odd := "wJalr+XUtn/FEMI=K7MD ENG&bPx%Rf" // '+', '/', '=', ' ', '&' and '%' need percent-encoding
+	short := "hunter2-pw"                    // under FindMinLen: redacted, never found
+	s := set(value, odd, short)
+	b64 := func(enc *base64.Encoding, prefix, v string) string { return enc.EncodeToString([]byte(prefix + v)) }
+	for _, v := range []string{value, odd} {
+		cases := map[string]string{
+			"as is":        "Authorization: Bearer " + v,
+			"lower-cased":  "x-" + strings.ToLower(v) + ": 1",
+			"JSON body":    string(must(json.Marshal(map[string]string{"token": v}))),
+			"JSON in JSON": string(must(json.Marshal(string(must(json.Marshal(map[string]string{"token": v})))))),
+			"Go-quoted":    strconv.Quote(v),
+			"query":        "/x?token=" + url.QueryEscape(v) + "&a=b",
+			"path segment": "/x/" + url.PathEscape(v) + "/y",
+			"form body":    url.Values{"a": {"1"}, "token": {v}}.Encode(),
+		}
+		for user := range 4 {
+			prefix := strings.Repeat("u", user) + ":"
+			cases[fmt.Sprintf("Basic, user of %d", user)] = "Authorization: Basic " + b64(base64.StdEncoding, prefix, v)
+			cases[fmt.Sprintf("URL-safe base64 after %d bytes", user+1)] = `{"content":"` + b64(base64.RawURLEncoding, prefix, v) + `"}`
+		}
+		for name, text := range cases {
+			got, ok := s.Find([]byte(text))
+			if !ok || got.Reveal() != v {
+				t.Errorf("%q, %s: Find = %v, found %v", v, name, got.Reveal() == v, ok)
+			}
+			// What Find finds, Redact takes out of a log line.
+			if red := string(s.Redact([]byte(text))); !strings.Contains(red, Mark) {
+				t.Errorf("%q, %s: not redacted: %q", v, name, red)
+			}
+		}
+	}
+	for name, text := range map[string]string{
+		"short value":        "password=" + short,
+		"cut short":          "Bearer " + value[:len(value)-1],
+		"one byte changed":   "Bearer " + value[:5] + "X" + value[6:],
+		"upper-cased":        strings.ToUpper(value),
+		"never held":         "Bearer sk-live-9999999999zyxwvutsrqpo",
+		"nothing":            "",
+		"shorter than forms": "sk-",
+	} {
+		if _, ok := s.Find([]byte(text)); ok {
+			t.Errorf("%s: found in %q", name, text)
+		}
+	}
+	if _, ok := NewSet(0).Find([]byte(value)); ok {
+		t.Error("an empty Set found a value")
+	}
+	if n := testing.AllocsPerRun(100, func() { s.Find([]byte("GET /v1/models HTTP/1.1 with no value in it at all")) }); n != 0 {
+		t.Errorf("Find of clean text: %v allocations", n)
+	}
+}
+
+func must[T any](v T, err error) T {
+	if err != nil {
+		panic(err)
+	}
+	return v
+}
+
+// Pending holds back exactly the end of a text that a form would continue:
+// for every cut of a form, a stream that held back Pending's bytes still has
+// the form's first byte; clean text holds nothing back.
+func TestPendingHoldsBackWhatMayBeginAValue(t *testing.T) {
+	odd := "wJalr+XUtn/FEMI=K7MD"
+	s := set(value, odd)
+	snap := s.snap.Load()
+	for _, e := range snap.order {
+		for _, f := range e.forms {
+			text := append([]byte("lorem ipsum: "), f...)
+			start := len(text) - len(f)
+			for cut := start + 1; cut < len(text); cut++ {
+				if held := s.Pending(text[:cut]); cut-held > start {
+					t.Fatalf("form %q cut after %d bytes: %d held back, the form's first byte would go", f, cut-start, held)
+				}
+			}
+		}
+	}
+	for _, clean := range []string{"", "x", "lorem ipsum dolor", "sk-live-X"} {
+		if held := s.Pending([]byte(clean)); held != 0 {
+			t.Errorf("%q: %d held back", clean, held)
+		}
+	}
+	if held := s.Pending([]byte("abc sk")); held != 2 {
+		t.Errorf("the first bytes of a value: %d held back, want 2", held)
+	}
+	if held := NewSet(0).Pending([]byte("sk-live")); held != 0 {
+		t.Errorf("an empty Set held back %d", held)
+	}
+}
+
+// Find skips through text by windows as Redact does, yet finds a value
+// wherever a search for every form at every byte would.
+func FuzzFindFindsWhatEveryPositionWould(f *testing.F) {
+	f.Add("sk-live-0123456789abcdefghij", "wJalr+XUtn/FEMI=K7MD", "short", "a sk-live-0123456789abcdefghij b", uint8(3))
+	f.Add("AKIA08AbCdEfGhIjKlMn", "p\"w<d>&\\x\tq\u2028é\x01", "abcd", "{\"path\":\"/v1/AKIA08AbCdEfGhIj\"}", uint8(7))
+	f.Fuzz(func(t *testing.T, v1, v2, v3, line string, cut uint8) {
+		s := set(v1, v2, v3)
+		snap := s.snap.Load()
+		lines := []string{line}
+		for _, e := range snap.order {
+			for _, form := range e.forms {
+				i := int(cut) % (len(line) + 1)
+				lines = append(lines, line[:i]+string(form)+line[i:], string(form[:len(form)/2])+line)
+			}
+		}
+		for _, l := range lines {
+			want := false
+			for _, e := range snap.order {
+				if len(e.raw) < FindMinLen {
+					continue
+				}
+				for _, form := range e.forms {
+					want = want || strings.Contains(l, string(form))
+				}
+			}
+			if _, got := s.Find([]byte(l)); got != want {
+				t.Fatalf("Find(%q) = %v, want %v", l, got, want)
+			}
+		}
+	})
+}
+
+// Find scans a text's two halves at once: a value is found wherever it
+// lies, across the middle and at either end included, and in no clean
+// text of any length.
+func TestFindFindsAValueAnywhere(t *testing.T) {
+	s := set(realisticValues()...)
+	v := realisticValues()[7]
+	text := bytes.Repeat([]byte("lorem ipsum dolor sit amet, "), 20)
+	for n := 0; n <= len(text); n++ {
+		if _, ok := s.Find(text[:n]); ok {
+			t.Fatalf("found in %d clean bytes", n)
+		}
+	}
+	for at := 0; at <= len(text); at++ {
+		in := slices.Concat(text[:at], []byte(v), text[at:])
+		if got, ok := s.Find(in); !ok || got.Reveal() != v {
+			t.Fatalf("value at %d of %d bytes: found %v", at, len(in), ok)
+		}
+		if got, ok := s.Find(in[at:]); !ok || got.Reveal() != v {
+			t.Fatalf("value at the start of %d bytes: found %v", len(in)-at, ok)
+		}
+		if got, ok := s.Find(in[:at+len(v)]); !ok || got.Reveal() != v {
+			t.Fatalf("value at the end of %d bytes: found %v", at+len(v), ok)
+		}
+	}
 }
