@@ -50,6 +50,11 @@ const (
 // retryEvery is how soon a pass whose write failed is tried again.
 const retryEvery = time.Second
 
+// chunkRecords bounds the records stored under one key of the run log
+// (runlog.EgressChunk): a put per chunk, not per record, and a page reads
+// at most a chunk more than it serves.
+const chunkRecords = 256
+
 // Errors.
 var (
 	// ErrNotFound: the host holds no such run.
@@ -125,6 +130,7 @@ type Ledger struct {
 	// last stored with its attempt ended (live runs stay, ended ones are
 	// read again from the store when a late record comes).
 	runs map[string]*runState
+	enc  *encoder // the writer's
 }
 
 type itemKind int
@@ -145,10 +151,13 @@ type item struct {
 // runState is where one run's chain stands, and what the next write
 // stores of it.
 type runState struct {
-	id      string
-	head    runlog.EgressHead
-	last    [32]byte
-	pending []runlog.EgressRecord
+	id   string
+	head runlog.EgressHead
+	last [32]byte
+	// pending are the records not stored yet, in chunks of at most
+	// chunkRecords; inLast counts the last chunk's.
+	pending []runlog.EgressChunk
+	inLast  int
 	// changed: the head moved since it was stored; resign: the chain must
 	// be (re)sealed at the pass's end.
 	changed, resign bool
@@ -174,6 +183,7 @@ func New(cfg Config) (*Ledger, error) {
 		wake:      make(chan struct{}, 1),
 		done:      make(chan struct{}),
 		runs:      map[string]*runState{},
+		enc:       newEncoder(),
 	}
 	go l.write()
 	return l, nil
@@ -297,7 +307,7 @@ func (l *Ledger) pass(items []item) {
 		}
 		switch it.kind {
 		case itemEntry:
-			l.add(st, recordOf(&it.entry))
+			l.add(st, &it.entry)
 		case itemSeal:
 			st.head.Ended, st.resign, st.changed = true, true, true
 		case itemReopen:
@@ -318,7 +328,10 @@ func (l *Ledger) pass(items []item) {
 			l.seal(st)
 		}
 		if st.changed || len(st.pending) > 0 {
-			writes = append(writes, runlog.EgressWrite{RunID: st.id, Records: st.pending, Head: st.head})
+			if st.head.Count > 0 {
+				st.head.LastHash = hex.EncodeToString(st.last[:])
+			}
+			writes = append(writes, runlog.EgressWrite{RunID: st.id, Chunks: st.pending, Head: st.head})
 		}
 	}
 	gone, err := l.cfg.Store.WriteEgress(writes)
@@ -331,7 +344,7 @@ func (l *Ledger) pass(items []item) {
 		})
 	} else {
 		for _, st := range touched {
-			st.pending, st.changed, st.resign = nil, false, false
+			st.pending, st.inLast, st.changed, st.resign = nil, 0, false, false
 			if st.head.Ended {
 				delete(l.runs, st.id) // read again if a late record comes
 			}
@@ -367,24 +380,29 @@ func (l *Ledger) state(runID string) (*runState, error) {
 	return st, nil
 }
 
-// add keeps r in st's chain, or, past the bound, counts it as dropped.
-func (l *Ledger) add(st *runState, r egress.Record) {
-	if st.head.Count >= int64(l.cfg.MaxRecords) {
-		if l.cfg.Redact != nil {
-			r.Authority = string(l.cfg.Redact([]byte(r.Authority)))
-		}
-		st.head.Tally.AddDropped(r)
-		st.head.DroppedSinceLast++
-		st.changed = true
+// add keeps e's record in st's chain, or, past the bound, counts it as
+// dropped: with what the tally keeps of it alone (its authority redacted,
+// as a kept record's is), since nothing else of it is kept.
+func (l *Ledger) add(st *runState, e *audit.Entry) {
+	if st.head.Count < int64(l.cfg.MaxRecords) {
+		l.append(st, recordOf(e))
 		return
 	}
-	l.append(st, r)
+	r := tallied(e)
+	if l.cfg.Redact != nil {
+		if out := l.cfg.Redact([]byte(r.Authority)); string(out) != r.Authority {
+			r.Authority = string(out)
+		}
+	}
+	st.head.Tally.AddDropped(r)
+	st.head.DroppedSinceLast++
+	st.changed = true
 }
 
 // append chains r after st's last record and counts it.
 func (l *Ledger) append(st *runState, r egress.Record) {
 	r.Seq = st.head.Count + 1
-	c, err := canonical(&r, l.cfg.Redact)
+	c, err := l.enc.canonical(&r, l.cfg.Redact)
 	if err != nil {
 		// Every field is a string, number or time: this cannot fail. A
 		// record that did is counted as dropped, never lost from the count.
@@ -395,9 +413,15 @@ func (l *Ledger) append(st *runState, r egress.Record) {
 		return
 	}
 	st.last = egress.Next(st.last, c)
-	st.head.Count, st.head.LastHash = r.Seq, hex.EncodeToString(st.last[:])
+	st.head.Count = r.Seq
 	st.head.Tally.Add(r)
-	st.pending = append(st.pending, runlog.EgressRecord{Seq: r.Seq, Data: withHash(c, st.last)})
+	if len(st.pending) == 0 || st.inLast == chunkRecords {
+		st.pending = append(st.pending, runlog.EgressChunk{First: r.Seq, Data: make([]byte, 0, 4<<10)})
+		st.inLast = 0
+	}
+	last := &st.pending[len(st.pending)-1]
+	last.Data = appendStored(last.Data, c, st.last)
+	st.inLast++
 	st.changed = true
 }
 

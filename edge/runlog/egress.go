@@ -1,6 +1,7 @@
 package runlog
 
 import (
+	"bytes"
 	"encoding/binary"
 	"encoding/json"
 	"errors"
@@ -12,12 +13,14 @@ import (
 )
 
 // A run's egress ledger (issue 31) lives beside its events: bucket
-// "egress" holds one nested bucket per run whose keys are big-endian
-// sequences and whose values are the records as the ledger wrote them
-// (egress.Record's JSON, hash included), read back byte for byte; bucket
-// "egressHeads" maps a run id to its EgressHead. The ledger (edge/ledger)
-// numbers, chains and bounds the records; this file only keeps them, and
-// never rewrites one.
+// "egress" holds one nested bucket per run whose values are chunks of
+// consecutive records, each keyed by the big-endian sequence of its first
+// record and holding the records as the ledger wrote them (egress.Record's
+// JSON, hash included, each followed by a newline), read back byte for
+// byte; bucket "egressHeads" maps a run id to its EgressHead. A chunk, not
+// a record, per key: a busy run's records cost one put per chunk, not one
+// each. The ledger (edge/ledger) numbers, chains and bounds the records;
+// this file keeps them, contiguous from 1, and never rewrites one.
 var (
 	bucketEgress      = []byte("egress")
 	bucketEgressHeads = []byte("egressHeads")
@@ -46,18 +49,25 @@ type EgressHead struct {
 	Seal *egress.Seal `json:"seal,omitempty"`
 }
 
-// EgressRecord is one stored record: its sequence and its JSON.
-type EgressRecord struct {
-	Seq  int64
-	Data json.RawMessage
+// EgressChunk is consecutive records stored together: First is the first
+// one's sequence, Data each record's JSON followed by a newline (JSON
+// escapes every newline inside a record).
+type EgressChunk struct {
+	First int64
+	Data  []byte
 }
 
-// EgressWrite is one run's share of a WriteEgress: the records that follow
-// those stored, and the head after them.
+// Records counts the chunk's records.
+func (c EgressChunk) Records() int64 { return int64(bytes.Count(c.Data, newline)) }
+
+var newline = []byte{'\n'}
+
+// EgressWrite is one run's share of a WriteEgress: the chunks of records
+// that follow those stored, in order, and the head after them.
 type EgressWrite struct {
-	RunID   string
-	Records []EgressRecord
-	Head    EgressHead
+	RunID  string
+	Chunks []EgressChunk
+	Head   EgressHead
 }
 
 // EgressPage is a stretch of a run's ledger (Log.EgressPage), read in one
@@ -76,15 +86,16 @@ type EgressPage struct {
 	Head EgressHead
 }
 
-// errRecordExists refuses a write over a stored record: a record once
-// written is never replaced.
-var errRecordExists = errors.New("a record of that sequence is stored already")
+// errNotContiguous refuses a write whose records do not follow those
+// stored, one by one up to its head's count: a record once written is
+// never replaced, and none is ever missing.
+var errNotContiguous = errors.New("the records do not follow those stored")
 
 // WriteEgress stores every write's records and head in one transaction
 // (one fsync for every run a flush touched). A run the log does not hold
 // (purged meanwhile, or never created) is skipped, its id returned in
-// gone. A record whose sequence is stored already fails the whole write:
-// the ledger never rewrites a record.
+// gone. Records that do not start right after the stored ones, or do not
+// end at the head's count, fail the whole write.
 func (l *Log) WriteEgress(writes []EgressWrite) (gone []string, err error) {
 	if len(writes) == 0 {
 		return nil, nil
@@ -97,20 +108,28 @@ func (l *Log) WriteEgress(writes []EgressWrite) (gone []string, err error) {
 				gone = append(gone, w.RunID)
 				continue
 			}
-			if len(w.Records) > 0 {
+			stored, _, err := getEgressHead(tx, w.RunID)
+			if err != nil {
+				return err
+			}
+			next := stored.Count + 1
+			for _, c := range w.Chunks {
+				if c.First != next || c.Records() == 0 {
+					return fmt.Errorf("run %s: records from %d after %d stored: %w", w.RunID, c.First, next-1, errNotContiguous)
+				}
 				b, err := tx.Bucket(bucketEgress).CreateBucketIfNotExists([]byte(w.RunID))
 				if err != nil {
 					return err
 				}
-				for _, r := range w.Records {
-					k := seqKey(r.Seq)
-					if b.Get(k) != nil {
-						return fmt.Errorf("run %s, record %d: %w", w.RunID, r.Seq, errRecordExists)
-					}
-					if err := b.Put(k, r.Data); err != nil {
-						return err
-					}
+				// Appended in order and never changed: pages filled whole.
+				b.FillPercent = 1
+				if err := b.Put(seqKey(c.First), c.Data); err != nil {
+					return err
 				}
+				next += c.Records()
+			}
+			if next-1 != w.Head.Count {
+				return fmt.Errorf("run %s: records up to %d, a head of %d: %w", w.RunID, next-1, w.Head.Count, errNotContiguous)
 			}
 			v, err := json.Marshal(w.Head)
 			if err != nil {
@@ -156,22 +175,33 @@ func (l *Log) EgressPage(runID string, after int64, limit int) (EgressPage, erro
 		if page.Head, _, err = getEgressHead(tx, runID); err != nil {
 			return err
 		}
+		last := page.Head.Count
+		page.PastEnd = after > last
 		b := tx.Bucket(bucketEgress).Bucket([]byte(runID))
-		if b == nil {
-			page.PastEnd = after > 0
+		if b == nil || after >= last {
 			return nil
 		}
+		// The chunk holding record after+1 is the last one starting at or
+		// before it.
 		c := b.Cursor()
 		k, v := c.Seek(seqKey(after + 1))
+		if k == nil {
+			k, v = c.Last()
+		} else if int64(binary.BigEndian.Uint64(k)) > after+1 {
+			k, v = c.Prev()
+		}
 		for ; k != nil && len(page.Records) < limit; k, v = c.Next() {
-			page.Records = append(page.Records, json.RawMessage(append([]byte(nil), v...)))
-			page.NextCursor = int64(binary.BigEndian.Uint64(k))
+			seq := int64(binary.BigEndian.Uint64(k))
+			for rest := v; len(rest) > 0 && len(page.Records) < limit; seq++ {
+				rec, tail, _ := bytes.Cut(rest, newline)
+				rest = tail
+				if seq > after {
+					page.Records = append(page.Records, json.RawMessage(bytes.Clone(rec)))
+					page.NextCursor = seq
+				}
+			}
 		}
-		page.HasMore = k != nil
-		if len(page.Records) == 0 && after > 0 {
-			last, _ := c.Last()
-			page.PastEnd = last == nil || int64(binary.BigEndian.Uint64(last)) < after
-		}
+		page.HasMore = page.NextCursor < last
 		return nil
 	})
 	if err != nil {

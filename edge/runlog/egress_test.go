@@ -10,12 +10,13 @@ import (
 	"github.com/runfleet/runfleet/shared/egress"
 )
 
-func egressRecords(from, to int64) []EgressRecord {
-	var rs []EgressRecord
+// egressRecords is one chunk of the records from..to.
+func egressRecords(from, to int64) []EgressChunk {
+	c := EgressChunk{First: from}
 	for seq := from; seq <= to; seq++ {
-		rs = append(rs, EgressRecord{Seq: seq, Data: []byte(fmt.Sprintf(`{"seq":%d,"via":"proxy"}`, seq))})
+		c.Data = fmt.Appendf(c.Data, "{\"seq\":%d,\"via\":\"proxy\"}\n", seq)
 	}
-	return rs
+	return []EgressChunk{c}
 }
 
 // A run's ledger is written for several runs in one call, read back byte
@@ -33,14 +34,14 @@ func TestEgressWritesPagesAndSurvivesReopen(t *testing.T) {
 	tally.Add(egress.Record{Authority: "a.test:443", Action: egress.Forwarded})
 	seal := &egress.Seal{Count: 5, LastHash: "ab", Signature: "sig", PublicKey: "ed25519:x"}
 	gone, err := l.WriteEgress([]EgressWrite{
-		{RunID: "r1", Records: egressRecords(1, 3), Head: EgressHead{Count: 3, LastHash: "h3", Tally: tally}},
-		{RunID: "r2", Records: egressRecords(1, 1), Head: EgressHead{Count: 1, LastHash: "x1"}},
-		{RunID: "purged", Records: egressRecords(1, 1), Head: EgressHead{Count: 1}},
+		{RunID: "r1", Chunks: egressRecords(1, 3), Head: EgressHead{Count: 3, LastHash: "h3", Tally: tally}},
+		{RunID: "r2", Chunks: egressRecords(1, 1), Head: EgressHead{Count: 1, LastHash: "x1"}},
+		{RunID: "purged", Chunks: egressRecords(1, 1), Head: EgressHead{Count: 1}},
 	})
 	if err != nil || len(gone) != 1 || gone[0] != "purged" {
 		t.Fatalf("WriteEgress: gone %q, %v; want the unknown run skipped", gone, err)
 	}
-	if _, err := l.WriteEgress([]EgressWrite{{RunID: "r1", Records: egressRecords(4, 5),
+	if _, err := l.WriteEgress([]EgressWrite{{RunID: "r1", Chunks: append(egressRecords(4, 4), egressRecords(5, 5)...),
 		Head: EgressHead{Count: 5, LastHash: "h5", Tally: tally, DroppedSinceLast: 2, Ended: true, Seal: seal}}}); err != nil {
 		t.Fatal(err)
 	}
@@ -112,28 +113,68 @@ func TestEgressWritesPagesAndSurvivesReopen(t *testing.T) {
 	}
 }
 
-// A record once written is never replaced: a write over a stored sequence
-// fails whole, for every run in it.
-func TestEgressRecordsAreNeverRewritten(t *testing.T) {
+// A record once written is never replaced and none goes missing: records
+// that do not start right after those stored, or that do not end at the
+// head's count, fail the write whole, for every run in it.
+func TestEgressRecordsAreNeverRewrittenNorMissing(t *testing.T) {
 	l, _ := openTemp(t)
 	for _, id := range []string{"r1", "r2"} {
 		l.Create(Record{RunID: id, ClientToken: "t-" + id})
 	}
-	if _, err := l.WriteEgress([]EgressWrite{{RunID: "r1", Records: egressRecords(1, 2), Head: EgressHead{Count: 2}}}); err != nil {
+	if _, err := l.WriteEgress([]EgressWrite{{RunID: "r1", Chunks: egressRecords(1, 2), Head: EgressHead{Count: 2}}}); err != nil {
 		t.Fatal(err)
 	}
-	_, err := l.WriteEgress([]EgressWrite{
-		{RunID: "r2", Records: egressRecords(1, 1), Head: EgressHead{Count: 1}},
-		{RunID: "r1", Records: []EgressRecord{{Seq: 2, Data: []byte(`{"seq":2,"via":"altered"}`)}}, Head: EgressHead{Count: 2}},
-	})
-	if !errors.Is(err, errRecordExists) {
-		t.Fatalf("a rewrite: %v, want it refused", err)
+	for name, w := range map[string]EgressWrite{
+		"over a stored record": {RunID: "r1", Chunks: []EgressChunk{{First: 2, Data: []byte(`{"seq":2,"via":"altered"}` + "\n")}}, Head: EgressHead{Count: 2}},
+		"past a gap":           {RunID: "r1", Chunks: egressRecords(4, 4), Head: EgressHead{Count: 4}},
+		"short of the head":    {RunID: "r1", Chunks: egressRecords(3, 3), Head: EgressHead{Count: 5}},
+		"a head gone back":     {RunID: "r1", Head: EgressHead{Count: 1}},
+		"an empty chunk":       {RunID: "r1", Chunks: []EgressChunk{{First: 3}}, Head: EgressHead{Count: 2}},
+	} {
+		_, err := l.WriteEgress([]EgressWrite{{RunID: "r2", Chunks: egressRecords(1, 1), Head: EgressHead{Count: 1}}, w})
+		if !errors.Is(err, errNotContiguous) {
+			t.Errorf("a write %s: %v, want it refused", name, err)
+		}
 	}
-	if p, _ := l.EgressPage("r1", 1, 5); len(p.Records) != 1 || string(p.Records[0]) != `{"seq":2,"via":"proxy"}` {
-		t.Errorf("record 2 reads %s after a refused rewrite", p.Records)
+	if p, _ := l.EgressPage("r1", 0, 5); len(p.Records) != 2 || string(p.Records[1]) != `{"seq":2,"via":"proxy"}` || p.Head.Count != 2 {
+		t.Errorf("after refused writes: %s, head %+v", p.Records, p.Head)
 	}
 	if _, found, _ := l.EgressHead("r2"); found {
-		t.Error("the refused write stored another run's part")
+		t.Error("a refused write stored another run's part")
+	}
+}
+
+// Records stored in chunks of any size page alike, from any cursor.
+func TestEgressPagesAcrossChunks(t *testing.T) {
+	l, _ := openTemp(t)
+	l.Create(Record{RunID: "r1", ClientToken: "t-r1"})
+	var chunks []EgressChunk
+	for _, c := range [][2]int64{{1, 1}, {2, 6}, {7, 7}, {8, 20}} {
+		chunks = append(chunks, egressRecords(c[0], c[1])...)
+	}
+	if _, err := l.WriteEgress([]EgressWrite{{RunID: "r1", Chunks: chunks[:2], Head: EgressHead{Count: 6}}}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := l.WriteEgress([]EgressWrite{{RunID: "r1", Chunks: chunks[2:], Head: EgressHead{Count: 20}}}); err != nil {
+		t.Fatal(err)
+	}
+	for after := int64(0); after <= 21; after++ {
+		for _, limit := range []int{1, 3, 7, 100} {
+			p, err := l.EgressPage("r1", after, limit)
+			if err != nil {
+				t.Fatal(err)
+			}
+			want := min(int64(limit), max(20-after, 0))
+			if int64(len(p.Records)) != want || p.HasMore != (after+want < 20) || p.PastEnd != (after > 20) {
+				t.Errorf("after %d limit %d: %d records, hasMore %v, pastEnd %v", after, limit, len(p.Records), p.HasMore, p.PastEnd)
+				continue
+			}
+			for i, r := range p.Records {
+				if w := fmt.Sprintf(`{"seq":%d,"via":"proxy"}`, after+int64(i)+1); string(r) != w {
+					t.Errorf("after %d limit %d: record %d reads %s, want %s", after, limit, i, r, w)
+				}
+			}
+		}
 	}
 }
 
@@ -144,8 +185,8 @@ func TestDeleteRemovesTheRunsEgress(t *testing.T) {
 		l.Create(Record{RunID: id, ClientToken: "t-" + id})
 	}
 	if _, err := l.WriteEgress([]EgressWrite{
-		{RunID: "r1", Records: egressRecords(1, 3), Head: EgressHead{Count: 3}},
-		{RunID: "r2", Records: egressRecords(1, 2), Head: EgressHead{Count: 2}},
+		{RunID: "r1", Chunks: egressRecords(1, 3), Head: EgressHead{Count: 3}},
+		{RunID: "r2", Chunks: egressRecords(1, 2), Head: EgressHead{Count: 2}},
 	}); err != nil {
 		t.Fatal(err)
 	}
