@@ -13,7 +13,8 @@
 // and every other type get NODATA (an empty success), so a client falls back
 // to the IPv4 pin, and no AAAA, HTTPS or SVCB record can steer it to an
 // address or endpoint edge did not choose. localhost and *.localhost answer
-// loopback (RFC 6761) without asking the policy.
+// loopback (RFC 6761) without asking the policy. Each name refused is told
+// to Config.Refused once, for the run's egress ledger.
 package taskdns
 
 import (
