@@ -20,8 +20,9 @@ import (
 // carries the masked query the proxy put in Entry.Query. Every string is
 // made valid UTF-8 here: encoding/json writes an invalid byte as the
 // escape \ufffd but the U+FFFD a reader decodes it to as itself, so a
-// record hashed with invalid bytes would not verify once read. The record may share e's Keys: it is never changed in place
-// (eachString copies it first).
+// record hashed with invalid bytes would not verify once read. The record
+// may share e's Keys, which is never changed in place (eachString copies
+// it first).
 func recordOf(e *audit.Entry) egress.Record {
 	r := egress.Record{
 		TS: e.TS.UTC(), Authority: e.Host, Method: e.Method, Path: e.Path, Status: e.Status,
