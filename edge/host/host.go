@@ -2,8 +2,8 @@
 // runs it: the proxy's CA with its rotation, the secrets proxy with its
 // policy, secrets source, upstream guard and audit log, runs' egress
 // ledgers, the harness runner with admission, and the host API, all from
-// edge.json. It owns their
-// order: what starts first, and how the host drains and stops.
+// edge.json. It owns their order: what starts first, and how the host
+// drains and stops.
 package host
 
 import (
