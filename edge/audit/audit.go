@@ -2,7 +2,8 @@
 // decision under <dataDir>/logs/, rotated by size, and the Prometheus
 // counters and latency histograms of the same decisions. An Entry names keys
 // by "project/KEY" and never holds a value or a placeholder: the proxy
-// redacts paths before they get here.
+// redacts paths before they get here. Each flushed batch is also handed to
+// runs' egress ledgers (Config.Ledger), off the requests' goroutines.
 package audit
 
 import (
@@ -89,6 +90,10 @@ type Entry struct {
 	// the upstream's response head.
 	Duration time.Duration `json:"-"`
 	Upstream time.Duration `json:"-"`
+
+	// ledgerOnly marks an entry RecordLedgerOnly queued: handed to
+	// Config.Ledger, neither written nor counted.
+	ledgerOnly bool
 }
 
 // AWSSigning is a SigV4 request's credential scope and payload mode, as
@@ -120,6 +125,10 @@ type SSHCommand struct {
 
 // ViaTransparent is Entry.Via for a redirected connection.
 const ViaTransparent = "transparent"
+
+// ViaDNS is Entry.Via for a name the task's DNS refused
+// (RecordLedgerOnly: never an audit line).
+const ViaDNS = "dns"
 
 // FileName is the live audit file under Dir; rotated files add ".1", ".2"...
 const FileName = "proxy-audit.jsonl"
@@ -154,6 +163,15 @@ type Config struct {
 	// file (redact.Set.Redact). It runs on the flushing goroutine, never a
 	// request's; nil writes lines as they are.
 	Redact func(line []byte) []byte
+	// Ledger, when set, is handed each flushed batch once its lines are
+	// written: every entry in the order it was recorded, batches one after
+	// another, never two at once, on the flushing goroutine (the flush
+	// timer's, Flush's caller's, or, past maxPending, the recording
+	// goroutine's). It must not block (hand the entries on: runs' egress
+	// ledgers, edge/ledger), must not change batch, and must not keep it
+	// past its return (the slice is reused): it copies the entries it
+	// keeps. Nil: no ledger, and RecordLedgerOnly does nothing.
+	Ledger func(batch []Entry)
 }
 
 // Log writes audit lines and keeps the metrics. Safe for concurrent use.
@@ -245,8 +263,8 @@ func (l *Log) openLocked() error {
 	return nil
 }
 
-// Field caps: the text fields a task can choose (method, path, host) and
-// the reason quoting them are cut to these many bytes, so a line stays
+// Field caps: the text fields a task can choose (method, path and query,
+// host) and the reason quoting them are cut to these many bytes, so a line stays
 // small whatever a task sends. The caller redacts first: a cut never
 // leaves part of a placeholder that redaction would have found.
 const (
@@ -273,13 +291,27 @@ func clip(s string, n int) string {
 // request, so its common path is an append under a lock: the flush writes
 // the line and counts it in the metrics (a scrape flushes first, so it
 // counts every decision recorded before it).
-func (l *Log) Record(e Entry) {
+func (l *Log) Record(e Entry) { l.queue(e) }
+
+// RecordLedgerOnly queues e for Config.Ledger alone: no line is written
+// and no metric counts it. It is for a decision that is a run's but not
+// the proxy's (a name the task's DNS refused), which the run's ledger
+// keeps in order with the proxy's. Without a Ledger it does nothing.
+func (l *Log) RecordLedgerOnly(e Entry) {
+	if l.cfg.Ledger == nil {
+		return
+	}
+	e.ledgerOnly = true
+	l.queue(e)
+}
+
+func (l *Log) queue(e Entry) {
 	if e.TS.IsZero() {
 		e.TS = l.cfg.Clock.Now()
 	}
 	e.TS = e.TS.UTC()
 	e.Method, e.Host = clip(e.Method, MaxMethodBytes), clip(e.Host, MaxHostBytes)
-	e.Path, e.Reason = clip(e.Path, MaxPathBytes), clip(e.Reason, MaxReasonBytes)
+	e.Path, e.Query, e.Reason = clip(e.Path, MaxPathBytes), clip(e.Query, MaxPathBytes), clip(e.Reason, MaxReasonBytes)
 	l.mu.Lock()
 	l.pending = append(l.pending, e)
 	full := len(l.pending) >= maxPending
@@ -292,7 +324,8 @@ func (l *Log) Record(e Entry) {
 	}
 }
 
-// Flush writes every recorded line now.
+// Flush writes every recorded line now, and hands every recorded entry
+// to Config.Ledger before it returns.
 func (l *Log) Flush() { l.flush() }
 
 func (l *Log) flush() {
@@ -307,10 +340,15 @@ func (l *Log) flush() {
 	}
 	l.mu.Unlock()
 	for i := range batch {
-		l.writeLocked(&batch[i])
+		if !batch[i].ledgerOnly {
+			l.writeLocked(&batch[i])
+		}
 	}
 	l.flushFileLocked()
 	l.metrics.observeBatch(batch)
+	if l.cfg.Ledger != nil && len(batch) > 0 {
+		l.cfg.Ledger(batch)
+	}
 	clear(batch) // no strings held until the next batch
 	l.spare = batch[:0]
 }

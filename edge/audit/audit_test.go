@@ -7,6 +7,7 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 	"unicode/utf8"
@@ -179,6 +180,97 @@ func TestScrapeCountsEveryRecordedDecision(t *testing.T) {
 		if got[k] != v {
 			t.Errorf("%s = %v, want %v (all: %v)", k, got[k], v, got)
 		}
+	}
+}
+
+// The ledger gets every entry, in the order recorded, once its batch is
+// written: a timed flush hands it on from the timer's goroutine, and Flush
+// before it returns. An entry recorded for the ledger alone reaches it in
+// its place among the others, and neither the file nor the metrics.
+func TestLedgerGetsEveryEntryInOrder(t *testing.T) {
+	dir := t.TempDir()
+	reg := prometheus.NewRegistry()
+	fake := clock.NewFake(time.Unix(1_800_000_000, 0))
+	var mu sync.Mutex
+	var got []Entry
+	batches := 0
+	l, err := Open(Config{Dir: dir, Registerer: reg, Clock: fake, Logger: slog.New(slog.DiscardHandler),
+		Ledger: func(batch []Entry) {
+			mu.Lock()
+			defer mu.Unlock()
+			got = append(got, batch...)
+			batches++
+		}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer l.Close()
+	seen := func() []Entry {
+		mu.Lock()
+		defer mu.Unlock()
+		return append([]Entry(nil), got...)
+	}
+	l.Record(Entry{Task: "run-1", Action: Substituted, Host: "a.test:443", Path: "/one", Query: "q=*"})
+	l.RecordLedgerOnly(Entry{Task: "run-1", Action: Denied, Via: ViaDNS, Host: "nope.test", Reason: "refused"})
+	l.Record(Entry{Task: "run-1", Action: Blocked, Host: "a.test:443", Path: "/two"})
+	if len(seen()) != 0 {
+		t.Fatal("the ledger got entries before their flush")
+	}
+	fake.Advance(FlushEvery)
+	await.Cond(t, 5*time.Second, "the timed flush to hand the batch on", func() bool { return len(seen()) == 3 })
+	l.Record(Entry{Task: "run-2", Action: Forwarded, Host: "b.test:443", Query: strings.Repeat("k=*&", 1000)})
+	l.Flush()
+	all := seen()
+	if len(all) != 4 {
+		t.Fatalf("after Flush the ledger holds %d entries, want 4", len(all))
+	}
+	for i, want := range []string{"/one", "", "/two", ""} {
+		if all[i].Path != want {
+			t.Errorf("entry %d: path %q, want %q (order: %+v)", i, all[i].Path, want, all)
+		}
+	}
+	if all[0].Query != "q=*" || all[1].Via != ViaDNS || all[1].TS.IsZero() {
+		t.Errorf("entries as handed on: %+v", all[:2])
+	}
+	if q := all[3].Query; len(q) > MaxPathBytes || !strings.HasSuffix(q, "…") {
+		t.Errorf("a long query is %d bytes, want it cut to %d", len(q), MaxPathBytes)
+	}
+	b, err := os.ReadFile(filepath.Join(dir, FileName))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if lines := strings.Count(string(b), "\n"); lines != 3 || strings.Contains(string(b), "nope.test") || strings.Contains(string(b), "q=") {
+		t.Errorf("the file holds %d lines, want 3, without the ledger's alone nor a query:\n%s", lines, b)
+	}
+	families, err := reg.Gather()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, fam := range families {
+		if fam.GetName() != "edge_proxy_decisions_total" {
+			continue
+		}
+		for _, m := range fam.GetMetric() {
+			if m.GetLabel()[0].GetValue() == string(Denied) {
+				t.Errorf("the ledger's entry was counted as a decision of the proxy: %v", m)
+			}
+		}
+	}
+}
+
+// Without a ledger, an entry for the ledger alone goes nowhere.
+func TestRecordLedgerOnlyWithoutALedgerDoesNothing(t *testing.T) {
+	dir := t.TempDir()
+	l, err := Open(Config{Dir: dir, Logger: slog.New(slog.DiscardHandler)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	l.RecordLedgerOnly(Entry{Task: "run-1", Action: Denied, Via: ViaDNS, Host: "nope.test"})
+	if err := l.Close(); err != nil {
+		t.Fatal(err)
+	}
+	if b, _ := os.ReadFile(filepath.Join(dir, FileName)); len(b) != 0 {
+		t.Errorf("the file holds %q", b)
 	}
 }
 

@@ -160,6 +160,12 @@ func appendFloat(b []byte, f float64) []byte {
 
 const hexDigits = "0123456789abcdef"
 
+// AppendJSONString appends s as encoding/json encodes a string (HTML-safe,
+// U+2028/U+2029 escaped, invalid UTF-8 as U+FFFD), for the other
+// hand-written JSON on the proxy's path: runs' ledger records
+// (edge/ledger), whose hash covers exactly those bytes.
+func AppendJSONString(b []byte, s string) []byte { return appendString(b, s) }
+
 // appendString is encoding/json's string encoding with HTML escaping.
 func appendString(b []byte, s string) []byte {
 	b = append(b, '"')

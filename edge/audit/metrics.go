@@ -120,6 +120,9 @@ func (m *metrics) observeBatch(batch []Entry) {
 	var in, out int64
 	for i := range batch {
 		e := &batch[i]
+		if e.ledgerOnly {
+			continue
+		}
 		j := slices.Index(actions[:], e.Action)
 		am := m.forAction(e.Action)
 		if j >= 0 {

@@ -3,8 +3,8 @@
 // validation. It holds wire types only; the policy section is compiled and
 // checked by package policy, and edge/host maps every other section onto
 // its component's Config. A default that a component applies is that
-// component's constant, named here (runner, ca, secrets, audit, upstream);
-// this package imports them, and they never import it.
+// component's constant, named here (runner, ca, secrets, audit, ledger,
+// upstream); this package imports them, and they never import it.
 package config
 
 import (
@@ -24,6 +24,7 @@ import (
 
 	"github.com/runfleet/runfleet/edge/audit"
 	"github.com/runfleet/runfleet/edge/ca"
+	"github.com/runfleet/runfleet/edge/ledger"
 	"github.com/runfleet/runfleet/edge/runner"
 	"github.com/runfleet/runfleet/edge/secrets"
 	"github.com/runfleet/runfleet/edge/upstream"
@@ -218,6 +219,7 @@ type Proxy struct {
 	Egress   string   `json:"egress"`
 	Upstream Upstream `json:"upstream"`
 	Audit    Audit    `json:"audit"`
+	Ledger   Ledger   `json:"ledger"`
 	// Pprof, when set, serves net/http/pprof for the whole edge process on
 	// this address (loopback only; off by default), with mutex and block
 	// profiling on: for profiling the proxy under load.
@@ -247,6 +249,19 @@ type Audit struct {
 	// Keep is how many rotated files are kept; default audit.DefaultKeep.
 	Keep int `json:"keep"`
 }
+
+// Ledger is each run's egress ledger, kept in the run log with the run.
+type Ledger struct {
+	// MaxRecords is how many records a run's ledger keeps; past it a
+	// record is counted, not kept, and one record at the run's end says
+	// how many were not. Default ledger.DefaultMaxRecords; at most
+	// MaxLedgerRecords.
+	MaxRecords int `json:"maxRecords"`
+}
+
+// MaxLedgerRecords bounds proxy.ledger.maxRecords: a few hundred MiB of a
+// run's records in the run log, about a hundred times the default.
+const MaxLedgerRecords = 1_000_000
 
 // CA is the proxy's certificate authority.
 type CA struct {
@@ -561,6 +576,9 @@ func (c *Config) Defaults() {
 	if c.Proxy.Audit.Keep == 0 {
 		c.Proxy.Audit.Keep = audit.DefaultKeep
 	}
+	if c.Proxy.Ledger.MaxRecords == 0 {
+		c.Proxy.Ledger.MaxRecords = ledger.DefaultMaxRecords
+	}
 	setD(&c.CA.Lifetime, ca.DefaultLifetime)
 	setD(&c.CA.SuccessorWindow, ca.DefaultSuccessorWindow)
 	setD(&c.CA.SwitchBefore, ca.DefaultSwitchBefore)
@@ -674,6 +692,9 @@ func (c *Config) problems() Problems {
 	}
 	if c.Proxy.Audit.Keep < 0 {
 		bad("proxy.audit.keep", "must not be negative")
+	}
+	if n := c.Proxy.Ledger.MaxRecords; n < 1 || n > MaxLedgerRecords {
+		bad("proxy.ledger.maxRecords", "must be from 1 to %d, not %d (leave it unset for the default, %d)", MaxLedgerRecords, n, ledger.DefaultMaxRecords)
 	}
 	if c.Proxy.Pprof != "" && !loopback(c.Proxy.Pprof) {
 		bad("proxy.pprof", "%q is not a loopback address: profiles show edge's internals, so it must listen on 127.0.0.1 or [::1] only", c.Proxy.Pprof)

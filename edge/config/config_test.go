@@ -74,6 +74,10 @@ func TestBadConfigsNameTheField(t *testing.T) {
 		"negative reserve":             {`{"dataDir":"/d","api":{"tokenFile":"/t"},"runner":{"minFreeBytes":-1}}`, "runner.minFreeBytes: -1 is under the smallest reserve"},
 		"reserve too small":            {`{"dataDir":"/d","api":{"tokenFile":"/t"},"runner":{"minFreeBytes":4096}}`, "runner.minFreeBytes: 4096"},
 		"reserve not a size":           {`{"dataDir":"/d","api":{"tokenFile":"/t"},"runner":{"minFreeBytes":"a lot"}}`, `invalid size "a lot"`},
+		"ledger bound negative":        {`{"dataDir":"/d","api":{"tokenFile":"/t"},"proxy":{"ledger":{"maxRecords":-1}}}`, "proxy.ledger.maxRecords: must be from 1 to 1000000, not -1"},
+		"ledger bound too large":       {`{"dataDir":"/d","api":{"tokenFile":"/t"},"proxy":{"ledger":{"maxRecords":1000001}}}`, "proxy.ledger.maxRecords: must be from 1 to 1000000"},
+		"ledger bound not a number":    {`{"dataDir":"/d","api":{"tokenFile":"/t"},"proxy":{"ledger":{"maxRecords":"10k"}}}`, "proxy.ledger.maxRecords: must be an integer"},
+		"ledger key misspelt":          {`{"dataDir":"/d","api":{"tokenFile":"/t"},"proxy":{"ledger":{"maxRecord":10}}}`, `proxy.ledger.maxRecord: unknown field; did you mean "maxRecords"?`},
 		"api off loopback without tls": {`{"dataDir":"/d","api":{"listen":"0.0.0.0:7070","tokenFile":"/t"}}`, `api.listen: "0.0.0.0:7070" is not a loopback address and api.tls is not set`},
 	} {
 		t.Run(name, func(t *testing.T) {

@@ -30,6 +30,7 @@ func TestREADMEStatesTheDefaults(t *testing.T) {
 		"`proxy.egress`":                   code(c.Proxy.Egress),
 		"`proxy.upstream.resolver`":        code(c.Proxy.Upstream.Resolver),
 		"`proxy.audit.maxBytes`, `keep`":   fmt.Sprintf("%s, %d", readmeSize(c.Proxy.Audit.MaxBytes, " "), c.Proxy.Audit.Keep),
+		"`proxy.ledger.maxRecords`":        code(fmt.Sprint(c.Proxy.Ledger.MaxRecords)),
 		"`ca.lifetime`":                    code(readmeDuration(c.CA.Lifetime)),
 		"`ca.successorWindow`":             code(readmeDuration(c.CA.SuccessorWindow)),
 		"`ca.switchBefore`":                code(readmeDuration(c.CA.SwitchBefore)),

@@ -7,6 +7,7 @@ import (
 	"fmt"
 
 	"github.com/runfleet/runfleet/edge/ca"
+	"github.com/runfleet/runfleet/edge/ledger"
 	"github.com/runfleet/runfleet/edge/policy"
 	"github.com/runfleet/runfleet/edge/proxy"
 	"github.com/runfleet/runfleet/edge/runner"
@@ -19,9 +20,12 @@ import (
 // The runner knows the secrets proxy and the CA only as its Broker and
 // TrustSource; the host, which assembles the parts, adapts them here.
 
-// proxyBroker is the secrets proxy as the runner's Broker.
+// proxyBroker is the secrets proxy as the runner's Broker. An attempt's
+// start also reopens the run's egress ledger (a retry appends to the
+// sealed chain), when there is one.
 type proxyBroker struct {
-	proxy *proxy.Proxy
+	proxy  *proxy.Proxy
+	ledger *ledger.Ledger // nil: none
 }
 
 var _ runner.Broker = proxyBroker{}
@@ -83,8 +87,12 @@ func (b proxyBroker) Registered(runID string) bool {
 	return err == nil
 }
 
-// StartAttempt mints the attempt's credential.
+// StartAttempt mints the attempt's credential, the run's ledger unsealed
+// first: no seal stands for it while an attempt lives.
 func (b proxyBroker) StartAttempt(runID string) (string, error) {
+	if b.ledger != nil {
+		b.ledger.Reopen(runID)
+	}
 	u, err := b.proxy.StartAttempt(runID)
 	if err != nil {
 		return "", err

@@ -2,15 +2,20 @@ package host
 
 import (
 	"fmt"
+	"net/http"
 	"os"
 	"runtime"
+	"sort"
 	"strconv"
 	"strings"
 	"sync"
 	"sync/atomic"
+	"syscall"
 	"testing"
 	"time"
 
+	"github.com/runfleet/runfleet/edge/config"
+	"github.com/runfleet/runfleet/edge/ledger"
 	"github.com/runfleet/runfleet/shared/hostproto"
 	"github.com/runfleet/runfleet/shared/runspec"
 )
@@ -127,4 +132,98 @@ func batch(b *testing.B, e *edgeHost, name string, runs int, prompt string) {
 			b.Fatalf("run %s ended %+v", id, r)
 		}
 	}
+}
+
+// BenchmarkKeepAliveLedger: what recording runs' egress ledgers costs the
+// proxy, as keep-alive HTTPS requests/s through a whole edge (8
+// connections, one substitution per request with a query, a task's
+// credential) with the ledger on against the same build with it off, in
+// one process. "kept": the ledger's host keeps every record
+// (proxy.ledger.maxRecords at its largest, so each is redacted, hashed and
+// stored); "bounded": the default bound, past which a busy run's records
+// are counted, not kept. The two hosts take turns, rounds interleaved and
+// their order alternating, so load from elsewhere lands on both; reported
+// are the medians of each side's requests/s and CPU time per request (the
+// whole process: client, edge and upstream) and of the per-round ratios.
+// ratio (on/off requests/s) is the figure issue 31 bounds: at least 0.95.
+func BenchmarkKeepAliveLedger(b *testing.B) {
+	b.Run("kept", func(b *testing.B) { keepAliveLedger(b, config.MaxLedgerRecords) })
+	b.Run("bounded", func(b *testing.B) { keepAliveLedger(b, ledger.DefaultMaxRecords) })
+}
+
+func keepAliveLedger(b *testing.B, bound int) {
+	const conc, rounds = 8, 20
+	type side struct {
+		c          *http.Client
+		target, ph string
+		rates, cpu []float64
+	}
+	open := func(off bool) *side {
+		f := newFixture(b)
+		f.withLedgerBound(bound)
+		e := f.openWritten(hostOptions{ledgerOff: off})
+		_, proxyURL, ph := e.taskProxy()
+		return &side{c: e.proxiedClient(proxyURL, conc, false), target: "https://" + f.upstreamHost + "/v1/bench?page=1", ph: ph}
+	}
+	on, off := open(false), open(true)
+	run := func(s *side, n int) {
+		var wg sync.WaitGroup
+		errs := make([]error, conc)
+		cpu0, start := processCPU(), time.Now()
+		for w := range conc {
+			wg.Go(func() {
+				for i := w; i < n; i += conc {
+					if err := call(s.c, s.target, s.ph); err != nil {
+						errs[w] = err
+						return
+					}
+				}
+			})
+		}
+		wg.Wait()
+		for _, err := range errs {
+			if err != nil {
+				b.Fatal(err)
+			}
+		}
+		s.rates = append(s.rates, float64(n)/time.Since(start).Seconds())
+		s.cpu = append(s.cpu, float64((processCPU()-cpu0).Microseconds())/float64(n))
+	}
+	run(on, 400) // warm both: connections, leaves, pools
+	run(off, 400)
+	on.rates, off.rates, on.cpu, off.cpu = nil, nil, nil, nil
+	n := max(b.N/rounds, 2000)
+	var ratios, cpuRatios []float64
+	b.ResetTimer()
+	for round := range rounds {
+		if round%2 == 0 {
+			run(on, n)
+			run(off, n)
+		} else {
+			run(off, n)
+			run(on, n)
+		}
+		ratios = append(ratios, on.rates[round]/off.rates[round])
+		cpuRatios = append(cpuRatios, on.cpu[round]/off.cpu[round])
+	}
+	b.StopTimer()
+	b.ReportMetric(medianOf(on.rates), "ledger_on_req/s")
+	b.ReportMetric(medianOf(off.rates), "ledger_off_req/s")
+	b.ReportMetric(medianOf(ratios), "ratio")
+	b.ReportMetric(medianOf(on.cpu), "ledger_on_cpu_µs/req")
+	b.ReportMetric(medianOf(off.cpu), "ledger_off_cpu_µs/req")
+	b.ReportMetric(medianOf(cpuRatios), "cpu_ratio")
+}
+
+// processCPU is the process's CPU time so far, user and system.
+func processCPU() time.Duration {
+	var ru syscall.Rusage
+	_ = syscall.Getrusage(syscall.RUSAGE_SELF, &ru)
+	return time.Duration(ru.Utime.Nano() + ru.Stime.Nano())
+}
+
+func medianOf(xs []float64) float64 {
+	s := append([]float64(nil), xs...)
+	sort.Float64s(s)
+	return s[len(s)/2]
 }

@@ -186,6 +186,9 @@ type hostOptions struct {
 	killSwitch bool
 	clock      clock.Clock
 	beforeExec func(string)
+	// ledgerOff runs the host without egress ledgers (a benchmark's
+	// baseline).
+	ledgerOff bool
 }
 
 func (f *fixture) open(o hostOptions) *edgeHost {
@@ -201,7 +204,7 @@ func (f *fixture) openWritten(o hostOptions) *edgeHost {
 	must(f.t, err)
 	logs := &syncbuf.Buffer{}
 	h, err := Open(context.Background(), Options{
-		Config: cfg, KillSwitch: o.killSwitch, Clock: o.clock, SystemRootsFile: f.systemRoots, BeforeExec: o.beforeExec,
+		Config: cfg, KillSwitch: o.killSwitch, Clock: o.clock, SystemRootsFile: f.systemRoots, BeforeExec: o.beforeExec, ledgerOff: o.ledgerOff,
 		Logger: slog.New(slog.NewJSONHandler(logs, &slog.HandlerOptions{Level: slog.LevelDebug})),
 	})
 	must(f.t, err)

@@ -1,12 +1,14 @@
 // Package host assembles one edge host in one process, as `edge serve`
 // runs it: the proxy's CA with its rotation, the secrets proxy with its
-// policy, secrets source, upstream guard and audit log, the harness runner
-// with admission, and the host API, all from edge.json. It owns their
-// order: what starts first, and how the host drains and stops.
+// policy, secrets source, upstream guard and audit log, runs' egress
+// ledgers, the harness runner with admission, and the host API, all from
+// edge.json. It owns their order: what starts first, and how the host
+// drains and stops.
 package host
 
 import (
 	"context"
+	"crypto/ed25519"
 	"crypto/tls"
 	"errors"
 	"fmt"
@@ -34,6 +36,7 @@ import (
 	"github.com/runfleet/runfleet/edge/config"
 	"github.com/runfleet/runfleet/edge/hostapi"
 	"github.com/runfleet/runfleet/edge/internal/redact"
+	"github.com/runfleet/runfleet/edge/ledger"
 	"github.com/runfleet/runfleet/edge/policy"
 	"github.com/runfleet/runfleet/edge/proxy"
 	"github.com/runfleet/runfleet/edge/runlog"
@@ -75,6 +78,10 @@ type Options struct {
 	SystemRootsFile string
 	// BeforeExec is the runner's test hook (runner.Config.BeforeExec).
 	BeforeExec func(runID string)
+
+	// ledgerOff runs the host without egress ledgers: the benchmarks'
+	// baseline, set by this package's tests alone.
+	ledgerOff bool
 }
 
 // Host is one running edge. Open it, Start it, Shutdown it.
@@ -90,9 +97,12 @@ type Host struct {
 	authority *ca.Authority
 	// sshHostKey is edge's SSH host key, sealed beside the CA.
 	sshHostKey ssh.Signer
-	auditLog   *audit.Log
-	proxy      *proxy.Proxy
-	runner     *runner.Runner
+	// ledgerKey seals runs' egress ledgers; sealed beside the CA too.
+	ledgerKey ed25519.PrivateKey
+	ledger    *ledger.Ledger // nil when Options.ledgerOff
+	auditLog  *audit.Log
+	proxy     *proxy.Proxy
+	runner    *runner.Runner
 
 	apiListener   net.Listener
 	proxyListener net.Listener
@@ -224,6 +234,9 @@ func (h *Host) openStores(ctx context.Context, undo *closers) (caTrust, error) {
 	if h.sshHostKey, err = sshfront.LoadHostKey(ctx, h.cfg.DataDir, sealer, h.opts.Rand); err != nil {
 		return caTrust{}, fmt.Errorf("host: %w", err)
 	}
+	if h.ledgerKey, err = ledger.LoadKey(ctx, h.cfg.DataDir, sealer, h.opts.Rand); err != nil {
+		return caTrust{}, fmt.Errorf("host: %w", err)
+	}
 	return caTrust{ca: h.authority, clock: h.clock}, nil
 }
 
@@ -251,14 +264,31 @@ func (h *Host) listen(undo *closers) error {
 	return nil
 }
 
-// openParts builds the audit log, the secrets proxy and the runner, which
-// knows the proxy as its broker (none while the kill switch keeps it down).
+// openParts builds runs' egress ledgers, the audit log that feeds them,
+// the secrets proxy and the runner, which knows the proxy as its broker
+// (none while the kill switch keeps it down) and seals a run's ledger as
+// each attempt ends.
 func (h *Host) openParts(ctx context.Context, trust caTrust, undo *closers) error {
 	var err error
+	var toLedger func([]audit.Entry)
+	if !h.opts.ledgerOff {
+		h.ledger, err = ledger.New(ledger.Config{
+			Store: h.runs, Key: h.ledgerKey, MaxRecords: h.cfg.Proxy.Ledger.MaxRecords, Redact: h.opts.Redactor.Redact,
+			// h.auditLog is opened below, before anything can seal: the
+			// runner is made last.
+			Flush: func() { h.auditLog.Flush() },
+			Clock: h.clock, Logger: h.log,
+		})
+		if err != nil {
+			return fmt.Errorf("host: %w", err)
+		}
+		undo.add(func() { h.ledger.Close() })
+		toLedger = h.ledger.Record
+	}
 	a := h.cfg.Proxy.Audit
 	h.auditLog, err = audit.Open(audit.Config{
 		Dir: filepath.Join(h.cfg.DataDir, "logs"), MaxBytes: a.MaxBytes, Keep: a.Keep,
-		Registerer: h.registry, Clock: h.clock, Logger: h.log, Redact: h.opts.Redactor.Redact,
+		Registerer: h.registry, Clock: h.clock, Logger: h.log, Redact: h.opts.Redactor.Redact, Ledger: toLedger,
 	})
 	if err != nil {
 		return err
@@ -272,9 +302,12 @@ func (h *Host) openParts(ctx context.Context, trust caTrust, undo *closers) erro
 	rc := runnerConfig(h.cfg)
 	rc.Clock, rc.Rand, rc.Logger = h.clock, h.opts.Rand, h.log
 	rc.SystemRootsFile, rc.BeforeExec = h.opts.SystemRootsFile, h.opts.BeforeExec
+	if h.ledger != nil {
+		rc.AttemptEnded = h.sealLedger
+	}
 	var broker runner.Broker
 	if !h.opts.KillSwitch {
-		broker = proxyBroker{proxy: h.proxy}
+		broker = proxyBroker{proxy: h.proxy, ledger: h.ledger}
 	}
 	if h.runner, err = runner.New(rc, h.runs, broker, trust); err != nil {
 		return err
@@ -282,6 +315,15 @@ func (h *Host) openParts(ctx context.Context, trust caTrust, undo *closers) erro
 	undo.add(func() { h.runner.Shutdown(context.Background(), 0) })
 	h.registry.MustRegister(h.runner.Collectors()...)
 	return nil
+}
+
+// sealLedger seals the run's egress ledger as an attempt ends
+// (runner.Config.AttemptEnded). A seal that cannot be stored leaves the
+// ledger unsealed, which a verifier reports: the run's end goes on.
+func (h *Host) sealLedger(runID string) {
+	if err := h.ledger.Seal(runID); err != nil {
+		h.log.Error("sealing a run's egress ledger", "run", runID, "error", err.Error())
+	}
 }
 
 // runnerConfig takes the runner's settings from edge.json, defaulted.
@@ -316,6 +358,7 @@ func (h *Host) openAPI(token string) error {
 		Token:        token,
 		SecretsProxy: h.proxy.Ready,
 		CA:           h.caInfo,
+		Ledger:       h.hostapiLedger(),
 		Gatherer:     h.registry,
 		Logger:       h.log,
 		Clock:        h.clock,
@@ -333,6 +376,14 @@ func (h *Host) openAPI(token string) error {
 	}
 	h.apiListener = tls.NewListener(h.apiListener, &tls.Config{Certificates: []tls.Certificate{cert}, MinVersion: tls.VersionTLS12})
 	return nil
+}
+
+// hostapiLedger is the ledger the host API serves, none when it is off.
+func (h *Host) hostapiLedger() hostapi.Ledger {
+	if h.ledger == nil {
+		return nil
+	}
+	return h.ledger
 }
 
 // prepareDataDir creates the data dir and gives it dataDirMode.
@@ -545,6 +596,12 @@ func (h *Host) Shutdown(ctx context.Context) error {
 		}
 		if err := h.auditLog.Close(); err != nil {
 			errs = append(errs, err)
+		}
+		// After the audit, whose last flush it stores; before the run log.
+		if h.ledger != nil {
+			if err := h.ledger.Close(); err != nil {
+				errs = append(errs, err)
+			}
 		}
 		if err := h.runs.Close(); err != nil {
 			errs = append(errs, err)

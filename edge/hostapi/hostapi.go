@@ -25,6 +25,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 
+	"github.com/runfleet/runfleet/edge/ledger"
 	"github.com/runfleet/runfleet/edge/runner"
 	"github.com/runfleet/runfleet/shared/clock"
 	"github.com/runfleet/runfleet/shared/hostproto"
@@ -58,6 +59,9 @@ type Config struct {
 	SecretsProxy func() error
 	// CA dates the proxy's CA for /healthz; nil omits it.
 	CA func() *hostproto.CAInfo
+	// Ledger serves runs' egress ledgers (GET /runs/{id}/egress) and the
+	// host's ledger key (/healthz); nil serves neither.
+	Ledger Ledger
 	// Gatherer is served at /metrics; nil serves an empty registry.
 	Gatherer prometheus.Gatherer
 	// Logger gets one line per request; default discards. Never the token.
@@ -65,6 +69,20 @@ type Config struct {
 	// Clock times requests; default the real clock.
 	Clock clock.Clock
 }
+
+// Ledger is runs' egress ledgers as the API serves them; *ledger.Ledger
+// satisfies it. Safe for concurrent use.
+type Ledger interface {
+	// Page returns up to limit records after a sequence (0: the default
+	// page), with the ledger's summary and seal; ledger.ErrNotFound for a
+	// run the host does not hold.
+	Page(runID string, after int64, limit int) (ledger.Page, error)
+	// PublicKey is the key that seals the host's ledgers
+	// (egress.FormatPublicKey).
+	PublicKey() string
+}
+
+var _ Ledger = (*ledger.Ledger)(nil)
 
 // API is the host API's handler.
 type API struct {
@@ -100,6 +118,9 @@ func New(cfg Config) (*API, error) {
 	a.mux.HandleFunc("GET /runs", a.find)
 	a.mux.HandleFunc("GET /runs/{id}", a.get)
 	a.mux.HandleFunc("GET /runs/{id}/events", a.events)
+	if cfg.Ledger != nil {
+		a.mux.HandleFunc("GET /runs/{id}/egress", a.egress)
+	}
 	a.mux.HandleFunc("POST /runs/{id}/input", a.input)
 	a.mux.HandleFunc("POST /runs/{id}/cancel", a.cancel)
 	a.mux.HandleFunc("POST /runs/{id}/retry", a.retry)
@@ -170,6 +191,9 @@ func (a *API) health(w http.ResponseWriter, _ *http.Request) {
 	if a.cfg.CA != nil {
 		h.CA = a.cfg.CA()
 	}
+	if a.cfg.Ledger != nil {
+		h.LedgerKey = a.cfg.Ledger.PublicKey()
+	}
 	writeJSON(w, http.StatusOK, h)
 }
 
@@ -231,6 +255,29 @@ func (a *API) events(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	writeJSON(w, http.StatusOK, wirePage(page))
+}
+
+// egress serves a page of the run's egress ledger with the events'
+// conventions: after and limit read alike, a page past the end without
+// nextCursor, an unknown run the events' 404.
+func (a *API) egress(w http.ResponseWriter, r *http.Request) {
+	q := r.URL.Query()
+	after, err := nonNegative(q, "after")
+	if err != nil {
+		a.fail(w, err)
+		return
+	}
+	limit, err := pageLimit(q, ledger.MaxPage)
+	if err != nil {
+		a.fail(w, err)
+		return
+	}
+	page, err := a.cfg.Ledger.Page(r.PathValue("id"), after, limit)
+	if err != nil {
+		a.fail(w, err)
+		return
+	}
+	writeJSON(w, http.StatusOK, wireEgressPage(page))
 }
 
 func (a *API) input(w http.ResponseWriter, r *http.Request) {
@@ -328,7 +375,7 @@ func errorAnswer(err error) (int, hostproto.ErrorBody) {
 	case errors.As(err, &fieldErr):
 		// The run request's own rules, worded as Fleet words them.
 		return http.StatusBadRequest, hostproto.ErrorBody{Error: fieldErr.Error(), Code: hostproto.CodeBadRequest}
-	case errors.Is(err, runner.ErrNotFound):
+	case errors.Is(err, runner.ErrNotFound), errors.Is(err, ledger.ErrNotFound):
 		return http.StatusNotFound, hostproto.ErrorBody{Error: "no such run on this host", Code: hostproto.CodeRunNotFound}
 	case errors.Is(err, runner.ErrNotRunning):
 		return http.StatusConflict, hostproto.ErrorBody{Error: "the run has no live attempt", Code: hostproto.CodeNotRunning}

@@ -2,6 +2,7 @@ package hostapi
 
 import (
 	"context"
+	"crypto/ed25519"
 	"encoding/json"
 	"encoding/pem"
 	"errors"
@@ -19,6 +20,7 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 
+	"github.com/runfleet/runfleet/edge/ledger"
 	"github.com/runfleet/runfleet/edge/runlog"
 	"github.com/runfleet/runfleet/edge/runner"
 	"github.com/runfleet/runfleet/shared/hostproto"
@@ -37,6 +39,8 @@ type edge struct {
 	disk   runner.Disk // nil: the real one
 	runs   *runlog.Log
 	runner *runner.Runner
+	ledger *ledger.Ledger
+	key    ed25519.PrivateKey // the ledger's, kept across restarts
 	srv    *httptest.Server
 	client *hostproto.Client
 }
@@ -64,10 +68,18 @@ func (e *edge) up() {
 	if err != nil {
 		e.t.Fatal(err)
 	}
+	if e.key == nil {
+		_, e.key, _ = ed25519.GenerateKey(nil)
+	}
+	lg, err := ledger.New(ledger.Config{Store: runs, Key: e.key})
+	if err != nil {
+		e.t.Fatal(err)
+	}
 	reg := prometheus.NewRegistry()
 	reg.MustRegister(r.Collectors()...)
 	api, err := New(Config{
 		Runner:       r,
+		Ledger:       lg,
 		Token:        token,
 		SecretsProxy: func() error { return e.proxy },
 		CA: func() *hostproto.CAInfo {
@@ -85,7 +97,7 @@ func (e *edge) up() {
 	if err != nil {
 		e.t.Fatal(err)
 	}
-	e.runs, e.runner, e.srv, e.client = runs, r, srv, client
+	e.runs, e.runner, e.ledger, e.srv, e.client = runs, r, lg, srv, client
 	e.t.Cleanup(e.down)
 }
 
@@ -97,6 +109,7 @@ func (e *edge) down() {
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
 	e.runner.Shutdown(ctx, 0)
+	e.ledger.Close()
 	e.runs.Close()
 	e.srv = nil
 }
@@ -152,7 +165,7 @@ func TestEveryRouteRequiresTheBearerToken(t *testing.T) {
 	e := newEdge(t)
 	routes := []struct{ method, path string }{
 		{"GET", "/healthz"}, {"POST", "/runs"}, {"GET", "/runs?clientToken=x"}, {"GET", "/runs/x"},
-		{"GET", "/runs/x/events"}, {"POST", "/runs/x/input"}, {"POST", "/runs/x/cancel"}, {"POST", "/runs/x/retry"},
+		{"GET", "/runs/x/events"}, {"GET", "/runs/x/egress"}, {"POST", "/runs/x/input"}, {"POST", "/runs/x/cancel"}, {"POST", "/runs/x/retry"},
 		{"POST", "/host/drain"}, {"POST", "/host/resume"}, {"GET", "/metrics"}, {"GET", "/nowhere"},
 	}
 	for _, rt := range routes {

@@ -1,8 +1,10 @@
 package hostapi
 
 import (
+	"github.com/runfleet/runfleet/edge/ledger"
 	"github.com/runfleet/runfleet/edge/runlog"
 	"github.com/runfleet/runfleet/edge/runner"
+	"github.com/runfleet/runfleet/shared/egress"
 	"github.com/runfleet/runfleet/shared/hostproto"
 )
 
@@ -43,6 +45,21 @@ func wirePage(page runlog.Page) hostproto.EventPage {
 		events = append(events, hostproto.Event{Sequence: e.Sequence, Type: e.Type, Data: e.Data, TS: e.TS})
 	}
 	p := hostproto.EventPage{Events: events, HasMore: page.HasMore}
+	if !page.PastEnd {
+		next := page.NextCursor
+		p.NextCursor = &next
+	}
+	return p
+}
+
+// wireEgressPage is a page of a run's egress ledger as the protocol serves
+// it, with the events' convention: a page past the ledger's end has no
+// nextCursor.
+func wireEgressPage(page ledger.Page) hostproto.EgressPage {
+	p := hostproto.EgressPage{Records: page.Records, HasMore: page.HasMore, Summary: page.Summary, Seal: page.Seal}
+	if p.Records == nil {
+		p.Records = []egress.Record{}
+	}
 	if !page.PastEnd {
 		next := page.NextCursor
 		p.NextCursor = &next

@@ -270,7 +270,7 @@ func (p *Proxy) serve(st *requestState, w http.ResponseWriter, r *http.Request) 
 	ci := st.ci
 	st.out.ResponseWriter = w
 	entry := &st.entry
-	*entry = audit.Entry{TS: p.cfg.Clock.Now(), Task: st.runID(), Host: ci.logHost, Method: ix.Redacted(r.Method), Path: ix.RedactedExact(r.URL.Path, &st.ms), Via: ci.via}
+	*entry = audit.Entry{TS: p.cfg.Clock.Now(), Task: st.runID(), Host: ci.logHost, Method: ix.Redacted(r.Method), Path: ix.RedactedExact(r.URL.Path, &st.ms), Query: maskedQuery(ix, r.URL.RawQuery), Via: ci.via}
 	defer p.record(st) // also when the answer is aborted (a panic on HTTP/2)
 	defer st.closeSpool()
 	if refused := p.prepare(st, ix, r); refused != nil {

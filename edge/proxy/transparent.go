@@ -81,6 +81,9 @@ func (p *Proxy) ServeNetwork(runID string, n TaskNetwork) error {
 	}
 	dns, err := taskdns.NewServer(taskdns.Config{Pins: pins, Logger: p.cfg.Logger, Decide: func(name string) taskdns.Verdict {
 		return p.resolves(a, name)
+	}, Refused: func(name, reason string) {
+		// The run's ledger alone: a name can carry data.
+		p.cfg.Audit.RecordLedgerOnly(audit.Entry{Task: runID, Via: audit.ViaDNS, Host: p.reg.index.Load().Redacted(name), Action: audit.Denied, Reason: reason})
 	}})
 	if err != nil {
 		closeAll()

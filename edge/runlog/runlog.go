@@ -7,7 +7,9 @@
 // "tokens" maps a clientToken to its run id, and "events" holds one nested
 // bucket per run whose keys are big-endian sequences and whose values are
 // Event (JSON). The nested bucket's own sequence counter numbers the events,
-// so numbering and storing happen in one transaction.
+// so numbering and storing happen in one transaction. Buckets "egress" and
+// "egressHeads" keep each run's egress ledger (egress.go); a file made
+// before them gains them, empty, when opened.
 //
 // The stored forms (Record, Request, Secret, Event) are this package's own,
 // apart from the host protocol's wire types: their JSON is the file's
@@ -99,7 +101,7 @@ func Open(path string, random io.Reader) (*Log, error) {
 		if v := meta.Get(keyInstance); len(v) == 8 {
 			instance = binary.BigEndian.Uint64(v)
 		}
-		for _, name := range [][]byte{bucketRuns, bucketTokens, bucketEvents} {
+		for _, name := range [][]byte{bucketRuns, bucketTokens, bucketEvents, bucketEgress, bucketEgressHeads} {
 			if _, err := tx.CreateBucketIfNotExists(name); err != nil {
 				return err
 			}
@@ -377,8 +379,8 @@ func (l *Log) Records(visit func(Record) bool) error {
 
 var errStop = errors.New("stop")
 
-// Delete removes the run, its token and its events. A run that is not there
-// is not an error.
+// Delete removes the run, its token, its events and its egress ledger. A
+// run that is not there is not an error.
 func (l *Log) Delete(runID string) error {
 	return l.db.Update(func(tx *bolt.Tx) error {
 		rec, err := getRecord(tx, runID)
@@ -398,6 +400,9 @@ func (l *Log) Delete(runID string) error {
 			if err := tx.Bucket(bucketEvents).DeleteBucket([]byte(runID)); err != nil {
 				return err
 			}
+		}
+		if err := deleteEgress(tx, runID); err != nil {
+			return err
 		}
 		return tx.Bucket(bucketRuns).Delete([]byte(runID))
 	})

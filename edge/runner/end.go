@@ -93,8 +93,9 @@ func (r *Runner) cancel(t *task, reason string) (ended bool) {
 }
 
 // finish ends the attempt: it gives back the proxy credential, the trust
-// subscription and the slot, and records the outcome with its state event
-// (after any extra events). It runs once; later calls do nothing.
+// subscription and the slot, calls Config.AttemptEnded, and records the
+// outcome with its state event (after any extra events). It runs once;
+// later calls do nothing.
 func (r *Runner) finish(t *task, o outcome, extra ...runlog.Entry) {
 	t.mu.Lock()
 	if t.finished {
@@ -128,6 +129,9 @@ func (r *Runner) finish(t *task, o outcome, extra ...runlog.Entry) {
 		t.holdsSlot = false
 	}
 	r.mu.Unlock()
+	if hook := r.cfg.AttemptEnded; hook != nil {
+		hook(t.runID)
+	}
 
 	now := r.clock.Now()
 	state := hostproto.StateChange{Status: o.status, Attempt: t.attempt, ExitCode: o.exitCode, Reason: o.reason, Detail: o.detail}

@@ -13,9 +13,10 @@ import (
 // purgeEvery bounds how long a run outlives its retention.
 const purgeEvery = time.Hour
 
-// recover marks the attempts a crash left live as failed (host_restarted):
-// their processes died with edge (their leader has PDEATHSIG), and their
-// events, placeholders and the CA stay.
+// recover marks the attempts a crash left live as failed (host_restarted),
+// each ended through Config.AttemptEnded first: their processes died with
+// edge (their leader has PDEATHSIG), and their events, placeholders and
+// the CA stay.
 func (r *Runner) recover() error {
 	var stale []runlog.Record
 	if err := r.log.Records(func(rec runlog.Record) bool {
@@ -29,6 +30,9 @@ func (r *Runner) recover() error {
 	now := r.clock.Now()
 	const detail = "edge restarted while the attempt was live"
 	for _, old := range stale {
+		if hook := r.cfg.AttemptEnded; hook != nil {
+			hook(old.RunID)
+		}
 		state := hostproto.StateChange{Status: hostproto.StatusFailed, Attempt: old.Attempt, Reason: hostproto.ReasonHostRestarted, Detail: detail}
 		if err := r.record(old.RunID, func() error {
 			_, err := r.log.Update(old.RunID, func(rec *runlog.Record) error {

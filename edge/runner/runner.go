@@ -208,6 +208,15 @@ type Config struct {
 	// Logger; default discards.
 	Logger *slog.Logger
 
+	// AttemptEnded, when set, is called with the run id once for each
+	// attempt's end, on the goroutine ending it, after the attempt's proxy
+	// access is revoked and its slot given back and before its end is
+	// recorded, so whoever sees the run ended sees what it did (edge seals
+	// the run's egress ledger there); and, from New, for each attempt a
+	// crash left live, before it is marked host_restarted. It may block
+	// while it writes (an audit flush, a run log transaction).
+	AttemptEnded func(runID string)
+
 	// BeforeExec, when set, is called with the run id on the attempt's start
 	// goroutine after admission has issued the ticket and the process is
 	// fully prepared (work dir, env, trust file), just before the ticket's

@@ -82,12 +82,14 @@ func (s *Server) resolve(q dnsmessage.Question) (dnsmessage.RCode, []dnsmessage.
 	}
 	name, err := netname.Canonical(raw)
 	if err != nil {
+		s.refused(strings.TrimSuffix(raw, "."), reasonNotAName+err.Error())
 		return dnsmessage.RCodeNameError, nil
 	}
 	if strings.HasSuffix(name, ".localhost") {
 		return dnsmessage.RCodeSuccess, s.loopback(q)
 	}
 	if s.cfg.Decide(name) != Resolve {
+		s.refused(name, ReasonNotReached)
 		return dnsmessage.RCodeNameError, nil
 	}
 	// Pinned whatever the type asked, so that a full table fails every type

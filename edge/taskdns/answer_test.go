@@ -2,6 +2,7 @@ package taskdns
 
 import (
 	"encoding/binary"
+	"fmt"
 	"log/slog"
 	"net/netip"
 	"slices"
@@ -365,4 +366,78 @@ func FuzzAnswer(f *testing.F) {
 			}
 		}
 	})
+}
+
+// refusals records what a Server tells Config.Refused.
+type refusals struct {
+	mu  sync.Mutex
+	got []string // "name: reason"
+}
+
+func (r *refusals) refused(name, reason string) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	r.got = append(r.got, name+": "+reason)
+}
+
+func (r *refusals) list() []string {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return slices.Clone(r.got)
+}
+
+// Each name answered NXDOMAIN is reported once, whatever type was asked
+// and however often: one the policy refuses as canonical, one that is no
+// name as asked, with why. What resolves, a localhost name, and a pin
+// table that is full (SERVFAIL, not a refusal) report nothing.
+func TestRefusedNamesAreReportedOnce(t *testing.T) {
+	var r refusals
+	s, _ := newServer(t, Config{Refused: r.refused, Pins: newPins(t, 1)}, "api.example.test", "full.example.test")
+	for i, q := range []struct {
+		name  string
+		qtype dnsmessage.Type
+		rcode dnsmessage.RCode
+	}{
+		{"api.example.test.", dnsmessage.TypeA, dnsmessage.RCodeSuccess},
+		{"Nope.Example.Test.", dnsmessage.TypeA, dnsmessage.RCodeNameError},
+		{"nope.example.test.", dnsmessage.TypeAAAA, dnsmessage.RCodeNameError},
+		{"nope.example.test.", dnsmessage.TypeA, dnsmessage.RCodeNameError},
+		{"exfil_data.example.test.", dnsmessage.TypeA, dnsmessage.RCodeNameError},
+		{"intranet.", dnsmessage.TypeA, dnsmessage.RCodeNameError},
+		{"intranet.", dnsmessage.TypeA, dnsmessage.RCodeNameError},
+		{"a.localhost.", dnsmessage.TypeA, dnsmessage.RCodeSuccess},
+		{"full.example.test.", dnsmessage.TypeA, dnsmessage.RCodeServerFailure},
+	} {
+		if got := parse(t, s.Answer(query(t, uint16(i), q.name, q.qtype))).RCode; got != q.rcode {
+			t.Errorf("%s %v answered %v, want %v", q.name, q.qtype, got, q.rcode)
+		}
+	}
+	want := []string{
+		"nope.example.test: " + ReasonNotReached,
+		"exfil_data.example.test: not a name edge resolves: not a valid DNS name",
+		"intranet: not a name edge resolves: a single-label name is not allowed: use a fully qualified name",
+	}
+	if got := r.list(); !slices.Equal(got, want) {
+		t.Errorf("reported\n%q\nwant\n%q", got, want)
+	}
+}
+
+// Past maxReported distinct names, a Server remembers no more and reports
+// every refusal: nothing refused goes unreported, and the set stays
+// bounded.
+func TestRefusedPastTheBoundAreReportedEachTime(t *testing.T) {
+	var r refusals
+	s, _ := newServer(t, Config{Refused: r.refused})
+	for i := range maxReported {
+		s.Answer(query(t, 1, fmt.Sprintf("n%d.example.test.", i), dnsmessage.TypeA))
+	}
+	for range 3 {
+		s.Answer(query(t, 1, "late.example.test.", dnsmessage.TypeA))
+	}
+	if got := len(r.list()); got != maxReported+3 {
+		t.Errorf("%d reports, want %d", got, maxReported+3)
+	}
+	if n := len(s.reported); n != maxReported {
+		t.Errorf("the server remembers %d names, want at most %d", n, maxReported)
+	}
 }

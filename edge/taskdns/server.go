@@ -13,7 +13,8 @@
 // and every other type get NODATA (an empty success), so a client falls back
 // to the IPv4 pin, and no AAAA, HTTPS or SVCB record can steer it to an
 // address or endpoint edge did not choose. localhost and *.localhost answer
-// loopback (RFC 6761) without asking the policy.
+// loopback (RFC 6761) without asking the policy. Each name refused is told
+// to Config.Refused once, for the run's egress ledger.
 package taskdns
 
 import (
@@ -85,7 +86,28 @@ type Config struct {
 	// connection past the bound is closed at once. Zero means
 	// DefaultMaxConns.
 	MaxConns int
+	// Refused, if set, is told of each name answered NXDOMAIN, with why: a
+	// name Decide refused (canonical), or a question that is no name edge
+	// resolves (as asked, without its final dot). It is called once per
+	// name, at its first refusal (resolvers ask again, and for A and AAAA
+	// alike), until maxReported names were; past them, at every refusal.
+	// A name can carry data, so the proxy hands it to the run's egress
+	// ledger alone, never a log. Called on the query's goroutine; it must
+	// not block.
+	Refused func(name, reason string)
 }
+
+// maxReported bounds the names a Server remembers having reported
+// (Config.Refused): a task asking name after name costs a bounded set.
+const maxReported = 4096
+
+// Reasons given to Config.Refused.
+const (
+	// ReasonNotReached: Decide refused the name.
+	ReasonNotReached = "no key of this run reaches the name"
+	// reasonNotAName prefixes why a question is no name edge resolves.
+	reasonNotAName = "not a name edge resolves: "
+)
 
 func (c Config) withDefaults() Config {
 	if c.Logger == nil {
@@ -131,6 +153,10 @@ type Server struct {
 	cfg        Config
 	ttl        uint32 // cfg.TTL in seconds
 	warnedFull atomic.Bool
+
+	// reportedMu guards reported: the names told to Config.Refused.
+	reportedMu sync.Mutex
+	reported   map[string]struct{}
 }
 
 // NewServer checks cfg and fills its defaults.
@@ -139,7 +165,23 @@ func NewServer(cfg Config) (*Server, error) {
 	if err := cfg.Validate(); err != nil {
 		return nil, err
 	}
-	return &Server{cfg: cfg, ttl: uint32(cfg.TTL / time.Second)}, nil
+	return &Server{cfg: cfg, ttl: uint32(cfg.TTL / time.Second), reported: map[string]struct{}{}}, nil
+}
+
+// refused tells Config.Refused of name, once while the set has room.
+func (s *Server) refused(name, reason string) {
+	if s.cfg.Refused == nil {
+		return
+	}
+	s.reportedMu.Lock()
+	_, known := s.reported[name]
+	if !known && len(s.reported) < maxReported {
+		s.reported[name] = struct{}{}
+	}
+	s.reportedMu.Unlock()
+	if !known {
+		s.cfg.Refused(name, reason)
+	}
 }
 
 // ServePacket answers queries on pc (UDP) until pc is closed; it returns nil
