@@ -69,8 +69,10 @@ type Entry struct {
 	// the explicit proxy.
 	Via string `json:"via,omitempty"`
 	// Rule names the request rule that decided (policy's
-	// "projects.<p>.keys.<KEY>.rules[i]"): the one that refused, or, for
-	// Warned, the one that would have.
+	// "projects.<p>.keys.<KEY>.rules[i]", or ".default" when none
+	// matched): the one that allowed or refused the request, or, for
+	// Warned, the one that would have refused it. Empty when no key of
+	// the request has rules.
 	Rule string `json:"rule,omitempty"`
 	// Alert is an egress.Alert* kind when the decision shows a key
 	// escaping its bounds: another run's placeholder, a placeholder toward
