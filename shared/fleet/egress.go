@@ -107,7 +107,7 @@ func (f *Fleet) pullEgress(ctx, hostCtx context.Context, client *hostproto.Clien
 	}
 	var out egressPull
 	var head store.EgressHead
-	cursor, known := f.ledgers.get(run.FleetRunID)
+	cursor, _ := f.ledgers.get(run.FleetRunID)
 	headRead := false
 	readHead := func() bool {
 		var err error
@@ -120,7 +120,12 @@ func (f *Fleet) pullEgress(ctx, hostCtx context.Context, client *hostproto.Clien
 		f.ledgers.set(run.FleetRunID, head.Cursor)
 		return true
 	}
-	if !known || ended || pass.egress != egressBatched {
+	// A batched sync that does not know the cursor (a cold start) asks
+	// the host from the start rather than read the head: most live runs
+	// have fewer than a batch of records, and then nothing is written, so
+	// nothing needs the head; one with a batch reads it before writing,
+	// below. A sweep's cold start so costs its live runs no head read.
+	if ended || pass.egress != egressBatched {
 		if !readHead() {
 			return out
 		}
@@ -185,8 +190,9 @@ func (f *Fleet) pullEgress(ctx, hostCtx context.Context, client *hostproto.Clien
 // ledgerCursors remembers, in the process, the ledger cursor of the live
 // runs it mirrored or read last: a hint of where the head stands (never
 // ahead of it: set from a head read or written), which spares the sweep a
-// read of each live run's head. A hint behind the head costs a host page
-// asked again; the head is read before any write. Bounded: past
+// read of each live run's head (a run it does not know starts at 0). A
+// hint behind the head costs a host page asked again; the head is read
+// before any write. Bounded: past
 // maxLedgerCursors runs it starts over. Safe for concurrent use.
 type ledgerCursors struct {
 	mu      sync.Mutex
