@@ -266,8 +266,9 @@ func (l *Log) openLocked() error {
 }
 
 // Field caps: the text fields a task can choose (method, path and query,
-// host) and the reason quoting them are cut to these many bytes, so a line stays
-// small whatever a task sends. The caller redacts first: a cut never
+// host, an SSH request's name, command and repository) and the reason
+// quoting them are cut to these many bytes, so a line and a ledger record
+// stay small whatever a task sends. The caller redacts first: a cut never
 // leaves part of a placeholder that redaction would have found.
 const (
 	MaxMethodBytes = 64
@@ -314,6 +315,13 @@ func (l *Log) queue(e Entry) {
 	e.TS = e.TS.UTC()
 	e.Method, e.Host = clip(e.Method, MaxMethodBytes), clip(e.Host, MaxHostBytes)
 	e.Path, e.Query, e.Reason = clip(e.Path, MaxPathBytes), clip(e.Query, MaxPathBytes), clip(e.Reason, MaxReasonBytes)
+	if c := e.SSH; c != nil && (len(c.Request) > MaxMethodBytes || len(c.Command) > MaxPathBytes || len(c.Repository) > MaxPathBytes) {
+		// A copy: the caller's is not ours to change. The request is the
+		// ledger record's method, its repository the record's path.
+		cut := *c
+		cut.Request, cut.Command, cut.Repository = clip(c.Request, MaxMethodBytes), clip(c.Command, MaxPathBytes), clip(c.Repository, MaxPathBytes)
+		e.SSH = &cut
+	}
 	l.mu.Lock()
 	l.pending = append(l.pending, e)
 	full := len(l.pending) >= maxPending

@@ -510,7 +510,7 @@ func (st *requestState) rewriteURL(ix *placeholder.Index, u *url.URL) *refusal {
 		u.RawQuery = query
 	}
 	for _, encoded := range [2]string{escaped, u.RawQuery} {
-		if decoded, err := url.QueryUnescape(encoded); err == nil && decoded != encoded {
+		if decoded := unescapeLenient(encoded); decoded != encoded {
 			st.ms = ix.FindString(decoded, st.ms)
 			if len(st.ms) == 0 {
 				continue

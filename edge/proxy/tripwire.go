@@ -4,7 +4,6 @@ import (
 	"crypto/subtle"
 	"io"
 	"net/http"
-	"net/url"
 	"slices"
 
 	"github.com/runfleet/runfleet/edge/audit"
@@ -116,7 +115,7 @@ func (st *requestState) tripHead(r *http.Request) *refusal {
 	b = append(append(b, '\n'), r.Host...)
 	b = append(append(b, '\n'), r.RequestURI...)
 	b = append(append(b, '\n'), r.URL.Path...)
-	if q, err := url.QueryUnescape(r.URL.RawQuery); err == nil && q != r.URL.RawQuery {
+	if q := unescapeLenient(r.URL.RawQuery); q != r.URL.RawQuery {
 		b = append(append(b, '\n'), q...)
 	}
 	for name, vs := range r.Header {
