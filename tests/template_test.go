@@ -583,7 +583,7 @@ var routeCost = map[string]string{
 	"POST /fleet/runs/{id}/cancel":    "hostCall",
 	"POST /fleet/runs/{id}/retry":     "hostCall",
 	"GET /fleet/runs/{id}/events":     "longPoll",
-	"GET /fleet/runs/{id}/egress":     "read", // the mirror only; verify=true reads all of it
+	"GET /fleet/runs/{id}/egress":     "hostCall", // verify=true reads all of the mirror and asks the host for its seal
 	"POST /fleet/hosts":               "admin",
 	"POST /fleet/hosts/{id}/enable":   "admin",
 	"DELETE /fleet/hosts/{id}":        "admin",

@@ -220,7 +220,7 @@ func toEgressPage(page fleet.EgressPage) fleetapi.EgressPage {
 	}
 	if x := page.Verification; x != nil {
 		v.Verification = &fleetapi.EgressVerification{OK: x.OK, Records: x.Records, Sealed: x.Sealed, FailedSeq: x.FailedSeq,
-			Problem: x.Problem, HostID: x.HostID, LedgerKey: x.LedgerKey}
+			Problem: x.Problem, HostID: x.HostID, LedgerKey: x.LedgerKey, HostChecked: x.HostChecked}
 	}
 	return v
 }

@@ -11,6 +11,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/runfleet/runfleet/shared/clock"
 	"github.com/runfleet/runfleet/shared/egress"
 	"github.com/runfleet/runfleet/shared/hostproto"
 	"github.com/runfleet/runfleet/shared/store"
@@ -373,6 +374,9 @@ type EgressVerification struct {
 	egress.Verification
 	HostID    string
 	LedgerKey string
+	// HostChecked: the host still holds the run and answered, and its own
+	// current seal was compared with the mirror's (compareHostSeal).
+	HostChecked bool
 }
 
 // Egress returns the page of run id's ledger mirror that c asked for
@@ -520,7 +524,44 @@ func (f *Fleet) verifyEgress(ctx context.Context, run store.Run, head store.Egre
 	if key != nil {
 		out.LedgerKey = egress.FormatPublicKey(key)
 	}
+	if out.OK {
+		f.compareHostSeal(ctx, run, hostID, seal, &out)
+	}
 	return out, nil
+}
+
+// compareHostSeal asks the host, while it still holds the run, for its
+// current seal and fails a verification the mirror alone passed when the
+// two differ. Every seal the host made over a run's growing ledger (a
+// retry, a record after the end) signs a prefix of the same chain, so a
+// mirror cut back to an earlier seal verifies on its own: only the host,
+// outside the store, can say it has sealed more since. A host that no
+// longer holds the run (purged at its retention) or does not answer leaves
+// the verification as the mirror gave it, with HostChecked false.
+func (f *Fleet) compareHostSeal(ctx context.Context, run store.Run, hostID string, mirrored *egress.Seal, out *EgressVerification) {
+	client, err := f.clientFor(ctx, hostID)
+	if err != nil {
+		return
+	}
+	hostCtx, cancel := clock.WithTimeout(ctx, f.clock, f.cfg.HostTimeout)
+	defer cancel()
+	page, err := client.Egress(hostCtx, run.ChildRunID, mirrored.Count, 1)
+	if err != nil {
+		if !errors.Is(err, hostproto.ErrRunNotFound) {
+			f.log.Info("verify: the host's seal could not be read; verified against the mirror alone", logRun, run.FleetRunID,
+				logHost, hostID, logErr, err.Error())
+		}
+		return
+	}
+	out.HostChecked = true
+	if hs := page.Seal; hs == nil || hs.Count != mirrored.Count || hs.LastHash != mirrored.LastHash {
+		count := int64(0)
+		if hs != nil {
+			count = hs.Count
+		}
+		out.OK = false
+		out.Problem = fmt.Sprintf("the host's current seal covers %d records, the mirror's %d: the mirror is behind the host's ledger, or was cut back to an earlier seal", count, mirrored.Count)
+	}
 }
 
 // ledgerKey is the ledger key Fleet's probe recorded for hostID; nil when

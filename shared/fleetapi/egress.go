@@ -118,6 +118,11 @@ type EgressVerification struct {
 	// LedgerKey is the key verified with (ed25519:<base64>); absent when
 	// Fleet knows none for the host.
 	LedgerKey string `json:"ledgerKey,omitempty"`
+	// HostChecked: the host still held the run and its own current seal
+	// was compared with the mirror's (a mirror cut back to an earlier seal
+	// of the same chain verifies on its own; the host's seal says so).
+	// False once the host purged the run, or when it did not answer.
+	HostChecked bool `json:"hostChecked"`
 }
 
 // EgressPage is GET /fleet/runs/{id}/egress: the mirrored ledger records
