@@ -29,8 +29,11 @@ type AuthorityTally struct {
 }
 
 // MaxTallied bounds the distinct authorities a Tally keeps apart, so a
-// task calling name after name costs a bounded tally.
-const MaxTallied = 1000
+// task calling name after name (or asking its DNS for them) costs a
+// bounded tally: edge rewrites a run's tally with each flush that touched
+// it, so its size is paid ten times a second. Five times MaxAuthorities
+// keeps the summary's top right for any ordinary run.
+const MaxTallied = 5 * MaxAuthorities
 
 // maxKeysPerAuthority bounds an authority's key list.
 const maxKeysPerAuthority = 32

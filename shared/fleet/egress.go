@@ -67,6 +67,12 @@ const (
 	// /fleet/runs/{id}/egress.
 	DefaultEgressLimit = 200
 	MaxEgressLimit     = store.MaxLimit
+	// maxEgressPageBytes bounds the records of one page of GET
+	// /fleet/runs/{id}/egress, so an answer stays well inside Lambda's
+	// 6 MB: a task chooses what fills a record (a path of 2 KiB, each byte
+	// of which JSON may write as six), and a page stops short of the limit
+	// asked (hasMore) rather than fail.
+	maxEgressPageBytes = 4 << 20
 )
 
 // egressMode is how a sync treats a live run's ledger (see above).
@@ -434,8 +440,9 @@ func (f *Fleet) MirroredEgress(ctx context.Context, run store.Run, head store.Eg
 	if err != nil {
 		return EgressPage{}, fmt.Errorf("fleet: reading the egress mirror of %s: %w", run.FleetRunID, err)
 	}
+	size := 0
 	for _, r := range got.Records {
-		if r.Seq > head.Cursor {
+		if r.Seq > head.Cursor || (len(page.Records) > 0 && size+len(r.Data) > maxEgressPageBytes) {
 			break
 		}
 		rec, err := egressRecordToWire(r)
@@ -444,6 +451,7 @@ func (f *Fleet) MirroredEgress(ctx context.Context, run store.Run, head store.Eg
 		}
 		page.Records = append(page.Records, rec)
 		page.NextCursor = r.Seq
+		size += len(r.Data)
 	}
 	// As MirroredEvents: a page that moved nowhere has no more after it.
 	page.HasMore = page.NextCursor > after && page.NextCursor < head.Cursor

@@ -638,3 +638,50 @@ func TestTheSweepsCursorHintNeverSkipsOrRewritesRecords(t *testing.T) {
 	onHost, _ := host.Egress(run.ChildRunID)
 	sameLedger(t, mirroredLedger(t, e.st, run.FleetRunID), onHost)
 }
+
+// TestAnEgressPageStaysInsideALambdaAnswer: a task chooses what fills its
+// records (a path of 2 KiB of characters JSON writes as six bytes each), so
+// a page of the largest limit stops short of it, hasMore, well inside
+// Lambda's 6 MB answer, and the pages still reassemble the whole ledger.
+func TestAnEgressPageStaysInsideALambdaAnswer(t *testing.T) {
+	e := newTestEnv(t, 10*time.Second)
+	host := e.addHost(t, "h1", fakehost.Config{})
+	ctx := context.Background()
+	run := dispatched(t, e, "alice")
+	records := calls(MaxEgressLimit, "api.example.com:443")
+	for i := range records {
+		records[i].Path = "/" + strings.Repeat("<", 2047)
+	}
+	host.AddEgress(run.ChildRunID, records...)
+	host.SetRun(run.ChildRunID, hostproto.StatusSucceeded, new(int), "")
+	if _, err := e.f.SyncRunEgress(ctx, run.FleetRunID); err != nil {
+		t.Fatal(err)
+	}
+	var seen int64
+	for after, pages := int64(0), 0; ; pages++ {
+		page, err := e.f.Egress(ctx, caller("alice"), run.FleetRunID, after, MaxEgressLimit, false)
+		if err != nil {
+			t.Fatal(err)
+		}
+		b, _ := json.Marshal(page.Records)
+		if len(b) > 5<<20 || len(page.Records) == 0 {
+			t.Fatalf("page %d: %d records in %d bytes", pages, len(page.Records), len(b))
+		}
+		for _, r := range page.Records {
+			if r.Seq != seen+1 {
+				t.Fatalf("record %d after %d", r.Seq, seen)
+			}
+			seen = r.Seq
+		}
+		after = page.NextCursor
+		if !page.HasMore {
+			if pages == 0 {
+				t.Fatal("one page held every record")
+			}
+			break
+		}
+	}
+	if seen != MaxEgressLimit {
+		t.Fatalf("the pages held %d records of %d", seen, MaxEgressLimit)
+	}
+}
