@@ -35,22 +35,6 @@ func (h pipeline) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	st := new(requestState)
 	st.reset(h.p, connInfoFrom(r.Context()), watch, r.Context())
 	h.p.serve(st, w, r)
-	if w.Header().Get("Connection") == "close" && r.Body != nil && r.Body != http.NoBody {
-		h.p.linger(w, r.Body)
-	}
-}
-
-// linger reads what is left of a refused HTTP/2 request's body, bounded
-// as HTTP/1.1's (maxLinger, lingerTimeout), after sending the refusal: a
-// refusal ends the connection (GOAWAY), and ending it with the client
-// still sending resets the stream, so a client (curl) could lose the
-// answer, the reason with it, as HTTP/1.1's linger keeps it from doing.
-// What is read is discarded, never forwarded.
-func (p *Proxy) linger(w http.ResponseWriter, body io.ReadCloser) {
-	_ = http.NewResponseController(w).Flush()
-	stop := p.cfg.Clock.AfterFunc(lingerTimeout, func() { body.Close() })
-	defer stop.Stop()
-	_, _ = io.CopyN(io.Discard, body, maxLinger)
 }
 
 // requestState is one request's decisions. The request's goroutine (serve,
