@@ -174,8 +174,8 @@ func TestNoLambdaFunctionLinksBoltOrEdge(t *testing.T) {
 	})
 }
 
-// fleetAPIMustNotDependOn says why shared/fleetapi may not depend on a
-// package path: its callers (the CLI, the dashboard) import it to speak to
+// fleetAPIMustNotDependOn says why shared/fleetapi, shared/fleetclient or
+// the runfleet CLI may not depend on a package path: callers import them to speak to
 // Fleet, and must get the API's types without Fleet itself, its store, the
 // AWS SDK, the host protocol or edge. "" for any other path.
 func fleetAPIMustNotDependOn(path string) string {
@@ -195,25 +195,29 @@ func fleetAPIMustNotDependOn(path string) string {
 	return ""
 }
 
-// TestFleetapiStandsAlone: shared/fleetapi's whole dependency graph (go
-// list -deps) holds none of fleetAPIMustNotDependOn's packages.
-func TestFleetapiStandsAlone(t *testing.T) {
-	const pkg = "github.com/runfleet/runfleet/shared/fleetapi"
-	out, err := exec.Command("go", "list", "-deps", pkg).CombinedOutput()
-	if err != nil {
-		t.Fatalf("go list -deps: %v\n%s", err, out)
-	}
-	deps := strings.Fields(string(out))
-	if !slices.Contains(deps, pkg) || !slices.Contains(deps, "github.com/runfleet/runfleet/shared/runspec") {
-		t.Fatalf("go list -deps %s does not list it and the run request:\n%s", pkg, out)
-	}
-	found := map[string][]string{}
-	for _, dep := range deps {
-		if why := fleetAPIMustNotDependOn(dep); why != "" {
-			found[why] = append(found[why], dep)
+// TestTheCallersToolsStandAlone: the whole dependency graph (go list
+// -deps) of shared/fleetapi, of the Go client and of the runfleet binary
+// holds none of fleetAPIMustNotDependOn's packages: a caller's program
+// links the API's types and client without Fleet, its store or AWS.
+func TestTheCallersToolsStandAlone(t *testing.T) {
+	const module = "github.com/runfleet/runfleet/"
+	for _, pkg := range []string{module + "shared/fleetapi", module + "shared/fleetclient", module + "shared/cli/runfleet"} {
+		out, err := exec.Command("go", "list", "-deps", pkg).CombinedOutput()
+		if err != nil {
+			t.Fatalf("go list -deps: %v\n%s", err, out)
 		}
-	}
-	for _, why := range slices.Sorted(maps.Keys(found)) {
-		t.Errorf("shared/fleetapi depends on %s: %s", why, strings.Join(found[why], ", "))
+		deps := strings.Fields(string(out))
+		if !slices.Contains(deps, pkg) || !slices.Contains(deps, module+"shared/fleetapi") {
+			t.Fatalf("go list -deps %s does not list it and the API's types:\n%s", pkg, out)
+		}
+		found := map[string][]string{}
+		for _, dep := range deps {
+			if why := fleetAPIMustNotDependOn(dep); why != "" {
+				found[why] = append(found[why], dep)
+			}
+		}
+		for _, why := range slices.Sorted(maps.Keys(found)) {
+			t.Errorf("%s depends on %s: %s", strings.TrimPrefix(pkg, module), why, strings.Join(found[why], ", "))
+		}
 	}
 }

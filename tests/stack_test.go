@@ -81,6 +81,8 @@ type stackOptions struct {
 	// aws, when set, adjusts the AWS configuration Fleet's clients are
 	// built from (a transport that loses responses, a retryer).
 	aws func(aws.Config) aws.Config
+	// env sets more of Fleet's RUNFLEET_* variables (a stream's length).
+	env map[string]string
 }
 
 func newStack(t testing.TB, kind string, opts stackOptions) *stack {
@@ -97,6 +99,9 @@ func newStack(t testing.TB, kind string, opts stackOptions) *stack {
 	env := map[string]string{
 		config.EnvAdminToken:  adminToken,
 		config.EnvCredentials: "file:" + creds,
+	}
+	for k, v := range opts.env {
+		env[k] = v
 	}
 	if opts.hostTimeout > 0 {
 		env[config.EnvHostTimeout] = opts.hostTimeout.String()

@@ -123,7 +123,7 @@ func checkBaseURL(raw string) error {
 	u, err := url.Parse(raw)
 	switch {
 	case err != nil:
-		return fmt.Errorf("fleetclient: API URL %q is not a URL", raw)
+		return fmt.Errorf("fleetclient: API URL %q is not a URL: want an absolute http or https URL, e.g. http://127.0.0.1:8080", raw)
 	case u.Scheme != "http" && u.Scheme != "https", u.Host == "":
 		return fmt.Errorf("fleetclient: API URL %q: want an absolute http or https URL, e.g. http://127.0.0.1:8080", raw)
 	case u.RawQuery != "" || u.Fragment != "" || u.User != nil:
