@@ -331,7 +331,7 @@ func TestOpenAPIDescribesRealAnswers(t *testing.T) {
 		`"secrets":[{"projectId":"acme","key":"API_KEY","domains":["api.example.com"]}],"idempotency":"build-1"}`
 	run := sm.do("POST", "/fleet/runs", "/fleet/runs", tok, dispatch, 201)
 	sm.do("POST", "/fleet/runs", "/fleet/runs", tok, dispatch, 200)
-	sm.do("POST", "/fleet/runs", "/fleet/runs", tok, `{"agent":"shell","prompt":"x"}`, 201, "Idempotency-Key", "build-2")
+	sm.do("POST", "/fleet/runs", "/fleet/runs", tok, `{"agent":"shell","prompt":"x","repository":"acme/app"}`, 201, "Idempotency-Key", "build-2")
 	sm.do("POST", "/fleet/runs", "/fleet/runs", tok, `{"agent":"nope"}`, 409)
 	sm.do("POST", "/fleet/runs", "/fleet/runs", tok, `{"agent":"shell","secrets":[{"projectId":"other","key":"K","domains":["a.example.com"]}]}`, 403)
 	// A start the host refuses: 409 with the run, its reason and detail;
@@ -346,6 +346,9 @@ func TestOpenAPIDescribesRealAnswers(t *testing.T) {
 	sm.do("GET", "/fleet/runs", "/fleet/runs?limit=1", adm, "", 200)
 	sm.do("GET", "/fleet/runs", "/fleet/runs?limit=-1", tok, "", 400)
 	sm.do("GET", "/fleet/runs", "/fleet/runs?limit=0", tok, "", 400)
+	sm.do("GET", "/fleet/runs", "/fleet/runs?status=pending&agent=shell&host=edge-1&limit=1", tok, "", 200)
+	sm.do("GET", "/fleet/runs", "/fleet/runs?status=done", tok, "", 400)
+	sm.do("GET", "/fleet/runs", "/fleet/runs?host=edge-3", tok, "", 403)
 	sm.do("POST", "/fleet/runs", "/fleet/runs", tok, `{"agent":"shell","agent":"shell"}`, 400)
 	sm.do("GET", "/fleet/runs/{id}", "/fleet/runs/"+id, tok, "", 200)
 	sm.do("GET", "/fleet/runs/{id}", "/fleet/runs/nope", tok, "", 404)

@@ -4,6 +4,7 @@ import (
 	"context"
 	"net/http"
 
+	"github.com/runfleet/runfleet/shared/fleet"
 	"github.com/runfleet/runfleet/shared/fleetapi"
 	"github.com/runfleet/runfleet/shared/runspec"
 	"github.com/runfleet/runfleet/shared/store"
@@ -30,7 +31,7 @@ func (h *Handler) routeTable() []route {
 		{method: http.MethodDelete, pattern: "/fleet/callers/{ownerId}", access: adminOnly, handle: h.revokeCaller},
 
 		{method: http.MethodPost, pattern: "/fleet/runs", access: callerOnly, handle: h.dispatch},
-		{method: http.MethodGet, pattern: "/fleet/runs", access: callerOnly, query: []string{"cursor", "limit", "alerts"}, handle: h.listRuns},
+		{method: http.MethodGet, pattern: "/fleet/runs", access: callerOnly, query: []string{"cursor", "limit", "alerts", "status", "agent", "host"}, handle: h.listRuns},
 		{method: http.MethodGet, pattern: "/fleet/runs/{id}", access: callerOnly, handle: h.getRun},
 		{method: http.MethodPost, pattern: "/fleet/runs/{id}/input", access: callerOnly, handle: h.input},
 		{method: http.MethodPost, pattern: "/fleet/runs/{id}/cancel", access: callerOnly, handle: h.cancel},
@@ -232,17 +233,25 @@ func idempotencyKey(rq *request, fromBody string) (string, error) {
 	return fromBody, nil
 }
 
-// listRuns reads GET /fleet/runs: the caller's runs, or with alerts=true
-// (admins only: it spans every owner) the runs whose egress ledgers hold
-// alerts.
+// listRuns reads GET /fleet/runs: the caller's runs, narrowed by the
+// status, agent and host filters, or with alerts=true (admins only: it
+// spans every owner) the runs whose egress ledgers hold alerts, which
+// takes no filter (its index is by alert, not by run).
 func (h *Handler) listRuns(ctx context.Context, rq *request) (int, any, error) {
 	limit, err := rq.query.pageLimit(store.MaxLimit)
 	if err != nil {
 		return 0, nil, err
 	}
-	cursor := rq.query.get("cursor")
-	if rq.query.has("cursor") && cursor == "" {
+	q := fleet.RunsQuery{Cursor: rq.query.get("cursor"), Limit: limit,
+		Status: rq.query.get("status"), Agent: rq.query.get("agent"), HostID: rq.query.get("host")}
+	if rq.query.has("cursor") && q.Cursor == "" {
 		return 0, nil, badRequest("cursor is empty: omit it to start at the newest run")
+	}
+	filters := []string{"status", "agent", "host"}
+	for _, name := range filters {
+		if rq.query.has(name) && rq.query.get(name) == "" {
+			return 0, nil, badRequest("%s is empty: omit it to list runs of any %s", name, name)
+		}
 	}
 	alerts, err := rq.query.boolFlag("alerts")
 	if err != nil {
@@ -252,13 +261,18 @@ func (h *Handler) listRuns(ctx context.Context, rq *request) (int, any, error) {
 		if !rq.caller.Admin {
 			return 0, nil, adminRequired("alerts=true lists every owner's runs with egress alerts: it requires an admin token")
 		}
-		page, err := h.fleet.AlertedRuns(ctx, cursor, limit)
+		for _, name := range filters {
+			if rq.query.has(name) {
+				return 0, nil, badRequest("%s does not apply with alerts=true: the alerts listing takes no filter", name)
+			}
+		}
+		page, err := h.fleet.AlertedRuns(ctx, q.Cursor, limit)
 		if err != nil {
 			return 0, nil, err
 		}
 		return http.StatusOK, toAlertedPage(page, rq.links), nil
 	}
-	page, err := h.fleet.Runs(ctx, rq.caller, cursor, limit)
+	page, err := h.fleet.Runs(ctx, rq.caller, q)
 	if err != nil {
 		return 0, nil, err
 	}

@@ -129,8 +129,8 @@ func toRunView(r store.Run, l linker) fleetapi.Run {
 	v := fleetapi.Run{
 		FleetRunID: r.FleetRunID, OwnerID: r.OwnerID, HostID: r.HostID, ChildRunID: r.ChildRunID,
 		Status: r.Status, Pending: r.Status == store.StatusDispatching, Attempt: r.Attempt,
-		ExitCode: r.ExitCode, Reason: r.Reason, Detail: r.Detail, Agent: r.Agent, IdempotencyKey: r.IdempotencyKey,
-		RewroteLocalPath: r.RewroteLocalPath, CreatedAt: r.CreatedAt, UpdatedAt: r.UpdatedAt, EndedAt: r.EndedAt,
+		ExitCode: r.ExitCode, Reason: r.Reason, Detail: r.Detail, Agent: r.Agent, Repository: r.Repository,
+		IdempotencyKey: r.IdempotencyKey, RewroteLocalPath: r.RewroteLocalPath, CreatedAt: r.CreatedAt, UpdatedAt: r.UpdatedAt, EndedAt: r.EndedAt,
 		Links: l.run(r.FleetRunID),
 	}
 	if r.Status == store.StatusDispatching {

@@ -9,6 +9,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"net/url"
 	"slices"
 	"time"
 
@@ -112,6 +113,27 @@ func CheckDispatch(c store.Caller, r DispatchRequest) error {
 		}
 	}
 	return nil
+}
+
+// shownRepository is a run request's repository as the run records it, to
+// show in listings: as given, except that a URL's credentials are replaced
+// with "xxxxx" (a password, or an http(s) user alone, which is how a token
+// rides in a clone URL), so a token a caller put in a repository URL is
+// never stored with the run nor shown to an admin. The host gets the
+// request's repository unchanged.
+func shownRepository(repo string) string {
+	u, err := url.Parse(repo)
+	if err != nil || u.User == nil {
+		return repo
+	}
+	if _, set := u.User.Password(); set {
+		return u.Redacted()
+	}
+	if u.Scheme == "http" || u.Scheme == "https" {
+		u.User = url.User("xxxxx")
+		return u.String()
+	}
+	return repo
 }
 
 // CheckIdempotencyKey validates a caller's key: 1-255 printable ASCII
@@ -224,6 +246,7 @@ func (f *Fleet) Dispatch(ctx context.Context, c store.Caller, r DispatchRequest,
 		HostID:           host.ID,
 		Status:           store.StatusDispatching,
 		Agent:            r.Run.Agent,
+		Repository:       shownRepository(r.Run.Repository),
 		IdempotencyKey:   key,
 		RewroteLocalPath: decision.RewroteLocalPath,
 		CreatedAt:        now,

@@ -473,19 +473,19 @@ func TestRunsListsOwnRunsAndAllForAdmin(t *testing.T) {
 		}
 		e.clk.Advance(time.Second)
 	}
-	page, err := e.f.Runs(ctx, caller("alice"), "", 1)
+	page, err := e.f.Runs(ctx, caller("alice"), RunsQuery{Limit: 1})
 	if err != nil || len(page.Runs) != 1 || page.NextCursor == "" {
 		t.Fatalf("alice page 1: %+v %v", page, err)
 	}
-	page2, err := e.f.Runs(ctx, caller("alice"), page.NextCursor, 10)
+	page2, err := e.f.Runs(ctx, caller("alice"), RunsQuery{Cursor: page.NextCursor, Limit: 10})
 	if err != nil || len(page2.Runs) != 1 || page2.Runs[0].OwnerID != "alice" || page2.NextCursor != "" {
 		t.Fatalf("alice page 2: %+v %v", page2, err)
 	}
-	all, _ := e.f.Runs(ctx, store.Caller{OwnerID: "admin", Admin: true}, "", 10)
+	all, _ := e.f.Runs(ctx, store.Caller{OwnerID: "admin", Admin: true}, RunsQuery{Limit: 10})
 	if len(all.Runs) != 3 {
 		t.Fatalf("admin sees %d runs", len(all.Runs))
 	}
-	if _, err := e.f.Runs(ctx, caller("bob"), page.NextCursor, 10); !isKind(err, KindInvalid) {
+	if _, err := e.f.Runs(ctx, caller("bob"), RunsQuery{Cursor: page.NextCursor, Limit: 10}); !isKind(err, KindInvalid) {
 		t.Fatalf("alice's cursor used by bob: %v, want 400", err)
 	}
 }
@@ -517,7 +517,7 @@ func TestRunsLeavesOutRunsOnHostsOutOfScope(t *testing.T) {
 	var seen []string
 	cursor := ""
 	for i := 0; i < 3; i++ {
-		page, err := e.f.Runs(ctx, reminted, cursor, 1)
+		page, err := e.f.Runs(ctx, reminted, RunsQuery{Cursor: cursor, Limit: 1})
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -531,7 +531,7 @@ func TestRunsLeavesOutRunsOnHostsOutOfScope(t *testing.T) {
 	if fmt.Sprint(seen) != fmt.Sprint([]string{ids[3], ids[0]}) {
 		t.Fatalf("listed %v, want the h1 runs %v", seen, []string{ids[3], ids[0]})
 	}
-	if page, _ := e.f.Runs(ctx, both, "", 10); len(page.Runs) != 5 {
+	if page, _ := e.f.Runs(ctx, both, RunsQuery{Limit: 10}); len(page.Runs) != 5 {
 		t.Fatalf("with both hosts in scope: %d runs", len(page.Runs))
 	}
 }

@@ -4,6 +4,8 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"slices"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -11,6 +13,7 @@ import (
 	"github.com/runfleet/runfleet/shared/auth"
 	"github.com/runfleet/runfleet/shared/egress"
 	"github.com/runfleet/runfleet/shared/hostproto"
+	"github.com/runfleet/runfleet/shared/runspec"
 	"github.com/runfleet/runfleet/shared/store"
 )
 
@@ -185,24 +188,82 @@ func (f *Fleet) recover(ctx context.Context, run store.Run) (store.Run, error) {
 // when runs are filtered out (see Runs).
 const maxListReads = 10
 
+// RunsQuery is a listing of runs (GET /fleet/runs): a page and its filters.
+// A filter left empty keeps every run; set, it keeps the runs whose field
+// equals it exactly.
+type RunsQuery struct {
+	// Cursor continues the listing with the same filters; empty starts at
+	// the newest run.
+	Cursor string
+	// Limit follows store.PageLimit.
+	Limit int
+	// Status is one of the run statuses (store.Status*).
+	Status string
+	Agent  string
+	HostID string
+}
+
+// runStatuses are the statuses a run can have, in the order a run passes
+// through them: what a status filter may name.
+var runStatuses = []string{
+	store.StatusDispatching, store.StatusPending, store.StatusAdmitted, store.StatusRunning,
+	store.StatusSucceeded, store.StatusFailed, store.StatusCanceled, store.StatusLost,
+}
+
+// check validates the filters: 400 for a status that is not a run's or an
+// agent or host that is not an id, 403 for a host outside c's
+// allowedHosts (as the metrics rollup answers it: a filter naming a host c
+// may not see is refused, not answered with a silently empty listing).
+func (q RunsQuery) check(c store.Caller) error {
+	if q.Status != "" && !slices.Contains(runStatuses, q.Status) {
+		return invalid("status %s is not a run status: want one of %s", runspec.Quoted(q.Status), strings.Join(runStatuses, ", "))
+	}
+	for _, p := range []struct{ name, id string }{{"agent", q.Agent}, {"host", q.HostID}} {
+		if p.id != "" {
+			if err := checkID(p.name, p.id); err != nil {
+				return err
+			}
+		}
+	}
+	if q.HostID != "" && !auth.CanUseHost(c, q.HostID) {
+		return forbidden("host %q is not in this caller's allowedHosts", q.HostID)
+	}
+	return nil
+}
+
+// keeps reports whether r passes the query's filters.
+func (q RunsQuery) keeps(r store.Run) bool {
+	return (q.Status == "" || r.Status == q.Status) && (q.Agent == "" || r.Agent == q.Agent) &&
+		(q.HostID == "" || r.HostID == q.HostID)
+}
+
 // Runs pages the runs c may see, newest first: its own, or every run for an
-// admin. limit follows store.PageLimit. A non-admin's listing leaves out
-// its runs on hosts outside its allowedHosts (a caller re-minted with a
-// smaller scope still owns them), as reading one is 403: the listing and
-// the reads agree. Such runs are skipped by reading on, up to maxListReads
-// store pages; a page can then be short, or empty, with more to come
-// (NextCursor set). The page's live runs are refreshed from their hosts
-// first (refreshPage), so a run that ended shows ended without waiting for
-// the sweep.
-func (f *Fleet) Runs(ctx context.Context, c store.Caller, cursor string, limit int) (store.RunPage, error) {
-	want := store.PageLimit(limit)
-	q := store.RunQuery{Cursor: cursor, Limit: want}
-	if !c.Admin {
-		q.OwnerID = c.OwnerID
+// admin, narrowed by q's filters. A non-admin's listing leaves out its runs
+// on hosts outside its allowedHosts (a caller re-minted with a smaller
+// scope still owns them), as reading one is 403: the listing and the reads
+// agree. Runs left out (by that scope or a filter) are skipped by reading
+// on, up to maxListReads store pages; a page can then be short, or empty,
+// with more to come (NextCursor set). An admin's host filter reads the
+// host's own index instead, so it skips nothing (its cursor is then bound
+// to that host). The page's live runs are refreshed from their hosts first
+// (refreshPage), so a run that ended shows ended without waiting for the
+// sweep; a status filter is applied again after, so the page never shows a
+// run in another status than the one asked for.
+func (f *Fleet) Runs(ctx context.Context, c store.Caller, q RunsQuery) (store.RunPage, error) {
+	if err := q.check(c); err != nil {
+		return store.RunPage{}, err
+	}
+	want := store.PageLimit(q.Limit)
+	sq := store.RunQuery{Cursor: q.Cursor, Limit: want}
+	switch {
+	case !c.Admin:
+		sq.OwnerID = c.OwnerID
+	case q.HostID != "":
+		sq.HostID = q.HostID
 	}
 	out := store.RunPage{Runs: []store.Run{}}
 	for reads := 1; ; reads++ {
-		page, err := f.store.ListRuns(ctx, q)
+		page, err := f.store.ListRuns(ctx, sq)
 		if errors.Is(err, store.ErrBadCursor) {
 			return store.RunPage{}, invalid("cursor is not a cursor from this listing")
 		}
@@ -210,17 +271,21 @@ func (f *Fleet) Runs(ctx context.Context, c store.Caller, cursor string, limit i
 			return store.RunPage{}, fmt.Errorf("fleet: listing runs: %w", err)
 		}
 		for _, r := range page.Runs {
-			if auth.CanUseHost(c, r.HostID) {
+			if auth.CanUseHost(c, r.HostID) && q.keeps(r) {
 				out.Runs = append(out.Runs, r)
 			}
 		}
 		out.NextCursor = page.NextCursor
 		if page.NextCursor == "" || len(out.Runs) >= want || reads == maxListReads {
-			f.refreshPage(ctx, out.Runs)
-			return out, nil
+			break
 		}
-		q.Cursor, q.Limit = page.NextCursor, want-len(out.Runs)
+		sq.Cursor, sq.Limit = page.NextCursor, want-len(out.Runs)
 	}
+	f.refreshPage(ctx, out.Runs)
+	if q.Status != "" {
+		out.Runs = slices.DeleteFunc(out.Runs, func(r store.Run) bool { return r.Status != q.Status })
+	}
+	return out, nil
 }
 
 // A refresh that rides on another request (a listing, a verb's answer) is

@@ -108,7 +108,9 @@ type DispatchRefused struct {
 
 // Run is a Fleet run. Reason is a typed cause (the host's, or Fleet's
 // dispatch_lost or run_not_found) and Detail says what it means and what
-// to change. Deadline is set while dispatching.
+// to change. Deadline is set while dispatching. Repository is the
+// dispatch's repository (a URL's credentials redacted), absent when it
+// named none and on runs recorded before Fleet kept it.
 type Run struct {
 	FleetRunID       string     `json:"fleetRunId"`
 	OwnerID          string     `json:"ownerId"`
@@ -121,6 +123,7 @@ type Run struct {
 	Reason           string     `json:"reason,omitempty"`
 	Detail           string     `json:"detail,omitempty"`
 	Agent            string     `json:"agent"`
+	Repository       string     `json:"repository,omitempty"`
 	IdempotencyKey   string     `json:"idempotencyKey,omitempty"`
 	RewroteLocalPath bool       `json:"rewroteLocalPath,omitempty"`
 	CreatedAt        time.Time  `json:"createdAt"`

@@ -19,8 +19,8 @@ type Runs interface {
 	// UpdateRun replaces the run if its stored Version still equals r.Version,
 	// storing Version+1 and returning what it stored; ErrConflict when the
 	// version moved on, ErrNotFound when the run is gone. The store keeps the
-	// live index in step with r.Live(). OwnerID, CreatedAt and
-	// IdempotencyKey are fixed at creation: the stored ones are kept.
+	// live index in step with r.Live(). OwnerID, CreatedAt, IdempotencyKey
+	// and Repository are fixed at creation: the stored ones are kept.
 	// HostID changes only on a run stored dispatching (a dispatch moving
 	// it past a host that refused it); on any other run a different HostID
 	// is ErrConflict. The by-host listing follows the change.
@@ -76,6 +76,10 @@ type Run struct {
 	// change); Fleet bounds it to a kilobyte.
 	Detail string
 	Agent  string
+	// Repository is the run request's repository as the caller named it
+	// (a URL's password redacted, see fleet.Dispatch); empty: none, or a
+	// run recorded before runs kept it.
+	Repository string
 	// IdempotencyKey is the caller's key, if any.
 	IdempotencyKey string
 	// RewroteLocalPath records that the localPath was replaced by a clone URL.

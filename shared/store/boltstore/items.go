@@ -113,6 +113,7 @@ type runItem struct {
 	Reason           string     `json:"reason,omitempty"`
 	Detail           string     `json:"detail,omitempty"`
 	Agent            string     `json:"agent,omitempty"`
+	Repository       string     `json:"repository,omitempty"`
 	IdempotencyKey   string     `json:"idempotencyKey,omitempty"`
 	RewroteLocalPath bool       `json:"rewroteLocalPath,omitempty"`
 	CreatedAt        time.Time  `json:"createdAt"`
@@ -310,7 +311,7 @@ func toRunItem(r store.Run) runItem {
 	return runItem{
 		V: formatVersion, FleetRunID: r.FleetRunID, OwnerID: r.OwnerID, HostID: r.HostID,
 		ChildRunID: r.ChildRunID, Status: r.Status, Attempt: r.Attempt, ExitCode: exit,
-		Reason: r.Reason, Detail: r.Detail, Agent: r.Agent, IdempotencyKey: r.IdempotencyKey,
+		Reason: r.Reason, Detail: r.Detail, Agent: r.Agent, Repository: r.Repository, IdempotencyKey: r.IdempotencyKey,
 		RewroteLocalPath: r.RewroteLocalPath, CreatedAt: utc(r.CreatedAt), UpdatedAt: utc(r.UpdatedAt),
 		Deadline: utc(r.Deadline), EndedAt: utcPtr(r.EndedAt), EventCursor: r.EventCursor,
 		Drained: r.Drained, ExpiresAt: expirySeconds(r.ExpiresAt), EventsExpireAfter: unixNanos(r.EventsExpireAfter),
@@ -322,7 +323,7 @@ func (it runItem) record() store.Run {
 	return store.Run{
 		FleetRunID: it.FleetRunID, OwnerID: it.OwnerID, HostID: it.HostID, ChildRunID: it.ChildRunID,
 		Status: it.Status, Attempt: it.Attempt, ExitCode: it.ExitCode, Reason: it.Reason, Detail: it.Detail,
-		Agent: it.Agent, IdempotencyKey: it.IdempotencyKey, RewroteLocalPath: it.RewroteLocalPath,
+		Agent: it.Agent, Repository: it.Repository, IdempotencyKey: it.IdempotencyKey, RewroteLocalPath: it.RewroteLocalPath,
 		CreatedAt: utc(it.CreatedAt), UpdatedAt: utc(it.UpdatedAt), Deadline: utc(it.Deadline),
 		EndedAt: utcPtr(it.EndedAt), EventCursor: it.EventCursor, Drained: it.Drained,
 		ExpiresAt: expiryTime(it.ExpiresAt), EventsExpireAfter: fromUnixNanos(it.EventsExpireAfter), Version: it.Version,

@@ -152,7 +152,7 @@ func (s *Store) UpdateRun(ctx context.Context, r store.Run) (store.Run, error) {
 			return fmt.Errorf("boltstore: run %q is at version %d, not %d: %w", r.FleetRunID, old.Version, r.Version, store.ErrConflict)
 		}
 		it := toRunItem(r)
-		it.OwnerID, it.CreatedAt, it.IdempotencyKey = old.OwnerID, old.CreatedAt, old.IdempotencyKey
+		it.OwnerID, it.CreatedAt, it.IdempotencyKey, it.Repository = old.OwnerID, old.CreatedAt, old.IdempotencyKey, old.Repository
 		if it.HostID == "" {
 			it.HostID = old.HostID
 		}

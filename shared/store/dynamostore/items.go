@@ -68,6 +68,7 @@ const (
 	attrExitCode          = "exitCode"
 	attrReason            = "reason"
 	attrAgent             = "agent"
+	attrRepository        = "repository"
 	attrIdempotencyKey    = "idempotencyKey"
 	attrRewroteLocalPath  = "rewroteLocalPath"
 	attrUpdatedAt         = "updatedAt"
@@ -366,6 +367,7 @@ func runItem(r store.Run, shard string) item {
 	it.putS(attrHostID, r.HostID)
 	it.putS(attrCreatedAt, createdKey(r.CreatedAt, r.FleetRunID))
 	it.putS(attrIdempotencyKey, r.IdempotencyKey)
+	it.putS(attrRepository, r.Repository)
 	for k, v := range runMutable(r, shard) {
 		it[k] = v
 	}
@@ -422,7 +424,7 @@ func runFromItem(it item) (store.Run, error) {
 		FleetRunID: r.s(attrFleetRunID), OwnerID: r.s(attrOwnerID), HostID: r.s(attrHostID),
 		ChildRunID: r.s(attrChildRunID), Status: r.s(attrStatus), Attempt: int(r.n(attrAttempt)),
 		Reason: r.s(attrReason), Detail: r.s(attrDetail), Agent: r.s(attrAgent), IdempotencyKey: r.s(attrIdempotencyKey),
-		RewroteLocalPath: r.bool(attrRewroteLocalPath), UpdatedAt: r.time(attrUpdatedAt),
+		Repository: r.s(attrRepository), RewroteLocalPath: r.bool(attrRewroteLocalPath), UpdatedAt: r.time(attrUpdatedAt),
 		Deadline: r.time(attrDeadline), EndedAt: r.timePtr(attrEndedAt),
 		EventCursor: r.n(attrEventCursor), Drained: r.bool(attrDrained),
 		ExpiresAt: r.expiry(), EventsExpireAfter: r.time(attrEventsExpireAfter), Version: r.n(attrRunVersion),

@@ -162,6 +162,7 @@ func testRunsCreateGet(t *testing.T, s store.Runs, clk *clock.Fake) {
 	full.ChildRunID, full.Status, full.Attempt, full.ExitCode = "child-9", store.StatusFailed, 2, &code
 	full.Reason, full.EndedAt, full.EventCursor, full.Drained = hostproto.ReasonTimedOut, &endedAt, 1234, false
 	full.Detail = "the attempt ran longer than runner.maxDuration (2h0m0s)"
+	full.Repository = "acme/app"
 	full.ExpiresAt = store.RoundExpiry(endedAt.Add(30 * 24 * time.Hour))
 	full.EventsExpireAfter = clk.Now().Add(37*24*time.Hour + 123*time.Nanosecond).UTC()
 	noErr(t, "CreateRun full", s.CreateRun(bg, full))
@@ -224,12 +225,14 @@ func testRunsNotFound(t *testing.T, s store.Runs, clk *clock.Fake) {
 }
 
 func testRunsUpdateVersion(t *testing.T, s store.Runs, clk *clock.Fake) {
-	r := createRun(t, s, run("r1", "alice", "h1", clk.Now()))
+	first := run("r1", "alice", "h1", clk.Now())
+	first.Repository = "acme/app"
+	r := createRun(t, s, first)
 	clk.Advance(time.Second)
 	next := r
 	next.Status, next.ChildRunID, next.Attempt, next.UpdatedAt = store.StatusRunning, "child-1", 1, clk.Now()
 	// Fields fixed at creation cannot be moved by an update.
-	next.OwnerID, next.CreatedAt, next.IdempotencyKey = "mallory", clk.Now(), "other"
+	next.OwnerID, next.CreatedAt, next.IdempotencyKey, next.Repository = "mallory", clk.Now(), "other", "acme/other"
 	got, err := s.UpdateRun(bg, next)
 	noErr(t, "UpdateRun", err)
 	want := r
