@@ -47,6 +47,12 @@ if [ "$mode" = test ]; then
 	[ -x /usr/sbin/ip ] || need_apt+=(iproute2)
 	# systemd-analyze verifies infra/systemd's unit (no running systemd needed).
 	command -v systemd-analyze >/dev/null || need_apt+=(systemd)
+	# The dashboard's tests drive a real headless browser: tests/kit/browser
+	# runs Debian's chromium (the binary, not the /usr/bin launcher). Its
+	# package brings the libraries; its fonts are only recommended, and
+	# without them a screenshot shows no text.
+	[ -x /usr/lib/chromium/chromium ] || need_apt+=(chromium)
+	[ -e /usr/share/fonts/truetype/liberation/LiberationSans-Regular.ttf ] || need_apt+=(fonts-liberation)
 fi
 
 if [ ${#need_apt[@]} -gt 0 ]; then
