@@ -81,6 +81,9 @@ type stackOptions struct {
 	// aws, when set, adjusts the AWS configuration Fleet's clients are
 	// built from (a transport that loses responses, a retryer).
 	aws func(aws.Config) aws.Config
+	// streamURL is RUNFLEET_STREAM_URL: the stream on another origin, as
+	// in AWS; empty: on the stack's own address.
+	streamURL string
 }
 
 func newStack(t testing.TB, kind string, opts stackOptions) *stack {
@@ -106,6 +109,9 @@ func newStack(t testing.TB, kind string, opts stackOptions) *stack {
 		p := filepath.Join(dir, "repos.json")
 		os.WriteFile(p, b, 0o600)
 		env[config.EnvRepoURLs] = "file:" + p
+	}
+	if opts.streamURL != "" {
+		env[config.EnvStreamURL] = opts.streamURL
 	}
 	switch kind {
 	case "bolt":
