@@ -308,6 +308,12 @@ func TestOpenAPIDescribesRealAnswers(t *testing.T) {
 	adm := adminToken
 
 	sm.do("GET", "/healthz", "/healthz", "", "", 200)
+	// The dashboard: its page, each asset the page names, and a name none has.
+	sm.do("GET", "/ui", "/ui", "", "", 200)
+	for _, m := range assetRef.FindAllStringSubmatch(fmt.Sprint(sm.samples[len(sm.samples)-1].Response), -1) {
+		sm.do("GET", "/ui/{file}", m[1], "", "", 200)
+	}
+	sm.do("GET", "/ui/{file}", "/ui/app.js", "", "", 404)
 	sm.do("POST", "/fleet/hosts", "/fleet/hosts", adm, jsonBody(map[string]any{"id": "edge-2", "baseUrl": host.URL, "credentialRef": hostCredRef,
 		"caPem": host.CAPEM(), "localPaths": []string{"/srv/work/a"}, "enabled": false}), 201)
 	sm.do("POST", "/fleet/hosts", "/fleet/hosts", adm, fmt.Sprintf(`{"id":"edge-2","baseUrl":%q,"credentialRef":%q}`, host.URL, hostCredRef), 409)

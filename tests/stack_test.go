@@ -83,6 +83,9 @@ type stackOptions struct {
 	aws func(aws.Config) aws.Config
 	// env sets more of Fleet's RUNFLEET_* variables (a stream's length).
 	env map[string]string
+	// streamURL is RUNFLEET_STREAM_URL: the stream on another origin, as
+	// in AWS; empty: on the stack's own address.
+	streamURL string
 }
 
 func newStack(t testing.TB, kind string, opts stackOptions) *stack {
@@ -111,6 +114,9 @@ func newStack(t testing.TB, kind string, opts stackOptions) *stack {
 		p := filepath.Join(dir, "repos.json")
 		os.WriteFile(p, b, 0o600)
 		env[config.EnvRepoURLs] = "file:" + p
+	}
+	if opts.streamURL != "" {
+		env[config.EnvStreamURL] = opts.streamURL
 	}
 	switch kind {
 	case "bolt":

@@ -577,6 +577,8 @@ var routeCost = map[string]string{
 	"GET /healthz":                    "read",
 	"GET /fleet/hosts":                "read",
 	"GET /fleet/runs":                 "read",
+	"GET /ui":                         "read", // the dashboard: no store call at all
+	"GET /ui/{file}":                  "read",
 	"GET /fleet/runs/{id}":            "hostCall", // refreshed from the host
 	"POST /fleet/runs":                "hostCall",
 	"POST /fleet/runs/{id}/input":     "hostCall",

@@ -24,6 +24,7 @@ import (
 
 	"github.com/runfleet/runfleet/shared/auth"
 	"github.com/runfleet/runfleet/shared/clock"
+	"github.com/runfleet/runfleet/shared/dashboard"
 	"github.com/runfleet/runfleet/shared/fleet"
 	"github.com/runfleet/runfleet/shared/store"
 )
@@ -95,6 +96,7 @@ type Handler struct {
 	maxBody int
 	stream  string
 	parked  func(ctx context.Context)
+	dash    *dashboard.Site
 	routes  []route
 }
 
@@ -111,6 +113,11 @@ func New(cfg Config) (*Handler, error) {
 	if h.maxBody <= 0 {
 		h.maxBody = DefaultMaxBodyBytes
 	}
+	dash, err := dashboard.New(dashboard.Config{StreamURL: h.stream})
+	if err != nil {
+		return nil, err
+	}
+	h.dash = dash
 	h.routes = h.routeTable()
 	for i := range h.routes {
 		if err := h.routes[i].compile(); err != nil {
@@ -372,7 +379,8 @@ func jsonResponse(status int, v any) events.APIGatewayV2HTTPResponse {
 	}
 }
 
-// textAnswer is a route's answer that is not JSON (GET /metrics).
+// textAnswer is a route's answer that is not JSON (GET /metrics, the
+// dashboard's files).
 type textAnswer struct {
 	contentType string
 	body        []byte
@@ -389,6 +397,9 @@ func textResponse(status int, t textAnswer) events.APIGatewayV2HTTPResponse {
 			"x-content-type-options": "nosniff",
 		},
 		Body: string(t.body),
+	}
+	if t.contentType == "" {
+		delete(resp.Headers, "content-type") // a 304: no body, so nothing to type
 	}
 	for k, v := range t.headers {
 		resp.Headers[k] = v

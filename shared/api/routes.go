@@ -40,6 +40,9 @@ func (h *Handler) routeTable() []route {
 		{method: http.MethodGet, pattern: "/fleet/runs/{id}/egress", access: callerOnly, query: []string{"cursor", "limit", "verify"}, handle: h.egress},
 
 		{method: http.MethodGet, pattern: "/metrics", access: callerOnly, query: []string{"host", "after"}, handle: h.metrics},
+
+		{method: http.MethodGet, pattern: "/ui", access: public, handle: h.uiPage},
+		{method: http.MethodGet, pattern: "/ui/{file}", access: public, handle: h.uiFile},
 	}
 }
 
