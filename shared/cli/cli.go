@@ -282,8 +282,11 @@ func (inv *invocation) describe(err error) string {
 		if inv.client == nil {
 			return msg
 		}
-		return fmt.Sprintf("cannot reach Fleet at %s (%s): %s; check --api, RUNFLEET_API or the profile (runfleet login)",
-			inv.target.api, inv.target.apiSource, msg)
+		fix := "check " + inv.target.apiSource
+		if inv.target.profile != "" && inv.target.apiSource != "--api" && inv.target.apiSource != EnvAPI {
+			fix = "check the profile's API, or log in again: runfleet login --api URL --profile " + inv.target.profile
+		}
+		return fmt.Sprintf("cannot reach Fleet at %s (from %s): %s; %s", inv.target.api, inv.target.apiSource, msg, fix)
 	}
 	msg := apiErr.Error()
 	switch apiErr.Status {
@@ -291,7 +294,10 @@ func (inv *invocation) describe(err error) string {
 		return fmt.Sprintf("the API refused the token from %s: %s; run runfleet login --api %s, or set RUNFLEET_TOKEN",
 			inv.target.tokenSource, msg, inv.target.api)
 	case http.StatusForbidden:
-		return msg + "; this token's caller may not do that (ask an admin for the scope)"
+		if apiErr.Code == "admin_required" {
+			return msg + ": use an admin's token (--profile NAME, or RUNFLEET_TOKEN)"
+		}
+		return msg + ": this token's caller is not allowed it; an admin can widen its scope"
 	}
 	return msg
 }

@@ -15,6 +15,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/aws/aws-lambda-go/events"
+
 	"github.com/runfleet/runfleet/shared/clock"
 	"github.com/runfleet/runfleet/shared/config"
 	"github.com/runfleet/runfleet/shared/fleetapp"
@@ -38,6 +40,7 @@ const (
 // any CLI run of the test may hold one (checked at the end).
 type fleet struct {
 	t      *testing.T
+	app    *fleetapp.App
 	srv    *httptest.Server
 	clk    *clock.Fake
 	parked chan struct{}
@@ -86,6 +89,7 @@ func newFleet(t *testing.T) *fleet {
 	if err != nil {
 		t.Fatal(err)
 	}
+	f.app = app
 	f.srv = httptest.NewServer(handler)
 	t.Cleanup(f.srv.Close)
 	f.secret(adminToken)
@@ -154,6 +158,17 @@ func (f *fleet) addHost(id string, cfg fakehost.Config) *fakehost.Host {
 	return h
 }
 
+// sweep runs the scheduled sweep once, as its Lambda would: it mirrors
+// the runs' events and egress ledgers.
+func (f *fleet) sweep() {
+	f.t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	if _, err := f.app.Jobs.Sweep(ctx, events.EventBridgeEvent{DetailType: "Scheduled Event", Source: "aws.scheduler"}); err != nil {
+		f.t.Fatalf("sweep: %v", err)
+	}
+}
+
 // mint creates a caller who may use every host and project.
 func (f *fleet) mint(owner string) string {
 	f.t.Helper()
@@ -164,10 +179,8 @@ func (f *fleet) mint(owner string) string {
 }
 
 // pump lets each parked stream session poll again (one fake second a
-// park) until stop is closed: the stream is driven by Fleet's clock. It
-// first lets go a session whose park the test already took (startedRun).
+// park) until stop is closed: the stream is driven by Fleet's clock.
 func (f *fleet) pump(stop <-chan struct{}) {
-	f.clk.Advance(time.Second)
 	go func() {
 		for {
 			select {
@@ -217,13 +230,17 @@ func (c *cli) start(stdin string, args ...string) *result {
 	c.f.mu.Lock()
 	c.f.outputs = append(c.f.outputs, r)
 	c.f.mu.Unlock()
+	now := time.Now
+	if c.f.clk != nil {
+		now = c.f.clk.Now
+	}
 	env := Env{
 		Getenv: func(k string) string { return c.env[k] },
 		Stdin:  strings.NewReader(stdin), Stdout: r.stdout, Stderr: r.stderr,
 		StdoutTTY: c.tty, StderrTTY: c.tty,
 		Home:      c.home,
 		Interrupt: r.interrupt,
-		Now:       c.f.clk.Now,
+		Now:       now,
 		// No real waits: a reconnection is at once.
 		Wait: func(ctx context.Context, _ time.Duration) error { return ctx.Err() },
 	}

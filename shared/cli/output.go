@@ -133,15 +133,15 @@ func (u *ui) table(header []string, rows [][]cell) {
 	}
 	var b strings.Builder
 	write := func(cells []cell) {
+		var line strings.Builder
 		for i, c := range cells {
 			text := sanitize(c.text)
-			if i == len(cells)-1 {
-				b.WriteString(paint(u.outColor, c.color, text))
-				break
+			line.WriteString(paint(u.outColor, c.color, text))
+			if i < len(cells)-1 {
+				line.WriteString(strings.Repeat(" ", widths[i]-utf8.RuneCountInString(text)+2))
 			}
-			b.WriteString(paint(u.outColor, c.color, text))
-			b.WriteString(strings.Repeat(" ", widths[i]-utf8.RuneCountInString(text)+2))
 		}
+		b.WriteString(strings.TrimRight(line.String(), " "))
 		b.WriteString("\n")
 	}
 	head := make([]cell, len(header))

@@ -353,7 +353,7 @@ func (f *follower) done(d fleetapi.StreamDone) int {
 			code = *d.ExitCode
 		}
 	}
-	if d.Reason != "" {
+	if d.Reason != "" && d.Reason != d.Status {
 		what += " (" + d.Reason + ")"
 	}
 	if d.Detail != "" {

@@ -16,12 +16,14 @@ import (
 
 // startedRun starts `runfleet run ARGS` and waits until its stream is
 // following the run (the session parked after its first poll): the run
-// is then on the host as run-1.
+// is then on its host. The session is let go to poll again; its next
+// park waits for the test's pump.
 func startedRun(t *testing.T, f *fleet, c *cli, args ...string) *result {
 	t.Helper()
 	r := c.start("", append([]string{"run", "--agent", "shell"}, args...)...)
 	select {
 	case <-f.parked:
+		f.clk.Advance(time.Second)
 	case <-r.done:
 		t.Fatalf("runfleet run ended before following: %d\n%s", r.code, r.stderr)
 	case <-time.After(await.Limit):
