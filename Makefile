@@ -59,7 +59,7 @@ test-go:
 deps:
 	@./infra/scripts/test-deps.sh
 
-## build: build-functions, build-edge and build-cli: every Lambda, edge and the CLI, under build/
+## build: build-functions, build-edge and build-cli: everything, under build/
 build: build-functions build-edge build-cli
 
 ## build-cli: the runfleet CLI for this machine, static, as build/runfleet
