@@ -3,8 +3,12 @@ package cli
 import (
 	"encoding/json"
 	"net/http"
+	"net/http/httptest"
+	"net/http/httputil"
+	"net/url"
 	"os"
 	"strings"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -293,4 +297,36 @@ func runIDOf(t *testing.T, s string) string {
 		t.Fatalf("no run id in %q", s)
 	}
 	return s[i : i+29]
+}
+
+// TestRunFollowsPastAGatewayError: a stream answered 503 by a gateway in
+// front of Fleet is reconnected to, not the end of the follow (Fleet's
+// links follow the address the caller reached, here the gateway's).
+func TestRunFollowsPastAGatewayError(t *testing.T) {
+	f := newFleet(t)
+	h := f.addHost("h1", fakehost.Config{})
+	target, _ := url.Parse(f.srv.URL)
+	proxy := httputil.NewSingleHostReverseProxy(target)
+	var refused atomic.Int32
+	gw := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if strings.HasSuffix(r.URL.Path, "/stream") && refused.Add(1) == 1 {
+			http.Error(w, "upstream busy", http.StatusServiceUnavailable)
+			return
+		}
+		proxy.ServeHTTP(w, r)
+	}))
+	defer gw.Close()
+	c := f.asCaller(f.mint("alice"))
+	c.env[EnvAPI] = gw.URL
+	r := c.start("", "run", "--agent", "shell", "--", "true")
+	await.Cond(t, await.Limit, "the host's run", func() bool { _, ok := h.Run("run-1"); return ok })
+	h.AppendOutput("run-1", "through\n")
+	h.SetRun("run-1", "succeeded", new(int), "")
+	stop := make(chan struct{})
+	defer close(stop)
+	f.pump(stop)
+	r.wait(t).want(t, 0)
+	if r.stdout.String() != "through\n" || refused.Load() < 2 {
+		t.Errorf("stdout %q after %d stream requests", r.stdout, refused.Load())
+	}
 }
