@@ -189,14 +189,25 @@ func usagef(format string, args ...any) error {
 func (inv *invocation) dispatch(cmd *command, args []string) int {
 	path := "runfleet"
 	i := 0
+	// --api and --profile may come before the command too
+	// (runfleet --profile prod runs list): they are parsed with its flags.
+	var global []string
 	for ; i < len(args) && len(cmd.subs) > 0; i++ {
 		a := args[i]
 		if a == "-h" || a == "--help" {
 			inv.ui.printHelp(cmd, path)
 			return ExitOK
 		}
+		if name, _, hasValue := strings.Cut(a, "="); name == "--api" || name == "--profile" {
+			global = append(global, a)
+			if !hasValue && i+1 < len(args) {
+				i++
+				global = append(global, args[i])
+			}
+			continue
+		}
 		if strings.HasPrefix(a, "-") {
-			return inv.usage(path, usagef("%s takes a command before any flag, e.g. %s %s --help", path, path, cmd.subs[0].name))
+			return inv.usage(path, usagef("unknown flag %s before the command: only --api and --profile go there", a))
 		}
 		sub := cmd.sub(a)
 		if sub == nil {
@@ -220,7 +231,7 @@ func (inv *invocation) dispatch(cmd *command, args []string) int {
 	if !cmd.local {
 		inv.global = addGlobalFlags(fs)
 	}
-	positional, help, err := fs.parse(args[i:])
+	positional, help, err := fs.parse(append(global, args[i:]...))
 	if help {
 		inv.ui.printHelp(cmd, path)
 		return ExitOK

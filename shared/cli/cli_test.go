@@ -73,6 +73,8 @@ func TestUsageErrors(t *testing.T) {
 		{[]string{"runs", "get"}, "missing RUN: runfleet runs get RUN"},
 		{[]string{"runs", "get", "a", "b"}, "too many arguments (2): runfleet runs get RUN"},
 		{[]string{"runs", "list", "-json"}, "flags are spelled --name"},
+		{[]string{"--json", "runs", "list"}, "unknown flag --json before the command: only --api and --profile go there"},
+		{[]string{"--profile", "p", "version"}, "unknown flag --profile for runfleet version"},
 		{[]string{"runs", "list", "--limit"}, "flag --limit needs a value: --limit N"},
 		{[]string{"completion", "powershell"}, `"powershell": want one of bash, zsh, fish`},
 		{[]string{"login", "rft_typed-as-an-argument"}, "runfleet login takes no argument"},

@@ -80,7 +80,8 @@ func root() *command {
 		summary: "Dispatch runs to a runfleet fleet and follow them",
 		long: "runfleet talks to Fleet's API: it dispatches runs and follows their output live, lists and\n" +
 			"inspects runs and hosts, and reads a run's egress ledger. It reads the API and the token from\n" +
-			"RUNFLEET_API and RUNFLEET_TOKEN, or from the profile `runfleet login` saved.",
+			"RUNFLEET_API and RUNFLEET_TOKEN, or from the profile `runfleet login` saved; --api and\n" +
+			"--profile, on any command that calls the API, override them.",
 		examples: []string{
 			"# log in once (the token is read from stdin)",
 			"runfleet login --api http://127.0.0.1:8080 < .dev/demo-caller-token",

@@ -105,7 +105,7 @@ func TestLoginSavesOnlyAnAcceptedToken(t *testing.T) {
 	if err := json.Unmarshal(b, &cfg); err != nil || cfg.Current != "default" || cfg.Profiles["default"].Token != alice || cfg.Profiles["default"].API != f.srv.URL {
 		t.Errorf("config %s (%v)", b, err)
 	}
-	r = c.run(t, "hosts", "list").want(t, 0)
+	r = c.run(t, "--profile", "default", "hosts", "list").want(t, 0)
 	if !strings.Contains(r.stdout.String(), "h1") {
 		t.Errorf("hosts list with the saved profile: %s", r.stdout)
 	}

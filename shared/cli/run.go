@@ -184,9 +184,9 @@ func (inv *invocation) run(o runOptions) int {
 	}
 	how := "dispatched"
 	if a.Reused {
-		how = "found (this idempotency key's earlier dispatch)"
+		how = "found this idempotency key's earlier dispatch:"
 	}
-	inv.ui.progressf("%s run %s on host %s (%s)", how, a.FleetRunID, a.HostID, a.Status)
+	inv.ui.progressf("%s run %s to host %s (%s)", how, a.FleetRunID, a.HostID, a.Status)
 	if a.Details != nil {
 		for _, x := range a.Details.Excluded {
 			inv.ui.progressf("  went past host %s: %s", x.HostID, strings.Join(append(x.Reasons, x.Detail), ": "))
