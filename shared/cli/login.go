@@ -103,7 +103,11 @@ func (inv *invocation) login(withToken bool) int {
 	if err := saveConfig(path, cfg); err != nil {
 		return inv.fail(err)
 	}
-	inv.ui.notef("Logged in to %s as profile %q (%d hosts visible to this token); saved in %s", client.BaseURL(), name, len(hosts), path)
+	visible := fmt.Sprintf("%d hosts", len(hosts))
+	if len(hosts) == 1 {
+		visible = "1 host"
+	}
+	inv.ui.notef("Logged in to %s as profile %q (%s visible to this token); saved in %s", client.BaseURL(), name, visible, path)
 	return ExitOK
 }
 
