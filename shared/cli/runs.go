@@ -89,9 +89,9 @@ func (inv *invocation) runsList(f fleetclient.RunFilter, asJSON bool) int {
 		now := inv.now()
 		for _, r := range page.Runs {
 			rows = append(rows, []cell{plain(r.FleetRunID), {text: r.Status, color: statusColor(r.Status)},
-				plain(r.Agent), plain(r.HostID), plain(exitOf(r.ExitCode)), plain(ago(now, r.CreatedAt)), plain(r.Reason)})
+				plain(r.Agent), plain(r.HostID), plain(r.Repository), plain(exitOf(r.ExitCode)), plain(ago(now, r.CreatedAt)), plain(r.Reason)})
 		}
-		inv.ui.table([]string{"RUN", "STATUS", "AGENT", "HOST", "EXIT", "CREATED", "REASON"}, rows)
+		inv.ui.table([]string{"RUN", "STATUS", "AGENT", "HOST", "REPOSITORY", "EXIT", "CREATED", "REASON"}, rows)
 	}
 	if page.HasMore && page.NextCursor != "" {
 		inv.ui.notef("More: runfleet runs list --cursor %s%s", page.NextCursor, inv.flagHint())
@@ -145,6 +145,7 @@ func (inv *invocation) runsGet(asJSON bool) int {
 		{plain("reason"), plain(r.Reason)},
 		{plain("detail"), plain(r.Detail)},
 		{plain("agent"), plain(r.Agent)},
+		{plain("repository"), plain(r.Repository)},
 		{plain("host"), plain(host)},
 		{plain("attempt"), plain(strconv.Itoa(r.Attempt))},
 		{plain("owner"), plain(r.OwnerID)},

@@ -63,14 +63,14 @@ func TestRunsCommands(t *testing.T) {
 	f := newFleet(t)
 	h := f.addHost("h1", fakehost.Config{})
 	c := f.asCaller(f.mint("alice"))
-	id := runIDOf(t, c.run(t, "run", "--agent", "shell", "--detach", "--", "cat").want(t, 0).stdout.String())
+	id := runIDOf(t, c.run(t, "run", "--agent", "shell", "--repo", "https://git.example/acme/app.git", "--detach", "--", "cat").want(t, 0).stdout.String())
 	h.AppendOutput("run-1", "line one\n")
 	h.AppendOutput("run-1", "line two\n")
 
 	r := c.run(t, "runs", "list").want(t, 0)
 	lines := strings.Split(strings.TrimSpace(r.stdout.String()), "\n")
-	if len(lines) != 2 || !regexp.MustCompile(`^RUN +STATUS +AGENT +HOST +EXIT +CREATED +REASON$`).MatchString(lines[0]) ||
-		!regexp.MustCompile(`^`+id+` +(pending|running) +shell +h1 +\S+ ago$`).MatchString(lines[1]) {
+	if len(lines) != 2 || !regexp.MustCompile(`^RUN +STATUS +AGENT +HOST +REPOSITORY +EXIT +CREATED +REASON$`).MatchString(lines[0]) ||
+		!regexp.MustCompile(`^`+id+` +(pending|running) +shell +h1 +https://git\.example/acme/app\.git +\S+ ago$`).MatchString(lines[1]) {
 		t.Errorf("runs list table:\n%s", r.stdout)
 	}
 	// The columns line up: each header starts where its cells do.
@@ -84,7 +84,7 @@ func TestRunsCommands(t *testing.T) {
 	}
 
 	r = c.run(t, "runs", "get", id).want(t, 0)
-	for _, want := range []string{"run        " + id, "agent      shell", "host       h1 (its run run-1)"} {
+	for _, want := range []string{"run         " + id, "agent       shell", "repository  https://git.example/acme/app.git", "host        h1 (its run run-1)"} {
 		if !strings.Contains(r.stdout.String(), want) {
 			t.Errorf("runs get lacks %q:\n%s", want, r.stdout)
 		}
