@@ -365,3 +365,98 @@ func TestClientFollowsAcrossPlannedEndsAndCuts(t *testing.T) {
 		t.Fatalf("waited %d times for %d reconnections", w.count(), len(causes))
 	}
 }
+
+// stallsStreams is a transport whose first stream connection goes silent
+// after its first message, as a connection lost without a reset does: its
+// reads block until the request is cancelled.
+type stallsStreams struct {
+	next http.RoundTripper
+	mu   sync.Mutex
+	n    int
+}
+
+func (s *stallsStreams) RoundTrip(req *http.Request) (*http.Response, error) {
+	resp, err := s.next.RoundTrip(req)
+	if err != nil || !strings.HasSuffix(req.URL.Path, "/stream") {
+		return resp, err
+	}
+	s.mu.Lock()
+	s.n++
+	first := s.n == 1
+	s.mu.Unlock()
+	if first {
+		resp.Body = &stalledBody{ReadCloser: resp.Body, done: req.Context().Done()}
+	}
+	return resp, nil
+}
+
+type stalledBody struct {
+	io.ReadCloser
+	done <-chan struct{}
+	seen []byte
+}
+
+func (b *stalledBody) Read(p []byte) (int, error) {
+	if bytes.Contains(b.seen, []byte("\n\n")) {
+		<-b.done
+		return 0, context.Canceled
+	}
+	n, err := b.ReadCloser.Read(p)
+	b.seen = append(b.seen, p[:n]...)
+	return n, err
+}
+
+// TestClientFollowReconnectsAStalledStream: a stream that goes silent (no
+// keep-alive, no reset) is given up after StallTimeout and resumed on a
+// new connection, where the run's end arrives.
+func TestClientFollowReconnectsAStalledStream(t *testing.T) {
+	s := newStack(t, "bolt", stackOptions{})
+	host, alice, id, child := s.aliceRun(t)
+	stalls := &stallsStreams{next: s.srv.Client().Transport}
+	c, _ := newTestClient(t, s, alice, stalls)
+	run, err := c.Run(context.Background(), id)
+	if err != nil {
+		t.Fatal(err)
+	}
+	host.AppendOutput(child, "before\n")
+	var causes []error
+	var got []string
+	done := make(chan error, 1)
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	go func() {
+		_, err := c.Follow(ctx, run.Run.Links.Stream, fleetclient.FollowOptions{
+			StallTimeout: 200 * time.Millisecond,
+			OnReconnect: func(cause error, _ time.Duration) {
+				causes = append(causes, cause)
+				host.AppendOutput(child, "after\n")
+				zero := 0
+				host.SetRun(child, "succeeded", &zero, "")
+			},
+		}, func(ev fleetclient.StreamEvent) error {
+			if ev.Event != nil && ev.Event.Type == fleetapi.EventOutput {
+				var text string
+				json.Unmarshal(ev.Event.Data, &text)
+				got = append(got, text)
+			}
+			return nil
+		})
+		done <- err
+	}()
+	for loop := true; loop; {
+		select {
+		case err := <-done:
+			if err != nil {
+				t.Fatal(err)
+			}
+			loop = false
+		case <-s.parked:
+			s.clk.Advance(time.Second)
+		case <-ctx.Done():
+			t.Fatal("Follow never gave the stalled connection up")
+		}
+	}
+	if len(causes) != 1 || causes[0] == nil || strings.Join(got, "") != "before\nafter\n" {
+		t.Fatalf("reconnections %v, output %q; want one after the stall, then the rest", causes, got)
+	}
+}

@@ -44,6 +44,11 @@ type FollowOptions struct {
 	// MaxFailures bounds the connections in a row that fail before any
 	// message arrives; zero is 8. A planned end is not a failure.
 	MaxFailures int
+	// StallTimeout ends a connection that sends nothing for this long
+	// (Fleet sends a keep-alive every 15 s, so silence means a connection
+	// lost without a reset, which would otherwise hang for ever) and
+	// reconnects as after a dropped one; zero is 45 s.
+	StallTimeout time.Duration
 }
 
 // Followed is how a Follow ended.
@@ -75,6 +80,9 @@ func (c *Client) Follow(ctx context.Context, streamURL string, o FollowOptions, 
 	f := &follower{c: c, url: u, o: o, fn: fn, last: o.LastEventID, seen: o.After, retry: time.Second}
 	if f.o.MaxFailures <= 0 {
 		f.o.MaxFailures = 8
+	}
+	if f.o.StallTimeout <= 0 {
+		f.o.StallTimeout = 45 * time.Second
 	}
 	if f.last != "" {
 		f.seen = eventSeqOf(f.last)
@@ -174,7 +182,11 @@ func (f *follower) connect(ctx context.Context) (progressed bool, err error) {
 		}
 		return false, apiErr
 	}
-	r := newSSEReader(resp.Body)
+	// The watchdog cancels the request when the body stays silent; a
+	// read then fails and the connection counts as dropped.
+	stalled := time.AfterFunc(f.o.StallTimeout, cancel)
+	defer stalled.Stop()
+	r := newSSEReader(&watchedBody{r: resp.Body, watchdog: stalled, after: f.o.StallTimeout})
 	for {
 		m, err := r.next()
 		if err == io.EOF {
@@ -264,6 +276,21 @@ func (f *follower) advance(id string) {
 	if id != "" {
 		f.last = id
 	}
+}
+
+// watchedBody re-arms its watchdog on every read that brought bytes.
+type watchedBody struct {
+	r        io.Reader
+	watchdog *time.Timer
+	after    time.Duration
+}
+
+func (w *watchedBody) Read(p []byte) (int, error) {
+	n, err := w.r.Read(p)
+	if n > 0 {
+		w.watchdog.Reset(w.after)
+	}
+	return n, err
 }
 
 // eventSeqOf is the event sequence of a stream id: "<seq>" or
