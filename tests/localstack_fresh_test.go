@@ -6,7 +6,6 @@ import (
 	"errors"
 	"io"
 	"net"
-	"net/url"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -20,7 +19,6 @@ import (
 
 	"github.com/runfleet/runfleet/shared/fleetapi"
 	"github.com/runfleet/runfleet/tests/kit/await"
-	"github.com/runfleet/runfleet/tests/kit/cutproxy"
 	"github.com/runfleet/runfleet/tests/kit/syncbuf"
 )
 
@@ -122,27 +120,29 @@ func TestLocalStackOnAFreshClone(t *testing.T) {
 	t.Run("runfleet across a planned end of the stream", func(t *testing.T) {
 		env := append(cleanEnv(), append(stackAddrs(), "RUNFLEET_DATA_DIR="+filepath.Join(t.TempDir(), "data"), "RUNFLEET_STREAM_MAX_DURATION=1s")...)
 		s := startDevStack(t, bin, clone, env, nil)
-		// A relay of the test's own between runfleet and the stack counts
-		// runfleet's connections: the stream's as well, since the run's
-		// links.stream names the address the API was reached on.
-		u, err := url.Parse(s.base())
-		must(t, err)
-		proxy, err := cutproxy.Start(u.Host)
-		must(t, err)
-		t.Cleanup(proxy.Close)
-		c := newCLIUser(t, s, "http://"+proxy.Addr(), s.callerToken())
-		p := c.start(t, "run", "--json", "--agent", "shell", "--", `echo waiting; v=$(head -c 3); echo "got: $v"`)
-		// The run waits for its input until the stream has ended once,
-		// planned, and runfleet reconnected.
-		await.Cond(t, 30*time.Second, "the task's first line", func() bool { return strings.Contains(p.stdout.String(), `waiting\n`) })
-		streaming := proxy.Accepted()
-		await.Cond(t, 30*time.Second, "runfleet reconnecting after a planned end", func() bool { return proxy.Accepted() > streaming })
+		c := newCLIUser(t, s, s.base(), s.callerToken())
+		p := c.start(t, "run", "--json", "--agent", "shell", "--", `stty -echo; echo waiting; read v; echo "got: $v"`)
+		// The run waits for its input until its stream has ended once,
+		// planned (the stack logs each stream's end).
+		await.Cond(t, 30*time.Second, "the task's first line", func() bool { return strings.Contains(p.stdout.String(), `"data":"waiting\r\n"`) })
 		id := runIDPattern.FindString(p.stdout.String())
-		c.run(t, "runs", "input", id, "yes").exits(t, 0)
+		await.Cond(t, 30*time.Second, "a planned end of the run's stream", func() bool {
+			for i := 0; ; {
+				rec, next, ok := s.log.find("stream", i)
+				if !ok {
+					return false
+				}
+				if strings.Contains(rec.line, `"fleetRunId":"`+id+`"`) && strings.Contains(rec.line, `"end":"planned"`) {
+					return true
+				}
+				i = next
+			}
+		})
+		c.run(t, "runs", "input", "--newline", id, "yes").exits(t, 0)
 		r := p.wait(t)
 		r.exits(t, 0)
-		// Resumed from the last event: none repeated or lost, the input
-		// reached the task.
+		// runfleet reconnected after the planned end, resuming from the last
+		// event: none repeated or lost, the input reached the task.
 		var seqs []int64
 		for _, l := range jsonLines(t, r) {
 			if l.Type == "event" {

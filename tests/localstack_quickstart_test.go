@@ -55,7 +55,7 @@ func TestReadmeQuickStart(t *testing.T) {
 		t.Fatalf("the lines name other defaults than the test puts its own for:\n%s", pasted)
 	}
 	// The README's lines say what the stack's one-go command says.
-	if want := strings.TrimPrefix(paste(export), "export ") + " " + cli + strings.TrimPrefix(runLine, "build/runfleet"); s.ready.Demo == nil || s.ready.Demo.DemoRun != want {
+	if want := strings.TrimPrefix(paste(export), "export ") + " " + paste(runLine); s.ready.Demo == nil || s.ready.Demo.DemoRun != want {
 		t.Fatalf("the README's quick start, pasted, is\n%s\nthe stack's one-go command is\n%+v", want, s.ready.Demo)
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
