@@ -50,7 +50,7 @@ func TestCLIAgainstTheLocalStack(t *testing.T) {
 	t.Run("a failing task's exit code", func(t *testing.T) {
 		r := c.run(t, "run", "--agent", "shell", "--", "echo bye; exit 7")
 		r.exits(t, 7)
-		if r.stdout != "bye\n" || r.stderr == "" {
+		if r.stdout != "bye\r\n" || r.stderr == "" {
 			t.Fatalf("want the task's output alone on stdout and the run's end on stderr:\n%s", r)
 		}
 	})
@@ -83,29 +83,29 @@ func TestCLIAgainstTheLocalStack(t *testing.T) {
 	})
 
 	t.Run("Ctrl-C detaches", func(t *testing.T) {
-		// The task waits for two bytes of input, which the test types once
+		// The task waits for a line of input, which the test types once
 		// runfleet has detached.
-		p := c.start(t, "run", "--agent", "shell", "--", `echo started; v=$(head -c 2); echo "got $v"`)
-		await.Cond(t, 60*time.Second, "the task's first line", func() bool { return p.stdout.String() == "started\n" })
+		p := c.start(t, "run", "--agent", "shell", "--", `stty -echo; echo started; read v; echo "got $v"`)
+		await.Cond(t, 60*time.Second, "the task's first line", func() bool { return p.stdout.String() == "started\r\n" })
 		must(t, p.cmd.Process.Signal(syscall.SIGINT))
 		r := p.wait(t)
 		r.exits(t, 130)
 		m := regexp.MustCompile(`runfleet runs follow (fr-[a-z2-7]+)`).FindStringSubmatch(r.stderr)
-		if m == nil || r.stdout != "started\n" {
+		if m == nil || r.stdout != "started\r\n" {
 			t.Fatalf("want the output so far and how to follow again (runfleet runs follow <id>) on stderr:\n%s", r)
 		}
 		follow := c.start(t, "runs", "follow", m[1])
-		c.run(t, "runs", "input", m[1], "go").exits(t, 0)
+		c.run(t, "runs", "input", "--newline", m[1], "go").exits(t, 0)
 		r = follow.wait(t)
 		r.exits(t, 0)
-		if !strings.HasSuffix(r.stdout, "got go\n") {
+		if !strings.HasSuffix(r.stdout, "got go\r\n") {
 			t.Fatalf("the follow did not get the rest of the run:\n%s", r)
 		}
 	})
 
 	t.Run("Ctrl-C with --cancel-on-interrupt cancels", func(t *testing.T) {
-		p := c.start(t, "run", "--json", "--cancel-on-interrupt", "--agent", "shell", "--", `echo started; head -c 1 >/dev/null; echo never`)
-		await.Cond(t, 60*time.Second, "the task's first line", func() bool { return strings.Contains(p.stdout.String(), `started\n`) })
+		p := c.start(t, "run", "--json", "--cancel-on-interrupt", "--agent", "shell", "--", `echo started; read v; echo never`)
+		await.Cond(t, 60*time.Second, "the task's first line", func() bool { return strings.Contains(p.stdout.String(), `"data":"started\r\n"`) })
 		must(t, p.cmd.Process.Signal(syscall.SIGINT))
 		r := p.wait(t)
 		r.exits(t, 130)
@@ -138,8 +138,8 @@ func TestCLIAgainstTheLocalStack(t *testing.T) {
 		}
 		var done fleetapi.StreamDone
 		last := lines[len(lines)-1]
-		if last.Type != "done" || json.Unmarshal(last.Data, &done) != nil || done.Status != fleetapi.StatusSucceeded || output.String() != "json\n" {
-			t.Fatalf("the JSON lines: want the output json\\n and a last done line, succeeded:\n%s", r)
+		if last.Type != "done" || json.Unmarshal(last.Data, &done) != nil || done.Status != fleetapi.StatusSucceeded || output.String() != "json\r\n" {
+			t.Fatalf("the JSON lines: want the output json and a last done line, succeeded:\n%s", r)
 		}
 
 		var page fleetapi.RunPage
@@ -172,9 +172,9 @@ func TestCLIAgainstTheLocalStack(t *testing.T) {
 		// address the API was reached on, so the stream goes through it too.
 		proxied := newCLIUser(t, s, "http://"+proxy.Addr(), c.token)
 		const half = 20
-		task := fmt.Sprintf(`for i in $(seq 1 %d); do echo "line $i"; done; head -c 1 >/dev/null; for i in $(seq %d %d); do echo "line $i"; done`, half, half+1, 2*half)
+		task := fmt.Sprintf(`stty -echo; for i in $(seq 1 %d); do echo "line $i"; done; read v; for i in $(seq %d %d); do echo "line $i"; done`, half, half+1, 2*half)
 		p := proxied.start(t, "run", "--agent", "shell", "--", task)
-		await.Cond(t, 60*time.Second, "the first half of the lines", func() bool { return strings.HasSuffix(p.stdout.String(), fmt.Sprintf("line %d\n", half)) })
+		await.Cond(t, 60*time.Second, "the first half of the lines", func() bool { return strings.HasSuffix(p.stdout.String(), fmt.Sprintf("line %d\r\n", half)) })
 		id := runningRun(t, c)
 		before := proxy.Accepted()
 
@@ -182,17 +182,17 @@ func TestCLIAgainstTheLocalStack(t *testing.T) {
 		// cannot reconnect (its new connections are held), then it can.
 		proxy.Hold()
 		proxy.Cut()
-		c.run(t, "runs", "input", id, "x").exits(t, 0)
+		c.run(t, "runs", "input", "--newline", id, "x").exits(t, 0)
 		await.Cond(t, 60*time.Second, "the second half printed", func() bool {
 			l := c.run(t, "runs", "logs", id)
-			return l.code == 0 && strings.HasSuffix(l.stdout, fmt.Sprintf("line %d\n", 2*half))
+			return l.code == 0 && strings.HasSuffix(l.stdout, fmt.Sprintf("line %d\r\n", 2*half))
 		})
 		proxy.Release()
 		r := p.wait(t)
 		r.exits(t, 0)
 		var want strings.Builder
 		for i := 1; i <= 2*half; i++ {
-			fmt.Fprintf(&want, "line %d\n", i)
+			fmt.Fprintf(&want, "line %d\r\n", i)
 		}
 		if r.stdout != want.String() {
 			t.Fatalf("across the cut: want lines 1..%d once each, in order:\n%s", 2*half, r)
