@@ -11,6 +11,7 @@ import (
 	"path/filepath"
 	"regexp"
 	"strings"
+	"sync/atomic"
 	"syscall"
 	"testing"
 	"time"
@@ -250,6 +251,7 @@ type cliProc struct {
 	cmd            *exec.Cmd
 	stdout, stderr syncbuf.Buffer
 	exited         chan error
+	waited         atomic.Bool // set before exited gets Wait's result
 }
 
 // start starts runfleet with args; it is killed at the test's end if it
@@ -260,9 +262,14 @@ func (u *cliUser) start(t testing.TB, args ...string) *cliProc {
 	p.cmd.Env = u.env
 	p.cmd.Stdout, p.cmd.Stderr = &p.stdout, &p.stderr
 	must(t, p.cmd.Start())
-	go func() { p.exited <- p.cmd.Wait() }()
+	go func() {
+		err := p.cmd.Wait()
+		p.waited.Store(true)
+		p.exited <- err
+	}()
 	t.Cleanup(func() {
-		if p.cmd.ProcessState == nil {
+		// Not cmd.ProcessState: Wait writes it on its own goroutine.
+		if !p.waited.Load() {
 			p.cmd.Process.Kill()
 			<-p.exited
 		}

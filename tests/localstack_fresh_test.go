@@ -59,11 +59,11 @@ func TestLocalStackOnAFreshClone(t *testing.T) {
 		}
 		// The commands the first start gave, pasted against the restarted
 		// stack.
-		before := *again
-		before.ready = first.ready
-		before.tryHosts(t)
-		before.oneGo(t)
-		before.dispatchAndFollow(t)
+		again.ready = was
+		again.tryHosts(t)
+		again.oneGo(t)
+		again.dispatchAndFollow(t)
+		again.ready = is
 		again.stop(t, syscall.SIGTERM)
 	})
 

@@ -12,6 +12,7 @@ import (
 	"path/filepath"
 	"regexp"
 	"strings"
+	"sync/atomic"
 	"syscall"
 	"testing"
 	"time"
@@ -105,6 +106,9 @@ type devStack struct {
 	log     *stackLog
 	stderr  *syncbuf.Buffer
 	exited  chan error
+	// waited is set once the stack's Wait returned, before exited gets
+	// its result.
+	waited atomic.Bool
 	// group: the stack is the command's process group (make dev's make
 	// and the stack it runs), signalled as a whole, as a terminal's Ctrl-C
 	// is.
@@ -171,9 +175,14 @@ func (s *devStack) startLog(t testing.TB, r io.Reader, w io.Closer) {
 		w.Close()
 	}
 	s.log = readStackLog(r)
-	go func() { s.exited <- s.cmd.Wait() }()
+	go func() {
+		err := s.cmd.Wait()
+		s.waited.Store(true)
+		s.exited <- err
+	}()
 	t.Cleanup(func() {
-		if s.cmd.ProcessState == nil {
+		// Not cmd.ProcessState: Wait writes it on its own goroutine.
+		if !s.waited.Load() {
 			s.signal(syscall.SIGKILL)
 			<-s.exited
 		}
