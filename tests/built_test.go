@@ -70,8 +70,27 @@ func functionBootstrap(tb testing.TB, fn string) string {
 	})
 }
 
-// localStackBinary is `make dev`'s program, built.
-func localStackBinary(tb testing.TB) string { return commandBinary(tb, "./infra/localstack") }
+// localStackBinary is `make dev`'s program, built as make dev builds it:
+// with the runfleet CLI beside it (cliBinary), whose absolute path its
+// commands name.
+func localStackBinary(tb testing.TB) string {
+	tb.Helper()
+	return built.get(tb, "dev", func(dir string) (string, error) {
+		for _, pkg := range []string{"./shared/cli/runfleet", "./infra/localstack"} {
+			cmd := exec.Command("go", "build", "-o", dir, pkg)
+			cmd.Dir = ".."
+			if out, err := cmd.CombinedOutput(); err != nil {
+				return "", &buildError{what: "go build " + pkg, err: err, out: out}
+			}
+		}
+		return filepath.Join(dir, "localstack"), nil
+	})
+}
+
+// cliBinary is the runfleet CLI, built beside the local stack.
+func cliBinary(tb testing.TB) string {
+	return filepath.Join(filepath.Dir(localStackBinary(tb)), "runfleet")
+}
 
 // commandBinary is the main package pkg (relative to the repository),
 // built once per test binary.

@@ -4,15 +4,12 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
-	"fmt"
 	"io"
 	"net"
-	"net/http"
 	"os"
 	"os/exec"
 	"path/filepath"
 	"slices"
-	"strconv"
 	"strings"
 	"syscall"
 	"testing"
@@ -20,40 +17,39 @@ import (
 
 	"github.com/creack/pty"
 
+	"github.com/runfleet/runfleet/shared/fleetapi"
 	"github.com/runfleet/runfleet/tests/kit/await"
 	"github.com/runfleet/runfleet/tests/kit/syncbuf"
 )
 
 // TestLocalStackOnAFreshClone runs `make dev`'s program as a new user does
 // right after cloning: from the repository's folder (a copy of its tracked
-// files, nothing built, no data dir; its path has a space) with nothing set
-// but free addresses, so the data dir is the default, relative `.dev`. The
-// commands it gives, pasted in another directory, reach /healthz and run
-// the demo to its success (the one-go script following the dispatch
-// answer's links); after a restart (Ctrl-C, then start again) the commands
-// given before still work. A relative RUNFLEET_DATA_DIR works the same. On
-// a terminal, the banner on stderr gives the same commands as the log's
-// ready record.
+// files, no data dir; its path has a space) with nothing set but free
+// addresses, so the data dir is the default, relative `.dev`. The
+// commands it gives (runfleet's, by the absolute path of the one built
+// beside the stack, as make dev builds both), pasted in another directory,
+// list the hosts and run the demo to its success, in one go and as a
+// dispatch then a follow; after a restart (Ctrl-C, then start again) the
+// commands given before still work. A relative RUNFLEET_DATA_DIR works the
+// same. On a terminal, the banner on stderr gives the same commands as the
+// log's ready record.
 func TestLocalStackOnAFreshClone(t *testing.T) {
 	bin := localStackBinary(t)
+	cli := cliBinary(t)
 	clone := cloneLike(t)
-	script := filepath.Join(clone, "infra", "scripts", "demo-run.sh")
 
 	t.Run("default data dir", func(t *testing.T) {
 		env := append(cleanEnv(), stackAddrs()...)
 		first := startDevStack(t, bin, clone, env, nil)
 		checkDataDir(t, filepath.Join(clone, ".dev"))
-		first.healthz(t)
-		if line := first.oneCommand(t); !strings.HasPrefix(line, shellQuoted(script)+" ") {
-			t.Fatalf("the one-go command does not start with the script's absolute path %s: %s", script, line)
+		first.tryHosts(t)
+		for _, line := range append([]string{first.ready.Demo.DemoRun, first.ready.Demo.Dispatch, first.ready.Demo.Stream}, first.ready.Try...) {
+			if !strings.Contains(line, `)" `+cli+" ") {
+				t.Fatalf("the command does not run the runfleet beside the stack, %s, by its absolute path: %s", cli, line)
+			}
 		}
 		first.oneGo(t)
 		first.dispatchAndFollow(t)
-		// Refused dispatches: the script prints the answer and exits 1.
-		first.scriptRefused(t, script, "rft_not-a-token", "{}", 401, "unauthenticated")
-		// The demo key declared for a port the edge's policy does not grant.
-		outside := `{"agent":"demo","secrets":[{"projectId":"demo","key":"DEMO_API_KEY","domains":["api.demo.test:1"]}]}`
-		first.scriptRefused(t, script, first.callerToken(), outside, 409, "key_not_granted")
 		first.stop(t, syscall.SIGINT)
 
 		again := startDevStack(t, bin, clone, env, nil)
@@ -63,11 +59,11 @@ func TestLocalStackOnAFreshClone(t *testing.T) {
 		}
 		// The commands the first start gave, pasted against the restarted
 		// stack.
-		before := *again
-		before.ready = first.ready
-		before.healthz(t)
-		before.oneGo(t)
-		before.dispatchAndFollow(t)
+		again.ready = was
+		again.tryHosts(t)
+		again.oneGo(t)
+		again.dispatchAndFollow(t)
+		again.ready = is
 		again.stop(t, syscall.SIGTERM)
 	})
 
@@ -94,8 +90,8 @@ func TestLocalStackOnAFreshClone(t *testing.T) {
 			"runfleet local stack listening on " + s.ready.Fleet + "\n",
 			"  admin token: " + strings.TrimSpace(string(admin)) + " (kept in " + s.ready.AdminTokenFile + ")\n",
 			"  tasks' dirs: " + s.ready.Edge.TaskDirs + "\n",
+			"run the demo agent using the secret, its output followed to its end (exits 0 once the run succeeded):\n  " + s.ready.Demo.DemoRun + "\n",
 			"\n  " + s.ready.Demo.Dispatch + "\n  " + s.ready.Demo.Stream + "\n",
-			"or both in one go (prints the answer, follows its links.stream; exits 0 once the run succeeded):\n  " + s.ready.Demo.DemoRun + "\n",
 		}, s.ready.Try...) {
 			if !strings.Contains(text, want) {
 				t.Errorf("the banner lacks %q:\n%s", want, text)
@@ -116,50 +112,52 @@ func TestLocalStackOnAFreshClone(t *testing.T) {
 		env := append(cleanEnv(), append(stackAddrs(), "RUNFLEET_DATA_DIR=state/dev")...)
 		s := startDevStack(t, bin, clone, env, nil)
 		checkDataDir(t, filepath.Join(clone, "state", "dev"))
-		s.healthz(t)
+		s.tryHosts(t)
 		s.oneGo(t)
 		s.stop(t, syscall.SIGTERM)
 	})
 
-	t.Run("one go across a planned end of the stream", func(t *testing.T) {
+	t.Run("runfleet across a planned end of the stream", func(t *testing.T) {
 		env := append(cleanEnv(), append(stackAddrs(), "RUNFLEET_DATA_DIR="+filepath.Join(t.TempDir(), "data"), "RUNFLEET_STREAM_MAX_DURATION=1s")...)
 		s := startDevStack(t, bin, clone, env, nil)
-		ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
-		defer cancel()
-		var out syncbuf.Buffer
-		cmd := exec.CommandContext(ctx, script, s.base()+"/fleet/runs", s.callerToken(), `{"agent":"shell","prompt":"read line; echo got: $line"}`)
-		cmd.Stdout, cmd.Stderr = &out, &out
-		must(t, cmd.Start())
-		// The run waits for its line until the stream has ended once with
-		// its retry hint (and the script reconnected).
-		await.Cond(t, 30*time.Second, "a planned end of the stream", func() bool { return strings.Contains(out.String(), "\nretry: ") })
-		answer, _, _ := strings.Cut(out.String(), "\n")
-		var run dispatchAnswer
-		must(t, json.Unmarshal([]byte(answer), &run))
-		req, err := http.NewRequest("POST", run.Links.Self+"/input", strings.NewReader(`{"input":"yes\n"}`))
-		must(t, err)
-		req.Header.Set("Authorization", "Bearer "+s.callerToken())
-		resp, err := http.DefaultClient.Do(req)
-		must(t, err)
-		resp.Body.Close()
-		if err := cmd.Wait(); err != nil || resp.StatusCode != 200 {
-			t.Fatalf("the script: %v (input answered %d)\n%s", err, resp.StatusCode, out.String())
-		}
-		// Resumed from the last event: none repeated or lost, the line
-		// reached the task.
-		var ids []string
-		for _, line := range strings.Split(out.String(), "\n") {
-			if id, ok := strings.CutPrefix(line, "id: "); ok {
-				ids = append(ids, id)
+		c := newCLIUser(t, s, s.base(), s.callerToken())
+		p := c.start(t, "run", "--json", "--agent", "shell", "--", `stty -echo; echo waiting; read v; echo "got: $v"`)
+		// The run waits for its input until its stream has ended once,
+		// planned (the stack logs each stream's end).
+		await.Cond(t, 30*time.Second, "the task's first line", func() bool { return strings.Contains(p.stdout.String(), `"data":"waiting\r\n"`) })
+		id := runIDPattern.FindString(p.stdout.String())
+		await.Cond(t, 30*time.Second, "a planned end of the run's stream", func() bool {
+			for i := 0; ; {
+				rec, next, ok := s.log.find("stream", i)
+				if !ok {
+					return false
+				}
+				if strings.Contains(rec.line, `"fleetRunId":"`+id+`"`) && strings.Contains(rec.line, `"end":"planned"`) {
+					return true
+				}
+				i = next
+			}
+		})
+		c.run(t, "runs", "input", "--newline", id, "yes").exits(t, 0)
+		r := p.wait(t)
+		r.exits(t, 0)
+		// runfleet reconnected after the planned end, resuming from the last
+		// event: none repeated or lost, the input reached the task.
+		var seqs []int64
+		for _, l := range jsonLines(t, r) {
+			if l.Type == "event" {
+				var ev fleetapi.Event
+				must(t, json.Unmarshal(l.Data, &ev))
+				seqs = append(seqs, ev.Sequence)
 			}
 		}
-		for i, id := range ids {
-			if id != strconv.Itoa(i+1) {
-				t.Fatalf("event ids %v across the reconnect:\n%s", ids, out.String())
+		for i, seq := range seqs {
+			if seq != int64(i+1) {
+				t.Fatalf("event sequences %v across the reconnect:\n%s", seqs, r)
 			}
 		}
-		if !strings.Contains(out.String(), `got: yes`) || !strings.Contains(out.String(), `"status":"succeeded"`) {
-			t.Fatalf("the script's output:\n%s", out.String())
+		if !strings.Contains(r.stdout, `got: yes`) || !strings.Contains(r.stdout, `"status":"succeeded"`) {
+			t.Fatalf("runfleet's output:\n%s", r)
 		}
 		s.stop(t, syscall.SIGTERM)
 	})
@@ -247,40 +245,13 @@ func checkDataDir(t *testing.T, dir string) {
 	}
 }
 
-// scriptRefused runs the one-go script with a dispatch Fleet refuses:
-// it prints the answer (status and code as given) and exits 1, following
-// nothing.
-func (s *devStack) scriptRefused(t *testing.T, script, token, body string, status int, code string) {
-	t.Helper()
-	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
-	defer cancel()
-	cmd := exec.CommandContext(ctx, script, s.base()+"/fleet/runs", token, body)
-	var stderr strings.Builder
-	cmd.Stderr = &stderr
-	out, err := cmd.Output()
-	var exit *exec.ExitError
-	var answer struct {
-		Code string `json:"code"`
-	}
-	if !errors.As(err, &exit) || exit.ExitCode() != 1 || json.Unmarshal(out, &answer) != nil || answer.Code != code ||
-		!strings.Contains(stderr.String(), fmt.Sprintf("the dispatch was answered HTTP %d", status)) {
-		t.Fatalf("the script with %s: %v\n%s\nstderr: %s", body, err, out, stderr.String())
-	}
-}
-
-// healthz runs the stack's /healthz command in a directory of its own.
-func (s *devStack) healthz(t *testing.T) {
+// tryHosts runs the first of the stack's commands to try, the hosts list
+// with the admin token, in a directory of its own: it lists the local edge.
+func (s *devStack) tryHosts(t *testing.T) {
 	t.Helper()
 	line := s.ready.Try[0]
-	out, err := shellIn(context.Background(), t.TempDir(), line).Output()
-	var health struct {
-		OK bool `json:"ok"`
-	}
-	if err != nil || json.Unmarshal(out, &health) != nil || !health.OK {
+	out, err := shellIn(context.Background(), t.TempDir(), line).CombinedOutput()
+	if err != nil || !strings.Contains(string(out), localEdge) {
 		t.Fatalf("%s: %v\n%s", line, err, out)
 	}
 }
-
-// shellQuoted is path as the stack prints it in a command: single-quoted,
-// since the clone's path has a space.
-func shellQuoted(path string) string { return "'" + path + "'" }

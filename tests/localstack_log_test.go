@@ -79,7 +79,7 @@ func (l *stackLog) String() string {
 
 // checkJSON fails the test for each line of the log that is not a JSON
 // object with a msg: the log is meant for machines, throughout.
-func (l *stackLog) checkJSON(t *testing.T) {
+func (l *stackLog) checkJSON(t testing.TB) {
 	t.Helper()
 	l.mu.Lock()
 	defer l.mu.Unlock()
@@ -90,7 +90,7 @@ func (l *stackLog) checkJSON(t *testing.T) {
 
 // await returns the first record with msg, failing the test when the log
 // ends or timeout passes first.
-func (l *stackLog) await(t *testing.T, msg string, timeout time.Duration, stderr func() string) logRecord {
+func (l *stackLog) await(t testing.TB, msg string, timeout time.Duration, stderr func() string) logRecord {
 	t.Helper()
 	deadline := time.After(timeout)
 	for from := 0; ; {
@@ -113,7 +113,7 @@ func (l *stackLog) await(t *testing.T, msg string, timeout time.Duration, stderr
 }
 
 // wait waits for the log to end (the stack exited) and returns all of it.
-func (l *stackLog) wait(t *testing.T) []string {
+func (l *stackLog) wait(t testing.TB) []string {
 	t.Helper()
 	select {
 	case <-l.done:
@@ -168,7 +168,7 @@ type readyRecord struct {
 }
 
 // awaitReady waits for the "ready" record and decodes it.
-func (l *stackLog) awaitReady(t *testing.T, timeout time.Duration, stderr func() string) readyRecord {
+func (l *stackLog) awaitReady(t testing.TB, timeout time.Duration, stderr func() string) readyRecord {
 	t.Helper()
 	rec := l.await(t, "ready", timeout, stderr)
 	var r readyRecord

@@ -2,12 +2,9 @@ package tests
 
 import (
 	"context"
-	"errors"
 	"net"
 	"os"
-	"os/exec"
 	"path/filepath"
-	"regexp"
 	"strings"
 	"syscall"
 	"testing"
@@ -21,21 +18,20 @@ import (
 // terminal that is not there): make dev itself, from the repository's
 // folder, its stdout and stderr one stream, which holds nothing but JSON log
 // lines from make's start to the stack's stop; then the quick start's
-// second command, pasted in the repository's folder, runs the demo to its
-// success. That command is demo-run.sh's own usage example, word for word.
+// runfleet lines, pasted in the repository's folder, run the demo to its
+// success. They are the stack's own one-go command, the same words.
 //
-// The stack runs on addresses and a data dir of the test's own (the
-// defaults may be taken on a shared machine): the command is pasted with
-// those put in for the defaults it names, nothing else changed.
+// The stack runs on addresses, a data dir and a build dir of the test's
+// own (the defaults may be taken on a shared machine): the lines are
+// pasted with those put in for the defaults they name, nothing else
+// changed.
 func TestReadmeQuickStart(t *testing.T) {
-	second := quickStartCommand(t)
-	if usage := demoRunUsageExample(t); usage != second {
-		t.Fatalf("demo-run.sh's usage example\n%s\nis not the README quick start's command\n%s", usage, second)
-	}
+	export, runLine := quickStartCommands(t)
 
 	dataDir := filepath.Join(t.TempDir(), "data")
+	buildDir := t.TempDir()
 	addr, edgeAddr, upstreamAddr := freeAddr(), freeAddr(), freeAddr()
-	cmd := makeIn(t, "dev", "BUILD="+t.TempDir())
+	cmd := makeIn(t, "dev", "BUILD="+buildDir)
 	env := []string{"RUNFLEET_DATA_DIR=" + dataDir, "RUNFLEET_ADDR=" + addr, "RUNFLEET_EDGE_ADDR=" + edgeAddr, "RUNFLEET_DEMO_UPSTREAM_ADDR=" + upstreamAddr}
 	for _, kv := range cmd.Env {
 		if !strings.HasPrefix(kv, "RUNFLEET_") {
@@ -51,28 +47,34 @@ func TestReadmeQuickStart(t *testing.T) {
 	s.startLog(t, r, w)
 
 	_, port, _ := net.SplitHostPort(upstreamAddr)
-	pasted := strings.NewReplacer("http://127.0.0.1:8080", s.ready.Fleet, "api.demo.test:7443", "api.demo.test:"+port,
-		`"$(cat .dev/`, `"$(cat `+dataDir+"/").Replace(second)
-	if pasted == second || strings.Contains(pasted, ".dev/") || strings.Contains(pasted, ":8080") || strings.Contains(pasted, ":7443") {
-		t.Fatalf("the command names other defaults than the test puts its own for: %s", pasted)
+	cli := filepath.Join(buildDir, "runfleet")
+	paste := strings.NewReplacer("http://127.0.0.1:8080", s.ready.Fleet, "api.demo.test:7443", "api.demo.test:"+port,
+		`"$(cat .dev/`, `"$(cat `+dataDir+"/", "build/runfleet ", cli+" ").Replace
+	pasted := paste(export) + "\n" + paste(runLine)
+	if strings.Contains(pasted, ".dev/") || strings.Contains(pasted, ":8080") || strings.Contains(pasted, ":7443") || strings.Contains(pasted, "build/") {
+		t.Fatalf("the lines name other defaults than the test puts its own for:\n%s", pasted)
+	}
+	// The README's lines say what the stack's one-go command says.
+	if want := strings.TrimPrefix(paste(export), "export ") + " " + paste(runLine); s.ready.Demo == nil || s.ready.Demo.DemoRun != want {
+		t.Fatalf("the README's quick start, pasted, is\n%s\nthe stack's one-go command is\n%+v", want, s.ready.Demo)
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
 	defer cancel()
-	run := shellIn(ctx, "..", pasted)
+	run := shellIn(ctx, "..", "set -e\n"+pasted)
+	run.Env = cleanEnv()
 	var stderr strings.Builder
 	run.Stderr = &stderr
 	out, err := run.Output()
 	if err != nil {
 		t.Fatalf("%s: %v\n%s\nstderr: %s\nthe stack's log:\n%s", pasted, err, out, stderr.String(), s.log.String())
 	}
-	_, sse, _ := strings.Cut(string(out), "\n")
-	s.checkDemoRan(t, sse)
+	s.checkDemoRan(t, string(out), stderr.String())
 	s.stop(t, syscall.SIGINT)
 }
 
-// quickStartCommand is the README quick start's one command that is not a
-// make target: the demo run.
-func quickStartCommand(t *testing.T) string {
+// quickStartCommands are the README quick start's lines that are not make
+// targets: the export of runfleet's settings and the demo run.
+func quickStartCommands(t *testing.T) (export, run string) {
 	t.Helper()
 	b, err := os.ReadFile("../README.md")
 	must(t, err)
@@ -93,28 +95,8 @@ func quickStartCommand(t *testing.T) string {
 			}
 		}
 	}
-	if len(cmds) != 1 || !strings.HasPrefix(cmds[0], "infra/scripts/demo-run.sh ") {
-		t.Fatalf("the README's quick start has %q besides make targets; want the one demo-run.sh command", cmds)
+	if len(cmds) != 2 || !strings.HasPrefix(cmds[0], "export RUNFLEET_API=http://127.0.0.1:8080 RUNFLEET_TOKEN=") || !strings.HasPrefix(cmds[1], "build/runfleet run ") {
+		t.Fatalf("the README's quick start has %q besides make targets; want the export of RUNFLEET_API and RUNFLEET_TOKEN, then build/runfleet run", cmds)
 	}
-	return cmds[0]
-}
-
-// demoRunUsageExample is the example demo-run.sh's usage gives (run
-// without arguments: exit 2, usage on stderr).
-func demoRunUsageExample(t *testing.T) string {
-	t.Helper()
-	cmd := exec.Command("infra/scripts/demo-run.sh")
-	cmd.Dir = ".."
-	var stderr strings.Builder
-	cmd.Stderr = &stderr
-	err := cmd.Run()
-	var exit *exec.ExitError
-	if !errors.As(err, &exit) || exit.ExitCode() != 2 {
-		t.Fatalf("demo-run.sh without arguments: %v\n%s", err, stderr.String())
-	}
-	m := regexp.MustCompile(`(?m)^  (infra/scripts/demo-run\.sh .*)$`).FindStringSubmatch(stderr.String())
-	if m == nil {
-		t.Fatalf("demo-run.sh's usage has no example line:\n%s", stderr.String())
-	}
-	return m[1]
+	return cmds[0], cmds[1]
 }

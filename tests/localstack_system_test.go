@@ -10,13 +10,14 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"regexp"
 	"strings"
+	"sync/atomic"
 	"syscall"
 	"testing"
 	"time"
 
 	"github.com/runfleet/runfleet/infra/localstack/demo"
-	"github.com/runfleet/runfleet/tests/kit/ssetest"
 	"github.com/runfleet/runfleet/tests/kit/syncbuf"
 )
 
@@ -105,6 +106,9 @@ type devStack struct {
 	log     *stackLog
 	stderr  *syncbuf.Buffer
 	exited  chan error
+	// waited is set once the stack's Wait returned, before exited gets
+	// its result.
+	waited atomic.Bool
 	// group: the stack is the command's process group (make dev's make
 	// and the stack it runs), signalled as a whole, as a terminal's Ctrl-C
 	// is.
@@ -114,7 +118,7 @@ type devStack struct {
 // startDevStack starts the local stack in dir ("": the data dir's parent)
 // and waits for its "ready" record. Its stderr is no terminal, so it must
 // stay empty: the banner is for a terminal alone.
-func startDevStack(t *testing.T, bin, dir string, env []string, as *syscall.Credential) *devStack {
+func startDevStack(t testing.TB, bin, dir string, env []string, as *syscall.Credential) *devStack {
 	t.Helper()
 	s := newDevStack(t, bin, dir, env, as)
 	s.cmd.Stderr = s.stderr
@@ -123,7 +127,7 @@ func startDevStack(t *testing.T, bin, dir string, env []string, as *syscall.Cred
 }
 
 // newDevStack is the stack's command, to be started with start.
-func newDevStack(t *testing.T, bin, dir string, env []string, as *syscall.Credential) *devStack {
+func newDevStack(t testing.TB, bin, dir string, env []string, as *syscall.Credential) *devStack {
 	t.Helper()
 	s := &devStack{stderr: &syncbuf.Buffer{}, exited: make(chan error, 1)}
 	s.dataDir = ".dev"
@@ -148,7 +152,7 @@ func newDevStack(t *testing.T, bin, dir string, env []string, as *syscall.Creden
 }
 
 // start starts the stack and waits for its "ready" record.
-func (s *devStack) start(t *testing.T) {
+func (s *devStack) start(t testing.TB) {
 	t.Helper()
 	stdout, err := s.cmd.StdoutPipe()
 	must(t, err)
@@ -158,7 +162,7 @@ func (s *devStack) start(t *testing.T) {
 // startLog is start with the log read from r; w, when not nil, is the
 // test's copy of the write end of r's pipe, closed once the stack has its
 // own, so the log ends when the stack exits.
-func (s *devStack) startLog(t *testing.T, r io.Reader, w io.Closer) {
+func (s *devStack) startLog(t testing.TB, r io.Reader, w io.Closer) {
 	t.Helper()
 	if s.group {
 		if s.cmd.SysProcAttr == nil {
@@ -171,9 +175,14 @@ func (s *devStack) startLog(t *testing.T, r io.Reader, w io.Closer) {
 		w.Close()
 	}
 	s.log = readStackLog(r)
-	go func() { s.exited <- s.cmd.Wait() }()
+	go func() {
+		err := s.cmd.Wait()
+		s.waited.Store(true)
+		s.exited <- err
+	}()
 	t.Cleanup(func() {
-		if s.cmd.ProcessState == nil {
+		// Not cmd.ProcessState: Wait writes it on its own goroutine.
+		if !s.waited.Load() {
 			s.signal(syscall.SIGKILL)
 			<-s.exited
 		}
@@ -184,22 +193,20 @@ func (s *devStack) startLog(t *testing.T, r io.Reader, w io.Closer) {
 	}
 }
 
-// commands are the dispatch and stream commands the stack gives.
-func (s *devStack) commands(t *testing.T) (dispatch, stream string) {
+// commands are the demo caller's runfleet commands the stack gives: the
+// run followed to its end, the dispatch alone and the follow of a run.
+func (s *devStack) commands(t testing.TB) (run, dispatch, follow string) {
 	t.Helper()
 	if s.ready.Demo == nil {
 		t.Fatalf("the ready record has no demo: %+v", s.ready)
 	}
-	return s.ready.Demo.Dispatch, s.ready.Demo.Stream
-}
-
-// oneCommand is the command that dispatches and follows in one go.
-func (s *devStack) oneCommand(t *testing.T) string {
-	t.Helper()
-	if s.ready.Demo == nil || s.ready.Demo.DemoRun == "" {
-		t.Fatalf("the ready record has no one-go command: %+v", s.ready.Demo)
+	d := s.ready.Demo
+	for _, line := range []string{d.DemoRun, d.Dispatch, d.Stream} {
+		if !strings.HasPrefix(line, "RUNFLEET_API="+s.base()+` RUNFLEET_TOKEN="$(cat `) {
+			t.Fatalf("the stack's command %q does not start by setting RUNFLEET_API and RUNFLEET_TOKEN from a file", line)
+		}
 	}
-	return s.ready.Demo.DemoRun
+	return d.DemoRun, d.Dispatch, d.Stream
 }
 
 // callerToken is the demo caller's token, from the file the commands read.
@@ -214,55 +221,41 @@ func (s *devStack) callerToken() string {
 // base is the stack's address.
 func (s *devStack) base() string { return s.ready.Fleet }
 
-// dispatchAnswer is the part of the dispatch answer the tests read.
-type dispatchAnswer struct {
-	FleetRunID string `json:"fleetRunId"`
-	HostID     string `json:"hostId"`
-	Status     string `json:"status"`
-	Links      struct {
-		Self   string `json:"self"`
-		Events string `json:"events"`
-		Stream string `json:"stream"`
-	} `json:"links"`
-}
+// runIDPattern matches a Fleet run id in a command's output.
+var runIDPattern = regexp.MustCompile(`\bfr-[a-z2-7]{26}\b`)
 
-// dispatchAndFollow runs the stack's dispatch command, then its stream
-// command with the run's id, as a user would paste them, in a
-// directory of their own; the stream command is where the answer's
-// links.stream points.
+// dispatchAndFollow runs the stack's dispatch command, then its follow
+// command with the run's id the first printed, as a user would paste them,
+// in a directory of their own.
 func (s *devStack) dispatchAndFollow(t *testing.T) {
 	t.Helper()
-	dispatch, stream := s.commands(t)
-	if !strings.HasPrefix(dispatch, "curl ") || !strings.HasPrefix(stream, "curl ") || !strings.Contains(stream, "<fleetRunId>") {
-		t.Fatalf("the stack's commands:\n%s\n%s", dispatch, stream)
+	_, dispatch, follow := s.commands(t)
+	if !strings.Contains(follow, " <fleetRunId>") {
+		t.Fatalf("the follow command names no <fleetRunId>: %s", follow)
 	}
 	out, err := shellIn(context.Background(), t.TempDir(), dispatch).CombinedOutput()
-	if err != nil {
+	id := runIDPattern.FindString(string(out))
+	if err != nil || id == "" || !strings.Contains(string(out), "local-edge") {
 		t.Fatalf("%s: %v\n%s", dispatch, err, out)
-	}
-	var run dispatchAnswer
-	if err := json.Unmarshal(out, &run); err != nil || run.FleetRunID == "" || run.HostID != "local-edge" {
-		t.Fatalf("the dispatch answered %s (%v)", out, err)
-	}
-	stream = strings.ReplaceAll(stream, "<fleetRunId>", run.FleetRunID)
-	if !strings.HasSuffix(stream, " "+run.Links.Stream) {
-		t.Fatalf("the stream command %q does not follow the answer's links.stream %q", stream, run.Links.Stream)
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
 	defer cancel()
-	sse, err := shellIn(ctx, t.TempDir(), stream).Output()
+	follow = strings.ReplaceAll(follow, "<fleetRunId>", id)
+	cmd := shellIn(ctx, t.TempDir(), follow)
+	var stderr strings.Builder
+	cmd.Stderr = &stderr
+	output, err := cmd.Output()
 	if err != nil {
-		t.Fatalf("the stream command: %v\n%s\nlog:\n%s", err, sse, s.log.String())
+		t.Fatalf("%s: %v\n%s\nstderr: %s\nlog:\n%s", follow, err, output, stderr.String(), s.log.String())
 	}
-	s.checkDemoRan(t, string(sse))
+	s.checkDemoRan(t, string(output), stderr.String())
 }
 
-// oneGo runs the stack's one-go command in a directory of its own and
-// checks it printed the dispatch answer, then followed the stream to the
-// demo run's success, exiting 0.
+// oneGo runs the stack's command that dispatches the demo run and follows
+// it, in a directory of its own: it exits 0 with the demo's output.
 func (s *devStack) oneGo(t *testing.T) {
 	t.Helper()
-	line := s.oneCommand(t)
+	line, _, _ := s.commands(t)
 	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
 	defer cancel()
 	cmd := shellIn(ctx, t.TempDir(), line)
@@ -272,45 +265,24 @@ func (s *devStack) oneGo(t *testing.T) {
 	if err != nil {
 		t.Fatalf("%s: %v\n%s\nstderr: %s\nthe stack's log:\n%s", line, err, out, stderr.String(), s.log.String())
 	}
-	answer, sse, _ := strings.Cut(string(out), "\n")
-	var run dispatchAnswer
-	if err := json.Unmarshal([]byte(answer), &run); err != nil || run.FleetRunID == "" || run.Links.Stream == "" {
-		t.Fatalf("the script's first line is not the dispatch answer: %s (%v)", answer, err)
-	}
-	s.checkDemoRan(t, sse)
+	s.checkDemoRan(t, string(out), stderr.String())
 }
 
-// checkDemoRan reads a demo run's stream: it ended by itself at done, the
-// run succeeded, and the demo agent printed the upstream's verdict on the
-// credential it got. The real value reaches no output of the stack.
-func (s *devStack) checkDemoRan(t *testing.T, sse string) {
+// checkDemoRan reads what runfleet printed of a demo run that exited 0
+// (the run succeeded): the demo agent's output, the upstream's verdict on
+// the credential it got, and nothing else. The real value reaches no
+// output of the stack, and the tokens reach none of the stack's nor the
+// CLI's.
+func (s *devStack) checkDemoRan(t *testing.T, stdout, stderr string) {
 	t.Helper()
-	var output strings.Builder
-	var done string
-	for m := range ssetest.Read(strings.NewReader(sse)) {
-		switch m.Event {
-		case "event":
-			var ev struct {
-				Type string          `json:"type"`
-				Data json.RawMessage `json:"data"`
-			}
-			json.Unmarshal([]byte(m.Data), &ev)
-			var text string
-			if ev.Type == "output" && json.Unmarshal(ev.Data, &text) == nil {
-				output.WriteString(text)
-			}
-		case "done":
-			done = m.Data
-		}
-	}
-	if !strings.Contains(done, `"status":"succeeded"`) || !strings.Contains(output.String(), `the upstream answered: {"authorized": true}`) {
-		t.Fatalf("the stream's end %q, the task's output:\n%s\nthe stream:\n%s", done, output.String(), sse)
+	if !strings.Contains(stdout, `the upstream answered: {"authorized": true}`) {
+		t.Fatalf("the task's output:\n%s\nstderr:\n%s", stdout, stderr)
 	}
 	secret, err := demo.ReadSecretsFile(filepath.Join(s.dataDir, "edge-secrets.json"))
 	must(t, err)
-	for what, text := range map[string]string{"log": s.log.String(), "stderr": s.stderr.String(), "stream": sse} {
+	for what, text := range map[string]string{"log": s.log.String(), "stderr": s.stderr.String(), "runfleet's stdout": stdout, "runfleet's stderr": stderr} {
 		if strings.Contains(text, secret) {
-			t.Fatalf("the real value is in the stack's %s", what)
+			t.Fatalf("the real value is in the %s", what)
 		}
 	}
 	// The ready record names the tokens' files and commands that read
@@ -323,9 +295,9 @@ func (s *devStack) checkDemoRan(t *testing.T, sse string) {
 		if tok == "" {
 			t.Fatalf("%s is empty", name)
 		}
-		for what, text := range map[string]string{"log": s.log.String(), "stderr": s.stderr.String()} {
+		for what, text := range map[string]string{"log": s.log.String(), "stderr": s.stderr.String(), "runfleet's stdout": stdout, "runfleet's stderr": stderr} {
 			if strings.Contains(text, tok) {
-				t.Fatalf("the token in %s is in the stack's %s", name, what)
+				t.Fatalf("the token in %s is in the %s", name, what)
 			}
 		}
 	}
@@ -368,7 +340,7 @@ func (s *devStack) checkTaskUser(t *testing.T, uid string) {
 // stop sends sig (SIGTERM, or SIGINT as Ctrl-C does): the stack stops in
 // order and exits 0, its last record "stopped"; its stdout was JSON
 // throughout and, being no terminal, its stderr got nothing.
-func (s *devStack) stop(t *testing.T, sig syscall.Signal) {
+func (s *devStack) stop(t testing.TB, sig syscall.Signal) {
 	t.Helper()
 	must(t, s.signal(sig))
 	select {
@@ -413,7 +385,7 @@ func (s *devStack) signal(sig syscall.Signal) error {
 
 // removeTaskDir removes the tasks' directory the stack made under the
 // temporary dir (it outlives the stack on purpose).
-func (s *devStack) removeTaskDir(t *testing.T) {
+func (s *devStack) removeTaskDir(t testing.TB) {
 	if dir := s.ready.Edge.TaskDirs; strings.HasPrefix(dir, os.TempDir()+string(filepath.Separator)) {
 		os.RemoveAll(filepath.Dir(dir))
 	}

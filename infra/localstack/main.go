@@ -75,10 +75,6 @@ const (
 	defaultDataDir = ".dev"
 )
 
-// demoScript is the script, relative to the repository, that dispatches a
-// run and follows its stream in one go.
-const demoScript = "infra/scripts/demo-run.sh"
-
 // shutdownGrace bounds how long in-flight requests get after a signal.
 const shutdownGrace = 10 * time.Second
 
@@ -175,6 +171,8 @@ func run(ctx context.Context, getenv func(string) string, out, human io.Writer) 
 	}
 	rep := report{Store: cfg.Store, Credentials: cfg.Credentials.Kind + ":" + cfg.Credentials.Arg,
 		ProbeEvery: cfg.ProbeInterval, SweepEvery: cfg.SweepInterval}
+	cli, cliMissing := runfleetCommand()
+	rep.cliMissing = cliMissing
 	if cfg.AdminToken == "" {
 		rep.AdminTokenFile = filepath.Join(dataDir, "admin-token")
 		if cfg.AdminToken, err = localAdminToken(rep.AdminTokenFile); err != nil {
@@ -212,7 +210,7 @@ func run(ctx context.Context, getenv func(string) string, out, human io.Writer) 
 				edge.stop(context.Background())
 			}
 		}()
-		rep.Edge = edge.report(rep.Fleet, findDemoScript())
+		rep.Edge = edge.report(rep.Fleet, cli)
 		if ownCredentials {
 			if rep.SecondEdge, err = edge.writeSecondEdge(); err != nil {
 				return stop(err)
@@ -250,7 +248,7 @@ func run(ctx context.Context, getenv func(string) string, out, human io.Writer) 
 		app.Jobs.Sweep(ctx, scheduledEvent("sweep"))
 	})
 
-	rep.Try = tryCommands(rep.Fleet, rep.AdminTokenFile)
+	rep.Try = tryCommands(rep.Fleet, rep.AdminTokenFile, cli)
 	if rep.Edge != nil && rep.Edge.SameUser {
 		log.Warn("tasks run as this user, with open egress: runner.insecureSameUser is set because it cannot switch users; for this local stack only, never on a real host", "uid", os.Getuid())
 	}
@@ -329,24 +327,18 @@ func openLocalEdge(ctx context.Context, app *fleetapp.App, files edgeFiles, addr
 	return edge, nil
 }
 
-// findDemoScript is demoScript's absolute path: in the working directory
-// (make dev runs the stack from the repository), else beside the binary's
-// folder (build/localstack); "" when neither has it.
-func findDemoScript() string {
-	var dirs []string
-	if wd, err := os.Getwd(); err == nil {
-		dirs = append(dirs, wd)
-	}
+// runfleetCommand is how the stack's commands name the runfleet CLI: its
+// absolute path when it is beside the stack's own binary (make dev builds
+// both into build/), so the commands work pasted in any directory; else
+// the bare name, as `go install` puts it on the PATH (missing: true).
+func runfleetCommand() (cmd string, missing bool) {
 	if exe, err := os.Executable(); err == nil {
-		dirs = append(dirs, filepath.Dir(filepath.Dir(exe)))
-	}
-	for _, dir := range dirs {
-		path := filepath.Join(dir, filepath.FromSlash(demoScript))
+		path := filepath.Join(filepath.Dir(exe), "runfleet")
 		if fi, err := os.Stat(path); err == nil && fi.Mode().IsRegular() {
-			return path
+			return shellQuote(path), false
 		}
 	}
-	return ""
+	return "runfleet", true
 }
 
 // absDataDir is the data dir as an absolute path, so that everything

@@ -27,13 +27,16 @@ type report struct {
 	// gives it.
 	AdminTokenFile string
 	// adminToken is shown on the banner alone, never logged.
-	adminToken             string
+	adminToken string
+	// cliMissing: no runfleet beside the stack's binary, so the commands
+	// name the one on the PATH (runfleetCommand).
+	cliMissing             bool
 	ProbeEvery, SweepEvery time.Duration
 	Edge                   *edgeReport // nil with RUNFLEET_EDGE=off
 	// SecondEdge is the host the stack writes ready for `edge serve`; nil
 	// without the local edge or with RUNFLEET_CREDENTIALS of the user's.
 	SecondEdge *secondEdgeReport
-	Try        []string // commands: /healthz, the hosts, a stream
+	Try        []string // runfleet commands with the admin token: the hosts, the runs, a run's output
 }
 
 // secondEdgeReport is edge-1: where its edge.json is, the address it
@@ -57,28 +60,33 @@ type edgeReport struct {
 	// The demo: the upstream's URL and address, its CA, the secrets file,
 	// the demo caller's token file.
 	Upstream, UpstreamAddr, UpstreamCA, SecretsFile, CallerTokenFile string
-	// Dispatch and Stream are the two curl commands, DemoRun the script
-	// that does both ("" when the script was not found).
+	// The demo caller's runfleet commands: DemoRun dispatches a run of the
+	// demo agent using the secret and follows its output to its end;
+	// Dispatch dispatches the same run alone, Stream follows a run.
 	Dispatch, Stream, DemoRun string
 }
 
 // report is what the stack says of the local edge, its commands against
-// Fleet at base; script is the one-go script's absolute path, or "".
-func (e *localEdge) report(base, script string) *edgeReport {
-	token := `"$(cat ` + shellQuote(e.files.caller) + `)"`
-	body := shellQuote(demo.DispatchBody(e.upstream, demo.Agent, "hello"))
-	r := &edgeReport{
+// Fleet at base run by the CLI cli (runfleetCommand).
+func (e *localEdge) report(base, cli string) *edgeReport {
+	caller := cliEnv(base, `"$(cat `+shellQuote(e.files.caller)+`)"`) + cli
+	demoRun := " --agent " + demo.Agent + " --secret " + demo.SecretsRef + "=" + e.upstream.Domain() + " -- hello"
+	return &edgeReport{
 		API: e.baseURL, Proxy: e.host.ProxyAddr(), Probe: e.probe.Status, SecretsProxy: e.probe.Features.SecretsProxy,
 		Agents: e.probe.Agents, DataDir: e.files.dataDir, Config: e.files.config, TaskDirs: e.workDir, SameUser: e.sameUser,
 		Upstream: e.upstream.URL(), UpstreamAddr: e.upstream.Addr(), UpstreamCA: e.files.upstreamCA,
 		SecretsFile: e.files.secrets, CallerTokenFile: e.files.caller,
-		Dispatch: `curl -sS -H "Authorization: Bearer $(cat ` + shellQuote(e.files.caller) + `)" -H "Content-Type: application/json" -d ` + body + " " + base + "/fleet/runs",
-		Stream:   `curl -sS -N -H "Authorization: Bearer $(cat ` + shellQuote(e.files.caller) + `)" ` + base + "/fleet/runs/<fleetRunId>/stream",
+		DemoRun:  caller + " run" + demoRun,
+		Dispatch: caller + " run --detach" + demoRun,
+		Stream:   caller + " runs follow <fleetRunId>",
 	}
-	if script != "" {
-		r.DemoRun = shellQuote(script) + " " + base + "/fleet/runs " + token + " " + body
-	}
-	return r
+}
+
+// cliEnv is the environment a runfleet command line starts with: Fleet's
+// base URL and a token as the shell expands ref (a token's file read at
+// the moment, never the token itself: the ready record is a log line).
+func cliEnv(base, ref string) string {
+	return "RUNFLEET_API=" + base + " RUNFLEET_TOKEN=" + ref + " "
 }
 
 // tasksRunAs is the tasks' user as the log says it.
@@ -89,18 +97,15 @@ func (e *edgeReport) tasksRunAs() string {
 	return "nobody"
 }
 
-// tryCommands are the commands that read Fleet with the admin token:
-// /healthz, the hosts, a run's stream.
-func tryCommands(base, adminTokenFile string) []string {
-	ref := "$" + config.EnvAdminToken
+// tryCommands are the commands that read Fleet with the admin token, run
+// by the CLI cli: the hosts, the runs, a run's output.
+func tryCommands(base, adminTokenFile, cli string) []string {
+	ref := `"$` + config.EnvAdminToken + `"`
 	if adminTokenFile != "" {
-		ref = "$(cat " + shellQuote(adminTokenFile) + ")"
+		ref = `"$(cat ` + shellQuote(adminTokenFile) + `)"`
 	}
-	return []string{
-		"curl -s " + base + "/healthz",
-		`curl -s -H "Authorization: Bearer ` + ref + `" ` + base + "/fleet/hosts",
-		`curl -N -H "Authorization: Bearer ` + ref + `" ` + base + "/fleet/runs/<fleetRunId>/stream",
-	}
+	admin := cliEnv(base, ref) + cli
+	return []string{admin + " hosts list", admin + " runs list", admin + " runs follow <fleetRunId>"}
 }
 
 // log writes the "ready" record: the banner's facts and commands as fields
@@ -154,18 +159,17 @@ func (r report) print(w io.Writer) {
 		fmt.Fprintf(w, "demo upstream %s (%s, %s; its own CA in %s, trusted by the proxy)\n", e.Upstream, e.UpstreamAddr, EnvDemoUpstreamAddr, e.UpstreamCA)
 		fmt.Fprintf(w, "  answers {\"authorized\": true} only to the real value of the secret %s, which is in %s; tasks get a placeholder\n", demo.SecretsRef, e.SecretsFile)
 		fmt.Fprintf(w, "  caller %q (hosts: %s; projects: %s), token kept in %s\n", demoOwner, localEdgeID, demo.Project, e.CallerTokenFile)
-		fmt.Fprintln(w, "dispatch a run of the demo agent using the secret, then follow its stream (the fleetRunId is in the first answer):")
+		fmt.Fprintln(w, "run the demo agent using the secret, its output followed to its end (exits 0 once the run succeeded):")
+		fmt.Fprintf(w, "  %s\n", e.DemoRun)
+		fmt.Fprintln(w, "or dispatch it alone, then follow it (its fleetRunId is in the first one's answer):")
 		fmt.Fprintf(w, "  %s\n  %s\n", e.Dispatch, e.Stream)
-		if e.DemoRun == "" {
-			fmt.Fprintf(w, "(%s, which does both in one go, is not in this directory: run the stack from the repository to have it printed)\n", demoScript)
-		} else {
-			fmt.Fprintln(w, "or both in one go (prints the answer, follows its links.stream; exits 0 once the run succeeded):")
-			fmt.Fprintf(w, "  %s\n", e.DemoRun)
-		}
 	}
 	if e := r.SecondEdge; e != nil {
 		fmt.Fprintf(w, "another host, %s, to register yourself (README: The local stack): edge serve --config %s (API %s, credentialRef %s)\n",
 			e.ID, shellQuote(e.Config), e.API, e.CredentialRef)
+	}
+	if r.cliMissing {
+		fmt.Fprintf(w, "(runfleet is not beside this program: the commands run the one on your PATH; make build-cli puts it in build/)\n")
 	}
 	fmt.Fprintln(w, "try:")
 	for _, c := range r.Try {
