@@ -23,7 +23,7 @@ FUZZTIME  ?= 200000x
 # sam build `make build-<LogicalId>`), and a long-running `make dev` is no surprise to start by.
 .DEFAULT_GOAL := help
 
-.PHONY: dev test test-go deps build build-functions build-ApiFunction build-StreamFunction build-SweepFunction build-ProbeFunction build-edge bench bench-proxy lint fuzz fuzz-short clean
+.PHONY: dev test test-go deps build build-cli build-functions build-ApiFunction build-StreamFunction build-SweepFunction build-ProbeFunction build-edge bench bench-proxy lint fuzz fuzz-short clean
 
 ## help: this list of targets (the default goal)
 # Each `## target: summary` line is the target's entry (one line; more goes in plain # comments
@@ -41,7 +41,8 @@ help:
 # Fleet's four handlers on bbolt on RUNFLEET_ADDR, and one edge host with a demo upstream and
 # secret. Built, then exec'd rather than `go run`: Ctrl-C then ends it cleanly, with no
 # "Error 1" from make.
-dev:
+# The runfleet CLI is built first, so build/runfleet is there for the quick start's next command.
+dev: build-cli
 	@./infra/scripts/test-deps.sh dev
 	@$(GO) build -ldflags '$(LDFLAGS)' -o $(BUILD)/localstack ./infra/localstack
 	@exec $(BUILD)/localstack
@@ -58,8 +59,12 @@ test-go:
 deps:
 	@./infra/scripts/test-deps.sh
 
-## build: build-functions and build-edge: every Lambda and edge, under build/
-build: build-functions build-edge
+## build: build-functions, build-edge and build-cli: every Lambda, edge and the CLI, under build/
+build: build-functions build-edge build-cli
+
+## build-cli: the runfleet CLI for this machine, static, as build/runfleet
+build-cli:
+	@CGO_ENABLED=0 $(GO) build -trimpath -ldflags '$(LDFLAGS)' -o $(BUILD)/runfleet ./shared/cli/runfleet
 
 ## build-functions: every Lambda as build/functions/<fn>/bootstrap, static, for linux/arm64
 build-functions:

@@ -111,7 +111,9 @@ func (f *follower) run(ctx context.Context) (Followed, error) {
 		switch {
 		case errors.As(err, &apiErr) && apiErr.Status == http.StatusTooManyRequests:
 			wait = max(apiErr.RetryAfter, time.Second)
-		case errors.As(err, &apiErr), errors.Is(err, errHandler):
+		case errors.As(err, &apiErr) && !retriedStatus(apiErr.Status), errors.Is(err, errHandler):
+			// A gateway's 502/503/504 (wrapped by connect) is retried
+			// below, as a dropped connection is.
 			return Followed{Resume: f.last}, err
 		}
 		if err != nil && !progressed {

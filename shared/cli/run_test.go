@@ -1,0 +1,296 @@
+package cli
+
+import (
+	"encoding/json"
+	"net/http"
+	"os"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/runfleet/runfleet/shared/fleetapi"
+	"github.com/runfleet/runfleet/shared/hostproto"
+	"github.com/runfleet/runfleet/tests/kit/await"
+	"github.com/runfleet/runfleet/tests/kit/fakehost"
+)
+
+// startedRun starts `runfleet run ARGS` and waits until its stream is
+// following the run (the session parked after its first poll): the run
+// is then on its host. The session is let go to poll again; its next
+// park waits for the test's pump.
+func startedRun(t *testing.T, f *fleet, c *cli, args ...string) *result {
+	t.Helper()
+	r := c.start("", append([]string{"run", "--agent", "shell"}, args...)...)
+	select {
+	case <-f.parked:
+		f.clk.Advance(time.Second)
+	case <-r.done:
+		t.Fatalf("runfleet run ended before following: %d\n%s", r.code, r.stderr)
+	case <-time.After(await.Limit):
+		t.Fatal("runfleet run never opened the stream")
+	}
+	return r
+}
+
+// TestRunFollowsToTheEnd: run dispatches, follows the stream at once, puts
+// the task's output on stdout exactly, and exits with the run's exit code
+// (its reason on stderr); a run that succeeds exits 0.
+func TestRunFollowsToTheEnd(t *testing.T) {
+	f := newFleet(t)
+	h := f.addHost("h1", fakehost.Config{})
+	c := f.asCaller(f.mint("alice"))
+
+	r := startedRun(t, f, c, "--", "echo", "hello")
+	h.AppendOutput("run-1", "hello\n")
+	h.AppendOutput("run-1", "no newline <b>at the end")
+	three := 3
+	h.SetRun("run-1", "failed", &three, "exit_nonzero")
+	stop := make(chan struct{})
+	defer close(stop)
+	f.pump(stop)
+	r.wait(t).want(t, 3)
+	if got := r.stdout.String(); got != "hello\nno newline <b>at the end" {
+		t.Errorf("stdout %q, want the task's output exactly", got)
+	}
+	if s := r.stderr.String(); !strings.Contains(s, "failed with exit code 3 (exit_nonzero)") {
+		t.Errorf("stderr lacks the failure and its reason:\n%s", s)
+	}
+	if starts := h.Starts(); len(starts) != 1 || starts[0].Prompt != "echo hello" {
+		t.Errorf("the host got %+v, want one start with the prompt's words joined", starts)
+	}
+	// Not a terminal: no progress on stderr, only the end.
+	if s := r.stderr.String(); strings.Contains(s, "dispatched") {
+		t.Errorf("progress on a stderr that is no terminal:\n%s", s)
+	}
+
+	r = startedRun(t, f, c, "--", "true")
+	h.SetRun("run-2", "succeeded", new(int), "")
+	f.pump(stop)
+	r.wait(t).want(t, 0)
+	if r.stdout.String() != "" || r.stderr.String() != "" {
+		t.Errorf("a succeeded run with no output printed %q / %q", r.stdout, r.stderr)
+	}
+}
+
+// TestRunJSONLines: with --json every line of stdout is one JSON document,
+// the dispatch answer first, the done message last, the output events in
+// between as the API's events.
+func TestRunJSONLines(t *testing.T) {
+	f := newFleet(t)
+	h := f.addHost("h1", fakehost.Config{})
+	c := f.asCaller(f.mint("alice"))
+	r := startedRun(t, f, c, "--json", "--", "echo", "hi")
+	h.AppendOutput("run-1", "hi\n")
+	h.SetRun("run-1", "succeeded", new(int), "")
+	stop := make(chan struct{})
+	defer close(stop)
+	f.pump(stop)
+	lines := r.wait(t).want(t, 0).jsonLines(t)
+	if len(lines) < 3 || lines[0].Type != "dispatched" || lines[len(lines)-1].Type != "done" {
+		t.Fatalf("lines %+v: want dispatched first, done last", lines)
+	}
+	var d fleetapi.DispatchAnswer
+	if err := json.Unmarshal(lines[0].Data.(json.RawMessage), &d); err != nil || !strings.HasPrefix(d.FleetRunID, "fr-") || d.Links.Stream == "" {
+		t.Errorf("dispatched data %s (%v): want the dispatch answer", lines[0].Data, err)
+	}
+	var output []string
+	for _, l := range lines[1 : len(lines)-1] {
+		if l.Type != "event" {
+			continue
+		}
+		var e fleetapi.Event
+		if err := json.Unmarshal(l.Data.(json.RawMessage), &e); err != nil || l.ID == "" {
+			t.Fatalf("event line %+v: %v", l, err)
+		}
+		if e.Type == fleetapi.EventOutput {
+			var s string
+			json.Unmarshal(e.Data, &s)
+			output = append(output, s)
+		}
+	}
+	if strings.Join(output, "") != "hi\n" {
+		t.Errorf("output events %q, want the task's output", output)
+	}
+	var done fleetapi.StreamDone
+	if err := json.Unmarshal(lines[len(lines)-1].Data.(json.RawMessage), &done); err != nil || done.Status != "succeeded" {
+		t.Errorf("done %s: %v", lines[len(lines)-1].Data, err)
+	}
+}
+
+// TestRunRefused: a refused dispatch exits 2 with the code, the reason and
+// the detail on stderr, and a dispatch no host can take lists each host
+// left out and why.
+func TestRunRefused(t *testing.T) {
+	f := newFleet(t)
+	h1 := f.addHost("h1", fakehost.Config{})
+	f.addHost("h2", fakehost.Config{Agents: []string{"claude"}})
+	c := f.asCaller(f.mint("alice"))
+
+	h1.RefuseStarts(http.StatusConflict, "host_busy")
+	r := c.run(t, "run", "--agent", "shell", "--host", "h1", "--", "true").want(t, ExitRefused)
+	for _, want := range []string{"refused (host_busy)", "reason:  host_busy", "detail:", "fr-"} {
+		if !strings.Contains(r.stderr.String(), want) {
+			t.Errorf("stderr lacks %q:\n%s", want, r.stderr)
+		}
+	}
+	if r.stdout.String() != "" {
+		t.Errorf("a refused dispatch printed on stdout: %s", r.stdout)
+	}
+
+	f.api("POST", "/fleet/hosts/h1/enable", adminToken, `{"enabled":false}`, http.StatusOK)
+	r = c.run(t, "run", "--agent", "codex", "--", "hi").want(t, ExitRefused)
+	for _, want := range []string{"(no_eligible_host)", "h1: disabled", "h2: agent_unsupported (it offers claude)"} {
+		if !strings.Contains(r.stderr.String(), want) {
+			t.Errorf("stderr lacks %q:\n%s", want, r.stderr)
+		}
+	}
+}
+
+// TestRunChecksItsFlagsFirst: a malformed --label, --env or --secret is a
+// usage error (64) naming the flag and its shape, before any call.
+func TestRunChecksItsFlagsFirst(t *testing.T) {
+	f := newFleet(t)
+	h := f.addHost("h1", fakehost.Config{})
+	c := f.asCaller(f.mint("alice"))
+	for _, tc := range []struct {
+		args []string
+		want string
+	}{
+		{[]string{"--label", "gpu"}, `--label "gpu": want KEY=VALUE`},
+		{[]string{"--env", "DEBUG"}, `--env "DEBUG": want NAME=VALUE`},
+		{[]string{"--env", "A=1", "--env", "A=2"}, `--env "A" is given twice`},
+		{[]string{"--secret", "demo/KEY"}, "name the domains the key may reach"},
+		{[]string{"--secret", "KEY=api.example.com"}, "want PROJECT/KEY=DOMAIN"},
+		{[]string{"--secret", "demo/KEY=a.example,,b.example"}, "an empty domain"},
+	} {
+		r := c.run(t, append([]string{"run", "--agent", "shell"}, append(tc.args, "--", "hi")...)...).want(t, ExitUsage)
+		if !strings.Contains(r.stderr.String(), tc.want) || !strings.Contains(r.stderr.String(), "runfleet run --help") {
+			t.Errorf("%v: stderr\n%s\nwant %q and the hint to --help", tc.args, r.stderr, tc.want)
+		}
+	}
+	r := c.run(t, "run", "--", "hi").want(t, ExitUsage)
+	if !strings.Contains(r.stderr.String(), "--agent is required") {
+		t.Errorf("no --agent: %s", r.stderr)
+	}
+	if n := h.StartCalls(); n != 0 {
+		t.Errorf("the host got %d starts from refused command lines", n)
+	}
+
+	// Repeated flags, after the positionals too, and a secret's domains.
+	r = c.run(t, "run", "--agent", "shell", "--label", "a=1", "--env", "X=1", "--env", "EMPTY=", "--detach",
+		"--secret", "demo/KEY=a.example,b.example:8443", "--label", "b=2").want(t, ExitRefused)
+	if !strings.Contains(r.stderr.String(), "label_missing") {
+		t.Errorf("labels a=1 b=2 on a host without them: %s", r.stderr)
+	}
+}
+
+// TestRunSendsTheRequestAsGiven: every flag reaches the host's start
+// request as the API takes it (the secret as runspec.Secret).
+func TestRunSendsTheRequestAsGiven(t *testing.T) {
+	f := newFleet(t)
+	h := f.addHost("h1", fakehost.Config{Features: hostproto.Features{SecretsProxy: true, ExecRequire: true}})
+	c := f.asCaller(f.mint("alice"))
+	c.run(t, "run", "--detach", "--agent", "shell", "--repo", "acme/app", "--env", "X=1", "--env", "EMPTY=",
+		"--secret", "demo/KEY=a.example,b.example:8443", "--idempotency-key", "k1", "--", "a", "b").want(t, 0)
+	starts := h.Starts()
+	if len(starts) != 1 {
+		t.Fatalf("starts %+v", starts)
+	}
+	s := starts[0]
+	if s.Agent != "shell" || s.Prompt != "a b" || s.Repository != "acme/app" || s.Env["X"] != "1" || s.Env["EMPTY"] != "" || len(s.Env) != 2 {
+		t.Errorf("start %+v", s)
+	}
+	if len(s.Secrets) != 1 || s.Secrets[0].ProjectID != "demo" || s.Secrets[0].Key != "KEY" ||
+		strings.Join(s.Secrets[0].Domains, " ") != "a.example b.example:8443" {
+		t.Errorf("secrets %+v", s.Secrets)
+	}
+}
+
+// TestRunDetach: --detach prints the dispatched run and exits 0 at once;
+// with --json, the dispatch answer as one document.
+func TestRunDetach(t *testing.T) {
+	f := newFleet(t)
+	f.addHost("h1", fakehost.Config{})
+	c := f.asCaller(f.mint("alice"))
+	r := c.run(t, "run", "--agent", "shell", "--detach", "--", "sleep", "60").want(t, 0)
+	out := r.stdout.String()
+	if !strings.Contains(out, "fr-") || !strings.Contains(out, "h1") || !strings.Contains(out, "runfleet runs follow fr-") {
+		t.Errorf("detach printed\n%s\nwant the run, its host and how to follow it", out)
+	}
+	r = c.run(t, "run", "--agent", "shell", "--detach", "--json", "--", "true").want(t, 0)
+	var d fleetapi.DispatchAnswer
+	if err := json.Unmarshal([]byte(r.stdout.String()), &d); err != nil || d.HostID != "h1" || d.Status != "pending" {
+		t.Errorf("--detach --json printed %s (%v)", r.stdout, err)
+	}
+}
+
+// TestRunInterruptDetaches: the first Ctrl-C stops following, exits 130
+// and says how to follow again; the run goes on (no cancel reached the
+// host).
+func TestRunInterruptDetaches(t *testing.T) {
+	f := newFleet(t)
+	h := f.addHost("h1", fakehost.Config{})
+	c := f.asCaller(f.mint("alice"))
+	r := startedRun(t, f, c, "--", "sleep", "60")
+	h.AppendOutput("run-1", "working\n")
+	stop := make(chan struct{})
+	defer close(stop)
+	f.pump(stop)
+	await.Cond(t, await.Limit, "the output on stdout", func() bool { return r.stdout.String() == "working\n" })
+	r.interrupt <- os.Interrupt
+	r.wait(t).want(t, ExitInterrupted)
+	id := runIDOf(t, r.stderr.String())
+	if !strings.Contains(r.stderr.String(), "runfleet runs follow "+id) {
+		t.Errorf("stderr\n%s\nwant how to follow again: runfleet runs follow %s", r.stderr, id)
+	}
+	if n := h.Requests()["POST /runs/{id}/cancel"]; n != 0 {
+		t.Errorf("detaching sent %d cancels", n)
+	}
+	if run, _ := h.Run("run-1"); run.Status != "pending" {
+		t.Errorf("the run is %s after a detach", run.Status)
+	}
+
+	// runs follow picks it up again, from its first event.
+	fr := c.start("", "runs", "follow", id)
+	await.Cond(t, await.Limit, "the output again", func() bool { return fr.stdout.String() == "working\n" })
+	h.AppendOutput("run-1", "done\n")
+	h.SetRun("run-1", "succeeded", new(int), "")
+	fr.wait(t).want(t, 0)
+	if fr.stdout.String() != "working\ndone\n" {
+		t.Errorf("runs follow printed %q", fr.stdout)
+	}
+}
+
+// TestRunCancelOnInterrupt: with --cancel-on-interrupt the first Ctrl-C
+// cancels the run (its host sees the cancel), prints the outcome and
+// exits 130.
+func TestRunCancelOnInterrupt(t *testing.T) {
+	f := newFleet(t)
+	h := f.addHost("h1", fakehost.Config{})
+	c := f.asCaller(f.mint("alice"))
+	r := startedRun(t, f, c, "--cancel-on-interrupt", "--", "sleep", "60")
+	r.interrupt <- os.Interrupt
+	stop := make(chan struct{})
+	defer close(stop)
+	f.pump(stop)
+	r.wait(t).want(t, ExitInterrupted)
+	if n := h.Requests()["POST /runs/{id}/cancel"]; n != 1 {
+		t.Errorf("the host saw %d cancels, want 1", n)
+	}
+	if run, _ := h.Run("run-1"); run.Status != "canceled" {
+		t.Errorf("the run is %s", run.Status)
+	}
+	if !strings.Contains(r.stderr.String(), "Canceled run fr-") {
+		t.Errorf("stderr lacks the cancel's outcome:\n%s", r.stderr)
+	}
+}
+
+// runIDOf is the first run id in s.
+func runIDOf(t *testing.T, s string) string {
+	t.Helper()
+	i := strings.Index(s, "fr-")
+	if i < 0 || len(s) < i+29 {
+		t.Fatalf("no run id in %q", s)
+	}
+	return s[i : i+29]
+}
