@@ -7,15 +7,17 @@ import (
 	"image/png"
 	"net/url"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"strings"
+	"syscall"
 	"testing"
 
 	"github.com/runfleet/runfleet/infra/localstack/demo"
 	"github.com/runfleet/runfleet/shared/fleet"
 	"github.com/runfleet/runfleet/shared/fleetapi"
 	"github.com/runfleet/runfleet/shared/fleetclient"
-	"github.com/runfleet/runfleet/shared/runspec"
+	"github.com/runfleet/runfleet/tests/kit/await"
 	"github.com/runfleet/runfleet/tests/kit/browser"
 )
 
@@ -129,14 +131,14 @@ func TestDashboardInABrowser(t *testing.T) {
 		if shown.Output != "first-line\n" || shown.Status != "running" || shown.Stream != "live" {
 			t.Fatalf("before its input the run's page shows status %q, stream %q, output %q", shown.Status, shown.Stream, shown.Output)
 		}
-		cli.input(t, demoToken, id, "released\n")
+		cli.input(t, demoToken, id, "released")
 		p.WaitFor(t, output+`.endsWith("second: released\nthird-line\n")`)
 		p.WaitFor(t, status+` === "succeeded" && document.querySelector("#run-stream-state").dataset.state === "done"`)
 		// All of it, as the run recorded it (the task's terminal ends its
 		// lines with CRLF, and echoes its input), none lost or repeated.
 		var final string
 		p.Eval(t, output, &final)
-		if want := strings.ReplaceAll(recordedOutput(t, dashClient(t, s.base(), demoToken), id), "\r\n", "\n"); final != want {
+		if want := strings.ReplaceAll(cli.logs(t, demoToken, id), "\r\n", "\n"); final != want {
 			t.Errorf("the run's page shows the output %q; the run recorded %q", final, want)
 		}
 	})
@@ -181,7 +183,8 @@ func TestDashboardInABrowser(t *testing.T) {
 	})
 
 	t.Run("a scoped caller sees only its runs", func(t *testing.T) {
-		adminClient := dashClient(t, s.base(), strings.TrimSpace(string(admin)))
+		adminClient, err := fleetclient.New(fleetclient.Options{BaseURL: s.base(), Token: strings.TrimSpace(string(admin))})
+		must(t, err)
 		minted, err := adminClient.MintCaller(context.Background(), fleetapi.MintCaller{
 			OwnerID: "scoped-ui", AllowedHosts: &fleetapi.Scope{IDs: []string{"local-edge"}}, AllowedProjects: &fleetapi.Scope{IDs: []string{"acme"}},
 		})
@@ -217,6 +220,9 @@ func TestDashboardInABrowser(t *testing.T) {
 	if d := p.Dialogs(); len(d) > 0 {
 		t.Errorf("the page opened dialogs: %+v", d)
 	}
+	// In order, so the local edge removes what it set up (its nftables
+	// table) and the stack's log ends cleanly.
+	s.stop(t, syscall.SIGTERM)
 }
 
 // checkDashboardRequests holds a load to the issue's budget: every request
@@ -285,79 +291,78 @@ func checkReadmeScreenshot(t *testing.T, shot []byte) {
 	}
 }
 
-// dashCLI dispatches and types input as a user of the dashboard would from
-// a terminal.
+// dashCLI is the runfleet binary as a user of the dashboard runs it from
+// a terminal: configured by RUNFLEET_API and RUNFLEET_TOKEN alone (a home
+// of its own, so no config file is read).
 type dashCLI struct {
-	base string
+	bin, base, home string
 }
 
 func newDashCLI(t *testing.T, base string) *dashCLI {
 	t.Helper()
-	return &dashCLI{base: base}
+	return &dashCLI{bin: commandBinary(t, "./shared/cli/runfleet"), base: base, home: t.TempDir()}
 }
 
-func dashClient(t *testing.T, base, token string) *fleetclient.Client {
+// run runs the CLI as the token's caller and returns its stdout; a
+// failure (any exit but 0) fails the test with its stderr.
+func (c *dashCLI) run(t *testing.T, token string, args ...string) []byte {
 	t.Helper()
-	c, err := fleetclient.New(fleetclient.Options{BaseURL: base, Token: token})
-	must(t, err)
-	return c
+	ctx, cancel := context.WithTimeout(context.Background(), await.Limit)
+	defer cancel()
+	cmd := exec.CommandContext(ctx, c.bin, args...)
+	cmd.Env = append(cleanEnv(), "HOME="+c.home, "XDG_CONFIG_HOME="+filepath.Join(c.home, ".config"),
+		"RUNFLEET_API="+c.base, "RUNFLEET_TOKEN="+token)
+	var stderr strings.Builder
+	cmd.Stderr = &stderr
+	out, err := cmd.Output()
+	if err != nil {
+		t.Fatalf("runfleet %s: %v\nstdout:\n%s\nstderr:\n%s", strings.Join(args, " "), err, out, stderr.String())
+	}
+	return out
 }
 
-// dispatch starts a run of agent with prompt as the token's caller and
-// returns its id.
+// dispatch starts a run of agent with prompt as the token's caller
+// (runfleet run --detach) and returns its id.
 func (c *dashCLI) dispatch(t *testing.T, token, agent, prompt string) string {
 	t.Helper()
-	d, err := dashClient(t, c.base, token).Dispatch(context.Background(), fleetapi.DispatchRequest{Agent: agent, Prompt: prompt})
-	if err != nil {
-		t.Fatalf("dispatching %s: %v", agent, err)
+	out := c.run(t, token, "run", "--detach", "--json", "--agent", agent, "--", prompt)
+	var run fleetapi.DispatchAnswer
+	if err := json.Unmarshal(out, &run); err != nil || run.FleetRunID == "" {
+		t.Fatalf("runfleet run --detach --json printed %s (%v)", out, err)
 	}
-	return d.FleetRunID
+	return run.FleetRunID
 }
 
-// runDemo runs the stack's demo (its agent, with the demo secret) to its
-// end and returns the run's id.
+// runDemo runs the stack's demo (its agent, with the demo secret) with
+// runfleet run, which follows it to its end, and returns the run's id.
 func (c *dashCLI) runDemo(t *testing.T, token string, s *devStack) string {
 	t.Helper()
-	cl := dashClient(t, c.base, token)
-	d, err := cl.Dispatch(context.Background(), fleetapi.DispatchRequest{Agent: demo.Agent, Prompt: "hello",
-		Secrets: []runspec.Secret{{ProjectID: demo.Project, Key: demo.Key, Domains: []string{demoDomain(t, s)}}}})
-	if err != nil {
-		t.Fatalf("dispatching the demo: %v", err)
+	out := c.run(t, token, "run", "--json", "--agent", demo.Agent, "--secret", demo.Project+"/"+demo.Key+"="+demoDomain(t, s), "--", "hello")
+	first, rest, _ := strings.Cut(string(out), "\n")
+	var dispatched struct {
+		Type string                  `json:"type"`
+		Data fleetapi.DispatchAnswer `json:"data"`
 	}
-	done, err := cl.Follow(context.Background(), d.Links.Stream, fleetclient.FollowOptions{}, func(fleetclient.StreamEvent) error { return nil })
-	if err != nil || done.Done.Status != "succeeded" {
-		t.Fatalf("following the demo: %v (%+v)", err, done.Done)
+	if err := json.Unmarshal([]byte(first), &dispatched); err != nil || dispatched.Type != "dispatched" || dispatched.Data.FleetRunID == "" {
+		t.Fatalf("runfleet run --json's first line is %s (%v)", first, err)
 	}
-	return d.FleetRunID
+	if !strings.Contains(rest, `"status":"succeeded"`) {
+		t.Fatalf("runfleet run --json of the demo printed:\n%s", out)
+	}
+	return dispatched.Data.FleetRunID
 }
 
-// input types text to the run.
+// input types text and Enter to the run (runfleet runs input --newline).
 func (c *dashCLI) input(t *testing.T, token, id, text string) {
 	t.Helper()
-	if _, err := dashClient(t, c.base, token).Input(context.Background(), id, text); err != nil {
-		t.Fatalf("input to %s: %v", id, err)
-	}
+	c.run(t, token, "runs", "input", "--newline", id, "--", text)
 }
 
-// recordedOutput is the run's output as its events record it.
-func recordedOutput(t *testing.T, c *fleetclient.Client, id string) string {
+// logs is the run's output as runfleet runs logs prints it: as the run
+// recorded it.
+func (c *dashCLI) logs(t *testing.T, token, id string) string {
 	t.Helper()
-	var out strings.Builder
-	q := fleetclient.EventsQuery{}
-	for {
-		page, err := c.Events(context.Background(), id, q)
-		must(t, err)
-		for _, e := range page.Events {
-			var text string
-			if e.Type == "output" && json.Unmarshal(e.Data, &text) == nil {
-				out.WriteString(text)
-			}
-		}
-		if !page.HasMore || page.NextCursor == nil {
-			return out.String()
-		}
-		q.After = *page.NextCursor
-	}
+	return string(c.run(t, token, "runs", "logs", id))
 }
 
 // demoDomain is the demo upstream's name and port, which the demo secret
