@@ -123,6 +123,13 @@ AGENTS_PREFIX       ?= $(CURDIR)/.tools/agents
 CLAUDE_CODE_VERSION ?= 2.1.197
 CODEX_VERSION       ?= 0.171.0
 
+.PHONY: screenshots
+## screenshots: infra/dashboard.png, README's dashboard screenshot, from the browser test
+# TestDashboardInABrowser with RUNFLEET_UPDATE_SCREENSHOTS=1 writes its run page's screenshot there
+# (make test checks the committed file instead). Needs chromium (make deps).
+screenshots:
+	RUNFLEET_UPDATE_SCREENSHOTS=1 $(GO) test -count=1 -run '^TestDashboardInABrowser$$' ./tests/
+
 .PHONY: e2e-agents
 ## e2e-agents: Claude Code and Codex from npm as edge tasks, against fakes (not in make test)
 e2e-agents:

@@ -133,6 +133,7 @@
     while (n >= 1024 && i < u.length - 1) { n /= 1024; i++; }
     return (i ? n.toFixed(1) : String(n)) + ' ' + u[i];
   }
+  const count = (n, noun) => `${n} ${noun}${n === 1 ? '' : 's'}`;
   const statusBadge = (s, id) => el('span', Object.assign(id ? withId(id) : {}, { class: 'status s-' + s, 'data-status': s, text: s }));
 
   // ---- views and the router
@@ -467,14 +468,14 @@
     }
     function summaryOf(s, seal, live) {
       if (!s) return [el('p', { class: 'empty', text: 'No egress ledger mirrored yet.' })];
-      const out = [el('p', {}, `${s.requests} requests, ${s.blocked} blocked, ${s.warned} warned, ${s.alerts} alerts, ` +
+      const out = [el('p', {}, `${count(s.requests, 'request')}, ${s.blocked} blocked, ${s.warned} warned, ${count(s.alerts, 'alert')}, ` +
         `${bytes(s.bytesUp)} up, ${bytes(s.bytesDown)} down` + (s.dropped ? `, ${s.dropped} dropped` : '') +
-        (seal ? `; sealed at ${seal.count} records` : live ? '; still recording' : '; not sealed'))];
+        (seal ? `; sealed at ${count(seal.count, 'record')}` : live ? '; still recording' : '; not sealed'))];
       if (s.authorities.length) {
         out.push(el('ul', { class: 'authorities' }, ...s.authorities.map((a) => el('li', {},
-          el('code', { text: a.authority }), ` ${a.requests} requests, ${a.blocked} blocked` + (a.keys.length ? '; keys ' + a.keys.join(', ') : '')))));
+          el('code', { text: a.authority }), ` ${count(a.requests, 'request')}, ${a.blocked} blocked` + (a.keys.length ? '; keys ' + a.keys.join(', ') : '')))));
       }
-      if (s.otherAuthorities) out.push(el('p', { text: `and ${s.otherAuthorities} requests to other authorities` }));
+      if (s.otherAuthorities) out.push(el('p', { text: `and ${count(s.otherAuthorities, 'request')} to other authorities` }));
       return out;
     }
 
