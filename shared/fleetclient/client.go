@@ -53,7 +53,8 @@ type Options struct {
 	Token string
 	// HTTPClient sends the requests; nil is a client of its own with no
 	// overall timeout (a stream lasts as long as its run), each request
-	// other than the stream bounded by RequestTimeout.
+	// other than the stream bounded by RequestTimeout. The client uses a
+	// copy whose redirects never carry the token to another origin.
 	HTTPClient *http.Client
 	// RequestTimeout bounds one attempt of a request that is not a stream;
 	// zero is 70 s (a long-poll of events waits up to 20 s, a host call
@@ -94,9 +95,7 @@ func New(o Options) (*Client, error) {
 	}
 	c := &Client{base: base, token: o.Token, http: o.HTTPClient, timeout: o.RequestTimeout,
 		maxAttempts: o.MaxAttempts, wait: o.Wait, rand: o.Rand}
-	if c.http == nil {
-		c.http = &http.Client{}
-	}
+	c.http = keepTokenOnOrigin(o.HTTPClient)
 	if c.timeout <= 0 {
 		c.timeout = 70 * time.Second
 	}
@@ -286,6 +285,44 @@ func (c *Client) once(ctx context.Context, cl call, payload []byte) (answer, err
 		return answer{}, fmt.Errorf("fleetclient: %s %s: the answer is over %d MiB", cl.method, cl.path, maxAnswer>>20)
 	}
 	return answer{status: resp.StatusCode, header: resp.Header, body: b}, nil
+}
+
+// keepTokenOnOrigin is hc (nil: a new client) with a redirect rule that
+// drops the Authorization header when a redirect leaves the origin of the
+// request it was set on. net/http's own rule keeps it for the same host
+// name on any port or scheme and for any subdomain (client.go,
+// shouldCopyHeaderOnRedirect): on a shared machine another port is
+// another user's listener, and http:// puts the token on the wire in
+// clear. hc itself is not modified; its own CheckRedirect still applies.
+func keepTokenOnOrigin(hc *http.Client) *http.Client {
+	cp := &http.Client{}
+	if hc != nil {
+		*cp = *hc
+	}
+	theirs := cp.CheckRedirect
+	cp.CheckRedirect = func(req *http.Request, via []*http.Request) error {
+		if originOf(req.URL) != originOf(via[0].URL) {
+			req.Header.Del("Authorization")
+		}
+		if theirs != nil {
+			return theirs(req, via)
+		}
+		if len(via) >= 10 {
+			return errors.New("stopped after 10 redirects")
+		}
+		return nil
+	}
+	return cp
+}
+
+// originOf is u's origin (RFC 6454): scheme, host and port, the default
+// port made explicit.
+func originOf(u *url.URL) string {
+	port := u.Port()
+	if port == "" {
+		port = map[string]string{"http": "80", "https": "443"}[strings.ToLower(u.Scheme)]
+	}
+	return strings.ToLower(u.Scheme) + "://" + strings.ToLower(u.Hostname()) + ":" + port
 }
 
 func (c *Client) authorize(req *http.Request) {
