@@ -45,6 +45,46 @@ func (c *tokenCatcher) sawToken(token string) (requests int, leaked bool) {
 	return len(c.auth), leaked
 }
 
+// A run's links.stream on an origin that is neither the API's nor the
+// stream's the caller configured (a misconfigured or compromised API's
+// RUNFLEET_STREAM_URL) must not be sent the caller's token.
+func TestClientSendsNoTokenToAStreamOnAnotherOrigin(t *testing.T) {
+	evil := newTokenCatcher(t)
+	s := newStack(t, "bolt", stackOptions{streamURL: evil.URL})
+	_, alice, id, _ := s.aliceRun(t)
+	c, _ := newTestClient(t, s, alice, nil)
+	run, err := c.Run(context.Background(), id)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !strings.HasPrefix(run.Run.Links.Stream, evil.URL) {
+		t.Fatalf("links.stream = %q, want it on %s", run.Run.Links.Stream, evil.URL)
+	}
+	_, err = c.Follow(context.Background(), run.Run.Links.Stream, fleetclient.FollowOptions{MaxFailures: 1},
+		func(fleetclient.StreamEvent) error { return nil })
+	if n, leaked := evil.sawToken(alice); leaked {
+		t.Fatalf("the token reached the stream's foreign origin (%d requests)", n)
+	}
+	if err == nil || !strings.Contains(err.Error(), "StreamURL") {
+		t.Fatalf("Follow = %v, want an error naming the stream origin to configure", err)
+	}
+	if strings.Contains(err.Error(), alice) {
+		t.Fatal("the error holds the token")
+	}
+
+	// Configured as the stream's origin, it is trusted with the token.
+	trusted, err := fleetclient.New(fleetclient.Options{BaseURL: s.srv.URL, StreamURL: evil.URL, Token: alice,
+		HTTPClient: s.srv.Client(), Wait: (&waits{}).wait, MaxAttempts: 1})
+	if err != nil {
+		t.Fatal(err)
+	}
+	trusted.Follow(context.Background(), run.Run.Links.Stream, fleetclient.FollowOptions{MaxFailures: 1},
+		func(fleetclient.StreamEvent) error { return nil })
+	if _, leaked := evil.sawToken(alice); !leaked {
+		t.Fatal("the configured stream origin was not sent the token")
+	}
+}
+
 // A redirect to another origin (here the same host name on another port,
 // which net/http's own rule still counts as the same domain) must not
 // carry the token, from an API call or from the stream.

@@ -49,8 +49,15 @@ type Options struct {
 	// or http://127.0.0.1:8080 (make dev): an absolute http or https URL,
 	// a trailing slash allowed.
 	BaseURL string
-	// Token is the caller's (or the admin's) bearer token.
+	// Token is the caller's (or the admin's) bearer token. It is sent to
+	// BaseURL's origin and StreamURL's, never to another.
 	Token string
+	// StreamURL is the stream's base URL when it is served on another
+	// origin than the API (the stream function's URL in AWS: the
+	// StreamUrl output, RUNFLEET_STREAM_URL). Empty: the stream is on
+	// the API's origin (the local stack), and Follow refuses a stream
+	// URL elsewhere rather than send it the token.
+	StreamURL string
 	// HTTPClient sends the requests; nil is a client of its own with no
 	// overall timeout (a stream lasts as long as its run), each request
 	// other than the stream bounded by RequestTimeout. The client uses a
@@ -75,6 +82,7 @@ type Options struct {
 type Client struct {
 	base        string
 	token       string
+	origins     []string // where the token may go: the API's and the stream's
 	http        *http.Client
 	timeout     time.Duration
 	maxAttempts int
@@ -89,11 +97,17 @@ func New(o Options) (*Client, error) {
 	if err := checkBaseURL(base); err != nil {
 		return nil, err
 	}
+	if o.StreamURL != "" {
+		u, err := url.Parse(strings.TrimSpace(o.StreamURL))
+		if err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" || u.User != nil {
+			return nil, fmt.Errorf("fleetclient: stream URL %q: want an absolute http or https URL without credentials, e.g. the StreamUrl output", o.StreamURL)
+		}
+	}
 	if strings.ContainsAny(o.Token, "\r\n") {
 		// Named without the value: a token never appears in an error.
 		return nil, errors.New("fleetclient: the token holds a line break; it cannot be sent as a header")
 	}
-	c := &Client{base: base, token: o.Token, http: o.HTTPClient, timeout: o.RequestTimeout,
+	c := &Client{base: base, token: o.Token, origins: []string{originOfRaw(base)}, http: o.HTTPClient, timeout: o.RequestTimeout,
 		maxAttempts: o.MaxAttempts, wait: o.Wait, rand: o.Rand}
 	c.http = keepTokenOnOrigin(o.HTTPClient)
 	if c.timeout <= 0 {
@@ -107,6 +121,9 @@ func New(o Options) (*Client, error) {
 	}
 	if c.rand == nil {
 		c.rand = rand.Reader
+	}
+	if o.StreamURL != "" {
+		c.origins = append(c.origins, originOfRaw(strings.TrimSpace(o.StreamURL)))
 	}
 	c.userAgent = strings.TrimSpace(o.UserAgent + " runfleet-go/" + version.Version)
 	return c, nil
@@ -323,6 +340,14 @@ func originOf(u *url.URL) string {
 		port = map[string]string{"http": "80", "https": "443"}[strings.ToLower(u.Scheme)]
 	}
 	return strings.ToLower(u.Scheme) + "://" + strings.ToLower(u.Hostname()) + ":" + port
+}
+
+func originOfRaw(raw string) string {
+	u, err := url.Parse(raw)
+	if err != nil {
+		return ""
+	}
+	return originOf(u)
 }
 
 func (c *Client) authorize(req *http.Request) {
