@@ -330,3 +330,39 @@ func TestRunFollowsPastAGatewayError(t *testing.T) {
 		t.Errorf("stdout %q after %d stream requests", r.stdout, refused.Load())
 	}
 }
+
+// TestRunSendsTheTokenOnlyToAKnownStreamOrigin: a run's links.stream on
+// an origin that is neither the API's nor the configured stream's is not
+// sent the token; RUNFLEET_STREAM_URL, or a profile saved with
+// login --stream-url, names the stream's origin as Fleet's own.
+func TestRunSendsTheTokenOnlyToAKnownStreamOrigin(t *testing.T) {
+	f := newFleetStreamingAs(t, "localhost")
+	h := f.addHost("h1", fakehost.Config{})
+	alice := f.mint("alice")
+	stream := strings.Replace(f.srv.URL, "127.0.0.1", "localhost", 1)
+
+	c := f.asCaller(alice)
+	r := c.run(t, "run", "--agent", "shell", "--", "true").want(t, ExitError)
+	if s := r.stderr.String(); !strings.Contains(s, EnvStream+"="+stream) || !strings.Contains(s, "runfleet runs follow fr-") {
+		t.Errorf("stderr does not name the stream's origin and how to trust it:\n%s", s)
+	}
+
+	followed := func(c *cli, child string) *result {
+		r := startedRun(t, f, c, "--", "true")
+		h.AppendOutput(child, "through the stream's origin\n")
+		h.SetRun(child, "succeeded", new(int), "")
+		stop := make(chan struct{})
+		defer close(stop)
+		f.pump(stop)
+		return r.wait(t).want(t, 0)
+	}
+	c.env[EnvStream] = stream
+	if r := followed(c, "run-2"); r.stdout.String() != "through the stream's origin\n" {
+		t.Errorf("stdout %q", r.stdout)
+	}
+
+	// Saved with the profile, for that API only.
+	l := f.newCLI(nil)
+	l.start(alice+"\n", "login", "--api", f.srv.URL, "--stream-url", stream).wait(t).want(t, 0)
+	followed(l, "run-3")
+}
