@@ -366,3 +366,49 @@ func TestRunSendsTheTokenOnlyToAKnownStreamOrigin(t *testing.T) {
 	l.start(alice+"\n", "login", "--api", f.srv.URL, "--stream-url", stream).wait(t).want(t, 0)
 	followed(l, "run-3")
 }
+
+// TestTerminalEscapesFromATaskAreDefused: on a terminal, what a task
+// prints keeps its colours (SGR) and loses the sequences that act on the
+// operator's terminal: OSC (52 writes the clipboard, 8 makes links, 0
+// sets the title), DCS/APC/PM/SOS, CSI queries whose answers are typed
+// into the shell (6n), and their 8-bit C1 forms, even split across two
+// output events. What a host sends for the stderr lines (the reason, the
+// detail) carries none either. Piped, the output is exactly the task's.
+func TestTerminalEscapesFromATaskAreDefused(t *testing.T) {
+	f := newFleet(t)
+	h := f.addHost("h1", fakehost.Config{})
+	tok := f.mint("alice")
+	parts := []string{
+		"a\x1b]52;c;cHduZWQ=\x07b\x1b[1;31mred\x1b[0m\x1b]0;ti",
+		"tle\x1b\\c\x1bP+q544e\x1b\\d\u009d8;;http://evil.example\u009ce\x1b[6n\x1b_apc\x1b\\\x1b[2Kf\r\n",
+	}
+	hostile := "exit\u009b2J\x1b]52;c;cHduZWQ=\x07\x1b[6n"
+	stop := make(chan struct{})
+	defer close(stop)
+	for i, tty := range []bool{true, false} {
+		c := f.asCaller(tok)
+		c.tty = tty
+		r := startedRun(t, f, c, "--", "true")
+		child := "run-" + string(rune('1'+i))
+		for _, p := range parts {
+			h.AppendOutput(child, p)
+		}
+		h.SetRunDetail(child, "failed", new(int), hostile, hostile)
+		if i == 0 {
+			f.pump(stop)
+		}
+		r.wait(t)
+		want := strings.Join(parts, "")
+		if tty {
+			want = "ab\x1b[1;31mred\x1b[0mcde\x1b[2Kf\r\n"
+		}
+		if got := r.stdout.String(); got != want {
+			t.Errorf("tty %v: stdout %q, want %q", tty, got, want)
+		}
+		for _, bad := range []string{"\x1b]", "\u009b", "\u009d", "\x07", "\x1b[6n", "\x1b[2J"} {
+			if strings.Contains(r.stderr.String(), bad) {
+				t.Errorf("tty %v: stderr holds %q from the host: %q", tty, bad, r.stderr)
+			}
+		}
+	}
+}
