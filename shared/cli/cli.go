@@ -7,7 +7,9 @@
 //   - Exit codes: 0 the command worked (a run: it succeeded); a failed
 //     run's exit code (1 when it has none); 1 an API error or Fleet
 //     unreachable; 2 a refused dispatch; 64 a usage error; 130 interrupted.
-//   - A run's output goes to stdout exactly as the task printed it;
+//   - A run's output goes to stdout exactly as the task printed it (on a
+//     terminal, with the sequences that act on the terminal dropped:
+//     terminal.go);
 //     everything else to stderr, progress only when stderr is a terminal.
 //   - The token is never printed: not in an error, not in --json, not in
 //     --help.
