@@ -7,7 +7,9 @@
 //   - Exit codes: 0 the command worked (a run: it succeeded); a failed
 //     run's exit code (1 when it has none); 1 an API error or Fleet
 //     unreachable; 2 a refused dispatch; 64 a usage error; 130 interrupted.
-//   - A run's output goes to stdout exactly as the task printed it;
+//   - A run's output goes to stdout exactly as the task printed it (on a
+//     terminal, with the sequences that act on the terminal dropped:
+//     terminal.go);
 //     everything else to stderr, progress only when stderr is a terminal.
 //   - The token is never printed: not in an error, not in --json, not in
 //     --help.
@@ -44,6 +46,9 @@ const (
 	EnvAPI     = "RUNFLEET_API"
 	EnvToken   = "RUNFLEET_TOKEN"
 	EnvProfile = "RUNFLEET_PROFILE"
+	// EnvStream is the stream's base URL when it is on another origin than
+	// the API (AWS: the StreamUrl output): the token goes to no other.
+	EnvStream  = "RUNFLEET_STREAM_URL"
 	EnvNoColor = "NO_COLOR"
 	EnvXDG     = "XDG_CONFIG_HOME"
 )
@@ -259,7 +264,7 @@ func (inv *invocation) connect() error {
 	if err != nil {
 		return err
 	}
-	c, err := fleetclient.New(fleetclient.Options{BaseURL: t.api, Token: t.token, HTTPClient: inv.env.HTTPClient,
+	c, err := fleetclient.New(fleetclient.Options{BaseURL: t.api, StreamURL: t.stream, Token: t.token, HTTPClient: inv.env.HTTPClient,
 		Wait: inv.env.Wait, UserAgent: "runfleet-cli/" + version.Version})
 	if err != nil {
 		return fmt.Errorf("%s (from %s)", strings.TrimPrefix(err.Error(), "fleetclient: "), t.apiSource)
@@ -288,6 +293,12 @@ func (inv *invocation) fail(err error) int {
 // neither does anything added here.
 func (inv *invocation) describe(err error) string {
 	var apiErr *fleetclient.Error
+	var foreign *fleetclient.StreamOriginError
+	if errors.As(err, &foreign) {
+		return fmt.Sprintf("the run's stream is on %[1]s, neither the API's origin nor the configured stream's, so the token was not sent there; "+
+			"if %[1]s is your Fleet's stream (the StreamUrl output), set %[2]s=%[1]s or run runfleet login --api %[3]s --stream-url %[1]s",
+			strings.TrimSuffix(strings.TrimSuffix(foreign.Origin, ":80"), ":443"), EnvStream, inv.target.api)
+	}
 	if !errors.As(err, &apiErr) {
 		msg := strings.TrimPrefix(err.Error(), "fleetclient: ")
 		if inv.client == nil {

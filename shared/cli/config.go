@@ -22,6 +22,9 @@ type configFile struct {
 type profile struct {
 	API   string `json:"api"`
 	Token string `json:"token"`
+	// Stream is the stream's base URL when it is on another origin than
+	// API (login --stream-url): the one other origin the token goes to.
+	Stream string `json:"stream,omitempty"`
 }
 
 const defaultProfile = "default"
@@ -105,6 +108,7 @@ func saveConfig(path string, cfg configFile) error {
 // each came from (for errors: never the token itself).
 type target struct {
 	api, token             string
+	stream                 string // the stream's base URL on another origin, or ""
 	profile                string
 	apiSource, tokenSource string
 }
@@ -114,6 +118,7 @@ type target struct {
 type settings struct {
 	flagAPI, flagProfile string
 	envAPI, envToken     string
+	envStream            string
 	envProfile           string
 	// load reads the config file; called only when the flags and the
 	// environment leave the API or the token unset.
@@ -125,7 +130,7 @@ type settings struct {
 // profile's own API: with --api or RUNFLEET_API naming another, it is
 // not used (a token typed for one Fleet must not reach another).
 func resolve(s settings) (target, error) {
-	t := target{api: s.flagAPI, apiSource: "--api", token: s.envToken, tokenSource: EnvToken}
+	t := target{api: s.flagAPI, apiSource: "--api", token: s.envToken, tokenSource: EnvToken, stream: s.envStream}
 	if t.api == "" && s.envAPI != "" {
 		t.api, t.apiSource = s.envAPI, EnvAPI
 	}
@@ -160,6 +165,9 @@ func resolve(s settings) (target, error) {
 	if t.token == "" && p.Token != "" && sameAPI(p.API, t.api) {
 		t.token, t.tokenSource = p.Token, fmt.Sprintf("profile %q", name)
 	}
+	if t.stream == "" && sameAPI(p.API, t.api) {
+		t.stream = p.Stream
+	}
 	if t.token == "" {
 		if ok && p.Token != "" {
 			return target{}, fmt.Errorf("no token for %s: profile %q is for %s; set RUNFLEET_TOKEN, or run runfleet login --api %s --profile NAME", t.api, name, p.API, t.api)
@@ -178,7 +186,8 @@ func (inv *invocation) resolveTarget() (target, error) {
 	path, pathErr := configPath(inv.env.Getenv, inv.env.Home)
 	s := settings{
 		envAPI: inv.env.Getenv(EnvAPI), envToken: inv.env.Getenv(EnvToken), envProfile: inv.env.Getenv(EnvProfile),
-		fileName: path,
+		envStream: inv.env.Getenv(EnvStream),
+		fileName:  path,
 		load: func() (configFile, error) {
 			if pathErr != nil {
 				return configFile{}, pathErr

@@ -6,6 +6,7 @@ import (
 	"encoding/json"
 	"io"
 	"log/slog"
+	"net"
 	"net/http"
 	"net/http/httptest"
 	"os"
@@ -52,6 +53,14 @@ type fleet struct {
 
 func newFleet(t *testing.T) *fleet {
 	t.Helper()
+	return newFleetStreamingAs(t, "")
+}
+
+// newFleetStreamingAs is a Fleet whose runs' links.stream name it by
+// streamHost (e.g. localhost for 127.0.0.1): the stream on an origin of
+// its own, as the stream function's URL is in AWS. Empty: its address.
+func newFleetStreamingAs(t *testing.T, streamHost string) *fleet {
+	t.Helper()
 	dir := t.TempDir()
 	creds := filepath.Join(dir, "credentials.json")
 	b, _ := json.Marshal(map[string]string{hostCredRef: "host-token"})
@@ -62,6 +71,14 @@ func newFleet(t *testing.T) *fleet {
 		config.EnvAdminToken:  adminToken,
 		config.EnvCredentials: "file:" + creds,
 		config.EnvStore:       "bolt:" + filepath.Join(dir, "fleet.db"),
+	}
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if streamHost != "" {
+		_, port, _ := net.SplitHostPort(ln.Addr().String())
+		env[config.EnvStreamURL] = "http://" + net.JoinHostPort(streamHost, port)
 	}
 	cfg, err := config.FromEnv(func(k string) string { return env[k] })
 	if err != nil {
@@ -90,7 +107,10 @@ func newFleet(t *testing.T) *fleet {
 		t.Fatal(err)
 	}
 	f.app = app
-	f.srv = httptest.NewServer(handler)
+	f.srv = httptest.NewUnstartedServer(handler)
+	f.srv.Listener.Close()
+	f.srv.Listener = ln
+	f.srv.Start()
 	t.Cleanup(f.srv.Close)
 	f.secret(adminToken)
 	t.Cleanup(f.checkNoTokenPrinted)

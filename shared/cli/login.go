@@ -27,12 +27,15 @@ func loginCmd() *command {
 			"becomes the current one. On a terminal the token shows as it is typed: pipe it in instead.",
 		examples: []string{
 			"runfleet login --api http://127.0.0.1:8080 < .dev/demo-caller-token",
+			"# in AWS the stream is on its function's URL: name it, or the token is not sent there",
+			"runfleet login --api \"$API\" --stream-url \"$STREAM\" < token-file",
 			"# a second Fleet as its own profile, read from a password manager",
 			"pass show runfleet/prod | runfleet login --with-token --api https://fleet.example.com --profile prod",
 		},
 		setup: func(fs *flagSet) func(*invocation) int {
 			withToken := fs.Bool("with-token", "read the token from stdin without a prompt")
-			return func(inv *invocation) int { return inv.login(*withToken) }
+			stream := fs.String("stream-url", "URL", "the stream's URL when it is on another origin than the API (AWS: the StreamUrl output); the token goes to no other")
+			return func(inv *invocation) int { return inv.login(*withToken, *stream) }
 		},
 	}
 }
@@ -49,7 +52,7 @@ func logoutCmd() *command {
 	}
 }
 
-func (inv *invocation) login(withToken bool) int {
+func (inv *invocation) login(withToken bool, stream string) int {
 	path, err := configPath(inv.env.Getenv, inv.env.Home)
 	if err != nil {
 		return inv.fail(err)
@@ -76,7 +79,11 @@ func (inv *invocation) login(withToken bool) int {
 	if token == "" {
 		return inv.fail(errors.New("no token on stdin: pipe it in, e.g. runfleet login --api " + api + " < token-file"))
 	}
-	client, err := fleetclient.New(fleetclient.Options{BaseURL: api, Token: token, HTTPClient: inv.env.HTTPClient,
+	if prev := cfg.Profiles[name]; stream == "" && sameAPI(prev.API, api) {
+		stream = prev.Stream
+	}
+	stream = firstOf(stream, inv.env.Getenv(EnvStream))
+	client, err := fleetclient.New(fleetclient.Options{BaseURL: api, StreamURL: stream, Token: token, HTTPClient: inv.env.HTTPClient,
 		Wait: inv.env.Wait, UserAgent: "runfleet-cli/" + version.Version})
 	if err != nil {
 		return inv.fail(errors.New(strings.TrimPrefix(err.Error(), "fleetclient: ")))
@@ -98,7 +105,7 @@ func (inv *invocation) login(withToken bool) int {
 	if cfg.Profiles == nil {
 		cfg.Profiles = map[string]profile{}
 	}
-	cfg.Profiles[name] = profile{API: client.BaseURL(), Token: token}
+	cfg.Profiles[name] = profile{API: client.BaseURL(), Token: token, Stream: stream}
 	cfg.Current = name
 	if err := saveConfig(path, cfg); err != nil {
 		return inv.fail(err)

@@ -24,12 +24,20 @@ type ui struct {
 	bothTTY bool
 	midLine bool
 	now     func() time.Time
+	// term defuses a run's output on its way to a terminal (terminal.go);
+	// nil when stdout is not one: the output is then the task's exactly.
+	term *termFilter
 }
 
 func newUI(env Env) *ui {
 	color := env.Getenv(EnvNoColor) == "" && env.Getenv("TERM") != "dumb"
+	var term *termFilter
+	if env.StdoutTTY {
+		term = &termFilter{}
+	}
 	return &ui{
-		out: env.Stdout, err: env.Stderr,
+		term: term,
+		out:  env.Stdout, err: env.Stderr,
 		outColor: color && env.StdoutTTY, errColor: color && env.StderrTTY,
 		progress: env.StderrTTY, bothTTY: env.StdoutTTY && env.StderrTTY,
 		now: env.Now,
@@ -52,17 +60,19 @@ func paint(on bool, color, s string) string {
 	return "\x1b[" + color + "m" + s + "\x1b[0m"
 }
 
-// errorf writes an error line to stderr, always.
+// errorf writes an error line to stderr, always. Like notef and
+// progressf, it sanitizes its arguments: a reason, a detail, a host's id
+// or an API's message may come from a host or a task.
 func (u *ui) errorf(format string, args ...any) {
 	u.freshLine()
-	fmt.Fprintf(u.err, "%s %s\n", paint(u.errColor, red, "runfleet:"), fmt.Sprintf(format, args...))
+	fmt.Fprintf(u.err, "%s %s\n", paint(u.errColor, red, "runfleet:"), fmt.Sprintf(format, sanitized(args)...))
 }
 
 // notef writes a line to stderr, always: a result that is not data (a
 // confirmation, a hint how to go on).
 func (u *ui) notef(format string, args ...any) {
 	u.freshLine()
-	fmt.Fprintf(u.err, format+"\n", args...)
+	fmt.Fprintf(u.err, format+"\n", sanitized(args)...)
 }
 
 // progressf writes a progress line to stderr when it is a terminal.
@@ -71,7 +81,24 @@ func (u *ui) progressf(format string, args ...any) {
 		return
 	}
 	u.freshLine()
-	fmt.Fprintf(u.err, "%s\n", paint(u.errColor, grey, fmt.Sprintf(format, args...)))
+	fmt.Fprintf(u.err, "%s\n", paint(u.errColor, grey, fmt.Sprintf(format, sanitized(args)...)))
+}
+
+// sanitized is args with each string, error and Stringer sanitized.
+func sanitized(args []any) []any {
+	out := make([]any, len(args))
+	for i, a := range args {
+		switch v := a.(type) {
+		case string:
+			a = sanitize(v)
+		case error:
+			a = sanitize(v.Error())
+		case fmt.Stringer:
+			a = sanitize(v.String())
+		}
+		out[i] = a
+	}
+	return out
 }
 
 func (u *ui) freshLine() {
@@ -81,8 +108,12 @@ func (u *ui) freshLine() {
 	}
 }
 
-// output writes a run's output text to stdout as it is.
+// output writes a run's output text to stdout: as it is, or defused when
+// stdout is a terminal.
 func (u *ui) output(text string) error {
+	if u.term != nil {
+		text = u.term.write(text)
+	}
 	if text == "" {
 		return nil
 	}
@@ -173,10 +204,11 @@ func (u *ui) fields(rows [][2]cell) {
 }
 
 // sanitize keeps a value a host or a task chose from moving the cursor
-// or colouring a table: control characters become spaces.
+// or colouring a table: control characters, C1 included (a terminal obeys
+// U+009B as CSI), become spaces.
 func sanitize(s string) string {
 	return strings.Map(func(r rune) rune {
-		if r < 0x20 || r == 0x7f {
+		if r < 0x20 || (r >= 0x7f && r <= 0x9f) {
 			return ' '
 		}
 		return r

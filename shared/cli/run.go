@@ -213,9 +213,9 @@ func (inv *invocation) refused(e *fleetclient.Error, d fleetclient.Dispatched) {
 	inv.ui.errorf("the dispatch was refused (%s): %s", e.Code, e.Message)
 	w := inv.ui.err
 	if d.FleetRunID != "" {
-		fmt.Fprintf(w, "  run:     %s (%s, nothing started)\n", d.FleetRunID, d.Status)
+		fmt.Fprintf(w, "  run:     %s (%s, nothing started)\n", sanitize(d.FleetRunID), sanitize(d.Status))
 		if d.Reason != "" {
-			fmt.Fprintf(w, "  reason:  %s\n", d.Reason)
+			fmt.Fprintf(w, "  reason:  %s\n", sanitize(d.Reason))
 		}
 		if d.Detail != "" {
 			fmt.Fprintf(w, "  detail:  %s\n", sanitize(d.Detail))
@@ -240,7 +240,7 @@ func (inv *invocation) refused(e *fleetclient.Error, d fleetclient.Dispatched) {
 			if x.Detail != "" {
 				line += ": " + sanitize(x.Detail)
 			}
-			fmt.Fprintf(w, "    %s: %s\n", x.HostID, line)
+			fmt.Fprintf(w, "    %s: %s\n", sanitize(x.HostID), sanitize(line))
 		}
 	}
 	if len(e.Details) > 0 && e.Code != fleetapi.CodeNoEligibleHost {
@@ -248,7 +248,7 @@ func (inv *invocation) refused(e *fleetclient.Error, d fleetclient.Dispatched) {
 			FleetRunID string `json:"fleetRunId"`
 		}
 		if json.Unmarshal(e.Details, &other) == nil && other.FleetRunID != "" {
-			fmt.Fprintf(w, "  run:     %s (see runfleet runs get %s%s)\n", other.FleetRunID, other.FleetRunID, inv.flagHint())
+			fmt.Fprintf(w, "  run:     %s (see runfleet runs get %s%s)\n", sanitize(other.FleetRunID), sanitize(other.FleetRunID), inv.flagHint())
 		}
 	}
 }

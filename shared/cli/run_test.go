@@ -330,3 +330,85 @@ func TestRunFollowsPastAGatewayError(t *testing.T) {
 		t.Errorf("stdout %q after %d stream requests", r.stdout, refused.Load())
 	}
 }
+
+// TestRunSendsTheTokenOnlyToAKnownStreamOrigin: a run's links.stream on
+// an origin that is neither the API's nor the configured stream's is not
+// sent the token; RUNFLEET_STREAM_URL, or a profile saved with
+// login --stream-url, names the stream's origin as Fleet's own.
+func TestRunSendsTheTokenOnlyToAKnownStreamOrigin(t *testing.T) {
+	f := newFleetStreamingAs(t, "localhost")
+	h := f.addHost("h1", fakehost.Config{})
+	alice := f.mint("alice")
+	stream := strings.Replace(f.srv.URL, "127.0.0.1", "localhost", 1)
+
+	c := f.asCaller(alice)
+	r := c.run(t, "run", "--agent", "shell", "--", "true").want(t, ExitError)
+	if s := r.stderr.String(); !strings.Contains(s, EnvStream+"="+stream) || !strings.Contains(s, "runfleet runs follow fr-") {
+		t.Errorf("stderr does not name the stream's origin and how to trust it:\n%s", s)
+	}
+
+	followed := func(c *cli, child string) *result {
+		r := startedRun(t, f, c, "--", "true")
+		h.AppendOutput(child, "through the stream's origin\n")
+		h.SetRun(child, "succeeded", new(int), "")
+		stop := make(chan struct{})
+		defer close(stop)
+		f.pump(stop)
+		return r.wait(t).want(t, 0)
+	}
+	c.env[EnvStream] = stream
+	if r := followed(c, "run-2"); r.stdout.String() != "through the stream's origin\n" {
+		t.Errorf("stdout %q", r.stdout)
+	}
+
+	// Saved with the profile, for that API only.
+	l := f.newCLI(nil)
+	l.start(alice+"\n", "login", "--api", f.srv.URL, "--stream-url", stream).wait(t).want(t, 0)
+	followed(l, "run-3")
+}
+
+// TestTerminalEscapesFromATaskAreDefused: on a terminal, what a task
+// prints keeps its colours (SGR) and loses the sequences that act on the
+// operator's terminal: OSC (52 writes the clipboard, 8 makes links, 0
+// sets the title), DCS/APC/PM/SOS, CSI queries whose answers are typed
+// into the shell (6n), and their 8-bit C1 forms, even split across two
+// output events. What a host sends for the stderr lines (the reason, the
+// detail) carries none either. Piped, the output is exactly the task's.
+func TestTerminalEscapesFromATaskAreDefused(t *testing.T) {
+	f := newFleet(t)
+	h := f.addHost("h1", fakehost.Config{})
+	tok := f.mint("alice")
+	parts := []string{
+		"a\x1b]52;c;cHduZWQ=\x07b\x1b[1;31mred\x1b[0m\x1b]0;ti",
+		"tle\x1b\\c\x1bP+q544e\x1b\\d\u009d8;;http://evil.example\u009ce\x1b[6n\x1b_apc\x1b\\\x1b[2Kf\r\n",
+	}
+	hostile := "exit\u009b2J\x1b]52;c;cHduZWQ=\x07\x1b[6n"
+	stop := make(chan struct{})
+	defer close(stop)
+	for i, tty := range []bool{true, false} {
+		c := f.asCaller(tok)
+		c.tty = tty
+		r := startedRun(t, f, c, "--", "true")
+		child := "run-" + string(rune('1'+i))
+		for _, p := range parts {
+			h.AppendOutput(child, p)
+		}
+		h.SetRunDetail(child, "failed", new(int), hostile, hostile)
+		if i == 0 {
+			f.pump(stop)
+		}
+		r.wait(t)
+		want := strings.Join(parts, "")
+		if tty {
+			want = "ab\x1b[1;31mred\x1b[0mcde\x1b[2Kf\r\n"
+		}
+		if got := r.stdout.String(); got != want {
+			t.Errorf("tty %v: stdout %q, want %q", tty, got, want)
+		}
+		for _, bad := range []string{"\x1b]", "\u009b", "\u009d", "\x07", "\x1b[6n", "\x1b[2J"} {
+			if strings.Contains(r.stderr.String(), bad) {
+				t.Errorf("tty %v: stderr holds %q from the host: %q", tty, bad, r.stderr)
+			}
+		}
+	}
+}

@@ -49,11 +49,19 @@ type Options struct {
 	// or http://127.0.0.1:8080 (make dev): an absolute http or https URL,
 	// a trailing slash allowed.
 	BaseURL string
-	// Token is the caller's (or the admin's) bearer token.
+	// Token is the caller's (or the admin's) bearer token. It is sent to
+	// BaseURL's origin and StreamURL's, never to another.
 	Token string
+	// StreamURL is the stream's base URL when it is served on another
+	// origin than the API (the stream function's URL in AWS: the
+	// StreamUrl output, RUNFLEET_STREAM_URL). Empty: the stream is on
+	// the API's origin (the local stack), and Follow refuses a stream
+	// URL elsewhere rather than send it the token.
+	StreamURL string
 	// HTTPClient sends the requests; nil is a client of its own with no
 	// overall timeout (a stream lasts as long as its run), each request
-	// other than the stream bounded by RequestTimeout.
+	// other than the stream bounded by RequestTimeout. The client uses a
+	// copy whose redirects never carry the token to another origin.
 	HTTPClient *http.Client
 	// RequestTimeout bounds one attempt of a request that is not a stream;
 	// zero is 70 s (a long-poll of events waits up to 20 s, a host call
@@ -74,6 +82,7 @@ type Options struct {
 type Client struct {
 	base        string
 	token       string
+	origins     []string // where the token may go: the API's and the stream's
 	http        *http.Client
 	timeout     time.Duration
 	maxAttempts int
@@ -88,15 +97,19 @@ func New(o Options) (*Client, error) {
 	if err := checkBaseURL(base); err != nil {
 		return nil, err
 	}
+	if o.StreamURL != "" {
+		u, err := url.Parse(strings.TrimSpace(o.StreamURL))
+		if err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" || u.User != nil {
+			return nil, fmt.Errorf("fleetclient: stream URL %q: want an absolute http or https URL without credentials, e.g. the StreamUrl output", o.StreamURL)
+		}
+	}
 	if strings.ContainsAny(o.Token, "\r\n") {
 		// Named without the value: a token never appears in an error.
 		return nil, errors.New("fleetclient: the token holds a line break; it cannot be sent as a header")
 	}
-	c := &Client{base: base, token: o.Token, http: o.HTTPClient, timeout: o.RequestTimeout,
+	c := &Client{base: base, token: o.Token, origins: []string{originOfRaw(base)}, http: o.HTTPClient, timeout: o.RequestTimeout,
 		maxAttempts: o.MaxAttempts, wait: o.Wait, rand: o.Rand}
-	if c.http == nil {
-		c.http = &http.Client{}
-	}
+	c.http = keepTokenOnOrigin(o.HTTPClient)
 	if c.timeout <= 0 {
 		c.timeout = 70 * time.Second
 	}
@@ -108,6 +121,9 @@ func New(o Options) (*Client, error) {
 	}
 	if c.rand == nil {
 		c.rand = rand.Reader
+	}
+	if o.StreamURL != "" {
+		c.origins = append(c.origins, originOfRaw(strings.TrimSpace(o.StreamURL)))
 	}
 	c.userAgent = strings.TrimSpace(o.UserAgent + " runfleet-go/" + version.Version)
 	return c, nil
@@ -286,6 +302,52 @@ func (c *Client) once(ctx context.Context, cl call, payload []byte) (answer, err
 		return answer{}, fmt.Errorf("fleetclient: %s %s: the answer is over %d MiB", cl.method, cl.path, maxAnswer>>20)
 	}
 	return answer{status: resp.StatusCode, header: resp.Header, body: b}, nil
+}
+
+// keepTokenOnOrigin is hc (nil: a new client) with a redirect rule that
+// drops the Authorization header when a redirect leaves the origin of the
+// request it was set on. net/http's own rule keeps it for the same host
+// name on any port or scheme and for any subdomain (client.go,
+// shouldCopyHeaderOnRedirect): on a shared machine another port is
+// another user's listener, and http:// puts the token on the wire in
+// clear. hc itself is not modified; its own CheckRedirect still applies.
+func keepTokenOnOrigin(hc *http.Client) *http.Client {
+	cp := &http.Client{}
+	if hc != nil {
+		*cp = *hc
+	}
+	theirs := cp.CheckRedirect
+	cp.CheckRedirect = func(req *http.Request, via []*http.Request) error {
+		if originOf(req.URL) != originOf(via[0].URL) {
+			req.Header.Del("Authorization")
+		}
+		if theirs != nil {
+			return theirs(req, via)
+		}
+		if len(via) >= 10 {
+			return errors.New("stopped after 10 redirects")
+		}
+		return nil
+	}
+	return cp
+}
+
+// originOf is u's origin (RFC 6454): scheme, host and port, the default
+// port made explicit.
+func originOf(u *url.URL) string {
+	port := u.Port()
+	if port == "" {
+		port = map[string]string{"http": "80", "https": "443"}[strings.ToLower(u.Scheme)]
+	}
+	return strings.ToLower(u.Scheme) + "://" + strings.ToLower(u.Hostname()) + ":" + port
+}
+
+func originOfRaw(raw string) string {
+	u, err := url.Parse(raw)
+	if err != nil {
+		return ""
+	}
+	return originOf(u)
 }
 
 func (c *Client) authorize(req *http.Request) {

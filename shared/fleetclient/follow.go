@@ -9,6 +9,7 @@ import (
 	"io"
 	"net/http"
 	"net/url"
+	"slices"
 	"strconv"
 	"strings"
 	"time"
@@ -64,6 +65,19 @@ type Followed struct {
 // ErrStopFollowing, returned by Follow's fn, ends the Follow with no error.
 var ErrStopFollowing = errors.New("fleetclient: stop following")
 
+// StreamOriginError is Follow's refusal of a stream URL on an origin that
+// is neither the API's nor Options.StreamURL's: whoever sets a run's
+// links (the API's RUNFLEET_STREAM_URL, or anything able to alter its
+// answers) must not be able to send the token elsewhere.
+type StreamOriginError struct {
+	// Origin is the stream URL's scheme://host:port.
+	Origin string
+}
+
+func (e *StreamOriginError) Error() string {
+	return fmt.Sprintf("fleetclient: the run's stream is on %s, neither the API's origin nor the configured stream's, so the token is not sent there: if it is your Fleet's stream function, set Options.StreamURL to it", e.Origin)
+}
+
 // Follow reads the run's stream (streamURL: its links.stream) until the
 // run is done, handing each message to fn once and in order. It reconnects
 // with Last-Event-ID after a planned end (the stream's retry delay), an
@@ -71,11 +85,15 @@ var ErrStopFollowing = errors.New("fleetclient: stop following")
 // off, at most MaxFailures in a row), so fn sees neither a gap nor a
 // repeat; an event whose sequence fn has already seen is dropped, whatever
 // a server sends. A refusal other than 429 (too_many_streams, waited out)
-// is returned as an *Error.
+// is returned as an *Error; a streamURL on another origin than the API's
+// or Options.StreamURL's is a *StreamOriginError, before any request.
 func (c *Client) Follow(ctx context.Context, streamURL string, o FollowOptions, fn func(StreamEvent) error) (Followed, error) {
 	u, err := url.Parse(streamURL)
 	if err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" {
 		return Followed{}, fmt.Errorf("fleetclient: the stream URL %q is not an absolute http(s) URL: use the run's links.stream", streamURL)
+	}
+	if !slices.Contains(c.origins, originOf(u)) {
+		return Followed{}, &StreamOriginError{Origin: originOf(u)}
 	}
 	f := &follower{c: c, url: u, o: o, fn: fn, last: o.LastEventID, seen: o.After, retry: time.Second}
 	if f.o.MaxFailures <= 0 {

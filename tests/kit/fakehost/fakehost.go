@@ -381,6 +381,17 @@ func (h *Host) SetRun(runID, status string, exitCode *int, reason string) {
 	}
 }
 
+// SetRunDetail is SetRun with the detail a person reads beside the reason.
+func (h *Host) SetRunDetail(runID, status string, exitCode *int, reason, detail string) {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	if r, ok := h.runs[runID]; ok {
+		r.Status, r.ExitCode, r.Reason, r.Detail = status, exitCode, reason, detail
+		h.appendStateLocked(r)
+		h.endedLocked(r)
+	}
+}
+
 // Forget makes the host deny a run, as after losing its state.
 func (h *Host) Forget(runID string) {
 	h.mu.Lock()
