@@ -2,6 +2,7 @@ package tests
 
 import (
 	"context"
+	"errors"
 	"net/http"
 	"net/http/httptest"
 	"net/http/httputil"
@@ -23,14 +24,26 @@ type tokenCatcher struct {
 
 func newTokenCatcher(t *testing.T) *tokenCatcher {
 	c := &tokenCatcher{}
-	c.Server = httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+	c.Server = httptest.NewServer(c.handler())
+	t.Cleanup(c.Close)
+	return c
+}
+
+// newTLSTokenCatcher is a tokenCatcher over https.
+func newTLSTokenCatcher(t *testing.T) *tokenCatcher {
+	c := &tokenCatcher{}
+	c.Server = httptest.NewTLSServer(c.handler())
+	t.Cleanup(c.Close)
+	return c
+}
+
+func (c *tokenCatcher) handler() http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		c.mu.Lock()
 		c.auth = append(c.auth, r.Header.Get("Authorization"))
 		c.mu.Unlock()
 		http.Error(w, "nothing here", http.StatusNotFound)
-	}))
-	t.Cleanup(c.Close)
-	return c
+	})
 }
 
 // sawToken reports whether any request carried token.
@@ -120,5 +133,37 @@ func TestClientSendsNoTokenAcrossARedirect(t *testing.T) {
 	}
 	if leaked {
 		t.Fatalf("a redirect carried the token to another origin (%d requests)", n)
+	}
+}
+
+// From an https API, a stream on another https origin (the stream
+// function's URL in AWS) is followed with the token unconfigured; a stream
+// in plain http is not, whatever its host.
+func TestClientFollowsAnHTTPSStreamFromAnHTTPSAPI(t *testing.T) {
+	api, stream, plain := newTLSTokenCatcher(t), newTLSTokenCatcher(t), newTokenCatcher(t)
+	const token = "rft_the-callers-token"
+	// httptest's TLS servers share one certificate: api's client trusts
+	// the stream's too.
+	c, err := fleetclient.New(fleetclient.Options{BaseURL: api.URL, Token: token, HTTPClient: api.Client(), Wait: (&waits{}).wait, MaxAttempts: 1})
+	if err != nil {
+		t.Fatal(err)
+	}
+	follow := func(base string) error {
+		_, err := c.Follow(context.Background(), base+"/fleet/runs/fr-x/stream", fleetclient.FollowOptions{MaxFailures: 1},
+			func(fleetclient.StreamEvent) error { return nil })
+		return err
+	}
+	if err := follow(stream.URL); err == nil {
+		t.Fatal("a stream answering 404 was followed without an error")
+	}
+	if n, leaked := stream.sawToken(token); n == 0 || !leaked {
+		t.Fatalf("the https stream got %d requests, token %v; want it followed with the token", n, leaked)
+	}
+	var refused *fleetclient.StreamOriginError
+	if err := follow(plain.URL); !errors.As(err, &refused) {
+		t.Fatalf("a plain-http stream from an https API: %v; want a StreamOriginError", err)
+	}
+	if n, _ := plain.sawToken(token); n != 0 {
+		t.Fatalf("the plain-http stream got %d requests", n)
 	}
 }

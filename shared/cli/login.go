@@ -34,7 +34,7 @@ func loginCmd() *command {
 		},
 		setup: func(fs *flagSet) func(*invocation) int {
 			withToken := fs.Bool("with-token", "read the token from stdin without a prompt")
-			stream := fs.String("stream-url", "URL", "the stream's URL when it is on another origin than the API (AWS: the StreamUrl output); the token goes to no other")
+			stream := fs.String("stream-url", "URL", "the stream's URL when it is on another origin than the API and not https (an https API's https stream needs none)")
 			return func(inv *invocation) int { return inv.login(*withToken, *stream) }
 		},
 	}

@@ -65,17 +65,21 @@ type Followed struct {
 // ErrStopFollowing, returned by Follow's fn, ends the Follow with no error.
 var ErrStopFollowing = errors.New("fleetclient: stop following")
 
-// StreamOriginError is Follow's refusal of a stream URL on an origin that
-// is neither the API's nor Options.StreamURL's: whoever sets a run's
-// links (the API's RUNFLEET_STREAM_URL, or anything able to alter its
-// answers) must not be able to send the token elsewhere.
+// StreamOriginError is Follow's refusal of a stream URL the token may not
+// go to: an origin that is neither the API's nor Options.StreamURL's,
+// unless both the API and the stream are https. An https API's answer
+// comes from the holder of the token over an authenticated channel, and in
+// AWS the stream is on the stream function's own https URL, so that case
+// works unconfigured; what is refused is a link that would carry the token
+// in plain text, or off a plain-http API (a local stack, a test) to
+// another host.
 type StreamOriginError struct {
 	// Origin is the stream URL's scheme://host:port.
 	Origin string
 }
 
 func (e *StreamOriginError) Error() string {
-	return fmt.Sprintf("fleetclient: the run's stream is on %s, neither the API's origin nor the configured stream's, so the token is not sent there: if it is your Fleet's stream function, set Options.StreamURL to it", e.Origin)
+	return fmt.Sprintf("fleetclient: the run's stream is on %s, neither the API's origin nor the configured stream's, and not https from an https API, so the token is not sent there: if it is your Fleet's stream function, set Options.StreamURL to it", e.Origin)
 }
 
 // Follow reads the run's stream (streamURL: its links.stream) until the
@@ -85,14 +89,14 @@ func (e *StreamOriginError) Error() string {
 // off, at most MaxFailures in a row), so fn sees neither a gap nor a
 // repeat; an event whose sequence fn has already seen is dropped, whatever
 // a server sends. A refusal other than 429 (too_many_streams, waited out)
-// is returned as an *Error; a streamURL on another origin than the API's
-// or Options.StreamURL's is a *StreamOriginError, before any request.
+// is returned as an *Error; a streamURL the token may not go to (see
+// StreamOriginError) is refused before any request.
 func (c *Client) Follow(ctx context.Context, streamURL string, o FollowOptions, fn func(StreamEvent) error) (Followed, error) {
 	u, err := url.Parse(streamURL)
 	if err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" {
 		return Followed{}, fmt.Errorf("fleetclient: the stream URL %q is not an absolute http(s) URL: use the run's links.stream", streamURL)
 	}
-	if !slices.Contains(c.origins, originOf(u)) {
+	if !c.mayFollow(u) {
 		return Followed{}, &StreamOriginError{Origin: originOf(u)}
 	}
 	f := &follower{c: c, url: u, o: o, fn: fn, last: o.LastEventID, seen: o.After, retry: time.Second}
@@ -106,6 +110,15 @@ func (c *Client) Follow(ctx context.Context, streamURL string, o FollowOptions, 
 		f.seen = eventSeqOf(f.last)
 	}
 	return f.run(ctx)
+}
+
+// mayFollow says whether the token may go to the stream at u: see
+// StreamOriginError.
+func (c *Client) mayFollow(u *url.URL) bool {
+	if slices.Contains(c.origins, originOf(u)) {
+		return true
+	}
+	return strings.EqualFold(u.Scheme, "https") && strings.HasPrefix(c.origins[0], "https://")
 }
 
 type follower struct {
