@@ -27,8 +27,8 @@ func loginCmd() *command {
 			"becomes the current one. On a terminal the token shows as it is typed: pipe it in instead.",
 		examples: []string{
 			"runfleet login --api http://127.0.0.1:8080 < .dev/demo-caller-token",
-			"# in AWS the stream is on its function's URL: name it, or the token is not sent there",
-			"runfleet login --api \"$API\" --stream-url \"$STREAM\" < token-file",
+			"# a stream on another plain-http origin must be named, or the token is not sent there",
+			"runfleet login --api http://fleet.lan:8080 --stream-url http://stream.lan:8081 < token-file",
 			"# a second Fleet as its own profile, read from a password manager",
 			"pass show runfleet/prod | runfleet login --with-token --api https://fleet.example.com --profile prod",
 		},
