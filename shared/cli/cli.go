@@ -295,8 +295,8 @@ func (inv *invocation) describe(err error) string {
 	var apiErr *fleetclient.Error
 	var foreign *fleetclient.StreamOriginError
 	if errors.As(err, &foreign) {
-		return fmt.Sprintf("the run's stream is on %[1]s, neither the API's origin nor the configured stream's, so the token was not sent there; "+
-			"if %[1]s is your Fleet's stream (the StreamUrl output), set %[2]s=%[1]s or run runfleet login --api %[3]s --stream-url %[1]s",
+		return fmt.Sprintf("the run's stream is on %[1]s, neither the API's origin nor the configured stream's (nor https from an https API), so the token was not sent there; "+
+			"if %[1]s is your Fleet's stream, set %[2]s=%[1]s or run runfleet login --api %[3]s --stream-url %[1]s",
 			strings.TrimSuffix(strings.TrimSuffix(foreign.Origin, ":80"), ":443"), EnvStream, inv.target.api)
 	}
 	if !errors.As(err, &apiErr) {
