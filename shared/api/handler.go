@@ -26,6 +26,7 @@ import (
 	"github.com/runfleet/runfleet/shared/clock"
 	"github.com/runfleet/runfleet/shared/dashboard"
 	"github.com/runfleet/runfleet/shared/fleet"
+	"github.com/runfleet/runfleet/shared/fleetapi"
 	"github.com/runfleet/runfleet/shared/store"
 )
 
@@ -80,7 +81,7 @@ func (c Config) Validate() error {
 		errs = append(errs, errors.New("api: Config.Logger is required"))
 	}
 	if c.StreamURL != "" {
-		if err := CheckBaseURL(c.StreamURL); err != nil {
+		if err := fleetapi.CheckBaseURL(c.StreamURL); err != nil {
 			errs = append(errs, fmt.Errorf("api: Config.StreamURL: %w", err))
 		}
 	}

@@ -1,7 +1,6 @@
 package api
 
 import (
-	"fmt"
 	"net/url"
 	"strings"
 
@@ -51,19 +50,4 @@ func requestBase(ev events.APIGatewayV2HTTPRequest, headers map[string]string) s
 func firstOf(v string) string {
 	first, _, _ := strings.Cut(v, ",")
 	return first
-}
-
-// CheckBaseURL accepts an absolute http or https URL with a host and no
-// query or fragment: a base that paths are appended to.
-func CheckBaseURL(raw string) error {
-	u, err := url.Parse(raw)
-	switch {
-	case err != nil:
-		return fmt.Errorf("%q is not a URL", raw)
-	case u.Scheme != "http" && u.Scheme != "https", u.Host == "":
-		return fmt.Errorf("%q: want an absolute http or https URL", raw)
-	case u.RawQuery != "" || u.Fragment != "" || u.User != nil:
-		return fmt.Errorf("%q: want a base URL without credentials, query or fragment", raw)
-	}
-	return nil
 }

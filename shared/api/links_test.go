@@ -39,20 +39,3 @@ func TestRequestBaseIsWhereTheCallerReachedTheAPI(t *testing.T) {
 		t.Fatalf("links %+v", got)
 	}
 }
-
-func TestCheckBaseURL(t *testing.T) {
-	for raw, ok := range map[string]bool{
-		"https://s.lambda-url.eu-west-1.on.aws/": true,
-		"http://127.0.0.1:8080":                  true,
-		"https://example.com/runfleet":           true,
-		"s.lambda-url.eu-west-1.on.aws":          false,
-		"ftp://example.com":                      false,
-		"https://example.com/?x=1":               false,
-		"https://user:pw@example.com":            false,
-		"https://":                               false,
-	} {
-		if err := CheckBaseURL(raw); (err == nil) != ok {
-			t.Errorf("%q: %v", raw, err)
-		}
-	}
-}

@@ -13,9 +13,9 @@ import (
 	"strings"
 	"time"
 
-	"github.com/runfleet/runfleet/shared/api"
 	"github.com/runfleet/runfleet/shared/credentials"
 	"github.com/runfleet/runfleet/shared/fleet"
+	"github.com/runfleet/runfleet/shared/fleetapi"
 	"github.com/runfleet/runfleet/shared/store"
 	"github.com/runfleet/runfleet/shared/store/dynamostore"
 	"github.com/runfleet/runfleet/shared/stream"
@@ -268,7 +268,7 @@ func (c Fleet) Validate() error {
 		}
 	}
 	if c.StreamURL != "" {
-		if err := api.CheckBaseURL(c.StreamURL); err != nil {
+		if err := fleetapi.CheckBaseURL(c.StreamURL); err != nil {
 			errs = append(errs, fmt.Errorf("%s: %w", EnvStreamURL, err))
 		}
 	}

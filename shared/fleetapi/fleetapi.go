@@ -2,8 +2,9 @@
 // body and every answer of the API's routes and of a run's stream (its SSE
 // frames' data), and the error body they all share. A client (the CLI, the
 // dashboard, a CI job) imports it to speak to Fleet without importing Fleet:
-// it holds tagged structs only, no I/O, and depends on nothing but the
-// standard library and the run request (shared/runspec).
+// it holds tagged structs only, no I/O (and the one check of a base URL,
+// which Fleet's configuration and the client both apply), and depends on
+// nothing but the standard library and the run request (shared/runspec).
 //
 // The JSON is a contract with deployed callers: fields are added, never
 // renamed or removed, and a field's omission rule never changes (one
@@ -17,7 +18,27 @@
 // DESIGN.md, section "Fleet's HTTP API" for the rest.
 package fleetapi
 
-import "time"
+import (
+	"fmt"
+	"net/url"
+	"time"
+)
+
+// CheckBaseURL accepts an absolute http or https URL with a host and no
+// query or fragment: a base that paths are appended to (the API's, the
+// stream's).
+func CheckBaseURL(raw string) error {
+	u, err := url.Parse(raw)
+	switch {
+	case err != nil:
+		return fmt.Errorf("%q is not a URL: want an absolute http or https URL, e.g. http://127.0.0.1:8080", raw)
+	case u.Scheme != "http" && u.Scheme != "https", u.Host == "":
+		return fmt.Errorf("%q: want an absolute http or https URL, e.g. http://127.0.0.1:8080", raw)
+	case u.RawQuery != "" || u.Fragment != "" || u.User != nil:
+		return fmt.Errorf("%q: want a base URL without credentials, query or fragment", raw)
+	}
+	return nil
+}
 
 // Health is GET /healthz. Its keys are in the order Fleet writes them.
 type Health struct {

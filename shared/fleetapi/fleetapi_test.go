@@ -99,3 +99,20 @@ func TestErrorDetailsDecode(t *testing.T) {
 		t.Errorf("re-encoded %s\nwant        %s", b, body)
 	}
 }
+
+func TestCheckBaseURL(t *testing.T) {
+	for raw, ok := range map[string]bool{
+		"https://s.lambda-url.eu-west-1.on.aws/": true,
+		"http://127.0.0.1:8080":                  true,
+		"https://example.com/runfleet":           true,
+		"s.lambda-url.eu-west-1.on.aws":          false,
+		"ftp://example.com":                      false,
+		"https://example.com/?x=1":               false,
+		"https://user:pw@example.com":            false,
+		"https://":                               false,
+	} {
+		if err := CheckBaseURL(raw); (err == nil) != ok {
+			t.Errorf("%q: %v", raw, err)
+		}
+	}
+}

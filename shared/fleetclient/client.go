@@ -98,9 +98,8 @@ func New(o Options) (*Client, error) {
 		return nil, err
 	}
 	if o.StreamURL != "" {
-		u, err := url.Parse(strings.TrimSpace(o.StreamURL))
-		if err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" || u.User != nil {
-			return nil, fmt.Errorf("fleetclient: stream URL %q: want an absolute http or https URL without credentials, e.g. the StreamUrl output", o.StreamURL)
+		if err := fleetapi.CheckBaseURL(strings.TrimSpace(o.StreamURL)); err != nil {
+			return nil, fmt.Errorf("fleetclient: stream URL %w", err)
 		}
 	}
 	if strings.ContainsAny(o.Token, "\r\n") {
@@ -136,14 +135,8 @@ func checkBaseURL(raw string) error {
 	if raw == "" {
 		return errors.New("fleetclient: no API URL: set it (e.g. http://127.0.0.1:8080)")
 	}
-	u, err := url.Parse(raw)
-	switch {
-	case err != nil:
-		return fmt.Errorf("fleetclient: API URL %q is not a URL: want an absolute http or https URL, e.g. http://127.0.0.1:8080", raw)
-	case u.Scheme != "http" && u.Scheme != "https", u.Host == "":
-		return fmt.Errorf("fleetclient: API URL %q: want an absolute http or https URL, e.g. http://127.0.0.1:8080", raw)
-	case u.RawQuery != "" || u.Fragment != "" || u.User != nil:
-		return fmt.Errorf("fleetclient: API URL %q: want a base URL without credentials, query or fragment", raw)
+	if err := fleetapi.CheckBaseURL(raw); err != nil {
+		return fmt.Errorf("fleetclient: API URL %w", err)
 	}
 	return nil
 }
