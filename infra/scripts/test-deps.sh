@@ -52,6 +52,10 @@ if [ "$mode" = test ]; then
 	# package brings the libraries; its fonts are only recommended, and
 	# without them a screenshot shows no text.
 	[ -x /usr/lib/chromium/chromium ] || need_apt+=(chromium)
+	# runfleet's completion scripts are parsed and queried by the shells
+	# they are for (shared/cli).
+	[ -x /usr/bin/zsh ] || need_apt+=(zsh)
+	[ -x /usr/bin/fish ] || need_apt+=(fish)
 	[ -e /usr/share/fonts/truetype/liberation/LiberationSans-Regular.ttf ] || need_apt+=(fonts-liberation)
 fi
 
