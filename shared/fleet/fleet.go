@@ -83,6 +83,9 @@ type Config struct {
 	// one egress ledger page); zero is hostproto.DefaultMaxEventPageBytes.
 	// A larger answer is asked again for fewer events (see the mirror).
 	MaxEventPageBytes int64
+	// Broker mints the values of brokered keys at dispatch and keeps live
+	// runs' values fresh; nil: no key is brokered.
+	Broker Broker
 	// EgressBatch is how many records must be pending on a live run's
 	// host before the sweep mirrors its egress ledger (egress.go); zero is
 	// DefaultEgressBatch.

@@ -9,7 +9,8 @@ type Error struct {
 	Error string `json:"error"`
 	Code  string `json:"code,omitempty"`
 	// Details are extra facts for Code, as JSON: a NoEligibleHost for
-	// no_eligible_host; {"fleetRunId"} for idempotency_key_reused and
+	// no_eligible_host; a CredentialUnavailable for
+	// credential_unavailable; {"fleetRunId"} for idempotency_key_reused and
 	// dispatch_in_flight; {"reason", "status"} for run_not_on_host.
 	// Decode them with json.Unmarshal into the type the code names.
 	Details json.RawMessage `json:"details,omitempty"`
@@ -25,6 +26,21 @@ const CodeNoEligibleHost = "no_eligible_host"
 // runner.agents[2].argv). A body that is JSON but not what the route takes
 // (an unknown field, a wrong type) is invalid_request.
 const CodeInvalidJSON = "invalid_json"
+
+// CodeCredentialUnavailable is the code of a 409 for a dispatch whose
+// brokered key Fleet could not mint (the provider refused or failed):
+// Details is a CredentialUnavailable. No run was started.
+const CodeCredentialUnavailable = "credential_unavailable"
+
+// CredentialUnavailable is the Details of credential_unavailable.
+type CredentialUnavailable struct {
+	ProjectID string `json:"projectId"`
+	Key       string `json:"key"`
+	Kind      string `json:"kind"`
+	// ProviderStatus is the HTTP status the provider answered; absent
+	// when it could not be reached.
+	ProviderStatus int `json:"providerStatus,omitempty"`
+}
 
 // NoEligibleHost is the Details of a no_eligible_host refusal: every host
 // routing left out with every reason that applied. Considered (and, for a

@@ -136,6 +136,25 @@ type Run struct {
 	// /fleet/runs?alerts=true), absent elsewhere and while no ledger is
 	// mirrored.
 	Egress *EgressSummary `json:"egress,omitempty"`
+	// Credentials are the run's brokered keys (values Fleet mints, README
+	// "Credentials Fleet mints") with when the value its host holds
+	// expires: on GET /fleet/runs/{id}, absent elsewhere and for a run
+	// with none. Never a value.
+	Credentials []BrokeredCredential `json:"credentials,omitempty"`
+}
+
+// BrokeredCredential is one brokered key of a run.
+type BrokeredCredential struct {
+	ProjectID string `json:"projectId"`
+	Key       string `json:"key"`
+	// Kind is the recipe's kind: githubApp or oauth2.
+	Kind string `json:"kind"`
+	// ExpiresAt is when the value the host holds now expires; Fleet sends
+	// a fresh one at least 10 minutes before, while the run is live.
+	ExpiresAt time.Time `json:"expiresAt"`
+	// RevokedAt is when Fleet revoked the run's own token (githubApp, at
+	// the run's end).
+	RevokedAt *time.Time `json:"revokedAt,omitempty"`
 }
 
 // RunPage is GET /fleet/runs: the caller's runs, newest first; with

@@ -261,6 +261,14 @@ func (c *Client) Retry(ctx context.Context, runID string) (Run, error) {
 	return r, err
 }
 
+// PutCredentials asks PUT /runs/{id}/credentials: the run's brokered keys'
+// fresh values (CredentialsRequest).
+func (c *Client) PutCredentials(ctx context.Context, runID string, req CredentialsRequest) (Run, error) {
+	var r Run
+	err := c.do(ctx, "put run credentials", http.MethodPut, "/runs/"+url.PathEscape(runID)+"/credentials", nil, req, &r, maxAnswerBytes)
+	return r, err
+}
+
 // Drain asks POST /host/drain: the host stops admitting runs. It answers
 // its state after.
 func (c *Client) Drain(ctx context.Context) (DrainState, error) {

@@ -8,6 +8,8 @@ package hostproto
 
 import (
 	"encoding/json"
+	"fmt"
+	"log/slog"
 	"time"
 
 	"github.com/runfleet/runfleet/shared/egress"
@@ -208,9 +210,62 @@ type CAInfo struct {
 // StartRequest is POST /runs: the run request (runspec.Request, its JSON
 // inline) and the token that makes its start idempotent. A start arriving
 // after Deadline is refused with CodeDeadlinePassed.
+//
+// Credentials are the values Fleet minted for the run's brokered keys
+// (DESIGN.md, "Credentials Fleet mints"): one per declared secret whose key
+// Fleet's broker has a recipe for. The host keeps them in memory only (never
+// in its run log, data dir, events or log lines), uses each as its key's
+// real value for this run alone, and refuses the run at admission
+// (key_not_granted) when its policy does not declare such a key
+// "source": "fleet", or declares a key so that has no value here.
 type StartRequest struct {
-	ClientToken string `json:"clientToken"`
+	ClientToken string          `json:"clientToken"`
+	Credentials []BrokeredValue `json:"credentials,omitempty"`
 	runspec.Request
+}
+
+// BrokeredValue is one brokered key's current value for one run.
+type BrokeredValue struct {
+	ProjectID string `json:"projectId"`
+	Key       string `json:"key"`
+	// Value is the real value; it prints as [redacted] (SecretString).
+	Value SecretString `json:"value"`
+	// ExpiresAt is when the provider stops honouring Value; Fleet sends a
+	// fresh one (PUT /runs/{id}/credentials) well before.
+	ExpiresAt time.Time `json:"expiresAt"`
+}
+
+// ID is how logs, errors and Run.MissingCredentials name the key:
+// "<projectId>/<KEY>". It never includes the value.
+func (b BrokeredValue) ID() string { return b.ProjectID + "/" + b.Key }
+
+// SecretString is a real value on the wire: JSON carries its bytes, every
+// printer and log shows [redacted]. Convert it (string(s)) only where it is
+// handed to the type that guards it on the other side (edge's
+// secrets.Value) or sent.
+type SecretString string
+
+// redacted is what a SecretString shows.
+const redacted = "[redacted]"
+
+func (SecretString) String() string   { return redacted }
+func (SecretString) GoString() string { return redacted }
+
+// Format makes every fmt verb (%v %+v %#v %s %q %x...) show [redacted].
+func (SecretString) Format(f fmt.State, _ rune) { _, _ = f.Write([]byte(redacted)) }
+
+// LogValue keeps the value out of slog.
+func (SecretString) LogValue() slog.Value { return slog.StringValue(redacted) }
+
+// CredentialsRequest is PUT /runs/{id}/credentials: fresh values of the
+// run's brokered keys, replacing the ones the host holds (or gives it the
+// values a restart lost). Each must be a key the run declared and the
+// host's policy takes from Fleet; the placeholder the task holds never
+// changes. The host answers 200 with the run (its MissingCredentials
+// then empty for the keys given), 404 run_not_found, 409 not_running
+// for a run that ended, 400 bad_request naming a key it does not take.
+type CredentialsRequest struct {
+	Credentials []BrokeredValue `json:"credentials"`
 }
 
 // Run is a host's view of one run. POST /runs answers 201 with it, or 200
@@ -226,6 +281,11 @@ type Run struct {
 	// to change. It never holds a secret, a placeholder or a token.
 	Detail string `json:"detail,omitempty"`
 	Reused bool   `json:"reused,omitempty"`
+	// MissingCredentials names ("<projectId>/<KEY>") the brokered keys
+	// of a live run that the host holds no value for (a restart lost
+	// them): until Fleet sends them, the task's requests that would carry
+	// one are answered 503 withheld. Absent when none is missing.
+	MissingCredentials []string `json:"missingCredentials,omitempty"`
 }
 
 // RunList is GET /runs?clientToken=: empty, never 404, when unknown.

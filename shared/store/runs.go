@@ -98,6 +98,9 @@ type Run struct {
 	// EventsExpireAfter is a lower bound of its events' expiry, kept by
 	// Fleet so that a run's events outlive it; zero: none recorded.
 	EventsExpireAfter time.Time
+	// Brokered are the run's keys whose values Fleet minted (DESIGN.md,
+	// "Credentials Fleet mints"); nil when none.
+	Brokered []BrokeredKey
 	// Version increments on every write; UpdateRun is conditional on it.
 	Version int64
 }
