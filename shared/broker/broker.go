@@ -81,3 +81,41 @@ type Sealer interface {
 // RefreshMargin: a value with less left than this is replaced (minted
 // again, or refreshed) before it is handed out or while a run holds it.
 const RefreshMargin = 10 * time.Minute
+
+// Recipe is one key's recipe: exactly one of its kinds is set.
+type Recipe struct {
+	GitHubApp *GitHubApp `json:"githubApp,omitempty"`
+	OAuth2    *OAuth2    `json:"oauth2,omitempty"`
+}
+
+// GitHubApp mints installation tokens of a GitHub App.
+type GitHubApp struct {
+	AppID int64 `json:"appId"`
+	// PrivateKeySecret is a secret reference to the App's PEM private key.
+	PrivateKeySecret string `json:"privateKeySecret"`
+	// InstallationID is the installation's id, or ByRepository (the JSON
+	// string "byRepository"): looked up for each run's repository.
+	InstallationID InstallationID `json:"installationId"`
+	// Permissions are what each token may do (name -> read|write); a
+	// token never has more.
+	Permissions map[string]string `json:"permissions"`
+	// APIURL is GitHub's API (GitHub Enterprise: https://HOST/api/v3);
+	// empty is https://api.github.com.
+	APIURL string `json:"apiUrl,omitempty"`
+}
+
+// InstallationID is an installation's id; zero with ByRepository set
+// means "look it up for the run's repository".
+type InstallationID struct {
+	ID           int64
+	ByRepository bool
+}
+
+// OAuth2 keeps one access token fresh from a rotating refresh token.
+type OAuth2 struct {
+	TokenURL           string   `json:"tokenUrl"`
+	ClientID           string   `json:"clientId"`
+	ClientSecretSecret string   `json:"clientSecretSecret"`
+	RefreshTokenSecret string   `json:"refreshTokenSecret"`
+	Scopes             []string `json:"scopes,omitempty"`
+}
