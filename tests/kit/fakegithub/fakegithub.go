@@ -163,7 +163,7 @@ type Server struct {
 	repos    map[string]string       // lowercase "owner/name" -> canonical
 	root     string                  // GIT_PROJECT_ROOT
 	gitPath  string                  // git, run as http-backend
-	stderr   syncbuf.Buffer // git http-backend's stderr
+	stderr   syncbuf.Buffer          // git http-backend's stderr
 
 	mu          sync.Mutex
 	tokens      map[string]*Token
