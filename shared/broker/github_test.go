@@ -401,8 +401,8 @@ func TestGitHubValuesReachNoErrorNorLog(t *testing.T) {
 
 	seenText := strings.Join(errs, "\n") + "\n" + f.log.String()
 	seen := []byte(seenText)
-	if !strings.Contains(f.log.String(), "github token revoked") || !strings.Contains(f.log.String(), "github token not minted") {
-		t.Fatalf("the log lacks the revocation and failure lines:\n%s", f.log.String())
+	if !strings.Contains(f.log.String(), "github token not minted") {
+		t.Fatalf("the log lacks the failures' lines:\n%s", f.log.String())
 	}
 	for i, tok := range f.gh.Tokens() {
 		leakcheck.AssertClean(t, "errors and log", seen, leakcheck.Real{Key: fmt.Sprintf("token %d", i), Value: tok.Value, Public: len("ghs_")})
