@@ -217,6 +217,16 @@ func TestGitHubByRepositoryLooksTheInstallationUp(t *testing.T) {
 		t.Fatalf("%d lookups after %s, want acme/app's looked up again", n, installationTTL)
 	}
 
+	// The App installed again: the cached id is refused 404, and the
+	// minter looks the repository up again within the same mint.
+	f.gh.Reinstall(t, ghInstall, 52)
+	if _, err := m.mint(ctx, mintReq("acme/app")); err != nil {
+		t.Fatalf("a mint after the App was installed again: %v", err)
+	}
+	if toks := f.gh.Tokens(); toks[len(toks)-1].InstallationID != 52 || lookups() != 4 {
+		t.Fatalf("after the reinstall: minted in %d with %d lookups, want 52 after 4", toks[len(toks)-1].InstallationID, lookups())
+	}
+
 	_, err := m.mint(ctx, mintReq("initech/private"))
 	e, ok := errors.AsType[*Error](err)
 	if !ok || e.ProviderStatus != http.StatusNotFound || !strings.Contains(e.Detail, "not installed on initech/private") {

@@ -142,17 +142,17 @@ func (s *Server) verifyJWT(jwt string) (*App, *apiError) {
 }
 
 func (s *Server) repoInstallation(app *App, repo string) (int, any, *apiError) {
-	for _, in := range app.Installations {
-		for _, r := range in.Repos {
-			if strings.EqualFold(r, repo) {
-				return http.StatusOK, map[string]any{
-					"id":                   in.ID,
-					"app_id":               app.ID,
-					"account":              map[string]any{"login": s.installs[in.ID].owner},
-					"repository_selection": "selected",
-					"permissions":          app.Permissions,
-				}, nil
-			}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	for _, in := range s.installs {
+		if in.app == app && containsFold(in.Repos, repo) {
+			return http.StatusOK, map[string]any{
+				"id":                   in.ID,
+				"app_id":               app.ID,
+				"account":              map[string]any{"login": in.owner},
+				"repository_selection": "selected",
+				"permissions":          app.Permissions,
+			}, nil
 		}
 	}
 	return 0, nil, &apiError{http.StatusNotFound, MsgNotFound}
@@ -167,7 +167,9 @@ type mintRequest struct {
 }
 
 func (s *Server) mint(app *App, installationID int64, body io.Reader) (int, any, *apiError) {
+	s.mu.Lock()
 	in := s.installs[installationID]
+	s.mu.Unlock()
 	if in == nil || in.app != app {
 		return 0, nil, &apiError{http.StatusNotFound, MsgNotFound}
 	}

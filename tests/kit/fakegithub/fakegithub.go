@@ -155,17 +155,17 @@ type Server struct {
 	// Addr is the server's "ip:port".
 	Addr string
 
-	clock    clock.Clock
-	apiHost  string
-	gitHost  string
-	apps     map[int64]*App          // by id
-	installs map[int64]*installation // by id
-	repos    map[string]string       // lowercase "owner/name" -> canonical
-	root     string                  // GIT_PROJECT_ROOT
-	gitPath  string                  // git, run as http-backend
-	stderr   syncbuf.Buffer          // git http-backend's stderr
+	clock   clock.Clock
+	apiHost string
+	gitHost string
+	apps    map[int64]*App    // by id
+	repos   map[string]string // lowercase "owner/name" -> canonical
+	root    string            // GIT_PROJECT_ROOT
+	gitPath string            // git, run as http-backend
+	stderr  syncbuf.Buffer    // git http-backend's stderr
 
 	mu          sync.Mutex
+	installs    map[int64]*installation // by id; Reinstall changes it
 	tokens      map[string]*Token
 	minted      []*Token
 	revocations int
@@ -376,6 +376,30 @@ func (s *Server) GitRequests() []GitRequest {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	return slices.Clone(s.gitReqs)
+}
+
+// Reinstall installs the App of installation id again, on the same
+// repositories, as newID (GitHub gives a reinstalled App a new id): id
+// is gone, and so is every token minted in it, as when an App is
+// uninstalled (Revocations counts only DELETE /installation/token).
+func (s *Server) Reinstall(t testing.TB, id, newID int64) {
+	t.Helper()
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	in := s.installs[id]
+	if in == nil || s.installs[newID] != nil {
+		t.Fatalf("fakegithub: reinstall %d as %d: no installation %d, or %d exists", id, newID, id, newID)
+	}
+	moved := *in
+	moved.ID = newID
+	delete(s.installs, id)
+	s.installs[newID] = &moved
+	now := s.clock.Now()
+	for _, tok := range s.minted {
+		if tok.InstallationID == id && tok.RevokedAt.IsZero() {
+			tok.RevokedAt = now
+		}
+	}
 }
 
 func (s *Server) liveLocked(token string) *Token {

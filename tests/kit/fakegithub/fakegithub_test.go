@@ -238,13 +238,27 @@ func TestGitHonoursTheTokensRepositoriesAndPermissions(t *testing.T) {
 		t.Fatalf("second revoke: %d %v", status, body)
 	}
 
+	// An App installed again has a new id; the old one and its tokens
+	// are gone.
+	again := f.mint(t, []string{"app"}, nil)
+	f.srv.Reinstall(t, installID, installID+1)
+	if f.srv.Live(again) {
+		t.Fatal("a token of the old installation outlived the reinstall")
+	}
+	if status, body := f.call(t, "GET", "/repos/acme/app/installation", "Bearer "+f.appJWT(t), nil); status != http.StatusOK || body["id"] != float64(installID+1) {
+		t.Fatalf("the reinstalled App's installation: %d %v", status, body)
+	}
+	if status, _ := f.call(t, "POST", fmt.Sprintf("/app/installations/%d/access_tokens", installID), "Bearer "+f.appJWT(t), nil); status != http.StatusNotFound {
+		t.Fatalf("a mint in the old installation: %d", status)
+	}
+
 	// Expired, on the server's clock.
 	f.clock.Advance(TokenLifetime)
 	if _, ok := f.git(t, work, "clone", "-q", f.srv.GitURL("acme/app", read), "expired"); ok {
 		t.Fatal("clone with an expired token succeeded")
 	}
-	if f.srv.Mints() != 2 {
-		t.Fatalf("mints: %d, want 2", f.srv.Mints())
+	if f.srv.Mints() != 3 {
+		t.Fatalf("mints: %d, want 3", f.srv.Mints())
 	}
 }
 
