@@ -195,7 +195,10 @@ func TestGitHonoursTheTokensRepositoriesAndPermissions(t *testing.T) {
 	// A push needs contents:write.
 	app := filepath.Join(work, "app")
 	before := f.srv.Head(t, "acme/app", "main")
-	if err := os.WriteFile(filepath.Join(app, "change"), []byte("a change\n"), 0o644); err != nil {
+	// Past git's http.postBuffer (1 MiB), so the push's body is chunked.
+	change := make([]byte, 2<<20)
+	rand.Read(change)
+	if err := os.WriteFile(filepath.Join(app, "change"), change, 0o644); err != nil {
 		t.Fatal(err)
 	}
 	if out, ok := f.git(t, app, "add", "change"); !ok {

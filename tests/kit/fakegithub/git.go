@@ -88,6 +88,10 @@ func (s *Server) git(w http.ResponseWriter, r *http.Request) {
 	r2 := r.Clone(r.Context())
 	r2.URL.Path = "/" + canonical + ".git/" + parts[2]
 	r2.URL.RawPath = ""
+	// net/http/cgi refuses a chunked body (git sends one past
+	// http.postBuffer, 1 MiB); git http-backend reads a body without
+	// CONTENT_LENGTH to its end, so the body goes on as a stream.
+	r2.TransferEncoding = nil
 	s.backend(user).ServeHTTP(sw, r2)
 }
 
