@@ -78,17 +78,17 @@ type installationEntry struct {
 func newGitHubMinter(key string, r GitHubApp, deps Deps) (*githubMinter, error) {
 	project, name, ok := strings.Cut(key, "/")
 	if !ok {
-		return nil, fmt.Errorf("RUNFLEET_BROKER: %q: want \"<project>/<KEY>\"", key)
+		return nil, fmt.Errorf("%s: %q: want \"<project>/<KEY>\"", EnvName, key)
 	}
 	api := strings.TrimSuffix(r.APIURL, "/")
 	if api == "" {
 		api = defaultGitHubAPI
 	}
 	if u, err := url.Parse(api); err != nil || u.Scheme != "https" || u.Host == "" {
-		return nil, fmt.Errorf("RUNFLEET_BROKER: %q.githubApp.apiUrl: want an absolute https URL", key)
+		return nil, fmt.Errorf("%s: %q.githubApp.apiUrl: want an absolute https URL", EnvName, key)
 	}
 	if deps.Secrets == nil {
-		return nil, fmt.Errorf("RUNFLEET_BROKER: %q: no secret reader for githubApp.privateKeySecret", key)
+		return nil, fmt.Errorf("%s: %q: no secret reader for githubApp.privateKeySecret", EnvName, key)
 	}
 	return &githubMinter{
 		projectID: project,

@@ -8,9 +8,10 @@ import (
 	"log/slog"
 	"maps"
 	"net/http"
+	"os"
 	"os/exec"
+	"path/filepath"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
@@ -27,43 +28,12 @@ const (
 	ghKeySecret = "file:keys/app.pem"
 )
 
-// ghSecrets is a SecretReader over a map that counts its reads; the
-// broker's own readers (files, Secrets Manager) are tested with the
-// Broker.
-type ghSecrets struct {
-	mu     sync.Mutex
-	values map[string]string
-	reads  int
-}
-
-func (s *ghSecrets) Read(_ context.Context, ref string) (string, error) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	s.reads++
-	v, ok := s.values[ref]
-	if !ok {
-		return "", fmt.Errorf("secret %s: not found", ref)
-	}
-	return v, nil
-}
-
-func (s *ghSecrets) set(ref, value string) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	s.values[ref] = value
-}
-
-func (s *ghSecrets) readCount() int {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.reads
-}
-
 type ghFixture struct {
 	gh      *fakegithub.Server
 	clock   *clock.Fake
 	key     *rsa.PrivateKey
-	secrets *ghSecrets
+	secrets *Secrets
+	dir     string // the broker file's directory: file: references are relative to it
 	log     *syncbuf.Buffer
 }
 
@@ -77,7 +47,9 @@ func newGHFixture(t *testing.T) *ghFixture {
 		key:   fakegithub.NewAppKey(t),
 		log:   &syncbuf.Buffer{},
 	}
-	f.secrets = &ghSecrets{values: map[string]string{ghKeySecret: string(fakegithub.PKCS1PEM(f.key))}}
+	f.dir = t.TempDir()
+	f.secrets = NewSecrets(SecretsConfig{BaseDir: f.dir, Clock: f.clock})
+	f.setKey(t, string(fakegithub.PKCS1PEM(f.key)))
 	f.gh = fakegithub.New(t, fakegithub.Options{
 		Clock: f.clock,
 		Apps: []fakegithub.App{{
@@ -91,6 +63,19 @@ func newGHFixture(t *testing.T) *ghFixture {
 		Repos: []string{"initech/private"},
 	})
 	return f
+}
+
+// setKey writes the App's private key where its recipe's reference
+// points.
+func (f *ghFixture) setKey(t *testing.T, pemText string) {
+	t.Helper()
+	path := filepath.Join(f.dir, strings.TrimPrefix(ghKeySecret, "file:"))
+	if err := os.MkdirAll(filepath.Dir(path), 0o700); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(path, []byte(pemText), 0o600); err != nil {
+		t.Fatal(err)
+	}
 }
 
 func (f *ghFixture) recipe(installation InstallationID, perms map[string]string) GitHubApp {
@@ -247,24 +232,26 @@ func TestGitHubReusesItsJWTUntilAMinuteBeforeItsExpiry(t *testing.T) {
 		}
 		return out
 	}
-	for range 3 {
+	start := f.clock.Now()
+	for i, at := range []time.Duration{0, 4 * time.Minute, 7*time.Minute + 59*time.Second} {
+		f.clock.Set(start.Add(at))
 		if _, err := m.mint(ctx, mintReq("acme/app")); err != nil {
 			t.Fatal(err)
 		}
-		f.clock.Advance(3*time.Minute + 59*time.Second) // 7:58 in all
+		if i == 0 {
+			// Read once and kept: the file is not read again.
+			f.setKey(t, "not a key any more")
+		}
 	}
 	if got := jwts(); len(got) != 1 {
 		t.Fatalf("%d JWTs over three mints within 8 minutes, want one reused", len(got))
 	}
-	f.clock.Advance(2 * time.Second) // 8:00: a minute before its exp
+	f.clock.Set(start.Add(8 * time.Minute)) // a minute before its exp
 	if _, err := m.mint(ctx, mintReq("acme/app")); err != nil {
 		t.Fatal(err)
 	}
 	if got := jwts(); len(got) != 2 {
-		t.Fatalf("%d JWTs after 8 minutes, want a new one", len(got))
-	}
-	if n := f.secrets.readCount(); n != 1 {
-		t.Fatalf("the private key was read %d times, want once", n)
+		t.Fatalf("%d JWTs at 8 minutes, want a new one", len(got))
 	}
 }
 
@@ -303,14 +290,14 @@ func TestGitHubRefusalsAreErrorsWithGitHubsStatus(t *testing.T) {
 func TestGitHubKeyIsReadAsPKCS1OrPKCS8AndAgainWhenGitHubRefusesIt(t *testing.T) {
 	f := newGHFixture(t)
 	ctx := context.Background()
-	f.secrets.set(ghKeySecret, string(fakegithub.PKCS8PEM(t, f.key)))
+	f.setKey(t, string(fakegithub.PKCS8PEM(t, f.key)))
 	if _, err := f.minter(t, f.recipe(InstallationID{ID: ghInstall}, readContents)).mint(ctx, mintReq("acme/app")); err != nil {
 		t.Fatalf("a PKCS#8 key: %v", err)
 	}
 
 	const notAKey = "-----BEGIN RSA PRIVATE KEY-----\nc2VjcmV0LXZhbHVlLW5vdC1hLWtleQ==\n-----END RSA PRIVATE KEY-----\n"
 	for _, bad := range []string{notAKey, "ghp_notapemkeyatall", string(fakegithub.PKCS1PEM(f.key))[:200]} {
-		f.secrets.set(ghKeySecret, bad)
+		f.setKey(t, bad)
 		_, err := f.minter(t, f.recipe(InstallationID{ID: ghInstall}, readContents)).mint(ctx, mintReq("acme/app"))
 		e, ok := errors.AsType[*Error](err)
 		if !ok || e.ProviderStatus != 0 || !strings.Contains(e.Detail, "githubApp.privateKeySecret") {
@@ -323,13 +310,13 @@ func TestGitHubKeyIsReadAsPKCS1OrPKCS8AndAgainWhenGitHubRefusesIt(t *testing.T) 
 	// GitHub refuses the JWT, and once the secret holds the right key the
 	// next mint reads it again, with no restart.
 	other := fakegithub.NewAppKey(t)
-	f.secrets.set(ghKeySecret, string(fakegithub.PKCS1PEM(other)))
+	f.setKey(t, string(fakegithub.PKCS1PEM(other)))
 	m := f.minter(t, f.recipe(InstallationID{ID: ghInstall}, readContents))
 	_, err := m.mint(ctx, mintReq("acme/app"))
 	if e, ok := errors.AsType[*Error](err); !ok || e.ProviderStatus != http.StatusUnauthorized {
 		t.Fatalf("a key GitHub does not know: %v, want GitHub's 401", err)
 	}
-	f.secrets.set(ghKeySecret, string(fakegithub.PKCS1PEM(f.key)))
+	f.setKey(t, string(fakegithub.PKCS1PEM(f.key)))
 	if _, err := m.mint(ctx, mintReq("acme/app")); err != nil {
 		t.Fatalf("after the secret was fixed: %v", err)
 	}
@@ -402,7 +389,7 @@ func TestGitHubValuesReachNoErrorNorLog(t *testing.T) {
 	}
 	note(good.revoke(ctx, "ghs_neverminted0000000000000000000000"))
 	wrongKey := string(fakegithub.PKCS1PEM(fakegithub.NewAppKey(t)))
-	f.secrets.set(ghKeySecret, wrongKey)
+	f.setKey(t, wrongKey)
 	_, err = f.minter(t, f.recipe(InstallationID{ID: ghInstall}, readContents)).mint(ctx, mintReq("acme/app"))
 	note(err)
 	if len(minted) != 2 || len(errs) < 4 {

@@ -272,7 +272,7 @@ func New(t testing.TB, opts Options) *Server {
 	s.Addr = srv.Listener.Addr().String()
 	t.Cleanup(func() {
 		srv.Close()
-		if t.Failed() {
+		if t.Failed() && s.stderr.String() != "" {
 			t.Logf("fakegithub %s: git http-backend's and the server's log:\n%s", s.Addr, s.stderr.String())
 		}
 	})
