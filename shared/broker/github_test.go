@@ -12,10 +12,12 @@ import (
 	"os/exec"
 	"path/filepath"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
 	"github.com/runfleet/runfleet/shared/clock"
+	"github.com/runfleet/runfleet/tests/kit/await"
 	"github.com/runfleet/runfleet/tests/kit/fakegithub"
 	"github.com/runfleet/runfleet/tests/kit/leakcheck"
 	"github.com/runfleet/runfleet/tests/kit/syncbuf"
@@ -121,8 +123,8 @@ func TestGitHubMintIsLimitedToTheRunsRepositoryAndPermissions(t *testing.T) {
 		t.Fatalf("token for %d %v %v, want installation %d, acme/app alone, %v", tok.InstallationID, tok.Repos, tok.Permissions, ghInstall, readContents)
 	}
 	for _, r := range f.gh.APIRequests() {
-		if !strings.HasPrefix(r.UserAgent, "runfleet-fleet/") {
-			t.Errorf("%s %s: User-Agent %q", r.Method, r.Path, r.UserAgent)
+		if !strings.HasPrefix(r.UserAgent, "runfleet-fleet/") || r.Accept != "application/vnd.github+json" || r.APIVersion != "2022-11-28" {
+			t.Errorf("%s %s: User-Agent %q, Accept %q, X-GitHub-Api-Version %q", r.Method, r.Path, r.UserAgent, r.Accept, r.APIVersion)
 		}
 	}
 
@@ -135,6 +137,35 @@ func TestGitHubMintIsLimitedToTheRunsRepositoryAndPermissions(t *testing.T) {
 	}
 	if !clone("acme/app") || clone("acme/other") {
 		t.Fatalf("with the run's token: acme/app cloned %v, acme/other cloned %v; want true, false", clone("acme/app"), clone("acme/other"))
+	}
+}
+
+func TestGitHubMintsConcurrently(t *testing.T) {
+	f := newGHFixture(t)
+	m := f.minter(t, f.recipe(InstallationID{ByRepository: true}, readContents))
+	repos := []string{"acme/app", "acme/other", "umbrella/web"}
+	var wg sync.WaitGroup
+	errs := make(chan error, 3*len(repos))
+	for i := range 3 * len(repos) {
+		wg.Go(func() {
+			got, err := m.mint(context.Background(), mintReq(repos[i%len(repos)]))
+			if err == nil && !f.gh.Live(string(got.Value)) {
+				err = fmt.Errorf("%s: the token minted is not live", repos[i%len(repos)])
+			}
+			errs <- err
+		})
+	}
+	await.Group(t, "the concurrent mints", &wg)
+	close(errs)
+	for err := range errs {
+		if err != nil {
+			t.Error(err)
+		}
+	}
+	for _, tok := range f.gh.Tokens() {
+		if len(tok.Repos) != 1 {
+			t.Errorf("a token for %v", tok.Repos)
+		}
 	}
 }
 

@@ -47,7 +47,7 @@ type apiError struct {
 
 // api answers the REST API at path (without /api/v3).
 func (s *Server) api(w http.ResponseWriter, r *http.Request, path string) {
-	rec := APIRequest{Method: r.Method, Path: path, UserAgent: r.UserAgent()}
+	rec := APIRequest{Method: r.Method, Path: path, UserAgent: r.UserAgent(), Accept: r.Header.Get("Accept"), APIVersion: r.Header.Get("X-GitHub-Api-Version")}
 	if tok, ok := strings.CutPrefix(r.Header.Get("Authorization"), "Bearer "); ok && strings.Count(tok, ".") == 2 {
 		rec.JWT = tok
 	}

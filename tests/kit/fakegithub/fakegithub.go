@@ -125,6 +125,10 @@ type APIRequest struct {
 	// Path is the API path, without /api/v3.
 	Path      string
 	UserAgent string
+	// Accept and APIVersion are the Accept and X-GitHub-Api-Version
+	// headers (GitHub answers without them too).
+	Accept     string
+	APIVersion string
 	// JWT is the bearer JWT the request carried ("" if none).
 	JWT    string
 	Status int
