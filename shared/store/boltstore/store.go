@@ -85,6 +85,7 @@ var (
 	_ store.SweepCursorStore = (*Store)(nil)
 	_ store.StreamLeases     = (*Store)(nil)
 	_ store.RouteStore       = (*Store)(nil)
+	_ store.BrokerStates     = (*Store)(nil)
 )
 
 // Option configures Open.
