@@ -251,7 +251,10 @@ const refFilePrefix = "file:"
 
 // smRef is a Secrets Manager secret's name (letters, digits and /_+=.@-)
 // or ARN.
-var smRef = regexp.MustCompile(`^[A-Za-z0-9/_+=.@:-]{1,2048}$`)
+var smRef = regexp.MustCompile(`^[A-Za-z0-9/_+=.@:-]+$`)
+
+// maxRefLength is a secret ARN's longest.
+const maxRefLength = 2048
 
 // CheckRef reports whether ref is a secret reference: `file:<path>` or a
 // Secrets Manager secret id or ARN.
@@ -262,7 +265,7 @@ func CheckRef(ref string) error {
 		}
 		return nil
 	}
-	if !smRef.MatchString(ref) {
+	if len(ref) > maxRefLength || !smRef.MatchString(ref) {
 		return errors.New("want file:<path> or a Secrets Manager secret id or ARN")
 	}
 	return nil
