@@ -28,6 +28,7 @@ import (
 	"github.com/runfleet/runfleet/shared/clock"
 	"github.com/runfleet/runfleet/shared/config"
 	"github.com/runfleet/runfleet/shared/credentials"
+	"github.com/runfleet/runfleet/shared/emf"
 	"github.com/runfleet/runfleet/shared/fleet"
 	"github.com/runfleet/runfleet/shared/hostproto"
 	"github.com/runfleet/runfleet/shared/lambdahttp"
@@ -65,8 +66,9 @@ type Deps struct {
 	LoadAWS func(ctx context.Context) (aws.Config, error)
 	// Meter, when set, prices a DynamoDB store's calls (benchmarks only).
 	Meter *dynamostore.Meter
-	// Metrics receives the scheduled jobs' CloudWatch EMF metric lines
-	// (scheduled.Config.Metrics): stdout in Lambda; nil: none.
+	// Metrics receives Fleet's CloudWatch EMF metric lines (the scheduled
+	// jobs' and the broker's, through one emf.Writer): stdout in Lambda;
+	// nil: none.
 	Metrics io.Writer
 	// StreamParked is the Parked hook of the stream and of the events
 	// route's long-poll (stream.Config, api.Config), for tests that drive
@@ -303,11 +305,12 @@ func (a *App) assemble(cfg config.Fleet, deps Deps, admin auth.AdminTokenSource)
 	if err != nil {
 		return err
 	}
+	metrics := emf.New(deps.Metrics)
 	a.Fleet, err = fleet.New(fleet.Config{
 		Store: a.Store, Credentials: a.Credentials, Logger: deps.Logger, Clock: deps.Clock,
 		Random: deps.Random, DialContext: deps.DialContext, HostTimeout: cfg.HostTimeout,
 		ProbeTimeout: cfg.ProbeTimeout, ProbeMaxAge: cfg.ProbeMaxAge, ProbeConcurrency: cfg.ProbeConcurrency,
-		Retention: cfg.Retention(), RepoURLs: repos,
+		Retention: cfg.Retention(), RepoURLs: repos, Metrics: metrics,
 	})
 	if err != nil {
 		return err
@@ -327,7 +330,7 @@ func (a *App) assemble(cfg config.Fleet, deps Deps, admin auth.AdminTokenSource)
 	if err != nil {
 		return err
 	}
-	a.Jobs, err = scheduled.New(scheduled.Config{Fleet: a.Fleet, Logger: deps.Logger, Clock: deps.Clock, Metrics: deps.Metrics})
+	a.Jobs, err = scheduled.New(scheduled.Config{Fleet: a.Fleet, Logger: deps.Logger, Clock: deps.Clock, Metrics: metrics})
 	return err
 }
 
