@@ -93,8 +93,15 @@ func (s *Store) AcquireBrokerLease(ctx context.Context, id, holder string, until
 		ReturnValues:                        types.ReturnValueAllNew,
 		ReturnValuesOnConditionCheckFailure: types.ReturnValuesOnConditionCheckFailureAllOld,
 	})
-	if failed, old := conditionFailed(err); failed {
-		held, err := s.brokerHolder(ctx, id, old)
+	if failed, returned := conditionFailed(err); failed {
+		old, err := s.holder(ctx, s.tables.Idempotency, brokerKey(id), returned)
+		if err == nil && old == nil {
+			err = errors.New("the condition failed but the item is gone")
+		}
+		if err != nil {
+			return store.BrokerState{}, fault("acquire broker lease: reading the holder", err)
+		}
+		held, err := brokerStateFromItem(old)
 		if err != nil {
 			return store.BrokerState{}, fault("acquire broker lease: reading the holder", err)
 		}
@@ -108,19 +115,6 @@ func (s *Store) AcquireBrokerLease(ctx context.Context, id, holder string, until
 		return store.BrokerState{}, fault("acquire broker lease", err)
 	}
 	return st, nil
-}
-
-// brokerHolder decodes the item a failed condition returned, or reads it
-// when none came back (an emulator that ignores ALL_OLD).
-func (s *Store) brokerHolder(ctx context.Context, id string, old item) (store.BrokerState, error) {
-	if old != nil {
-		return brokerStateFromItem(old)
-	}
-	st, found, err := s.readBrokerState(ctx, id)
-	if err == nil && !found {
-		err = errors.New("the condition failed but the item is gone")
-	}
-	return st, err
 }
 
 // CommitBrokerState is one UpdateItem conditional on the generation. When
@@ -205,20 +199,13 @@ func (s *Store) commitBrokerState(ctx context.Context, st store.BrokerState, tok
 		ReturnValues:                        types.ReturnValueAllNew,
 		ReturnValuesOnConditionCheckFailure: types.ReturnValuesOnConditionCheckFailureAllOld,
 	})
-	if failed, old := conditionFailed(err); failed {
+	if failed, returned := conditionFailed(err); failed {
+		old, err := s.holder(ctx, s.tables.Idempotency, brokerKey(st.ID), returned)
+		if err != nil {
+			return store.BrokerState{}, fault("commit broker state: reading the item", err)
+		}
 		if old == nil {
-			// An emulator that ignores ALL_OLD: read what is stored.
-			got, found, err := s.readBrokerState(ctx, st.ID)
-			if err != nil {
-				return store.BrokerState{}, fault("commit broker state: reading the item", err)
-			}
-			if !found {
-				return store.BrokerState{}, fmt.Errorf("dynamostore: broker state %q: %w", st.ID, store.ErrNotFound)
-			}
-			if got.Generation == st.Generation {
-				return store.BrokerState{}, errLeaseNotHeld
-			}
-			return store.BrokerState{}, fmt.Errorf("dynamostore: broker state %q is at generation %d, not %d: %w", st.ID, got.Generation, st.Generation, store.ErrConflict)
+			return store.BrokerState{}, fmt.Errorf("dynamostore: broker state %q: %w", st.ID, store.ErrNotFound)
 		}
 		stored, derr := brokerStateFromItem(old)
 		if derr != nil {

@@ -106,8 +106,8 @@ const (
 	attrFirstAlertAt = "firstAlertAt"
 
 	// attrWriteToken is the token of the call that last wrote the item
-	// (ownwrites.go): hosts, callers, idempotency items, runs and egress
-	// heads.
+	// (ownwrites.go): hosts, callers, idempotency items, runs, egress
+	// heads and broker states.
 	attrWriteToken = "writeToken"
 )
 
