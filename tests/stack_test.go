@@ -23,6 +23,7 @@ import (
 	"github.com/runfleet/runfleet/edge/sandbox"
 	"github.com/runfleet/runfleet/shared/clock"
 	"github.com/runfleet/runfleet/shared/config"
+	"github.com/runfleet/runfleet/shared/fleet"
 	"github.com/runfleet/runfleet/shared/fleetapp"
 	"github.com/runfleet/runfleet/shared/store/boltstore"
 	"github.com/runfleet/runfleet/shared/store/dynamostore"
@@ -86,6 +87,11 @@ type stackOptions struct {
 	// streamURL is RUNFLEET_STREAM_URL: the stream on another origin, as
 	// in AWS; empty: on the stack's own address.
 	streamURL string
+	// broker mints Fleet's brokered keys (fleetapp.Deps.Broker); nil:
+	// RUNFLEET_BROKER's, if env sets it.
+	broker fleet.Broker
+	// metrics receives Fleet's EMF metric lines; nil: none.
+	metrics io.Writer
 }
 
 func newStack(t testing.TB, kind string, opts stackOptions) *stack {
@@ -164,7 +170,7 @@ func newStack(t testing.TB, kind string, opts stackOptions) *stack {
 			}
 			return moto.AWSConfig(), nil
 		},
-		StreamParked: streamParked,
+		StreamParked: streamParked, Broker: opts.broker, Metrics: opts.metrics,
 	})
 	if err != nil {
 		t.Fatal(err)
