@@ -25,10 +25,12 @@
 //     chose to send (a target, a method, a path) only with its
 //     placeholders redacted.
 //
-// The runner calls Ready and CheckGrant (admission), Register, StartAttempt
-// (the task's HTTPS_PROXY), ServeNetwork, TaskKeys, ProxiedKeys, EndAttempt,
-// Stop and Drop; edge serve builds it (New, Serve, Close). A Proxy's methods
-// are safe for concurrent use.
+// The runner calls Ready, CheckGrant and CheckFleetValues (admission),
+// Register, SetCredentials (the values Fleet sends a run, held in memory
+// for it: fleetvalues.go), StartAttempt (the task's HTTPS_PROXY),
+// ServeNetwork, TaskKeys, ProxiedKeys, MissingCredentials, EndAttempt, Stop
+// and Drop; edge serve builds it (New, Serve, Close). A Proxy's methods are
+// safe for concurrent use.
 //
 // See DESIGN.md, section "The secrets proxy", for what is scanned and what
 // is not, how answers are scrubbed and streamed, and how edge wires it.
@@ -138,8 +140,9 @@ type Config struct {
 	// under <DataDir>/secrets-proxy/spool. Zero means DefaultAWSBodyLimit.
 	AWSBodyLimit int64
 	// Observe, if set, is handed every real value the proxy derives from
-	// what Secrets gave (an AWS key's parts) or mints (an STS session's),
-	// before it is used: edge's log redaction learns them there.
+	// what Secrets gave (an AWS key's parts), mints (an STS session's) or
+	// holds from Fleet (SetCredentials, and each read after), before it is
+	// used: edge's log redaction learns them there.
 	Observe func(secrets.Value)
 	// RealValues is the tripwire's index of the real values edge holds
 	// (tripwire.go): edge's log redactor, which learns every value read
