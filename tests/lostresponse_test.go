@@ -320,6 +320,35 @@ func TestStoreWritesKnowTheirOwnLostAnswer(t *testing.T) {
 			if err != nil || len(page.Events) != 2 {
 				t.Fatalf("the mirror after PutEvents: %+v, %v; want the two events once", page, err)
 			}
+
+			// The broker's refresher: its commit must not read its own
+			// write as a generation moved on by another refresher.
+			lease, err := st.AcquireBrokerLease(ctx, "acme/GOOGLE", "a", now.Add(time.Minute))
+			if err != nil || lease.LeaseHolder != "a" {
+				t.Fatalf("AcquireBrokerLease after a lost answer: %+v, %v; want the lease", lease, err)
+			}
+			expectLost("UpdateItem")
+			lease.SealedRefreshToken = []byte{1, 2, 3}
+			committed, err := st.CommitBrokerState(ctx, lease)
+			if err != nil || committed.Generation != 1 || committed.LeaseHolder != "" {
+				t.Fatalf("CommitBrokerState after a lost answer: %+v, %v; want generation 1, released, and success", committed, err)
+			}
+			expectLost("UpdateItem")
+			if _, err := st.CommitBrokerState(ctx, lease); !errors.Is(err, store.ErrConflict) {
+				t.Fatalf("CommitBrokerState from a generation another commit moved on: %v, want ErrConflict", err)
+			}
+			expectLost("UpdateItem")
+			if _, err := st.AcquireBrokerLease(ctx, "acme/GOOGLE", "a", now.Add(time.Minute)); err != nil {
+				t.Fatal(err)
+			}
+			expectLost("UpdateItem")
+			if err := st.ReleaseBrokerLease(ctx, "acme/GOOGLE", "a"); err != nil {
+				t.Fatalf("ReleaseBrokerLease after a lost answer: %v, want success", err)
+			}
+			expectLost("UpdateItem")
+			if got, err := plain.GetBrokerState(ctx, "acme/GOOGLE"); err != nil || got.Generation != 1 || got.LeaseHolder != "" {
+				t.Fatalf("the broker state as stored: %+v, %v; want generation 1, no lease", got, err)
+			}
 		})
 	}
 }

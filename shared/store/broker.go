@@ -58,7 +58,9 @@ type BrokerState struct {
 	// LeaseHolder holds the lease until LeaseExpiresAt; empty: free.
 	LeaseHolder    string
 	LeaseExpiresAt time.Time
-	UpdatedAt      time.Time
+	// UpdatedAt is the store's now at the item's last write (an acquire,
+	// a commit or a release).
+	UpdatedAt time.Time
 }
 
 // BrokeredKey is one brokered key of a run (Run.Brokered): what Fleet

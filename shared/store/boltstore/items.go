@@ -125,7 +125,21 @@ type runItem struct {
 	ExpiresAt        int64      `json:"expiresAt,omitempty"`
 	// EventsExpireAfter is in Unix nanoseconds; zero: none.
 	EventsExpireAfter int64 `json:"eventsExpireAfter,omitempty"`
-	Version           int64 `json:"version"`
+	// Brokered is absent in runs stored before it, read as none.
+	Brokered []brokeredItem `json:"brokered,omitempty"`
+	Version  int64          `json:"version"`
+}
+
+// brokeredItem is one store.BrokeredKey of a run. ValueExpiresAt is the
+// value's expiry, not a TTL (hence not epoch seconds); Sealed is JSON's
+// base64.
+type brokeredItem struct {
+	ProjectID      string     `json:"projectId"`
+	Key            string     `json:"key"`
+	Kind           string     `json:"kind"`
+	ValueExpiresAt time.Time  `json:"valueExpiresAt"`
+	Sealed         []byte     `json:"sealed,omitempty"`
+	RevokedAt      *time.Time `json:"revokedAt,omitempty"`
 }
 
 type eventItem struct {
@@ -315,8 +329,36 @@ func toRunItem(r store.Run) runItem {
 		RewroteLocalPath: r.RewroteLocalPath, CreatedAt: utc(r.CreatedAt), UpdatedAt: utc(r.UpdatedAt),
 		Deadline: utc(r.Deadline), EndedAt: utcPtr(r.EndedAt), EventCursor: r.EventCursor,
 		Drained: r.Drained, ExpiresAt: expirySeconds(r.ExpiresAt), EventsExpireAfter: unixNanos(r.EventsExpireAfter),
-		Version: r.Version,
+		Brokered: toBrokeredItems(r.Brokered), Version: r.Version,
 	}
+}
+
+func toBrokeredItems(keys []store.BrokeredKey) []brokeredItem {
+	if len(keys) == 0 {
+		return nil
+	}
+	out := make([]brokeredItem, len(keys))
+	for i, k := range keys {
+		out[i] = brokeredItem{
+			ProjectID: k.ProjectID, Key: k.Key, Kind: k.Kind, ValueExpiresAt: utc(k.ExpiresAt),
+			Sealed: cloneBytes(k.Sealed), RevokedAt: utcPtr(k.RevokedAt),
+		}
+	}
+	return out
+}
+
+func brokeredRecords(items []brokeredItem) []store.BrokeredKey {
+	if len(items) == 0 {
+		return nil
+	}
+	out := make([]store.BrokeredKey, len(items))
+	for i, it := range items {
+		out[i] = store.BrokeredKey{
+			ProjectID: it.ProjectID, Key: it.Key, Kind: it.Kind, ExpiresAt: utc(it.ValueExpiresAt),
+			Sealed: cloneBytes(it.Sealed), RevokedAt: utcPtr(it.RevokedAt),
+		}
+	}
+	return out
 }
 
 func (it runItem) record() store.Run {
@@ -326,7 +368,8 @@ func (it runItem) record() store.Run {
 		Agent: it.Agent, Repository: it.Repository, IdempotencyKey: it.IdempotencyKey, RewroteLocalPath: it.RewroteLocalPath,
 		CreatedAt: utc(it.CreatedAt), UpdatedAt: utc(it.UpdatedAt), Deadline: utc(it.Deadline),
 		EndedAt: utcPtr(it.EndedAt), EventCursor: it.EventCursor, Drained: it.Drained,
-		ExpiresAt: expiryTime(it.ExpiresAt), EventsExpireAfter: fromUnixNanos(it.EventsExpireAfter), Version: it.Version,
+		ExpiresAt: expiryTime(it.ExpiresAt), EventsExpireAfter: fromUnixNanos(it.EventsExpireAfter),
+		Brokered: brokeredRecords(it.Brokered), Version: it.Version,
 	}
 }
 

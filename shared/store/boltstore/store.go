@@ -12,7 +12,9 @@
 //	hosts:                 id -> hostItem
 //	callers:               ownerId -> callerItem
 //	callerTokens:          tokenHash -> ownerId
-//	idempotency:           "ownerId#key" -> idempotencyItem
+//	idempotency:           "ownerId#key" -> idempotencyItem; and the
+//	                       "#"-keyed sweep cursor, stream leases and
+//	                       broker states (store.BrokerStateKey)
 //	runs:                  fleetRunId -> runItem
 //	runsLive:              fleetRunId -> ""
 //	runsByCreated:         orderKey -> fleetRunId
@@ -85,6 +87,7 @@ var (
 	_ store.SweepCursorStore = (*Store)(nil)
 	_ store.StreamLeases     = (*Store)(nil)
 	_ store.RouteStore       = (*Store)(nil)
+	_ store.BrokerStates     = (*Store)(nil)
 )
 
 // Option configures Open.

@@ -30,11 +30,24 @@ const (
 	storedEgressJSON     = `{"v":1,"seq":7,"data":"{\"seq\":7,\"path\":\"/a?q=*\"}","expiresAt":1780455721}`
 	storedEgressHeadJSON = `{"v":1,"fleetRunId":"r-stored","version":1,"cursor":8,"summary":"{\"requests\":8}","seal":"{\"count\":8}",` +
 		`"hostId":"h-stored","alerts":1,"firstAlertAt":1777863721123456789,"updatedAt":"2026-05-04T03:02:01.123456789Z","expiresAt":1780455721}`
+	// A run's brokered keys: the value's expiry "valueExpiresAt" (not a
+	// TTL), the sealed value base64.
+	storedRunJSON = `{"v":1,"fleetRunId":"r-stored","ownerId":"alice","hostId":"h-stored","childRunId":"child-stored","status":"running",` +
+		`"attempt":1,"agent":"shell","repository":"acme/app","idempotencyKey":"k-stored","createdAt":"2026-05-04T03:02:01.123456789Z",` +
+		`"updatedAt":"2026-05-04T03:03:01.123456789Z","deadline":"2026-05-04T03:02:31.123456789Z","eventCursor":7,"eventsExpireAfter":1780455721000000000,` +
+		`"brokered":[{"projectId":"acme","key":"GITHUB_TOKEN","kind":"githubApp","valueExpiresAt":"2026-05-04T04:02:01.123456789Z","sealed":"AAH+/w==",` +
+		`"revokedAt":"2026-05-04T03:04:01.123456789Z"},{"projectId":"acme","key":"GOOGLE_TOKEN","kind":"oauth2","valueExpiresAt":"2026-05-04T03:52:01.123456789Z"}],` +
+		`"version":1}`
+	// A broker state, under its key in the idempotency bucket.
+	storedBrokerJSON = `{"v":1,"id":"acme/GOOGLE_TOKEN","generation":1,"sealedRefreshToken":"AAEC/w==","sealedAccessToken":"/gAD",` +
+		`"accessExpiresAt":"2026-05-04T04:02:01.123456789Z","seed":"seed-fingerprint","holder":"holder-stored",` +
+		`"leaseUntil":"2026-05-04T03:07:01.123456789Z","updatedAt":"2026-05-04T03:02:01.123456789Z"}`
 )
 
 // TestStoredFormUnchanged: the store writes a host with its probe, an
-// event, and a ledger mirror's record and head as the JSON above, and
-// reads that JSON back as the records.
+// event, a ledger mirror's record and head, a run with brokered keys and
+// a broker state as the JSON above, and reads that JSON back as the
+// records.
 func TestStoredFormUnchanged(t *testing.T) {
 	path := filepath.Join(t.TempDir(), "fleet.db")
 	h, ev := storetest.StoredFormHost(), storetest.StoredFormEvent()
@@ -59,7 +72,10 @@ func TestStoredFormUnchanged(t *testing.T) {
 		if _, err := st.PutEgressHead(t.Context(), put); err != nil {
 			t.Fatal(err)
 		}
+		storetest.PutStoredForm(t, st)
 	})
+	run, brokerState := storetest.StoredFormRun(), storetest.StoredFormBrokerState()
+	runKey, brokerKey := []byte(run.FleetRunID), []byte(store.BrokerStateKey(brokerState.ID))
 
 	seq := binary.BigEndian.AppendUint64(nil, uint64(ev.Sequence))
 	db, err := bolt.Open(path, 0o600, nil)
@@ -80,6 +96,19 @@ func TestStoredFormUnchanged(t *testing.T) {
 		}
 		if got := string(heads.Get([]byte(head.FleetRunID))); got != storedEgressHeadJSON {
 			t.Errorf("egress head written:\n got  %s\n want %s", got, storedEgressHeadJSON)
+		}
+		runs, idem := tx.Bucket([]byte("runs")), tx.Bucket([]byte("idempotency"))
+		if got := string(runs.Get(runKey)); got != storedRunJSON {
+			t.Errorf("run written:\n got  %s\n want %s", got, storedRunJSON)
+		}
+		if got := string(idem.Get(brokerKey)); got != storedBrokerJSON {
+			t.Errorf("broker state written:\n got  %s\n want %s", got, storedBrokerJSON)
+		}
+		if err := runs.Put(runKey, []byte(storedRunJSON)); err != nil {
+			return err
+		}
+		if err := idem.Put(brokerKey, []byte(storedBrokerJSON)); err != nil {
+			return err
 		}
 		if err := egress.Put(seq, []byte(storedEgressJSON)); err != nil {
 			return err
@@ -130,6 +159,21 @@ func TestStoredFormUnchanged(t *testing.T) {
 			t.Fatal(err)
 		}
 		storetest.SameJSON(t, "alerted runs read", alerted.Heads, []store.EgressHead{head})
+		gotRun, err := st.GetRun(t.Context(), run.FleetRunID)
+		if err != nil {
+			t.Fatal(err)
+		}
+		storetest.SameJSON(t, "run read", gotRun, run)
+		runs, err := st.ListRuns(t.Context(), store.RunQuery{OwnerID: run.OwnerID})
+		if err != nil {
+			t.Fatal(err)
+		}
+		storetest.SameJSON(t, "runs listed", runs.Runs, []store.Run{run})
+		gotBroker, err := st.GetBrokerState(t.Context(), brokerState.ID)
+		if err != nil {
+			t.Fatal(err)
+		}
+		storetest.SameJSON(t, "broker state read", gotBroker, brokerState)
 	})
 }
 

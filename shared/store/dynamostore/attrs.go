@@ -37,6 +37,14 @@ func (it item) putFloat(name string, v float64) {
 	}
 }
 
+// putB writes bytes as B (sealed values: never a string an item reader
+// might mistake for text).
+func (it item) putB(name string, v []byte) {
+	if len(v) > 0 {
+		it[name] = &types.AttributeValueMemberB{Value: v}
+	}
+}
+
 func (it item) putBool(name string, v bool) {
 	if v {
 		it[name] = &types.AttributeValueMemberBOOL{Value: true}

@@ -2,6 +2,7 @@ package dynamostore_test
 
 import (
 	"context"
+	"encoding/base64"
 	"fmt"
 	"maps"
 	"os"
@@ -144,6 +145,8 @@ func attrString(v types.AttributeValue) string {
 		return "N:" + v.Value
 	case *types.AttributeValueMemberBOOL:
 		return fmt.Sprintf("BOOL:%v", v.Value)
+	case *types.AttributeValueMemberB:
+		return "B:" + base64.StdEncoding.EncodeToString(v.Value)
 	case *types.AttributeValueMemberL:
 		parts := make([]string, len(v.Value))
 		for i, e := range v.Value {

@@ -78,6 +78,18 @@ const (
 	attrEventsExpireAfter = "eventsExpireAfter"
 	attrDrained           = "drained"
 	attrRunVersion        = "version"
+	// attrBrokered is a run's brokered keys (L of M, attrBrokered*
+	// inside); absent: none, and every run stored before it.
+	attrBrokered = "brokered"
+
+	// A brokered key's, inside attrBrokered. Its expiry is
+	// "valueExpiresAt", in nanoseconds: not the TTL's expiresAt.
+	attrBrokeredProjectID = "projectId"
+	attrBrokeredKey       = "key"
+	attrBrokeredKind      = "kind"
+	attrBrokeredExpiresAt = "valueExpiresAt"
+	attrBrokeredSealed    = "sealed"
+	attrBrokeredRevokedAt = "revokedAt"
 
 	attrType = "type"
 	attrData = "data"
@@ -94,8 +106,8 @@ const (
 	attrFirstAlertAt = "firstAlertAt"
 
 	// attrWriteToken is the token of the call that last wrote the item
-	// (ownwrites.go): hosts, callers, idempotency items, runs and egress
-	// heads.
+	// (ownwrites.go): hosts, callers, idempotency items, runs, egress
+	// heads and broker states.
 	attrWriteToken = "writeToken"
 )
 
@@ -401,6 +413,7 @@ func runMutable(r store.Run, shard string) item {
 	}
 	it.putExpiry(r.ExpiresAt)
 	it.putTime(attrEventsExpireAfter, r.EventsExpireAfter)
+	putBrokered(it, r.Brokered)
 	it.putNAlways(attrRunVersion, r.Version)
 	// The "all" index key never changes (it derives from the id), so
 	// rewriting it costs that index nothing; it is here so that an update
@@ -414,7 +427,63 @@ func runMutable(r store.Run, shard string) item {
 var runMutableNames = []string{
 	attrChildRunID, attrStatus, attrAttempt, attrExitCode, attrReason, attrDetail, attrAgent,
 	attrRewroteLocalPath, attrUpdatedAt, attrDeadline, attrEndedAt, attrEventCursor,
-	attrDrained, attrLive, attrExpiresAt, attrEventsExpireAfter, attrRunVersion, attrAllShard,
+	attrDrained, attrLive, attrExpiresAt, attrEventsExpireAfter, attrBrokered, attrRunVersion, attrAllShard,
+}
+
+// putBrokered writes a run's brokered keys, nothing when it has none.
+func putBrokered(it item, keys []store.BrokeredKey) {
+	if len(keys) == 0 {
+		return
+	}
+	l := make([]types.AttributeValue, len(keys))
+	for i, k := range keys {
+		e := item{}
+		e.putS(attrBrokeredProjectID, k.ProjectID)
+		e.putS(attrBrokeredKey, k.Key)
+		e.putS(attrBrokeredKind, k.Kind)
+		e.putTime(attrBrokeredExpiresAt, k.ExpiresAt)
+		e.putB(attrBrokeredSealed, k.Sealed)
+		if k.RevokedAt != nil {
+			e.putTime(attrBrokeredRevokedAt, *k.RevokedAt)
+		}
+		l[i] = &types.AttributeValueMemberM{Value: e}
+	}
+	it[attrBrokered] = &types.AttributeValueMemberL{Value: l}
+}
+
+// brokered reads a run's brokered keys; nil when absent.
+func (r *reader) brokered() []store.BrokeredKey {
+	v, ok := r.it[attrBrokered]
+	if !ok {
+		return nil
+	}
+	l, ok := v.(*types.AttributeValueMemberL)
+	if !ok {
+		r.fail(attrBrokered, "L", v)
+		return nil
+	}
+	keys := make([]store.BrokeredKey, 0, len(l.Value))
+	for _, e := range l.Value {
+		m, ok := e.(*types.AttributeValueMemberM)
+		if !ok {
+			r.fail(attrBrokered, "L of M", e)
+			return nil
+		}
+		er := &reader{it: m.Value}
+		k := store.BrokeredKey{
+			ProjectID: er.s(attrBrokeredProjectID), Key: er.s(attrBrokeredKey), Kind: er.s(attrBrokeredKind),
+			ExpiresAt: er.time(attrBrokeredExpiresAt), Sealed: er.b(attrBrokeredSealed),
+			RevokedAt: er.timePtr(attrBrokeredRevokedAt),
+		}
+		if er.err != nil {
+			if r.err == nil {
+				r.err = fmt.Errorf("attribute %q: %w", attrBrokered, er.err)
+			}
+			return nil
+		}
+		keys = append(keys, k)
+	}
+	return keys
 }
 
 func runFromItem(it item) (store.Run, error) {
@@ -427,7 +496,8 @@ func runFromItem(it item) (store.Run, error) {
 		Repository: r.s(attrRepository), RewroteLocalPath: r.bool(attrRewroteLocalPath), UpdatedAt: r.time(attrUpdatedAt),
 		Deadline: r.time(attrDeadline), EndedAt: r.timePtr(attrEndedAt),
 		EventCursor: r.n(attrEventCursor), Drained: r.bool(attrDrained),
-		ExpiresAt: r.expiry(), EventsExpireAfter: r.time(attrEventsExpireAfter), Version: r.n(attrRunVersion),
+		ExpiresAt: r.expiry(), EventsExpireAfter: r.time(attrEventsExpireAfter), Brokered: r.brokered(),
+		Version: r.n(attrRunVersion),
 	}
 	if r.has(attrExitCode) {
 		code := int(r.n(attrExitCode))

@@ -21,9 +21,10 @@ import (
 // write: dispatch answered 409 without calling the host, minting and
 // registration a spurious 409.
 //
-// So every conditional create, and UpdateRun, writes a token made for the
-// call into the item (attrWriteToken), the same in every attempt the SDK
-// makes of it, and asks DynamoDB for the item when the condition fails
+// So every conditional create, UpdateRun and CommitBrokerState write a
+// token made for the call into the item (attrWriteToken), the same in
+// every attempt the SDK makes of it, and ask DynamoDB for the item when
+// the condition fails
 // (ReturnValuesOnConditionCheckFailure ALL_OLD: "There is no additional
 // cost associated with requesting a return value ... No read capacity units
 // are consumed", Amazon DynamoDB API Reference, PutItem and UpdateItem). An

@@ -157,6 +157,7 @@ var (
 	_ store.SweepCursorStore = (*Store)(nil)
 	_ store.StreamLeases     = (*Store)(nil)
 	_ store.RouteStore       = (*Store)(nil)
+	_ store.BrokerStates     = (*Store)(nil)
 )
 
 // New returns a store on client. It does not touch the tables: call

@@ -96,11 +96,59 @@ var (
 		"updatedAt":    n("1777863721123456789"),
 		"expiresAt":    n("1780455721"),
 	}
+	// A run's brokered keys are a list of maps; their expiry is
+	// "valueExpiresAt" in nanoseconds (not the TTL), the sealed value B.
+	storedRunItem = map[string]types.AttributeValue{
+		"fleetRunId":        s("r-stored"),
+		"v":                 n("1"),
+		"ownerId":           s("alice"),
+		"hostId":            s("h-stored"),
+		"createdAt":         s("2026-05-04T03:02:01.123456789Z#r-stored"),
+		"idempotencyKey":    s("k-stored"),
+		"repository":        s("acme/app"),
+		"childRunId":        s("child-stored"),
+		"status":            s("running"),
+		"attempt":           n("1"),
+		"agent":             s("shell"),
+		"updatedAt":         n("1777863781123456789"),
+		"deadline":          n("1777863751123456789"),
+		"eventCursor":       n("7"),
+		"live":              s("1"),
+		"eventsExpireAfter": n("1780455721000000000"),
+		"brokered": l(
+			&types.AttributeValueMemberM{Value: map[string]types.AttributeValue{
+				"projectId": s("acme"), "key": s("GITHUB_TOKEN"), "kind": s("githubApp"),
+				"valueExpiresAt": n("1777867321123456789"), "sealed": bin(0, 1, 0xfe, 0xff),
+				"revokedAt": n("1777863841123456789"),
+			}},
+			&types.AttributeValueMemberM{Value: map[string]types.AttributeValue{
+				"projectId": s("acme"), "key": s("GOOGLE_TOKEN"), "kind": s("oauth2"),
+				"valueExpiresAt": n("1777866721123456789"),
+			}},
+		),
+		"version":  n("1"),
+		"allShard": s("0"),
+	}
+	// A broker state: no expiresAt (the TTL never reaps it), the sealed
+	// tokens B.
+	storedBrokerItem = map[string]types.AttributeValue{
+		"id":                 s("#broker#acme/GOOGLE_TOKEN"),
+		"v":                  n("1"),
+		"generation":         n("1"),
+		"sealedRefreshToken": bin(0, 1, 2, 0xff),
+		"sealedAccessToken":  bin(0xfe, 0, 3),
+		"accessExpiresAt":    n("1777867321123456789"),
+		"seed":               s("seed-fingerprint"),
+		"holder":             s("holder-stored"),
+		"leaseUntil":         n("1777864021123456789"),
+		"updatedAt":          n("1777863721123456789"),
+	}
 )
 
 // TestStoredFormUnchanged: the store writes a host with its probe, an
-// event, and a ledger mirror's chunk and head as the items above, and
-// reads those items back as the records.
+// event, a ledger mirror's chunk and head, a run with brokered keys and a
+// broker state as the items above, and reads those items back as the
+// records.
 func TestStoredFormUnchanged(t *testing.T) {
 	ctx := context.Background()
 	names := dynamostore.Prefixed(motoserver.Unique("form") + "-")
@@ -134,6 +182,7 @@ func TestStoredFormUnchanged(t *testing.T) {
 	if _, err := st.PutEgressHead(ctx, put); err != nil {
 		t.Fatal(err)
 	}
+	storetest.PutStoredForm(t, st)
 	written := rawItem(t, names.Hosts, map[string]types.AttributeValue{"id": s(h.ID)})
 	delete(written, "writeToken") // random per create (ownwrites.go)
 	sameItem(t, "host item written", written, storedHostItem)
@@ -153,6 +202,13 @@ func TestStoredFormUnchanged(t *testing.T) {
 	writtenHead := rawItem(t, names.Egress, map[string]types.AttributeValue{"fleetRunId": s(head.FleetRunID), "seq": n("0")})
 	delete(writtenHead, "writeToken")
 	sameItem(t, "egress head written", writtenHead, storedEgressHead)
+	run, brokerState := storetest.StoredFormRun(), storetest.StoredFormBrokerState()
+	writtenRun := rawItem(t, names.Runs, map[string]types.AttributeValue{"fleetRunId": s(run.FleetRunID)})
+	delete(writtenRun, "writeToken")
+	sameItem(t, "run item written", writtenRun, storedRunItem)
+	writtenBroker := rawItem(t, names.Idempotency, map[string]types.AttributeValue{"id": s(store.BrokerStateKey(brokerState.ID))})
+	delete(writtenBroker, "writeToken") // random per commit (ownwrites.go)
+	sameItem(t, "broker state item written", writtenBroker, storedBrokerItem)
 
 	// Read back from the pinned items themselves, not from what this
 	// store wrote; the chunk's data compressed by another compressor.
@@ -171,7 +227,9 @@ func TestStoredFormUnchanged(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	for table, it := range map[string]map[string]types.AttributeValue{names.Hosts: storedHostItem, names.Events: storedEventItem} {
+	for table, it := range map[string]map[string]types.AttributeValue{
+		names.Hosts: storedHostItem, names.Events: storedEventItem, names.Runs: storedRunItem, names.Idempotency: storedBrokerItem,
+	} {
 		if _, err := db.PutItem(ctx, &dynamodb.PutItemInput{TableName: aws.String(table), Item: it}); err != nil {
 			t.Fatal(err)
 		}
@@ -201,6 +259,21 @@ func TestStoredFormUnchanged(t *testing.T) {
 		t.Fatal(err)
 	}
 	storetest.SameJSON(t, "alerted runs read", alerted.Heads, []store.EgressHead{head})
+	gotRun, err := st.GetRun(ctx, run.FleetRunID)
+	if err != nil {
+		t.Fatal(err)
+	}
+	storetest.SameJSON(t, "run read", gotRun, run)
+	runs, err := st.ListRuns(ctx, store.RunQuery{OwnerID: run.OwnerID})
+	if err != nil {
+		t.Fatal(err)
+	}
+	storetest.SameJSON(t, "runs listed", runs.Runs, []store.Run{run})
+	gotBroker, err := st.GetBrokerState(ctx, brokerState.ID)
+	if err != nil {
+		t.Fatal(err)
+	}
+	storetest.SameJSON(t, "broker state read", gotBroker, brokerState)
 }
 
 func sameItem(t *testing.T, what string, got, want map[string]types.AttributeValue) {
@@ -213,6 +286,9 @@ func sameItem(t *testing.T, what string, got, want map[string]types.AttributeVal
 
 func n(v string) types.AttributeValue { return &types.AttributeValueMemberN{Value: v} }
 func b(v bool) types.AttributeValue   { return &types.AttributeValueMemberBOOL{Value: v} }
+func bin(v ...byte) types.AttributeValue {
+	return &types.AttributeValueMemberB{Value: v}
+}
 func l(vs ...types.AttributeValue) types.AttributeValue {
 	return &types.AttributeValueMemberL{Value: vs}
 }

@@ -34,6 +34,7 @@ var runsContract = []contractCase{
 	roleCase("Runs/BadCursor", testRunsBadCursor),
 	roleCase("Runs/OwnerAndHostRefused", testRunsOwnerAndHost),
 	roleCase("Runs/Expiry", testRunsExpiry),
+	roleCase("Runs/BrokeredKeysRoundTrip", testRunsBrokered),
 }
 
 func run(id, owner, hostID string, created time.Time) store.Run {
@@ -573,4 +574,65 @@ func testRunsExpiry(t *testing.T, s hostsAndRuns, clk *clock.Fake) {
 	sameJSON(t, "re-created run", got, again)
 	sameIDs(t, "old owner no longer lists it", allRuns(t, s, store.RunQuery{OwnerID: "alice"}, 10), []string{"keep"})
 	sameIDs(t, "new owner lists it", allRuns(t, s, store.RunQuery{OwnerID: "bob"}, 10), []string{"old"})
+}
+
+// testRunsBrokered: a run's brokered keys round-trip through every write
+// and read of a run, the sealed value byte for byte and the revocation
+// time to the nanosecond; a run without any reads back nil.
+func testRunsBrokered(t *testing.T, s store.Runs, clk *clock.Fake) {
+	now := clk.Now()
+	r := run("r1", "alice", "h1", now)
+	r.Repository = "acme/app"
+	r.Brokered = []store.BrokeredKey{
+		{ProjectID: "acme", Key: "GITHUB_TOKEN", Kind: "githubApp", ExpiresAt: now.Add(time.Hour + 123*time.Nanosecond), Sealed: sealed(1)},
+		{ProjectID: "acme", Key: "GOOGLE_TOKEN", Kind: "oauth2", ExpiresAt: now.Add(50 * time.Minute)},
+	}
+	r = createRun(t, s, r)
+	plain := createRun(t, s, run("r2", "alice", "h1", now.Add(time.Second)))
+	check := func(what string, want ...store.Run) {
+		t.Helper()
+		for _, w := range want {
+			got, err := s.GetRun(bg, w.FleetRunID)
+			noErr(t, what+": GetRun "+w.FleetRunID, err)
+			sameJSON(t, what+": GetRun "+w.FleetRunID, got, w)
+		}
+		for _, q := range []store.RunQuery{{}, {OwnerID: "alice"}, {HostID: "h1"}} {
+			p, err := s.ListRuns(bg, q)
+			noErr(t, what+": ListRuns", err)
+			byID := map[string]store.Run{}
+			for _, got := range p.Runs {
+				byID[got.FleetRunID] = got
+			}
+			for _, w := range want {
+				sameJSON(t, fmt.Sprintf("%s: ListRuns %+v, run %s", what, q, w.FleetRunID), byID[w.FleetRunID], w)
+			}
+		}
+	}
+	check("created", r, plain)
+	if got, _ := s.GetRun(bg, "r2"); got.Brokered != nil {
+		t.Fatalf("a run without brokered keys reads back %#v", got.Brokered)
+	}
+
+	// The sweep refreshed the GitHub token (a new value, sealed) and the
+	// run ended: Fleet revoked it.
+	clk.Advance(time.Minute)
+	revoked := clk.Now().Add(7 * time.Nanosecond)
+	next := r
+	next.Brokered = []store.BrokeredKey{r.Brokered[0], r.Brokered[1]}
+	next.Brokered[0].Sealed, next.Brokered[0].ExpiresAt, next.Brokered[0].RevokedAt = sealed(2), clk.Now().Add(time.Hour), &revoked
+	next.Status, next.UpdatedAt = store.StatusSucceeded, clk.Now()
+	got, err := s.UpdateRun(bg, next)
+	noErr(t, "UpdateRun", err)
+	next.Version = 2
+	sameJSON(t, "UpdateRun's answer", got, next)
+	check("updated", next, plain)
+
+	// An update without them removes them.
+	none := got
+	none.Brokered = nil
+	got, err = s.UpdateRun(bg, none)
+	noErr(t, "UpdateRun without brokered keys", err)
+	none.Version = 3
+	sameJSON(t, "UpdateRun's answer without brokered keys", got, none)
+	check("brokered keys removed", none)
 }

@@ -55,3 +55,54 @@ func StoredFormEgress() (records []store.EgressRecord, head store.EgressHead) {
 	}
 	return records, head
 }
+
+// StoredFormRun is a live run with brokered keys (a GitHub token revoked
+// and minted again, an OAuth2 value), pinned like StoredFormHost from the
+// form runs had when they gained them.
+func StoredFormRun() store.Run {
+	at := StoredFormAt
+	revoked := at.Add(2 * time.Minute)
+	return store.Run{
+		FleetRunID: "r-stored", OwnerID: "alice", HostID: "h-stored", ChildRunID: "child-stored",
+		Status: store.StatusRunning, Attempt: 1, Agent: "shell", Repository: "acme/app", IdempotencyKey: "k-stored",
+		CreatedAt: at, UpdatedAt: at.Add(time.Minute), Deadline: at.Add(30 * time.Second), EventCursor: 7,
+		EventsExpireAfter: StoredFormEvent().ExpiresAt,
+		Brokered: []store.BrokeredKey{
+			{ProjectID: "acme", Key: "GITHUB_TOKEN", Kind: "githubApp", ExpiresAt: at.Add(time.Hour), Sealed: []byte{0, 1, 0xfe, 0xff}, RevokedAt: &revoked},
+			{ProjectID: "acme", Key: "GOOGLE_TOKEN", Kind: "oauth2", ExpiresAt: at.Add(50 * time.Minute)},
+		},
+		Version: 1,
+	}
+}
+
+// StoredFormBrokerState is a credential's state after its first refresh,
+// its lease held, pinned like StoredFormHost: a lease taken and a commit
+// by another (which leaves the lease as it is), both at StoredFormAt.
+func StoredFormBrokerState() store.BrokerState {
+	at := StoredFormAt
+	return store.BrokerState{
+		ID: "acme/GOOGLE_TOKEN", Generation: 1,
+		SealedRefreshToken: []byte{0, 1, 2, 0xff}, SealedAccessToken: []byte{0xfe, 0, 3},
+		AccessExpiresAt: at.Add(time.Hour), Seed: "seed-fingerprint",
+		LeaseHolder: "holder-stored", LeaseExpiresAt: at.Add(5 * time.Minute), UpdatedAt: at,
+	}
+}
+
+// PutStoredForm writes StoredFormRun and StoredFormBrokerState through s,
+// on a store whose clock reads StoredFormAt, for a stored-form test to pin
+// what s wrote.
+func PutStoredForm(t *testing.T, s interface {
+	store.Runs
+	store.BrokerStates
+}) {
+	t.Helper()
+	noErr(t, "CreateRun", s.CreateRun(bg, StoredFormRun()))
+	want := StoredFormBrokerState()
+	st, err := s.AcquireBrokerLease(bg, want.ID, want.LeaseHolder, want.LeaseExpiresAt)
+	noErr(t, "AcquireBrokerLease", err)
+	st.SealedRefreshToken, st.SealedAccessToken, st.AccessExpiresAt, st.Seed = want.SealedRefreshToken, want.SealedAccessToken, want.AccessExpiresAt, want.Seed
+	st.LeaseHolder = "" // another's commit: the lease stays
+	st, err = s.CommitBrokerState(bg, st)
+	noErr(t, "CommitBrokerState", err)
+	sameJSON(t, "the stored-form broker state committed", st, want)
+}
