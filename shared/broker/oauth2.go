@@ -16,6 +16,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/runfleet/runfleet/shared/clock"
@@ -104,6 +105,11 @@ type flight struct {
 	done chan struct{}
 	a    access
 	err  error
+	// exchanging is set from the request to the token endpoint until the
+	// answer is stored: callers wait for that even past their context,
+	// since in Lambda a handler that returns freezes the flight, and a
+	// refresh token rotated but not stored ends the family.
+	exchanging atomic.Bool
 }
 
 // failedRefresh is a refusal by the provider, kept for failureHold.
@@ -212,6 +218,9 @@ func (m *oauth2Minter) refreshed(ctx context.Context, seen int64) (access, error
 	case <-f.done:
 		return f.a, f.err
 	case <-ctx.Done():
+		if f.exchanging.Load() {
+			<-f.done // bounded by the HTTP client's timeout and one store write
+		}
 		return access{}, m.fail(0, "waiting for its refresh: %v", ctx.Err())
 	}
 }
@@ -220,7 +229,7 @@ func (m *oauth2Minter) refreshed(ctx context.Context, seen int64) (access, error
 func (m *oauth2Minter) fly(ctx context.Context, f *flight, seen int64) {
 	ctx, cancel := clock.WithTimeout(ctx, m.deps.Clock, flightLimit)
 	defer cancel()
-	a, err := m.refreshOrWait(ctx, seen)
+	a, err := m.refreshOrWait(ctx, f, seen)
 	m.mu.Lock()
 	f.a, f.err = a, err
 	if m.flight == f {
@@ -239,7 +248,7 @@ func (m *oauth2Minter) fly(ctx context.Context, f *flight, seen int64) {
 // refreshOrWait takes the lease and refreshes generation seen, or waits
 // for the lease's holder to: never two refreshes of one credential at
 // once, fleet-wide.
-func (m *oauth2Minter) refreshOrWait(ctx context.Context, seen int64) (access, error) {
+func (m *oauth2Minter) refreshOrWait(ctx context.Context, f *flight, seen int64) (access, error) {
 	for {
 		now := m.deps.Clock.Now()
 		st, err := m.deps.States.AcquireBrokerLease(ctx, m.id, m.holder, now.Add(LeaseDuration))
@@ -252,7 +261,7 @@ func (m *oauth2Minter) refreshOrWait(ctx context.Context, seen int64) (access, e
 					return a, nil
 				}
 			}
-			return m.refresh(ctx, st)
+			return m.refresh(ctx, f, st)
 		case errors.Is(err, store.ErrConflict):
 			next, err := m.await(ctx, st)
 			if err != nil {
@@ -299,8 +308,9 @@ func (m *oauth2Minter) await(ctx context.Context, held store.BrokerState) (store
 // refresh exchanges the refresh token while holding the lease, and stores
 // the new tokens before it returns them. It releases the lease on failure
 // (a commit releases it on success).
-func (m *oauth2Minter) refresh(ctx context.Context, st store.BrokerState) (_ access, err error) {
+func (m *oauth2Minter) refresh(ctx context.Context, f *flight, st store.BrokerState) (_ access, err error) {
 	defer func() {
+		f.exchanging.Store(false)
 		if err != nil {
 			m.release(ctx)
 		}
@@ -317,6 +327,7 @@ func (m *oauth2Minter) refresh(ctx context.Context, st store.BrokerState) (_ acc
 	if err != nil {
 		return access{}, err
 	}
+	f.exchanging.Store(true)
 	answer, err := m.exchange(ctx, refreshToken, clientSecret, restart)
 	if err != nil {
 		return access{}, err

@@ -734,3 +734,32 @@ func clone(st store.BrokerState) store.BrokerState {
 	st.SealedRefreshToken = slices.Clone(st.SealedRefreshToken)
 	return st
 }
+
+// A caller that gives up while the token endpoint is answering still
+// waits until the answer is stored: in Lambda a handler that returned
+// freezes the refresh, and a rotated refresh token never stored ends the
+// family. The next mint finds the refreshed token.
+func TestOAuth2CallerWaitsOutTheExchange(t *testing.T) {
+	f := newFixture(t, brokerStores["memory"], fakeoauth.Config{})
+	a := f.broker()
+	release := f.fo.Hold()
+	ctx, cancel := context.WithCancel(context.Background())
+	generation := make(chan int64, 1)
+	go func() {
+		_, err := a.Mint(ctx, req)
+		if err == nil {
+			t.Error("a cancelled mint succeeded")
+		}
+		st, _ := f.inner.GetBrokerState(context.Background(), oauthKey)
+		generation <- st.Generation
+	}()
+	await.Recv(t, "the refresh to reach the provider", f.fo.Arrived())
+	cancel()
+	release()
+	if g := await.Recv(t, "the cancelled mint to return", generation); g != 1 {
+		t.Fatalf("the cancelled mint returned with generation %d stored; want the refresh stored first", g)
+	}
+	if _, err := f.one(a); err != nil || f.fo.Refreshes() != 1 {
+		t.Fatalf("the next mint: %v, %d refreshes", err, f.fo.Refreshes())
+	}
+}
