@@ -49,6 +49,8 @@ const (
 	// provider omits expires_in (RFC 6749 only recommends it): short, so
 	// a shorter real one is replaced soon rather than served stale.
 	defaultLifetime = 15 * time.Minute
+	// commitAttempts is how many times the new tokens' commit is tried.
+	commitAttempts = 3
 	// maxTokenAnswer bounds the token endpoint's answer read.
 	maxTokenAnswer = 64 << 10
 )
@@ -350,7 +352,17 @@ func (m *oauth2Minter) refresh(ctx context.Context, f *flight, st store.BrokerSt
 	if next.SealedAccessToken, err = m.deps.Sealer.Seal(ctx, wrapped, bindAccess(m.id)); err != nil {
 		return access{}, m.lost("sealing the new access token: %v", err)
 	}
-	committed, err := m.deps.States.CommitBrokerState(ctx, next)
+	// A store failure that is not an answer (a throttle, a lost
+	// response) is tried again at once: the rotated token exists nowhere
+	// else. A retried write recognises its own success (dynamostore's
+	// write tokens).
+	var committed store.BrokerState
+	for range commitAttempts {
+		committed, err = m.deps.States.CommitBrokerState(ctx, next)
+		if err == nil || errors.Is(err, store.ErrConflict) || errors.Is(err, store.ErrNotFound) || ctx.Err() != nil {
+			break
+		}
+	}
 	if err != nil {
 		return access{}, m.lost("storing the new tokens: %v", err)
 	}

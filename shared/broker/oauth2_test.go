@@ -11,6 +11,7 @@ import (
 	"slices"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -105,13 +106,15 @@ var start = time.Date(2026, 6, 1, 9, 0, 0, 0, time.UTC)
 // fixture is a fake provider, a store and what Brokers over them share:
 // every Broker made by broker() is another Fleet process.
 type fixture struct {
-	t      *testing.T
-	clk    *clock.Fake
-	fo     *fakeoauth.Server
-	dir    string
-	store  backend
-	inner  store.BrokerStates // the test's own handle
-	held   *heldLeases
+	t     *testing.T
+	clk   *clock.Fake
+	fo    *fakeoauth.Server
+	dir   string
+	store backend
+	inner store.BrokerStates // the test's own handle
+	held  *heldLeases
+	// wrap, when set, wraps each process's handle (a fault to inject).
+	wrap   func(store.BrokerStates) store.BrokerStates
 	sealer *countingSealer
 	logs   *syncbuf.Buffer
 	events *events
@@ -162,7 +165,11 @@ func (f *fixture) recipes() map[string]broker.Recipe {
 
 // states is a Fleet process's handle on the store.
 func (f *fixture) states() store.BrokerStates {
-	return &observed{BrokerStates: f.store.handle(), held: f.held}
+	h := f.store.handle()
+	if f.wrap != nil {
+		h = f.wrap(h)
+	}
+	return &observed{BrokerStates: h, held: f.held}
 }
 
 // broker is one Fleet process's Broker.
@@ -762,4 +769,41 @@ func TestOAuth2CallerWaitsOutTheExchange(t *testing.T) {
 	if _, err := f.one(a); err != nil || f.fo.Refreshes() != 1 {
 		t.Fatalf("the next mint: %v, %d refreshes", err, f.fo.Refreshes())
 	}
+}
+
+// A commit of the new tokens that fails without an answer is tried
+// again: the rotated refresh token exists nowhere else.
+func TestOAuth2RetriesACommitThatFailed(t *testing.T) {
+	forEachStore(t, func(t *testing.T, newStates newStates) {
+		f := newFixture(t, newStates, fakeoauth.Config{})
+		var failures atomic.Int32
+		failures.Store(2)
+		f.wrap = func(s store.BrokerStates) store.BrokerStates {
+			return &failingCommits{BrokerStates: s, left: &failures}
+		}
+		a := f.broker()
+		m, err := f.one(a)
+		if err != nil || !f.fo.Honoured(string(m.Value)) || failures.Load() != 0 {
+			t.Fatalf("after two failed commits: %v, %d failures left", err, failures.Load())
+		}
+		f.clk.Set(m.ExpiresAt)
+		if _, err := f.one(f.broker()); err != nil || f.fo.Refreshes() != 2 || f.fo.InvalidGrants() != 0 {
+			t.Fatalf("the next refresh, from the stored token: %v, %d refreshes, %d invalid_grant", err, f.fo.Refreshes(), f.fo.InvalidGrants())
+		}
+	})
+}
+
+// failingCommits fails commits, without writing, while left is positive,
+// as a throttled or unreachable store does.
+type failingCommits struct {
+	store.BrokerStates
+	left *atomic.Int32
+}
+
+func (s *failingCommits) CommitBrokerState(ctx context.Context, st store.BrokerState) (store.BrokerState, error) {
+	if s.left.Add(-1) >= 0 {
+		return store.BrokerState{}, errors.New("ThrottlingException: rate exceeded")
+	}
+	s.left.Store(0)
+	return s.BrokerStates.CommitBrokerState(ctx, st)
 }
