@@ -74,8 +74,18 @@ type oauth2Minter struct {
 
 	mu     sync.Mutex
 	opened access // the newest generation's access token opened
+	seeds  seedCheck
 	flight *flight
 	failed *failedRefresh
+}
+
+// seedCheck is the last comparison of a family's Seed fingerprint with the
+// configured seed, so a warm process compares each pair once (the
+// fingerprint's key is sealed: a KMS call).
+type seedCheck struct {
+	seed   string   // the state's Seed
+	digest [32]byte // SHA-256 of the configured seed it was compared with
+	same   bool
 }
 
 // access is one generation's access token, opened. A warm process opens
@@ -140,6 +150,15 @@ func (m *oauth2Minter) mint(ctx context.Context) (Minted, error) {
 		a, err := m.open(ctx, st)
 		switch {
 		case err == nil && a.fresh(m.deps.Clock.Now()):
+			if !m.reseeded(ctx, st) {
+				return a.minted(), nil
+			}
+			// An operator stored a new seed (after revoking the family
+			// at the provider, say): start again from it now, not at the
+			// expiry. Until that works, the current token is served.
+			if b, err := m.refreshed(ctx, st.Generation); err == nil {
+				return b.minted(), nil
+			}
 			return a.minted(), nil
 		case err != nil && !errors.Is(err, ErrUnopenable):
 			return Minted{}, m.fail(0, "opening its access token: %v", err)
@@ -199,6 +218,39 @@ func unwrapAccess(b []byte) (time.Duration, string, error) {
 		return 0, "", errors.New("not an access token of this format")
 	}
 	return time.Duration(binary.BigEndian.Uint64(b[1:9])) * time.Second, string(b[9:]), nil
+}
+
+// reseeded reports whether refreshTokenSecret now holds another seed than
+// the one st's family began from. Not knowing (the secret or the sealer
+// failed) is no: the family goes on.
+func (m *oauth2Minter) reseeded(ctx context.Context, st store.BrokerState) bool {
+	if st.Seed == "" {
+		return false
+	}
+	token, err := m.deps.Secrets.Read(ctx, m.r.RefreshTokenSecret)
+	if err != nil {
+		m.deps.Logger.Warn("broker: reading refreshTokenSecret to compare its seed", "key", m.id, "kind", KindOAuth2, "err", err)
+		return false
+	}
+	digest := sha256.Sum256([]byte(token))
+	m.mu.Lock()
+	c := m.seeds
+	m.mu.Unlock()
+	if c.seed == st.Seed && c.digest == digest {
+		return !c.same
+	}
+	same, err := m.seedMatches(ctx, st.Seed, token)
+	if err != nil {
+		return false
+	}
+	m.rememberSeed(st.Seed, token, same)
+	return !same
+}
+
+func (m *oauth2Minter) rememberSeed(seed, token string, same bool) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	m.seeds = seedCheck{seed: seed, digest: sha256.Sum256([]byte(token)), same: same}
 }
 
 // refreshed returns the access token once a refresh, this process's or
@@ -369,6 +421,7 @@ func (m *oauth2Minter) refresh(ctx context.Context, f *flight, st store.BrokerSt
 	a := access{generation: committed.Generation, expiresAt: committed.AccessExpiresAt, lifetime: answer.lifetime,
 		value: hostproto.SecretString(answer.accessToken)}
 	m.remember(a)
+	m.rememberSeed(committed.Seed, seedToken, true)
 	m.deps.OnEvent(KindOAuth2, EventRefresh)
 	m.deps.Logger.Info("broker: refreshed", "key", m.id, "kind", KindOAuth2,
 		"generation", committed.Generation, "expiresAt", committed.AccessExpiresAt, "fromSeed", restart)

@@ -401,9 +401,13 @@ func TestOAuth2OpensEachGenerationOnce(t *testing.T) {
 				t.Fatal(err)
 			}
 		}
-		// a refreshed (and keeps what it sealed); b opened it once.
+		// a refreshed (and keeps what it sealed); b opened it, and the
+		// seed fingerprint's key, once.
 		if got := f.sealer.opened("#access"); got != 1 {
 			t.Fatalf("%d opens of the access token for 20 mints in two processes; want 1", got)
+		}
+		if got := f.sealer.opened("#seed"); got != 1 {
+			t.Fatalf("%d opens of the seed fingerprint for 20 mints in two processes; want 1", got)
 		}
 	})
 }
@@ -434,13 +438,15 @@ func TestOAuth2SeedsAndRefusals(t *testing.T) {
 			t.Fatalf("at the margin: %v, new token %v, %d refreshes, %d invalid_grant", err, m2.Value != m1.Value, f.fo.Refreshes(), f.fo.InvalidGrants())
 		}
 
-		// A re-seeded secret restarts the family, though the stored one
-		// still works.
+		// A re-seeded secret restarts the family at once, though the
+		// stored one still works and its access token is fresh.
 		seed2 := f.reseed()
-		f.clk.Set(m2.ExpiresAt)
 		m3, err := f.one(a)
-		if err != nil || !f.fo.Retired(seed2) || f.fo.InvalidGrants() != 0 {
-			t.Fatalf("after a re-seed: %v, seed used %v, %d invalid_grant", err, f.fo.Retired(seed2), f.fo.InvalidGrants())
+		if err != nil || !f.fo.Retired(seed2) || m3.Value == m2.Value || f.fo.InvalidGrants() != 0 {
+			t.Fatalf("after a re-seed: %v, seed used %v, new token %v, %d invalid_grant", err, f.fo.Retired(seed2), m3.Value != m2.Value, f.fo.InvalidGrants())
+		}
+		if m, err := f.one(f.broker()); err != nil || m.Value != m3.Value || f.fo.Refreshes() != 3 {
+			t.Fatalf("another process after the restart: %v, same token %v, %d refreshes", err, m.Value == m3.Value, f.fo.Refreshes())
 		}
 
 		if !f.fo.Retired(strings.TrimSpace(string(seed1))) {
