@@ -5,6 +5,7 @@ import (
 	"crypto/hmac"
 	"crypto/sha256"
 	"encoding/base64"
+	"encoding/binary"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -15,6 +16,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/runfleet/runfleet/shared/clock"
@@ -47,6 +49,8 @@ const (
 	// provider omits expires_in (RFC 6749 only recommends it): short, so
 	// a shorter real one is replaced soon rather than served stale.
 	defaultLifetime = 15 * time.Minute
+	// commitAttempts is how many times the new tokens' commit is tried.
+	commitAttempts = 3
 	// maxTokenAnswer bounds the token endpoint's answer read.
 	maxTokenAnswer = 64 << 10
 )
@@ -69,25 +73,55 @@ type oauth2Minter struct {
 	holder string
 
 	mu     sync.Mutex
-	opened openedAccess // the last access token opened, per generation
+	opened access // the newest generation's access token opened
+	seeds  seedCheck
 	flight *flight
 	failed *failedRefresh
 }
 
-// openedAccess is an access token opened from a state, so a warm process
-// opens each generation once (no KMS call per dispatch).
-type openedAccess struct {
+// seedCheck is the last comparison of a family's Seed fingerprint with the
+// configured seed, so a warm process compares each pair once (the
+// fingerprint's key is sealed: a KMS call).
+type seedCheck struct {
+	seed   string   // the state's Seed
+	digest [32]byte // SHA-256 of the configured seed it was compared with
+	same   bool
+}
+
+// access is one generation's access token, opened. A warm process opens
+// each generation once: no KMS call per dispatch.
+type access struct {
 	generation int64
 	expiresAt  time.Time
-	value      hostproto.SecretString
+	// lifetime is the token's whole life (expires_in), kept sealed with
+	// it: a store's state says when it ends, not when it began.
+	lifetime time.Duration
+	value    hostproto.SecretString
+}
+
+// fresh reports whether a may be handed out at now: it has more than its
+// margin left. The margin is RefreshMargin, or half the token's lifetime
+// when that is shorter (a provider issuing 10-minute tokens would
+// otherwise have every dispatch refresh).
+func (a access) fresh(now time.Time) bool {
+	return a.value != "" && a.expiresAt.Sub(now) > min(RefreshMargin, a.lifetime/2)
+}
+
+func (a access) minted() Minted {
+	return Minted{Kind: KindOAuth2, Value: a.value, ExpiresAt: a.expiresAt}
 }
 
 // flight is one refresh, or wait for another process's, shared by every
-// caller of one process; st and err are set before done is closed.
+// caller of one process; a and err are set before done is closed.
 type flight struct {
 	done chan struct{}
-	st   store.BrokerState
+	a    access
 	err  error
+	// exchanging is set from the request to the token endpoint until the
+	// answer is stored: callers wait for that even past their context,
+	// since in Lambda a handler that returns freezes the flight, and a
+	// refresh token rotated but not stored ends the family.
+	exchanging atomic.Bool
 }
 
 // failedRefresh is a refusal by the provider, kept for failureHold.
@@ -112,97 +146,152 @@ func (m *oauth2Minter) mint(ctx context.Context) (Minted, error) {
 	if err != nil && !errors.Is(err, store.ErrNotFound) {
 		return Minted{}, m.fail(0, "reading its state: %v", err)
 	}
-	if !fresh(st, m.deps.Clock.Now()) {
-		if st, err = m.refreshed(ctx, st); err != nil {
-			return Minted{}, err
+	if st.Generation > 0 {
+		a, err := m.open(ctx, st)
+		switch {
+		case err == nil && a.fresh(m.deps.Clock.Now()):
+			if !m.reseeded(ctx, st) {
+				return a.minted(), nil
+			}
+			// An operator stored a new seed (after revoking the family
+			// at the provider, say): start again from it now, not at the
+			// expiry. Until that works, the current token is served.
+			if b, err := m.refreshed(ctx, st.Generation); err == nil {
+				return b.minted(), nil
+			}
+			return a.minted(), nil
+		case err != nil && !errors.Is(err, ErrUnopenable):
+			return Minted{}, m.fail(0, "opening its access token: %v", err)
 		}
+		// Due, or sealed under a key no longer ours: refresh.
 	}
-	value, err := m.open(ctx, st)
+	a, err := m.refreshed(ctx, st.Generation)
 	if err != nil {
 		return Minted{}, err
 	}
-	return Minted{Kind: KindOAuth2, Value: value, ExpiresAt: st.AccessExpiresAt}, nil
-}
-
-// fresh reports whether st's access token may be handed out at now: it
-// has more than its margin left.
-func fresh(st store.BrokerState, now time.Time) bool {
-	return st.Generation > 0 && len(st.SealedAccessToken) > 0 && st.AccessExpiresAt.Sub(now) > margin(st)
-}
-
-// margin is RefreshMargin, or half the token's lifetime when that is
-// shorter (a provider issuing 10-minute tokens would otherwise have every
-// dispatch refresh).
-func margin(st store.BrokerState) time.Duration {
-	if life := st.AccessExpiresAt.Sub(st.UpdatedAt); !st.UpdatedAt.IsZero() && life/2 < RefreshMargin {
-		return life / 2
-	}
-	return RefreshMargin
+	return a.minted(), nil
 }
 
 // open returns st's access token, opening it once per generation.
-func (m *oauth2Minter) open(ctx context.Context, st store.BrokerState) (hostproto.SecretString, error) {
+func (m *oauth2Minter) open(ctx context.Context, st store.BrokerState) (access, error) {
 	m.mu.Lock()
-	o := m.opened
+	a := m.opened
 	m.mu.Unlock()
-	if o.generation == st.Generation && o.expiresAt.Equal(st.AccessExpiresAt) && o.value != "" {
-		return o.value, nil
+	if a.generation == st.Generation && a.expiresAt.Equal(st.AccessExpiresAt) && a.value != "" {
+		return a, nil
 	}
 	plain, err := m.deps.Sealer.Open(ctx, st.SealedAccessToken, bindAccess(m.id))
 	if err != nil {
-		return "", m.fail(0, "opening its access token: %v", err)
+		return access{}, err
 	}
-	value := hostproto.SecretString(plain)
-	clear(plain)
-	m.remember(st, value)
-	return value, nil
+	defer clear(plain)
+	lifetime, token, err := unwrapAccess(plain)
+	if err != nil {
+		return access{}, fmt.Errorf("broker: %s's access token: %w: %w", m.id, err, ErrUnopenable)
+	}
+	a = access{generation: st.Generation, expiresAt: st.AccessExpiresAt, lifetime: lifetime, value: hostproto.SecretString(token)}
+	m.remember(a)
+	return a, nil
 }
 
-func (m *oauth2Minter) remember(st store.BrokerState, value hostproto.SecretString) {
+func (m *oauth2Minter) remember(a access) {
 	m.mu.Lock()
 	defer m.mu.Unlock()
-	if st.Generation >= m.opened.generation {
-		m.opened = openedAccess{generation: st.Generation, expiresAt: st.AccessExpiresAt, value: value}
+	if a.generation >= m.opened.generation {
+		m.opened = a
 	}
 }
 
-// refreshed returns the state once a refresh, this process's or
-// another's, has made it current, or the provider's refusal. seen is the
-// state the caller found due.
-func (m *oauth2Minter) refreshed(ctx context.Context, seen store.BrokerState) (store.BrokerState, error) {
+// The access token is sealed as accessFormat, its lifetime in seconds (8
+// bytes, big-endian), then the token.
+const accessFormat = 1
+
+func wrapAccess(token string, lifetime time.Duration) []byte {
+	b := make([]byte, 9, 9+len(token))
+	b[0] = accessFormat
+	binary.BigEndian.PutUint64(b[1:9], uint64(lifetime/time.Second))
+	return append(b, token...)
+}
+
+func unwrapAccess(b []byte) (time.Duration, string, error) {
+	if len(b) < 10 || b[0] != accessFormat {
+		return 0, "", errors.New("not an access token of this format")
+	}
+	return time.Duration(binary.BigEndian.Uint64(b[1:9])) * time.Second, string(b[9:]), nil
+}
+
+// reseeded reports whether refreshTokenSecret now holds another seed than
+// the one st's family began from. Not knowing (the secret or the sealer
+// failed) is no: the family goes on.
+func (m *oauth2Minter) reseeded(ctx context.Context, st store.BrokerState) bool {
+	if st.Seed == "" {
+		return false
+	}
+	token, err := m.deps.Secrets.Read(ctx, m.r.RefreshTokenSecret)
+	if err != nil {
+		m.deps.Logger.Warn("broker: reading refreshTokenSecret to compare its seed", "key", m.id, "kind", KindOAuth2, "err", err)
+		return false
+	}
+	digest := sha256.Sum256([]byte(token))
 	m.mu.Lock()
-	if f := m.failed; f != nil && f.generation == seen.Generation && m.deps.Clock.Now().Before(f.until) {
+	c := m.seeds
+	m.mu.Unlock()
+	if c.seed == st.Seed && c.digest == digest {
+		return !c.same
+	}
+	same, err := m.seedMatches(ctx, st.Seed, token)
+	if err != nil {
+		return false
+	}
+	m.rememberSeed(st.Seed, token, same)
+	return !same
+}
+
+func (m *oauth2Minter) rememberSeed(seed, token string, same bool) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	m.seeds = seedCheck{seed: seed, digest: sha256.Sum256([]byte(token)), same: same}
+}
+
+// refreshed returns the access token once a refresh, this process's or
+// another's, has replaced generation seen, or the provider's refusal.
+func (m *oauth2Minter) refreshed(ctx context.Context, seen int64) (access, error) {
+	m.mu.Lock()
+	if f := m.failed; f != nil && f.generation == seen && m.deps.Clock.Now().Before(f.until) {
 		m.mu.Unlock()
-		return store.BrokerState{}, f.err
+		return access{}, f.err
 	}
 	f := m.flight
 	if f == nil {
 		f = &flight{done: make(chan struct{})}
 		m.flight = f
-		go m.fly(context.WithoutCancel(ctx), f)
+		go m.fly(context.WithoutCancel(ctx), f, seen)
 	}
 	m.mu.Unlock()
 	select {
 	case <-f.done:
-		return f.st, f.err
+		return f.a, f.err
 	case <-ctx.Done():
-		return store.BrokerState{}, m.fail(0, "waiting for its refresh: %v", ctx.Err())
+		if f.exchanging.Load() {
+			<-f.done // bounded by the HTTP client's timeout and one store write
+		}
+		return access{}, m.fail(0, "waiting for its refresh: %v", ctx.Err())
 	}
 }
 
 // fly runs one flight to its end, on its own goroutine.
-func (m *oauth2Minter) fly(ctx context.Context, f *flight) {
+func (m *oauth2Minter) fly(ctx context.Context, f *flight, seen int64) {
 	ctx, cancel := clock.WithTimeout(ctx, m.deps.Clock, flightLimit)
 	defer cancel()
-	st, err := m.refreshOrWait(ctx)
+	a, err := m.refreshOrWait(ctx, f, seen)
 	m.mu.Lock()
-	f.st, f.err = st, err
+	f.a, f.err = a, err
 	if m.flight == f {
 		m.flight = nil
 	}
 	var e *Error
 	if errors.As(err, &e) && e.ProviderStatus != 0 {
-		m.failed = &failedRefresh{generation: st.Generation, until: m.deps.Clock.Now().Add(failureHold), err: e}
+		m.failed = &failedRefresh{generation: seen, until: m.deps.Clock.Now().Add(failureHold), err: e}
 	} else if err == nil {
 		m.failed = nil
 	}
@@ -210,40 +299,46 @@ func (m *oauth2Minter) fly(ctx context.Context, f *flight) {
 	close(f.done)
 }
 
-// refreshOrWait takes the lease and refreshes, or waits for the lease's
-// holder to; never two refreshes of one credential at once, fleet-wide.
-// On a provider's refusal the returned state is the one refreshed from.
-func (m *oauth2Minter) refreshOrWait(ctx context.Context) (store.BrokerState, error) {
+// refreshOrWait takes the lease and refreshes generation seen, or waits
+// for the lease's holder to: never two refreshes of one credential at
+// once, fleet-wide.
+func (m *oauth2Minter) refreshOrWait(ctx context.Context, f *flight, seen int64) (access, error) {
 	for {
 		now := m.deps.Clock.Now()
 		st, err := m.deps.States.AcquireBrokerLease(ctx, m.id, m.holder, now.Add(LeaseDuration))
 		switch {
 		case err == nil:
-			if fresh(st, now) {
+			if st.Generation > seen {
 				// Another refreshed between our read and our lease.
-				m.release(ctx)
-				return st, nil
+				if a, err := m.open(ctx, st); err == nil && a.fresh(now) {
+					m.release(ctx)
+					return a, nil
+				}
 			}
-			return m.refresh(ctx, st)
+			return m.refresh(ctx, f, st)
 		case errors.Is(err, store.ErrConflict):
 			next, err := m.await(ctx, st)
 			if err != nil {
-				return store.BrokerState{}, err
+				return access{}, err
 			}
 			if next.Generation > st.Generation {
-				return next, nil
+				a, err := m.open(ctx, next)
+				if err != nil {
+					return access{}, m.fail(0, "opening its access token: %v", err)
+				}
+				return a, nil
 			}
 			// The lease is free again without a new token (its holder
 			// failed, or died): take it ourselves.
 		default:
-			return store.BrokerState{}, m.fail(0, "taking its refresh lease: %v", err)
+			return access{}, m.fail(0, "taking its refresh lease: %v", err)
 		}
 	}
 }
 
 // await polls the state, on the clock with a short backoff, until a
-// generation newer than held's is committed (returned) or held's lease is
-// released or expired (the state returned as read).
+// generation newer than held's is committed or held's lease is released
+// or expired, and returns the state as read.
 func (m *oauth2Minter) await(ctx context.Context, held store.BrokerState) (store.BrokerState, error) {
 	wait := pollFirst
 	for {
@@ -267,27 +362,29 @@ func (m *oauth2Minter) await(ctx context.Context, held store.BrokerState) (store
 // refresh exchanges the refresh token while holding the lease, and stores
 // the new tokens before it returns them. It releases the lease on failure
 // (a commit releases it on success).
-func (m *oauth2Minter) refresh(ctx context.Context, st store.BrokerState) (_ store.BrokerState, err error) {
+func (m *oauth2Minter) refresh(ctx context.Context, f *flight, st store.BrokerState) (_ access, err error) {
 	defer func() {
+		f.exchanging.Store(false)
 		if err != nil {
 			m.release(ctx)
 		}
 	}()
 	clientSecret, err := m.deps.Secrets.Read(ctx, m.r.ClientSecretSecret)
 	if err != nil {
-		return st, m.fail(0, "reading clientSecretSecret: %v", err)
+		return access{}, m.fail(0, "reading clientSecretSecret: %v", err)
 	}
 	seedToken, err := m.deps.Secrets.Read(ctx, m.r.RefreshTokenSecret)
 	if err != nil {
-		return st, m.fail(0, "reading refreshTokenSecret: %v", err)
+		return access{}, m.fail(0, "reading refreshTokenSecret: %v", err)
 	}
 	refreshToken, seed, restart, err := m.refreshTokenOf(ctx, st, seedToken)
 	if err != nil {
-		return st, err
+		return access{}, err
 	}
+	f.exchanging.Store(true)
 	answer, err := m.exchange(ctx, refreshToken, clientSecret, restart)
 	if err != nil {
-		return st, err
+		return access{}, err
 	}
 	if answer.refreshToken == "" {
 		// The provider does not rotate: the token presented stays.
@@ -299,21 +396,36 @@ func (m *oauth2Minter) refresh(ctx context.Context, st store.BrokerState) (_ sto
 	next.AccessExpiresAt = now.Add(answer.lifetime)
 	next.UpdatedAt = now
 	next.LeaseHolder = m.holder
+	wrapped := wrapAccess(answer.accessToken, answer.lifetime)
+	defer clear(wrapped)
 	if next.SealedRefreshToken, err = m.deps.Sealer.Seal(ctx, []byte(answer.refreshToken), bindRefresh(m.id)); err != nil {
-		return st, m.lost("sealing the new refresh token: %v", err)
+		return access{}, m.lost("sealing the new refresh token: %v", err)
 	}
-	if next.SealedAccessToken, err = m.deps.Sealer.Seal(ctx, []byte(answer.accessToken), bindAccess(m.id)); err != nil {
-		return st, m.lost("sealing the new access token: %v", err)
+	if next.SealedAccessToken, err = m.deps.Sealer.Seal(ctx, wrapped, bindAccess(m.id)); err != nil {
+		return access{}, m.lost("sealing the new access token: %v", err)
 	}
-	committed, err := m.deps.States.CommitBrokerState(ctx, next)
+	// A store failure that is not an answer (a throttle, a lost
+	// response) is tried again at once: the rotated token exists nowhere
+	// else. A retried write recognises its own success (dynamostore's
+	// write tokens).
+	var committed store.BrokerState
+	for range commitAttempts {
+		committed, err = m.deps.States.CommitBrokerState(ctx, next)
+		if err == nil || errors.Is(err, store.ErrConflict) || errors.Is(err, store.ErrNotFound) || ctx.Err() != nil {
+			break
+		}
+	}
 	if err != nil {
-		return st, m.lost("storing the new tokens: %v", err)
+		return access{}, m.lost("storing the new tokens: %v", err)
 	}
-	m.remember(committed, hostproto.SecretString(answer.accessToken))
+	a := access{generation: committed.Generation, expiresAt: committed.AccessExpiresAt, lifetime: answer.lifetime,
+		value: hostproto.SecretString(answer.accessToken)}
+	m.remember(a)
+	m.rememberSeed(committed.Seed, seedToken, true)
 	m.deps.OnEvent(KindOAuth2, EventRefresh)
 	m.deps.Logger.Info("broker: refreshed", "key", m.id, "kind", KindOAuth2,
 		"generation", committed.Generation, "expiresAt", committed.AccessExpiresAt, "fromSeed", restart)
-	return committed, nil
+	return a, nil
 }
 
 // refreshTokenOf picks the refresh token to present: the stored one, or
@@ -447,12 +559,11 @@ func (m *oauth2Minter) exchange(ctx context.Context, refreshToken, clientSecret 
 		if errorCode.MatchString(a.Error) {
 			code = a.Error
 		}
+		if code == "invalid_grant" && fromSeed {
+			return tokenAnswer{}, m.fail(resp.StatusCode, "the token endpoint refused the refresh token of refreshTokenSecret %s (invalid_grant): store a new one there", m.r.RefreshTokenSecret)
+		}
 		if code == "invalid_grant" {
-			from := "the stored refresh token"
-			if fromSeed {
-				from = "refreshTokenSecret " + m.r.RefreshTokenSecret
-			}
-			return tokenAnswer{}, m.fail(resp.StatusCode, "the token endpoint refused %s (invalid_grant): store a new refresh token in refreshTokenSecret %s", from, m.r.RefreshTokenSecret)
+			return tokenAnswer{}, m.fail(resp.StatusCode, "the token endpoint refused the stored refresh token (invalid_grant: revoked, or used by another client): store a new one in refreshTokenSecret %s", m.r.RefreshTokenSecret)
 		}
 		return tokenAnswer{}, m.fail(resp.StatusCode, "the token endpoint refused the refresh (%s)", code)
 	}

@@ -11,23 +11,81 @@ import (
 	"slices"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
+
+	"github.com/aws/aws-sdk-go-v2/aws"
+	"github.com/aws/aws-sdk-go-v2/service/dynamodb"
 
 	"github.com/runfleet/runfleet/shared/broker"
 	"github.com/runfleet/runfleet/shared/clock"
 	"github.com/runfleet/runfleet/shared/store"
+	"github.com/runfleet/runfleet/shared/store/boltstore"
+	"github.com/runfleet/runfleet/shared/store/dynamostore"
 	"github.com/runfleet/runfleet/tests/kit/await"
 	"github.com/runfleet/runfleet/tests/kit/fakeoauth"
+	"github.com/runfleet/runfleet/tests/kit/motoserver"
 	"github.com/runfleet/runfleet/tests/kit/syncbuf"
 )
 
-// newStates returns an empty store.BrokerStates reading the time from clk.
-type newStates func(t *testing.T, clk *clock.Fake) store.BrokerStates
+// backend is one store holding broker states, as the Fleet processes of a
+// test see it.
+type backend struct {
+	// handle returns another process's handle on the store: its own
+	// client on the same tables (dynamostore), the same file's store
+	// (boltstore, which one process opens).
+	handle func() store.BrokerStates
+	// raw is everything the store keeps, as stored, for the leak check.
+	raw func() string
+}
 
-// brokerStores are the stores every oauth2 test runs on.
+// newStates makes an empty backend reading the time from clk.
+type newStates func(t *testing.T, clk *clock.Fake) backend
+
+// brokerStores are the stores every oauth2 test runs on: both of Fleet's,
+// and memStates, which keeps the contract the simplest way.
 var brokerStores = map[string]newStates{
-	"memory": func(t *testing.T, clk *clock.Fake) store.BrokerStates { return newMemStates(clk) },
+	"memory": func(t *testing.T, clk *clock.Fake) backend {
+		m := newMemStates(clk)
+		return backend{handle: func() store.BrokerStates { return m }, raw: func() string { return fmt.Sprintf("%#v", m.states) }}
+	},
+	"boltstore": func(t *testing.T, clk *clock.Fake) backend {
+		path := filepath.Join(t.TempDir(), "fleet.db")
+		s, err := boltstore.Open(path, boltstore.WithClock(clk))
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { _ = s.Close() })
+		return backend{handle: func() store.BrokerStates { return s }, raw: func() string {
+			b, err := os.ReadFile(path)
+			if err != nil {
+				t.Error(err)
+			}
+			return string(b)
+		}}
+	},
+	"dynamostore": func(t *testing.T, clk *clock.Fake) backend {
+		names := dynamostore.Prefixed(motoserver.Unique("broker") + "-")
+		open := func() *dynamostore.Store {
+			s, err := dynamostore.New(moto.DynamoDB(), dynamostore.Config{Tables: names, Clock: clk})
+			if err != nil {
+				t.Fatal(err)
+			}
+			return s
+		}
+		if err := open().CreateTables(context.Background()); err != nil {
+			t.Fatal(err)
+		}
+		return backend{handle: func() store.BrokerStates { return open() }, raw: func() string {
+			out, err := moto.DynamoDB().Scan(context.Background(), &dynamodb.ScanInput{TableName: aws.String(names.Idempotency)})
+			if err != nil {
+				t.Error(err)
+				return ""
+			}
+			return fmt.Sprintf("%#v", out.Items)
+		}}
+	},
 }
 
 // forEachStore runs fn as a subtest per store.
@@ -48,12 +106,15 @@ var start = time.Date(2026, 6, 1, 9, 0, 0, 0, time.UTC)
 // fixture is a fake provider, a store and what Brokers over them share:
 // every Broker made by broker() is another Fleet process.
 type fixture struct {
-	t      *testing.T
-	clk    *clock.Fake
-	fo     *fakeoauth.Server
-	dir    string
-	inner  store.BrokerStates
-	states *observed
+	t     *testing.T
+	clk   *clock.Fake
+	fo    *fakeoauth.Server
+	dir   string
+	store backend
+	inner store.BrokerStates // the test's own handle
+	held  *heldLeases
+	// wrap, when set, wraps each process's handle (a fault to inject).
+	wrap   func(store.BrokerStates) store.BrokerStates
 	sealer *countingSealer
 	logs   *syncbuf.Buffer
 	events *events
@@ -66,8 +127,9 @@ func newFixture(t *testing.T, newStates newStates, cfg fakeoauth.Config) *fixtur
 	clk := clock.NewFake(start)
 	cfg.ClientID, cfg.ClientSecret, cfg.Clock = clientID, clientSecret, clk
 	f := &fixture{t: t, clk: clk, fo: fakeoauth.Start(t, cfg), dir: t.TempDir(), logs: &syncbuf.Buffer{}, events: &events{}}
-	f.inner = newStates(t, clk)
-	f.states = &observed{BrokerStates: f.inner, held: map[string]bool{}}
+	f.store = newStates(t, clk)
+	f.inner = f.store.handle()
+	f.held = &heldLeases{held: map[string]bool{}}
 	sealer, err := broker.OpenSealer("file:"+keyFile(t), broker.SealerOptions{})
 	if err != nil {
 		t.Fatal(err)
@@ -101,12 +163,21 @@ func (f *fixture) recipes() map[string]broker.Recipe {
 	}}}
 }
 
+// states is a Fleet process's handle on the store.
+func (f *fixture) states() store.BrokerStates {
+	h := f.store.handle()
+	if f.wrap != nil {
+		h = f.wrap(h)
+	}
+	return &observed{BrokerStates: h, held: f.held}
+}
+
 // broker is one Fleet process's Broker.
 func (f *fixture) broker() *broker.Broker {
 	f.t.Helper()
 	b, err := broker.New(f.recipes(), broker.Deps{
 		Secrets: broker.NewSecrets(broker.SecretsConfig{BaseDir: f.dir}),
-		Sealer:  f.sealer, States: f.states, Clock: f.clk, HTTPClient: f.fo.Client,
+		Sealer:  f.sealer, States: f.states(), Clock: f.clk, HTTPClient: f.fo.Client,
 		Logger:  slog.New(slog.NewJSONHandler(f.logs, &slog.HandlerOptions{Level: slog.LevelDebug})),
 		OnEvent: f.events.add,
 	})
@@ -163,7 +234,7 @@ func (f *fixture) drive(done <-chan struct{}) {
 			return true
 		default:
 		}
-		if f.states.leases() == 0 {
+		if f.held.count() == 0 {
 			if next, ok := f.clk.Next(); ok && next.Sub(f.clk.Now()) <= 2*time.Second {
 				f.clk.Set(next)
 			}
@@ -192,6 +263,7 @@ func (f *fixture) checkNoLeak() {
 	if st, err := f.inner.GetBrokerState(context.Background(), oauthKey); err == nil {
 		texts = append(texts, string(st.SealedAccessToken), string(st.SealedRefreshToken), st.Seed, fmt.Sprintf("%#v", st))
 	}
+	texts = append(texts, f.store.raw())
 	for _, text := range texts {
 		for _, secret := range []string{fakeoauth.RefreshPrefix, fakeoauth.AccessPrefix, "ClientSecretNeverLogged"} {
 			if strings.Contains(text, secret) {
@@ -329,9 +401,13 @@ func TestOAuth2OpensEachGenerationOnce(t *testing.T) {
 				t.Fatal(err)
 			}
 		}
-		// a refreshed (and keeps what it sealed); b opened it once.
+		// a refreshed (and keeps what it sealed); b opened it, and the
+		// seed fingerprint's key, once.
 		if got := f.sealer.opened("#access"); got != 1 {
 			t.Fatalf("%d opens of the access token for 20 mints in two processes; want 1", got)
+		}
+		if got := f.sealer.opened("#seed"); got != 1 {
+			t.Fatalf("%d opens of the seed fingerprint for 20 mints in two processes; want 1", got)
 		}
 	})
 }
@@ -362,13 +438,15 @@ func TestOAuth2SeedsAndRefusals(t *testing.T) {
 			t.Fatalf("at the margin: %v, new token %v, %d refreshes, %d invalid_grant", err, m2.Value != m1.Value, f.fo.Refreshes(), f.fo.InvalidGrants())
 		}
 
-		// A re-seeded secret restarts the family, though the stored one
-		// still works.
+		// A re-seeded secret restarts the family at once, though the
+		// stored one still works and its access token is fresh.
 		seed2 := f.reseed()
-		f.clk.Set(m2.ExpiresAt)
 		m3, err := f.one(a)
-		if err != nil || !f.fo.Retired(seed2) || f.fo.InvalidGrants() != 0 {
-			t.Fatalf("after a re-seed: %v, seed used %v, %d invalid_grant", err, f.fo.Retired(seed2), f.fo.InvalidGrants())
+		if err != nil || !f.fo.Retired(seed2) || m3.Value == m2.Value || f.fo.InvalidGrants() != 0 {
+			t.Fatalf("after a re-seed: %v, seed used %v, new token %v, %d invalid_grant", err, f.fo.Retired(seed2), m3.Value != m2.Value, f.fo.InvalidGrants())
+		}
+		if m, err := f.one(f.broker()); err != nil || m.Value != m3.Value || f.fo.Refreshes() != 3 {
+			t.Fatalf("another process after the restart: %v, same token %v, %d refreshes", err, m.Value == m3.Value, f.fo.Refreshes())
 		}
 
 		if !f.fo.Retired(strings.TrimSpace(string(seed1))) {
@@ -487,9 +565,9 @@ func TestBrokerKindsAndRefusals(t *testing.T) {
 		t.Fatalf("revoking an oauth2 value: %v", err)
 	}
 	for name, deps := range map[string]broker.Deps{
-		"no sealer": {Secrets: broker.NewSecrets(broker.SecretsConfig{}), States: f.states},
+		"no sealer": {Secrets: broker.NewSecrets(broker.SecretsConfig{}), States: f.inner},
 		"no store":  {Secrets: broker.NewSecrets(broker.SecretsConfig{}), Sealer: f.sealer},
-		"no reader": {Sealer: f.sealer, States: f.states},
+		"no reader": {Sealer: f.sealer, States: f.inner},
 	} {
 		if _, err := broker.New(f.recipes(), deps); err == nil {
 			t.Errorf("New with %s accepted an oauth2 recipe", name)
@@ -502,20 +580,39 @@ func TestBrokerKindsAndRefusals(t *testing.T) {
 	}
 }
 
-// observed is a store.BrokerStates that knows whether a refresher holds a
-// lease: the test's clock waits for it.
-type observed struct {
-	store.BrokerStates
+// heldLeases knows whether a refresher holds a lease, across every
+// process's handle: the test's clock waits for it.
+type heldLeases struct {
 	mu   sync.Mutex
 	held map[string]bool
+}
+
+func (h *heldLeases) set(holder string, held bool) {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	if held {
+		h.held[holder] = true
+	} else {
+		delete(h.held, holder)
+	}
+}
+
+func (h *heldLeases) count() int {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	return len(h.held)
+}
+
+// observed is a process's store handle, recording its leases in held.
+type observed struct {
+	store.BrokerStates
+	held *heldLeases
 }
 
 func (o *observed) AcquireBrokerLease(ctx context.Context, id, holder string, until time.Time) (store.BrokerState, error) {
 	st, err := o.BrokerStates.AcquireBrokerLease(ctx, id, holder, until)
 	if err == nil {
-		o.mu.Lock()
-		o.held[holder] = true
-		o.mu.Unlock()
+		o.held.set(holder, true)
 	}
 	return st, err
 }
@@ -523,25 +620,15 @@ func (o *observed) AcquireBrokerLease(ctx context.Context, id, holder string, un
 func (o *observed) CommitBrokerState(ctx context.Context, s store.BrokerState) (store.BrokerState, error) {
 	st, err := o.BrokerStates.CommitBrokerState(ctx, s)
 	if err == nil {
-		o.mu.Lock()
-		delete(o.held, s.LeaseHolder)
-		o.mu.Unlock()
+		o.held.set(s.LeaseHolder, false)
 	}
 	return st, err
 }
 
 func (o *observed) ReleaseBrokerLease(ctx context.Context, id, holder string) error {
 	err := o.BrokerStates.ReleaseBrokerLease(ctx, id, holder)
-	o.mu.Lock()
-	delete(o.held, holder)
-	o.mu.Unlock()
+	o.held.set(holder, false)
 	return err
-}
-
-func (o *observed) leases() int {
-	o.mu.Lock()
-	defer o.mu.Unlock()
-	return len(o.held)
 }
 
 // countingSealer counts opens by binding suffix.
@@ -587,9 +674,8 @@ func (e *events) count(kind, event string) int {
 	return e.n[kind+" "+event]
 }
 
-// memStates keeps store.BrokerStates's contract in memory: the stand-in
-// until boltstore and dynamostore implement the role (issue 33's store
-// work), when they join brokerStores.
+// memStates keeps store.BrokerStates's contract in memory, the simplest
+// way: the refresher's behaviour on it is its own, not a store's.
 type memStates struct {
 	clk    clock.Clock
 	mu     sync.Mutex
@@ -660,4 +746,70 @@ func clone(st store.BrokerState) store.BrokerState {
 	st.SealedAccessToken = slices.Clone(st.SealedAccessToken)
 	st.SealedRefreshToken = slices.Clone(st.SealedRefreshToken)
 	return st
+}
+
+// A caller that gives up while the token endpoint is answering still
+// waits until the answer is stored: in Lambda a handler that returned
+// freezes the refresh, and a rotated refresh token never stored ends the
+// family. The next mint finds the refreshed token.
+func TestOAuth2CallerWaitsOutTheExchange(t *testing.T) {
+	f := newFixture(t, brokerStores["memory"], fakeoauth.Config{})
+	a := f.broker()
+	release := f.fo.Hold()
+	ctx, cancel := context.WithCancel(context.Background())
+	generation := make(chan int64, 1)
+	go func() {
+		_, err := a.Mint(ctx, req)
+		if err == nil {
+			t.Error("a cancelled mint succeeded")
+		}
+		st, _ := f.inner.GetBrokerState(context.Background(), oauthKey)
+		generation <- st.Generation
+	}()
+	await.Recv(t, "the refresh to reach the provider", f.fo.Arrived())
+	cancel()
+	release()
+	if g := await.Recv(t, "the cancelled mint to return", generation); g != 1 {
+		t.Fatalf("the cancelled mint returned with generation %d stored; want the refresh stored first", g)
+	}
+	if _, err := f.one(a); err != nil || f.fo.Refreshes() != 1 {
+		t.Fatalf("the next mint: %v, %d refreshes", err, f.fo.Refreshes())
+	}
+}
+
+// A commit of the new tokens that fails without an answer is tried
+// again: the rotated refresh token exists nowhere else.
+func TestOAuth2RetriesACommitThatFailed(t *testing.T) {
+	forEachStore(t, func(t *testing.T, newStates newStates) {
+		f := newFixture(t, newStates, fakeoauth.Config{})
+		var failures atomic.Int32
+		failures.Store(2)
+		f.wrap = func(s store.BrokerStates) store.BrokerStates {
+			return &failingCommits{BrokerStates: s, left: &failures}
+		}
+		a := f.broker()
+		m, err := f.one(a)
+		if err != nil || !f.fo.Honoured(string(m.Value)) || failures.Load() != 0 {
+			t.Fatalf("after two failed commits: %v, %d failures left", err, failures.Load())
+		}
+		f.clk.Set(m.ExpiresAt)
+		if _, err := f.one(f.broker()); err != nil || f.fo.Refreshes() != 2 || f.fo.InvalidGrants() != 0 {
+			t.Fatalf("the next refresh, from the stored token: %v, %d refreshes, %d invalid_grant", err, f.fo.Refreshes(), f.fo.InvalidGrants())
+		}
+	})
+}
+
+// failingCommits fails commits, without writing, while left is positive,
+// as a throttled or unreachable store does.
+type failingCommits struct {
+	store.BrokerStates
+	left *atomic.Int32
+}
+
+func (s *failingCommits) CommitBrokerState(ctx context.Context, st store.BrokerState) (store.BrokerState, error) {
+	if s.left.Add(-1) >= 0 {
+		return store.BrokerState{}, errors.New("ThrottlingException: rate exceeded")
+	}
+	s.left.Store(0)
+	return s.BrokerStates.CommitBrokerState(ctx, st)
 }
