@@ -16,6 +16,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"strings"
 	"time"
 
 	"github.com/runfleet/runfleet/shared/hostproto"
@@ -69,6 +70,54 @@ func (e *Error) Error() string {
 		s += fmt.Sprintf(" (provider answered %d)", e.ProviderStatus)
 	}
 	return s
+}
+
+// sentFragment is how many consecutive bytes of a credential are as
+// secret as the whole (the proxy's and the leak tests' bound).
+const sentFragment = 12
+
+// redactSent returns a provider's text (its message, its error code) with
+// every run of sentFragment bytes of a credential it was sent replaced by
+// [redacted] (a credential shorter than that, whole): a provider, a proxy
+// before it or a debug page may quote the header or form it refused.
+func redactSent(s string, sent ...string) string {
+	var mark []bool
+	for _, c := range sent {
+		if c == "" {
+			continue
+		}
+		n := min(len(c), sentFragment)
+		runs := make(map[string]struct{}, len(c)-n+1)
+		for i := 0; i+n <= len(c); i++ {
+			runs[c[i:i+n]] = struct{}{}
+		}
+		for i := 0; i+n <= len(s); i++ {
+			if _, ok := runs[s[i:i+n]]; ok {
+				if mark == nil {
+					mark = make([]bool, len(s))
+				}
+				for j := i; j < i+n; j++ {
+					mark[j] = true
+				}
+			}
+		}
+	}
+	if mark == nil {
+		return s
+	}
+	var b strings.Builder
+	for i := 0; i < len(s); {
+		if !mark[i] {
+			b.WriteByte(s[i])
+			i++
+			continue
+		}
+		b.WriteString("[redacted]")
+		for i < len(s) && mark[i] {
+			i++
+		}
+	}
+	return b.String()
 }
 
 // Sealer encrypts what the broker keeps at rest, bound to a context

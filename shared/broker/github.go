@@ -217,13 +217,16 @@ func (m *githubMinter) accessToken(ctx context.Context, id int64, repo, name str
 	if answer.Token == "" || answer.ExpiresAt.IsZero() {
 		return Minted{}, m.fail(http.StatusCreated, "POST %s answered no token or no expires_at", path)
 	}
-	// A token must reach the run's repository alone: an answer for more
-	// (a GitHub that ignored the list) is revoked and refused.
+	// A token must reach the run's repository alone: an answer that does
+	// not list it alone (a GitHub that ignored the list answers no list,
+	// repository_selection "all") is revoked and refused.
+	only := len(answer.Repositories) > 0
 	for _, r := range answer.Repositories {
-		if !strings.EqualFold(r.FullName, repo) {
-			m.revoke(ctx, answer.Token) // best effort; refused anyway
-			return Minted{}, m.fail(http.StatusCreated, "POST %s answered a token for more than %s; revoked", path, repo)
-		}
+		only = only && strings.EqualFold(r.FullName, repo)
+	}
+	if !only {
+		m.revoke(ctx, answer.Token) // best effort; refused anyway
+		return Minted{}, m.fail(http.StatusCreated, "POST %s answered a token not limited to %s; revoked", path, repo)
 	}
 	return Minted{Kind: KindGitHubApp, Value: hostproto.SecretString(answer.Token), ExpiresAt: answer.ExpiresAt}, nil
 }
@@ -246,7 +249,7 @@ func (m *githubMinter) revoke(ctx context.Context, token string) error {
 	if resp.StatusCode == http.StatusNoContent || resp.StatusCode == http.StatusUnauthorized {
 		return nil
 	}
-	err = m.providerError(resp, "DELETE /installation/token")
+	err = m.providerError(resp, "DELETE /installation/token", token)
 	m.deps.Logger.Warn("broker: github token not revoked", m.logKey(), ghLogStatus, resp.StatusCode)
 	return err
 }
@@ -274,7 +277,7 @@ func (m *githubMinter) appCall(ctx context.Context, method, path string, body []
 			// rotated. Read it again at the next mint.
 			m.forgetKey()
 		}
-		return m.providerError(resp, method+" "+path)
+		return m.providerError(resp, method+" "+path, jwt)
 	}
 	if err := json.NewDecoder(io.LimitReader(resp.Body, maxGitHubBody)).Decode(out); err != nil {
 		return m.fail(resp.StatusCode, "%s %s: the answer is not GitHub's JSON", method, path)
@@ -301,16 +304,18 @@ func (m *githubMinter) request(ctx context.Context, method, path string, body []
 }
 
 // providerError is GitHub's refusal as an Error: its status and its
-// message, bounded and printable (GitHub's messages hold no credential;
-// the bound keeps an unexpected page out of an error).
-func (m *githubMinter) providerError(resp *http.Response, what string) *Error {
+// message, bounded and printable, with anything of the credential sent
+// (the JWT, the token) redacted: GitHub's own messages quote none, but a
+// proxy before it, or a GitHub Enterprise, may quote the header it
+// refused. The bound keeps an unexpected page out of an error.
+func (m *githubMinter) providerError(resp *http.Response, what, sent string) *Error {
 	var answer struct {
 		Message string `json:"message"`
 	}
 	b, _ := io.ReadAll(io.LimitReader(resp.Body, maxGitHubBody))
 	detail := fmt.Sprintf("GitHub refused %s", what)
 	if json.Unmarshal(b, &answer) == nil && answer.Message != "" {
-		detail += ": " + boundMessage(answer.Message)
+		detail += ": " + boundMessage(redactSent(answer.Message, sent))
 	}
 	return m.fail(resp.StatusCode, "%s", detail)
 }

@@ -555,8 +555,10 @@ func (m *oauth2Minter) exchange(ctx context.Context, refreshToken, clientSecret 
 	decodeErr := json.Unmarshal(body, &a)
 	clear(body)
 	if resp.StatusCode != http.StatusOK {
+		// A code is repeated only if it quotes nothing that was sent (a
+		// provider's "error" of a code's shape may be the token itself).
 		code := "no error code"
-		if errorCode.MatchString(a.Error) {
+		if errorCode.MatchString(a.Error) && redactSent(a.Error, refreshToken, clientSecret, url.QueryEscape(clientSecret)) == a.Error {
 			code = a.Error
 		}
 		if code == "invalid_grant" && fromSeed {
