@@ -60,9 +60,10 @@ func (p *Proxy) CheckFleetValues(declared []runspec.Declared, given []policy.Key
 // SetCredentials gives a registered run values from Fleet, replacing the
 // ones it holds for those keys and keeping its others; its placeholders
 // never change. Each value is handed to Observe (the log redactor) and
-// learnt by the run's answer scrubber before any request can use it. A
-// run not registered is ErrUnknownTask. The caller checked that the run
-// declares each key and the policy takes it from Fleet.
+// learnt by the answer scrubber of the run, and of every other run with a
+// placeholder for its key (learnFleetValuesOf), before any request can use
+// it. A run not registered is ErrUnknownTask. The caller checked that the
+// run declares each key and the policy takes it from Fleet.
 func (p *Proxy) SetCredentials(runID string, creds []Credential) error {
 	if p.cfg.Disabled {
 		return ErrDisabled
@@ -89,6 +90,7 @@ func (p *Proxy) SetCredentials(runID string, creds []Credential) error {
 		values = append(values, learnt{ref: c.Ref, prefix: prefix, placeholder: ph, value: c.Value})
 	}
 	t.values.learn(values...)
+	p.shareFleetValues(runID, creds, pol)
 	t.fleetMu.Lock()
 	defer t.fleetMu.Unlock()
 	next := fleetValues{}
@@ -162,4 +164,72 @@ func (p *Proxy) grantedValue(ctx context.Context, t *task, g *policy.Granted) (s
 		p.cfg.Observe(c.Value)
 	}
 	return c.Value, nil
+}
+
+// Two runs with the same key from Fleet hold different values (a GitHub
+// token each), and an upstream both reach may keep what one's request
+// carried (a note, a request log) and hand it to the other. So every run
+// with a placeholder for such a key learns every value of it another run
+// holds or held, scrubbed to its own placeholder: the values a run is set
+// reach the runs registered (shareFleetValues), and a run registering
+// learns those of the runs already there (learnFleetValuesOf), old ones
+// included.
+
+// shareFleetValues has every registered run but runID with a placeholder
+// for a key of creds learn its value.
+func (p *Proxy) shareFleetValues(runID string, creds []Credential, pol *policy.Policy) {
+	r := p.reg
+	r.mu.Lock()
+	others := make([]*task, 0, len(r.tasks))
+	for id, o := range r.tasks {
+		if id != runID {
+			others = append(others, o)
+		}
+	}
+	r.mu.Unlock()
+	for _, o := range others {
+		phs := o.placeholders.Load()
+		if phs == nil {
+			continue
+		}
+		var values []learnt
+		for _, c := range creds {
+			if ph, ok := (*phs)[c.Ref]; ok {
+				values = append(values, learnt{ref: c.Ref, prefix: placeholderPrefix(pol, c.Ref), placeholder: ph, value: c.Value})
+			}
+		}
+		o.values.learn(values...)
+	}
+}
+
+// learnFleetValuesOf has t learn the values every other registered run
+// knows of the keys t has a placeholder for that the policy in force takes
+// from Fleet. r.mu is held.
+func (r *registry) learnFleetValuesOf(t *task, pol *policy.Policy) {
+	phs := t.placeholders.Load()
+	if phs == nil {
+		return
+	}
+	var values []learnt
+	for _, o := range r.tasks {
+		st := o.values.state.Load()
+		if o == t || st == nil {
+			continue
+		}
+		for _, k := range st.known {
+			ph, held := (*phs)[k.ref]
+			key, ok := pol.Key(k.ref)
+			if held && ok && key.Source == policy.SourceFleet {
+				values = append(values, learnt{ref: k.ref, prefix: key.Placeholder.Prefix, placeholder: ph, value: k.secret.Value})
+			}
+		}
+	}
+	t.values.learn(values...)
+}
+
+func placeholderPrefix(pol *policy.Policy, ref policy.KeyRef) string {
+	if k, ok := pol.Key(ref); ok {
+		return k.Placeholder.Prefix
+	}
+	return ""
 }

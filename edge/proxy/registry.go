@@ -235,14 +235,15 @@ func (p *Proxy) Register(runID string, declared []runspec.Declared) error {
 		r.reindexLocked()
 	}
 	phs := r.placeholders[runID]
-	if t, ok := r.tasks[runID]; ok {
+	t, ok := r.tasks[runID]
+	if ok {
 		t.declared = decl
-		t.placeholders.Store(&phs)
-		return nil
+	} else {
+		t = &task{runID: runID, declared: decl}
+		r.tasks[runID] = t
 	}
-	t := &task{runID: runID, declared: decl}
 	t.placeholders.Store(&phs)
-	r.tasks[runID] = t
+	r.learnFleetValuesOf(t, pol)
 	return nil
 }
 
