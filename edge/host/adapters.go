@@ -101,9 +101,14 @@ func (b proxyBroker) Register(runID string, declared []runspec.Declared, creds [
 	return ts, nil
 }
 
-// PutCredentials replaces the run's values from Fleet in the proxy.
+// PutCredentials replaces the run's values from Fleet in the proxy; a
+// value older than the one held is the caller's request at fault.
 func (b proxyBroker) PutCredentials(runID string, creds []runner.Credential) error {
-	return b.proxy.SetCredentials(runID, proxyCredentials(creds))
+	err := b.proxy.SetCredentials(runID, proxyCredentials(creds))
+	if older, ok := errors.AsType[*proxy.OlderValueError](err); ok {
+		return &runner.RequestError{Field: "credentials", Message: older.Error()}
+	}
+	return err
 }
 
 // MissingCredentials asks the proxy which keys the run takes from Fleet

@@ -62,8 +62,9 @@ func (p *Proxy) CheckFleetValues(declared []runspec.Declared, given []policy.Key
 // never change. Each value is handed to Observe (the log redactor) and
 // learnt by the answer scrubber of the run, and of every other run with a
 // placeholder for its key (learnFleetValuesOf), before any request can use
-// it. A run not registered is ErrUnknownTask. The caller checked that the
-// run declares each key and the policy takes it from Fleet.
+// it. A run not registered is ErrUnknownTask; a value expiring before the
+// one the run holds refuses them all (*OlderValueError). The caller checked
+// that the run declares each key and the policy takes it from Fleet.
 func (p *Proxy) SetCredentials(runID string, creds []Credential) error {
 	if p.cfg.Disabled {
 		return ErrDisabled
@@ -71,6 +72,16 @@ func (p *Proxy) SetCredentials(runID string, creds []Credential) error {
 	t, err := p.task(runID)
 	if err != nil {
 		return err
+	}
+	t.fleetMu.Lock()
+	defer t.fleetMu.Unlock()
+	old := t.fleet.Load()
+	if old != nil {
+		for _, c := range creds {
+			if held, ok := (*old)[c.Ref]; ok && older(c, held) {
+				return &OlderValueError{Ref: c.Ref, Given: c.ExpiresAt, Held: held.ExpiresAt}
+			}
+		}
 	}
 	pol := p.cfg.Policy.Current()
 	phs := t.placeholders.Load()
@@ -91,10 +102,8 @@ func (p *Proxy) SetCredentials(runID string, creds []Credential) error {
 	}
 	t.values.learn(values...)
 	p.shareFleetValues(runID, creds, pol)
-	t.fleetMu.Lock()
-	defer t.fleetMu.Unlock()
 	next := fleetValues{}
-	if old := t.fleet.Load(); old != nil {
+	if old != nil {
 		next = maps.Clone(*old)
 	}
 	for _, c := range creds {
@@ -102,6 +111,27 @@ func (p *Proxy) SetCredentials(runID string, creds []Credential) error {
 	}
 	t.fleet.Store(&next)
 	return nil
+}
+
+// OlderValueError is a SetCredentials refused whole because a value given
+// expires before the one the run holds for its key: a value never moves
+// backwards (a delivery that arrived after a newer one, a slower
+// refresher's), so the run keeps the newer. It names the key and the
+// expiries, never a value.
+type OlderValueError struct {
+	Ref         policy.KeyRef
+	Given, Held time.Time
+}
+
+func (e *OlderValueError) Error() string {
+	return fmt.Sprintf("%s: the value given expires at %s, before the one the run holds (%s): an older value never replaces a newer one",
+		e.Ref, e.Given.UTC().Format(time.RFC3339), e.Held.UTC().Format(time.RFC3339))
+}
+
+// older reports whether c expires before held; a value whose expiry was
+// not said (zero) is older than none and has none older.
+func older(c, held Credential) bool {
+	return !c.ExpiresAt.IsZero() && !held.ExpiresAt.IsZero() && c.ExpiresAt.Before(held.ExpiresAt)
 }
 
 // MissingCredentials names ("project/KEY", sorted) the declared keys the

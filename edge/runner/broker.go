@@ -33,7 +33,9 @@ type Broker interface {
 	Register(runID string, declared []runspec.Declared, creds []Credential) (TaskSecrets, error)
 	// PutCredentials replaces a registered run's values from Fleet for the
 	// keys of creds (checked by CheckCredentials), in memory only; its
-	// placeholders never change. A run not registered is an error.
+	// placeholders never change. A run not registered is an error; a
+	// value expiring before the one held refuses them all, as a
+	// *RequestError naming its key (a value never moves backwards).
 	PutCredentials(runID string, creds []Credential) error
 	// MissingCredentials names ("project/KEY") the declared keys the host
 	// policy in force takes from Fleet that the run holds no value it may

@@ -1,6 +1,7 @@
 package runner
 
 import (
+	"errors"
 	"fmt"
 	"time"
 
@@ -72,8 +73,9 @@ func declares(declared []runspec.Declared, c Credential) bool {
 // replacing those the broker holds for their keys (or the ones an edge
 // restart lost); the task's placeholders never change. A run the host
 // does not hold is ErrNotFound; a value for a key the run does not
-// declare, or the host's policy does not take from Fleet, is a
-// *RequestError naming it; a run whose attempt ended (or was refused) is
+// declare, or the host's policy does not take from Fleet, or that expires
+// before the one held (a value never moves backwards), is a *RequestError
+// naming it; a run whose attempt ended (or was refused) is
 // ErrNotRunning. An attempt still being admitted is waited for.
 func (r *Runner) PutCredentials(runID string, creds []Credential) (Run, error) {
 	rec, err := r.get(runID)
@@ -105,6 +107,9 @@ func (r *Runner) PutCredentials(runID string, creds []Credential) (Run, error) {
 		return Run{}, ErrNotRunning
 	}
 	if err := r.broker.PutCredentials(runID, creds); err != nil {
+		if re, ok := errors.AsType[*RequestError](err); ok {
+			return Run{}, re // a value older than the one held
+		}
 		// Dropped meanwhile: only a purge drops a run, once it ended.
 		r.logger.Warn("handing a run's values from Fleet to the proxy", fieldRun, runID, fieldError, err.Error())
 		return Run{}, ErrNotRunning

@@ -263,7 +263,9 @@ func (SecretString) LogValue() slog.Value { return slog.StringValue(redacted) }
 // host's policy takes from Fleet; the placeholder the task holds never
 // changes. The host answers 200 with the run (its MissingCredentials
 // then empty for the keys given), 404 run_not_found, 409 not_running
-// for a run that ended, 400 bad_request naming a key it does not take.
+// for a run that ended, 400 bad_request naming a key it does not take or
+// whose value expires before the one it holds (a value never moves
+// backwards; nothing of the request is taken).
 type CredentialsRequest struct {
 	Credentials []BrokeredValue `json:"credentials"`
 }
