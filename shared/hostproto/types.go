@@ -239,6 +239,22 @@ type BrokeredValue struct {
 // "<projectId>/<KEY>". It never includes the value.
 func (b BrokeredValue) ID() string { return b.ProjectID + "/" + b.Key }
 
+// LogValue is the key and its expiry: slog's JSON handler would marshal
+// the struct, value and all (SecretString's own LogValue is not consulted
+// inside a struct). StartRequest and CredentialsRequest log so too.
+func (b BrokeredValue) LogValue() slog.Value {
+	return slog.GroupValue(slog.String("key", b.ID()), slog.Time("expiresAt", b.ExpiresAt))
+}
+
+// brokeredIDs names values by key, for a log line.
+func brokeredIDs(values []BrokeredValue) []string {
+	ids := make([]string, len(values))
+	for i, b := range values {
+		ids[i] = b.ID()
+	}
+	return ids
+}
+
 // SecretString is a real value on the wire: JSON carries its bytes, every
 // printer and log shows [redacted]. Convert it (string(s)) only where it is
 // handed to the type that guards it on the other side (edge's
@@ -257,6 +273,13 @@ func (SecretString) Format(f fmt.State, _ rune) { _, _ = f.Write([]byte(redacted
 // LogValue keeps the value out of slog.
 func (SecretString) LogValue() slog.Value { return slog.StringValue(redacted) }
 
+// LogValue is the start's token, agent and the keys of its values, never
+// a value (see BrokeredValue.LogValue).
+func (r StartRequest) LogValue() slog.Value {
+	return slog.GroupValue(slog.String("clientToken", r.ClientToken), slog.String("agent", r.Agent),
+		slog.Any("credentials", brokeredIDs(r.Credentials)))
+}
+
 // CredentialsRequest is PUT /runs/{id}/credentials: fresh values of the
 // run's brokered keys, replacing the ones the host holds (or gives it the
 // values a restart lost). Each must be a key the run declared and the
@@ -268,6 +291,11 @@ func (SecretString) LogValue() slog.Value { return slog.StringValue(redacted) }
 // backwards; nothing of the request is taken).
 type CredentialsRequest struct {
 	Credentials []BrokeredValue `json:"credentials"`
+}
+
+// LogValue is the keys of the values, never a value.
+func (r CredentialsRequest) LogValue() slog.Value {
+	return slog.GroupValue(slog.Any("credentials", brokeredIDs(r.Credentials)))
 }
 
 // Run is a host's view of one run. POST /runs answers 201 with it, or 200
