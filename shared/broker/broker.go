@@ -16,6 +16,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"log/slog"
 	"strings"
 	"time"
 
@@ -48,6 +49,12 @@ type Minted struct {
 	// revoked at the run's end: pass it to Revoke); nil for a fleet-wide
 	// value (oauth2), which is never revoked per run.
 	Sealed []byte
+}
+
+// LogValue is the kind and expiry, never the value: slog's JSON handler
+// would marshal the struct, Value included.
+func (m Minted) LogValue() slog.Value {
+	return slog.GroupValue(slog.String("kind", m.Kind), slog.Time("expiresAt", m.ExpiresAt))
 }
 
 // Error is a mint or revoke that failed: the dispatch is refused 409

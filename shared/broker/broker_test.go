@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"errors"
+	"fmt"
 	"log/slog"
 	"os"
 	"path/filepath"
@@ -85,5 +86,22 @@ func TestBrokerSealsAGitHubTokenForItsRunAndRevokesIt(t *testing.T) {
 	}
 	if strings.Contains(logs.String(), string(m.Value)) {
 		t.Fatal("the token is in a log line")
+	}
+}
+
+// A Minted value logs (slog's JSON handler, Fleet's) and prints without
+// its value.
+func TestMintedLogsAndPrintsNoValue(t *testing.T) {
+	const value = "ghs_MintedValueNeverLogged0123456789abcd"
+	m := broker.Minted{Kind: broker.KindGitHubApp, Value: value, ExpiresAt: time.Now(), Sealed: []byte("sealed")}
+	var buf bytes.Buffer
+	slog.New(slog.NewJSONHandler(&buf, nil)).Info("minted", "minted", m, "ptr", &m)
+	if strings.Contains(buf.String(), value) || !strings.Contains(buf.String(), broker.KindGitHubApp) {
+		t.Fatalf("the log line: %s", buf.String())
+	}
+	for _, verb := range []string{"%v", "%+v", "%#v", "%s", "%x"} {
+		if s := fmt.Sprintf(verb, m); strings.Contains(s, value) {
+			t.Errorf("%s shows the value", verb)
+		}
 	}
 }
