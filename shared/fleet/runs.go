@@ -87,7 +87,9 @@ func (f *Fleet) refresh(ctx context.Context, run store.Run) (store.Run, error) {
 	return f.refreshWith(ctx, client, run)
 }
 
-// refreshWith is refresh through a client of the run's host.
+// refreshWith is refresh through a client of the run's host. A run it
+// finds lost leaves the live index here, where the sweep no longer sees
+// it: its tokens are revoked here too (brokered.go).
 func (f *Fleet) refreshWith(ctx context.Context, client *hostproto.Client, run store.Run) (store.Run, error) {
 	hr, err := client.Get(ctx, run.ChildRunID)
 	lost := errors.Is(err, hostproto.ErrRunNotFound)
@@ -95,7 +97,11 @@ func (f *Fleet) refreshWith(ctx context.Context, client *hostproto.Client, run s
 		return run, err
 	}
 	if lost {
-		return f.markLost(ctx, run)
+		stored, err := f.markLost(ctx, run)
+		if err == nil {
+			stored, _ = f.revokeEnded(ctx, stored)
+		}
+		return stored, err
 	}
 	return f.settle(ctx, run, func(cur *store.Run) bool {
 		if !hostAnswerApplies(*cur, hr) {
