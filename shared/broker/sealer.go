@@ -55,7 +55,8 @@ func OpenSealer(spec string, o SealerOptions) (Sealer, error) {
 	case kind == "file" && arg != "":
 		return NewFileSealer(arg, o.Random)
 	}
-	return nil, fmt.Errorf("%s %q: want kms:<key id|arn|alias> or file:<path>", KeyEnvName, spec)
+	// Not quoted: the key pasted here in place of where it is.
+	return nil, fmt.Errorf("%s: want kms:<key id|arn|alias> or file:<path>", KeyEnvName)
 }
 
 // The first bytes of each sealer's output: its format and version, so a

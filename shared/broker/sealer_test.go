@@ -131,4 +131,9 @@ func TestOpenSealerRefusesUnsafeKeys(t *testing.T) {
 			t.Errorf("OpenSealer(%q): %v; want an error saying %q", spec, err, want)
 		}
 	}
+	// The key itself pasted in place of where it is: never quoted.
+	const pasted = "q1Zl2YyG0rW9u8e3nT5bKc7xJ4hVfA6dLsM0pQ2iRoE="
+	if _, err := broker.OpenSealer(pasted, broker.SealerOptions{}); err == nil || strings.Contains(err.Error(), pasted[:12]) {
+		t.Errorf("OpenSealer of a pasted key: %v; want an error that does not quote it", err)
+	}
 }

@@ -301,7 +301,8 @@ func (c Fleet) Validate() error {
 		errs = append(errs, fmt.Errorf("%s: want file:<path> or a Secrets Manager secret id or ARN", EnvBroker))
 	}
 	if kind, arg, _ := strings.Cut(c.BrokerKey, ":"); c.BrokerKey != "" && (kind != "kms" && kind != "file" || arg == "") {
-		errs = append(errs, notOneOf(EnvBrokerKey, c.BrokerKey, "kms:<key id|arn|alias>", "file:<path>"))
+		// Not quoted: the key pasted here in place of where it is.
+		errs = append(errs, fmt.Errorf("%s: want kms:<key id|arn|alias> or file:<path>", EnvBrokerKey))
 	}
 	return errors.Join(errs...)
 }

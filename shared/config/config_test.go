@@ -120,8 +120,11 @@ func TestEnumeratedVariablesRefuseOtherValues(t *testing.T) {
 		{EnvCredentials, "vault:x", `RUNFLEET_CREDENTIALS: "vault:x" is not one of file:<path>, secretsmanager:<prefix>`},
 		{EnvCredentials, "file:", `RUNFLEET_CREDENTIALS: "file:" is not one of file:<path>, secretsmanager:<prefix>`},
 		{EnvRepoURLs, "/etc/repos.json", `RUNFLEET_REPO_URLS: "/etc/repos.json" is not file:<path>`},
-		{EnvBrokerKey, "vault:x", `RUNFLEET_BROKER_KEY: "vault:x" is not one of kms:<key id|arn|alias>, file:<path>`},
-		{EnvBrokerKey, "kms:", `RUNFLEET_BROKER_KEY: "kms:" is not one of kms:<key id|arn|alias>, file:<path>`},
+		// Not quoted: the key itself pasted in place of where it is
+		// would be quoted in the error.
+		{EnvBrokerKey, "vault:x", `RUNFLEET_BROKER_KEY: want kms:<key id|arn|alias> or file:<path>`},
+		{EnvBrokerKey, "kms:", `RUNFLEET_BROKER_KEY: want kms:<key id|arn|alias> or file:<path>`},
+		{EnvBrokerKey, "q1Zl2YyG0rW9u8e3nT5bKc7xJ4hVfA6dLsM0pQ2iRoE=", `RUNFLEET_BROKER_KEY: want kms:<key id|arn|alias> or file:<path>`},
 		{EnvBroker, "file:", `RUNFLEET_BROKER: want file:<path> or a Secrets Manager secret id or ARN`},
 		{EnvBroker, `{"acme/GH": {"oauth2": {"refreshTokenSecret": "rt-1"}}}`, `RUNFLEET_BROKER: want file:<path> or a Secrets Manager secret id or ARN`},
 	} {
