@@ -69,6 +69,11 @@ type Error struct {
 	ProviderStatus int
 	// Detail says what failed, for a person (no value).
 	Detail string
+	// Cause is Fleet's own failure behind Detail (a secret it could not
+	// read, a store or KMS error): it may name Fleet's paths and ids, so
+	// it is logged (Error includes it) and never shown to a caller; nil
+	// for a provider's refusal.
+	Cause error
 }
 
 func (e *Error) Error() string {
@@ -76,8 +81,13 @@ func (e *Error) Error() string {
 	if e.ProviderStatus != 0 {
 		s += fmt.Sprintf(" (provider answered %d)", e.ProviderStatus)
 	}
+	if e.Cause != nil {
+		s += ": " + e.Cause.Error()
+	}
 	return s
 }
+
+func (e *Error) Unwrap() error { return e.Cause }
 
 // sentFragment is how many consecutive bytes of a credential are as
 // secret as the whole (the proxy's and the leak tests' bound).
@@ -323,5 +333,5 @@ func asError(err error, projectID, key, kind string) *Error {
 	if errors.As(err, &e) {
 		return e
 	}
-	return &Error{ProjectID: projectID, Key: key, Kind: kind, Detail: err.Error()}
+	return &Error{ProjectID: projectID, Key: key, Kind: kind, Detail: "Fleet's broker failed (Fleet's log says why)", Cause: err}
 }

@@ -67,7 +67,7 @@ func TestBrokerSealsAGitHubTokenForItsRunAndRevokesIt(t *testing.T) {
 	run2 := run1
 	run2.FleetRunID = "r-2"
 	var e *broker.Error
-	if err := b.Revoke(ctx, run2, m.Sealed); !errors.As(err, &e) || e.Kind != broker.KindGitHubApp || !strings.Contains(e.Detail, "opening the run's token") {
+	if err := b.Revoke(ctx, run2, m.Sealed); !errors.As(err, &e) || e.Kind != broker.KindGitHubApp || !strings.Contains(e.Error(), "opening the run's token") || strings.Contains(e.Detail, "r-2") {
 		t.Fatalf("revoking run 1's token as run 2's: %v", err)
 	}
 	if !gh.Live(string(m.Value)) || gh.Revocations() != 0 {
@@ -103,5 +103,35 @@ func TestMintedLogsAndPrintsNoValue(t *testing.T) {
 		if s := fmt.Sprintf(verb, m); strings.Contains(s, value) {
 			t.Errorf("%s shows the value", verb)
 		}
+	}
+}
+
+// A failure of Fleet's own (a secret reference it cannot read) is shown to
+// the caller by the recipe's field alone: the reference, which names
+// Fleet's paths and ids (or is a value pasted in its place), is only in
+// the error Fleet logs.
+func TestAFailureOfFleetsOwnShowsTheFieldNotTheReference(t *testing.T) {
+	sealer, err := broker.OpenSealer("file:"+keyFile(t), broker.SealerOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	const ref = "file:pasted-not-a-path-7f3c9a"
+	b, err := broker.New(map[string]broker.Recipe{"acme/GITHUB_TOKEN": {GitHubApp: &broker.GitHubApp{
+		AppID: 7, PrivateKeySecret: ref, InstallationID: broker.InstallationID{ID: 70},
+		Permissions: map[string]string{"contents": "read"}, APIURL: "https://api.github.invalid",
+	}}}, broker.Deps{Secrets: broker.NewSecrets(broker.SecretsConfig{BaseDir: t.TempDir()}), Sealer: sealer})
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, err = b.Mint(context.Background(), broker.MintRequest{FleetRunID: "r-1", ProjectID: "acme", Key: "GITHUB_TOKEN", Repository: "acme/app"})
+	var e *broker.Error
+	if !errors.As(err, &e) || e.ProviderStatus != 0 || !strings.Contains(e.Detail, "githubApp.privateKeySecret") {
+		t.Fatalf("Mint: %v", err)
+	}
+	if strings.Contains(e.Detail, "pasted-not-a-path") {
+		t.Fatalf("the detail a caller sees quotes the reference: %q", e.Detail)
+	}
+	if !strings.Contains(err.Error(), "pasted-not-a-path") {
+		t.Fatalf("the error Fleet logs does not say which reference failed: %v", err)
 	}
 }

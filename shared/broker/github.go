@@ -118,6 +118,14 @@ func (m *githubMinter) fail(status int, format string, args ...any) *Error {
 	return &Error{ProjectID: m.projectID, Key: m.key, Kind: KindGitHubApp, ProviderStatus: status, Detail: fmt.Sprintf(format, args...)}
 }
 
+// fault makes the *Error of a failure of Fleet's own: detail is shown,
+// err only logged (Error.Cause).
+func (m *githubMinter) fault(err error, detail string) *Error {
+	e := m.fail(0, "%s", detail)
+	e.Cause = err
+	return e
+}
+
 // mint mints a token for req's repository: one repository, the recipe's
 // permissions, an hour's life (GitHub's). Errors are *Error.
 func (m *githubMinter) mint(ctx context.Context, req MintRequest) (Minted, error) {
@@ -201,7 +209,7 @@ func (m *githubMinter) accessToken(ctx context.Context, id int64, repo, name str
 		Permissions  map[string]string `json:"permissions"`
 	}{[]string{name}, m.r.Permissions})
 	if err != nil {
-		return Minted{}, m.fail(0, "encoding the token request: %v", err)
+		return Minted{}, m.fault(err, "encoding the token request failed (Fleet's log says why)")
 	}
 	var answer struct {
 		Token        string    `json:"token"`
@@ -242,7 +250,7 @@ func (m *githubMinter) revoke(ctx context.Context, token string) error {
 	req.Header.Set("Authorization", "token "+token)
 	resp, err := m.deps.HTTPClient.Do(req)
 	if err != nil {
-		return m.fail(0, "DELETE /installation/token: %v", redactURLError(err))
+		return m.fault(redactURLError(err), "DELETE /installation/token failed (Fleet's log says why)")
 	}
 	defer resp.Body.Close()
 	// The Broker logs a revocation; the minter logs what only it knows.
@@ -268,7 +276,7 @@ func (m *githubMinter) appCall(ctx context.Context, method, path string, body []
 	req.Header.Set("Authorization", "Bearer "+jwt)
 	resp, err := m.deps.HTTPClient.Do(req)
 	if err != nil {
-		return m.fail(0, "%s %s: %v", method, path, redactURLError(err))
+		return m.fault(redactURLError(err), fmt.Sprintf("%s %s failed (Fleet's log says why)", method, path))
 	}
 	defer resp.Body.Close()
 	if resp.StatusCode != want {
@@ -292,7 +300,7 @@ func (m *githubMinter) request(ctx context.Context, method, path string, body []
 	}
 	req, err := http.NewRequestWithContext(ctx, method, m.api+path, rd)
 	if err != nil {
-		return nil, m.fail(0, "%s %s: %v", method, path, err)
+		return nil, m.fault(err, fmt.Sprintf("%s %s failed (Fleet's log says why)", method, path))
 	}
 	req.Header.Set("Accept", "application/vnd.github+json")
 	req.Header.Set("X-GitHub-Api-Version", githubAPIVersion)
@@ -364,7 +372,7 @@ func (m *githubMinter) appJWT(ctx context.Context) (string, error) {
 		"iss": strconv.FormatInt(m.r.AppID, 10),
 	})
 	if err != nil {
-		return "", m.fail(0, "signing the App's JWT: %v", err)
+		return "", m.fault(err, "signing the App's JWT failed (Fleet's log says why)")
 	}
 	m.mu.Lock()
 	m.jwt, m.jwtExp = jwt, time.Unix(exp.Unix(), 0)
@@ -386,10 +394,10 @@ func (m *githubMinter) privateKey(ctx context.Context) (*rsa.PrivateKey, error) 
 	}
 	pemText, err := m.deps.Secrets.Read(ctx, m.r.PrivateKeySecret)
 	if err != nil {
-		return nil, m.fail(0, "githubApp.privateKeySecret: %v", err)
+		return nil, m.fault(err, "githubApp.privateKeySecret could not be read (Fleet's log says why)")
 	}
 	if priv, err = parseRSAKey([]byte(pemText)); err != nil {
-		return nil, m.fail(0, "githubApp.privateKeySecret: %v", err)
+		return nil, m.fault(err, "githubApp.privateKeySecret is not the App's RSA private key in PEM")
 	}
 	m.mu.Lock()
 	m.priv = priv

@@ -144,7 +144,7 @@ func newOAuth2Minter(id string, r OAuth2, deps Deps) (*oauth2Minter, error) {
 func (m *oauth2Minter) mint(ctx context.Context) (Minted, error) {
 	st, err := m.deps.States.GetBrokerState(ctx, m.id)
 	if err != nil && !errors.Is(err, store.ErrNotFound) {
-		return Minted{}, m.fail(0, "reading its state: %v", err)
+		return Minted{}, m.fault(err, "reading its state failed (Fleet's log says why)")
 	}
 	if st.Generation > 0 {
 		a, err := m.open(ctx, st)
@@ -161,7 +161,7 @@ func (m *oauth2Minter) mint(ctx context.Context) (Minted, error) {
 			}
 			return a.minted(), nil
 		case err != nil && !errors.Is(err, ErrUnopenable):
-			return Minted{}, m.fail(0, "opening its access token: %v", err)
+			return Minted{}, m.fault(err, "opening its access token failed (Fleet's log says why)")
 		}
 		// Due, or sealed under a key no longer ours: refresh.
 	}
@@ -275,7 +275,7 @@ func (m *oauth2Minter) refreshed(ctx context.Context, seen int64) (access, error
 		if f.exchanging.Load() {
 			<-f.done // bounded by the HTTP client's timeout and one store write
 		}
-		return access{}, m.fail(0, "waiting for its refresh: %v", ctx.Err())
+		return access{}, m.fault(ctx.Err(), "waiting for its refresh failed (Fleet's log says why)")
 	}
 }
 
@@ -324,14 +324,14 @@ func (m *oauth2Minter) refreshOrWait(ctx context.Context, f *flight, seen int64)
 			if next.Generation > st.Generation {
 				a, err := m.open(ctx, next)
 				if err != nil {
-					return access{}, m.fail(0, "opening its access token: %v", err)
+					return access{}, m.fault(err, "opening its access token failed (Fleet's log says why)")
 				}
 				return a, nil
 			}
 			// The lease is free again without a new token (its holder
 			// failed, or died): take it ourselves.
 		default:
-			return access{}, m.fail(0, "taking its refresh lease: %v", err)
+			return access{}, m.fault(err, "taking its refresh lease failed (Fleet's log says why)")
 		}
 	}
 }
@@ -346,12 +346,12 @@ func (m *oauth2Minter) await(ctx context.Context, held store.BrokerState) (store
 			wait = left
 		}
 		if !clock.Sleep(m.deps.Clock, wait, ctx.Done()) {
-			return store.BrokerState{}, m.fail(0, "waiting for another Fleet invocation's refresh: %v", ctx.Err())
+			return store.BrokerState{}, m.fault(ctx.Err(), "waiting for another Fleet invocation's refresh failed (Fleet's log says why)")
 		}
 		wait = min(2*wait, pollMax)
 		st, err := m.deps.States.GetBrokerState(ctx, m.id)
 		if err != nil {
-			return store.BrokerState{}, m.fail(0, "reading its state: %v", err)
+			return store.BrokerState{}, m.fault(err, "reading its state failed (Fleet's log says why)")
 		}
 		if st.Generation > held.Generation || st.LeaseHolder != held.LeaseHolder || !m.deps.Clock.Now().Before(st.LeaseExpiresAt) {
 			return st, nil
@@ -371,11 +371,11 @@ func (m *oauth2Minter) refresh(ctx context.Context, f *flight, st store.BrokerSt
 	}()
 	clientSecret, err := m.deps.Secrets.Read(ctx, m.r.ClientSecretSecret)
 	if err != nil {
-		return access{}, m.fail(0, "reading clientSecretSecret: %v", err)
+		return access{}, m.fault(err, "oauth2.clientSecretSecret could not be read (Fleet's log says why)")
 	}
 	seedToken, err := m.deps.Secrets.Read(ctx, m.r.RefreshTokenSecret)
 	if err != nil {
-		return access{}, m.fail(0, "reading refreshTokenSecret: %v", err)
+		return access{}, m.fault(err, "oauth2.refreshTokenSecret could not be read (Fleet's log says why)")
 	}
 	refreshToken, seed, restart, err := m.refreshTokenOf(ctx, st, seedToken)
 	if err != nil {
@@ -445,7 +445,7 @@ func (m *oauth2Minter) refreshTokenOf(ctx context.Context, st store.BrokerState,
 				defer clear(plain)
 				return string(plain), st.Seed, false, nil
 			case !errors.Is(err, ErrUnopenable):
-				return "", "", false, m.fail(0, "opening its refresh token: %v", err)
+				return "", "", false, m.fault(err, "opening its refresh token failed (Fleet's log says why)")
 			}
 			m.deps.Logger.Warn("broker: the stored refresh token cannot be opened; starting again from refreshTokenSecret",
 				"key", m.id, "kind", KindOAuth2)
@@ -468,11 +468,11 @@ func (m *oauth2Minter) newSeed(ctx context.Context, seedToken string) (string, e
 	key := make([]byte, 32)
 	defer clear(key)
 	if _, err := io.ReadFull(m.deps.Random, key); err != nil {
-		return "", m.fail(0, "making its seed fingerprint: %v", err)
+		return "", m.fault(err, "making its seed fingerprint failed (Fleet's log says why)")
 	}
 	sealed, err := m.deps.Sealer.Seal(ctx, key, bindSeed(m.id))
 	if err != nil {
-		return "", m.fail(0, "sealing its seed fingerprint: %v", err)
+		return "", m.fault(err, "sealing its seed fingerprint failed (Fleet's log says why)")
 	}
 	enc := base64.RawURLEncoding
 	return seedVersion + "." + enc.EncodeToString(sealed) + "." + enc.EncodeToString(seedMAC(key, seedToken)), nil
@@ -496,7 +496,7 @@ func (m *oauth2Minter) seedMatches(ctx context.Context, seed, seedToken string) 
 	case errors.Is(err, ErrUnopenable):
 		return false, nil
 	case err != nil:
-		return false, m.fail(0, "opening its seed fingerprint: %v", err)
+		return false, m.fault(err, "opening its seed fingerprint failed (Fleet's log says why)")
 	}
 	defer clear(key)
 	return hmac.Equal(mac, seedMAC(key, seedToken)), nil
@@ -527,7 +527,7 @@ func (m *oauth2Minter) exchange(ctx context.Context, refreshToken, clientSecret 
 	}
 	req, err := http.NewRequestWithContext(ctx, http.MethodPost, m.r.TokenURL, strings.NewReader(form.Encode()))
 	if err != nil {
-		return tokenAnswer{}, m.fail(0, "building the token request: %v", err)
+		return tokenAnswer{}, m.fault(err, "building the token request failed (Fleet's log says why)")
 	}
 	req.Header.Set("Content-Type", "application/x-www-form-urlencoded")
 	req.Header.Set("Accept", "application/json")
@@ -539,7 +539,7 @@ func (m *oauth2Minter) exchange(ctx context.Context, refreshToken, clientSecret 
 		if errors.As(err, &ue) {
 			err = ue.Err
 		}
-		return tokenAnswer{}, m.fail(0, "calling the token endpoint %s: %v", m.r.TokenURL, err)
+		return tokenAnswer{}, m.fault(err, "calling the token endpoint failed (Fleet's log says why)")
 	}
 	defer resp.Body.Close()
 	body, err := io.ReadAll(io.LimitReader(resp.Body, maxTokenAnswer))
@@ -605,11 +605,20 @@ func (m *oauth2Minter) fail(status int, format string, args ...any) *Error {
 	return e
 }
 
+// fault makes the *Error of a failure of Fleet's own, and logs it: detail
+// is shown, err only logged (Error.Cause).
+func (m *oauth2Minter) fault(err error, detail string) *Error {
+	project, key, _ := strings.Cut(m.id, "/")
+	e := &Error{ProjectID: project, Key: key, Kind: KindOAuth2, Detail: detail, Cause: err}
+	m.deps.Logger.Warn("broker: oauth2 refresh failed", "key", m.id, "kind", KindOAuth2, "detail", detail, "err", err.Error())
+	return e
+}
+
 // lost is a failure after the provider may have rotated the refresh
 // token: if it did, the family is over and an operator must seed it again.
 func (m *oauth2Minter) lost(format string, args ...any) *Error {
 	e := m.fail(0, format, args...)
-	e.Detail += "; the provider may have rotated the refresh token, in which case store a new one in refreshTokenSecret " + m.r.RefreshTokenSecret
+	e.Detail += "; the provider may have rotated the refresh token, in which case store a new one in oauth2.refreshTokenSecret"
 	m.deps.Logger.Error("broker: a refreshed token may be lost", "key", m.id, "kind", KindOAuth2)
 	return e
 }
