@@ -7,6 +7,7 @@ import (
 	"net/http"
 	"strconv"
 	"strings"
+	"time"
 
 	"github.com/runfleet/runfleet/shared/fleetapi"
 	"github.com/runfleet/runfleet/shared/fleetclient"
@@ -157,6 +158,9 @@ func (inv *invocation) runsGet(asJSON bool) int {
 	}
 	if e := r.Egress; e != nil {
 		rows = append(rows, [2]cell{plain("egress"), {text: egressLine(*e), color: alertColor(e.Alerts)}})
+	}
+	for _, c := range r.Credentials {
+		rows = append(rows, [2]cell{plain("credential"), plain(credentialLine(now, c))})
 	}
 	rows = append(rows, [2]cell{plain("stream"), plain(r.Links.Stream)})
 	inv.ui.fields(rows)
@@ -328,4 +332,18 @@ func verbNoun(name string) string {
 		return "Cancel"
 	}
 	return "Retry"
+}
+
+// credentialLine is one brokered key of a run: what minted it and the life
+// of the value its host holds (never a value: the API has none).
+func credentialLine(now time.Time, c fleetapi.BrokeredCredential) string {
+	left := "in " + c.ExpiresAt.Sub(now).Round(time.Minute).String()
+	if !c.ExpiresAt.After(now) {
+		left = "expired " + ago(now, c.ExpiresAt)
+	}
+	line := fmt.Sprintf("%s/%s (%s), expires %s (%s)", c.ProjectID, c.Key, c.Kind, c.ExpiresAt.Local().Format(time.RFC3339), left)
+	if c.RevokedAt != nil {
+		line += ", revoked " + stamp(now, *c.RevokedAt)
+	}
+	return line
 }

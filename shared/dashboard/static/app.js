@@ -342,7 +342,7 @@
     const dl = el('dl', withId('run-state', { hidden: true }));
     for (const [name, label] of [['status', 'Status'], ['exitCode', 'Exit code'], ['reason', 'Reason'], ['detail', 'Detail'],
       ['hostId', 'Host'], ['agent', 'Agent'], ['repository', 'Repository'], ['attempt', 'Attempt'], ['ownerId', 'Owner'],
-      ['createdAt', 'Created'], ['updatedAt', 'Updated'], ['endedAt', 'Ended'], ['note', 'Note']]) {
+      ['createdAt', 'Created'], ['updatedAt', 'Updated'], ['endedAt', 'Ended'], ['credentials', 'Credentials'], ['note', 'Note']]) {
       fields[name] = el('dd', { 'data-field': name });
       labels[name] = el('dt', { text: label });
       dl.append(labels[name], fields[name]);
@@ -380,6 +380,10 @@
         const val = name === 'note' ? note : r[name];
         if (name === 'status') dd.replaceChildren(statusBadge(r.status, 'run-status'));
         else if (/At$/.test(name)) dd.replaceChildren(time(val));
+        // A brokered key: what minted it and the life of the value its
+        // host holds (the API never gives a value).
+        else if (name === 'credentials') dd.replaceChildren(...(val || []).map((c) => el('div', { 'data-credential': c.projectId + '/' + c.key },
+          c.projectId + '/' + c.key + ' (' + c.kind + '), expires ', time(c.expiresAt), c.revokedAt ? ', revoked ' : null, c.revokedAt ? time(c.revokedAt) : null)));
         else dd.textContent = val === undefined || val === null ? '' : String(val);
         // A field the run lacks (no reason yet, no repository) is left out.
         dd.hidden = labels[name].hidden = dd.textContent === '';
