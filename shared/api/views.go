@@ -148,11 +148,26 @@ func toRunPage(page store.RunPage, l linker) fleetapi.RunPage {
 	return fleetapi.RunPage{Runs: views, NextCursor: page.NextCursor, HasMore: page.NextCursor != ""}
 }
 
-// toRunAnswer is GET /fleet/runs/{id}: the run with its egress summary.
+// toRunAnswer is GET /fleet/runs/{id}: the run with its egress summary and
+// its brokered keys.
 func toRunAnswer(st fleet.RunState, l linker) fleetapi.RunAnswer {
 	v := toRunView(st.Run, l)
 	v.Egress = toEgressSummary(st.Egress)
+	v.Credentials = toBrokeredCredentials(st.Run.Brokered)
 	return fleetapi.RunAnswer{Run: v, Refreshed: st.Refreshed, Note: st.Note}
+}
+
+// toBrokeredCredentials are a run's brokered keys with their expiry and
+// revocation: never a value, nor the sealed token; nil when none.
+func toBrokeredCredentials(keys []store.BrokeredKey) []fleetapi.BrokeredCredential {
+	if len(keys) == 0 {
+		return nil
+	}
+	out := make([]fleetapi.BrokeredCredential, len(keys))
+	for i, k := range keys {
+		out[i] = fleetapi.BrokeredCredential{ProjectID: k.ProjectID, Key: k.Key, Kind: k.Kind, ExpiresAt: k.ExpiresAt, RevokedAt: k.RevokedAt}
+	}
+	return out
 }
 
 // toAlertedPage is GET /fleet/runs?alerts=true: the runs with egress
@@ -424,6 +439,8 @@ func toErrorDetails(d any) (json.RawMessage, error) {
 		return nil, nil
 	case fleet.Unrouted:
 		v = toNoEligibleHost(d)
+	case fleet.CredentialRefusal:
+		v = fleetapi.CredentialUnavailable{ProjectID: d.ProjectID, Key: d.Key, Kind: d.Kind, ProviderStatus: d.ProviderStatus}
 	case map[string]string:
 		// The ids and statuses a conflict names ({fleetRunId}, {status,
 		// reason}): strings, shown as they are.

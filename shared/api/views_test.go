@@ -192,3 +192,45 @@ func TestEgressPageCursor(t *testing.T) {
 		}
 	}
 }
+
+// TestARunShowsItsBrokeredKeysNeverTheirTokens: GET of a run lists each
+// brokered key with its kind, expiry and revocation; the sealed token the
+// record keeps for the revocation is not in the answer, and the listing's
+// runs carry no credentials.
+func TestARunShowsItsBrokeredKeysNeverTheirTokens(t *testing.T) {
+	exp := time.Date(2026, 3, 1, 13, 0, 0, 0, time.UTC)
+	revoked := exp.Add(-30 * time.Minute)
+	run := store.Run{FleetRunID: "fr-1", HostID: "h1", Status: hostproto.StatusSucceeded, Brokered: []store.BrokeredKey{
+		{ProjectID: "acme", Key: "GITHUB_TOKEN", Kind: "githubApp", ExpiresAt: exp, Sealed: []byte("SEALED-TOKEN"), RevokedAt: &revoked},
+		{ProjectID: "acme", Key: "SAAS_TOKEN", Kind: "oauth2", ExpiresAt: exp},
+	}}
+	l := linker{api: "https://api.example", stream: "https://stream.example"}
+	b, err := json.Marshal(toRunAnswer(fleet.RunState{Run: run}, l))
+	if err != nil {
+		t.Fatal(err)
+	}
+	const want = `"credentials":[{"projectId":"acme","key":"GITHUB_TOKEN","kind":"githubApp","expiresAt":"2026-03-01T13:00:00Z","revokedAt":"2026-03-01T12:30:00Z"},` +
+		`{"projectId":"acme","key":"SAAS_TOKEN","kind":"oauth2","expiresAt":"2026-03-01T13:00:00Z"}]`
+	if !strings.Contains(string(b), want) || strings.Contains(string(b), "SEALED") || strings.Contains(string(b), "U0VBTEVE") {
+		t.Fatalf("answer %s\nwant it to hold %s and no sealed token", b, want)
+	}
+	if page, _ := json.Marshal(toRunPage(store.RunPage{Runs: []store.Run{run}}, l)); strings.Contains(string(page), "credentials") {
+		t.Fatalf("the listing shows credentials: %s", page)
+	}
+}
+
+// TestCredentialUnavailableIsA409WithItsDetails: the refusal of a key
+// Fleet could not mint answers 409, its code and the
+// fleetapi.CredentialUnavailable details.
+func TestCredentialUnavailableIsA409WithItsDetails(t *testing.T) {
+	if fleet.CodeCredentialUnavailable != fleetapi.CodeCredentialUnavailable {
+		t.Fatalf("fleet's code %q, the API's %q", fleet.CodeCredentialUnavailable, fleetapi.CodeCredentialUnavailable)
+	}
+	err := &fleet.Error{Kind: fleet.KindConflict, Code: fleet.CodeCredentialUnavailable, Message: "secrets[0]: Fleet could not mint acme/GH",
+		Details: fleet.CredentialRefusal{ProjectID: "acme", Key: "GH", Kind: "githubApp", ProviderStatus: 404}}
+	status, body, fault := ErrorStatus(err)
+	if status != 409 || fault || body.Code != "credential_unavailable" ||
+		string(body.Details) != `{"projectId":"acme","key":"GH","kind":"githubApp","providerStatus":404}` {
+		t.Fatalf("%d %+v (details %s) fault %v", status, body, body.Details, fault)
+	}
+}

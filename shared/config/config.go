@@ -13,6 +13,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/runfleet/runfleet/shared/broker"
 	"github.com/runfleet/runfleet/shared/credentials"
 	"github.com/runfleet/runfleet/shared/fleet"
 	"github.com/runfleet/runfleet/shared/fleetapi"
@@ -35,6 +36,11 @@ const (
 	EnvTableCallers     = "RUNFLEET_TABLE_CALLERS"
 	EnvTableIdempotency = "RUNFLEET_TABLE_IDEMPOTENCY"
 	EnvCredentials      = "RUNFLEET_CREDENTIALS"
+	// EnvBroker names the broker's recipes (the keys Fleet mints) and
+	// EnvBrokerKey what seals the tokens it keeps (README, "Credentials
+	// Fleet mints").
+	EnvBroker           = "RUNFLEET_BROKER"
+	EnvBrokerKey        = "RUNFLEET_BROKER_KEY"
 	EnvRepoURLs         = "RUNFLEET_REPO_URLS"
 	EnvRetentionDays    = "RUNFLEET_RETENTION_DAYS"
 	EnvAddr             = "RUNFLEET_ADDR"
@@ -107,6 +113,15 @@ type Fleet struct {
 	Tables Tables
 	// Credentials is RUNFLEET_CREDENTIALS, parsed.
 	Credentials credentials.Spec
+	// Broker is RUNFLEET_BROKER: the broker's recipes, `file:<path>` or a
+	// Secrets Manager secret id or ARN holding them. Empty: no key is
+	// brokered (every key keeps its host's value).
+	Broker string
+	// BrokerKey is RUNFLEET_BROKER_KEY: what seals the tokens the broker
+	// keeps, `kms:<key id|arn|alias>` or `file:<path>` (32 random bytes).
+	// Required when Broker has a recipe (checked when it is read, at
+	// start); empty otherwise.
+	BrokerKey string
 	// RepoURLs is RUNFLEET_REPO_URLS: "file:<path>" or empty (no map).
 	RepoURLs string
 	// RetentionDays keeps ended runs and their events; zero means 30.
@@ -173,6 +188,8 @@ func FromEnv(getenv func(string) string) (Fleet, error) {
 	errs = append(errs, err)
 	c.Credentials = spec
 	c.RepoURLs = getenv(EnvRepoURLs)
+	c.Broker = getenv(EnvBroker)
+	c.BrokerKey = getenv(EnvBrokerKey)
 	c.StreamURL = getenv(EnvStreamURL)
 	c.Addr = getenv(EnvAddr)
 	c.RetentionDays, err = positiveInt(getenv, EnvRetentionDays)
@@ -277,6 +294,14 @@ func (c Fleet) Validate() error {
 	}
 	if c.RepoURLs != "" && !strings.HasPrefix(c.RepoURLs, "file:") || c.RepoURLs == "file:" {
 		errs = append(errs, notOneOf(EnvRepoURLs, c.RepoURLs, "file:<path>"))
+	}
+	if c.Broker != "" && broker.CheckRef(c.Broker) != nil {
+		// Not quoted: a document pasted here in place of its id may hold
+		// what it should only name.
+		errs = append(errs, fmt.Errorf("%s: want file:<path> or a Secrets Manager secret id or ARN", EnvBroker))
+	}
+	if kind, arg, _ := strings.Cut(c.BrokerKey, ":"); c.BrokerKey != "" && (kind != "kms" && kind != "file" || arg == "") {
+		errs = append(errs, notOneOf(EnvBrokerKey, c.BrokerKey, "kms:<key id|arn|alias>", "file:<path>"))
 	}
 	return errors.Join(errs...)
 }

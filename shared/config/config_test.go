@@ -43,7 +43,7 @@ func TestFromEnvReadsEveryName(t *testing.T) {
 		EnvStreamPollInterval: "250ms", EnvStreamKeepAlive: "5s", EnvStreamMaxDuration: "10m",
 		EnvStreamIdleTimeout: "90s", EnvStreamMaxPerCaller: "4",
 		EnvProbeInterval: "30s", EnvSweepInterval: "1m", EnvStreamURL: "https://s.lambda-url.eu-west-1.on.aws/",
-		EnvAdminTokenTTL: "15s",
+		EnvAdminTokenTTL: "15s", EnvBroker: "file:/etc/broker.json", EnvBrokerKey: "kms:alias/runfleet-broker",
 	}))
 	if err != nil {
 		t.Fatal(err)
@@ -57,7 +57,7 @@ func TestFromEnvReadsEveryName(t *testing.T) {
 		StreamPollInterval: 250 * time.Millisecond, StreamKeepAlive: 5 * time.Second, StreamMaxDuration: 10 * time.Minute,
 		StreamIdleTimeout: 90 * time.Second, StreamMaxPerCaller: 4,
 		ProbeInterval: 30 * time.Second, SweepInterval: time.Minute, StreamURL: "https://s.lambda-url.eu-west-1.on.aws/",
-		AdminTokenTTL: 15 * time.Second,
+		AdminTokenTTL: 15 * time.Second, Broker: "file:/etc/broker.json", BrokerKey: "kms:alias/runfleet-broker",
 	}
 	if c != want {
 		t.Fatalf("got %+v\nwant %+v", c, want)
@@ -91,6 +91,8 @@ func TestFromEnvErrorsNameTheVariable(t *testing.T) {
 		EnvSweepInterval:      "0s",
 		EnvAdminTokenTTL:      "1",
 		EnvStreamURL:          "s.lambda-url.eu-west-1.on.aws",
+		EnvBroker:             "file:",
+		EnvBrokerKey:          "vault:x",
 	} {
 		_, err := FromEnv(env(map[string]string{name: value}))
 		if err == nil || !strings.Contains(err.Error(), name) {
@@ -118,6 +120,10 @@ func TestEnumeratedVariablesRefuseOtherValues(t *testing.T) {
 		{EnvCredentials, "vault:x", `RUNFLEET_CREDENTIALS: "vault:x" is not one of file:<path>, secretsmanager:<prefix>`},
 		{EnvCredentials, "file:", `RUNFLEET_CREDENTIALS: "file:" is not one of file:<path>, secretsmanager:<prefix>`},
 		{EnvRepoURLs, "/etc/repos.json", `RUNFLEET_REPO_URLS: "/etc/repos.json" is not file:<path>`},
+		{EnvBrokerKey, "vault:x", `RUNFLEET_BROKER_KEY: "vault:x" is not one of kms:<key id|arn|alias>, file:<path>`},
+		{EnvBrokerKey, "kms:", `RUNFLEET_BROKER_KEY: "kms:" is not one of kms:<key id|arn|alias>, file:<path>`},
+		{EnvBroker, "file:", `RUNFLEET_BROKER: want file:<path> or a Secrets Manager secret id or ARN`},
+		{EnvBroker, `{"acme/GH": {"oauth2": {"refreshTokenSecret": "rt-1"}}}`, `RUNFLEET_BROKER: want file:<path> or a Secrets Manager secret id or ARN`},
 	} {
 		_, err := FromEnv(env(map[string]string{c.name: c.value}))
 		if err == nil || err.Error() != c.want {

@@ -14,6 +14,9 @@ type Broker interface {
 	Kind(projectID, key string) (kind string, ok bool)
 	// Mint returns a value for req's key (errors are *broker.Error).
 	Mint(ctx context.Context, req broker.MintRequest) (broker.Minted, error)
-	// Revoke revokes a run's own value (broker.Minted.Sealed).
-	Revoke(ctx context.Context, projectID, key string, sealed []byte) error
+	// Revoke revokes a run's own value (broker.Minted.Sealed) given the
+	// request that minted it: the value is sealed bound to the run and
+	// the key, so a sealed value copied into another run's record cannot
+	// be opened (nor revoked) there.
+	Revoke(ctx context.Context, req broker.MintRequest, sealed []byte) error
 }

@@ -189,12 +189,15 @@ var transientReasons = []string{hostproto.ReasonHostBusy, hostproto.ReasonHostSt
 // Dispatch routes r and starts it on the chosen host, idempotently per
 // (caller, key) when key is not empty. In order, with no transaction: the
 // request hash; the idempotency item if the key has one (same hash: the
-// first run, reused; another hash: 409); routing; a conditional put of the
-// idempotency item; a conditional put of the run in dispatching with its
+// first run, reused; another hash: 409); routing; a value for each
+// brokered key (brokered.go: one that cannot be minted refuses the
+// dispatch, 409 credential_unavailable, before anything is written); a
+// conditional put of the idempotency item; a conditional put of the run in dispatching with its
 // deadline; the host call with the run id as clientToken and the deadline;
 // one update recording the answer. Of concurrent duplicates exactly one
 // passes the conditional puts and calls the host; the others answer the
-// first run, or 409 while it is dispatching before its deadline.
+// first run, or 409 while it is dispatching before its deadline, and
+// revoke the tokens they minted, as a dispatch the host refused does.
 //
 // When routing chose the host (r.Host empty) and it refuses with a
 // transient reason (busy, storage low, unavailable or draining, or it
@@ -231,14 +234,31 @@ func (f *Fleet) Dispatch(ctx context.Context, c store.Caller, r DispatchRequest,
 		return DispatchResult{}, err
 	}
 
-	now := f.clock.Now().UTC()
 	if k.fleetRunID == "" {
 		if k.fleetRunID, err = newRunID(f.cfg.Random); err != nil {
 			return DispatchResult{}, err
 		}
 	}
+	// Minted before anything is written: a refusal leaves no run and no
+	// idempotency item, and a retried request mints again.
+	minted, err := f.mintForDispatch(ctx, k.fleetRunID, r)
+	if err != nil {
+		return DispatchResult{}, err
+	}
+	now := f.clock.Now().UTC()
+	mintedFor := k.fleetRunID
 	if res, done, err := f.claimKey(ctx, &k, now); done {
+		f.revokeMinted(ctx, mintedFor, r.Run.Repository, minted, "an earlier dispatch with this idempotency key answered")
 		return res, err
+	}
+	if k.fleetRunID != mintedFor && len(minted) > 0 {
+		// The key's item names a run never written, which this dispatch
+		// takes over: a run's tokens are sealed bound to its id.
+		f.revokeMinted(ctx, mintedFor, r.Run.Repository, minted, "the dispatch took over another run id")
+		if minted, err = f.mintForDispatch(ctx, k.fleetRunID, r); err != nil {
+			return DispatchResult{}, err
+		}
+		now = f.clock.Now().UTC()
 	}
 	run := store.Run{
 		FleetRunID:       k.fleetRunID,
@@ -252,14 +272,17 @@ func (f *Fleet) Dispatch(ctx context.Context, c store.Caller, r DispatchRequest,
 		CreatedAt:        now,
 		UpdatedAt:        now,
 		Deadline:         now.Add(f.cfg.HostTimeout),
+		Brokered:         brokeredKeysOf(minted),
 	}
 	if res, done, err := f.createDispatched(ctx, run, k); done {
+		f.revokeMinted(ctx, k.fleetRunID, r.Run.Repository, minted, "an earlier dispatch with this idempotency key answered")
 		return res, err
 	}
 	run.Version = 1
+	credentials := brokeredValues(minted)
 	var refusals []Exclusion
 	for {
-		answer, callErr := f.callStart(ctx, client, startRequest(run, r, decision))
+		answer, callErr := f.callStart(ctx, client, startRequest(run, r, decision, credentials))
 		refusal, transient := transientRefusal(run.HostID, answer, callErr)
 		if transient && r.Host == "" && len(refusals)+1 < MaxDispatchHosts && roomForAnotherHost(ctx, f.cfg.HostTimeout) {
 			next, nextClient, moved, ok := f.moveToNextHost(ctx, c, r, run, append(refusals, refusal))
@@ -272,6 +295,10 @@ func (f *Fleet) Dispatch(ctx context.Context, c store.Caller, r DispatchRequest,
 		res, err := f.recordStartAnswer(ctx, run, answer, callErr)
 		if transient {
 			refusals = append(refusals, refusal)
+		}
+		if err == nil && res.Refused {
+			// Nothing started: the run's tokens have no use.
+			res.Run, _ = f.revokeEnded(ctx, res.Run)
 		}
 		res.Excluded = refusals
 		return res, err
@@ -433,9 +460,10 @@ func (f *Fleet) createDispatched(ctx context.Context, run store.Run, k dispatchK
 }
 
 // startRequest is the host's start of run: the run id as clientToken, its
-// deadline, and r as routing decided it: the local path when the host has
-// it, else the clone URL the repository map gives.
-func startRequest(run store.Run, r DispatchRequest, d Decision) hostproto.StartRequest {
+// deadline, r as routing decided it (the local path when the host has it,
+// else the clone URL the repository map gives), and the values minted for
+// its brokered keys.
+func startRequest(run store.Run, r DispatchRequest, d Decision, credentials []hostproto.BrokeredValue) hostproto.StartRequest {
 	deadline := run.Deadline
 	start := r.Run
 	start.Deadline = &deadline
@@ -443,7 +471,7 @@ func startRequest(run store.Run, r DispatchRequest, d Decision) hostproto.StartR
 	if d.LocalPath == "" {
 		start.CloneURL = d.CloneURL
 	}
-	return hostproto.StartRequest{ClientToken: run.FleetRunID, Request: start}
+	return hostproto.StartRequest{ClientToken: run.FleetRunID, Credentials: credentials, Request: start}
 }
 
 // callStart calls a host with start. The host call outlives a caller that
@@ -595,7 +623,7 @@ func (f *Fleet) reuse(ctx context.Context, it store.Idempotency, hash string, ev
 			return DispatchResult{}, "", inFlight(run.FleetRunID)
 		}
 		if recovered, rerr := f.recover(ctx, run); rerr == nil {
-			run = recovered
+			run, _ = f.revokeEnded(ctx, recovered)
 		} else {
 			f.log.Warn("dispatch: recovery on reuse failed", logRun, run.FleetRunID, logErr, rerr.Error())
 		}

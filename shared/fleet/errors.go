@@ -30,6 +30,9 @@ const (
 	CodeNoEligibleHost      = "no_eligible_host"
 	CodeIdempotencyMismatch = "idempotency_key_reused"
 	CodeInFlight            = "dispatch_in_flight"
+	// CodeCredentialUnavailable: a brokered key of a dispatch could not
+	// be minted; nothing was started (Details: a CredentialRefusal).
+	CodeCredentialUnavailable = "credential_unavailable"
 )
 
 // Error is a failure the caller caused or can act on. Its Message is shown to

@@ -30,6 +30,7 @@ import (
 
 	"github.com/runfleet/runfleet/shared/clock"
 	"github.com/runfleet/runfleet/shared/credentials"
+	"github.com/runfleet/runfleet/shared/emf"
 	"github.com/runfleet/runfleet/shared/hostproto"
 	"github.com/runfleet/runfleet/shared/store"
 )
@@ -86,6 +87,10 @@ type Config struct {
 	// Broker mints the values of brokered keys at dispatch and keeps live
 	// runs' values fresh; nil: no key is brokered.
 	Broker Broker
+	// Metrics receives Fleet's own broker metric lines (fresh values a
+	// host did not take: MetricBrokerFailures); the broker's own events
+	// reach the metrics through its hook (BrokerMetrics). Nil: none.
+	Metrics *emf.Writer
 	// EgressBatch is how many records must be pending on a live run's
 	// host before the sweep mirrors its egress ledger (egress.go); zero is
 	// DefaultEgressBatch.

@@ -53,7 +53,11 @@ func (f *Fleet) Cancel(ctx context.Context, c store.Caller, id string) (Interact
 // live again (a new attempt on the same event sequence). The run is back in
 // the live index before the host is called, so whatever the outcome (an
 // unknown one, or an accepted one Fleet failed to record) the next sweep
-// learns from the host whether the attempt began. Scope as RunFor.
+// learns from the host whether the attempt began. An accepted retry's new
+// attempt gets fresh values of the run's brokered keys that its host
+// lacks, that Fleet revoked at the run's end, or that are expiring
+// (refreshCredentials), at once rather than at the next sweep. Scope as
+// RunFor.
 func (f *Fleet) Retry(ctx context.Context, c store.Caller, id string) (Interaction, error) {
 	return f.interact(ctx, c, id, "retry", func(ctx context.Context, client *hostproto.Client, child string) (*hostproto.Run, error) {
 		r, err := client.Retry(ctx, child)
@@ -124,6 +128,9 @@ func (f *Fleet) interact(ctx context.Context, c store.Caller, id, verb string,
 		})
 		if err != nil {
 			return out, fmt.Errorf("fleet: %s: recording the host's answer for %s: %w", verb, id, err)
+		}
+		if verb == "retry" {
+			stored, _ = f.refreshCredentials(recordCtx, client, stored, hr)
 		}
 		out.Run = stored
 	case undrained && out.Outcome.Accepted == hostproto.Refused && out.Outcome.Code != hostproto.CodeNotRetryable:

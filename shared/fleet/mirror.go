@@ -134,6 +134,7 @@ func (f *Fleet) syncByID(ctx context.Context, id string, mode egressMode) (store
 		return store.Run{}, fmt.Errorf("fleet: reading run %s: %w", id, err)
 	}
 	stored, res := f.syncRun(ctx, run, syncPass{hosts: newHostClients(f), egress: mode})
+	stored, _ = f.revokeEnded(ctx, stored)
 	return stored, res.err
 }
 
@@ -148,6 +149,10 @@ type syncPass struct {
 	extend bool
 	// egress is how the pass treats a live run's ledger (egress.go).
 	egress egressMode
+	// credentials lets the pass send live runs fresh brokered values
+	// (brokered.go): the sweep alone does, so that one refresher at a
+	// time acts for a run (the sweep's lease).
+	credentials bool
 }
 
 // syncOutcome is what syncRun did with a run.
@@ -169,7 +174,9 @@ type syncResult struct {
 	extended  bool // its events' expiry was extended
 	events    int  // events mirrored
 	egress    int  // ledger records mirrored
-	err       error
+	// credentials counts what the pass did with brokered values.
+	credentials credentialCounts
+	err         error
 }
 
 // syncRun brings run up to date from its host. until, when not zero, is the
@@ -272,6 +279,12 @@ func (f *Fleet) syncLive(ctx, hostCtx context.Context, run store.Run, pass syncP
 	if err != nil {
 		return run, f.hostTrouble(run, pass.hosts, "reading the run's state", err)
 	}
+	var cc credentialCounts
+	if pass.credentials && !f.spent(pass) {
+		// Before the events: a task whose value is expiring, or that its
+		// host lost, is failing its calls now.
+		run, cc = f.refreshCredentials(hostCtx, client, run, hr)
+	}
 	p := f.pullEvents(ctx, hostCtx, client, run, pass, res)
 	if p.res.outcome == syncCurrent && p.res.err == nil {
 		eg := f.pullEgress(ctx, hostCtx, client, p.run, hr, pass)
@@ -280,7 +293,9 @@ func (f *Fleet) syncLive(ctx, hostCtx context.Context, run store.Run, pass syncP
 			p.res.outcome, p.res.err = eg.res.outcome, eg.res.err
 		}
 	}
-	return f.recordSync(ctx, hr, p, pass)
+	stored, res := f.recordSync(ctx, hr, p, pass)
+	res.credentials.add(cc)
+	return stored, res
 }
 
 // syncClient returns the client of run's host, or (ok false) the result a

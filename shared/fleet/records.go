@@ -96,3 +96,35 @@ func HealthOf(p store.Probe) hostproto.Health {
 	}
 	return h
 }
+
+// brokeredValues are minted values as the host's start and credentials
+// requests carry them.
+func brokeredValues(values []mintedValue) []hostproto.BrokeredValue {
+	if len(values) == 0 {
+		return nil
+	}
+	out := make([]hostproto.BrokeredValue, len(values))
+	for i, v := range values {
+		out[i] = hostproto.BrokeredValue{ProjectID: v.projectID, Key: v.key, Value: v.minted.Value, ExpiresAt: v.minted.ExpiresAt.UTC()}
+	}
+	return out
+}
+
+// brokeredKeyOf is what a run records of a value minted for it: never the
+// value, only its expiry and, for the run's own token, its sealed form.
+func brokeredKeyOf(v mintedValue) store.BrokeredKey {
+	return store.BrokeredKey{ProjectID: v.projectID, Key: v.key, Kind: v.kind, ExpiresAt: v.minted.ExpiresAt.UTC(), Sealed: v.minted.Sealed}
+}
+
+// brokeredKeysOf are the records of values minted at dispatch; nil when
+// none.
+func brokeredKeysOf(values []mintedValue) []store.BrokeredKey {
+	if len(values) == 0 {
+		return nil
+	}
+	out := make([]store.BrokeredKey, len(values))
+	for i, v := range values {
+		out[i] = brokeredKeyOf(v)
+	}
+	return out
+}

@@ -41,6 +41,7 @@ func (f *Fleet) Run(ctx context.Context, c store.Caller, id string) (RunState, e
 		return RunState{}, err
 	}
 	st := f.runState(ctx, run)
+	st.Run, _ = f.revokeEnded(ctx, st.Run)
 	head, err := f.egressHead(ctx, run)
 	if err != nil {
 		return RunState{}, err

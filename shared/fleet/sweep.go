@@ -105,6 +105,13 @@ type SweepReport struct {
 	Extended int `json:"extended"`
 	// Skipped counts runs left unread because the budget ran out.
 	Skipped int `json:"skipped"`
+	// Credentials counts the fresh brokered values live runs' hosts took
+	// (brokered.go), Revoked the runs' tokens revoked, and
+	// CredentialFailures the mints, deliveries and revocations that
+	// failed (each logged).
+	Credentials        int `json:"credentials,omitempty"`
+	Revoked            int `json:"revoked,omitempty"`
+	CredentialFailures int `json:"credentialFailures,omitempty"`
 	// BudgetExhausted: the sweep stopped at its budget (Until or MaxRuns)
 	// before it had been once round the live index.
 	BudgetExhausted bool `json:"budgetExhausted"`
@@ -389,13 +396,18 @@ func (f *Fleet) sweepOne(ctx context.Context, id string, hosts *hostClients, unt
 		f.log.Error("sweep: reading a run", logRun, id, logErr, err.Error())
 		return syncResult{outcome: syncFailed, err: err}
 	}
-	_, res := f.syncRun(ctx, run, syncPass{hosts: hosts, until: until, extend: true, egress: egressBatched})
+	stored, res := f.syncRun(ctx, run, syncPass{hosts: hosts, until: until, extend: true, egress: egressBatched, credentials: true})
+	_, revoked := f.revokeEnded(ctx, stored)
+	res.credentials.add(revoked)
 	return res
 }
 
 func (r *SweepReport) count(res syncResult) {
 	r.Events += res.events
 	r.Egress += res.egress
+	r.Credentials += res.credentials.refreshed
+	r.Revoked += res.credentials.revoked
+	r.CredentialFailures += res.credentials.failures
 	if res.recovered {
 		r.Recovered++
 	}

@@ -1,8 +1,9 @@
 // Package fleetapp assembles Fleet from its configuration: the store
 // (DynamoDB, or bbolt through Deps.OpenBolt), the credential source, the
-// admin token, the domain, and its four handlers (the API, the stream, the
-// scheduled probe and sweep). The Lambda functions and the local stack
-// build Fleet only through it, so both run the same thing.
+// admin token, the broker of the keys Fleet mints, the domain, and its four
+// handlers (the API, the stream, the scheduled probe and sweep). The Lambda
+// functions and the local stack build Fleet only through it, so both run
+// the same thing.
 //
 // No Lambda function links bbolt: the bolt store is opened by a function
 // the local stack (and tests) pass in, never by this package.
@@ -28,6 +29,7 @@ import (
 	"github.com/runfleet/runfleet/shared/clock"
 	"github.com/runfleet/runfleet/shared/config"
 	"github.com/runfleet/runfleet/shared/credentials"
+	"github.com/runfleet/runfleet/shared/emf"
 	"github.com/runfleet/runfleet/shared/fleet"
 	"github.com/runfleet/runfleet/shared/hostproto"
 	"github.com/runfleet/runfleet/shared/lambdahttp"
@@ -65,13 +67,22 @@ type Deps struct {
 	LoadAWS func(ctx context.Context) (aws.Config, error)
 	// Meter, when set, prices a DynamoDB store's calls (benchmarks only).
 	Meter *dynamostore.Meter
-	// Metrics receives the scheduled jobs' CloudWatch EMF metric lines
-	// (scheduled.Config.Metrics): stdout in Lambda; nil: none.
+	// Metrics receives Fleet's CloudWatch EMF metric lines (the scheduled
+	// jobs' and the broker's, through one emf.Writer): stdout in Lambda;
+	// nil: none.
 	Metrics io.Writer
 	// StreamParked is the Parked hook of the stream and of the events
 	// route's long-poll (stream.Config, api.Config), for tests that drive
 	// a fake clock; nil: none.
 	StreamParked func(ctx context.Context)
+	// Broker, when set, is the broker Fleet mints brokered keys with, in
+	// place of the one RUNFLEET_BROKER configures (tests inject their
+	// own); nil: RUNFLEET_BROKER's, or none.
+	Broker fleet.Broker
+	// BrokerHTTP is the client the broker calls the providers (GitHub,
+	// token endpoints) with; nil: the broker's default. Tests trust their
+	// fake providers' CA through it.
+	BrokerHTTP *http.Client
 	// Scheduled says the process runs only the scheduled probe and sweep,
 	// which authenticate no caller: the admin token is neither read nor
 	// missed. False (the api, the stream, the local stack): it is read,
@@ -145,7 +156,7 @@ func New(ctx context.Context, cfg config.Fleet, deps Deps) (*App, error) {
 		return nil, err
 	}
 	app.AdminConfigured = plan.source != adminNone
-	if err := app.assemble(cfg, deps, admin); err != nil {
+	if err := app.assemble(ctx, cfg, deps, clients, admin); err != nil {
 		return nil, err
 	}
 	ok = true
@@ -296,10 +307,15 @@ func openAdminToken(ctx context.Context, source adminSource, cfg config.Fleet, c
 	return auth.StaticAdminToken(""), nil
 }
 
-// assemble builds the domain on the opened store and credentials, and its
-// handlers: the API, the stream and the scheduled jobs.
-func (a *App) assemble(cfg config.Fleet, deps Deps, admin auth.AdminTokenSource) error {
+// assemble builds the domain on the opened store and credentials, with the
+// broker, and its handlers: the API, the stream and the scheduled jobs.
+func (a *App) assemble(ctx context.Context, cfg config.Fleet, deps Deps, clients *awsClients, admin auth.AdminTokenSource) error {
 	repos, err := fleet.LoadRepoURLs(cfg.RepoURLsPath())
+	if err != nil {
+		return err
+	}
+	metrics := emf.New(deps.Metrics)
+	b, err := a.openBroker(ctx, cfg, deps, clients, metrics)
 	if err != nil {
 		return err
 	}
@@ -307,7 +323,7 @@ func (a *App) assemble(cfg config.Fleet, deps Deps, admin auth.AdminTokenSource)
 		Store: a.Store, Credentials: a.Credentials, Logger: deps.Logger, Clock: deps.Clock,
 		Random: deps.Random, DialContext: deps.DialContext, HostTimeout: cfg.HostTimeout,
 		ProbeTimeout: cfg.ProbeTimeout, ProbeMaxAge: cfg.ProbeMaxAge, ProbeConcurrency: cfg.ProbeConcurrency,
-		Retention: cfg.Retention(), RepoURLs: repos,
+		Retention: cfg.Retention(), RepoURLs: repos, Broker: b, Metrics: metrics,
 	})
 	if err != nil {
 		return err
@@ -327,7 +343,7 @@ func (a *App) assemble(cfg config.Fleet, deps Deps, admin auth.AdminTokenSource)
 	if err != nil {
 		return err
 	}
-	a.Jobs, err = scheduled.New(scheduled.Config{Fleet: a.Fleet, Logger: deps.Logger, Clock: deps.Clock, Metrics: deps.Metrics})
+	a.Jobs, err = scheduled.New(scheduled.Config{Fleet: a.Fleet, Logger: deps.Logger, Clock: deps.Clock, Metrics: metrics})
 	return err
 }
 

@@ -365,3 +365,30 @@ func TestStoreSetting(t *testing.T) {
 		}
 	}
 }
+
+// TestTheBrokerIsReadAtStart: RUNFLEET_BROKER's recipes are read when Fleet
+// starts: a bad recipe fails the start naming the variable and the field,
+// an empty document is no broker.
+func TestTheBrokerIsReadAtStart(t *testing.T) {
+	dir := t.TempDir()
+	creds := filepath.Join(dir, "creds.json")
+	os.WriteFile(creds, []byte(`{}`), 0o600)
+	recipes := filepath.Join(dir, "broker.json")
+	start := func(doc string) error {
+		t.Helper()
+		os.WriteFile(recipes, []byte(doc), 0o600)
+		cfg := fromEnv(t, map[string]string{config.EnvCredentials: "file:" + creds, config.EnvBroker: "file:" + recipes})
+		app, err := New(context.Background(), cfg, Deps{Logger: discard(), OpenBolt: openBolt, DefaultStore: "bolt:" + filepath.Join(dir, "fleet.db")})
+		if err == nil {
+			app.Close()
+		}
+		return err
+	}
+	err := start(`{"acme/GITHUB_TOKEN": {"githubApp": {"privateKeySecret": "file:app.pem", "installationId": 7, "permissions": {"contents": "write"}}}}`)
+	if err == nil || !strings.Contains(err.Error(), `RUNFLEET_BROKER: "acme/GITHUB_TOKEN".githubApp.appId`) {
+		t.Fatalf("a recipe without its appId: %v, want the start refused naming the field", err)
+	}
+	if err := start(`{}`); err != nil {
+		t.Fatalf("no recipe: %v", err)
+	}
+}

@@ -8,15 +8,21 @@ package scheduled
 import (
 	"context"
 	"errors"
-	"io"
 	"log/slog"
 	"time"
 
 	"github.com/aws/aws-lambda-go/events"
 
 	"github.com/runfleet/runfleet/shared/clock"
+	"github.com/runfleet/runfleet/shared/emf"
 	"github.com/runfleet/runfleet/shared/fleet"
 )
+
+// MetricSweepLagSeconds is the sweep's lag metric (namespace emf.Namespace,
+// no dimensions): CloudWatch Logs extracts it from the EMF line the sweep
+// writes once per invocation, and the alarm in template.yaml reads exactly
+// this name.
+const MetricSweepLagSeconds = "SweepLagSeconds"
 
 // Defaults for Config's zero values.
 const (
@@ -63,7 +69,7 @@ type Config struct {
 	// Metrics receives the jobs' CloudWatch Embedded Metric Format lines
 	// (the sweep's SweepLagSeconds, once per invocation): stdout in Lambda,
 	// where CloudWatch Logs extracts them. Nil: none written.
-	Metrics io.Writer
+	Metrics *emf.Writer
 }
 
 // Validate reports a missing required field.
@@ -160,7 +166,8 @@ func (j *Jobs) Sweep(ctx context.Context, _ events.EventBridgeEvent) (fleet.Swee
 	attrs := []any{logReport, rep, logBudget, until.Sub(begun).Milliseconds(),
 		logDuration, j.clock.Now().Sub(begun).Milliseconds()}
 	if rep.Lap > 0 && j.cfg.Metrics != nil {
-		if merr := writeEMF(j.cfg.Metrics, j.clock.Now(), MetricSweepLagSeconds, "Seconds", rep.LagSeconds); merr != nil {
+		lag := emf.Metric{Name: MetricSweepLagSeconds, Unit: emf.UnitSeconds, Value: rep.LagSeconds}
+		if merr := j.cfg.Metrics.Write(j.clock.Now(), lag); merr != nil {
 			j.log.ErrorContext(ctx, "scheduled sweep: writing the lag metric", logErr, merr.Error())
 		}
 	}

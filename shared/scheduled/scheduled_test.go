@@ -15,6 +15,7 @@ import (
 
 	"github.com/runfleet/runfleet/shared/clock"
 	"github.com/runfleet/runfleet/shared/credentials"
+	"github.com/runfleet/runfleet/shared/emf"
 	"github.com/runfleet/runfleet/shared/fleet"
 	"github.com/runfleet/runfleet/shared/runspec"
 	"github.com/runfleet/runfleet/shared/store"
@@ -154,7 +155,7 @@ func TestSweepWritesItsLagAsOneEMFLine(t *testing.T) {
 		t.Fatal(err)
 	}
 	var metrics syncbuf.Buffer
-	jobs, err := New(Config{Fleet: e.f, Logger: slog.New(slog.NewJSONHandler(io.Discard, nil)), Clock: e.clk, Metrics: &metrics})
+	jobs, err := New(Config{Fleet: e.f, Logger: slog.New(slog.NewJSONHandler(io.Discard, nil)), Clock: e.clk, Metrics: emf.New(&metrics)})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -111,6 +111,8 @@ type Host struct {
 	ledgers   map[string]*ledger
 	signer    ed25519.PrivateKey
 	holdSeals bool
+
+	creds credentialState
 }
 
 type refusal struct {
@@ -133,6 +135,7 @@ func New(cfg Config) *Host {
 		requests: map[string]int{},
 		ledgers:  map[string]*ledger{},
 		noLedger: cfg.NoLedger,
+		creds:    newCredentialState(),
 	}
 	if h.token == "" {
 		h.token = "host-token"
@@ -169,6 +172,7 @@ func New(cfg Config) *Host {
 	h.mux.HandleFunc("POST /runs/{id}/input", h.handleInput)
 	h.mux.HandleFunc("POST /runs/{id}/cancel", h.handleCancel)
 	h.mux.HandleFunc("POST /runs/{id}/retry", h.handleRetry)
+	h.mux.HandleFunc("PUT /runs/{id}/credentials", h.handleCredentials)
 	h.mux.HandleFunc("GET /metrics", h.handleMetrics)
 	h.mux.HandleFunc("POST /host/drain", h.handleDrain(true))
 	h.mux.HandleFunc("POST /host/resume", h.handleDrain(false))
@@ -401,6 +405,7 @@ func (h *Host) Forget(runID string) {
 		delete(h.runs, runID)
 		delete(h.events, runID)
 		delete(h.ledgers, runID)
+		h.creds.forgetLocked(runID)
 	}
 }
 
@@ -507,6 +512,7 @@ func (h *Host) handleStart(w http.ResponseWriter, r *http.Request) {
 	h.runs[run.RunID] = run
 	h.byToken[req.ClientToken] = run.RunID
 	h.starts = append(h.starts, req)
+	h.creds.startLocked(run.RunID, req.Credentials)
 	h.appendStateLocked(run)
 	answer := *run
 	h.mu.Unlock()
