@@ -147,8 +147,12 @@ func printKeys(w io.Writer, p *policy.Policy) {
 				k.Ref, strings.Join(domains, ", "), sk.User, strings.Join(sk.Allow, ", "), repos, len(sk.KnownHosts))
 			continue
 		}
-		fmt.Fprintf(w, "%s: domains %s; substituted in %s; placeholder %q + %d letters and digits%s\n",
-			k.Ref, strings.Join(domains, ", "), k.In, k.Placeholder.Prefix, k.Placeholder.Length-len(k.Placeholder.Prefix), rulesNote(k))
+		source := ""
+		if k.Source == policy.SourceFleet {
+			source = "; value from Fleet, per run (never the secrets source)"
+		}
+		fmt.Fprintf(w, "%s: domains %s; substituted in %s; placeholder %q + %d letters and digits%s%s\n",
+			k.Ref, strings.Join(domains, ", "), k.In, k.Placeholder.Prefix, k.Placeholder.Length-len(k.Placeholder.Prefix), source, rulesNote(k))
 	}
 }
 

@@ -159,6 +159,18 @@ config ok: <path>: 3 key(s), 1 agent(s)
 	unchanged(t, "edge config check", dir, before)
 }
 
+// A key that takes its value from Fleet says so in the check's line for
+// it (issue 33).
+func TestConfigCheckSaysWhichKeysTakeTheirValueFromFleet(t *testing.T) {
+	t.Setenv("EDGE_SECRETS_PROXY", "")
+	_, path := checkTree(t, strings.Replace(goodConfig, `"placeholder": {"prefix": "sk-"}}`, `"placeholder": {"prefix": "sk-"}, "source": "fleet"}`, 1))
+	code, out, errOut := runEdge("config", "check", "--config", path)
+	want := `acme/OPENAI_API_KEY: domains api.openai.com; substituted in header; placeholder "sk-" + 45 letters and digits; value from Fleet, per run (never the secrets source)` + "\n"
+	if code != 0 || !strings.Contains(out, want) || errOut != "" {
+		t.Fatalf("edge config check: exit %d, stderr %q, stdout\n%s\nwant exit 0 and the line\n%s", code, errOut, out, want)
+	}
+}
+
 // Each broken config is refused by edge config check with every problem
 // listed, each at its JSON path, and by edge serve with the same list and
 // nothing written: the folder holding the config and the data dir (when
@@ -199,6 +211,10 @@ func TestBrokenConfigsAreRefusedByCheckAndServeAlike(t *testing.T) {
 				"api.tokenFile: <dir>/host-token is readable by every user (mode 0644), tasks included; make it private (chmod o-rwx)",
 				`secrets.file: secrets file <dir>/secrets.json: ["acme/K"]: the key is given more than once (JSON keys must be unique)`,
 			},
+		},
+		"a key of kind aws taking its value from Fleet": {
+			config: strings.Replace(goodConfig, `"DEPLOY": {"kind": "aws",`, `"DEPLOY": {"kind": "aws", "source": "fleet",`, 1),
+			want:   []string{`policy.projects.acme.keys.DEPLOY.source: "fleet" is only for a key sent as its value, not one of "kind": "aws": its value never travels, so Fleet has none to give it`},
 		},
 		"a key given twice": {
 			config: strings.Replace(goodConfig, `"runner": {"user": "nobody"}`, `"runner": {"user": "nobody", "user": "root"}`, 1),

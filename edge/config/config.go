@@ -302,6 +302,13 @@ type KeyPolicy struct {
 	Kind string `json:"kind,omitempty"`
 	// Domains the key may reach: "name" (port 443) or "name:port".
 	Domains []string `json:"domains"`
+	// Source is where the key's real value comes from: empty (the
+	// default) for the host's secrets source (Secrets), or "fleet" for
+	// the value Fleet mints for each run and sends with its start (and
+	// again before it expires), which edge holds in memory for that run
+	// alone and never reads from its own sources. Only for a key of no
+	// kind: an aws or ssh key never sends its value.
+	Source string `json:"source,omitempty"`
 	// In lists where substitution happens: "header" (the default), "url",
 	// "body". Not for kind "aws".
 	In []string `json:"in,omitempty"`

@@ -47,16 +47,36 @@ func (b proxyBroker) Ungranted(declared []runspec.Declared) (string, string) {
 	return "the declared secrets", err.Error()
 }
 
-// Register registers the task and returns its placeholders by key name and
+// CheckCredentials asks the proxy whether the policy in force takes from
+// Fleet exactly the keys given values, and returns the policy's sentence
+// naming the first that disagrees.
+func (b proxyBroker) CheckCredentials(declared []runspec.Declared, given []runner.Credential, complete bool) string {
+	refs := make([]policy.KeyRef, len(given))
+	for i, c := range given {
+		refs[i] = policy.KeyRef{Project: c.ProjectID, Key: c.Key}
+	}
+	if r := b.proxy.CheckFleetValues(declared, refs, complete); r != nil {
+		return r.Reason
+	}
+	return ""
+}
+
+// Register registers the task, gives it the values from Fleet it came
+// with, and returns its placeholders by key name and
 // RUNFLEET_PROXIED_KEYS. A key the policy stopped granting since the
 // admission's check is a key_not_granted refusal.
-func (b proxyBroker) Register(runID string, declared []runspec.Declared) (runner.TaskSecrets, error) {
+func (b proxyBroker) Register(runID string, declared []runspec.Declared, creds []runner.Credential) (runner.TaskSecrets, error) {
 	if err := b.proxy.Register(runID, declared); err != nil {
 		var notGranted *policy.NotGrantedError
 		if errors.As(err, &notGranted) {
 			return runner.TaskSecrets{}, &runner.Refusal{Reason: hostproto.ReasonKeyNotGranted, Detail: notGranted.Error()}
 		}
 		return runner.TaskSecrets{}, err
+	}
+	if len(creds) > 0 {
+		if err := b.proxy.SetCredentials(runID, proxyCredentials(creds)); err != nil {
+			return runner.TaskSecrets{}, err
+		}
 	}
 	keys, err := b.proxy.TaskKeys(runID)
 	if err != nil {
@@ -79,6 +99,25 @@ func (b proxyBroker) Register(runID string, declared []runspec.Declared) (runner
 		ts.Placeholders[k.Var] = k.Placeholder
 	}
 	return ts, nil
+}
+
+// PutCredentials replaces the run's values from Fleet in the proxy.
+func (b proxyBroker) PutCredentials(runID string, creds []runner.Credential) error {
+	return b.proxy.SetCredentials(runID, proxyCredentials(creds))
+}
+
+// MissingCredentials asks the proxy which keys the run takes from Fleet
+// it holds no usable value for.
+func (b proxyBroker) MissingCredentials(runID string, declared []runspec.Declared) []string {
+	return b.proxy.MissingCredentials(runID, declared)
+}
+
+func proxyCredentials(creds []runner.Credential) []proxy.Credential {
+	out := make([]proxy.Credential, len(creds))
+	for i, c := range creds {
+		out[i] = proxy.Credential{Ref: policy.KeyRef{Project: c.ProjectID, Key: c.Key}, Value: c.Value, ExpiresAt: c.ExpiresAt}
+	}
+	return out
 }
 
 // Registered reports whether the proxy still holds the task.

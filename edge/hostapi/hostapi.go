@@ -124,6 +124,7 @@ func New(cfg Config) (*API, error) {
 	a.mux.HandleFunc("POST /runs/{id}/input", a.input)
 	a.mux.HandleFunc("POST /runs/{id}/cancel", a.cancel)
 	a.mux.HandleFunc("POST /runs/{id}/retry", a.retry)
+	a.mux.HandleFunc("PUT /runs/{id}/credentials", a.putCredentials)
 	a.mux.HandleFunc("POST /host/drain", a.drain)
 	a.mux.HandleFunc("POST /host/resume", a.resume)
 	a.mux.Handle("GET /metrics", promhttp.HandlerFor(cfg.Gatherer, promhttp.HandlerOpts{ErrorLog: slog.NewLogLogger(cfg.Logger.Handler(), slog.LevelError)}))
@@ -307,6 +308,18 @@ func (a *API) retry(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	a.answerRun(w, http.StatusOK)(a.cfg.Runner.Retry(r.PathValue("id")))
+}
+
+// putCredentials is PUT /runs/{id}/credentials: fresh values from Fleet
+// for the run's keys the policy takes from Fleet (hostproto's
+// CredentialsRequest says what it answers).
+func (a *API) putCredentials(w http.ResponseWriter, r *http.Request) {
+	var req hostproto.CredentialsRequest
+	if _, err := decodeBody(w, r, &req); err != nil {
+		a.fail(w, err)
+		return
+	}
+	a.answerRun(w, http.StatusOK)(a.cfg.Runner.PutCredentials(r.PathValue("id"), credentialsOf(req.Credentials)))
 }
 
 func (a *API) drain(w http.ResponseWriter, r *http.Request) {

@@ -166,7 +166,7 @@ func TestEveryRouteRequiresTheBearerToken(t *testing.T) {
 	routes := []struct{ method, path string }{
 		{"GET", "/healthz"}, {"POST", "/runs"}, {"GET", "/runs?clientToken=x"}, {"GET", "/runs/x"},
 		{"GET", "/runs/x/events"}, {"GET", "/runs/x/egress"}, {"POST", "/runs/x/input"}, {"POST", "/runs/x/cancel"}, {"POST", "/runs/x/retry"},
-		{"POST", "/host/drain"}, {"POST", "/host/resume"}, {"GET", "/metrics"}, {"GET", "/nowhere"},
+		{"PUT", "/runs/x/credentials"}, {"POST", "/host/drain"}, {"POST", "/host/resume"}, {"GET", "/metrics"}, {"GET", "/nowhere"},
 	}
 	for _, rt := range routes {
 		for _, auth := range []string{"", "Bearer wrong", "Bearer " + token + "x", token} {
@@ -463,6 +463,19 @@ func TestBadRequestsNameTheField(t *testing.T) {
 		{"POST", "/runs/" + run.RunID + "/cancel", `{"why": 1, "why": 2}`, 400, hostproto.CodeInvalidJSON, "why"},
 		{"POST", "/runs/" + run.RunID + "/retry", `{"why": 1, "why": 2}`, 400, hostproto.CodeInvalidJSON, "why"},
 		{"POST", "/runs/" + run.RunID + "/retry", `{"why":`, 400, hostproto.CodeInvalidJSON, "truncated"},
+		// Values from Fleet: each for a well-formed key the run declares,
+		// once, not empty; a value never quoted.
+		{"POST", "/runs", `{"clientToken": "cred-1", "agent": "shell", "credentials": [{"projectId": "acme", "key": "GH", "value": "sk-live-secret"}]}`, 400, hostproto.CodeBadRequest, "credentials[0]: acme/GH is not a secret the run declares"},
+		{"POST", "/runs", `{"clientToken": "cred-2", "agent": "shell", "secrets": [{"projectId": "acme", "key": "GH", "domains": ["a.example"]}], "credentials": [{"projectId": "ac/me", "key": "GH", "value": "sk-live-secret"}]}`, 400, hostproto.CodeBadRequest, "credentials[0].projectId"},
+		{"POST", "/runs", `{"clientToken": "cred-3", "agent": "shell", "secrets": [{"projectId": "acme", "key": "GH", "domains": ["a.example"]}], "credentials": [{"projectId": "acme", "key": "G-H", "value": "sk-live-secret"}]}`, 400, hostproto.CodeBadRequest, "credentials[0].key"},
+		{"POST", "/runs", `{"clientToken": "cred-4", "agent": "shell", "secrets": [{"projectId": "acme", "key": "GH", "domains": ["a.example"]}], "credentials": [{"projectId": "acme", "key": "GH", "value": "sk-live-secret"}, {"projectId": "acme", "key": "GH", "value": "sk-live-secret2"}]}`, 400, hostproto.CodeBadRequest, "credentials[1]: acme/GH is given more than once"},
+		{"POST", "/runs", `{"clientToken": "cred-5", "agent": "shell", "secrets": [{"projectId": "acme", "key": "GH", "domains": ["a.example"]}], "credentials": [{"projectId": "acme", "key": "GH", "value": ""}]}`, 400, hostproto.CodeBadRequest, "credentials[0].value: the value of acme/GH is empty"},
+		{"POST", "/runs", `{"clientToken": "cred-6", "agent": "shell", "credentials": [{"projectId": "acme", "key": "GH", "value": 5}]}`, 400, hostproto.CodeBadRequest, "credentials.value: want a string"},
+		{"PUT", "/runs/nope/credentials", `{"credentials": [{"projectId": "acme", "key": "GH", "value": "sk-live-secret"}]}`, 404, hostproto.CodeRunNotFound, "no such run"},
+		{"PUT", "/runs/" + run.RunID + "/credentials", `{"credentials": []}`, 400, hostproto.CodeBadRequest, "credentials: is required"},
+		{"PUT", "/runs/" + run.RunID + "/credentials", `{"credentials": [{"projectId": "acme", "key": "GH", "value": "sk-live-secret"}]}`, 400, hostproto.CodeBadRequest, "credentials[0]: acme/GH is not a secret the run declares"},
+		{"PUT", "/runs/" + run.RunID + "/credentials", `{"credentials": [{"projectId": "acme", "key": "GH", "value": "a", "value": "sk-live-secret"}]}`, 400, hostproto.CodeInvalidJSON, "credentials[0].value: the key is given more than once"},
+		{"PUT", "/runs/" + run.RunID + "/credentials", ``, 400, hostproto.CodeInvalidJSON, "body: is empty"},
 		{"POST", "/host/drain", `{"why": 1, "why": 2}`, 400, hostproto.CodeInvalidJSON, "why"},
 		{"POST", "/host/resume", `{"why": 1, "why": 2}`, 400, hostproto.CodeInvalidJSON, "why"},
 	}
@@ -481,7 +494,7 @@ func TestBadRequestsNameTheField(t *testing.T) {
 			t.Errorf("%s %s answered %d %s; want %d %s mentioning %q", tt.method, tt.path[:min(len(tt.path), 60)], resp.StatusCode, b[:min(len(b), 200)], tt.status, tt.code, tt.mention)
 		}
 	}
-	for _, token := range []string{"dup-1", "dup-2", "dup-3"} {
+	for _, token := range []string{"dup-1", "dup-2", "dup-3", "cred-1", "cred-2", "cred-3", "cred-4", "cred-5", "cred-6"} {
 		if _, ok, _ := e.client.FindByClientToken(ctx, token); ok {
 			t.Errorf("the start with a key given twice (%s) left a run", token)
 		}

@@ -4,6 +4,7 @@ import (
 	"github.com/runfleet/runfleet/edge/ledger"
 	"github.com/runfleet/runfleet/edge/runlog"
 	"github.com/runfleet/runfleet/edge/runner"
+	"github.com/runfleet/runfleet/edge/secrets"
 	"github.com/runfleet/runfleet/shared/egress"
 	"github.com/runfleet/runfleet/shared/hostproto"
 )
@@ -13,9 +14,22 @@ import (
 // change here, not a migration of what edge has stored.
 
 // specOf is the start a POST /runs body asks for: the run request as it
-// came, and its token.
+// came, its token and the values Fleet sent with it.
 func specOf(req hostproto.StartRequest) runner.Spec {
-	return runner.Spec{ClientToken: req.ClientToken, Request: req.Request}
+	return runner.Spec{ClientToken: req.ClientToken, Credentials: credentialsOf(req.Credentials), Request: req.Request}
+}
+
+// credentialsOf is the values Fleet sent, each leaving the wire's
+// SecretString for the type that guards it on edge's side.
+func credentialsOf(wire []hostproto.BrokeredValue) []runner.Credential {
+	if len(wire) == 0 {
+		return nil
+	}
+	out := make([]runner.Credential, len(wire))
+	for i, b := range wire {
+		out[i] = runner.Credential{ProjectID: b.ProjectID, Key: b.Key, Value: secrets.NewValue(string(b.Value)), ExpiresAt: b.ExpiresAt}
+	}
+	return out
 }
 
 // wireRun is a run as the protocol shows it.
@@ -23,6 +37,7 @@ func wireRun(run runner.Run) hostproto.Run {
 	return hostproto.Run{
 		RunID: run.RunID, ClientToken: run.ClientToken, Status: run.Status, Attempt: run.Attempt,
 		ExitCode: run.ExitCode, Reason: run.Reason, Detail: run.Detail, Reused: run.Reused,
+		MissingCredentials: run.MissingCredentials,
 	}
 }
 

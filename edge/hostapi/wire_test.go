@@ -2,6 +2,7 @@ package hostapi
 
 import (
 	"encoding/json"
+	"os"
 	"testing"
 	"time"
 
@@ -9,6 +10,7 @@ import (
 	"github.com/runfleet/runfleet/edge/runner"
 	"github.com/runfleet/runfleet/shared/hostproto"
 	"github.com/runfleet/runfleet/shared/runspec"
+	"github.com/runfleet/runfleet/tests/kit/leakcheck"
 )
 
 // A start with every field set is stored as the run log stored it when the
@@ -36,6 +38,45 @@ func TestAStartIsStoredAsTheWireRequestWas(t *testing.T) {
 	}
 }
 
+// The values from Fleet a start carries are no part of the run's record:
+// it is stored as the wire request without them, and no byte of the run
+// log, the run's events or the answer holds a value.
+func TestAStartsValuesFromFleetAreStoredNowhere(t *testing.T) {
+	e := newEdge(t)
+	const value = "ghs_valueFromFleet0123456789abcdefABCDEF"
+	req := hostproto.StartRequest{ClientToken: "with-values", Request: runspec.Request{Agent: "shell", Prompt: "true",
+		Secrets: []runspec.Secret{{ProjectID: "acme", Key: "GH", Domains: []string{"api.github.com"}}}},
+		Credentials: []hostproto.BrokeredValue{{ProjectID: "acme", Key: "GH", Value: value, ExpiresAt: time.Now().Add(time.Hour)}}}
+	run, err := e.client.Start(ctx, req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	// This edge has no proxy: refused, and the refusal recorded.
+	if run.Reason != hostproto.ReasonBrokerNotReady {
+		t.Fatalf("the start answered %+v, want broker_not_ready", run)
+	}
+	rec, err := e.runs.Get(run.RunID)
+	if err != nil {
+		t.Fatal(err)
+	}
+	got, _ := json.Marshal(rec.Request)
+	bare := req
+	bare.Credentials = nil
+	want, _ := json.Marshal(bare)
+	if string(got) != string(want) {
+		t.Fatalf("stored request\n%s\nwant the wire request without its values\n%s", got, want)
+	}
+	events, _ := json.Marshal(e.allEvents(run.RunID, 100))
+	e.down()
+	db, err := os.ReadFile(e.dbPath)
+	if err != nil {
+		t.Fatal(err)
+	}
+	real := leakcheck.Real{Key: "the value from Fleet", Value: value, Public: len("ghs_")}
+	leakcheck.AssertClean(t, "the run log", db, real)
+	leakcheck.AssertClean(t, "the run's events", events, real)
+}
+
 // Runs, event pages, limits and storage answer the protocol's JSON, every
 // field carried, lists never null.
 func TestTheAnswersAreTheWireJSON(t *testing.T) {
@@ -49,6 +90,8 @@ func TestTheAnswersAreTheWireJSON(t *testing.T) {
 			`{"runId":"run-1","clientToken":"tok","status":"failed","attempt":2,"exitCode":3,"reason":"timed_out","detail":"too long","reused":true}`},
 		"bare run": {wireRun(runner.Run{RunID: "run-1", ClientToken: "tok", Status: "pending", Attempt: 1}),
 			`{"runId":"run-1","clientToken":"tok","status":"pending","attempt":1}`},
+		"a live run missing values from Fleet": {wireRun(runner.Run{RunID: "run-1", ClientToken: "tok", Status: "running", Attempt: 2, MissingCredentials: []string{"acme/GH", "acme/OAUTH"}}),
+			`{"runId":"run-1","clientToken":"tok","status":"running","attempt":2,"missingCredentials":["acme/GH","acme/OAUTH"]}`},
 		"no runs": {hostproto.RunList{Runs: wireRuns([]runner.Run{})}, `{"runs":[]}`},
 		"page": {wirePage(runlog.Page{Events: []runlog.Event{{Sequence: 4, Type: "output", Data: json.RawMessage(`"hi"`), TS: ts}}, NextCursor: 4, HasMore: true}),
 			`{"events":[{"sequence":4,"type":"output","data":"hi","ts":"2026-11-30T12:00:00Z"}],"nextCursor":4,"hasMore":true}`},

@@ -11,8 +11,11 @@ import (
 // Granted is a key a task may use right now: the host's key, its domains
 // narrowed to those the task declared.
 type Granted struct {
-	Ref         KeyRef
-	Domains     []Domain
+	Ref     KeyRef
+	Domains []Domain
+	// Source is where the key's value comes from: the host's sources, or
+	// the run's values from Fleet (SourceFleet).
+	Source      Source
 	In          Location
 	Placeholder Shape
 	// AWS is the key's bounds when it is of kind aws, nil otherwise.
@@ -65,9 +68,39 @@ func (p *Policy) Grant(declared []runspec.Declared) (granted []Granted, refused 
 			}
 			continue
 		}
-		granted = append(granted, Granted{Ref: ref, Domains: domains, In: k.In, Placeholder: k.Placeholder, AWS: k.AWS, SSH: k.SSH, Rules: k.Rules})
+		granted = append(granted, Granted{Ref: ref, Domains: domains, Source: k.Source, In: k.In, Placeholder: k.Placeholder, AWS: k.AWS, SSH: k.SSH, Rules: k.Rules})
 	}
 	return refuseEnvClashes(granted, refused)
+}
+
+// CheckFleetValues is admission's check of the keys Fleet sent a run's
+// values for (given) against the run's declared keys and the policy: a
+// value is taken only for a key the policy takes from Fleet (SourceFleet),
+// and when complete (a start, which carries every value Fleet minted for
+// the run) every declared key the policy takes from Fleet must have one,
+// since Fleet sends none for a key it has no recipe for. It returns the
+// first refusal, given keys first, nil when there is none; its Reason is a
+// whole sentence naming the key (never a value).
+func (p *Policy) CheckFleetValues(declared []runspec.Declared, given []KeyRef, complete bool) *Refusal {
+	for _, ref := range given {
+		k, ok := p.keys[ref]
+		switch {
+		case !ok:
+			return &Refusal{ref, fmt.Sprintf("this host's policy does not proxy %s, so it takes no value from Fleet for it", ref)}
+		case k.Source != SourceFleet:
+			return &Refusal{ref, fmt.Sprintf("the host's policy takes %s from its own sources, not from Fleet", ref)}
+		}
+	}
+	if !complete {
+		return nil
+	}
+	for _, d := range declared {
+		ref := KeyRef{Project: d.ProjectID, Key: d.Key}
+		if k, ok := p.keys[ref]; ok && k.Source == SourceFleet && !slices.Contains(given, ref) {
+			return &Refusal{ref, fmt.Sprintf("the host's policy takes %s from Fleet, and Fleet sent no value for it (Fleet has no recipe for it)", ref)}
+		}
+	}
+	return nil
 }
 
 // domainRefusal names the domain refused with its port (a name alone is

@@ -62,6 +62,31 @@ type Shape struct {
 	Length int
 }
 
+// Source is where a key's real value comes from.
+type Source uint8
+
+const (
+	// SourceHost: the host's secrets source (a file, or Secrets Manager),
+	// read per request. The default.
+	SourceHost Source = iota
+	// SourceFleet: the value Fleet minted for the run and sent with its
+	// start or since (PUT /runs/{id}/credentials), held by edge in memory
+	// for that run alone; the host's sources are never read for it.
+	SourceFleet
+)
+
+// SourceFleetName is how edge.json writes SourceFleet: "source": "fleet".
+const SourceFleetName = "fleet"
+
+// String is the name the policy uses for the source; the host's is the
+// default, which has none.
+func (s Source) String() string {
+	if s == SourceFleet {
+		return SourceFleetName
+	}
+	return "host"
+}
+
 // KeyRef names a key: a project and the key within it.
 type KeyRef struct {
 	Project string
@@ -76,8 +101,11 @@ type Key struct {
 	Ref KeyRef
 	// Kind is "", KindAWS or KindSSH; AWS and SSH are set for their kind
 	// only.
-	Kind        string
-	Domains     []Domain
+	Kind    string
+	Domains []Domain
+	// Source is where the key's value comes from; SourceFleet for a key
+	// of no kind only.
+	Source      Source
 	In          Location
 	Placeholder Shape
 	AWS         *AWSKey
@@ -206,6 +234,9 @@ func compileKey(at config.Path, ref KeyRef, kp config.KeyPolicy) (*Key, config.P
 			k.Domains = append(k.Domains, d)
 		}
 	}
+	var sps config.Problems
+	k.Source, sps = compileSource(at.Key("source"), kp)
+	ps = append(ps, sps...)
 	if kp.Kind == KindSSH {
 		if kp.Rules != nil || kp.Default != "" || kp.Mode != "" {
 			ps = append(ps, at.Key(sshRulesField(kp)).Problemf(`an ssh key makes no HTTPS request for rules to decide: its commands are ruled by "ssh": {"allow": [...], "repositories": [...]}`))
@@ -235,6 +266,29 @@ func compileKey(at config.Path, ref KeyRef, kp config.KeyPolicy) (*Key, config.P
 	shape, sps := compileShape(at.Key("placeholder"), kp.Placeholder)
 	k.Placeholder = shape
 	return k, append(ps, sps...)
+}
+
+// compileSource reads a key's source. Only a key whose value is sent as
+// it is may take it from Fleet: an aws key signs and an ssh key logs in
+// with what the host holds, which Fleet mints nothing for.
+func compileSource(at config.Path, kp config.KeyPolicy) (Source, config.Problems) {
+	switch kp.Source {
+	case "":
+		return SourceHost, nil
+	case SourceFleetName:
+		kind := kp.Kind
+		if kind == "" && kp.AWS != nil {
+			kind = KindAWS
+		}
+		if kind == "" && kp.SSH != nil {
+			kind = KindSSH
+		}
+		if kind != "" {
+			return SourceHost, config.Problems{at.Problemf(`%q is only for a key sent as its value, not one of "kind": %q: its value never travels, so Fleet has none to give it`, kp.Source, kind)}
+		}
+		return SourceFleet, nil
+	}
+	return SourceHost, config.Problems{at.Problemf(`%q: write %q for a value Fleet sends with each run, or omit it for the host's own secrets source`, kp.Source, SourceFleetName)}
 }
 
 func parseLocation(s string) (Location, bool) {

@@ -225,8 +225,9 @@ func newEnv(t tb, o envOptions) *env {
 	var filter func([]byte) []byte
 	var source secrets.Source = src
 	var realValues RealValues // nil: no tripwire, unless wired as edge serve does
+	var observe func(secrets.Value)
 	if o.redactor != nil {
-		realValues = o.redactor
+		realValues, observe = o.redactor, o.redactor.Add
 		source = secrets.Observed(src, o.redactor.Add)
 		filter = func(line []byte) []byte {
 			o.rawAudit.Write(line)
@@ -239,7 +240,7 @@ func newEnv(t tb, o envOptions) *env {
 	e.proxy, err = New(Config{
 		Listener: e.listener, Egress: o.egress, DataDir: dir, Policy: e.watcher, Leaves: e.authority,
 		Secrets: source, Upstream: guard, UpstreamTLS: tlsCfg, Audit: al, Logger: logger, Rand: o.rand,
-		MaxTaskConns: o.maxTaskConns, HandshakeTimeout: o.handshakeTimeout, RealValues: realValues,
+		MaxTaskConns: o.maxTaskConns, HandshakeTimeout: o.handshakeTimeout, RealValues: realValues, Observe: observe,
 	})
 	must(t, err)
 	go e.proxy.Serve()

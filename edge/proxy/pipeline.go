@@ -133,7 +133,8 @@ var _ placeholder.Source = (*requestState)(nil)
 func (st *requestState) runID() string { return st.ci.attempt.task.runID }
 
 // substitute decides one occurrence (policy.DecideSubstitution) and returns
-// the real value, read once per request from the secrets source.
+// the real value, read once per request from where the policy takes it
+// (grantedValue).
 func (st *requestState) substitute(o placeholder.Owner, loc policy.Location) (string, error) {
 	d := policy.DecideSubstitution(policy.SubstituteInput{
 		Task: st.runID(), Authority: st.ci.target, Granted: st.grants.granted,
@@ -155,16 +156,23 @@ func (st *requestState) substitute(o placeholder.Owner, loc policy.Location) (st
 		i++
 	}
 	if i == len(st.subs) {
-		v, err := st.p.cfg.Secrets.Value(st.ctx, o.Ref.Project, o.Ref.Key)
+		g := st.grants.index(o.Ref)
+		if g < 0 {
+			// DecideSubstitution allows only a granted key.
+			return "", st.refuseLocked(fault(fmt.Errorf("%s allowed but not granted", o.Ref), o.Ref))
+		}
+		gr := &st.grants.granted[g]
+		t := st.ci.attempt.task
+		v, err := st.p.grantedValue(st.ctx, t, gr)
 		switch {
+		case errors.Is(err, errAwaitingFleet):
+			return "", st.refuseLocked(refuseAwaitingFleet(o.Ref, errors.Is(err, errFleetValueExpired)))
 		case errors.Is(err, secrets.ErrNotFound):
 			return "", st.refuseLocked(refuseWithheld(o.Ref))
 		case err != nil:
 			return "", st.refuseLocked(fault(fmt.Errorf("reading %s: %w", o.Ref, err), o.Ref))
 		}
-		if g := st.grants.index(o.Ref); g >= 0 {
-			st.ci.attempt.task.values.learn(learntGranted(&st.grants.granted[g], o.Placeholder, v))
-		}
+		t.values.learn(learntGranted(gr, o.Placeholder, v))
 		st.subs = append(st.subs, substitution{ref: o.Ref, value: v, placeholder: o.Placeholder})
 	}
 	// The value leaves its type here, to be spliced into what goes upstream.

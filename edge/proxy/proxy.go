@@ -25,10 +25,12 @@
 //     chose to send (a target, a method, a path) only with its
 //     placeholders redacted.
 //
-// The runner calls Ready and CheckGrant (admission), Register, StartAttempt
-// (the task's HTTPS_PROXY), ServeNetwork, TaskKeys, ProxiedKeys, EndAttempt,
-// Stop and Drop; edge serve builds it (New, Serve, Close). A Proxy's methods
-// are safe for concurrent use.
+// The runner calls Ready, CheckGrant and CheckFleetValues (admission),
+// Register, SetCredentials (the values Fleet sends a run, held in memory
+// for it: fleetvalues.go), StartAttempt (the task's HTTPS_PROXY),
+// ServeNetwork, TaskKeys, ProxiedKeys, MissingCredentials, EndAttempt, Stop
+// and Drop; edge serve builds it (New, Serve, Close). A Proxy's methods are
+// safe for concurrent use.
 //
 // See DESIGN.md, section "The secrets proxy", for what is scanned and what
 // is not, how answers are scrubbed and streamed, and how edge wires it.

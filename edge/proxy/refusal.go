@@ -100,6 +100,24 @@ func refuseWithheld(key policy.KeyRef) *refusal {
 	return &refusal{status: http.StatusForbidden, action: audit.Withheld, reason: "withheld: no value for " + key.String(), key: key}
 }
 
+// withheldRetryAfter is the Retry-After of a request waiting for a value
+// from Fleet, in seconds: Fleet's sweep, which sends a run's missing
+// values, passes every minute.
+const withheldRetryAfter = "60"
+
+// refuseAwaitingFleet: the run holds no value from Fleet it may use for a
+// key the policy takes from Fleet (an edge restart lost it, or it expired;
+// expired says which) (503, with Retry-After: Fleet's next pass sends it).
+// The request is never sent with the placeholder in the value's place.
+func refuseAwaitingFleet(key policy.KeyRef, expired bool) *refusal {
+	reason := "withheld: this run holds no value of " + key.String() + " yet; Fleet sends it on its next pass"
+	if expired {
+		reason = "withheld: the value of " + key.String() + " this run holds has expired; Fleet sends a fresh one on its next pass"
+	}
+	return &refusal{status: http.StatusServiceUnavailable, action: audit.Withheld, reason: reason, key: key,
+		header: http.Header{"Retry-After": {withheldRetryAfter}}}
+}
+
 // refuseLimit: a request past a bound on substitution (limits.go): 431
 // when the head would grow past it, 413 when the body's substitutions do.
 // The reason names the bound, never a size the request reached.
@@ -169,7 +187,9 @@ func exchangeFailed(err error) *refusal {
 // a count a minute): the audit has every request, and a task sending
 // request after request to an upstream that fails must not flood the log.
 func (p *Proxy) logFault(r *refusal, task, host string) {
-	if r.status < 500 {
+	// A request waiting for a value from Fleet is no fault: its audit line
+	// says so, and the run's missingCredentials names the key.
+	if r.status < 500 || r.action == audit.Withheld {
 		return
 	}
 	text := r.reason

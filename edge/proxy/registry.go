@@ -40,6 +40,11 @@ type task struct {
 	placeholders atomic.Pointer[map[policy.KeyRef]string]
 	// values is what the run's answers are scrubbed of.
 	values runValues
+	// fleet is the run's values from Fleet (fleetvalues.go), in memory
+	// only, for the run's life across its attempts: SetCredentials
+	// replaces it under fleetMu, requests read it without a lock.
+	fleet   atomic.Pointer[fleetValues]
+	fleetMu sync.Mutex
 }
 
 // attempt is one attempt's proxy credential and the connections made with it.
@@ -412,7 +417,8 @@ func (p *Proxy) revoke(runID string) {
 	}
 }
 
-// Drop stops the task and forgets it and its placeholders, on disk too.
+// Drop stops the task and forgets it, its values from Fleet and its
+// placeholders, on disk too.
 func (p *Proxy) Drop(runID string) error {
 	if p.cfg.Disabled {
 		return nil

@@ -118,7 +118,8 @@ func knows(known []knownValue, ref policy.KeyRef, real string) bool {
 	return false
 }
 
-// learnGranted reads the value of every key the task is granted now and
+// learnGranted reads the value of every key the task is granted now (from
+// where the policy takes it: grantedValue) and
 // learns each: an answer may carry the value of a key the request never
 // used (stored upstream by an earlier request, or by anyone). A key whose
 // value cannot be read is skipped: the proxy cannot send it either, and a
@@ -145,9 +146,9 @@ func (st *requestState) learnGranted() {
 			st.learnAWSGranted(gr, ph)
 			continue
 		}
-		v, err := st.p.cfg.Secrets.Value(st.ctx, gr.Ref.Project, gr.Ref.Key)
+		v, err := st.p.grantedValue(st.ctx, t, gr)
 		if err != nil {
-			if !errors.Is(err, secrets.ErrNotFound) && st.ctx.Err() == nil {
+			if !errors.Is(err, secrets.ErrNotFound) && !errors.Is(err, errAwaitingFleet) && st.ctx.Err() == nil {
 				st.p.cfg.Logger.Warn("secrets proxy: reading a granted key's value, to scrub answers of it",
 					slog.String("task", t.runID), slog.String("key", gr.Ref.String()), slog.String("error", err.Error()))
 			}

@@ -75,6 +75,11 @@ type Facts struct {
 	// does not grant, with why; empty when all are granted.
 	Ungranted       string
 	UngrantedReason string
+	// Credentials says, naming the key, why the values Fleet sent with
+	// the start disagree with the keys the policy takes from Fleet (a
+	// value for a key it takes from its own sources, or none for one it
+	// takes from Fleet); empty when they agree.
+	Credentials string
 	// Prepared: registration and the trust file were attempted; Preparation
 	// is what came of it.
 	Prepared    bool
@@ -137,6 +142,8 @@ func Decide(f Facts) Decision {
 			detail += ": " + f.UngrantedReason
 		}
 		return refuse(hostproto.ReasonKeyNotGranted, detail)
+	case f.Credentials != "":
+		return refuse(hostproto.ReasonKeyNotGranted, f.Credentials)
 	case !f.Prepared:
 		return Decision{Verdict: Prepare}
 	case f.Preparation != nil:
@@ -199,6 +206,8 @@ func (r *Runner) begin(t *task) Run {
 	t.dirs = r.dirsFor(t.runID, localPath)
 
 	d := r.decide(t, facts)
+	t.credentials = nil // the broker holds them now, or they are refused
+	t.markDecided(d.Verdict == Admit)
 	r.metrics.admission(d)
 	admission := admissionEntry(r.clock.Now(), t.attempt, d, req.Secrets)
 	if d.Verdict != Admit {
@@ -218,7 +227,7 @@ func (r *Runner) begin(t *task) Run {
 	}
 	tk := r.issueTicket(t)
 	go r.launch(t, tk)
-	return runOf(rec)
+	return r.view(rec)
 }
 
 // decide gathers the broker's facts and runs admission, preparing the task
@@ -226,6 +235,9 @@ func (r *Runner) begin(t *task) Run {
 func (r *Runner) decide(t *task, facts Facts) Decision {
 	if facts.NeedsBroker {
 		r.brokerFacts(t, &facts)
+		if facts.Proxy == nil && facts.Ungranted == "" {
+			facts.Credentials = r.broker.CheckCredentials(t.declared, t.credentials, t.credentialsComplete)
+		}
 	}
 	d := Decide(facts)
 	if d.Verdict == Prepare {
@@ -266,7 +278,7 @@ func (r *Runner) prepare(t *task) error {
 		r.logger.Error("preparing a task's directories", fieldRun, t.runID, fieldError, err.Error())
 		return errors.New("the host could not prepare the task's directories")
 	}
-	secrets, err := r.broker.Register(t.runID, t.declared)
+	secrets, err := r.broker.Register(t.runID, t.declared, t.credentials)
 	if err != nil {
 		return fmt.Errorf("registering the task with the proxy: %w", err)
 	}
@@ -321,5 +333,5 @@ func (r *Runner) currentRun(runID string) Run {
 		r.logger.Error("reading a run", fieldRun, runID, fieldError, err.Error())
 		return Run{RunID: runID}
 	}
-	return runOf(rec)
+	return r.view(rec)
 }

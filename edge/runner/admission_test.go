@@ -45,6 +45,10 @@ func TestDecide(t *testing.T) {
 		{"a proxy that is down does not matter without secrets", with(ready, func(f *Facts) { f.Proxy = errors.New("killed") }), Admit, "", ""},
 		{"a lapsed CA refuses", with(broker, func(f *Facts) { f.CA = errors.New("expired") }), Refuse, hostproto.ReasonBrokerNotReady, "proxy CA: expired"},
 		{"an ungranted key refuses, named", with(broker, func(f *Facts) { f.Ungranted = "acme/OTHER_KEY"; f.UngrantedReason = "not in the host policy" }), Refuse, hostproto.ReasonKeyNotGranted, "acme/OTHER_KEY"},
+		{"values from Fleet that disagree with the policy refuse, named", with(broker, func(f *Facts) {
+			f.Credentials = "the host's policy takes acme/API from its own sources, not from Fleet"
+		}), Refuse, hostproto.ReasonKeyNotGranted, "the host's policy takes acme/API from its own sources, not from Fleet"},
+		{"an ungranted key is named before values from Fleet", with(broker, func(f *Facts) { f.Ungranted = "acme/OTHER_KEY"; f.Credentials = "acme/GH" }), Refuse, hostproto.ReasonKeyNotGranted, "does not grant acme/OTHER_KEY"},
 		{"a granted run is prepared before it is admitted", broker, Prepare, "", ""},
 		{"a failed preparation refuses", with(prepared, func(f *Facts) { f.Preparation = errors.New("trust file not written") }), Refuse, hostproto.ReasonBrokerNotReady, "trust file not written"},
 		{"a prepared run is admitted", prepared, Admit, "", ""},

@@ -19,10 +19,26 @@ type Broker interface {
 	// grant right now, as "project/KEY", with the policy's reason; "" when it
 	// grants them all. A reload of the policy applies to the next call.
 	Ungranted(declared []runspec.Declared) (key, reason string)
+	// CheckCredentials returns "" when the host policy in force takes
+	// from Fleet ("source": "fleet") each key given a value and, when
+	// complete (the run's start), every declared key it takes from Fleet
+	// has one; else why not, naming the first key that disagrees and never
+	// a value (admission refuses key_not_granted with it; a PUT of values
+	// answers 400). It reads the keys of given only.
+	CheckCredentials(declared []runspec.Declared, given []Credential, complete bool) string
 	// Register declares the run's secrets to the proxy (again, for a retry)
 	// and returns the task's view of them. Registering a known run keeps its
-	// placeholders.
-	Register(runID string, declared []runspec.Declared) (TaskSecrets, error)
+	// placeholders, and the values from Fleet it holds but for those of
+	// creds, which it takes (none for a retry).
+	Register(runID string, declared []runspec.Declared, creds []Credential) (TaskSecrets, error)
+	// PutCredentials replaces a registered run's values from Fleet for the
+	// keys of creds (checked by CheckCredentials), in memory only; its
+	// placeholders never change. A run not registered is an error.
+	PutCredentials(runID string, creds []Credential) error
+	// MissingCredentials names ("project/KEY") the declared keys the host
+	// policy in force takes from Fleet that the run holds no value it may
+	// use for; nil when none.
+	MissingCredentials(runID string, declared []runspec.Declared) []string
 	// Registered reports whether the run is registered and none of its keys
 	// has been revoked since.
 	Registered(runID string) bool

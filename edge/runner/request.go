@@ -28,6 +28,9 @@ func (r *Runner) validateStart(req Spec) ([]runspec.Declared, error) {
 	if err != nil {
 		return nil, err
 	}
+	if err := checkCredentials(req.Credentials, declared); err != nil {
+		return nil, err
+	}
 	if _, ok := r.cfg.Agents[req.Agent]; !ok {
 		return nil, badRequest("agent", "%q is not in this host's agent table", req.Agent)
 	}

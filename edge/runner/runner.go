@@ -523,7 +523,10 @@ func (r *Runner) Start(req Spec) (Run, error) {
 	if rec, found, err := r.log.ByClientToken(req.ClientToken); err != nil {
 		return Run{}, err
 	} else if found {
-		run := runOf(rec)
+		// A known token answers its run, whatever the values this start
+		// carries: they never replace the run's (PUT /runs/{id}/credentials
+		// does).
+		run := r.view(rec)
 		run.Reused = true
 		return run, nil
 	}
@@ -549,13 +552,16 @@ func (r *Runner) Start(req Spec) (Run, error) {
 		return Run{}, err
 	}
 	t.declared = declared
+	t.credentials, t.credentialsComplete = req.Credentials, true
 	rec, created, err := r.log.Create(rec)
 	if err != nil || !created {
 		r.unreserve(t)
 		if err != nil {
 			return Run{}, err
 		}
-		run := runOf(rec)
+		// The run that won keeps its own values: a reused start's are
+		// dropped here.
+		run := r.view(rec)
 		run.Reused = true
 		return run, nil
 	}
@@ -616,7 +622,7 @@ func (r *Runner) Get(runID string) (Run, error) {
 	if err != nil {
 		return Run{}, err
 	}
-	return runOf(rec), nil
+	return r.view(rec), nil
 }
 
 // FindByClientToken returns the runs started with token: none or one.
@@ -625,7 +631,7 @@ func (r *Runner) FindByClientToken(token string) ([]Run, error) {
 	if err != nil || !found {
 		return []Run{}, err
 	}
-	return []Run{runOf(rec)}, nil
+	return []Run{r.view(rec)}, nil
 }
 
 // Events returns up to limit events after the cursor (limit 0: the default
@@ -661,7 +667,7 @@ func (r *Runner) Input(runID string, input json.RawMessage) (Run, error) {
 	if err := t.writeInput(r, text); err != nil {
 		return Run{}, err
 	}
-	return runOf(rec), nil
+	return r.view(rec), nil
 }
 
 // Cancel cancels the run's live attempt: no process starts if none has yet;
@@ -821,6 +827,7 @@ const (
 	fieldAttempt = "attempt"
 	fieldAgent   = "agent"
 	fieldSecrets = "secrets"
+	fieldKeys    = "keys"
 	fieldReason  = "reason"
 	fieldError   = "error"
 	fieldStatus  = "status"

@@ -11,6 +11,10 @@ import (
 // nowhere else.
 type Spec struct {
 	ClientToken string
+	// Credentials are the values Fleet minted for the run's keys that the
+	// host's policy takes from Fleet: handed to the broker at admission,
+	// never stored (stored leaves them out), recorded or logged.
+	Credentials []Credential
 	runspec.Request
 }
 
@@ -30,10 +34,16 @@ type Run struct {
 	Detail string
 	// Reused: Start returned a run already known for its ClientToken.
 	Reused bool
+	// MissingCredentials names ("project/KEY") the keys a live run takes
+	// from Fleet that the broker holds no usable value for (an edge
+	// restart lost it, or it expired); nil when none.
+	MissingCredentials []string
 }
 
 // stored is s as its run's record keeps it: the record's form is the run
 // log's own, so a change to the run request is never a migration of it.
+// The values from Fleet are not in it: they live in the broker's memory
+// alone.
 func (s Spec) stored() runlog.Request {
 	req := runlog.Request{
 		ClientToken: s.ClientToken, Deadline: s.Deadline, Agent: s.Agent, Prompt: s.Prompt, Argv: s.Argv,

@@ -42,6 +42,14 @@ type task struct {
 	// request); declareErr is why a stored request could not be read so.
 	declared   []runspec.Declared
 	declareErr error
+	// credentials are the values Fleet sent with the run's start, held
+	// only until prepare hands them to the broker; credentialsComplete:
+	// this attempt is the run's start, which carries a value for every key
+	// the policy takes from Fleet (a retry's carries none: the broker holds
+	// the run's values, or Fleet sends them again). Both belong to the
+	// goroutine admitting the attempt.
+	credentials         []Credential
+	credentialsComplete bool
 
 	// ctx ends once the attempt is canceled or ends; it stops a clone in
 	// progress.
@@ -84,6 +92,14 @@ type task struct {
 	recorded     chan struct{}
 	recordedOK   bool
 	recordedOnce sync.Once
+	// decided closes once admission has decided the attempt (admittedOK:
+	// admitted, and so registered with the broker when it needs it), or
+	// once the attempt was given up before: values from Fleet for the run
+	// (PutCredentials) wait for it, since the broker holds them only for a
+	// registered run.
+	decided     chan struct{}
+	admittedOK  bool
+	decidedOnce sync.Once
 
 	// inputMu keeps an input's write and its event together, and the
 	// terminal open meanwhile: closeTerminal takes it to close the terminal,
@@ -103,8 +119,17 @@ func newTask(rec runlog.Record) *task {
 	ctx, stop := context.WithCancel(context.Background())
 	return &task{
 		runID: rec.RunID, attempt: rec.Attempt, needsBroker: len(rec.Request.Secrets) > 0, rec: rec, spec: specOf(rec.Request),
-		ctx: ctx, stop: stop, startDone: make(chan struct{}), done: make(chan struct{}), recorded: make(chan struct{}),
+		ctx: ctx, stop: stop, startDone: make(chan struct{}), done: make(chan struct{}), recorded: make(chan struct{}), decided: make(chan struct{}),
 	}
+}
+
+// markDecided closes t.decided; ok: the attempt was admitted. Only the
+// first call counts.
+func (t *task) markDecided(ok bool) {
+	t.decidedOnce.Do(func() {
+		t.admittedOK = ok
+		close(t.decided)
+	})
 }
 
 // markRecorded closes t.recorded; ok: the run's record names t's attempt.
@@ -172,6 +197,7 @@ func (r *Runner) unreserve(t *task) {
 	}
 	r.mu.Unlock()
 	t.markRecorded(false)
+	t.markDecided(false)
 	t.stop()
 	close(t.done)
 	r.wg.Done()
