@@ -23,6 +23,7 @@ import (
 	"github.com/runfleet/runfleet/edge/sandbox"
 	"github.com/runfleet/runfleet/shared/clock"
 	"github.com/runfleet/runfleet/shared/config"
+	"github.com/runfleet/runfleet/shared/fleet"
 	"github.com/runfleet/runfleet/shared/fleetapp"
 	"github.com/runfleet/runfleet/shared/store/boltstore"
 	"github.com/runfleet/runfleet/shared/store/dynamostore"
@@ -97,6 +98,11 @@ type stackOptions struct {
 	// (fleetapp.Deps.BrokerHTTP): one trusting the fake providers' CAs;
 	// nil: the broker's default.
 	brokerHTTP *http.Client
+	// broker mints Fleet's brokered keys (fleetapp.Deps.Broker); nil:
+	// RUNFLEET_BROKER's, if env sets it.
+	broker fleet.Broker
+	// metrics receives Fleet's EMF metric lines; nil: none.
+	metrics io.Writer
 }
 
 func newStack(t testing.TB, kind string, opts stackOptions) *stack {
@@ -181,7 +187,7 @@ func newStack(t testing.TB, kind string, opts stackOptions) *stack {
 			}
 			return moto.AWSConfig(), nil
 		},
-		StreamParked: streamParked, BrokerHTTP: opts.brokerHTTP,
+		StreamParked: streamParked, Broker: opts.broker, Metrics: opts.metrics, BrokerHTTP: opts.brokerHTTP,
 	})
 	if err != nil {
 		t.Fatal(err)

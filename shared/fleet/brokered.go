@@ -294,6 +294,11 @@ func (f *Fleet) refreshCredentials(ctx context.Context, client *hostproto.Client
 				logKey, b.id(), logKind, k.Kind, logReason, d.Reason, logErr, err.Error())
 			continue
 		}
+		if d.Reason == dueExpiring && m.Sealed == nil && !m.ExpiresAt.After(k.ExpiresAt) {
+			// The fleet-wide value the host holds already (the broker
+			// refreshes it once it is within its margin): nothing to send.
+			continue
+		}
 		fresh = append(fresh, mintedValue{brokeredSecret: b, minted: m})
 		was = append(was, k)
 		why = append(why, b.id()+" ("+d.Reason+")")

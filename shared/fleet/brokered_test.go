@@ -37,6 +37,9 @@ type testBroker struct {
 	revokeFails bool
 	mints       []broker.MintRequest
 	revoked     []string // the values revoked
+	// oauth2Until, when set, is the expiry of the one OAuth2 value the
+	// broker hands out (it has not refreshed it).
+	oauth2Until time.Time
 }
 
 const brokerTTL = time.Hour
@@ -65,6 +68,9 @@ func (b *testBroker) Mint(_ context.Context, req broker.MintRequest) (broker.Min
 	kind := b.kinds[id]
 	v := fmt.Sprintf("%s-value-%d", kind, b.n)
 	m := broker.Minted{Kind: kind, Value: hostproto.SecretString(v), ExpiresAt: b.clk.Now().Add(brokerTTL)}
+	if kind == broker.KindOAuth2 && !b.oauth2Until.IsZero() {
+		m.Value, m.ExpiresAt = "oauth2-value-current", b.oauth2Until
+	}
 	if kind == broker.KindGitHubApp {
 		m.Sealed = []byte("sealed:" + v + "#" + req.FleetRunID)
 	}
@@ -521,5 +527,22 @@ func TestBrokerMetricsWriteOneLinePerEvent(t *testing.T) {
 			fmt.Sprint(d["Dimensions"]) != "[[Kind]]" || aws["Timestamp"] != float64(t0.UnixMilli()) {
 			t.Errorf("line %d: %s, want %s of %s", i, lines[i], w.metric, w.kind)
 		}
+	}
+}
+
+// TestAnOAuth2ValueTheBrokerHasNotRefreshedIsNotSentAgain: the fleet-wide
+// value due by Fleet's reckoning but not yet refreshed by the broker (the
+// same expiry) is not sent to the host again; a GitHub token is.
+func TestAnOAuth2ValueTheBrokerHasNotRefreshedIsNotSentAgain(t *testing.T) {
+	e, b, host, _ := brokerEnv(t)
+	b.oauth2Until = t0.Add(brokerTTL)
+	run := brokeredRunning(t, e, host)
+	e.clk.Advance(brokerTTL - broker.RefreshMargin + time.Second)
+	if rep, err := e.f.Sweep(context.Background(), SweepOptions{}); err != nil || rep.Credentials != 1 {
+		t.Fatalf("sweep: %+v, %v", rep, err)
+	}
+	puts := host.CredentialPuts(run.ChildRunID)
+	if len(puts) != 1 || len(puts[0].Credentials) != 1 || puts[0].Credentials[0].Key != "GITHUB_TOKEN" {
+		t.Fatalf("PUTs %+v, want the GitHub token alone", puts)
 	}
 }
