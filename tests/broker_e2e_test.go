@@ -11,6 +11,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"reflect"
 	"regexp"
 	"slices"
 	"strconv"
@@ -108,6 +109,8 @@ type ghStory struct {
 	e      *e2eEdge
 	f      *e2eFleet
 	caller string
+	// metrics are Fleet's EMF lines.
+	metrics *syncbuf.Buffer
 	// roots is edge's upstream roots file: the demo upstream's CA and
 	// the fake GitHub's.
 	roots string
@@ -131,7 +134,7 @@ type ghStory struct {
 // with the runs' local path and a caller alice who may use project acme.
 func newGHStory(t *testing.T, kind string, byRepository bool) *ghStory {
 	t.Helper()
-	s := &ghStory{t: t, kind: kind, clk: clock.NewFake(time.Now().UTC().Truncate(time.Second)), tags: map[string]string{}}
+	s := &ghStory{t: t, kind: kind, clk: clock.NewFake(time.Now().UTC().Truncate(time.Second)), tags: map[string]string{}, metrics: &syncbuf.Buffer{}}
 	key := fakegithub.NewAppKey(t)
 	s.appKey = fakegithub.PKCS1PEM(key)
 	s.gh = fakegithub.New(t, fakegithub.Options{Clock: s.clk, Repos: []string{bkOutsideRepo}, Apps: []fakegithub.App{{
@@ -159,7 +162,7 @@ func newGHStory(t *testing.T, kind string, byRepository bool) *ghStory {
 	logs := &syncbuf.Buffer{}
 	// The host call's timeout is long: it sets the start's deadline on
 	// Fleet's clock, which edge checks on the wall clock.
-	st := newStack(t, kind, stackOptions{clock: s.clk, hostTimeout: time.Hour, log: logs, env: env, brokerHTTP: s.gh.Client(),
+	st := newStack(t, kind, stackOptions{clock: s.clk, hostTimeout: time.Hour, log: logs, metrics: s.metrics, env: env, brokerHTTP: s.gh.Client(),
 		hostCredentials: map[string]string{e2eHostRef: e2eHostToken}})
 	s.f = &e2eFleet{stack: st, logs: logs}
 	s.f.call(t, http.StatusCreated, "POST", "/fleet/hosts", adminToken, jsonBody(map[string]any{
@@ -217,6 +220,7 @@ export GIT_TERMINAL_PROMPT=0
 git config --global user.name Task
 git config --global user.email task@example.invalid
 while read -r step n; do
+  [ -n "$step" ] || continue
   case "$step" in
   clone) rm -rf app; git clone -q "%[2]s" app 2>&1 ;;
   push) (cd app && date +%%s%%N > change && git add change && git commit -q -m "a change of the task" && git push -q origin HEAD:main) 2>&1 ;;
@@ -492,6 +496,7 @@ func brokerGitHubCloneAndPush(t *testing.T, kind string) {
 	if s.gh.Mints() != 1 || s.gh.Revocations() != 1 {
 		t.Fatalf("the fake GitHub minted %d tokens and revoked %d; want 1 and 1", s.gh.Mints(), s.gh.Revocations())
 	}
+	s.wantMetrics(map[string]float64{"BrokerMints/githubApp": 1, "BrokerRevocations/githubApp": 1})
 	s.noValueAnywhere(placeholder)
 }
 
@@ -554,6 +559,7 @@ func brokerGitHubRefresh(t *testing.T, kind string) {
 
 	s.end(id, child)
 	s.refusedAtGitHub(second.Value)
+	s.wantMetrics(map[string]float64{"BrokerMints/githubApp": 2, "BrokerRevocations/githubApp": 2})
 	s.noValueAnywhere(placeholder)
 }
 
@@ -630,6 +636,7 @@ func brokerGitHubEdgeRestart(t *testing.T, kind string) {
 
 	s.end(id, child)
 	s.refusedAtGitHub(second.Value)
+	s.wantMetrics(map[string]float64{"BrokerMints/githubApp": 2, "BrokerRevocations/githubApp": 2})
 	s.noValueAnywhere(placeholder)
 }
 
@@ -683,6 +690,7 @@ func TestBrokerGitHubRefusalStartsNothing(t *testing.T) {
 				return s.f.run(t, s.caller, ok.str("fleetRunId"))["status"] == "succeeded"
 			})
 			s.end2(ok.str("fleetRunId"))
+			s.wantMetrics(map[string]float64{"BrokerFailures/githubApp": 1, "BrokerMints/githubApp": 1, "BrokerRevocations/githubApp": 1})
 			s.noValueAnywhere("")
 		})
 	}
@@ -713,6 +721,7 @@ func (s *ghStory) noValueAnywhere(placeholder string) {
 		"Fleet's store":   storeDump(s.t, s.f.stack),
 		"Fleet's answers": strings.Join(s.f.responses, "\n"),
 		"Fleet's log":     s.f.logs.String(),
+		"Fleet's metrics": s.metrics.String(),
 		"edge's log":      s.e.logs.String(),
 		"edge's data dir": dirDump(s.t, s.e.spec.DataDir),
 	}
@@ -726,6 +735,35 @@ func (s *ghStory) noValueAnywhere(placeholder string) {
 	}
 	if !strings.Contains(places["Fleet's log"], `"msg":"request"`) || !strings.Contains(places["edge's log"], `"msg":"host api"`) {
 		s.t.Fatal("the logs searched are empty: Fleet's and edge's logs were not captured")
+	}
+}
+
+// brokerMetrics sums Fleet's EMF lines of the broker's metrics by
+// "<metric>/<kind>" (BrokerMints/githubApp...).
+func brokerMetrics(t *testing.T, lines ...string) map[string]float64 {
+	t.Helper()
+	out := map[string]float64{}
+	for _, text := range lines {
+		for _, line := range strings.Split(strings.TrimSpace(text), "\n") {
+			var doc map[string]any
+			if line == "" || json.Unmarshal([]byte(line), &doc) != nil {
+				continue
+			}
+			for _, m := range []string{"BrokerMints", "BrokerRefreshes", "BrokerFailures", "BrokerRevocations"} {
+				if v, ok := doc[m].(float64); ok {
+					out[m+"/"+fmt.Sprint(doc["Kind"])] += v
+				}
+			}
+		}
+	}
+	return out
+}
+
+// wantMetrics fails unless Fleet's broker metrics are want, exactly.
+func (s *ghStory) wantMetrics(want map[string]float64) {
+	s.t.Helper()
+	if got := brokerMetrics(s.t, s.metrics.String()); !reflect.DeepEqual(got, want) {
+		s.t.Fatalf("Fleet's broker metrics %v; want %v", got, want)
 	}
 }
 
@@ -850,7 +888,9 @@ type oauthFleet struct {
 	seed   string
 	secret string
 	stacks []*stack
-	logs   []*syncbuf.Buffer
+	// logs and metrics are each stack's log and EMF lines.
+	logs    []*syncbuf.Buffer
+	metrics []*syncbuf.Buffer
 	host   *fakehost.Host
 	caller string
 	// answers are every answer the stacks gave.
@@ -877,9 +917,10 @@ func newOAuthFleet(t *testing.T, kind string, n int) *oauthFleet {
 		prefix = motoserver.Unique("bk") + "-"
 	}
 	for range n {
-		logs := &syncbuf.Buffer{}
-		o.stacks = append(o.stacks, newStack(t, kind, stackOptions{clock: o.clk, log: logs, env: env, brokerHTTP: o.oauth.Client, tablePrefix: prefix}))
+		logs, metrics := &syncbuf.Buffer{}, &syncbuf.Buffer{}
+		o.stacks = append(o.stacks, newStack(t, kind, stackOptions{clock: o.clk, log: logs, metrics: metrics, env: env, brokerHTTP: o.oauth.Client, tablePrefix: prefix}))
 		o.logs = append(o.logs, logs)
+		o.metrics = append(o.metrics, metrics)
 	}
 	o.host = o.stacks[0].addHost(t, "h1", fakehost.Config{Features: fakeFeatures}, nil)
 	o.caller = o.stacks[0].mint(t, "alice", "*", []string{bkProject})
@@ -980,10 +1021,19 @@ func brokerOAuth2OneRefreshPerExpiry(t *testing.T, kind string, fleets int) {
 	if o.oauth.Refreshes() != expiries+1 || o.oauth.InvalidGrants() != 0 {
 		t.Fatalf("%d refreshes, %d invalid_grant; want %d and 0", o.oauth.Refreshes(), o.oauth.InvalidGrants(), expiries+1)
 	}
+	var metrics []string
+	for _, m := range o.metrics {
+		metrics = append(metrics, m.String())
+	}
+	want := map[string]float64{"BrokerMints/oauth2": dispatches * (expiries + 1), "BrokerRefreshes/oauth2": expiries + 1}
+	if got := brokerMetrics(t, metrics...); !reflect.DeepEqual(got, want) {
+		t.Fatalf("the Fleets' broker metrics %v; want %v", got, want)
+	}
 
 	places := map[string]string{"Fleet's answers": strings.Join(o.answers, "\n")}
 	for i, st := range o.stacks {
 		places[fmt.Sprintf("Fleet %d's log", i+1)] = o.logs[i].String()
+		places[fmt.Sprintf("Fleet %d's metrics", i+1)] = o.metrics[i].String()
 		if i == 0 || kind == "bolt" {
 			places["Fleet's store"] = storeDump(t, st)
 		}
