@@ -891,8 +891,8 @@ type oauthFleet struct {
 	// logs and metrics are each stack's log and EMF lines.
 	logs    []*syncbuf.Buffer
 	metrics []*syncbuf.Buffer
-	host   *fakehost.Host
-	caller string
+	host    *fakehost.Host
+	caller  string
 	// answers are every answer the stacks gave.
 	mu      sync.Mutex
 	answers []string
