@@ -14,6 +14,7 @@ package broker
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"time"
 
@@ -118,4 +119,153 @@ type OAuth2 struct {
 	ClientSecretSecret string   `json:"clientSecretSecret"`
 	RefreshTokenSecret string   `json:"refreshTokenSecret"`
 	Scopes             []string `json:"scopes,omitempty"`
+}
+
+// Broker mints the values of brokered keys by their recipes. Safe for
+// concurrent use; one per Fleet process (its oauth2 minters share refreshes
+// among the process's goroutines and keep opened tokens in memory).
+type Broker struct {
+	recipes map[string]Recipe
+	deps    Deps
+	github  map[string]*githubMinter
+	oauth2  map[string]*oauth2Minter
+}
+
+// New returns a Broker for recipes (Parse's). It refuses recipes it cannot
+// serve: without deps.Secrets or deps.Sealer, or oauth2 ones without
+// deps.States. No recipe is a Broker that knows no key.
+func New(recipes map[string]Recipe, deps Deps) (*Broker, error) {
+	deps = deps.withDefaults()
+	b := &Broker{recipes: recipes, deps: deps, github: map[string]*githubMinter{}, oauth2: map[string]*oauth2Minter{}}
+	if len(recipes) == 0 {
+		return b, nil
+	}
+	switch {
+	case deps.Sealer == nil:
+		return nil, fmt.Errorf("broker: %s is required when %s has a recipe", KeyEnvName, EnvName)
+	case deps.Secrets == nil:
+		return nil, errors.New("broker: no reader of the recipes' secret references")
+	}
+	for key, r := range recipes {
+		switch {
+		case r.GitHubApp != nil && r.OAuth2 == nil:
+			m, err := newGitHubMinter(key, *r.GitHubApp, deps)
+			if err != nil {
+				return nil, err
+			}
+			b.github[key] = m
+		case r.OAuth2 != nil && r.GitHubApp == nil:
+			if deps.States == nil {
+				return nil, fmt.Errorf("broker: %s: an oauth2 recipe needs the broker's store", key)
+			}
+			m, err := newOAuth2Minter(key, *r.OAuth2, deps)
+			if err != nil {
+				return nil, err
+			}
+			b.oauth2[key] = m
+		default:
+			return nil, fmt.Errorf("broker: %s: want one of githubApp or oauth2", key)
+		}
+	}
+	return b, nil
+}
+
+// Kind reports the recipe kind of projectID/key; ok false when there is
+// no recipe for it.
+func (b *Broker) Kind(projectID, key string) (kind string, ok bool) {
+	r, ok := b.recipes[projectID+"/"+key]
+	if !ok {
+		return "", false
+	}
+	return r.Kind(), true
+}
+
+// Mint returns a value for req's key: a GitHub installation token for the
+// run's repository, with Sealed set (bound to the run; pass it to Revoke
+// at the run's end), or the fleet-wide OAuth2 access token. Errors are
+// *Error; each mint and failure is reported to OnEvent.
+func (b *Broker) Mint(ctx context.Context, req MintRequest) (Minted, error) {
+	id := req.ProjectID + "/" + req.Key
+	var minted Minted
+	var err error
+	var kind string
+	if m, ok := b.github[id]; ok {
+		kind = KindGitHubApp
+		minted, err = b.mintGitHub(ctx, m, req)
+	} else if m, ok := b.oauth2[id]; ok {
+		kind = KindOAuth2
+		minted, err = m.mint(ctx)
+	} else {
+		return Minted{}, &Error{ProjectID: req.ProjectID, Key: req.Key, Detail: "no recipe for this key"}
+	}
+	if err != nil {
+		b.deps.OnEvent(kind, EventFailure)
+		return Minted{}, asError(err, req.ProjectID, req.Key, kind)
+	}
+	b.deps.OnEvent(kind, EventMint)
+	return minted, nil
+}
+
+// bindRun is what a run's own value is sealed bound to.
+func bindRun(req MintRequest) string {
+	return req.ProjectID + "/" + req.Key + "#" + req.FleetRunID
+}
+
+func (b *Broker) mintGitHub(ctx context.Context, m *githubMinter, req MintRequest) (Minted, error) {
+	if req.FleetRunID == "" {
+		return Minted{}, errors.New("a GitHub token is minted for a run: no FleetRunID")
+	}
+	minted, err := m.mint(ctx, req)
+	if err != nil {
+		return Minted{}, err
+	}
+	minted.Kind = KindGitHubApp
+	minted.Sealed, err = b.deps.Sealer.Seal(ctx, []byte(minted.Value), bindRun(req))
+	if err != nil {
+		// Fleet could not revoke a token it cannot keep: revoke it now.
+		if rerr := m.revoke(context.WithoutCancel(ctx), string(minted.Value)); rerr != nil {
+			b.deps.Logger.Error("broker: revoking a token that could not be sealed", "key", req.ProjectID+"/"+req.Key,
+				"kind", KindGitHubApp, "err", rerr)
+		}
+		return Minted{}, fmt.Errorf("sealing the token: %w", err)
+	}
+	return minted, nil
+}
+
+// Revoke revokes a run's own value: sealed is Minted.Sealed of the Mint of
+// req (same run, project and key). Only githubApp values are revoked; an
+// oauth2 key's value is the fleet's and is not.
+func (b *Broker) Revoke(ctx context.Context, req MintRequest, sealed []byte) error {
+	id := req.ProjectID + "/" + req.Key
+	m, ok := b.github[id]
+	if !ok {
+		if _, ok := b.oauth2[id]; ok {
+			return &Error{ProjectID: req.ProjectID, Key: req.Key, Kind: KindOAuth2, Detail: "an oauth2 value is shared by the fleet: not revoked per run"}
+		}
+		return &Error{ProjectID: req.ProjectID, Key: req.Key, Detail: "no recipe for this key"}
+	}
+	plain, err := b.deps.Sealer.Open(ctx, sealed, bindRun(req))
+	if err == nil {
+		err = m.revoke(ctx, string(plain))
+		clear(plain)
+	} else {
+		err = fmt.Errorf("opening the run's token: %w", err)
+	}
+	if err != nil {
+		b.deps.OnEvent(KindGitHubApp, EventFailure)
+		return asError(err, req.ProjectID, req.Key, KindGitHubApp)
+	}
+	b.deps.OnEvent(KindGitHubApp, EventRevocation)
+	b.deps.Logger.Info("broker: revoked", "key", id, "kind", KindGitHubApp, "fleetRunId", req.FleetRunID)
+	return nil
+}
+
+// asError returns err as an *Error of this key: a minter's own, or one
+// made of a failure that is Fleet's (ProviderStatus 0).
+func asError(err error, projectID, key, kind string) *Error {
+	var e *Error
+	if errors.As(err, &e) {
+		return e
+	}
+	return &Error{ProjectID: projectID, Key: key, Kind: kind, Detail: err.Error()}
 }

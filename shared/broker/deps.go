@@ -51,7 +51,9 @@ type Deps struct {
 	// OnEvent, when set, is called once per event (EventMint,
 	// EventRefresh, EventFailure, EventRevocation) with the recipe kind,
 	// synchronously on the goroutine that caused it: Fleet counts them
-	// (EMF metrics). It must not block.
+	// (EMF metrics). It must not block. Broker reports every mint,
+	// revocation and failure of its calls; a minter reports only what
+	// Broker cannot see (an oauth2 refresh).
 	OnEvent func(kind, event string)
 }
 

@@ -144,8 +144,7 @@ func (m *githubMinter) mintFor(ctx context.Context, repo, name string) (Minted, 
 		return Minted{}, err
 	}
 	minted, err := m.accessToken(ctx, id, repo, name)
-	var e *Error
-	if cached && errors.As(err, &e) && e.ProviderStatus == http.StatusNotFound {
+	if cached && providerStatus(err) == http.StatusNotFound {
 		// The App was installed again (a new id) or removed since the
 		// lookup: look up again, once.
 		m.forgetInstallation(repo)
@@ -174,8 +173,7 @@ func (m *githubMinter) installation(ctx context.Context, repo string) (id int64,
 		ID int64 `json:"id"`
 	}
 	if err := m.appCall(ctx, http.MethodGet, "/repos/"+repo+"/installation", nil, http.StatusOK, &answer); err != nil {
-		var e *Error
-		if errors.As(err, &e) && e.ProviderStatus == http.StatusNotFound {
+		if e, ok := errors.AsType[*Error](err); ok && e.ProviderStatus == http.StatusNotFound {
 			e.Detail = "the App is not installed on " + repo + " (GET /repos/" + repo + "/installation answered 404)"
 		}
 		return 0, false, err

@@ -14,7 +14,13 @@ import (
 	"strings"
 
 	"github.com/aws/aws-sdk-go-v2/service/kms"
+	"github.com/aws/aws-sdk-go-v2/service/kms/types"
 )
+
+// ErrUnopenable is an Open of a value this sealer cannot open, ever: made
+// by another key or kind of sealer, for another binding, or altered. Any
+// other Open error may pass (KMS unreachable, throttled).
+var ErrUnopenable = errors.New("sealed by another key, for another binding, or altered")
 
 // KeyEnvName is the variable naming the sealer.
 const KeyEnvName = "RUNFLEET_BROKER_KEY"
@@ -92,13 +98,18 @@ func (s *KMSSealer) Seal(ctx context.Context, plaintext []byte, bindTo string) (
 func (s *KMSSealer) Open(ctx context.Context, sealed []byte, bindTo string) ([]byte, error) {
 	blob, ok := bytes.CutPrefix(sealed, kmsMagic)
 	if !ok {
-		return nil, fmt.Errorf("broker: opening for %s: not sealed by KMS (was %s changed?)", bindTo, KeyEnvName)
+		return nil, fmt.Errorf("broker: opening for %s: not sealed by KMS (was %s changed?): %w", bindTo, KeyEnvName, ErrUnopenable)
 	}
 	out, err := s.client.Decrypt(ctx, &kms.DecryptInput{
 		KeyId:             &s.keyID,
 		CiphertextBlob:    blob,
 		EncryptionContext: map[string]string{encryptionContextKey: bindTo},
 	})
+	var invalid *types.InvalidCiphertextException
+	var incorrect *types.IncorrectKeyException
+	if errors.As(err, &invalid) || errors.As(err, &incorrect) {
+		return nil, fmt.Errorf("broker: opening for %s with KMS key %s: %w: %w", bindTo, s.keyID, ErrUnopenable, err)
+	}
 	if err != nil {
 		return nil, fmt.Errorf("broker: opening for %s with KMS key %s: %w", bindTo, s.keyID, err)
 	}
@@ -177,21 +188,18 @@ func (s *FileSealer) Seal(_ context.Context, plaintext []byte, bindTo string) ([
 func (s *FileSealer) Open(_ context.Context, sealed []byte, bindTo string) ([]byte, error) {
 	rest, ok := bytes.CutPrefix(sealed, fileMagic)
 	if !ok {
-		return nil, fmt.Errorf("broker: opening for %s: not sealed by a key file (was %s changed?)", bindTo, KeyEnvName)
+		return nil, fmt.Errorf("broker: opening for %s: not sealed by a key file (was %s changed?): %w", bindTo, KeyEnvName, ErrUnopenable)
 	}
 	head := fileKeyIDSize + s.aead.NonceSize()
 	if len(rest) < head+s.aead.Overhead() {
-		return nil, fmt.Errorf("broker: opening for %s: the sealed value is truncated", bindTo)
+		return nil, fmt.Errorf("broker: opening for %s: the sealed value is truncated: %w", bindTo, ErrUnopenable)
 	}
 	if !bytes.Equal(rest[:fileKeyIDSize], s.id) {
-		return nil, fmt.Errorf("broker: opening for %s: sealed under another key than %s's (was it replaced?)", bindTo, s.path)
+		return nil, fmt.Errorf("broker: opening for %s: sealed under another key than %s's (was it replaced?): %w", bindTo, s.path, ErrUnopenable)
 	}
 	plain, err := s.aead.Open(nil, rest[fileKeyIDSize:head], rest[head:], []byte(bindTo))
 	if err != nil {
-		return nil, fmt.Errorf("broker: opening for %s: the sealed value fails authentication (altered, or sealed for another binding)", bindTo)
+		return nil, fmt.Errorf("broker: opening for %s: the sealed value fails authentication: %w", bindTo, ErrUnopenable)
 	}
 	return plain, nil
 }
-
-// errNoSealer is New's refusal of recipes without a sealer.
-var errNoSealer = errors.New(KeyEnvName + " is required when " + EnvName + " has a recipe")

@@ -72,9 +72,17 @@ type Server struct {
 	invalidGrants int
 	badClients    int
 	lastScope     string
-	hold          chan struct{} // non-nil: token requests wait for it to close
+	hold          *gate // non-nil: token requests wait for it to open
 	arrived       chan struct{}
 }
+
+// gate holds token requests until opened.
+type gate struct {
+	ch   chan struct{}
+	once sync.Once
+}
+
+func (g *gate) open() { g.once.Do(func() { close(g.ch) }) }
 
 type refreshToken struct {
 	family  int
@@ -103,6 +111,15 @@ func Start(t testing.TB, cfg Config) *Server {
 	mux.HandleFunc("POST /token", s.token)
 	s.srv = httptest.NewTLSServer(mux)
 	t.Cleanup(s.srv.Close)
+	// Before Close (cleanups run last first), which waits for every
+	// request: a test that failed while holding must not hang there.
+	t.Cleanup(func() {
+		s.mu.Lock()
+		defer s.mu.Unlock()
+		if s.hold != nil {
+			s.hold.open()
+		}
+	})
 	s.URL = s.srv.URL + "/token"
 	s.Client = s.srv.Client()
 	return s
@@ -156,6 +173,15 @@ func (s *Server) Honoured(accessToken string) bool {
 	return ok && !s.revoked[a.family] && s.cfg.Clock.Now().Before(a.expires)
 }
 
+// Retired reports whether refreshToken was issued here and presented
+// already: a refresher started from it.
+func (s *Server) Retired(refreshToken string) bool {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	rt, ok := s.refresh[refreshToken]
+	return ok && rt.retired
+}
+
 // SetExpiresIn changes the lifetime of the access tokens issued next.
 func (s *Server) SetExpiresIn(d time.Duration) {
 	s.mu.Lock()
@@ -169,18 +195,15 @@ func (s *Server) SetExpiresIn(d time.Duration) {
 func (s *Server) Hold() (release func()) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	ch := make(chan struct{})
-	s.hold = ch
-	var once sync.Once
+	g := &gate{ch: make(chan struct{})}
+	s.hold = g
 	return func() {
-		once.Do(func() {
-			s.mu.Lock()
-			if s.hold == ch {
-				s.hold = nil
-			}
-			s.mu.Unlock()
-			close(ch)
-		})
+		s.mu.Lock()
+		if s.hold == g {
+			s.hold = nil
+		}
+		s.mu.Unlock()
+		g.open()
 	}
 }
 
@@ -194,7 +217,7 @@ func (s *Server) token(w http.ResponseWriter, r *http.Request) {
 	if hold != nil {
 		s.arrived <- struct{}{}
 		select {
-		case <-hold:
+		case <-hold.ch:
 		case <-r.Context().Done():
 			return
 		}
