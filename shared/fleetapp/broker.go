@@ -2,7 +2,6 @@ package fleetapp
 
 import (
 	"context"
-	"fmt"
 	"slices"
 	"strings"
 
@@ -86,13 +85,13 @@ func secretRefs(recipes map[string]broker.Recipe) []string {
 	return refs
 }
 
-// newBroker is broker.New.
-//
-// SEAM(issue 33): package broker's constructor is written on branch
-// i33-broker and not merged here yet. Until it is, a configured broker
-// with recipes fails the start, naming the variable, rather than running
-// without the keys it names: replace this body with
-// `return broker.New(recipes, d)` once merged.
+var _ fleet.Broker = (*broker.Broker)(nil)
+
+// newBroker is broker.New, as the fleet.Broker Fleet uses.
 func newBroker(recipes map[string]broker.Recipe, d broker.Deps) (fleet.Broker, error) {
-	return nil, fmt.Errorf("fleetapp: %s names %d recipes, but this build has no broker yet (broker.New)", config.EnvBroker, len(recipes))
+	b, err := broker.New(recipes, d)
+	if err != nil {
+		return nil, err
+	}
+	return b, nil
 }

@@ -1,6 +1,7 @@
 package fleetapp
 
 import (
+	"bytes"
 	"context"
 	"encoding/json"
 	"io"
@@ -390,5 +391,32 @@ func TestTheBrokerIsReadAtStart(t *testing.T) {
 	}
 	if err := start(`{}`); err != nil {
 		t.Fatalf("no recipe: %v", err)
+	}
+	const recipe = `{"acme/SAAS_TOKEN": {"oauth2": {"tokenUrl": "https://auth.saas.example/token", "clientId": "c",
+		"clientSecretSecret": "file:client-secret", "refreshTokenSecret": "file:refresh-token"}}}`
+	if err := start(recipe); err == nil || !strings.Contains(err.Error(), config.EnvBrokerKey) {
+		t.Fatalf("recipes without %s: %v, want the start refused naming it", config.EnvBrokerKey, err)
+	}
+
+	// With its key, the broker is built on the store and answers for its keys.
+	key := filepath.Join(dir, "broker.key")
+	os.WriteFile(key, bytes.Repeat([]byte{7}, 32), 0o600)
+	os.WriteFile(recipes, []byte(recipe), 0o600)
+	cfg := fromEnv(t, map[string]string{config.EnvCredentials: "file:" + creds, config.EnvBroker: "file:" + recipes,
+		config.EnvBrokerKey: "file:" + key})
+	app, err := New(context.Background(), cfg, Deps{Logger: discard(), OpenBolt: openBolt, DefaultStore: "bolt:" + filepath.Join(dir, "fleet.db")})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer app.Close()
+	b, err := app.openBroker(context.Background(), cfg, Deps{Logger: discard()}, &awsClients{ctx: context.Background()}, nil)
+	if err != nil || b == nil {
+		t.Fatalf("broker %v, %v", b, err)
+	}
+	if kind, ok := b.Kind("acme", "SAAS_TOKEN"); !ok || kind != "oauth2" {
+		t.Fatalf("Kind(acme, SAAS_TOKEN) = %q, %v", kind, ok)
+	}
+	if _, ok := b.Kind("acme", "OTHER"); ok {
+		t.Fatal("a key without a recipe is brokered")
 	}
 }
