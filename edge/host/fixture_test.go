@@ -57,6 +57,8 @@ type fixture struct {
 	egress string
 	// keyIn is API_TOKEN's "in"; empty means header alone.
 	keyIn []string
+	// keys are acme's keys besides API_TOKEN, as edge.json writes them.
+	keys map[string]any
 	// pprof is proxy.pprof; empty means off.
 	pprof string
 	caCfg map[string]any
@@ -105,6 +107,12 @@ func newFixture(t testing.TB) *fixture {
 		f.mu.Lock()
 		f.seen = append(f.seen, r.Header.Get("Authorization"))
 		f.mu.Unlock()
+		if r.URL.Path == "/reflect" {
+			// An upstream quoting the credential it got: the task must get
+			// the answer scrubbed of it.
+			io.WriteString(w, "reflected="+r.Header.Get("Authorization"))
+			return
+		}
 		io.WriteString(w, "upstream-ok")
 	}), "api.example.test")
 	f.upstreamHost = "api.example.test:" + port(f.upstream)
@@ -157,14 +165,18 @@ func (f *fixture) writeConfig() {
 	if f.pprof != "" {
 		proxy["pprof"] = f.pprof
 	}
+	keys := map[string]any{
+		"API_TOKEN": map[string]any{"domains": []string{f.upstreamHost}, "in": keyIn, "placeholder": map[string]any{"prefix": "ph-", "length": 40}},
+	}
+	for k, v := range f.keys {
+		keys[k] = v
+	}
 	cfg := map[string]any{
 		"dataDir": f.dataDir,
 		"api":     api,
 		"proxy":   proxy,
 		"ca":      caCfg,
-		"policy": map[string]any{"projects": map[string]any{"acme": map[string]any{"keys": map[string]any{
-			"API_TOKEN": map[string]any{"domains": []string{f.upstreamHost}, "in": keyIn, "placeholder": map[string]any{"prefix": "ph-", "length": 40}},
-		}}}},
+		"policy":  map[string]any{"projects": map[string]any{"acme": map[string]any{"keys": keys}}},
 		"secrets": map[string]any{"file": f.secretsPath},
 		"agents":  map[string]any{"shell": map[string]any{"argv": []string{"sh", "-c", "{prompt}"}}},
 		"runner":  runner,

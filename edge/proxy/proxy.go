@@ -140,8 +140,9 @@ type Config struct {
 	// under <DataDir>/secrets-proxy/spool. Zero means DefaultAWSBodyLimit.
 	AWSBodyLimit int64
 	// Observe, if set, is handed every real value the proxy derives from
-	// what Secrets gave (an AWS key's parts) or mints (an STS session's),
-	// before it is used: edge's log redaction learns them there.
+	// what Secrets gave (an AWS key's parts), mints (an STS session's) or
+	// holds from Fleet (SetCredentials, and each read after), before it is
+	// used: edge's log redaction learns them there.
 	Observe func(secrets.Value)
 	// RealValues is the tripwire's index of the real values edge holds
 	// (tripwire.go): edge's log redactor, which learns every value read
