@@ -20,6 +20,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/aws/aws-lambda-go/events"
 	"github.com/aws/aws-sdk-go-v2/aws"
 	"github.com/aws/aws-sdk-go-v2/service/dynamodb"
 	"github.com/aws/aws-sdk-go-v2/service/dynamodb/types"
@@ -160,9 +161,7 @@ func newGHStory(t *testing.T, kind string, byRepository bool) *ghStory {
 		"permissions": bkPermissions, "apiUrl": s.gh.APIURL(),
 	}}}, map[string][]byte{"app-key.pem": s.appKey})
 	logs := &syncbuf.Buffer{}
-	// The host call's timeout is long: it sets the start's deadline on
-	// Fleet's clock, which edge checks on the wall clock.
-	st := newStack(t, kind, stackOptions{clock: s.clk, hostTimeout: time.Hour, log: logs, metrics: s.metrics, env: env, brokerHTTP: s.gh.Client(),
+	st := newStack(t, kind, stackOptions{clock: s.clk, log: logs, metrics: s.metrics, env: env, brokerHTTP: s.gh.Client(),
 		hostCredentials: map[string]string{e2eHostRef: e2eHostToken}})
 	s.f = &e2eFleet{stack: st, logs: logs}
 	s.f.call(t, http.StatusCreated, "POST", "/fleet/hosts", adminToken, jsonBody(map[string]any{
@@ -274,18 +273,31 @@ func (s *ghStory) step(id, child, step string, viaHost bool) (int, string) {
 func (s *ghStory) dispatch() (id, child, placeholder string) {
 	s.t.Helper()
 	tag := fmt.Sprintf("broker-task-%d", time.Now().UnixNano())
-	d := s.f.call(s.t, http.StatusCreated, "POST", "/fleet/runs", s.caller, s.dispatchBody(bkRepo, s.gitTask(tag)))
+	d := s.dispatchWith(http.StatusCreated, s.dispatchBody(bkRepo, s.gitTask(tag)))
 	id, child = d.str("fleetRunId"), d.str("childRunId")
 	s.tags[child] = tag
 	return id, child, s.placeholderOf(tag)
 }
 
-// callWith is e2eFleet.call with request headers.
-func (s *ghStory) callWith(want int, method, path, body string, headers ...string) answer {
+// dispatchWith is alice's dispatch of body (with request headers), which
+// Fleet must answer want. Fleet's clock catches up with the wall clock
+// first: the start's deadline is set on it, and edge checks it on its own.
+func (s *ghStory) dispatchWith(want int, body string, headers ...string) answer {
 	s.t.Helper()
-	a := s.f.must(s.t, want, method, path, s.caller, body, headers...)
+	s.clk.Set(time.Now())
+	a := s.f.must(s.t, want, "POST", "/fleet/runs", s.caller, body, headers...)
 	s.f.responses = append(s.f.responses, a.raw)
 	return a
+}
+
+// sweep runs the sweep handler once, as its schedule would, with the
+// default budget on Fleet's clock (an invocation's deadline is on the wall
+// clock, which Fleet's has left behind).
+func (s *ghStory) sweep() {
+	s.t.Helper()
+	if _, err := s.f.app.Jobs.Sweep(context.Background(), events.EventBridgeEvent{Source: "aws.scheduler", DetailType: "Scheduled Event", Detail: json.RawMessage(`"{}"`)}); err != nil {
+		s.t.Fatalf("sweep: %v", err)
+	}
 }
 
 // placeholderOf is the placeholder in the env of the task tagged tag,
@@ -426,7 +438,7 @@ func (s *ghStory) end(id, child string) fleetapi.BrokeredCredential {
 	s.step(id, child, "end", false)
 	var c fleetapi.BrokeredCredential
 	await.Cond(s.t, time.Minute, "Fleet to revoke the ended run's token", func() bool {
-		s.f.sweep(s.t)
+		s.sweep()
 		c = s.credential(id)
 		return c.RevokedAt != nil
 	})
@@ -523,12 +535,12 @@ func brokerGitHubRefresh(t *testing.T, kind string) {
 
 	// A sweep before the margin changes nothing.
 	s.clk.Advance(first.ExpiresAt.Sub(s.clk.Now()) - broker.RefreshMargin - time.Minute)
-	s.f.sweep(t)
+	s.sweep()
 	if s.gh.Mints() != 1 || s.gh.Revocations() != 0 {
 		t.Fatalf("a sweep 11 minutes before the token's expiry: %d mints, %d revocations; want nothing new", s.gh.Mints(), s.gh.Revocations())
 	}
 	s.clk.Advance(2 * time.Minute)
-	s.f.sweep(t)
+	s.sweep()
 	second := s.token(1)
 	if s.gh.Mints() != 2 || second.Value == first.Value || !second.ExpiresAt.After(first.ExpiresAt) {
 		t.Fatalf("the sweep within the margin: %d mints; want a second token living past the first", s.gh.Mints())
@@ -619,7 +631,7 @@ func brokerGitHubEdgeRestart(t *testing.T, kind string) {
 		t.Fatalf("%d mints before Fleet's pass", s.gh.Mints())
 	}
 
-	s.f.sweep(t)
+	s.sweep()
 	second := s.token(1)
 	if r := s.hostRun(child, func(hostproto.Run) bool { return true }); len(r.MissingCredentials) != 0 {
 		t.Fatalf("after one sweep edge still misses %v", r.MissingCredentials)
@@ -670,7 +682,7 @@ func TestBrokerGitHubRefusalStartsNothing(t *testing.T) {
 				want = http.StatusNotFound
 			}
 			starts := s.e.starts()
-			a := s.callWith(http.StatusConflict, "POST", "/fleet/runs", s.dispatchBody(bkOutsideRepo, "echo never"), "Idempotency-Key", "refused-once")
+			a := s.dispatchWith(http.StatusConflict, s.dispatchBody(bkOutsideRepo, "echo never"), "Idempotency-Key", "refused-once")
 			var body fleetapi.Error
 			decodeAnswer(t, a, &body)
 			var d fleetapi.CredentialUnavailable
@@ -685,7 +697,7 @@ func TestBrokerGitHubRefusalStartsNothing(t *testing.T) {
 			if s.e.starts() != starts || s.gh.Mints() != 0 {
 				t.Fatalf("the refused dispatch reached edge (%d starts) or got a token (%d mints)", s.e.starts()-starts, s.gh.Mints())
 			}
-			ok := s.callWith(http.StatusCreated, "POST", "/fleet/runs", s.dispatchBody(bkRepo, "echo started"), "Idempotency-Key", "refused-once")
+			ok := s.dispatchWith(http.StatusCreated, s.dispatchBody(bkRepo, "echo started"), "Idempotency-Key", "refused-once")
 			await.Cond(t, time.Minute, "the run to succeed", func() bool {
 				return s.f.run(t, s.caller, ok.str("fleetRunId"))["status"] == "succeeded"
 			})
@@ -700,7 +712,7 @@ func TestBrokerGitHubRefusalStartsNothing(t *testing.T) {
 func (s *ghStory) end2(id string) {
 	s.t.Helper()
 	await.Cond(s.t, time.Minute, "Fleet to revoke the ended run's token", func() bool {
-		s.f.sweep(s.t)
+		s.sweep()
 		return s.credential(id).RevokedAt != nil
 	})
 }
@@ -936,6 +948,7 @@ func (o *oauthFleet) dispatchAll(t *testing.T, n int) {
 		"secrets": []map[string]any{{"projectId": bkProject, "key": bkOAuthKey, "domains": []string{"api.saas.example"}}}})
 	answers := make([]answer, n)
 	errs := make([]error, n)
+	defer o.runClock()()
 	var wg sync.WaitGroup
 	for i := range n {
 		wg.Add(1)
@@ -951,6 +964,35 @@ func (o *oauthFleet) dispatchAll(t *testing.T, n int) {
 		if a.status != http.StatusCreated {
 			t.Fatalf("dispatch %d of %d: %d %s", i+1, n, a.status, a.raw)
 		}
+	}
+}
+
+// runClock makes the fake clock follow the wall clock, from where it is,
+// until the returned stop is called: a Fleet process that finds another's
+// refresh lease held polls the store on Fleet's clock (100 ms, doubling
+// to 1 s) until the new token is committed, which takes real time. Moved
+// at the wall clock's pace, the clock lets those polls go on as they would
+// in Lambda, and moves by the burst's few seconds, nothing like the hour
+// a token lives or the minute a lease is held.
+func (o *oauthFleet) runClock() (stop func()) {
+	base, start := o.clk.Now(), time.Now()
+	done, stopped := make(chan struct{}), make(chan struct{})
+	go func() {
+		defer close(stopped)
+		tick := time.NewTicker(5 * time.Millisecond)
+		defer tick.Stop()
+		for {
+			select {
+			case <-done:
+				return
+			case <-tick.C:
+				o.clk.Set(base.Add(time.Since(start)))
+			}
+		}
+	}()
+	return func() {
+		close(done)
+		<-stopped
 	}
 }
 
