@@ -935,29 +935,61 @@ func newOAuthFleet(t *testing.T, kind string, n int) *oauthFleet {
 		o.metrics = append(o.metrics, metrics)
 	}
 	o.host = o.stacks[0].addHost(t, "h1", fakehost.Config{Features: fakeFeatures}, nil)
+	o.stacks[0].probe(t, "h1")
 	o.caller = o.stacks[0].mint(t, "alice", "*", []string{bkProject})
 	return o
 }
 
 // dispatchAll sends n dispatches at once, alternating between the stacks,
 // each of a run declaring acme/SAAS_TOKEN, and fails unless each answered
-// 201.
+// 201. With more than one stack it makes the race the lease decides
+// certain: the token endpoint holds the first refresh (the first
+// dispatch's, on the first stack) until another stack's dispatches are
+// found waiting for that stack's lease (polling the store on the clock,
+// which stands still meanwhile: a timer within a second is pending, which
+// no other wait of a dispatch sets).
 func (o *oauthFleet) dispatchAll(t *testing.T, n int) {
 	t.Helper()
 	body := jsonBody(map[string]any{"agent": "shell", "host": "h1",
 		"secrets": []map[string]any{{"projectId": bkProject, "key": bkOAuthKey, "domains": []string{"api.saas.example"}}}})
 	answers := make([]answer, n)
 	errs := make([]error, n)
-	defer o.runClock()()
 	var wg sync.WaitGroup
-	for i := range n {
+	send := func(i int) {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
 			answers[i], errs[i] = o.stacks[i%len(o.stacks)].send("POST", "/fleet/runs", o.caller, body)
 		}()
 	}
+	if len(o.stacks) > 1 {
+		release := o.oauth.Hold()
+		defer release() // before the stacks' cleanup, which waits for every request
+		send(0)
+		await.Recv(t, "the first refresh to reach the token endpoint", o.oauth.Arrived())
+		for i := 1; i < n; i++ {
+			send(i)
+		}
+		await.Cond(t, time.Minute, "another Fleet to wait for the refresh lease", func() bool {
+			next, ok := o.clk.Next()
+			return ok && next.Sub(o.clk.Now()) <= time.Second || len(o.oauth.Arrived()) > 0
+		})
+		if len(o.oauth.Arrived()) > 0 {
+			release()
+			t.Fatal("a second refresh reached the token endpoint while the first was in flight")
+		}
+		release()
+	} else {
+		for i := range n {
+			send(i)
+		}
+	}
+	stop := o.runClock()
 	await.Group(t, "the dispatches", &wg)
+	stop()
+	if extra := len(o.oauth.Arrived()); extra > 0 {
+		t.Fatalf("%d more refreshes reached the token endpoint while the first was held", extra)
+	}
 	for i, a := range answers {
 		must(t, errs[i])
 		o.keep(a.raw)
@@ -1003,7 +1035,8 @@ func (o *oauthFleet) keep(raw string) {
 }
 
 // TestBrokerOAuth2OneRefreshPerExpiryFleetWide: two Fleet processes on the
-// same DynamoDB tables, and on bbolt one Fleet, take 50 concurrent
+// same DynamoDB tables (the second found waiting on the first's refresh
+// lease each time), and on bbolt one Fleet, take 50 concurrent
 // dispatches of runs declaring an OAuth2 key, first with no access token
 // yet and then after each of three expiries (the clock moved an hour): the
 // token endpoint, which rotates refresh tokens and revokes the family of a
