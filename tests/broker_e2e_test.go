@@ -125,6 +125,8 @@ type ghStory struct {
 	// tags are the tag each run's task echoes first, by host run id: a
 	// retried attempt runs the same prompt.
 	tags map[string]string
+	// ids are the runs Fleet created.
+	ids []string
 }
 
 // newGHStory starts the fake GitHub (the App installed on bkRepo and
@@ -287,6 +289,9 @@ func (s *ghStory) dispatchWith(want int, body string, headers ...string) answer 
 	s.clk.Set(time.Now())
 	a := s.f.must(s.t, want, "POST", "/fleet/runs", s.caller, body, headers...)
 	s.f.responses = append(s.f.responses, a.raw)
+	if a.status == http.StatusCreated {
+		s.ids = append(s.ids, a.str("fleetRunId"))
+	}
 	return a
 }
 
@@ -718,11 +723,18 @@ func (s *ghStory) end2(id string) {
 }
 
 // noValueAnywhere fails if a token the fake GitHub minted or the App's
-// private key is in any item of Fleet's store, any answer Fleet gave, its
-// log, edge's log or any file of edge's data dir (its run log, audit log,
-// ledgers), or if the placeholder (when given) is in a log.
+// private key is in any item of Fleet's store, any answer Fleet gave
+// (every run and its mirrored events read once more here), its log and
+// metrics, edge's log or any file of edge's data dir (its run log, audit
+// log, ledgers), or if the placeholder (when given) is in a log.
 func (s *ghStory) noValueAnywhere(placeholder string) {
 	s.t.Helper()
+	for _, id := range s.ids {
+		s.f.run(s.t, s.caller, id)
+		if evs := s.f.call(s.t, http.StatusOK, "GET", "/fleet/runs/"+id+"/events?after=0&limit=1000", s.caller, ""); len(evs.body["events"].([]any)) == 0 {
+			s.t.Fatalf("run %s has no events mirrored", id)
+		}
+	}
 	var values []secretValue
 	for i, tok := range s.gh.Tokens() {
 		values = append(values, secretValue{fmt.Sprintf("GitHub token %d", i+1), tok.Value})
@@ -948,7 +960,7 @@ func newOAuthFleet(t *testing.T, kind string, n int) *oauthFleet {
 // found waiting for that stack's lease (polling the store on the clock,
 // which stands still meanwhile: a timer within a second is pending, which
 // no other wait of a dispatch sets).
-func (o *oauthFleet) dispatchAll(t *testing.T, n int) {
+func (o *oauthFleet) dispatchAll(t *testing.T, n int) (children []string) {
 	t.Helper()
 	body := jsonBody(map[string]any{"agent": "shell", "host": "h1",
 		"secrets": []map[string]any{{"projectId": bkProject, "key": bkOAuthKey, "domains": []string{"api.saas.example"}}}})
@@ -996,7 +1008,9 @@ func (o *oauthFleet) dispatchAll(t *testing.T, n int) {
 		if a.status != http.StatusCreated {
 			t.Fatalf("dispatch %d of %d: %d %s", i+1, n, a.status, a.raw)
 		}
+		children = append(children, a.str("childRunId"))
 	}
+	return children
 }
 
 // runClock makes the fake clock follow the wall clock, from where it is,
@@ -1042,8 +1056,11 @@ func (o *oauthFleet) keep(raw string) {
 // token endpoint, which rotates refresh tokens and revokes the family of a
 // reused one, sees exactly one refresh each time and never an
 // invalid_grant; every start carried the access token of its time, which
-// the provider honours, with its expiry. No token, refresh token or the
-// client secret is in the store, an answer or a log.
+// the provider honours, with its expiry. Then the 200 live runs outlive
+// that token: one sweep refreshes once more and gives each run's host the
+// new token. The broker's metrics count every value handed out and each
+// refresh. No token, refresh token or the client secret is in the store,
+// an answer, a log or a metric line.
 func TestBrokerOAuth2OneRefreshPerExpiryFleetWide(t *testing.T) {
 	for _, c := range []struct {
 		kind   string
@@ -1057,13 +1074,14 @@ func brokerOAuth2OneRefreshPerExpiry(t *testing.T, kind string, fleets int) {
 	const dispatches, expiries = 50, 3
 	o := newOAuthFleet(t, kind, fleets)
 	seen := map[string]bool{}
+	var children []string
 	for round := 0; round <= expiries; round++ {
 		if round > 0 {
 			o.clk.Advance(time.Hour)
 			o.stacks[0].probe(t, "h1")
 		}
 		before := len(o.host.Starts())
-		o.dispatchAll(t, dispatches)
+		children = append(children, o.dispatchAll(t, dispatches)...)
 		if got := o.oauth.Refreshes(); got != round+1 || o.oauth.InvalidGrants() != 0 || o.oauth.BadClients() != 0 {
 			t.Fatalf("after round %d (%d expiries): %d refreshes, %d invalid_grant, %d bad clients; want %d, 0, 0",
 				round, round, got, o.oauth.InvalidGrants(), o.oauth.BadClients(), round+1)
@@ -1096,11 +1114,46 @@ func brokerOAuth2OneRefreshPerExpiry(t *testing.T, kind string, fleets int) {
 	if o.oauth.Refreshes() != expiries+1 || o.oauth.InvalidGrants() != 0 {
 		t.Fatalf("%d refreshes, %d invalid_grant; want %d and 0", o.oauth.Refreshes(), o.oauth.InvalidGrants(), expiries+1)
 	}
+
+	// The runs outlive the last token: the sweep (of the last Fleet)
+	// refreshes once and gives every live run's host the new token.
+	o.clk.Advance(time.Hour - broker.RefreshMargin + time.Minute)
+	last := o.stacks[len(o.stacks)-1]
+	await.Cond(t, time.Minute, "the sweep to give every live run the new token", func() bool {
+		if _, err := last.app.Jobs.Sweep(context.Background(), events.EventBridgeEvent{}); err != nil {
+			t.Fatalf("sweep: %v", err)
+		}
+		for _, child := range children {
+			if len(o.host.CredentialPuts(child)) == 0 {
+				return false
+			}
+		}
+		return true
+	})
+	if o.oauth.Refreshes() != expiries+2 || o.oauth.InvalidGrants() != 0 {
+		t.Fatalf("after the sweep: %d refreshes, %d invalid_grant; want %d and 0", o.oauth.Refreshes(), o.oauth.InvalidGrants(), expiries+2)
+	}
+	var swept string
+	for _, child := range children {
+		puts := o.host.CredentialPuts(child)
+		if len(puts) != 1 || len(puts[0].Credentials) != 1 || puts[0].Credentials[0].ID() != bkProject+"/"+bkOAuthKey {
+			t.Fatalf("run %s took %d PUTs of credentials; want one of acme/SAAS_TOKEN", child, len(puts))
+		}
+		v := string(puts[0].Credentials[0].Value)
+		if swept == "" {
+			swept = v
+		}
+		if v != swept || seen[v] || !o.oauth.Honoured(v) {
+			t.Fatalf("run %s was given an access token the provider honours %v, new %v, the one the others got %v", child, o.oauth.Honoured(v), !seen[v], v == swept)
+		}
+	}
+	seen[swept] = true
+
 	var metrics []string
 	for _, m := range o.metrics {
 		metrics = append(metrics, m.String())
 	}
-	want := map[string]float64{"BrokerMints/oauth2": dispatches * (expiries + 1), "BrokerRefreshes/oauth2": expiries + 1}
+	want := map[string]float64{"BrokerMints/oauth2": dispatches*(expiries+1) + float64(len(children)), "BrokerRefreshes/oauth2": expiries + 2}
 	if got := brokerMetrics(t, metrics...); !reflect.DeepEqual(got, want) {
 		t.Fatalf("the Fleets' broker metrics %v; want %v", got, want)
 	}
