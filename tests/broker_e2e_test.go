@@ -6,6 +6,7 @@ import (
 	"crypto/rand"
 	"encoding/json"
 	"fmt"
+	"maps"
 	"net"
 	"net/http"
 	"os"
@@ -100,8 +101,7 @@ func brokerEnv(t *testing.T, recipes map[string]any, files map[string][]byte) ma
 // ghStory is a real edge host and a Fleet minting its runs' GitHub tokens
 // at a fake GitHub, on one store kind.
 type ghStory struct {
-	t    *testing.T
-	kind string
+	t *testing.T
 	// clk is Fleet's and the fake GitHub's clock.
 	clk *clock.Fake
 	gh  *fakegithub.Server
@@ -115,10 +115,11 @@ type ghStory struct {
 	// roots is edge's upstream roots file: the demo upstream's CA and
 	// the fake GitHub's.
 	roots string
-	// work is the runs' localPath on edge: a brokered GitHub run names
-	// its repository for Fleet to mint its token, and its task clones
-	// it; with no localPath edge would clone the repository itself,
-	// without a credential (see the report of issue 33).
+	// work is the runs' localPath on edge. A brokered GitHub run names
+	// its repository (Fleet mints its token for it) and its task clones
+	// it with the placeholder; without a localPath edge clones the
+	// repository itself before the task starts, with no credential,
+	// and the run fails clone_failed.
 	work string
 	// n numbers the steps a task is sent.
 	n int
@@ -137,7 +138,7 @@ type ghStory struct {
 // with the runs' local path and a caller alice who may use project acme.
 func newGHStory(t *testing.T, kind string, byRepository bool) *ghStory {
 	t.Helper()
-	s := &ghStory{t: t, kind: kind, clk: clock.NewFake(time.Now().UTC().Truncate(time.Second)), tags: map[string]string{}, metrics: &syncbuf.Buffer{}}
+	s := &ghStory{t: t, clk: clock.NewFake(time.Now().UTC().Truncate(time.Second)), tags: map[string]string{}, metrics: &syncbuf.Buffer{}}
 	key := fakegithub.NewAppKey(t)
 	s.appKey = fakegithub.PKCS1PEM(key)
 	s.gh = fakegithub.New(t, fakegithub.Options{Clock: s.clk, Repos: []string{bkOutsideRepo}, Apps: []fakegithub.App{{
@@ -358,23 +359,11 @@ func (s *ghStory) token(i int) fakegithub.Token {
 		s.t.Fatalf("the fake GitHub minted %d tokens; want a %dth", len(toks), i+1)
 	}
 	tok := toks[i]
-	if tok.AppID != bkAppID || tok.InstallationID != bkInstallation || !slices.Equal(tok.Repos, []string{bkRepo}) || !mapsEqual(tok.Permissions, bkPermissions) {
+	if tok.AppID != bkAppID || tok.InstallationID != bkInstallation || !slices.Equal(tok.Repos, []string{bkRepo}) || !maps.Equal(tok.Permissions, bkPermissions) {
 		s.t.Fatalf("token %d: app %d, installation %d, repos %v, permissions %v; want %d, %d, [%s], %v",
 			i, tok.AppID, tok.InstallationID, tok.Repos, tok.Permissions, bkAppID, bkInstallation, bkRepo, bkPermissions)
 	}
 	return tok
-}
-
-func mapsEqual(a, b map[string]string) bool {
-	if len(a) != len(b) {
-		return false
-	}
-	for k, v := range a {
-		if b[k] != v {
-			return false
-		}
-	}
-	return true
 }
 
 // gitServed is the git requests the fake answered since the first
@@ -436,20 +425,28 @@ func (s *ghStory) refusedAtGitHub(token string) {
 	}
 }
 
-// end sends the task its end and sweeps, as the schedule would, until
-// Fleet has revoked the run's token; it returns the run's credential then.
+// end sends the task its end, waits for the run to succeed and sweeps
+// until Fleet revoked its token; it returns the run's credential then.
 func (s *ghStory) end(id, child string) fleetapi.BrokeredCredential {
 	s.t.Helper()
 	s.step(id, child, "end", false)
+	return s.revoked(id)
+}
+
+// revoked waits for run id to succeed, then sweeps, as the schedule
+// would, until Fleet has revoked its token, and returns the run's
+// credential then.
+func (s *ghStory) revoked(id string) fleetapi.BrokeredCredential {
+	s.t.Helper()
+	await.Cond(s.t, time.Minute, "the run to succeed", func() bool {
+		return s.f.run(s.t, s.caller, id)["status"] == "succeeded"
+	})
 	var c fleetapi.BrokeredCredential
 	await.Cond(s.t, time.Minute, "Fleet to revoke the ended run's token", func() bool {
 		s.sweep()
 		c = s.credential(id)
 		return c.RevokedAt != nil
 	})
-	if r := s.f.run(s.t, s.caller, id); r["status"] != "succeeded" {
-		s.t.Fatalf("the run: %v", r)
-	}
 	return c
 }
 
@@ -500,11 +497,7 @@ func brokerGitHubCloneAndPush(t *testing.T, kind string) {
 	if code, out := s.step(id, child, "other", false); code == 0 {
 		t.Fatalf("the task cloned %s, which its run's token must not reach:\n%s", bkOtherRepo, out)
 	}
-	other := s.gitServed(since, bkOtherRepo)
-	if len(other) == 0 || slices.ContainsFunc(other, func(r fakegithub.GitRequest) bool { return r.Status == http.StatusOK && r.Token != "" }) {
-		t.Fatalf("the fake's answers to the clone of %s: %v; want it refused", bkOtherRepo, statusesOf(other))
-	}
-	s.servedWith("the clone of "+bkOtherRepo, other, fakegithub.UploadPack, tok.Value, http.StatusNotFound)
+	s.servedWith("the clone of "+bkOtherRepo, s.gitServed(since, bkOtherRepo), fakegithub.UploadPack, tok.Value, http.StatusNotFound)
 
 	if c := s.end(id, child); !c.ExpiresAt.Equal(tok.ExpiresAt) {
 		t.Fatalf("the ended run's credential: %+v", c)
@@ -523,7 +516,8 @@ func brokerGitHubCloneAndPush(t *testing.T, kind string) {
 // it to edge, which takes it for the same placeholder, and revokes the
 // first; the task, unchanged (same process, same env), fetches and pushes
 // again, served with the second token, while the first is refused. GET of
-// the run shows the new expiry. On both stores.
+// the run shows the new expiry. On both stores (the installation looked up
+// byRepository on bbolt).
 func TestBrokerGitHubRefreshKeepsARunWorking(t *testing.T) {
 	for _, kind := range storeKinds {
 		t.Run(kind, func(t *testing.T) { brokerGitHubRefresh(t, kind) })
@@ -533,6 +527,7 @@ func TestBrokerGitHubRefreshKeepsARunWorking(t *testing.T) {
 func brokerGitHubRefresh(t *testing.T, kind string) {
 	s := newGHStory(t, kind, kind == "bolt")
 	id, child, placeholder := s.dispatch()
+	pid := taskProcess(t, s.tags[child])
 	first := s.token(0)
 	if code, out := s.step(id, child, "clone", false); code != 0 {
 		t.Fatalf("the task's clone: exit %d\n%s", code, out)
@@ -568,10 +563,10 @@ func brokerGitHubRefresh(t *testing.T, kind string) {
 	s.servedWith("the fetch and push after the refresh", reqs, fakegithub.UploadPack, second.Value, http.StatusOK)
 	s.servedWith("the push after the refresh", reqs, fakegithub.ReceivePack, second.Value, http.StatusOK)
 	s.refusedAtGitHub(first.Value)
-	// The task is the same process: its placeholder is the one it began
-	// with, and edge gave it the second token's value.
-	if now := s.placeholderOf(s.tags[child]); now != placeholder {
-		t.Fatal("the task's placeholder changed")
+	// The task went on in the same process, with the placeholder it
+	// began with: edge swapped it for the second token.
+	if now := taskProcess(t, s.tags[child]); now != pid || s.placeholderOf(s.tags[child]) != placeholder {
+		t.Fatalf("the task is process %d, was %d, or its placeholder changed", now, pid)
 	}
 
 	s.end(id, child)
@@ -587,7 +582,8 @@ func brokerGitHubRefresh(t *testing.T, kind string) {
 // missingCredentials, and the task's git and curl with the same
 // placeholder as before are answered 503 withheld, the fake GitHub seeing
 // nothing. One sweep later the value is back (a fresh token, the old one
-// revoked) and the same git succeeds. On both stores.
+// revoked) and the same git succeeds. Restarted again and retried through
+// Fleet, the run's attempt has a fresh value at once. On both stores.
 func TestBrokerGitHubEdgeRestartWithholdsUntilFleetsNextPass(t *testing.T) {
 	for _, kind := range storeKinds {
 		t.Run(kind, func(t *testing.T) { brokerGitHubEdgeRestart(t, kind) })
@@ -651,9 +647,28 @@ func brokerGitHubEdgeRestart(t *testing.T, kind string) {
 	s.servedWith("the ls-remote after Fleet's pass", s.gitServed(since, bkRepo), fakegithub.UploadPack, second.Value, http.StatusOK)
 	s.refusedAtGitHub(first.Value)
 
-	s.end(id, child)
+	// Restarted again, the run retried through Fleet: the retry itself
+	// gives the new attempt a fresh value, before any sweep.
+	s.e.shutdown()
+	s.e.openWith(false, s.edgeConfig)
+	s.hostRun(child, func(r hostproto.Run) bool { return hostproto.TerminalStatus(r.Status) })
+	if a := s.f.call(t, http.StatusOK, "POST", "/fleet/runs/"+id+"/retry", s.caller, ""); a.body["accepted"] != true {
+		t.Fatalf("the retry through Fleet: %s", a.raw)
+	}
+	third := s.token(2)
+	if r := s.hostRun(child, func(r hostproto.Run) bool { return r.Status == hostproto.StatusRunning }); r.Attempt != 3 || len(r.MissingCredentials) != 0 {
+		t.Fatalf("the run retried through Fleet: %+v; want attempt 3 missing nothing", r)
+	}
+	since = len(s.gh.GitRequests())
+	if code, out := s.step(id, child, "lsremote", false); code != 0 {
+		t.Fatalf("the task's ls-remote after the retry through Fleet: exit %d\n%s", code, out)
+	}
+	s.servedWith("the ls-remote after the retry through Fleet", s.gitServed(since, bkRepo), fakegithub.UploadPack, third.Value, http.StatusOK)
 	s.refusedAtGitHub(second.Value)
-	s.wantMetrics(map[string]float64{"BrokerMints/githubApp": 2, "BrokerRevocations/githubApp": 2})
+
+	s.end(id, child)
+	s.refusedAtGitHub(third.Value)
+	s.wantMetrics(map[string]float64{"BrokerMints/githubApp": 3, "BrokerRevocations/githubApp": 3})
 	s.noValueAnywhere(placeholder)
 }
 
@@ -703,23 +718,11 @@ func TestBrokerGitHubRefusalStartsNothing(t *testing.T) {
 				t.Fatalf("the refused dispatch reached edge (%d starts) or got a token (%d mints)", s.e.starts()-starts, s.gh.Mints())
 			}
 			ok := s.dispatchWith(http.StatusCreated, s.dispatchBody(bkRepo, "echo started"), "Idempotency-Key", "refused-once")
-			await.Cond(t, time.Minute, "the run to succeed", func() bool {
-				return s.f.run(t, s.caller, ok.str("fleetRunId"))["status"] == "succeeded"
-			})
-			s.end2(ok.str("fleetRunId"))
+			s.revoked(ok.str("fleetRunId"))
 			s.wantMetrics(map[string]float64{"BrokerFailures/githubApp": 1, "BrokerMints/githubApp": 1, "BrokerRevocations/githubApp": 1})
 			s.noValueAnywhere("")
 		})
 	}
-}
-
-// end2 sweeps until Fleet revoked an ended run's token.
-func (s *ghStory) end2(id string) {
-	s.t.Helper()
-	await.Cond(s.t, time.Minute, "Fleet to revoke the ended run's token", func() bool {
-		s.sweep()
-		return s.credential(id).RevokedAt != nil
-	})
 }
 
 // noValueAnywhere fails if a token the fake GitHub minted or the App's
