@@ -16,6 +16,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/runfleet/runfleet/shared/clock"
@@ -48,6 +49,8 @@ const (
 	// provider omits expires_in (RFC 6749 only recommends it): short, so
 	// a shorter real one is replaced soon rather than served stale.
 	defaultLifetime = 15 * time.Minute
+	// commitAttempts is how many times the new tokens' commit is tried.
+	commitAttempts = 3
 	// maxTokenAnswer bounds the token endpoint's answer read.
 	maxTokenAnswer = 64 << 10
 )
@@ -71,8 +74,18 @@ type oauth2Minter struct {
 
 	mu     sync.Mutex
 	opened access // the newest generation's access token opened
+	seeds  seedCheck
 	flight *flight
 	failed *failedRefresh
+}
+
+// seedCheck is the last comparison of a family's Seed fingerprint with the
+// configured seed, so a warm process compares each pair once (the
+// fingerprint's key is sealed: a KMS call).
+type seedCheck struct {
+	seed   string   // the state's Seed
+	digest [32]byte // SHA-256 of the configured seed it was compared with
+	same   bool
 }
 
 // access is one generation's access token, opened. A warm process opens
@@ -104,6 +117,11 @@ type flight struct {
 	done chan struct{}
 	a    access
 	err  error
+	// exchanging is set from the request to the token endpoint until the
+	// answer is stored: callers wait for that even past their context,
+	// since in Lambda a handler that returns freezes the flight, and a
+	// refresh token rotated but not stored ends the family.
+	exchanging atomic.Bool
 }
 
 // failedRefresh is a refusal by the provider, kept for failureHold.
@@ -132,6 +150,15 @@ func (m *oauth2Minter) mint(ctx context.Context) (Minted, error) {
 		a, err := m.open(ctx, st)
 		switch {
 		case err == nil && a.fresh(m.deps.Clock.Now()):
+			if !m.reseeded(ctx, st) {
+				return a.minted(), nil
+			}
+			// An operator stored a new seed (after revoking the family
+			// at the provider, say): start again from it now, not at the
+			// expiry. Until that works, the current token is served.
+			if b, err := m.refreshed(ctx, st.Generation); err == nil {
+				return b.minted(), nil
+			}
 			return a.minted(), nil
 		case err != nil && !errors.Is(err, ErrUnopenable):
 			return Minted{}, m.fail(0, "opening its access token: %v", err)
@@ -193,6 +220,39 @@ func unwrapAccess(b []byte) (time.Duration, string, error) {
 	return time.Duration(binary.BigEndian.Uint64(b[1:9])) * time.Second, string(b[9:]), nil
 }
 
+// reseeded reports whether refreshTokenSecret now holds another seed than
+// the one st's family began from. Not knowing (the secret or the sealer
+// failed) is no: the family goes on.
+func (m *oauth2Minter) reseeded(ctx context.Context, st store.BrokerState) bool {
+	if st.Seed == "" {
+		return false
+	}
+	token, err := m.deps.Secrets.Read(ctx, m.r.RefreshTokenSecret)
+	if err != nil {
+		m.deps.Logger.Warn("broker: reading refreshTokenSecret to compare its seed", "key", m.id, "kind", KindOAuth2, "err", err)
+		return false
+	}
+	digest := sha256.Sum256([]byte(token))
+	m.mu.Lock()
+	c := m.seeds
+	m.mu.Unlock()
+	if c.seed == st.Seed && c.digest == digest {
+		return !c.same
+	}
+	same, err := m.seedMatches(ctx, st.Seed, token)
+	if err != nil {
+		return false
+	}
+	m.rememberSeed(st.Seed, token, same)
+	return !same
+}
+
+func (m *oauth2Minter) rememberSeed(seed, token string, same bool) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	m.seeds = seedCheck{seed: seed, digest: sha256.Sum256([]byte(token)), same: same}
+}
+
 // refreshed returns the access token once a refresh, this process's or
 // another's, has replaced generation seen, or the provider's refusal.
 func (m *oauth2Minter) refreshed(ctx context.Context, seen int64) (access, error) {
@@ -212,6 +272,9 @@ func (m *oauth2Minter) refreshed(ctx context.Context, seen int64) (access, error
 	case <-f.done:
 		return f.a, f.err
 	case <-ctx.Done():
+		if f.exchanging.Load() {
+			<-f.done // bounded by the HTTP client's timeout and one store write
+		}
 		return access{}, m.fail(0, "waiting for its refresh: %v", ctx.Err())
 	}
 }
@@ -220,7 +283,7 @@ func (m *oauth2Minter) refreshed(ctx context.Context, seen int64) (access, error
 func (m *oauth2Minter) fly(ctx context.Context, f *flight, seen int64) {
 	ctx, cancel := clock.WithTimeout(ctx, m.deps.Clock, flightLimit)
 	defer cancel()
-	a, err := m.refreshOrWait(ctx, seen)
+	a, err := m.refreshOrWait(ctx, f, seen)
 	m.mu.Lock()
 	f.a, f.err = a, err
 	if m.flight == f {
@@ -239,7 +302,7 @@ func (m *oauth2Minter) fly(ctx context.Context, f *flight, seen int64) {
 // refreshOrWait takes the lease and refreshes generation seen, or waits
 // for the lease's holder to: never two refreshes of one credential at
 // once, fleet-wide.
-func (m *oauth2Minter) refreshOrWait(ctx context.Context, seen int64) (access, error) {
+func (m *oauth2Minter) refreshOrWait(ctx context.Context, f *flight, seen int64) (access, error) {
 	for {
 		now := m.deps.Clock.Now()
 		st, err := m.deps.States.AcquireBrokerLease(ctx, m.id, m.holder, now.Add(LeaseDuration))
@@ -252,7 +315,7 @@ func (m *oauth2Minter) refreshOrWait(ctx context.Context, seen int64) (access, e
 					return a, nil
 				}
 			}
-			return m.refresh(ctx, st)
+			return m.refresh(ctx, f, st)
 		case errors.Is(err, store.ErrConflict):
 			next, err := m.await(ctx, st)
 			if err != nil {
@@ -299,8 +362,9 @@ func (m *oauth2Minter) await(ctx context.Context, held store.BrokerState) (store
 // refresh exchanges the refresh token while holding the lease, and stores
 // the new tokens before it returns them. It releases the lease on failure
 // (a commit releases it on success).
-func (m *oauth2Minter) refresh(ctx context.Context, st store.BrokerState) (_ access, err error) {
+func (m *oauth2Minter) refresh(ctx context.Context, f *flight, st store.BrokerState) (_ access, err error) {
 	defer func() {
+		f.exchanging.Store(false)
 		if err != nil {
 			m.release(ctx)
 		}
@@ -317,6 +381,7 @@ func (m *oauth2Minter) refresh(ctx context.Context, st store.BrokerState) (_ acc
 	if err != nil {
 		return access{}, err
 	}
+	f.exchanging.Store(true)
 	answer, err := m.exchange(ctx, refreshToken, clientSecret, restart)
 	if err != nil {
 		return access{}, err
@@ -339,13 +404,24 @@ func (m *oauth2Minter) refresh(ctx context.Context, st store.BrokerState) (_ acc
 	if next.SealedAccessToken, err = m.deps.Sealer.Seal(ctx, wrapped, bindAccess(m.id)); err != nil {
 		return access{}, m.lost("sealing the new access token: %v", err)
 	}
-	committed, err := m.deps.States.CommitBrokerState(ctx, next)
+	// A store failure that is not an answer (a throttle, a lost
+	// response) is tried again at once: the rotated token exists nowhere
+	// else. A retried write recognises its own success (dynamostore's
+	// write tokens).
+	var committed store.BrokerState
+	for range commitAttempts {
+		committed, err = m.deps.States.CommitBrokerState(ctx, next)
+		if err == nil || errors.Is(err, store.ErrConflict) || errors.Is(err, store.ErrNotFound) || ctx.Err() != nil {
+			break
+		}
+	}
 	if err != nil {
 		return access{}, m.lost("storing the new tokens: %v", err)
 	}
 	a := access{generation: committed.Generation, expiresAt: committed.AccessExpiresAt, lifetime: answer.lifetime,
 		value: hostproto.SecretString(answer.accessToken)}
 	m.remember(a)
+	m.rememberSeed(committed.Seed, seedToken, true)
 	m.deps.OnEvent(KindOAuth2, EventRefresh)
 	m.deps.Logger.Info("broker: refreshed", "key", m.id, "kind", KindOAuth2,
 		"generation", committed.Generation, "expiresAt", committed.AccessExpiresAt, "fromSeed", restart)

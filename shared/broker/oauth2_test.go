@@ -11,6 +11,7 @@ import (
 	"slices"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -105,13 +106,15 @@ var start = time.Date(2026, 6, 1, 9, 0, 0, 0, time.UTC)
 // fixture is a fake provider, a store and what Brokers over them share:
 // every Broker made by broker() is another Fleet process.
 type fixture struct {
-	t      *testing.T
-	clk    *clock.Fake
-	fo     *fakeoauth.Server
-	dir    string
-	store  backend
-	inner  store.BrokerStates // the test's own handle
-	held   *heldLeases
+	t     *testing.T
+	clk   *clock.Fake
+	fo    *fakeoauth.Server
+	dir   string
+	store backend
+	inner store.BrokerStates // the test's own handle
+	held  *heldLeases
+	// wrap, when set, wraps each process's handle (a fault to inject).
+	wrap   func(store.BrokerStates) store.BrokerStates
 	sealer *countingSealer
 	logs   *syncbuf.Buffer
 	events *events
@@ -162,7 +165,11 @@ func (f *fixture) recipes() map[string]broker.Recipe {
 
 // states is a Fleet process's handle on the store.
 func (f *fixture) states() store.BrokerStates {
-	return &observed{BrokerStates: f.store.handle(), held: f.held}
+	h := f.store.handle()
+	if f.wrap != nil {
+		h = f.wrap(h)
+	}
+	return &observed{BrokerStates: h, held: f.held}
 }
 
 // broker is one Fleet process's Broker.
@@ -394,9 +401,13 @@ func TestOAuth2OpensEachGenerationOnce(t *testing.T) {
 				t.Fatal(err)
 			}
 		}
-		// a refreshed (and keeps what it sealed); b opened it once.
+		// a refreshed (and keeps what it sealed); b opened it, and the
+		// seed fingerprint's key, once.
 		if got := f.sealer.opened("#access"); got != 1 {
 			t.Fatalf("%d opens of the access token for 20 mints in two processes; want 1", got)
+		}
+		if got := f.sealer.opened("#seed"); got != 1 {
+			t.Fatalf("%d opens of the seed fingerprint for 20 mints in two processes; want 1", got)
 		}
 	})
 }
@@ -427,13 +438,15 @@ func TestOAuth2SeedsAndRefusals(t *testing.T) {
 			t.Fatalf("at the margin: %v, new token %v, %d refreshes, %d invalid_grant", err, m2.Value != m1.Value, f.fo.Refreshes(), f.fo.InvalidGrants())
 		}
 
-		// A re-seeded secret restarts the family, though the stored one
-		// still works.
+		// A re-seeded secret restarts the family at once, though the
+		// stored one still works and its access token is fresh.
 		seed2 := f.reseed()
-		f.clk.Set(m2.ExpiresAt)
 		m3, err := f.one(a)
-		if err != nil || !f.fo.Retired(seed2) || f.fo.InvalidGrants() != 0 {
-			t.Fatalf("after a re-seed: %v, seed used %v, %d invalid_grant", err, f.fo.Retired(seed2), f.fo.InvalidGrants())
+		if err != nil || !f.fo.Retired(seed2) || m3.Value == m2.Value || f.fo.InvalidGrants() != 0 {
+			t.Fatalf("after a re-seed: %v, seed used %v, new token %v, %d invalid_grant", err, f.fo.Retired(seed2), m3.Value != m2.Value, f.fo.InvalidGrants())
+		}
+		if m, err := f.one(f.broker()); err != nil || m.Value != m3.Value || f.fo.Refreshes() != 3 {
+			t.Fatalf("another process after the restart: %v, same token %v, %d refreshes", err, m.Value == m3.Value, f.fo.Refreshes())
 		}
 
 		if !f.fo.Retired(strings.TrimSpace(string(seed1))) {
@@ -733,4 +746,70 @@ func clone(st store.BrokerState) store.BrokerState {
 	st.SealedAccessToken = slices.Clone(st.SealedAccessToken)
 	st.SealedRefreshToken = slices.Clone(st.SealedRefreshToken)
 	return st
+}
+
+// A caller that gives up while the token endpoint is answering still
+// waits until the answer is stored: in Lambda a handler that returned
+// freezes the refresh, and a rotated refresh token never stored ends the
+// family. The next mint finds the refreshed token.
+func TestOAuth2CallerWaitsOutTheExchange(t *testing.T) {
+	f := newFixture(t, brokerStores["memory"], fakeoauth.Config{})
+	a := f.broker()
+	release := f.fo.Hold()
+	ctx, cancel := context.WithCancel(context.Background())
+	generation := make(chan int64, 1)
+	go func() {
+		_, err := a.Mint(ctx, req)
+		if err == nil {
+			t.Error("a cancelled mint succeeded")
+		}
+		st, _ := f.inner.GetBrokerState(context.Background(), oauthKey)
+		generation <- st.Generation
+	}()
+	await.Recv(t, "the refresh to reach the provider", f.fo.Arrived())
+	cancel()
+	release()
+	if g := await.Recv(t, "the cancelled mint to return", generation); g != 1 {
+		t.Fatalf("the cancelled mint returned with generation %d stored; want the refresh stored first", g)
+	}
+	if _, err := f.one(a); err != nil || f.fo.Refreshes() != 1 {
+		t.Fatalf("the next mint: %v, %d refreshes", err, f.fo.Refreshes())
+	}
+}
+
+// A commit of the new tokens that fails without an answer is tried
+// again: the rotated refresh token exists nowhere else.
+func TestOAuth2RetriesACommitThatFailed(t *testing.T) {
+	forEachStore(t, func(t *testing.T, newStates newStates) {
+		f := newFixture(t, newStates, fakeoauth.Config{})
+		var failures atomic.Int32
+		failures.Store(2)
+		f.wrap = func(s store.BrokerStates) store.BrokerStates {
+			return &failingCommits{BrokerStates: s, left: &failures}
+		}
+		a := f.broker()
+		m, err := f.one(a)
+		if err != nil || !f.fo.Honoured(string(m.Value)) || failures.Load() != 0 {
+			t.Fatalf("after two failed commits: %v, %d failures left", err, failures.Load())
+		}
+		f.clk.Set(m.ExpiresAt)
+		if _, err := f.one(f.broker()); err != nil || f.fo.Refreshes() != 2 || f.fo.InvalidGrants() != 0 {
+			t.Fatalf("the next refresh, from the stored token: %v, %d refreshes, %d invalid_grant", err, f.fo.Refreshes(), f.fo.InvalidGrants())
+		}
+	})
+}
+
+// failingCommits fails commits, without writing, while left is positive,
+// as a throttled or unreachable store does.
+type failingCommits struct {
+	store.BrokerStates
+	left *atomic.Int32
+}
+
+func (s *failingCommits) CommitBrokerState(ctx context.Context, st store.BrokerState) (store.BrokerState, error) {
+	if s.left.Add(-1) >= 0 {
+		return store.BrokerState{}, errors.New("ThrottlingException: rate exceeded")
+	}
+	s.left.Store(0)
+	return s.BrokerStates.CommitBrokerState(ctx, st)
 }
