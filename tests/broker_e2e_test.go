@@ -725,11 +725,12 @@ func TestBrokerGitHubRefusalStartsNothing(t *testing.T) {
 	}
 }
 
-// noValueAnywhere fails if a token the fake GitHub minted or the App's
-// private key is in any item of Fleet's store, any answer Fleet gave
-// (every run and its mirrored events read once more here), its log and
-// metrics, edge's log or any file of edge's data dir (its run log, audit
-// log, ledgers), or if the placeholder (when given) is in a log.
+// noValueAnywhere fails if a token the fake GitHub minted, a JWT Fleet
+// signed as the App or the App's private key is in any item of Fleet's
+// store, any answer Fleet gave (every run and its mirrored events read
+// once more here), its log and metrics, edge's log or any file of edge's
+// data dir (its run log, audit log, ledgers), or if the placeholder (when
+// given) is in a log.
 func (s *ghStory) noValueAnywhere(placeholder string) {
 	s.t.Helper()
 	for _, id := range s.ids {
@@ -741,6 +742,9 @@ func (s *ghStory) noValueAnywhere(placeholder string) {
 	var values []secretValue
 	for i, tok := range s.gh.Tokens() {
 		values = append(values, secretValue{fmt.Sprintf("GitHub token %d", i+1), tok.Value})
+	}
+	for i, r := range s.gh.APIRequests() {
+		values = append(values, secretValue{fmt.Sprintf("the App's JWT of API request %d", i+1), r.JWT})
 	}
 	values = append(values, secretValue{"the App's private key", string(s.appKey)})
 	values = append(values, pemLines("the App's private key", s.appKey)...)
