@@ -924,8 +924,7 @@ type oauthFleet struct {
 	metrics []*syncbuf.Buffer
 	host    *fakehost.Host
 	caller  string
-	// answers are every answer the stacks gave.
-	mu      sync.Mutex
+	// answers are every dispatch's answer.
 	answers []string
 }
 
@@ -994,7 +993,6 @@ func (o *oauthFleet) dispatchAll(t *testing.T, n int) (children []string) {
 			return ok && next.Sub(o.clk.Now()) <= time.Second || len(o.oauth.Arrived()) > 0
 		})
 		if len(o.oauth.Arrived()) > 0 {
-			release()
 			t.Fatal("a second refresh reached the token endpoint while the first was in flight")
 		}
 		release()
@@ -1011,7 +1009,7 @@ func (o *oauthFleet) dispatchAll(t *testing.T, n int) (children []string) {
 	}
 	for i, a := range answers {
 		must(t, errs[i])
-		o.keep(a.raw)
+		o.answers = append(o.answers, a.raw)
 		if a.status != http.StatusCreated {
 			t.Fatalf("dispatch %d of %d: %d %s", i+1, n, a.status, a.raw)
 		}
@@ -1047,12 +1045,6 @@ func (o *oauthFleet) runClock() (stop func()) {
 		close(done)
 		<-stopped
 	}
-}
-
-func (o *oauthFleet) keep(raw string) {
-	o.mu.Lock()
-	defer o.mu.Unlock()
-	o.answers = append(o.answers, raw)
 }
 
 // TestBrokerOAuth2OneRefreshPerExpiryFleetWide: two Fleet processes on the
