@@ -87,6 +87,17 @@ type stackOptions struct {
 	// streamURL is RUNFLEET_STREAM_URL: the stream on another origin, as
 	// in AWS; empty: on the stack's own address.
 	streamURL string
+	// clock is the stack's fake clock, shared with whatever else the test
+	// runs on it (another stack, a fake provider); nil: a new one.
+	clock *clock.Fake
+	// tablePrefix names the DynamoDB tables: two stacks given the same
+	// one are two Fleet processes on one fleet's tables; empty: tables of
+	// the stack's own.
+	tablePrefix string
+	// brokerHTTP is the client Fleet's broker calls the providers with
+	// (fleetapp.Deps.BrokerHTTP): one trusting the fake providers' CAs;
+	// nil: the broker's default.
+	brokerHTTP *http.Client
 	// broker mints Fleet's brokered keys (fleetapp.Deps.Broker); nil:
 	// RUNFLEET_BROKER's, if env sets it.
 	broker fleet.Broker
@@ -128,7 +139,10 @@ func newStack(t testing.TB, kind string, opts stackOptions) *stack {
 	case "bolt":
 		env[config.EnvStore] = "bolt:" + filepath.Join(dir, "fleet.db")
 	case "dynamodb":
-		prefix := motoserver.Unique("t") + "-"
+		prefix := opts.tablePrefix
+		if prefix == "" {
+			prefix = motoserver.Unique("t") + "-"
+		}
 		env[config.EnvStore] = "dynamodb"
 		env[config.EnvDynamoDBEndpoint] = moto.URL
 		n := dynamostore.Prefixed(prefix)
@@ -144,7 +158,10 @@ func newStack(t testing.TB, kind string, opts stackOptions) *stack {
 	var clk *clock.Fake
 	var fleetClock clock.Clock = clock.Real{}
 	if !opts.realClock {
-		clk = clock.NewFake(time.Now().UTC().Truncate(time.Second))
+		clk = opts.clock
+		if clk == nil {
+			clk = clock.NewFake(time.Now().UTC().Truncate(time.Second))
+		}
 		fleetClock = clk
 	}
 	log := slog.New(slog.NewJSONHandler(io.Discard, nil))
@@ -170,7 +187,7 @@ func newStack(t testing.TB, kind string, opts stackOptions) *stack {
 			}
 			return moto.AWSConfig(), nil
 		},
-		StreamParked: streamParked, Broker: opts.broker, Metrics: opts.metrics,
+		StreamParked: streamParked, Broker: opts.broker, Metrics: opts.metrics, BrokerHTTP: opts.brokerHTTP,
 	})
 	if err != nil {
 		t.Fatal(err)
