@@ -164,8 +164,11 @@ func newGHStory(t *testing.T, kind string, byRepository bool) *ghStory {
 		"permissions": bkPermissions, "apiUrl": s.gh.APIURL(),
 	}}}, map[string][]byte{"app-key.pem": s.appKey})
 	logs := &syncbuf.Buffer{}
+	// A run without a localPath is cloned by edge from the URL Fleet's
+	// repository map gives (TestBrokerGitHubEdgeClonesAPrivateRepository).
 	st := newStack(t, kind, stackOptions{clock: s.clk, log: logs, metrics: s.metrics, env: env, brokerHTTP: s.gh.Client(),
-		hostCredentials: map[string]string{e2eHostRef: e2eHostToken}})
+		hostCredentials: map[string]string{e2eHostRef: e2eHostToken},
+		repoURLs:        map[string]string{bkRepo: "https://" + s.gitDomain() + "/" + bkRepo + ".git"}})
 	s.f = &e2eFleet{stack: st, logs: logs}
 	s.f.call(t, http.StatusCreated, "POST", "/fleet/hosts", adminToken, jsonBody(map[string]any{
 		"id": "edge-1", "baseUrl": s.e.baseURL(), "credentialRef": e2eHostRef, "localPaths": []string{s.work}}))
@@ -508,6 +511,56 @@ func brokerGitHubCloneAndPush(t *testing.T, kind string) {
 	}
 	s.wantMetrics(map[string]float64{"BrokerMints/githubApp": 1, "BrokerRevocations/githubApp": 1})
 	s.noValueAnywhere(placeholder)
+}
+
+// TestBrokerGitHubEdgeClonesAPrivateRepository: a run of acme/app with no
+// localPath, so edge clones it before the task starts, from the URL
+// Fleet's repository map gives (no credential in it): edge's clone and the
+// task's plain `git push origin` are both served with the token Fleet
+// minted for the run, through the credential helper edge configures for
+// the repository's host with the key's placeholder. On both stores.
+func TestBrokerGitHubEdgeClonesAPrivateRepository(t *testing.T) {
+	for _, kind := range storeKinds {
+		t.Run(kind, func(t *testing.T) { brokerGitHubEdgeClones(t, kind) })
+	}
+}
+
+func brokerGitHubEdgeClones(t *testing.T, kind string) {
+	s := newGHStory(t, kind, kind == "bolt")
+	initial := s.gh.Head(t, bkRepo, "main")
+	since := len(s.gh.GitRequests())
+	tag := fmt.Sprintf("broker-clone-%d", time.Now().UnixNano())
+	prompt := fmt.Sprintf(`echo %s
+echo "placeholder=$GITHUB_TOKEN."
+export GIT_TERMINAL_PROMPT=0
+git config --global user.name Task
+git config --global user.email task@example.invalid
+date +%%s%%N > change && git add change && git commit -q -m "a change of the task" && git push -q origin HEAD:main 2>&1
+echo "pushed $?"`, tag)
+	d := s.dispatchWith(http.StatusCreated, jsonBody(map[string]any{"agent": "shell", "prompt": prompt, "repository": bkRepo,
+		"secrets": []map[string]any{{"projectId": bkProject, "key": bkGitHubKey, "domains": []string{s.gitDomain()}}}}))
+	id, child := d.str("fleetRunId"), d.str("childRunId")
+	c := s.revoked(id)
+	out := outputOf(s.e.events(child))
+	if !strings.Contains(out, "pushed 0") {
+		t.Fatalf("the task's push: %q", out)
+	}
+	tok := s.token(0)
+	if !c.ExpiresAt.Equal(tok.ExpiresAt) || s.gh.Mints() != 1 {
+		t.Fatalf("the run's credential %+v, %d mints; want one token's", c, s.gh.Mints())
+	}
+	served := s.gitServed(since, bkRepo)
+	s.servedWith("edge's clone", served, fakegithub.UploadPack, tok.Value, http.StatusOK)
+	s.servedWith("the task's push", served, fakegithub.ReceivePack, tok.Value, http.StatusOK)
+	if head := s.gh.Head(t, bkRepo, "main"); head == initial || head == "" {
+		t.Fatalf("the push did not move %s's main (%q)", bkRepo, head)
+	}
+	s.refusedAtGitHub(tok.Value)
+	m := regexp.MustCompile(`placeholder=(\S{32,})\.`).FindStringSubmatch(out)
+	if m == nil {
+		t.Fatalf("the task's env has no placeholder for %s: %q", bkGitHubKey, out)
+	}
+	s.noValueAnywhere(m[1])
 }
 
 // TestBrokerGitHubRefreshKeepsARunWorking: a run outlives its first token

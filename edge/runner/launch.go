@@ -150,6 +150,9 @@ func (r *Runner) prepareProcess(t *task) (*exec.Cmd, *sandbox.Launch, *startFail
 	}
 	env := r.taskEnv(t)
 	if u := cloneURL(req); u != "" {
+		t.mu.Lock()
+		env = append(env, gitCredentialEnv(u, t.declared, t.secrets.Placeholders, env)...)
+		t.mu.Unlock()
 		if err := r.clone(t.ctx, t, u, env); err != nil {
 			if t.ctx.Err() != nil {
 				return nil, nil, refused(r.cancelRefusal(t))
