@@ -115,11 +115,9 @@ type ghStory struct {
 	// roots is edge's upstream roots file: the demo upstream's CA and
 	// the fake GitHub's.
 	roots string
-	// work is the runs' localPath on edge. A brokered GitHub run names
-	// its repository (Fleet mints its token for it) and its task clones
-	// it with the placeholder; without a localPath edge clones the
-	// repository itself before the task starts, with no credential,
-	// and the run fails clone_failed.
+	// work is the runs' localPath on edge, where the git task clones
+	// the repository itself with the placeholder in the URL (without a
+	// localPath edge clones it first: TestBrokerGitHubEdgeClonesAPrivateRepository).
 	work string
 	// n numbers the steps a task is sent.
 	n int
