@@ -79,7 +79,7 @@ var bkPermissions = map[string]string{"contents": "write", "metadata": "read"}
 // a directory of their own, and RUNFLEET_BROKER_KEY's file (32 random
 // bytes, 0600): the variables a Fleet is configured with. Fleets given the
 // same variables share the key their sealed tokens open with.
-func brokerEnv(t *testing.T, recipes map[string]any, files map[string][]byte) map[string]string {
+func brokerEnv(t testing.TB, recipes map[string]any, files map[string][]byte) map[string]string {
 	t.Helper()
 	dir := t.TempDir()
 	for name, b := range files {
