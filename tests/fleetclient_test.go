@@ -234,6 +234,8 @@ func (c *cutsStreams) lastEventIDs() []string {
 
 // cutBody passes the body through until 8 bytes past its first blank line
 // (the end of the first message), then fails as a reset connection does.
+// A stream that ends sooner (its planned end raced the cut, on a busy
+// machine) fails the same way: a cut connection never ends cleanly.
 type cutBody struct {
 	io.ReadCloser
 	seen   []byte
@@ -256,6 +258,9 @@ func (b *cutBody) Read(p []byte) (int, error) {
 		n = b.cutAt - b.passed
 	}
 	b.passed += n
+	if err == io.EOF {
+		err = io.ErrUnexpectedEOF
+	}
 	return n, err
 }
 
