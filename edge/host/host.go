@@ -318,9 +318,14 @@ func (h *Host) openParts(ctx context.Context, trust caTrust, undo *closers) erro
 }
 
 // sealLedger seals the run's egress ledger as an attempt ends
-// (runner.Config.AttemptEnded). A seal that cannot be stored leaves the
-// ledger unsealed, which a verifier reports: the run's end goes on.
+// (runner.Config.AttemptEnded), once the proxy's handlers of the attempt's
+// closed connections have recorded their decisions: a tunnel the task
+// closed as it exited is in the seal, so a verifier never finds the
+// host's seal ahead of a mirror taken at the run's end. A seal that
+// cannot be stored leaves the ledger unsealed, which a verifier reports:
+// the run's end goes on.
 func (h *Host) sealLedger(runID string) {
+	h.proxy.Settle(runID)
 	if err := h.ledger.Seal(runID); err != nil {
 		h.log.Error("sealing a run's egress ledger", "run", runID, "error", err.Error())
 	}

@@ -381,3 +381,26 @@ func TestEgressOpenTransparentFrontDecidesTheSame(t *testing.T) {
 		}
 	}
 }
+
+// A tunnel still open when its attempt ends is closed by EndAttempt, and
+// Settle returns only once its handler recorded it: the run's egress
+// ledger, sealed after Settle as the attempt ends, holds the tunnel
+// rather than gaining it after the seal.
+func TestSettleWaitsForAnEndedAttemptsTunnelToBeRecorded(t *testing.T) {
+	f := newFixture(t, policy.EgressOpen)
+	proxyURL, _ := f.headerOnlyTask()
+	third := "third.example.test:" + itoa(f.up.port)
+	c, _, status := f.connect(proxyURL, third)
+	defer c.Close()
+	if status != http.StatusOK {
+		t.Fatalf("CONNECT: %d", status)
+	}
+	f.proxy.EndAttempt("run-h")
+	f.proxy.Settle("run-h")
+	for _, line := range f.auditLines() {
+		if line["action"] == "tunnelled" && line["host"] == third && line["task"] == "run-h" {
+			return
+		}
+	}
+	t.Fatal("Settle returned before the ended attempt's tunnel was recorded")
+}

@@ -45,6 +45,12 @@ type task struct {
 	// replaces it under fleetMu, requests read it without a lock.
 	fleet   atomic.Pointer[fleetValues]
 	fleetMu sync.Mutex
+
+	// handlers counts its attempts' tracked connections whose handlers
+	// still run: each track that succeeds adds one, its untrack (once the
+	// handler recorded its decisions: a tunnel's record is written as it
+	// closes) is done. Settle waits for it.
+	handlers sync.WaitGroup
 }
 
 // attempt is one attempt's proxy credential and the connections made with it.
@@ -73,14 +79,22 @@ func (a *attempt) track(c net.Conn) bool {
 		return false
 	}
 	a.conns[c] = struct{}{}
+	a.task.handlers.Add(1)
 	return true
 }
 
+// untrack is called once for each track that succeeded, as its handler
+// returns.
 func (a *attempt) untrack(c net.Conn) {
 	a.mu.Lock()
-	defer a.mu.Unlock()
 	delete(a.conns, c)
+	a.mu.Unlock()
+	a.task.handlers.Done()
 }
+
+// settleGrace bounds how long Settle waits for an ended attempt's
+// connection handlers, their connections closed, to record what they did.
+const settleGrace = 5 * time.Second
 
 // revoke ends the attempt: its credential stops working, its network's
 // sockets and its connections are closed and its in-flight requests cancelled, at once. The connections
@@ -395,6 +409,34 @@ func (p *Proxy) EndAttempt(runID string) {
 	p.revoke(runID)
 	if p.cfg.AWSSessions != nil && !p.cfg.Disabled {
 		p.cfg.AWSSessions.Drop(runID)
+	}
+}
+
+// Settle returns once the handlers of the run's ended attempts'
+// connections have returned, having recorded their decisions (at most
+// settleGrace): the run's egress ledger, sealed as an attempt ends, then
+// holds every one of them, a tunnel the task closed as it exited
+// included. Call it after EndAttempt, never from a handler of the run.
+func (p *Proxy) Settle(runID string) {
+	if p.cfg.Disabled {
+		return
+	}
+	p.reg.mu.Lock()
+	t, ok := p.reg.tasks[runID]
+	p.reg.mu.Unlock()
+	if !ok {
+		return
+	}
+	done := make(chan struct{})
+	go func() {
+		t.handlers.Wait()
+		close(done)
+	}()
+	timer := p.cfg.Clock.NewTimer(settleGrace)
+	defer timer.Stop()
+	select {
+	case <-done:
+	case <-timer.C():
 	}
 }
 
