@@ -29,6 +29,9 @@ type DispatchRequest struct {
 	// Run is what the run asks, as every side checks it (runspec); Fleet
 	// sets its Deadline and CloneURL, and a caller's are refused.
 	Run runspec.Request
+	// Queue asks the run to wait for capacity rather than be refused
+	// (queue.go); nil: Config.QueueDefault applies.
+	Queue *QueueRequest
 }
 
 // canonicalRequest is the hashed form of a DispatchRequest. Its field set,

@@ -91,6 +91,22 @@ type Config struct {
 	// host did not take: MetricBrokerFailures); the broker's own events
 	// reach the metrics through its hook (BrokerMetrics). Nil: none.
 	Metrics *emf.Writer
+	// Waker delivers wakes to FillHosts (queue.go); nil: runs that wait
+	// are started only by the probe pass's own FillHosts (tests, tools).
+	Waker Waker
+	// QueueDefault is the wait of a dispatch that does not say
+	// (RUNFLEET_QUEUE_TIMEOUT); zero: such a dispatch never waits.
+	QueueDefault time.Duration
+	// QueueMaxTimeout bounds a dispatch's wait (RUNFLEET_QUEUE_MAX_TIMEOUT);
+	// zero is DefaultQueueMaxTimeout.
+	QueueMaxTimeout time.Duration
+	// ProbeRefresh is the longest a host's recorded probe goes unwritten
+	// when nothing material changed (RUNFLEET_PROBE_REFRESH); zero is
+	// ProbeMaxAge/2. Must be under ProbeMaxAge.
+	ProbeRefresh time.Duration
+	// CapacityClasses are routing classes the capacity figures always
+	// report (RUNFLEET_CAPACITY_CLASSES), even with nothing queued.
+	CapacityClasses []string
 	// EgressBatch is how many records must be pending on a live run's
 	// host before the sweep mirrors its egress ledger (egress.go); zero is
 	// DefaultEgressBatch.

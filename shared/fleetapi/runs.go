@@ -12,13 +12,16 @@ import (
 // canceled and lost are terminal.
 const (
 	StatusDispatching = "dispatching"
-	StatusPending     = "pending"
-	StatusAdmitted    = "admitted"
-	StatusRunning     = "running"
-	StatusSucceeded   = "succeeded"
-	StatusFailed      = "failed"
-	StatusCanceled    = "canceled"
-	StatusLost        = "lost"
+	// StatusQueued: the run waits for an eligible host with room
+	// (DispatchRequest.Queue); no host has it yet.
+	StatusQueued    = "queued"
+	StatusPending   = "pending"
+	StatusAdmitted  = "admitted"
+	StatusRunning   = "running"
+	StatusSucceeded = "succeeded"
+	StatusFailed    = "failed"
+	StatusCanceled  = "canceled"
+	StatusLost      = "lost"
 )
 
 // DispatchRequest is POST /fleet/runs' body: the run request's caller
@@ -38,7 +41,42 @@ type DispatchRequest struct {
 	Env         map[string]string `json:"env,omitempty"`
 	Secrets     []runspec.Secret  `json:"secrets,omitempty"`
 	Idempotency string            `json:"idempotency,omitempty"`
+	// Queue asks the run to wait for capacity when no eligible host can
+	// take it now, instead of a 409: the answer is then 202 with the run
+	// queued. Absent: Fleet's default (RUNFLEET_QUEUE_TIMEOUT; none
+	// unless configured).
+	Queue *QueueRequest `json:"queue,omitempty"`
 }
+
+// QueueRequest is how a run waits: Timeout is the longest wait, a Go
+// duration ("30m", "1h"; "0s" never waits, overriding Fleet's default),
+// at most Fleet's RUNFLEET_QUEUE_MAX_TIMEOUT; Priority orders the run in
+// its routing class, higher first (-100..100, 0 by default).
+type QueueRequest struct {
+	Timeout  string `json:"timeout"`
+	Priority int    `json:"priority,omitempty"`
+}
+
+// RunQueue is a run's wait (on a run that asked to wait): Position (1 is
+// next) while it waits; Since, Timeout (as asked) and Until (when it ends
+// queue_timeout); once a host took it, StartedAt, the host and Waited.
+type RunQueue struct {
+	Class     string     `json:"class"`
+	Position  int        `json:"position,omitempty"`
+	Priority  int        `json:"priority,omitempty"`
+	Since     time.Time  `json:"since"`
+	Timeout   string     `json:"timeout"`
+	Until     time.Time  `json:"until"`
+	StartedAt *time.Time `json:"startedAt,omitempty"`
+	StartedOn string     `json:"startedOn,omitempty"`
+	// WaitedSeconds is how long the run waited: until it started, or so
+	// far.
+	WaitedSeconds int64 `json:"waitedSeconds"`
+}
+
+// ReasonQueueTimeout is a queued run's reason when its timeout passed
+// before a host took it (status failed).
+const ReasonQueueTimeout = "queue_timeout"
 
 // RunRequest is the run request the dispatch asks for, as Fleet validates
 // it (runspec.Request.Validate) and sends it on: Fleet's own fields left
@@ -86,6 +124,8 @@ type DispatchAnswer struct {
 	// host_unavailable, draining, or unreachable): the dispatch went on to
 	// the next eligible host, and the run is where it landed.
 	Details *DispatchDetails `json:"details,omitempty"`
+	// Queue is the run's wait, on a run that waits (202) or waited.
+	Queue *RunQueue `json:"queue,omitempty"`
 }
 
 // DispatchDetails lists the hosts a dispatch tried that refused it, in the
@@ -141,6 +181,8 @@ type Run struct {
 	// expires: on GET /fleet/runs/{id}, absent elsewhere and for a run
 	// with none. Never a value.
 	Credentials []BrokeredCredential `json:"credentials,omitempty"`
+	// Queue is the run's wait, on a run that asked to wait.
+	Queue *RunQueue `json:"queue,omitempty"`
 }
 
 // BrokeredCredential is one brokered key of a run.

@@ -73,8 +73,11 @@ const (
 
 // Event types.
 const (
-	EventOutput    = "output"
-	EventState     = "state"
+	EventOutput = "output"
+	EventState  = "state"
+	// EventQueued is a run's first event when it waited in Fleet's queue
+	// (data: Queued).
+	EventQueued    = "queued"
 	EventInput     = "input"
 	EventAdmission = "admission"
 	// EventLimit: the task reached one of the host's limits (data:
@@ -221,7 +224,25 @@ type CAInfo struct {
 type StartRequest struct {
 	ClientToken string          `json:"clientToken"`
 	Credentials []BrokeredValue `json:"credentials,omitempty"`
+	// Queued says the run waited in Fleet's queue before this start: the
+	// host records it as the run's first event (EventQueued), so the
+	// run's events say where it went and how long it waited. Nil: it did
+	// not wait (or a host older than the field ignores it).
+	Queued *Queued `json:"queued,omitempty"`
 	runspec.Request
+}
+
+// Queued is a run's wait in Fleet's queue, as its first event's data.
+type Queued struct {
+	// Since is when it began to wait; StartedAt when Fleet offered it to
+	// this host, which took it; WaitedMs the difference.
+	Since     time.Time `json:"since"`
+	StartedAt time.Time `json:"startedAt"`
+	WaitedMs  int64     `json:"waitedMs"`
+	// HostID is Fleet's id of the host that took it; Offers the hosts
+	// that refused it before.
+	HostID string `json:"hostId"`
+	Offers int    `json:"offers,omitempty"`
 }
 
 // BrokeredValue is one brokered key's current value for one run.

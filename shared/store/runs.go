@@ -12,7 +12,8 @@ import (
 // EventualRead.
 type Runs interface {
 	// CreateRun writes a new run (Version 1, whatever r.Version says);
-	// ErrExists. FleetRunID, OwnerID, HostID and CreatedAt are required.
+	// ErrExists. FleetRunID, OwnerID, HostID and CreatedAt are required;
+	// HostID is empty exactly when Status is StatusQueued.
 	CreateRun(ctx context.Context, r Run) error
 	// GetRun reads a run; ErrNotFound.
 	GetRun(ctx context.Context, id string) (Run, error)
@@ -22,8 +23,11 @@ type Runs interface {
 	// live index in step with r.Live(). OwnerID, CreatedAt, IdempotencyKey
 	// and Repository are fixed at creation: the stored ones are kept.
 	// HostID changes only on a run stored dispatching (a dispatch moving
-	// it past a host that refused it); on any other run a different HostID
-	// is ErrConflict. The by-host listing follows the change.
+	// it past a host that refused it) or queued (a dispatcher offering it
+	// to a host, or taking it back: HostID empty exactly when the new
+	// Status is StatusQueued); on any other run a different HostID is
+	// ErrConflict. The by-host listing follows the change, and the queue
+	// index follows Waiting().
 	UpdateRun(ctx context.Context, r Run) (Run, error)
 	// ListRuns pages runs newest first (CreatedAt, then FleetRunID, descending).
 	ListRuns(ctx context.Context, q RunQuery) (RunPage, error)
@@ -101,6 +105,9 @@ type Run struct {
 	// Brokered are the run's keys whose values Fleet minted (DESIGN.md,
 	// "Credentials Fleet mints"); nil when none.
 	Brokered []BrokeredKey
+	// Queue is the run's wait for capacity (queue.go); nil for a run that
+	// never waited. HostID is empty while it is queued.
+	Queue *QueueInfo
 	// Version increments on every write; UpdateRun is conditional on it.
 	Version int64
 }

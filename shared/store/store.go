@@ -3,7 +3,7 @@
 // cursor, stream leases and the routing view. For each kind it defines the
 // records and a role interface with its contract (Hosts, Callers,
 // IdempotencyKeys, Runs, Events, Egress, SweepCursorStore, StreamLeases,
-// RouteStore, BrokerStates), one file per kind; Store is their union. dynamostore
+// RouteStore, BrokerStates, Queue), one file per kind; Store is their union. dynamostore
 // (production) and boltstore (the local stack) implement every role, and
 // tests/kit/storetest is the contract both pass, role by role.
 //
@@ -94,4 +94,5 @@ type Store interface {
 	StreamLeases
 	RouteStore
 	BrokerStates
+	Queue
 }
