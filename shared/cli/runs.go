@@ -15,7 +15,7 @@ import (
 
 // runStatuses are the statuses --status takes.
 var runStatuses = []string{
-	fleetapi.StatusDispatching, fleetapi.StatusPending, fleetapi.StatusAdmitted, fleetapi.StatusRunning,
+	fleetapi.StatusQueued, fleetapi.StatusDispatching, fleetapi.StatusPending, fleetapi.StatusAdmitted, fleetapi.StatusRunning,
 	fleetapi.StatusSucceeded, fleetapi.StatusFailed, fleetapi.StatusCanceled, fleetapi.StatusLost,
 }
 
@@ -100,6 +100,14 @@ func (inv *invocation) runsList(f fleetclient.RunFilter, asJSON bool) int {
 	return ExitOK
 }
 
+// attemptOf is a run's attempt; none while it waits for a host.
+func attemptOf(n int) string {
+	if n == 0 {
+		return ""
+	}
+	return strconv.Itoa(n)
+}
+
 func exitOf(code *int) string {
 	if code == nil {
 		return ""
@@ -148,7 +156,8 @@ func (inv *invocation) runsGet(asJSON bool) int {
 		{plain("agent"), plain(r.Agent)},
 		{plain("repository"), plain(r.Repository)},
 		{plain("host"), plain(host)},
-		{plain("attempt"), plain(strconv.Itoa(r.Attempt))},
+		{plain("queue"), plain(queueLine(now, r.Status, r.Queue))},
+		{plain("attempt"), plain(attemptOf(r.Attempt))},
 		{plain("owner"), plain(r.OwnerID)},
 		{plain("created"), plain(stamp(now, r.CreatedAt))},
 		{plain("updated"), plain(stamp(now, r.UpdatedAt))},
