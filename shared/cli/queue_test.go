@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"net/http"
 	"net/http/httptest"
+	"os"
 	"regexp"
 	"strings"
 	"sync"
@@ -13,6 +14,7 @@ import (
 
 	"github.com/runfleet/runfleet/shared/clock"
 	"github.com/runfleet/runfleet/shared/fleetapi"
+	"github.com/runfleet/runfleet/tests/kit/await"
 )
 
 // queueAPI is Fleet's API for a run that waits, its answers built from
@@ -66,9 +68,13 @@ func (q *queueAPI) cli() *cli {
 }
 
 func (q *queueAPI) serve(w http.ResponseWriter, r *http.Request) {
+	run := "/fleet/runs/" + queuedRunID
+	if r.Method+" "+r.URL.Path == "GET "+run+"/stream" {
+		q.stream(w, r)
+		return
+	}
 	q.mu.Lock()
 	defer q.mu.Unlock()
-	run := "/fleet/runs/" + queuedRunID
 	switch r.Method + " " + r.URL.Path {
 	case "POST /fleet/runs":
 		var d fleetapi.DispatchRequest
@@ -83,20 +89,20 @@ func (q *queueAPI) serve(w http.ResponseWriter, r *http.Request) {
 		writeAPI(w, http.StatusOK, fleetapi.RunPage{Runs: []fleetapi.Run{q.run}})
 	case "GET /fleet/capacity":
 		writeAPI(w, http.StatusOK, q.capacity)
-	case "GET " + run + "/stream":
-		q.connected = append(q.connected, r.Header.Get("Last-Event-ID"))
-		frames := q.streams[min(len(q.connected), len(q.streams))-1]
-		w.Header().Set("Content-Type", "text/event-stream")
-		for _, f := range frames {
-			b, _ := json.Marshal(f.data)
-			if f.id != "" {
-				fmt.Fprintf(w, "id: %s\n", f.id)
-			}
-			fmt.Fprintf(w, "event: %s\ndata: %s\n\n", f.event, b)
-		}
+	case "POST " + run + "/cancel":
+		// No host has the run: Fleet ends it itself.
+		q.run.Status, q.run.Reason = fleetapi.StatusCanceled, "canceled"
+		writeAPI(w, http.StatusOK, fleetapi.Interaction{FleetRunID: q.run.FleetRunID, Outcome: fleetapi.Outcome{Accepted: fleetapi.Accepted}, Run: q.run})
 	default:
 		writeAPI(w, http.StatusNotFound, fleetapi.Error{Error: "no route " + r.Method + " " + r.URL.Path, Code: "not_found"})
 	}
+}
+
+// peek counts the dispatches and stream connections so far.
+func (q *queueAPI) peek() (dispatched, connected int) {
+	q.mu.Lock()
+	defer q.mu.Unlock()
+	return len(q.dispatched), len(q.connected)
 }
 
 // seen returns the dispatches the API got and each stream connection's
@@ -108,6 +114,29 @@ func (q *queueAPI) seen() ([]fleetapi.DispatchRequest, []string) {
 	connected := q.connected
 	q.connected = nil
 	return append([]fleetapi.DispatchRequest(nil), q.dispatched...), connected
+}
+
+// stream serves the connection's frames; a nil script holds the
+// connection open after the queued snapshot, as a quiet run's stream does
+// before its idle end.
+func (q *queueAPI) stream(w http.ResponseWriter, r *http.Request) {
+	q.mu.Lock()
+	q.connected = append(q.connected, r.Header.Get("Last-Event-ID"))
+	frames := q.streams[min(len(q.connected), len(q.streams))-1]
+	q.mu.Unlock()
+	w.Header().Set("Content-Type", "text/event-stream")
+	if frames == nil {
+		frames = stillQueued()[:1]
+		defer func() { <-r.Context().Done() }()
+	}
+	for _, f := range frames {
+		b, _ := json.Marshal(f.data)
+		if f.id != "" {
+			fmt.Fprintf(w, "id: %s\n", f.id)
+		}
+		fmt.Fprintf(w, "event: %s\ndata: %s\n\n", f.event, b)
+	}
+	w.(http.Flusher).Flush()
 }
 
 func writeAPI(w http.ResponseWriter, status int, v any) {
@@ -215,6 +244,26 @@ func TestRunThatNeverStarts(t *testing.T) {
 		if !strings.Contains(r.stderr.String(), want) {
 			t.Errorf("stderr lacks %q:\n%s", want, r.stderr)
 		}
+	}
+}
+
+// TestCancelOfAQueuedRun: a queued run canceled (Ctrl-C with
+// --cancel-on-interrupt, or runs cancel) is said to end before it ever
+// started, not to have been taken by a host.
+func TestCancelOfAQueuedRun(t *testing.T) {
+	q := newQueueAPI(t)
+	q.streams = [][]sseFrame{nil}
+	c := q.cli()
+	r := c.start("", "run", "--agent", "shell", "--queue", "30m", "--cancel-on-interrupt", "--", "true")
+	await.Cond(t, await.Limit, "the run's stream", func() bool { _, connected := q.peek(); return connected > 0 })
+	r.interrupt <- os.Interrupt
+	r.wait(t).want(t, ExitInterrupted)
+	if !strings.Contains(r.stderr.String(), "Canceled run "+queuedRunID+" while it waited in the queue: it never started.") {
+		t.Errorf("stderr lacks the cancel of the queued run:\n%s", r.stderr)
+	}
+	r = c.run(t, "runs", "cancel", queuedRunID).want(t, 0)
+	if !strings.Contains(r.stderr.String(), "Cancel of run "+queuedRunID+": done while it waited in the queue; the run is canceled") {
+		t.Errorf("runs cancel of a queued run:\n%s", r.stderr)
 	}
 }
 

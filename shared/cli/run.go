@@ -445,6 +445,8 @@ func (f *follower) interrupted() int {
 	in, err := inv.client.Cancel(ctx, f.runID)
 	var apiErr *fleetclient.Error
 	switch {
+	case err == nil && in.Accepted == fleetapi.Accepted && in.Run.HostID == "":
+		inv.ui.notef("Canceled run %s while it waited in the queue: it never started.", f.runID)
 	case err == nil && in.Accepted == fleetapi.Accepted:
 		inv.ui.notef("Canceled run %s (its host took the cancel).", f.runID)
 	case err == nil:

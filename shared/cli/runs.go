@@ -323,7 +323,12 @@ func (inv *invocation) runVerb(name string, asJSON bool, send func(id string) (f
 		inv.ui.errorf("the %s was refused: %s", name, apiErr.Message)
 		return ExitError
 	case in.Accepted == fleetapi.Accepted:
-		if !asJSON {
+		switch {
+		case asJSON:
+		case in.Run.HostID == "":
+			// A queued run: Fleet itself took the verb (a cancel ends it).
+			inv.ui.notef("%s of run %s: done while it waited in the queue; the run is %s", verbNoun(name), id, in.Run.Status)
+		default:
 			inv.ui.notef("%s of run %s: taken by host %s; the run is %s", verbNoun(name), id, in.Run.HostID, in.Run.Status)
 		}
 		return ExitOK
