@@ -28,8 +28,8 @@ const MetricSweepLagSeconds = "SweepLagSeconds"
 // The probe's capacity metrics (namespace emf.Namespace), one EMF line per
 // routing class and pass, dimension DimensionRoutingClass (the class,
 // fleet.ClassOf's form): fleet.ClassCapacity's figures, which GET
-// /fleet/capacity answers too. An autoscaler's policy reads them (README,
-// "Capacity and autoscaling").
+// /fleet/capacity answers too. An autoscaler's policy reads them (README.md,
+// section "Capacity and autoscaling").
 const (
 	MetricQueuedRuns              = "QueuedRuns"
 	MetricOldestQueuedWaitSeconds = "OldestQueuedWaitSeconds"
