@@ -4,6 +4,8 @@ import (
 	"context"
 	"net/http"
 	"reflect"
+	"slices"
+	"sync"
 	"testing"
 	"time"
 
@@ -231,5 +233,134 @@ func TestABudgetedPassTakesTheLeastRecentlyProbedFirst(t *testing.T) {
 	}
 	if want := []string{"a", "b", "c", "a", "b", "c"}; !reflect.DeepEqual(order, want) {
 		t.Fatalf("probed in turn %v, want %v", order, want)
+	}
+}
+
+// wakeLog is a Waker that keeps what it was given, a call at a time.
+type wakeLog struct {
+	mu    sync.Mutex
+	calls [][]Wake
+}
+
+func (w *wakeLog) Wake(_ context.Context, wakes []Wake) error {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	w.calls = append(w.calls, slices.Clone(wakes))
+	return nil
+}
+
+func (w *wakeLog) taken() [][]Wake {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	calls := w.calls
+	w.calls = nil
+	return calls
+}
+
+// queueRun records a run waiting in class since `since`, as a dispatch
+// that found no host does.
+func queueRun(t *testing.T, e *testEnv, id, class string, since time.Time) {
+	t.Helper()
+	agent, _, _ := ParseClass(class)
+	r := store.Run{FleetRunID: id, OwnerID: "alice", Status: store.StatusQueued, Agent: agent, CreatedAt: since, UpdatedAt: since,
+		Queue: &store.QueueInfo{Class: class, Since: since, Timeout: time.Hour, Until: since.Add(time.Hour), Request: []byte(`{}`)}}
+	if err := e.st.CreateRun(context.Background(), r); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// TestProbePassWakesHostsWithRoomAndReportsCapacity: with runs waiting in
+// one class, a pass wakes, in one call, each host it found routable for
+// that class with free slots, for all of them, and none other; its
+// capacity figures are the class's; a host that joins is woken by its own
+// probe; with nothing waiting, nothing is woken.
+func TestProbePassWakesHostsWithRoomAndReportsCapacity(t *testing.T) {
+	e := newTestEnv(t, 10*time.Second)
+	ctx := context.Background()
+	waker := &wakeLog{}
+	e.f.cfg.Waker = waker
+	e.f.cfg.CapacityClasses = []string{"claude"}
+	ci := map[string]string{"pool": "ci"}
+	hosts := map[string]*fakehost.Host{}
+	for _, id := range []string{"free", "full", "draining", "other"} {
+		h := fakehost.New(fakehost.Config{Clock: e.clk})
+		t.Cleanup(h.Close)
+		e.creds[id] = h.Token()
+		e.writeCreds(t)
+		labels := ci
+		if id == "other" {
+			labels = map[string]string{"pool": "gpu"}
+		}
+		if _, err := e.f.RegisterHost(ctx, HostSpec{ID: id, BaseURL: h.URL, CredentialRef: id, Labels: labels}); err != nil {
+			t.Fatal(err)
+		}
+		h.SetLoad(&hostproto.Load{Active: 1, MaxConcurrent: 3})
+		hosts[id] = h
+	}
+	hosts["full"].SetLoad(&hostproto.Load{Active: 2, MaxConcurrent: 2})
+	hosts["draining"].SetDraining(true)
+	class := ClassOf("shell", ci)
+	queueRun(t, e, "fr-a", class, t0.Add(-90*time.Second))
+	queueRun(t, e, "fr-b", class, t0.Add(-30*time.Second))
+
+	rep, err := e.f.ProbeEnabled(ctx, time.Time{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := []Wake{{HostID: "free", Slots: 2, Reason: WakeProbe}}
+	if calls := waker.taken(); !reflect.DeepEqual(calls, [][]Wake{want}) || !reflect.DeepEqual(rep.Wakes, want) {
+		t.Fatalf("wakes %+v (reported %+v), want one call of %+v", calls, rep.Wakes, want)
+	}
+	var got *ClassCapacity
+	classes := []string{}
+	for i, c := range rep.Capacity {
+		classes = append(classes, c.Class)
+		if c.Class == class {
+			got = &rep.Capacity[i]
+		}
+	}
+	if want := []string{"claude", "shell", class}; !reflect.DeepEqual(classes, want) {
+		t.Fatalf("classes %v, want %v", classes, want)
+	}
+	wantCap := ClassCapacity{Class: class, Agent: "shell", Labels: ci, Queued: 2, OldestWait: 90 * time.Second,
+		FreeSlots: 2, BusySlots: 3, Hosts: 2, DrainingHosts: 1}
+	if !reflect.DeepEqual(*got, wantCap) {
+		t.Fatalf("capacity of %s: %+v, want %+v", class, *got, wantCap)
+	}
+	api, err := e.f.FleetCapacity(ctx)
+	if err != nil || !reflect.DeepEqual(api.Classes, rep.Capacity) || !api.At.Equal(t0) {
+		t.Fatalf("FleetCapacity %+v, %v; want the pass's %+v", api, err, rep.Capacity)
+	}
+
+	// A host joins: its own probe wakes it.
+	joined := fakehost.New(fakehost.Config{Clock: e.clk})
+	t.Cleanup(joined.Close)
+	joined.SetLoad(&hostproto.Load{Active: 0, MaxConcurrent: 4})
+	e.creds["joined"] = joined.Token()
+	e.writeCreds(t)
+	if _, err := e.f.RegisterHost(ctx, HostSpec{ID: "joined", BaseURL: joined.URL, CredentialRef: "joined", Labels: ci}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := e.f.ProbeHost(ctx, "joined"); err != nil {
+		t.Fatal(err)
+	}
+	if calls := waker.taken(); !reflect.DeepEqual(calls, [][]Wake{{{HostID: "joined", Slots: 4, Reason: WakeProbe}}}) {
+		t.Fatalf("the joined host's wakes: %+v", calls)
+	}
+
+	// Nothing waits: no wake, though hosts have room.
+	for _, id := range []string{"fr-a", "fr-b"} {
+		r, err := e.st.GetRun(ctx, id)
+		if err != nil {
+			t.Fatal(err)
+		}
+		r.Status, r.Reason = store.StatusCanceled, "canceled"
+		if _, err := e.st.UpdateRun(ctx, r); err != nil {
+			t.Fatal(err)
+		}
+	}
+	e.clk.Advance(time.Minute)
+	if rep, err := e.f.ProbeEnabled(ctx, time.Time{}); err != nil || len(rep.Wakes) != 0 || len(waker.taken()) != 0 {
+		t.Fatalf("a pass with nothing waiting: %+v, %v", rep.Wakes, err)
 	}
 }
