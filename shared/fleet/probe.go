@@ -15,11 +15,13 @@ import (
 	"github.com/runfleet/runfleet/shared/store"
 )
 
-// ProbeResult is one host's probe as taken (recorded or not: see
-// ProbeReport.Written).
+// ProbeResult is one host's probe as taken.
 type ProbeResult struct {
 	HostID string      `json:"hostId"`
 	Probe  store.Probe `json:"probe"`
+	// Recorded: the probe was written to the host's record (ProbeEnabled
+	// writes only what changed; see probeChange).
+	Recorded bool `json:"recorded"`
 }
 
 // ProbeHost probes one host now and records the probe, whatever changed
@@ -98,8 +100,7 @@ func (f *Fleet) ProbeAll(ctx context.Context, enabledOnly bool) ([]ProbeResult, 
 type ProbeReport struct {
 	// Probed are the probes taken, recorded or not.
 	Probed []ProbeResult `json:"probed"`
-	// Written counts the probes recorded (ProbeEnabled records only what
-	// changed; see probeChange).
+	// Written counts the probes recorded.
 	Written int `json:"written"`
 	// Skipped lists the hosts the budget left for the next probe.
 	Skipped []string `json:"skipped,omitempty"`
@@ -142,7 +143,6 @@ func (f *Fleet) probeHosts(ctx context.Context, enabledOnly bool, until time.Tim
 	}
 	refresh := f.probeRefresh()
 	results := make([]*ProbeResult, len(due))
-	written := make([]bool, len(due))
 	skipped := make([]bool, len(due))
 	errs := make([]error, len(due))
 	sem := make(chan struct{}, f.cfg.ProbeConcurrency)
@@ -168,8 +168,7 @@ func (f *Fleet) probeHosts(ctx context.Context, enabledOnly bool, until time.Tim
 			case err != nil:
 				errs[i] = fmt.Errorf("fleet: recording the probe of %q: %w", h.ID, err)
 			default:
-				results[i] = &ProbeResult{HostID: h.ID, Probe: p}
-				written[i] = true
+				results[i] = &ProbeResult{HostID: h.ID, Probe: p, Recorded: true}
 			}
 		}()
 	}
@@ -182,9 +181,9 @@ func (f *Fleet) probeHosts(ctx context.Context, enabledOnly bool, until time.Tim
 			rep.Probed = append(rep.Probed, *r)
 			probed[r.HostID] = &r.Probe
 			at[r.HostID] = r.Probe.At
-		}
-		if written[i] {
-			rep.Written++
+			if r.Recorded {
+				rep.Written++
+			}
 		}
 		if skipped[i] {
 			rep.Skipped = append(rep.Skipped, due[i].ID)
