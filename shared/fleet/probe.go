@@ -46,7 +46,7 @@ func (f *Fleet) ProbeHost(ctx context.Context, id string) (store.Probe, error) {
 	if err := f.RefreshRouteView(ctx); err != nil {
 		return store.Probe{}, err
 	}
-	if free := freeSlots(&p); free > 0 {
+	if probeFree(&p) > 0 {
 		classes, err := f.store.QueueClasses(ctx)
 		if err != nil {
 			f.log.Error("probe: reading the queue's classes for the host's wake", logHost, id, logErr, err.Error())
@@ -249,7 +249,7 @@ func ProbeWakes(hosts []store.Host, classes []string, now time.Time, maxProbeAge
 	}
 	var wakes []Wake
 	for _, h := range hosts {
-		free := freeSlots(h.Probe)
+		free := probeFree(h.Probe)
 		if free <= 0 {
 			continue
 		}
@@ -264,30 +264,29 @@ func ProbeWakes(hosts []store.Host, classes []string, now time.Time, maxProbeAge
 	return wakes
 }
 
-// freeSlots is what a probe shows free: maxConcurrent - active, zero
+// probeFree is what a probe shows free: maxConcurrent - active, zero
 // without a load (a host older than the field) or without an ok answer.
-func freeSlots(p *store.Probe) int {
+// (freeSlots, for a host an admin verb made routable, assumes one.)
+func probeFree(p *store.Probe) int {
 	if p == nil || p.Status != store.ProbeOK || p.Load == nil {
 		return 0
 	}
 	return p.Load.MaxConcurrent - p.Load.Active
 }
 
-// sendProbeWakes sends wakes in one Waker call; without a Waker (tests,
-// tools), FillHosts takes them here (Config.Waker). A failure is logged:
-// the next pass wakes the hosts that still have room.
+// sendProbeWakes sends wakes in one Waker call (wake); without a Waker
+// (tests, tools), FillHosts takes them here (Config.Waker). A failure is
+// logged: the next pass wakes the hosts that still have room.
 func (f *Fleet) sendProbeWakes(ctx context.Context, wakes []Wake) {
 	if len(wakes) == 0 {
 		return
 	}
-	if f.cfg.Waker == nil {
-		if _, err := f.FillHosts(ctx, wakes); err != nil {
-			f.log.Error("probe: filling the hosts with room", logWakes, len(wakes), logErr, err.Error())
-		}
+	if f.cfg.Waker != nil {
+		f.wake(ctx, wakes...)
 		return
 	}
-	if err := f.cfg.Waker.Wake(ctx, wakes); err != nil {
-		f.log.Error("probe: sending wakes", logWakes, len(wakes), logErr, err.Error())
+	if _, err := f.FillHosts(ctx, wakes); err != nil {
+		f.log.Error("probe: filling the hosts with room", logWakes, len(wakes), logErr, err.Error())
 	}
 }
 
