@@ -22,6 +22,7 @@ import (
 	"crypto/sha256"
 	"encoding/hex"
 	"errors"
+	"fmt"
 	"io"
 	"log/slog"
 	"net/http"
@@ -125,6 +126,13 @@ func (c Config) Validate() error {
 	if c.Logger == nil {
 		errs = append(errs, errors.New("fleet: Config.Logger is required"))
 	}
+	maxWait := c.QueueMaxTimeout
+	if maxWait <= 0 {
+		maxWait = DefaultQueueMaxTimeout
+	}
+	if c.QueueDefault < 0 || c.QueueDefault > maxWait {
+		errs = append(errs, fmt.Errorf("fleet: Config.QueueDefault %s: want 0 (no waiting) to the longest wait, %s", c.QueueDefault, maxWait))
+	}
 	return errors.Join(errs...)
 }
 
@@ -170,6 +178,9 @@ func New(cfg Config) (*Fleet, error) {
 	}
 	if cfg.EgressBatch <= 0 {
 		cfg.EgressBatch = DefaultEgressBatch
+	}
+	if cfg.QueueMaxTimeout <= 0 {
+		cfg.QueueMaxTimeout = DefaultQueueMaxTimeout
 	}
 	return &Fleet{
 		cfg:        cfg,

@@ -3,6 +3,8 @@ package store
 import (
 	"context"
 	"fmt"
+	"strconv"
+	"strings"
 	"time"
 )
 
@@ -92,6 +94,84 @@ const (
 // then Since, then the id; fixed width, so byte order is queue order.
 func QueueOrder(q QueueInfo, fleetRunID string) string {
 	return fmt.Sprintf("%03d|%020d|%s", QueuePriorityMax-q.Priority, q.Since.UTC().UnixNano(), fleetRunID)
+}
+
+// queueOrderPrefix is QueueOrder's width before the run id: the
+// priority (3 digits), "|", Since in nanoseconds (20 digits), "|".
+const queueOrderPrefix = 3 + 1 + 20 + 1
+
+// ParseQueueOrder reads back what QueueOrder wrote: the run's Since and
+// id. An index entry carries nothing else, so both stores build a
+// QueueEntry from its order alone.
+func ParseQueueOrder(order string) (since time.Time, fleetRunID string, err error) {
+	if len(order) <= queueOrderPrefix || order[3] != '|' || order[24] != '|' {
+		return time.Time{}, "", fmt.Errorf("queue order %q: not a QueueOrder", order)
+	}
+	ns, err := strconv.ParseInt(order[4:24], 10, 64)
+	if err != nil {
+		return time.Time{}, "", fmt.Errorf("queue order %q: %w", order, err)
+	}
+	return time.Unix(0, ns).UTC(), order[queueOrderPrefix:], nil
+}
+
+// QueueClassMaxBytes bounds a waiting run's Class: the index keys a run
+// by its class and order together, and DynamoDB bounds a sort key to
+// 1,024 bytes. Fleet refuses a longer class before it writes the run.
+const QueueClassMaxBytes = 768
+
+// QueueClassSeparator ends a class in the index key (class, separator,
+// order): a class never holds it (fleet.ClassOf escapes it), so each
+// class's entries are one contiguous range that no other class's share.
+const QueueClassSeparator = "#"
+
+// CheckRun refuses a run that no store may write, whatever is stored
+// (both stores call it on CreateRun and UpdateRun): a queued run has no
+// host and has its QueueInfo, not started; a waiting run's QueueInfo can
+// be indexed (a class of at most QueueClassMaxBytes without
+// QueueClassSeparator, a priority within bounds, a Since after 1970).
+func CheckRun(r Run) error {
+	if r.Status == StatusQueued {
+		switch {
+		case r.HostID != "":
+			return fmt.Errorf("run %q: a queued run has no host (got %q)", r.FleetRunID, r.HostID)
+		case r.Queue == nil || r.Queue.StartedAt != nil:
+			return fmt.Errorf("run %q: a queued run needs its queue info, not started", r.FleetRunID)
+		}
+	}
+	if !r.Waiting() {
+		return nil
+	}
+	q := r.Queue
+	switch {
+	case q.Class == "" || len(q.Class) > QueueClassMaxBytes || strings.Contains(q.Class, QueueClassSeparator):
+		return fmt.Errorf("run %q: queue class of %d bytes: want 1 to %d, without %q", r.FleetRunID, len(q.Class), QueueClassMaxBytes, QueueClassSeparator)
+	case q.Priority < QueuePriorityMin || q.Priority > QueuePriorityMax:
+		return fmt.Errorf("run %q: queue priority %d outside %d..%d", r.FleetRunID, q.Priority, QueuePriorityMin, QueuePriorityMax)
+	case q.Since.UnixNano() <= 0:
+		return fmt.Errorf("run %q: queue since %v: want a time after 1970", r.FleetRunID, q.Since)
+	}
+	return nil
+}
+
+// UpdatedHost is the HostID an UpdateRun of r over stored keeps, by the
+// rule both stores implement (Runs.UpdateRun): a queued r has none; an
+// empty r.HostID otherwise keeps the stored one; the host changes only
+// on a run stored dispatching or queued; and a run that is neither
+// queued nor ended needs one. Anything else is ErrConflict (the stored
+// run moved on from what r was read from). r passed CheckRun.
+func UpdatedHost(stored, r Run) (string, error) {
+	movable := stored.Status == StatusDispatching || stored.Status == StatusQueued
+	host := r.HostID
+	if host == "" && r.Status != StatusQueued {
+		host = stored.HostID
+	}
+	switch {
+	case host != stored.HostID && !movable:
+		return "", fmt.Errorf("run %q is %s on %q: its host is fixed: %w", r.FleetRunID, stored.Status, stored.HostID, ErrConflict)
+	case host == "" && r.Status != StatusQueued && !Terminal(r.Status):
+		return "", fmt.Errorf("run %q is %s without a host: it cannot be %s without one: %w", r.FleetRunID, stored.Status, r.Status, ErrConflict)
+	}
+	return host, nil
 }
 
 // QueueEntry is one waiting run as the index holds it.

@@ -13,7 +13,8 @@ import (
 type Runs interface {
 	// CreateRun writes a new run (Version 1, whatever r.Version says);
 	// ErrExists. FleetRunID, OwnerID, HostID and CreatedAt are required;
-	// HostID is empty exactly when Status is StatusQueued.
+	// HostID is empty exactly when Status is StatusQueued (CheckRun). The
+	// run enters the live index and, when Waiting, the queue index.
 	CreateRun(ctx context.Context, r Run) error
 	// GetRun reads a run; ErrNotFound.
 	GetRun(ctx context.Context, id string) (Run, error)
@@ -26,8 +27,13 @@ type Runs interface {
 	// it past a host that refused it) or queued (a dispatcher offering it
 	// to a host, or taking it back: HostID empty exactly when the new
 	// Status is StatusQueued); on any other run a different HostID is
-	// ErrConflict. The by-host listing follows the change, and the queue
-	// index follows Waiting().
+	// ErrConflict. An empty HostID with another status keeps the stored
+	// one; a run that never had one (queued, then ended: canceled or
+	// timed out) may end without, and any other status without a host is
+	// ErrConflict (UpdatedHost states the rule; CheckRun what is refused
+	// whatever is stored). The by-host listing follows the change (a run
+	// without a host is listed under none), and the queue index follows
+	// Waiting().
 	UpdateRun(ctx context.Context, r Run) (Run, error)
 	// ListRuns pages runs newest first (CreatedAt, then FleetRunID, descending).
 	ListRuns(ctx context.Context, q RunQuery) (RunPage, error)
@@ -106,7 +112,8 @@ type Run struct {
 	// "Credentials Fleet mints"); nil when none.
 	Brokered []BrokeredKey
 	// Queue is the run's wait for capacity (queue.go); nil for a run that
-	// never waited. HostID is empty while it is queued.
+	// never waited. HostID is empty while it is queued, and stays empty if
+	// it ends before a host is offered it.
 	Queue *QueueInfo
 	// Version increments on every write; UpdateRun is conditional on it.
 	Version int64
@@ -124,7 +131,8 @@ type RunQuery struct {
 	OwnerID string
 	// HostID limits to one host. Setting both OwnerID and HostID is not
 	// supported (neither store has an index for it); ListRuns refuses it.
-	// Empty: any host.
+	// Empty: any host (and runs without one: queued, or ended before a
+	// host was offered them).
 	HostID string
 	// Cursor continues a previous page of the same query (same OwnerID and
 	// HostID); empty starts at the newest. Any other cursor is ErrBadCursor.

@@ -127,7 +127,24 @@ type runItem struct {
 	EventsExpireAfter int64 `json:"eventsExpireAfter,omitempty"`
 	// Brokered is absent in runs stored before it, read as none.
 	Brokered []brokeredItem `json:"brokered,omitempty"`
-	Version  int64          `json:"version"`
+	// Queue is absent for a run that never waited (and every run stored
+	// before runs could).
+	Queue   *queueItem `json:"queue,omitempty"`
+	Version int64      `json:"version"`
+}
+
+// queueItem is a run's store.QueueInfo. Timeout is in nanoseconds;
+// Request is JSON's base64.
+type queueItem struct {
+	Class     string     `json:"class"`
+	Priority  int        `json:"priority,omitempty"`
+	Since     time.Time  `json:"since"`
+	Timeout   int64      `json:"timeout"`
+	Until     time.Time  `json:"until"`
+	Offers    int        `json:"offers,omitempty"`
+	Request   []byte     `json:"request,omitempty"`
+	StartedAt *time.Time `json:"startedAt,omitempty"`
+	StartedOn string     `json:"startedOn,omitempty"`
 }
 
 // brokeredItem is one store.BrokeredKey of a run. ValueExpiresAt is the
@@ -329,7 +346,27 @@ func toRunItem(r store.Run) runItem {
 		RewroteLocalPath: r.RewroteLocalPath, CreatedAt: utc(r.CreatedAt), UpdatedAt: utc(r.UpdatedAt),
 		Deadline: utc(r.Deadline), EndedAt: utcPtr(r.EndedAt), EventCursor: r.EventCursor,
 		Drained: r.Drained, ExpiresAt: expirySeconds(r.ExpiresAt), EventsExpireAfter: unixNanos(r.EventsExpireAfter),
-		Brokered: toBrokeredItems(r.Brokered), Version: r.Version,
+		Brokered: toBrokeredItems(r.Brokered), Queue: toQueueItem(r.Queue), Version: r.Version,
+	}
+}
+
+func toQueueItem(q *store.QueueInfo) *queueItem {
+	if q == nil {
+		return nil
+	}
+	return &queueItem{
+		Class: q.Class, Priority: q.Priority, Since: utc(q.Since), Timeout: int64(q.Timeout), Until: utc(q.Until),
+		Offers: q.Offers, Request: cloneBytes(q.Request), StartedAt: utcPtr(q.StartedAt), StartedOn: q.StartedOn,
+	}
+}
+
+func (it *queueItem) record() *store.QueueInfo {
+	if it == nil {
+		return nil
+	}
+	return &store.QueueInfo{
+		Class: it.Class, Priority: it.Priority, Since: utc(it.Since), Timeout: time.Duration(it.Timeout), Until: utc(it.Until),
+		Offers: it.Offers, Request: cloneBytes(it.Request), StartedAt: utcPtr(it.StartedAt), StartedOn: it.StartedOn,
 	}
 }
 
@@ -369,7 +406,7 @@ func (it runItem) record() store.Run {
 		CreatedAt: utc(it.CreatedAt), UpdatedAt: utc(it.UpdatedAt), Deadline: utc(it.Deadline),
 		EndedAt: utcPtr(it.EndedAt), EventCursor: it.EventCursor, Drained: it.Drained,
 		ExpiresAt: expiryTime(it.ExpiresAt), EventsExpireAfter: fromUnixNanos(it.EventsExpireAfter),
-		Brokered: brokeredRecords(it.Brokered), Version: it.Version,
+		Brokered: brokeredRecords(it.Brokered), Queue: it.Queue.record(), Version: it.Version,
 	}
 }
 

@@ -1,29 +1,175 @@
 package boltstore
 
 import (
+	"bytes"
 	"context"
-	"errors"
+	"fmt"
+	"sort"
+	"time"
+
+	bolt "go.etcd.io/bbolt"
 
 	"github.com/runfleet/runfleet/shared/store"
 )
 
-// errQueueTODO marks the queue index before it is built (issue 34).
-var errQueueTODO = errors.New("boltstore: the queue index is not built yet")
+// The queue index is runsQueue/<class>: store.QueueOrder -> "" for every
+// run whose Waiting() is true, written in the transaction that writes the
+// run. A class's bucket goes with its last entry, so the classes listed
+// are those with waiting runs.
+
+// queueEntry is where a run stands in the queue index; ok is false for a
+// run that is not in it.
+func queueEntry(it runItem) (class, order string, ok bool) {
+	r := it.record()
+	if !r.Waiting() {
+		return "", "", false
+	}
+	return r.Queue.Class, store.QueueOrder(*r.Queue, r.FleetRunID), true
+}
+
+// setQueue moves a run's queue entry from where old had it (nil: a new
+// run) to where it now belongs.
+func setQueue(tx *bolt.Tx, old *runItem, it runItem) error {
+	var oldClass, oldOrder string
+	wasIn := false
+	if old != nil {
+		oldClass, oldOrder, wasIn = queueEntry(*old)
+	}
+	class, order, in := queueEntry(it)
+	if wasIn == in && oldClass == class && oldOrder == order {
+		return nil
+	}
+	q := tx.Bucket(bucketRunsQueue)
+	if wasIn {
+		if b := q.Bucket([]byte(oldClass)); b != nil {
+			if err := b.Delete([]byte(oldOrder)); err != nil {
+				return err
+			}
+			if k, _ := b.Cursor().First(); k == nil {
+				if err := q.DeleteBucket([]byte(oldClass)); err != nil {
+					return err
+				}
+			}
+		}
+	}
+	if !in {
+		return nil
+	}
+	b, err := q.CreateBucketIfNotExists([]byte(class))
+	if err != nil {
+		return err
+	}
+	return b.Put([]byte(order), nil)
+}
+
+// entryOf is the QueueEntry of an index key.
+func entryOf(order []byte) (store.QueueEntry, error) {
+	since, id, err := store.ParseQueueOrder(string(order))
+	if err != nil {
+		return store.QueueEntry{}, err
+	}
+	return store.QueueEntry{FleetRunID: id, Order: string(order), Since: since}, nil
+}
 
 // QueueClasses implements store.Queue.
-func (s *Store) QueueClasses(ctx context.Context) ([]string, error) { return nil, errQueueTODO }
+func (s *Store) QueueClasses(ctx context.Context) ([]string, error) {
+	var classes []string
+	err := s.view(ctx, func(tx *bolt.Tx) error {
+		return tx.Bucket(bucketRunsQueue).ForEachBucket(func(k []byte) error {
+			classes = append(classes, string(k))
+			return nil
+		})
+	})
+	if err != nil {
+		return nil, wrap("queue classes", err)
+	}
+	sort.Strings(classes)
+	return classes, nil
+}
 
 // ListQueue implements store.Queue.
 func (s *Store) ListQueue(ctx context.Context, class, after string, limit int) (store.QueuePage, error) {
-	return store.QueuePage{}, errQueueTODO
+	limit = store.PageLimit(limit)
+	var page store.QueuePage
+	err := s.view(ctx, func(tx *bolt.Tx) error {
+		b := tx.Bucket(bucketRunsQueue).Bucket([]byte(class))
+		if b == nil {
+			return nil
+		}
+		c := b.Cursor()
+		k, _ := c.First()
+		if after != "" {
+			if k, _ = c.Seek([]byte(after)); bytes.Equal(k, []byte(after)) {
+				k, _ = c.Next()
+			}
+		}
+		for ; k != nil; k, _ = c.Next() {
+			if len(page.Entries) == limit {
+				page.Next = page.Entries[limit-1].Order
+				return nil
+			}
+			e, err := entryOf(k)
+			if err != nil {
+				return fmt.Errorf("queue class %q: %w", class, err)
+			}
+			page.Entries = append(page.Entries, e)
+		}
+		return nil
+	})
+	if err != nil {
+		return store.QueuePage{}, wrap("list queue", err)
+	}
+	return page, nil
 }
 
 // QueueAhead implements store.Queue.
 func (s *Store) QueueAhead(ctx context.Context, class, order string) (int, error) {
-	return 0, errQueueTODO
+	n := 0
+	err := s.view(ctx, func(tx *bolt.Tx) error {
+		b := tx.Bucket(bucketRunsQueue).Bucket([]byte(class))
+		if b == nil {
+			return nil
+		}
+		c := b.Cursor()
+		for k, _ := c.First(); k != nil && bytes.Compare(k, []byte(order)) < 0; k, _ = c.Next() {
+			n++
+		}
+		return nil
+	})
+	if err != nil {
+		return 0, wrap("queue ahead", err)
+	}
+	return n, nil
 }
 
 // QueueStats implements store.Queue.
 func (s *Store) QueueStats(ctx context.Context, class string) (store.QueueStats, error) {
-	return store.QueueStats{}, errQueueTODO
+	var st store.QueueStats
+	err := s.view(ctx, func(tx *bolt.Tx) error {
+		b := tx.Bucket(bucketRunsQueue).Bucket([]byte(class))
+		if b == nil {
+			return nil
+		}
+		return b.ForEach(func(k, _ []byte) error {
+			since, _, err := store.ParseQueueOrder(string(k))
+			if err != nil {
+				return fmt.Errorf("queue class %q: %w", class, err)
+			}
+			st.Waiting++
+			st.Oldest = earlier(st.Oldest, since)
+			return nil
+		})
+	})
+	if err != nil {
+		return store.QueueStats{}, wrap("queue stats", err)
+	}
+	return st, nil
+}
+
+// earlier is the earlier of a (zero: none yet) and b.
+func earlier(a, b time.Time) time.Time {
+	if a.IsZero() || b.Before(a) {
+		return b
+	}
+	return a
 }

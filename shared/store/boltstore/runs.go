@@ -72,8 +72,11 @@ func (s *Store) PutIdempotency(ctx context.Context, i store.Idempotency) (store.
 // CreateRun writes a new run at Version 1 with its index entries; ErrExists
 // if an unexpired run holds the id (an expired one is replaced).
 func (s *Store) CreateRun(ctx context.Context, r store.Run) error {
-	if r.FleetRunID == "" || r.OwnerID == "" || r.HostID == "" || r.CreatedAt.IsZero() {
-		return errors.New("boltstore: create run: fleetRunId, ownerId, hostId and createdAt are required")
+	if r.FleetRunID == "" || r.OwnerID == "" || (r.HostID == "" && r.Status != store.StatusQueued) || r.CreatedAt.IsZero() {
+		return errors.New("boltstore: create run: fleetRunId, ownerId, hostId (unless queued) and createdAt are required")
+	}
+	if err := store.CheckRun(r); err != nil {
+		return fmt.Errorf("boltstore: create run: %w", err)
 	}
 	now := s.now()
 	err := s.update(ctx, func(tx *bolt.Tx) error {
@@ -106,11 +109,10 @@ func (s *Store) CreateRun(ctx context.Context, r store.Run) error {
 		if err := owner.Put(key, id); err != nil {
 			return err
 		}
-		host, err := tx.Bucket(bucketRunsByHost).CreateBucketIfNotExists([]byte(it.HostID))
-		if err != nil {
+		if err := moveByHost(tx, it.CreatedAt, it.FleetRunID, "", it.HostID); err != nil {
 			return err
 		}
-		if err := host.Put(key, id); err != nil {
+		if err := setQueue(tx, nil, it); err != nil {
 			return err
 		}
 		return setLive(tx, it)
@@ -136,8 +138,12 @@ func (s *Store) GetRun(ctx context.Context, id string) (store.Run, error) {
 	return r, wrap("get run", err)
 }
 
-// UpdateRun replaces the run if its stored Version equals r.Version.
+// UpdateRun replaces the run if its stored Version equals r.Version; its
+// host by store.UpdatedHost.
 func (s *Store) UpdateRun(ctx context.Context, r store.Run) (store.Run, error) {
+	if err := store.CheckRun(r); err != nil {
+		return store.Run{}, fmt.Errorf("boltstore: update run: %w", err)
+	}
 	now := s.now()
 	var stored store.Run
 	err := s.update(ctx, func(tx *bolt.Tx) error {
@@ -153,11 +159,8 @@ func (s *Store) UpdateRun(ctx context.Context, r store.Run) (store.Run, error) {
 		}
 		it := toRunItem(r)
 		it.OwnerID, it.CreatedAt, it.IdempotencyKey, it.Repository = old.OwnerID, old.CreatedAt, old.IdempotencyKey, old.Repository
-		if it.HostID == "" {
-			it.HostID = old.HostID
-		}
-		if it.HostID != old.HostID && old.Status != store.StatusDispatching {
-			return fmt.Errorf("boltstore: run %q is %s: its host is fixed: %w", r.FleetRunID, old.Status, store.ErrConflict)
+		if it.HostID, err = store.UpdatedHost(old.record(), r); err != nil {
+			return fmt.Errorf("boltstore: %w", err)
 		}
 		it.Version = old.Version + 1
 		if err := putItem(tx.Bucket(bucketRuns), []byte(it.FleetRunID), it); err != nil {
@@ -168,20 +171,29 @@ func (s *Store) UpdateRun(ctx context.Context, r store.Run) (store.Run, error) {
 				return err
 			}
 		}
+		if err := setQueue(tx, &old, it); err != nil {
+			return err
+		}
 		stored = it.record()
 		return setLive(tx, it)
 	})
 	return stored, wrap("update run", err)
 }
 
-// moveByHost moves run id's by-host entry from host from to host to.
+// moveByHost moves run id's by-host entry from host from to host to; an
+// empty host has no entry (a queued run, or one that ended queued).
 func moveByHost(tx *bolt.Tx, createdAt time.Time, id, from, to string) error {
 	key := orderKey(createdAt, id)
 	byHost := tx.Bucket(bucketRunsByHost)
-	if b := byHost.Bucket([]byte(from)); b != nil {
-		if err := b.Delete(key); err != nil {
-			return err
+	if from != "" {
+		if b := byHost.Bucket([]byte(from)); b != nil {
+			if err := b.Delete(key); err != nil {
+				return err
+			}
 		}
+	}
+	if to == "" {
+		return nil
 	}
 	dst, err := byHost.CreateBucketIfNotExists([]byte(to))
 	if err != nil {
@@ -435,12 +447,13 @@ func deleteRun(tx *bolt.Tx, id string) error {
 			return err
 		}
 	}
-	if b := tx.Bucket(bucketRunsByHost).Bucket([]byte(it.HostID)); b != nil {
-		if err := b.Delete(key); err != nil {
-			return err
-		}
+	if err := moveByHost(tx, it.CreatedAt, it.FleetRunID, it.HostID, ""); err != nil {
+		return err
 	}
 	if err := tx.Bucket(bucketRunsLive).Delete([]byte(id)); err != nil {
+		return err
+	}
+	if err := setQueue(tx, &it, runItem{}); err != nil {
 		return err
 	}
 	if tx.Bucket(bucketEvents).Bucket([]byte(id)) != nil {

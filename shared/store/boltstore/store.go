@@ -4,8 +4,8 @@
 // Every invariant holds because each mutation runs in one bbolt Update
 // transaction (bbolt serialises writers): the check and the write cannot be
 // separated by another writer. Secondary orderings (live runs, runs by
-// creation, by owner, by host) are buckets kept in step by the same
-// transaction that writes the run they index.
+// creation, by owner, by host, waiting runs by class) are buckets kept in
+// step by the same transaction that writes the run they index.
 //
 // Layout (bucket: key -> value):
 //
@@ -19,7 +19,8 @@
 //	runsLive:              fleetRunId -> ""
 //	runsByCreated:         orderKey -> fleetRunId
 //	runsByOwner/<ownerId>: orderKey -> fleetRunId
-//	runsByHost/<hostId>:   orderKey -> fleetRunId
+//	runsByHost/<hostId>:   orderKey -> fleetRunId (none while the run has no host)
+//	runsQueue/<class>:     store.QueueOrder -> "" (the runs whose Waiting() is true)
 //	events/<fleetRunId>:   sequence (8 bytes, big endian) -> eventItem
 //	egress/<fleetRunId>:   seq (8 bytes, big endian) -> egressItem
 //	egressHeads:           fleetRunId -> egressHeadItem
@@ -52,6 +53,7 @@ var (
 	bucketRunsCreated   = []byte("runsByCreated")
 	bucketRunsByOwner   = []byte("runsByOwner")
 	bucketRunsByHost    = []byte("runsByHost")
+	bucketRunsQueue     = []byte("runsQueue")
 	bucketEvents        = []byte("events")
 	bucketEgress        = []byte("egress")
 	bucketEgressHeads   = []byte("egressHeads")
@@ -59,7 +61,7 @@ var (
 
 	allBuckets = [][]byte{
 		bucketHosts, bucketCallers, bucketCallerTokens, bucketIdempotency, bucketRuns,
-		bucketRunsLive, bucketRunsCreated, bucketRunsByOwner, bucketRunsByHost, bucketEvents,
+		bucketRunsLive, bucketRunsCreated, bucketRunsByOwner, bucketRunsByHost, bucketRunsQueue, bucketEvents,
 		bucketEgress, bucketEgressHeads, bucketEgressAlerted,
 	}
 )
@@ -88,6 +90,7 @@ var (
 	_ store.StreamLeases     = (*Store)(nil)
 	_ store.RouteStore       = (*Store)(nil)
 	_ store.BrokerStates     = (*Store)(nil)
+	_ store.Queue            = (*Store)(nil)
 )
 
 // Option configures Open.

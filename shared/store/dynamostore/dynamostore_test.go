@@ -109,6 +109,7 @@ func TestTablesAsDesigned(t *testing.T) {
 		"byOwner": "ownerId:HASH,createdAt:RANGE KEYS_ONLY",
 		"byHost":  "hostId:HASH,createdAt:RANGE KEYS_ONLY",
 		"all":     "allShard:HASH,createdAt:RANGE KEYS_ONLY",
+		"queue":   "qp:HASH,qk:RANGE KEYS_ONLY",
 	}
 	if fmt.Sprint(gsis) != fmt.Sprint(wantGSIs) {
 		t.Errorf("runs indexes %v, want %v", gsis, wantGSIs)

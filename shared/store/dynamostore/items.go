@@ -91,6 +91,20 @@ const (
 	attrBrokeredSealed    = "sealed"
 	attrBrokeredRevokedAt = "revokedAt"
 
+	// attrQueue is a run's store.QueueInfo (M, attrQueue* inside);
+	// absent: it never waited, and every run stored before runs could.
+	// Times are nanoseconds, the timeout too; the request B.
+	attrQueue          = "queue"
+	attrQueueClass     = "class"
+	attrQueuePriority  = "priority"
+	attrQueueSince     = "since"
+	attrQueueTimeout   = "timeout"
+	attrQueueUntil     = "until"
+	attrQueueOffers    = "offers"
+	attrQueueRequest   = "request"
+	attrQueueStartedAt = "startedAt"
+	attrQueueStartedOn = "startedOn"
+
 	attrType = "type"
 	attrData = "data"
 	attrTS   = "ts"
@@ -414,6 +428,11 @@ func runMutable(r store.Run, shard string) item {
 	it.putExpiry(r.ExpiresAt)
 	it.putTime(attrEventsExpireAfter, r.EventsExpireAfter)
 	putBrokered(it, r.Brokered)
+	putQueue(it, r.Queue)
+	if r.Waiting() {
+		it.putS(attrQueuePart, queuePart)
+		it.putS(attrQueueKey, queueKey(r.Queue.Class, store.QueueOrder(*r.Queue, r.FleetRunID)))
+	}
 	it.putNAlways(attrRunVersion, r.Version)
 	// The "all" index key never changes (it derives from the id), so
 	// rewriting it costs that index nothing; it is here so that an update
@@ -428,6 +447,50 @@ var runMutableNames = []string{
 	attrChildRunID, attrStatus, attrAttempt, attrExitCode, attrReason, attrDetail, attrAgent,
 	attrRewroteLocalPath, attrUpdatedAt, attrDeadline, attrEndedAt, attrEventCursor,
 	attrDrained, attrLive, attrExpiresAt, attrEventsExpireAfter, attrBrokered, attrRunVersion, attrAllShard,
+	attrQueue, attrQueuePart, attrQueueKey,
+}
+
+// queueKey is a waiting run's sort key in the queue index.
+func queueKey(class, order string) string { return class + store.QueueClassSeparator + order }
+
+// putQueue writes a run's wait, nothing for a run that never waited.
+func putQueue(it item, q *store.QueueInfo) {
+	if q == nil {
+		return
+	}
+	m := item{}
+	m.putS(attrQueueClass, q.Class)
+	m.putN(attrQueuePriority, int64(q.Priority))
+	m.putTime(attrQueueSince, q.Since)
+	m.putNAlways(attrQueueTimeout, int64(q.Timeout))
+	m.putTime(attrQueueUntil, q.Until)
+	m.putN(attrQueueOffers, int64(q.Offers))
+	m.putB(attrQueueRequest, q.Request)
+	if q.StartedAt != nil {
+		m.putTime(attrQueueStartedAt, *q.StartedAt)
+	}
+	m.putS(attrQueueStartedOn, q.StartedOn)
+	it[attrQueue] = &types.AttributeValueMemberM{Value: m}
+}
+
+// queue reads a run's wait; nil when absent.
+func (r *reader) queue() *store.QueueInfo {
+	m := r.sub(attrQueue)
+	if m == nil {
+		return nil
+	}
+	q := &store.QueueInfo{
+		Class: m.s(attrQueueClass), Priority: int(m.n(attrQueuePriority)), Since: m.time(attrQueueSince),
+		Timeout: time.Duration(m.n(attrQueueTimeout)), Until: m.time(attrQueueUntil), Offers: int(m.n(attrQueueOffers)),
+		Request: m.b(attrQueueRequest), StartedAt: m.timePtr(attrQueueStartedAt), StartedOn: m.s(attrQueueStartedOn),
+	}
+	if m.err != nil {
+		if r.err == nil {
+			r.err = fmt.Errorf("attribute %q: %w", attrQueue, m.err)
+		}
+		return nil
+	}
+	return q
 }
 
 // putBrokered writes a run's brokered keys, nothing when it has none.
@@ -497,7 +560,7 @@ func runFromItem(it item) (store.Run, error) {
 		Deadline: r.time(attrDeadline), EndedAt: r.timePtr(attrEndedAt),
 		EventCursor: r.n(attrEventCursor), Drained: r.bool(attrDrained),
 		ExpiresAt: r.expiry(), EventsExpireAfter: r.time(attrEventsExpireAfter), Brokered: r.brokered(),
-		Version: r.n(attrRunVersion),
+		Queue: r.queue(), Version: r.n(attrRunVersion),
 	}
 	if r.has(attrExitCode) {
 		code := int(r.n(attrExitCode))

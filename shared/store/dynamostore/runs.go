@@ -117,11 +117,16 @@ func (s *Store) PutIdempotency(ctx context.Context, i store.Idempotency) (store.
 }
 
 // CreateRun is one conditional put of the whole run at Version 1; the item
-// carries the live index key when the run is live. A retry that finds this
-// call's own item (a lost response, ownwrites.go) succeeds.
+// carries the live index key when the run is live, the queue index's when
+// it is waiting, and no hostId while it is queued (an index key cannot be
+// an empty string: the run is in no host's partition). A retry that finds
+// this call's own item (a lost response, ownwrites.go) succeeds.
 func (s *Store) CreateRun(ctx context.Context, r store.Run) error {
-	if r.FleetRunID == "" || r.OwnerID == "" || r.HostID == "" || r.CreatedAt.IsZero() {
-		return errors.New("dynamostore: create run: fleetRunId, ownerId, hostId and createdAt are required")
+	if r.FleetRunID == "" || r.OwnerID == "" || (r.HostID == "" && r.Status != store.StatusQueued) || r.CreatedAt.IsZero() {
+		return errors.New("dynamostore: create run: fleetRunId, ownerId, hostId (unless queued) and createdAt are required")
+	}
+	if err := store.CheckRun(r); err != nil {
+		return fmt.Errorf("dynamostore: create run: %w", err)
 	}
 	r.Version = 1
 	token, err := s.newWriteToken()
@@ -178,9 +183,11 @@ func (s *Store) GetRun(ctx context.Context, id string) (store.Run, error) {
 }
 
 // UpdateRun sets every mutable attribute (and removes those r leaves empty,
-// the live key included when the run is no longer live) in one update
-// conditional on the stored version; the fields fixed at creation are not
-// in the expression, so they cannot move. A failed condition brings the
+// the live and queue keys included when the run is no longer live or
+// waiting) in one update conditional on the stored version; the fields
+// fixed at creation are not in the expression, so they cannot move. The
+// host follows store.UpdatedHost, as conditions on the stored one (see
+// hostUpdate). A failed condition brings the
 // stored item back (ALL_OLD) to tell ErrConflict from ErrNotFound, and from
 // this call's own update applied by an attempt whose response was lost
 // (ownwrites.go): the stored item at Version+1 carrying the call's token,
@@ -188,6 +195,9 @@ func (s *Store) GetRun(ctx context.Context, id string) (store.Run, error) {
 // the retry, the retry cannot tell and answers ErrConflict; the caller's
 // re-read then shows both.
 func (s *Store) UpdateRun(ctx context.Context, r store.Run) (store.Run, error) {
+	if err := store.CheckRun(r); err != nil {
+		return store.Run{}, fmt.Errorf("dynamostore: update run: %w", err)
+	}
 	token, err := s.newWriteToken()
 	if err != nil {
 		return store.Run{}, err
@@ -205,16 +215,16 @@ func (s *Store) UpdateRun(ctx context.Context, r store.Run) (store.Run, error) {
 	names["#wt"] = attrWriteToken
 	sets := []string{"#wt = :wt"}
 	cond := condPresentUnexpired + " AND #version = :expect"
-	if r.HostID != "" {
-		// The host moves only from a run stored dispatching. Setting it to
-		// the value it has changes no index key: no index write.
-		names["#host"], names["#st"] = attrHostID, attrStatus
-		values[":host"] = &types.AttributeValueMemberS{Value: r.HostID}
-		values[":dispatching"] = &types.AttributeValueMemberS{Value: store.StatusDispatching}
-		sets = append(sets, "#host = :host")
-		cond += " AND (#host = :host OR #st = :dispatching)"
-	}
 	var removes []string
+	if hc, set, remove := hostUpdate(r, names, values); hc != "" {
+		cond += " AND " + hc
+		if set {
+			sets = append(sets, "#host = :host")
+		}
+		if remove {
+			removes = append(removes, "#host")
+		}
+	}
 	for i, name := range runMutableNames {
 		ph := "#a" + strconv.Itoa(i)
 		names[ph] = name
@@ -255,7 +265,10 @@ func (s *Store) UpdateRun(ctx context.Context, r store.Run) (store.Run, error) {
 			return stored, nil
 		}
 		if stored.Version == expect {
-			return store.Run{}, fmt.Errorf("dynamostore: run %q is %s: its host is fixed: %w", r.FleetRunID, stored.Status, store.ErrConflict)
+			if _, herr := store.UpdatedHost(stored, r); herr != nil {
+				return store.Run{}, fmt.Errorf("dynamostore: %w", herr)
+			}
+			return store.Run{}, fmt.Errorf("dynamostore: run %q: its host refused the update: %w", r.FleetRunID, store.ErrConflict)
 		}
 		return store.Run{}, fmt.Errorf("dynamostore: run %q is at version %d, not %d: %w", r.FleetRunID, stored.Version, expect, store.ErrConflict)
 	}
@@ -267,6 +280,33 @@ func (s *Store) UpdateRun(ctx context.Context, r store.Run) (store.Run, error) {
 		return store.Run{}, fault("update run", err)
 	}
 	return stored, nil
+}
+
+// hostUpdate is store.UpdatedHost as a condition on the stored run
+// (empty: none), and whether the update sets the host to ":host" or
+// removes it; it fills names and values for both. Setting the host to
+// the value it has changes no index key: no index write.
+func hostUpdate(r store.Run, names map[string]string, values map[string]types.AttributeValue) (cond string, set, remove bool) {
+	movable := func() string {
+		names["#st"] = attrStatus
+		values[":dispatching"] = &types.AttributeValueMemberS{Value: store.StatusDispatching}
+		values[":queued"] = &types.AttributeValueMemberS{Value: store.StatusQueued}
+		return "#st IN (:dispatching, :queued)"
+	}
+	names["#host"] = attrHostID
+	switch {
+	case r.Status == store.StatusQueued:
+		// CheckRun made sure r has no host: one stored goes, if it may.
+		return "(attribute_not_exists(#host) OR " + movable() + ")", false, true
+	case r.HostID != "":
+		values[":host"] = &types.AttributeValueMemberS{Value: r.HostID}
+		return "(#host = :host OR " + movable() + ")", true, false
+	case store.Terminal(r.Status):
+		// Keeps the stored host, or none: a run that ended queued.
+		delete(names, "#host")
+		return "", false, false
+	}
+	return "attribute_exists(#host)", false, false
 }
 
 // ListLive pages the sparse live index in run-id order.

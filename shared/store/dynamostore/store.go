@@ -158,6 +158,7 @@ var (
 	_ store.StreamLeases     = (*Store)(nil)
 	_ store.RouteStore       = (*Store)(nil)
 	_ store.BrokerStates     = (*Store)(nil)
+	_ store.Queue            = (*Store)(nil)
 )
 
 // New returns a store on client. It does not touch the tables: call

@@ -27,6 +27,8 @@ const (
 	attrSeq        = "seq"
 	attrAlerted    = "alerted"
 	attrAlertKey   = "alertKey"
+	attrQueuePart  = "qp"
+	attrQueueKey   = "qk"
 )
 
 // Index names on the runs table.
@@ -35,7 +37,18 @@ const (
 	indexByOwner = "byOwner"
 	indexByHost  = "byHost"
 	indexAll     = "all"
+	indexQueue   = "queue"
 )
+
+// The queue index (store.Queue) is sparse: only runs whose Waiting() is
+// true carry its keys, qp = queuePart and qk = class, "#", then
+// store.QueueOrder (queueKey). One partition holds every waiting run: a
+// class is a range of it (so a class's order, a position and the classes
+// themselves are each one Query), and its writes are two per run that
+// waits (in, then out), well within a partition's 1,000 a second up to
+// bursts of ~500 runs queued a second; shard it (and merge) beyond.
+// KEYS_ONLY: the order holds everything a store.QueueEntry says.
+const queuePart = "q"
 
 // indexAlerted is the egress table's sparse index of the heads of runs
 // with alerts, by first alert (ListAlertedRuns): one partition
@@ -103,12 +116,14 @@ func schemaList(n TableNames) []tableSchema {
 			logical: "runs", name: n.Runs, keys: []string{attrFleetRunID}, ttl: attrExpiresAt,
 			attrTypes: map[string]types.ScalarAttributeType{
 				attrFleetRunID: s, attrLive: s, attrOwnerID: s, attrHostID: s, attrCreatedAt: s, attrAllShard: s,
+				attrQueuePart: s, attrQueueKey: s,
 			},
 			indexes: []indexSchema{
 				{name: indexLive, keys: []string{attrLive, attrFleetRunID}, projection: types.ProjectionTypeKeysOnly},
 				{name: indexByOwner, keys: []string{attrOwnerID, attrCreatedAt}, projection: types.ProjectionTypeKeysOnly},
 				{name: indexByHost, keys: []string{attrHostID, attrCreatedAt}, projection: types.ProjectionTypeKeysOnly},
 				{name: indexAll, keys: []string{attrAllShard, attrCreatedAt}, projection: types.ProjectionTypeKeysOnly},
+				{name: indexQueue, keys: []string{attrQueuePart, attrQueueKey}, projection: types.ProjectionTypeKeysOnly},
 			},
 		},
 		{

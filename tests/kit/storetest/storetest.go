@@ -37,7 +37,7 @@ var Start = time.Date(2026, 3, 4, 5, 6, 7, 123456789, time.UTC)
 func Run(t *testing.T, newStore NewStore) {
 	for _, tc := range slices.Concat(
 		hostsContract, hostDeletionContract, callersContract, idempotencyContract, runsContract,
-		eventsContract, egressContract, sweepCursorContract, streamLeasesContract, routeViewContract, brokerStatesContract, storeContract,
+		eventsContract, egressContract, sweepCursorContract, streamLeasesContract, routeViewContract, brokerStatesContract, queueContract, storeContract,
 	) {
 		t.Run(tc.name, func(t *testing.T) {
 			t.Parallel()
