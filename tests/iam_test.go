@@ -235,12 +235,6 @@ func newIAMStack(t *testing.T) *iamStack {
 		for _, id := range resourcesOfType(tpl, "AWS::IAM::Role") {
 			r.refs[id], r.attrs[id+".Arn"] = id, fmt.Sprintf("arn:aws:iam::%s:role/%s", testAccount, id)
 		}
-		for _, id := range resourcesOfType(tpl, "AWS::SQS::Queue") {
-			name := "runfleet-" + id
-			r.refs[id] = fmt.Sprintf("https://sqs.%s.amazonaws.com/%s/%s", testRegion, testAccount, name)
-			r.attrs[id+".Arn"] = fmt.Sprintf("arn:aws:sqs:%s:%s:%s", testRegion, testAccount, name)
-			r.attrs[id+".QueueName"] = name
-		}
 		for _, id := range resourcesOfType(tpl, "AWS::Logs::LogGroup") {
 			name := "/runfleet/" + id
 			r.refs[id] = name

@@ -266,7 +266,7 @@ func (h *Handler) prepare(ctx context.Context, ev events.APIGatewayV2HTTPRequest
 	}
 
 	rq := &request{params: params, headers: lowerKeys(ev.Headers)}
-	rq.links = linker{api: requestBase(ev, rq.headers), stream: h.stream}
+	rq.links = linker{api: requestBase(ev, rq.headers), stream: h.stream, now: h.now()}
 	if rq.links.stream == "" {
 		rq.links.stream = rq.links.api
 	}

@@ -3,6 +3,7 @@ package api
 import (
 	"net/url"
 	"strings"
+	"time"
 
 	"github.com/aws/aws-lambda-go/events"
 
@@ -17,6 +18,9 @@ import (
 type linker struct {
 	api    string
 	stream string
+	// now is when the request was read: what a view shows relative to
+	// the present (a waiting run's wait so far) is up to it.
+	now time.Time
 }
 
 func (l linker) run(fleetRunID string) fleetapi.RunLinks {

@@ -25,6 +25,7 @@ func (h *Handler) routeTable() []route {
 		{method: http.MethodPost, pattern: "/fleet/probe", access: adminOnly, handle: h.probeAll},
 		{method: http.MethodPost, pattern: "/fleet/hosts/{id}/drain", access: adminOnly, handle: h.drainHost},
 		{method: http.MethodPost, pattern: "/fleet/hosts/{id}/resume", access: adminOnly, handle: h.resumeHost},
+		{method: http.MethodGet, pattern: "/fleet/capacity", access: adminOnly, handle: h.capacity},
 
 		{method: http.MethodPost, pattern: "/fleet/callers", access: adminOnly, handle: h.mintCaller},
 		{method: http.MethodGet, pattern: "/fleet/callers", access: adminOnly, handle: h.listCallers},
@@ -183,7 +184,7 @@ func (h *Handler) revokeCaller(ctx context.Context, rq *request) (int, any, erro
 
 // dispatch reads POST /fleet/runs (DESIGN.md, section "The run request"):
 // the run request's caller fields, and Fleet's own (host, labels,
-// idempotency). An optional string given empty is refused rather than
+// idempotency, queue). A run that waits for a host with room is 202. An optional string given empty is refused rather than
 // taken for absent (runspec.RefuseEmpty; host and idempotency here).
 func (h *Handler) dispatch(ctx context.Context, rq *request) (int, any, error) {
 	var b fleetapi.DispatchRequest
@@ -200,7 +201,11 @@ func (h *Handler) dispatch(ctx context.Context, rq *request) (int, any, error) {
 	if err != nil {
 		return 0, nil, err
 	}
-	res, err := h.fleet.Dispatch(ctx, rq.caller, toDispatchRequest(b), key)
+	req, err := toDispatchRequest(b)
+	if err != nil {
+		return 0, nil, err
+	}
+	res, err := h.fleet.Dispatch(ctx, rq.caller, req, key)
 	if err != nil {
 		return 0, nil, err
 	}
@@ -213,6 +218,9 @@ func (h *Handler) dispatch(ctx context.Context, rq *request) (int, any, error) {
 		return http.StatusConflict, toDispatchRefused(res, rq.links), nil
 	case res.Reused:
 		return http.StatusOK, toDispatchAnswer(res, rq.links), nil
+	case res.Run.Waiting():
+		// Accepted, not started: it waits for a host with room.
+		return http.StatusAccepted, toDispatchAnswer(res, rq.links), nil
 	}
 	return http.StatusCreated, toDispatchAnswer(res, rq.links), nil
 }

@@ -12,6 +12,7 @@ import (
 	"github.com/runfleet/runfleet/shared/fleet"
 	"github.com/runfleet/runfleet/shared/fleetapi"
 	"github.com/runfleet/runfleet/shared/hostproto"
+	"github.com/runfleet/runfleet/shared/runspec"
 	"github.com/runfleet/runfleet/shared/store"
 )
 
@@ -125,18 +126,46 @@ func toHostSpec(b fleetapi.RegisterHost) fleet.HostSpec {
 	}
 }
 
+// toRunView is a run as listings and answers show it: with its wait, on
+// a run that waited (toRunQueue), without a position (what a listing
+// knows; GET and the dispatch answer add it).
 func toRunView(r store.Run, l linker) fleetapi.Run {
 	v := fleetapi.Run{
 		FleetRunID: r.FleetRunID, OwnerID: r.OwnerID, HostID: r.HostID, ChildRunID: r.ChildRunID,
 		Status: r.Status, Pending: r.Status == store.StatusDispatching, Attempt: r.Attempt,
 		ExitCode: r.ExitCode, Reason: r.Reason, Detail: r.Detail, Agent: r.Agent, Repository: r.Repository,
 		IdempotencyKey: r.IdempotencyKey, RewroteLocalPath: r.RewroteLocalPath, CreatedAt: r.CreatedAt, UpdatedAt: r.UpdatedAt, EndedAt: r.EndedAt,
-		Links: l.run(r.FleetRunID),
+		Links: l.run(r.FleetRunID), Queue: toRunQueue(r, 0, l.now),
 	}
 	if r.Status == store.StatusDispatching {
 		d := r.Deadline
 		v.Deadline = &d
 	}
+	return v
+}
+
+// toRunQueue is a run's wait (nil on a run that never asked to wait): its
+// class, priority, since, timeout (as time.Duration prints it) and until;
+// position while it waits (1 is next; 0, absent, when not known); once a
+// host took it, when and which; waitedSeconds until it started, or ended
+// without starting, or until now while it waits.
+func toRunQueue(r store.Run, position int, now time.Time) *fleetapi.RunQueue {
+	q := r.Queue
+	if q == nil {
+		return nil
+	}
+	v := &fleetapi.RunQueue{Class: q.Class, Priority: q.Priority, Since: q.Since, Timeout: q.Timeout.String(), Until: q.Until,
+		StartedAt: q.StartedAt, StartedOn: q.StartedOn}
+	end := now
+	switch {
+	case q.StartedAt != nil:
+		end = *q.StartedAt
+	case r.EndedAt != nil:
+		end = *r.EndedAt
+	case r.Waiting():
+		v.Position = position
+	}
+	v.WaitedSeconds = int64(max(end.Sub(q.Since), 0) / time.Second)
 	return v
 }
 
@@ -152,6 +181,7 @@ func toRunPage(page store.RunPage, l linker) fleetapi.RunPage {
 // its brokered keys.
 func toRunAnswer(st fleet.RunState, l linker) fleetapi.RunAnswer {
 	v := toRunView(st.Run, l)
+	v.Queue = toRunQueue(st.Run, st.Position, l.now)
 	v.Egress = toEgressSummary(st.Egress)
 	v.Credentials = toBrokeredCredentials(st.Run.Brokered)
 	return fleetapi.RunAnswer{Run: v, Refreshed: st.Refreshed, Note: st.Note}
@@ -241,9 +271,21 @@ func toEgressPage(page fleet.EgressPage) fleetapi.EgressPage {
 }
 
 // toDispatchRequest is a dispatch body as Fleet takes it: the run request,
-// and Fleet's routing fields (the key is the handler's: header or body).
-func toDispatchRequest(b fleetapi.DispatchRequest) fleet.DispatchRequest {
-	return fleet.DispatchRequest{Host: b.Host, Labels: b.Labels, Run: b.RunRequest()}
+// Fleet's routing fields and its ask to wait (the key is the handler's:
+// header or body). queue.timeout must be a Go duration: a 400 names it.
+func toDispatchRequest(b fleetapi.DispatchRequest) (fleet.DispatchRequest, error) {
+	r := fleet.DispatchRequest{Host: b.Host, Labels: b.Labels, Run: b.RunRequest()}
+	if q := b.Queue; q != nil {
+		if q.Timeout == "" {
+			return fleet.DispatchRequest{}, badRequest(`queue.timeout is required: a duration such as "30m" ("0s" does not wait)`)
+		}
+		d, err := time.ParseDuration(q.Timeout)
+		if err != nil {
+			return fleet.DispatchRequest{}, badRequest(`queue.timeout %s: want a duration such as "30m", "1h30m" or "90s"`, runspec.Quoted(q.Timeout))
+		}
+		r.Queue = &fleet.QueueRequest{Timeout: d, Priority: q.Priority}
+	}
+	return r, nil
 }
 
 // toDispatchAnswer is POST /fleet/runs' answer, with the run's end when it
@@ -254,7 +296,7 @@ func toDispatchAnswer(res fleet.DispatchResult, l linker) fleetapi.DispatchAnswe
 		FleetRunID: r.FleetRunID, HostID: r.HostID, ChildRunID: r.ChildRunID, Status: r.Status,
 		Pending: r.Status == store.StatusDispatching, Reused: res.Reused,
 		RewroteLocalPath: r.RewroteLocalPath, Reason: r.Reason, Detail: r.Detail, Note: res.Note,
-		Links: l.run(r.FleetRunID), Details: toDispatchDetails(res.Excluded),
+		Links: l.run(r.FleetRunID), Details: toDispatchDetails(res.Excluded), Queue: toRunQueue(r, res.Position, l.now),
 	}
 }
 

@@ -24,6 +24,7 @@ const (
 	logVerb     = "verb"
 	logSequence = "sequence"
 	logCursor   = "cursor"
+	logClass    = "class"
 )
 
 // RunFor returns the run c may read and act on, as stored. It is the one
@@ -43,7 +44,8 @@ func (f *Fleet) RunFor(ctx context.Context, c store.Caller, id string) (store.Ru
 	if err != nil {
 		return store.Run{}, fmt.Errorf("fleet: reading run %s: %w", id, err)
 	}
-	if !auth.CanUseHost(c, run.HostID) {
+	// A queued run is on no host (HostID empty): its owner's alone.
+	if run.HostID != "" && !auth.CanUseHost(c, run.HostID) {
 		return store.Run{}, forbidden("run %q is on host %q, which is not in this caller's allowedHosts", id, run.HostID)
 	}
 	return run, nil

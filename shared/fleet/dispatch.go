@@ -49,6 +49,16 @@ type canonicalRequest struct {
 	LocalPath  string            `json:"localPath,omitempty"`
 	Env        map[string]string `json:"env,omitempty"`
 	Secrets    []canonicalSecret `json:"secrets,omitempty"`
+	// Queue is last and absent unless the request asks to wait, so a
+	// request that does not hashes as it did before runs could wait.
+	Queue *canonicalQueue `json:"queue,omitempty"`
+}
+
+// canonicalQueue is a dispatch's ask to wait in the hashed form: the
+// timeout as time.Duration prints it ("30m" and "1800s" are one request).
+type canonicalQueue struct {
+	Timeout  string `json:"timeout"`
+	Priority int    `json:"priority,omitempty"`
 }
 
 // canonicalSecret is a declared secret in the hashed form.
@@ -75,6 +85,9 @@ func (r DispatchRequest) canonicalJSON() []byte {
 	}
 	for _, s := range run.Secrets {
 		c.Secrets = append(c.Secrets, canonicalSecret{ProjectID: s.ProjectID, Key: s.Key, Domains: s.Domains})
+	}
+	if q := r.Queue; q != nil {
+		c.Queue = &canonicalQueue{Timeout: q.Timeout.String(), Priority: q.Priority}
 	}
 	b, err := json.Marshal(c)
 	if err != nil {
@@ -172,6 +185,9 @@ type DispatchResult struct {
 	// it said: the dispatch went on to the next host, or, when the last of
 	// them refused, the run ended with that refusal. Empty otherwise.
 	Excluded []Exclusion
+	// Position is the run's place in its class's queue (1 is next) while
+	// it waits (Run.Waiting); 0 otherwise.
+	Position int
 }
 
 // MaxDispatchHosts bounds the hosts one dispatch tries: each try is a host
@@ -212,8 +228,27 @@ var transientReasons = []string{hostproto.ReasonHostBusy, hostproto.ReasonHostSt
 // host at a time in the store, so recovery and a retried request always
 // ask the host that may have it; an answer whose outcome is unknown (a
 // timeout) is never moved past.
+//
+// A dispatch that asks to wait (r.Queue, else Config.QueueDefault; see
+// queue.go) and finds no host that takes it now, because routing found
+// none or every host tried refused with a transient reason, is recorded
+// queued instead of refused: created so, or (when hosts refused it) put
+// back to queued from dispatching, its tokens revoked. A dispatch that
+// does not ask to wait answers as above.
 func (f *Fleet) Dispatch(ctx context.Context, c store.Caller, r DispatchRequest, key string) (DispatchResult, error) {
+	res, err := f.dispatch(ctx, c, r, key)
+	if err == nil && res.Run.Waiting() {
+		res.Position = f.queuePosition(ctx, res.Run)
+	}
+	return res, err
+}
+
+func (f *Fleet) dispatch(ctx context.Context, c store.Caller, r DispatchRequest, key string) (DispatchResult, error) {
 	if err := CheckDispatch(c, r); err != nil {
+		return DispatchResult{}, err
+	}
+	wait, err := f.queueWait(c, r)
+	if err != nil {
 		return DispatchResult{}, err
 	}
 	k := dispatchKey{hash: r.Hash()}
@@ -229,6 +264,10 @@ func (f *Fleet) Dispatch(ctx context.Context, c store.Caller, r DispatchRequest,
 
 	decision, err := f.route(ctx, c, r)
 	if err != nil {
+		var fe *Error
+		if wait != nil && errors.As(err, &fe) && fe.Code == CodeNoEligibleHost {
+			return f.enqueue(ctx, c, r, key, &k, *wait, fe.Message)
+		}
 		return DispatchResult{}, err
 	}
 	host := *decision.Host
@@ -295,9 +334,14 @@ func (f *Fleet) Dispatch(ctx context.Context, c store.Caller, r DispatchRequest,
 				continue
 			}
 		}
-		res, err := f.recordStartAnswer(ctx, run, answer, callErr)
 		if transient {
 			refusals = append(refusals, refusal)
+		}
+		var res DispatchResult
+		if transient && wait != nil {
+			res, err = f.requeueDispatch(ctx, run, *wait, r.Run.Repository)
+		} else {
+			res, err = f.recordStartAnswer(ctx, client, run, answer, callErr)
 		}
 		if err == nil && res.Refused {
 			// Nothing started: the run's tokens have no use.
@@ -334,11 +378,9 @@ func roomForAnotherHost(ctx context.Context, hostTimeout time.Duration) bool {
 }
 
 // moveToNextHost routes r again without the hosts that refused it and, if
-// one is eligible, moves run (dispatching) to it: its host, local path
-// choice and a fresh deadline, by a versioned update. ok is false when no
-// host is left, the host cannot be called, or the run is no longer
-// dispatching (recovery settled it meanwhile): the caller then records the
-// refusal it has.
+// one is eligible, moves run (dispatching) to it (moveTo). ok is false
+// when no host is left, the host cannot be called, or the run could not
+// be moved: the caller then records the refusal it has.
 func (f *Fleet) moveToNextHost(ctx context.Context, c store.Caller, r DispatchRequest, run store.Run, refusals []Exclusion) (Decision, *hostproto.Client, store.Run, bool) {
 	refused := make(map[string]string, len(refusals))
 	for _, e := range refusals {
@@ -357,10 +399,26 @@ func (f *Fleet) moveToNextHost(ctx context.Context, c store.Caller, r DispatchRe
 		f.log.Warn("dispatch: no client for the next host", logRun, run.FleetRunID, logHost, next.Host.ID, logErr, err.Error())
 		return Decision{}, nil, store.Run{}, false
 	}
+	moved, ok := f.moveTo(ctx, run, next)
+	if !ok {
+		return Decision{}, nil, store.Run{}, false
+	}
+	f.log.Info("dispatch: host refused, trying the next", logRun, run.FleetRunID, logHost, next.Host.ID,
+		"refusedBy", refusals[len(refusals)-1].HostID, "reason", refusals[len(refusals)-1].Reasons[0])
+	return next, client, moved, true
+}
+
+// moveTo moves run, stored dispatching on a host that refused it, to
+// next's host: its host, local path choice and a fresh deadline, by a
+// versioned update, its clientToken unchanged (the refusing host keeps its
+// refusal under it, and no other host has seen it). ok is false when the
+// run is no longer dispatching on that host (recovery settled it, a
+// cancel ended it) or the write failed (logged).
+func (f *Fleet) moveTo(ctx context.Context, run store.Run, next Decision) (store.Run, bool) {
 	moved := false
 	stored, err := f.settle(context.WithoutCancel(ctx), run, func(cur *store.Run) bool {
-		if cur.Status != store.StatusDispatching || cur.HostID != run.HostID {
-			moved = false
+		moved = cur.Status == store.StatusDispatching && cur.HostID == run.HostID
+		if !moved {
 			return false
 		}
 		now := f.clock.Now().UTC()
@@ -368,18 +426,13 @@ func (f *Fleet) moveToNextHost(ctx context.Context, c store.Caller, r DispatchRe
 		cur.RewroteLocalPath = next.RewroteLocalPath
 		cur.Deadline = now.Add(f.cfg.HostTimeout)
 		cur.UpdatedAt = now
-		moved = true
 		return true
 	})
-	if err != nil || !moved {
-		if err != nil {
-			f.log.Warn("dispatch: moving the run to the next host failed", logRun, run.FleetRunID, logHost, next.Host.ID, logErr, err.Error())
-		}
-		return Decision{}, nil, store.Run{}, false
+	if err != nil {
+		f.log.Warn("dispatch: moving the run to the next host failed", logRun, run.FleetRunID, logHost, next.Host.ID, logErr, err.Error())
+		return store.Run{}, false
 	}
-	f.log.Info("dispatch: host refused, trying the next", logRun, run.FleetRunID, logHost, next.Host.ID,
-		"refusedBy", refusals[len(refusals)-1].HostID, "reason", refusals[len(refusals)-1].Reasons[0])
-	return next, client, stored, true
+	return stored, moved
 }
 
 // dispatchKey is a dispatch's idempotency, as far as it is known.
@@ -438,7 +491,7 @@ func (f *Fleet) claimKey(ctx context.Context, k *dispatchKey, now time.Time) (re
 	return DispatchResult{}, false, nil
 }
 
-// createDispatched writes run, dispatching. When the run exists already,
+// createDispatched writes run, dispatching (or queued: enqueue). When the run exists already,
 // another dispatcher took over the same idempotency item first: the item
 // is read again, strongly consistent now that the run exists, and
 // answered as reuse says, or 409 in flight. done: the dispatch is
@@ -462,10 +515,11 @@ func (f *Fleet) createDispatched(ctx context.Context, run store.Run, k dispatchK
 	return res, true, err
 }
 
-// startRequest is the host's start of run: the run id as clientToken, its
-// deadline, r as routing decided it (the local path when the host has it,
-// else the clone URL the repository map gives), and the values minted for
-// its brokered keys.
+// startRequest is the host's start of run: its clientToken (the run id,
+// or a waiting run's token for this offer), its deadline, r as routing
+// decided it (the local path when the host has it, else the clone URL the
+// repository map gives), the values minted for its brokered keys and,
+// for a run that waited, its wait (the host's first event of the run).
 func startRequest(run store.Run, r DispatchRequest, d Decision, credentials []hostproto.BrokeredValue) hostproto.StartRequest {
 	deadline := run.Deadline
 	start := r.Run
@@ -474,7 +528,13 @@ func startRequest(run store.Run, r DispatchRequest, d Decision, credentials []ho
 	if d.LocalPath == "" {
 		start.CloneURL = d.CloneURL
 	}
-	return hostproto.StartRequest{ClientToken: run.FleetRunID, Credentials: credentials, Request: start}
+	out := hostproto.StartRequest{ClientToken: run.ClientToken(), Credentials: credentials, Request: start}
+	if q := run.Queue; run.Waiting() {
+		// UpdatedAt is when the run was offered to this host (offer).
+		out.Queued = &hostproto.Queued{Since: q.Since.UTC(), StartedAt: run.UpdatedAt.UTC(),
+			WaitedMs: run.UpdatedAt.Sub(q.Since).Milliseconds(), HostID: run.HostID, Offers: q.Offers}
+	}
+	return out
 }
 
 // callStart calls a host with start. The host call outlives a caller that
@@ -489,13 +549,19 @@ func (f *Fleet) callStart(ctx context.Context, client *hostproto.Client, start h
 
 // recordStartAnswer records a host's answer to a start (callStart's) on
 // run, stored as dispatching; like the call, it outlives a caller that
-// hangs up.
-func (f *Fleet) recordStartAnswer(ctx context.Context, run store.Run, answer hostproto.Run, callErr error) (DispatchResult, error) {
+// hangs up. A waiting run canceled while it was offered (cancelWaiting) is
+// no longer dispatching: a run the host started for it is canceled there
+// through client, and recorded so that the sweep mirrors its events.
+func (f *Fleet) recordStartAnswer(ctx context.Context, client *hostproto.Client, run store.Run, answer hostproto.Run, callErr error) (DispatchResult, error) {
+	ctx = context.WithoutCancel(ctx)
 	var outcome startAnswer
-	stored, err := f.settle(context.WithoutCancel(ctx), run, func(cur *store.Run) bool {
+	canceled := false
+	stored, err := f.settle(ctx, run, func(cur *store.Run) bool {
+		canceled = false
 		if cur.Status != store.StatusDispatching {
 			outcome = startAnswer{}
-			return false // recovery recorded the host's answer first
+			canceled = callErr == nil && answer.RunID != "" && canceledWhileOffered(*cur, run.HostID)
+			return false // recovery recorded the host's answer first, or a cancel ended the run
 		}
 		outcome = f.applyStartAnswer(cur, answer, callErr)
 		return outcome.changed
@@ -505,6 +571,9 @@ func (f *Fleet) recordStartAnswer(ctx context.Context, run store.Run, answer hos
 	}
 	if callErr != nil {
 		f.log.Warn("dispatch: host call failed", logRun, run.FleetRunID, logHost, run.HostID, logErr, callErr.Error())
+	}
+	if canceled {
+		stored = f.cancelStarted(ctx, client, stored, answer)
 	}
 	return DispatchResult{Run: stored, Note: outcome.note, Refused: outcome.refused}, nil
 }
@@ -556,7 +625,17 @@ func (f *Fleet) applyStartAnswer(r *store.Run, answer hostproto.Run, err error) 
 
 // applyHostRun copies the host's view of a run onto r. A later attempt (a
 // retry) starts over: no end, no expiry, its events still to mirror.
+// A waiting run the host answers for has left the queue: it records when
+// and where it started (QueueInfo.StartedAt, StartedOn) and drops the
+// request it kept, unless the answer is admission's refusal (terminal
+// without an exit code), which never started it.
 func (f *Fleet) applyHostRun(r *store.Run, hr hostproto.Run, now time.Time) {
+	if r.Waiting() && !(hostproto.TerminalStatus(hr.Status) && hr.ExitCode == nil) {
+		q := *r.Queue
+		started := now
+		q.StartedAt, q.StartedOn, q.Request = &started, r.HostID, nil
+		r.Queue = &q
+	}
 	if hr.Attempt > r.Attempt {
 		r.EndedAt = nil
 		r.ExpiresAt = time.Time{}
@@ -621,7 +700,10 @@ func (f *Fleet) reuse(ctx context.Context, it store.Idempotency, hash string, ev
 	if err != nil {
 		return DispatchResult{}, "", fmt.Errorf("fleet: reading run %s: %w", it.FleetRunID, err)
 	}
-	if run.Status == store.StatusDispatching {
+	// A run that waits is answered as it stands, whether queued or being
+	// offered to a host: its dispatch is answered (202), and the
+	// dispatcher, not this request, starts it.
+	if run.Status == store.StatusDispatching && !run.Waiting() {
 		if f.clock.Now().Before(run.Deadline) {
 			return DispatchResult{}, "", inFlight(run.FleetRunID)
 		}
@@ -631,8 +713,8 @@ func (f *Fleet) reuse(ctx context.Context, it store.Idempotency, hash string, ev
 			f.log.Warn("dispatch: recovery on reuse failed", logRun, run.FleetRunID, logErr, rerr.Error())
 		}
 	}
-	res := DispatchResult{Run: run, Reused: true}
-	if run.Status == store.StatusDispatching {
+	res := DispatchResult{Run: run, Reused: true, Note: waitingNote(run)}
+	if run.Status == store.StatusDispatching && !run.Waiting() {
 		res.Note = "the host has not confirmed the start yet; recovery will ask it by clientToken"
 	}
 	return res, "", nil
@@ -797,7 +879,10 @@ func (f *Fleet) routeByView(ctx context.Context, c store.Caller, in RouteInput) 
 
 // settle writes a change to a run with the store's version check: apply
 // edits a copy of the latest run and reports whether there is anything to
-// write; on a lost race the run is re-read and apply runs again.
+// write; on a lost race the run is re-read and apply runs again. Every
+// write of a run passes here, so this is where a run's end on a host is
+// seen (wakeOnEnd). apply must not modify what r's pointers share with the
+// run it was given (Queue, Brokered): it replaces them.
 func (f *Fleet) settle(ctx context.Context, run store.Run, apply func(*store.Run) bool) (store.Run, error) {
 	const attempts = 5
 	for i := 0; ; i++ {
@@ -807,6 +892,7 @@ func (f *Fleet) settle(ctx context.Context, run store.Run, apply func(*store.Run
 		}
 		stored, err := f.store.UpdateRun(ctx, next)
 		if err == nil {
+			f.wakeOnEnd(ctx, run, stored)
 			return stored, nil
 		}
 		if !errors.Is(err, store.ErrConflict) || i == attempts-1 {

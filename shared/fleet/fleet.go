@@ -22,6 +22,7 @@ import (
 	"crypto/sha256"
 	"encoding/hex"
 	"errors"
+	"fmt"
 	"io"
 	"log/slog"
 	"net/http"
@@ -39,7 +40,7 @@ import (
 const (
 	DefaultHostTimeout      = 10 * time.Second
 	DefaultProbeTimeout     = 5 * time.Second
-	DefaultProbeMaxAge      = 5 * time.Minute
+	DefaultProbeMaxAge      = 30 * time.Minute
 	DefaultProbeConcurrency = 8
 	DefaultRetention        = 30 * 24 * time.Hour
 	// IdempotencyTTL is how long an idempotency key binds its first run.
@@ -125,6 +126,13 @@ func (c Config) Validate() error {
 	if c.Logger == nil {
 		errs = append(errs, errors.New("fleet: Config.Logger is required"))
 	}
+	maxWait := c.QueueMaxTimeout
+	if maxWait <= 0 {
+		maxWait = DefaultQueueMaxTimeout
+	}
+	if c.QueueDefault < 0 || c.QueueDefault > maxWait {
+		errs = append(errs, fmt.Errorf("fleet: Config.QueueDefault %s: want 0 (no waiting) to the longest wait, %s", c.QueueDefault, maxWait))
+	}
 	return errors.Join(errs...)
 }
 
@@ -140,6 +148,8 @@ type Fleet struct {
 
 	// ledgers remembers each live run's ledger cursor (egress.go).
 	ledgers ledgerCursors
+	// probed remembers when each host was last probed (probe.go).
+	probed probeMemory
 }
 
 // New checks cfg, fills its defaults and returns a Fleet.
@@ -170,6 +180,9 @@ func New(cfg Config) (*Fleet, error) {
 	}
 	if cfg.EgressBatch <= 0 {
 		cfg.EgressBatch = DefaultEgressBatch
+	}
+	if cfg.QueueMaxTimeout <= 0 {
+		cfg.QueueMaxTimeout = DefaultQueueMaxTimeout
 	}
 	return &Fleet{
 		cfg:        cfg,

@@ -155,7 +155,8 @@ func loopbackHost(h string) bool {
 	return ip != nil && ip.IsLoopback()
 }
 
-// SetHostEnabled enables or disables a host and rebuilds the routing view.
+// SetHostEnabled enables or disables a host and rebuilds the routing view;
+// an enabled host is woken (Wake) for the runs waiting for room.
 func (f *Fleet) SetHostEnabled(ctx context.Context, id string, enabled bool) (store.Host, error) {
 	if e := hostPathID(id); e != nil {
 		return store.Host{}, e
@@ -171,6 +172,10 @@ func (f *Fleet) SetHostEnabled(ctx context.Context, id string, enabled bool) (st
 	// chooses); an enable is seen at once only because the view is rebuilt.
 	if err := f.RefreshRouteView(ctx); err != nil {
 		return store.Host{}, err
+	}
+	if enabled {
+		// Runs waiting for room may start there now.
+		f.wake(ctx, Wake{HostID: h.ID, Slots: freeSlots(h), Reason: WakeEnabled})
 	}
 	return h, nil
 }
@@ -288,8 +293,9 @@ func (f *Fleet) DrainHost(ctx context.Context, id string) (HostDrain, error) {
 }
 
 // ResumeHost asks the host to admit runs again; once it confirms, the
-// drain is cleared on its probe and in the routing view. A resume the host
-// did not confirm changes nothing in Fleet.
+// drain is cleared on its probe and in the routing view, and the host is
+// woken (Wake) for the runs waiting for room. A resume the host did not
+// confirm changes nothing in Fleet.
 func (f *Fleet) ResumeHost(ctx context.Context, id string) (HostDrain, error) {
 	return f.setDraining(ctx, id, false)
 }
@@ -335,6 +341,10 @@ func (f *Fleet) setDraining(ctx context.Context, id string, draining bool) (Host
 	}
 	if err := f.RefreshRouteView(recordCtx); err != nil {
 		return HostDrain{}, err
+	}
+	if callErr == nil && !draining {
+		// Resumed: runs waiting for room may start there now.
+		f.wake(recordCtx, Wake{HostID: id, Slots: freeSlots(out.Host), Reason: WakeResumed})
 	}
 	return out, nil
 }

@@ -41,12 +41,24 @@ func (f *Fleet) Input(ctx context.Context, c store.Caller, id string, input json
 	})
 }
 
-// Cancel forwards a cancel to run id's host. Scope as RunFor.
+// Cancel forwards a cancel to run id's host. A run that waits for
+// capacity is canceled by Fleet itself (cancelWaiting): at once while
+// queued, never started. Scope as RunFor.
 func (f *Fleet) Cancel(ctx context.Context, c store.Caller, id string) (Interaction, error) {
-	return f.interact(ctx, c, id, "cancel", func(ctx context.Context, client *hostproto.Client, child string) (*hostproto.Run, error) {
-		r, err := client.Cancel(ctx, child)
-		return &r, err
-	})
+	run, err := f.RunFor(ctx, c, id)
+	if err != nil {
+		return Interaction{}, err
+	}
+	if run.Waiting() {
+		return f.cancelWaiting(ctx, run)
+	}
+	return f.interactWith(ctx, run, "cancel", cancelCall)
+}
+
+// cancelCall is the cancel verb's host call.
+func cancelCall(ctx context.Context, client *hostproto.Client, child string) (*hostproto.Run, error) {
+	r, err := client.Cancel(ctx, child)
+	return &r, err
 }
 
 // Retry forwards a retry to run id's host. An accepted retry makes the run
@@ -73,9 +85,19 @@ func (f *Fleet) interact(ctx context.Context, c store.Caller, id, verb string,
 	if err != nil {
 		return Interaction{}, err
 	}
+	return f.interactWith(ctx, run, verb, call)
+}
+
+// interactWith is interact on run, read and scoped by the caller.
+func (f *Fleet) interactWith(ctx context.Context, run store.Run, verb string,
+	call func(ctx context.Context, client *hostproto.Client, childRunID string) (*hostproto.Run, error)) (Interaction, error) {
+	id := run.FleetRunID
 	if run.ChildRunID == "" {
 		what := "has not reached its host yet"
-		if run.Status != store.StatusDispatching {
+		switch {
+		case run.Waiting():
+			what = "waits in the queue for an eligible host with room and has not started"
+		case run.Status != store.StatusDispatching:
 			what = "never reached its host"
 		}
 		return Interaction{}, conflict(CodeNotOnHost, map[string]string{"status": run.Status, "reason": run.Reason},

@@ -166,6 +166,7 @@ const (
 	syncUnreachable                    // its host did not answer: left live
 	syncPartial                        // events left to mirror: the budget ran out first
 	syncFailed                         // another error (logged): left as it was
+	syncQueued                         // queued, within its timeout: no host to ask
 )
 
 type syncResult struct {
@@ -194,6 +195,8 @@ func (f *Fleet) syncRun(ctx context.Context, run store.Run, pass syncPass) (stor
 		defer cancel()
 	}
 	switch {
+	case run.Status == store.StatusQueued:
+		return f.syncQueued(ctx, run)
 	case run.Status == store.StatusDispatching:
 		return f.syncDispatching(ctx, hostCtx, run, pass)
 	case !run.Live():

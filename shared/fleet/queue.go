@@ -1,10 +1,20 @@
 package fleet
 
 import (
+	"bytes"
+	"compress/gzip"
 	"context"
+	"encoding/json"
 	"errors"
+	"fmt"
+	"io"
 	"net/url"
+	"slices"
 	"time"
+
+	"github.com/runfleet/runfleet/shared/hostproto"
+	"github.com/runfleet/runfleet/shared/runspec"
+	"github.com/runfleet/runfleet/shared/store"
 )
 
 // Runs that wait for capacity (DESIGN.md, "Runs that wait").
@@ -75,16 +85,6 @@ type FillReport struct {
 	Resumed int `json:"resumed,omitempty"`
 }
 
-// errQueueTODO marks what issue 34 has still to build.
-var errQueueTODO = errors.New("fleet: runs that wait are not built yet")
-
-// FillHosts offers waiting runs to the hosts wakes name, at most Slots
-// each. An error means a delivery should come again (the dispatcher
-// reports the batch item failed): offers already made are kept.
-func (f *Fleet) FillHosts(ctx context.Context, wakes []Wake) (FillReport, error) {
-	return FillReport{}, errQueueTODO
-}
-
 // ClassOf is a run's routing class: its agent and the labels it asks for,
 // as one string that names the class in the queue, the capacity figures
 // and the metrics' RoutingClass dimension: the agent, then "?" and the
@@ -128,4 +128,460 @@ func cutQuery(s string) (before, after string, found bool) {
 		}
 	}
 	return s, "", false
+}
+
+// errQueueTODO marks what issue 34 has still to build (capacity.go's
+// stub, until its owner replaces it).
+var errQueueTODO = errors.New("fleet: runs that wait are not built yet")
+
+// maxQueuedRequestBytes bounds what a waiting run keeps of its request
+// (QueueInfo.Request, compressed): the run is one DynamoDB item, at most
+// 400 KB with everything else it holds.
+const maxQueuedRequestBytes = 300 << 10
+
+// queueWait decides whether dispatch r of caller c waits when no host can
+// take it now, and how: nil when it does not (no queue asked for and no
+// Config.QueueDefault, or "0s"); else the run's QueueInfo without its
+// times, the request it keeps encoded. A queue that cannot be honoured is
+// a 400 naming the field. Fleet's default never makes a run wait that
+// could not (one naming its host, or whose repository URL carries
+// credentials): such a dispatch answers as it always did.
+func (f *Fleet) queueWait(c store.Caller, r DispatchRequest) (*store.QueueInfo, error) {
+	q := r.Queue
+	if q == nil {
+		if f.cfg.QueueDefault <= 0 || r.Host != "" || shownRepository(r.Run.Repository) != r.Run.Repository {
+			return nil, nil
+		}
+		q = &QueueRequest{Timeout: f.cfg.QueueDefault}
+	}
+	maxWait := f.cfg.QueueMaxTimeout
+	switch {
+	case q.Timeout < 0:
+		return nil, invalid(`queue.timeout: %s is negative: want a duration such as "30m", or "0s" not to wait`, q.Timeout)
+	case q.Timeout > maxWait:
+		return nil, invalid("queue.timeout: %s is over Fleet's longest wait, %s (RUNFLEET_QUEUE_MAX_TIMEOUT)", q.Timeout, maxWait)
+	case q.Priority < store.QueuePriorityMin || q.Priority > store.QueuePriorityMax:
+		return nil, invalid("queue.priority: %d is out of range: want %d to %d (higher starts first)", q.Priority, store.QueuePriorityMin, store.QueuePriorityMax)
+	case q.Timeout == 0:
+		return nil, nil
+	case r.Host != "":
+		return nil, invalid("queue: a run that names its host does not wait: leave out host to let routing choose, or leave out queue")
+	case shownRepository(r.Run.Repository) != r.Run.Repository:
+		return nil, invalid("queue: repository is a URL with credentials, which Fleet never stores, and a run that waits is kept " +
+			"in Fleet's store until it starts: name a repository the repository map (RUNFLEET_REPO_URLS) clones, or leave out queue")
+	}
+	req := encodeQueued(c, r)
+	if len(req) > maxQueuedRequestBytes {
+		return nil, invalid("queue: the run request is %d bytes compressed, and a run that waits keeps it in Fleet's store, at most %d: "+
+			"shorten its prompt, argv or env, or leave out queue", len(req), maxQueuedRequestBytes)
+	}
+	return &store.QueueInfo{Class: ClassOf(r.Run.Agent, r.Labels), Priority: q.Priority, Timeout: q.Timeout, Request: req}, nil
+}
+
+// queuedRequestVersion is the version of queuedRequest's stored form.
+const queuedRequestVersion = 1
+
+// queuedRequest is the stored form of a waiting run's dispatch
+// (QueueInfo.Request, gzip-compressed JSON): the request it is started
+// with, and the host scope of the caller that dispatched it, which the
+// dispatcher, acting for no caller, honours when it offers the run (a
+// caller re-minted with a smaller scope meanwhile does not narrow it).
+type queuedRequest struct {
+	V        int               `json:"v"`
+	Labels   map[string]string `json:"labels,omitempty"`
+	Run      runspec.Request   `json:"run"`
+	Admin    bool              `json:"admin,omitempty"`
+	AllHosts bool              `json:"allHosts,omitempty"`
+	Hosts    []string          `json:"hosts,omitempty"`
+}
+
+// waitingRequest is a waiting run's dispatch as the dispatcher offers it.
+type waitingRequest struct {
+	req   DispatchRequest
+	admin bool
+	hosts store.Scope
+}
+
+// allows reports whether the run's caller may use the host.
+func (w waitingRequest) allows(hostID string) bool { return w.admin || w.hosts.Allows(hostID) }
+
+func encodeQueued(c store.Caller, r DispatchRequest) []byte {
+	raw, err := json.Marshal(queuedRequest{V: queuedRequestVersion, Labels: r.Labels, Run: r.Run,
+		Admin: c.Admin, AllHosts: c.AllowedHosts.All, Hosts: c.AllowedHosts.IDs})
+	if err != nil {
+		// Strings, slices and maps of strings always marshal.
+		panic(fmt.Sprintf("fleet: marshaling a queued request: %v", err))
+	}
+	var buf bytes.Buffer
+	zw := gzip.NewWriter(&buf)
+	zw.Write(raw) // a bytes.Buffer never fails
+	zw.Close()
+	return buf.Bytes()
+}
+
+func decodeQueued(b []byte) (waitingRequest, error) {
+	zr, err := gzip.NewReader(bytes.NewReader(b))
+	if err != nil {
+		return waitingRequest{}, fmt.Errorf("fleet: reading a queued request: %w", err)
+	}
+	raw, err := io.ReadAll(io.LimitReader(zr, 2*runspec.MaxEncodedBytes))
+	if err != nil {
+		return waitingRequest{}, fmt.Errorf("fleet: reading a queued request: %w", err)
+	}
+	var q queuedRequest
+	if err := json.Unmarshal(raw, &q); err != nil {
+		return waitingRequest{}, fmt.Errorf("fleet: reading a queued request: %w", err)
+	}
+	if q.V != queuedRequestVersion {
+		return waitingRequest{}, fmt.Errorf("fleet: a queued request of version %d; this Fleet reads %d", q.V, queuedRequestVersion)
+	}
+	return waitingRequest{req: DispatchRequest{Labels: q.Labels, Run: q.Run}, admin: q.Admin,
+		hosts: store.Scope{All: q.AllHosts, IDs: q.Hosts}}, nil
+}
+
+// enqueue records dispatch r, which no host can take now (why: routing's
+// refusal), as a run that waits: the idempotency item first, as for any
+// run, then the run, queued, with q (queueWait's) counted from now.
+func (f *Fleet) enqueue(ctx context.Context, c store.Caller, r DispatchRequest, key string, k *dispatchKey, q store.QueueInfo, why string) (DispatchResult, error) {
+	if k.fleetRunID == "" {
+		id, err := newRunID(f.cfg.Random)
+		if err != nil {
+			return DispatchResult{}, err
+		}
+		k.fleetRunID = id
+	}
+	now := f.clock.Now().UTC()
+	if res, done, err := f.claimKey(ctx, k, now); done {
+		return res, err
+	}
+	q.Since, q.Until = now, now.Add(q.Timeout)
+	run := store.Run{
+		FleetRunID:     k.fleetRunID,
+		OwnerID:        c.OwnerID,
+		Status:         store.StatusQueued,
+		Agent:          r.Run.Agent,
+		Repository:     shownRepository(r.Run.Repository),
+		IdempotencyKey: key,
+		CreatedAt:      now,
+		UpdatedAt:      now,
+		Queue:          &q,
+	}
+	if res, done, err := f.createDispatched(ctx, run, *k); done {
+		return res, err
+	}
+	run.Version = 1
+	f.log.Info("dispatch: no eligible host can take the run now; it waits", logRun, run.FleetRunID, logOwner, c.OwnerID,
+		logClass, q.Class, "priority", q.Priority, "until", q.Until, logReason, why)
+	return DispatchResult{Run: run, Note: waitingNote(run)}, nil
+}
+
+// requeueDispatch puts a dispatch's run, stored dispatching on the last
+// host it tried, back to queued because every host tried refused it with
+// a transient reason: its wait (q, queueWait's) counts from its creation,
+// and its next offer takes a fresh clientToken (the hosts keep their
+// refusals under this one). The tokens minted for it are revoked. A run no
+// longer dispatching there (recovery settled it) is answered as it is.
+func (f *Fleet) requeueDispatch(ctx context.Context, run store.Run, q store.QueueInfo, repository string) (DispatchResult, error) {
+	q.Since, q.Until = run.CreatedAt, run.CreatedAt.Add(q.Timeout)
+	stored, queued, err := f.requeue(ctx, run, &q, repository)
+	if err != nil {
+		return DispatchResult{}, fmt.Errorf("fleet: putting %s in the queue: %w", run.FleetRunID, err)
+	}
+	if !queued {
+		return DispatchResult{Run: stored}, nil
+	}
+	return DispatchResult{Run: stored, Note: waitingNote(stored)}, nil
+}
+
+// requeue puts run, stored dispatching on its host, which refused it with
+// a transient reason, back to queued (backToQueue, a fresh token), with q
+// as its wait when it had none (a dispatch's first attempt), and revokes
+// the tokens it recorded (minted for that host, which did not take them;
+// repository is the one they were minted for). queued is false when the
+// run is no longer dispatching on that host.
+func (f *Fleet) requeue(ctx context.Context, run store.Run, q *store.QueueInfo, repository string) (store.Run, bool, error) {
+	ctx = context.WithoutCancel(ctx)
+	queued := false
+	var dropped []store.BrokeredKey
+	stored, err := f.settle(ctx, run, func(cur *store.Run) bool {
+		queued = cur.Status == store.StatusDispatching && cur.HostID == run.HostID && (cur.Queue == nil || cur.Waiting())
+		if !queued {
+			return false
+		}
+		if cur.Queue == nil {
+			cur.Queue = q
+		}
+		dropped = cur.Brokered
+		f.backToQueue(cur, f.clock.Now().UTC(), true)
+		return true
+	})
+	if err != nil || !queued {
+		return stored, false, err
+	}
+	run.Repository = repository
+	f.revokeKeys(ctx, run, dropped, "the run went back to the queue")
+	f.log.Info("queue: every host offered the run refused it for now; back to the queue", logRun, run.FleetRunID,
+		logHost, run.HostID, logClass, stored.Queue.Class, "offers", stored.Queue.Offers, logStatus, stored.Status)
+	return stored, true, nil
+}
+
+// backToQueue puts r (dispatching, waiting) back to queued at its place
+// (its Since and priority unchanged), on no host, its tokens dropped (the
+// caller revokes them); refused: a host refused it under its clientToken
+// and keeps that refusal, so the next offer takes a fresh one (Offers+1).
+// A run whose wait is over ends queue_timeout instead.
+func (f *Fleet) backToQueue(r *store.Run, now time.Time, refused bool) {
+	q := *r.Queue
+	if refused {
+		q.Offers++
+	}
+	r.Queue = &q
+	r.Brokered = nil
+	if !now.Before(q.Until) {
+		r.HostID = ""
+		f.endQueueTimeout(r, now)
+		return
+	}
+	r.Status = store.StatusQueued
+	r.HostID = ""
+	r.Deadline = time.Time{}
+	r.RewroteLocalPath = false
+	r.UpdatedAt = now
+}
+
+// endQueueTimeout ends r, which waited its whole timeout, failed with
+// queue_timeout; it never started.
+func (f *Fleet) endQueueTimeout(r *store.Run, now time.Time) {
+	q := r.Queue
+	f.end(r, store.StatusFailed, store.ReasonQueueTimeout,
+		fmt.Sprintf("no eligible host had room within the run's queue timeout of %s (it waited from %s); nothing was started",
+			q.Timeout, q.Since.UTC().Format(time.RFC3339)), now)
+}
+
+// expireQueued ends run, queued, with queue_timeout once its Until passed
+// (a versioned write; a run no longer queued is returned as stored). The
+// sweep, a GET and the dispatcher call it; a run being offered to a host
+// is never ended so: its offer resolves first (recover).
+func (f *Fleet) expireQueued(ctx context.Context, run store.Run) (store.Run, error) {
+	ended := false
+	stored, err := f.settle(context.WithoutCancel(ctx), run, func(cur *store.Run) bool {
+		now := f.clock.Now().UTC()
+		ended = cur.Status == store.StatusQueued && cur.Queue != nil && !now.Before(cur.Queue.Until)
+		if ended {
+			f.endQueueTimeout(cur, now)
+		}
+		return ended
+	})
+	if err != nil {
+		return run, fmt.Errorf("fleet: ending %s at its queue timeout: %w", run.FleetRunID, err)
+	}
+	if ended {
+		f.log.Info("queue: a waiting run's timeout passed; it ended", logRun, run.FleetRunID, logClass, stored.Queue.Class,
+			logReason, store.ReasonQueueTimeout)
+	}
+	return stored, nil
+}
+
+// syncQueued is the sweep's sync of a queued run: no host has it, so
+// there is nothing to ask; one whose Until passed ends queue_timeout.
+func (f *Fleet) syncQueued(ctx context.Context, run store.Run) (store.Run, syncResult) {
+	if run.Queue == nil || f.clock.Now().Before(run.Queue.Until) {
+		return run, syncResult{outcome: syncQueued}
+	}
+	stored, err := f.expireQueued(ctx, run)
+	switch {
+	case err != nil:
+		f.log.Warn("sync failed", logRun, run.FleetRunID, logDoing, "ending a queued run at its timeout", logErr, err.Error())
+		return run, syncResult{outcome: syncFailed, err: err}
+	case !stored.Live():
+		return stored, syncResult{outcome: syncDrained}
+	}
+	return stored, syncResult{outcome: syncCurrent}
+}
+
+// waitingNote says where a waiting run stands; "" for another run.
+func waitingNote(run store.Run) string {
+	switch {
+	case !run.Waiting():
+		return ""
+	case run.Status == store.StatusQueued:
+		return fmt.Sprintf("no eligible host has room now: the run waits in the queue until %s and starts, once, as soon as one has",
+			run.Queue.Until.UTC().Format(time.RFC3339))
+	}
+	return fmt.Sprintf("Fleet is offering the run to host %s", run.HostID)
+}
+
+// queuePosition is a waiting run's place in its class's queue: 1 is next.
+// The index is read eventually consistent, so the figure may lag a write
+// by a moment; 0 when it cannot be read (logged) or the run does not wait.
+func (f *Fleet) queuePosition(ctx context.Context, run store.Run) int {
+	if !run.Waiting() {
+		return 0
+	}
+	ahead, err := f.store.QueueAhead(ctx, run.Queue.Class, store.QueueOrder(*run.Queue, run.FleetRunID))
+	if err != nil {
+		f.log.Warn("queue: reading a run's position failed", logRun, run.FleetRunID, logClass, run.Queue.Class, logErr, err.Error())
+		return 0
+	}
+	return ahead + 1
+}
+
+// cancelWaiting cancels a run that waits. Queued, it ends canceled at
+// once: no host has it. Being offered to a host (dispatching), the host is
+// asked by clientToken (recover): a run it has is canceled there as any
+// run; otherwise the run ends canceled here, and a start the host takes
+// after all is canceled there by the dispatcher's record of it
+// (recordStartAnswer). The call outlives a caller that hangs up.
+func (f *Fleet) cancelWaiting(ctx context.Context, run store.Run) (Interaction, error) {
+	ctx = context.WithoutCancel(ctx)
+	accepted := hostproto.Outcome{Accepted: hostproto.Accepted}
+	for range 3 {
+		switch {
+		case run.Status == store.StatusQueued:
+			ended := false
+			stored, err := f.settle(ctx, run, func(cur *store.Run) bool {
+				ended = cur.Status == store.StatusQueued
+				if ended {
+					now := f.clock.Now().UTC()
+					f.end(cur, store.StatusCanceled, hostproto.ReasonCanceled,
+						fmt.Sprintf("canceled while queued, after waiting %s; it never started", now.Sub(cur.Queue.Since).Round(time.Second)), now)
+				}
+				return ended
+			})
+			if err != nil {
+				return Interaction{}, fmt.Errorf("fleet: cancel: ending queued run %s: %w", run.FleetRunID, err)
+			}
+			if ended {
+				f.log.Info("queue: a waiting run was canceled", logRun, run.FleetRunID, logClass, stored.Queue.Class)
+				return Interaction{Outcome: accepted, Run: stored}, nil
+			}
+			run = stored
+		case run.Waiting():
+			rec, err := f.recover(ctx, run)
+			if err != nil {
+				f.log.Warn("cancel: the host a waiting run is offered to could not be asked", logRun, run.FleetRunID, logHost, run.HostID, logErr, err.Error())
+				rec = run
+			}
+			if rec.Status != store.StatusDispatching {
+				run = rec // the host has it, or it went back to the queue
+				continue
+			}
+			ended := false
+			stored, err := f.settle(ctx, rec, func(cur *store.Run) bool {
+				ended = cur.Status == store.StatusDispatching && cur.Waiting() && cur.HostID == rec.HostID
+				if ended {
+					f.end(cur, store.StatusCanceled, hostproto.ReasonCanceled,
+						fmt.Sprintf("canceled while Fleet was offering it to host %s; it never started (a start the host takes after all is canceled there)", cur.HostID),
+						f.clock.Now().UTC())
+				}
+				return ended
+			})
+			if err != nil {
+				return Interaction{}, fmt.Errorf("fleet: cancel: ending waiting run %s: %w", run.FleetRunID, err)
+			}
+			if ended {
+				f.log.Info("queue: a waiting run was canceled while offered", logRun, run.FleetRunID, logHost, rec.HostID)
+				return Interaction{Outcome: accepted, Run: stored}, nil
+			}
+			run = stored
+		default:
+			return f.interactWith(ctx, run, "cancel", cancelCall)
+		}
+	}
+	return Interaction{}, conflict(CodeInFlight, map[string]string{"fleetRunId": run.FleetRunID},
+		"run %s changed state while it was being canceled; cancel it again", run.FleetRunID)
+}
+
+// canceledWhileOffered reports whether cur, stored, is a waiting run that
+// cancelWaiting ended while it was offered to hostID: the host may yet
+// take the start.
+func canceledWhileOffered(cur store.Run, hostID string) bool {
+	return cur.Status == store.StatusCanceled && cur.Reason == hostproto.ReasonCanceled && cur.ChildRunID == "" &&
+		cur.HostID == hostID && cur.Queue != nil && cur.Queue.StartedAt == nil
+}
+
+// cancelStarted cancels on its host the run a start created (answer) for
+// run, which was canceled while it was offered, and records the host's
+// run on it, live again until its events are mirrored (the sweep drains
+// it then), so its events say what happened there.
+func (f *Fleet) cancelStarted(ctx context.Context, client *hostproto.Client, run store.Run, answer hostproto.Run) store.Run {
+	callCtx, cancel := context.WithTimeout(ctx, f.cfg.HostTimeout)
+	hr, err := client.Cancel(callCtx, answer.RunID)
+	cancel()
+	detail := fmt.Sprintf("canceled while Fleet was offering it to host %s, which took the start: Fleet canceled it there", run.HostID)
+	if err != nil {
+		hr = answer
+		detail = fmt.Sprintf("canceled while Fleet was offering it to host %s, which took the start; canceling it there failed, so it may run there to its end", run.HostID)
+		f.log.Warn("queue: canceling on its host a run canceled while offered failed", logRun, run.FleetRunID, logHost, run.HostID,
+			logChildRun, answer.RunID, logErr, err.Error())
+	}
+	stored, err := f.settle(ctx, run, func(cur *store.Run) bool {
+		if !canceledWhileOffered(*cur, run.HostID) {
+			return false
+		}
+		cur.ChildRunID, cur.Attempt = hr.RunID, hr.Attempt
+		cur.Detail = boundDetail(detail)
+		cur.Drained = false
+		return true
+	})
+	if err != nil {
+		f.log.Error("queue: recording the host's run of a canceled waiting run failed", logRun, run.FleetRunID, logHost, run.HostID,
+			logChildRun, answer.RunID, logErr, err.Error())
+		return run
+	}
+	return stored
+}
+
+// revokeKeys revokes the tokens among keys, recorded on run (before a
+// write dropped them) for a start no host took; a failure is logged, and
+// the token expires by itself.
+func (f *Fleet) revokeKeys(ctx context.Context, run store.Run, keys []store.BrokeredKey, why string) {
+	if f.cfg.Broker == nil {
+		return
+	}
+	for _, i := range revocable(keys, f.clock.Now()) {
+		k := keys[i]
+		if err := f.revoke(ctx, runKeyRequest(run, k), k.Sealed); err != nil {
+			f.log.Warn("credentials: revoking an unused token failed; it expires by itself", logRun, run.FleetRunID,
+				logKey, k.ProjectID+"/"+k.Key, logKind, k.Kind, logReason, why, logErr, err.Error())
+		}
+	}
+}
+
+// wakeOnEnd wakes the host of a run that prev -> cur ended there: its end
+// frees a slot. Not for a run that never reached a host (no host run id),
+// nor for a host that refused it for want of room (it has none to offer).
+func (f *Fleet) wakeOnEnd(ctx context.Context, prev, cur store.Run) {
+	if f.cfg.Waker == nil || store.Terminal(prev.Status) || !store.Terminal(cur.Status) || cur.HostID == "" || cur.ChildRunID == "" {
+		return
+	}
+	if cur.ExitCode == nil && slices.Contains(transientReasons, cur.Reason) {
+		return
+	}
+	f.wake(ctx, Wake{HostID: cur.HostID, Slots: 1, Reason: WakeRunEnded})
+}
+
+// wake sends wakes through Config.Waker (none when nil). A failure is
+// logged, never returned: the next probe pass wakes a host with room that
+// a lost wake did not announce.
+func (f *Fleet) wake(ctx context.Context, wakes ...Wake) {
+	if f.cfg.Waker == nil || len(wakes) == 0 {
+		return
+	}
+	wctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), f.cfg.HostTimeout)
+	defer cancel()
+	if err := f.cfg.Waker.Wake(wctx, wakes); err != nil {
+		for _, w := range wakes {
+			f.log.Warn("wake: sending failed; the next probe pass finds the room", logHost, w.HostID, logReason, w.Reason, logErr, err.Error())
+		}
+	}
+}
+
+// freeSlots is how many runs h may take as its last probe saw it: at
+// least 1 (a probe is up to a refresh old), 1 when it did not say.
+func freeSlots(h store.Host) int {
+	if p := h.Probe; p != nil && p.Load != nil && p.Load.MaxConcurrent > 0 {
+		return max(p.Load.MaxConcurrent-p.Load.Active, 1)
+	}
+	return 1
 }

@@ -27,6 +27,9 @@ type RunState struct {
 	// Egress is its egress ledger's summary as last mirrored; nil while
 	// none is.
 	Egress *egress.Summary
+	// Position is its place in its class's queue (1 is next) while it
+	// waits (Run.Waiting); 0 otherwise.
+	Position int
 }
 
 // Run returns the run c may see, refreshed from its host when it is live: a
@@ -42,6 +45,9 @@ func (f *Fleet) Run(ctx context.Context, c store.Caller, id string) (RunState, e
 	}
 	st := f.runState(ctx, run)
 	st.Run, _ = f.revokeEnded(ctx, st.Run)
+	if st.Run.Waiting() {
+		st.Position = f.queuePosition(ctx, st.Run)
+	}
 	head, err := f.egressHead(ctx, run)
 	if err != nil {
 		return RunState{}, err
@@ -56,8 +62,21 @@ func (f *Fleet) Run(ctx context.Context, c store.Caller, id string) (RunState, e
 func (f *Fleet) runState(ctx context.Context, run store.Run) RunState {
 	id := run.FleetRunID
 	switch {
+	case run.Status == store.StatusQueued:
+		if run.Queue == nil || f.clock.Now().Before(run.Queue.Until) {
+			return RunState{Run: run, Note: waitingNote(run)}
+		}
+		ended, err := f.expireQueued(ctx, run)
+		if err != nil {
+			f.log.Warn("run: ending a queued run past its timeout failed", logRun, id, logErr, err.Error())
+			return RunState{Run: run, Note: waitingNote(run)}
+		}
+		return RunState{Run: ended, Refreshed: true}
 	case run.Status == store.StatusDispatching:
 		if f.clock.Now().Before(run.Deadline) {
+			if run.Waiting() {
+				return RunState{Run: run, Note: waitingNote(run)}
+			}
 			return RunState{Run: run, Note: "the dispatch is in flight"}
 		}
 		recovered, err := f.recover(ctx, run)
@@ -147,12 +166,16 @@ func sameExit(a, b *int) bool {
 
 // RecoverDispatching resolves a run left dispatching (Fleet crashed, or the
 // host did not answer, between the host call and its record): the host is
-// asked by clientToken; a run it knows is recorded as the host reports it;
-// one it does not know is failed with reason dispatch_lost once its deadline
-// passed more than LostGrace ago (the host refuses a start after the
-// deadline, so it can no longer arrive). It returns the run as stored after;
-// a run no longer dispatching is returned as is. The scheduled sweep calls it
-// for dispatching runs in the live index.
+// asked by clientToken (Run.ClientToken); a run it knows is recorded as the
+// host reports it; one it does not know is failed with reason dispatch_lost
+// once its deadline passed more than LostGrace ago (the host refuses a start
+// after the deadline, so it can no longer arrive). A run that waits
+// (Run.Waiting: a dispatcher offered it to the host) is never lost: it goes
+// back to queued at its place, with the same token (no host has it), or
+// ends queue_timeout when its wait is over; one its host refused with a
+// transient reason goes back to queued under a fresh token. It returns the
+// run as stored after; a run no longer dispatching is returned as is. The
+// scheduled sweep calls it for dispatching runs in the live index.
 func (f *Fleet) RecoverDispatching(ctx context.Context, fleetRunID string) (store.Run, error) {
 	run, err := f.store.GetRun(ctx, fleetRunID)
 	if err != nil {
@@ -169,26 +192,48 @@ func (f *Fleet) recover(ctx context.Context, run store.Run) (store.Run, error) {
 	if err != nil {
 		return run, err
 	}
-	hr, known, err := client.FindByClientToken(ctx, run.FleetRunID)
+	hr, known, err := client.FindByClientToken(ctx, run.ClientToken())
 	if err != nil {
 		return run, err
 	}
-	return f.settle(ctx, run, func(cur *store.Run) bool {
+	var dropped []store.BrokeredKey
+	stored, err := f.settle(ctx, run, func(cur *store.Run) bool {
+		dropped = nil
 		if cur.Status != store.StatusDispatching {
 			return false
 		}
 		now := f.clock.Now().UTC()
 		if known {
+			if _, transient := transientRefusal(cur.HostID, hr, nil); transient && cur.Waiting() {
+				dropped = cur.Brokered
+				f.backToQueue(cur, now, true)
+				return true
+			}
 			f.applyHostRun(cur, hr, now)
 			return true
 		}
 		if !now.After(cur.Deadline.Add(LostGrace)) {
 			return false // not yet more than LostGrace past the deadline
 		}
+		if cur.Waiting() {
+			// No host has it, and its host refuses the start now: its
+			// place and token are kept.
+			dropped = cur.Brokered
+			f.backToQueue(cur, now, false)
+			return true
+		}
 		f.end(cur, store.StatusFailed, store.ReasonDispatchLost,
 			fmt.Sprintf("host %s never received the start, and its deadline passed more than %s ago; nothing was started", cur.HostID, LostGrace), now)
 		return true
 	})
+	if err == nil && len(dropped) > 0 {
+		f.revokeKeys(ctx, run, dropped, "the run went back to the queue")
+	}
+	if err == nil && stored.Status == store.StatusQueued {
+		f.log.Info("dispatch: the offer of a waiting run was not taken; back to the queue", logRun, run.FleetRunID,
+			logHost, run.HostID, logClass, stored.Queue.Class)
+	}
+	return stored, err
 }
 
 // maxListReads bounds the store pages one listing reads to fill its page
@@ -213,7 +258,7 @@ type RunsQuery struct {
 // runStatuses are the statuses a run can have, in the order a run passes
 // through them: what a status filter may name.
 var runStatuses = []string{
-	store.StatusDispatching, store.StatusPending, store.StatusAdmitted, store.StatusRunning,
+	store.StatusQueued, store.StatusDispatching, store.StatusPending, store.StatusAdmitted, store.StatusRunning,
 	store.StatusSucceeded, store.StatusFailed, store.StatusCanceled, store.StatusLost,
 }
 
@@ -278,7 +323,8 @@ func (f *Fleet) Runs(ctx context.Context, c store.Caller, q RunsQuery) (store.Ru
 			return store.RunPage{}, fmt.Errorf("fleet: listing runs: %w", err)
 		}
 		for _, r := range page.Runs {
-			if auth.CanUseHost(c, r.HostID) && q.keeps(r) {
+			// A queued run is on no host yet: the caller's own.
+			if (r.HostID == "" || auth.CanUseHost(c, r.HostID)) && q.keeps(r) {
 				out.Runs = append(out.Runs, r)
 			}
 		}

@@ -70,8 +70,8 @@ type SweepOptions struct {
 }
 
 // SweepReport counts what a sweep did. Every live run it read is counted
-// once among Current, Drained, Lost, InFlight, Unreachable, Partial and
-// Failed; Skipped counts the runs of the last page read that the budget
+// once among Current, Drained, Lost, InFlight, Unreachable, Partial,
+// Failed and Queued; Skipped counts the runs of the last page read that the budget
 // left for the next sweep.
 type SweepReport struct {
 	// Pages and Live count the reads of the live index and the ids they
@@ -96,6 +96,9 @@ type SweepReport struct {
 	Partial int `json:"partial"`
 	// Failed: another error (logged); the run stays as it was.
 	Failed int `json:"failed"`
+	// Queued: waiting for a host with room, within its timeout (a run
+	// whose timeout passed ends queue_timeout and counts as Drained).
+	Queued int `json:"queued,omitempty"`
 	// Events counts the events mirrored.
 	Events int `json:"events"`
 	// Egress counts the egress ledger records mirrored.
@@ -429,5 +432,7 @@ func (r *SweepReport) count(res syncResult) {
 		r.Partial++
 	case syncFailed:
 		r.Failed++
+	case syncQueued:
+		r.Queued++
 	}
 }

@@ -50,16 +50,27 @@ type DispatchRequest struct {
 
 // QueueRequest is how a run waits: Timeout is the longest wait, a Go
 // duration ("30m", "1h"; "0s" never waits, overriding Fleet's default),
-// at most Fleet's RUNFLEET_QUEUE_MAX_TIMEOUT; Priority orders the run in
-// its routing class, higher first (-100..100, 0 by default).
+// required, at most Fleet's RUNFLEET_QUEUE_MAX_TIMEOUT; Priority orders
+// the run in its routing class, higher first (-100..100, 0 by default).
+// Refused 400, naming the field: a timeout that is not a duration, is
+// negative or over the maximum, a priority out of range, a queue with a
+// named Host (such a run does not wait), or with a Repository URL that
+// carries credentials (a waiting run is kept in Fleet's store, which never
+// holds them). The idempotency hash includes the queue only when given,
+// so a request without one hashes as before runs could wait.
 type QueueRequest struct {
 	Timeout  string `json:"timeout"`
 	Priority int    `json:"priority,omitempty"`
 }
 
-// RunQueue is a run's wait (on a run that asked to wait): Position (1 is
-// next) while it waits; Since, Timeout (as asked) and Until (when it ends
-// queue_timeout); once a host took it, StartedAt, the host and Waited.
+// RunQueue is a run's wait (on a run that asked to wait): its routing
+// Class (the agent, then "?" and its labels as a sorted query:
+// "claude?gpu=a100"), Position (1 is next) while it waits (on GET and the
+// dispatch answer; absent in listings), Priority, Since, Timeout (as
+// time.Duration prints it: "30m0s") and Until (when it ends failed with
+// reason queue_timeout); once a host took it, StartedAt and StartedOn.
+// A run being offered to a host (status dispatching, hostId set) still
+// waits and keeps its position until the host takes it.
 type RunQueue struct {
 	Class     string     `json:"class"`
 	Position  int        `json:"position,omitempty"`
@@ -104,9 +115,11 @@ type RunLinks struct {
 	Egress string `json:"egress"`
 }
 
-// DispatchAnswer is POST /fleet/runs' answer: 201 for a new run, 200 for
-// the first run of a reused idempotency key. Reason and Detail say why a
-// run ended at once; Pending: still dispatching (the host did not answer).
+// DispatchAnswer is POST /fleet/runs' answer: 201 for a new run, 202 for
+// one that waits for a host with room (status queued, hostId empty, Queue
+// with its position), 200 for the first run of a reused idempotency key
+// (queued or not, as it stands). Reason and Detail say why a run ended at
+// once; Pending: still dispatching (the host did not answer).
 type DispatchAnswer struct {
 	FleetRunID       string   `json:"fleetRunId"`
 	HostID           string   `json:"hostId"`

@@ -54,6 +54,11 @@ type Config struct {
 	// rather than race the close of a pooled connection (which reads as
 	// "no answer", a request possibly delivered).
 	NoKeepAlive bool
+	// MaxConcurrent, when above zero, is the host's slots, as edge's
+	// runner.maxConcurrent: a start that would create a run while that
+	// many of its runs are live is refused 409 host_busy, and /healthz
+	// reports load {active, maxConcurrent} (unless SetLoad says otherwise).
+	MaxConcurrent int
 }
 
 // StartFault is what the host does with the next POST /runs that would
@@ -87,6 +92,7 @@ type Host struct {
 
 	maxEgressPage int
 	noLedger      bool
+	maxConcurrent int
 
 	mu         sync.Mutex
 	health     hostproto.Health
@@ -136,6 +142,8 @@ func New(cfg Config) *Host {
 		ledgers:  map[string]*ledger{},
 		noLedger: cfg.NoLedger,
 		creds:    newCredentialState(),
+
+		maxConcurrent: cfg.MaxConcurrent,
 	}
 	if h.token == "" {
 		h.token = "host-token"
@@ -420,6 +428,9 @@ func (h *Host) handleHealth(w http.ResponseWriter, _ *http.Request) {
 	health.Agents = append([]string(nil), health.Agents...)
 	idle := h.idleLocked()
 	health.Idle = &idle
+	if health.Load == nil && h.maxConcurrent > 0 {
+		health.Load = &hostproto.Load{Active: h.activeLocked(), MaxConcurrent: h.maxConcurrent}
+	}
 	h.mu.Unlock()
 	if fail != 0 {
 		writeJSON(w, fail, hostproto.ErrorBody{Error: "health check failed"})
@@ -441,13 +452,17 @@ func (h *Host) handleDrain(draining bool) http.HandlerFunc {
 }
 
 // idleLocked reports whether no run of the host is live. h.mu is held.
-func (h *Host) idleLocked() bool {
+func (h *Host) idleLocked() bool { return h.activeLocked() == 0 }
+
+// activeLocked counts the host's live runs. h.mu is held.
+func (h *Host) activeLocked() int {
+	n := 0
 	for _, r := range h.runs {
 		if !hostproto.TerminalStatus(r.Status) {
-			return false
+			n++
 		}
 	}
-	return true
+	return n
 }
 
 func (h *Host) handleStart(w http.ResponseWriter, r *http.Request) {
@@ -540,6 +555,8 @@ func (h *Host) startRefusal(req hostproto.StartRequest) *refusal {
 		return &refusal{status: http.StatusConflict, code: hostproto.CodeDeadlinePassed}
 	case h.health.Draining:
 		return &refusal{status: http.StatusConflict, code: hostproto.CodeDraining}
+	case h.maxConcurrent > 0 && h.activeLocked() >= h.maxConcurrent:
+		return &refusal{status: http.StatusConflict, code: hostproto.ReasonHostBusy}
 	}
 	for _, a := range h.health.Agents {
 		if a == req.Agent {
