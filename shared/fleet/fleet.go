@@ -40,7 +40,7 @@ import (
 const (
 	DefaultHostTimeout      = 10 * time.Second
 	DefaultProbeTimeout     = 5 * time.Second
-	DefaultProbeMaxAge      = 5 * time.Minute
+	DefaultProbeMaxAge      = 30 * time.Minute
 	DefaultProbeConcurrency = 8
 	DefaultRetention        = 30 * 24 * time.Hour
 	// IdempotencyTTL is how long an idempotency key binds its first run.
