@@ -491,7 +491,7 @@ func TestEachFunctionsRoleAllowsExactlyTheCallsItMakes(t *testing.T) {
 		t.Fatalf("stream of run 5, ended on its host:\n%s", b)
 	}
 
-	iamQueuedRuns(t, s, apiApp, s.app(t, "DispatcherFunction", recs["DispatcherFunction"]), adminTok, tok)
+	iamQueuedRuns(t, s, apiApp, probeApp, s.app(t, "DispatcherFunction", recs["DispatcherFunction"]), adminTok, tok)
 
 	apiCall(t, apiApp, 409, "DELETE", "/fleet/hosts/edge-1", adminTok, "")
 	apiCall(t, apiApp, 200, "DELETE", "/fleet/hosts/edge-1?force=1", adminTok, "")
@@ -621,13 +621,14 @@ func (s *statement) conditionOrNil() map[string]any {
 }
 
 // iamQueuedRuns is the part of the roles' test for runs that wait: the api
-// queues a run behind a busy host and wakes the host when its run ends;
-// the dispatcher, handed the queue's wakes as the event source mapping
-// hands them, offers the run and starts it. A second waiting run's start
+// queues a run behind a busy host; the probe finds the host free once its
+// run ended, and wakes it, as the api does when it records the end; the
+// dispatcher, handed the queue's wakes as the event source mapping hands
+// them, offers the run and starts it. A second waiting run's start
 // is cut (the dispatcher's context ends while the host holds its answer),
 // and the host finishes the run; the next delivery resumes the offer,
 // finds the run ended on the host, records that and wakes the host.
-func iamQueuedRuns(t *testing.T, s *iamStack, apiApp, dispatcherApp *fleetapp.App, adminTok, tok string) {
+func iamQueuedRuns(t *testing.T, s *iamStack, apiApp, probeApp, dispatcherApp *fleetapp.App, adminTok, tok string) {
 	t.Helper()
 	ctx := context.Background()
 	started := make(chan struct{}, 4)
@@ -653,6 +654,11 @@ func iamQueuedRuns(t *testing.T, s *iamStack, apiApp, dispatcherApp *fleetapp.Ap
 		host.SetRun(child, "succeeded", new(int), "")
 	}
 	ends(fmt.Sprint(busy["childRunId"]))
+	jctx, cancelJob := context.WithTimeout(ctx, 50*time.Second)
+	defer cancelJob()
+	if _, err := probeApp.Jobs.Probe(jctx, events.EventBridgeEvent{}); err != nil {
+		t.Fatal(err)
+	}
 	apiCall(t, apiApp, 200, "GET", "/fleet/runs/"+fmt.Sprint(busy["fleetRunId"]), tok, "")
 
 	// What the mapping delivers: every wake sent so far (the host's run
