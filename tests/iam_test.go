@@ -643,9 +643,12 @@ func iamQueuedRuns(t *testing.T, s *iamStack, apiApp, probeApp, dispatcherApp *f
 	apiCall(t, apiApp, 200, "POST", "/fleet/hosts/edge-q/probe", adminTok, "")
 	const labelled = `{"agent":"shell","labels":{"pool":"q"},"prompt":"echo q"`
 	busy := apiCall(t, apiApp, 201, "POST", "/fleet/runs", tok, labelled+`}`)
-	waiting := []map[string]any{
-		apiCall(t, apiApp, 202, "POST", "/fleet/runs", tok, labelled+`,"queue":{"timeout":"1h"}}`),
-		apiCall(t, apiApp, 202, "POST", "/fleet/runs", tok, labelled+`,"queue":{"timeout":"1h"}}`),
+	var waiting []map[string]any
+	for range 2 {
+		// A second apart: first in, first out (on one clock tick the
+		// run ids would decide).
+		s.clk.Advance(time.Second)
+		waiting = append(waiting, apiCall(t, apiApp, 202, "POST", "/fleet/runs", tok, labelled+`,"queue":{"timeout":"1h"}}`))
 	}
 	for len(started) > 0 {
 		<-started
