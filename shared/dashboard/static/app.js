@@ -32,7 +32,7 @@
 
 (() => {
   const TOKEN_KEY = 'runfleet.token';
-  const STATUSES = ['dispatching', 'pending', 'admitted', 'running', 'succeeded', 'failed', 'canceled', 'lost'];
+  const STATUSES = ['queued', 'dispatching', 'pending', 'admitted', 'running', 'succeeded', 'failed', 'canceled', 'lost'];
   const TERMINAL = new Set(['succeeded', 'failed', 'canceled', 'lost']);
   const RUNS_REFRESH_MS = 10000;
   const OUTPUT_MAX_CHARS = 1000000;
