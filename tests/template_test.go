@@ -626,6 +626,7 @@ var routeCost = map[string]string{
 	"POST /fleet/hosts/{id}/probe":    "admin",
 	"POST /fleet/hosts/{id}/drain":    "admin",
 	"POST /fleet/hosts/{id}/resume":   "admin",
+	"GET /fleet/capacity":             "admin", // a scan of the hosts and the queue's classes: no host call
 	"POST /fleet/callers":             "admin",
 	"GET /fleet/callers":              "admin",
 	"DELETE /fleet/callers/{ownerId}": "admin",

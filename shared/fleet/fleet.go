@@ -148,6 +148,8 @@ type Fleet struct {
 
 	// ledgers remembers each live run's ledger cursor (egress.go).
 	ledgers ledgerCursors
+	// probed remembers when each host was last probed (probe.go).
+	probed probeMemory
 }
 
 // New checks cfg, fills its defaults and returns a Fleet.
