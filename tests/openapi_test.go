@@ -381,6 +381,8 @@ func TestOpenAPIDescribesRealAnswers(t *testing.T) {
 	sm.do("POST", "/fleet/runs/{id}/cancel", "/fleet/runs/"+id+"/cancel", tok, "", 202)
 	host.FaultVerbs(fakehost.VerbsNormal)
 	sm.do("GET", "/metrics", "/metrics", tok, "", 200)
+	sm.do("GET", "/fleet/capacity", "/fleet/capacity", adm, "", 200)
+	sm.do("GET", "/fleet/capacity", "/fleet/capacity", tok, "", 403)
 
 	// The mirror, through the sync the sweep and the stream do.
 	if _, err := s.app.Fleet.SyncRun(t.Context(), id); err != nil {
@@ -504,6 +506,7 @@ var apiAnswerTypes = map[string]func() any{
 	"POST /fleet/runs 201":                func() any { return new(fleetapi.DispatchAnswer) },
 	"POST /fleet/runs 202":                func() any { return new(fleetapi.DispatchAnswer) },
 	"GET /fleet/runs 200":                 func() any { return new(fleetapi.RunPage) },
+	"GET /fleet/capacity 200":             func() any { return new(fleetapi.Capacity) },
 	"GET /fleet/runs/{id} 200":            func() any { return new(fleetapi.RunAnswer) },
 	"POST /fleet/runs/{id}/input 200":     func() any { return new(fleetapi.Interaction) },
 	"POST /fleet/runs/{id}/cancel 200":    func() any { return new(fleetapi.Interaction) },
