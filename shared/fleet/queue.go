@@ -3,7 +3,6 @@ package fleet
 import (
 	"context"
 	"encoding/json"
-	"errors"
 	"fmt"
 	"net/url"
 	"slices"
@@ -126,10 +125,6 @@ func cutQuery(s string) (before, after string, found bool) {
 	}
 	return s, "", false
 }
-
-// errQueueTODO marks what issue 34 has still to build (capacity.go's
-// stub, until its owner replaces it).
-var errQueueTODO = errors.New("fleet: runs that wait are not built yet")
 
 // maxQueuedRequestBytes bounds what a waiting run keeps of its request
 // (QueueInfo.Request, its JSON): the run is one DynamoDB item, at most
