@@ -411,13 +411,16 @@ func (f *Fleet) moveToNextHost(ctx context.Context, c store.Caller, r DispatchRe
 // moveTo moves run, stored dispatching on a host that refused it, to
 // next's host: its host, local path choice and a fresh deadline, by a
 // versioned update, its clientToken unchanged (the refusing host keeps its
-// refusal under it, and no other host has seen it). ok is false when the
-// run is no longer dispatching on that host (recovery settled it, a
-// cancel ended it) or the write failed (logged).
+// refusal under it, and no other host has seen it). The update is
+// conditional on run's version, with no retry: a run written since (a
+// dispatcher resuming the offer, which may have started it on the host
+// that refused this caller; recovery; a cancel) is no longer this
+// caller's to move, and ok is false, as it is when the write failed
+// (logged).
 func (f *Fleet) moveTo(ctx context.Context, run store.Run, next Decision) (store.Run, bool) {
 	moved := false
 	stored, err := f.settle(context.WithoutCancel(ctx), run, func(cur *store.Run) bool {
-		moved = cur.Status == store.StatusDispatching && cur.HostID == run.HostID
+		moved = cur.Version == run.Version && cur.Status == store.StatusDispatching && cur.HostID == run.HostID
 		if !moved {
 			return false
 		}
@@ -558,11 +561,14 @@ func (f *Fleet) recordStartAnswer(ctx context.Context, client *hostproto.Client,
 	canceled := false
 	stored, err := f.settle(ctx, run, func(cur *store.Run) bool {
 		canceled = false
-		if cur.Status != store.StatusDispatching {
+		if cur.Status != store.StatusDispatching || cur.HostID != run.HostID {
 			outcome = startAnswer{}
 			// A run the host holds live (not refused) must not outlive the cancel.
 			canceled = callErr == nil && answer.RunID != "" && !hostproto.TerminalStatus(answer.Status) && canceledWhileOffered(*cur, run.HostID)
-			return false // recovery recorded the host's answer first, or a cancel ended the run
+			// Recovery recorded the host's answer first, a cancel ended the
+			// run, or it moved on: a host's answer is recorded only on the
+			// run offered to that host.
+			return false
 		}
 		outcome = f.applyStartAnswer(cur, answer, callErr)
 		return outcome.changed

@@ -421,16 +421,25 @@ func (fl *filler) recorded(ctx context.Context, h *fillHost, res DispatchResult)
 }
 
 // resume finishes the offer of run, left dispatching on h (a woken host
-// with room) by a dispatcher that died: the host is asked by clientToken
-// first. A run it has is recorded (a transient refusal of it puts the run
-// back in the queue). One it does not have is started again there alone,
-// with the same token: before the offer's deadline with that deadline
-// (a start still on its way is the same start), after it with a fresh
-// one. A run with brokered keys is left to the sweep, which puts it back
-// in the queue once its deadline and LostGrace passed and revokes its
-// tokens: the values sent with the first start are not kept anywhere.
+// with room), once the offer's deadline passed. Before it, the dispatcher
+// that made the offer may still be calling the host, and may yet move the
+// run on past a refusal: a second start there could start the run on two
+// hosts, so the offer is left to that dispatcher, and holds one of h's
+// slots in this fill. After it, the host refuses that dispatcher's start
+// if it arrives at all; the host is asked by clientToken. A run it has is
+// recorded (a transient refusal of it puts the run back in the queue).
+// One it does not have is claimed, by a write of a fresh deadline
+// conditional on the run's version (a dispatcher that wrote the run since
+// owns it), then started there alone with the same token. A run with
+// brokered keys is left to the sweep, which puts it back in the queue once
+// its deadline and LostGrace passed and revokes its tokens: the values
+// sent with the first start are not kept anywhere.
 func (fl *filler) resume(ctx context.Context, h *fillHost, run store.Run) {
 	f := fl.f
+	if f.clock.Now().Before(run.Deadline) {
+		h.room--
+		return
+	}
 	client, err := fl.client(ctx, h)
 	var hr hostproto.Run
 	known := false
@@ -472,18 +481,17 @@ func (fl *filler) resume(ctx context.Context, h *fillHost, run store.Run) {
 	if d.Host == nil {
 		return // the host can no longer take it: the sweep puts it back in the queue
 	}
-	if now := f.clock.Now().UTC(); !now.Before(run.Deadline) {
-		fresh := false
-		run, err = f.settle(context.WithoutCancel(ctx), run, func(cur *store.Run) bool {
-			fresh = cur.Status == store.StatusDispatching && cur.Waiting() && cur.HostID == h.host.ID && cur.Deadline.Equal(run.Deadline)
-			if fresh {
-				cur.Deadline, cur.UpdatedAt, cur.RewroteLocalPath = now.Add(f.cfg.HostTimeout), now, d.RewroteLocalPath
-			}
-			return fresh
-		})
-		if err != nil || !fresh {
-			return
+	now, version := f.clock.Now().UTC(), run.Version
+	claimed := false
+	run, err = f.settle(context.WithoutCancel(ctx), run, func(cur *store.Run) bool {
+		claimed = cur.Version == version && cur.Status == store.StatusDispatching && cur.Waiting() && cur.HostID == h.host.ID
+		if claimed {
+			cur.Deadline, cur.UpdatedAt, cur.RewroteLocalPath = now.Add(f.cfg.HostTimeout), now, d.RewroteLocalPath
 		}
+		return claimed
+	})
+	if err != nil || !claimed {
+		return
 	}
 	f.log.Info("fill: resuming the offer of a waiting run", logRun, run.FleetRunID, logHost, h.host.ID)
 	fl.start(ctx, run, wr, d, in, nil, false)

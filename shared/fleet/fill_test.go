@@ -226,10 +226,11 @@ func TestFillHostsStartsTheQueueInOrderOnceEach(t *testing.T) {
 
 // TestFillHostsRacingForOneRunStartItOnce: two dispatchers fill the same
 // host at once for the one waiting run. The second reads the run while
-// the first's start is on its way and resumes the same start (same token,
-// same deadline): the host creates the run once; and a dispatcher that
-// read the run queued before the other offered it loses the versioned
-// offer and calls no host.
+// the first's start is on its way, before the offer's deadline, and leaves
+// the offer to the first (which may yet move it past a refusal): it calls
+// no host, and the host creates the run once; and a dispatcher that read
+// the run queued before the other offered it loses the versioned offer
+// and calls no host.
 func TestFillHostsRacingForOneRunStartItOnce(t *testing.T) {
 	e := newTestEnv(t, 10*time.Second)
 	arrived, release := make(chan struct{}), make(chan struct{})
@@ -264,10 +265,10 @@ func TestFillHostsRacingForOneRunStartItOnce(t *testing.T) {
 	if err != nil || rep.Offered != 0 || len(rep.Started) != 0 {
 		t.Fatalf("the stale dispatcher: %+v, %v; want no start", rep, err)
 	}
-	// One that reads the offer resumes it: the same start, again.
+	// One that reads the offer in flight leaves it be.
 	second, err := e.f.FillHosts(ctx, wake)
-	if err != nil || second.Resumed != 1 {
-		t.Fatalf("the second dispatcher: %+v, %v", second, err)
+	if err != nil || second.Resumed != 0 || second.Offered != 0 || host.StartCalls() != 1 { // the refusal; the first's start is not in yet
+		t.Fatalf("the second dispatcher: %+v, %v; host start calls %d", second, err, host.StartCalls())
 	}
 	close(release)
 	await.Group(t, "the first dispatcher to finish", &wg)
@@ -297,37 +298,41 @@ func offeredByHand(t *testing.T, e *testEnv, id, host string) store.Run {
 }
 
 // TestFillHostsResumesADeadDispatchersOffer: a run left offered to a host
-// is started by the next fill of that host: before its deadline with the
-// same start, after it with a fresh deadline, under the same token either
-// way; one the host took already (the dispatcher died after the call) is
-// recorded without a second start.
+// is started by the next fill of that host once the offer's deadline
+// passed (before it, the dispatcher that made it may still be at work: the
+// offer is left to it, and holds the host's slot), with a fresh deadline,
+// under the same token; one the host took already (the dispatcher died
+// after the call) is recorded without a second start.
 func TestFillHostsResumesADeadDispatchersOffer(t *testing.T) {
 	ctx := context.Background()
 	wake := []Wake{{HostID: "h1", Slots: 1, Reason: WakeProbe}}
-	for _, c := range []struct {
-		name    string
-		advance time.Duration
-	}{{"before the deadline", 0}, {"after the deadline", 30 * time.Second}} {
-		t.Run(c.name, func(t *testing.T) {
-			e := newTestEnv(t, 10*time.Second)
-			host := e.addHost(t, "h1", fakehost.Config{})
-			id := withoutRoom(t, e, host, func() string { return queued(t, e, "", waitHour).Run.FleetRunID })
-			offer := offeredByHand(t, e, id, "h1")
-			e.clk.Advance(c.advance)
-			rep, err := e.f.FillHosts(ctx, wake)
-			if err != nil || rep.Resumed != 1 || !reflect.DeepEqual(rep.Started, []string{id}) {
-				t.Fatalf("fill: %+v, %v", rep, err)
+	t.Run("the host never got it", func(t *testing.T) {
+		e := newTestEnv(t, 10*time.Second)
+		host := e.addHost(t, "h1", fakehost.Config{})
+		ids := withoutRoom(t, e, host, func() (ids []string) {
+			for range 2 {
+				ids = append(ids, queued(t, e, "", waitHour).Run.FleetRunID)
+				e.clk.Advance(time.Second)
 			}
-			starts := host.Starts()
-			wantDeadline := offer.Deadline
-			if c.advance > 0 {
-				wantDeadline = e.clk.Now().Add(10 * time.Second)
-			}
-			if len(starts) != 1 || starts[0].ClientToken != id || !starts[0].Deadline.Equal(wantDeadline) {
-				t.Fatalf("starts %+v, want one with token %s and deadline %s", starts, id, wantDeadline)
-			}
+			return ids
 		})
-	}
+		id := ids[0]
+		offer := offeredByHand(t, e, id, "h1")
+		rep, err := e.f.FillHosts(ctx, wake)
+		if err != nil || rep.Resumed != 0 || rep.Offered != 0 || len(host.Starts()) != 0 || stored(t, e, id).Version != offer.Version {
+			t.Fatalf("fill before the offer's deadline: %+v, %v; host starts %+v", rep, err, host.Starts())
+		}
+		e.clk.Advance(30 * time.Second)
+		rep, err = e.f.FillHosts(ctx, wake)
+		if err != nil || rep.Resumed != 1 || !reflect.DeepEqual(rep.Started, []string{id}) {
+			t.Fatalf("fill after the deadline: %+v, %v", rep, err)
+		}
+		starts := host.Starts()
+		wantDeadline := e.clk.Now().Add(10 * time.Second)
+		if len(starts) != 1 || starts[0].ClientToken != id || !starts[0].Deadline.Equal(wantDeadline) {
+			t.Fatalf("starts %+v, want one with token %s and deadline %s", starts, id, wantDeadline)
+		}
+	})
 	t.Run("the host took it", func(t *testing.T) {
 		e := newTestEnv(t, 10*time.Second)
 		host := e.addHost(t, "h1", fakehost.Config{})
@@ -340,6 +345,7 @@ func TestFillHostsResumesADeadDispatchersOffer(t *testing.T) {
 		if err != nil || rep.Offered != 1 || len(rep.Started) != 0 || stored(t, e, id).Status != store.StatusDispatching {
 			t.Fatalf("first fill: %+v, %v", rep, err)
 		}
+		e.clk.Advance(10 * time.Second) // the offer's deadline
 		rep, err = e.f.FillHosts(ctx, wake)
 		if err != nil || rep.Resumed != 1 || rep.Offered != 0 || !reflect.DeepEqual(rep.Started, []string{id}) {
 			t.Fatalf("second fill: %+v, %v", rep, err)

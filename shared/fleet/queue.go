@@ -29,8 +29,9 @@ import (
 // versioned update (queued -> dispatching on the host, still in the queue
 // index), then started with its ClientToken; a dispatcher that dies in
 // between leaves it dispatching in the index, and the next delivery for
-// that host resumes the same start (same token, so the host starts it at
-// most once). The sweep ends a run whose Until passed (queue_timeout) and
+// that host after the offer's deadline resumes the same start (same
+// token, so the host starts it at most once; before the deadline the
+// dispatcher that made the offer may still move it on). The sweep ends a run whose Until passed (queue_timeout) and
 // takes back, to its place, a run whose offer was never delivered.
 
 // QueueRequest is a dispatch's ask to wait: how long at most, and its
@@ -277,14 +278,16 @@ func (f *Fleet) requeueDispatch(ctx context.Context, run store.Run, q store.Queu
 // a transient reason, back to queued (backToQueue, a fresh token), with q
 // as its wait when it had none (a dispatch's first attempt), and revokes
 // the tokens it recorded (minted for that host, which did not take them;
-// repository is the one they were minted for). queued is false when the
-// run is no longer dispatching on that host.
+// repository is the one they were minted for). The update is conditional
+// on run's version, as moveTo's: queued is false when the run was written
+// since (another dispatcher resumed the offer, recovery, a cancel).
 func (f *Fleet) requeue(ctx context.Context, run store.Run, q *store.QueueInfo, repository string) (store.Run, bool, error) {
 	ctx = context.WithoutCancel(ctx)
 	queued := false
 	var dropped []store.BrokeredKey
 	stored, err := f.settle(ctx, run, func(cur *store.Run) bool {
-		queued = cur.Status == store.StatusDispatching && cur.HostID == run.HostID && (cur.Queue == nil || cur.Waiting())
+		queued = cur.Version == run.Version && cur.Status == store.StatusDispatching && cur.HostID == run.HostID &&
+			(cur.Queue == nil || cur.Waiting())
 		if !queued {
 			return false
 		}

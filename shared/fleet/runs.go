@@ -199,8 +199,8 @@ func (f *Fleet) recover(ctx context.Context, run store.Run) (store.Run, error) {
 	var dropped []store.BrokeredKey
 	stored, err := f.settle(ctx, run, func(cur *store.Run) bool {
 		dropped = nil
-		if cur.Status != store.StatusDispatching {
-			return false
+		if cur.Status != store.StatusDispatching || cur.HostID != run.HostID {
+			return false // settled, or moved on to a host not asked
 		}
 		now := f.clock.Now().UTC()
 		if known {

@@ -1,0 +1,103 @@
+package fleet
+
+import (
+	"context"
+	"net/http"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/runfleet/runfleet/shared/hostproto"
+	"github.com/runfleet/runfleet/shared/store"
+	"github.com/runfleet/runfleet/tests/kit/await"
+	"github.com/runfleet/runfleet/tests/kit/fakehost"
+)
+
+// pausedMoves is a store whose UpdateRun of a run onto host waits, once,
+// for release (after telling paused): a dispatcher paused between a host's
+// refusal and its move of the run to the next host.
+type pausedMoves struct {
+	store.Store
+	host            string
+	paused, release chan struct{}
+	once            sync.Once
+}
+
+func (s *pausedMoves) UpdateRun(ctx context.Context, r store.Run) (store.Run, error) {
+	if r.HostID == s.host && r.Status == store.StatusDispatching {
+		s.once.Do(func() {
+			close(s.paused)
+			<-s.release
+		})
+	}
+	return s.Store.UpdateRun(ctx, r)
+}
+
+// TestAnOfferMovedOnIsNeverStartedWhereItWas: dispatcher D1 offers a run
+// to h1, which refuses it at its door (draining), and D1 moves it to h2.
+// Dispatcher D2, woken for h1 (resumed meanwhile) while D1 is between the
+// refusal and the move, finds the offer on h1 unanswered, before the
+// offer's deadline or after it. The run starts on one host, once, and the
+// run records the host that has it.
+func TestAnOfferMovedOnIsNeverStartedWhereItWas(t *testing.T) {
+	for _, c := range []struct {
+		name    string
+		advance time.Duration
+	}{{"before the offer's deadline", 0}, {"after it", 10 * time.Second}} {
+		t.Run(c.name, func(t *testing.T) {
+			e := newTestEnv(t, 10*time.Second)
+			arrived, release := make(chan struct{}), make(chan struct{})
+			var armed atomic.Bool
+			h1 := e.addHost(t, "h1", fakehost.Config{OnRequest: func(r *http.Request) {
+				if r.Method == http.MethodPost && r.URL.Path == "/runs" && armed.CompareAndSwap(true, false) {
+					close(arrived)
+					<-release
+				}
+			}})
+			h2 := e.addHost(t, "h2", fakehost.Config{})
+			ctx := context.Background()
+			id := withoutRoom(t, e, h1, func() string {
+				return withoutRoom(t, e, h2, func() string { return queued(t, e, "", waitHour).Run.FleetRunID })
+			})
+
+			h1.RefuseStarts(http.StatusConflict, hostproto.CodeDraining)
+			moves := &pausedMoves{Store: e.st, host: "h2", paused: make(chan struct{}), release: make(chan struct{})}
+			d1 := e.fleetOver(t, moves)
+			var wg sync.WaitGroup
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				d1.FillHosts(ctx, []Wake{{HostID: "h1", Slots: 1, Reason: WakeProbe}, {HostID: "h2", Slots: 1, Reason: WakeProbe}})
+			}()
+			await.Recv(t, "D1 to move the run after h1's refusal", moves.paused)
+			h1.RefuseStarts(0, "") // h1 resumed
+			e.clk.Advance(c.advance)
+
+			armed.Store(true)
+			d2 := make(chan struct{})
+			go func() {
+				defer close(d2)
+				e.f.FillHosts(ctx, []Wake{{HostID: "h1", Slots: 1, Reason: WakeResumed}})
+			}()
+			// D2's start, if it makes one, reaches h1 only after D1 moved on.
+			select {
+			case <-arrived:
+			case <-d2:
+			}
+			close(moves.release)
+			await.Group(t, "D1", &wg)
+			close(release)
+			await.Recv(t, "D2", d2)
+
+			r := stored(t, e, id)
+			if n := h1.Created() + h2.Created(); n != 1 {
+				t.Fatalf("the run was created %d times (h1 %d, h2 %d); stored on %s as %s", n, h1.Created(), h2.Created(), r.HostID, r.ChildRunID)
+			}
+			host := map[string]*fakehost.Host{"h1": h1, "h2": h2}[r.HostID]
+			if hr, ok := host.Run(r.ChildRunID); !ok || hr.ClientToken != r.ClientToken() || r.Queue.StartedOn != r.HostID {
+				t.Fatalf("stored on %s as %s (queue %+v), which that host does not have", r.HostID, r.ChildRunID, r.Queue)
+			}
+		})
+	}
+}
