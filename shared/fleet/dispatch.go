@@ -553,8 +553,10 @@ func (f *Fleet) callStart(ctx context.Context, client *hostproto.Client, start h
 // recordStartAnswer records a host's answer to a start (callStart's) on
 // run, stored as dispatching; like the call, it outlives a caller that
 // hangs up. A waiting run canceled while it was offered (cancelWaiting) is
-// no longer dispatching: a run the host started for it is canceled there
-// through client, and recorded so that the sweep mirrors its events.
+// no longer dispatching: a run the host started for it (its answer, or,
+// when the answer was lost, the run the host has under the clientToken)
+// is canceled there through client, and recorded so that the sweep
+// mirrors its events.
 func (f *Fleet) recordStartAnswer(ctx context.Context, client *hostproto.Client, run store.Run, answer hostproto.Run, callErr error) (DispatchResult, error) {
 	ctx = context.WithoutCancel(ctx)
 	var outcome startAnswer
@@ -579,10 +581,33 @@ func (f *Fleet) recordStartAnswer(ctx context.Context, client *hostproto.Client,
 	if callErr != nil {
 		f.log.Warn("dispatch: host call failed", logRun, run.FleetRunID, logHost, run.HostID, logErr, callErr.Error())
 	}
+	if callErr != nil && startUnknown(callErr) && client != nil && run.Queue != nil {
+		// Nothing was written: a cancel may have ended the run while it was
+		// offered, and the host may hold a run for it all the same.
+		if cur, err := f.store.GetRun(ctx, run.FleetRunID); err == nil && canceledWhileOffered(cur, run.HostID) {
+			stored = cur
+			hr, known, err := client.FindByClientToken(ctx, run.ClientToken())
+			switch {
+			case err != nil:
+				f.log.Warn("queue: whether the host took the start of a run canceled while offered is unknown; it may run there to its end",
+					logRun, run.FleetRunID, logHost, run.HostID, logErr, err.Error())
+			case known && !hostproto.TerminalStatus(hr.Status):
+				answer, canceled = hr, true
+			}
+		}
+	}
 	if canceled {
 		stored = f.cancelStarted(ctx, client, stored, answer)
 	}
 	return DispatchResult{Run: stored, Note: outcome.note, Refused: outcome.refused}, nil
+}
+
+// startUnknown reports whether a start's call error leaves its outcome
+// unknown: no answer, or a host fault, where the host may have taken it
+// (applyStartAnswer's last case).
+func startUnknown(err error) bool {
+	var he *hostproto.Error
+	return !(errors.As(err, &he) && he.Refused()) && !errors.Is(err, hostproto.ErrUnreachable)
 }
 
 // startAnswer is what a host's answer to a start made of the run.

@@ -3,6 +3,7 @@ package fleet
 import (
 	"context"
 	"net/http"
+	"reflect"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -99,5 +100,87 @@ func TestAnOfferMovedOnIsNeverStartedWhereItWas(t *testing.T) {
 				t.Fatalf("stored on %s as %s (queue %+v), which that host does not have", r.HostID, r.ChildRunID, r.Queue)
 			}
 		})
+	}
+}
+
+// TestCancelWhileOfferedRevokesTheOffersTokens: a run canceled while a
+// dispatcher offers it to a host, which then refuses the start, never
+// runs: the tokens minted for the offer are revoked at the cancel, as a
+// canceled run's are, not left to expire.
+func TestCancelWhileOfferedRevokesTheOffersTokens(t *testing.T) {
+	e, b, host, _ := brokerEnv(t)
+	ctx := context.Background()
+	req := brokeredRun
+	req.Queue = waitHour
+	host.RefuseStarts(http.StatusConflict, hostproto.ReasonHostBusy)
+	res, err := e.f.Dispatch(ctx, caller("alice"), req, "")
+	if err != nil || res.Run.Status != store.StatusQueued {
+		t.Fatalf("dispatch: %+v, %v", res, err)
+	}
+	host.RefuseStarts(0, "")
+	host.FaultStarts(fakehost.HangBeforeAccept, 1)
+	filled := make(chan struct{})
+	go func() {
+		defer close(filled)
+		e.f.FillHosts(ctx, []Wake{{HostID: "h1", Slots: 1, Reason: WakeProbe}})
+	}()
+	await.Cond(t, 5*time.Second, "the offer's start at the host", func() bool { return host.StartCalls() == 2 })
+	in, err := e.f.Cancel(ctx, caller("alice"), res.Run.FleetRunID)
+	if err != nil || in.Run.Status != store.StatusCanceled {
+		t.Fatalf("cancel while offered: %+v, %v", in, err)
+	}
+	want := []string{"githubApp-value-1", "githubApp-value-3"} // the first attempt's, the offer's
+	if got := b.revokedValues(); !reflect.DeepEqual(got, want) {
+		t.Errorf("revoked at the cancel: %v, want %v", got, want)
+	}
+	host.RefuseStarts(http.StatusConflict, hostproto.ReasonHostBusy)
+	host.Release()
+	await.Recv(t, "the dispatcher", filled)
+	if r := stored(t, e, res.Run.FleetRunID); r.Status != store.StatusCanceled || r.Live() || host.Created() != 0 ||
+		!reflect.DeepEqual(b.revokedValues(), want) {
+		t.Fatalf("after the refusal: %+v; host created %d; revoked %v", r, host.Created(), b.revokedValues())
+	}
+}
+
+// TestCancelWhileOfferedCancelsAStartWhoseAnswerWasLost: canceled while
+// its start is on its way to the host, which takes it but whose answer is
+// lost: the dispatcher finds the host's run by clientToken and cancels it
+// there, so a canceled run never runs on; the run records the host's run
+// until the sweep has mirrored it.
+func TestCancelWhileOfferedCancelsAStartWhoseAnswerWasLost(t *testing.T) {
+	e := newTestEnv(t, 10*time.Second)
+	arrived, release := make(chan struct{}), make(chan struct{})
+	var armed atomic.Bool
+	host := e.addHost(t, "h1", fakehost.Config{OnRequest: func(r *http.Request) {
+		if r.Method == http.MethodPost && r.URL.Path == "/runs" && armed.CompareAndSwap(true, false) {
+			close(arrived)
+			<-release
+		}
+	}})
+	id := withoutRoom(t, e, host, func() string { return queued(t, e, "", waitHour).Run.FleetRunID })
+	ctx := context.Background()
+	armed.Store(true)
+	host.FaultStarts(fakehost.DieAfterAccept, 1)
+	filled := make(chan struct{})
+	go func() {
+		defer close(filled)
+		e.f.FillHosts(ctx, []Wake{{HostID: "h1", Slots: 1, Reason: WakeProbe}})
+	}()
+	<-arrived
+	if in, err := e.f.Cancel(ctx, caller("alice"), id); err != nil || in.Run.Status != store.StatusCanceled {
+		t.Fatalf("cancel while offered: %+v, %v", in, err)
+	}
+	close(release)
+	await.Recv(t, "the dispatcher", filled)
+	r := stored(t, e, id)
+	hr, ok := host.Run("run-1")
+	if !ok || hr.Status != hostproto.StatusCanceled || r.Status != store.StatusCanceled || r.ChildRunID != "run-1" {
+		t.Fatalf("the host's run %+v (%v); stored %+v", hr, ok, r)
+	}
+	if _, err := e.f.Sweep(ctx, SweepOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	if r := stored(t, e, id); r.Live() || r.Status != store.StatusCanceled {
+		t.Fatalf("after a sweep: %+v", r)
 	}
 }

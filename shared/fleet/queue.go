@@ -412,9 +412,10 @@ func (f *Fleet) queuePosition(ctx context.Context, run store.Run) int {
 // cancelWaiting cancels a run that waits. Queued, it ends canceled at
 // once: no host has it. Being offered to a host (dispatching), the host is
 // asked by clientToken (recover): a run it has is canceled there as any
-// run; otherwise the run ends canceled here, and a start the host takes
-// after all is canceled there by the dispatcher's record of it
-// (recordStartAnswer). The call outlives a caller that hangs up.
+// run; otherwise the run ends canceled here, its tokens revoked, and a
+// start the host takes after all is canceled there by the dispatcher's
+// record of it (recordStartAnswer). The call outlives a caller that hangs
+// up.
 func (f *Fleet) cancelWaiting(ctx context.Context, run store.Run) (Interaction, error) {
 	ctx = context.WithoutCancel(ctx)
 	accepted := hostproto.Outcome{Accepted: hostproto.Accepted}
@@ -464,6 +465,9 @@ func (f *Fleet) cancelWaiting(ctx context.Context, run store.Run) (Interaction, 
 			}
 			if ended {
 				f.log.Info("queue: a waiting run was canceled while offered", logRun, run.FleetRunID, logHost, rec.HostID)
+				// The offer's tokens: a start the host takes after all is
+				// canceled there.
+				stored, _ = f.revokeEnded(ctx, stored)
 				return Interaction{Outcome: accepted, Run: stored}, nil
 			}
 			run = stored
