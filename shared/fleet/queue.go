@@ -138,12 +138,15 @@ const maxQueuedRequestBytes = 300 << 10
 // Config.QueueDefault, or "0s"); else the run's QueueInfo without its
 // times, the request it keeps encoded. A queue that cannot be honoured is
 // a 400 naming the field. Fleet's default never makes a run wait that
-// could not (one naming its host, or whose repository URL carries
-// credentials): such a dispatch answers as it always did.
+// could not (one naming its host, whose repository URL carries
+// credentials, or whose class is too long to index): such a dispatch
+// answers as it always did.
 func (f *Fleet) queueWait(c store.Caller, r DispatchRequest) (*store.QueueInfo, error) {
 	q := r.Queue
+	class := ClassOf(r.Run.Agent, r.Labels)
 	if q == nil {
-		if f.cfg.QueueDefault <= 0 || r.Host != "" || shownRepository(r.Run.Repository) != r.Run.Repository {
+		if f.cfg.QueueDefault <= 0 || r.Host != "" || shownRepository(r.Run.Repository) != r.Run.Repository ||
+			len(class) > store.QueueClassMaxBytes {
 			return nil, nil
 		}
 		q = &QueueRequest{Timeout: f.cfg.QueueDefault}
@@ -163,13 +166,16 @@ func (f *Fleet) queueWait(c store.Caller, r DispatchRequest) (*store.QueueInfo, 
 	case shownRepository(r.Run.Repository) != r.Run.Repository:
 		return nil, invalid("queue: repository is a URL with credentials, which Fleet never stores, and a run that waits is kept " +
 			"in Fleet's store until it starts: name a repository the repository map (RUNFLEET_REPO_URLS) clones, or leave out queue")
+	case len(class) > store.QueueClassMaxBytes:
+		return nil, invalid("queue: the agent and labels name the run's routing class, %d bytes escaped, and a run that waits is "+
+			"indexed by it, at most %d: shorten the labels' values, or leave out queue", len(class), store.QueueClassMaxBytes)
 	}
 	req := encodeQueued(c, r)
 	if len(req) > maxQueuedRequestBytes {
 		return nil, invalid("queue: the run request is %d bytes as JSON, and a run that waits keeps it in Fleet's store, at most %d: "+
 			"shorten its prompt, argv or env, or leave out queue", len(req), maxQueuedRequestBytes)
 	}
-	return &store.QueueInfo{Class: ClassOf(r.Run.Agent, r.Labels), Priority: q.Priority, Timeout: q.Timeout, Request: req}, nil
+	return &store.QueueInfo{Class: class, Priority: q.Priority, Timeout: q.Timeout, Request: req}, nil
 }
 
 // queuedRequestVersion is the version of queuedRequest's stored form.
