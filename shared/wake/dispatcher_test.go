@@ -154,3 +154,29 @@ func TestDispatcherAnswerIsTheMappingsFormat(t *testing.T) {
 		t.Fatalf("NewDispatcher without its fields: %v", err)
 	}
 }
+
+// TestDispatcherNeverLogsWhatABodyHolds: a message that is not a wake is
+// logged by its id and what is wrong with it, never by any part of its
+// body: not a key it has that a wake has not, nor the host id of a
+// message that is refused.
+func TestDispatcherNeverLogsWhatABodyHolds(t *testing.T) {
+	var logs syncbuf.Buffer
+	d, err := NewDispatcher(DispatcherConfig{Fleet: &scriptedFiller{}, Logger: slog.New(slog.NewJSONHandler(&logs, nil))})
+	if err != nil {
+		t.Fatal(err)
+	}
+	bodies := []string{
+		`{"v":1,"hostId":"h1","slots":1,"ghp_s3cr3tKey":true}`,
+		`{"v":1,"hostId":"ghp_s3cr3tHost","slots":0}`,
+		`{"v":1,"hostId":"h1","slots":"ghp_s3cr3tSlots"}`,
+		`ghp_s3cr3tText`,
+		`{"v":1,"hostId":"h1","slots":1} ghp_s3cr3tTail`,
+	}
+	resp, err := d.Handle(context.Background(), sqsEvent(bodies...))
+	if err != nil || len(resp.BatchItemFailures) != len(bodies) {
+		t.Fatalf("answer %+v, %v; want every message failed", resp, err)
+	}
+	if out := logs.String(); strings.Contains(out, "s3cr3t") || strings.Count(out, `"msg":"dispatcher: a message that is not a wake"`) != len(bodies) {
+		t.Fatalf("the log:\n%s", out)
+	}
+}

@@ -21,6 +21,8 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"io"
+	"strings"
 
 	"github.com/runfleet/runfleet/shared/fleet"
 )
@@ -53,13 +55,15 @@ func encode(w fleet.Wake) (string, error) {
 
 // decode reads a message body: strictly (an unknown field, another
 // version, a missing host or slot is an error), since a body that is not
-// ours must not pass for a wake.
+// ours must not pass for a wake. Its errors say what is wrong and never
+// quote the body (a key, a value): whatever it is, it is not ours, and the
+// dispatcher logs them.
 func decode(body string) (fleet.Wake, error) {
 	dec := json.NewDecoder(bytes.NewReader([]byte(body)))
 	dec.DisallowUnknownFields()
 	var m message
 	if err := dec.Decode(&m); err != nil {
-		return fleet.Wake{}, fmt.Errorf("wake: not a wake message: %w", err)
+		return fleet.Wake{}, fmt.Errorf("wake: not a wake message: %s", jsonProblem(err))
 	}
 	if dec.More() {
 		return fleet.Wake{}, errors.New("wake: not a wake message: more after the JSON object")
@@ -68,9 +72,33 @@ func decode(body string) (fleet.Wake, error) {
 	case m.V != messageVersion:
 		return fleet.Wake{}, fmt.Errorf("wake: message version %d, want %d", m.V, messageVersion)
 	case m.HostID == "" || m.Slots < 1:
-		return fleet.Wake{}, fmt.Errorf("wake: message for host %q with %d slots: want a host and at least one slot", m.HostID, m.Slots)
+		return fleet.Wake{}, fmt.Errorf("wake: message with a host id of %d bytes and %d slots: want a host and at least one slot",
+			len(m.HostID), m.Slots)
 	}
 	return fleet.Wake{HostID: m.HostID, Slots: m.Slots, Reason: m.Reason}, nil
+}
+
+// jsonProblem is what a decoding error says is wrong with a body, without
+// what the body holds (encoding/json quotes an unknown key, and a syntax
+// error's character).
+func jsonProblem(err error) string {
+	var syntax *json.SyntaxError
+	var typ *json.UnmarshalTypeError
+	switch {
+	case errors.Is(err, io.EOF):
+		return "empty"
+	case errors.Is(err, io.ErrUnexpectedEOF):
+		return "JSON cut short"
+	case errors.As(err, &syntax):
+		return fmt.Sprintf("not JSON (at byte %d)", syntax.Offset)
+	case errors.As(err, &typ) && typ.Field != "":
+		return fmt.Sprintf("field %s of the wrong type", typ.Field)
+	case errors.As(err, &typ):
+		return "not a JSON object"
+	case strings.HasPrefix(err.Error(), "json: unknown field "):
+		return "an unknown field"
+	}
+	return "not a wake's JSON"
 }
 
 // coalesce merges wakes of one host into one (their slots added; the first

@@ -38,7 +38,7 @@ func TestDecodeRefusesWhatIsNotAWake(t *testing.T) {
 		`{"v":1,"hostId":"h","slots":1} {}`:                         "more after the JSON object",
 		`{"v":2,"hostId":"h","slots":1}`:                            "version 2",
 		`{"hostId":"h","slots":1}`:                                  "version 0",
-		`{"v":1,"hostId":"","slots":1}`:                             `host ""`,
+		`{"v":1,"hostId":"","slots":1}`:                             `host id of 0 bytes`,
 		`{"v":1,"hostId":"h","slots":0}`:                            "0 slots",
 	} {
 		if _, err := decode(body); err == nil || !strings.Contains(err.Error(), want) {
