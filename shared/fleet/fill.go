@@ -142,6 +142,7 @@ type classHead struct {
 	buf    []store.QueueEntry
 	next   string
 	done   bool
+	limit  int // its next page's size
 }
 
 // fill merges the heads of the classes the woken hosts serve and takes
@@ -190,13 +191,25 @@ func (fl *filler) pop(ctx context.Context, heads []*classHead, limit int) (store
 		if !fl.serves(c) {
 			continue
 		}
+		if c.limit == 0 {
+			c.limit = limit
+		}
 		for len(c.buf) == 0 && !c.done {
-			page, err := fl.f.store.ListQueue(ctx, c.class, c.next, limit)
+			if err := ctx.Err(); err != nil {
+				return store.QueueEntry{}, false, err
+			}
+			page, err := fl.f.store.ListQueue(ctx, c.class, c.next, c.limit)
 			if err != nil {
 				return store.QueueEntry{}, false, fmt.Errorf("fleet: fill: reading the queue of %s: %w", c.class, err)
 			}
-			c.buf = slices.DeleteFunc(page.Entries, func(e store.QueueEntry) bool { return fl.seen[e.FleetRunID] })
+			// A run none of the woken hosts with room may take (its hosts,
+			// as the index keeps them) is passed over unread and uncounted:
+			// however many wait ahead, they never hide the runs behind them.
+			c.buf = slices.DeleteFunc(page.Entries, func(e store.QueueEntry) bool { return fl.seen[e.FleetRunID] || !fl.mayTake(e) })
 			c.next, c.done = page.Next, page.Next == ""
+			if len(c.buf) == 0 {
+				c.limit = min(2*c.limit, store.MaxLimit) // passing over a run of them: larger pages
+			}
 		}
 		if len(c.buf) > 0 && (best == nil || c.buf[0].Order < best.buf[0].Order) {
 			best = c
@@ -209,6 +222,20 @@ func (fl *filler) pop(ctx context.Context, heads []*classHead, limit int) (store
 	best.buf = best.buf[1:]
 	fl.seen[e.FleetRunID] = true
 	return e, true, nil
+}
+
+// mayTake reports whether a woken host with room is among e's hosts (any
+// is, for a run whose entry names none).
+func (fl *filler) mayTake(e store.QueueEntry) bool {
+	if e.Hosts == nil {
+		return true
+	}
+	for _, h := range fl.hosts {
+		if h.room > 0 && slices.Contains(e.Hosts, h.host.ID) {
+			return true
+		}
+	}
+	return false
 }
 
 // serves reports whether a woken host with room offers c's agent and has

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"net/url"
 	"slices"
+	"strings"
 	"time"
 
 	"github.com/runfleet/runfleet/shared/hostproto"
@@ -175,7 +176,24 @@ func (f *Fleet) queueWait(c store.Caller, r DispatchRequest) (*store.QueueInfo, 
 		return nil, invalid("queue: the run request is %d bytes as JSON, and a run that waits keeps it in Fleet's store, at most %d: "+
 			"shorten its prompt, argv or env, or leave out queue", len(req), maxQueuedRequestBytes)
 	}
-	return &store.QueueInfo{Class: class, Priority: q.Priority, Timeout: q.Timeout, Request: req}, nil
+	return &store.QueueInfo{Class: class, Priority: q.Priority, Timeout: q.Timeout, Request: req, Hosts: queueHosts(c)}, nil
+}
+
+// queueHosts is QueueInfo.Hosts for a run c dispatches: c's host scope,
+// sorted, when it is not every host and the index can hold it; nil
+// otherwise (the dispatcher reads the run to learn it may not take it:
+// the scope kept with the request is what it honours either way).
+func queueHosts(c store.Caller) []string {
+	ids := c.AllowedHosts.IDs
+	if c.Admin || c.AllowedHosts.All || len(ids) == 0 || len(ids) > store.QueueHostsMax {
+		return nil
+	}
+	for _, id := range ids {
+		if id == "" || strings.Contains(id, ",") {
+			return nil
+		}
+	}
+	return slices.Compact(slices.Sorted(slices.Values(ids)))
 }
 
 // queuedRequestVersion is the version of queuedRequest's stored form.

@@ -59,6 +59,14 @@ type QueueInfo struct {
 	// Request is the dispatch as Fleet keeps it while the run waits
 	// (fleet's JSON form); nil once a host took the run.
 	Request []byte
+	// Hosts, when not nil, are the only hosts the run may be offered to
+	// (its caller's host scope, sorted), at most QueueHostsMax. The queue
+	// index keeps them with the run's entry (QueueEntry.Hosts), so that a
+	// reader passes over a run none of its hosts may take without reading
+	// the run: runs only other hosts may take never hide, from a host
+	// with room, the runs behind them. Nil says nothing (any host, as far
+	// as the index knows).
+	Hosts []string
 	// StartedAt is when a host took the run; nil while it waits.
 	StartedAt *time.Time
 	// StartedOn is the host that took it.
@@ -119,6 +127,11 @@ func ParseQueueOrder(order string) (since time.Time, fleetRunID string, err erro
 // 1,024 bytes. Fleet refuses a longer class before it writes the run.
 const QueueClassMaxBytes = 768
 
+// QueueHostsMax bounds QueueInfo.Hosts: each is in the run's index entry,
+// a few hundred bytes at most (a wider scope is not indexed: Fleet leaves
+// Hosts nil).
+const QueueHostsMax = 16
+
 // QueueClassSeparator ends a class in the index key (class, separator,
 // order): a class never holds it (fleet.ClassOf escapes it), so each
 // class's entries are one contiguous range that no other class's share.
@@ -149,6 +162,13 @@ func CheckRun(r Run) error {
 		return fmt.Errorf("run %q: queue priority %d outside %d..%d", r.FleetRunID, q.Priority, QueuePriorityMin, QueuePriorityMax)
 	case q.Since.UnixNano() <= 0:
 		return fmt.Errorf("run %q: queue since %v: want a time after 1970", r.FleetRunID, q.Since)
+	case q.Hosts != nil && (len(q.Hosts) == 0 || len(q.Hosts) > QueueHostsMax):
+		return fmt.Errorf("run %q: %d queue hosts: want nil or 1 to %d", r.FleetRunID, len(q.Hosts), QueueHostsMax)
+	}
+	for _, h := range q.Hosts {
+		if h == "" || strings.Contains(h, ",") {
+			return fmt.Errorf("run %q: a queue host of %d bytes: want a host id, without \",\"", r.FleetRunID, len(h))
+		}
 	}
 	return nil
 }
@@ -179,6 +199,8 @@ type QueueEntry struct {
 	FleetRunID string
 	Order      string
 	Since      time.Time
+	// Hosts is the run's QueueInfo.Hosts.
+	Hosts []string
 }
 
 // QueuePage is one page of ListQueue.

@@ -4,6 +4,7 @@ import (
 	"encoding/binary"
 	"encoding/json"
 	"fmt"
+	"slices"
 	"time"
 
 	"github.com/runfleet/runfleet/shared/store"
@@ -145,6 +146,7 @@ type queueItem struct {
 	Request   []byte     `json:"request,omitempty"`
 	StartedAt *time.Time `json:"startedAt,omitempty"`
 	StartedOn string     `json:"startedOn,omitempty"`
+	Hosts     []string   `json:"hosts,omitempty"`
 }
 
 // brokeredItem is one store.BrokeredKey of a run. ValueExpiresAt is the
@@ -357,6 +359,7 @@ func toQueueItem(q *store.QueueInfo) *queueItem {
 	return &queueItem{
 		Class: q.Class, Priority: q.Priority, Since: utc(q.Since), Timeout: int64(q.Timeout), Until: utc(q.Until),
 		Offers: q.Offers, Request: cloneBytes(q.Request), StartedAt: utcPtr(q.StartedAt), StartedOn: q.StartedOn,
+		Hosts: slices.Clone(q.Hosts),
 	}
 }
 
@@ -367,6 +370,7 @@ func (it *queueItem) record() *store.QueueInfo {
 	return &store.QueueInfo{
 		Class: it.Class, Priority: it.Priority, Since: utc(it.Since), Timeout: time.Duration(it.Timeout), Until: utc(it.Until),
 		Offers: it.Offers, Request: cloneBytes(it.Request), StartedAt: utcPtr(it.StartedAt), StartedOn: it.StartedOn,
+		Hosts: slices.Clone(it.Hosts),
 	}
 }
 

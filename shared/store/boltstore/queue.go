@@ -5,6 +5,7 @@ import (
 	"context"
 	"fmt"
 	"sort"
+	"strings"
 	"time"
 
 	bolt "go.etcd.io/bbolt"
@@ -12,31 +13,31 @@ import (
 	"github.com/runfleet/runfleet/shared/store"
 )
 
-// The queue index is runsQueue/<class>: store.QueueOrder -> "" for every
-// run whose Waiting() is true, written in the transaction that writes the
-// run. A class's bucket goes with its last entry, so the classes listed
+// The queue index is runsQueue/<class>: store.QueueOrder -> the run's
+// QueueInfo.Hosts, comma-separated ("" when nil), for every run whose
+// Waiting() is true, written in the transaction that writes the run. A class's bucket goes with its last entry, so the classes listed
 // are those with waiting runs.
 
-// queueEntry is where a run stands in the queue index; ok is false for a
-// run that is not in it.
-func queueEntry(it runItem) (class, order string, ok bool) {
+// queueEntry is where a run stands in the queue index, and the hosts its
+// entry holds; ok is false for a run that is not in it.
+func queueEntry(it runItem) (class, order, hosts string, ok bool) {
 	r := it.record()
 	if !r.Waiting() {
-		return "", "", false
+		return "", "", "", false
 	}
-	return r.Queue.Class, store.QueueOrder(*r.Queue, r.FleetRunID), true
+	return r.Queue.Class, store.QueueOrder(*r.Queue, r.FleetRunID), strings.Join(r.Queue.Hosts, ","), true
 }
 
 // setQueue moves a run's queue entry from where old had it (nil: a new
 // run) to where it now belongs.
 func setQueue(tx *bolt.Tx, old *runItem, it runItem) error {
-	var oldClass, oldOrder string
+	var oldClass, oldOrder, oldHosts string
 	wasIn := false
 	if old != nil {
-		oldClass, oldOrder, wasIn = queueEntry(*old)
+		oldClass, oldOrder, oldHosts, wasIn = queueEntry(*old)
 	}
-	class, order, in := queueEntry(it)
-	if wasIn == in && oldClass == class && oldOrder == order {
+	class, order, hosts, in := queueEntry(it)
+	if wasIn == in && oldClass == class && oldOrder == order && oldHosts == hosts {
 		return nil
 	}
 	q := tx.Bucket(bucketRunsQueue)
@@ -59,16 +60,20 @@ func setQueue(tx *bolt.Tx, old *runItem, it runItem) error {
 	if err != nil {
 		return err
 	}
-	return b.Put([]byte(order), nil)
+	return b.Put([]byte(order), []byte(hosts))
 }
 
-// entryOf is the QueueEntry of an index key.
-func entryOf(order []byte) (store.QueueEntry, error) {
+// entryOf is the QueueEntry of an index key and its value.
+func entryOf(order, hosts []byte) (store.QueueEntry, error) {
 	since, id, err := store.ParseQueueOrder(string(order))
 	if err != nil {
 		return store.QueueEntry{}, err
 	}
-	return store.QueueEntry{FleetRunID: id, Order: string(order), Since: since}, nil
+	e := store.QueueEntry{FleetRunID: id, Order: string(order), Since: since}
+	if len(hosts) > 0 {
+		e.Hosts = strings.Split(string(hosts), ",")
+	}
+	return e, nil
 }
 
 // QueueClasses implements store.Queue.
@@ -97,18 +102,18 @@ func (s *Store) ListQueue(ctx context.Context, class, after string, limit int) (
 			return nil
 		}
 		c := b.Cursor()
-		k, _ := c.First()
+		k, v := c.First()
 		if after != "" {
-			if k, _ = c.Seek([]byte(after)); bytes.Equal(k, []byte(after)) {
-				k, _ = c.Next()
+			if k, v = c.Seek([]byte(after)); bytes.Equal(k, []byte(after)) {
+				k, v = c.Next()
 			}
 		}
-		for ; k != nil; k, _ = c.Next() {
+		for ; k != nil; k, v = c.Next() {
 			if len(page.Entries) == limit {
 				page.Next = page.Entries[limit-1].Order
 				return nil
 			}
-			e, err := entryOf(k)
+			e, err := entryOf(k, v)
 			if err != nil {
 				return fmt.Errorf("queue class %q: %w", class, err)
 			}

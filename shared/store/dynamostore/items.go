@@ -109,6 +109,7 @@ const (
 	attrQueueRequest   = "request"
 	attrQueueStartedAt = "startedAt"
 	attrQueueStartedOn = "startedOn"
+	attrQueueHostIDs   = "hosts" // comma-separated
 
 	attrType = "type"
 	attrData = "data"
@@ -437,6 +438,7 @@ func runMutable(r store.Run, shard string) item {
 	if r.Waiting() {
 		it.putS(attrQueuePart, queuePart)
 		it.putS(attrQueueKey, queueKey(r.Queue.Class, store.QueueOrder(*r.Queue, r.FleetRunID)))
+		it.putS(attrQueueHosts, strings.Join(r.Queue.Hosts, ","))
 	}
 	it.putNAlways(attrRunVersion, r.Version)
 	// The "all" index key never changes (it derives from the id), so
@@ -452,7 +454,7 @@ var runMutableNames = []string{
 	attrChildRunID, attrStatus, attrAttempt, attrExitCode, attrReason, attrDetail, attrAgent,
 	attrRewroteLocalPath, attrUpdatedAt, attrDeadline, attrEndedAt, attrEventCursor,
 	attrDrained, attrLive, attrExpiresAt, attrEventsExpireAfter, attrBrokered, attrRunVersion, attrAllShard,
-	attrQueue, attrQueuePart, attrQueueKey,
+	attrQueue, attrQueuePart, attrQueueKey, attrQueueHosts,
 }
 
 // maxQueueRequest bounds what a stored request inflates to: far above
@@ -471,6 +473,14 @@ func inflate(packed []byte, limit int) ([]byte, error) {
 		return nil, fmt.Errorf("inflates past %d bytes", limit)
 	}
 	return raw, nil
+}
+
+// splitHosts reads QueueInfo.Hosts as stored: nil when absent.
+func splitHosts(s string) []string {
+	if s == "" {
+		return nil
+	}
+	return strings.Split(s, ",")
 }
 
 // queueKey is a waiting run's sort key in the queue index.
@@ -495,6 +505,7 @@ func putQueue(it item, q *store.QueueInfo) {
 		m.putTime(attrQueueStartedAt, *q.StartedAt)
 	}
 	m.putS(attrQueueStartedOn, q.StartedOn)
+	m.putS(attrQueueHostIDs, strings.Join(q.Hosts, ","))
 	it[attrQueue] = &types.AttributeValueMemberM{Value: m}
 }
 
@@ -507,7 +518,7 @@ func (r *reader) queue() *store.QueueInfo {
 	q := &store.QueueInfo{
 		Class: m.s(attrQueueClass), Priority: int(m.n(attrQueuePriority)), Since: m.time(attrQueueSince),
 		Timeout: time.Duration(m.n(attrQueueTimeout)), Until: m.time(attrQueueUntil), Offers: int(m.n(attrQueueOffers)),
-		StartedAt: m.timePtr(attrQueueStartedAt), StartedOn: m.s(attrQueueStartedOn),
+		StartedAt: m.timePtr(attrQueueStartedAt), StartedOn: m.s(attrQueueStartedOn), Hosts: splitHosts(m.s(attrQueueHostIDs)),
 	}
 	if packed := m.b(attrQueueRequest); len(packed) > 0 && m.err == nil {
 		q.Request, m.err = inflate(packed, maxQueueRequest)

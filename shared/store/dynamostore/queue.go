@@ -17,8 +17,8 @@ import (
 // eventually consistent as any GSI's: a class's entries are the keys from
 // class+"#" up to class+"$" ("$" follows "#"), a range no other class's
 // keys fall in because no class holds "#" (store.CheckRun). Entries are
-// KEYS_ONLY, ~100 bytes, so a 4 KB read unit (0.5 RCU eventual) covers
-// about 40 of them.
+// the keys, ~100 bytes, and a scoped run's hosts (qh, at most 16 ids), so
+// a 4 KB read unit (0.5 RCU eventual) covers about 40 of them.
 
 // classEnd is the first key after every entry of class.
 func classEnd(class string) string { return class + "$" }
@@ -42,7 +42,7 @@ func (s *Store) queueQuery(lo, hi string) *dynamodb.QueryInput {
 // queueEntryOf reads an index entry of class.
 func queueEntryOf(class string, it item) (store.QueueEntry, error) {
 	r := &reader{it: it}
-	k := r.s(attrQueueKey)
+	k, hosts := r.s(attrQueueKey), r.s(attrQueueHosts)
 	if r.err != nil {
 		return store.QueueEntry{}, r.err
 	}
@@ -54,7 +54,7 @@ func queueEntryOf(class string, it item) (store.QueueEntry, error) {
 	if err != nil {
 		return store.QueueEntry{}, err
 	}
-	return store.QueueEntry{FleetRunID: id, Order: order, Since: since}, nil
+	return store.QueueEntry{FleetRunID: id, Order: order, Since: since, Hosts: splitHosts(hosts)}, nil
 }
 
 // QueueClasses skips through the index: the first entry, then the first

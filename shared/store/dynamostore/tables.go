@@ -29,6 +29,9 @@ const (
 	attrAlertKey   = "alertKey"
 	attrQueuePart  = "qp"
 	attrQueueKey   = "qk"
+	// attrQueueHosts is a waiting run's QueueInfo.Hosts, comma-separated,
+	// while it is in the queue index (projected there); absent when nil.
+	attrQueueHosts = "qh"
 )
 
 // Index names on the runs table.
@@ -47,7 +50,8 @@ const (
 // themselves are each one Query), and its writes are two per run that
 // waits (in, then out), well within a partition's 1,000 a second up to
 // bursts of ~500 runs queued a second; shard it (and merge) beyond.
-// KEYS_ONLY: the order holds everything a store.QueueEntry says.
+// The keys and qh (QueueEntry.Hosts, on a run that has them): the order
+// holds the rest of a store.QueueEntry.
 const queuePart = "q"
 
 // indexAlerted is the egress table's sparse index of the heads of runs
@@ -123,7 +127,8 @@ func schemaList(n TableNames) []tableSchema {
 				{name: indexByOwner, keys: []string{attrOwnerID, attrCreatedAt}, projection: types.ProjectionTypeKeysOnly},
 				{name: indexByHost, keys: []string{attrHostID, attrCreatedAt}, projection: types.ProjectionTypeKeysOnly},
 				{name: indexAll, keys: []string{attrAllShard, attrCreatedAt}, projection: types.ProjectionTypeKeysOnly},
-				{name: indexQueue, keys: []string{attrQueuePart, attrQueueKey}, projection: types.ProjectionTypeKeysOnly},
+				{name: indexQueue, keys: []string{attrQueuePart, attrQueueKey}, projection: types.ProjectionTypeInclude,
+					include: []string{attrQueueHosts}},
 			},
 		},
 		{

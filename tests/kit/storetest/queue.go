@@ -28,6 +28,7 @@ var queueContract = []contractCase{
 	roleCase("Queue/InfoRoundTrips", testQueueInfoRoundTrips),
 	roleCase("Queue/RefusesWhatItCannotIndex", testQueueRefuses),
 	roleCase("Queue/DeleteHostTakesAnOfferedRun", testQueueDeleteHost),
+	roleCase("Queue/EntriesCarryTheirHosts", testQueueEntriesCarryHosts),
 }
 
 // runsAndQueue is what a queue case takes: the runs it writes and the
@@ -542,4 +543,49 @@ func testQueueDeleteHost(t *testing.T, s hostsRunsAndQueue, clk *clock.Fake) {
 	_, err := s.GetRun(bg, "q")
 	wantErr(t, "GetRun of the offered run", err, store.ErrNotFound)
 	sameIDs(t, "the queue", queueIDs(t, s, "shell", 10), []string{"w"})
+}
+
+// testQueueEntriesCarryHosts: a waiting run's QueueInfo.Hosts round-trip
+// and are in its index entry, offered or not (nil for a run without);
+// hosts that cannot be indexed are refused.
+func testQueueEntriesCarryHosts(t *testing.T, s runsAndQueue, clk *clock.Fake) {
+	now := clk.Now()
+	scoped := queuedRun("a", "shell", 0, now)
+	scoped.Queue.Hosts = []string{"h1", "h2.example-3"}
+	scoped = createRun(t, s, scoped)
+	createRun(t, s, queuedRun("b", "shell", 0, now.Add(time.Second)))
+	got, err := s.GetRun(bg, "a")
+	noErr(t, "GetRun", err)
+	sameJSON(t, "a scoped run read", got, scoped)
+	entries := func(what string, want [][]string) {
+		t.Helper()
+		p, err := s.ListQueue(bg, "shell", "", 10)
+		noErr(t, "ListQueue", err)
+		var hosts [][]string
+		for _, e := range p.Entries {
+			hosts = append(hosts, e.Hosts)
+		}
+		sameJSON(t, what, hosts, want)
+	}
+	entries("entries", [][]string{{"h1", "h2.example-3"}, nil})
+	update(t, s, offered(scoped, "h1", now.Add(time.Minute)))
+	entries("entries with the scoped run offered", [][]string{{"h1", "h2.example-3"}, nil})
+
+	for name, hosts := range map[string][]string{
+		"no host":       {},
+		"too many":      make([]string, store.QueueHostsMax+1),
+		"an empty id":   {"h1", ""},
+		"a comma in it": {"h1,h2"},
+	} {
+		r := queuedRun("x", "shell", 0, now)
+		r.Queue.Hosts = hosts
+		for i := range r.Queue.Hosts {
+			if name == "too many" {
+				r.Queue.Hosts[i] = fmt.Sprintf("h%d", i)
+			}
+		}
+		if err := s.CreateRun(bg, r); err == nil {
+			t.Fatalf("CreateRun with queue hosts %s succeeded", name)
+		}
+	}
 }
