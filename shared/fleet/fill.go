@@ -376,7 +376,7 @@ func (fl *filler) endUnstarted(ctx context.Context, run store.Run, reason, detai
 
 // start calls the host of run (dispatching there, offered with minted's
 // values) to start it as d decided and records the answer; on a transient
-// refusal, when fallback allows, it moves the run to the next woken host
+// refusal (or one of the host's clock: clockRefusal), when fallback allows, it moves the run to the next woken host
 // with room in routing's order (in, without the hosts that refused), at
 // most MaxDispatchHosts hosts, and after the last puts it back in the
 // queue. A host that refused is filled no further, nor one whose answer
@@ -393,6 +393,13 @@ func (fl *filler) start(ctx context.Context, run store.Run, wr waitingRequest, d
 			fl.rep.Offered++
 		}
 		refusal, transient := transientRefusal(run.HostID, answer, callErr)
+		if !transient {
+			refusal, transient = clockRefusal(run.HostID, callErr)
+			if transient {
+				f.log.Warn("fill: a host refused a start as past its deadline, which Fleet set a host timeout ahead: its clock runs ahead of Fleet's",
+					logRun, run.FleetRunID, logHost, h.host.ID)
+			}
+		}
 		if transient {
 			h.room = 0
 			in.Refused[h.host.ID] = refusal.Reasons[0]
@@ -422,6 +429,21 @@ func (fl *filler) start(ctx context.Context, run store.Run, wr waitingRequest, d
 		fl.recorded(ctx, h, res)
 		return
 	}
+}
+
+// clockRefusal reports whether a start's error is the host's refusal of
+// it as past its deadline, with the exclusion that records it. Fleet sets
+// a start's deadline a host timeout after the offer, and the call ends by
+// then: a host that refuses it so has a clock running ahead of Fleet's.
+// For a waiting run that is about the host, as a busy host is: the run
+// goes on to the next host, or back to its place, rather than failing for
+// that host's clock (the host stores nothing of a start it refuses so).
+func clockRefusal(host string, err error) (Exclusion, bool) {
+	var he *hostproto.Error
+	if errors.As(err, &he) && he.Refused() && he.Code == hostproto.CodeDeadlinePassed {
+		return Exclusion{HostID: host, Reasons: []string{hostproto.ReasonDeadlinePassed}, Detail: boundDetail(he.Message)}, true
+	}
+	return Exclusion{}, false
 }
 
 // recorded accounts for a start's recorded answer on host h.

@@ -9,6 +9,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/runfleet/runfleet/shared/clock"
 	"github.com/runfleet/runfleet/shared/hostproto"
 	"github.com/runfleet/runfleet/shared/store"
 	"github.com/runfleet/runfleet/tests/kit/await"
@@ -182,5 +183,40 @@ func TestCancelWhileOfferedCancelsAStartWhoseAnswerWasLost(t *testing.T) {
 	}
 	if r := stored(t, e, id); r.Live() || r.Status != store.StatusCanceled {
 		t.Fatalf("after a sweep: %+v", r)
+	}
+}
+
+// TestAHostWhoseClockRunsAheadFailsNoWaitingRun: a host whose clock is
+// ahead of Fleet's by more than HostTimeout refuses every start as past
+// its deadline. A fill of it offers one waiting run, which goes on to the
+// next woken host with room (or back to its place), and fills that host
+// no further: no run that waited ends failed for the host's clock.
+func TestAHostWhoseClockRunsAheadFailsNoWaitingRun(t *testing.T) {
+	e := newTestEnv(t, 10*time.Second)
+	ahead := clock.NewFake(t0.Add(time.Minute))
+	h1 := e.addHost(t, "h1", fakehost.Config{Clock: ahead})
+	ctx := context.Background()
+	ids := withoutRoom(t, e, h1, func() (ids []string) {
+		for range 3 {
+			e.clk.Advance(time.Second)
+			ahead.Advance(time.Second)
+			ids = append(ids, queued(t, e, "", waitHour).Run.FleetRunID)
+		}
+		return ids
+	})
+	rep, err := e.f.FillHosts(ctx, []Wake{{HostID: "h1", Slots: 1, Reason: WakeProbe}})
+	if err != nil || rep.Offered != 1 || len(rep.Started) != 0 {
+		t.Fatalf("fill of the host ahead: %+v, %v; want one offer", rep, err)
+	}
+	for i, id := range ids {
+		if r := stored(t, e, id); r.Status != store.StatusQueued || position(t, e, id) != i+1 {
+			t.Fatalf("run %d after the fill: %s (%s: %s), position %d", i, r.Status, r.Reason, r.Detail, position(t, e, id))
+		}
+	}
+
+	h2 := e.addHost(t, "h2", fakehost.Config{})
+	rep, err = e.f.FillHosts(ctx, []Wake{{HostID: "h1", Slots: 1, Reason: WakeProbe}, {HostID: "h2", Slots: 1, Reason: WakeProbe}})
+	if err != nil || !reflect.DeepEqual(rep.Started, ids[:1]) || h2.Created() != 1 || h1.Created() != 0 {
+		t.Fatalf("fill of both: %+v, %v; want %s started on h2", rep, err, ids[0])
 	}
 }
