@@ -38,6 +38,14 @@ type ClassCapacity struct {
 	// would be routable for the class but for draining.
 	Hosts         int
 	DrainingHosts int
+	// Published: the probe's metrics carry the class. It is one of the
+	// classes always reported (Config.CapacityClasses), or a host is
+	// routable or draining for it now. A class that only waiting runs
+	// name, which no host serves and the operator did not declare, is left
+	// out of the metrics (any caller can name one with a label value, and
+	// each is a set of custom metrics CloudWatch bills by the month), not
+	// out of GET /fleet/capacity.
+	Published bool
 }
 
 // CapacityInput is what Capacity is computed from. Pure: no I/O, no clock.
@@ -75,7 +83,7 @@ func Capacity(in CapacityInput) []ClassCapacity {
 	}
 	out := make([]ClassCapacity, 0, len(classes))
 	for _, class := range slices.Sorted(maps.Keys(classes)) {
-		cc := ClassCapacity{Class: class}
+		cc := ClassCapacity{Class: class, Published: slices.Contains(in.Classes, class)}
 		if q, ok := in.Queued[class]; ok && q.Waiting > 0 {
 			cc.Queued = q.Waiting
 			if !q.Oldest.IsZero() {
@@ -102,6 +110,7 @@ func Capacity(in CapacityInput) []ClassCapacity {
 				cc.DrainingHosts++
 			}
 		}
+		cc.Published = cc.Published || cc.Hosts > 0 || cc.DrainingHosts > 0
 		out = append(out, cc)
 	}
 	return out

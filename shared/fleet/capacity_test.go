@@ -57,13 +57,14 @@ func TestCapacityCountsWhatRoutingWouldOffer(t *testing.T) {
 	})
 	want := []ClassCapacity{
 		// c1 offers claude; the queue names claude?pool=gpu.
-		{Class: "claude", Agent: "claude", Hosts: 1, BusySlots: 1},
-		{Class: claudeGPU, Agent: "claude", Labels: gpu, Queued: 1, OldestWait: 2 * time.Second, Hosts: 1, BusySlots: 1},
+		{Class: "claude", Agent: "claude", Hosts: 1, BusySlots: 1, Published: true},
+		{Class: claudeGPU, Agent: "claude", Labels: gpu, Queued: 1, OldestWait: 2 * time.Second, Hosts: 1, BusySlots: 1, Published: true},
 		// Every routable shell host: h1 (3 free, 1 busy), h2 (over its
 		// max: 0 free, 3 busy), c1 (full), n1 (no load: no slot known).
-		{Class: "shell", Agent: "shell", Hosts: 4, FreeSlots: 3, BusySlots: 5, DrainingHosts: 1},
-		{Class: shellCI, Agent: "shell", Labels: ci, Queued: 3, OldestWait: 95 * time.Second, Hosts: 3, FreeSlots: 3, BusySlots: 4, DrainingHosts: 1},
-		{Class: ClassOf("shell", gpu), Agent: "shell", Labels: gpu, Hosts: 1, BusySlots: 1},
+		{Class: "shell", Agent: "shell", Hosts: 4, FreeSlots: 3, BusySlots: 5, DrainingHosts: 1, Published: true},
+		{Class: shellCI, Agent: "shell", Labels: ci, Queued: 3, OldestWait: 95 * time.Second, Hosts: 3, FreeSlots: 3, BusySlots: 4, DrainingHosts: 1,
+			Published: true},
+		{Class: ClassOf("shell", gpu), Agent: "shell", Labels: gpu, Hosts: 1, BusySlots: 1, Published: true},
 	}
 	if !reflect.DeepEqual(got, want) {
 		t.Fatalf("capacity:\n%+v\nwant\n%+v", got, want)
@@ -71,14 +72,22 @@ func TestCapacityCountsWhatRoutingWouldOffer(t *testing.T) {
 }
 
 // TestCapacityOfNothing: no host, nothing queued, no class configured:
-// no class; a configured class with no host is reported, all zeros.
+// no class; a configured class with no host is reported, all zeros, and
+// published; a class only a waiting run names, with no host, is reported
+// and not published.
 func TestCapacityOfNothing(t *testing.T) {
 	if got := Capacity(CapacityInput{Now: routeNow, MaxProbeAge: time.Minute}); len(got) != 0 {
 		t.Fatalf("capacity of nothing: %+v", got)
 	}
 	got := Capacity(CapacityInput{Classes: []string{"claude?pool=gpu"}, Now: routeNow, MaxProbeAge: time.Minute})
-	want := []ClassCapacity{{Class: "claude?pool=gpu", Agent: "claude", Labels: map[string]string{"pool": "gpu"}}}
+	want := []ClassCapacity{{Class: "claude?pool=gpu", Agent: "claude", Labels: map[string]string{"pool": "gpu"}, Published: true}}
 	if !reflect.DeepEqual(got, want) {
 		t.Fatalf("a configured class: %+v, want %+v", got, want)
+	}
+	got = Capacity(CapacityInput{Queued: map[string]store.QueueStats{"claude?pr=7781": {Waiting: 1, Oldest: routeNow}},
+		Now: routeNow, MaxProbeAge: time.Minute})
+	want = []ClassCapacity{{Class: "claude?pr=7781", Agent: "claude", Labels: map[string]string{"pr": "7781"}, Queued: 1}}
+	if !reflect.DeepEqual(got, want) {
+		t.Fatalf("a class only a waiting run names: %+v, want %+v", got, want)
 	}
 }

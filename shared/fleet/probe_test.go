@@ -323,7 +323,7 @@ func TestProbePassWakesHostsWithRoomAndReportsCapacity(t *testing.T) {
 		t.Fatalf("classes %v, want %v", classes, want)
 	}
 	wantCap := ClassCapacity{Class: class, Agent: "shell", Labels: ci, Queued: 2, OldestWait: 90 * time.Second,
-		FreeSlots: 2, BusySlots: 3, Hosts: 2, DrainingHosts: 1}
+		FreeSlots: 2, BusySlots: 3, Hosts: 2, DrainingHosts: 1, Published: true}
 	if !reflect.DeepEqual(*got, wantCap) {
 		t.Fatalf("capacity of %s: %+v, want %+v", class, *got, wantCap)
 	}

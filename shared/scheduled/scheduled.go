@@ -141,7 +141,8 @@ type ProbeSummary struct {
 	Skipped []string `json:"skipped,omitempty"`
 	// Wakes counts the hosts woken for waiting runs.
 	Wakes int `json:"wakes"`
-	// Classes counts the routing classes whose capacity was reported.
+	// Classes counts the routing classes whose capacity the metrics
+	// reported (fleet.ClassCapacity.Published).
 	Classes int `json:"classes"`
 }
 
@@ -155,7 +156,12 @@ func (j *Jobs) Probe(ctx context.Context, _ events.EventBridgeEvent) (ProbeSumma
 	until := j.budget(ctx, j.cfg.ProbeMargin)
 	rep, err := j.cfg.Fleet.ProbeEnabled(ctx, until)
 	sum := ProbeSummary{Probed: len(rep.Probed), Status: map[string]int{}, Written: rep.Written,
-		Skipped: rep.Skipped, Wakes: len(rep.Wakes), Classes: len(rep.Capacity)}
+		Skipped: rep.Skipped, Wakes: len(rep.Wakes)}
+	for _, c := range rep.Capacity {
+		if c.Published {
+			sum.Classes++
+		}
+	}
 	for _, p := range rep.Probed {
 		sum.Status[p.Probe.Status]++
 	}
@@ -183,15 +189,19 @@ func (j *Jobs) Probe(ctx context.Context, _ events.EventBridgeEvent) (ProbeSumma
 	return sum, nil
 }
 
-// writeCapacity writes each class's figures as one EMF line: every
-// figure every pass, zeros included, so that a policy's metric math
-// never sees a gap while the class is reported.
+// writeCapacity writes each published class's figures (a host serves it,
+// or it is declared) as one EMF line: every figure every pass, zeros
+// included, so that a policy's metric math never sees a gap while the
+// class is reported.
 func (j *Jobs) writeCapacity(ctx context.Context, classes []fleet.ClassCapacity) {
 	if j.cfg.Metrics == nil {
 		return
 	}
 	at := j.clock.Now()
 	for _, c := range classes {
+		if !c.Published {
+			continue
+		}
 		dims := map[string]string{DimensionRoutingClass: c.Class}
 		err := j.cfg.Metrics.Write(at,
 			emf.Metric{Name: MetricQueuedRuns, Unit: emf.UnitCount, Value: float64(c.Queued), Dimensions: dims},

@@ -34,8 +34,8 @@ type env struct {
 }
 
 // newEnv is a Fleet on bbolt with the fake clock and n fake hosts (h0..),
-// the last one disabled.
-func newEnv(t *testing.T, n int) *env {
+// the last one disabled; with is applied to its configuration.
+func newEnv(t *testing.T, n int, with ...func(*fleet.Config)) *env {
 	t.Helper()
 	dir := t.TempDir()
 	clk := clock.NewFake(time.Date(2026, 3, 1, 12, 0, 0, 0, time.UTC))
@@ -60,7 +60,11 @@ func newEnv(t *testing.T, n int) *env {
 		t.Fatal(err)
 	}
 	log := slog.New(slog.NewJSONHandler(io.Discard, nil))
-	f, err := fleet.New(fleet.Config{Store: st, Credentials: src, Logger: log, Clock: clk, HostTimeout: 10 * time.Second, ProbeTimeout: 5 * time.Second})
+	cfg := fleet.Config{Store: st, Credentials: src, Logger: log, Clock: clk, HostTimeout: 10 * time.Second, ProbeTimeout: 5 * time.Second}
+	for _, w := range with {
+		w(&cfg)
+	}
+	f, err := fleet.New(cfg)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -275,17 +279,22 @@ func TestSweepOfNothingLiveIsDebug(t *testing.T) {
 
 // TestProbeWritesEachClassCapacityAsOneEMFLine: a probe invocation writes
 // one EMF line per routing class, dimension RoutingClass, carrying the
-// class's six figures as the pass computed them: a class whose runs wait
-// with no host for them reports its queue and zeros; the class of the
-// agent the hosts offer, its queue and the room on the enabled hosts.
+// class's six figures as the pass computed them: a declared class
+// (CapacityClasses) whose runs wait with no host for them reports its
+// queue and zeros; the class of the agent the hosts offer, its queue and
+// the room on the enabled hosts. A class that only waiting runs name,
+// which no host serves and the operator did not declare, has no line
+// (any caller can name one, and each is a set of custom metrics billed
+// by the month); GET /fleet/capacity reports it.
 func TestProbeWritesEachClassCapacityAsOneEMFLine(t *testing.T) {
-	e := newEnv(t, 3)
+	e := newEnv(t, 3, func(c *fleet.Config) { c.CapacityClasses = []string{"shell?pool=ci"} })
 	e.hosts[0].SetLoad(&hostproto.Load{Active: 1, MaxConcurrent: 3})
 	e.hosts[1].SetLoad(&hostproto.Load{Active: 0, MaxConcurrent: 2})
 	for _, q := range []struct {
 		id, class string
 		waited    time.Duration
-	}{{"fr-1", "shell", 42 * time.Second}, {"fr-2", "shell?pool=ci", 10 * time.Second}, {"fr-3", "shell?pool=ci", 3 * time.Second}} {
+	}{{"fr-1", "shell", 42 * time.Second}, {"fr-2", "shell?pool=ci", 10 * time.Second}, {"fr-3", "shell?pool=ci", 3 * time.Second},
+		{"fr-4", "shell?commit=4f2a9c1", time.Second}} {
 		since := e.clk.Now().Add(-q.waited)
 		r := store.Run{FleetRunID: q.id, OwnerID: "alice", Status: store.StatusQueued, Agent: "shell", CreatedAt: since, UpdatedAt: since,
 			Queue: &store.QueueInfo{Class: q.class, Since: since, Timeout: time.Hour, Until: since.Add(time.Hour), Request: []byte(`{}`)}}
@@ -349,5 +358,9 @@ func TestProbeWritesEachClassCapacityAsOneEMFLine(t *testing.T) {
 			t.Fatalf("class %q: %+v, want %+v", doc.RoutingClass, doc.figures, w)
 		}
 		delete(want, doc.RoutingClass)
+	}
+	rep, err := e.f.FleetCapacity(context.Background())
+	if err != nil || len(rep.Classes) != 3 || rep.Classes[1].Class != "shell?commit=4f2a9c1" || rep.Classes[1].Queued != 1 {
+		t.Fatalf("FleetCapacity: %+v, %v; want the undeclared class reported there", rep, err)
 	}
 }
