@@ -14,9 +14,10 @@ import (
 // change here, not a migration of what edge has stored.
 
 // specOf is the start a POST /runs body asks for: the run request as it
-// came, its token and the values Fleet sent with it.
+// came, its token, the values Fleet sent with it and its wait in Fleet's
+// queue (the data of the run's first event, in the protocol's shape).
 func specOf(req hostproto.StartRequest) runner.Spec {
-	return runner.Spec{ClientToken: req.ClientToken, Credentials: credentialsOf(req.Credentials), Request: req.Request}
+	return runner.Spec{ClientToken: req.ClientToken, Credentials: credentialsOf(req.Credentials), Queued: req.Queued, Request: req.Request}
 }
 
 // credentialsOf is the values Fleet sent, each leaving the wire's

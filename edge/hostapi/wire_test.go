@@ -77,6 +77,53 @@ func TestAStartsValuesFromFleetAreStoredNowhere(t *testing.T) {
 	leakcheck.AssertClean(t, "the run's events", events, real)
 }
 
+// A start that waited in Fleet's queue carries its wait: the run's first
+// event on the wire is queued with the wait's JSON as Fleet sent it, the
+// stored request is the wire's without it, and the same start again
+// (Fleet resuming an offer) adds no event.
+func TestAQueuedStartsWaitIsItsFirstEventOnTheWire(t *testing.T) {
+	e := newEdge(t)
+	since := time.Date(2026, 12, 6, 9, 0, 0, 0, time.UTC)
+	req := hostproto.StartRequest{ClientToken: "waited", Request: runspec.Request{Agent: "shell", Prompt: "true"},
+		Queued: &hostproto.Queued{Since: since, StartedAt: since.Add(1500 * time.Millisecond), WaitedMs: 1500, HostID: "host-a", Offers: 1}}
+	run, err := e.client.Start(ctx, req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	e.waitStatus(run.RunID, ended)
+	again, err := e.client.Start(ctx, req)
+	if err != nil || !again.Reused || again.RunID != run.RunID {
+		t.Fatalf("the same start again = %+v, %v; want the run reused", again, err)
+	}
+	events := e.allEvents(run.RunID, 100)
+	if len(events) < 2 || events[0].Sequence != 1 || events[0].Type != hostproto.EventQueued || events[1].Type != hostproto.EventAdmission {
+		t.Fatalf("the run's events begin %+v, want queued then the admission", events)
+	}
+	const want = `{"since":"2026-12-06T09:00:00Z","startedAt":"2026-12-06T09:00:01.5Z","waitedMs":1500,"hostId":"host-a","offers":1}`
+	if string(events[0].Data) != want {
+		t.Fatalf("the queued event's data is %s, want %s", events[0].Data, want)
+	}
+	queued := 0
+	for _, ev := range events {
+		if ev.Type == hostproto.EventQueued {
+			queued++
+		}
+	}
+	if queued != 1 {
+		t.Fatalf("%d queued events, want 1", queued)
+	}
+	rec, err := e.runs.Get(run.RunID)
+	if err != nil {
+		t.Fatal(err)
+	}
+	got, _ := json.Marshal(rec.Request)
+	bare := req
+	bare.Queued = nil
+	if wantReq, _ := json.Marshal(bare); string(got) != string(wantReq) {
+		t.Fatalf("stored request\n%s\nwant the wire request without its wait\n%s", got, wantReq)
+	}
+}
+
 // Runs, event pages, limits and storage answer the protocol's JSON, every
 // field carried, lists never null.
 func TestTheAnswersAreTheWireJSON(t *testing.T) {

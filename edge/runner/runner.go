@@ -553,7 +553,7 @@ func (r *Runner) Start(req Spec) (Run, error) {
 	}
 	t.declared = declared
 	t.credentials, t.credentialsComplete = req.Credentials, true
-	rec, created, err := r.log.Create(rec)
+	rec, created, err := r.log.Create(rec, queuedEntries(now, req.Queued)...)
 	if err != nil || !created {
 		r.unreserve(t)
 		if err != nil {
@@ -569,6 +569,17 @@ func (r *Runner) Start(req Spec) (Run, error) {
 	t.markRecorded(true)
 	r.logger.Info("run created", fieldRun, id, fieldAgent, req.Agent, fieldSecrets, len(req.Secrets))
 	return r.begin(t), nil
+}
+
+// queuedEntries is a start's first event when the run waited in Fleet's
+// queue (none when it did not), created with the run so that it is the
+// run's event 1 and a reused start adds nothing.
+func queuedEntries(ts time.Time, q *hostproto.Queued) []runlog.Entry {
+	if q == nil {
+		return nil
+	}
+	data, _ := json.Marshal(q)
+	return []runlog.Entry{{Type: hostproto.EventQueued, Data: data, TS: ts}}
 }
 
 // Retry starts a new attempt of a run whose last attempt ended, on the same

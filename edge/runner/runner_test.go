@@ -515,6 +515,54 @@ func TestStartIsIdempotentOnClientToken(t *testing.T) {
 	}
 }
 
+// A run that waited in Fleet's queue says so in its first event, created
+// with the run: event 1 is queued with the wait as Fleet sent it, then
+// the attempt's events follow on the same contiguous sequence. A reused
+// start adds nothing, and a start that did not wait has no such event.
+func TestAQueuedStartsWaitIsItsFirstEvent(t *testing.T) {
+	h := newHarness(t, nil)
+	since := time.Date(2026, 12, 6, 9, 0, 0, 0, time.UTC)
+	q := hostproto.Queued{Since: since, StartedAt: since.Add(90 * time.Second), WaitedMs: 90_000, HostID: "host-a", Offers: 2}
+	run := h.start(`echo ran`, func(r *Spec) { r.ClientToken, r.Queued = "waited", &q })
+	end := h.waitEnd(run.RunID)
+	if end.Status != hostproto.StatusSucceeded {
+		t.Fatalf("the run ended %+v", end)
+	}
+	again := h.start(`echo again`, func(r *Spec) {
+		r.ClientToken, r.Queued = "waited", &hostproto.Queued{Since: since, HostID: "host-b"}
+	})
+	if !again.Reused || again.RunID != run.RunID {
+		t.Fatalf("the second start answered %+v, want the run reused", again)
+	}
+	events := h.events(run.RunID)
+	var types []string
+	for i, e := range events {
+		if e.Sequence != int64(i+1) {
+			t.Fatalf("event %d has sequence %d", i, e.Sequence)
+		}
+		types = append(types, e.Type)
+	}
+	if len(events) < 3 || events[0].Type != hostproto.EventQueued || events[1].Type != hostproto.EventAdmission || events[2].Type != hostproto.EventState {
+		t.Fatalf("events %v, want queued, admission, state first", types)
+	}
+	if strings.Count(strings.Join(types, ","), hostproto.EventQueued) != 1 {
+		t.Fatalf("events %v, want one queued event", types)
+	}
+	var got hostproto.Queued
+	if err := json.Unmarshal(events[0].Data, &got); err != nil || got != q {
+		t.Fatalf("the queued event's data is %s (%v), want %+v", events[0].Data, err, q)
+	}
+	if states := h.states(run.RunID); len(states) == 0 || states[0].Status != hostproto.StatusAdmitted {
+		t.Fatalf("state events %+v, want admitted first", states)
+	}
+
+	plain := h.start(`true`, nil)
+	h.waitEnd(plain.RunID)
+	if first := h.events(plain.RunID)[0]; first.Sequence != 1 || first.Type != hostproto.EventAdmission {
+		t.Fatalf("a start that did not wait begins with %+v, want the admission", first)
+	}
+}
+
 func TestDeadlinePassedIsRefusedAndStoredNowhere(t *testing.T) {
 	fake := clock.NewFake(time.Date(2026, 11, 30, 12, 0, 0, 0, time.UTC))
 	h := newHarness(t, func(c *Config) { c.Clock = fake })

@@ -2,6 +2,7 @@ package runner
 
 import (
 	"github.com/runfleet/runfleet/edge/runlog"
+	"github.com/runfleet/runfleet/shared/hostproto"
 	"github.com/runfleet/runfleet/shared/runspec"
 )
 
@@ -15,6 +16,12 @@ type Spec struct {
 	// host's policy takes from Fleet: handed to the broker at admission,
 	// never stored (stored leaves them out), recorded or logged.
 	Credentials []Credential
+	// Queued is the run's wait in Fleet's queue before this start: Start
+	// records it as the run's first event (hostproto.EventQueued, in the
+	// protocol's shape like every event's data). Not part of the stored
+	// request: it describes the run's start, not what each attempt runs.
+	// Nil: the run did not wait.
+	Queued *hostproto.Queued
 	runspec.Request
 }
 

@@ -210,7 +210,7 @@ func TestCompletionScripts(t *testing.T) {
 	// COMP_WORDS as bash splits a line typed so far; the last word is the
 	// one being completed.
 	for line, want := range map[string]string{
-		"runfleet ":                               "run runs hosts egress login logout completion version help",
+		"runfleet ":                               "run runs hosts capacity egress login logout completion version help",
 		"runfleet ru":                             "run runs",
 		"runfleet runs ":                          "list get logs follow input cancel retry",
 		"runfleet runs list --st":                 "--status",

@@ -90,7 +90,7 @@ func root() *command {
 			"runfleet runs list --status running",
 		},
 	}
-	r.subs = []*command{runCmd(), runsCmd(), hostsCmd(), egressCmd(), loginCmd(), logoutCmd(), completionCmd(), versionCmd(), helpCmd()}
+	r.subs = []*command{runCmd(), runsCmd(), hostsCmd(), capacityCmd(), egressCmd(), loginCmd(), logoutCmd(), completionCmd(), versionCmd(), helpCmd()}
 	return r
 }
 

@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"net/http"
 	"sort"
+	"strconv"
 	"strings"
 	"time"
 
@@ -24,13 +25,19 @@ func runCmd() *command {
 			"without one, 2 when the dispatch was refused, with the reason on stderr). The PROMPT words are\n" +
 			"joined with one space. Ctrl-C detaches and says how to follow again; with\n" +
 			"--cancel-on-interrupt it cancels the run instead. A --secret names a key of a project and the\n" +
-			"domains it may reach: project/KEY=domain[,domain...].",
+			"domains it may reach: project/KEY=domain[,domain...].\n" +
+			"With --queue, a run no eligible host has room for now waits up to that long for one (first in,\n" +
+			"first out among runs for the same agent and labels; --priority goes ahead): runfleet says its\n" +
+			"place and follows it until it starts and ends; one that never starts exits 2 (queue_timeout).\n" +
+			"--queue 0s never waits, whatever Fleet's default (RUNFLEET_QUEUE_TIMEOUT).",
 		examples: []string{
 			"runfleet run --agent shell -- echo hello",
 			"# the local stack's demo: a task using a secret it never sees",
 			"runfleet run --agent demo --secret demo/DEMO_API_KEY=api.demo.test:7443 -- hello",
 			"# on a host labelled gpu=true, working on a repository, without following",
 			"runfleet run --agent claude --label gpu=true --repo acme/app --detach -- 'fix the flaky test'",
+			"# wait up to 30 minutes for a host with room, ahead of runs of a lower priority",
+			"runfleet run --agent claude --label gpu=true --queue 30m --priority 10 -- 'review the release'",
 			"# JSON lines for a script: dispatched, then each stream message",
 			"runfleet run --agent shell --json -- 'exit 3' | jq -c 'select(.type == \"done\")'",
 		},
@@ -43,6 +50,8 @@ func runCmd() *command {
 			o.secrets = fs.List("secret", "PROJECT/KEY=DOMAIN,...", "a key the run may use, toward these domains")
 			o.env = fs.List("env", "NAME=VALUE", "a variable added to the task's environment")
 			o.key = fs.String("idempotency-key", "KEY", "dispatch at most once per key (default: a fresh key, reused on retries)")
+			o.queue = fs.String("queue", "DURATION", "wait up to DURATION (30m, 1h) for an eligible host with room; 0s never waits (default: Fleet's)")
+			o.priority = fs.String("priority", "N", "with --queue: go ahead of waiting runs of a lower priority (-100 to 100; default 0)")
 			o.detach = fs.Bool("detach", "print the dispatched run and exit, without following it")
 			o.cancel = fs.Bool("cancel-on-interrupt", "on Ctrl-C cancel the run instead of detaching from it")
 			o.json = fs.Bool("json", "print JSON lines: the dispatch answer, then each stream message")
@@ -53,6 +62,7 @@ func runCmd() *command {
 
 type runOptions struct {
 	agent, repo, host, key *string
+	queue, priority        *string
 	labels, secrets, env   *[]string
 	detach, cancel, json   *bool
 }
@@ -79,7 +89,38 @@ func (o runOptions) dispatchRequest(prompt []string) (fleetapi.DispatchRequest, 
 		}
 		r.Secrets = append(r.Secrets, sec)
 	}
-	return r, nil
+	r.Queue, err = o.queueRequest()
+	return r, err
+}
+
+// The range of a queued run's priority, as fleetapi.QueueRequest states it.
+const minPriority, maxPriority = -100, 100
+
+// queueRequest is the dispatch's queue, nil when neither flag is given
+// (Fleet's default applies). It refuses here what Fleet would: a duration
+// that is not one, a priority out of range, a wait for a named host.
+func (o runOptions) queueRequest() (*fleetapi.QueueRequest, error) {
+	if *o.queue == "" {
+		if *o.priority != "" {
+			return nil, usagef("--priority orders the runs that wait for a host: give --queue too, e.g. --queue 30m --priority %s", quoteKey(*o.priority))
+		}
+		return nil, nil
+	}
+	if d, err := time.ParseDuration(*o.queue); err != nil || d < 0 {
+		return nil, usagef("--queue %s: want how long to wait, e.g. --queue 30m or --queue 1h30m (0s never waits)", quoteKey(*o.queue))
+	}
+	if *o.host != "" {
+		return nil, usagef("--queue with --host: a run that names its host does not wait; route by --label instead, or drop --queue")
+	}
+	q := &fleetapi.QueueRequest{Timeout: *o.queue}
+	if *o.priority != "" {
+		n, err := strconv.Atoi(*o.priority)
+		if err != nil || n < minPriority || n > maxPriority {
+			return nil, usagef("--priority %s: want a whole number from %d to %d (higher goes first)", quoteKey(*o.priority), minPriority, maxPriority)
+		}
+		q.Priority = n
+	}
+	return q, nil
 }
 
 // pairs reads repeated KEY=VALUE flags into a map; a pair without "=" or
@@ -173,6 +214,7 @@ func (inv *invocation) run(o runOptions) int {
 			{plain("run"), plain(a.FleetRunID)},
 			{plain("status"), {text: a.Status, color: statusColor(a.Status)}},
 			{plain("host"), plain(a.HostID)},
+			{plain("queue"), plain(queueLine(inv.now(), a.Status, a.Queue))},
 			{plain("reused"), plain(yesIf(a.Reused, "yes: an earlier dispatch of this idempotency key"))},
 			{plain("note"), plain(a.Note)},
 			{plain("follow"), plain("runfleet runs follow " + a.FleetRunID + inv.flagHint())},
@@ -186,7 +228,13 @@ func (inv *invocation) run(o runOptions) int {
 	if a.Reused {
 		how = "found this idempotency key's earlier dispatch:"
 	}
-	inv.ui.progressf("%s run %s to host %s (%s)", how, a.FleetRunID, a.HostID, a.Status)
+	if d.Queued() {
+		inv.ui.progressf("%s run %s (%s)", how, a.FleetRunID, a.Status)
+		// Said off a terminal too: a CI log shows why nothing happens yet.
+		inv.ui.notef("%s", queuedLine(a.Queue))
+	} else {
+		inv.ui.progressf("%s run %s to host %s (%s)", how, a.FleetRunID, a.HostID, a.Status)
+	}
 	if a.Details != nil {
 		for _, x := range a.Details.Excluded {
 			inv.ui.progressf("  went past host %s: %s", x.HostID, strings.Join(append(x.Reasons, x.Detail), ": "))
@@ -314,8 +362,13 @@ func (f *follower) handle(ev fleetclient.StreamEvent) error {
 		if json.Unmarshal(ev.Event.Data, &st) == nil {
 			f.statusChanged(st.Status, st.Attempt)
 		}
+	case ev.Event != nil && ev.Event.Type == fleetapi.EventQueued:
+		f.leftTheQueue(ev.Event.Data)
 	case ev.Snapshot != nil:
 		f.statusChanged(ev.Snapshot.Status, ev.Snapshot.Attempt)
+	case ev.Idle != nil && ev.Idle.Status == fleetapi.StatusQueued:
+		f.inv.ui.progressf("run %s is still queued after %ds without news; the stream resumes in %s", f.runID, ev.Idle.IdleSeconds,
+			(time.Duration(ev.Idle.RetryMs) * time.Millisecond).String())
 	case ev.Idle != nil:
 		f.inv.ui.progressf("the run has been quiet for %ds; the stream resumes in %s", ev.Idle.IdleSeconds,
 			(time.Duration(ev.Idle.RetryMs) * time.Millisecond).String())
@@ -328,6 +381,11 @@ func (f *follower) statusChanged(status string, attempt int) {
 		return
 	}
 	f.status = status
+	if attempt == 0 {
+		// Queued or dispatching: no attempt has begun.
+		f.inv.ui.progressf("run %s: %s", f.runID, status)
+		return
+	}
 	f.inv.ui.progressf("run %s: %s (attempt %d)", f.runID, status, attempt)
 }
 
@@ -341,6 +399,15 @@ func (f *follower) done(d fleetapi.StreamDone) int {
 	if d.Status == fleetapi.StatusSucceeded {
 		inv.ui.progressf("run %s succeeded", f.runID)
 		return ExitOK
+	}
+	if d.Reason == fleetapi.ReasonQueueTimeout {
+		// Like a dispatch no host could take, after the wait it asked for.
+		what := "run " + f.runID + " never started: no eligible host had room before its queue timeout (" + d.Reason + ")"
+		if d.Detail != "" {
+			what += ": " + sanitize(d.Detail)
+		}
+		inv.ui.errorf("%s", what)
+		return ExitRefused
 	}
 	code := ExitError
 	what := "run " + f.runID + " " + d.Status
@@ -378,6 +445,8 @@ func (f *follower) interrupted() int {
 	in, err := inv.client.Cancel(ctx, f.runID)
 	var apiErr *fleetclient.Error
 	switch {
+	case err == nil && in.Accepted == fleetapi.Accepted && in.Run.HostID == "":
+		inv.ui.notef("Canceled run %s while it waited in the queue: it never started.", f.runID)
 	case err == nil && in.Accepted == fleetapi.Accepted:
 		inv.ui.notef("Canceled run %s (its host took the cancel).", f.runID)
 	case err == nil:

@@ -166,6 +166,12 @@ func TestRunChecksItsFlagsFirst(t *testing.T) {
 		{[]string{"--secret", "demo/KEY"}, "name the domains the key may reach"},
 		{[]string{"--secret", "KEY=api.example.com"}, "want PROJECT/KEY=DOMAIN"},
 		{[]string{"--secret", "demo/KEY=a.example,,b.example"}, "an empty domain"},
+		{[]string{"--queue", "half an hour"}, `--queue "half an hour": want how long to wait, e.g. --queue 30m`},
+		{[]string{"--queue", "-5m"}, `--queue "-5m": want how long to wait`},
+		{[]string{"--priority", "5"}, "--priority orders the runs that wait for a host: give --queue too"},
+		{[]string{"--queue", "30m", "--priority", "101"}, `--priority "101": want a whole number from -100 to 100`},
+		{[]string{"--queue", "30m", "--priority", "high"}, `--priority "high": want a whole number from -100 to 100`},
+		{[]string{"--queue", "0s", "--host", "h1"}, "--queue with --host: a run that names its host does not wait"},
 	} {
 		r := c.run(t, append([]string{"run", "--agent", "shell"}, append(tc.args, "--", "hi")...)...).want(t, ExitUsage)
 		if !strings.Contains(r.stderr.String(), tc.want) || !strings.Contains(r.stderr.String(), "runfleet run --help") {

@@ -15,7 +15,7 @@ import (
 
 // runStatuses are the statuses --status takes.
 var runStatuses = []string{
-	fleetapi.StatusDispatching, fleetapi.StatusPending, fleetapi.StatusAdmitted, fleetapi.StatusRunning,
+	fleetapi.StatusQueued, fleetapi.StatusDispatching, fleetapi.StatusPending, fleetapi.StatusAdmitted, fleetapi.StatusRunning,
 	fleetapi.StatusSucceeded, fleetapi.StatusFailed, fleetapi.StatusCanceled, fleetapi.StatusLost,
 }
 
@@ -100,6 +100,14 @@ func (inv *invocation) runsList(f fleetclient.RunFilter, asJSON bool) int {
 	return ExitOK
 }
 
+// attemptOf is a run's attempt; none while it waits for a host.
+func attemptOf(n int) string {
+	if n == 0 {
+		return ""
+	}
+	return strconv.Itoa(n)
+}
+
 func exitOf(code *int) string {
 	if code == nil {
 		return ""
@@ -148,7 +156,8 @@ func (inv *invocation) runsGet(asJSON bool) int {
 		{plain("agent"), plain(r.Agent)},
 		{plain("repository"), plain(r.Repository)},
 		{plain("host"), plain(host)},
-		{plain("attempt"), plain(strconv.Itoa(r.Attempt))},
+		{plain("queue"), plain(queueLine(now, r.Status, r.Queue))},
+		{plain("attempt"), plain(attemptOf(r.Attempt))},
 		{plain("owner"), plain(r.OwnerID)},
 		{plain("created"), plain(stamp(now, r.CreatedAt))},
 		{plain("updated"), plain(stamp(now, r.UpdatedAt))},
@@ -314,7 +323,12 @@ func (inv *invocation) runVerb(name string, asJSON bool, send func(id string) (f
 		inv.ui.errorf("the %s was refused: %s", name, apiErr.Message)
 		return ExitError
 	case in.Accepted == fleetapi.Accepted:
-		if !asJSON {
+		switch {
+		case asJSON:
+		case in.Run.HostID == "":
+			// A queued run: Fleet itself took the verb (a cancel ends it).
+			inv.ui.notef("%s of run %s: done while it waited in the queue; the run is %s", verbNoun(name), id, in.Run.Status)
+		default:
 			inv.ui.notef("%s of run %s: taken by host %s; the run is %s", verbNoun(name), id, in.Run.HostID, in.Run.Status)
 		}
 		return ExitOK

@@ -37,6 +37,7 @@ func TestRunsListSendsItsFilters(t *testing.T) {
 	}{
 		{nil, ""},
 		{[]string{"--status", "running"}, "status=running"},
+		{[]string{"--status", "queued"}, "status=queued"},
 		{[]string{"--agent", "shell", "--host", "h1"}, "agent=shell&host=h1"},
 		{[]string{"--limit", "20", "--cursor", "c1", "--status", "failed"}, "cursor=c1&limit=20&status=failed"},
 		{[]string{"--json", "--host=h2"}, "host=h2"},

@@ -12,12 +12,15 @@ const (
 	EventInput     = "input"
 	EventAdmission = "admission"
 	EventLimit     = "limit"
+	// EventQueued is a run's first event when it waited in Fleet's queue:
+	// data {since, startedAt, waitedMs, hostId, offers?} (hostproto.Queued).
+	EventQueued = "queued"
 )
 
 // Event is one entry of a run's event sequence, as its host recorded it:
 // sequences start at 1 and run on across attempts. Data is a JSON string
 // for output, the value sent for input, and an object for state ({status,
-// attempt, exitCode?, reason?, detail?}), admission and limit.
+// attempt, exitCode?, reason?, detail?}), admission, limit and queued.
 type Event struct {
 	Sequence int64           `json:"sequence"`
 	Type     string          `json:"type"`

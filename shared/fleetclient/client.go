@@ -19,7 +19,9 @@
 //     MaxAttempts, after Retry-After when the API sends one.
 //   - Follow reads a run's SSE stream to its end, resuming with
 //     Last-Event-ID across the stream's planned ends and reconnecting after
-//     a dropped connection, and hands each event once, in order.
+//     a dropped connection, and hands each event once, in order. Only the
+//     stream's done message ends it: a run queued (waiting for a host)
+//     is live like a running one, however long it stays silent.
 //   - The token is sent only in the Authorization header and never appears
 //     in an error.
 package fleetclient

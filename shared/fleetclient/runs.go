@@ -16,18 +16,27 @@ import (
 // for it), with which the same dispatch can be sent again safely.
 type Dispatched struct {
 	fleetapi.DispatchAnswer
-	// Status is the HTTP status: 201 created, 200 an earlier dispatch of
-	// the same key (Reused), 409 refused (with the *Error).
+	// Status is the HTTP status: 201 created, 202 queued (the run waits
+	// for an eligible host with room: Status queued, Queue set, no host
+	// yet), 200 an earlier dispatch of the same key (Reused), 409 refused
+	// (with the *Error).
 	HTTPStatus     int
 	IdempotencyKey string
 }
 
+// Queued reports whether the run waits in Fleet's queue: no host has it
+// yet, and following it waits for its start.
+func (d Dispatched) Queued() bool { return d.Status == fleetapi.StatusQueued }
+
 // Dispatch sends POST /fleet/runs. Without r.Idempotency a key is
 // generated, so a retry after a lost answer finds the run the first try
-// created rather than starting a second. A refused dispatch (409) returns
-// the answer (Reason, Detail: the host's refusal) with its *Error; a
-// dispatch no host can take returns the *Error alone (code
-// no_eligible_host, its NoEligibleHost details).
+// created rather than starting a second. A run that waits for capacity
+// (r.Queue, or Fleet's default) is an answer like any other, with no
+// error: 202, status queued, its Queue; follow its links.stream to see it
+// start. A refused dispatch (409) returns the answer (Reason, Detail: the
+// host's refusal) with its *Error; a dispatch no host can take (and that
+// does not wait) returns the *Error alone (code no_eligible_host, its
+// NoEligibleHost details).
 func (c *Client) Dispatch(ctx context.Context, r fleetapi.DispatchRequest) (Dispatched, error) {
 	key := r.Idempotency
 	if key == "" {

@@ -19,10 +19,13 @@
 //              #hosts-refresh
 //   runs:      #runs-filter (form), #filter-status (select), #filter-agent,
 //              #filter-host, #filter-apply, #runs-refresh, #runs-table, rows
-//              tr[data-run-id] (td[data-col=status] carries data-status),
-//              #runs-older (the next page), #runs-empty
+//              tr[data-run-id] (td[data-col=status] carries data-status, and
+//              for a queued run .queue-place[data-queue-position]), #runs-older
+//              (the next page), #runs-empty
 //   run page:  #run-page[data-run-id], #run-status (data-status), #run-state
-//              (dd[data-field=...]), #run-cancel, #run-retry,
+//              (dd[data-field=...]; dd[data-field=queue] holds a run's wait:
+//              [data-queue=position|class|since|until|timeout|waited|started|
+//              started-on]), #run-cancel, #run-retry,
 //              #run-stream-state (data-state: connecting, live, waiting,
 //              done, error), #run-output (the output, text only),
 //              #run-output-trimmed, #run-events (li[data-seq][data-type]),
@@ -32,7 +35,7 @@
 
 (() => {
   const TOKEN_KEY = 'runfleet.token';
-  const STATUSES = ['dispatching', 'pending', 'admitted', 'running', 'succeeded', 'failed', 'canceled', 'lost'];
+  const STATUSES = ['queued', 'dispatching', 'pending', 'admitted', 'running', 'succeeded', 'failed', 'canceled', 'lost'];
   const TERMINAL = new Set(['succeeded', 'failed', 'canceled', 'lost']);
   const RUNS_REFRESH_MS = 10000;
   const OUTPUT_MAX_CHARS = 1000000;
@@ -135,6 +138,33 @@
   }
   const count = (n, noun) => `${n} ${noun}${n === 1 ? '' : 's'}`;
   const statusBadge = (s, id) => el('span', Object.assign(id ? withId(id) : {}, { class: 'status s-' + s, 'data-status': s, text: s }));
+  // A run waits for a host while queued, and while dispatching after it
+  // waited (a host is being offered it).
+  const waiting = (r) => r.status === 'queued' || (r.status === 'dispatching' && !!r.queue && !r.queue.startedAt);
+  const part = (name, ...c) => el('span', { 'data-queue': name }, ...c);
+  // queuePlace is a waiting run's place for a list: "#2 in shell, since
+  // 1m ago, until <time>" (no position where the list does not say it).
+  function queuePlace(q) {
+    return el('span', { class: 'queue-place', 'data-queue-position': q.position || '', title: `waiting up to ${q.timeout}` },
+      q.position ? '#' + q.position + ' in ' : 'in ', q.class, ', since ', ageCell(q.since), ', until ', time(q.until));
+  }
+  // queueParts is a run's wait for its page: its place while it waits,
+  // how long it waited once a host took it, or that none did.
+  function queueParts(q, r) {
+    if (!q) return [];
+    const cls = [part('class', q.class), q.priority ? ` (priority ${q.priority})` : null];
+    const waited = part('waited', duration(q.waitedSeconds));
+    if (q.startedAt) return ['waited ', waited, ' in ', ...cls, '; started ', part('started', time(q.startedAt)), ' on ', part('started-on', q.startedOn)];
+    if (!waiting(r)) return ['waited ', waited, ' in ', ...cls, '; never started'];
+    return [q.position ? part('position', 'position ' + q.position) : null, q.position ? ' in ' : 'in ', ...cls,
+      ', waiting since ', part('since', time(q.since)), ', until ', part('until', time(q.until)), ' (timeout ', part('timeout', q.timeout), ')'];
+  }
+  function duration(seconds) {
+    const s = Math.max(0, Math.round(seconds || 0));
+    if (s < 60) return s + 's';
+    if (s < 3600) return Math.floor(s / 60) + 'm ' + (s % 60) + 's';
+    return Math.floor(s / 3600) + 'h ' + Math.floor((s % 3600) / 60) + 'm';
+  }
 
   // ---- views and the router
 
@@ -322,7 +352,8 @@
       const cell = (col, ...c) => el('td', { 'data-col': col }, ...c);
       const link = el('a', { href: '#/runs/' + encodeURIComponent(r.fleetRunId) }, el('code', { text: r.fleetRunId }));
       return el('tr', { 'data-run-id': r.fleetRunId },
-        cell('id', link), cell('status', statusBadge(r.status)), cell('host', r.hostId), cell('agent', r.agent),
+        cell('id', link), cell('status', statusBadge(r.status), waiting(r) ? ' ' : null, waiting(r) ? queuePlace(r.queue) : null),
+        cell('host', r.hostId), cell('agent', r.agent),
         cell('repository', r.repository || ''), cell('owner', r.ownerId), cell('created', ageCell(r.createdAt)),
         cell('ended', r.endedAt ? ageCell(r.endedAt) : ''));
     }
@@ -341,7 +372,7 @@
     const labels = {};
     const dl = el('dl', withId('run-state', { hidden: true }));
     for (const [name, label] of [['status', 'Status'], ['exitCode', 'Exit code'], ['reason', 'Reason'], ['detail', 'Detail'],
-      ['hostId', 'Host'], ['agent', 'Agent'], ['repository', 'Repository'], ['attempt', 'Attempt'], ['ownerId', 'Owner'],
+      ['hostId', 'Host'], ['queue', 'Queue'], ['agent', 'Agent'], ['repository', 'Repository'], ['attempt', 'Attempt'], ['ownerId', 'Owner'],
       ['createdAt', 'Created'], ['updatedAt', 'Updated'], ['endedAt', 'Ended'], ['credentials', 'Credentials'], ['note', 'Note']]) {
       fields[name] = el('dd', { 'data-field': name });
       labels[name] = el('dt', { text: label });
@@ -379,6 +410,7 @@
       for (const [name, dd] of Object.entries(fields)) {
         const val = name === 'note' ? note : r[name];
         if (name === 'status') dd.replaceChildren(statusBadge(r.status, 'run-status'));
+        else if (name === 'queue') dd.replaceChildren(...queueParts(val, r));
         else if (/At$/.test(name)) dd.replaceChildren(time(val));
         // A brokered key: what minted it and the life of the value its
         // host holds (the API never gives a value).
@@ -397,7 +429,10 @@
       if (!run || !s || !s.status) return;
       const r = Object.assign({}, run, { status: s.status });
       for (const k of ['attempt', 'exitCode', 'reason', 'detail']) if (k in s) r[k] = s[k];
+      const left = waiting(run) && !waiting(r);
       showRun(r, '');
+      // A run that left the queue has a host and a wait to show: read it.
+      if (left) loadRun().catch(showError);
     }
     function setStream(state, text) {
       streamState.dataset.state = state;

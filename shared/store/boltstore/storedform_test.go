@@ -2,6 +2,7 @@ package boltstore_test
 
 import (
 	"encoding/binary"
+	"fmt"
 	"path/filepath"
 	"testing"
 
@@ -38,6 +39,20 @@ const (
 		`"brokered":[{"projectId":"acme","key":"GITHUB_TOKEN","kind":"githubApp","valueExpiresAt":"2026-05-04T04:02:01.123456789Z","sealed":"AAH+/w==",` +
 		`"revokedAt":"2026-05-04T03:04:01.123456789Z"},{"projectId":"acme","key":"GOOGLE_TOKEN","kind":"oauth2","valueExpiresAt":"2026-05-04T03:52:01.123456789Z"}],` +
 		`"version":1}`
+	// A run waiting for capacity: no host, its wait with the request
+	// (base64) and the timeout in nanoseconds; and its queue entry,
+	// runsQueue/<class>: store.QueueOrder -> "".
+	storedQueuedRunJSON = `{"v":1,"fleetRunId":"r-queued","ownerId":"bob","hostId":"","status":"queued","agent":"claude","idempotencyKey":"k-queued",` +
+		`"createdAt":"2026-05-04T03:02:01.123456789Z","updatedAt":"2026-05-04T03:03:01.123456789Z","deadline":"0001-01-01T00:00:00Z",` +
+		`"queue":{"class":"claude?pool=build","priority":5,"since":"2026-05-04T03:02:01.123456789Z","timeout":1800000000000,` +
+		`"until":"2026-05-04T03:32:01.123456789Z","offers":1,"request":"eyJhZ2VudCI6ImNsYXVkZSIsInByb21wdCI6ImhpIn0="},"version":1}`
+	storedQueueClass = "claude?pool=build"
+	storedQueueOrder = "095|01777863721123456789|r-queued"
+	// A run that waited and started: its wait kept, with where and when.
+	storedWaitedRunJSON = `{"v":1,"fleetRunId":"r-waited","ownerId":"bob","hostId":"h-stored","childRunId":"child-waited","status":"running",` +
+		`"attempt":1,"agent":"claude","createdAt":"2026-05-04T03:02:01.123456789Z","updatedAt":"2026-05-04T03:04:01.123456789Z",` +
+		`"deadline":"2026-05-04T03:04:31.123456789Z","queue":{"class":"claude","priority":-3,"since":"2026-05-04T03:02:01.123456789Z",` +
+		`"timeout":3600000000000,"until":"2026-05-04T04:02:01.123456789Z","startedAt":"2026-05-04T03:04:01.123456789Z","startedOn":"h-stored"},"version":1}`
 	// A broker state, under its key in the idempotency bucket.
 	storedBrokerJSON = `{"v":1,"id":"acme/GOOGLE_TOKEN","generation":1,"sealedRefreshToken":"AAEC/w==","sealedAccessToken":"/gAD",` +
 		`"accessExpiresAt":"2026-05-04T04:02:01.123456789Z","seed":"seed-fingerprint","holder":"holder-stored",` +
@@ -45,8 +60,9 @@ const (
 )
 
 // TestStoredFormUnchanged: the store writes a host with its probe, an
-// event, a ledger mirror's record and head, a run with brokered keys and
-// a broker state as the JSON above, and reads that JSON back as the
+// event, a ledger mirror's record and head, a run with brokered keys, a
+// run waiting for capacity (with its queue entry) and one that waited,
+// and a broker state as the JSON above, and reads that JSON back as the
 // records.
 func TestStoredFormUnchanged(t *testing.T) {
 	path := filepath.Join(t.TempDir(), "fleet.db")
@@ -100,6 +116,25 @@ func TestStoredFormUnchanged(t *testing.T) {
 		runs, idem := tx.Bucket([]byte("runs")), tx.Bucket([]byte("idempotency"))
 		if got := string(runs.Get(runKey)); got != storedRunJSON {
 			t.Errorf("run written:\n got  %s\n want %s", got, storedRunJSON)
+		}
+		for id, want := range map[string]string{"r-queued": storedQueuedRunJSON, "r-waited": storedWaitedRunJSON} {
+			if got := string(runs.Get([]byte(id))); got != want {
+				t.Errorf("run %s written:\n got  %s\n want %s", id, got, want)
+			}
+			if err := runs.Put([]byte(id), []byte(want)); err != nil {
+				return err
+			}
+		}
+		queue := tx.Bucket([]byte("runsQueue"))
+		var entries []string
+		err := queue.ForEachBucket(func(class []byte) error {
+			return queue.Bucket(class).ForEach(func(order, v []byte) error {
+				entries = append(entries, fmt.Sprintf("%s: %s -> %q", class, order, v))
+				return nil
+			})
+		})
+		if want := fmt.Sprintf("%s: %s -> %q", storedQueueClass, storedQueueOrder, ""); err != nil || len(entries) != 1 || entries[0] != want {
+			t.Errorf("queue entries written: %q (%v), want [%s]", entries, err, want)
 		}
 		if got := string(idem.Get(brokerKey)); got != storedBrokerJSON {
 			t.Errorf("broker state written:\n got  %s\n want %s", got, storedBrokerJSON)
@@ -169,6 +204,19 @@ func TestStoredFormUnchanged(t *testing.T) {
 			t.Fatal(err)
 		}
 		storetest.SameJSON(t, "runs listed", runs.Runs, []store.Run{run})
+		for _, want := range []store.Run{storetest.StoredFormQueuedRun(), storetest.StoredFormWaitedRun()} {
+			got, err := st.GetRun(t.Context(), want.FleetRunID)
+			if err != nil {
+				t.Fatal(err)
+			}
+			storetest.SameJSON(t, want.FleetRunID+" read", got, want)
+		}
+		waiting, err := st.ListQueue(t.Context(), storedQueueClass, "", 10)
+		if err != nil {
+			t.Fatal(err)
+		}
+		queued := storetest.StoredFormQueuedRun()
+		storetest.SameJSON(t, "queue read", waiting.Entries, []store.QueueEntry{{FleetRunID: queued.FleetRunID, Order: storedQueueOrder, Since: queued.Queue.Since}})
 		gotBroker, err := st.GetBrokerState(t.Context(), brokerState.ID)
 		if err != nil {
 			t.Fatal(err)

@@ -73,6 +73,11 @@ func packRecords(recs []store.EgressRecord) []byte {
 		raw = binary.AppendUvarint(raw, uint64(len(r.Data)))
 		raw = append(raw, r.Data...)
 	}
+	return deflate(raw)
+}
+
+// deflate is raw DEFLATE of raw, at the best compression.
+func deflate(raw []byte) []byte {
 	var out bytes.Buffer
 	w := deflaters.Get().(*flate.Writer)
 	defer deflaters.Put(w)

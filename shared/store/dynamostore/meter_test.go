@@ -215,3 +215,42 @@ func TestUsageDollars(t *testing.T) {
 		t.Errorf("Dollars = %v, want %v", got, want)
 	}
 }
+
+// The queue index is sparse and KEYS_ONLY: a run costs it a write when it
+// enters and one when it leaves; an update that leaves its key as it was
+// (an offer, a run taken back to its place) costs it nothing.
+func TestChargeWriteQueueIndex(t *testing.T) {
+	runs := schemasFor(DefaultTableNames())["runfleet-runs"]
+	base := item{"fleetRunId": sv("r1"), "ownerId": sv("alice"), "createdAt": sv("t#r1"), "allShard": sv("0"), "live": sv("1")}
+	with := func(extra item) item {
+		it := item{}
+		for k, v := range base {
+			it[k] = v
+		}
+		for k, v := range extra {
+			it[k] = v
+		}
+		return it
+	}
+	key := item{"qp": sv("q"), "qk": sv("claude#100|00000000000000000001|r1")}
+	queued := with(item{"qp": key["qp"], "qk": key["qk"], "status": sv("queued")})
+	offered := with(item{"qp": key["qp"], "qk": key["qk"], "status": sv("dispatching"), "hostId": sv("h1")})
+	running := with(item{"status": sv("running"), "hostId": sv("h1")})
+	for _, tc := range []struct {
+		name     string
+		old, new item
+		want     float64
+	}{
+		{"created queued: enters", nil, queued, 1},
+		{"offered: its key unchanged", queued, offered, 0},
+		{"back to queued in its place", offered, queued, 0},
+		{"started: leaves", offered, running, 1},
+		{"never waited", nil, running, 0},
+	} {
+		var m Meter
+		m.chargeWrite(runs, tc.old, tc.new, true, false)
+		if got := m.Snapshot().WCU["runs/queue"]; got != tc.want {
+			t.Errorf("%s: %g WCU on the queue index, want %g", tc.name, got, tc.want)
+		}
+	}
+}

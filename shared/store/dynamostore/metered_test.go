@@ -9,9 +9,12 @@ import (
 	"testing"
 	"time"
 
+	"github.com/aws/aws-sdk-go-v2/service/dynamodb/types"
+
 	"github.com/runfleet/runfleet/shared/clock"
 	"github.com/runfleet/runfleet/shared/store"
 	"github.com/runfleet/runfleet/shared/store/dynamostore"
+	"github.com/runfleet/runfleet/tests/kit/motoserver"
 	"github.com/runfleet/runfleet/tests/kit/storetest"
 )
 
@@ -203,4 +206,163 @@ func TestMeteredCosts(t *testing.T) {
 		func() (err error) { st, err = s.CommitBrokerState(ctx, st); return err })
 	measure("ReleaseBrokerLease", expect{calls: map[string]int{"UpdateItem": 1}, wcu: map[string]float64{"idempotency": 1}},
 		func() error { return s.ReleaseBrokerLease(ctx, "acme/GOOGLE", "b") })
+}
+
+// TestMeteredQueueCosts: what waiting adds to a run's writes, by the
+// documented rules (issue 34's budget: at most 3 WCU more than a run that
+// never waited, and no read): a run that waits is created queued (its
+// queue entry, but no byHost one yet), offered (it enters byHost; its
+// queue key unchanged, so no queue write) and started (it leaves the
+// queue); one that never waited is created dispatching and answered.
+// Both items stay under 1 KB with a typical request held while queued,
+// and with a GitHub key Fleet minted (a KMS-sealed token, ~200 bytes: at
+// the offer for the run that waits, at the dispatch for the other).
+func TestMeteredQueueCosts(t *testing.T) {
+	for _, brokered := range []bool{false, true} {
+		t.Run(fmt.Sprintf("brokered=%v", brokered), func(t *testing.T) { meterQueueLifecycles(t, brokered) })
+	}
+}
+
+func meterQueueLifecycles(t *testing.T, brokered bool) {
+	ctx := context.Background()
+	clk := clock.NewFake(storetest.Start)
+	m := &dynamostore.Meter{}
+	names := dynamostore.Prefixed(motoserver.Unique("qcost") + "-")
+	s, err := dynamostore.New(moto.DynamoDB(), dynamostore.Config{Tables: names, Clock: clk, Meter: m})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := s.CreateTables(ctx); err != nil {
+		t.Fatal(err)
+	}
+	now := clk.Now()
+	var keys []store.BrokeredKey
+	if brokered {
+		keys = []store.BrokeredKey{{ProjectID: "acme", Key: "GITHUB_TOKEN", Kind: "githubApp",
+			ExpiresAt: now.Add(time.Hour), Sealed: []byte(strings.Repeat("k", 200))}}
+	}
+	itemSize := func(what, id string) {
+		t.Helper()
+		size := dynamostore.ItemSize(rawItem(t, names.Runs, map[string]types.AttributeValue{"fleetRunId": &types.AttributeValueMemberS{Value: id}}))
+		t.Logf("%s: %d bytes", what, size)
+		if size > 1024 {
+			t.Errorf("%s of %d bytes: over 1 KB, each of its writes costs 2 WCU", what, size)
+		}
+	}
+	lifecycle := func(what string, steps ...func() error) dynamostore.Usage {
+		t.Helper()
+		m.Reset()
+		for i, step := range steps {
+			if err := step(); err != nil {
+				t.Fatalf("%s, step %d: %v", what, i, err)
+			}
+		}
+		u := m.Snapshot()
+		t.Logf("%s: %s", what, u)
+		return u
+	}
+	const id = "fr-0123456789abcdef0123456789abcdef"
+
+	direct := store.Run{FleetRunID: id + "d", OwnerID: "alice", HostID: "h-0123456789", Status: store.StatusDispatching,
+		Agent: "claude", Repository: "https://github.com/acme/app", IdempotencyKey: "ci-1234",
+		CreatedAt: now, UpdatedAt: now, Deadline: now.Add(30 * time.Second), Brokered: keys}
+	never := lifecycle("a run that never waits",
+		func() error { return s.CreateRun(ctx, direct) },
+		func() error {
+			r := direct
+			r.Version, r.Status, r.ChildRunID, r.Attempt = 1, store.StatusRunning, "run-0123456789", 1
+			_, err := s.UpdateRun(ctx, r)
+			return err
+		})
+
+	waiting := store.Run{FleetRunID: id + "q", OwnerID: "alice", Status: store.StatusQueued,
+		Agent: "claude", Repository: "https://github.com/acme/app", IdempotencyKey: "ci-1235",
+		CreatedAt: now, UpdatedAt: now,
+		Queue: &store.QueueInfo{Class: "claude?pool=build", Since: now, Timeout: 30 * time.Minute, Until: now.Add(30 * time.Minute),
+			Request: storetest.QueueRequest}}
+	var r store.Run
+	waited := lifecycle("a run that waits",
+		func() error { return s.CreateRun(ctx, waiting) },
+		func() (err error) {
+			itemSize("the queued run", waiting.FleetRunID)
+			o := waiting
+			o.Version, o.Status, o.HostID, o.Deadline, o.Brokered = 1, store.StatusDispatching, "h-0123456789", now.Add(30*time.Second), keys
+			o.UpdatedAt = now.Add(time.Second)
+			r, err = s.UpdateRun(ctx, o)
+			itemSize("the offered run", waiting.FleetRunID)
+			return err
+		},
+		func() (err error) {
+			at := now.Add(time.Second)
+			q := *r.Queue
+			q.StartedAt, q.StartedOn, q.Request = &at, r.HostID, nil
+			r.Queue, r.Status, r.ChildRunID, r.Attempt = &q, store.StatusRunning, "run-0123456789", 1
+			r, err = s.UpdateRun(ctx, r)
+			return err
+		})
+
+	extraWCU := waited.TotalWCU() - never.TotalWCU()
+	t.Logf("waiting adds %g WCU (%g against %g) and %g RCU", extraWCU, waited.TotalWCU(), never.TotalWCU(), waited.TotalRCU()-never.TotalRCU())
+	if extraWCU > 3 {
+		t.Errorf("a run that waits costs %g WCU more than one that does not, over the budget of 3", extraWCU)
+	}
+	if waited.TotalRCU() != 0 || never.TotalRCU() != 0 {
+		t.Errorf("the lifecycles read: %g and %g RCU, want none", waited.TotalRCU(), never.TotalRCU())
+	}
+	checkUsage(t, "a run that waits", waited, expect{
+		calls: map[string]int{"PutItem": 1, "UpdateItem": 2},
+		wcu:   map[string]float64{"runs": 3, "runs/live": 1, "runs/byOwner": 1, "runs/byHost": 1, "runs/all": 1, "runs/queue": 2},
+	})
+	checkUsage(t, "a run that never waits", never, expect{
+		calls: map[string]int{"PutItem": 1, "UpdateItem": 1},
+		wcu:   map[string]float64{"runs": 2, "runs/live": 1, "runs/byOwner": 1, "runs/byHost": 1, "runs/all": 1},
+	})
+}
+
+// TestMeteredQueueReads: the queue index's reads, eventually consistent
+// over ~100-byte KEYS_ONLY entries: a position, a class's stats or a page
+// of its queue is one Query (0.5 RCU up to ~40 entries), the classes one
+// per class and one to find no more.
+func TestMeteredQueueReads(t *testing.T) {
+	ctx := context.Background()
+	clk := clock.NewFake(storetest.Start)
+	m := &dynamostore.Meter{}
+	s := newStore(t, clk, m)
+	now := clk.Now()
+	var last store.Run
+	for i, class := range []string{"claude", "claude", "claude", "shell?pool=build"} {
+		last = store.Run{FleetRunID: fmt.Sprintf("fr-%032d", i), OwnerID: "alice", Status: store.StatusQueued, CreatedAt: now,
+			Queue: &store.QueueInfo{Class: class, Since: now.Add(time.Duration(i) * time.Second), Timeout: time.Hour, Until: now.Add(time.Hour)}}
+		if i == 2 {
+			last.Queue.Priority = -1
+		}
+		if err := s.CreateRun(ctx, last); err != nil {
+			t.Fatal(err)
+		}
+	}
+	measure := func(what string, want expect, op func() error) {
+		t.Helper()
+		m.Reset()
+		if err := op(); err != nil {
+			t.Fatalf("%s: %v", what, err)
+		}
+		checkUsage(t, what, m.Snapshot(), want)
+	}
+	one := expect{calls: map[string]int{"Query": 1}, rcu: map[string]float64{"runs/queue": 0.5}}
+	measure("QueueAhead", one, func() error {
+		n, err := s.QueueAhead(ctx, "claude", store.QueueOrder(store.QueueInfo{Priority: -1, Since: now}, "x"))
+		if err == nil && n != 2 {
+			err = fmt.Errorf("%d ahead, want 2", n)
+		}
+		return err
+	})
+	measure("QueueStats", one, func() error { _, err := s.QueueStats(ctx, "claude"); return err })
+	measure("ListQueue", one, func() error { _, err := s.ListQueue(ctx, "claude", "", 10); return err })
+	measure("QueueClasses of 2", expect{calls: map[string]int{"Query": 3}, rcu: map[string]float64{"runs/queue": 1.5}}, func() error {
+		c, err := s.QueueClasses(ctx)
+		if err == nil && len(c) != 2 {
+			err = fmt.Errorf("classes %v", c)
+		}
+		return err
+	})
 }

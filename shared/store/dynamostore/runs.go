@@ -268,7 +268,7 @@ func (s *Store) UpdateRun(ctx context.Context, r store.Run) (store.Run, error) {
 			if _, herr := store.UpdatedHost(stored, r); herr != nil {
 				return store.Run{}, fmt.Errorf("dynamostore: %w", herr)
 			}
-			return store.Run{}, fmt.Errorf("dynamostore: run %q: its host refused the update: %w", r.FleetRunID, store.ErrConflict)
+			return store.Run{}, fmt.Errorf("dynamostore: run %q changed under the update: %w", r.FleetRunID, store.ErrConflict)
 		}
 		return store.Run{}, fmt.Errorf("dynamostore: run %q is at version %d, not %d: %w", r.FleetRunID, stored.Version, expect, store.ErrConflict)
 	}

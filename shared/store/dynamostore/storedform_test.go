@@ -129,6 +129,54 @@ var (
 		"version":  n("1"),
 		"allShard": s("0"),
 	}
+	// A run waiting for capacity: no hostId (an index key cannot be
+	// empty), the queue index's keys qp and qk (class, "#", then
+	// store.QueueOrder), its wait a map whose times and timeout are
+	// nanoseconds. Its request (raw DEFLATE, B) is checked by inflating
+	// it, as a chunk's data is.
+	storedQueuedRunItem = map[string]types.AttributeValue{
+		"fleetRunId":     s("r-queued"),
+		"v":              n("1"),
+		"ownerId":        s("bob"),
+		"createdAt":      s("2026-05-04T03:02:01.123456789Z#r-queued"),
+		"idempotencyKey": s("k-queued"),
+		"status":         s("queued"),
+		"agent":          s("claude"),
+		"updatedAt":      n("1777863781123456789"),
+		"live":           s("1"),
+		"queue": &types.AttributeValueMemberM{Value: map[string]types.AttributeValue{
+			"class": s("claude?pool=build"), "priority": n("5"), "since": n("1777863721123456789"),
+			"timeout": n("1800000000000"), "until": n("1777865521123456789"), "offers": n("1"),
+		}},
+		"qp":       s("q"),
+		"qk":       s("claude?pool=build#095|01777863721123456789|r-queued"),
+		"version":  n("1"),
+		"allShard": s("0"),
+	}
+	storedQueuedRequest = `{"agent":"claude","prompt":"hi"}`
+	// A run that waited and started: out of the queue index, its wait
+	// kept with where and when it started, its request gone.
+	storedWaitedRunItem = map[string]types.AttributeValue{
+		"fleetRunId": s("r-waited"),
+		"v":          n("1"),
+		"ownerId":    s("bob"),
+		"hostId":     s("h-stored"),
+		"createdAt":  s("2026-05-04T03:02:01.123456789Z#r-waited"),
+		"childRunId": s("child-waited"),
+		"status":     s("running"),
+		"attempt":    n("1"),
+		"agent":      s("claude"),
+		"updatedAt":  n("1777863841123456789"),
+		"deadline":   n("1777863871123456789"),
+		"live":       s("1"),
+		"queue": &types.AttributeValueMemberM{Value: map[string]types.AttributeValue{
+			"class": s("claude"), "priority": n("-3"), "since": n("1777863721123456789"),
+			"timeout": n("3600000000000"), "until": n("1777867321123456789"),
+			"startedAt": n("1777863841123456789"), "startedOn": s("h-stored"),
+		}},
+		"version":  n("1"),
+		"allShard": s("0"),
+	}
 	// A broker state: no expiresAt (the TTL never reaps it), the sealed
 	// tokens B.
 	storedBrokerItem = map[string]types.AttributeValue{
@@ -146,9 +194,10 @@ var (
 )
 
 // TestStoredFormUnchanged: the store writes a host with its probe, an
-// event, a ledger mirror's chunk and head, a run with brokered keys and a
-// broker state as the items above, and reads those items back as the
-// records.
+// event, a ledger mirror's chunk and head, a run with brokered keys, a
+// run waiting for capacity and one that waited, and a broker state as the
+// items above, and reads those items back as the records (the waiting
+// one in the queue index too).
 func TestStoredFormUnchanged(t *testing.T) {
 	ctx := context.Background()
 	names := dynamostore.Prefixed(motoserver.Unique("form") + "-")
@@ -206,6 +255,26 @@ func TestStoredFormUnchanged(t *testing.T) {
 	writtenRun := rawItem(t, names.Runs, map[string]types.AttributeValue{"fleetRunId": s(run.FleetRunID)})
 	delete(writtenRun, "writeToken")
 	sameItem(t, "run item written", writtenRun, storedRunItem)
+	writtenQueued := rawItem(t, names.Runs, map[string]types.AttributeValue{"fleetRunId": s("r-queued")})
+	delete(writtenQueued, "writeToken")
+	queueMap, _ := writtenQueued["queue"].(*types.AttributeValueMemberM)
+	if queueMap == nil {
+		t.Fatalf("queued run's queue: %T, want M", writtenQueued["queue"])
+	}
+	queueMap = &types.AttributeValueMemberM{Value: maps.Clone(queueMap.Value)}
+	req, ok := queueMap.Value["request"].(*types.AttributeValueMemberB)
+	if !ok {
+		t.Fatalf("queued run's request: %T, want B", queueMap.Value["request"])
+	}
+	if raw, err := io.ReadAll(flate.NewReader(bytes.NewReader(req.Value))); err != nil || string(raw) != storedQueuedRequest {
+		t.Errorf("queued run's request inflated: %q (%v), want %q", raw, err, storedQueuedRequest)
+	}
+	delete(queueMap.Value, "request")
+	writtenQueued["queue"] = queueMap
+	sameItem(t, "queued run item written", writtenQueued, storedQueuedRunItem)
+	writtenWaited := rawItem(t, names.Runs, map[string]types.AttributeValue{"fleetRunId": s("r-waited")})
+	delete(writtenWaited, "writeToken")
+	sameItem(t, "waited run item written", writtenWaited, storedWaitedRunItem)
 	writtenBroker := rawItem(t, names.Idempotency, map[string]types.AttributeValue{"id": s(store.BrokerStateKey(brokerState.ID))})
 	delete(writtenBroker, "writeToken") // random per commit (ownwrites.go)
 	sameItem(t, "broker state item written", writtenBroker, storedBrokerItem)
@@ -220,6 +289,18 @@ func TestStoredFormUnchanged(t *testing.T) {
 	if _, err := io.WriteString(fw, storedEgressRaw); err != nil || fw.Close() != nil {
 		t.Fatal("deflating the pinned chunk")
 	}
+	pinnedQueued := maps.Clone(storedQueuedRunItem)
+	pinnedQueue := maps.Clone(storedQueuedRunItem["queue"].(*types.AttributeValueMemberM).Value)
+	var packedRequest bytes.Buffer
+	fw, err = flate.NewWriter(&packedRequest, flate.HuffmanOnly)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := io.WriteString(fw, storedQueuedRequest); err != nil || fw.Close() != nil {
+		t.Fatal("deflating the pinned request")
+	}
+	pinnedQueue["request"] = &types.AttributeValueMemberB{Value: packedRequest.Bytes()}
+	pinnedQueued["queue"] = &types.AttributeValueMemberM{Value: pinnedQueue}
 	pinnedChunk := maps.Clone(storedEgressChunk)
 	pinnedChunk["data"] = &types.AttributeValueMemberB{Value: packed.Bytes()}
 	for _, it := range []map[string]types.AttributeValue{pinnedChunk, storedEgressHead} {
@@ -231,6 +312,11 @@ func TestStoredFormUnchanged(t *testing.T) {
 		names.Hosts: storedHostItem, names.Events: storedEventItem, names.Runs: storedRunItem, names.Idempotency: storedBrokerItem,
 	} {
 		if _, err := db.PutItem(ctx, &dynamodb.PutItemInput{TableName: aws.String(table), Item: it}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	for _, it := range []map[string]types.AttributeValue{pinnedQueued, storedWaitedRunItem} {
+		if _, err := db.PutItem(ctx, &dynamodb.PutItemInput{TableName: aws.String(names.Runs), Item: it}); err != nil {
 			t.Fatal(err)
 		}
 	}
@@ -269,6 +355,21 @@ func TestStoredFormUnchanged(t *testing.T) {
 		t.Fatal(err)
 	}
 	storetest.SameJSON(t, "runs listed", runs.Runs, []store.Run{run})
+	for _, want := range []store.Run{storetest.StoredFormQueuedRun(), storetest.StoredFormWaitedRun()} {
+		got, err := st.GetRun(ctx, want.FleetRunID)
+		if err != nil {
+			t.Fatal(err)
+		}
+		storetest.SameJSON(t, want.FleetRunID+" read", got, want)
+	}
+	queued := storetest.StoredFormQueuedRun()
+	waiting, err := st.ListQueue(ctx, queued.Queue.Class, "", 10)
+	if err != nil {
+		t.Fatal(err)
+	}
+	storetest.SameJSON(t, "queue read", waiting.Entries, []store.QueueEntry{{
+		FleetRunID: queued.FleetRunID, Order: store.QueueOrder(*queued.Queue, queued.FleetRunID), Since: queued.Queue.Since,
+	}})
 	gotBroker, err := st.GetBrokerState(ctx, brokerState.ID)
 	if err != nil {
 		t.Fatal(err)

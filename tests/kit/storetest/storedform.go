@@ -88,15 +88,52 @@ func StoredFormBrokerState() store.BrokerState {
 	}
 }
 
-// PutStoredForm writes StoredFormRun and StoredFormBrokerState through s,
-// on a store whose clock reads StoredFormAt, for a stored-form test to pin
-// what s wrote.
+// StoredFormQueuedRun is a run waiting for capacity (bob's, so that it
+// stays out of StoredFormRun's owner listing), after one refused offer,
+// pinned like StoredFormHost from the form runs had when they could
+// first wait.
+func StoredFormQueuedRun() store.Run {
+	at := StoredFormAt
+	return store.Run{
+		FleetRunID: "r-queued", OwnerID: "bob", Status: store.StatusQueued, Agent: "claude", IdempotencyKey: "k-queued",
+		CreatedAt: at, UpdatedAt: at.Add(time.Minute),
+		Queue: &store.QueueInfo{
+			Class: "claude?pool=build", Priority: 5, Since: at, Timeout: 30 * time.Minute, Until: at.Add(30 * time.Minute),
+			Offers: 1, Request: []byte(`{"agent":"claude","prompt":"hi"}`),
+		},
+		Version: 1,
+	}
+}
+
+// StoredFormWaitedRun is a run that waited, then started on a host:
+// its wait kept, its request dropped, out of the queue; pinned like
+// StoredFormQueuedRun.
+func StoredFormWaitedRun() store.Run {
+	at := StoredFormAt
+	startedAt := at.Add(2 * time.Minute)
+	return store.Run{
+		FleetRunID: "r-waited", OwnerID: "bob", HostID: "h-stored", ChildRunID: "child-waited", Status: store.StatusRunning,
+		Attempt: 1, Agent: "claude", CreatedAt: at, UpdatedAt: startedAt, Deadline: at.Add(150 * time.Second),
+		Queue: &store.QueueInfo{
+			Class: "claude", Priority: -3, Since: at, Timeout: time.Hour, Until: at.Add(time.Hour),
+			StartedAt: &startedAt, StartedOn: "h-stored",
+		},
+		Version: 1,
+	}
+}
+
+// PutStoredForm writes StoredFormRun, StoredFormQueuedRun,
+// StoredFormWaitedRun and StoredFormBrokerState through s, on a store
+// whose clock reads StoredFormAt, for a stored-form test to pin what s
+// wrote.
 func PutStoredForm(t *testing.T, s interface {
 	store.Runs
 	store.BrokerStates
 }) {
 	t.Helper()
 	noErr(t, "CreateRun", s.CreateRun(bg, StoredFormRun()))
+	noErr(t, "CreateRun queued", s.CreateRun(bg, StoredFormQueuedRun()))
+	noErr(t, "CreateRun waited", s.CreateRun(bg, StoredFormWaitedRun()))
 	want := StoredFormBrokerState()
 	st, err := s.AcquireBrokerLease(bg, want.ID, want.LeaseHolder, want.LeaseExpiresAt)
 	noErr(t, "AcquireBrokerLease", err)
