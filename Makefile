@@ -7,7 +7,7 @@
 
 SHELL     := /bin/bash
 GO        ?= go
-FUNCTIONS := api stream sweep probe
+FUNCTIONS := api stream sweep probe dispatcher
 BUILD     := $(CURDIR)/build
 VERSION   ?= $(shell git describe --always --dirty 2>/dev/null || echo dev)
 LDFLAGS   := -s -w -X github.com/runfleet/runfleet/shared/version.Version=$(VERSION)
@@ -23,7 +23,7 @@ FUZZTIME  ?= 200000x
 # sam build `make build-<LogicalId>`), and a long-running `make dev` is no surprise to start by.
 .DEFAULT_GOAL := help
 
-.PHONY: dev test test-go deps build build-cli build-functions build-ApiFunction build-StreamFunction build-SweepFunction build-ProbeFunction build-edge bench bench-proxy lint fuzz fuzz-short clean
+.PHONY: dev test test-go deps build build-cli build-functions build-ApiFunction build-StreamFunction build-SweepFunction build-ProbeFunction build-DispatcherFunction build-edge bench bench-proxy lint fuzz fuzz-short clean
 
 ## help: this list of targets (the default goal)
 # Each `## target: summary` line is the target's entry (one line; more goes in plain # comments
@@ -38,7 +38,7 @@ help:
 	@echo '           BUILD=$(BUILD); make dev reads RUNFLEET_* (README: The local stack)'
 
 ## dev: Fleet and one edge host with a demo, on this machine (README: The local stack)
-# Fleet's four handlers on bbolt on RUNFLEET_ADDR, and one edge host with a demo upstream and
+# Fleet's five handlers on bbolt on RUNFLEET_ADDR, and one edge host with a demo upstream and
 # secret. Built, then exec'd rather than `go run`: Ctrl-C then ends it cleanly, with no
 # "Error 1" from make.
 # The runfleet CLI is built first, so build/runfleet is there for the quick start's next command.
@@ -78,7 +78,7 @@ SAM_BUILD = $(if $(ARTIFACTS_DIR),,$(error ARTIFACTS_DIR is not set: sam build s
 
 ## build-<LogicalId>: one function of template.yaml into ARTIFACTS_DIR, as `sam build` runs it
 # What template.yaml's functions (BuildMethod: makefile) build with: build-ApiFunction,
-# build-StreamFunction, build-SweepFunction, build-ProbeFunction.
+# build-StreamFunction, build-SweepFunction, build-ProbeFunction, build-DispatcherFunction.
 build-ApiFunction:
 	$(call SAM_BUILD,api)
 build-StreamFunction:
@@ -87,6 +87,8 @@ build-SweepFunction:
 	$(call SAM_BUILD,sweep)
 build-ProbeFunction:
 	$(call SAM_BUILD,probe)
+build-DispatcherFunction:
+	$(call SAM_BUILD,dispatcher)
 
 ## build-edge: edge for this machine, static, as build/edge
 build-edge:

@@ -9,9 +9,11 @@ import (
 )
 
 // TestTemplateBrokerParameters: with a broker (BrokerSecretName and
-// BrokerKmsKeyArn), the api, stream and sweep functions get
+// BrokerKmsKeyArn), the api, stream, sweep and dispatcher functions get
 // RUNFLEET_BROKER and RUNFLEET_BROKER_KEY, which Fleet's config accepts;
-// the probe gets neither. The api's and sweep's roles may read the recipes
+// the probe gets neither. The roles of those that mint (the api, the sweep,
+// and the dispatcher, which mints a waiting run's keys when it offers the
+// run to a host) may read the recipes
 // and the secrets under BrokerSecretsPath, seal and open with the key only
 // under the encryption context "runfleet", and read and update only the
 // "#broker#" items of the idempotency table; the stream's may read the
@@ -26,7 +28,7 @@ func TestTemplateBrokerParameters(t *testing.T) {
 	for fn := range templateFunctions {
 		t.Run(fn, func(t *testing.T) {
 			env := functionEnv(t, s.resolver(params), s.tpl, fn)
-			minting := fn == "ApiFunction" || fn == "SweepFunction"
+			minting := fn == "ApiFunction" || fn == "SweepFunction" || fn == "DispatcherFunction"
 			brokered := minting || fn == "StreamFunction"
 			if want := map[bool]string{true: s.prefix + "broker/recipes"}[brokered]; env[config.EnvBroker] != want {
 				t.Errorf("%s = %q, want %q", config.EnvBroker, env[config.EnvBroker], want)
@@ -65,7 +67,7 @@ func TestTemplateBrokerParameters(t *testing.T) {
 			if st, ok := bySid["BrokerStates"]; minting != ok ||
 				ok && (fmt.Sprint(st.Action) != "[dynamodb:GetItem dynamodb:UpdateItem]" ||
 					fmt.Sprint(st.Condition) != "map[ForAllValues:StringLike:map[dynamodb:LeadingKeys:[#broker#*]]]") {
-				t.Errorf("broker states statement %+v (present %v): want GetItem and UpdateItem on #broker# items only, for the api and sweep", st, ok)
+				t.Errorf("broker states statement %+v (present %v): want GetItem and UpdateItem on #broker# items only, for the api, sweep and dispatcher", st, ok)
 			}
 		})
 	}

@@ -195,7 +195,22 @@ func newResolver(tpl map[string]any, overrides map[string]any) *cfnResolver {
 	for k, v := range overrides {
 		r.params[k] = v
 	}
+	// The stack's queues, as SQS names them (the wake queue is in every
+	// function's environment).
+	for _, id := range resourcesOfType(tpl, "AWS::SQS::Queue") {
+		r.refs[id], r.attrs[id+".Arn"], r.attrs[id+".QueueName"] = testQueueURL(id), testQueueARN(id), testQueueName(id)
+	}
 	return r
+}
+
+// testQueueName, testQueueURL and testQueueARN are a queue's as the tests
+// deploy it.
+func testQueueName(id string) string { return "runfleet-" + id }
+func testQueueURL(id string) string {
+	return fmt.Sprintf("https://sqs.%s.amazonaws.com/%s/%s", testRegion, testAccount, testQueueName(id))
+}
+func testQueueARN(id string) string {
+	return fmt.Sprintf("arn:aws:sqs:%s:%s:%s", testRegion, testAccount, testQueueName(id))
 }
 
 // resolve evaluates v; a map or list containing AWS::NoValue loses that key

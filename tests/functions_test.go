@@ -19,6 +19,7 @@ import (
 	"github.com/aws/aws-lambda-go/events"
 	"github.com/aws/aws-sdk-go-v2/aws"
 	"github.com/aws/aws-sdk-go-v2/service/secretsmanager"
+	"github.com/aws/aws-sdk-go-v2/service/sqs"
 
 	"github.com/runfleet/runfleet/shared/api"
 	"github.com/runfleet/runfleet/shared/config"
@@ -76,8 +77,9 @@ func functionTimeout(t testing.TB, name string) time.Duration {
 // (default parameters) with only what must point at this test's moto
 // instead of AWS substituted: the tables' names (this test's, prefixed),
 // the secrets' names (the template's "runfleet/" prefix becomes
-// secretsPrefix, unique on the shared moto), and AWS_ENDPOINT_URL, which
-// the template declares empty for sam local to set (here moto's URL).
+// secretsPrefix, unique on the shared moto), the wake queue (one of moto's
+// for these tables), and AWS_ENDPOINT_URL, which the template declares
+// empty for sam local to set (here moto's URL).
 // The region and credentials are what Lambda's runtime gives every
 // function, not the template.
 func emulatorEnv(t *testing.T, name string, tables dynamostore.TableNames, secretsPrefix string) map[string]string {
@@ -101,20 +103,27 @@ func emulatorEnv(t *testing.T, name string, tables dynamostore.TableNames, secre
 		t.Fatalf("template.yaml's %s for %s is %q (declared: %v), want it declared empty", envAWSEndpoint, name, v, set)
 	}
 	env[envAWSEndpoint] = moto.URL
+	if _, set := env[config.EnvWakeQueue]; set {
+		q, err := sqs.NewFromConfig(moto.AWSConfig()).CreateQueue(context.Background(), &sqs.CreateQueueInput{QueueName: aws.String(tables.Runs + "-wakes")})
+		must(t, err)
+		env[config.EnvWakeQueue] = aws.ToString(q.QueueUrl)
+	}
 	env["AWS_REGION"], env["AWS_ACCESS_KEY_ID"], env["AWS_SECRET_ACCESS_KEY"] = "us-east-1", "test", "test"
 	return env
 }
 
-// TestEveryFunctionUnderTheEmulator builds each of the four functions as it
+// TestEveryFunctionUnderTheEmulator builds each of the five functions as it
 // ships (for this machine's architecture), runs each under the Lambda
 // runtime interface emulator with the environment template.yaml gives it
 // (tables on moto_server created by dynamostore, the admin token and the
-// host credentials in Secrets Manager on moto), and drives a run through
-// them with the events AWS sends: the api answers API Gateway v2 HTTP
-// events for its routes, probe and sweep do their work on EventBridge
-// Scheduler's payload, and stream answers a Function URL event in the
-// streaming wire format. It logs each function's init duration (the
-// emulator's REPORT line) and bootstrap size.
+// host credentials in Secrets Manager on moto, the wake queue on moto's
+// SQS), and drives a run through them with the events AWS sends: the api
+// answers API Gateway v2 HTTP events for its routes, probe and sweep do
+// their work on EventBridge Scheduler's payload, the dispatcher takes the
+// wake the run's end sent as the queue's event source mapping delivers it,
+// and stream answers a Function URL event in the streaming wire format. It
+// logs each function's init duration (the emulator's REPORT line) and
+// bootstrap size.
 func TestEveryFunctionUnderTheEmulator(t *testing.T) {
 	ctx := context.Background()
 	id := motoserver.Unique("fn")
@@ -134,8 +143,11 @@ func TestEveryFunctionUnderTheEmulator(t *testing.T) {
 		must(t, err)
 	}
 	fns := map[string]*lambdatest.Function{}
-	for _, name := range []string{"api", "probe", "sweep", "stream"} {
-		fns[name] = lambdatest.Start(t, functionBootstrap(t, name), emulatorEnv(t, name, tables, secretsPrefix), functionTimeout(t, name))
+	var wakes *wakeMapping
+	for _, name := range []string{"api", "probe", "sweep", "stream", "dispatcher"} {
+		env := emulatorEnv(t, name, tables, secretsPrefix)
+		wakes = mappingOf(t, env[config.EnvWakeQueue])
+		fns[name] = lambdatest.Start(t, functionBootstrap(t, name), env, functionTimeout(t, name))
 	}
 	gw := newAPIGateway(t)
 	call := func(want int, method, path, token, body string, headers ...string) map[string]any {
@@ -218,6 +230,17 @@ func TestEveryFunctionUnderTheEmulator(t *testing.T) {
 	sameAsHost(t, page.Events, host.Events(child))
 	evs := page.Events
 
+	// The sweep recorded the run's end and so woke its host through the
+	// queue; the dispatcher, handed the wake as the mapping hands it,
+	// finds no run waiting and acknowledges it.
+	recs := wakes.receive(t)
+	if got := wakesOf(t, recs); len(got) != 1 || got[0].HostID != "edge-1" || got[0].Reason != "run_ended" {
+		t.Fatalf("the wake queue after the run's end: %+v", got)
+	}
+	if resp := wakes.deliver(t, fns["dispatcher"], recs); len(resp.BatchItemFailures) != 0 {
+		t.Fatalf("the dispatcher failed %+v", resp.BatchItemFailures)
+	}
+
 	// stream, on a Function URL event: the streaming wire format.
 	ev := fixture(t, functionURLFixture)
 	var furl map[string]any
@@ -281,7 +304,7 @@ func TestEveryFunctionUnderTheEmulator(t *testing.T) {
 			}
 		}
 	}
-	for _, name := range []string{"api", "probe", "sweep", "stream"} {
+	for _, name := range []string{"api", "probe", "sweep", "stream", "dispatcher"} {
 		reps := fns[name].Reports()
 		init, ok := fns[name].Init()
 		if len(reps) == 0 || reps[0].InitDuration <= 0 || !ok || init <= 0 {
@@ -289,7 +312,7 @@ func TestEveryFunctionUnderTheEmulator(t *testing.T) {
 		}
 		st, err := os.Stat(functionBootstrap(t, name))
 		must(t, err)
-		t.Logf("%-6s init %5.1f ms (INIT REPORT; the REPORT line's Init Duration says %.2f ms), first invoke %5.1f ms, %2d invokes, bootstrap %s, %s",
+		t.Logf("%-10s init %5.1f ms (INIT REPORT; the REPORT line's Init Duration says %.2f ms), first invoke %5.1f ms, %2d invokes, bootstrap %s, %s",
 			name, ms(init), ms(reps[0].InitDuration), ms(reps[0].Duration), len(reps), mib(st.Size()), hostArch())
 	}
 }
@@ -326,7 +349,7 @@ func TestMakeBuildBuildsEveryFunctionForArm64(t *testing.T) {
 		must(t, err)
 		return st.Size()
 	}
-	for _, fn := range []string{"api", "probe", "sweep", "stream"} {
+	for _, fn := range []string{"api", "probe", "sweep", "stream", "dispatcher"} {
 		size := check(filepath.Join(dir, "functions", fn, "bootstrap"), elf.EM_AARCH64)
 		t.Logf("%-6s bootstrap %s (linux/arm64, stripped, as make build ships it)", fn, mib(size))
 	}

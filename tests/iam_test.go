@@ -9,6 +9,7 @@ import (
 	"log/slog"
 	"net/http"
 	"regexp"
+	"slices"
 	"sort"
 	"strings"
 	"sync"
@@ -19,6 +20,7 @@ import (
 	"github.com/aws/aws-sdk-go-v2/aws"
 	awshttp "github.com/aws/aws-sdk-go-v2/aws/transport/http"
 	"github.com/aws/aws-sdk-go-v2/service/secretsmanager"
+	"github.com/aws/aws-sdk-go-v2/service/sqs"
 
 	"github.com/runfleet/runfleet/shared/clock"
 	"github.com/runfleet/runfleet/shared/config"
@@ -99,9 +101,9 @@ func (r *callRecorder) calls() []awsCall {
 // authorizations maps one JSON-protocol request to what IAM checks.
 func authorizations(target string, body []byte) []awsCall {
 	var in struct {
-		TableName, IndexName, SecretId string
-		RequestItems                   map[string]json.RawMessage
-		TransactItems                  []map[string]struct{ TableName string }
+		TableName, IndexName, SecretId, QueueUrl string
+		RequestItems                             map[string]json.RawMessage
+		TransactItems                            []map[string]struct{ TableName string }
 	}
 	json.Unmarshal(body, &in)
 	service, op, _ := strings.Cut(target, ".")
@@ -130,6 +132,15 @@ func authorizations(target string, body []byte) []awsCall {
 			res += "/index/" + in.IndexName
 		}
 		return []awsCall{{"dynamodb:" + op, res}}
+	case "AmazonSQS":
+		// A batch is authorized as its single action; the queue by its
+		// ARN, from its URL (.../<account>/<name>).
+		action := strings.TrimSuffix(op, "Batch")
+		parts := strings.Split(strings.TrimRight(in.QueueUrl, "/"), "/")
+		if len(parts) < 2 {
+			return []awsCall{{"sqs:" + action, "unknown queue " + in.QueueUrl}}
+		}
+		return []awsCall{{"sqs:" + action, fmt.Sprintf("arn:aws:sqs:%s:%s:%s", testRegion, parts[len(parts)-2], parts[len(parts)-1])}}
 	case "secretsmanager":
 		res := in.SecretId
 		if !strings.HasPrefix(res, "arn:") {
@@ -200,11 +211,13 @@ func deployedRole(t *testing.T, tpl map[string]any, r *cfnResolver, fn string) (
 // iamStack is the deployed template's resolution for the test's tables,
 // log groups and secrets.
 type iamStack struct {
-	tpl      map[string]any
-	tables   dynamostore.TableNames
-	prefix   string // SecretsPrefix
-	hostRef  string
-	resolver func(overrides map[string]any) *cfnResolver
+	tpl    map[string]any
+	tables dynamostore.TableNames
+	// wakes is the DispatchWakes queue, on moto: its URL and name.
+	wakes, wakesName string
+	prefix           string // SecretsPrefix
+	hostRef          string
+	resolver         func(overrides map[string]any) *cfnResolver
 	// clk, when set, is the functions' clock.
 	clk *clock.Fake
 }
@@ -221,6 +234,12 @@ func newIAMStack(t *testing.T) *iamStack {
 	if err := st.CreateTables(context.Background()); err != nil {
 		t.Fatal(err)
 	}
+	s.wakesName = id + "-wakes"
+	q, err := sqs.NewFromConfig(moto.AWSConfig()).CreateQueue(context.Background(), &sqs.CreateQueueInput{QueueName: aws.String(s.wakesName)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	s.wakes = aws.ToString(q.QueueUrl)
 	s.resolver = func(overrides map[string]any) *cfnResolver {
 		o := map[string]any{"SecretsPrefix": s.prefix}
 		for k, v := range overrides {
@@ -232,14 +251,13 @@ func newIAMStack(t *testing.T) *iamStack {
 			"IdempotencyTable": s.tables.Idempotency} {
 			r.refs[id], r.attrs[id+".Arn"] = name, tableARN(name)
 		}
+		// The wake queue the functions send to is moto's, in the
+		// account moto answers as.
+		r.refs["DispatchWakes"] = s.wakes
+		r.attrs["DispatchWakes.Arn"] = fmt.Sprintf("arn:aws:sqs:%s:%s:%s", testRegion, testAccount, s.wakesName)
+		r.attrs["DispatchWakes.QueueName"] = s.wakesName
 		for _, id := range resourcesOfType(tpl, "AWS::IAM::Role") {
 			r.refs[id], r.attrs[id+".Arn"] = id, fmt.Sprintf("arn:aws:iam::%s:role/%s", testAccount, id)
-		}
-		for _, id := range resourcesOfType(tpl, "AWS::SQS::Queue") {
-			name := "runfleet-" + id
-			r.refs[id] = fmt.Sprintf("https://sqs.%s.amazonaws.com/%s/%s", testRegion, testAccount, name)
-			r.attrs[id+".Arn"] = fmt.Sprintf("arn:aws:sqs:%s:%s:%s", testRegion, testAccount, name)
-			r.attrs[id+".QueueName"] = name
 		}
 		for _, id := range resourcesOfType(tpl, "AWS::Logs::LogGroup") {
 			name := "/runfleet/" + id
@@ -459,11 +477,27 @@ func TestEachFunctionsRoleAllowsExactlyTheCallsItMakes(t *testing.T) {
 	if ev := apiCall(t, apiApp, 200, "GET", "/fleet/runs/"+fmt.Sprint(run3["fleetRunId"])+"/events?wait=5", tok, ""); len(jsonList(ev["events"])) == 0 {
 		t.Fatalf("the long-poll mirrored nothing: %v", ev)
 	}
+	// The stream records the end of a fifth run, which it finds on the
+	// host, and wakes the host.
+	run5 := apiCall(t, apiApp, 201, "POST", "/fleet/runs", tok, `{"agent":"shell","prompt":"echo five"}`)
+	host.SetRun(fmt.Sprint(run5["childRunId"]), "succeeded", new(int), "")
+	fev5 := fev
+	fev5.RawPath, fev5.RawQueryString = "/fleet/runs/"+fmt.Sprint(run5["fleetRunId"])+"/stream", ""
+	resp5, err := streamApp.Stream.HandleLambda(sctx, fev5)
+	if err != nil || resp5.StatusCode != 200 {
+		t.Fatalf("stream of run 5: %v %+v", err, resp5)
+	}
+	if b, _ := io.ReadAll(resp5.Body); !strings.Contains(string(b), "event: done") {
+		t.Fatalf("stream of run 5, ended on its host:\n%s", b)
+	}
+
+	iamQueuedRuns(t, s, apiApp, s.app(t, "DispatcherFunction", recs["DispatcherFunction"]), adminTok, tok)
+
 	apiCall(t, apiApp, 409, "DELETE", "/fleet/hosts/edge-1", adminTok, "")
 	apiCall(t, apiApp, 200, "DELETE", "/fleet/hosts/edge-1?force=1", adminTok, "")
 	apiCall(t, apiApp, 200, "DELETE", "/fleet/callers/ci", adminTok, "")
 
-	for _, fn := range []string{"ApiFunction", "StreamFunction", "SweepFunction", "ProbeFunction"} {
+	for _, fn := range []string{"ApiFunction", "StreamFunction", "SweepFunction", "ProbeFunction", "DispatcherFunction"} {
 		t.Run(fn, func(t *testing.T) {
 			r := s.resolver(nil)
 			stmts, managed := deployedRole(t, s.tpl, r, fn)
@@ -494,6 +528,17 @@ func TestEachFunctionsRoleAllowsExactlyTheCallsItMakes(t *testing.T) {
 						"DestinationConfig", "OnFailure")["Destination"])
 					if fmt.Sprint(st.Action) != "[sqs:SendMessage]" || fmt.Sprint(st.Resource) != fmt.Sprintf("[%v]", dest) {
 						t.Errorf("failed invocations statement %+v: want sqs:SendMessage on the on-failure destination %v only", st, dest)
+					}
+					continue
+				}
+				if st.Sid == "WakeQueue" {
+					// Lambda's poller, not the code, makes these calls for
+					// the event source mapping, with the function's role:
+					// exactly those, on the mapping's queue alone.
+					queue := r.attrs["DispatchWakes.Arn"]
+					if fmt.Sprint(st.Action) != "[sqs:ReceiveMessage sqs:DeleteMessage sqs:ChangeMessageVisibility sqs:GetQueueAttributes]" ||
+						fmt.Sprint(st.Resource) != "["+queue+"]" {
+						t.Errorf("wake queue statement %+v: want the poller's four calls on %s only", st, queue)
 					}
 					continue
 				}
@@ -573,4 +618,94 @@ func (s *statement) conditionOrNil() map[string]any {
 		return nil
 	}
 	return s.Condition
+}
+
+// iamQueuedRuns is the part of the roles' test for runs that wait: the api
+// queues a run behind a busy host and wakes the host when its run ends;
+// the dispatcher, handed the queue's wakes as the event source mapping
+// hands them, offers the run and starts it. A second waiting run's start
+// is cut (the dispatcher's context ends while the host holds its answer),
+// and the host finishes the run; the next delivery resumes the offer,
+// finds the run ended on the host, records that and wakes the host.
+func iamQueuedRuns(t *testing.T, s *iamStack, apiApp, dispatcherApp *fleetapp.App, adminTok, tok string) {
+	t.Helper()
+	ctx := context.Background()
+	started := make(chan struct{}, 4)
+	host := fakehost.New(fakehost.Config{MaxConcurrent: 1, OnRequest: func(r *http.Request) {
+		if r.Method == http.MethodPost && r.URL.Path == "/runs" {
+			started <- struct{}{}
+		}
+	}})
+	t.Cleanup(host.Close)
+	apiCall(t, apiApp, 201, "POST", "/fleet/hosts", adminTok,
+		fmt.Sprintf(`{"id":"edge-q","baseUrl":%q,"credentialRef":%q,"labels":{"pool":"q"}}`, host.URL, s.hostRef))
+	apiCall(t, apiApp, 200, "POST", "/fleet/hosts/edge-q/probe", adminTok, "")
+	const labelled = `{"agent":"shell","labels":{"pool":"q"},"prompt":"echo q"`
+	busy := apiCall(t, apiApp, 201, "POST", "/fleet/runs", tok, labelled+`}`)
+	waiting := []map[string]any{
+		apiCall(t, apiApp, 202, "POST", "/fleet/runs", tok, labelled+`,"queue":{"timeout":"1h"}}`),
+		apiCall(t, apiApp, 202, "POST", "/fleet/runs", tok, labelled+`,"queue":{"timeout":"1h"}}`),
+	}
+	for len(started) > 0 {
+		<-started
+	}
+	ends := func(child string) {
+		host.SetRun(child, "succeeded", new(int), "")
+	}
+	ends(fmt.Sprint(busy["childRunId"]))
+	apiCall(t, apiApp, 200, "GET", "/fleet/runs/"+fmt.Sprint(busy["fleetRunId"]), tok, "")
+
+	// What the mapping delivers: every wake sent so far (the host's run
+	// end among them), and later one wake of edge-q.
+	client := sqs.NewFromConfig(moto.AWSConfig())
+	var batch events.SQSEvent
+	for {
+		out, err := client.ReceiveMessage(ctx, &sqs.ReceiveMessageInput{QueueUrl: aws.String(s.wakes), MaxNumberOfMessages: 10})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if len(out.Messages) == 0 {
+			break
+		}
+		for _, m := range out.Messages {
+			batch.Records = append(batch.Records, events.SQSMessage{MessageId: aws.ToString(m.MessageId), Body: aws.ToString(m.Body), EventSource: "aws:sqs"})
+		}
+	}
+	if !slices.ContainsFunc(batch.Records, func(m events.SQSMessage) bool { return strings.Contains(m.Body, `"hostId":"edge-q"`) }) {
+		t.Fatalf("no wake of edge-q after its run ended: %+v", batch.Records)
+	}
+	edgeQ := events.SQSEvent{Records: []events.SQSMessage{{MessageId: "edge-q", EventSource: "aws:sqs",
+		Body: `{"v":1,"hostId":"edge-q","slots":1,"reason":"run_ended"}`}}}
+
+	if resp, err := dispatcherApp.Dispatcher.Handle(ctx, batch); err != nil || len(resp.BatchItemFailures) != 0 {
+		t.Fatalf("the dispatcher on %d wakes: %+v, %v", len(batch.Records), resp, err)
+	}
+	first := apiCall(t, apiApp, 200, "GET", "/fleet/runs/"+fmt.Sprint(waiting[0]["fleetRunId"]), tok, "")
+	if q := jsonObj(first, "run", "queue"); q["startedOn"] != "edge-q" {
+		t.Fatalf("the first waiting run after the wakes: %v", first)
+	}
+
+	// The second: its start cut short, the run ending on the host before
+	// the next delivery.
+	ends(fmt.Sprint(jsonObj(first, "run")["childRunId"]))
+	host.FaultStarts(fakehost.HangAfterAccept, 1)
+	cut, cancel := context.WithCancel(ctx)
+	handled := make(chan struct{})
+	go func() {
+		defer close(handled)
+		dispatcherApp.Dispatcher.Handle(cut, edgeQ)
+	}()
+	<-started
+	await.Cond(t, await.Limit, "edge-q to record the held start", func() bool { return host.Created() == 3 })
+	cancel()
+	await.Recv(t, "the cut dispatcher to return", handled)
+	ends("run-3")
+	if resp, err := dispatcherApp.Dispatcher.Handle(ctx, edgeQ); err != nil || len(resp.BatchItemFailures) != 0 {
+		t.Fatalf("the dispatcher resuming the cut start: %+v, %v", resp, err)
+	}
+	second := apiCall(t, apiApp, 200, "GET", "/fleet/runs/"+fmt.Sprint(waiting[1]["fleetRunId"]), tok, "")
+	if r := jsonObj(second, "run"); r["status"] != "succeeded" || jsonObj(r, "queue")["startedOn"] != "edge-q" {
+		t.Fatalf("the second waiting run after the resumed offer: %v", second)
+	}
+	apiCall(t, apiApp, 200, "DELETE", "/fleet/hosts/edge-q?force=1", adminTok, "")
 }

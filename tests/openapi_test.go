@@ -339,6 +339,12 @@ func TestOpenAPIDescribesRealAnswers(t *testing.T) {
 	sm.do("POST", "/fleet/runs", "/fleet/runs", tok, dispatch, 200)
 	sm.do("POST", "/fleet/runs", "/fleet/runs", tok, `{"agent":"shell","prompt":"x","repository":"acme/app"}`, 201, "Idempotency-Key", "build-2")
 	sm.do("POST", "/fleet/runs", "/fleet/runs", tok, `{"agent":"nope"}`, 409)
+	// A run that waits: no host offers its agent.
+	waiting := sm.do("POST", "/fleet/runs", "/fleet/runs", tok, `{"agent":"nope","queue":{"timeout":"10m","priority":5}}`, 202, "Idempotency-Key", "wait-1")
+	sm.do("POST", "/fleet/runs", "/fleet/runs", tok, `{"agent":"nope","queue":{"timeout":"10m","priority":5}}`, 200, "Idempotency-Key", "wait-1")
+	sm.do("POST", "/fleet/runs", "/fleet/runs", tok, `{"agent":"nope","queue":{"timeout":"soon"}}`, 400)
+	sm.do("GET", "/fleet/runs/{id}", "/fleet/runs/"+fmt.Sprint(waiting["fleetRunId"]), tok, "", 200)
+	sm.do("POST", "/fleet/runs/{id}/cancel", "/fleet/runs/"+fmt.Sprint(waiting["fleetRunId"])+"/cancel", tok, "", 200)
 	sm.do("POST", "/fleet/runs", "/fleet/runs", tok, `{"agent":"shell","secrets":[{"projectId":"other","key":"K","domains":["a.example.com"]}]}`, 403)
 	// A start the host refuses: 409 with the run, its reason and detail;
 	// again with the key, 200 with the run as it stands.
@@ -375,6 +381,8 @@ func TestOpenAPIDescribesRealAnswers(t *testing.T) {
 	sm.do("POST", "/fleet/runs/{id}/cancel", "/fleet/runs/"+id+"/cancel", tok, "", 202)
 	host.FaultVerbs(fakehost.VerbsNormal)
 	sm.do("GET", "/metrics", "/metrics", tok, "", 200)
+	sm.do("GET", "/fleet/capacity", "/fleet/capacity", adm, "", 200)
+	sm.do("GET", "/fleet/capacity", "/fleet/capacity", tok, "", 403)
 
 	// The mirror, through the sync the sweep and the stream do.
 	if _, err := s.app.Fleet.SyncRun(t.Context(), id); err != nil {
@@ -496,7 +504,9 @@ var apiAnswerTypes = map[string]func() any{
 	"DELETE /fleet/callers/{ownerId} 200": func() any { return new(fleetapi.Revoked) },
 	"POST /fleet/runs 200":                func() any { return new(fleetapi.DispatchAnswer) },
 	"POST /fleet/runs 201":                func() any { return new(fleetapi.DispatchAnswer) },
+	"POST /fleet/runs 202":                func() any { return new(fleetapi.DispatchAnswer) },
 	"GET /fleet/runs 200":                 func() any { return new(fleetapi.RunPage) },
+	"GET /fleet/capacity 200":             func() any { return new(fleetapi.Capacity) },
 	"GET /fleet/runs/{id} 200":            func() any { return new(fleetapi.RunAnswer) },
 	"POST /fleet/runs/{id}/input 200":     func() any { return new(fleetapi.Interaction) },
 	"POST /fleet/runs/{id}/cancel 200":    func() any { return new(fleetapi.Interaction) },

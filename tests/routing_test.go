@@ -8,6 +8,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/runfleet/runfleet/shared/config"
 	"github.com/runfleet/runfleet/shared/fleet"
 	"github.com/runfleet/runfleet/shared/hostproto"
 	"github.com/runfleet/runfleet/tests/kit/fakehost"
@@ -21,7 +22,10 @@ var fakeFeatures = hostproto.Features{SecretsProxy: true, ExecRequire: true}
 func TestRoutingRefusalNamesEveryExclusion(t *testing.T) {
 	for _, kind := range storeKinds {
 		t.Run(kind, func(t *testing.T) {
-			s := newStack(t, kind, stackOptions{repoURLs: map[string]string{"acme/web": "https://git.example/acme/web.git"}})
+			// Stale past 5 minutes, said here rather than left to the
+			// default, which the probe's refresh interval follows.
+			s := newStack(t, kind, stackOptions{repoURLs: map[string]string{"acme/web": "https://git.example/acme/web.git"},
+				env: map[string]string{config.EnvProbeMaxAge: "5m"}})
 			fit := func() map[string]any {
 				return map[string]any{"labels": map[string]string{"pool": "gpu"}, "localPaths": []string{"/srv/work"}}
 			}

@@ -200,7 +200,7 @@ func TestRunListFilters(t *testing.T) {
 func TestRunListFilterValues(t *testing.T) {
 	s := newStack(t, "bolt", stackOptions{})
 	alice := s.mint(t, "alice", "*", "*")
-	statuses := "dispatching, pending, admitted, running, succeeded, failed, canceled, lost"
+	statuses := "queued, dispatching, pending, admitted, running, succeeded, failed, canceled, lost"
 	for _, tc := range []struct {
 		token, query string
 		says         []string

@@ -62,8 +62,8 @@ func readSAMEnvFile(t testing.TB) map[string]map[string]string {
 // template.yaml and, for each, exactly the variables the template declares
 // for it (with the default parameters). Each value is the deployed one but
 // for the table names (the same six for every function), the endpoint
-// (a URL) and the stream's URL (none locally), and Fleet's configuration
-// accepts each function's set.
+// (a URL), the wake queue (one on that endpoint) and the stream's URL (none
+// locally), and Fleet's configuration accepts each function's set.
 func TestSAMLocalEnvFileMatchesTemplate(t *testing.T) {
 	_, out := templates(t)
 	file := readSAMEnvFile(t)
@@ -101,6 +101,14 @@ func TestSAMLocalEnvFileMatchesTemplate(t *testing.T) {
 					// stream link is on the API's own address.
 					if g != "" {
 						t.Errorf("%s=%q: want empty (sam local has no Function URL for the stream)", name, g)
+					}
+				case name == config.EnvWakeQueue:
+					// Deployed, the DispatchWakes queue's URL; locally a
+					// queue on the same moto as every other call.
+					u, err := url.Parse(g)
+					e, _ := url.Parse(got[envAWSEndpoint])
+					if err != nil || e == nil || u.Host != e.Host || u.Path == "" {
+						t.Errorf("%s=%q: want a queue on %s's moto (%s)", name, g, envAWSEndpoint, got[envAWSEndpoint])
 					}
 				case want[name] == tableRef:
 					if g == "" {
@@ -165,6 +173,10 @@ var samEventChecks = map[string]samEventCheck{
 	}},
 	"sweep/scheduled.json": {0, func(a map[string]any) error {
 		return expect(a["pages"] == 1.0 && a["live"] == 0.0, "one page of the live index, no live run")
+	}},
+	"dispatcher/wakes.json": {0, func(a map[string]any) error {
+		failures, ok := a["batchItemFailures"].([]any)
+		return expect(ok && len(failures) == 0, "no failed wake (the host is not registered: nothing to fill)")
 	}},
 }
 
@@ -285,7 +297,7 @@ func TestSAMLocalSampleEventsUnderTheEmulator(t *testing.T) {
 			exp := samEventChecks[rel]
 			fn := fns[strings.Split(rel, "/")[0]]
 			if fn == nil || !containsValue(found, rel) {
-				t.Fatalf("no sample event %s%s for a function (api, stream, probe, sweep)", samEvents, rel)
+				t.Fatalf("no sample event %s%s for a function (api, stream, probe, sweep, dispatcher)", samEvents, rel)
 			}
 			ev := fixture(t, samEvents+rel)
 			var event map[string]any

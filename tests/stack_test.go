@@ -103,6 +103,10 @@ type stackOptions struct {
 	broker fleet.Broker
 	// metrics receives Fleet's EMF metric lines; nil: none.
 	metrics io.Writer
+	// waker is what Fleet wakes through (fleetapp.Deps.Waker: a
+	// wake.Local, as the local stack's); nil: RUNFLEET_WAKE_QUEUE's, if
+	// env sets it.
+	waker fleet.Waker
 }
 
 func newStack(t testing.TB, kind string, opts stackOptions) *stack {
@@ -188,6 +192,7 @@ func newStack(t testing.TB, kind string, opts stackOptions) *stack {
 			return moto.AWSConfig(), nil
 		},
 		StreamParked: streamParked, Broker: opts.broker, Metrics: opts.metrics, BrokerHTTP: opts.brokerHTTP,
+		Waker: opts.waker,
 	})
 	if err != nil {
 		t.Fatal(err)
@@ -294,7 +299,11 @@ func (s *stack) must(t testing.TB, want int, method, path, token, body string, h
 // JSON fields are merged into the registration.
 func (s *stack) addHost(t testing.TB, id string, cfg fakehost.Config, extra map[string]any) *fakehost.Host {
 	t.Helper()
-	cfg.Clock = s.clk
+	if s.clk != nil {
+		// Not a nil *clock.Fake in the interface: a stack on the real
+		// clock has real-clock hosts.
+		cfg.Clock = s.clk
+	}
 	h := fakehost.New(cfg)
 	t.Cleanup(h.Close)
 	reg := map[string]any{"id": id, "baseUrl": h.URL, "credentialRef": hostCredRef}

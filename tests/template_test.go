@@ -28,12 +28,13 @@ import (
 	"github.com/runfleet/runfleet/tests/kit/motoserver"
 )
 
-// The four functions of template.yaml and the package each one builds.
+// The five functions of template.yaml and the package each one builds.
 var templateFunctions = map[string]string{
-	"ApiFunction":    "functions/api",
-	"StreamFunction": "functions/stream",
-	"SweepFunction":  "functions/sweep",
-	"ProbeFunction":  "functions/probe",
+	"ApiFunction":        "functions/api",
+	"StreamFunction":     "functions/stream",
+	"SweepFunction":      "functions/sweep",
+	"ProbeFunction":      "functions/probe",
+	"DispatcherFunction": "functions/dispatcher",
 }
 
 // TestTemplateLints runs cfn-lint on template.yaml: no error and no warning.
@@ -133,14 +134,14 @@ func TestTemplateRoutesAreTheAPIsRoutes(t *testing.T) {
 	}
 }
 
-// TestTemplateTransforms checks what SAM makes of template.yaml: the four
+// TestTemplateTransforms checks what SAM makes of template.yaml: the five
 // functions, the stream's response-streaming URL (not an API route), the
 // schedules, and the outputs.
 func TestTemplateTransforms(t *testing.T) {
 	_, out := templates(t)
 	res := jsonObj(out, "Resources")
 	fns := resourcesOfType(out, "AWS::Lambda::Function")
-	if strings.Join(fns, " ") != "ApiFunction ProbeFunction StreamFunction SweepFunction" {
+	if strings.Join(fns, " ") != "ApiFunction DispatcherFunction ProbeFunction StreamFunction SweepFunction" {
 		t.Fatalf("functions %v", fns)
 	}
 	for _, id := range fns {
@@ -257,7 +258,8 @@ func TestTemplateFunctionEnvironments(t *testing.T) {
 	allowed := []string{config.EnvStore, config.EnvTableHosts, config.EnvTableRuns, config.EnvTableEvents, config.EnvTableEgress,
 		config.EnvTableCallers, config.EnvTableIdempotency, config.EnvCredentials, config.EnvRetentionDays,
 		config.EnvHostTimeout, config.EnvProbeMaxAge, config.EnvLogLevel, config.EnvAdminTokenSecret, config.EnvAdminTokenTTL,
-		config.EnvRepoURLs, config.EnvStreamMaxDuration, config.EnvStreamURL, config.EnvStreamMaxPerCaller, envAWSEndpoint}
+		config.EnvRepoURLs, config.EnvStreamMaxDuration, config.EnvStreamURL, config.EnvStreamMaxPerCaller, envAWSEndpoint,
+		config.EnvBroker, config.EnvBrokerKey, config.EnvWakeQueue, config.EnvQueueTimeout, config.EnvQueueMaxTimeout, config.EnvCapacityClasses}
 	for fn := range templateFunctions {
 		t.Run(fn, func(t *testing.T) {
 			r := newResolver(out, nil)
@@ -302,7 +304,33 @@ func TestTemplateFunctionEnvironments(t *testing.T) {
 			if v, set := env[envAWSEndpoint]; !set || v != "" {
 				t.Errorf("%s is %q (declared: %v): want it declared and empty, so AWS's endpoints apply and sam local can override it", envAWSEndpoint, v, set)
 			}
+			// Every function may learn of room and wake the dispatcher
+			// through the queue; with the default parameters nothing
+			// waits unless it asks, for at most a day, and a quiet host's
+			// probe is written every 15 minutes.
+			if cfg.WakeQueue != testQueueURL("DispatchWakes") {
+				t.Errorf("%s = %q, want the DispatchWakes queue's URL", config.EnvWakeQueue, cfg.WakeQueue)
+			}
+			if cfg.QueueTimeout != 0 || cfg.QueueMaxTimeout != fleet.DefaultQueueMaxTimeout || cfg.CapacityClasses != nil {
+				t.Errorf("queue timeout %v, max %v, capacity classes %v: want none, 24h, none", cfg.QueueTimeout, cfg.QueueMaxTimeout, cfg.CapacityClasses)
+			}
+			if cfg.ProbeMaxAge != fleet.DefaultProbeMaxAge || cfg.ProbeRefresh != fleet.DefaultProbeMaxAge/2 {
+				t.Errorf("probe max age %v, refresh %v: want the defaults, 30m and 15m", cfg.ProbeMaxAge, cfg.ProbeRefresh)
+			}
 		})
+	}
+
+	// The queue's parameters reach every function as written.
+	qr := newResolver(out, map[string]any{"QueueTimeout": "15m", "QueueMaxTimeout": "2h", "CapacityClasses": "claude?pool=gpu,shell"})
+	for _, table := range stackTables {
+		qr.refs[table+"Table"] = table
+	}
+	for fn := range templateFunctions {
+		env := functionEnv(t, qr, out, fn)
+		cfg, err := config.FromEnv(func(k string) string { return env[k] })
+		if err != nil || cfg.QueueTimeout != 15*time.Minute || cfg.QueueMaxTimeout != 2*time.Hour || strings.Join(cfg.CapacityClasses, ",") != "claude?pool=gpu,shell" {
+			t.Errorf("%s with the queue's parameters set: %v %v %v, %v", fn, cfg.QueueTimeout, cfg.QueueMaxTimeout, cfg.CapacityClasses, err)
+		}
 	}
 
 	// The optional repository map reaches the api, as a file.
@@ -340,7 +368,8 @@ func TestEmptyAWSEndpointURLIsAWS(t *testing.T) {
 // TestTemplateTimeoutsFitTheBudgets checks the timeouts against the budgets
 // the handlers take from them: the api outlasts a host call and ends before
 // API Gateway gives up; the scheduled jobs keep a real budget and end
-// before the next minute's run; the stream ends itself before Lambda does.
+// before the next minute's run; the dispatcher has room for a fallback;
+// the stream ends itself before Lambda does.
 func TestTemplateTimeoutsFitTheBudgets(t *testing.T) {
 	_, out := templates(t)
 	r := newResolver(out, nil)
@@ -374,6 +403,11 @@ func TestTemplateTimeoutsFitTheBudgets(t *testing.T) {
 	probe := timeout("ProbeFunction")
 	if budget := probe - scheduled.DefaultProbeMargin; budget < 6*env("ProbeFunction").ProbeTimeout || probe >= time.Minute {
 		t.Errorf("probe timeout %v leaves a budget of %v: want several probe timeouts, ending within the minute", probe, budget)
+	}
+	// The dispatcher: a start that needs a second host (a refusal, the
+	// fallback's next) still ends within one invocation.
+	if d, host := timeout("DispatcherFunction"), env("DispatcherFunction").HostTimeout; d < 2*host+5*time.Second {
+		t.Errorf("dispatcher timeout %v: want room for two host calls of %v and the writes", d, host)
 	}
 	streamTimeout, maxDur := timeout("StreamFunction"), env("StreamFunction").StreamMaxDuration
 	if streamTimeout != 15*time.Minute || maxDur > streamTimeout-stream.DefaultEndMargin {
@@ -592,6 +626,7 @@ var routeCost = map[string]string{
 	"POST /fleet/hosts/{id}/probe":    "admin",
 	"POST /fleet/hosts/{id}/drain":    "admin",
 	"POST /fleet/hosts/{id}/resume":   "admin",
+	"GET /fleet/capacity":             "admin", // a scan of the hosts and the queue's classes: no host call
 	"POST /fleet/callers":             "admin",
 	"GET /fleet/callers":              "admin",
 	"DELETE /fleet/callers/{ownerId}": "admin",
@@ -833,8 +868,8 @@ func alarmMetrics(t *testing.T, id string, p map[string]any) []alarmMetric {
 // stack's resources publish (each dimension naming a resource of the right
 // kind, or an index its table has) or the sweep's lag, and notifies the
 // alarm topic; and every function's errors and throttles, the API's 5xx,
-// every table's and index's throttling, the sweep's lag and the schedules'
-// dead letters have an alarm.
+// every table's and index's throttling, the sweep's lag, the schedules'
+// and the wakes' dead letters and the oldest wake's age have an alarm.
 func TestTemplateAlarmsWatchWhatExists(t *testing.T) {
 	_, out := templates(t)
 	res := jsonObj(out, "Resources")
@@ -889,7 +924,7 @@ func TestTemplateAlarmsWatchWhatExists(t *testing.T) {
 					t.Errorf("alarm %s: %s of %v, not one of the stack's tables", id, key, m.dims)
 				}
 				covered[key+" "+target] = true
-			case "AWS/SQS/ApproximateNumberOfMessagesVisible":
+			case "AWS/SQS/ApproximateNumberOfMessagesVisible", "AWS/SQS/ApproximateAgeOfOldestMessage":
 				queue := getAtt(m.dims["QueueName"], "QueueName")
 				if jsonObj(res, queue)["Type"] != "AWS::SQS::Queue" || len(m.dims) != 1 {
 					t.Errorf("alarm %s: %s of %v, not one of the stack's queues", id, key, m.dims)
@@ -913,7 +948,8 @@ func TestTemplateAlarmsWatchWhatExists(t *testing.T) {
 		want = append(want, "AWS/Lambda/Errors "+fn, "AWS/Lambda/Throttles "+fn)
 	}
 	want = append(want, "AWS/Lambda/Invocations SweepFunction", "AWS/ApiGateway/5xx HttpApi", "Runfleet/SweepLagSeconds",
-		"AWS/SQS/ApproximateNumberOfMessagesVisible ScheduleDeadLetterQueue")
+		"AWS/SQS/ApproximateNumberOfMessagesVisible ScheduleDeadLetterQueue",
+		"AWS/SQS/ApproximateNumberOfMessagesVisible DispatchWakesDeadLetterQueue", "AWS/SQS/ApproximateAgeOfOldestMessage DispatchWakes")
 	for _, table := range resourcesOfType(out, "AWS::DynamoDB::Table") {
 		for _, target := range append([]string{table}, indexes(table)...) {
 			if target != table {

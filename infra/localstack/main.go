@@ -1,10 +1,13 @@
 // Command localstack runs the whole system on this machine (`make dev`):
-// Fleet, all four handlers in one process, on a bbolt store in a local data
+// Fleet, all five handlers in one process, on a bbolt store in a local data
 // dir (the api handler served over HTTP through the same API Gateway v2
 // adapter shape Lambda uses, the stream handler at /fleet/runs/{id}/stream
 // on the same address, the scheduled probe and sweep handlers on timers:
 // RUNFLEET_PROBE_INTERVAL, RUNFLEET_SWEEP_INTERVAL; once at start, then
-// every interval), and one edge host in the same process (package
+// every interval; the dispatcher handler driven by an in-process wake
+// queue, as SQS's event source mapping drives it in AWS, redelivering a
+// failed delivery after the visibility timeout), and one edge host in the
+// same process (package
 // edge/host, as `edge serve` runs it), registered with Fleet as local-edge
 // and probed, with a demo: a demo upstream on loopback (HTTPS under
 // api.demo.test with its own CA, trusted by the proxy) that answers whether
@@ -67,6 +70,7 @@ import (
 	"github.com/runfleet/runfleet/shared/lambdahttp"
 	"github.com/runfleet/runfleet/shared/store/boltstore"
 	"github.com/runfleet/runfleet/shared/stream"
+	"github.com/runfleet/runfleet/shared/wake"
 )
 
 // EnvDataDir names the local stack's data directory.
@@ -135,6 +139,11 @@ func run(ctx context.Context, getenv func(string) string, out, human io.Writer) 
 		}
 		return 1
 	}
+	if err == nil && cfg.WakeQueue != "" {
+		// The stack consumes no SQS queue: wakes sent there would reach
+		// no dispatcher.
+		err = fmt.Errorf("%s=%q: the local stack wakes through a queue in its own process; unset it", config.EnvWakeQueue, cfg.WakeQueue)
+	}
 	if err := errors.Join(err, edgeErr, upstreamErr, killSwitchErr); err != nil {
 		stop(fmt.Errorf("configuration: %w", err))
 		return 2
@@ -181,7 +190,11 @@ func run(ctx context.Context, getenv func(string) string, out, human io.Writer) 
 	}
 	rep.adminToken = cfg.AdminToken
 
-	app, err := fleetapp.New(ctx, cfg, fleetapp.Deps{Logger: log, CreateTables: true, OpenBolt: openBolt})
+	wakes, err := wake.NewLocal(wake.LocalConfig{Logger: log})
+	if err != nil {
+		return stop(err)
+	}
+	app, err := fleetapp.New(ctx, cfg, fleetapp.Deps{Logger: log, CreateTables: true, OpenBolt: openBolt, Waker: wakes})
 	if err != nil {
 		return stop(err)
 	}
@@ -247,6 +260,11 @@ func run(ctx context.Context, getenv func(string) string, out, human io.Writer) 
 	every(jobsCtx, &jobs, cfg.SweepInterval, func(ctx context.Context) {
 		app.Jobs.Sweep(ctx, scheduledEvent("sweep"))
 	})
+	jobs.Add(1)
+	go func() {
+		defer jobs.Done()
+		wakes.Run(jobsCtx, app.Dispatcher.Handle)
+	}()
 
 	rep.Try = tryCommands(rep.Fleet, rep.AdminTokenFile, cli)
 	if rep.Edge != nil && rep.Edge.SameUser {

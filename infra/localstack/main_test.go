@@ -21,6 +21,10 @@ func TestEnumeratedVariablesRefuseTheStart(t *testing.T) {
 		{EnvEdge, "false", `RUNFLEET_EDGE: "false" is not one of on, off`},
 		{"RUNFLEET_LOG_LEVEL", "verbose", `RUNFLEET_LOG_LEVEL: "verbose" is not one of debug, info, warn, error`},
 		{"RUNFLEET_STORE", "sqlite:x.db", `RUNFLEET_STORE: "sqlite:x.db" is not one of dynamodb, bolt:<path>`},
+		// Not enumerated, but refused the same way: the stack's wakes
+		// never leave its process.
+		{"RUNFLEET_WAKE_QUEUE", "https://sqs.us-east-1.amazonaws.com/123456789012/wakes",
+			`RUNFLEET_WAKE_QUEUE="https://sqs.us-east-1.amazonaws.com/123456789012/wakes": the local stack wakes through a queue in its own process; unset it`},
 		{"EDGE_SECRETS_PROXY", "of", `EDGE_SECRETS_PROXY="of": set it to "off" to keep the secrets proxy down, or leave it unset (or "on") to run it`},
 	} {
 		t.Run(c.name+"="+c.value, func(t *testing.T) {

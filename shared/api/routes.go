@@ -25,6 +25,7 @@ func (h *Handler) routeTable() []route {
 		{method: http.MethodPost, pattern: "/fleet/probe", access: adminOnly, handle: h.probeAll},
 		{method: http.MethodPost, pattern: "/fleet/hosts/{id}/drain", access: adminOnly, handle: h.drainHost},
 		{method: http.MethodPost, pattern: "/fleet/hosts/{id}/resume", access: adminOnly, handle: h.resumeHost},
+		{method: http.MethodGet, pattern: "/fleet/capacity", access: adminOnly, handle: h.capacity},
 
 		{method: http.MethodPost, pattern: "/fleet/callers", access: adminOnly, handle: h.mintCaller},
 		{method: http.MethodGet, pattern: "/fleet/callers", access: adminOnly, handle: h.listCallers},

@@ -2,6 +2,7 @@ package api
 
 import (
 	"encoding/json"
+	"errors"
 	"reflect"
 	"strings"
 	"testing"
@@ -232,5 +233,64 @@ func TestCredentialUnavailableIsA409WithItsDetails(t *testing.T) {
 	if status != 409 || fault || body.Code != "credential_unavailable" ||
 		string(body.Details) != `{"projectId":"acme","key":"GH","kind":"githubApp","providerStatus":404}` {
 		t.Fatalf("%d %+v (details %s) fault %v", status, body, body.Details, fault)
+	}
+}
+
+// TestRunQueueView: a run's wait as answers show it: its position only
+// while it waits, its wait so far up to the request's time, until it
+// started, or until it ended without starting; none on a run that never
+// asked to wait.
+func TestRunQueueView(t *testing.T) {
+	since := time.Date(2026, 5, 4, 3, 0, 0, 0, time.UTC)
+	q := store.QueueInfo{Class: "shell?pool=a", Priority: 5, Since: since, Timeout: 30 * time.Minute, Until: since.Add(30 * time.Minute)}
+	now := since.Add(90 * time.Second)
+	view := func(r store.Run, position int) string {
+		b, err := json.Marshal(toRunQueue(r, position, now))
+		if err != nil {
+			t.Fatal(err)
+		}
+		return string(b)
+	}
+	const head = `{"class":"shell?pool=a",`
+	const times = `"since":"2026-05-04T03:00:00Z","timeout":"30m0s","until":"2026-05-04T03:30:00Z"`
+	waiting := store.Run{FleetRunID: "fr-1", Status: store.StatusQueued, Queue: &q}
+	if got, want := view(waiting, 3), head+`"position":3,"priority":5,`+times+`,"waitedSeconds":90}`; got != want {
+		t.Errorf("waiting:\n got  %s\n want %s", got, want)
+	}
+	started := waiting
+	sq := q
+	at := since.Add(40 * time.Second)
+	sq.StartedAt, sq.StartedOn = &at, "h2"
+	started.Status, started.HostID, started.Queue = hostproto.StatusRunning, "h2", &sq
+	if got, want := view(started, 3), head+`"priority":5,`+times+`,"startedAt":"2026-05-04T03:00:40Z","startedOn":"h2","waitedSeconds":40}`; got != want {
+		t.Errorf("started:\n got  %s\n want %s", got, want)
+	}
+	canceled := waiting
+	end := since.Add(10 * time.Second)
+	canceled.Status, canceled.EndedAt, canceled.Drained = store.StatusCanceled, &end, true
+	if got, want := view(canceled, 0), head+`"priority":5,`+times+`,"waitedSeconds":10}`; got != want {
+		t.Errorf("canceled:\n got  %s\n want %s", got, want)
+	}
+	if v := toRunQueue(store.Run{FleetRunID: "fr-2", Status: hostproto.StatusRunning}, 0, now); v != nil {
+		t.Errorf("a run that never waited: %+v", v)
+	}
+}
+
+// TestDispatchQueueDecodes: queue.timeout is a Go duration, required;
+// anything else is a 400 naming it.
+func TestDispatchQueueDecodes(t *testing.T) {
+	r, err := toDispatchRequest(fleetapi.DispatchRequest{Agent: "shell", Queue: &fleetapi.QueueRequest{Timeout: "1h30m", Priority: -3}})
+	if err != nil || r.Queue == nil || r.Queue.Timeout != 90*time.Minute || r.Queue.Priority != -3 {
+		t.Fatalf("decoded %+v, %v", r.Queue, err)
+	}
+	if r, err := toDispatchRequest(fleetapi.DispatchRequest{Agent: "shell"}); err != nil || r.Queue != nil {
+		t.Fatalf("without queue: %+v, %v", r.Queue, err)
+	}
+	for _, timeout := range []string{"", "soon", "30"} {
+		_, err := toDispatchRequest(fleetapi.DispatchRequest{Agent: "shell", Queue: &fleetapi.QueueRequest{Timeout: timeout}})
+		var re *requestError
+		if !errors.As(err, &re) || re.status != 400 || !strings.Contains(err.Error(), "queue.timeout") {
+			t.Errorf("timeout %q: %v, want a 400 naming queue.timeout", timeout, err)
+		}
 	}
 }

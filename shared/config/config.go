@@ -8,6 +8,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"net/url"
 	"slices"
 	"strconv"
 	"strings"
@@ -66,6 +67,20 @@ const (
 	// Scheduler runs them).
 	EnvProbeInterval = "RUNFLEET_PROBE_INTERVAL"
 	EnvSweepInterval = "RUNFLEET_SWEEP_INTERVAL"
+	// Runs that wait (README, "Runs that wait"): the wait of a dispatch
+	// that does not say, and the longest any may ask.
+	EnvQueueTimeout    = "RUNFLEET_QUEUE_TIMEOUT"
+	EnvQueueMaxTimeout = "RUNFLEET_QUEUE_MAX_TIMEOUT"
+	// EnvWakeQueue is the SQS queue wakes travel through (in AWS the
+	// DispatchWakes queue's URL; template.yaml sets it). Empty: no queue
+	// (the local stack wakes in its own process).
+	EnvWakeQueue = "RUNFLEET_WAKE_QUEUE"
+	// EnvProbeRefresh is the longest a host's recorded probe goes
+	// unwritten while nothing material changes.
+	EnvProbeRefresh = "RUNFLEET_PROBE_REFRESH"
+	// EnvCapacityClasses are routing classes the capacity figures always
+	// report, comma-separated (fleet.ClassOf's form).
+	EnvCapacityClasses = "RUNFLEET_CAPACITY_CLASSES"
 )
 
 // Defaults of this package's own settings. The others are their
@@ -134,8 +149,12 @@ type Fleet struct {
 	// ProbeTimeout bounds one probe; zero means 5s.
 	ProbeTimeout time.Duration
 	// ProbeMaxAge is how old a probe may be before routing calls it
-	// stale_probe; zero means 5m.
+	// stale_probe; zero means 30m.
 	ProbeMaxAge time.Duration
+	// ProbeRefresh is the longest a host's recorded probe goes unwritten
+	// while nothing material changes; zero means ProbeMaxAge/2. Under
+	// ProbeMaxAge, or a quiet host would go stale between its writes.
+	ProbeRefresh time.Duration
 	// ProbeConcurrency bounds how many hosts are probed at once; zero means 8.
 	ProbeConcurrency int
 	// LogLevel is the slog level; zero is info.
@@ -161,6 +180,19 @@ type Fleet struct {
 	// ProbeInterval and SweepInterval are the local stack's timers for the
 	// scheduled probe and sweep; zero means 10s each.
 	ProbeInterval, SweepInterval time.Duration
+	// QueueTimeout is how long a dispatch that does not say may wait for
+	// capacity; zero: such a dispatch never waits (today's answers).
+	QueueTimeout time.Duration
+	// QueueMaxTimeout bounds any dispatch's wait; zero means 24h. At least
+	// QueueTimeout.
+	QueueMaxTimeout time.Duration
+	// WakeQueue is the URL of the SQS queue wakes are sent to; empty:
+	// none (the local stack's in-process queue, or no wakes at all).
+	WakeQueue string
+	// CapacityClasses are routing classes the capacity figures report even
+	// with nothing queued, each in fleet.ClassOf's form (normalised when
+	// read: labels sorted and escaped); nil: none.
+	CapacityClasses []string
 }
 
 // FromEnv reads every variable through getenv (os.Getenv in main), fills
@@ -203,6 +235,16 @@ func FromEnv(getenv func(string) string) (Fleet, error) {
 	c.ProbeTimeout, err = positiveDuration(getenv, EnvProbeTimeout)
 	errs = append(errs, err)
 	c.ProbeMaxAge, err = positiveDuration(getenv, EnvProbeMaxAge)
+	errs = append(errs, err)
+	c.ProbeRefresh, err = positiveDuration(getenv, EnvProbeRefresh)
+	errs = append(errs, err)
+	// "0s" says outright what unset says: no dispatch waits unless it asks.
+	c.QueueTimeout, err = nonNegativeDuration(getenv, EnvQueueTimeout)
+	errs = append(errs, err)
+	c.QueueMaxTimeout, err = positiveDuration(getenv, EnvQueueMaxTimeout)
+	errs = append(errs, err)
+	c.WakeQueue = getenv(EnvWakeQueue)
+	c.CapacityClasses, err = parseClasses(getenv(EnvCapacityClasses))
 	errs = append(errs, err)
 	for _, d := range []struct {
 		dst  *time.Duration
@@ -266,10 +308,16 @@ func (c *Fleet) fillDefaults() {
 		{&c.StreamMaxDuration, stream.DefaultMaxDuration}, {&c.StreamIdleTimeout, stream.DefaultIdleTimeout},
 		{&c.ProbeInterval, DefaultProbeInterval},
 		{&c.SweepInterval, DefaultSweepInterval}, {&c.AdminTokenTTL, DefaultAdminTokenTTL},
+		{&c.QueueMaxTimeout, fleet.DefaultQueueMaxTimeout},
 	} {
 		if *d.dst == 0 {
 			*d.dst = d.def
 		}
+	}
+	// After ProbeMaxAge's own default: the refresh follows the age in
+	// effect.
+	if c.ProbeRefresh == 0 {
+		c.ProbeRefresh = c.ProbeMaxAge / 2
 	}
 }
 
@@ -287,6 +335,21 @@ func (c Fleet) Validate() error {
 	if c.StreamURL != "" {
 		if err := fleetapi.CheckBaseURL(c.StreamURL); err != nil {
 			errs = append(errs, fmt.Errorf("%s: %w", EnvStreamURL, err))
+		}
+	}
+	if c.ProbeRefresh >= c.ProbeMaxAge {
+		// Both named: either may be the one to change, and an unset
+		// PROBE_MAX_AGE is its default, which the operator may not know.
+		errs = append(errs, fmt.Errorf("%s=%s is not under %s=%s: a quiet host's probe would go stale before it is written again",
+			EnvProbeRefresh, c.ProbeRefresh, EnvProbeMaxAge, c.ProbeMaxAge))
+	}
+	if c.QueueTimeout > c.QueueMaxTimeout {
+		errs = append(errs, fmt.Errorf("%s=%s is over %s=%s: the default wait must be one a dispatch may ask",
+			EnvQueueTimeout, c.QueueTimeout, EnvQueueMaxTimeout, c.QueueMaxTimeout))
+	}
+	if c.WakeQueue != "" {
+		if u, err := url.Parse(c.WakeQueue); err != nil || (u.Scheme != "https" && u.Scheme != "http") || u.Host == "" || strings.Trim(u.Path, "/") == "" {
+			errs = append(errs, fmt.Errorf("%s=%q: want the queue's URL, https://sqs.<region>.amazonaws.com/<account>/<name>", EnvWakeQueue, c.WakeQueue))
 		}
 	}
 	if c.StreamMaxPerCaller > store.MaxStreamSlots {
@@ -382,6 +445,46 @@ func positiveInt(getenv func(string) string, name string) (int, error) {
 		return 0, fmt.Errorf("%s=%q: want a positive integer", name, v)
 	}
 	return n, nil
+}
+
+func nonNegativeDuration(getenv func(string) string, name string) (time.Duration, error) {
+	v := getenv(name)
+	if v == "" {
+		return 0, nil
+	}
+	d, err := time.ParseDuration(v)
+	if err != nil || d < 0 {
+		return 0, fmt.Errorf("%s=%q: want a Go duration such as 10m (0s: none)", name, v)
+	}
+	return d, nil
+}
+
+// parseClasses reads RUNFLEET_CAPACITY_CLASSES: routing classes separated
+// by commas, each an agent and optionally "?" and its labels as a query
+// ("claude?pool=gpu"). Each is normalised to fleet.ClassOf's form, the
+// one the capacity figures and the RoutingClass dimension name it by, so
+// "claude?pool=gpu&arch=arm" and "claude?arch=arm&pool=gpu" are one class.
+func parseClasses(v string) ([]string, error) {
+	if v == "" {
+		return nil, nil
+	}
+	var out []string
+	for _, raw := range strings.Split(v, ",") {
+		c := strings.TrimSpace(raw)
+		agent, labels, err := fleet.ParseClass(c)
+		switch {
+		case c == "":
+			return nil, fmt.Errorf("%s=%q: an empty class (two commas, or one at an end)", EnvCapacityClasses, v)
+		case err != nil:
+			return nil, fmt.Errorf("%s: class %q: %v", EnvCapacityClasses, c, err)
+		case agent == "":
+			return nil, fmt.Errorf("%s: class %q names no agent: want <agent>[?<label>=<value>&...]", EnvCapacityClasses, c)
+		}
+		if c = fleet.ClassOf(agent, labels); !slices.Contains(out, c) {
+			out = append(out, c)
+		}
+	}
+	return out, nil
 }
 
 func positiveDuration(getenv func(string) string, name string) (time.Duration, error) {

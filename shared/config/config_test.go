@@ -3,6 +3,7 @@ package config
 import (
 	"fmt"
 	"log/slog"
+	"reflect"
 	"strings"
 	"testing"
 	"time"
@@ -19,7 +20,7 @@ func TestFromEnvDefaults(t *testing.T) {
 		t.Fatal(err)
 	}
 	if c.Tables != dynamostore.DefaultTableNames() || c.Addr != DefaultAddr || c.RetentionDays != 30 ||
-		c.HostTimeout != 10*time.Second || c.ProbeTimeout != 5*time.Second || c.ProbeMaxAge != 5*time.Minute ||
+		c.HostTimeout != 10*time.Second || c.ProbeTimeout != 5*time.Second || c.ProbeMaxAge != 30*time.Minute ||
 		c.ProbeConcurrency != 8 || c.Store != "" || c.Credentials != (credentials.Spec{}) || c.LogLevel != slog.LevelInfo {
 		t.Fatalf("defaults = %+v", c)
 	}
@@ -30,6 +31,93 @@ func TestFromEnvDefaults(t *testing.T) {
 	}
 	if c.Retention() != 30*24*time.Hour {
 		t.Fatalf("retention = %v", c.Retention())
+	}
+	// Nothing waits unless asked; a quiet host's probe is written every
+	// 15 minutes; no wake queue, no class reported beyond what is seen.
+	if c.QueueTimeout != 0 || c.QueueMaxTimeout != 24*time.Hour || c.ProbeRefresh != 15*time.Minute ||
+		c.WakeQueue != "" || c.CapacityClasses != nil {
+		t.Fatalf("queue and probe defaults = %+v", c)
+	}
+}
+
+// TestProbeRefreshFollowsTheMaxAgeInEffect: unset, the refresh is half the
+// probe's max age, whichever sets it; set, it must stay under it, and the
+// error names both variables, the max age with the value in effect.
+func TestProbeRefreshFollowsTheMaxAgeInEffect(t *testing.T) {
+	c, err := FromEnv(env(map[string]string{EnvProbeMaxAge: "4m"}))
+	if err != nil || c.ProbeRefresh != 2*time.Minute {
+		t.Fatalf("PROBE_MAX_AGE=4m: refresh %v, %v; want 2m", c.ProbeRefresh, err)
+	}
+	if c, err := FromEnv(env(map[string]string{EnvProbeRefresh: "29m"})); err != nil || c.ProbeRefresh != 29*time.Minute {
+		t.Fatalf("PROBE_REFRESH=29m under the default max age: %v, %v", c.ProbeRefresh, err)
+	}
+	for _, tc := range []struct {
+		vars map[string]string
+		want string
+	}{
+		{map[string]string{EnvProbeRefresh: "30m"},
+			"RUNFLEET_PROBE_REFRESH=30m0s is not under RUNFLEET_PROBE_MAX_AGE=30m0s: a quiet host's probe would go stale before it is written again"},
+		{map[string]string{EnvProbeRefresh: "5m", EnvProbeMaxAge: "2m"},
+			"RUNFLEET_PROBE_REFRESH=5m0s is not under RUNFLEET_PROBE_MAX_AGE=2m0s: a quiet host's probe would go stale before it is written again"},
+	} {
+		if _, err := FromEnv(env(tc.vars)); err == nil || err.Error() != tc.want {
+			t.Errorf("%v: %v\nwant %s", tc.vars, err, tc.want)
+		}
+	}
+}
+
+// TestQueueTimeouts: the default wait is any duration up to the maximum
+// ("0s" as unset: no wait), the maximum a positive one.
+func TestQueueTimeouts(t *testing.T) {
+	c, err := FromEnv(env(map[string]string{EnvQueueTimeout: "10m", EnvQueueMaxTimeout: "2h"}))
+	if err != nil || c.QueueTimeout != 10*time.Minute || c.QueueMaxTimeout != 2*time.Hour {
+		t.Fatalf("10m up to 2h: %v %v, %v", c.QueueTimeout, c.QueueMaxTimeout, err)
+	}
+	if c, err := FromEnv(env(map[string]string{EnvQueueTimeout: "0s"})); err != nil || c.QueueTimeout != 0 {
+		t.Fatalf("QUEUE_TIMEOUT=0s: %v, %v; want no default wait", c.QueueTimeout, err)
+	}
+	if c, err := FromEnv(env(map[string]string{EnvQueueTimeout: "24h"})); err != nil || c.QueueTimeout != 24*time.Hour {
+		t.Fatalf("QUEUE_TIMEOUT=24h under the default maximum: %v, %v", c.QueueTimeout, err)
+	}
+	for _, tc := range []struct {
+		vars map[string]string
+		want string
+	}{
+		{map[string]string{EnvQueueTimeout: "25h"},
+			"RUNFLEET_QUEUE_TIMEOUT=25h0m0s is over RUNFLEET_QUEUE_MAX_TIMEOUT=24h0m0s: the default wait must be one a dispatch may ask"},
+		{map[string]string{EnvQueueTimeout: "2h", EnvQueueMaxTimeout: "1h"},
+			"RUNFLEET_QUEUE_TIMEOUT=2h0m0s is over RUNFLEET_QUEUE_MAX_TIMEOUT=1h0m0s: the default wait must be one a dispatch may ask"},
+		{map[string]string{EnvQueueTimeout: "-1s"}, `RUNFLEET_QUEUE_TIMEOUT="-1s": want a Go duration such as 10m (0s: none)`},
+		{map[string]string{EnvQueueMaxTimeout: "0s"}, `RUNFLEET_QUEUE_MAX_TIMEOUT="0s": want a positive Go duration such as 10s`},
+	} {
+		if _, err := FromEnv(env(tc.vars)); err == nil || err.Error() != tc.want {
+			t.Errorf("%v: %v\nwant %s", tc.vars, err, tc.want)
+		}
+	}
+}
+
+// TestCapacityClasses: each class is checked as fleet.ParseClass reads it
+// and kept in fleet.ClassOf's form, once; a bad one names the variable and
+// the class.
+func TestCapacityClasses(t *testing.T) {
+	c, err := FromEnv(env(map[string]string{EnvCapacityClasses: "claude, codex?pool=gpu&arch=arm64 ,shell,codex?arch=arm64&pool=gpu"}))
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := []string{"claude", "codex?arch=arm64&pool=gpu", "shell"}
+	if !reflect.DeepEqual(c.CapacityClasses, want) {
+		t.Fatalf("classes %q, want %q", c.CapacityClasses, want)
+	}
+	for value, want := range map[string]string{
+		"claude,,shell":      `RUNFLEET_CAPACITY_CLASSES="claude,,shell": an empty class (two commas, or one at an end)`,
+		"claude,":            `RUNFLEET_CAPACITY_CLASSES="claude,": an empty class (two commas, or one at an end)`,
+		"?pool=gpu":          `RUNFLEET_CAPACITY_CLASSES: class "?pool=gpu" names no agent: want <agent>[?<label>=<value>&...]`,
+		"claude?pool=%zz":    `RUNFLEET_CAPACITY_CLASSES: class "claude?pool=%zz": invalid URL escape "%zz"`,
+		"cl%zzaude?pool=gpu": `RUNFLEET_CAPACITY_CLASSES: class "cl%zzaude?pool=gpu": invalid URL escape "%zz"`,
+	} {
+		if _, err := FromEnv(env(map[string]string{EnvCapacityClasses: value})); err == nil || err.Error() != want {
+			t.Errorf("%q: %v\nwant %s", value, err, want)
+		}
 	}
 }
 
@@ -44,6 +132,9 @@ func TestFromEnvReadsEveryName(t *testing.T) {
 		EnvStreamIdleTimeout: "90s", EnvStreamMaxPerCaller: "4",
 		EnvProbeInterval: "30s", EnvSweepInterval: "1m", EnvStreamURL: "https://s.lambda-url.eu-west-1.on.aws/",
 		EnvAdminTokenTTL: "15s", EnvBroker: "file:/etc/broker.json", EnvBrokerKey: "kms:alias/runfleet-broker",
+		EnvProbeRefresh: "20s", EnvQueueTimeout: "10m", EnvQueueMaxTimeout: "2h",
+		EnvWakeQueue:       "https://sqs.eu-west-1.amazonaws.com/123456789012/runfleet-DispatchWakes-Ab12",
+		EnvCapacityClasses: "claude,shell?pool=gpu",
 	}))
 	if err != nil {
 		t.Fatal(err)
@@ -58,8 +149,11 @@ func TestFromEnvReadsEveryName(t *testing.T) {
 		StreamIdleTimeout: 90 * time.Second, StreamMaxPerCaller: 4,
 		ProbeInterval: 30 * time.Second, SweepInterval: time.Minute, StreamURL: "https://s.lambda-url.eu-west-1.on.aws/",
 		AdminTokenTTL: 15 * time.Second, Broker: "file:/etc/broker.json", BrokerKey: "kms:alias/runfleet-broker",
+		ProbeRefresh: 20 * time.Second, QueueTimeout: 10 * time.Minute, QueueMaxTimeout: 2 * time.Hour,
+		WakeQueue:       "https://sqs.eu-west-1.amazonaws.com/123456789012/runfleet-DispatchWakes-Ab12",
+		CapacityClasses: []string{"claude", "shell?pool=gpu"},
 	}
-	if c != want {
+	if !reflect.DeepEqual(c, want) {
 		t.Fatalf("got %+v\nwant %+v", c, want)
 	}
 	if kind, path, _ := ParseStore(c.Store); kind != StoreBolt || path != "/tmp/f.db" {
@@ -93,6 +187,11 @@ func TestFromEnvErrorsNameTheVariable(t *testing.T) {
 		EnvStreamURL:          "s.lambda-url.eu-west-1.on.aws",
 		EnvBroker:             "file:",
 		EnvBrokerKey:          "vault:x",
+		EnvProbeRefresh:       "0s",
+		EnvQueueTimeout:       "soon",
+		EnvQueueMaxTimeout:    "1d",
+		EnvWakeQueue:          "DispatchWakes",
+		EnvCapacityClasses:    ",",
 	} {
 		_, err := FromEnv(env(map[string]string{name: value}))
 		if err == nil || !strings.Contains(err.Error(), name) {

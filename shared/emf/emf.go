@@ -1,14 +1,18 @@
 // Package emf writes Fleet's metrics as CloudWatch Embedded Metric Format
-// lines: each metric one JSON document on one line of the function's
-// stdout, which CloudWatch Logs turns into a metric of namespace Runfleet
+// lines: each JSON document (one metric, or several sharing dimensions) on
+// one line of the function's stdout, which CloudWatch Logs turns into
+// metrics of namespace Runfleet
 // (https://docs.aws.amazon.com/AmazonCloudWatch/latest/monitoring/CloudWatch_Embedded_Metric_Format_Specification.html).
-// The sweep's lag and the broker's counts go through one Writer per
-// process, so lines written by concurrent goroutines never interleave.
+// The sweep's lag, the broker's counts and the probe's capacity figures go
+// through one Writer per process, so lines written by concurrent
+// goroutines never interleave.
 package emf
 
 import (
 	"encoding/json"
+	"fmt"
 	"io"
+	"maps"
 	"slices"
 	"sync"
 	"time"
@@ -68,25 +72,40 @@ type metric struct {
 	Unit string `json:"Unit"`
 }
 
-// Write writes m, at at, as one line: the whole line is the JSON document
-// (CloudWatch Logs takes a log event as EMF only when its message is
-// exactly one JSON object). The value is the root member named as the
+// Write writes ms, at at, as one line: the whole line is the JSON
+// document (CloudWatch Logs takes a log event as EMF only when its message
+// is exactly one JSON object). Each value is the root member named as its
 // metric, each dimension's value the root member named as the dimension.
-func (w *Writer) Write(at time.Time, m Metric) error {
-	if w == nil {
+// Metrics written together share one directive, so they must share their
+// dimensions (the first's; a metric naming others is an error): one line
+// per class carries a class's every figure.
+func (w *Writer) Write(at time.Time, ms ...Metric) error {
+	if w == nil || len(ms) == 0 {
 		return nil
 	}
-	dims := make([]string, 0, len(m.Dimensions))
-	doc := map[string]any{m.Name: m.Value}
-	for k, v := range m.Dimensions {
+	first := ms[0].Dimensions
+	dims := make([]string, 0, len(first))
+	doc := map[string]any{}
+	for k, v := range first {
 		dims = append(dims, k)
 		doc[k] = v
 	}
 	slices.Sort(dims)
+	metrics := make([]metric, len(ms))
+	for i, m := range ms {
+		if !maps.Equal(m.Dimensions, first) {
+			return fmt.Errorf("emf: metric %s has other dimensions than %s, written with it", m.Name, ms[0].Name)
+		}
+		if _, taken := doc[m.Name]; taken {
+			return fmt.Errorf("emf: metric %s is named twice (or as a dimension) in one line", m.Name)
+		}
+		doc[m.Name] = m.Value
+		metrics[i] = metric{Name: m.Name, Unit: m.Unit}
+	}
 	doc["_aws"] = meta{
 		Timestamp: at.UnixMilli(),
 		CloudWatchMetrics: []directive{{
-			Namespace: Namespace, Dimensions: [][]string{dims}, Metrics: []metric{{Name: m.Name, Unit: m.Unit}},
+			Namespace: Namespace, Dimensions: [][]string{dims}, Metrics: metrics,
 		}},
 	}
 	b, err := json.Marshal(doc)

@@ -61,3 +61,32 @@ func TestANilWriterWritesNothing(t *testing.T) {
 		t.Fatal("a nil writer")
 	}
 }
+
+// TestMetricsSharingDimensionsAreOneLine: a class's figures are one
+// document, one directive listing each metric in order; metrics of other
+// dimensions, or a name given twice, are refused and nothing is written.
+func TestMetricsSharingDimensionsAreOneLine(t *testing.T) {
+	var buf syncbuf.Buffer
+	w := New(&buf)
+	at := time.Date(2026, 3, 1, 12, 0, 0, 0, time.UTC)
+	dims := map[string]string{"RoutingClass": "shell?pool=ci"}
+	if err := w.Write(at,
+		Metric{Name: "QueuedRuns", Unit: UnitCount, Value: 3, Dimensions: dims},
+		Metric{Name: "OldestQueuedWaitSeconds", Unit: UnitSeconds, Value: 90, Dimensions: dims},
+	); err != nil {
+		t.Fatal(err)
+	}
+	want := `{"OldestQueuedWaitSeconds":90,"QueuedRuns":3,"RoutingClass":"shell?pool=ci","_aws":{"Timestamp":1772366400000,"CloudWatchMetrics":[{"Namespace":"Runfleet","Dimensions":[["RoutingClass"]],"Metrics":[{"Name":"QueuedRuns","Unit":"Count"},{"Name":"OldestQueuedWaitSeconds","Unit":"Seconds"}]}]}}` + "\n"
+	if got := buf.String(); got != want {
+		t.Fatalf("line:\n%s\nwant\n%s", got, want)
+	}
+	if err := w.Write(at, Metric{Name: "A", Dimensions: dims}, Metric{Name: "B"}); err == nil {
+		t.Fatal("metrics of other dimensions were written as one line")
+	}
+	if err := w.Write(at, Metric{Name: "A"}, Metric{Name: "A"}); err == nil {
+		t.Fatal("a metric named twice was written")
+	}
+	if buf.String() != want {
+		t.Fatalf("a refused line was written: %s", buf.String())
+	}
+}

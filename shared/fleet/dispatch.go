@@ -560,7 +560,8 @@ func (f *Fleet) recordStartAnswer(ctx context.Context, client *hostproto.Client,
 		canceled = false
 		if cur.Status != store.StatusDispatching {
 			outcome = startAnswer{}
-			canceled = callErr == nil && answer.RunID != "" && canceledWhileOffered(*cur, run.HostID)
+			// A run the host holds live (not refused) must not outlive the cancel.
+			canceled = callErr == nil && answer.RunID != "" && !hostproto.TerminalStatus(answer.Status) && canceledWhileOffered(*cur, run.HostID)
 			return false // recovery recorded the host's answer first, or a cancel ended the run
 		}
 		outcome = f.applyStartAnswer(cur, answer, callErr)

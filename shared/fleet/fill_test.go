@@ -618,3 +618,41 @@ func TestWaitingRunsAndTheirTokens(t *testing.T) {
 		t.Fatalf("started: %+v; starts %+v", r, starts)
 	}
 }
+
+// TestAQueuedRunHasNoHostToAsk: the paths that read a live run from its
+// host (a stream's pull-through, GET, a listing's refresh, the egress
+// mirror) take a queued run as it is stored, and ask no host.
+func TestAQueuedRunHasNoHostToAsk(t *testing.T) {
+	e := newTestEnv(t, 10*time.Second)
+	host := e.addHost(t, "h1", fakehost.Config{})
+	ctx := context.Background()
+	alice := caller("alice", "h1") // a scoped caller sees its queued run, on no host
+	req := shellRun
+	req.Queue = waitHour
+	res := withoutRoom(t, e, host, func() DispatchResult {
+		res, err := e.f.Dispatch(ctx, alice, req, "")
+		if err != nil || res.Run.Status != store.StatusQueued {
+			t.Fatalf("dispatch: %+v, %v", res, err)
+		}
+		return res
+	})
+	id := res.Run.FleetRunID
+	host.ResetRequests()
+	if r, err := e.f.SyncRun(ctx, id); err != nil || r.Status != store.StatusQueued {
+		t.Fatalf("SyncRun: %+v, %v", r, err)
+	}
+	st, err := e.f.Run(ctx, alice, id)
+	if err != nil || st.Run.Status != store.StatusQueued || st.Position != 1 || st.Refreshed {
+		t.Fatalf("GET: %+v, %v", st, err)
+	}
+	page, err := e.f.Runs(ctx, alice, RunsQuery{Status: store.StatusQueued})
+	if err != nil || len(page.Runs) != 1 || page.Runs[0].FleetRunID != id {
+		t.Fatalf("listing: %+v, %v", page, err)
+	}
+	if eg, err := e.f.Egress(ctx, alice, id, 0, 0, true); err != nil || len(eg.Records) != 0 || eg.Verification == nil || eg.Verification.OK {
+		t.Fatalf("egress: %+v, %v", eg, err)
+	}
+	if got := host.Requests(); len(got) != 0 {
+		t.Fatalf("the host was asked %v", got)
+	}
+}

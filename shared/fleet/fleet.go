@@ -40,7 +40,7 @@ import (
 const (
 	DefaultHostTimeout      = 10 * time.Second
 	DefaultProbeTimeout     = 5 * time.Second
-	DefaultProbeMaxAge      = 5 * time.Minute
+	DefaultProbeMaxAge      = 30 * time.Minute
 	DefaultProbeConcurrency = 8
 	DefaultRetention        = 30 * 24 * time.Hour
 	// IdempotencyTTL is how long an idempotency key binds its first run.
@@ -148,6 +148,8 @@ type Fleet struct {
 
 	// ledgers remembers each live run's ledger cursor (egress.go).
 	ledgers ledgerCursors
+	// probed remembers when each host was last probed (probe.go).
+	probed probeMemory
 }
 
 // New checks cfg, fills its defaults and returns a Fleet.

@@ -1,13 +1,9 @@
 package fleet
 
 import (
-	"bytes"
-	"compress/gzip"
 	"context"
 	"encoding/json"
-	"errors"
 	"fmt"
-	"io"
 	"net/url"
 	"slices"
 	"time"
@@ -130,13 +126,10 @@ func cutQuery(s string) (before, after string, found bool) {
 	return s, "", false
 }
 
-// errQueueTODO marks what issue 34 has still to build (capacity.go's
-// stub, until its owner replaces it).
-var errQueueTODO = errors.New("fleet: runs that wait are not built yet")
-
 // maxQueuedRequestBytes bounds what a waiting run keeps of its request
-// (QueueInfo.Request, compressed): the run is one DynamoDB item, at most
-// 400 KB with everything else it holds.
+// (QueueInfo.Request, its JSON): the run is one DynamoDB item, at most
+// 400 KB with everything else it holds (dynamostore deflates it, which
+// never makes it larger than this by more than a few bytes).
 const maxQueuedRequestBytes = 300 << 10
 
 // queueWait decides whether dispatch r of caller c waits when no host can
@@ -172,7 +165,7 @@ func (f *Fleet) queueWait(c store.Caller, r DispatchRequest) (*store.QueueInfo, 
 	}
 	req := encodeQueued(c, r)
 	if len(req) > maxQueuedRequestBytes {
-		return nil, invalid("queue: the run request is %d bytes compressed, and a run that waits keeps it in Fleet's store, at most %d: "+
+		return nil, invalid("queue: the run request is %d bytes as JSON, and a run that waits keeps it in Fleet's store, at most %d: "+
 			"shorten its prompt, argv or env, or leave out queue", len(req), maxQueuedRequestBytes)
 	}
 	return &store.QueueInfo{Class: ClassOf(r.Run.Agent, r.Labels), Priority: q.Priority, Timeout: q.Timeout, Request: req}, nil
@@ -182,8 +175,7 @@ func (f *Fleet) queueWait(c store.Caller, r DispatchRequest) (*store.QueueInfo, 
 const queuedRequestVersion = 1
 
 // queuedRequest is the stored form of a waiting run's dispatch
-// (QueueInfo.Request, gzip-compressed JSON): the request it is started
-// with, and the host scope of the caller that dispatched it, which the
+// (QueueInfo.Request, its JSON): the request it is started with, and the host scope of the caller that dispatched it, which the
 // dispatcher, acting for no caller, honours when it offers the run (a
 // caller re-minted with a smaller scope meanwhile does not narrow it).
 type queuedRequest struct {
@@ -212,24 +204,12 @@ func encodeQueued(c store.Caller, r DispatchRequest) []byte {
 		// Strings, slices and maps of strings always marshal.
 		panic(fmt.Sprintf("fleet: marshaling a queued request: %v", err))
 	}
-	var buf bytes.Buffer
-	zw := gzip.NewWriter(&buf)
-	zw.Write(raw) // a bytes.Buffer never fails
-	zw.Close()
-	return buf.Bytes()
+	return raw
 }
 
 func decodeQueued(b []byte) (waitingRequest, error) {
-	zr, err := gzip.NewReader(bytes.NewReader(b))
-	if err != nil {
-		return waitingRequest{}, fmt.Errorf("fleet: reading a queued request: %w", err)
-	}
-	raw, err := io.ReadAll(io.LimitReader(zr, 2*runspec.MaxEncodedBytes))
-	if err != nil {
-		return waitingRequest{}, fmt.Errorf("fleet: reading a queued request: %w", err)
-	}
 	var q queuedRequest
-	if err := json.Unmarshal(raw, &q); err != nil {
+	if err := json.Unmarshal(b, &q); err != nil {
 		return waitingRequest{}, fmt.Errorf("fleet: reading a queued request: %w", err)
 	}
 	if q.V != queuedRequestVersion {

@@ -1,9 +1,6 @@
 package fleet
 
 import (
-	"bytes"
-	"compress/gzip"
-	"encoding/json"
 	"reflect"
 	"strings"
 	"testing"
@@ -105,16 +102,13 @@ func TestQueueWaitRefusesWhatCannotWait(t *testing.T) {
 }
 
 // TestQueuedRequestKeepsTheDispatchAndScope: what a waiting run keeps is
-// the request it is started with and its caller's host scope, compressed,
-// in a versioned form a later Fleet refuses to misread.
+// the request it is started with and its caller's host scope, in a
+// versioned form a later Fleet refuses to misread; a request too large to
+// keep is refused before anything is written.
 func TestQueuedRequestKeepsTheDispatchAndScope(t *testing.T) {
 	req := DispatchRequest{Labels: map[string]string{"pool": "a"}, Run: runspec.Request{Agent: "shell", Prompt: strings.Repeat("make test ", 1000),
 		Env: map[string]string{"CI": "1"}, Secrets: []runspec.Secret{{ProjectID: "acme", Key: "K", Domains: []string{"api.example.com"}}}}}
-	raw := encodeQueued(caller("alice", "h1", "h2"), req)
-	if len(raw) > 1000 {
-		t.Errorf("a 10 kB prompt is kept in %d bytes; compression expected", len(raw))
-	}
-	wr, err := decodeQueued(raw)
+	wr, err := decodeQueued(encodeQueued(caller("alice", "h1", "h2"), req))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -126,12 +120,15 @@ func TestQueuedRequestKeepsTheDispatchAndScope(t *testing.T) {
 		t.Error("an admin's waiting run may use any host")
 	}
 
-	var buf bytes.Buffer
-	zw := gzip.NewWriter(&buf)
-	json.NewEncoder(zw).Encode(map[string]any{"v": 2, "run": map[string]any{"agent": "shell"}})
-	zw.Close()
-	if _, err := decodeQueued(buf.Bytes()); err == nil || !strings.Contains(err.Error(), "version 2") {
+	if _, err := decodeQueued([]byte(`{"v":2,"run":{"agent":"shell"}}`)); err == nil || !strings.Contains(err.Error(), "version 2") {
 		t.Errorf("a later version: %v", err)
+	}
+
+	e := newTestEnv(t, 10*time.Second)
+	big := DispatchRequest{Run: runspec.Request{Agent: "shell", Prompt: strings.Repeat("x", runspec.MaxPromptBytes),
+		Argv: []string{strings.Repeat("y", 100<<10)}}, Queue: &QueueRequest{Timeout: time.Minute}}
+	if _, err := e.f.queueWait(caller("alice"), big); !isKind(err, KindInvalid) || !strings.Contains(err.Error(), "leave out queue") {
+		t.Errorf("a request too large to keep: %v", err)
 	}
 }
 

@@ -1,9 +1,10 @@
 // Package fleetapp assembles Fleet from its configuration: the store
 // (DynamoDB, or bbolt through Deps.OpenBolt), the credential source, the
-// admin token, the broker of the keys Fleet mints, the domain, and its four
-// handlers (the API, the stream, the scheduled probe and sweep). The Lambda
-// functions and the local stack build Fleet only through it, so both run
-// the same thing.
+// admin token, the broker of the keys Fleet mints, the queue wakes travel
+// through (SQS, or the local stack's through Deps.Waker), the domain, and
+// its five handlers (the API, the stream, the scheduled probe and sweep,
+// the dispatcher). The Lambda functions and the local stack build Fleet
+// only through it, so both run the same thing.
 //
 // No Lambda function links bbolt: the bolt store is opened by a function
 // the local stack (and tests) pass in, never by this package.
@@ -23,6 +24,7 @@ import (
 	awsconfig "github.com/aws/aws-sdk-go-v2/config"
 	"github.com/aws/aws-sdk-go-v2/service/dynamodb"
 	"github.com/aws/aws-sdk-go-v2/service/secretsmanager"
+	"github.com/aws/aws-sdk-go-v2/service/sqs"
 
 	"github.com/runfleet/runfleet/shared/api"
 	"github.com/runfleet/runfleet/shared/auth"
@@ -37,6 +39,7 @@ import (
 	"github.com/runfleet/runfleet/shared/store"
 	"github.com/runfleet/runfleet/shared/store/dynamostore"
 	"github.com/runfleet/runfleet/shared/stream"
+	"github.com/runfleet/runfleet/shared/wake"
 )
 
 // Deps are what the environment does not say.
@@ -83,11 +86,16 @@ type Deps struct {
 	// token endpoints) with; nil: the broker's default. Tests trust their
 	// fake providers' CA through it.
 	BrokerHTTP *http.Client
-	// Scheduled says the process runs only the scheduled probe and sweep,
-	// which authenticate no caller: the admin token is neither read nor
-	// missed. False (the api, the stream, the local stack): it is read,
-	// and its absence is logged.
+	// Scheduled says the process authenticates no caller (the scheduled
+	// probe and sweep, and the dispatcher, which its queue invokes): the
+	// admin token is neither read nor missed. False (the api, the stream,
+	// the local stack): it is read, and its absence is logged.
 	Scheduled bool
+	// Waker, when set, is what Fleet wakes through in place of the SQS
+	// queue RUNFLEET_WAKE_QUEUE names: the local stack's in-process queue
+	// (wake.Local, which it then runs with App.Dispatcher), or a test's.
+	// Nil: RUNFLEET_WAKE_QUEUE's queue, or none when that is empty.
+	Waker fleet.Waker
 }
 
 // StoreCloser is a store that holds something until it is closed: the
@@ -108,6 +116,13 @@ type App struct {
 	Stream *stream.Handler
 	// Jobs are the scheduled probe and sweep (the probe and sweep functions).
 	Jobs *scheduled.Jobs
+	// Dispatcher fills hosts from the wake queue's messages (the
+	// dispatcher function; the local stack's in-process queue).
+	Dispatcher *wake.Dispatcher
+	// Waker is what Fleet wakes through: Deps.Waker, the SQS queue of
+	// RUNFLEET_WAKE_QUEUE, or nil (no wakes: waiting runs start only from
+	// the probe pass's own fill).
+	Waker fleet.Waker
 	// AdminConfigured reports whether a bootstrap admin token is in use.
 	AdminConfigured bool
 
@@ -319,13 +334,21 @@ func (a *App) assemble(ctx context.Context, cfg config.Fleet, deps Deps, clients
 	if err != nil {
 		return err
 	}
+	if a.Waker, err = openWaker(cfg, deps, clients); err != nil {
+		return err
+	}
 	a.Fleet, err = fleet.New(fleet.Config{
 		Store: a.Store, Credentials: a.Credentials, Logger: deps.Logger, Clock: deps.Clock,
 		Random: deps.Random, DialContext: deps.DialContext, HostTimeout: cfg.HostTimeout,
 		ProbeTimeout: cfg.ProbeTimeout, ProbeMaxAge: cfg.ProbeMaxAge, ProbeConcurrency: cfg.ProbeConcurrency,
 		Retention: cfg.Retention(), RepoURLs: repos, Broker: b, Metrics: metrics,
+		Waker: a.Waker, QueueDefault: cfg.QueueTimeout, QueueMaxTimeout: cfg.QueueMaxTimeout,
+		ProbeRefresh: cfg.ProbeRefresh, CapacityClasses: cfg.CapacityClasses,
 	})
 	if err != nil {
+		return err
+	}
+	if a.Dispatcher, err = wake.NewDispatcher(wake.DispatcherConfig{Fleet: a.Fleet, Logger: deps.Logger, Clock: deps.Clock}); err != nil {
 		return err
 	}
 	authn := auth.NewAuthenticatorWithSource(a.Store, admin)
@@ -347,11 +370,29 @@ func (a *App) assemble(ctx context.Context, cfg config.Fleet, deps Deps, clients
 	return err
 }
 
+// openWaker is what Fleet wakes through: deps.Waker when the process
+// brings its own, else the SQS queue RUNFLEET_WAKE_QUEUE names (AWS loaded
+// only then), else none.
+func openWaker(cfg config.Fleet, deps Deps, clients *awsClients) (fleet.Waker, error) {
+	if deps.Waker != nil {
+		return deps.Waker, nil
+	}
+	if cfg.WakeQueue == "" {
+		return nil, nil
+	}
+	ac, err := clients.config()
+	if err != nil {
+		return nil, err
+	}
+	return wake.NewSQS(sqs.NewFromConfig(ac), cfg.WakeQueue)
+}
+
 // Function is one of Fleet's Lambda functions, for StartFunction.
 type Function struct {
 	// Name prefixes the function's start errors ("api", "sweep", ...).
 	Name string
-	// Scheduled: the probe or the sweep (see Deps.Scheduled).
+	// Scheduled: a function no caller calls, the probe, the sweep or the
+	// dispatcher (see Deps.Scheduled).
 	Scheduled bool
 }
 

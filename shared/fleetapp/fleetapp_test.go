@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
+	"errors"
 	"io"
 	"log/slog"
 	"net/http"
@@ -17,12 +18,15 @@ import (
 	"github.com/aws/aws-sdk-go-v2/aws"
 	"github.com/aws/aws-sdk-go-v2/service/dynamodb"
 	"github.com/aws/aws-sdk-go-v2/service/secretsmanager"
+	"github.com/aws/aws-sdk-go-v2/service/sqs"
 
 	"github.com/runfleet/runfleet/shared/clock"
 	"github.com/runfleet/runfleet/shared/config"
+	"github.com/runfleet/runfleet/shared/fleet"
 	"github.com/runfleet/runfleet/shared/store"
 	"github.com/runfleet/runfleet/shared/store/boltstore"
 	"github.com/runfleet/runfleet/shared/store/dynamostore"
+	"github.com/runfleet/runfleet/shared/wake"
 	"github.com/runfleet/runfleet/tests/kit/motoserver"
 	"github.com/runfleet/runfleet/tests/kit/syncbuf"
 )
@@ -418,5 +422,62 @@ func TestTheBrokerIsReadAtStart(t *testing.T) {
 	}
 	if _, ok := b.Kind("acme", "OTHER"); ok {
 		t.Fatal("a key without a recipe is brokered")
+	}
+}
+
+// TestWakeQueueWiring: RUNFLEET_WAKE_QUEUE names the SQS queue Fleet wakes
+// through (a message on moto's queue); a process's own waker (the local
+// stack's) wins over it; with neither, Fleet wakes nothing and loads no
+// AWS configuration for it. The dispatcher handler is built either way.
+func TestWakeQueueWiring(t *testing.T) {
+	ctx := context.Background()
+	dir := t.TempDir()
+	creds := filepath.Join(dir, "creds.json")
+	os.WriteFile(creds, []byte(`{}`), 0o600)
+	client := sqs.NewFromConfig(moto.AWSConfig())
+	q, err := client.CreateQueue(ctx, &sqs.CreateQueueInput{QueueName: aws.String(motoserver.Unique("wakes"))})
+	if err != nil {
+		t.Fatal(err)
+	}
+	url := aws.ToString(q.QueueUrl)
+	open := func(env map[string]string, deps Deps) *App {
+		t.Helper()
+		env[config.EnvCredentials] = "file:" + creds
+		deps.Logger, deps.OpenBolt = discard(), openBolt
+		deps.DefaultStore = "bolt:" + filepath.Join(t.TempDir(), "fleet.db")
+		app, err := New(ctx, fromEnv(t, env), deps)
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { app.Close() })
+		return app
+	}
+
+	app := open(map[string]string{config.EnvWakeQueue: url},
+		Deps{LoadAWS: func(context.Context) (aws.Config, error) { return moto.AWSConfig(), nil }})
+	if _, ok := app.Waker.(*wake.SQS); !ok || app.Dispatcher == nil {
+		t.Fatalf("waker %T, dispatcher %v: want SQS and a dispatcher", app.Waker, app.Dispatcher)
+	}
+	if err := app.Waker.Wake(ctx, []fleet.Wake{{HostID: "edge-1", Slots: 1, Reason: fleet.WakeRunEnded}}); err != nil {
+		t.Fatal(err)
+	}
+	got, err := client.ReceiveMessage(ctx, &sqs.ReceiveMessageInput{QueueUrl: aws.String(url), MaxNumberOfMessages: 10})
+	if err != nil || len(got.Messages) != 1 || aws.ToString(got.Messages[0].Body) != `{"v":1,"hostId":"edge-1","slots":1,"reason":"run_ended"}` {
+		t.Fatalf("the queue after a wake: %+v, %v", got, err)
+	}
+
+	local, err := wake.NewLocal(wake.LocalConfig{Logger: discard()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	noAWS := func(context.Context) (aws.Config, error) {
+		t.Error("the AWS configuration was loaded for a queue the process does not use")
+		return aws.Config{}, errors.New("no AWS here")
+	}
+	if app := open(map[string]string{config.EnvWakeQueue: url}, Deps{Waker: local, LoadAWS: noAWS}); app.Waker != local {
+		t.Fatalf("waker %T, want the process's own", app.Waker)
+	}
+	if app := open(map[string]string{}, Deps{LoadAWS: noAWS}); app.Waker != nil || app.Dispatcher == nil {
+		t.Fatalf("without a queue: waker %v, dispatcher %v; want none and a dispatcher", app.Waker, app.Dispatcher)
 	}
 }

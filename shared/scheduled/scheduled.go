@@ -1,6 +1,7 @@
 // Package scheduled owns Fleet's scheduled work as Lambda handlers: the
-// probe of every enabled host and the sweep of live runs, each within a time
-// budget taken from its invocation's deadline. functions/probe and
+// probe of every enabled host (with the fleet's capacity metrics) and the
+// sweep of live runs, each within a time budget taken from its
+// invocation's deadline. functions/probe and
 // functions/sweep start them (EventBridge Scheduler); the local stack calls
 // the very same handlers on timers.
 package scheduled
@@ -24,6 +25,21 @@ import (
 // this name.
 const MetricSweepLagSeconds = "SweepLagSeconds"
 
+// The probe's capacity metrics (namespace emf.Namespace), one EMF line per
+// routing class and pass, dimension DimensionRoutingClass (the class,
+// fleet.ClassOf's form): fleet.ClassCapacity's figures, which GET
+// /fleet/capacity answers too. An autoscaler's policy reads them (README.md,
+// section "Capacity and autoscaling").
+const (
+	MetricQueuedRuns              = "QueuedRuns"
+	MetricOldestQueuedWaitSeconds = "OldestQueuedWaitSeconds"
+	MetricFreeSlots               = "FreeSlots"
+	MetricBusySlots               = "BusySlots"
+	MetricDrainingHosts           = "DrainingHosts"
+	MetricRoutableHosts           = "RoutableHosts"
+	DimensionRoutingClass         = "RoutingClass"
+)
+
 // Defaults for Config's zero values.
 const (
 	// DefaultProbeMargin is kept free before the deadline for the last
@@ -41,6 +57,9 @@ const (
 // Log field names of the jobs' lines.
 const (
 	logProbed       = "probed"
+	logWritten      = "written"
+	logWakes        = "wakes"
+	logClasses      = "classes"
 	logStatus       = "status"
 	logSkipped      = "skipped"
 	logSkippedHosts = "skippedHosts"
@@ -67,8 +86,9 @@ type Config struct {
 	// DefaultBudget.
 	DefaultBudget time.Duration
 	// Metrics receives the jobs' CloudWatch Embedded Metric Format lines
-	// (the sweep's SweepLagSeconds, once per invocation): stdout in Lambda,
-	// where CloudWatch Logs extracts them. Nil: none written.
+	// (the sweep's SweepLagSeconds, once per invocation; the probe's
+	// capacity figures, a line per class and invocation): stdout in
+	// Lambda, where CloudWatch Logs extracts them. Nil: none written.
 	Metrics *emf.Writer
 }
 
@@ -113,23 +133,35 @@ func New(cfg Config) (*Jobs, error) {
 
 // ProbeSummary is the probe job's answer (and its log line).
 type ProbeSummary struct {
-	Probed  int            `json:"probed"`
-	Status  map[string]int `json:"status"`
-	Skipped []string       `json:"skipped,omitempty"`
+	Probed int            `json:"probed"`
+	Status map[string]int `json:"status"`
+	// Written counts the probes recorded (the others changed nothing
+	// material and their records are fresh enough).
+	Written int      `json:"written"`
+	Skipped []string `json:"skipped,omitempty"`
+	// Wakes counts the hosts woken for waiting runs.
+	Wakes int `json:"wakes"`
+	// Classes counts the routing classes whose capacity was reported.
+	Classes int `json:"classes"`
 }
 
-// Probe probes every enabled host within the invocation's budget and
-// records each probe. It fails only when the hosts cannot be listed or a
-// probe cannot be recorded (the scheduler's retry then applies).
+// Probe probes every enabled host within the invocation's budget, records
+// the probes that changed (fleet.ProbeEnabled), and writes each routing
+// class's capacity figures as one EMF line on Metrics. It fails only when
+// the hosts cannot be listed or a probe cannot be recorded (the
+// scheduler's retry then applies).
 func (j *Jobs) Probe(ctx context.Context, _ events.EventBridgeEvent) (ProbeSummary, error) {
 	begun := j.clock.Now()
 	until := j.budget(ctx, j.cfg.ProbeMargin)
 	rep, err := j.cfg.Fleet.ProbeEnabled(ctx, until)
-	sum := ProbeSummary{Probed: len(rep.Probed), Status: map[string]int{}, Skipped: rep.Skipped}
+	sum := ProbeSummary{Probed: len(rep.Probed), Status: map[string]int{}, Written: rep.Written,
+		Skipped: rep.Skipped, Wakes: len(rep.Wakes), Classes: len(rep.Capacity)}
 	for _, p := range rep.Probed {
 		sum.Status[p.Probe.Status]++
 	}
-	attrs := []any{logProbed, sum.Probed, logStatus, sum.Status, logSkipped, len(sum.Skipped),
+	j.writeCapacity(ctx, rep.Capacity)
+	attrs := []any{logProbed, sum.Probed, logStatus, sum.Status, logWritten, sum.Written, logSkipped, len(sum.Skipped),
+		logWakes, sum.Wakes, logClasses, sum.Classes,
 		logBudget, until.Sub(begun).Milliseconds(), logDuration, j.clock.Now().Sub(begun).Milliseconds()}
 	if err != nil {
 		if ctx.Err() != nil {
@@ -149,6 +181,31 @@ func (j *Jobs) Probe(ctx context.Context, _ events.EventBridgeEvent) (ProbeSumma
 		j.log.DebugContext(ctx, "scheduled probe", attrs...)
 	}
 	return sum, nil
+}
+
+// writeCapacity writes each class's figures as one EMF line: every
+// figure every pass, zeros included, so that a policy's metric math
+// never sees a gap while the class is reported.
+func (j *Jobs) writeCapacity(ctx context.Context, classes []fleet.ClassCapacity) {
+	if j.cfg.Metrics == nil {
+		return
+	}
+	at := j.clock.Now()
+	for _, c := range classes {
+		dims := map[string]string{DimensionRoutingClass: c.Class}
+		err := j.cfg.Metrics.Write(at,
+			emf.Metric{Name: MetricQueuedRuns, Unit: emf.UnitCount, Value: float64(c.Queued), Dimensions: dims},
+			emf.Metric{Name: MetricOldestQueuedWaitSeconds, Unit: emf.UnitSeconds, Value: float64(int64(c.OldestWait / time.Second)), Dimensions: dims},
+			emf.Metric{Name: MetricFreeSlots, Unit: emf.UnitCount, Value: float64(c.FreeSlots), Dimensions: dims},
+			emf.Metric{Name: MetricBusySlots, Unit: emf.UnitCount, Value: float64(c.BusySlots), Dimensions: dims},
+			emf.Metric{Name: MetricDrainingHosts, Unit: emf.UnitCount, Value: float64(c.DrainingHosts), Dimensions: dims},
+			emf.Metric{Name: MetricRoutableHosts, Unit: emf.UnitCount, Value: float64(c.Hosts), Dimensions: dims},
+		)
+		if err != nil {
+			j.log.ErrorContext(ctx, "scheduled probe: writing the capacity metrics", logErr, err.Error())
+			return
+		}
+	}
 }
 
 // Sweep sweeps the live runs within the invocation's budget: the deadline

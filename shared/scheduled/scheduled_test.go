@@ -17,6 +17,7 @@ import (
 	"github.com/runfleet/runfleet/shared/credentials"
 	"github.com/runfleet/runfleet/shared/emf"
 	"github.com/runfleet/runfleet/shared/fleet"
+	"github.com/runfleet/runfleet/shared/hostproto"
 	"github.com/runfleet/runfleet/shared/runspec"
 	"github.com/runfleet/runfleet/shared/store"
 	"github.com/runfleet/runfleet/shared/store/boltstore"
@@ -25,10 +26,11 @@ import (
 )
 
 type env struct {
-	f    *fleet.Fleet
-	st   *boltstore.Store
-	clk  *clock.Fake
-	jobs *Jobs
+	f     *fleet.Fleet
+	st    *boltstore.Store
+	clk   *clock.Fake
+	jobs  *Jobs
+	hosts []*fakehost.Host
 }
 
 // newEnv is a Fleet on bbolt with the fake clock and n fake hosts (h0..),
@@ -72,7 +74,7 @@ func newEnv(t *testing.T, n int) *env {
 	if err != nil {
 		t.Fatal(err)
 	}
-	return &env{f: f, st: st, clk: clk, jobs: jobs}
+	return &env{f: f, st: st, clk: clk, jobs: jobs, hosts: hosts}
 }
 
 func probed(t *testing.T, st store.Store) map[string]string {
@@ -268,5 +270,84 @@ func TestSweepOfNothingLiveIsDebug(t *testing.T) {
 	}
 	if level := sweepLevel(); level != "INFO" {
 		t.Errorf("a sweep of a live run logs at %s, want INFO", level)
+	}
+}
+
+// TestProbeWritesEachClassCapacityAsOneEMFLine: a probe invocation writes
+// one EMF line per routing class, dimension RoutingClass, carrying the
+// class's six figures as the pass computed them: a class whose runs wait
+// with no host for them reports its queue and zeros; the class of the
+// agent the hosts offer, its queue and the room on the enabled hosts.
+func TestProbeWritesEachClassCapacityAsOneEMFLine(t *testing.T) {
+	e := newEnv(t, 3)
+	e.hosts[0].SetLoad(&hostproto.Load{Active: 1, MaxConcurrent: 3})
+	e.hosts[1].SetLoad(&hostproto.Load{Active: 0, MaxConcurrent: 2})
+	for _, q := range []struct {
+		id, class string
+		waited    time.Duration
+	}{{"fr-1", "shell", 42 * time.Second}, {"fr-2", "shell?pool=ci", 10 * time.Second}, {"fr-3", "shell?pool=ci", 3 * time.Second}} {
+		since := e.clk.Now().Add(-q.waited)
+		r := store.Run{FleetRunID: q.id, OwnerID: "alice", Status: store.StatusQueued, Agent: "shell", CreatedAt: since, UpdatedAt: since,
+			Queue: &store.QueueInfo{Class: q.class, Since: since, Timeout: time.Hour, Until: since.Add(time.Hour), Request: []byte(`{}`)}}
+		if err := e.st.CreateRun(context.Background(), r); err != nil {
+			t.Fatal(err)
+		}
+	}
+	var metrics syncbuf.Buffer
+	jobs, err := New(Config{Fleet: e.f, Logger: slog.New(slog.NewJSONHandler(io.Discard, nil)), Clock: e.clk, Metrics: emf.New(&metrics)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	sum, err := jobs.Probe(ctx, events.EventBridgeEvent{})
+	if err != nil || sum.Probed != 2 || sum.Classes != 2 {
+		t.Fatalf("probe: %+v, %v", sum, err)
+	}
+	type figures struct {
+		QueuedRuns, OldestQueuedWaitSeconds, FreeSlots, BusySlots, DrainingHosts, RoutableHosts float64
+	}
+	want := map[string]figures{
+		"shell":         {QueuedRuns: 1, OldestQueuedWaitSeconds: 42, FreeSlots: 4, BusySlots: 1, RoutableHosts: 2},
+		"shell?pool=ci": {QueuedRuns: 2, OldestQueuedWaitSeconds: 10},
+	}
+	lines := strings.Split(strings.TrimSuffix(metrics.String(), "\n"), "\n")
+	if len(lines) != len(want) {
+		t.Fatalf("metric lines %q, want one per class", metrics.String())
+	}
+	units := map[string]string{"QueuedRuns": "Count", "OldestQueuedWaitSeconds": "Seconds", "FreeSlots": "Count",
+		"BusySlots": "Count", "DrainingHosts": "Count", "RoutableHosts": "Count"}
+	for _, l := range lines {
+		var doc struct {
+			figures
+			RoutingClass string
+			AWS          struct {
+				Timestamp         int64
+				CloudWatchMetrics []struct {
+					Namespace  string
+					Dimensions [][]string
+					Metrics    []struct{ Name, Unit string }
+				}
+			} `json:"_aws"`
+		}
+		dec := json.NewDecoder(strings.NewReader(l))
+		dec.DisallowUnknownFields()
+		if err := dec.Decode(&doc); err != nil {
+			t.Fatalf("line %s: %v", l, err)
+		}
+		d := doc.AWS.CloudWatchMetrics
+		if doc.AWS.Timestamp != e.clk.Now().UnixMilli() || len(d) != 1 || d[0].Namespace != "Runfleet" ||
+			len(d[0].Dimensions) != 1 || len(d[0].Dimensions[0]) != 1 || d[0].Dimensions[0][0] != "RoutingClass" || len(d[0].Metrics) != len(units) {
+			t.Fatalf("EMF document %s", l)
+		}
+		for _, m := range d[0].Metrics {
+			if units[m.Name] != m.Unit {
+				t.Fatalf("metric %s in %s, want %s", m.Name, m.Unit, units[m.Name])
+			}
+		}
+		if w, ok := want[doc.RoutingClass]; !ok || doc.figures != w {
+			t.Fatalf("class %q: %+v, want %+v", doc.RoutingClass, doc.figures, w)
+		}
+		delete(want, doc.RoutingClass)
 	}
 }

@@ -1,6 +1,6 @@
 // Command setup prepares a local moto_server for `sam local` (README: SAM
-// local): the DynamoDB tables and the admin token secret that
-// infra/sam/env.json names. It assembles Fleet from each function's
+// local): the DynamoDB tables, the admin token secret and the wake queue
+// that infra/sam/env.json names. It assembles Fleet from each function's
 // variables in that file as the function's cold start does (fleetapp.New,
 // with Deps.CreateTables), so the tables come from the store's own
 // definitions, and a run that succeeds means every function starts under
@@ -34,6 +34,7 @@ import (
 	awscreds "github.com/aws/aws-sdk-go-v2/credentials"
 	"github.com/aws/aws-sdk-go-v2/service/secretsmanager"
 	smtypes "github.com/aws/aws-sdk-go-v2/service/secretsmanager/types"
+	"github.com/aws/aws-sdk-go-v2/service/sqs"
 
 	"github.com/runfleet/runfleet/shared/config"
 	"github.com/runfleet/runfleet/shared/fleetapp"
@@ -64,7 +65,7 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 	adminToken := fs.String("admin-token", "", "the admin token to store (default: the one the sample events carry)")
 	fs.Usage = func() {
 		fmt.Fprintln(stderr, "usage: go run ./infra/sam/setup [flags]\n\n"+
-			"Creates the tables and the admin token secret that the env file names, in a local\n"+
+			"Creates the tables, the admin token secret and the wake queue that the env file names, in a local\n"+
 			"moto_server, for sam local (README: SAM local). Flags:")
 		fs.PrintDefaults()
 	}
@@ -107,7 +108,7 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 	log := fleetapp.NewLogger(stderr, slog.LevelError)
 
 	fmt.Fprintf(stdout, "moto_server at %s, region %s, for %s:\n", *endpoint, *region, *envFile)
-	secretsSet := map[string]bool{}
+	secretsSet, queuesReady := map[string]bool{}, map[string]bool{}
 	tablesReady := map[config.Tables]bool{}
 	for _, fn := range slices.Sorted(maps.Keys(envs)) {
 		env := envs[fn]
@@ -131,6 +132,15 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 				whose = "the token given with -admin-token"
 			}
 			fmt.Fprintf(stdout, "  secret %s: %s\n", id, whose)
+		}
+		if q := cfg.WakeQueue; q != "" && !queuesReady[q] {
+			name, err := createQueue(ctx, sqs.NewFromConfig(awsCfg), q)
+			if err != nil {
+				fmt.Fprintln(stderr, "setup:", err, unreachable(err, *endpoint))
+				return 1
+			}
+			queuesReady[q] = true
+			fmt.Fprintf(stdout, "  queue %s: ready\n", name)
 		}
 		app, err := fleetapp.New(ctx, cfg, fleetapp.Deps{
 			Logger: log, DefaultStore: config.StoreDynamoDB, CreateTables: true,
@@ -183,6 +193,24 @@ func putSecret(ctx context.Context, sm *secretsmanager.Client, id, value string)
 		return fmt.Errorf("storing the secret %s: %w", id, err)
 	}
 	return nil
+}
+
+// createQueue creates the queue a wake queue URL names (by its name, the
+// URL's last segment: SAM's containers reach moto at another address than
+// this machine does), or finds it there.
+func createQueue(ctx context.Context, client *sqs.Client, queueURL string) (string, error) {
+	u, err := url.Parse(queueURL)
+	name := ""
+	if err == nil {
+		name = u.Path[strings.LastIndex(u.Path, "/")+1:]
+	}
+	if name == "" {
+		return "", fmt.Errorf("%s=%q names no queue", config.EnvWakeQueue, queueURL)
+	}
+	if _, err := client.CreateQueue(ctx, &sqs.CreateQueueInput{QueueName: aws.String(name)}); err != nil {
+		return "", fmt.Errorf("creating the queue %s: %w", name, err)
+	}
+	return name, nil
 }
 
 // unreachable is a hint for an error that says nothing answered.

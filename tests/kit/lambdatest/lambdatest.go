@@ -230,6 +230,16 @@ func (f *Function) stop() {
 	}
 }
 
+// Kill ends the emulator and the bootstrap at once (SIGKILL to their
+// process group), as a Lambda execution environment dies mid-invocation:
+// an invoke in flight gets an error, the bootstrap's open connections are
+// closed by the kernel, and nothing it had not finished is finished. The
+// Function is unusable after; Start another.
+func (f *Function) Kill() {
+	syscall.Kill(-f.cmd.Process.Pid, syscall.SIGKILL)
+	<-f.done
+}
+
 // Invoke sends event (marshalled to JSON unless it is []byte) as one
 // invocation and returns the body the emulator answered: the function's
 // response as the runtime sent it (for a streamed response, the prelude,
