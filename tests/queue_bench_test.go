@@ -3,8 +3,6 @@ package tests
 import (
 	"context"
 	"fmt"
-	"io"
-	"log/slog"
 	"math/rand/v2"
 	"net/http"
 	"os"
@@ -34,40 +32,14 @@ const (
 // queueCostSample is how many runs each case measures per iteration.
 const queueCostSample = 5
 
-// benchWaker keeps the wakes Fleet sends, for the benchmark to deliver to
-// FillHosts as the dispatcher function's queue would (SQS in AWS).
-type benchWaker struct {
-	mu    sync.Mutex
-	wakes []fleet.Wake
-}
-
-func (w *benchWaker) Wake(_ context.Context, wakes []fleet.Wake) error {
-	w.mu.Lock()
-	defer w.mu.Unlock()
-	w.wakes = append(w.wakes, wakes...)
-	return nil
-}
-
-// take returns the wakes sent since the last take.
-func (w *benchWaker) take() []fleet.Wake {
+// take returns the wakes held and forgets them, for the benchmark to
+// deliver as it chooses.
+func (w *heldWakes) take() []fleet.Wake {
 	w.mu.Lock()
 	defer w.mu.Unlock()
 	out := w.wakes
 	w.wakes = nil
 	return out
-}
-
-// wakingFleet is a Fleet on the stack's store, credentials and clock that
-// wakes through w: the sweep and the dispatcher functions' Fleet, as
-// fleetapp builds it with a wake queue, the benchmark in SQS's place.
-func (s *stack) wakingFleet(tb testing.TB, w fleet.Waker) *fleet.Fleet {
-	tb.Helper()
-	f, err := fleet.New(fleet.Config{Store: s.app.Store, Credentials: s.app.Credentials, Clock: s.clk, DialContext: dialLoopbackOnly,
-		Logger: slog.New(slog.NewJSONHandler(io.Discard, nil)), Waker: w})
-	if err != nil {
-		tb.Fatal(err)
-	}
-	return f
 }
 
 // queueCost is a case's DynamoDB units per run.
@@ -106,24 +78,21 @@ func (c queueCost) report(b *testing.B) {
 }
 
 // queueBench is Fleet on DynamoDB (moto, metered) with one fake host of
-// one slot (h1), a caller alice, and the Fleet the sweep and the
-// dispatcher run on, waking through waker.
+// one slot (h1, pool=ci), a caller alice, and the wakes Fleet sends held.
 type queueBench struct {
-	s      *stack
-	host   *fakehost.Host
-	alice  string
-	waker  *benchWaker
-	fleet  *fleet.Fleet
-	n      int // numbers the Idempotency-Keys
-	runAsk string
+	s     *stack
+	host  *fakehost.Host
+	alice string
+	waker *heldWakes
+	n     int // numbers the Idempotency-Keys
 }
 
 func newQueueBench(b *testing.B) *queueBench {
-	s := newStack(b, "dynamodb", stackOptions{meter: &dynamostore.Meter{}})
+	w := &heldWakes{}
+	s := newStack(b, "dynamodb", stackOptions{meter: &dynamostore.Meter{}, waker: w})
 	host := s.addHost(b, "h1", fakehost.Config{MaxConcurrent: 1}, map[string]any{"labels": map[string]string{"pool": "ci"}})
 	s.probe(b, "h1")
-	w := &benchWaker{}
-	return &queueBench{s: s, host: host, alice: s.mint(b, "alice", "*", "*"), waker: w, fleet: s.wakingFleet(b, w)}
+	return &queueBench{s: s, host: host, alice: s.mint(b, "alice", "*", "*"), waker: w}
 }
 
 // dispatch is alice's dispatch of a shell run (with a key, as clients
@@ -139,12 +108,12 @@ func (q *queueBench) dispatch(b *testing.B, wait bool, status int) answer {
 	return q.s.must(b, status, "POST", "/fleet/runs", q.alice, body, "Idempotency-Key", fmt.Sprintf("q-%d", q.n))
 }
 
-// end ends child on the host and lets the waking Fleet's sweep record it;
-// it returns the wakes the sweep sent.
+// end ends child on the host and lets the sweep record it; it returns the
+// wakes the sweep sent.
 func (q *queueBench) end(b *testing.B, child string) []fleet.Wake {
 	b.Helper()
 	q.host.SetRun(child, hostproto.StatusSucceeded, new(int), "")
-	if _, err := q.fleet.Sweep(context.Background(), fleet.SweepOptions{}); err != nil {
+	if _, err := q.s.app.Fleet.Sweep(context.Background(), fleet.SweepOptions{}); err != nil {
 		b.Fatalf("sweep: %v", err)
 	}
 	return q.waker.take()
@@ -153,7 +122,7 @@ func (q *queueBench) end(b *testing.B, child string) []fleet.Wake {
 // fill delivers wakes to FillHosts, as the dispatcher does.
 func (q *queueBench) fill(b *testing.B, wakes []fleet.Wake) fleet.FillReport {
 	b.Helper()
-	rep, err := q.fleet.FillHosts(context.Background(), wakes)
+	rep, err := q.s.app.Fleet.FillHosts(context.Background(), wakes)
 	if err != nil {
 		b.Fatalf("fill %+v: %v", wakes, err)
 	}
@@ -192,7 +161,6 @@ func (q *queueBench) fill(b *testing.B, wakes []fleet.Wake) fleet.FillReport {
 func BenchmarkQueueCostPerWaitingRun(b *testing.B) {
 	q := newQueueBench(b)
 	m := q.s.meter
-	ctx := context.Background()
 	var base, asks, busy, none, idleWake, sweepBase, sweepWaiting queueCost
 	b.ResetTimer()
 	for i := 0; i < b.N; i++ {
@@ -228,15 +196,11 @@ func BenchmarkQueueCostPerWaitingRun(b *testing.B) {
 			q.fill(b, q.end(b, q.child(b, id)))
 
 			// Waits: no eligible host (drained), until it resumes.
-			if _, err := q.fleet.DrainHost(ctx, "h1"); err != nil {
-				b.Fatal(err)
-			}
+			q.s.must(b, http.StatusOK, "POST", "/fleet/hosts/h1/drain", adminToken, "")
 			m.Reset()
 			id = q.queued(b)
 			none.add(m, false)
-			if _, err := q.fleet.ResumeHost(ctx, "h1"); err != nil {
-				b.Fatal(err)
-			}
+			q.s.must(b, http.StatusOK, "POST", "/fleet/hosts/h1/resume", adminToken, "")
 			m.Reset()
 			q.started(b, id, q.waker.take())
 			none.add(m, true)
@@ -325,12 +289,14 @@ func reportOnce(b *testing.B, c queueCost) {
 }
 
 // queueBurstEnv sets BenchmarkQueueBurstDrain's burst, queueBurstDefault
-// runs when unset: 1,000, since moto serves some 200 calls a second here
-// and a run's fill and end take about 25 of them with the Meter's reads, so
-// 10,000 take some 20 minutes a mode (RUNFLEET_BENCH_QUEUE_BURST=10000);
-// what it measures per start does not grow with the queue (each fill
-// reads a page of each class's head, whatever its length), and the time
-// to drain grows with it at a given number of slots.
+// runs when unset. 1,000, not the issue's 10,000: moto serves one call at
+// a time (tests/kit/motoserver), a start and an end take some 20 calls with
+// the Meter's reads, and moto slows as the runs table grows (a round of
+// ~50 starts took ~4 s at 1,000 runs, ~12 s at 10,000), so 10,000 take
+// most of an hour a mode (RUNFLEET_BENCH_QUEUE_BURST=10000). What it
+// measures per start does not grow with the queue: a fill reads a page of
+// each class's head, whatever its length; the sweep's read of the waiting
+// runs grows with them (0.5 RCU each, measured at 10,000 too).
 const (
 	queueBurstEnv     = "RUNFLEET_BENCH_QUEUE_BURST"
 	queueBurstDefault = 1000
@@ -365,12 +331,13 @@ func burstRuns(b *testing.B) int {
 // moto with fake hosts whose slots (fakehost MaxConcurrent) free as runs
 // end. The runs are queued first (three by dispatches that found no host,
 // the rest copies of them written to the store: what enqueueing costs is
-// BenchmarkQueueCostPerWaitingRun's), then the hosts join, each woken with
-// its free slots as the probe pass wakes it. Each round the test ends
-// about half the running runs on their hosts, at random; Fleet records
-// each end as a GET does (pulled through from the host: the end written,
-// its host woken), and the wakes Fleet sent are delivered as the
-// dispatcher function takes them, in batches of queueBurstBatch:
+// BenchmarkQueueCostPerWaitingRun's), then the hosts join (registered,
+// probed), each probe waking its host with its free slots. Each round the
+// test ends about half the running runs on their hosts, at random, and
+// GETs each (Fleet pulls the run through from its host: the end written,
+// its host woken); the wakes Fleet sent (held: the stack's Waker) are
+// delivered as the dispatcher function takes them, in batches of
+// queueBurstBatch:
 //
 //   - per-host: one FillHosts per host of a batch, the batch's hosts at
 //     once, as wake.Dispatcher does (a failing host redelivers its own
@@ -403,21 +370,21 @@ func drainBurst(b *testing.B, n int, perHost bool) {
 
 	// A sweep of the burst, waiting, as the sweep function runs it each
 	// minute.
-	d.meter.Reset()
+	d.s.meter.Reset()
 	began := time.Now()
-	rep, err := d.fleet.Sweep(ctx, fleet.SweepOptions{})
+	rep, err := d.s.app.Fleet.Sweep(ctx, fleet.SweepOptions{})
 	sweepTook := time.Since(began)
 	if err != nil || rep.Queued != n {
 		b.Fatalf("a sweep of %d waiting runs: %+v, %v", n, rep, err)
 	}
-	sweep := d.meter.Snapshot()
+	sweep := d.s.meter.Snapshot()
 	b.Logf("a sweep pass over %d waiting runs, in %s on moto: %s", n, sweepTook.Round(time.Millisecond), sweep)
 
 	b.ResetTimer()
 	began = time.Now()
-	var wakes []fleet.Wake
-	for _, h := range d.hosts {
-		wakes = append(wakes, fleet.Wake{HostID: h.id, Slots: queueBurstSlots, Reason: fleet.WakeProbe})
+	wakes := d.waker.take()
+	if len(wakes) != queueBurstHosts {
+		b.Fatalf("the hosts' probes woke %+v, want each host with its free slots", wakes)
 	}
 	freed, steadyStarts, steadyFreed := 0, 0, 0
 	for round := 0; d.started < n; round++ {
@@ -477,19 +444,17 @@ type burstHost struct {
 	seen    int               // the host's starts already noted
 }
 
-// burst is a drain in progress: the stack's meter, the Fleet the
-// dispatcher and Fleet's readers run on, the hosts, the queue as the test
-// wrote it, and what has been counted.
+// burst is a drain in progress: the stack (its wakes held), the hosts,
+// the queue as the test wrote it, and what has been counted.
 type burst struct {
-	meter *dynamostore.Meter
-	waker *benchWaker
-	fleet *fleet.Fleet
+	s     *stack
+	waker *heldWakes
 	hosts []*burstHost
 	rng   *rand.Rand
 	// perHost: one FillHosts per host of a batch (deliver).
 	perHost bool
-	// alice is the runs' owner, as Fleet reads her token.
-	alice store.Caller
+	// alice is the runs' owner's token.
+	alice string
 	// classes are the burst's: agentOnly, poolA, poolB.
 	classes                 []string
 	agentOnly, poolA, poolB string
@@ -512,16 +477,15 @@ type burst struct {
 	starts, ends    []int
 }
 
-// newBurst queues n runs and registers the hosts, all idle.
+// newBurst queues n runs, then registers the hosts, all idle: each joins
+// as a host does (registered, then probed), and its probe wakes it with
+// its free slots (the wakes held, the drain's first).
 func newBurst(b *testing.B, n int) *burst {
 	b.Helper()
-	meter := &dynamostore.Meter{}
-	s := newStack(b, "dynamodb", stackOptions{meter: meter})
-	w := &benchWaker{}
-	d := &burst{meter: meter, waker: w, fleet: s.wakingFleet(b, w), rng: rand.New(rand.NewPCG(34, 10000)),
-		alice: store.Caller{OwnerID: "alice", AllowedHosts: store.Scope{All: true}, AllowedProjects: store.Scope{All: true}},
+	w := &heldWakes{}
+	s := newStack(b, "dynamodb", stackOptions{meter: &dynamostore.Meter{}, waker: w})
+	d := &burst{s: s, waker: w, rng: rand.New(rand.NewPCG(34, 10000)), alice: s.mint(b, "alice", "*", "*"),
 		order: map[string][]string{}, next: map[string]int{}, classOf: map[string]string{}, startedIn: map[string]int{}}
-	token := s.mint(b, "alice", "*", "*")
 	d.agentOnly, d.poolA, d.poolB = fleet.ClassOf("shell", nil), fleet.ClassOf("shell", map[string]string{"pool": "a"}),
 		fleet.ClassOf("shell", map[string]string{"pool": "b"})
 	d.classes = []string{d.agentOnly, d.poolA, d.poolB}
@@ -531,7 +495,7 @@ func newBurst(b *testing.B, n int) *burst {
 	ctx := context.Background()
 	templates := map[string]store.Run{}
 	for _, labels := range []string{``, `,"labels":{"pool":"a"}`, `,"labels":{"pool":"b"}`} {
-		a := s.must(b, http.StatusAccepted, "POST", "/fleet/runs", token,
+		a := s.must(b, http.StatusAccepted, "POST", "/fleet/runs", d.alice,
 			`{"agent":"shell","prompt":"make test"`+labels+`,"queue":{"timeout":"24h"}}`)
 		r, err := s.app.Store.GetRun(ctx, a.str("fleetRunId"))
 		if err != nil || r.Queue == nil {
@@ -612,7 +576,7 @@ func burstRunID(i int) string {
 // the whole batch. The fills' DynamoDB units are counted in d.fills.
 func (d *burst) deliver(b *testing.B, wakes []fleet.Wake, round int) {
 	b.Helper()
-	d.meter.Reset()
+	d.s.meter.Reset()
 	for len(wakes) > 0 {
 		batch := wakes[:min(queueBurstBatch, len(wakes))]
 		wakes = wakes[len(batch):]
@@ -641,7 +605,7 @@ func (d *burst) deliver(b *testing.B, wakes []fleet.Wake, round int) {
 			wg.Add(1)
 			go func() {
 				defer wg.Done()
-				reps[i], errs[i] = d.fleet.FillHosts(context.Background(), ws)
+				reps[i], errs[i] = d.s.app.Fleet.FillHosts(context.Background(), ws)
 			}()
 		}
 		wg.Wait()
@@ -660,7 +624,7 @@ func (d *burst) deliver(b *testing.B, wakes []fleet.Wake, round int) {
 			}
 		}
 	}
-	u := d.meter.Snapshot()
+	u := d.s.meter.Snapshot()
 	d.fills.Calls, d.fills.RCU, d.fills.WCU = addCounts(d.fills.Calls, u.Calls), addUnits(d.fills.RCU, u.RCU), addUnits(d.fills.WCU, u.WCU)
 
 	// What the hosts run now, from their own starts: a host names its
@@ -765,7 +729,7 @@ func (d *burst) endSome(b *testing.B, round int) (int, []fleet.Wake) {
 			}
 		}
 	}
-	d.meter.Reset()
+	d.s.meter.Reset()
 	jobs := make(chan ended)
 	errs := make(chan error, len(ends))
 	var wg sync.WaitGroup
@@ -774,9 +738,10 @@ func (d *burst) endSome(b *testing.B, round int) (int, []fleet.Wake) {
 		go func() {
 			defer wg.Done()
 			for e := range jobs {
-				st, err := d.fleet.Run(context.Background(), d.alice, e.id)
-				if err == nil && st.Run.Status != hostproto.StatusSucceeded {
-					err = fmt.Errorf("run %s on %s read %s after it ended there", e.id, e.h.id, st.Run.Status)
+				a, err := d.s.send("GET", "/fleet/runs/"+e.id, d.alice, "")
+				run, _ := a.body["run"].(map[string]any)
+				if err == nil && (a.status != http.StatusOK || run["status"] != hostproto.StatusSucceeded) {
+					err = fmt.Errorf("run %s, ended on %s, read %d %s", e.id, e.h.id, a.status, a.raw)
 				}
 				if err != nil {
 					errs <- err
@@ -793,7 +758,7 @@ func (d *burst) endSome(b *testing.B, round int) (int, []fleet.Wake) {
 	for err := range errs {
 		b.Fatalf("round %d: recording an end: %v", round, err)
 	}
-	u := d.meter.Snapshot()
+	u := d.s.meter.Snapshot()
 	d.recorded.Calls, d.recorded.RCU, d.recorded.WCU = addCounts(d.recorded.Calls, u.Calls), addUnits(d.recorded.RCU, u.RCU), addUnits(d.recorded.WCU, u.WCU)
 	d.endsRecorded += len(ends)
 	wakes := d.waker.take()
@@ -828,7 +793,7 @@ func (d *burst) finish(b *testing.B) {
 		b.Fatalf("%d host start calls for %d starts: want one a start (nothing redelivered here)", calls, d.started)
 	}
 	for _, h := range d.hosts {
-		rep, err := d.fleet.FillHosts(context.Background(), []fleet.Wake{{HostID: h.id, Slots: queueBurstSlots, Reason: fleet.WakeProbe}})
+		rep, err := d.s.app.Fleet.FillHosts(context.Background(), []fleet.Wake{{HostID: h.id, Slots: queueBurstSlots, Reason: fleet.WakeProbe}})
 		if err != nil || rep.Offered != 0 {
 			b.Fatalf("a fill of %s with nothing waiting: %+v, %v", h.id, rep, err)
 		}
