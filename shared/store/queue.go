@@ -179,6 +179,9 @@ type QueueEntry struct {
 	FleetRunID string
 	Order      string
 	Since      time.Time
+	// Until is the run's QueueInfo.Until: the sweep times queued runs out
+	// from the index alone, reading a run only when its Until passed.
+	Until time.Time
 }
 
 // QueuePage is one page of ListQueue.
