@@ -14,6 +14,7 @@ import (
 // The dispatcher's half of runs that wait (queue.go): FillHosts takes a
 // batch of wakes and offers the waiting runs to the hosts they name.
 //
+// The queue's classes are read first (nothing waits: nothing more is read).
 // The woken hosts are read strongly consistent and kept only when routable
 // now (no exclusion of routing's that is about the host: disabled, never
 // probed, stale, unhealthy, draining, storage low), each with the room its
@@ -37,10 +38,14 @@ import (
 // is one host call: a run is started at most once (the host's clientToken
 // makes a repeated start of one offer a no-op).
 
-// fillScanPerSlot and fillScanBase bound the runs one FillHosts reads
-// (fillScanPerSlot per slot of room, plus fillScanBase): runs the woken
-// hosts cannot take are skipped by reading on, up to that bound; the rest
-// wait for another wake.
+// fillScanPerSlot and fillScanBase bound the runs one FillHosts passes
+// over (fillScanPerSlot per slot of room, plus fillScanBase): runs the
+// woken hosts cannot take are skipped by reading on, up to that bound; the
+// rest wait for another wake. A run another dispatcher took meanwhile is
+// not passed over: fills of hosts that share a class run at once (a
+// batch's hosts, concurrent batches) and walk the same head, and a fill
+// that counted the runs the others were offering would stop with room
+// left while runs wait (BenchmarkQueueBurstDrain).
 const (
 	fillScanPerSlot = 4
 	fillScanBase    = 8
@@ -67,11 +72,25 @@ type filler struct {
 // come again (the dispatcher reports the batch item failed): offers
 // already made are kept.
 func (f *Fleet) FillHosts(ctx context.Context, wakes []Wake) (FillReport, error) {
+	if !slices.ContainsFunc(wakes, func(w Wake) bool { return w.HostID != "" && w.Slots > 0 }) {
+		return FillReport{}, nil
+	}
+	// The queue before the hosts: most wakes are a run's end with nothing
+	// waiting, and this one read (0.5 RCU) then spares the hosts' strong
+	// reads (1 RCU each).
+	classes, err := f.store.QueueClasses(ctx)
+	if err != nil {
+		return FillReport{}, fmt.Errorf("fleet: fill: reading the queue's classes: %w", err)
+	}
+	if len(classes) == 0 {
+		f.log.Debug("fill: nothing waits", "wakes", len(wakes))
+		return FillReport{}, nil
+	}
 	fl, err := f.openFill(ctx, wakes)
 	if err != nil {
 		return FillReport{}, err
 	}
-	err = fl.fill(ctx)
+	err = fl.fill(ctx, classes)
 	rep := fl.rep
 	level := slog.LevelDebug
 	if rep.Offered > 0 || rep.Resumed > 0 || err != nil {
@@ -145,16 +164,13 @@ type classHead struct {
 	limit  int // its next page's size
 }
 
-// fill merges the heads of the classes the woken hosts serve and takes
-// their runs, best first, while there is room and the scan bound allows.
-func (fl *filler) fill(ctx context.Context) error {
+// fill merges the heads of classes (the queue's, as read) that the woken
+// hosts serve and takes their runs, best first, while there is room and
+// the scan bound allows.
+func (fl *filler) fill(ctx context.Context, classes []string) error {
 	slots := fl.room()
 	if slots == 0 {
 		return nil
-	}
-	classes, err := fl.f.store.QueueClasses(ctx)
-	if err != nil {
-		return fmt.Errorf("fleet: fill: reading the queue's classes: %w", err)
 	}
 	var heads []*classHead
 	for _, c := range classes {
@@ -166,7 +182,7 @@ func (fl *filler) fill(ctx context.Context) error {
 		heads = append(heads, &classHead{class: c, agent: agent, labels: labels})
 	}
 	limit := min(max(slots+2, 5), store.MaxLimit)
-	for scanned := 0; scanned < fillScanPerSlot*slots+fillScanBase && fl.room() > 0; scanned++ {
+	for passed := 0; passed < fillScanPerSlot*slots+fillScanBase && fl.room() > 0; {
 		e, ok, err := fl.pop(ctx, heads, limit)
 		if err != nil {
 			return err
@@ -178,7 +194,9 @@ func (fl *filler) fill(ctx context.Context) error {
 			fl.f.log.Warn("fill: out of time with room left; the next wake or probe pass fills it", "room", fl.room())
 			return nil
 		}
-		fl.take(ctx, e)
+		if fl.take(ctx, e) {
+			passed++
+		}
 	}
 	return nil
 }
@@ -258,39 +276,42 @@ func hasLabels(have, want map[string]string) bool {
 	return true
 }
 
-// take reads one waiting run of the index and offers or resumes it.
-func (fl *filler) take(ctx context.Context, e store.QueueEntry) {
+// take reads one waiting run of the index and offers or resumes it. It
+// reports whether the run was passed over: it still waits, for hosts
+// other than these (or a read or write failed); not when it started, was
+// taken or ended elsewhere, or is gone.
+func (fl *filler) take(ctx context.Context, e store.QueueEntry) bool {
 	f := fl.f
 	// Eventually consistent: the offer is a versioned write, so a stale
 	// read costs a retry, never a second offer.
 	run, err := f.store.GetRun(store.EventualRead(ctx), e.FleetRunID)
 	if errors.Is(err, store.ErrNotFound) {
-		return
+		return false
 	}
 	if err != nil {
 		f.log.Warn("fill: reading a waiting run failed", logRun, e.FleetRunID, logErr, err.Error())
-		return
+		return true
 	}
 	switch {
 	case !run.Waiting():
-		return // it left the queue since the index was read
+		return false // it left the queue since the index was read
 	case run.Status == store.StatusDispatching:
 		if h := fl.byID[run.HostID]; h != nil && h.room > 0 {
 			fl.resume(ctx, h, run)
 		}
-		return // else offered to another host now
+		return false // else offered to another host now
 	case !f.clock.Now().Before(run.Queue.Until):
 		if _, err := f.expireQueued(ctx, run); err != nil {
 			f.log.Warn("fill: ending a run at its queue timeout failed", logRun, run.FleetRunID, logErr, err.Error())
 		}
-		return
+		return false
 	}
 	wr, err := decodeQueued(run.Queue.Request)
 	if err != nil {
 		f.log.Error("fill: a waiting run's request cannot be read; it waits until its timeout", logRun, run.FleetRunID, logErr, err.Error())
-		return
+		return true
 	}
-	fl.offer(ctx, run, wr)
+	return fl.offer(ctx, run, wr)
 }
 
 // routeInput is routing's input for wr over the woken hosts with room
@@ -311,13 +332,13 @@ func (fl *filler) routeInput(wr waitingRequest, only *fillHost) RouteInput {
 }
 
 // offer offers run, queued, to the first woken host routing gives, and
-// starts it (start).
-func (fl *filler) offer(ctx context.Context, run store.Run, wr waitingRequest) {
+// starts it (start); it reports whether the run was passed over (take).
+func (fl *filler) offer(ctx context.Context, run store.Run, wr waitingRequest) bool {
 	f := fl.f
 	in := fl.routeInput(wr, nil)
 	d := Route(in)
 	if d.Host == nil {
-		return // none of the woken hosts can take it: left for others
+		return true // none of the woken hosts can take it: left for others
 	}
 	// Minted before the offer is written, so that the offer records them
 	// in the same write; an offer that loses its race revokes them.
@@ -326,10 +347,10 @@ func (fl *filler) offer(ctx context.Context, run store.Run, wr waitingRequest) {
 		var fe *Error
 		if errors.As(err, &fe) {
 			fl.endUnstarted(ctx, run, fe.Code, fe.Message)
-		} else {
-			f.log.Warn("fill: minting a waiting run's brokered keys failed; it stays queued", logRun, run.FleetRunID, logErr, err.Error())
+			return false
 		}
-		return
+		f.log.Warn("fill: minting a waiting run's brokered keys failed; it stays queued", logRun, run.FleetRunID, logErr, err.Error())
+		return true
 	}
 	offered := false
 	stored, err := f.settle(context.WithoutCancel(ctx), run, func(cur *store.Run) bool {
@@ -351,9 +372,10 @@ func (fl *filler) offer(ctx context.Context, run store.Run, wr waitingRequest) {
 			f.log.Warn("fill: offering a waiting run failed", logRun, run.FleetRunID, logHost, d.Host.ID, logErr, err.Error())
 		}
 		f.revokeMinted(ctx, run.FleetRunID, wr.req.Run.Repository, minted, "another dispatcher took the run first")
-		return
+		return err != nil
 	}
 	fl.start(ctx, stored, wr, d, in, minted, true)
+	return false
 }
 
 // endUnstarted ends run, queued, with a refusal about the run itself (its

@@ -297,6 +297,34 @@ func offeredByHand(t *testing.T, e *testEnv, id, host string) store.Run {
 	return out
 }
 
+// TestAFillReachesPastRunsOfferedElsewhere: fills of hosts that share a
+// class walk the same head at once; the runs the others are offering do
+// not count against a fill's bound on the runs it passes over, so it
+// starts the first run still queued behind more of them than that bound.
+func TestAFillReachesPastRunsOfferedElsewhere(t *testing.T) {
+	e := newTestEnv(t, 10*time.Second)
+	h1 := e.addHost(t, "h1", fakehost.Config{})
+	h2 := e.addHost(t, "h2", fakehost.Config{})
+	ahead := fillScanPerSlot*1 + fillScanBase
+	ids := withoutRoom(t, e, h1, func() []string {
+		return withoutRoom(t, e, h2, func() []string {
+			var ids []string
+			for range ahead + 1 {
+				e.clk.Advance(time.Millisecond)
+				ids = append(ids, queued(t, e, "", waitHour).Run.FleetRunID)
+			}
+			return ids
+		})
+	})
+	for _, id := range ids[:ahead] {
+		offeredByHand(t, e, id, "h1")
+	}
+	rep, err := e.f.FillHosts(context.Background(), []Wake{{HostID: "h2", Slots: 1, Reason: WakeRunEnded}})
+	if err != nil || !reflect.DeepEqual(rep.Started, []string{ids[ahead]}) {
+		t.Fatalf("fill of h2 behind %d runs offered to h1: %+v, %v; want %s started", ahead, rep, err, ids[ahead])
+	}
+}
+
 // TestFillHostsResumesADeadDispatchersOffer: a run left offered to a host
 // is started by the next fill of that host once the offer's deadline
 // passed (before it, the dispatcher that made it may still be at work: the

@@ -199,6 +199,9 @@ type QueueEntry struct {
 	FleetRunID string
 	Order      string
 	Since      time.Time
+	// Until is the run's QueueInfo.Until: the sweep times queued runs out
+	// from the index alone, reading a run only when its Until passed.
+	Until time.Time
 	// Hosts is the run's QueueInfo.Hosts.
 	Hosts []string
 }

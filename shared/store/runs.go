@@ -120,8 +120,12 @@ type Run struct {
 }
 
 // Live reports whether the run belongs in the live index: not terminal, or
-// terminal with events still to mirror.
-func (r Run) Live() bool { return !Terminal(r.Status) || !r.Drained }
+// terminal with events still to mirror; never queued (no host has it, so
+// the sweep has nothing to sync: a queued run is found through the queue
+// index, whose entries carry Until for its timeout).
+func (r Run) Live() bool {
+	return r.Status != StatusQueued && (!Terminal(r.Status) || !r.Drained)
+}
 
 // RunQuery selects runs for listing, newest first.
 type RunQuery struct {
