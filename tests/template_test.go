@@ -434,7 +434,10 @@ type cfnTable struct {
 	GlobalSecondaryIndexes []struct {
 		IndexName  string
 		KeySchema  []struct{ AttributeName, KeyType string }
-		Projection struct{ ProjectionType string }
+		Projection struct {
+			ProjectionType   string
+			NonKeyAttributes []string
+		}
 	}
 	TimeToLiveSpecification *struct {
 		AttributeName string
@@ -517,7 +520,8 @@ func describeFromStore(d *types.TableDescription, ttl *dynamodb.DescribeTimeToLi
 		for _, k := range g.KeySchema {
 			gk = append(gk, aws.ToString(k.AttributeName)+":"+string(k.KeyType))
 		}
-		gsis = append(gsis, aws.ToString(g.IndexName)+"["+strings.Join(gk, ",")+";"+string(g.Projection.ProjectionType)+"]")
+		gsis = append(gsis, aws.ToString(g.IndexName)+"["+strings.Join(gk, ",")+";"+string(g.Projection.ProjectionType)+
+			projected(g.Projection.NonKeyAttributes)+"]")
 	}
 	ttlAttr := ""
 	if t := ttl.TimeToLiveDescription; t != nil && t.TimeToLiveStatus == types.TimeToLiveStatusEnabled {
@@ -539,13 +543,24 @@ func describeFromTemplate(d cfnTable) string {
 		for _, k := range g.KeySchema {
 			gk = append(gk, k.AttributeName+":"+k.KeyType)
 		}
-		gsis = append(gsis, g.IndexName+"["+strings.Join(gk, ",")+";"+g.Projection.ProjectionType+"]")
+		gsis = append(gsis, g.IndexName+"["+strings.Join(gk, ",")+";"+g.Projection.ProjectionType+
+			projected(g.Projection.NonKeyAttributes)+"]")
 	}
 	ttlAttr := ""
 	if d.TimeToLiveSpecification != nil && d.TimeToLiveSpecification.Enabled {
 		ttlAttr = d.TimeToLiveSpecification.AttributeName
 	}
 	return shape(attrs, keys, gsis, ttlAttr)
+}
+
+// projected renders an INCLUDE projection's attributes, sorted.
+func projected(attrs []string) string {
+	if len(attrs) == 0 {
+		return ""
+	}
+	sorted := append([]string(nil), attrs...)
+	sort.Strings(sorted)
+	return " " + strings.Join(sorted, ",")
 }
 
 func shape(attrs, keys, gsis []string, ttl string) string {

@@ -12,41 +12,60 @@ import (
 	"github.com/runfleet/runfleet/shared/store"
 )
 
-// The queue index is runsQueue/<class>: store.QueueOrder -> "" for every
-// run whose Waiting() is true, written in the transaction that writes the
-// run. A class's bucket goes with its last entry, so the classes listed
-// are those with waiting runs.
+// The queue index is runsQueue/<class>: store.QueueOrder -> the run's
+// QueueInfo.Until (RFC 3339 with nanoseconds, UTC; empty when zero) for
+// every run whose Waiting() is true, written in the transaction that
+// writes the run. A class's bucket goes with its last entry, so the
+// classes listed are those with waiting runs.
 
-// queueEntry is where a run stands in the queue index; ok is false for a
-// run that is not in it.
-func queueEntry(it runItem) (class, order string, ok bool) {
+// queueSlot is where a run stands in the queue index.
+type queueSlot struct {
+	class, order string
+	until        []byte
+}
+
+// queueSlotOf is the run's place in the queue index; ok is false for a run
+// that is not in it.
+func queueSlotOf(it runItem) (slot queueSlot, ok bool, err error) {
 	r := it.record()
 	if !r.Waiting() {
-		return "", "", false
+		return queueSlot{}, false, nil
 	}
-	return r.Queue.Class, store.QueueOrder(*r.Queue, r.FleetRunID), true
+	slot = queueSlot{class: r.Queue.Class, order: store.QueueOrder(*r.Queue, r.FleetRunID)}
+	if !r.Queue.Until.IsZero() {
+		if slot.until, err = r.Queue.Until.UTC().MarshalText(); err != nil {
+			return queueSlot{}, false, fmt.Errorf("run %q: queue until: %w", r.FleetRunID, err)
+		}
+	}
+	return slot, true, nil
 }
 
 // setQueue moves a run's queue entry from where old had it (nil: a new
 // run) to where it now belongs.
 func setQueue(tx *bolt.Tx, old *runItem, it runItem) error {
-	var oldClass, oldOrder string
+	var was queueSlot
 	wasIn := false
 	if old != nil {
-		oldClass, oldOrder, wasIn = queueEntry(*old)
+		var err error
+		if was, wasIn, err = queueSlotOf(*old); err != nil {
+			return err
+		}
 	}
-	class, order, in := queueEntry(it)
-	if wasIn == in && oldClass == class && oldOrder == order {
+	now, in, err := queueSlotOf(it)
+	if err != nil {
+		return err
+	}
+	if wasIn == in && was.class == now.class && was.order == now.order && bytes.Equal(was.until, now.until) {
 		return nil
 	}
 	q := tx.Bucket(bucketRunsQueue)
 	if wasIn {
-		if b := q.Bucket([]byte(oldClass)); b != nil {
-			if err := b.Delete([]byte(oldOrder)); err != nil {
+		if b := q.Bucket([]byte(was.class)); b != nil {
+			if err := b.Delete([]byte(was.order)); err != nil {
 				return err
 			}
 			if k, _ := b.Cursor().First(); k == nil {
-				if err := q.DeleteBucket([]byte(oldClass)); err != nil {
+				if err := q.DeleteBucket([]byte(was.class)); err != nil {
 					return err
 				}
 			}
@@ -55,20 +74,26 @@ func setQueue(tx *bolt.Tx, old *runItem, it runItem) error {
 	if !in {
 		return nil
 	}
-	b, err := q.CreateBucketIfNotExists([]byte(class))
+	b, err := q.CreateBucketIfNotExists([]byte(now.class))
 	if err != nil {
 		return err
 	}
-	return b.Put([]byte(order), nil)
+	return b.Put([]byte(now.order), now.until)
 }
 
-// entryOf is the QueueEntry of an index key.
-func entryOf(order []byte) (store.QueueEntry, error) {
+// entryOf is the QueueEntry of an index key and value.
+func entryOf(order, until []byte) (store.QueueEntry, error) {
 	since, id, err := store.ParseQueueOrder(string(order))
 	if err != nil {
 		return store.QueueEntry{}, err
 	}
-	return store.QueueEntry{FleetRunID: id, Order: string(order), Since: since}, nil
+	e := store.QueueEntry{FleetRunID: id, Order: string(order), Since: since}
+	if len(until) > 0 {
+		if err := e.Until.UnmarshalText(until); err != nil {
+			return store.QueueEntry{}, fmt.Errorf("queue entry %q: until: %w", order, err)
+		}
+	}
+	return e, nil
 }
 
 // QueueClasses implements store.Queue.
@@ -97,18 +122,18 @@ func (s *Store) ListQueue(ctx context.Context, class, after string, limit int) (
 			return nil
 		}
 		c := b.Cursor()
-		k, _ := c.First()
+		k, v := c.First()
 		if after != "" {
-			if k, _ = c.Seek([]byte(after)); bytes.Equal(k, []byte(after)) {
-				k, _ = c.Next()
+			if k, v = c.Seek([]byte(after)); bytes.Equal(k, []byte(after)) {
+				k, v = c.Next()
 			}
 		}
-		for ; k != nil; k, _ = c.Next() {
+		for ; k != nil; k, v = c.Next() {
 			if len(page.Entries) == limit {
 				page.Next = page.Entries[limit-1].Order
 				return nil
 			}
-			e, err := entryOf(k)
+			e, err := entryOf(k, v)
 			if err != nil {
 				return fmt.Errorf("queue class %q: %w", class, err)
 			}

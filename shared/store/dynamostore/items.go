@@ -437,6 +437,7 @@ func runMutable(r store.Run, shard string) item {
 	if r.Waiting() {
 		it.putS(attrQueuePart, queuePart)
 		it.putS(attrQueueKey, queueKey(r.Queue.Class, store.QueueOrder(*r.Queue, r.FleetRunID)))
+		it.putTime(attrQueueEntryUntil, r.Queue.Until)
 	}
 	it.putNAlways(attrRunVersion, r.Version)
 	// The "all" index key never changes (it derives from the id), so
@@ -452,7 +453,7 @@ var runMutableNames = []string{
 	attrChildRunID, attrStatus, attrAttempt, attrExitCode, attrReason, attrDetail, attrAgent,
 	attrRewroteLocalPath, attrUpdatedAt, attrDeadline, attrEndedAt, attrEventCursor,
 	attrDrained, attrLive, attrExpiresAt, attrEventsExpireAfter, attrBrokered, attrRunVersion, attrAllShard,
-	attrQueue, attrQueuePart, attrQueueKey,
+	attrQueue, attrQueuePart, attrQueueKey, attrQueueEntryUntil,
 }
 
 // maxQueueRequest bounds what a stored request inflates to: far above
