@@ -521,7 +521,7 @@ func describeFromStore(d *types.TableDescription, ttl *dynamodb.DescribeTimeToLi
 			gk = append(gk, aws.ToString(k.AttributeName)+":"+string(k.KeyType))
 		}
 		gsis = append(gsis, aws.ToString(g.IndexName)+"["+strings.Join(gk, ",")+";"+string(g.Projection.ProjectionType)+
-			strings.Join(g.Projection.NonKeyAttributes, ",")+"]")
+			projected(g.Projection.NonKeyAttributes)+"]")
 	}
 	ttlAttr := ""
 	if t := ttl.TimeToLiveDescription; t != nil && t.TimeToLiveStatus == types.TimeToLiveStatusEnabled {
@@ -544,13 +544,23 @@ func describeFromTemplate(d cfnTable) string {
 			gk = append(gk, k.AttributeName+":"+k.KeyType)
 		}
 		gsis = append(gsis, g.IndexName+"["+strings.Join(gk, ",")+";"+g.Projection.ProjectionType+
-			strings.Join(g.Projection.NonKeyAttributes, ",")+"]")
+			projected(g.Projection.NonKeyAttributes)+"]")
 	}
 	ttlAttr := ""
 	if d.TimeToLiveSpecification != nil && d.TimeToLiveSpecification.Enabled {
 		ttlAttr = d.TimeToLiveSpecification.AttributeName
 	}
 	return shape(attrs, keys, gsis, ttlAttr)
+}
+
+// projected renders an INCLUDE projection's attributes, sorted.
+func projected(attrs []string) string {
+	if len(attrs) == 0 {
+		return ""
+	}
+	sorted := append([]string(nil), attrs...)
+	sort.Strings(sorted)
+	return " " + strings.Join(sorted, ",")
 }
 
 func shape(attrs, keys, gsis []string, ttl string) string {

@@ -34,7 +34,8 @@ type Queue interface {
 }
 
 // StatusQueued: the run waits for an eligible host with room; no host has
-// it. It is live (the sweep ends it queue_timeout at Queue.Until).
+// it. It is not live (Run.Live): the sweep finds it through the queue
+// index, whose entries carry Until, and ends it queue_timeout then.
 const StatusQueued = "queued"
 
 // ReasonQueueTimeout ends a queued run whose Queue.Until passed.

@@ -6,7 +6,8 @@ import (
 )
 
 // Runs are Fleet's runs, each bound to a host, and the live index: the
-// runs not ended, or ended with events still to mirror (Run.Live), which
+// runs not queued and not ended, or ended with events still to mirror
+// (Run.Live), which
 // the store keeps in step with every write and the sweep walks without
 // scanning the rest. GetRun may read eventually consistent under
 // EventualRead.
@@ -14,7 +15,8 @@ type Runs interface {
 	// CreateRun writes a new run (Version 1, whatever r.Version says);
 	// ErrExists. FleetRunID, OwnerID, HostID and CreatedAt are required;
 	// HostID is empty exactly when Status is StatusQueued (CheckRun). The
-	// run enters the live index and, when Waiting, the queue index.
+	// run enters the live index when Live (not queued) and the queue
+	// index when Waiting.
 	CreateRun(ctx context.Context, r Run) error
 	// GetRun reads a run; ErrNotFound.
 	GetRun(ctx context.Context, id string) (Run, error)

@@ -14,40 +14,63 @@ import (
 )
 
 // The queue index is runsQueue/<class>: store.QueueOrder -> the run's
-// QueueInfo.Hosts, comma-separated ("" when nil), for every run whose
-// Waiting() is true, written in the transaction that writes the run. A class's bucket goes with its last entry, so the classes listed
-// are those with waiting runs.
+// "<until>|<hosts>": QueueInfo.Until (RFC 3339 with nanoseconds, UTC;
+// empty when zero), then QueueInfo.Hosts comma-separated ("" when nil),
+// for every run whose Waiting() is true, written in the transaction that
+// writes the run. A class's bucket goes with its last entry, so the
+// classes listed are those with waiting runs.
 
-// queueEntry is where a run stands in the queue index, and the hosts its
-// entry holds; ok is false for a run that is not in it.
-func queueEntry(it runItem) (class, order, hosts string, ok bool) {
+// queueSlot is where a run stands in the queue index, and what its entry
+// holds.
+type queueSlot struct {
+	class, order string
+	value        []byte
+}
+
+// queueSlotOf is the run's place in the queue index; ok is false for a run
+// that is not in it.
+func queueSlotOf(it runItem) (slot queueSlot, ok bool, err error) {
 	r := it.record()
 	if !r.Waiting() {
-		return "", "", "", false
+		return queueSlot{}, false, nil
 	}
-	return r.Queue.Class, store.QueueOrder(*r.Queue, r.FleetRunID), strings.Join(r.Queue.Hosts, ","), true
+	slot = queueSlot{class: r.Queue.Class, order: store.QueueOrder(*r.Queue, r.FleetRunID)}
+	var until []byte
+	if !r.Queue.Until.IsZero() {
+		if until, err = r.Queue.Until.UTC().MarshalText(); err != nil {
+			return queueSlot{}, false, fmt.Errorf("run %q: queue until: %w", r.FleetRunID, err)
+		}
+	}
+	slot.value = append(append(until, '|'), strings.Join(r.Queue.Hosts, ",")...)
+	return slot, true, nil
 }
 
 // setQueue moves a run's queue entry from where old had it (nil: a new
 // run) to where it now belongs.
 func setQueue(tx *bolt.Tx, old *runItem, it runItem) error {
-	var oldClass, oldOrder, oldHosts string
+	var was queueSlot
 	wasIn := false
 	if old != nil {
-		oldClass, oldOrder, oldHosts, wasIn = queueEntry(*old)
+		var err error
+		if was, wasIn, err = queueSlotOf(*old); err != nil {
+			return err
+		}
 	}
-	class, order, hosts, in := queueEntry(it)
-	if wasIn == in && oldClass == class && oldOrder == order && oldHosts == hosts {
+	now, in, err := queueSlotOf(it)
+	if err != nil {
+		return err
+	}
+	if wasIn == in && was.class == now.class && was.order == now.order && bytes.Equal(was.value, now.value) {
 		return nil
 	}
 	q := tx.Bucket(bucketRunsQueue)
 	if wasIn {
-		if b := q.Bucket([]byte(oldClass)); b != nil {
-			if err := b.Delete([]byte(oldOrder)); err != nil {
+		if b := q.Bucket([]byte(was.class)); b != nil {
+			if err := b.Delete([]byte(was.order)); err != nil {
 				return err
 			}
 			if k, _ := b.Cursor().First(); k == nil {
-				if err := q.DeleteBucket([]byte(oldClass)); err != nil {
+				if err := q.DeleteBucket([]byte(was.class)); err != nil {
 					return err
 				}
 			}
@@ -56,20 +79,26 @@ func setQueue(tx *bolt.Tx, old *runItem, it runItem) error {
 	if !in {
 		return nil
 	}
-	b, err := q.CreateBucketIfNotExists([]byte(class))
+	b, err := q.CreateBucketIfNotExists([]byte(now.class))
 	if err != nil {
 		return err
 	}
-	return b.Put([]byte(order), []byte(hosts))
+	return b.Put([]byte(now.order), now.value)
 }
 
 // entryOf is the QueueEntry of an index key and its value.
-func entryOf(order, hosts []byte) (store.QueueEntry, error) {
+func entryOf(order, value []byte) (store.QueueEntry, error) {
 	since, id, err := store.ParseQueueOrder(string(order))
 	if err != nil {
 		return store.QueueEntry{}, err
 	}
 	e := store.QueueEntry{FleetRunID: id, Order: string(order), Since: since}
+	until, hosts, _ := bytes.Cut(value, []byte("|"))
+	if len(until) > 0 {
+		if err := e.Until.UnmarshalText(until); err != nil {
+			return store.QueueEntry{}, fmt.Errorf("queue entry %q: until: %w", order, err)
+		}
+	}
 	if len(hosts) > 0 {
 		e.Hosts = strings.Split(string(hosts), ",")
 	}

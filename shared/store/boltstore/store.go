@@ -16,11 +16,11 @@
 //	                       "#"-keyed sweep cursor, stream leases and
 //	                       broker states (store.BrokerStateKey)
 //	runs:                  fleetRunId -> runItem
-//	runsLive:              fleetRunId -> ""
+//	runsLive:              fleetRunId -> "" (the runs whose Live() is true: never a queued one)
 //	runsByCreated:         orderKey -> fleetRunId
 //	runsByOwner/<ownerId>: orderKey -> fleetRunId
 //	runsByHost/<hostId>:   orderKey -> fleetRunId (none while the run has no host)
-//	runsQueue/<class>:     store.QueueOrder -> "" (the runs whose Waiting() is true)
+//	runsQueue/<class>:     store.QueueOrder -> Queue.Until as text (the runs whose Waiting() is true)
 //	events/<fleetRunId>:   sequence (8 bytes, big endian) -> eventItem
 //	egress/<fleetRunId>:   seq (8 bytes, big endian) -> egressItem
 //	egressHeads:           fleetRunId -> egressHeadItem

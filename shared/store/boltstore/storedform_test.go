@@ -41,13 +41,16 @@ const (
 		`"version":1}`
 	// A run waiting for capacity: no host, its wait with the request
 	// (base64) and the timeout in nanoseconds; and its queue entry,
-	// runsQueue/<class>: store.QueueOrder -> "".
+	// runsQueue/<class>: store.QueueOrder -> its Until as text, "|", and its
+	// hosts (none here: an unscoped caller's). It is
+	// not in runsLive (a queued run is not live).
 	storedQueuedRunJSON = `{"v":1,"fleetRunId":"r-queued","ownerId":"bob","hostId":"","status":"queued","agent":"claude","idempotencyKey":"k-queued",` +
 		`"createdAt":"2026-05-04T03:02:01.123456789Z","updatedAt":"2026-05-04T03:03:01.123456789Z","deadline":"0001-01-01T00:00:00Z",` +
 		`"queue":{"class":"claude?pool=build","priority":5,"since":"2026-05-04T03:02:01.123456789Z","timeout":1800000000000,` +
 		`"until":"2026-05-04T03:32:01.123456789Z","offers":1,"request":"eyJhZ2VudCI6ImNsYXVkZSIsInByb21wdCI6ImhpIn0="},"version":1}`
 	storedQueueClass = "claude?pool=build"
 	storedQueueOrder = "095|01777863721123456789|r-queued"
+	storedQueueUntil = "2026-05-04T03:32:01.123456789Z"
 	// A run that waited and started: its wait kept, with where and when.
 	storedWaitedRunJSON = `{"v":1,"fleetRunId":"r-waited","ownerId":"bob","hostId":"h-stored","childRunId":"child-waited","status":"running",` +
 		`"attempt":1,"agent":"claude","createdAt":"2026-05-04T03:02:01.123456789Z","updatedAt":"2026-05-04T03:04:01.123456789Z",` +
@@ -133,8 +136,16 @@ func TestStoredFormUnchanged(t *testing.T) {
 				return nil
 			})
 		})
-		if want := fmt.Sprintf("%s: %s -> %q", storedQueueClass, storedQueueOrder, ""); err != nil || len(entries) != 1 || entries[0] != want {
+		if want := fmt.Sprintf("%s: %s -> %q", storedQueueClass, storedQueueOrder, storedQueueUntil+"|"); err != nil || len(entries) != 1 || entries[0] != want {
 			t.Errorf("queue entries written: %q (%v), want [%s]", entries, err, want)
+		}
+		var live []string
+		err = tx.Bucket([]byte("runsLive")).ForEach(func(id, _ []byte) error {
+			live = append(live, string(id))
+			return nil
+		})
+		if want := []string{"r-stored", "r-waited"}; err != nil || fmt.Sprint(live) != fmt.Sprint(want) {
+			t.Errorf("live entries written: %q (%v), want %q", live, err, want)
 		}
 		if got := string(idem.Get(brokerKey)); got != storedBrokerJSON {
 			t.Errorf("broker state written:\n got  %s\n want %s", got, storedBrokerJSON)
@@ -216,7 +227,9 @@ func TestStoredFormUnchanged(t *testing.T) {
 			t.Fatal(err)
 		}
 		queued := storetest.StoredFormQueuedRun()
-		storetest.SameJSON(t, "queue read", waiting.Entries, []store.QueueEntry{{FleetRunID: queued.FleetRunID, Order: storedQueueOrder, Since: queued.Queue.Since}})
+		storetest.SameJSON(t, "queue read", waiting.Entries, []store.QueueEntry{{
+			FleetRunID: queued.FleetRunID, Order: storedQueueOrder, Since: queued.Queue.Since, Until: queued.Queue.Until,
+		}})
 		gotBroker, err := st.GetBrokerState(t.Context(), brokerState.ID)
 		if err != nil {
 			t.Fatal(err)

@@ -439,6 +439,7 @@ func runMutable(r store.Run, shard string) item {
 		it.putS(attrQueuePart, queuePart)
 		it.putS(attrQueueKey, queueKey(r.Queue.Class, store.QueueOrder(*r.Queue, r.FleetRunID)))
 		it.putS(attrQueueHosts, strings.Join(r.Queue.Hosts, ","))
+		it.putTime(attrQueueEntryUntil, r.Queue.Until)
 	}
 	it.putNAlways(attrRunVersion, r.Version)
 	// The "all" index key never changes (it derives from the id), so
@@ -454,7 +455,7 @@ var runMutableNames = []string{
 	attrChildRunID, attrStatus, attrAttempt, attrExitCode, attrReason, attrDetail, attrAgent,
 	attrRewroteLocalPath, attrUpdatedAt, attrDeadline, attrEndedAt, attrEventCursor,
 	attrDrained, attrLive, attrExpiresAt, attrEventsExpireAfter, attrBrokered, attrRunVersion, attrAllShard,
-	attrQueue, attrQueuePart, attrQueueKey, attrQueueHosts,
+	attrQueue, attrQueuePart, attrQueueKey, attrQueueHosts, attrQueueEntryUntil,
 }
 
 // maxQueueRequest bounds what a stored request inflates to: far above

@@ -216,12 +216,15 @@ func TestUsageDollars(t *testing.T) {
 	}
 }
 
-// The queue index is sparse and KEYS_ONLY: a run costs it a write when it
-// enters and one when it leaves; an update that leaves its key as it was
-// (an offer, a run taken back to its place) costs it nothing.
+// The queue index is sparse, its entries the keys and qu (Until, fixed
+// while the run waits): a run costs it a write when it enters and one
+// when it leaves; an update that leaves its entry as it was (an offer, a
+// run taken back to its place) costs it nothing. The live index takes
+// the run at its offer and lets it go when it is taken back: a queued
+// run is not live.
 func TestChargeWriteQueueIndex(t *testing.T) {
 	runs := schemasFor(DefaultTableNames())["runfleet-runs"]
-	base := item{"fleetRunId": sv("r1"), "ownerId": sv("alice"), "createdAt": sv("t#r1"), "allShard": sv("0"), "live": sv("1")}
+	base := item{"fleetRunId": sv("r1"), "ownerId": sv("alice"), "createdAt": sv("t#r1"), "allShard": sv("0")}
 	with := func(extra item) item {
 		it := item{}
 		for k, v := range base {
@@ -232,25 +235,29 @@ func TestChargeWriteQueueIndex(t *testing.T) {
 		}
 		return it
 	}
-	key := item{"qp": sv("q"), "qk": sv("claude#100|00000000000000000001|r1")}
-	queued := with(item{"qp": key["qp"], "qk": key["qk"], "status": sv("queued")})
-	offered := with(item{"qp": key["qp"], "qk": key["qk"], "status": sv("dispatching"), "hostId": sv("h1")})
-	running := with(item{"status": sv("running"), "hostId": sv("h1")})
+	entry := item{"qp": sv("q"), "qk": sv("claude#100|00000000000000000001|r1"), "qu": nv("1800000000001")}
+	queued := with(item{"qp": entry["qp"], "qk": entry["qk"], "qu": entry["qu"], "status": sv("queued")})
+	offered := with(item{"qp": entry["qp"], "qk": entry["qk"], "qu": entry["qu"], "status": sv("dispatching"), "hostId": sv("h1"), "live": sv("1")})
+	running := with(item{"status": sv("running"), "hostId": sv("h1"), "live": sv("1")})
 	for _, tc := range []struct {
-		name     string
-		old, new item
-		want     float64
+		name        string
+		old, new    item
+		queue, live float64
 	}{
-		{"created queued: enters", nil, queued, 1},
-		{"offered: its key unchanged", queued, offered, 0},
-		{"back to queued in its place", offered, queued, 0},
-		{"started: leaves", offered, running, 1},
-		{"never waited", nil, running, 0},
+		{"created queued: enters the queue", nil, queued, 1, 0},
+		{"offered: its entry unchanged, enters the live index", queued, offered, 0, 1},
+		{"back to queued in its place, leaves the live index", offered, queued, 0, 1},
+		{"started: leaves the queue", offered, running, 1, 0},
+		{"never waited", nil, running, 0, 1},
 	} {
 		var m Meter
 		m.chargeWrite(runs, tc.old, tc.new, true, false)
-		if got := m.Snapshot().WCU["runs/queue"]; got != tc.want {
-			t.Errorf("%s: %g WCU on the queue index, want %g", tc.name, got, tc.want)
+		u := m.Snapshot()
+		if got := u.WCU["runs/queue"]; got != tc.queue {
+			t.Errorf("%s: %g WCU on the queue index, want %g", tc.name, got, tc.queue)
+		}
+		if got := u.WCU["runs/live"]; got != tc.live {
+			t.Errorf("%s: %g WCU on the live index, want %g", tc.name, got, tc.live)
 		}
 	}
 }

@@ -211,9 +211,10 @@ func TestMeteredCosts(t *testing.T) {
 // TestMeteredQueueCosts: what waiting adds to a run's writes, by the
 // documented rules (issue 34's budget: at most 3 WCU more than a run that
 // never waited, and no read): a run that waits is created queued (its
-// queue entry, but no byHost one yet), offered (it enters byHost; its
-// queue key unchanged, so no queue write) and started (it leaves the
-// queue); one that never waited is created dispatching and answered.
+// queue entry, but no byHost or live one yet), offered (it enters byHost
+// and the live index; its queue entry unchanged, so no queue write) and
+// started (it leaves the queue); one that never waited is created
+// dispatching (live at once) and answered.
 // Both items stay under 1 KB with a typical request held while queued,
 // and with a GitHub key Fleet minted (a KMS-sealed token, ~200 bytes: at
 // the offer for the run that waits, at the dispatch for the other).
@@ -321,7 +322,7 @@ func meterQueueLifecycles(t *testing.T, brokered bool) {
 
 // TestMeteredQueueReads: the queue index's reads, eventually consistent
 // over ~100-byte KEYS_ONLY entries: a position, a class's stats or a page
-// of its queue is one Query (0.5 RCU up to ~40 entries), the classes one
+// of its queue is one Query (0.5 RCU up to ~35 entries), the classes one
 // per class and one to find no more.
 func TestMeteredQueueReads(t *testing.T) {
 	ctx := context.Background()

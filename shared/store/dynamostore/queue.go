@@ -17,8 +17,9 @@ import (
 // eventually consistent as any GSI's: a class's entries are the keys from
 // class+"#" up to class+"$" ("$" follows "#"), a range no other class's
 // keys fall in because no class holds "#" (store.CheckRun). Entries are
-// the keys, ~100 bytes, and a scoped run's hosts (qh, at most 16 ids), so
-// a 4 KB read unit (0.5 RCU eventual) covers about 40 of them.
+// the keys, qh (a scoped run's hosts, at most 16 ids) and qu (Until),
+// ~110 bytes unscoped, so a 4 KB read unit (0.5 RCU eventual) covers
+// about 35 of them.
 
 // classEnd is the first key after every entry of class.
 func classEnd(class string) string { return class + "$" }
@@ -43,6 +44,7 @@ func (s *Store) queueQuery(lo, hi string) *dynamodb.QueryInput {
 func queueEntryOf(class string, it item) (store.QueueEntry, error) {
 	r := &reader{it: it}
 	k, hosts := r.s(attrQueueKey), r.s(attrQueueHosts)
+	until := r.time(attrQueueEntryUntil)
 	if r.err != nil {
 		return store.QueueEntry{}, r.err
 	}
@@ -54,7 +56,7 @@ func queueEntryOf(class string, it item) (store.QueueEntry, error) {
 	if err != nil {
 		return store.QueueEntry{}, err
 	}
-	return store.QueueEntry{FleetRunID: id, Order: order, Since: since, Hosts: splitHosts(hosts)}, nil
+	return store.QueueEntry{FleetRunID: id, Order: order, Since: since, Until: until, Hosts: splitHosts(hosts)}, nil
 }
 
 // QueueClasses skips through the index: the first entry, then the first
@@ -138,7 +140,7 @@ func (s *Store) ListQueue(ctx context.Context, class, after string, limit int) (
 // QueueAhead counts (Select COUNT) the entries from class's first up to
 // order's key, backwards from that key excluded: the start key need not
 // be an entry, so an order no run holds (any more) counts as well.
-// ceil(entries x ~100 B / 4 KB) x 0.5 RCU: 0.5 up to ~40 ahead.
+// ceil(entries x ~110 B / 4 KB) x 0.5 RCU: 0.5 up to ~35 ahead.
 func (s *Store) QueueAhead(ctx context.Context, class, order string) (int, error) {
 	_, id, err := store.ParseQueueOrder(order)
 	if err != nil {

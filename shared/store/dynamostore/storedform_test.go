@@ -130,9 +130,10 @@ var (
 		"allShard": s("0"),
 	}
 	// A run waiting for capacity: no hostId (an index key cannot be
-	// empty), the queue index's keys qp and qk (class, "#", then
-	// store.QueueOrder), its wait a map whose times and timeout are
-	// nanoseconds. Its request (raw DEFLATE, B) is checked by inflating
+	// empty), no live key (a queued run is not live), the queue index's
+	// keys qp and qk (class, "#", then store.QueueOrder) and its
+	// projected qu (Until, nanoseconds), its wait a map whose times and
+	// timeout are nanoseconds. Its request (raw DEFLATE, B) is checked by inflating
 	// it, as a chunk's data is.
 	storedQueuedRunItem = map[string]types.AttributeValue{
 		"fleetRunId":     s("r-queued"),
@@ -143,13 +144,13 @@ var (
 		"status":         s("queued"),
 		"agent":          s("claude"),
 		"updatedAt":      n("1777863781123456789"),
-		"live":           s("1"),
 		"queue": &types.AttributeValueMemberM{Value: map[string]types.AttributeValue{
 			"class": s("claude?pool=build"), "priority": n("5"), "since": n("1777863721123456789"),
 			"timeout": n("1800000000000"), "until": n("1777865521123456789"), "offers": n("1"),
 		}},
 		"qp":       s("q"),
 		"qk":       s("claude?pool=build#095|01777863721123456789|r-queued"),
+		"qu":       n("1777865521123456789"),
 		"version":  n("1"),
 		"allShard": s("0"),
 	}
@@ -369,6 +370,7 @@ func TestStoredFormUnchanged(t *testing.T) {
 	}
 	storetest.SameJSON(t, "queue read", waiting.Entries, []store.QueueEntry{{
 		FleetRunID: queued.FleetRunID, Order: store.QueueOrder(*queued.Queue, queued.FleetRunID), Since: queued.Queue.Since,
+		Until: queued.Queue.Until,
 	}})
 	gotBroker, err := st.GetBrokerState(ctx, brokerState.ID)
 	if err != nil {

@@ -32,6 +32,10 @@ const (
 	// attrQueueHosts is a waiting run's QueueInfo.Hosts, comma-separated,
 	// while it is in the queue index (projected there); absent when nil.
 	attrQueueHosts = "qh"
+	// attrQueueEntryUntil is a waiting run's QueueInfo.Until (N, Unix
+	// nanoseconds), projected into the queue index: not a key, but the
+	// index's one non-key attribute.
+	attrQueueEntryUntil = "qu"
 )
 
 // Index names on the runs table.
@@ -50,8 +54,12 @@ const (
 // themselves are each one Query), and its writes are two per run that
 // waits (in, then out), well within a partition's 1,000 a second up to
 // bursts of ~500 runs queued a second; shard it (and merge) beyond.
-// The keys and qh (QueueEntry.Hosts, on a run that has them): the order
-// holds the rest of a store.QueueEntry.
+// INCLUDE qh (QueueEntry.Hosts, on a run that has them) and qu (the
+// run's Until): the order holds the rest of what a store.QueueEntry says,
+// so a dispatcher passes over runs its host may not take and the sweep
+// times runs out from the index alone. Neither changes while the run
+// waits (both are fixed at enqueue), so an offer or a return to the queue
+// still costs the index nothing.
 const queuePart = "q"
 
 // indexAlerted is the egress table's sparse index of the heads of runs
@@ -128,7 +136,7 @@ func schemaList(n TableNames) []tableSchema {
 				{name: indexByHost, keys: []string{attrHostID, attrCreatedAt}, projection: types.ProjectionTypeKeysOnly},
 				{name: indexAll, keys: []string{attrAllShard, attrCreatedAt}, projection: types.ProjectionTypeKeysOnly},
 				{name: indexQueue, keys: []string{attrQueuePart, attrQueueKey}, projection: types.ProjectionTypeInclude,
-					include: []string{attrQueueHosts}},
+					include: []string{attrQueueHosts, attrQueueEntryUntil}},
 			},
 		},
 		{

@@ -102,6 +102,9 @@ func queueIDs(t *testing.T, s store.Queue, class string, pageSize int) []string 
 			if err != nil || id != e.FleetRunID || !since.Equal(e.Since) {
 				t.Fatalf("entry %+v: its order says %s since %v (%v)", e, id, since, err)
 			}
+			if !e.Until.Equal(e.Since.Add(30 * time.Minute)) {
+				t.Fatalf("entry %+v: until, want since + 30m (queuedRun's)", e)
+			}
 			if i > 0 && p.Entries[i-1].Order >= e.Order {
 				t.Fatalf("entries out of order: %q then %q", p.Entries[i-1].Order, e.Order)
 			}
@@ -124,6 +127,12 @@ func classes(t *testing.T, s store.Queue) []string {
 	return got
 }
 
+// testQueueEntersAndLeaves: the queue index follows Waiting() and the
+// live index Live() on every path a waiting run takes: a queued run is
+// in the queue and not live; an offer makes it live (a host may run it)
+// and keeps it in the queue; taken back to queued it leaves the live
+// index; started it leaves the queue; ended while queued (drained at
+// once: no host ran it) it is in neither.
 func testQueueEntersAndLeaves(t *testing.T, s runsAndQueue, clk *clock.Fake) {
 	now := clk.Now()
 	const class = "claude?pool=build"
@@ -131,41 +140,66 @@ func testQueueEntersAndLeaves(t *testing.T, s runsAndQueue, clk *clock.Fake) {
 	createRun(t, s, run("r1", "alice", "h1", now)) // never waits
 	sameIDs(t, "the queue after a queued create", queueIDs(t, s, class, 10), []string{"q1"})
 	sameIDs(t, "classes", classes(t, s), []string{class})
-	sameIDs(t, "a queued run is live", allLive(t, s, 10), []string{"q1", "r1"})
+	sameIDs(t, "a queued run is not live", allLive(t, s, 10), []string{"r1"})
 
 	clk.Advance(time.Second)
 	q1 = update(t, s, offered(q1, "h1", clk.Now().Add(30*time.Second)))
 	sameIDs(t, "an offered run stays in the queue", queueIDs(t, s, class, 10), []string{"q1"})
+	sameIDs(t, "an offered run is live", allLive(t, s, 10), []string{"q1", "r1"})
+	back := q1
+	back.Status, back.HostID, back.Deadline = store.StatusQueued, "", time.Time{}
+	q := *q1.Queue
+	q.Offers++
+	back.Queue = &q
+	q1 = update(t, s, back)
+	sameIDs(t, "a run taken back stays in the queue", queueIDs(t, s, class, 10), []string{"q1"})
+	sameIDs(t, "a run taken back is not live", allLive(t, s, 10), []string{"r1"})
+	q1 = update(t, s, offered(q1, "h1", clk.Now().Add(30*time.Second)))
+	sameIDs(t, "offered again: live", allLive(t, s, 10), []string{"q1", "r1"})
 	update(t, s, started(q1, clk.Now()))
 	sameIDs(t, "a started run left the queue", queueIDs(t, s, class, 10), nil)
 	sameIDs(t, "no class is left", classes(t, s), nil)
 	sameIDs(t, "the started run is live", allLive(t, s, 10), []string{"q1", "r1"})
 
-	// Ended while waiting: canceled, timed out, or after an offer.
-	for i, end := range []func(r store.Run) store.Run{
-		func(r store.Run) store.Run {
-			r = ended(r, store.StatusCanceled, clk.Now(), false, 0)
+	// Ended while waiting: canceled or timed out while queued (drained
+	// at once), or after an offer (its host may hold events).
+	for i, tc := range []struct {
+		end  func(r store.Run) store.Run
+		live bool
+	}{
+		{func(r store.Run) store.Run {
+			r = ended(r, store.StatusCanceled, clk.Now(), true, 0)
 			r.ExpiresAt = time.Time{}
 			return r
-		},
-		func(r store.Run) store.Run {
-			r = ended(r, store.StatusFailed, clk.Now(), false, 0)
+		}, false},
+		{func(r store.Run) store.Run {
+			r = ended(r, store.StatusFailed, clk.Now(), true, 0)
 			r.Reason, r.ExpiresAt, r.ExitCode = store.ReasonQueueTimeout, time.Time{}, nil
 			return r
-		},
-		func(r store.Run) store.Run {
+		}, false},
+		{func(r store.Run) store.Run {
 			r = update(t, s, offered(r, "h2", clk.Now().Add(time.Minute)))
-			r = ended(r, store.StatusFailed, clk.Now(), true, time.Hour)
+			r = ended(r, store.StatusFailed, clk.Now(), false, time.Hour)
 			return r
-		},
+		}, true},
 	} {
 		id := fmt.Sprintf("e%d", i)
 		r := createRun(t, s, queuedRun(id, class, 0, clk.Now()))
 		sameIDs(t, id+" waits", queueIDs(t, s, class, 10), []string{id})
-		got := update(t, s, end(r))
+		got := update(t, s, tc.end(r))
 		sameIDs(t, id+" ended: out of the queue", queueIDs(t, s, class, 10), nil)
 		if got.Queue == nil || got.Queue.StartedAt != nil || got.Waiting() {
 			t.Fatalf("%s ended: queue info %+v", id, got.Queue)
+		}
+		want := []string{"q1", "r1"}
+		if tc.live {
+			want = []string{id, "q1", "r1"}
+		}
+		sameIDs(t, id+" ended: the live index", allLive(t, s, 10), want)
+		if tc.live {
+			got.Drained = true
+			update(t, s, got)
+			sameIDs(t, id+" drained: the live index", allLive(t, s, 10), []string{"q1", "r1"})
 		}
 	}
 	sameIDs(t, "no class is left", classes(t, s), nil)
@@ -482,9 +516,19 @@ func testQueueInfoRoundTrips(t *testing.T, s runsAndQueue, clk *clock.Fake) {
 	page, err := s.ListRuns(bg, store.RunQuery{OwnerID: "alice"})
 	noErr(t, "ListRuns", err)
 	sameJSON(t, "queued run listed", page.Runs, []store.Run{r})
+	// The index entry carries Until, to the nanosecond, queued and
+	// offered alike: the sweep times runs out from it.
+	entry := []store.QueueEntry{{FleetRunID: "q", Order: store.QueueOrder(*r.Queue, "q"), Since: now, Until: r.Queue.Until}}
+	listed, err := s.ListQueue(bg, "claude?gpu=a100", "", 10)
+	noErr(t, "ListQueue", err)
+	sameJSON(t, "queued run's entry", listed.Entries, entry)
 
 	clk.Advance(90 * time.Second)
-	r = update(t, s, started(update(t, s, offered(r, "h1", clk.Now().Add(time.Minute))), clk.Now()))
+	r = update(t, s, offered(r, "h1", clk.Now().Add(time.Minute)))
+	listed, err = s.ListQueue(bg, "claude?gpu=a100", "", 10)
+	noErr(t, "ListQueue", err)
+	sameJSON(t, "offered run's entry", listed.Entries, entry)
+	r = update(t, s, started(r, clk.Now()))
 	got, err = s.GetRun(bg, "q")
 	noErr(t, "GetRun", err)
 	sameJSON(t, "started run read", got, r)
