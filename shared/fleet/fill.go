@@ -80,7 +80,7 @@ func (f *Fleet) FillHosts(ctx context.Context, wakes []Wake) (FillReport, error)
 	// The queue before the hosts: a wake may come with nothing waiting
 	// (another instance's end, a probe's, a run started meanwhile), and
 	// this one read (0.5 RCU) then spares the hosts' reads.
-	classes, err := f.queueClasses(ctx)
+	classes, err := f.queueHeads(ctx)
 	if err != nil {
 		return FillReport{}, fmt.Errorf("fleet: fill: reading the queue's classes: %w", err)
 	}
@@ -169,22 +169,25 @@ type classHead struct {
 	done   bool
 }
 
-// fill merges the heads of classes (the queue's, as read) that the woken
-// hosts serve and takes their runs, best first, while there is room and
-// the scan bound allows.
-func (fl *filler) fill(ctx context.Context, classes []string) error {
+// fill merges the heads of classes (the queue's, as read, each with its
+// first entry) that the woken hosts serve and takes their runs, best
+// first, while there is room and the scan bound allows. A class's pages
+// are read from past the head the classes came with: a fill that takes
+// only the head (one slot, one class) reads no page.
+func (fl *filler) fill(ctx context.Context, classes []store.QueueHead) error {
 	slots := fl.room()
 	if slots == 0 {
 		return nil
 	}
 	var heads []*classHead
 	for _, c := range classes {
-		agent, labels, err := ParseClass(c)
+		agent, labels, err := ParseClass(c.Class)
 		if err != nil {
-			fl.f.log.Warn("fill: a queue class does not parse", logClass, c, logErr, err.Error())
+			fl.f.log.Warn("fill: a queue class does not parse", logClass, c.Class, logErr, err.Error())
 			continue
 		}
-		heads = append(heads, &classHead{class: c, agent: agent, labels: labels})
+		heads = append(heads, &classHead{class: c.Class, agent: agent, labels: labels,
+			buf: []store.QueueEntry{c.Head}, next: c.Head.Order})
 	}
 	limit := min(max(slots+2, 5), store.MaxLimit)
 	for passed := 0; passed < fillScanPerSlot*slots+fillScanBase && fl.room() > 0; {

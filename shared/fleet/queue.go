@@ -589,6 +589,16 @@ func (f *Fleet) queueClasses(ctx context.Context) ([]string, error) {
 	return classes, err
 }
 
+// queueHeads reads the classes with waiting runs and each one's head
+// (store.QueueHeads) and remembers whether there are any.
+func (f *Fleet) queueHeads(ctx context.Context) ([]store.QueueHead, error) {
+	heads, err := f.store.QueueHeads(ctx)
+	if err == nil {
+		f.rememberQueue(len(heads) > 0)
+	}
+	return heads, err
+}
+
 // somethingWaits reports whether any run waits, as remembered (queueMemory)
 // or else read: QueueClasses' first query answers it when nothing does
 // (0.5 RCU), which is the case to make cheap. A failed read says yes: the
