@@ -355,6 +355,15 @@ func (s *failingQueueReads) QueueClasses(ctx context.Context) ([]string, error) 
 	}
 }
 
+func (s *failingQueueReads) QueueHeads(ctx context.Context) ([]store.QueueHead, error) {
+	select {
+	case <-s.fails:
+		return nil, fmt.Errorf("store unavailable")
+	default:
+		return s.Store.QueueHeads(ctx)
+	}
+}
+
 // TestLocalWakeQueueRedeliversAFailedFill is the local stack's wake path:
 // Fleet wakes into an in-process queue (wake.Local, as make dev runs it)
 // when it records a run's end, and the queue delivers the wake to the

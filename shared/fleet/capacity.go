@@ -149,7 +149,7 @@ func (f *Fleet) capacity(hosts []store.Host, queued map[string]store.QueueStats,
 // waiting lists the classes whose stats still count a waiting run (the
 // index is eventually consistent: a class may have emptied since).
 func (f *Fleet) queueStats(ctx context.Context) (stats map[string]store.QueueStats, waiting []string, err error) {
-	classes, err := f.store.QueueClasses(ctx)
+	classes, err := f.queueClasses(ctx)
 	if err != nil {
 		return nil, nil, fmt.Errorf("fleet: reading the queue's classes: %w", err)
 	}

@@ -11,6 +11,7 @@ import (
 	"io"
 	"net/url"
 	"slices"
+	"strings"
 	"time"
 
 	"github.com/runfleet/runfleet/shared/auth"
@@ -262,7 +263,7 @@ func (f *Fleet) dispatch(ctx context.Context, c store.Caller, r DispatchRequest,
 		}
 	}
 
-	decision, err := f.route(ctx, c, r)
+	decision, err := f.routeExcept(ctx, c, r, nil, wait != nil)
 	if err != nil {
 		var fe *Error
 		if wait != nil && errors.As(err, &fe) && fe.Code == CodeNoEligibleHost {
@@ -327,7 +328,7 @@ func (f *Fleet) dispatch(ctx context.Context, c store.Caller, r DispatchRequest,
 		answer, callErr := f.callStart(ctx, client, startRequest(run, r, decision, credentials))
 		refusal, transient := transientRefusal(run.HostID, answer, callErr)
 		if transient && r.Host == "" && len(refusals)+1 < MaxDispatchHosts && roomForAnotherHost(ctx, f.cfg.HostTimeout) {
-			next, nextClient, moved, ok := f.moveToNextHost(ctx, c, r, run, append(refusals, refusal))
+			next, nextClient, moved, ok := f.moveToNextHost(ctx, c, r, run, append(refusals, refusal), wait != nil)
 			if ok {
 				refusals = append(refusals, refusal)
 				run, decision, client = moved, next, nextClient
@@ -377,16 +378,17 @@ func roomForAnotherHost(ctx context.Context, hostTimeout time.Duration) bool {
 	return !ok || time.Until(deadline) > hostTimeout+fallbackMargin
 }
 
-// moveToNextHost routes r again without the hosts that refused it and, if
-// one is eligible, moves run (dispatching) to it (moveTo). ok is false
+// moveToNextHost routes r again without the hosts that refused it (and,
+// when the run may wait, without those whose probe showed them full) and,
+// if one is eligible, moves run (dispatching) to it (moveTo). ok is false
 // when no host is left, the host cannot be called, or the run could not
 // be moved: the caller then records the refusal it has.
-func (f *Fleet) moveToNextHost(ctx context.Context, c store.Caller, r DispatchRequest, run store.Run, refusals []Exclusion) (Decision, *hostproto.Client, store.Run, bool) {
+func (f *Fleet) moveToNextHost(ctx context.Context, c store.Caller, r DispatchRequest, run store.Run, refusals []Exclusion, waits bool) (Decision, *hostproto.Client, store.Run, bool) {
 	refused := make(map[string]string, len(refusals))
 	for _, e := range refusals {
 		refused[e.HostID] = e.Reasons[0]
 	}
-	next, err := f.routeExcept(ctx, c, r, refused)
+	next, err := f.routeExcept(ctx, c, r, refused, waits)
 	if err != nil {
 		var fe *Error
 		if !errors.As(err, &fe) {
@@ -757,28 +759,26 @@ func inFlight(fleetRunID string) *Error {
 		"a dispatch with this idempotency key is still in flight (run %s); retry shortly", fleetRunID)
 }
 
-// route gathers the candidates c may use and runs Route over them: a named
-// host is 404 when unknown and 403 when out of c's scope; a refusal is 409
-// with every excluded host and its reasons. Without a named host the
-// candidates come from the routing view (routeByView); only before the
+// routeExcept gathers the candidates c may use and runs Route over them,
+// the hosts in refused (host -> reason) excluded for the reason they gave,
+// and, for a dispatch that waits when no host takes it now (waits), the
+// hosts whose last probe showed them full (RouteInput.QueueWhenFull): a
+// named host is 404 when unknown and 403 when out of c's scope; a refusal
+// is 409 with every excluded host and its reasons. Without a named host
+// the candidates come from the routing view (routeByView); only before the
 // probe has written one does it fall back to a scan of every host.
-func (f *Fleet) route(ctx context.Context, c store.Caller, r DispatchRequest) (Decision, error) {
-	return f.routeExcept(ctx, c, r, nil)
-}
-
-// routeExcept is route with the hosts in refused (host -> reason)
-// excluded for the reason they gave.
-func (f *Fleet) routeExcept(ctx context.Context, c store.Caller, r DispatchRequest, refused map[string]string) (Decision, error) {
+func (f *Fleet) routeExcept(ctx context.Context, c store.Caller, r DispatchRequest, refused map[string]string, waits bool) (Decision, error) {
 	in := RouteInput{
-		Refused:      refused,
-		Agent:        r.Run.Agent,
-		Labels:       r.Labels,
-		Repository:   r.Run.Repository,
-		LocalPath:    r.Run.LocalPath,
-		NeedsSecrets: len(r.Run.Secrets) > 0,
-		RepoURLs:     f.cfg.RepoURLs,
-		Now:          f.clock.Now(),
-		MaxProbeAge:  f.cfg.ProbeMaxAge,
+		Refused:       refused,
+		QueueWhenFull: waits,
+		Agent:         r.Run.Agent,
+		Labels:        r.Labels,
+		Repository:    r.Run.Repository,
+		LocalPath:     r.Run.LocalPath,
+		NeedsSecrets:  len(r.Run.Secrets) > 0,
+		RepoURLs:      f.cfg.RepoURLs,
+		Now:           f.clock.Now(),
+		MaxProbeAge:   f.cfg.ProbeMaxAge,
 	}
 	if r.Host != "" {
 		h, err := f.Host(ctx, r.Host)
@@ -846,7 +846,11 @@ func (f *Fleet) routeByView(ctx context.Context, c store.Caller, in RouteInput) 
 		return Decision{}, Unrouted{}, false, fmt.Errorf("fleet: reading the routing view: %w", err)
 	}
 	seen := map[string]bool{}
+	var last store.Host // the last host of the last shard read
 	add := func(hosts []store.Host) {
+		if len(hosts) > 0 {
+			last = hosts[len(hosts)-1]
+		}
 		for _, h := range hosts {
 			if !seen[h.ID] && auth.CanUseHost(c, h.ID) {
 				in.Hosts = append(in.Hosts, h)
@@ -860,7 +864,7 @@ func (f *Fleet) routeByView(ctx context.Context, c store.Caller, in RouteInput) 
 	for {
 		d = Route(in)
 		if d.Host == nil {
-			if read < shards && read < store.RouteShardsMax {
+			if read < shards && read < store.RouteShardsMax && !(in.QueueWhenFull && restFull(list, last, sh.At, in.MaxProbeAge)) {
 				next, err := f.store.RouteShard(ctx, list, read)
 				read++
 				switch {
@@ -909,12 +913,31 @@ func (f *Fleet) routeByView(ctx context.Context, c store.Caller, in RouteInput) 
 	}
 }
 
+// restFull reports whether the hosts of list after last (its last host
+// read) are all full or not routable, as the view was built at: the view
+// orders the hosts routable for its agent by preferLoad, full ones last,
+// then the others, so after a routable full host there is no host a
+// dispatch that waits (QueueWhenFull) would be offered, and reading on
+// would cost a shard for nothing.
+func restFull(list string, last store.Host, at time.Time, maxProbeAge time.Duration) bool {
+	if last.Probe == nil || loadTier(last.Probe.Load) != 2 {
+		return false
+	}
+	agent := strings.TrimPrefix(list, RouteList(""))
+	if list == RouteListAny {
+		agent = ""
+	}
+	reasons, _ := exclusions(RouteInput{Agent: agent, Now: at, MaxProbeAge: maxProbeAge}, last, "")
+	return len(reasons) == 0
+}
+
 // settle writes a change to a run with the store's version check: apply
 // edits a copy of the latest run and reports whether there is anything to
 // write; on a lost race the run is re-read and apply runs again. Every
 // write of a run passes here, so this is where a run's end on a host is
-// seen (wakeOnEnd). apply must not modify what r's pointers share with the
-// run it was given (Queue, Brokered): it replaces them.
+// seen (wakeOnEnd), and a run's return to the queue (queueMemory). apply
+// must not modify what r's pointers share with the run it was given
+// (Queue, Brokered): it replaces them.
 func (f *Fleet) settle(ctx context.Context, run store.Run, apply func(*store.Run) bool) (store.Run, error) {
 	const attempts = 5
 	for i := 0; ; i++ {
@@ -924,6 +947,9 @@ func (f *Fleet) settle(ctx context.Context, run store.Run, apply func(*store.Run
 		}
 		stored, err := f.store.UpdateRun(ctx, next)
 		if err == nil {
+			if stored.Status == store.StatusQueued {
+				f.rememberQueue(true) // back in the queue: ends wake its hosts
+			}
 			f.wakeOnEnd(ctx, run, stored)
 			return stored, nil
 		}

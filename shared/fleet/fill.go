@@ -15,7 +15,9 @@ import (
 // batch of wakes and offers the waiting runs to the hosts they name.
 //
 // The queue's classes are read first (nothing waits: nothing more is read).
-// The woken hosts are read strongly consistent and kept only when routable
+// The woken hosts are read eventually consistent (a host that changed a
+// moment ago is caught by the host itself, which refuses a start it cannot
+// take, and by the versioned offer) and kept only when routable
 // now (no exclusion of routing's that is about the host: disabled, never
 // probed, stale, unhealthy, draining, storage low), each with the room its
 // wakes give (their slots, at most its maxConcurrent). The classes some
@@ -75,10 +77,10 @@ func (f *Fleet) FillHosts(ctx context.Context, wakes []Wake) (FillReport, error)
 	if !slices.ContainsFunc(wakes, func(w Wake) bool { return w.HostID != "" && w.Slots > 0 }) {
 		return FillReport{}, nil
 	}
-	// The queue before the hosts: most wakes are a run's end with nothing
-	// waiting, and this one read (0.5 RCU) then spares the hosts' strong
-	// reads (1 RCU each).
-	classes, err := f.store.QueueClasses(ctx)
+	// The queue before the hosts: a wake may come with nothing waiting
+	// (another instance's end, a probe's, a run started meanwhile), and
+	// this one read (0.5 RCU) then spares the hosts' reads.
+	classes, err := f.queueHeads(ctx)
 	if err != nil {
 		return FillReport{}, fmt.Errorf("fleet: fill: reading the queue's classes: %w", err)
 	}
@@ -105,8 +107,12 @@ func (f *Fleet) FillHosts(ctx context.Context, wakes []Wake) (FillReport, error)
 	return rep, err
 }
 
-// openFill reads the woken hosts (strongly consistent) and keeps those
-// routable now, with their room.
+// openFill reads the woken hosts and keeps those routable now, with their
+// room. Eventually consistent (0.5 RCU a host, not 1): a start the host
+// cannot take is refused by the host itself (host_busy, draining: the run
+// goes on to the next host, or back to its place), and a host disabled a
+// moment ago may take one more run, as a dispatch routed on the routing
+// view may.
 func (f *Fleet) openFill(ctx context.Context, wakes []Wake) (*filler, error) {
 	fl := &filler{f: f, byID: map[string]*fillHost{}, seen: map[string]bool{}}
 	room := map[string]int{}
@@ -122,7 +128,7 @@ func (f *Fleet) openFill(ctx context.Context, wakes []Wake) (*filler, error) {
 	}
 	in := RouteInput{Now: f.clock.Now(), MaxProbeAge: f.cfg.ProbeMaxAge}
 	for _, id := range order {
-		h, err := f.store.GetHost(ctx, id)
+		h, err := f.store.GetHost(store.EventualRead(ctx), id)
 		if errors.Is(err, store.ErrNotFound) {
 			continue
 		}
@@ -164,22 +170,25 @@ type classHead struct {
 	limit  int // its next page's size
 }
 
-// fill merges the heads of classes (the queue's, as read) that the woken
-// hosts serve and takes their runs, best first, while there is room and
-// the scan bound allows.
-func (fl *filler) fill(ctx context.Context, classes []string) error {
+// fill merges the heads of classes (the queue's, as read, each with its
+// first entry) that the woken hosts serve and takes their runs, best
+// first, while there is room and the scan bound allows. A class's pages
+// are read from past the head the classes came with: a fill that takes
+// only the head (one slot, one class) reads no page.
+func (fl *filler) fill(ctx context.Context, classes []store.QueueHead) error {
 	slots := fl.room()
 	if slots == 0 {
 		return nil
 	}
 	var heads []*classHead
 	for _, c := range classes {
-		agent, labels, err := ParseClass(c)
+		agent, labels, err := ParseClass(c.Class)
 		if err != nil {
-			fl.f.log.Warn("fill: a queue class does not parse", logClass, c, logErr, err.Error())
+			fl.f.log.Warn("fill: a queue class does not parse", logClass, c.Class, logErr, err.Error())
 			continue
 		}
-		heads = append(heads, &classHead{class: c, agent: agent, labels: labels})
+		heads = append(heads, &classHead{class: c.Class, agent: agent, labels: labels,
+			buf: []store.QueueEntry{c.Head}, next: c.Head.Order})
 	}
 	limit := min(max(slots+2, 5), store.MaxLimit)
 	for passed := 0; passed < fillScanPerSlot*slots+fillScanBase && fl.room() > 0; {

@@ -525,9 +525,10 @@ func TestCancelOfARunBeingOffered(t *testing.T) {
 }
 
 // TestWakesAreSentWhereRoomAppears: a run's end on its host wakes the
-// host once, however many paths see the end; resume and enable wake the
-// host with its free slots; a run refused for want of room wakes nothing;
-// a Waker that fails never fails what Fleet was doing.
+// host once, however many paths see the end, while a run waits, and not
+// at all while none does; resume and enable wake the host with its free
+// slots; a run refused for want of room wakes nothing; a Waker that fails
+// never fails what Fleet was doing.
 func TestWakesAreSentWhereRoomAppears(t *testing.T) {
 	e := newTestEnv(t, 10*time.Second)
 	w := &testWaker{}
@@ -535,15 +536,31 @@ func TestWakesAreSentWhereRoomAppears(t *testing.T) {
 	host := e.addHost(t, "h1", fakehost.Config{MaxConcurrent: 3})
 	ctx := context.Background()
 	alice := caller("alice")
-	res, err := e.f.Dispatch(ctx, alice, shellRun, "")
-	if err != nil {
-		t.Fatal(err)
+	endRun := func() {
+		t.Helper()
+		res, err := e.f.Dispatch(ctx, alice, shellRun, "")
+		if err != nil {
+			t.Fatal(err)
+		}
+		host.SetRun(res.Run.ChildRunID, hostproto.StatusFailed, new(int), "")
+		if _, err := e.f.Run(ctx, alice, res.Run.FleetRunID); err != nil {
+			t.Fatal(err)
+		}
+		e.f.Sweep(ctx, SweepOptions{})
 	}
-	host.SetRun(res.Run.ChildRunID, hostproto.StatusFailed, new(int), "")
-	if _, err := e.f.Run(ctx, alice, res.Run.FleetRunID); err != nil {
-		t.Fatal(err)
+	endRun()
+	if got := w.take(); len(got) != 0 {
+		t.Fatalf("a run ended with nothing waiting woke %+v", got)
 	}
-	e.f.Sweep(ctx, SweepOptions{})
+
+	// A run waits (for a label h1 lacks): queued by this Fleet, which
+	// forgets at once that nothing waited.
+	gpu := shellRun
+	gpu.Labels, gpu.Queue = map[string]string{"pool": "gpu"}, waitHour
+	if res, err := e.f.Dispatch(ctx, alice, gpu, ""); err != nil || res.Run.Status != store.StatusQueued {
+		t.Fatalf("a run that waits: %+v, %v", res, err)
+	}
+	endRun()
 	if got := w.take(); !reflect.DeepEqual(got, []Wake{{HostID: "h1", Slots: 1, Reason: WakeRunEnded}}) {
 		t.Fatalf("wakes after a run ended: %+v", got)
 	}
@@ -575,7 +592,7 @@ func TestWakesAreSentWhereRoomAppears(t *testing.T) {
 	}
 
 	w.fail = errors.New("the queue is down")
-	res, err = e.f.Dispatch(ctx, alice, shellRun, "")
+	res, err := e.f.Dispatch(ctx, alice, shellRun, "")
 	if err != nil {
 		t.Fatal(err)
 	}

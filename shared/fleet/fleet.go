@@ -150,6 +150,8 @@ type Fleet struct {
 	ledgers ledgerCursors
 	// probed remembers when each host was last probed (probe.go).
 	probed probeMemory
+	// queued remembers whether any run waited when last read (queue.go).
+	queued queueMemory
 }
 
 // New checks cfg, fills its defaults and returns a Fleet.

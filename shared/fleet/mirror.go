@@ -166,7 +166,7 @@ const (
 	syncUnreachable                    // its host did not answer: left live
 	syncPartial                        // events left to mirror: the budget ran out first
 	syncFailed                         // another error (logged): left as it was
-	syncQueued                         // queued, within its timeout: no host to ask
+	syncQueued                         // waiting in the queue index, within its timeout (timeOutQueue)
 )
 
 type syncResult struct {
@@ -242,6 +242,10 @@ func (f *Fleet) syncDispatching(ctx, hostCtx context.Context, run store.Run, pas
 		return recovered, syncResult{outcome: syncInFlight}
 	}
 	f.log.Info("dispatch recovered", logRun, run.FleetRunID, logHost, run.HostID, logStatus, recovered.Status, logReason, recovered.Reason)
+	if recovered.Status == store.StatusQueued {
+		// Back in the queue: not live, and counted with the queue (Queued).
+		return recovered, syncResult{outcome: syncCurrent, recovered: true}
+	}
 	if !recovered.Live() {
 		return recovered, syncResult{outcome: syncDrained, recovered: true}
 	}

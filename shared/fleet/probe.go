@@ -47,7 +47,7 @@ func (f *Fleet) ProbeHost(ctx context.Context, id string) (store.Probe, error) {
 		return store.Probe{}, err
 	}
 	if probeFree(&p) > 0 {
-		classes, err := f.store.QueueClasses(ctx)
+		classes, err := f.queueClasses(ctx)
 		if err != nil {
 			f.log.Error("probe: reading the queue's classes for the host's wake", logHost, id, logErr, err.Error())
 			return p, nil

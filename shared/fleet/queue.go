@@ -7,6 +7,7 @@ import (
 	"net/url"
 	"slices"
 	"strings"
+	"sync"
 	"time"
 
 	"github.com/runfleet/runfleet/shared/hostproto"
@@ -275,6 +276,7 @@ func (f *Fleet) enqueue(ctx context.Context, c store.Caller, r DispatchRequest, 
 		return res, err
 	}
 	run.Version = 1
+	f.rememberQueue(true) // the ends this instance records wake the run's hosts
 	f.log.Info("dispatch: no eligible host can take the run now; it waits", logRun, run.FleetRunID, logOwner, c.OwnerID,
 		logClass, q.Class, "priority", q.Priority, "until", q.Until, logReason, why)
 	return DispatchResult{Run: run, Note: waitingNote(run)}, nil
@@ -391,9 +393,11 @@ func (f *Fleet) expireQueued(ctx context.Context, run store.Run) (store.Run, err
 
 // syncQueued is the sweep's sync of a queued run: no host has it, so
 // there is nothing to ask; one whose Until passed ends queue_timeout.
+// One within its timeout is current: the sweep counts the waiting runs
+// from the queue index (timeOutQueue), not from their reads.
 func (f *Fleet) syncQueued(ctx context.Context, run store.Run) (store.Run, syncResult) {
 	if run.Queue == nil || f.clock.Now().Before(run.Queue.Until) {
-		return run, syncResult{outcome: syncQueued}
+		return run, syncResult{outcome: syncCurrent}
 	}
 	stored, err := f.expireQueued(ctx, run)
 	switch {
@@ -561,7 +565,10 @@ func (f *Fleet) revokeKeys(ctx context.Context, run store.Run, keys []store.Brok
 
 // wakeOnEnd wakes the host of a run that prev -> cur ended there: its end
 // frees a slot. Not for a run that never reached a host (no host run id),
-// nor for a host that refused it for want of room (it has none to offer).
+// nor for a host that refused it for want of room (it has none to offer),
+// nor when nothing waits (somethingWaits): most runs end with an empty
+// queue, and a wake then costs an SQS message, a dispatcher invocation
+// and its read of the queue for nothing.
 func (f *Fleet) wakeOnEnd(ctx context.Context, prev, cur store.Run) {
 	if f.cfg.Waker == nil || store.Terminal(prev.Status) || !store.Terminal(cur.Status) || cur.HostID == "" || cur.ChildRunID == "" {
 		return
@@ -569,7 +576,77 @@ func (f *Fleet) wakeOnEnd(ctx context.Context, prev, cur store.Run) {
 	if cur.ExitCode == nil && slices.Contains(transientReasons, cur.Reason) {
 		return
 	}
+	if !f.somethingWaits(ctx) {
+		return
+	}
 	f.wake(ctx, Wake{HostID: cur.HostID, Slots: 1, Reason: WakeRunEnded})
+}
+
+// queueMemoryFor is how long a Fleet instance trusts what it last read of
+// whether any run waits (queueMemory): a sweep pass, or a burst of GETs,
+// that records many ends pays one read of the queue, not one per end.
+const queueMemoryFor = 5 * time.Second
+
+// queueMemory is whether any run waited when this Fleet instance last read
+// the queue's classes (every read of them refreshes it: the sweep's, a
+// fill's, a probe's), or queued a run itself, trusted until until on the
+// injected clock. Remembered "nothing waits" may be wrong for a moment
+// when another instance (the API's function, the sweep's) queued a run
+// since: that run's host is then not woken by this end, and the next
+// probe pass, within a minute, wakes every routable host with free slots
+// that serves a class with waiting runs. This instance's own queuing
+// forgets it at once. Remembered "something waits" costs at worst a wake
+// that finds nothing to fill.
+type queueMemory struct {
+	mu    sync.Mutex
+	until time.Time
+	waits bool
+}
+
+// rememberQueue records whether any run waits, as just read or written.
+func (f *Fleet) rememberQueue(waits bool) {
+	f.queued.mu.Lock()
+	defer f.queued.mu.Unlock()
+	f.queued.until, f.queued.waits = f.clock.Now().Add(queueMemoryFor), waits
+}
+
+// queueClasses reads the classes with waiting runs (store.QueueClasses)
+// and remembers whether there are any.
+func (f *Fleet) queueClasses(ctx context.Context) ([]string, error) {
+	classes, err := f.store.QueueClasses(ctx)
+	if err == nil {
+		f.rememberQueue(len(classes) > 0)
+	}
+	return classes, err
+}
+
+// queueHeads reads the classes with waiting runs and each one's head
+// (store.QueueHeads) and remembers whether there are any.
+func (f *Fleet) queueHeads(ctx context.Context) ([]store.QueueHead, error) {
+	heads, err := f.store.QueueHeads(ctx)
+	if err == nil {
+		f.rememberQueue(len(heads) > 0)
+	}
+	return heads, err
+}
+
+// somethingWaits reports whether any run waits, as remembered (queueMemory)
+// or else read: QueueClasses' first query answers it when nothing does
+// (0.5 RCU), which is the case to make cheap. A failed read says yes: the
+// wake is sent and the fill decides.
+func (f *Fleet) somethingWaits(ctx context.Context) bool {
+	f.queued.mu.Lock()
+	known, waits := f.clock.Now().Before(f.queued.until), f.queued.waits
+	f.queued.mu.Unlock()
+	if known {
+		return waits
+	}
+	classes, err := f.queueClasses(ctx)
+	if err != nil {
+		f.log.Warn("wake: reading whether any run waits failed; waking the host anyway", logErr, err.Error())
+		return true
+	}
+	return len(classes) > 0
 }
 
 // wake sends wakes through Config.Waker (none when nil). A failure is

@@ -11,6 +11,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/runfleet/runfleet/shared/hostproto"
 	"github.com/runfleet/runfleet/shared/store"
 )
 
@@ -26,6 +27,10 @@ const (
 	ExcludedLabelMissing          = "label_missing"
 	ExcludedRepositoryUnavailable = "repository_unavailable"
 	ExcludedSecretsUnsupported    = "secrets_unsupported"
+	// ExcludedHostBusy leaves out, for a dispatch that may wait
+	// (RouteInput.QueueWhenFull), a host whose last probe showed it full;
+	// also the reason of a host that refused a start for want of room.
+	ExcludedHostBusy = hostproto.ReasonHostBusy
 )
 
 // RouteInput is everything routing decides from. Routing is a pure function
@@ -52,6 +57,13 @@ type RouteInput struct {
 	// Refused are the hosts that refused this very dispatch already, each
 	// with the reason it gave: they are excluded for it.
 	Refused map[string]string
+	// QueueWhenFull: the dispatch waits in the queue when no host takes it
+	// now, so a host whose last probe showed it full is excluded
+	// (ExcludedHostBusy) rather than tried last: the run is queued at once
+	// and that host's run ends wake it, where an offer would most likely
+	// cost a refused start and a trip back to the queue. Hosts with free
+	// or unknown load are tried as for any dispatch.
+	QueueWhenFull bool
 }
 
 // Exclusion is one host routing left out, with every reason that applied.
@@ -116,6 +128,11 @@ func Route(in RouteInput) Decision {
 			if slices.Contains(reasons, ExcludedAgentUnsupported) {
 				e.Agents = slices.Clone(h.Probe.Agents)
 			}
+			if _, refused := in.Refused[h.ID]; !refused && slices.Contains(reasons, ExcludedHostBusy) {
+				l := h.Probe.Load
+				e.Detail = fmt.Sprintf("its last probe (%s) showed it full: %d of %d slots in use; the run waits for one to free",
+					h.Probe.At.UTC().Format(time.RFC3339), l.Active, l.MaxConcurrent)
+			}
 			d.Excluded = append(d.Excluded, e)
 			continue
 		}
@@ -149,7 +166,7 @@ func Route(in RouteInput) Decision {
 // probe: first the hosts whose last probe showed a free slot, then those
 // that did not say (older than the field), then those it showed full (a
 // probe is up to a minute old: a full host may have room by now, so it is
-// tried last, not left out); within each, the lower share of slots in use,
+// tried last, not left out, unless the dispatch may wait: QueueWhenFull); within each, the lower share of slots in use,
 // then more free slots, then the lower probe latency, then the smaller id.
 func preferLoad(a, b store.Host) bool {
 	ta, tb := loadTier(a.Probe.Load), loadTier(b.Probe.Load)
@@ -233,6 +250,9 @@ func exclusions(in RouteInput, h store.Host, cloneURL string) (reasons []string,
 	}
 	if in.NeedsSecrets && offer != nil && (!offer.Features.SecretsProxy || !offer.Features.ExecRequire) {
 		reasons = append(reasons, ExcludedSecretsUnsupported)
+	}
+	if in.QueueWhenFull && offer != nil && loadTier(offer.Load) == 2 && !slices.Contains(reasons, ExcludedHostBusy) {
+		reasons = append(reasons, ExcludedHostBusy)
 	}
 	return reasons, rewrite
 }

@@ -348,3 +348,35 @@ func TestRouteExcludesHostsThatRefusedTheDispatch(t *testing.T) {
 		t.Errorf("excluded %+v\nwant     %+v", d.Excluded, want)
 	}
 }
+
+// TestARunThatMayWaitIsNotOfferedToAFullHost: a dispatch that waits when
+// no host takes it (QueueWhenFull) leaves out a host whose last probe
+// showed it full, host_busy with what the probe showed, and takes a host
+// with free or unknown load first as any dispatch; one that does not wait
+// still tries the full host last.
+func TestARunThatMayWaitIsNotOfferedToAFullHost(t *testing.T) {
+	full, free, unknown := healthyHost("h1"), healthyHost("h2"), healthyHost("h3")
+	full.Probe.Load = &store.Load{Active: 2, MaxConcurrent: 2}
+	free.Probe.Load = &store.Load{Active: 1, MaxConcurrent: 2}
+	in := RouteInput{Agent: "shell", Now: routeNow, MaxProbeAge: 5 * time.Minute, Hosts: []store.Host{full}}
+
+	if d := Route(in); d.Host == nil || d.Host.ID != "h1" {
+		t.Fatalf("a dispatch that does not wait: %+v, want the full host tried", d)
+	}
+	in.QueueWhenFull = true
+	d := Route(in)
+	want := []Exclusion{{HostID: "h1", Reasons: []string{ExcludedHostBusy},
+		Detail: "its last probe (2026-03-01T11:59:00Z) showed it full: 2 of 2 slots in use; the run waits for one to free"}}
+	if d.Host != nil || !reflect.DeepEqual(d.Excluded, want) {
+		t.Fatalf("only a full host, the run may wait: %+v, want none and %+v", d, want)
+	}
+	for _, tc := range []struct {
+		hosts []store.Host
+		want  string
+	}{{[]store.Host{full, free}, "h2"}, {[]store.Host{full, unknown}, "h3"}} {
+		in.Hosts = tc.hosts
+		if d := Route(in); d.Host == nil || d.Host.ID != tc.want {
+			t.Errorf("hosts %s and %s, the run may wait: %+v, want %s", tc.hosts[0].ID, tc.hosts[1].ID, d, tc.want)
+		}
+	}
+}

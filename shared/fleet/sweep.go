@@ -69,10 +69,11 @@ type SweepOptions struct {
 	Concurrency int
 }
 
-// SweepReport counts what a sweep did. Every live run it read is counted
-// once among Current, Drained, Lost, InFlight, Unreachable, Partial,
-// Failed and Queued; Skipped counts the runs of the last page read that the budget
-// left for the next sweep.
+// SweepReport counts what a sweep did. Every run it read is counted once
+// among Current, Drained, Lost, InFlight, Unreachable, Partial, Failed and
+// Queued; Skipped counts the runs of the last page read that the budget
+// left for the next sweep. A queued run is not in the live index: it is
+// read only once the queue index shows its timeout passed (timeOutQueue).
 type SweepReport struct {
 	// Pages and Live count the reads of the live index and the ids they
 	// returned.
@@ -96,9 +97,13 @@ type SweepReport struct {
 	Partial int `json:"partial"`
 	// Failed: another error (logged); the run stays as it was.
 	Failed int `json:"failed"`
-	// Queued: waiting for a host with room, within its timeout (a run
-	// whose timeout passed ends queue_timeout and counts as Drained).
-	Queued int `json:"queued,omitempty"`
+	// Queued: the queue index's entries within their timeout, counted
+	// from the index without reading the runs (a run being offered to a
+	// host is among them, and counted again by what the live walk made
+	// of it); a run whose timeout passed ends queue_timeout and counts as
+	// Drained. QueuePages counts the reads of the queue index.
+	Queued     int `json:"queued,omitempty"`
+	QueuePages int `json:"queuePages,omitempty"`
 	// Events counts the events mirrored.
 	Events int `json:"events"`
 	// Egress counts the egress ledger records mirrored.
@@ -197,6 +202,7 @@ func (f *Fleet) Sweep(ctx context.Context, opts SweepOptions) (SweepReport, erro
 		return rep, fmt.Errorf("fleet: sweep: claiming the cursor: %w", err)
 	}
 	w := &sweepWalk{f: f, opts: opts, hosts: newHostClients(f), rep: &rep, cur: cur, start: cur.After}
+	w.timeOutQueue(ctx)
 	walkErr := w.walk(ctx)
 	if !rep.LeaseLost {
 		// Release the lease with the position reached; a sweep that could
@@ -385,6 +391,110 @@ func (w *sweepWalk) save(ctx context.Context) error {
 	}
 	w.cur = saved
 	return nil
+}
+
+// timeOutQueue ends, failed with queue_timeout, the queued runs whose
+// timeout passed. A queued run is not in the live index (no host has it:
+// nothing to sync), so each pass reads the queue index instead, its
+// classes and their pages (an entry carries its run's Until; ~40 entries
+// a read unit), and reads a run only when its Until passed: a run that
+// waits costs a pass a share of those pages, not a read of its own. Run
+// reads and their ends follow the sweep's budget (Until, MaxRuns) as the
+// live walk's do; a run left by the budget is the next pass's. A run
+// being offered to a host (dispatching) is live, and the walk recovers
+// it: here it is left alone. An entry without Until (written before the
+// index carried it) is read, as every waiting run was before. A failed
+// read of the index is logged: the walk goes on, and the next pass
+// reads it again.
+func (w *sweepWalk) timeOutQueue(ctx context.Context) {
+	f := w.f
+	classes, err := f.queueClasses(ctx)
+	w.rep.QueuePages++
+	if err != nil {
+		f.log.Error("sweep: reading the queue's classes", logErr, err.Error())
+		return
+	}
+	for _, class := range classes {
+		after := ""
+		for {
+			page, err := f.store.ListQueue(ctx, class, after, store.MaxLimit)
+			w.rep.QueuePages++
+			if err != nil {
+				f.log.Error("sweep: reading the queue", logClass, class, logErr, err.Error())
+				return
+			}
+			now := f.clock.Now()
+			var due []string
+			for _, e := range page.Entries {
+				if !e.Until.IsZero() && now.Before(e.Until) {
+					w.rep.Queued++
+					continue
+				}
+				due = append(due, e.FleetRunID)
+			}
+			w.timeOut(ctx, due)
+			if page.Next == "" {
+				break
+			}
+			after = page.Next
+		}
+	}
+}
+
+// timeOut reads the queued runs ids and ends those whose timeout passed,
+// at most opts.Concurrency at once, within the sweep's budget.
+func (w *sweepWalk) timeOut(ctx context.Context, ids []string) {
+	var (
+		mu  sync.Mutex
+		wg  sync.WaitGroup
+		sem = make(chan struct{}, w.opts.Concurrency)
+	)
+	for _, id := range ids {
+		if w.spent(ctx) || (w.opts.MaxRuns > 0 && w.started >= w.opts.MaxRuns) {
+			mu.Lock()
+			w.rep.Skipped++
+			mu.Unlock()
+			continue
+		}
+		w.started++
+		sem <- struct{}{}
+		wg.Add(1)
+		go func() {
+			defer func() { <-sem; wg.Done() }()
+			res, counted := w.f.timeOutOne(ctx, id)
+			if counted {
+				mu.Lock()
+				w.rep.count(res)
+				mu.Unlock()
+			}
+		}()
+	}
+	wg.Wait()
+}
+
+// timeOutOne reads run id, of the queue index, and ends it queue_timeout
+// when it is queued and its Until passed (syncQueued). counted is false
+// for a run the queue pass does not account for: gone, started, or
+// dispatching past its Until (the live walk's: it is live).
+func (f *Fleet) timeOutOne(ctx context.Context, id string) (res syncResult, counted bool) {
+	// Eventually consistent: the end is a versioned write.
+	run, err := f.store.GetRun(store.EventualRead(ctx), id)
+	switch {
+	case errors.Is(err, store.ErrNotFound):
+		return syncResult{}, false
+	case err != nil:
+		f.log.Error("sweep: reading a queued run", logRun, id, logErr, err.Error())
+		return syncResult{outcome: syncFailed, err: err}, true
+	case !run.Waiting() || run.Queue.Until.IsZero():
+		return syncResult{}, false
+	case f.clock.Now().Before(run.Queue.Until):
+		// Read for an entry without Until: counted as the index counts.
+		return syncResult{outcome: syncQueued}, true
+	case run.Status != store.StatusQueued:
+		return syncResult{}, false // being offered: the live walk's
+	}
+	_, res = f.syncQueued(ctx, run)
+	return res, true
 }
 
 // sweepOne syncs one run of the live index.

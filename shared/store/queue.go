@@ -21,6 +21,10 @@ type Queue interface {
 	// QueueClasses returns the routing classes that have at least one
 	// waiting run, in ascending order.
 	QueueClasses(ctx context.Context) ([]string, error)
+	// QueueHeads is QueueClasses with each class's first entry in queue
+	// order, which the classes' skip-scan reads anyway: a reader that
+	// takes a class's head (a fill of one slot) then reads no page of it.
+	QueueHeads(ctx context.Context) ([]QueueHead, error)
 	// ListQueue pages class's waiting runs in queue order: up to limit
 	// entries (PageLimit applies) after the entry whose Order is after
 	// ("" starts at the head). Next is the Order to continue after,
@@ -205,6 +209,12 @@ type QueueEntry struct {
 	Until time.Time
 	// Hosts is the run's QueueInfo.Hosts.
 	Hosts []string
+}
+
+// QueueHead is a class with waiting runs and its first entry.
+type QueueHead struct {
+	Class string
+	Head  QueueEntry
 }
 
 // QueuePage is one page of ListQueue.

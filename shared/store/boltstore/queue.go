@@ -105,6 +105,27 @@ func entryOf(order, value []byte) (store.QueueEntry, error) {
 	return e, nil
 }
 
+// QueueHeads implements store.Queue.
+func (s *Store) QueueHeads(ctx context.Context) ([]store.QueueHead, error) {
+	var heads []store.QueueHead
+	err := s.view(ctx, func(tx *bolt.Tx) error {
+		return tx.Bucket(bucketRunsQueue).ForEachBucket(func(k []byte) error {
+			first, value := tx.Bucket(bucketRunsQueue).Bucket(k).Cursor().First()
+			e, err := entryOf(first, value)
+			if err != nil {
+				return fmt.Errorf("queue class %q: %w", k, err)
+			}
+			heads = append(heads, store.QueueHead{Class: string(k), Head: e})
+			return nil
+		})
+	})
+	if err != nil {
+		return nil, wrap("queue heads", err)
+	}
+	sort.Slice(heads, func(i, j int) bool { return heads[i].Class < heads[j].Class })
+	return heads, nil
+}
+
 // QueueClasses implements store.Queue.
 func (s *Store) QueueClasses(ctx context.Context) ([]string, error) {
 	var classes []string

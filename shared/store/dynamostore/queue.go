@@ -59,11 +59,24 @@ func queueEntryOf(class string, it item) (store.QueueEntry, error) {
 	return store.QueueEntry{FleetRunID: id, Order: order, Since: since, Until: until, Hosts: splitHosts(hosts)}, nil
 }
 
-// QueueClasses skips through the index: the first entry, then the first
+// QueueClasses implements store.Queue: QueueHeads' classes.
+func (s *Store) QueueClasses(ctx context.Context) ([]string, error) {
+	heads, err := s.QueueHeads(ctx)
+	if err != nil {
+		return nil, err
+	}
+	classes := make([]string, len(heads))
+	for i, h := range heads {
+		classes[i] = h.Class
+	}
+	return classes, nil
+}
+
+// QueueHeads skips through the index: the first entry, then the first
 // past its class, and so on, one Query of one entry per class (0.5 RCU
 // each, and one more to find none left), whatever the number of runs.
-func (s *Store) QueueClasses(ctx context.Context) ([]string, error) {
-	var classes []string
+func (s *Store) QueueHeads(ctx context.Context) ([]store.QueueHead, error) {
+	var heads []store.QueueHead
 	from := ""
 	for {
 		in := &dynamodb.QueryInput{
@@ -94,13 +107,17 @@ func (s *Store) QueueClasses(ctx context.Context) ([]string, error) {
 		if r.err != nil || !ok {
 			return nil, fault("queue classes", fmt.Errorf("queue entry %q (%v): no class", k, r.err))
 		}
-		classes = append(classes, class)
+		head, err := queueEntryOf(class, out.Items[0])
+		if err != nil {
+			return nil, fault("queue classes", err)
+		}
+		heads = append(heads, store.QueueHead{Class: class, Head: head})
 		from = classEnd(class)
 	}
 	// Key order is not class order when one class extends another with
 	// a byte below "#" ("a" and "a!"): sort.
-	sort.Strings(classes)
-	return classes, nil
+	sort.Slice(heads, func(i, j int) bool { return heads[i].Class < heads[j].Class })
+	return heads, nil
 }
 
 // ListQueue reads class's entries from after on, limit+1 of them to tell

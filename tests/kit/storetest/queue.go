@@ -3,6 +3,7 @@ package storetest
 import (
 	"errors"
 	"fmt"
+	"reflect"
 	"sort"
 	"sync"
 	"testing"
@@ -120,10 +121,24 @@ func queueIDs(t *testing.T, s store.Queue, class string, pageSize int) []string 
 	}
 }
 
+// classes is QueueClasses, checked against QueueHeads: the same classes,
+// each head its class's first entry.
 func classes(t *testing.T, s store.Queue) []string {
 	t.Helper()
 	got, err := s.QueueClasses(bg)
 	noErr(t, "QueueClasses", err)
+	heads, err := s.QueueHeads(bg)
+	noErr(t, "QueueHeads", err)
+	if len(heads) != len(got) {
+		t.Fatalf("QueueHeads %+v, QueueClasses %v", heads, got)
+	}
+	for i, h := range heads {
+		first, err := s.ListQueue(bg, h.Class, "", 1)
+		noErr(t, "ListQueue", err)
+		if h.Class != got[i] || len(first.Entries) != 1 || !reflect.DeepEqual(h.Head, first.Entries[0]) {
+			t.Fatalf("QueueHeads[%d] %+v: want class %q and its first entry %+v", i, h, got[i], first.Entries)
+		}
+	}
 	return got
 }
 
