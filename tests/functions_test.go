@@ -207,6 +207,12 @@ func TestEveryFunctionUnderTheEmulator(t *testing.T) {
 	call(404, "GET", "/fleet/unknown-route", tok, "")
 	call(403, "POST", "/fleet/callers", tok, `{"ownerId":"x","allowedHosts":"*","allowedProjects":"*"}`)
 
+	// A run waits for an agent no host offers yet: while it waits, a
+	// run's end wakes its host.
+	if waiting := call(202, "POST", "/fleet/runs", tok, `{"agent":"later","queue":{"timeout":"1h"}}`); waiting["status"] != "queued" {
+		t.Fatalf("a dispatch that waits: %v", waiting)
+	}
+
 	// sweep, on the scheduler's payload: the host's new events and the
 	// run's end reach the mirror, which the api serves.
 	host.AppendOutput(child, "hello from the host\n")
@@ -230,9 +236,10 @@ func TestEveryFunctionUnderTheEmulator(t *testing.T) {
 	sameAsHost(t, page.Events, host.Events(child))
 	evs := page.Events
 
-	// The sweep recorded the run's end and so woke its host through the
-	// queue; the dispatcher, handed the wake as the mapping hands it,
-	// finds no run waiting and acknowledges it.
+	// The sweep recorded the run's end while a run waits, and so woke its
+	// host through the queue; the dispatcher, handed the wake as the
+	// mapping hands it, finds no waiting run the host can take and
+	// acknowledges it.
 	recs := wakes.receive(t)
 	if got := wakesOf(t, recs); len(got) != 1 || got[0].HostID != "edge-1" || got[0].Reason != "run_ended" {
 		t.Fatalf("the wake queue after the run's end: %+v", got)

@@ -28,6 +28,7 @@ import (
 	"github.com/runfleet/runfleet/shared/fleet"
 	"github.com/runfleet/runfleet/shared/fleetapp"
 	"github.com/runfleet/runfleet/shared/store/dynamostore"
+	"github.com/runfleet/runfleet/shared/wake"
 	"github.com/runfleet/runfleet/tests/kit/await"
 	"github.com/runfleet/runfleet/tests/kit/fakehost"
 	"github.com/runfleet/runfleet/tests/kit/motoserver"
@@ -436,6 +437,9 @@ func TestEachFunctionsRoleAllowsExactlyTheCallsItMakes(t *testing.T) {
 		t.Fatalf("first sweep %+v, %v", rep, err)
 	}
 	clk.Advance(8 * 24 * time.Hour)
+	// A run waits for an agent no host offers yet, so the ends the sweep
+	// and the stream record from here on wake their hosts.
+	apiCall(t, apiApp, 202, "POST", "/fleet/runs", tok, `{"agent":"later","queue":{"timeout":"24h"}}`)
 	host.AppendOutput(child2, "two\n")
 	host.AddEgress(child2, iamLedger(2)...)
 	host.SetRun(child2, "succeeded", new(int), "")
@@ -709,6 +713,10 @@ func iamQueuedRuns(t *testing.T, s *iamStack, apiApp, probeApp, dispatcherApp *f
 	cancel()
 	await.Recv(t, "the cut dispatcher to return", handled)
 	ends("run-3")
+	// The mapping delivers the wake again once its visibility timeout
+	// passed, long after the cut offer's deadline: only then may another
+	// dispatcher take the offer over.
+	s.clk.Advance(wake.VisibilityTimeout)
 	if resp, err := dispatcherApp.Dispatcher.Handle(ctx, edgeQ); err != nil || len(resp.BatchItemFailures) != 0 {
 		t.Fatalf("the dispatcher resuming the cut start: %+v, %v", resp, err)
 	}
